@@ -1,0 +1,59 @@
+"""Every error graphdeck raises on purpose, in one hierarchy.
+
+Each class carries the HTTP status the server answers with and the exit code the CLI returns::
+
+    GraphdeckError (500, exit 1)
+    ├── UsageError (400, exit 2)
+    │   └── BadInputError (400, exit 2)           malformed file or request body
+    │       ├── TruncatedInputError (400, exit 2) a file that ends mid-record
+    │       └── PayloadTooLargeError (413, exit 2)
+    ├── NotFoundError (404, exit 2)               run, rank, graph, node or trace not in the store
+    ├── StoreError (500, exit 1)                  store missing or of another schema version
+    └── CheckFailed (422, exit 1)                 a check (e.g. gradient paths) found problems
+
+The server renders any of them as ``{"ok": false, "error": message, "status": code}``.
+"""
+
+from __future__ import annotations
+
+
+class GraphdeckError(Exception):
+    status_code = 500
+    exit_code = 1
+
+    def __init__(self, message: str, **details):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class UsageError(GraphdeckError):
+    status_code = 400
+    exit_code = 2
+
+
+class BadInputError(UsageError):
+    status_code = 400
+
+
+class TruncatedInputError(BadInputError):
+    status_code = 400
+
+
+class PayloadTooLargeError(BadInputError):
+    status_code = 413
+
+
+class NotFoundError(GraphdeckError):
+    status_code = 404
+    exit_code = 2
+
+
+class StoreError(GraphdeckError):
+    status_code = 500
+    exit_code = 1
+
+
+class CheckFailed(GraphdeckError):
+    status_code = 422
+    exit_code = 1

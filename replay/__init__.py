@@ -1,0 +1,1 @@
+"""Trace replay and the bundled executor (later issues); nothing here yet."""

@@ -1,0 +1,1 @@
+"""graphdeck.server.routes"""

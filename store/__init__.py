@@ -1,0 +1,1 @@
+"""The graphdeck store: one SQLAlchemy schema over SQLite (the embedded default)."""

@@ -1,0 +1,265 @@
+"""The one schema of the graphdeck store.
+
+Every table graphdeck writes or reads is declared here and nowhere else; capture, replay, the
+server and any migration import this module. Repeated strings (op targets, module paths, stack
+traces, trace event names and categories) are interned once in ``strings`` and referenced by id.
+
+Units are in column names: ``*_ns`` nanoseconds, ``*_bytes`` bytes, ``*_s`` seconds.
+
+Layout::
+
+    runs ─┬─ ranks
+          ├─ params          (one row per parameter name per rank; tied weights share ``storage_key``)
+          ├─ graphs ── nodes ── edges
+          │      └── graph_io (inputs/outputs bound to parameters and gradients)
+          ├─ partitions      (DDP buckets: one per split sub-graph)
+          ├─ compile_events  (structured compile records: metrics, graph-break reasons)
+          └─ traces ── trace_events
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: Bumped whenever a table or column changes; stored in ``store_meta`` and checked on open.
+SCHEMA_VERSION = 1
+
+
+def _now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class StoreMeta(Base):
+    """Key/value facts about the store itself (``schema_version``)."""
+
+    __tablename__ = "store_meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class InternedString(Base):
+    """A string stored once; other tables point at it by ``id``."""
+
+    __tablename__ = "strings"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    value: Mapped[str] = mapped_column(Text, unique=True)
+
+
+class Run(Base):
+    """One training job (all its ranks). ``name`` is unique in a store."""
+
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    world_size: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    meta_json: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class Rank(Base):
+    """One process of a run: its rank, world size and environment."""
+
+    __tablename__ = "ranks"
+    __table_args__ = (UniqueConstraint("run_id", "rank"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    world_size: Mapped[int] = mapped_column(Integer, default=1)
+    hostname: Mapped[str | None] = mapped_column(String(200))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    backend: Mapped[str | None] = mapped_column(String(32))  # process-group backend: gloo, nccl
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+    started_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    meta_json: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class Param(Base):
+    """A named parameter or buffer of the watched model, on one rank.
+
+    Tied weights appear once per name with the same ``storage_key`` (e.g. GPT-2's
+    ``transformer.wte.weight`` and ``lm_head.weight``).
+    """
+
+    __tablename__ = "params"
+    __table_args__ = (UniqueConstraint("run_id", "rank", "fqn"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    fqn: Mapped[str] = mapped_column(String(500))
+    kind: Mapped[str] = mapped_column(String(16))  # "parameter" | "buffer"
+    storage_key: Mapped[str] = mapped_column(String(64))
+    shape_json: Mapped[str] = mapped_column(Text)
+    dtype: Mapped[str] = mapped_column(String(32))
+    numel: Mapped[int] = mapped_column(BigInteger)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    requires_grad: Mapped[bool] = mapped_column(Boolean)
+
+
+class Graph(Base):
+    """One FX graph captured on one rank.
+
+    ``kind`` is one of ``dynamo`` (a graph Dynamo handed to the backend; after a graph break
+    the resumed frame gets its own), ``ddp_partition`` (one DDP bucket's sub-graph, ``parent_id``
+    is the unsplit ``dynamo`` graph), ``aot_forward``, ``aot_backward``, ``aot_inference``
+    (``parent_id`` is the graph AOTAutograd traced).
+    """
+
+    __tablename__ = "graphs"
+    __table_args__ = (Index("ix_graphs_run_rank", "run_id", "rank"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    ordinal: Mapped[int] = mapped_column(Integer)  # capture order on this rank, from 0
+    kind: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(300))
+    compile_id: Mapped[str | None] = mapped_column(String(64))  # "frame/compile[_attempt]"
+    frame_name: Mapped[str | None] = mapped_column(String(300))
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"))
+    partition_index: Mapped[int | None] = mapped_column(Integer)
+    num_nodes: Mapped[int] = mapped_column(Integer, default=0)
+    structural_hash: Mapped[str | None] = mapped_column(String(64))
+    compile_time_s: Mapped[float | None] = mapped_column(Float)
+    backend: Mapped[str | None] = mapped_column(String(64))
+    break_reason: Mapped[str | None] = mapped_column(Text)
+    code: Mapped[str | None] = mapped_column(Text)  # GraphModule.code, readable Python
+    meta_json: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class Node(Base):
+    """One FX node. Tensor metadata is of the node's output (first output for tuples)."""
+
+    __tablename__ = "nodes"
+    __table_args__ = (UniqueConstraint("graph_id", "idx"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"), index=True)
+    idx: Mapped[int] = mapped_column(Integer)  # position in graph order
+    name: Mapped[str] = mapped_column(String(300))
+    op: Mapped[str] = mapped_column(String(32))  # placeholder, call_function, output, ...
+    target_id: Mapped[int] = mapped_column(ForeignKey("strings.id"))
+    args_json: Mapped[str] = mapped_column(Text, default="[]")
+    shape_json: Mapped[str | None] = mapped_column(Text)  # list of ints/"s0"; list of lists for tuples
+    dtype: Mapped[str | None] = mapped_column(String(32))
+    stride_json: Mapped[str | None] = mapped_column(Text)
+    device: Mapped[str | None] = mapped_column(String(32))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    module_path_id: Mapped[int | None] = mapped_column(ForeignKey("strings.id"))  # "a/b/c"
+    module_stack_json: Mapped[str | None] = mapped_column(Text)  # [[path, class], ...]
+    stack_trace_id: Mapped[int | None] = mapped_column(ForeignKey("strings.id"))
+    seq_nr: Mapped[int | None] = mapped_column(Integer)
+    partitioner_tag: Mapped[str | None] = mapped_column(String(64))
+    desc: Mapped[str | None] = mapped_column(Text)  # AOT input/output descriptor, as printed
+    param_fqn: Mapped[str | None] = mapped_column(String(500))  # placeholder bound to a parameter
+    meta_json: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class Edge(Base):
+    """Data edge ``src`` → ``dst`` (node positions in the same graph); ``arg_pos`` orders inputs."""
+
+    __tablename__ = "edges"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"), index=True)
+    src_idx: Mapped[int] = mapped_column(Integer)
+    dst_idx: Mapped[int] = mapped_column(Integer)
+    arg_pos: Mapped[int] = mapped_column(Integer, default=0)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class GraphIO(Base):
+    """A graph input or output tied to a parameter.
+
+    ``direction`` is ``in`` (a placeholder that reads parameter ``param_fqn``) or ``grad``
+    (an output of an ``aot_backward`` graph that is the gradient of ``param_fqn``; ``has_grad``
+    is false when the backward graph returns ``None`` there).
+    """
+
+    __tablename__ = "graph_io"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"), index=True)
+    direction: Mapped[str] = mapped_column(String(8))
+    position: Mapped[int] = mapped_column(Integer)
+    node_name: Mapped[str | None] = mapped_column(String(300))
+    param_fqn: Mapped[str | None] = mapped_column(String(500))
+    has_grad: Mapped[bool | None] = mapped_column(Boolean)
+    desc: Mapped[str | None] = mapped_column(Text)
+
+
+class Partition(Base):
+    """A DDP bucket: the sub-graph DDPOptimizer split off, with its parameters and size."""
+
+    __tablename__ = "partitions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(32), default="ddp_bucket")
+    parent_graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"))
+    graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    params_json: Mapped[str] = mapped_column(Text, default="[]")
+
+
+class CompileEvent(Base):
+    """A structured compile record (the same records TORCH_TRACE logs), e.g. ``compilation_metrics``."""
+
+    __tablename__ = "compile_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(100))
+    compile_id: Mapped[str | None] = mapped_column(String(64))
+    metadata_json: Mapped[str] = mapped_column(Text, default="{}")
+    payload: Mapped[str | None] = mapped_column(Text)
+
+
+class Trace(Base):
+    """A Kineto (Chrome trace JSON) profile of one rank. ``status`` is ``ok`` or ``partial``."""
+
+    __tablename__ = "traces"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(300))
+    status: Mapped[str] = mapped_column(String(16), default="ok")
+    num_events: Mapped[int] = mapped_column(Integer, default=0)
+    start_ns: Mapped[int | None] = mapped_column(BigInteger)
+    end_ns: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    stats_json: Mapped[str] = mapped_column(Text, default="{}")
+    meta_json: Mapped[str] = mapped_column(Text, default="{}")  # top-level keys: deviceProperties, ...
+
+
+class TraceEvent(Base):
+    """One complete (``X``) or instant (``i``) trace event; times in ns since the Unix epoch when
+    the trace gives ``baseTimeNanoseconds``, else the trace's own clock in ns."""
+
+    __tablename__ = "trace_events"
+    __table_args__ = (Index("ix_trace_events_trace_ts", "trace_id", "ts_ns"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trace_id: Mapped[int] = mapped_column(ForeignKey("traces.id", ondelete="CASCADE"))
+    ph: Mapped[str] = mapped_column(String(2))
+    name_id: Mapped[int] = mapped_column(ForeignKey("strings.id"))
+    cat_id: Mapped[int | None] = mapped_column(ForeignKey("strings.id"))
+    ts_ns: Mapped[int] = mapped_column(BigInteger)
+    dur_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    pid: Mapped[str] = mapped_column(String(64))
+    tid: Mapped[str] = mapped_column(String(64))
+    correlation: Mapped[int | None] = mapped_column(BigInteger)
+    args_json: Mapped[str | None] = mapped_column(Text)
