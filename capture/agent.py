@@ -1,0 +1,351 @@
+"""The capture agent: runs inside every training rank and records what torch.compile produced.
+
+Usage (the same code on every rank; rank and world size come from torch.distributed)::
+
+    agent = Agent(store="runs.db", run="gpt2-ddp")
+    model = agent.watch(model)                       # parameter names, shapes, tied weights
+    compiled = torch.compile(ddp_model, backend=agent.backend("inductor"))
+    with agent.profile(active_steps=2) as prof:      # optional Kineto trace, stored per rank
+        for step in range(4):
+            ...; prof.step()
+    agent.close()
+
+``torch.compile(model, backend="graphdeck")`` uses a process-wide agent configured from
+``GRAPHDECK_STORE`` (default ``graphdeck.db``), ``GRAPHDECK_RUN`` and ``GRAPHDECK_INNER``
+(default ``inductor``).
+
+Per Dynamo graph the backend stores: the graph (``dynamo``; with DDP, the unsplit graph plus one
+``ddp_partition`` graph per bucket and a ``partitions`` row with the bucket's parameters and
+bytes), the AOTAutograd forward and backward graphs (see ``aot.py``), parameter bindings
+(placeholder → fully-qualified parameter name; backward output → gradient of which parameter),
+compile time and graph-break reason. Capture runs at compile time only: the function returned
+to Dynamo is the inner backend's, so steady-state steps pay nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+from typing import Any
+
+import torch
+import torch.fx
+
+from graphdeck.capture.aot import grad_of, input_index, shadow_trace
+from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, output_descs, record_graph
+from graphdeck.capture.writer import IOBinding, StoreWriter
+
+log = logging.getLogger("graphdeck.capture")
+
+#: Structured compile records (torch's TORCH_TRACE records) kept in ``compile_events``.
+KEPT_COMPILE_EVENTS = {"compilation_metrics", "dynamo_graph_break_reason", "recompile_reasons",
+                       "dynamo_start", "optimize_ddp_split_graph"}
+PAYLOAD_LIMIT_CHARS = 200_000
+
+
+def _dist_info() -> tuple[int, int, str | None]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), None
+
+
+class _CompileEventHandler(logging.Handler):
+    """Keeps torch's structured compile records (the ones TORCH_TRACE writes) for the store."""
+
+    def __init__(self, sink: list[dict]):
+        super().__init__(level=logging.DEBUG)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        meta = getattr(record, "metadata", None)
+        if not isinstance(meta, dict):
+            return
+        name = next((k for k in meta if k in KEPT_COMPILE_EVENTS), None)
+        if name is None and isinstance(meta.get("artifact"), dict):
+            name = meta["artifact"].get("name")
+            if name not in KEPT_COMPILE_EVENTS:
+                return
+        if name is None:
+            return
+        cid = None
+        if "frame_id" in meta:
+            cid = f"{meta.get('frame_id')}/{meta.get('frame_compile_id')}"
+        payload = getattr(record, "payload", None)
+        if isinstance(payload, str) and len(payload) > PAYLOAD_LIMIT_CHARS:
+            payload = payload[:PAYLOAD_LIMIT_CHARS] + f"…[total_len={len(payload)}]"
+        self.sink.append({"name": name, "compile_id": cid, "metadata": meta, "payload": payload})
+
+
+class Agent:
+    """One rank's capture. ``store``: SQLite path or SQLAlchemy URL; ``run``: the run's name,
+    the same on every rank (default: ``GRAPHDECK_RUN``, else torchrun's run id, else a timestamp).
+    """
+
+    def __init__(self, store: str | os.PathLike | None = None, run: str | None = None):
+        self.store = store or os.environ.get("GRAPHDECK_STORE", "graphdeck.db")
+        self.run = (run or os.environ.get("GRAPHDECK_RUN")
+                    or (os.environ.get("TORCHELASTIC_RUN_ID") if os.environ.get("TORCHELASTIC_RUN_ID") not in (None, "none") else None)
+                    or time.strftime("run-%Y%m%d-%H%M%S"))
+        self._writer: StoreWriter | None = None
+        self._fqn_by_tensor: dict[int, str] = {}
+        self._models: list[torch.nn.Module] = []
+        self._ddp_parents: dict[int, int] = {}  # id(unsplit gm) -> graphs.id
+        self._events: list[dict] = []
+        self._handler = _CompileEventHandler(self._events)
+        from torch._logging._internal import trace_log
+
+        trace_log.addHandler(self._handler)
+        self.graph_ids: list[int] = []
+        self.capture_time_s = 0.0
+
+    # ----------------------------------------------------------------------------- store access
+    @property
+    def writer(self) -> StoreWriter:
+        if self._writer is None:
+            rank, world, backend = _dist_info()
+            self._writer = StoreWriter(self.store, self.run, rank, world, backend=backend)
+            if self._models:
+                self._write_params()
+        return self._writer
+
+    # ----------------------------------------------------------------------------- parameters
+    def watch(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Record ``model``'s parameters and buffers (names as ``model.named_parameters()`` gives
+        them; tied weights keep every name) and return ``model`` unchanged."""
+        inner = getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
+        self._models.append(inner)
+        for fqn, t in list(inner.named_parameters(remove_duplicate=False)) + list(inner.named_buffers(remove_duplicate=False)):
+            self._fqn_by_tensor.setdefault(id(t), fqn)
+        if self._writer is not None or _dist_ready():
+            self._write_params()
+        return model
+
+    def _write_params(self) -> None:
+        rows = []
+        for model in self._models:
+            for kind, items in (("parameter", model.named_parameters(remove_duplicate=False)),
+                                ("buffer", model.named_buffers(remove_duplicate=False))):
+                for fqn, t in items:
+                    rows.append({"fqn": fqn, "kind": kind, "storage_key": f"{id(t):x}", "shape": list(t.shape),
+                                 "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel(),
+                                 "size_bytes": t.numel() * t.element_size(),
+                                 "requires_grad": bool(t.requires_grad) if kind == "parameter" else False})
+        self.writer.write_params(rows)
+
+    def _fqn_of_placeholder(self, node: torch.fx.Node) -> str | None:
+        ga = node.meta.get("grapharg")
+        if ga is None:
+            return None
+        try:
+            example = ga.example
+        except Exception:
+            example = None
+        if example is not None and id(example) in self._fqn_by_tensor:
+            return self._fqn_by_tensor[id(example)]
+        source = getattr(ga, "source", None)
+        if source is None:
+            return None
+        name = source.name() if callable(getattr(source, "name", None)) else str(source)
+        if "_parameters" not in name and "_buffers" not in name:
+            return None
+        path = module_path_from_fqn(name).replace("/", ".")
+        return path.removeprefix("module.") if path.startswith("module.") else path
+
+    # ----------------------------------------------------------------------------- the backend
+    def backend(self, inner: str | Any = "inductor"):
+        """A ``torch.compile`` backend that records each graph, then compiles it with ``inner``
+        (a registered backend name such as ``"inductor"`` or ``"aot_eager"``, or a callable)."""
+
+        def graphdeck_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs):
+            return self._compile(gm, example_inputs, inner, **kwargs)
+
+        graphdeck_backend.__name__ = f"graphdeck_{inner if isinstance(inner, str) else 'custom'}"
+        return graphdeck_backend
+
+    def _compile(self, gm, example_inputs, inner, **kwargs):
+        inner_name = inner if isinstance(inner, str) else getattr(inner, "__name__", "custom")
+        inner_fn = torch._dynamo.lookup_backend(inner) if isinstance(inner, str) else inner
+        t0 = time.perf_counter()
+        pending = None
+        try:
+            pending = self._record_dynamo(gm, example_inputs, inner_name)
+        except Exception as exc:  # capture never breaks training
+            warnings.warn(f"graphdeck: could not record a graph: {type(exc).__name__}: {exc}")
+        self.capture_time_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        compiled = inner_fn(gm, example_inputs, **kwargs)
+        compile_time_s = time.perf_counter() - t1
+        if pending is not None:
+            try:
+                self._finish(pending, compile_time_s)
+            except Exception as exc:
+                warnings.warn(f"graphdeck: could not record AOT graphs: {type(exc).__name__}: {exc}")
+        return compiled
+
+    def _record_dynamo(self, gm, example_inputs, inner_name):
+        from torch._guards import CompileContext
+
+        cid = CompileContext.current_compile_id()
+        compile_id = str(cid) if cid is not None else None
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        frame_name, break_reason = None, None
+        if reason is not None:
+            stack = getattr(reason, "user_stack", None) or []
+            if stack:
+                fs = stack[-1]
+                frame_name = f"{fs.name} ({os.path.basename(fs.filename)}:{fs.lineno})"
+            if getattr(reason, "graph_break", False):
+                break_reason = str(getattr(reason, "reason", "graph break"))
+        ddp = _ddp_context()
+        kind, parent_id, part_idx = "dynamo", None, None
+        param_by_node: dict[str, str] = {}
+        writer = self.writer
+        if ddp is not None:
+            opt, full_gm, submod_name = ddp
+            full_params = {n.name: f for n in full_gm.graph.nodes if n.op == "placeholder"
+                           and (f := self._fqn_of_placeholder(n))}
+            parent_id = self._ddp_parents.get(id(full_gm))
+            if parent_id is None:
+                rec = record_graph(full_gm)
+                parent_id = writer.write_graph(
+                    rec, kind="dynamo", name=f"graph {compile_id} (split into {len(opt.buckets)} DDP buckets)",
+                    compile_id=compile_id, frame_name=frame_name, break_reason=break_reason,
+                    backend=f"graphdeck+{inner_name}", param_by_node=full_params,
+                    io=[IOBinding("in", i, n.name, full_params.get(n.name)) for i, n in
+                        enumerate(x for x in full_gm.graph.nodes if x.op == "placeholder") if n.name in full_params],
+                    meta={"ddp_buckets": len(opt.buckets), "bucket_bytes_cap": getattr(opt, "bucket_bytes_cap", None)})
+                self._ddp_parents[id(full_gm)] = parent_id
+                self.graph_ids.append(parent_id)
+            kind = "ddp_partition"
+            part_idx = int(submod_name.rsplit("_", 1)[-1]) if submod_name.rsplit("_", 1)[-1].isdigit() else None
+            for n in gm.graph.nodes:
+                if n.op == "placeholder":
+                    fqn = self._fqn_of_placeholder(n) or full_params.get(n.name)
+                    if fqn:
+                        param_by_node[n.name] = fqn
+            bucket = opt.buckets[part_idx] if part_idx is not None and part_idx < len(opt.buckets) else None
+            pending_partition = (part_idx, bucket)
+            name = f"graph {compile_id} · DDP bucket {part_idx}"
+        else:
+            pending_partition = None
+            for n in gm.graph.nodes:
+                if n.op == "placeholder" and (fqn := self._fqn_of_placeholder(n)):
+                    param_by_node[n.name] = fqn
+            name = f"graph {compile_id}" + (" (after graph break)" if frame_name and "resume_in" in frame_name else "")
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        aot = shadow_trace(gm, example_inputs, inner=inner_name)
+        return {"gm": gm, "kind": kind, "name": name, "compile_id": compile_id, "frame_name": frame_name,
+                "break_reason": break_reason, "parent_id": parent_id, "partition_index": part_idx,
+                "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
+                "inner": inner_name, "partition": pending_partition}
+
+    def _finish(self, p: dict, compile_time_s: float) -> None:
+        writer = self.writer
+        rec = record_graph(p["gm"])
+        io = [IOBinding("in", i, n.name, p["param_by_node"][n.name])
+              for i, n in enumerate(p["placeholders"]) if n.name in p["param_by_node"]]
+        meta = {"aot_errors": p["aot"].errors} if p["aot"].errors else {}
+        gid = writer.write_graph(
+            rec, kind=p["kind"], name=p["name"], compile_id=p["compile_id"], frame_name=p["frame_name"],
+            parent_id=p["parent_id"], partition_index=p["partition_index"], compile_time_s=compile_time_s,
+            backend=f"graphdeck+{p['inner']}", break_reason=p["break_reason"], io=io,
+            param_by_node=p["param_by_node"], meta=meta)
+        self.graph_ids.append(gid)
+        if p["partition"] is not None:
+            idx, bucket = p["partition"]
+            params = [p["param_by_node"].get(name, name) for name in (bucket.params if bucket else [])]
+            writer.write_partition(parent_graph_id=p["parent_id"], graph_id=gid, index=idx if idx is not None else 0,
+                                   size_bytes=int(bucket.size) if bucket else 0, params=params)
+        fqn_by_input = {i: p["param_by_node"].get(n.name) for i, n in enumerate(p["placeholders"])}
+        aot = p["aot"]
+        for kind, g in (("aot_forward", aot.forward), ("aot_backward", aot.backward), ("aot_inference", aot.inference)):
+            if g is None:
+                continue
+            bind, bio = {}, []
+            for pos, n in enumerate(x for x in g.graph.nodes if x.op == "placeholder"):
+                k = input_index(n.meta.get("desc"))
+                if k is not None and fqn_by_input.get(k):
+                    bind[n.name] = fqn_by_input[k]
+                    bio.append(IOBinding("in", pos, n.name, fqn_by_input[k], desc=str(n.meta.get("desc"))))
+            if kind == "aot_backward":
+                for pos, (val, desc) in enumerate(zip(output_args(g), output_descs(g))):
+                    k = input_index(grad_of(desc))
+                    if k is None:
+                        continue
+                    bio.append(IOBinding("grad", pos, val.name if isinstance(val, torch.fx.Node) else None,
+                                         fqn_by_input.get(k), has_grad=isinstance(val, torch.fx.Node),
+                                         desc=str(desc)))
+            gid2 = writer.write_graph(
+                record_graph(g), kind=kind, name=f"{p['name']} · {kind.removeprefix('aot_')}",
+                compile_id=p["compile_id"], frame_name=p["frame_name"], parent_id=gid,
+                backend=f"graphdeck+{p['inner']}", io=bio, param_by_node=bind)
+            self.graph_ids.append(gid2)
+        self.flush_events()
+
+    # ----------------------------------------------------------------------------- events, profile
+    def flush_events(self) -> None:
+        """Write the structured compile records received so far."""
+        events, self._events[:] = list(self._events), []
+        if events:
+            self.writer.write_compile_events(events)
+
+    def profile(self, *, wait_steps: int = 1, warmup_steps: int = 1, active_steps: int = 2, name: str | None = None):
+        """A ``torch.profiler.profile`` over the chosen steps whose Kineto trace is stored for this
+        rank when the active window ends (call ``.step()`` once per training step)."""
+        from graphdeck.capture.profile import stored_profile
+
+        return stored_profile(self, wait_steps=wait_steps, warmup_steps=warmup_steps,
+                              active_steps=active_steps, name=name)
+
+    def close(self) -> None:
+        """Flush pending compile records and stop listening to torch's structured log."""
+        from torch._logging._internal import trace_log
+
+        try:
+            self.flush_events()
+        finally:
+            trace_log.removeHandler(self._handler)
+
+
+def _dist_ready() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _ddp_context():
+    """(DDPOptimizer, unsplit GraphModule, sub-module name) when DDPOptimizer is compiling one of
+    its bucket sub-graphs right now, else ``None``.
+
+    # NOTE: [Finding the DDP bucket]
+    # DDPOptimizer splits the Dynamo graph and calls the backend once per bucket from
+    # SubmodCompiler.run_node; neither passes the bucket to the backend. We look up the calling
+    # frames (a few levels) for those two objects. This is read-only and falls back to
+    # recording a plain Dynamo graph if the frames are not found (e.g. a future torch).
+    """
+    try:
+        from torch._dynamo.backends.distributed import DDPOptimizer, SubmodCompiler
+    except Exception:
+        return None
+    frame = sys._getframe(2)
+    submod_name, opt, full_gm = None, None, None
+    for _ in range(40):
+        if frame is None:
+            break
+        self_obj = frame.f_locals.get("self")
+        if submod_name is None and isinstance(self_obj, SubmodCompiler):
+            n = frame.f_locals.get("n")
+            if isinstance(n, torch.fx.Node) and n.op == "call_module":
+                submod_name = str(n.target)
+        if isinstance(self_obj, DDPOptimizer):
+            opt, full_gm = self_obj, frame.f_locals.get("gm")
+            break
+        frame = frame.f_back
+    if submod_name is None or opt is None or full_gm is None:
+        return None
+    return opt, full_gm, submod_name

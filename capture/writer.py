@@ -1,0 +1,138 @@
+"""The capture agent's single writer into the store.
+
+One transaction per graph (its row, nodes, edges and parameter bindings), so a rank that dies
+mid-write leaves either the whole graph or nothing. Writers of several ranks share one SQLite
+file in WAL mode; ``retrying`` waits out another rank's write lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+
+from sqlalchemy import delete, select
+
+from graphdeck.capture.fxrecord import GraphRecord
+from graphdeck.store.db import Interner, get_or_create_rank, get_or_create_run, open_engine, retrying, write_session
+from graphdeck.store.schema import CompileEvent, Edge, Graph, GraphIO, Node, Param, Partition
+
+
+@dataclass
+class IOBinding:
+    """A graph input that reads a parameter (``direction="in"``) or a backward output that is a
+    parameter's gradient (``direction="grad"``, ``has_grad`` false when it is ``None``)."""
+
+    direction: str
+    position: int
+    node_name: str | None
+    param_fqn: str | None
+    has_grad: bool | None = None
+    desc: str | None = None
+
+
+class StoreWriter:
+    """Writes one rank's capture. ``store`` is a path (SQLite) or SQLAlchemy URL."""
+
+    def __init__(self, store, run_name: str, rank: int, world_size: int, *, backend: str | None = None):
+        import torch
+
+        self.engine = open_engine(store)
+        self.rank = rank
+        self.world_size = world_size
+
+        def register():
+            with write_session(self.engine) as s:
+                run = get_or_create_run(s, run_name, world_size=world_size)
+                get_or_create_rank(
+                    s, run, rank, world_size=world_size, hostname=socket.gethostname(), pid=os.getpid(),
+                    backend=backend, torch_version=torch.__version__,
+                )
+                return run.id
+
+        self.run_id = retrying(register)
+        with write_session(self.engine) as s:
+            self._ordinal = len(s.scalars(select(Graph.id).where(Graph.run_id == self.run_id, Graph.rank == rank)).all())
+
+    def write_params(self, rows: list[dict]) -> None:
+        """Replace this rank's parameter list. Each row: fqn, kind, storage_key, shape, dtype,
+        numel, size_bytes, requires_grad."""
+
+        def do():
+            with write_session(self.engine) as s:
+                s.execute(delete(Param).where(Param.run_id == self.run_id, Param.rank == self.rank))
+                for r in rows:
+                    s.add(Param(run_id=self.run_id, rank=self.rank, fqn=r["fqn"], kind=r["kind"],
+                                storage_key=r["storage_key"], shape_json=json.dumps(r["shape"]),
+                                dtype=r["dtype"], numel=r["numel"], size_bytes=r["size_bytes"],
+                                requires_grad=r["requires_grad"]))
+
+        retrying(do)
+
+    def write_graph(self, record: GraphRecord, *, kind: str, name: str, compile_id: str | None,
+                    frame_name: str | None = None, parent_id: int | None = None,
+                    partition_index: int | None = None, compile_time_s: float | None = None,
+                    backend: str | None = None, break_reason: str | None = None,
+                    io: list[IOBinding] = (), param_by_node: dict[str, str] | None = None,
+                    meta: dict | None = None) -> int:
+        """Store one graph with its nodes, edges and bindings; returns ``graphs.id``."""
+        param_by_node = param_by_node or {}
+
+        def do():
+            with write_session(self.engine) as s:
+                intern = Interner(s)
+                g = Graph(run_id=self.run_id, rank=self.rank, ordinal=self._ordinal, kind=kind, name=name,
+                          compile_id=compile_id, frame_name=frame_name, parent_id=parent_id,
+                          partition_index=partition_index, num_nodes=len(record.nodes),
+                          structural_hash=record.structural_hash, compile_time_s=compile_time_s,
+                          backend=backend, break_reason=break_reason, code=record.code,
+                          meta_json=json.dumps(meta or {}, default=str))
+                s.add(g)
+                s.flush()
+                s.add_all([
+                    Node(graph_id=g.id, idx=n.idx, name=n.name, op=n.op, target_id=intern(n.target),
+                         args_json=json.dumps({"args": n.args, "kwargs": n.kwargs}, default=str),
+                         shape_json=None if n.shape is None else json.dumps(n.shape),
+                         dtype=n.dtype, stride_json=None if n.stride is None else json.dumps(n.stride),
+                         device=n.device, size_bytes=n.size_bytes, module_path_id=intern(n.module_path),
+                         module_stack_json=json.dumps(n.module_stack) if n.module_stack else None,
+                         stack_trace_id=intern(n.stack_trace), seq_nr=n.seq_nr,
+                         partitioner_tag=n.partitioner_tag, desc=n.desc,
+                         param_fqn=param_by_node.get(n.name), meta_json=json.dumps(n.meta, default=str))
+                    for n in record.nodes
+                ])
+                s.add_all([Edge(graph_id=g.id, src_idx=e.src_idx, dst_idx=e.dst_idx, arg_pos=e.arg_pos,
+                                size_bytes=e.size_bytes) for e in record.edges])
+                s.add_all([GraphIO(graph_id=g.id, direction=b.direction, position=b.position,
+                                   node_name=b.node_name, param_fqn=b.param_fqn, has_grad=b.has_grad,
+                                   desc=b.desc) for b in io])
+                return g.id
+
+        graph_id = retrying(do)
+        self._ordinal += 1
+        return graph_id
+
+    def write_partition(self, *, parent_graph_id: int, graph_id: int | None, index: int,
+                        size_bytes: int, params: list[str]) -> None:
+        def do():
+            with write_session(self.engine) as s:
+                s.add(Partition(run_id=self.run_id, rank=self.rank, kind="ddp_bucket",
+                                parent_graph_id=parent_graph_id, graph_id=graph_id, index=index,
+                                size_bytes=size_bytes, params_json=json.dumps(params)))
+
+        retrying(do)
+
+    def write_compile_events(self, events: list[dict]) -> None:
+        if not events:
+            return
+
+        def do():
+            with write_session(self.engine) as s:
+                for e in events:
+                    s.add(CompileEvent(run_id=self.run_id, rank=self.rank, name=e["name"],
+                                       compile_id=e.get("compile_id"),
+                                       metadata_json=json.dumps(e.get("metadata", {}), default=str),
+                                       payload=e.get("payload")))
+
+        retrying(do)
