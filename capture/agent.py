@@ -230,6 +230,8 @@ class Agent:
                         param_by_node[n.name] = fqn
             bucket = opt.buckets[part_idx] if part_idx is not None and part_idx < len(opt.buckets) else None
             pending_partition = (part_idx, bucket)
+            full_by_target = {str(n.target): full_params[n.name] for n in full_gm.graph.nodes
+                              if n.op == "placeholder" and n.name in full_params}
             name = f"graph {compile_id} · DDP bucket {part_idx}"
         else:
             pending_partition = None
@@ -242,7 +244,8 @@ class Agent:
         return {"gm": gm, "kind": kind, "name": name, "compile_id": compile_id, "frame_name": frame_name,
                 "break_reason": break_reason, "parent_id": parent_id, "partition_index": part_idx,
                 "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
-                "inner": inner_name, "partition": pending_partition}
+                "inner": inner_name, "partition": pending_partition,
+                "full_params_by_target": full_by_target if ddp is not None else {}}
 
     def _finish(self, p: dict, compile_time_s: float) -> None:
         writer = self.writer
@@ -258,7 +261,9 @@ class Agent:
         self.graph_ids.append(gid)
         if p["partition"] is not None:
             idx, bucket = p["partition"]
-            params = [p["param_by_node"].get(name, name) for name in (bucket.params if bucket else [])]
+            by_target = {str(n.target): p["param_by_node"][n.name] for n in p["placeholders"] if n.name in p["param_by_node"]}
+            full = p.get("full_params_by_target", {})
+            params = [by_target.get(t) or full.get(t) or t for t in (bucket.params if bucket else [])]
             writer.write_partition(parent_graph_id=p["parent_id"], graph_id=gid, index=idx if idx is not None else 0,
                                    size_bytes=int(bucket.size) if bucket else 0, params=params)
         fqn_by_input = {i: p["param_by_node"].get(n.name) for i, n in enumerate(p["placeholders"])}

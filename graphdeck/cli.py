@@ -1,0 +1,161 @@
+"""The ``graphdeck`` command: thin commands over library functions.
+
+Exit codes: 0 ok, 1 a check failed (or an internal error), 2 usage or bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from graphdeck.errors import GraphdeckError
+
+DEFAULT_STORE = "graphdeck.db"
+
+
+def _fail(exc: GraphdeckError) -> None:
+    click.echo(f"error: {exc.message}", err=True)
+    sys.exit(exc.exit_code)
+
+
+@click.group()
+@click.version_option(package_name="graphdeck")
+def main() -> None:
+    """graphdeck: a debugger for compiled graphs in distributed PyTorch training."""
+
+
+@main.command()
+@click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite file to write and serve.")
+@click.option("--run-name", default="demo", show_default=True, help="Name of the run in the store.")
+@click.option("--nproc", default=2, show_default=True, help="Ranks (processes) to launch with torchrun.")
+@click.option("--backend", default="inductor", show_default=True, help="Inner torch.compile backend.")
+@click.option("--steps", default=4, show_default=True, help="Training steps per rank.")
+@click.option("--serve/--no-serve", default=True, show_default=True, help="Serve the dashboard afterwards.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Dashboard host.")
+@click.option("--port", default=8765, show_default=True, help="Dashboard port.")
+def demo(store: str, run_name: str, nproc: int, backend: str, steps: int, serve: bool, host: str, port: int) -> None:
+    """Train a small GPT-2 on NPROC gloo ranks under DDP + torch.compile with capture, then serve it."""
+    t0 = time.perf_counter()
+    store_path = Path(store).resolve()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+    env = dict(os.environ)
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "graphdeck.demo", "--store", str(store_path), "--run-name", run_name,
+           "--backend", backend, "--steps", str(steps)]
+    click.echo(f"[graphdeck] launching {nproc} ranks: {' '.join(cmd[2:])}")
+    code = subprocess.call(cmd, env=env)
+    if code != 0:
+        click.echo(f"error: the training job exited with {code}", err=True)
+        sys.exit(1)
+    click.echo(f"[graphdeck] job finished in {time.perf_counter() - t0:.1f}s; store {store_path}")
+    _print_summary(store_path, run_name)
+    if serve:
+        from graphdeck.server.app import serve as serve_app
+
+        click.echo(f"[graphdeck] dashboard: http://{host}:{port}/#/runs/{run_name}  "
+                   f"(ready {time.perf_counter() - t0:.1f}s after start; Ctrl-C stops)")
+        serve_app(store_path, host=host, port=port)
+
+
+def _print_summary(store_path: Path, run_name: str) -> None:
+    from sqlalchemy import func, select
+    from sqlalchemy.orm import Session
+
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.schema import Graph, Run, Trace
+
+    engine = open_engine(store_path, read_only=True)
+    with Session(engine) as s:
+        run = s.scalar(select(Run).where(Run.name == run_name))
+        if run is None:
+            return
+        rows = s.execute(select(Graph.rank, Graph.kind, func.count(), func.sum(Graph.num_nodes))
+                         .where(Graph.run_id == run.id).group_by(Graph.rank, Graph.kind)
+                         .order_by(Graph.rank, Graph.kind)).all()
+        for r in rows:
+            click.echo(f"  rank {r[0]}: {r[2]:3d} {r[1]:<14s} graphs, {r[3]:6d} nodes")
+        traces = s.execute(select(Trace.rank, Trace.num_events).where(Trace.run_id == run.id)).all()
+        for t in traces:
+            click.echo(f"  rank {t[0]}: trace with {t[1]} events")
+
+
+@main.command()
+@click.argument("store", default=DEFAULT_STORE)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
+@click.option("--port", default=8765, show_default=True, help="Port to bind.")
+def serve(store: str, host: str, port: int) -> None:
+    """Serve the dashboard and API over STORE."""
+    from graphdeck.server.app import serve as serve_app
+
+    click.echo(f"[graphdeck] dashboard: http://{host}:{port}/")
+    serve_app(Path(store).resolve(), host=host, port=port)
+
+
+@main.command("check-grads")
+@click.argument("store", default=DEFAULT_STORE)
+@click.option("--run", "run_name", required=True, help="Run name or id.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def check_grads(store: str, run_name: str, as_json: bool) -> None:
+    """Gradient-path report of a run; exit 1 when a parameter gets no gradient on some rank."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.gradients import gradient_report
+    from graphdeck.errors import NotFoundError
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.schema import Run
+
+    try:
+        engine = open_engine(store, read_only=True)
+        with Session(engine) as s:
+            run = s.scalar(select(Run).where(Run.name == run_name))
+            if run is None and run_name.isdigit():
+                run = s.get(Run, int(run_name))
+            if run is None:
+                raise NotFoundError(f"run {run_name!r} not found in {store}")
+            report = gradient_report(s, run)
+    except GraphdeckError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(f"run {report.run}: ranks {report.ranks}; " +
+                   ", ".join(f"{k} {v}" for k, v in report.summary.items()))
+        for p in report.problems:
+            where = f" (first use: {p['first_use']})" if p.get("first_use") else ""
+            click.echo(f"  {p['status']:<15s} rank {p.get('rank', '*')} {p['fqn']}: {p['reason']}{where}")
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command("ingest-trace")
+@click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store to write.")
+@click.option("--run", "run_name", required=True, help="Run name (created if missing).")
+@click.option("--rank", type=int, default=None, help="Rank, when the trace does not say.")
+@click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped event.")
+def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | None, strict: bool) -> None:
+    """Stream a Kineto trace (.json or .json.gz) into the store (the upload API's code path)."""
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.traces import ingest_trace
+
+    try:
+        result = ingest_trace(open_engine(store), trace_file, run_name=run_name, rank=rank, strict=strict)
+    except GraphdeckError as exc:
+        if exc.details.get("stats"):
+            click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)
+        _fail(exc)
+    click.echo(f"trace {result.trace_id}: rank {result.rank}, {result.num_events} events, status {result.status}")
+    click.echo(json.dumps(result.stats, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Shared fixtures: real stores made by real captures, real inputs from ../shared.
+
+``captured_store`` is a SQLite file holding run ``tiny``: a 1-process capture of a small GPT-2
+(transformers, random weights, fixed seed) compiled with ``aot_eager`` through the graphdeck
+backend, trained for 3 steps with a profiled window, so it has Dynamo, AOT forward and AOT
+backward graphs, a parameter list, compile records and a Kineto trace of rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+IN_CI = os.environ.get("CI") == "true"
+
+
+def shared_path(*parts: str) -> Path:
+    """A file under ../shared; skips the test outside CI when it is missing, fails under CI."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        if IN_CI:
+            pytest.fail(f"{path} is missing under CI=true: ../shared must be beside the clone")
+        pytest.skip(f"{path} not present (../shared is only guaranteed in CI)")
+    return path
+
+
+TINY_SCRIPT = r"""
+import sys, torch
+from graphdeck.capture import Agent
+from graphdeck.demo import build_model
+store = sys.argv[1]
+torch.manual_seed(0)
+agent = Agent(store=store, run="tiny")
+model = agent.watch(build_model(n_layer=1, n_embd=32, vocab_size=256, n_positions=32))
+compiled = torch.compile(model, backend=agent.backend("aot_eager"))
+gen = torch.Generator().manual_seed(0)
+with agent.profile(wait_steps=1, warmup_steps=0, active_steps=1) as prof:
+    for step in range(3):
+        tokens = torch.randint(0, 256, (2, 16), generator=gen)
+        compiled(input_ids=tokens, labels=tokens).loss.backward()
+        prof.step()
+agent.close()
+"""
+
+
+def run_python(code: str, *args: str, env: dict | None = None, timeout_s: int = 600) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (a clean torch/Dynamo state); raise with its output on failure."""
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def captured_store(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("captured") / "tiny.db"
+    run_python(TINY_SCRIPT, str(path))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """The real app served by uvicorn in a thread on a free loopback port."""
+
+    def __init__(self, store: Path):
+        import uvicorn
+
+        from graphdeck.server.app import create_app
+        from graphdeck.server.settings import Settings
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = create_app(Settings(store=store))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start within 20 s")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
