@@ -49,6 +49,10 @@ def _sqlite_pragmas(read_only: bool):
     return on_connect
 
 
+def _autocommit_driver(dbapi_conn, _record):
+    dbapi_conn.isolation_level = None
+
+
 def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, create: bool = True) -> Engine:
     """Open (and, unless ``read_only``, create) the store at ``path_or_url``.
 
@@ -65,6 +69,13 @@ def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, crea
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000} if is_sqlite else {})
     if is_sqlite:
         event.listen(engine, "connect", _sqlite_pragmas(read_only))
+        if not read_only:
+            # NOTE: [Immediate transactions] pysqlite defers BEGIN until the first write, so two
+            # ranks can both read "no such run" and then both insert it. We take the write lock
+            # at BEGIN instead (SQLAlchemy's documented pysqlite recipe), which serialises
+            # read-then-write transactions across processes; busy_timeout makes others wait.
+            event.listen(engine, "connect", _autocommit_driver)
+            event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
     if create and not read_only:
         _create_schema(engine)
     _check_version(engine)

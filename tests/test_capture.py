@@ -162,3 +162,20 @@ def test_nodes_carry_metadata_and_backward_binds_gradients(tmp_path):
             GraphIO.graph_id == bw.id, GraphIO.direction == "grad"))}
         assert grads["blk2.weight"] is False and grads["head.weight"] is True
         assert s.scalar(select(Param).where(Param.fqn == "emb.weight")).size_bytes == 16 * 8 * 4
+
+
+def test_backend_by_name_through_the_entry_point(tmp_path):
+    """``torch.compile(model, backend="graphdeck")`` finds the backend through the
+    ``torch_dynamo_backends`` entry point and records into ``GRAPHDECK_STORE``."""
+    from tests.conftest import run_python
+
+    store = tmp_path / "named.db"
+    run_python(
+        "import torch; m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU());"
+        "f = torch.compile(m, backend='graphdeck'); f(torch.randn(2, 4)).sum().backward();"
+        "from graphdeck.capture.backend import default_agent; default_agent().close()",
+        env={"GRAPHDECK_STORE": str(store), "GRAPHDECK_RUN": "named", "GRAPHDECK_INNER": "aot_eager"})
+    with Session(open_engine(store, read_only=True)) as s:
+        kinds = sorted(g.kind for g in s.scalars(select(Graph)))
+        assert kinds == ["aot_backward", "aot_forward", "dynamo"], kinds
+        assert s.scalar(select(Run.name)) == "named"
