@@ -276,7 +276,10 @@ function problemItem(p) {
   if (typeof p !== "object" || p === null) return h("li", {}, fmt(p));
   const head = [p.rank != null ? `rank ${p.rank}` : null, p.fqn ?? p.param ?? null].filter(Boolean).join(" · ");
   const text = p.message ?? p.reason ?? p.detail ?? JSON.stringify(p);
-  return h("li", {}, p.status ? statusBadge(p.status) : null, head ? [" ", h("code", {}, head), ": "] : " ", fmt(text));
+  const perRank = p.ranks && typeof p.ranks === "object" && !Array.isArray(p.ranks)
+    ? ` (${Object.entries(p.ranks).map(([r, st]) => `rank ${r}: ${st}`).join(", ")})` : "";
+  return h("li", {}, p.status ? statusBadge(p.status) : null, head ? [" ", h("code", {}, head), ": "] : " ",
+    fmt(text), perRank, p.first_use ? h("div", {class: "first-use"}, h("code", {}, p.first_use)) : null);
 }
 
 /** The gradient-path report: summary line, problems, a filter, and one row per rank/param. */
@@ -286,19 +289,26 @@ function gradientReport(report) {
   for (const s of GRAD_STATUSES) {
     if (summary[s] === undefined) summary[s] = params.filter((p) => p.status === s).length;
   }
-  const summaryLine = h("p", {class: "summary", id: "grad-summary"}, Object.entries(summary).flatMap(([s, n]) =>
+  const verdict = report.ok === undefined ? null
+    : h("strong", {class: report.ok ? "verdict-ok" : "verdict-bad"}, report.ok ? "all gradient paths OK   " : "problems found   ");
+  const summaryLine = h("p", {class: "summary", id: "grad-summary"}, verdict, Object.entries(summary).flatMap(([s, n]) =>
     [statusBadge(s), ` ${n}   `]));
   const problems = report.problems || [];
   const rows = params.map((p) => {
     const hay = [p.rank, p.fqn, p.status, p.reason, ...(p.aliases || [])].join(" ").toLowerCase();
+    const tensor = [isBlank(p.shape) ? null : fmt(p.shape), p.dtype].filter(Boolean).join(" ");
+    const links = (label, ids) => (ids && ids.length ? h("div", {}, h("span", {class: "muted"}, label),
+      ids.map((id) => [" ", graphLink(id)])) : null);
     return h("tr", {"data-status": p.status, "data-hay": hay},
-      num(p.rank), h("td", {}, code(p.fqn)), h("td", {}, statusBadge(p.status)),
+      num(p.rank), h("td", {}, code(p.fqn), tensor ? h("div", {class: "muted small"}, tensor) : null),
+      h("td", {}, statusBadge(p.status)),
       h("td", {}, (p.aliases || []).map((a) => h("code", {class: "chip"}, fmt(a)))),
-      h("td", {class: "reason"}, isBlank(p.reason) ? "" : fmt(p.reason)),
-      h("td", {}, (p.graphs || []).map((id) => [graphLink(id), " "])));
+      h("td", {class: "reason"}, isBlank(p.reason) ? "" : fmt(p.reason),
+        p.first_use ? h("div", {class: "first-use"}, h("code", {}, p.first_use)) : null),
+      h("td", {class: "graph-links"}, links("read by", p.graphs), links("grad from", p.grad_graphs)));
   });
   const count = h("span", {class: "muted", id: "grad-count"});
-  const text = h("input", {type: "search", id: "grad-filter", placeholder: "filter by parameter, status, reason…",
+  const text = h("input", {type: "search", id: "grad-filter", placeholder: "filter parameters…",
     "aria-label": "filter the gradient report"});
   const status = h("select", {id: "grad-status", "aria-label": "status"}, h("option", {value: ""}, "all statuses"),
     Object.keys(summary).map((s) => h("option", {value: s}, s)));
