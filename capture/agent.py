@@ -94,6 +94,7 @@ class Agent:
         self._writer: StoreWriter | None = None
         self._fqn_by_tensor: dict[int, str] = {}
         self._models: list[torch.nn.Module] = []
+        self._auto_params: dict[str, torch.Tensor] = {}  # parameters found in graphs, model not watched
         self._ddp_parents: dict[int, int] = {}  # id(unsplit gm) -> graphs.id
         self._events: list[dict] = []
         self._handler = _CompileEventHandler(self._events)
@@ -127,15 +128,41 @@ class Agent:
 
     def _write_params(self) -> None:
         rows = []
+        watched = set()
         for model in self._models:
             for kind, items in (("parameter", model.named_parameters(remove_duplicate=False)),
                                 ("buffer", model.named_buffers(remove_duplicate=False))):
                 for fqn, t in items:
+                    watched.add(fqn)
                     rows.append({"fqn": fqn, "kind": kind, "storage_key": f"{id(t):x}", "shape": list(t.shape),
                                  "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel(),
                                  "size_bytes": t.numel() * t.element_size(),
                                  "requires_grad": bool(t.requires_grad) if kind == "parameter" else False})
+        for fqn, t in self._auto_params.items():
+            if fqn not in watched:
+                rows.append({"fqn": fqn, "kind": "parameter", "storage_key": f"{id(t):x}", "shape": list(t.shape),
+                             "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel(),
+                             "size_bytes": t.numel() * t.element_size(), "requires_grad": bool(t.requires_grad)})
         self.writer.write_params(rows)
+
+    def _learn_params(self, gm: torch.fx.GraphModule, param_by_node: dict[str, str]) -> None:
+        """Without :meth:`watch`, the parameters a graph reads are still listed (from Dynamo's
+        graph arguments); parameters no graph reads are then unknown (watch the model to see them)."""
+        new = False
+        for n in gm.graph.nodes:
+            fqn = param_by_node.get(n.name)
+            if fqn is None or fqn in self._auto_params:
+                continue
+            ga = n.meta.get("grapharg")
+            try:
+                example = ga.example if ga is not None else None
+            except Exception:
+                example = None
+            if isinstance(example, torch.nn.Parameter) and id(example) not in self._fqn_by_tensor:
+                self._auto_params[fqn] = example
+                new = True
+        if new:
+            self._write_params()
 
     def _fqn_of_placeholder(self, node: torch.fx.Node) -> str | None:
         ga = node.meta.get("grapharg")
@@ -150,7 +177,8 @@ class Agent:
         source = getattr(ga, "source", None)
         if source is None:
             return None
-        name = source.name() if callable(getattr(source, "name", None)) else str(source)
+        attr = getattr(source, "name", None)
+        name = attr() if callable(attr) else attr if isinstance(attr, str) else str(source)
         if "_parameters" not in name and "_buffers" not in name:
             return None
         path = module_path_from_fqn(name).replace("/", ".")
@@ -240,6 +268,7 @@ class Agent:
                     param_by_node[n.name] = fqn
             name = f"graph {compile_id}" + (" (after graph break)" if frame_name and "resume_in" in frame_name else "")
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._learn_params(gm, param_by_node)
         aot = shadow_trace(gm, example_inputs, inner=inner_name)
         return {"gm": gm, "kind": kind, "name": name, "compile_id": compile_id, "frame_name": frame_name,
                 "break_reason": break_reason, "parent_id": parent_id, "partition_index": part_idx,

@@ -179,3 +179,8 @@ def test_backend_by_name_through_the_entry_point(tmp_path):
         kinds = sorted(g.kind for g in s.scalars(select(Graph)))
         assert kinds == ["aot_backward", "aot_forward", "dynamo"], kinds
         assert s.scalar(select(Run.name)) == "named"
+    with Session(open_engine(store, read_only=True)) as s:
+        run = s.scalar(select(Run))
+        rep = gradient_report(s, run)
+        assert {p.fqn for p in rep.params} == {"0.weight", "0.bias"}, "parameters learned from the graph"
+        assert rep.ok
