@@ -385,6 +385,7 @@ function makeViewer(svg, host) {
   }
 
   let drag = null; // {x, y, id, moved}
+  let dragEnded_ms = -Infinity; // a click right after a drag is the drag's end, not a selection
   host.addEventListener("pointerdown", (e) => {
     if (e.button === 0) drag = {x: e.clientX, y: e.clientY, id: e.pointerId, moved: false};
   });
@@ -401,7 +402,7 @@ function makeViewer(svg, host) {
   const endDrag = (e) => {
     if (!drag || e.pointerId !== drag.id) return;
     host.classList.remove("dragging");
-    host.dataset.justDragged = drag.moved ? "1" : "";
+    if (drag.moved) dragEnded_ms = performance.now();
     drag = null;
   };
   host.addEventListener("pointerup", endDrag);
@@ -411,7 +412,7 @@ function makeViewer(svg, host) {
     zoom(Math.exp(-e.deltaY * (e.deltaMode === 1 ? 0.05 : 0.0015)), e.clientX, e.clientY);
   }, {passive: false});
   fit();
-  return {zoom, fit, centerOn};
+  return {zoom, fit, centerOn, justDragged: () => performance.now() - dragEnded_ms < 250};
 }
 
 // ---------------------------------------------------------------- graph page
@@ -496,7 +497,7 @@ async function renderGraph(page, m, query) {
   const search = h("input", {type: "search", id: "node-search", placeholder: "find node by name, op or target…",
     "aria-label": "find node", autocomplete: "off"});
   const results = h("ul", {id: "search-results", class: "results", hidden: true});
-  const viewer = {zoom: () => {}, fit: () => {}, centerOn: () => {}};
+  const viewer = {zoom: () => {}, fit: () => {}, centerOn: () => {}, justDragged: () => false};
   const button = (bid, label, title, fn) => h("button", {type: "button", id: bid, title, onclick: fn}, label);
 
   let selected = null, selectToken = 0;
@@ -529,7 +530,8 @@ async function renderGraph(page, m, query) {
     const q = search.value.trim().toLowerCase();
     svg.classList.toggle("searching", Boolean(q));
     const hits = q ? nodes.filter((n) => [n.name, n.op, n.target].some((v) => v && String(v).toLowerCase().includes(q))) : [];
-    for (const [name, g] of gByName) g.classList.toggle("match", hits.some((n) => n.name === name));
+    const hitNames = new Set(hits.map((n) => n.name));
+    for (const [name, g] of gByName) g.classList.toggle("match", hitNames.has(name));
     results.hidden = !q;
     results.replaceChildren(...hits.slice(0, 40).map((n) => h("li", {},
       h("button", {type: "button", class: "link", onclick: () => selectNode(n.name)}, n.name),
@@ -544,7 +546,7 @@ async function renderGraph(page, m, query) {
     if (e.key === "Escape") { search.value = ""; runSearch(); }
   });
   host.addEventListener("click", (e) => {
-    if (host.dataset.justDragged) { host.dataset.justDragged = ""; return; }
+    if (viewer.justDragged()) return;
     const g = e.target.closest("g.node");
     if (g && g.dataset.name) selectNode(g.dataset.name);
   });
