@@ -1,0 +1,780 @@
+"""Kineto trace ingest: stream a profiler trace into ``traces`` / ``trace_events`` in batches.
+
+The input is the Chrome Trace Event Format (the "JSON Object Format" ``{"traceEvents": [...]}``
+and the "JSON Array Format" ``[...]``) as PyTorch's profiler writes it through Kineto
+(``torch.profiler.profile(...).export_chrome_trace``, ``tensorboard_trace_handler``), plain or
+gzip-compressed. The format is described in Google's "Trace Event Format" document and in
+Kineto's ``libkineto/src/output_json.cpp``; the corpus of real files this is tested on is listed
+in ``shared/data/traces/SOURCES.md``.
+
+The file is read as a token stream (ijson, yajl backend) and never loaded whole: events are
+written ``batch_size`` at a time, one transaction per batch, so memory stays flat as the file
+grows.
+
+What is kept:
+
+* ``X`` (complete) and ``i`` / ``I`` (instant) events become :class:`TraceEvent` rows. Every
+  other phase (``M`` metadata, ``s``/``t``/``f`` flows, ``C`` counters, ``B``/``E``, ...) is
+  counted in ``stats["by_ph"]``; process and thread names and labels from ``M`` events go into
+  ``Trace.meta_json`` (``process_names``, ``process_labels``, ``thread_names`` keyed
+  ``"pid/tid"``).
+* Top-level keys other than ``traceEvents`` (``schemaVersion``, ``distributedInfo``,
+  ``deviceProperties``, ``baseTimeNanoseconds``, ``traceName``, ...) go into ``Trace.meta_json``
+  whether they come before or after the events; a value larger than
+  :data:`META_MAX_TOKENS` JSON tokens is replaced by a marker and counted in
+  ``stats["meta_dropped"]``.
+
+Units: Kineto's ``ts`` and ``dur`` are microseconds, ints or decimals (``123.456``); they are
+parsed as exact decimals and stored as int64 nanoseconds, ``round(ts * 1000)`` (half to even).
+See ``NOTE: [Trace time base]`` for ``baseTimeNanoseconds``. ``pid`` / ``tid`` are stored as
+strings (legacy traces have tids like ``"stream 7"``); ``correlation`` is ``args["correlation"]``,
+else ``args["External id"]`` (or the 2021 spelling ``"external id"``). Integers outside int64
+anywhere in an event are kept as decimal strings (HTA's ``large_integer_trace``).
+
+Errors (all leave nothing half-written: a failed ingest deletes its trace and events):
+
+* :class:`~graphdeck.errors.BadInputError`: empty, not JSON, not gzip despite the gzip magic, no
+  ``traceEvents`` array, no event in it; or, with ``strict=True``, any skipped event.
+* :class:`~graphdeck.errors.TruncatedInputError`: the file ends mid-stream (a cut gzip member, or
+  JSON that stops inside the events) or turns into garbage after some events. Without ``strict``
+  every event parsed before the cut is kept, the trace's status is ``"truncated"`` and the error
+  carries ``trace_id``, ``stats``, ``kept=True`` and ``num_events``; with ``strict`` nothing is
+  kept (``kept=False``). Events in the same 64 KiB read as a syntax error may be lost; a clean cut
+  (EOF) loses only the event it cuts through.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import ijson
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import Engine
+
+from graphdeck.errors import BadInputError, TruncatedInputError
+from graphdeck.store.db import Interner, get_or_create_rank, get_or_create_run, retrying, write_session
+from graphdeck.store.schema import InternedString, Run, Trace, TraceEvent
+
+log = logging.getLogger(__name__)
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Phases stored as rows; everything else is only counted.
+STORED_PH = frozenset({"X", "i", "I"})
+#: A top-level metadata value with more JSON tokens than this is dropped (``meta_dropped``).
+META_MAX_TOKENS = 200_000
+#: ``args_json`` longer than this is shortened value by value (``args_truncated``).
+ARGS_MAX_CHARS = 8192
+#: One args value is cut to this many characters, then ``…[total_len=N]``.
+ARG_VALUE_MAX_CHARS = 1024
+#: At most this many process / thread names are kept from ``M`` events.
+MAX_LANE_NAMES = 10_000
+READ_SIZE = 64 * 1024
+_GZIP_MAGIC = b"\x1f\x8b"
+_UTF8_BOM = b"\xef\xbb\xbf"
+_RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_]?(\d+)", re.IGNORECASE)
+_TOO_LARGE = object()
+_EVENTS = TraceEvent.__table__
+
+# NOTE: [Trace time base]
+# Kineto writes ``ts`` in µs on its own clock and, since 2023, ``baseTimeNanoseconds`` with
+# ``epoch_ns = baseTimeNanoseconds + ts * 1000``. Kineto writes that key *after* traceEvents, so
+# it is usually unknown while events stream by. Rows are written with the base when it was seen
+# before the first event (then ``meta["ts_base_applied"] = "inline"``), else relative to the
+# trace clock and shifted by one ``UPDATE ... SET ts_ns = ts_ns + base`` in the transaction that
+# finalises the trace (``"update"``). ``meta["ts_clock"]`` says what ``ts_ns`` means:
+# ``"unix_epoch"`` or ``"trace"`` (no base, or the file was cut before it).
+
+
+@dataclass
+class IngestResult:
+    """What :func:`ingest_trace` stored.
+
+    Example::
+
+        >>> ingest_trace(engine, "rank-0.json.gz", run_name="job")  # doctest: +SKIP
+        IngestResult(trace_id=1, run_id=1, rank=0, status='ok', num_events=4811, stats={...})
+    """
+
+    trace_id: int
+    run_id: int
+    rank: int
+    status: str  # "ok" | "truncated"
+    num_events: int
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def ingest_trace(
+    engine: Engine,
+    source: str | os.PathLike | BinaryIO,
+    *,
+    run_name: str,
+    rank: int | None = None,
+    name: str | None = None,
+    strict: bool = False,
+    batch_size: int = 5000,
+) -> IngestResult:
+    """Stream one Kineto / Chrome trace into the store as a :class:`Trace` of run ``run_name``.
+
+    Args:
+        engine: a read/write store engine (:func:`graphdeck.store.db.open_engine`).
+        source: a path, or a binary file object; JSON or gzip (told by the magic bytes ``1f 8b``,
+            not by the name).
+        run_name: the run (created if missing) the trace belongs to.
+        rank: the rank when the trace has no ``distributedInfo.rank``; failing both, the rank is
+            parsed from the file name (``rank-3``, ``rank_3``, ``rank3``), else 0.
+            ``stats["rank_source"]`` says which: ``distributedInfo``, ``argument``, ``filename``,
+            ``default``.
+        name: the trace's name (default: the file's base name); also searched for the rank.
+        strict: fail on any dropped event or truncation, keeping nothing.
+        batch_size: events per write transaction.
+
+    Returns:
+        :class:`IngestResult`; ``stats`` counts ``events_total`` (items of ``traceEvents``),
+        ``stored``, ``by_ph``, every ``skipped_*`` reason, ``truncated`` and more.
+
+    Raises:
+        BadInputError, TruncatedInputError: see the module docstring.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        with open(path, "rb") as fh:
+            return _Ingest(engine, run_name, rank, name or path.name, path.name, strict, batch_size).run(fh)
+    file_name = getattr(source, "name", None)
+    file_name = Path(file_name).name if isinstance(file_name, str) else None
+    return _Ingest(engine, run_name, rank, name or file_name or "trace", file_name, strict, batch_size).run(source)
+
+
+# ---------------------------------------------------------------------------- reading bytes
+
+
+class _Reader:
+    """``read(n)`` over the decompressed JSON text of ``raw``, counting bytes on both sides.
+
+    gzip is decoded with :mod:`zlib` directly (not :class:`gzip.GzipFile`, whose buffered reads
+    drop the last partial block when the stream is cut), one member after another, at most
+    ``n`` bytes at a time. A stream that is cut or corrupt reads as end-of-file and is remembered
+    in ``cut``; the JSON parser then reports a premature end, which becomes a truncation.
+    """
+
+    def __init__(self, raw: BinaryIO):
+        self._raw = raw
+        self._pending = raw.read(READ_SIZE)  # sniffed for the gzip magic, then handed out first
+        if not isinstance(self._pending, bytes):
+            raise TypeError("ingest_trace needs a binary file object (open(path, 'rb'))")
+        self.file_bytes = len(self._pending)  # bytes read from ``raw``
+        self.gzip = self._pending[:2] == _GZIP_MAGIC
+        self._z = zlib.decompressobj(wbits=31) if self.gzip else None
+        self.offset = 0  # bytes of JSON text handed to the parser
+        self.eof = False
+        self.cut: str | None = None
+
+    def _read_raw(self, size: int) -> bytes:
+        if self._pending:
+            data, self._pending = self._pending[:size], self._pending[size:]
+            return data
+        data = self._raw.read(size)
+        self.file_bytes += len(data)
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        if size == 0:  # ijson probes with read(0) for bytes vs str
+            return b""
+        size = size if size is not None and size > 0 else READ_SIZE
+        data = self._inflate(size) if self.gzip else self._read_raw(size)
+        if self.offset == 0 and data.startswith(_UTF8_BOM):
+            self.offset, data = len(_UTF8_BOM), data[len(_UTF8_BOM) :]
+        self.offset += len(data)
+        self.eof = not data
+        return data
+
+    def _inflate(self, size: int) -> bytes:
+        z = self._z
+        try:
+            while True:
+                if z.unconsumed_tail:
+                    data = z.decompress(z.unconsumed_tail, size)
+                elif z.eof:  # end of a member: another may follow (NUL padding is skipped)
+                    rest = z.unused_data.lstrip(b"\0")
+                    while not rest:
+                        more = self._read_raw(READ_SIZE)
+                        if not more:
+                            return b""
+                        rest = more.lstrip(b"\0")
+                    z = self._z = zlib.decompressobj(wbits=31)
+                    data = z.decompress(rest, size)
+                else:
+                    chunk = self._read_raw(READ_SIZE)
+                    if not chunk:
+                        self.cut = "the gzip stream ends before its end-of-stream marker"
+                        return b""
+                    data = z.decompress(chunk, size)
+                if data:
+                    return data
+        except zlib.error as exc:
+            self.cut = f"the gzip data is corrupt ({exc})"
+            return b""
+
+
+# ---------------------------------------------------------------------------- token stream
+
+
+@dataclass
+class _Scan:
+    """What the token scan learnt besides the events themselves."""
+
+    form: str | None = None  # "object", "array", or the JSON type of a scalar
+    has_events: bool = False  # saw a traceEvents array (or the array form)
+    events_not_array: str | None = None
+    complete: bool = False  # the top-level value closed
+    keys: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    meta_dropped: int = 0
+    big_ints: int = 0
+
+
+def _scan(tokens, st: _Scan):
+    """Yield each item of ``traceEvents`` (or of a top-level array) as a Python value; record
+    every other top-level key in ``st.meta``. ``tokens`` are ijson ``basic_parse`` events."""
+    it = iter(tokens)
+    in_events = False
+    top_key = None
+    for ev, val in it:
+        if in_events:
+            if ev == "start_map":
+                yield _build(it, {}, st, None)
+            elif ev == "end_array":
+                in_events = False
+                if st.form == "array":
+                    st.complete = True
+            elif ev == "start_array":
+                yield _build(it, [], st, None)
+            else:
+                yield _scalar(ev, val, st)
+        elif st.form is None:
+            if ev == "start_map":
+                st.form = "object"
+            elif ev == "start_array":
+                st.form = "array"
+                st.has_events = in_events = True
+            else:
+                st.form = ev
+                st.complete = True
+        elif ev == "map_key":
+            top_key = val
+            if len(st.keys) < 1000:
+                st.keys.append(val)
+        elif ev == "end_map":
+            st.complete = True
+        elif top_key == "traceEvents" and ev == "start_array" and not st.has_events:
+            st.has_events = in_events = True
+        else:
+            if top_key == "traceEvents":
+                st.events_not_array = ev
+            if ev == "start_map" or ev == "start_array":
+                value = _build(it, {} if ev == "start_map" else [], st, META_MAX_TOKENS)
+                if value is _TOO_LARGE:
+                    st.meta_dropped += 1
+                    value = f"…[dropped: more than {META_MAX_TOKENS} JSON tokens]"
+            else:
+                value = _scalar(ev, val, st)
+            st.meta[top_key] = value
+
+
+def _scalar(ev: str, val: Any, st: _Scan) -> Any:
+    if ev == "number" and type(val) is int and not INT64_MIN <= val <= INT64_MAX:
+        st.big_ints += 1
+        return str(val)
+    return val
+
+
+def _build(it, root, st: _Scan, budget: int | None):
+    """Build the container opened by the token just read; ``_TOO_LARGE`` past ``budget`` tokens."""
+    stack = [root]
+    key = None
+    n = 0
+    for ev, val in it:
+        if budget is not None:
+            n += 1
+            if n > budget:
+                return _skip(it, ev, len(stack))
+        if ev == "map_key":
+            key = val
+            continue
+        if ev == "end_map" or ev == "end_array":
+            stack.pop()
+            if not stack:
+                return root
+            continue
+        top = stack[-1]
+        if ev == "start_map" or ev == "start_array":
+            value = {} if ev == "start_map" else []
+            stack.append(value)
+        elif ev == "number" and type(val) is int and not INT64_MIN <= val <= INT64_MAX:
+            st.big_ints += 1
+            value = str(val)
+        else:
+            value = val
+        if type(top) is dict:
+            top[key] = value
+        else:
+            top.append(value)
+    return root  # unreachable on valid input: ijson raises on a premature end
+
+
+def _skip(it, ev: str, depth: int):
+    depth += (ev == "start_map" or ev == "start_array") - (ev == "end_map" or ev == "end_array")
+    while depth:
+        ev, _ = next(it)
+        depth += (ev == "start_map" or ev == "start_array") - (ev == "end_map" or ev == "end_array")
+    return _TOO_LARGE
+
+
+# ---------------------------------------------------------------------------- values
+
+
+def _to_ns(value: Any) -> int:
+    """µs (int or decimal) → int ns, rounded half to even; ``ValueError`` for anything else."""
+    t = type(value)
+    if t is int:
+        return value * 1000
+    if (t is Decimal and value.is_finite()) or (t is float and math.isfinite(value)):
+        return round(value * 1000)
+    raise ValueError(value)
+
+
+def _as_int64(value: Any) -> int | None:
+    if type(value) is int:
+        return value if INT64_MIN <= value <= INT64_MAX else None
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        n = int(value)
+        return n if INT64_MIN <= n <= INT64_MAX else None
+    return None
+
+
+def _lane_id(value: Any) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= 64 else text[:63] + "…"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):  # ijson's non-integer numbers; beyond float range as text
+        f = float(value)
+        return f if math.isfinite(f) else str(value)
+    return str(value)
+
+
+_ENCODER = json.JSONEncoder(default=_json_default, ensure_ascii=False, separators=(",", ":"))
+_dumps = _ENCODER.encode
+
+
+def _dump_args(args: Any) -> tuple[str, bool]:
+    """``args`` as JSON; giant values cut to ``…[total_len=N]``. Returns (text, was_truncated)."""
+    text = _dumps(args)
+    if len(text) <= ARGS_MAX_CHARS:
+        return text, False
+    if not isinstance(args, dict):
+        return _dumps(text[:ARGS_MAX_CHARS] + f"…[total_len={len(text)}]"), True
+    short: dict[str, Any] = {}
+    used = 0
+    for i, (k, v) in enumerate(args.items()):
+        part = v if isinstance(v, str) else _dumps(v)
+        if len(part) > ARG_VALUE_MAX_CHARS:
+            v = part[:ARG_VALUE_MAX_CHARS] + f"…[total_len={len(part)}]"
+            part = v
+        used += len(k) + len(part) + 6
+        if used > ARGS_MAX_CHARS:
+            short["…"] = f"[{len(args) - i} more keys, total_len={len(text)}]"
+            break
+        short[k] = v
+    return _dumps(short), True
+
+
+def _rank_from(meta: dict, rank_arg: int | None, names: list[str | None]) -> tuple[int, str, int | None]:
+    """(rank, where it came from, world size) — distributedInfo, argument, filename, default."""
+    info = meta.get("distributedInfo")
+    world = None
+    if isinstance(info, dict):
+        world = _as_int64(info.get("world_size"))
+        r = _as_int64(info.get("rank"))
+        if r is not None and r >= 0:
+            return r, "distributedInfo", world
+    if rank_arg is not None:
+        return int(rank_arg), "argument", world
+    for text in names:
+        m = _RANK_IN_NAME.search(text or "")
+        if m:
+            return int(m.group(1)), "filename", world
+    return 0, "default", world
+
+
+# ---------------------------------------------------------------------------- interning
+
+
+class _BatchInterner(Interner):
+    """An :class:`Interner` for one batch transaction.
+
+    Its cache starts from the ids committed earlier in this ingest, and :meth:`prime` resolves a
+    batch's new strings in bulk (one ``SELECT ... IN`` and one multi-row ``INSERT ... RETURNING``
+    per 500 strings) instead of a round trip each. ``new_ids`` join the ingest's cache only once
+    the batch has committed, so a rolled-back batch leaves no stale id behind.
+    """
+
+    def __init__(self, session, committed: dict[str, int]):
+        super().__init__(session)
+        self._ids = dict(committed)
+        self.new_ids: dict[str, int] = {}
+
+    def prime(self, values) -> None:
+        missing = [v for v in dict.fromkeys(values) if v is not None and v not in self._ids]
+        for i in range(0, len(missing), 500):
+            chunk = missing[i : i + 500]
+            rows = self.session.execute(
+                select(InternedString.value, InternedString.id).where(InternedString.value.in_(chunk))
+            )
+            found = dict(rows.all())
+            new = [v for v in chunk if v not in found]
+            if new:
+                stmt = insert(InternedString).returning(InternedString.value, InternedString.id)
+                found.update(dict(self.session.execute(stmt, [{"value": v} for v in new]).all()))
+            self.new_ids.update(found)
+            self._ids.update(found)
+
+
+# ---------------------------------------------------------------------------- the ingest
+
+
+class _Ingest:
+    def __init__(self, engine, run_name, rank_arg, name, file_name, strict, batch_size):
+        self.engine = engine
+        self.run_name = run_name
+        self.rank_arg = rank_arg
+        self.name = name
+        self.file_name = file_name
+        self.strict = strict
+        self.batch_size = batch_size
+        self.trace_id: int | None = None
+        self.run_id: int | None = None
+        self.batch: list[tuple] = []
+        self.string_ids: dict[str, int] = {}
+        self.by_ph: Counter = Counter()
+        self.skips: Counter = Counter()
+        self.counts: Counter = Counter()
+        self.events_total = 0
+        self.stored = 0
+        self.base_inline: int | None = None  # see NOTE: [Trace time base]
+        self.min_ts: int | None = None
+        self.max_end: int | None = None
+        self.lanes: dict[str, dict[str, str]] = {"process_names": {}, "process_labels": {}, "thread_names": {}}
+        self.st = _Scan()
+
+    # -- main loop
+
+    def run(self, raw: BinaryIO) -> IngestResult:
+        reader = self.reader = _Reader(raw)
+        cut: str | None = None
+        try:
+            cut = self._consume(reader)
+            if cut and (self.strict or self.stored == 0):
+                raise self._truncated(cut, kept=False)
+            self._validate_shape()
+            result = self._finalize("truncated" if cut else "ok")
+        except BaseException:
+            self._discard()
+            raise
+        if cut:
+            raise self._truncated(cut, kept=True)
+        return result
+
+    def _consume(self, reader: _Reader) -> str | None:
+        """Parse and write every batch; returns why the input was cut short, or None."""
+        tokens = ijson.basic_parse(reader, buf_size=READ_SIZE)
+        cut = None
+        try:
+            for obj in _scan(tokens, self.st):
+                self._event(obj)
+                if len(self.batch) >= self.batch_size:
+                    self._flush()
+        except ijson.JSONError as exc:
+            cut = self._parse_error(exc, reader)
+        self._flush()
+        return cut
+
+    def _parse_error(self, exc: Exception, reader: _Reader) -> str | None:
+        """Classify a parser error: trailing garbage (None), a cut (its reason), or not JSON."""
+        where = f"byte offset {reader.offset}"
+        if reader.gzip:
+            where += f" of the JSON text, {reader.file_bytes} of the gzip file"
+        msg = exc.args[0] if exc.args else ""
+        msg = msg.decode("utf-8", "replace") if isinstance(msg, bytes) else str(msg)
+        detail = (msg.strip().splitlines() or [type(exc).__name__])[0]
+        if self.st.complete:
+            self.counts["trailing_garbage"] = 1
+            if self.strict:
+                raise BadInputError(f"trace {self.name!r} has data after its JSON value ({where}): {detail}",
+                                    file=self.name)
+            return None
+        if reader.offset == 0:
+            why = reader.cut or "it is empty"
+            raise BadInputError(f"trace {self.name!r} is not readable: {why}", file=self.name)
+        lowered = detail.lower()
+        if reader.eof or reader.cut is not None or "premature" in lowered or "incomplete" in lowered:
+            return f"({where}): {reader.cut or 'the JSON text ends early'}"
+        if self.events_total == 0:
+            raise BadInputError(f"trace {self.name!r} is not valid JSON ({where}): {detail}", file=self.name)
+        self.counts["corrupt"] = 1
+        return f"({where}): the JSON turns invalid: {detail}"
+
+    def _validate_shape(self) -> None:
+        st = self.st
+        if st.form not in ("object", "array"):
+            raise BadInputError(f"trace {self.name!r} is a JSON {st.form}, not a trace object", file=self.name)
+        if not st.has_events:
+            keys = ", ".join(st.keys[:12]) or "none"
+            hint = ""
+            if {"nodes", "schema"} <= set(st.keys):
+                hint = " (it looks like a PyTorch execution trace, not a Kineto trace)"
+            got = f"traceEvents is a {st.events_not_array}, not an array" if st.events_not_array else "has no traceEvents array"
+            raise BadInputError(f"trace {self.name!r}: {got}; top-level keys: {keys}{hint}", file=self.name)
+        junk = self.skips["skipped_not_object"] + self.skips["skipped_missing_ph"]
+        if self.events_total and self.stored == 0 and junk == self.events_total:
+            raise BadInputError(
+                f"trace {self.name!r}: none of the {self.events_total} items of traceEvents is a trace event",
+                file=self.name,
+            )
+
+    # -- one event
+
+    def _skip(self, reason: str, index: int, detail: str) -> None:
+        self.skips[reason] += 1
+        if self.strict:
+            raise BadInputError(
+                f"trace {self.name!r}: event #{index} {detail} (strict mode drops nothing)",
+                file=self.name, reason=reason, event_index=index,
+            )
+
+    def _event(self, obj: Any) -> None:
+        index = self.events_total
+        self.events_total += 1
+        if type(obj) is not dict:
+            return self._skip("skipped_not_object", index, f"is a JSON {type(obj).__name__}, not an object")
+        ph = obj.get("ph")
+        if not isinstance(ph, str):
+            return self._skip("skipped_missing_ph", index, "has no string 'ph'")
+        self.by_ph[ph] += 1
+        if ph not in STORED_PH:
+            if ph == "M":
+                self._metadata_event(obj)
+            return None
+        ts = obj.get("ts")
+        if ts is None:
+            return self._skip("skipped_missing_ts", index, "has no 'ts'")
+        try:
+            ts_ns = _to_ns(ts)
+        except ValueError:
+            return self._skip("skipped_bad_ts", index, f"has a non-numeric 'ts' {str(ts)[:40]!r}")
+        dur_ns = 0
+        if ph == "X":
+            dur = obj.get("dur")
+            if dur is None:
+                self.counts["missing_dur"] += 1
+            else:
+                try:
+                    dur_ns = _to_ns(dur)
+                except ValueError:
+                    return self._skip("skipped_bad_dur", index, f"has a non-numeric 'dur' {str(dur)[:40]!r}")
+        if self.stored == 0 and self.base_inline is None:
+            base = _as_int64(self.st.meta.get("baseTimeNanoseconds"))
+            self.base_inline = base or 0
+        ts_ns += self.base_inline
+        end_ns = ts_ns + dur_ns
+        if not (INT64_MIN <= ts_ns <= INT64_MAX and INT64_MIN <= end_ns <= INT64_MAX):
+            return self._skip("skipped_bad_ts", index, "has a 'ts' or 'dur' beyond int64 nanoseconds")
+        args = obj.get("args")
+        corr = None
+        args_json = None
+        if args is not None:
+            if type(args) is dict:
+                c = args.get("correlation")
+                if c is None:
+                    c = args.get("External id", args.get("external id"))
+                if c is not None:
+                    corr = _as_int64(c)
+            args_json, cut = _dump_args(args)
+            self.counts["args_truncated"] += cut
+        name = obj.get("name")
+        if not isinstance(name, str):
+            name = "" if name is None else _dumps(name)
+        cat = obj.get("cat")
+        if cat is not None and not isinstance(cat, str):
+            cat = _dumps(cat)
+        if self.min_ts is None or ts_ns < self.min_ts:
+            self.min_ts = ts_ns
+        if self.max_end is None or end_ns > self.max_end:
+            self.max_end = end_ns
+        self.stored += 1
+        self.batch.append((ph, name, cat, ts_ns, dur_ns, _lane_id(obj.get("pid")), _lane_id(obj.get("tid")), corr, args_json))
+        return None
+
+    def _metadata_event(self, obj: dict) -> None:
+        args = obj.get("args")
+        value = args.get("name") if isinstance(args, dict) else None
+        kind = obj.get("name")
+        pid = _lane_id(obj.get("pid"))
+        if kind == "process_labels" and isinstance(args, dict):
+            table, key, value = self.lanes["process_labels"], pid, args.get("labels")
+        elif kind == "process_name":
+            table, key = self.lanes["process_names"], pid
+        elif kind == "thread_name":
+            table, key = self.lanes["thread_names"], f"{pid}/{_lane_id(obj.get('tid'))}"
+        else:
+            return
+        if isinstance(value, str) and (key in table or len(table) < MAX_LANE_NAMES):
+            table[key] = value
+
+    # -- writing
+
+    def _ensure_trace(self) -> None:
+        if self.trace_id is not None:
+            return
+        rank, _, world = _rank_from(self.st.meta, self.rank_arg, [self.file_name, self.name])
+
+        def create():
+            with write_session(self.engine) as s:
+                run = get_or_create_run(s, self.run_name, world_size=world)
+                trace = Trace(run_id=run.id, rank=rank, name=self.name[:300], status="ingesting")
+                s.add(trace)
+                s.flush()
+                return run.id, trace.id
+
+        self.run_id, self.trace_id = retrying(create)
+
+    def _flush(self) -> None:
+        if not self.batch:
+            return
+        self._ensure_trace()
+        rows, trace_id = self.batch, self.trace_id
+
+        def write():
+            with write_session(self.engine) as s:
+                interner = _BatchInterner(s, self.string_ids)
+                interner.prime([r[1] for r in rows] + [r[2] for r in rows])
+                ids = interner._ids
+                s.execute(
+                    _EVENTS.insert(),
+                    [
+                        {"trace_id": trace_id, "ph": ph, "name_id": ids[name], "cat_id": ids.get(cat),
+                         "ts_ns": ts, "dur_ns": dur, "pid": pid, "tid": tid, "correlation": corr, "args_json": args}
+                        for ph, name, cat, ts, dur, pid, tid, corr, args in rows
+                    ],
+                )
+            return interner.new_ids
+
+        self.string_ids.update(retrying(write))
+        self.batch = []
+
+    def _stats(self, truncated: bool, rank_source: str) -> dict[str, Any]:
+        stats: dict[str, Any] = {
+            "events_total": self.events_total,
+            "stored": self.stored,
+            "by_ph": dict(sorted(self.by_ph.items())),
+            "skipped_bad_event": sum(self.skips.values()),
+        }
+        for reason in ("skipped_not_object", "skipped_missing_ph", "skipped_missing_ts", "skipped_bad_ts", "skipped_bad_dur"):
+            stats[reason] = self.skips[reason]
+        stats.update(
+            truncated=int(truncated),
+            corrupt=self.counts["corrupt"],
+            trailing_garbage=self.counts["trailing_garbage"],
+            missing_dur=self.counts["missing_dur"],
+            args_truncated=self.counts["args_truncated"],
+            big_int_as_string=self.st.big_ints,
+            meta_dropped=self.st.meta_dropped,
+            rank_source=rank_source,
+            bytes_file=self.reader.file_bytes,
+            bytes_json=self.reader.offset,
+        )
+        return stats
+
+    def _finalize(self, status: str) -> IngestResult:
+        self._ensure_trace()
+        meta = dict(self.st.meta)
+        rank, rank_source, world = _rank_from(meta, self.rank_arg, [self.file_name, self.name])
+        stats = self._stats(status == "truncated", rank_source)
+        base = _as_int64(meta.get("baseTimeNanoseconds"))
+        late_base = bool(base) and not self.base_inline and self.stored > 0
+        start, end = self.min_ts, self.max_end
+        if late_base and not (INT64_MIN <= start + base and end + base <= INT64_MAX):
+            late_base, stats["base_time_not_applied"] = False, 1
+        if late_base:
+            start, end = start + base, end + base
+        meta["ts_clock"] = "unix_epoch" if (self.base_inline or late_base) else "trace"
+        meta["ts_base_applied"] = "inline" if self.base_inline else "update" if late_base else None
+        meta.update({k: v for k, v in self.lanes.items() if v})
+        info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+        backend = info.get("backend") if isinstance(info.get("backend"), str) else None
+        host = meta.get("host_name") if isinstance(meta.get("host_name"), str) else None
+        trace_id = self.trace_id
+
+        def finish():
+            with write_session(self.engine) as s:
+                if late_base:
+                    s.execute(update(TraceEvent).where(TraceEvent.trace_id == trace_id).values(ts_ns=TraceEvent.ts_ns + base))
+                run = s.get(Run, self.run_id)
+                if world and not run.world_size:
+                    run.world_size = world
+                get_or_create_rank(s, run, rank, world_size=world or 1, backend=backend and backend[:32], hostname=host and host[:200])
+                s.execute(
+                    update(Trace).where(Trace.id == trace_id).values(
+                        rank=rank, status=status, num_events=self.stored, start_ns=start, end_ns=end,
+                        stats_json=json.dumps(stats), meta_json=_dumps(meta),
+                    )
+                )
+
+        retrying(finish)
+        self.stats = stats
+        return IngestResult(trace_id, self.run_id, rank, status, self.stored, stats)
+
+    def _truncated(self, cut: str, *, kept: bool) -> TruncatedInputError:
+        stats = getattr(self, "stats", None) or self._stats(True, _rank_from(self.st.meta, self.rank_arg, [self.file_name, self.name])[1])
+        if kept:
+            what = f"the {self.stored} events before the cut are kept (status 'truncated')"
+        elif self.strict and self.stored:
+            what = "nothing is kept (strict)"
+        else:
+            what = "no event came before the cut; nothing is kept"
+        return TruncatedInputError(
+            f"trace {self.name!r} is truncated after {self.stored} events {cut}; {what}",
+            trace_id=self.trace_id if kept else None, stats=stats, kept=kept,
+            num_events=self.stored if kept else 0, file=self.name,
+        )
+
+    def _discard(self) -> None:
+        """Delete this ingest's trace and events (a failed ingest leaves nothing behind)."""
+        if self.trace_id is None:
+            return
+        trace_id = self.trace_id
+
+        def drop():
+            with write_session(self.engine) as s:
+                s.execute(delete(TraceEvent).where(TraceEvent.trace_id == trace_id))
+                s.execute(delete(Trace).where(Trace.id == trace_id))
+
+        try:
+            retrying(drop)
+        except Exception:  # keep the original error; the row stays "ingesting" and says so
+            log.exception("could not delete trace %s after a failed ingest", trace_id)
+        self.trace_id = None

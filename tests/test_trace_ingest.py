@@ -1,0 +1,366 @@
+"""Kineto trace ingest on real traces from ../shared/data/traces (see its SOURCES.md).
+
+Counts are checked against an independent count: the test ``json.load``s the same file and counts
+the events itself. Malformed inputs are made in ``tmp_path`` by cutting real files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import zlib
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from graphdeck.errors import BadInputError, TruncatedInputError
+from graphdeck.store.db import open_engine
+from graphdeck.store.schema import InternedString, Rank, Run, Trace, TraceEvent
+from graphdeck.store.traces import ingest_trace
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+
+SAMPLED_RANK0 = "hta/trace_filter/sampled_rank-0.json.gz"
+CPU_ONLY = "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
+LEGACY_SMALL = "kineto/tb_plugin_test_gpu_metrics_input.json"
+LEGACY_SAMPLE = "kineto/tb_plugin_samples/resnet50_profiler_api_num_workers_4.worker0.pt.trace.json.gz"
+NO_DIST_INFO = "hta/distributed_info_unavailable/distributed_info_not_found.json.gz"
+NO_RANK = "hta/rank_unavailable/rank_not_found.json.gz"
+LARGE_INT = "hta/large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz"
+AMD = "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+PLAIN_JSON = "kineto/docs_before_fix_trace.json"
+FLOW_V1 = "perfetto/flow_events_json_v1.json"
+FLOW_V2 = "perfetto/flow_events_json_v2.json"
+ET_FILE = "hta/execution_trace/benchmark_simple_add_et.json.gz"
+MEMORY_TIMELINE = "hta/memory_analysis/memory_timeline.raw.gz"
+
+
+def trace_file(rel: str) -> Path:
+    """A corpus file; skipped when ../shared is absent, except under CI=true where it must exist."""
+    path = TRACES / rel
+    if not path.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{path} is missing under CI=true: ../shared must be beside the clone")
+        pytest.skip(f"{path} not present (../shared is only guaranteed in CI)")
+    return path
+
+
+def load(path: Path) -> dict:
+    """The whole file, decoded independently of the code under test (decimals exact)."""
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return json.loads(data, parse_float=Decimal)
+
+
+def stored_kind(events: list) -> list[dict]:
+    """The events the ingest must store: dicts with ph X/i/I and a numeric ts."""
+    return [e for e in events if isinstance(e, dict) and e.get("ph") in ("X", "i", "I")
+            and isinstance(e.get("ts"), (int, Decimal)) and not isinstance(e.get("ts"), bool)]
+
+
+@pytest.fixture
+def engine(tmp_path):
+    return open_engine(tmp_path / "store.db")
+
+
+def counts(engine) -> tuple[int, int]:
+    with Session(engine) as s:
+        return s.scalar(select(func.count()).select_from(Trace)), s.scalar(select(func.count()).select_from(TraceEvent))
+
+
+def trace_row(engine, trace_id: int) -> Trace:
+    with Session(engine) as s:
+        return s.get(Trace, trace_id)
+
+
+def event_rows(engine, trace_id: int) -> list[tuple]:
+    with Session(engine) as s:
+        stmt = (select(TraceEvent.ph, InternedString.value, TraceEvent.ts_ns, TraceEvent.dur_ns, TraceEvent.pid,
+                       TraceEvent.tid, TraceEvent.correlation, TraceEvent.args_json)
+                .join(InternedString, InternedString.id == TraceEvent.name_id)
+                .where(TraceEvent.trace_id == trace_id).order_by(TraceEvent.id))
+        return list(s.execute(stmt))
+
+
+def test_hta_sampled_rank0_counts_rank_and_meta(engine):
+    path = trace_file(SAMPLED_RANK0)
+    doc = load(path)
+    expected = stored_kind(doc["traceEvents"])
+    r = ingest_trace(engine, path, run_name="job", strict=True)
+    assert r.status == "ok"
+    assert r.num_events == len(expected) == 4811, (
+        f"stored {r.num_events} events == number of X/i/I events in the file ({len(expected)}), "
+        "counted independently with json.load")
+    assert r.stats["events_total"] == len(doc["traceEvents"]), "events_total counts every traceEvents item"
+    assert r.stats["by_ph"] == dict(Counter(e["ph"] for e in doc["traceEvents"])), "by_ph counts phases as in the file"
+    assert r.stats["skipped_bad_event"] == 0 and r.stats["truncated"] == 0
+    assert (r.rank, r.stats["rank_source"]) == (0, "distributedInfo"), "rank 0 from distributedInfo"
+    assert counts(engine) == (1, len(expected)), "one trace row and one row per stored event"
+    t = trace_row(engine, r.trace_id)
+    meta = json.loads(t.meta_json)
+    assert meta["distributedInfo"]["world_size"] == 128, "distributedInfo kept in meta_json"
+    assert meta["ts_clock"] == "trace", "no baseTimeNanoseconds: ts_ns is on the trace's own clock"
+    assert t.num_events == r.num_events and json.loads(t.stats_json) == r.stats
+    with Session(engine) as s:
+        run = s.get(Run, r.run_id)
+        assert (run.name, run.world_size) == ("job", 128), "the run takes the trace's world size"
+        ranks = s.scalars(select(Rank).where(Rank.run_id == r.run_id)).all()
+        assert [(x.rank, x.world_size) for x in ranks] == [(0, 128)], "a Rank row for rank 0 of 128"
+    first = min(expected, key=lambda e: e["ts"])
+    assert t.start_ns == round(first["ts"] * 1000), "start_ns is the earliest ts in ns"
+    assert t.end_ns == max(round(e["ts"] * 1000) + round(e.get("dur", 0) * 1000) for e in expected)
+
+
+def test_cpu_only_trace_meta_after_events_and_epoch_base(engine):
+    path = trace_file(CPU_ONLY)
+    doc = load(path)
+    keys = list(doc)
+    assert keys.index("baseTimeNanoseconds") > keys.index("traceEvents"), "this file has its base after the events"
+    expected = stored_kind(doc["traceEvents"])
+    r = ingest_trace(engine, path, run_name="cpu", strict=True)
+    assert r.num_events == len(expected) == 18, "16 X + 2 i events stored; 12 M events only counted"
+    assert r.stats["by_ph"] == {"M": 12, "X": 16, "i": 2}
+    assert r.rank == 34 and r.stats["rank_source"] == "distributedInfo"
+    meta = json.loads(trace_row(engine, r.trace_id).meta_json)
+    for key in ("INFO", "traceName", "displayTimeUnit", "baseTimeNanoseconds"):
+        assert key in meta, f"top-level key {key!r} written after traceEvents is kept in meta_json"
+    assert (meta["ts_clock"], meta["ts_base_applied"]) == ("unix_epoch", "update")
+    assert meta["process_labels"], "process labels from M events are kept"
+    base = doc["baseTimeNanoseconds"]
+    rows = event_rows(engine, r.trace_id)
+    want = [base + round(e["ts"] * 1000) for e in expected]
+    assert [row.ts_ns for row in rows] == want, "ts_ns = baseTimeNanoseconds + round(ts µs * 1000), applied after the fact"
+
+
+def test_decimal_microseconds_are_exact_with_base_before_events(engine):
+    path = trace_file(AMD)
+    doc = load(path)
+    expected = stored_kind(doc["traceEvents"])
+    r = ingest_trace(engine, path, run_name="amd", strict=True)
+    rows = event_rows(engine, r.trace_id)
+    assert len(rows) == len(expected) == 115
+    base = doc["baseTimeNanoseconds"]
+    assert [row.ts_ns for row in rows] == [base + round(e["ts"] * 1000) for e in expected], \
+        "decimal µs such as 4203669604595.407 become exact ns (no float rounding)"
+    assert [row.dur_ns for row in rows] == [round(e.get("dur", 0) * 1000) for e in expected]
+    assert r.stats["rank_source"] == "default", "no distributedInfo, no rank argument, no rank in the name"
+
+
+def test_legacy_2021_trace_string_tids_and_external_id(engine):
+    path = trace_file(LEGACY_SMALL)
+    doc = load(path)
+    expected = stored_kind(doc["traceEvents"])
+    r = ingest_trace(engine, path, run_name="legacy", strict=True)
+    assert r.num_events == len(expected) == 256
+    rows = event_rows(engine, r.trace_id)
+    tids = {row.tid for row in rows}
+    assert any(t.startswith("stream ") for t in tids), f"string tids like 'stream 7' kept as strings: {sorted(tids)[:5]}"
+    want_corr = [e.get("args", {}).get("correlation", e.get("args", {}).get("External id")) for e in expected]
+    assert [row.correlation for row in rows] == want_corr, "correlation from args.correlation, else 'External id'"
+
+
+def test_legacy_tb_plugin_sample(engine):
+    path = trace_file(LEGACY_SAMPLE)
+    doc = load(path)
+    expected = stored_kind(doc["traceEvents"])
+    r = ingest_trace(engine, path, run_name="legacy", batch_size=20_000)
+    assert r.num_events == len(expected) == 48894, "every X/i event of the 2021 tb_plugin sample is stored"
+    assert r.stats["by_ph"]["s"] == 9048 and r.stats["by_ph"]["f"] == 9819, "flow events counted, not stored"
+    with Session(engine) as s:
+        n_stream = s.scalar(select(func.count()).select_from(TraceEvent)
+                            .where(TraceEvent.trace_id == r.trace_id, TraceEvent.tid.like("stream %")))
+    assert n_stream == sum(1 for e in expected if str(e.get("tid")).startswith("stream ")) > 0
+
+
+def test_rank_without_distributed_info(engine, tmp_path):
+    path = trace_file(NO_DIST_INFO)
+    r = ingest_trace(engine, path, run_name="r", rank=5)
+    assert (r.rank, r.stats["rank_source"]) == (5, "argument"), "no distributedInfo: the rank argument"
+    assert r.num_events == 2467
+    r = ingest_trace(engine, path, run_name="r")
+    assert (r.rank, r.stats["rank_source"]) == (0, "default"), "no argument, no rank in the name: rank 0"
+    renamed = tmp_path / "job_rank_3.trace.json.gz"
+    shutil.copy(path, renamed)
+    r = ingest_trace(engine, renamed, run_name="r")
+    assert (r.rank, r.stats["rank_source"]) == (3, "filename"), "rank parsed from 'rank_3' in the file name"
+    with open(path, "rb") as fh:
+        r = ingest_trace(engine, fh, run_name="r", name="upload-rank7.json.gz")
+    assert (r.rank, r.stats["rank_source"]) == (7, "filename"), "a file object: rank from the name argument"
+    r = ingest_trace(engine, trace_file(NO_RANK), run_name="r", rank=2)
+    assert (r.rank, r.stats["rank_source"]) == (2, "argument"), "distributedInfo without a rank: the argument"
+
+
+def test_large_integer_kept_as_string(engine):
+    path = trace_file(LARGE_INT)
+    r = ingest_trace(engine, path, run_name="big", strict=True)
+    assert r.num_events == 2 and r.stats["big_int_as_string"] == 1, "the one 'Comms Id' > int64 max is counted"
+    assert r.rank == 70 and r.stats["rank_source"] == "filename"
+    args = json.loads(event_rows(engine, r.trace_id)[1].args_json)
+    assert args["Comms Id"] == "10159970886766084423", "an integer beyond int64 is stored as its decimal string"
+
+
+def test_perfetto_flow_files(engine):
+    v1 = ingest_trace(engine, trace_file(FLOW_V1), run_name="flow", strict=True)
+    assert v1.num_events == 5 and v1.stats["by_ph"] == {"X": 5, "s": 2, "t": 1, "f": 2}, \
+        "v1 flows (s/t/f) are counted, only the 5 X slices stored"
+    v2 = ingest_trace(engine, trace_file(FLOW_V2), run_name="flow", strict=True)
+    assert v2.num_events == 6 and v2.stats["by_ph"] == {"B": 1, "E": 1, "X": 5, "i": 1}, \
+        "v2 flows live on X events (bind_id): 5 X + 1 i stored, B/E counted"
+    assert trace_row(engine, v2.trace_id).meta_json and counts(engine) == (2, 11)
+
+
+def test_ingest_twice_interns_each_name_once(engine):
+    path = trace_file(SAMPLED_RANK0)
+    ingest_trace(engine, path, run_name="a", batch_size=700)
+    with Session(engine) as s:
+        n_strings = s.scalar(select(func.count()).select_from(InternedString))
+    r = ingest_trace(engine, path, run_name="b", batch_size=5000)
+    with Session(engine) as s:
+        assert s.scalar(select(func.count()).select_from(InternedString)) == n_strings, \
+            "the second ingest of the same file adds no string"
+    assert counts(engine) == (2, 2 * 4811), "batches of 700 and of 5000 store the same events"
+    assert r.num_events == 4811
+
+
+# ---------------------------------------------------------------------------- malformed input
+
+
+def cut_gzip(src: Path, dst: Path, fraction: float) -> Path:
+    data = src.read_bytes()
+    dst.write_bytes(data[: int(len(data) * fraction)])
+    return dst
+
+
+def test_truncated_gzip_keeps_events_before_the_cut(engine, tmp_path):
+    src = trace_file(SAMPLED_RANK0)
+    full = [(e["ph"], e["name"], round(e["ts"] * 1000)) for e in stored_kind(load(src)["traceEvents"])]
+    cut = cut_gzip(src, tmp_path / "sampled_rank-0.json.gz", 0.5)
+    with pytest.raises(TruncatedInputError) as err:
+        ingest_trace(engine, cut, run_name="cut", batch_size=1000)
+    e = err.value
+    assert "truncated after" in e.message and "byte offset" in e.message, e.message
+    assert e.details["kept"] is True and e.details["stats"]["truncated"] == 1
+    t = trace_row(engine, e.details["trace_id"])
+    rows = event_rows(engine, t.id)
+    assert t.status == "truncated", "the trace says it is truncated"
+    assert t.num_events == len(rows) == e.details["num_events"], "num_events equals the rows kept"
+    assert 0 < len(rows) < len(full), f"half a file keeps some but not all events ({len(rows)} of {len(full)})"
+    assert [(r.ph, r.value, r.ts_ns) for r in rows] == full[: len(rows)], "the kept events are the file's first N, in order"
+    recoverable = zlib.decompressobj(wbits=31).decompress(cut.read_bytes())
+    assert e.details["stats"]["bytes_json"] == len(recoverable), \
+        "the parser saw every byte zlib can recover from the cut file, counted independently"
+    with Session(engine) as s:
+        assert s.scalar(select(func.count()).select_from(Trace).where(Trace.status == "ingesting")) == 0
+
+
+def test_truncated_gzip_strict_keeps_nothing(engine, tmp_path):
+    cut = cut_gzip(trace_file(SAMPLED_RANK0), tmp_path / "sampled_rank-0.json.gz", 0.5)
+    with pytest.raises(TruncatedInputError) as err:
+        ingest_trace(engine, cut, run_name="cut", strict=True, batch_size=1000)
+    assert err.value.details["kept"] is False and "truncated" in err.value.message
+    assert counts(engine) == (0, 0), "strict: no trace row and no event kept, even from committed batches"
+
+
+def test_truncated_plain_json_mid_array(engine, tmp_path):
+    src = trace_file(PLAIN_JSON)
+    doc = load(src)
+    events = doc["traceEvents"]
+    # Rewrite the real events one per line, then cut inside event k: exactly events[:k] are whole.
+    k = 40
+    lines = [json.dumps(e, default=str) for e in events]
+    text = '{"schemaVersion": 1, "traceEvents": [\n' + ",\n".join(lines) + "\n]}"
+    cut_at = text.index(lines[k]) + len(lines[k]) // 2
+    path = tmp_path / "cut.json"
+    path.write_text(text[:cut_at])
+    with pytest.raises(TruncatedInputError) as err:
+        ingest_trace(engine, path, run_name="cut")
+    expected = len(stored_kind(events[:k]))
+    assert err.value.details["num_events"] == expected, \
+        f"the {expected} X/i events among the {k} whole events before the cut are kept"
+    assert err.value.details["stats"]["events_total"] == k
+    # and a raw byte cut of the real file
+    raw = src.read_bytes()
+    path2 = tmp_path / "raw_cut.json"
+    path2.write_bytes(raw[: int(len(raw) * 0.8)])
+    with pytest.raises(TruncatedInputError) as err2:
+        ingest_trace(engine, path2, run_name="cut")
+    t = trace_row(engine, err2.value.details["trace_id"])
+    assert t.status == "truncated" and t.num_events == len(event_rows(engine, t.id)) > 0
+
+
+def test_not_json_and_not_a_trace(engine, tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("this is not a trace, just some text\n")
+    with pytest.raises(BadInputError, match="not valid JSON"):
+        ingest_trace(engine, bad, run_name="x")
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")
+    with pytest.raises(BadInputError, match="empty"):
+        ingest_trace(engine, empty, run_name="x")
+    fake_gz = tmp_path / "fake.json.gz"
+    fake_gz.write_bytes(b"\x1f\x8b" + b"not really gzip" * 10)
+    with pytest.raises(BadInputError, match="gzip"):
+        ingest_trace(engine, fake_gz, run_name="x")
+    with pytest.raises(BadInputError, match="execution trace"):
+        ingest_trace(engine, trace_file(ET_FILE), run_name="x")
+    with pytest.raises(BadInputError, match="none of the"):
+        ingest_trace(engine, trace_file(MEMORY_TIMELINE), run_name="x")
+    with Session(engine) as s:
+        assert s.scalar(select(func.count()).select_from(Run)) == 0, "a rejected file creates no run"
+    assert counts(engine) == (0, 0)
+
+
+def test_bad_events_skipped_and_counted_or_strict_fails(engine, tmp_path):
+    events = [
+        {"ph": "X", "name": "ok", "ts": 1, "dur": 2, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "no ts", "dur": 2, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "string ts", "ts": "soon", "pid": 1, "tid": 1},
+        {"ph": "i", "name": "bad dur ignored for i", "ts": 3, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "bad dur", "ts": 4, "dur": [1], "pid": 1, "tid": 1},
+        "not an event",
+        {"name": "no ph", "ts": 5},
+    ]
+    path = tmp_path / "bad_events.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    r = ingest_trace(engine, path, run_name="bad")
+    s = r.stats
+    assert r.num_events == 2, "only the good X and i are stored"
+    assert (s["skipped_missing_ts"], s["skipped_bad_ts"], s["skipped_bad_dur"], s["skipped_not_object"],
+            s["skipped_missing_ph"]) == (1, 1, 1, 1, 1)
+    assert s["skipped_bad_event"] == 5 and s["events_total"] == 7
+    with pytest.raises(BadInputError, match="strict"):
+        ingest_trace(engine, path, run_name="bad-strict", strict=True)
+    assert counts(engine) == (1, 2), "strict failure keeps nothing of its own"
+
+
+class FailingReader(io.RawIOBase):
+    """A source that dies after ``limit`` bytes (a disk or network error mid-ingest)."""
+
+    def __init__(self, data: bytes, limit: int):
+        self.buf, self.limit, self.pos = data, limit, 0
+
+    def readable(self):
+        return True
+
+    def read(self, n=-1):
+        if self.pos >= self.limit:
+            raise RuntimeError("simulated read failure")
+        n = len(self.buf) if n is None or n < 0 else n
+        out = self.buf[self.pos : min(self.pos + n, self.limit)]
+        self.pos += len(out)
+        return out
+
+
+def test_unexpected_error_deletes_the_partial_trace(engine):
+    data = trace_file(SAMPLED_RANK0).read_bytes()
+    with pytest.raises(RuntimeError, match="simulated"):
+        ingest_trace(engine, FailingReader(data, len(data) // 2), run_name="boom", batch_size=500)
+    assert counts(engine) == (0, 0), "batches committed before the failure are deleted with the trace row"
