@@ -1,0 +1,237 @@
+"""Trace routes: a trace's metadata and stats, its Plotly timeline, and trace upload.
+
+* ``GET /api/traces/{trace_id}``: the trace row with ``stats`` and ``meta`` decoded.
+* ``GET /api/traces/{trace_id}/timeline?limit=20000``: :func:`timeline_figure` of the ``limit``
+  longest ``X`` events plus the instants (same cap).
+* ``POST /api/runs/{run_name}/traces?rank=N&strict=false``: a multipart upload (field ``file``)
+  or a raw body (``?name=`` names it) streamed to a spooled temp file under
+  ``settings.max_upload_bytes`` (else 413), then :func:`~graphdeck.store.traces.ingest_trace`.
+  201 ``{"ok": true, "trace_id", "run_id", "rank", "status", "num_events", "stats"}``; a
+  truncated trace answers 400 with ``stats``, ``kept`` and (when kept) ``trace_id`` and
+  ``num_events``, rendered by the app's one error handler.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from typing import Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, aliased
+from starlette.concurrency import run_in_threadpool
+
+from graphdeck.errors import BadInputError, NotFoundError, PayloadTooLargeError
+from graphdeck.server.deps import get_engine, get_session, get_settings
+from graphdeck.server.render.timeline import timeline_figure
+from graphdeck.store.schema import InternedString, Run, Trace, TraceEvent
+from graphdeck.store.traces import ingest_trace
+
+router = APIRouter(tags=["traces"])
+
+#: Upload bytes kept in memory before the spool moves to a temp file.
+SPOOL_MEMORY_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_UPLOAD_BYTES = 2 * 1024**3
+
+
+def resolve_trace(
+    trace_id: int = Path(description="A trace's numeric id"),
+    session: Session = Depends(get_session),
+) -> Trace:
+    trace = session.get(Trace, trace_id)
+    if trace is None:
+        raise NotFoundError(f"trace {trace_id} not found", resource="trace", id=trace_id)
+    return trace
+
+
+def _loads(text: str | None) -> Any:
+    try:
+        return json.loads(text or "{}")
+    except ValueError:
+        return {}
+
+
+def trace_summary(trace: Trace, run: Run | None) -> dict:
+    """The JSON form of a trace row (what ``GET /api/traces/{id}`` answers)."""
+    duration_ms = None
+    if trace.start_ns is not None and trace.end_ns is not None:
+        duration_ms = round((trace.end_ns - trace.start_ns) / 1e6, 6)
+    return {
+        "id": trace.id,
+        "name": trace.name,
+        "run_id": trace.run_id,
+        "run_name": run.name if run is not None else None,
+        "rank": trace.rank,
+        "status": trace.status,
+        "num_events": trace.num_events,
+        "start_ns": trace.start_ns,
+        "end_ns": trace.end_ns,
+        "duration_ms": duration_ms,
+        "created_at": trace.created_at.isoformat() if trace.created_at else None,
+        "stats": _loads(trace.stats_json),
+        "meta": _loads(trace.meta_json),
+    }
+
+
+@router.get("/api/traces/{trace_id}")
+def get_trace(trace: Trace = Depends(resolve_trace), session: Session = Depends(get_session)) -> dict:
+    """A trace's metadata (run, rank, status, time span) with its ingest ``stats`` and ``meta``
+    (the file's top-level keys and process / thread names)."""
+    return trace_summary(trace, session.get(Run, trace.run_id))
+
+
+def _events(session: Session, trace_id: int, ph: tuple[str, ...], limit: int, longest: bool) -> list[dict]:
+    name, cat = aliased(InternedString), aliased(InternedString)
+    order = (TraceEvent.dur_ns.desc(), TraceEvent.id) if longest else (TraceEvent.ts_ns, TraceEvent.id)
+    stmt = (
+        select(TraceEvent.ph, name.value, cat.value, TraceEvent.ts_ns, TraceEvent.dur_ns, TraceEvent.pid, TraceEvent.tid)
+        .join(name, name.id == TraceEvent.name_id)
+        .outerjoin(cat, cat.id == TraceEvent.cat_id)
+        .where(TraceEvent.trace_id == trace_id, TraceEvent.ph.in_(ph))
+        .order_by(*order)
+        .limit(limit)
+    )
+    keys = ("ph", "name", "cat", "ts_ns", "dur_ns", "pid", "tid")
+    return [dict(zip(keys, row)) for row in session.execute(stmt)]
+
+
+@router.get("/api/traces/{trace_id}/timeline")
+def get_timeline(
+    limit: int = Query(20_000, ge=1, le=200_000, description="Draw at most this many of the longest X events"),
+    trace: Trace = Depends(resolve_trace),
+    session: Session = Depends(get_session),
+) -> dict:
+    """The trace as a Plotly figure ``{"data", "layout"}``: one lane per pid/tid, a bar per X
+    event (ms since the trace start); above ``limit`` events only the longest are drawn and the
+    title says so."""
+    total = session.scalar(
+        select(func.count()).select_from(TraceEvent).where(TraceEvent.trace_id == trace.id, TraceEvent.ph == "X")
+    )
+    events = _events(session, trace.id, ("X",), limit, longest=True)
+    events += _events(session, trace.id, ("i", "I"), limit, longest=False)
+    meta = _loads(trace.meta_json)
+    return timeline_figure(
+        events,
+        start_ns=trace.start_ns,
+        title=f"{trace.name} (rank {trace.rank})",
+        total_events=total,
+        process_labels=meta.get("process_labels") or {},
+        thread_names=meta.get("thread_names") or {},
+    )
+
+
+# ---------------------------------------------------------------------------- upload
+
+
+class _Spool:
+    """A size-capped spooled temp file the upload streams into."""
+
+    def __init__(self, cap_bytes: int):
+        self.cap_bytes = cap_bytes
+        self.size_bytes = 0
+        self.file = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)
+
+    def write(self, data: bytes) -> None:
+        self.size_bytes += len(data)
+        if self.size_bytes > self.cap_bytes:
+            raise PayloadTooLargeError(
+                f"upload is larger than the {self.cap_bytes}-byte limit", limit_bytes=self.cap_bytes
+            )
+        self.file.write(data)
+
+
+async def _receive_multipart(request: Request, spool: _Spool, content_type: str) -> str | None:
+    """Stream the multipart part named ``file`` into ``spool``; returns its file name."""
+    from python_multipart.multipart import MultipartParser, parse_options_header
+
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise BadInputError("multipart upload without a boundary")
+    state: dict[str, Any] = {"field": b"", "value": b"", "headers": {}, "in_file": False, "seen": False,
+                             "filename": None, "error": None}
+
+    def on_header_field(data, start, end):
+        state["field"] += data[start:end]
+
+    def on_header_value(data, start, end):
+        state["value"] += data[start:end]
+
+    def on_header_end():
+        state["headers"][state["field"].lower()] = state["value"]
+        state["field"] = state["value"] = b""
+
+    def on_headers_finished():
+        _, disp = parse_options_header(state["headers"].get(b"content-disposition", b""))
+        state["in_file"] = disp.get(b"name") == b"file" and not state["seen"]
+        if state["in_file"]:
+            state["seen"] = True
+            raw_name = disp.get(b"filename")
+            state["filename"] = raw_name.decode("utf-8", "replace") if raw_name else None
+        state["headers"] = {}
+
+    def on_part_data(data, start, end):
+        if state["in_file"] and state["error"] is None:
+            try:
+                spool.write(data[start:end])
+            except PayloadTooLargeError as exc:
+                state["error"] = exc
+
+    parser = MultipartParser(boundary, {
+        "on_header_field": on_header_field, "on_header_value": on_header_value, "on_header_end": on_header_end,
+        "on_headers_finished": on_headers_finished, "on_part_data": on_part_data,
+    })
+    async for chunk in request.stream():
+        parser.write(chunk)
+        if state["error"] is not None:
+            raise state["error"]
+    parser.finalize()
+    if not state["seen"]:
+        raise BadInputError("the upload has no multipart field named 'file'")
+    return state["filename"]
+
+
+@router.post("/api/runs/{run_name}/traces", status_code=201)
+async def upload_trace(
+    request: Request,
+    run_name: str = Path(description="The run to add the trace to (created if missing)"),
+    rank: int | None = Query(None, ge=0, description="Rank, when the trace has no distributedInfo"),
+    strict: bool = Query(False, description="Fail, keeping nothing, on any dropped event or truncation"),
+    name: str | None = Query(None, description="Trace name for a raw (non-multipart) body"),
+    engine: Engine = Depends(get_engine),
+    settings: Any = Depends(get_settings),
+) -> dict:
+    """Upload a Kineto trace (``.json`` or ``.json.gz``) as multipart field ``file`` or as the raw
+    body; it is ingested as it would be by ``graphdeck ingest-trace``."""
+    cap = int(getattr(settings, "max_upload_bytes", DEFAULT_MAX_UPLOAD_BYTES))
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > cap:
+        raise PayloadTooLargeError(f"upload of {length} bytes is larger than the {cap}-byte limit", limit_bytes=cap)
+    spool = _Spool(cap)
+    try:
+        content_type = request.headers.get("content-type", "")
+        if content_type.lower().startswith("multipart/"):
+            filename = await _receive_multipart(request, spool, content_type)
+        else:
+            filename = None
+            async for chunk in request.stream():
+                spool.write(chunk)
+        if spool.size_bytes == 0:
+            raise BadInputError("the uploaded trace is empty")
+        spool.file.seek(0)
+        result = await run_in_threadpool(
+            ingest_trace, engine, spool.file, run_name=run_name, rank=rank, name=name or filename, strict=strict
+        )
+    finally:
+        spool.file.close()
+    return {
+        "ok": True,
+        "trace_id": result.trace_id,
+        "run_id": result.run_id,
+        "rank": result.rank,
+        "status": result.status,
+        "num_events": result.num_events,
+        "stats": result.stats,
+    }
