@@ -83,7 +83,9 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _UTF8_BOM = b"\xef\xbb\xbf"
 _RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_]?(\d+)", re.IGNORECASE)
 _TOO_LARGE = object()
-_EVENTS = TraceEvent.__table__
+_EVENT_COLUMNS = ("trace_id", "ph", "name_id", "cat_id", "ts_ns", "dur_ns", "pid", "tid", "correlation", "args_json")
+_PLACEHOLDERS = {"qmark": lambda i: "?", "format": lambda i: "%s", "pyformat": lambda i: "%s",
+                 "numeric": lambda i: f":{i + 1}"}
 
 # NOTE: [Trace time base]
 # Kineto writes ``ts`` in µs on its own clock and, since 2023, ``baseTimeNanoseconds`` with
@@ -480,6 +482,14 @@ class _Ingest:
         self.max_end: int | None = None
         self.lanes: dict[str, dict[str, str]] = {"process_names": {}, "process_labels": {}, "thread_names": {}}
         self.st = _Scan()
+        # NOTE: [Driver-level insert] Rows go to the DBAPI's executemany as tuples: SQLAlchemy's
+        # per-row parameter processing cost more than SQLite's insert itself (3.2 s vs 1.4 s for
+        # 200k events). A driver with named parameters takes the Core insert instead.
+        mark = _PLACEHOLDERS.get(engine.dialect.paramstyle)
+        self.insert_sql = mark and (
+            f"INSERT INTO {TraceEvent.__tablename__} ({', '.join(_EVENT_COLUMNS)}) "
+            f"VALUES ({', '.join(mark(i) for i in range(len(_EVENT_COLUMNS)))})"
+        )
 
     # -- main loop
 
@@ -673,14 +683,12 @@ class _Ingest:
                 interner = _BatchInterner(s, self.string_ids)
                 interner.prime([r[1] for r in rows] + [r[2] for r in rows])
                 ids = interner._ids
-                s.execute(
-                    _EVENTS.insert(),
-                    [
-                        {"trace_id": trace_id, "ph": ph, "name_id": ids[name], "cat_id": ids.get(cat),
-                         "ts_ns": ts, "dur_ns": dur, "pid": pid, "tid": tid, "correlation": corr, "args_json": args}
-                        for ph, name, cat, ts, dur, pid, tid, corr, args in rows
-                    ],
-                )
+                params = [(trace_id, ph, ids[name], ids.get(cat), ts, dur, pid, tid, corr, args)
+                          for ph, name, cat, ts, dur, pid, tid, corr, args in rows]
+                if self.insert_sql:
+                    s.connection().exec_driver_sql(self.insert_sql, params)
+                else:
+                    s.execute(TraceEvent.__table__.insert(), [dict(zip(_EVENT_COLUMNS, p)) for p in params])
             return interner.new_ids
 
         self.string_ids.update(retrying(write))
