@@ -231,3 +231,21 @@ def test_upload_over_the_cap_is_413(store, tmp_path):
         res = c.post("/api/runs/big/traces", files={"file": ("tiny.json", gzip.compress(b'{"traceEvents": []}'))})
         assert res.status_code == 201, "an upload under the cap is accepted"
     assert store_counts(small)["num_events"] == {1: 0}
+
+
+def test_timeline_figure_is_pure_and_names_lanes():
+    from graphdeck.server.render.timeline import timeline_figure
+
+    events = [
+        {"ph": "X", "name": "<b>aten::mm</b>", "cat": "cpu_op", "ts_ns": 1_000_000, "dur_ns": 5_000, "pid": "42", "tid": "7"},
+        {"ph": "X", "name": "sgemm", "cat": "kernel", "ts_ns": 1_002_000, "dur_ns": 3_000, "pid": "0", "tid": "7"},
+        {"ph": "i", "name": "Record Window End", "cat": None, "ts_ns": 1_010_000, "dur_ns": 0, "pid": "", "tid": ""},
+    ]
+    fig = timeline_figure(events, process_labels={"0": "GPU 0"}, thread_names={"42/7": "thread 7 (python)"})
+    assert fig == timeline_figure(list(events), process_labels={"0": "GPU 0"}, thread_names={"42/7": "thread 7 (python)"}), \
+        "same events, same figure"
+    assert fig["layout"]["yaxis"]["categoryarray"] == ["CPU pid 42 / tid 7 (python)", "GPU 0 / stream 7", "global"]
+    bar = next(t for t in fig["data"] if t["name"] == "cpu_op")
+    assert (bar["base"], bar["x"], bar["customdata"]) == ([0.0], [0.005], [["<b>aten::mm</b>", "cpu_op", 5.0]]), \
+        "start 0 ms, 5 µs = 0.005 ms; the name stays data, the template stays constant"
+    assert bar["hovertemplate"] == HOVER_BAR

@@ -46,7 +46,10 @@ def category_colour(cat: str) -> str:
 
 
 def lane_label(pid: str, tid: str, *, gpu: bool, process_label: str | None = None) -> str:
-    """``"CPU pid 123 / tid 456"``, ``"GPU 0 / stream 7"``, or ``"<pid> / <tid>"`` for named lanes."""
+    """``"CPU pid 123 / tid 456"``, ``"GPU 0 / stream 7"``, ``"<pid> / <tid>"`` for named lanes,
+    ``"global"`` for events without pid and tid (global-scope instants)."""
+    if not pid and not tid:
+        return "global"
     if gpu:
         device = pid
         if process_label and process_label.startswith("GPU "):
@@ -73,6 +76,8 @@ def _lanes(events: list[Mapping], process_labels: Mapping[str, str], thread_name
     for (pid, tid), is_gpu in gpu.items():
         label = lane_label(pid, tid, gpu=is_gpu, process_label=process_labels.get(pid))
         thread = thread_names.get(f"{pid}/{tid}")
+        if thread and thread.startswith(f"thread {tid} ("):  # Kineto's "thread 542 (python3)"
+            thread = thread[len(f"thread {tid} (") : -1] if thread.endswith(")") else thread
         if thread and not is_gpu:
             label = _short(f"{label} ({thread})")
         labels[(pid, tid)] = label
