@@ -4,7 +4,6 @@ free loopback port, a SQLite store in tmp_path), with real traces from ../shared
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import socket
 import threading
