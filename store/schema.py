@@ -230,7 +230,9 @@ class CompileEvent(Base):
 
 
 class Trace(Base):
-    """A Kineto (Chrome trace JSON) profile of one rank. ``status`` is ``ok`` or ``partial``."""
+    """A Kineto (Chrome trace JSON) profile of one rank. ``status``: ``ingesting`` (being written, or
+    its writer died: readers skip it), ``ok``, or ``truncated`` (the file ended early; every event
+    before the cut is kept)."""
 
     __tablename__ = "traces"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
