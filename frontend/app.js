@@ -269,7 +269,14 @@ async function renderRun(page, m) {
       h("p", {class: "muted", id: "grad-report-missing"}, `Gradient-path report unavailable: ${err.message}`));
     return;
   }
-  if (page.alive()) gradBox.replaceChildren(h("h2", {}, "Gradient paths"), ...gradientReport(report));
+  if (page.alive()) gradBox.replaceChildren(h("h2", {}, "Gradient paths"), ...gradientReport(report).filter(Boolean));
+}
+
+/** 'File "/long/path/modeling_gpt2.py", line 569, in forward' → <code title=full>modeling_gpt2.py:569 in forward</code> */
+function sourceLine(text) {
+  const m = /File "(?:.*[\\/])?([^\\/"]+)", line (\d+)(?:, in (\S+))?/.exec(text || "");
+  const short = m ? `${m[1]}:${m[2]}${m[3] ? ` in ${m[3]}` : ""}` : text;
+  return h("div", {class: "first-use"}, "first use ", h("code", {title: text}, short));
 }
 
 function problemItem(p) {
@@ -279,7 +286,7 @@ function problemItem(p) {
   const perRank = p.ranks && typeof p.ranks === "object" && !Array.isArray(p.ranks)
     ? ` (${Object.entries(p.ranks).map(([r, st]) => `rank ${r}: ${st}`).join(", ")})` : "";
   return h("li", {}, p.status ? statusBadge(p.status) : null, head ? [" ", h("code", {}, head), ": "] : " ",
-    fmt(text), perRank, p.first_use ? h("div", {class: "first-use"}, h("code", {}, p.first_use)) : null);
+    fmt(text), perRank, p.first_use ? sourceLine(p.first_use) : null);
 }
 
 /** The gradient-path report: summary line, problems, a filter, and one row per rank/param. */
@@ -302,9 +309,9 @@ function gradientReport(report) {
     return h("tr", {"data-status": p.status, "data-hay": hay},
       num(p.rank), h("td", {}, code(p.fqn), tensor ? h("div", {class: "muted small"}, tensor) : null),
       h("td", {}, statusBadge(p.status)),
-      h("td", {}, (p.aliases || []).map((a) => h("code", {class: "chip"}, fmt(a)))),
+      h("td", {}, (p.aliases || []).filter((a) => a !== p.fqn).map((a) => h("code", {class: "chip"}, fmt(a)))),
       h("td", {class: "reason"}, isBlank(p.reason) ? "" : fmt(p.reason),
-        p.first_use ? h("div", {class: "first-use"}, h("code", {}, p.first_use)) : null),
+        p.first_use ? sourceLine(p.first_use) : null),
       h("td", {class: "graph-links"}, links("read by", p.graphs), links("grad from", p.grad_graphs)));
   });
   const count = h("span", {class: "muted", id: "grad-count"});
@@ -384,6 +391,16 @@ function makeViewer(svg, host) {
     apply();
   }
 
+  function home() { // the whole graph if it stays readable (≥ 0.6×), else its top at 0.6–1×
+    const r = host.getBoundingClientRect();
+    const scale = Math.min(r.width / base.w, r.height / base.h);
+    if (!(scale < 0.6)) { fit(); return; }
+    const s = Math.min(1, Math.max(0.6, r.width / base.w));
+    const w = r.width / s, hgt = r.height / s;
+    vb = {x: base.x + (base.w - w) / 2, y: base.y, w, h: hgt};
+    apply();
+  }
+
   let drag = null; // {x, y, id, moved}
   let dragEnded_ms = -Infinity; // a click right after a drag is the drag's end, not a selection
   host.addEventListener("pointerdown", (e) => {
@@ -411,7 +428,7 @@ function makeViewer(svg, host) {
     e.preventDefault();
     zoom(Math.exp(-e.deltaY * (e.deltaMode === 1 ? 0.05 : 0.0015)), e.clientX, e.clientY);
   }, {passive: false});
-  fit();
+  home();
   return {zoom, fit, centerOn, justDragged: () => performance.now() - dragEnded_ms < 250};
 }
 
@@ -600,10 +617,10 @@ function statValue(v) {
   return h("pre", {class: "code small"}, JSON.stringify(v, null, 1));
 }
 
-function statsView(stats) {
+function statsView(stats, id) {
   const entries = Object.entries(stats || {});
-  if (!entries.length) return h("p", {class: "muted"}, "no stats");
-  return defList(entries.map(([k, v]) => [k, statValue(v)]), {id: "trace-stats"}, true);
+  if (!entries.length) return h("p", {class: "muted", id}, "none");
+  return defList(entries.map(([k, v]) => [k, statValue(v)]), {id, class: "kv panel"}, true);
 }
 
 async function renderTrace(page, m) {
@@ -615,17 +632,19 @@ async function renderTrace(page, m) {
   setCrumbs([...crumbs, [`rank ${fmt(trace.rank)} · ${fmt(trace.name)}`]]);
   const timeline = h("div", {id: "timeline", "data-testid": "timeline", class: "timeline"},
     h("p", {class: "loading"}, "Loading the timeline…"));
-  const skip = new Set(["stats", "meta", "id", "name"]);
+  const skip = new Set(["stats", "meta", "id", "name", "run_id", "run_name"]);
   $app.replaceChildren(h("section", {class: "trace-page"},
     h("h1", {}, fmt(trace.name), " ", statusBadge(trace.status)),
     defList(Object.entries(trace).filter(([k]) => !skip.has(k))
       .map(([k, v]) => [k, typeof v === "object" && v !== null ? code(JSON.stringify(v)) : v]), {id: "trace-meta"}),
     h("h2", {}, "Timeline"), timeline,
-    h("h2", {}, "Stats"), statsView(trace.stats)));
+    h("h2", {}, "Ingest stats"), statsView(trace.stats, "trace-stats"),
+    h("details", {class: "fold"}, h("summary", {}, "Trace metadata"), statsView(trace.meta, "trace-info"))));
   try {
     const [Plotly, figure] = await Promise.all([loadPlotly(), api(`/api/traces/${id}/timeline`)]);
     if (!page.alive()) return;
     timeline.replaceChildren();
+    timeline.classList.add("plotted");
     await Plotly.newPlot(timeline, figure.data || [], {autosize: true, ...(figure.layout || {})},
       {responsive: true, displaylogo: false});
   } catch (err) {
