@@ -65,8 +65,9 @@ const graphLink = (id, label) => h("a", {href: `#/graphs/${id}`}, label ?? `#${i
 
 /** A <table id=... data-testid=...> with a header row; `rows` are <tr> elements. */
 function table(id, headers, rows, cls = "") {
+  const numeric = rows.length ? [...rows[0].children].map((td) => td.classList.contains("num")) : [];
   return h("table", {id, "data-testid": id, class: `data ${cls}`},
-    h("thead", {}, h("tr", {}, headers.map((x) => h("th", {}, x)))),
+    h("thead", {}, h("tr", {}, headers.map((x, i) => h("th", {class: numeric[i] ? "num" : null}, x)))),
     h("tbody", {}, rows));
 }
 

@@ -1,0 +1,193 @@
+"""The dashboard in a real browser: Debian Chromium driven by Playwright's sync API, over the real
+app (``create_app``) served by uvicorn on a free 127.0.0.1 port, reading a real SQLite store.
+
+Run with ``pytest -m browser tests/test_browser.py``. Skipped when ``/usr/bin/chromium`` (or the
+trace corpus) is missing, except under ``CI=true``, where that is a failure. Screenshots of every
+page land in ``/tmp/graphdeck-*.png`` for a human to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+from tests.conftest import LiveServer, shared_path
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+#: Under ../shared: HTA's sampled Kineto trace of rank 0 (a real profile, about 1 MB gzipped).
+TRACE = ("data", "traces", "hta", "trace_filter", "sampled_rank-0.json.gz")
+RUN_NAME = "tiny"
+TIMEOUT_MS = 15_000
+SHOTS = Path("/tmp")
+
+
+def _require(ok: bool, why: str) -> None:
+    """Skip when a prerequisite is missing, but fail under CI=true, where it must be there."""
+    if ok:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why} (CI=true, so this is a failure, not a skip)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def store(captured_store: Path, tmp_path_factory) -> Path:
+    """A private copy of the captured store: this module uploads a trace into it."""
+    copy = tmp_path_factory.mktemp("browser") / "store.db"
+    src, dst = sqlite3.connect(captured_store), sqlite3.connect(copy)
+    try:
+        src.backup(dst)  # the backup API also copies what still sits in the WAL
+    finally:
+        src.close()
+        dst.close()
+    return copy
+
+
+@pytest.fixture(scope="module")
+def base_url(store: Path):
+    """The real app over HTTP (conftest's LiveServer: uvicorn in a thread on a free port)."""
+    pytest.importorskip("uvicorn")
+    with LiveServer(store) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def uploaded_trace(base_url: str) -> dict:
+    """Upload the HTA sample trace of rank 0 into run "tiny"; returns the server's answer."""
+    trace = shared_path(*TRACE)
+    import httpx
+
+    with trace.open("rb") as fh:
+        res = httpx.post(
+            f"{base_url}/api/runs/{RUN_NAME}/traces",
+            params={"rank": 0},
+            files={"file": (trace.name, fh, "application/gzip")},
+            timeout=60,
+        )
+    assert res.status_code in (200, 201), f"trace upload answered {res.status_code}: {res.text[:500]}"
+    return res.json()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _require(CHROMIUM.exists(), f"{CHROMIUM} is missing (Debian package chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, request):
+    """A fresh page; any console error or uncaught exception fails the test at teardown."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    problems: list[str] = []
+    pg.on("console", lambda m: problems.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    pg.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    pg.on("dialog", lambda d: (problems.append(f"unexpected dialog: {d.message}"), d.dismiss()))
+    yield pg
+    context.close()
+    assert not problems, "the page logged errors:\n" + "\n".join(problems)
+
+
+#: JS: the FX name of the first node drawn wholly inside the viewer, preferring computing nodes.
+_VISIBLE_COMPUTE_NODE = """() => {
+  const host = document.querySelector("#graph-svg").getBoundingClientRect();
+  const shown = [...document.querySelectorAll("#graph-svg g.node")].filter((g) => {
+    const r = g.getBoundingClientRect();
+    return r.width > 0 && r.left >= host.left && r.right <= host.right && r.top >= host.top && r.bottom <= host.bottom;
+  });
+  const compute = shown.filter((g) => !/cat-(placeholder|output|get_attr)/.test(g.getAttribute("class")));
+  return (compute[0] || shown[0])?.dataset.name ?? null;
+}"""
+
+
+def _shot(pg, name: str) -> None:
+    pg.screenshot(path=str(SHOTS / f"graphdeck-{name}.png"), full_page=True)
+
+
+def _open_run(pg, base_url: str) -> None:
+    pg.goto(f"{base_url}/")
+    runs = pg.locator("#runs-table")
+    runs.wait_for()
+    _shot(pg, "runs")
+    pg.locator("#runs-table a", has_text=RUN_NAME).first.click()
+    pg.wait_for_url(lambda url: "#/runs/" in url)
+    pg.locator(".graphs-table").first.wait_for()
+
+
+def test_run_page_lists_graphs_and_gradient_report(page, base_url):
+    _open_run(page, base_url)
+    kinds = set(page.locator(".graphs-table tr[data-kind]").evaluate_all("rows => rows.map(r => r.dataset.kind)"))
+    assert {"dynamo", "aot_forward", "aot_backward"} <= kinds, f"run {RUN_NAME!r} captures these kinds, page shows {kinds}"
+    report = page.locator("#grad-report")
+    report.wait_for()
+    rows = report.locator("tbody tr")
+    assert rows.count() > 0, "one report row per rank/parameter of the tiny model"
+    statuses = set(rows.locator(".badge.status").all_inner_texts())
+    assert statuses <= {"OK", "NO_GRAD", "NOT_IN_GRAPH", "FROZEN"}, f"unknown statuses {statuses}"
+    page.fill("#grad-filter", "no-such-parameter-name")
+    assert page.locator("#grad-report tbody tr:visible").count() == 0, "filter hides every non-matching row"
+    page.fill("#grad-filter", "")
+    _shot(page, "run")
+
+
+def test_graph_page_selects_node_and_shows_details(page, base_url):
+    _open_run(page, base_url)
+    page.locator('.graphs-table tr[data-kind="dynamo"] td.name a').first.click()
+    nodes = page.locator("#graph-svg svg g.node")
+    nodes.first.wait_for()
+    assert nodes.count() > 0, "the Dynamo graph of the tiny model has nodes"
+    # A computing node (not a placeholder or the output) that the initial view shows.
+    name = page.evaluate(_VISIBLE_COMPUTE_NODE)
+    assert name, "the initial view shows at least one node"
+    page.locator(f'#graph-svg g.node[data-name="{name}"]').click()
+    details = page.locator("#node-details")
+    details.locator('[data-testid="node-name"]').filter(has_text=name).wait_for()
+    op = details.locator('[data-testid="node-op"]').inner_text()
+    assert op in {"call_function", "call_method", "call_module", "placeholder", "get_attr", "output"}, op
+    assert page.url.endswith(f"?node={name}") or f"node={name}" in page.url, "the URL holds the selected node"
+    details.locator("#node-stack").or_(details.get_by_text("no stack trace recorded")).first.wait_for()
+    assert page.locator(f'#graph-svg g.node.selected[data-name="{name}"]').count() == 1, "clicked node highlighted"
+    _shot(page, "graph")
+
+    # Zoom buttons edit the viewBox; fit always comes back to the same whole-graph view.
+    svg = page.locator("#graph-svg svg")
+    page.click("#zoom-fit")
+    fitted = svg.get_attribute("viewBox")
+    page.click("#zoom-in")
+    assert svg.get_attribute("viewBox") != fitted, "zoom in changes the viewBox"
+    page.click("#zoom-fit")
+    assert svg.get_attribute("viewBox") == fitted, "fit restores the whole-graph view"
+
+    # Related graphs: the Dynamo graph links to its AOT forward/backward.
+    related = page.locator("#related-graphs a")
+    assert related.count() >= 1, "a Dynamo graph links to the graphs AOTAutograd traced from it"
+
+
+def test_trace_page_renders_plotly_timeline(page, base_url, uploaded_trace):
+    _open_run(page, base_url)
+    trace_id = uploaded_trace["trace_id"]
+    link = page.locator(f'[data-testid="traces-rank-0"] td:first-child a[href="#/traces/{trace_id}"]')
+    assert link.count() == 1, f"rank 0 lists the uploaded trace {trace_id}; upload answered {uploaded_trace}"
+    link.click()
+    page.wait_for_url(f"**/#/traces/{trace_id}")
+    page.locator("#timeline .main-svg").first.wait_for(timeout=30_000)
+    assert page.locator("#trace-meta").count() == 1
+    _shot(page, "trace")
