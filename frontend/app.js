@@ -118,7 +118,7 @@ async function api(path, {text = false} = {}) {
 
 const routes = [
   [/^\/runs\/?$/, renderRuns],
-  [/^\/runs\/(\d+)$/, renderRun],
+  [/^\/runs\/([^/]+)$/, renderRun], // a run's id or its name
   [/^\/graphs\/(\d+)$/, renderGraph],
   [/^\/traces\/(\d+)$/, renderTrace],
 ];
@@ -242,8 +242,8 @@ function rankSection(rank, graphs, traces, parts) {
 }
 
 async function renderRun(page, m) {
-  const runId = Number(m[1]);
-  const run = await api(`/api/runs/${runId}`);
+  const run = await api(`/api/runs/${encodeURIComponent(decodeURIComponent(m[1]))}`);
+  const runId = run.id;
   if (!page.alive()) return;
   setCrumbs([["Runs", "#/runs"], [fmt(run.name)]]);
   const graphs = run.graphs || [], traces = run.traces || [], parts = run.partitions || [];
