@@ -220,16 +220,10 @@ class Agent:
 
         cid = CompileContext.current_compile_id()
         compile_id = str(cid) if cid is not None else None
-        reason = getattr(gm, "compile_subgraph_reason", None)
-        frame_name, break_reason = None, None
-        if reason is not None:
-            stack = getattr(reason, "user_stack", None) or []
-            if stack:
-                fs = stack[-1]
-                frame_name = f"{fs.name} ({os.path.basename(fs.filename)}:{fs.lineno})"
-            if getattr(reason, "graph_break", False):
-                break_reason = str(getattr(reason, "reason", "graph break"))
         ddp = _ddp_context()
+        # A DDP bucket's sub-graph carries DDPOptimizer's own "intentional graph-break" reason;
+        # the frame and the real reason are those of the unsplit Dynamo graph.
+        frame_name, break_reason = _compile_reason(ddp[1] if ddp is not None else gm)
         kind, parent_id, part_idx = "dynamo", None, None
         param_by_node: dict[str, str] = {}
         writer = self.writer
@@ -271,7 +265,8 @@ class Agent:
         self._learn_params(gm, param_by_node)
         aot = shadow_trace(gm, example_inputs, inner=inner_name)
         return {"gm": gm, "kind": kind, "name": name, "compile_id": compile_id, "frame_name": frame_name,
-                "break_reason": break_reason, "parent_id": parent_id, "partition_index": part_idx,
+                "break_reason": None if ddp is not None else break_reason, "parent_id": parent_id,
+                "partition_index": part_idx,
                 "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
                 "inner": inner_name, "partition": pending_partition,
                 "full_params_by_target": full_by_target if ddp is not None else {}}
@@ -344,6 +339,21 @@ class Agent:
             self.flush_events()
         finally:
             trace_log.removeHandler(self._handler)
+
+
+def _compile_reason(gm: torch.fx.GraphModule) -> tuple[str | None, str | None]:
+    """(frame "name (file:line)", graph-break reason or ``None``) from Dynamo's
+    ``compile_subgraph_reason`` on the graph it hands to the backend."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None:
+        return None, None
+    frame_name = None
+    stack = getattr(reason, "user_stack", None) or []
+    if stack:
+        fs = stack[-1]
+        frame_name = f"{fs.name} ({os.path.basename(fs.filename)}:{fs.lineno})"
+    brk = str(getattr(reason, "reason", "graph break")) if getattr(reason, "graph_break", False) else None
+    return frame_name, brk
 
 
 def _dist_ready() -> bool:

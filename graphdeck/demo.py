@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> None:
 
     gen = torch.Generator().manual_seed(1000 + rank)
     vocab = model.config.vocab_size
-    profile_from = 1  # step 0 compiles; profile steps 1.. after it
-    prof = None if args.no_profile else agent.profile(wait_steps=profile_from, warmup_steps=0,
-                                                     active_steps=min(2, max(1, args.steps - profile_from)))
+    # Step 0 compiles; one warm-up step, then up to two profiled steps.
+    warmup = 1 if args.steps >= 3 else 0
+    prof = None if args.no_profile else agent.profile(wait_steps=1, warmup_steps=warmup,
+                                                     active_steps=min(2, max(1, args.steps - 1 - warmup)))
     if prof is not None:
         prof.__enter__()
     try:
