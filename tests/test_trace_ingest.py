@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.errors import BadInputError, TruncatedInputError
 from graphdeck.store.db import open_engine
+from tests.conftest import shared_path
 from graphdeck.store.schema import InternedString, Rank, Run, Trace, TraceEvent
 from graphdeck.store.traces import ingest_trace
 
@@ -44,12 +45,7 @@ MEMORY_TIMELINE = "hta/memory_analysis/memory_timeline.raw.gz"
 
 def trace_file(rel: str) -> Path:
     """A corpus file; skipped when ../shared is absent, except under CI=true where it must exist."""
-    path = TRACES / rel
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{path} is missing under CI=true: ../shared must be beside the clone")
-        pytest.skip(f"{path} not present (../shared is only guaranteed in CI)")
-    return path
+    return shared_path("data", "traces", rel)
 
 
 def load(path: Path) -> dict:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.server.render.timeline import HOVER_BAR
 from graphdeck.store.db import open_engine
+from tests.conftest import shared_path
 from graphdeck.store.schema import Trace, TraceEvent
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
@@ -27,12 +28,7 @@ LEGACY_SMALL = "kineto/tb_plugin_test_gpu_metrics_input.json"
 
 def trace_file(rel: str) -> Path:
     """A corpus file; skipped when ../shared is absent, except under CI=true where it must exist."""
-    path = TRACES / rel
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{path} is missing under CI=true: ../shared must be beside the clone")
-        pytest.skip(f"{path} not present (../shared is only guaranteed in CI)")
-    return path
+    return shared_path("data", "traces", rel)
 
 
 def make_app(store: Path, max_upload_bytes: int | None = None):
