@@ -56,6 +56,7 @@ function fmtDate(text) {
   return Number.isNaN(d.getTime()) ? String(text) : d.toLocaleString();
 }
 
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
 const badge = (text, kindClass) => h("span", {class: `badge ${kindClass}`}, text);
 const kindBadge = (kind) => badge(fmt(kind), `kind kind-${cssToken(kind)}`);
 const statusBadge = (status) => badge(fmt(status), `status status-${cssToken(status)}`);
@@ -202,11 +203,11 @@ function graphRow(g, depth, partByGraph) {
   const relation = [];
   if (g.kind === "ddp_partition" || g.partition_index != null) {
     relation.push(badge(`bucket ${fmt(g.partition_index ?? part?.index)}`, "tag"));
-    if (part) relation.push(` ${fmtBytes(part.size_bytes)} · ${(part.params || []).length} params`);
+    if (part) relation.push(` ${fmtBytes(part.size_bytes)} · ${plural((part.params || []).length, "param")}`);
   }
   if (g.parent_id != null) relation.push(h("span", {class: "muted"}, " of "), graphLink(g.parent_id));
   const name = h("td", {class: "name", style: `padding-left: ${0.6 + depth * 1.4}em`},
-    depth ? h("span", {class: "tree"}, "└ ") : null, graphLink(g.id, fmt(g.name)));
+    depth ? h("span", {class: "tree"}, "└ ") : null, graphLink(g.id, fmt(g.name)), h("span", {class: "gid"}, ` #${g.id}`));
   return h("tr", {class: g.break_reason ? "has-break" : "", "data-graph-id": g.id, "data-kind": g.kind},
     num(g.ordinal), h("td", {}, kindBadge(g.kind)), name, h("td", {}, code(g.compile_id)),
     num(g.num_nodes), h("td", {class: "relation"}, relation), h("td", {class: "num"}, fmtSeconds(g.compile_time_s)),
@@ -218,9 +219,9 @@ function rankSection(rank, graphs, traces, parts) {
   const dynamo = graphs.filter((g) => g.kind === "dynamo");
   const breaks = graphs.filter((g) => g.break_reason).length;
   const ddp = graphs.filter((g) => g.kind === "ddp_partition").length;
-  const summary = [`${graphs.length} graphs`, `${dynamo.length} Dynamo`,
-    breaks ? `${breaks} graph break${breaks > 1 ? "s" : ""}` : "no graph breaks",
-    ddp ? `${ddp} DDP partitions` : null, `${traces.length} traces`].filter(Boolean).join(" · ");
+  const summary = [plural(graphs.length, "graph"), `${dynamo.length} Dynamo`,
+    breaks ? plural(breaks, "graph break") : "no graph breaks",
+    ddp ? plural(ddp, "DDP partition") : null, plural(traces.length, "trace")].filter(Boolean).join(" · ");
   const graphRows = graphTree(graphs).map(([g, depth]) => graphRow(g, depth, partByGraph));
   const bucketRows = parts.map((p) => h("tr", {},
     num(p.index), h("td", {class: "num"}, fmtBytes(p.size_bytes)), num((p.params || []).length),
@@ -232,7 +233,7 @@ function rankSection(rank, graphs, traces, parts) {
   return h("section", {class: "rank", "data-testid": `rank-${rank}`},
     h("h2", {}, `Rank ${rank}`), h("p", {class: "summary"}, summary),
     graphs.length
-      ? table(`graphs-rank-${rank}`, ["#", "Kind", "Name", "Compile id", "Nodes", "Parent / partition",
+      ? table(`graphs-rank-${rank}`, ["Ord.", "Kind", "Name", "Compile id", "Nodes", "Parent / partition",
         "Compile", "Break reason"], graphRows, "graphs-table")
       : h("p", {class: "empty"}, "No graphs captured on this rank."),
     parts.length ? [h("h3", {}, "DDP buckets"),
@@ -255,10 +256,15 @@ async function renderRun(page, m) {
   const gradBox = h("section", {id: "grad-section", class: "grad"}, h("h2", {}, "Gradient paths"),
     h("p", {class: "loading"}, "Loading the gradient-path report…"));
   const of = (list, r) => list.filter((x) => x.rank === r);
+  // In-page jumps are buttons: a #fragment link would be taken by the router.
+  const jump = (label, target) => h("button", {type: "button", class: "link",
+    onclick: () => document.querySelector(target)?.scrollIntoView({behavior: "smooth"})}, label);
   $app.replaceChildren(h("section", {},
     h("h1", {}, fmt(run.name)),
-    h("p", {class: "summary"}, `world size ${fmt(run.world_size)} · ${graphs.length} graphs · ${traces.length} traces`
+    h("p", {class: "summary"}, `world size ${fmt(run.world_size)} · ${plural(graphs.length, "graph")} · ${plural(traces.length, "trace")}`
       + ` · created ${fmtDate(run.created_at)}`),
+    h("nav", {class: "jump", "aria-label": "sections"}, "Jump to: ",
+      joinComma([...ranks.map((r) => jump(`rank ${r}`, `[data-testid="rank-${r}"]`)), jump("gradient paths", "#grad-section")])),
     rankInfo.length ? table("ranks-table", ["Rank", "World size", "Host", "PID", "Backend", "torch"], rankRows) : null,
     ranks.map((r) => rankSection(r, of(graphs, r), of(traces, r), of(parts, r).sort((a, b) => a.index - b.index))),
     gradBox));
@@ -438,16 +444,37 @@ function makeViewer(svg, host) {
 const graphHash = (id, name) => `#/graphs/${id}${name ? `?node=${encodeURIComponent(name)}` : ""}`;
 
 function relatedGraphs(graph) {
-  const kids = (graph.children || []).map((c) => (typeof c === "object" ? c : {id: c}));
+  const asGraph = (g) => (typeof g === "object" && g !== null ? g : {id: g});
+  const item = (label, g) => h("li", {}, label ? h("span", {class: "muted"}, label) : null,
+    g.kind ? [kindBadge(g.kind), " "] : null, graphLink(g.id, g.name ? `${g.name} (#${g.id})` : undefined),
+    g.partition_index != null ? h("span", {class: "muted"}, ` bucket ${g.partition_index}`) : null);
   const items = [];
-  if (graph.parent_id != null) items.push(h("li", {}, "parent: ", graphLink(graph.parent_id,
-    graph.parent_name ? `${graph.parent_name} (#${graph.parent_id})` : undefined)));
-  for (const c of kids) {
-    items.push(h("li", {}, c.kind ? [kindBadge(c.kind), " "] : null,
-      graphLink(c.id, c.name ? `${c.name} (#${c.id})` : undefined),
-      c.partition_index != null ? h("span", {class: "muted"}, ` bucket ${c.partition_index}`) : null));
-  }
+  if (graph.parent || graph.parent_id != null) items.push(item("parent ", asGraph(graph.parent ?? graph.parent_id)));
+  for (const c of graph.children || []) items.push(item("", asGraph(c)));
   return items.length ? h("ul", {class: "related", id: "related-graphs"}, items) : h("p", {class: "muted"}, "none");
+}
+
+const joinComma = (parts) => parts.flatMap((p, i) => (i ? [", ", p] : [p]));
+
+/** An FX argument as capture stores it, shown Python-style; {"node": n} becomes a button selecting n. */
+function argView(v, selectNode) {
+  if (v === null || v === undefined) return "None";
+  if (typeof v === "boolean") return v ? "True" : "False";
+  if (typeof v !== "object") return typeof v === "string" ? `'${v}'` : String(v);
+  if (Array.isArray(v)) return ["[", joinComma(v.map((x) => argView(x, selectNode))), "]"];
+  const keys = Object.keys(v);
+  if (keys.length === 1 && typeof v.node === "string") {
+    return h("button", {type: "button", class: "link", onclick: () => selectNode(v.node)}, v.node);
+  }
+  if (keys.length === 1 && typeof v.repr === "string") return v.repr;
+  return ["{", joinComma(keys.map((k) => [`'${k}': `, argView(v[k], selectNode)])), "}"];
+}
+
+function callView(args, kwargs, selectNode) {
+  if (typeof args === "string") return h("pre", {class: "code"}, args);
+  const positional = Array.isArray(args) ? args.map((a) => argView(a, selectNode)) : [argView(args, selectNode)];
+  const named = Object.entries(kwargs || {}).map(([k, v]) => [`${k}=`, argView(v, selectNode)]);
+  return h("div", {class: "call", id: "node-args"}, "(", joinComma([...positional, ...named]), ")");
 }
 
 function nodeDetails(node, full, selectNode) {
@@ -459,8 +486,7 @@ function nodeDetails(node, full, selectNode) {
     ? h("ol", {class: "module-stack"}, f.module_stack.map((e) => h("li", {},
       Array.isArray(e) ? [h("code", {}, fmt(e[0])), " ", h("span", {class: "muted"}, fmt(e[1]))] : fmt(e))))
     : null;
-  const args = f.args === undefined ? null
-    : h("pre", {class: "code"}, typeof f.args === "string" ? f.args : JSON.stringify(f.args, null, 1));
+  const args = f.args === undefined ? null : callView(f.args, f.kwargs, selectNode);
   return [
     h("h2", {class: "node-name", "data-testid": "node-name"}, f.name),
     defList([
@@ -487,9 +513,16 @@ async function renderGraph(page, m, query) {
     api(`/api/graphs/${id}`), api(`/api/graphs/${id}/nodes`), api(`/api/graphs/${id}/svg`, {text: true})]);
   if (!page.alive()) return;
   const svg = importSvg(svgText);
-  const crumbs = [["Runs", "#/runs"]];
-  if (graph.run_id != null) crumbs.push([graph.run_name ? fmt(graph.run_name) : `run ${graph.run_id}`, `#/runs/${graph.run_id}`]);
-  setCrumbs([...crumbs, [`rank ${fmt(graph.rank)} · ${fmt(graph.name)}`]]);
+  const crumbs = (runName) => setCrumbs([["Runs", "#/runs"],
+    graph.run_id != null ? [runName ?? `run ${graph.run_id}`, `#/runs/${graph.run_id}`] : null,
+    [`rank ${fmt(graph.rank)} · ${fmt(graph.name)}`]].filter(Boolean));
+  crumbs(graph.run_name);
+  if (graph.run_name == null && graph.run_id != null) { // the graph JSON names its run only by id
+    api("/api/runs").then((runs) => {
+      const run = runs.find((r) => r.id === graph.run_id);
+      if (run && page.alive()) crumbs(fmt(run.name));
+    }).catch(() => {});
+  }
 
   const byName = new Map(nodes.map((n) => [n.name, n]));
   const byIdx = new Map(nodes.map((n) => [n.idx, n]));
