@@ -27,10 +27,10 @@ import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
-from graphdeck.store.schema import Graph, GraphIO, InternedString, Node, Param, Run
+from graphdeck.store.schema import Edge, Graph, GraphIO, InternedString, Node, Param, Run
 
 STATUSES = ("OK", "NO_GRAD", "NOT_IN_GRAPH", "FROZEN")
 READ_KINDS = ("dynamo", "ddp_partition")
@@ -91,6 +91,8 @@ def gradient_report(session: Session, run: Run) -> GradientReport:
     graphs = session.execute(select(Graph.id, Graph.rank, Graph.kind, Graph.parent_id)
                              .where(Graph.run_id == run.id)).all()
     has_backward = {g.parent_id for g in graphs if g.kind == "aot_backward"}
+    split_parents = {g.parent_id for g in graphs if g.kind == "ddp_partition"}
+    uses = _uses_per_param(session, run.id, split_parents)
 
     storage: dict[tuple[int, str], str] = {(p.rank, p.fqn): p.storage_key for p in params}
     reads: dict[tuple[int, str], list[tuple[int, str]]] = defaultdict(list)
@@ -114,12 +116,15 @@ def gradient_report(session: Session, run: Run) -> GradientReport:
         grad_by = grads.get((rank, skey), [])
         read_ids = sorted({g for g, _ in read_by})
         grad_ids = sorted({g for g, _ in grad_by})
-        paths = sum(1 for _, ok in grad_by if ok)
+        n_grads = sum(1 for _, ok in grad_by if ok)
+        # Gradient paths: the ops that consume the parameter in the compiled graphs (a tied
+        # embedding/lm_head weight is consumed twice, whether both uses share a graph or not).
+        paths = max(n_grads, sum(uses.get((rank, a), 0) for a in aliases)) if n_grads else 0
         if not head.requires_grad:
             status, reason = "FROZEN", "requires_grad is False"
         elif paths:
             status = "OK"
-            reason = f"gradient from {paths} backward output(s)" + (
+            reason = f"gradient through {paths} path(s), from {n_grads} backward output(s)" + (
                 f"; tied: {', '.join(aliases)}" if len(aliases) > 1 else "")
         elif read_by:
             status = "NO_GRAD"
@@ -149,6 +154,22 @@ def gradient_report(session: Session, run: Run) -> GradientReport:
     ranks = sorted({v.rank for v in verdicts})
     return GradientReport(run_id=run.id, run=run.name, ranks=ranks, params=verdicts, summary=summary,
                           problems=problems)
+
+
+def _uses_per_param(session: Session, run_id: int, skip_graphs: set[int]) -> dict[tuple[int, str], int]:
+    """(rank, parameter name) → number of distinct nodes that consume its placeholder, over the
+    compiled graphs that read it (an unsplit graph whose DDP buckets are stored is skipped)."""
+    q = (select(Graph.rank, Graph.id, GraphIO.param_fqn, func.count(distinct(Edge.dst_idx)))
+         .join(GraphIO, GraphIO.graph_id == Graph.id)
+         .join(Node, (Node.graph_id == Graph.id) & (Node.name == GraphIO.node_name))
+         .join(Edge, (Edge.graph_id == Graph.id) & (Edge.src_idx == Node.idx))
+         .where(Graph.run_id == run_id, Graph.kind.in_(READ_KINDS), GraphIO.direction == "in")
+         .group_by(Graph.rank, Graph.id, GraphIO.param_fqn))
+    out: dict[tuple[int, str], int] = defaultdict(int)
+    for rank, graph_id, fqn, n in session.execute(q):
+        if graph_id not in skip_graphs:
+            out[(rank, fqn)] += n
+    return out
 
 
 def _attach_first_use(session: Session, verdicts: list[ParamVerdict]) -> None:

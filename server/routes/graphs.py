@@ -13,7 +13,7 @@ from graphdeck.server.deps import get_session, resolve_graph, resolve_node
 from graphdeck.server.render.svg import render_graph_svg
 from graphdeck.server.routes.runs import GRAPH_FIELDS, pick
 from graphdeck.server.views import graph_view
-from graphdeck.store.schema import Edge, Graph, GraphIO, InternedString, Node
+from graphdeck.store.schema import Edge, Graph, GraphIO, InternedString, Node, Run
 
 router = APIRouter(tags=["graphs"])
 
@@ -43,7 +43,8 @@ def get_graph(graph: Graph = Depends(resolve_graph), session: Session = Depends(
     io = session.scalars(select(GraphIO).where(GraphIO.graph_id == graph.id).order_by(GraphIO.direction, GraphIO.position))
     children = session.scalars(select(Graph).where(Graph.parent_id == graph.id).order_by(Graph.ordinal))
     parent = session.get(Graph, graph.parent_id) if graph.parent_id else None
-    return {**pick(graph, GRAPH_FIELDS), "run_id": graph.run_id, "code": graph.code,
+    run_name = session.scalar(select(Run.name).where(Run.id == graph.run_id))
+    return {**pick(graph, GRAPH_FIELDS), "run_id": graph.run_id, "run_name": run_name, "code": graph.code,
             "meta": json.loads(graph.meta_json or "{}"),
             "io": [{"direction": b.direction, "position": b.position, "node_name": b.node_name,
                     "param_fqn": b.param_fqn, "has_grad": b.has_grad, "desc": b.desc} for b in io],
