@@ -1,102 +1,159 @@
-"""The FastAPI app: JSON API, SVG graph views, Plotly timelines and the dashboard.
+"""The graphdeck web app: ``create_app(settings)`` builds it, ``serve(store)`` runs it.
 
-``create_app(settings)`` builds everything; nothing is created at import time, so a test can
-point an app at its own SQLite file. The app never imports torch.
+Nothing is created at import time: each app opens its own engines on ``settings.store``, so a
+test can point one at its own SQLite file. The store is created (empty, current schema) when it
+does not exist yet, then reopened read-only for every GET.
 
-Errors: every :class:`~graphdeck.errors.GraphdeckError` (and FastAPI's validation and 404
-errors) is rendered by one handler as ``{"ok": false, "error": message, "status": code, ...}``.
+Every error leaves the app as ``{"ok": false, "error": message, "status": code, ...details}``
+with the HTTP status ``code``: :class:`~graphdeck.errors.GraphdeckError` (its ``status_code``),
+request validation errors (422, with ``problems``: ``[{"loc": [...], "msg": ...}]``), unknown
+routes (404) and unexpected failures (500). Never an error with status 200.
+
+Routes (see ``/openapi.json``): ``/api/runs…`` and ``/api/graphs…`` always; trace, validation
+and compile-event routes when those modules are installed; ``/`` (the dashboard), ``/static/*``
+(its assets) and ``/static/vendor/plotly.min.js`` (the copy shipped in the ``plotly`` package,
+so the dashboard needs no network). The server never imports torch.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
+import importlib.util
+import logging
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from graphdeck import __version__
-from graphdeck.errors import GraphdeckError
+import graphdeck
+from graphdeck.errors import GraphdeckError, NotFoundError
+from graphdeck.server.routes import graphs, runs
 from graphdeck.server.settings import Settings
 from graphdeck.store.db import open_engine
 
-#: Routers, one per resource; each module exposes ``router``.
-ROUTERS = ("runs", "graphs", "traces", "validation", "compile")
+log = logging.getLogger(__name__)
 
-
-def error_body(message: str, status: int, **details) -> dict:
-    return {"ok": False, "error": message, "status": status, **details}
-
-
-def _frontend_dir(settings: Settings) -> Path:
-    if settings.frontend_dir is not None:
-        return settings.frontend_dir
-    import graphdeck.frontend
-
-    return Path(graphdeck.frontend.__file__).parent
-
-
-def _plotly_js() -> Path | None:
-    """plotly.min.js as shipped inside the plotly Python package (no CDN at run time)."""
-    try:
-        import plotly
-    except ImportError:
-        return None
-    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-    return path if path.exists() else None
+#: Routers of other resources, each included when its module is installed (so the app runs
+#: while they are being written); any other import error propagates.
+OPTIONAL_ROUTERS = (
+    "graphdeck.server.routes.traces",
+    "graphdeck.server.routes.validation",
+    "graphdeck.server.routes.compile",
+)
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """Build the app over ``settings.store`` (created, empty, if missing)."""
-    app = FastAPI(title="graphdeck", version=__version__,
-                  description="Compiled graphs, traces and gradient paths of distributed PyTorch runs.")
+    """Build the app serving ``settings.store``.
+
+    Creates the store if it is missing (so a fresh server can take uploads), then keeps two
+    engines on ``app.state``: ``engine`` (read/write, the one writer) and ``read_engine``
+    (``PRAGMA query_only``). Uploads are capped at ``settings.max_upload_bytes`` by the routes
+    that take them.
+
+    Raises:
+        StoreError: the store exists but is not a graphdeck store of this schema version.
+    """
+    app = FastAPI(
+        title="graphdeck",
+        version=graphdeck.__version__,
+        description="A debugger for compiled graphs in distributed PyTorch training.",
+    )
     app.state.settings = settings
-    app.state.engine = open_engine(settings.store)  # the one writer (uploads)
+    app.state.engine = open_engine(settings.store)
     app.state.read_engine = open_engine(settings.store, read_only=True)
 
+    _add_error_handlers(app)
+    app.include_router(runs.router)
+    app.include_router(graphs.router)
+    for module_name in OPTIONAL_ROUTERS:
+        router = _optional_router(module_name)
+        if router is not None:
+            app.include_router(router)
+    frontend_dir = settings.frontend_dir or _package_dir("graphdeck.frontend")
+    if frontend_dir is None:
+        raise NotFoundError("the graphdeck.frontend package is not installed")
+    _add_frontend(app, frontend_dir)
+    return app
+
+
+def serve(store: str | Path, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning") -> None:
+    """Serve ``store`` on ``host:port`` until interrupted (the CLI's ``graphdeck serve``)."""
+    import uvicorn
+
+    uvicorn.run(create_app(Settings(store=Path(store))), host=host, port=port, log_level=log_level)
+
+
+def error_body(message: str, status: int, **details) -> dict:
+    """The one error shape: ``{"ok": false, "error": message, "status": status, **details}``."""
+    return {**jsonable_encoder(details), "ok": False, "error": message, "status": status}
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GraphdeckError)
-    async def _graphdeck_error(_request: Request, exc: GraphdeckError):
-        details = {k: v for k, v in exc.details.items()}
-        return JSONResponse(error_body(exc.message, exc.status_code, **details), status_code=exc.status_code)
+    async def graphdeck_error(_request: Request, exc: GraphdeckError) -> JSONResponse:
+        return JSONResponse(error_body(exc.message, exc.status_code, **exc.details), status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError):
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in exc.errors()]
         message = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems) or "invalid request"
         return JSONResponse(error_body(message, 422, problems=problems), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            error_body(str(exc.detail), exc.status_code), status_code=exc.status_code, headers=exc.headers
+        )
 
-    for name in ROUTERS:
-        module = importlib.import_module(f"graphdeck.server.routes.{name}")
-        app.include_router(module.router)
+    @app.exception_handler(Exception)
+    async def unexpected_error(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", 500), status_code=500)
 
-    frontend = _frontend_dir(settings)
-    plotly_js = _plotly_js()
 
-    @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
-    def plotly_bundle():
-        if plotly_js is None:
-            raise GraphdeckError("plotly is not installed on the server (pip install plotly)")
-        return FileResponse(plotly_js, media_type="application/javascript")
+def _optional_router(module_name: str):
+    """``module.router``, or ``None`` when the module itself is not installed yet.
 
-    app.mount("/static", StaticFiles(directory=frontend), name="static")
+    Only the module's own absence is forgiven; an ImportError raised inside it (a missing
+    dependency, a typo) propagates.
+    """
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        log.info("%s not installed; its routes are not served", module_name)
+        return None
+    return module.router
+
+
+def _package_dir(package: str) -> Path | None:
+    """Where ``package`` is installed, found without importing it; ``None`` if it is not."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _add_frontend(app: FastAPI, frontend_dir: Path) -> None:
+    plotly_dir = _package_dir("plotly")
+    plotly_js = plotly_dir / "package_data" / "plotly.min.js" if plotly_dir else None
 
     @app.get("/", include_in_schema=False)
-    def index():
-        return FileResponse(frontend / "index.html", media_type="text/html")
+    def index() -> FileResponse:
+        page = frontend_dir / "index.html"
+        if not page.is_file():
+            raise NotFoundError(f"dashboard not installed: {page} is missing; the JSON API is under /api")
+        return FileResponse(page, media_type="text/html")
 
-    return app
+    @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
+    def plotly_bundle() -> FileResponse:
+        if plotly_js is None or not plotly_js.is_file():
+            raise NotFoundError("plotly.min.js not found: the plotly package is not installed on the server")
+        return FileResponse(plotly_js, media_type="text/javascript")
 
-
-def serve(store: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8765) -> None:
-    """Run the app with uvicorn until interrupted."""
-    import uvicorn
-
-    uvicorn.run(create_app(Settings(store=Path(store))), host=host, port=port, log_level="warning")
+    app.mount("/static", StaticFiles(directory=frontend_dir), name="static")
