@@ -53,6 +53,9 @@ def test_two_rank_ddp_gpt2_capture(tmp_path):
         assert kinds["dynamo"] >= 1 and kinds["ddp_partition"] >= 2, \
             f"bucket_cap_mb=1 splits GPT-2 into several DDP buckets: {kinds}"
         assert all(n > 0 for _, _, n, _ in sigs[0])
+        split = s.scalars(select(Graph).where(Graph.run_id == run.id, Graph.kind == "ddp_partition")).all()
+        assert all(g.break_reason is None and g.parent_id for g in split), \
+            "DDPOptimizer's split is not a user graph break; each bucket points at its unsplit graph"
         parts = s.scalars(select(Partition).where(Partition.run_id == run.id, Partition.rank == 0)).all()
         assert len(parts) == kinds["ddp_partition"]
         bucket_params = {p for part in parts for p in json.loads(part.params_json)}

@@ -1,0 +1,32 @@
+"""Import boundaries: the capture agent lives inside training jobs (no web framework); the server
+runs on small machines with no GPU stack (no torch). Checked in fresh interpreters."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+WEB = ("fastapi", "starlette", "uvicorn", "plotly", "jinja2", "graphviz", "httpx")
+
+
+def modules_after(code: str) -> set[str]:
+    probe = code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_capture_agent_imports_no_web_framework():
+    mods = modules_after("import graphdeck.capture; from graphdeck.capture import Agent; "
+                         "import graphdeck.capture.backend, graphdeck.capture.profile")
+    leaked = sorted(m for m in mods if m.split(".")[0] in WEB)
+    assert not leaked, f"the capture agent must stay light inside training jobs; it imported {leaked[:10]}"
+
+
+def test_server_starts_without_torch(tmp_path):
+    mods = modules_after(
+        "from graphdeck.server.app import create_app; from graphdeck.server.settings import Settings; "
+        f"app = create_app(Settings(store={str(tmp_path / 's.db')!r})); "
+        "from fastapi.testclient import TestClient; c = TestClient(app); "
+        "assert c.get('/api/runs').status_code == 200")
+    assert "torch" not in mods, "the server (app, routes, SVG, timeline, gradient report) never imports torch"
