@@ -32,6 +32,14 @@ class IOBinding:
     desc: str | None = None
 
 
+def _owner_path(fqn: str | None) -> str | None:
+    """A parameter placeholder has no ``nn_module_stack``; it belongs to the module that owns the
+    parameter: ``"transformer.h.0.ln_1.weight"`` → ``"transformer/h/0/ln_1"``."""
+    if not fqn or "." not in fqn:
+        return None
+    return "/".join(fqn.split(".")[:-1])
+
+
 class StoreWriter:
     """Writes one rank's capture. ``store`` is a path (SQLite) or SQLAlchemy URL."""
 
@@ -95,7 +103,8 @@ class StoreWriter:
                          args_json=json.dumps({"args": n.args, "kwargs": n.kwargs}, default=str),
                          shape_json=None if n.shape is None else json.dumps(n.shape),
                          dtype=n.dtype, stride_json=None if n.stride is None else json.dumps(n.stride),
-                         device=n.device, size_bytes=n.size_bytes, module_path_id=intern(n.module_path),
+                         device=n.device, size_bytes=n.size_bytes,
+                         module_path_id=intern(n.module_path or _owner_path(param_by_node.get(n.name))),
                          module_stack_json=json.dumps(n.module_stack) if n.module_stack else None,
                          stack_trace_id=intern(n.stack_trace), seq_nr=n.seq_nr,
                          partitioner_tag=n.partitioner_tag, desc=n.desc,
