@@ -148,6 +148,24 @@ def test_run_page_lists_graphs_and_gradient_report(page, base_url):
     _shot(page, "run")
 
 
+def test_run_page_shows_compile_records(page, base_url):
+    _open_run(page, base_url)
+    section = page.locator("#compile-records")
+    table = section.locator('[data-testid="compile-metrics-rank-0"]')
+    table.wait_for()
+    rows = table.locator("tbody tr")
+    assert rows.count() >= 1, "one compilation_metrics row per frame Dynamo compiled on rank 0"
+    captured = table.locator("tbody tr.frame-graph")
+    assert captured.count() >= 1, "the model's forward frame produced a graph (graph_op_count > 0)"
+    ops = int(captured.first.get_attribute("data-ops"))
+    assert ops > 0, f"a frame drawn as captured has ops, got {ops}"
+    assert captured.first.locator('a[href^="#/graphs/"]').count() >= 1, "a captured frame links to its Dynamo graph"
+    frame = captured.first.locator("td.frame").inner_text()
+    assert "/" not in frame.split("\n")[0], f"the frame shows the file's basename only: {frame!r}"
+    section.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "graphdeck-compile-records.png"), full_page=False)
+
+
 def test_graph_page_selects_node_and_shows_details(page, base_url):
     _open_run(page, base_url)
     page.locator('.graphs-table tr[data-kind="dynamo"] td.name a').first.click()
@@ -165,6 +183,8 @@ def test_graph_page_selects_node_and_shows_details(page, base_url):
     assert page.url.endswith(f"?node={name}") or f"node={name}" in page.url, "the URL holds the selected node"
     details.locator("#node-stack").or_(details.get_by_text("no stack trace recorded")).first.wait_for()
     assert page.locator(f'#graph-svg g.node.selected[data-name="{name}"]').count() == 1, "clicked node highlighted"
+    crumbs = page.locator("#crumbs a").all_inner_texts()
+    assert RUN_NAME in crumbs, f"the breadcrumb names the run from the graph JSON's run_name: {crumbs}"
     _shot(page, "graph")
 
     # Zoom buttons edit the viewBox; fit always comes back to the same whole-graph view.

@@ -1,0 +1,115 @@
+// graphdeck dashboard: the run page's compile records, per rank, from
+// GET /api/runs/<id>/compile-events (torch's structured compile records, as TORCH_TRACE logs them).
+//
+// NOTE: [Frames without a graph]
+// Dynamo writes one `compilation_metrics` record per frame it compiles, including frames that
+// produce no graph: under DDP, Dynamo first enters DDP's own forward wrapper and helpers
+// (external_utils.inner, contextlib helpers), breaks the graph there with 0 ops, and only a later
+// frame (the model's forward) yields the captured graph. Those 0-op frames are drawn muted with a
+// "no graph" badge; frames with ops are drawn as the graph they produced and link to it.
+
+import {badge, code, fmt, fmtSeconds, graphLink, h, isBlank, num, plural, table} from "./common.js";
+
+const METRICS = "compilation_metrics";
+const BREAK = "dynamo_graph_break_reason";
+
+const basename = (path) => String(path ?? "").split(/[\\/]/).pop();
+const hasOps = (f) => Number(f.graph_op_count) > 0;
+
+/** The frame cell: co_name, then file basename:line; the full path in the tooltip. */
+function frameCell(f) {
+  const where = isBlank(f.co_filename) ? null
+    : `${basename(f.co_filename)}${isBlank(f.co_firstlineno) ? "" : `:${f.co_firstlineno}`}`;
+  return [h("code", {class: "co-name"}, fmt(f.co_name)),
+    where ? h("span", {class: "muted small", title: `${f.co_filename}:${fmt(f.co_firstlineno)}`}, ` ${where}`) : null];
+}
+
+/** "FX 1 · AOT 0" from the local cache hit counters; "—" when neither was recorded. */
+function cacheHits(f) {
+  const parts = [["FX", f.inductor_fx_local_cache_hit_count], ["AOT", f.aotautograd_local_cache_hit_count]]
+    .filter(([, n]) => !isBlank(n)).map(([label, n]) => `${label} ${n}`);
+  return h("td", {class: "num", title: "local cache hits: Inductor FX graph cache, AOTAutograd cache"},
+    parts.length ? parts.join(" · ") : "—");
+}
+
+function reasonCell(f) {
+  const fail = [f.fail_type, f.fail_reason].filter((x) => !isBlank(x)).join(": ");
+  return h("td", {class: "reason"},
+    fail ? h("div", {}, badge("failed", "status-NO_GRAD"), " ", fail) : null,
+    isBlank(f.recompile_reason) ? null : h("div", {}, badge("recompile", "tag"), " ", fmt(f.recompile_reason)));
+}
+
+/** One `compilation_metrics` row; `graphs` are this rank's graphs of the same compile id. */
+function metricsRow(event, graphs, breakRecord) {
+  const f = event.fields || {};
+  const captured = hasOps(f);
+  const shown = graphs.filter((g) => g.parent_id == null);
+  const outcome = captured
+    ? [badge("graph", "kind kind-dynamo"), shown.map((g) => [" ", graphLink(g.id, `${fmt(g.name)} #${g.id}`)])]
+    : badge("no graph", "tag");
+  const brokeHere = breakRecord ? h("button", {type: "button", class: "link small", title: "show the break reason",
+    onclick: () => { breakRecord.open = true; breakRecord.scrollIntoView({behavior: "smooth", block: "center"}); }},
+  "graph break ↓") : null;
+  return h("tr", {class: captured ? "frame-graph" : "frame-empty", "data-compile-id": event.compile_id,
+    "data-ops": isBlank(f.graph_op_count) ? null : f.graph_op_count},
+  h("td", {}, code(event.compile_id)),
+  h("td", {class: "frame"}, frameCell(f), h("div", {class: "outcome"}, outcome, brokeHere ? [" ", brokeHere] : null)),
+  num(f.graph_op_count), h("td", {class: "num"}, fmtSeconds(f.entire_frame_compile_time_s)),
+  cacheHits(f), reasonCell(f));
+}
+
+/** A graph break as a collapsed <details>: the payload's first line as its summary. */
+function breakDetails(event) {
+  const text = String(event.payload ?? "");
+  const first = text.split("\n", 1)[0].trim() || "graph break (no reason recorded)";
+  return h("details", {class: "break-record", "data-compile-id": event.compile_id},
+    h("summary", {}, code(event.compile_id), " ", first),
+    h("pre", {class: "code stack"}, text));
+}
+
+function rankRecords(rank, events, graphs) {
+  const metrics = events.filter((e) => e.name === METRICS);
+  const breaks = events.filter((e) => e.name === BREAK);
+  const others = new Map();
+  for (const e of events) if (e.name !== METRICS && e.name !== BREAK) others.set(e.name, (others.get(e.name) || 0) + 1);
+
+  const breakByCompileId = new Map();
+  const breakItems = breaks.map((e) => {
+    const el = breakDetails(e);
+    if (!breakByCompileId.has(e.compile_id)) breakByCompileId.set(e.compile_id, el);
+    return el;
+  });
+  const rows = metrics.map((e) => metricsRow(e, graphs.filter((g) => g.compile_id === e.compile_id),
+    breakByCompileId.get(e.compile_id)));
+
+  const captured = metrics.filter((e) => hasOps(e.fields || {}));
+  const ops = captured.reduce((n, e) => n + Number(e.fields.graph_op_count), 0);
+  const total_s = metrics.reduce((s, e) => s + (Number(e.fields?.entire_frame_compile_time_s) || 0), 0);
+  const summary = [plural(metrics.length, "frame") + " compiled",
+    `${captured.length} with a graph (${plural(ops, "op")})`,
+    metrics.length - captured.length ? `${metrics.length - captured.length} without ops` : null,
+    breaks.length ? plural(breaks.length, "graph break") : "no graph breaks",
+    metrics.length ? `${fmtSeconds(total_s)} compiling` : null].filter(Boolean).join(" · ");
+
+  return h("div", {class: "compile-rank", "data-testid": `compile-rank-${rank}`},
+    h("h3", {}, `Rank ${rank}`), h("p", {class: "summary"}, summary),
+    metrics.length
+      ? table(`compile-metrics-rank-${rank}`, ["Compile id", "Frame", "Ops", "Compile time", "Cache hits",
+        "Fail / recompile reason"], rows, "compile-table")
+      : h("p", {class: "empty"}, "No compilation_metrics records on this rank."),
+    breakItems.length ? h("div", {class: "breaks", "data-testid": `graph-breaks-rank-${rank}`},
+      h("h4", {}, plural(breakItems.length, "graph break") + " (dynamo_graph_break_reason)"), breakItems) : null,
+    others.size ? h("p", {class: "muted small"}, "Also recorded: ",
+      [...others].map(([name, n]) => `${n} × ${name}`).join(", "), ".") : null);
+}
+
+/**
+ * The compile-records section's content: one block per rank.
+ * `events`: the compile-events answer, [{rank, name, compile_id, fields, payload?}] in arrival order;
+ * `graphs`: the run's graphs (to link a frame to the graph it produced).
+ */
+export function compileRecords(events, graphs) {
+  if (!events.length) return [h("p", {class: "empty"}, "No compile records in this run.")];
+  const ranks = [...new Set(events.map((e) => e.rank))].sort((a, b) => a - b);
+  return ranks.map((r) => rankRecords(r, events.filter((e) => e.rank === r), graphs.filter((g) => g.rank === r)));
+}

@@ -1,0 +1,211 @@
+// graphdeck dashboard: the runs list (#/runs) and a run's page (#/runs/<id or name>): its ranks,
+// each rank's graphs, DDP buckets and traces, the compile records (compile.js) and the
+// gradient-path report.
+
+import {
+  $app, api, badge, code, fmt, fmtBytes, fmtDate, fmtSeconds, graphLink, h, isBlank, joinComma, jumpButton,
+  kindBadge, num, plural, setCrumbs, statusBadge, table,
+} from "./common.js";
+import {compileRecords} from "./compile.js";
+
+const GRAD_STATUSES = ["OK", "NO_GRAD", "NOT_IN_GRAPH", "FROZEN"];
+
+// ---------------------------------------------------------------- runs list
+
+export async function renderRuns(page) {
+  const runs = await api("/api/runs");
+  if (!page.alive()) return;
+  setCrumbs([["Runs"]]);
+  const go = (id) => (e) => { if (!e.target.closest("a")) location.hash = `#/runs/${id}`; };
+  const rows = runs.map((r) => h("tr", {class: "clickable", "data-run-id": r.id, onclick: go(r.id)},
+    h("td", {}, h("a", {href: `#/runs/${r.id}`}, fmt(r.name))),
+    num(r.world_size), num(r.num_ranks), num(r.num_graphs), num(r.num_traces),
+    h("td", {}, fmtDate(r.created_at))));
+  $app.replaceChildren(h("section", {},
+    h("h1", {}, "Runs"),
+    runs.length
+      ? table("runs-table", ["Name", "World size", "Ranks", "Graphs", "Traces", "Created"], rows)
+      : h("p", {class: "empty", id: "runs-table"},
+        "No runs in this store yet: capture a job with the graphdeck backend, or run `graphdeck demo`.")));
+}
+
+// ---------------------------------------------------------------- run page
+
+/** Graphs of one rank in tree order: each root by ordinal, then its children. → [[graph, depth]] */
+function graphTree(graphs) {
+  const byId = new Map(graphs.map((g) => [g.id, g]));
+  const kids = new Map();
+  const roots = [];
+  for (const g of graphs) {
+    if (g.parent_id != null && byId.has(g.parent_id)) {
+      if (!kids.has(g.parent_id)) kids.set(g.parent_id, []);
+      kids.get(g.parent_id).push(g);
+    } else roots.push(g);
+  }
+  const order = (a, b) => (a.partition_index ?? 0) - (b.partition_index ?? 0)
+    || (a.ordinal ?? 0) - (b.ordinal ?? 0) || a.id - b.id;
+  const out = [], seen = new Set();
+  const walk = (g, depth) => {
+    if (seen.has(g.id)) return;
+    seen.add(g.id);
+    out.push([g, depth]);
+    (kids.get(g.id) || []).sort(order).forEach((c) => walk(c, depth + 1));
+  };
+  roots.sort((a, b) => (a.ordinal ?? 0) - (b.ordinal ?? 0) || a.id - b.id).forEach((g) => walk(g, 0));
+  return out;
+}
+
+function graphRow(g, depth, partByGraph) {
+  const part = partByGraph.get(g.id);
+  const relation = [];
+  if (g.kind === "ddp_partition" || g.partition_index != null) {
+    relation.push(badge(`bucket ${fmt(g.partition_index ?? part?.index)}`, "tag"));
+    if (part) relation.push(` ${fmtBytes(part.size_bytes)} · ${plural((part.params || []).length, "param")}`);
+  }
+  if (g.parent_id != null) relation.push(h("span", {class: "muted"}, " of "), graphLink(g.parent_id));
+  const name = h("td", {class: "name", style: `padding-left: ${0.6 + depth * 1.4}em`},
+    depth ? h("span", {class: "tree"}, "└ ") : null, graphLink(g.id, fmt(g.name)), h("span", {class: "gid"}, ` #${g.id}`));
+  return h("tr", {class: g.break_reason ? "has-break" : "", "data-graph-id": g.id, "data-kind": g.kind},
+    num(g.ordinal), h("td", {}, kindBadge(g.kind)), name, h("td", {}, code(g.compile_id)),
+    num(g.num_nodes), h("td", {class: "relation"}, relation), h("td", {class: "num"}, fmtSeconds(g.compile_time_s)),
+    h("td", {class: "reason"}, g.break_reason ? [badge("graph break", "break"), " ", g.break_reason] : ""));
+}
+
+function rankSection(rank, graphs, traces, parts) {
+  const partByGraph = new Map(parts.filter((p) => p.graph_id != null).map((p) => [p.graph_id, p]));
+  const dynamo = graphs.filter((g) => g.kind === "dynamo");
+  const breaks = graphs.filter((g) => g.break_reason).length;
+  const ddp = graphs.filter((g) => g.kind === "ddp_partition").length;
+  const summary = [plural(graphs.length, "graph"), `${dynamo.length} Dynamo`,
+    breaks ? plural(breaks, "graph break") : "no graph breaks",
+    ddp ? plural(ddp, "DDP partition") : null, plural(traces.length, "trace")].filter(Boolean).join(" · ");
+  const graphRows = graphTree(graphs).map(([g, depth]) => graphRow(g, depth, partByGraph));
+  const bucketRows = parts.map((p) => h("tr", {},
+    num(p.index), h("td", {class: "num"}, fmtBytes(p.size_bytes)), num((p.params || []).length),
+    h("td", {class: "params"}, (p.params || []).map((fqn) => h("code", {class: "chip"}, fmt(fqn)))),
+    h("td", {}, p.graph_id != null ? graphLink(p.graph_id) : "—")));
+  const traceRows = traces.map((t) => h("tr", {},
+    h("td", {}, h("a", {href: `#/traces/${t.id}`}, fmt(t.name))), h("td", {}, statusBadge(t.status)),
+    num(t.num_events), h("td", {}, h("a", {href: `#/traces/${t.id}`}, "timeline →"))));
+  return h("section", {class: "rank", "data-testid": `rank-${rank}`},
+    h("h2", {}, `Rank ${rank}`), h("p", {class: "summary"}, summary),
+    graphs.length
+      ? table(`graphs-rank-${rank}`, ["Ord.", "Kind", "Name", "Compile id", "Nodes", "Parent / partition",
+        "Compile", "Break reason"], graphRows, "graphs-table")
+      : h("p", {class: "empty"}, "No graphs captured on this rank."),
+    parts.length ? [h("h3", {}, "DDP buckets"),
+      table(`buckets-rank-${rank}`, ["Bucket", "Size", "Params", "Parameters", "Graph"], bucketRows)] : null,
+    traces.length ? [h("h3", {}, "Traces"),
+      table(`traces-rank-${rank}`, ["Name", "Status", "Events", ""], traceRows)] : null);
+}
+
+/**
+ * A section drawn now with a loading line and filled when `path` answers: `render(json)` gives its
+ * content; a failed request leaves a muted "unavailable" line (with id `missingId`) instead.
+ */
+function lateSection(page, {id, title, what, path, render, missingId}) {
+  const box = h("section", {id}, h("h2", {}, title), h("p", {class: "loading"}, `Loading the ${what}…`));
+  const done = api(path).then(
+    (json) => { if (page.alive()) box.replaceChildren(h("h2", {}, title), ...render(json).filter(Boolean)); },
+    (err) => {
+      if (page.alive()) box.replaceChildren(h("h2", {}, title),
+        h("p", {class: "muted", id: missingId}, `${what[0].toUpperCase()}${what.slice(1)} unavailable: ${err.message}`));
+    });
+  return [box, done];
+}
+
+export async function renderRun(page, m) {
+  const run = await api(`/api/runs/${encodeURIComponent(decodeURIComponent(m[1]))}`);
+  if (!page.alive()) return;
+  setCrumbs([["Runs", "#/runs"], [fmt(run.name)]]);
+  const graphs = run.graphs || [], traces = run.traces || [], parts = run.partitions || [];
+  const rankInfo = run.ranks || [];
+  const ranks = [...new Set([...rankInfo, ...graphs, ...traces, ...parts].map((x) => x.rank))]
+    .filter((r) => r != null).sort((a, b) => a - b);
+  const rankRows = rankInfo.map((r) => h("tr", {}, num(r.rank), num(r.world_size), h("td", {}, fmt(r.hostname)),
+    num(r.pid), h("td", {}, fmt(r.backend)), h("td", {}, code(r.torch_version))));
+  const [compileBox, compileDone] = lateSection(page, {id: "compile-records", title: "Compile records",
+    what: "compile records", path: `/api/runs/${run.id}/compile-events`, missingId: "compile-records-missing",
+    render: (events) => compileRecords(events, graphs)});
+  const [gradBox, gradDone] = lateSection(page, {id: "grad-section", title: "Gradient paths",
+    what: "gradient-path report", path: `/api/runs/${run.id}/gradients`, missingId: "grad-report-missing",
+    render: gradientReport});
+  const of = (list, r) => list.filter((x) => x.rank === r);
+  $app.replaceChildren(h("section", {},
+    h("h1", {}, fmt(run.name)),
+    h("p", {class: "summary"}, `world size ${fmt(run.world_size)} · ${plural(graphs.length, "graph")} · ${plural(traces.length, "trace")}`
+      + ` · created ${fmtDate(run.created_at)}`),
+    h("nav", {class: "jump", "aria-label": "sections"}, "Jump to: ",
+      joinComma([...ranks.map((r) => jumpButton(`rank ${r}`, `[data-testid="rank-${r}"]`)),
+        jumpButton("compile records", "#compile-records"), jumpButton("gradient paths", "#grad-section")])),
+    rankInfo.length ? table("ranks-table", ["Rank", "World size", "Host", "PID", "Backend", "torch"], rankRows) : null,
+    ranks.map((r) => rankSection(r, of(graphs, r), of(traces, r), of(parts, r).sort((a, b) => a.index - b.index))),
+    compileBox, gradBox));
+  await Promise.all([compileDone, gradDone]);
+}
+
+/** 'File "/long/path/modeling_gpt2.py", line 569, in forward' → <code title=full>modeling_gpt2.py:569 in forward</code> */
+function sourceLine(text) {
+  const m = /File "(?:.*[\\/])?([^\\/"]+)", line (\d+)(?:, in (\S+))?/.exec(text || "");
+  const short = m ? `${m[1]}:${m[2]}${m[3] ? ` in ${m[3]}` : ""}` : text;
+  return h("div", {class: "first-use"}, "first use ", h("code", {title: text}, short));
+}
+
+function problemItem(p) {
+  if (typeof p !== "object" || p === null) return h("li", {}, fmt(p));
+  const head = [p.rank != null ? `rank ${p.rank}` : null, p.fqn ?? p.param ?? null].filter(Boolean).join(" · ");
+  const text = p.message ?? p.reason ?? p.detail ?? JSON.stringify(p);
+  const perRank = p.ranks && typeof p.ranks === "object" && !Array.isArray(p.ranks)
+    ? ` (${Object.entries(p.ranks).map(([r, st]) => `rank ${r}: ${st}`).join(", ")})` : "";
+  return h("li", {}, p.status ? statusBadge(p.status) : null, head ? [" ", h("code", {}, head), ": "] : " ",
+    fmt(text), perRank, p.first_use ? sourceLine(p.first_use) : null);
+}
+
+/** The gradient-path report: summary line, problems, a filter, and one row per rank/param. */
+function gradientReport(report) {
+  const params = report.params || [];
+  const summary = report.summary || {};
+  for (const s of GRAD_STATUSES) {
+    if (summary[s] === undefined) summary[s] = params.filter((p) => p.status === s).length;
+  }
+  const verdict = report.ok === undefined ? null
+    : h("strong", {class: report.ok ? "verdict-ok" : "verdict-bad"}, report.ok ? "all gradient paths OK   " : "problems found   ");
+  const summaryLine = h("p", {class: "summary", id: "grad-summary"}, verdict, Object.entries(summary).flatMap(([s, n]) =>
+    [statusBadge(s), ` ${n}   `]));
+  const problems = report.problems || [];
+  const rows = params.map((p) => {
+    const hay = [p.rank, p.fqn, p.status, p.reason, ...(p.aliases || [])].join(" ").toLowerCase();
+    const tensor = [isBlank(p.shape) ? null : fmt(p.shape), p.dtype].filter(Boolean).join(" ");
+    const links = (label, ids) => (ids && ids.length ? h("div", {}, h("span", {class: "muted"}, label),
+      ids.map((id) => [" ", graphLink(id)])) : null);
+    return h("tr", {"data-status": p.status, "data-hay": hay},
+      num(p.rank), h("td", {}, code(p.fqn), tensor ? h("div", {class: "muted small"}, tensor) : null),
+      h("td", {}, statusBadge(p.status)),
+      h("td", {}, (p.aliases || []).filter((a) => a !== p.fqn).map((a) => h("code", {class: "chip"}, fmt(a)))),
+      h("td", {class: "reason"}, isBlank(p.reason) ? "" : fmt(p.reason),
+        p.first_use ? sourceLine(p.first_use) : null),
+      h("td", {class: "graph-links"}, links("read by", p.graphs), links("grad from", p.grad_graphs)));
+  });
+  const count = h("span", {class: "muted", id: "grad-count"});
+  const text = h("input", {type: "search", id: "grad-filter", placeholder: "filter parameters…",
+    "aria-label": "filter the gradient report"});
+  const status = h("select", {id: "grad-status", "aria-label": "status"}, h("option", {value: ""}, "all statuses"),
+    Object.keys(summary).map((s) => h("option", {value: s}, s)));
+  const apply = () => {
+    const q = text.value.trim().toLowerCase(), want = status.value;
+    let shown = 0;
+    for (const tr of rows) {
+      tr.hidden = !((!q || tr.dataset.hay.includes(q)) && (!want || tr.dataset.status === want));
+      shown += tr.hidden ? 0 : 1;
+    }
+    count.textContent = `${shown} of ${rows.length} parameters`;
+  };
+  text.addEventListener("input", apply);
+  status.addEventListener("change", apply);
+  apply();
+  return [summaryLine,
+    problems.length ? h("ul", {class: "problems", id: "grad-problems"}, problems.map(problemItem)) : null,
+    h("div", {class: "toolbar"}, text, status, count),
+    table("grad-report", ["Rank", "Parameter", "Status", "Aliases", "Reason", "Graphs"], rows)];
+}
+
