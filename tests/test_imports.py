@@ -1,5 +1,6 @@
 """Import boundaries: the capture agent lives inside training jobs (no web framework); the server
-runs on small machines with no GPU stack (no torch). Checked in fresh interpreters."""
+runs on small machines with no GPU stack (no torch). Checked in fresh interpreters, so nothing
+pytest or another test imported leaks in (click's ``tests/test_imports.py`` is the model)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ WEB = ("fastapi", "starlette", "uvicorn", "plotly", "jinja2", "graphviz", "httpx
 
 def modules_after(code: str) -> set[str]:
     probe = code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"the probe failed:\n{out.stderr[-4000:]}"
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -28,5 +30,9 @@ def test_server_starts_without_torch(tmp_path):
         "from graphdeck.server.app import create_app; from graphdeck.server.settings import Settings; "
         f"app = create_app(Settings(store={str(tmp_path / 's.db')!r})); "
         "from fastapi.testclient import TestClient; c = TestClient(app); "
-        "assert c.get('/api/runs').status_code == 200")
+        "assert c.get('/api/runs').status_code == 200; "
+        "assert c.get('/api/graphs/1/svg').status_code == 404; "
+        "assert '/api/graphs/{graph_id}/svg' in c.get('/openapi.json').json()['paths']; "
+        "import graphdeck.server.render.svg, graphdeck.server.views")
     assert "torch" not in mods, "the server (app, routes, SVG, timeline, gradient report) never imports torch"
+    assert "fastapi" in mods, "sanity: the probe did load the server"
