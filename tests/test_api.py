@@ -116,3 +116,68 @@ def test_openapi_lists_every_route_and_dashboard_is_served(api):
     index = api.get("/")
     assert index.status_code == 200 and "<html" in index.text.lower()
     assert api.get("/static/vendor/plotly.min.js").status_code == 200, "plotly.js served locally, no CDN"
+
+
+def test_query_parameters_filter_and_validate(api, run):
+    assert [g["rank"] for g in api.get("/api/runs/tiny/graphs", params={"rank": 0}).json()] == \
+        [g["rank"] for g in run["graphs"]], "rank 0 holds every graph of a 1-process run"
+    assert api.get("/api/runs/tiny/graphs", params={"rank": 5}).json() == [], "no such rank: an empty list, not 404"
+    dyn = next(g for g in run["graphs"] if g["kind"] == "dynamo")
+    flat = api.get(f"/api/graphs/{dyn['id']}/svg", params={"max_depth": 0}).text
+    assert 'class="cluster' not in flat, "max_depth=0 draws no module clusters"
+    body = assert_error_shape(api.get(f"/api/graphs/{dyn['id']}/svg", params={"max_depth": -1}), 422)
+    assert body["problems"][0]["loc"] == ["query", "max_depth"], body
+    assert_error_shape(api.get("/api/runs/tiny/graphs", params={"rank": "x"}), 422)
+    assert_error_shape(api.post("/api/runs"), 405)
+
+
+# A store written row by row with the schema (no capture), for text no real model produces.
+EVIL = "<script>alert(1)</script>"
+QUOTES = "a&b\"c'd"
+NODE = "<img src=x onerror=\"alert(1)\">&'"  # a node name has no '/': it is one URL path segment
+
+
+def build_hostile_store(path) -> None:
+    """Run ``<b>r</b>``: one graph ``x → NODE (in module EVIL/QUOTES) → output``."""
+    import json
+
+    from graphdeck.store.db import Interner, get_or_create_rank, get_or_create_run, open_engine, write_session
+    from graphdeck.store.schema import Edge, Graph, Node
+
+    engine = open_engine(path)
+    with write_session(engine) as s:
+        intern = Interner(s)
+        run = get_or_create_run(s, "<b>r</b>", world_size=1)
+        get_or_create_rank(s, run, 0, world_size=1, hostname=EVIL)
+        graph = Graph(run_id=run.id, rank=0, ordinal=0, kind="dynamo", name=EVIL, num_nodes=3, code="# " + EVIL)
+        s.add(graph)
+        s.flush()
+        rows = [("x", "placeholder", "x", None), (NODE, "call_function", f"aten.{QUOTES}.default", f"{EVIL}/{QUOTES}"),
+                ("output", "output", "output", None)]
+        for idx, (name, op, target, module_path) in enumerate(rows):
+            s.add(Node(graph_id=graph.id, idx=idx, name=name, op=op, target_id=intern(target),
+                       module_path_id=intern(module_path), shape_json=json.dumps([2, 3]), dtype="torch.float32",
+                       args_json=json.dumps([QUOTES])))
+        s.add_all([Edge(graph_id=graph.id, src_idx=0, dst_idx=1), Edge(graph_id=graph.id, src_idx=1, dst_idx=2)])
+    engine.dispose()
+
+
+def test_text_from_user_code_is_escaped_end_to_end(tmp_path):
+    import xml.etree.ElementTree as ET
+    from urllib.parse import quote
+
+    store = tmp_path / "hostile.db"
+    build_hostile_store(store)
+    with LiveServer(store) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        (run,) = client.get("/api/runs").json()
+        assert run["name"] == "<b>r</b>", "a name with '/' is reached by the run's id"
+        (graph,) = client.get(f"/api/runs/{run['id']}/graphs").json()
+        svg = client.get(f"/api/graphs/{graph['id']}/svg").text
+        assert "<script" not in svg and "<img" not in svg and "<b>" not in svg, "user text reaches the SVG escaped"
+        root = ET.fromstring(svg.encode())  # well-formed: quotes and ampersands are escaped too
+        titles = [a.get("{http://www.w3.org/1999/xlink}title") for a in root.iter("{http://www.w3.org/2000/svg}a")]
+        assert NODE in titles and EVIL in titles, "…and reads back exactly once decoded"
+        view = client.get(f"/api/graphs/{graph['id']}/view").json()
+        assert [n["id"] for n in view["nodes"]] == ["x", NODE, "output"] and view["nodes"][1]["namespace"] == f"{EVIL}/{QUOTES}"
+        node = client.get(f"/api/graphs/{graph['id']}/nodes/{quote(NODE, safe='')}")
+        assert node.status_code == 200 and node.json()["name"] == NODE and node.json()["inputs"] == ["x"], node.text
