@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import graphdeck
 from graphdeck.errors import GraphdeckError, NotFoundError
+from graphdeck.server.render.svg import SvgCache
 from graphdeck.server.routes import graphs, runs
 from graphdeck.server.settings import Settings
 from graphdeck.store.db import open_engine
@@ -65,6 +66,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.engine = open_engine(settings.store)
     app.state.read_engine = open_engine(settings.store, read_only=True)
+    app.state.svg_cache = SvgCache()
 
     _add_error_handlers(app)
     app.include_router(runs.router)

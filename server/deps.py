@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from graphdeck.errors import NotFoundError
+from graphdeck.server.render.svg import SvgCache
 from graphdeck.server.settings import Settings
 from graphdeck.store.schema import Graph, Node, Run
 
@@ -34,6 +35,11 @@ def get_engine(request: Request) -> Engine:
 def get_read_engine(request: Request) -> Engine:
     """The read-only engine (``PRAGMA query_only=1``): every GET reads through it."""
     return request.app.state.read_engine
+
+
+def get_svg_cache(request: Request) -> SvgCache:
+    """The app's cache of rendered graph SVGs."""
+    return request.app.state.svg_cache
 
 
 def get_session(engine: Engine = Depends(get_read_engine)) -> Iterator[Session]:

@@ -241,3 +241,22 @@ def test_tensor_label():
     assert tensor_label([[8, 64], [8]], "torch.float32") == "f32[8, 64] (+1 more)"
     assert tensor_label([], "torch.int64") == "i64[]"
     assert tensor_label(None, None) == ""
+
+
+def test_cache_keys_on_the_view_content_and_keeps_no_notes(monkeypatch):
+    calls = []
+    real = svg_mod.render_graph_svg
+    monkeypatch.setattr(svg_mod, "render_graph_svg", lambda view, **kw: calls.append(kw) or real(view, **kw))
+    cache = svg_mod.SvgCache()
+    view = tiny_view()
+    first = cache.render(view)
+    assert cache.render(view.model_copy(deep=True)) == first and len(calls) == 1, "an equal view is drawn once"
+    cache.render(view, max_depth=0)
+    changed = view.model_copy(deep=True)
+    changed.nodes[3].label = "gelu"
+    assert "gelu" in cache.render(changed) and len(calls) == 3, "max_depth and content are part of the key"
+    cache.render(view, timeout_s=0.0001)  # a cached view is served whatever the budget
+    monkeypatch.setattr(svg_mod, "MAX_RENDER_NODES", 1)
+    cache.render(changed, max_depth=1)
+    cache.render(changed, max_depth=1)
+    assert len(calls) == 5, "notes (too large, timed out) are not cached"

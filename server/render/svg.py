@@ -51,7 +51,8 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from html import escape as _xml_escape
 from typing import Any
 
@@ -256,6 +257,9 @@ def _stub_attrs(stub_id: str, arrow: str, far_ends: list[str]) -> dict[str, str]
     }
 
 
+_NOTE_MARK = 'class="graph note"'
+
+
 def note_svg(message: str) -> str:
     """A one-line SVG note (used instead of a layout that cannot be made)."""
     text = _xml_escape(_CONTROL.sub("", message), quote=True)
@@ -263,9 +267,44 @@ def note_svg(message: str) -> str:
     return (
         '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
         f'<svg width="100%" height="100%" viewBox="0 0 {width} 40" xmlns="http://www.w3.org/2000/svg">\n'
-        f'<g id="graph0" class="graph note"><text x="10" y="25" font-family="Helvetica" font-size="12">{text}</text></g>\n'
+        f'<g id="graph0" {_NOTE_MARK}><text x="10" y="25" font-family="Helvetica" font-size="12">{text}</text></g>\n'
         "</svg>\n"
     )
+
+
+class SvgCache:
+    """Rendered SVGs keyed by a digest of the view and ``max_depth``, least recently used first out.
+
+    Rendering is pure, so equal views give equal SVGs and a stale entry cannot be served: the key
+    is the content, not the graph id. Notes (timeouts, too large) are not kept, so a retry on a
+    quieter machine can succeed. Thread-safe; at most ``max_bytes`` of SVG text is held.
+    """
+
+    def __init__(self, max_bytes: int = 64 * 1024**2):
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[str, int | None], str] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def render(self, view: GraphView, *, max_depth: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+        """:func:`render_graph_svg` of ``view``, from the cache when the same view was drawn."""
+        key = (hashlib.sha256(view.model_dump_json().encode()).hexdigest(), max_depth)
+        with self._lock:
+            svg = self._entries.get(key)
+            if svg is not None:
+                self._entries.move_to_end(key)
+                return svg
+        svg = render_graph_svg(view, max_depth=max_depth, timeout_s=timeout_s)
+        if _NOTE_MARK in svg[:1000] or len(svg) > self.max_bytes:
+            return svg
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = svg
+                self._size += len(svg)
+            while self._size > self.max_bytes:
+                _, old = self._entries.popitem(last=False)
+                self._size -= len(old)
+        return svg
 
 
 def _node_attrs(node: ViewNode, folded: list[str] | tuple[str, ...]) -> dict[str, str]:

@@ -9,8 +9,8 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
-from graphdeck.server.deps import get_session, resolve_graph, resolve_node
-from graphdeck.server.render.svg import render_graph_svg
+from graphdeck.server.deps import get_session, get_svg_cache, resolve_graph, resolve_node
+from graphdeck.server.render.svg import SvgCache
 from graphdeck.server.routes.runs import GRAPH_FIELDS, pick
 from graphdeck.server.views import graph_view
 from graphdeck.store.schema import Edge, Graph, GraphIO, InternedString, Node, Run
@@ -87,7 +87,9 @@ def get_view(graph: Graph = Depends(resolve_graph), session: Session = Depends(g
 @router.get("/api/graphs/{graph_id}/svg", response_class=Response,
             responses={200: {"content": {"image/svg+xml": {}}}})
 def get_svg(graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session),
+            cache: SvgCache = Depends(get_svg_cache),
             max_depth: int | None = Query(None, ge=0, description="module-path depth of the drawn clusters")) -> Response:
-    """The graph laid out by Graphviz ``dot``; nodes are ``<g id="node-<idx>" class="node">``."""
-    svg = render_graph_svg(graph_view(session, graph.id), max_depth=max_depth)
+    """The graph laid out by Graphviz ``dot``; nodes are ``<g id="node-<idx>" class="node">``.
+    Long edges are drawn as stubs and very large graphs collapsed (see ``render/svg.py``)."""
+    svg = cache.render(graph_view(session, graph.id), max_depth=max_depth)
     return Response(svg, media_type="image/svg+xml")
