@@ -62,6 +62,8 @@ def create_app(settings: Settings) -> FastAPI:
         title="graphdeck",
         version=graphdeck.__version__,
         description="A debugger for compiled graphs in distributed PyTorch training.",
+        docs_url=None,  # served by _add_docs from local files: the dashboard works offline
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = open_engine(settings.store)
@@ -78,8 +80,33 @@ def create_app(settings: Settings) -> FastAPI:
     frontend_dir = settings.frontend_dir or _package_dir("graphdeck.frontend")
     if frontend_dir is None:
         raise NotFoundError("the graphdeck.frontend package is not installed")
+    _add_docs(app)
     _add_frontend(app, frontend_dir)
     return app
+
+
+def _add_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from the ``swagger-ui-bundle`` package's files (no CDN), falling back
+    to FastAPI's CDN-hosted page when that package is not installed."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    try:
+        import swagger_ui_bundle
+    except ImportError:
+        swagger_dir = None
+    else:
+        swagger_dir = Path(swagger_ui_bundle.swagger_ui_path)
+    if swagger_dir is not None and (swagger_dir / "swagger-ui-bundle.js").exists():
+        app.mount("/static/swagger", StaticFiles(directory=swagger_dir), name="swagger")
+        urls = {"swagger_js_url": "/static/swagger/swagger-ui-bundle.js",
+                "swagger_css_url": "/static/swagger/swagger-ui.css",
+                "swagger_favicon_url": "/static/swagger/favicon-32x32.png"}
+    else:
+        urls = {}
+
+    @app.get("/docs", include_in_schema=False)
+    def docs():
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title="graphdeck API", **urls)
 
 
 def serve(store: str | Path, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning") -> None:

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from graphdeck.errors import StoreError
+from graphdeck.errors import NotFoundError, StoreError
 from graphdeck.store.schema import SCHEMA_VERSION, Base, InternedString, Rank, Run, StoreMeta
 
 BUSY_TIMEOUT_MS = 60_000
@@ -57,7 +57,8 @@ def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, crea
     """Open (and, unless ``read_only``, create) the store at ``path_or_url``.
 
     Raises:
-        StoreError: the file is missing while ``read_only``, or its schema version differs from
+        NotFoundError: the file is missing while ``read_only`` (CLI exit 2: a usage problem).
+        StoreError: it is not a graphdeck store, or its schema version differs from
             :data:`graphdeck.store.schema.SCHEMA_VERSION`.
     """
     url = store_url(path_or_url)
@@ -65,7 +66,8 @@ def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, crea
     if is_sqlite and read_only:
         path = url.split("sqlite:///", 1)[1]
         if not Path(path).exists():
-            raise StoreError(f"store {path} does not exist; run a captured job or `graphdeck demo` first")
+            raise NotFoundError(f"store {path} does not exist; run a captured job or `graphdeck demo` first",
+                                resource="store", id=path)
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000} if is_sqlite else {})
     if is_sqlite:
         event.listen(engine, "connect", _sqlite_pragmas(read_only))

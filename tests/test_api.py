@@ -181,3 +181,10 @@ def test_text_from_user_code_is_escaped_end_to_end(tmp_path):
         assert [n["id"] for n in view["nodes"]] == ["x", NODE, "output"] and view["nodes"][1]["namespace"] == f"{EVIL}/{QUOTES}"
         node = client.get(f"/api/graphs/{graph['id']}/nodes/{quote(NODE, safe='')}")
         assert node.status_code == 200 and node.json()["name"] == NODE and node.json()["inputs"] == ["x"], node.text
+
+
+def test_docs_are_served_without_a_cdn(api):
+    page = api.get("/docs")
+    assert page.status_code == 200 and "cdn" not in page.text.lower(), "offline machines get working docs"
+    assert "/static/swagger/swagger-ui-bundle.js" in page.text
+    assert api.get("/static/swagger/swagger-ui-bundle.js").status_code == 200
