@@ -69,7 +69,8 @@ def test_nodes_carry_idx_ids_tooltips_labels_and_categories():
     assert set(nodes) == {f"node-{i}" for i in range(5)}, "one <g id='node-<idx>'> per node, nothing else"
     assert tooltip(nodes["node-2"]) == "mm", "the FX node name is the tooltip"
     assert texts(nodes["node-2"]) == ["mm", "f32[8, 64]"], "label: short target name, then dtype and shape"
-    assert texts(nodes["node-1"]) == ["w", "block.linear.weight", "f32[32, 64]"], "a parameter placeholder names its parameter"
+    assert texts(nodes["node-1"]) == ["block.linear.weight", "f32[32, 64]"], "a parameter placeholder shows its parameter"
+    assert tooltip(nodes["node-1"]) == "w"
     assert "cat-matmul" in nodes["node-2"].get("class") and "cat-placeholder" in nodes["node-0"].get("class")
     assert fill(nodes["node-2"]) == CATEGORY_COLORS["matmul"] and fill(nodes["node-3"]) == CATEGORY_COLORS["elementwise"]
     assert len(groups(root, "edge")) == 4 and {g.get("id") for g in groups(root, "edge")} == {f"edge-{k}" for k in range(4)}
@@ -120,8 +121,9 @@ def test_user_text_is_escaped_and_cannot_break_the_dot():
     assert not list(root.iter(f"{SVG}script")) and not list(root.iter("script"))
     drawn = {g.get("id"): g for g in groups(root, "node")}
     assert len(drawn) == len(nodes), "every node survives: '{|}<>' did not turn into record/HTML syntax"
-    assert tooltip(drawn["node-0"]) == EVIL and texts(drawn["node-0"])[:2] == [EVIL, QUOTES], \
+    assert tooltip(drawn["node-0"]) == EVIL and texts(drawn["node-0"]) == [QUOTES], \
         "the text reads back exactly once the XML is decoded"
+    assert texts(drawn["node-1"]) == [EVIL]
     assert tooltip(drawn["node-2"]) == QUOTES
     assert texts(drawn["node-3"])[0] == "{a|b}<c>"
     assert texts(drawn["node-4"])[0] == "back\\slash\\N\\l", "backslash escapes (\\N, \\l) are not interpreted"

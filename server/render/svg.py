@@ -33,7 +33,8 @@ does not finish in minutes. So, before layout, ranks are estimated by longest pa
 pulled down to just above its first consumer) and every edge spanning more than
 :data:`MAX_EDGE_SPAN` ranks is drawn as a pair of stubs instead; the JSON view keeps every edge.
 With that and ``newrank=true`` (Graphviz 2.43 fails "merge2 ... rank has only N nodes" and
-stalls on nested clusters with the old ranking) GPT-2's graphs lay out in about a second.
+stalls on nested clusters with the old ranking) GPT-2's 12-block graphs lay out in 0.3–1.7 s,
+where FxGraphDrawer's ``dot`` runs 244 s to over 300 s (``bench/RESULTS.md``).
 
 # NOTE: [Large graphs]
 ``dot`` is super-linear in nodes and in nested clusters: GPT-2 with 36 blocks has a 4,531-node
@@ -308,9 +309,9 @@ class SvgCache:
 
 
 def _node_attrs(node: ViewNode, folded: list[str] | tuple[str, ...]) -> dict[str, str]:
-    lines = [_text(node.label)]
-    if node.op == "placeholder" and node.param_fqn:
-        lines.append(_text(node.param_fqn))
+    # A placeholder bound to a parameter is drawn by the parameter's name (Dynamo's own name,
+    # "L_self_modules_..._parameters_weight_", stays in the tooltip).
+    lines = [_text(node.param_fqn if node.op == "placeholder" and node.param_fqn else node.label)]
     tensor = tensor_label(node.shape, node.dtype)
     if tensor:
         lines.append(_text(tensor))
