@@ -6,117 +6,41 @@ import {
   $app, api, badge, code, cssToken, defList, errorBox, fmt, fmtBytes, fmtSeconds, graphLink, h, isBlank,
   joinComma, kindBadge, objectTable, setCrumbs,
 } from "./common.js";
-
-const SVG_NS = "http://www.w3.org/2000/svg";
-
-// ---------------------------------------------------------------- SVG viewer
-
-/** Parse the server's SVG render and import it into this document; throws unless the root is <svg>. */
-function importSvg(text) {
-  const doc = new DOMParser().parseFromString(text, "image/svg+xml");
-  const root = doc.documentElement;
-  if (doc.querySelector("parsererror") || root.localName !== "svg" || root.namespaceURI !== SVG_NS) {
-    throw new Error("the graph render is not an SVG document");
-  }
-  doc.querySelectorAll("script, foreignObject").forEach((el) => el.remove());
-  for (const el of doc.querySelectorAll("*")) {
-    for (const attr of [...el.attributes]) if (/^on/i.test(attr.name)) el.removeAttribute(attr.name);
-  }
-  return document.importNode(root, true);
-}
-
-/** Pan (drag) and zoom (wheel, buttons) by editing the SVG's viewBox. */
-function makeViewer(svg, host) {
-  const vbAttr = (svg.getAttribute("viewBox") || "").trim().split(/[\s,]+/).map(Number);
-  const base = vbAttr.length === 4 && vbAttr.every(Number.isFinite) && vbAttr[2] > 0
-    ? {x: vbAttr[0], y: vbAttr[1], w: vbAttr[2], h: vbAttr[3]}
-    : {x: 0, y: 0, w: parseFloat(svg.getAttribute("width")) || 1000, h: parseFloat(svg.getAttribute("height")) || 1000};
-  let vb = {...base};
-  svg.removeAttribute("width");
-  svg.removeAttribute("height");
-  svg.setAttribute("preserveAspectRatio", "xMidYMid meet");
-  const apply = () => svg.setAttribute("viewBox", `${vb.x} ${vb.y} ${vb.w} ${vb.h}`);
-  const toSvg = (clientX, clientY) => new DOMPoint(clientX, clientY).matrixTransform(svg.getScreenCTM().inverse());
-  const hostCenter = () => { const r = host.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; };
-
-  function zoom(factor, clientX, clientY) {
-    if (clientX === undefined) [clientX, clientY] = hostCenter();
-    const w = Math.min(Math.max(vb.w / factor, Math.min(20, base.w)), base.w * 20); // 20 units … 20× the graph
-    const f = vb.w / w;
-    const p = toSvg(clientX, clientY);
-    vb = {x: p.x - (p.x - vb.x) / f, y: p.y - (p.y - vb.y) / f, w: vb.w / f, h: vb.h / f};
-    apply();
-  }
-  function centerOn(el) {
-    const r = el.getBoundingClientRect(), hr = host.getBoundingClientRect();
-    if (r.left >= hr.left && r.right <= hr.right && r.top >= hr.top && r.bottom <= hr.bottom) return;
-    const p = toSvg(r.left + r.width / 2, r.top + r.height / 2);
-    vb = {...vb, x: p.x - vb.w / 2, y: p.y - vb.h / 2};
-    apply();
-  }
-  function fit() { // the whole graph, magnified at most 1.5× so a small graph is not blown up
-    const r = host.getBoundingClientRect();
-    const scale = Math.min(r.width / base.w, r.height / base.h);
-    if (!(scale > 1.5)) { vb = {...base}; apply(); return; }
-    const w = r.width / 1.5, hgt = r.height / 1.5;
-    vb = {x: base.x + (base.w - w) / 2, y: base.y - Math.min(16, (hgt - base.h) / 2), w, h: hgt};
-    apply();
-  }
-
-  function home() { // the whole graph if it stays readable (≥ 0.6×), else its top at 0.6–1×
-    const r = host.getBoundingClientRect();
-    const scale = Math.min(r.width / base.w, r.height / base.h);
-    if (!(scale < 0.6)) { fit(); return; }
-    const s = Math.min(1, Math.max(0.6, r.width / base.w));
-    const w = r.width / s, hgt = r.height / s;
-    vb = {x: base.x + (base.w - w) / 2, y: base.y, w, h: hgt};
-    apply();
-  }
-
-  let drag = null; // {x, y, id, moved}
-  let dragEnded_ms = -Infinity; // a click right after a drag is the drag's end, not a selection
-  host.addEventListener("pointerdown", (e) => {
-    if (e.button === 0) drag = {x: e.clientX, y: e.clientY, id: e.pointerId, moved: false};
-  });
-  host.addEventListener("pointermove", (e) => {
-    if (!drag || e.pointerId !== drag.id) return;
-    const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
-    if (!drag.moved && Math.hypot(dx, dy) < 4) return;
-    if (!drag.moved) { drag.moved = true; host.setPointerCapture(e.pointerId); host.classList.add("dragging"); }
-    const scale = svg.getScreenCTM().a || 1; // screen px per viewBox unit
-    vb = {...vb, x: vb.x - dx / scale, y: vb.y - dy / scale};
-    drag.x = e.clientX; drag.y = e.clientY;
-    apply();
-  });
-  const endDrag = (e) => {
-    if (!drag || e.pointerId !== drag.id) return;
-    host.classList.remove("dragging");
-    if (drag.moved) dragEnded_ms = performance.now();
-    drag = null;
-  };
-  host.addEventListener("pointerup", endDrag);
-  host.addEventListener("pointercancel", endDrag);
-  host.addEventListener("wheel", (e) => {
-    e.preventDefault();
-    zoom(Math.exp(-e.deltaY * (e.deltaMode === 1 ? 0.05 : 0.0015)), e.clientX, e.clientY);
-  }, {passive: false});
-  home();
-  return {zoom, fit, centerOn, justDragged: () => performance.now() - dragEnded_ms < 250};
-}
+import {importSvg, makeViewer} from "./viewer.js";
 
 // ---------------------------------------------------------------- graph page
 
 const graphHash = (id, name) => `#/graphs/${id}${name ? `?node=${encodeURIComponent(name)}` : ""}`;
 
-function relatedGraphs(graph) {
+/**
+ * The related-graphs list: the parent, its other children (an AOT forward's backward and vice
+ * versa, a DDP bucket's other buckets), then this graph's children. The siblings come from
+ * GET /api/graphs/<parent id> and are put in place when it answers.
+ */
+function relatedGraphs(page, graph) {
   const asGraph = (g) => (typeof g === "object" && g !== null ? g : {id: g});
-  const item = (label, g) => h("li", {}, label ? h("span", {class: "muted"}, label) : null,
-    g.kind ? [kindBadge(g.kind), " "] : null, graphLink(g.id, g.name ? `${g.name} (#${g.id})` : undefined),
+  const item = (relation, g) => h("li", {"data-relation": relation, "data-graph-id": g.id},
+    h("span", {class: "muted"}, `${relation} `), g.kind ? [kindBadge(g.kind), " "] : null,
+    graphLink(g.id, g.name ? `${g.name} (#${g.id})` : undefined),
     g.partition_index != null ? h("span", {class: "muted"}, ` bucket ${g.partition_index}`) : null);
-  const items = [];
-  if (graph.parent || graph.parent_id != null) items.push(item("parent ", asGraph(graph.parent ?? graph.parent_id)));
-  for (const c of graph.children || []) items.push(item("", asGraph(c)));
-  return items.length ? h("ul", {class: "related", id: "related-graphs"}, items) : h("p", {class: "muted"}, "none");
+  const order = (a, b) => (a.partition_index ?? 0) - (b.partition_index ?? 0) || (a.ordinal ?? 0) - (b.ordinal ?? 0) || a.id - b.id;
+  const parent = graph.parent ? asGraph(graph.parent) : graph.parent_id != null ? {id: graph.parent_id} : null;
+  const children = (graph.children || []).map(asGraph).sort(order);
+  const list = h("ul", {class: "related", id: "related-graphs", "data-testid": "related-graphs"},
+    parent ? item("parent", parent) : null, children.map((c) => item("child", c)));
+  if (!parent && !children.length) list.append(h("li", {class: "muted"}, "none"));
+  if (parent) {
+    const pending = h("li", {class: "loading", id: "related-siblings-loading"}, "Loading the other graphs of this parent…");
+    list.firstChild.after(pending);
+    api(`/api/graphs/${parent.id}`).then((p) => {
+      if (!page.alive()) return;
+      const siblings = (p.children || []).map(asGraph).filter((c) => c.id !== graph.id).sort(order);
+      pending.replaceWith(...siblings.map((c) => item("sibling", c)));
+    }, (err) => {
+      if (page.alive()) pending.replaceWith(h("li", {class: "muted"}, `other graphs of the parent unavailable: ${err.message}`));
+    });
+  }
+  return list;
 }
 
 /** An FX argument as capture stores it, shown Python-style; {"node": n} becomes a button selecting n. */
@@ -170,6 +94,37 @@ function nodeDetails(node, full, selectNode) {
   ];
 }
 
+const XLINK_NS = "http://www.w3.org/1999/xlink";
+
+/**
+ * Read the SVG's nodes (server/render/svg.py documents the markup). Only `g.node` elements with
+ * id `node-<idx>` are FX nodes; `stub-in-<idx>` / `stub-out-<idx>` (Graphviz names "s<idx>i",
+ * "s<idx>o") stand for long edges cut into stubs (NOTE: [Long edges] there) and name their far
+ * ends in their tooltip. → {gByName, fxNodes (FX <g>s in idx order), stubs: Map(<g> → stub)}
+ * where a stub is {dir: "in" | "out", owner: FX name, far: [FX names of the far ends], title}.
+ */
+function readSvgNodes(svg, byName, byIdx) {
+  const gByName = new Map(), fx = [], stubs = new Map();
+  for (const g of svg.querySelectorAll("g.node")) {
+    const m = /^node-(\d+)$/.exec(g.id);
+    const stub = /^stub-(in|out)-(\d+)$/.exec(g.id);
+    if (m && byIdx.has(Number(m[1]))) {
+      const node = byIdx.get(Number(m[1]));
+      gByName.set(node.name, g);
+      g.dataset.name = node.name;
+      fx.push([node.idx, g]);
+    } else if (stub || g.classList.contains("stub")) {
+      const a = g.querySelector("a");
+      const tip = a?.getAttributeNS(XLINK_NS, "title") || a?.getAttribute("title") || "";
+      const far = [...new Set(tip.split(/,\s*/).map((t) => t.trim()).filter((t) => byName.has(t)))];
+      const title = g.querySelector("title")?.textContent.trim();
+      stubs.set(g, {dir: stub ? stub[1] : "", owner: stub ? byIdx.get(Number(stub[2]))?.name : undefined, far, title});
+    }
+  }
+  fx.sort((a, b) => a[0] - b[0]);
+  return {gByName, fxNodes: fx.map(([, g]) => g), stubs};
+}
+
 export async function renderGraph(page, m, query) {
   const id = Number(m[1]);
   const [graph, nodes, svgText] = await Promise.all([
@@ -182,15 +137,10 @@ export async function renderGraph(page, m, query) {
 
   const byName = new Map(nodes.map((n) => [n.name, n]));
   const byIdx = new Map(nodes.map((n) => [n.idx, n]));
-  const gByName = new Map();
-  for (const g of svg.querySelectorAll("g.node")) {
-    const title = g.querySelector("title");
-    const node = g.id.startsWith("node-") ? byIdx.get(Number(g.id.slice(5))) : undefined;
-    const name = node ? node.name : title && title.textContent.trim();
-    if (name) { gByName.set(name, g); g.dataset.name = name; }
-  }
-  // node name → edge <g>s that touch it; Graphviz titles an edge "n<src idx>->n<dst idx>"
-  const endName = (t) => (/^n\d+$/.test(t) ? byIdx.get(Number(t.slice(1)))?.name : undefined) ?? t;
+  const {gByName, fxNodes, stubs} = readSvgNodes(svg, byName, byIdx);
+  // node name → edge <g>s that touch it; Graphviz titles an edge "n<src idx>->n<dst idx>", and the
+  // dashed edge to a stub "s<idx>i->n<idx>" or "n<idx>->s<idx>o" (counted as the node's own).
+  const endName = (t) => (/^[ns]\d+[io]?$/.test(t) ? byIdx.get(Number(t.replace(/\D/g, "")))?.name : undefined) ?? t;
   const edgesByEnd = new Map();
   for (const e of svg.querySelectorAll("g.edge")) {
     const ends = (e.querySelector("title")?.textContent || "").split(/->|--/)
@@ -203,13 +153,22 @@ export async function renderGraph(page, m, query) {
     h("p", {class: "muted"}, "Click a node to see its details."));
   const search = h("input", {type: "search", id: "node-search", placeholder: "find node by name, op or target…",
     "aria-label": "find node", autocomplete: "off"});
-  const results = h("ul", {id: "search-results", class: "results", hidden: true});
+  const results = h("ul", {id: "search-results", "data-testid": "search-results", class: "results", hidden: true});
   const viewer = {zoom: () => {}, fit: () => {}, centerOn: () => {}, justDragged: () => false};
   const button = (bid, label, title, fn) => h("button", {type: "button", id: bid, title, onclick: fn}, label);
 
+  const closeResults = () => { results.hidden = true; };
+  const showResults = (items) => { results.replaceChildren(...items); results.hidden = !items.length; };
+  const pick = (name, extra) => h("li", {},
+    h("button", {type: "button", class: "link", onclick: () => selectNode(name)}, name), extra ? h("span", {class: "muted"}, extra) : null);
+
   let selected = null, selectToken = 0;
-  const selectNode = (name) => { location.hash = graphHash(id, name); };
+  const selectNode = (name) => { closeResults(); location.hash = graphHash(id, name); };
   async function select(name, {center = true} = {}) {
+    closeResults();
+    const stub = name && !byName.has(name) ? [...stubs.values()].find((st) => st.title === name) : null;
+    const stubTarget = stub && (stub.far.length === 1 ? stub.far[0] : stub.owner);
+    if (stubTarget) { location.replace(graphHash(id, stubTarget)); return; } // an old link to a stub ("s12o")
     for (const el of svg.querySelectorAll(".selected, .related")) el.classList.remove("selected", "related");
     selected = name && byName.has(name) ? name : null;
     const token = ++selectToken;
@@ -221,6 +180,7 @@ export async function renderGraph(page, m, query) {
     const g = gByName.get(selected);
     if (g) { g.classList.add("selected"); if (center) viewer.centerOn(g); }
     (edgesByEnd.get(selected) || []).forEach((e) => e.classList.add("related"));
+    for (const [sg, stub] of stubs) if (stub.owner === selected || stub.far.includes(selected)) sg.classList.add("related");
     const node = byName.get(selected);
     details.replaceChildren(...nodeDetails(node, null, selectNode));
     let full;
@@ -233,29 +193,50 @@ export async function renderGraph(page, m, query) {
     for (const other of [...(full.inputs || []), ...(full.users || [])]) gByName.get(other)?.classList.add("related");
   }
 
+  /** A click on a stub selects the one node it names, or lists them when there are several. */
+  function followStub(stub) {
+    if (stub.far.length === 1) { selectNode(stub.far[0]); return; }
+    if (!stub.far.length) { closeResults(); return; }
+    const head = stub.dir === "in" ? `inputs of ${stub.owner ?? "this node"} drawn far away:`
+      : stub.dir === "out" ? `users of ${stub.owner ?? "this node"} drawn far away:` : "nodes at the far end:";
+    showResults([h("li", {class: "muted", id: "stub-targets"}, head), ...stub.far.map((n) => pick(n, ` ${fmt(byName.get(n)?.op)}`))]);
+  }
+
   function runSearch() {
     const q = search.value.trim().toLowerCase();
     svg.classList.toggle("searching", Boolean(q));
     const hits = q ? nodes.filter((n) => [n.name, n.op, n.target].some((v) => v && String(v).toLowerCase().includes(q))) : [];
     const hitNames = new Set(hits.map((n) => n.name));
     for (const [name, g] of gByName) g.classList.toggle("match", hitNames.has(name));
-    results.hidden = !q;
-    results.replaceChildren(...hits.slice(0, 40).map((n) => h("li", {},
-      h("button", {type: "button", class: "link", onclick: () => selectNode(n.name)}, n.name),
-      h("span", {class: "muted"}, ` ${fmt(n.op)} ${isBlank(n.target) ? "" : n.target}`))),
-    q && !hits.length ? h("li", {class: "muted"}, "no match") : "",
-    hits.length > 40 ? h("li", {class: "muted"}, `… ${hits.length - 40} more`) : "");
+    showResults(!q ? [] : [
+      ...hits.slice(0, 40).map((n) => pick(n.name, ` ${fmt(n.op)} ${isBlank(n.target) ? "" : n.target}`)),
+      hits.length ? null : h("li", {class: "muted"}, "no match"),
+      hits.length > 40 ? h("li", {class: "muted"}, `… ${hits.length - 40} more`) : null].filter(Boolean));
     return hits;
   }
   search.addEventListener("input", runSearch);
+  search.addEventListener("focus", () => { if (search.value.trim()) runSearch(); });
   search.addEventListener("keydown", (e) => {
-    if (e.key === "Enter") { const hits = runSearch(); if (hits.length) selectNode(hits[0].name); }
-    if (e.key === "Escape") { search.value = ""; runSearch(); }
+    if (e.key === "Enter") { const hits = runSearch(); closeResults(); if (hits.length) selectNode(hits[0].name); }
+    if (e.key === "Escape") { search.value = ""; runSearch(); closeResults(); }
   });
+  // A click anywhere but the list, the search box and the graph (which handles its own) closes the list.
+  const onDocClick = (e) => {
+    if (!page.alive()) { document.removeEventListener("click", onDocClick); return; }
+    if (!(results.contains(e.target) || search.contains(e.target) || host.contains(e.target))) closeResults();
+  };
+  document.addEventListener("click", onDocClick);
+  const onDocKey = (e) => {
+    if (!page.alive()) { document.removeEventListener("keydown", onDocKey); return; }
+    if (e.key === "Escape") closeResults();
+  };
+  document.addEventListener("keydown", onDocKey);
   host.addEventListener("click", (e) => {
     if (viewer.justDragged()) return;
     const g = e.target.closest("g.node");
     if (g && g.dataset.name) selectNode(g.dataset.name);
+    else if (g && stubs.has(g)) followStub(stubs.get(g));
+    else closeResults(); // a cluster box, an edge or the background: nothing to select
   });
 
   const io = Array.isArray(graph.io) && graph.io.length ? objectTable("graph-io", graph.io) : h("p", {class: "muted"}, "none recorded");
@@ -275,11 +256,10 @@ export async function renderGraph(page, m, query) {
           h("span", {class: "muted hint"}, "drag to pan · wheel to zoom")),
         results, host),
       details),
-    h("h2", {}, "Related graphs"), relatedGraphs(graph),
+    h("h2", {}, "Related graphs"), relatedGraphs(page, graph),
     h("details", {class: "fold"}, h("summary", {}, "Inputs and outputs"), io),
     graph.code ? h("details", {class: "fold"}, h("summary", {}, "Graph code"), h("pre", {class: "code", id: "graph-code"}, graph.code)) : null));
-  Object.assign(viewer, makeViewer(svg, host));
+  Object.assign(viewer, makeViewer(svg, host, fxNodes));
   page.update = (q) => select(q.get("node"));
   select(query.get("node"));
 }
-
