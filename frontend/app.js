@@ -7,7 +7,8 @@
 //   common.js   DOM and formatting helpers, the JSON API, breadcrumbs (see NOTE: [Untrusted text])
 //   run.js      the runs list, the run page and its gradient-path report
 //   compile.js  the run page's compile records (frame compile metrics, graph-break reasons)
-//   graph.js    the graph page: SVG pan/zoom, node search and selection, node details
+//   graph.js    the graph page: node search and selection, long-edge stubs, node details, related graphs
+//   viewer.js   the graph page's SVG viewer: safe import, pan/zoom, the initial view
 //   trace.js    the trace page: Plotly timeline and ingest stats
 //
 // A page renderer is `async (page, match, query)`; `page.alive()` turns false once the user has

@@ -246,7 +246,8 @@ export async function renderGraph(page, m, query) {
       graph.compile_id ? `compile id ${graph.compile_id}` : null, graph.frame_name ? `frame ${graph.frame_name}` : null,
       `${nodes.length} nodes`, graph.compile_time_s != null ? `compiled in ${fmtSeconds(graph.compile_time_s)}` : null,
       graph.partition_index != null ? `DDP bucket ${graph.partition_index}` : null].filter(Boolean).join(" · ")),
-    graph.break_reason ? h("p", {class: "break-banner"}, badge("graph break", "break"), " ", graph.break_reason) : null,
+    graph.break_reason ? h("p", {class: "break-banner"}, /DDPOptimizer/.test(graph.break_reason)
+      ? badge("DDP split", "tag") : badge("graph break", "break"), " ", graph.break_reason) : null,
     h("div", {class: "graph-layout"},
       h("div", {class: "viewer"},
         h("div", {class: "toolbar"}, search,

@@ -55,6 +55,11 @@ function graphTree(graphs) {
   return out;
 }
 
+// DDPOptimizer marks each bucket it splits off with an "intentional graph-break" reason; that is a
+// DDP split, not a graph break (NOTE: [Frames without a graph] in compile.js has the real ones).
+const isDdpSplit = (reason) => /DDPOptimizer/.test(String(reason ?? ""));
+const breakBadge = (reason) => (isDdpSplit(reason) ? badge("DDP split", "tag") : badge("graph break", "break"));
+
 function graphRow(g, depth, partByGraph) {
   const part = partByGraph.get(g.id);
   const relation = [];
@@ -65,20 +70,50 @@ function graphRow(g, depth, partByGraph) {
   if (g.parent_id != null) relation.push(h("span", {class: "muted"}, " of "), graphLink(g.parent_id));
   const name = h("td", {class: "name", style: `padding-left: ${0.6 + depth * 1.4}em`},
     depth ? h("span", {class: "tree"}, "└ ") : null, graphLink(g.id, fmt(g.name)), h("span", {class: "gid"}, ` #${g.id}`));
-  return h("tr", {class: g.break_reason ? "has-break" : "", "data-graph-id": g.id, "data-kind": g.kind},
+  return h("tr", {class: g.break_reason && !isDdpSplit(g.break_reason) ? "has-break" : "", "data-graph-id": g.id, "data-kind": g.kind},
     num(g.ordinal), h("td", {}, kindBadge(g.kind)), name, h("td", {}, code(g.compile_id)),
     num(g.num_nodes), h("td", {class: "relation"}, relation), h("td", {class: "num"}, fmtSeconds(g.compile_time_s)),
-    h("td", {class: "reason"}, g.break_reason ? [badge("graph break", "break"), " ", g.break_reason] : ""));
+    h("td", {class: "reason"}, g.break_reason ? [breakBadge(g.break_reason), " ", g.break_reason] : ""));
 }
 
-function rankSection(rank, graphs, traces, parts) {
+/**
+ * The rank summary's graph-break count, from what the run page shows below it:
+ * `dynamo_graph_break_reason` records of this rank (`events`: the compile-events answer for the
+ * rank, or null when unavailable), split by whether their frame produced a graph, plus Dynamo
+ * graphs with a break reason that no record of the same compile id covers. DDP splits do not count.
+ * → [text or elements]
+ */
+function breakSummary(rank, graphs, events) {
+  const ended = (ids) => graphs.filter((g) => g.kind === "dynamo" && g.break_reason && !isDdpSplit(g.break_reason)
+    && !ids.has(g.compile_id)).length;
+  if (!events) {
+    const n = ended(new Set());
+    return [n ? plural(n, "graph break") : "no graph breaks", " on Dynamo graphs (compile records unavailable)"];
+  }
+  const ops = new Map(events.filter((e) => e.name === "compilation_metrics")
+    .map((e) => [e.compile_id, Number(e.fields?.graph_op_count) || 0]));
+  const records = events.filter((e) => e.name === "dynamo_graph_break_reason");
+  const zeroOp = records.filter((e) => !(ops.get(e.compile_id) > 0)).length;
+  const inGraph = records.length - zeroOp;
+  const onGraphs = ended(new Set(records.map((e) => e.compile_id)));
+  const total = records.length + onGraphs;
+  if (!total) return ["no graph breaks"];
+  const kinds = [[zeroOp, "0-op frames"], [inGraph, "frames with a graph"], [onGraphs, "Dynamo graphs"]].filter(([n]) => n);
+  const why = kinds.length === 1 ? kinds[0][1] : kinds.map(([n, what]) => `${n} in ${what}`).join(", ");
+  const see = records.length ? ["; ", jumpButton("see compile records", `[data-testid="graph-breaks-rank-${rank}"]`)] : null;
+  return [plural(total, "graph break"), ` (${why}`, see, ")"];
+}
+
+function rankSection(rank, graphs, traces, parts, compileEvents) {
   const partByGraph = new Map(parts.filter((p) => p.graph_id != null).map((p) => [p.graph_id, p]));
   const dynamo = graphs.filter((g) => g.kind === "dynamo");
-  const breaks = graphs.filter((g) => g.break_reason).length;
   const ddp = graphs.filter((g) => g.kind === "ddp_partition").length;
-  const summary = [plural(graphs.length, "graph"), `${dynamo.length} Dynamo`,
-    breaks ? plural(breaks, "graph break") : "no graph breaks",
-    ddp ? plural(ddp, "DDP partition") : null, plural(traces.length, "trace")].filter(Boolean).join(" · ");
+  const breaks = h("span", {class: "break-count", "data-testid": `break-summary-rank-${rank}`}, "graph breaks: counting…");
+  compileEvents.then((events) => breaks.replaceChildren(...breakSummary(rank, graphs,
+    events && events.filter((e) => e.rank === rank)).flat().filter(Boolean)));
+  const summary = [plural(graphs.length, "graph"), `${dynamo.length} Dynamo`, breaks,
+    ddp ? `${plural(ddp, "DDP partition")} (DDPOptimizer splits, not graph breaks)` : null,
+    plural(traces.length, "trace")].filter(Boolean).flatMap((part, i) => (i ? [" · ", part] : [part]));
   const graphRows = graphTree(graphs).map(([g, depth]) => graphRow(g, depth, partByGraph));
   const bucketRows = parts.map((p) => h("tr", {},
     num(p.index), h("td", {class: "num"}, fmtBytes(p.size_bytes)), num((p.params || []).length),
@@ -88,7 +123,7 @@ function rankSection(rank, graphs, traces, parts) {
     h("td", {}, h("a", {href: `#/traces/${t.id}`}, fmt(t.name))), h("td", {}, statusBadge(t.status)),
     num(t.num_events), h("td", {}, h("a", {href: `#/traces/${t.id}`}, "timeline →"))));
   return h("section", {class: "rank", "data-testid": `rank-${rank}`},
-    h("h2", {}, `Rank ${rank}`), h("p", {class: "summary"}, summary),
+    h("h2", {}, `Rank ${rank}`), h("p", {class: "summary", "data-testid": `rank-summary-${rank}`}, summary),
     graphs.length
       ? table(`graphs-rank-${rank}`, ["Ord.", "Kind", "Name", "Compile id", "Nodes", "Parent / partition",
         "Compile", "Break reason"], graphRows, "graphs-table")
@@ -100,12 +135,13 @@ function rankSection(rank, graphs, traces, parts) {
 }
 
 /**
- * A section drawn now with a loading line and filled when `path` answers: `render(json)` gives its
- * content; a failed request leaves a muted "unavailable" line (with id `missingId`) instead.
+ * A section drawn now with a loading line and filled when `request` (a promise of JSON) answers:
+ * `render(json)` gives its content; a failed request leaves a muted "unavailable" line (with id
+ * `missingId`) instead.
  */
-function lateSection(page, {id, title, what, path, render, missingId}) {
+function lateSection(page, {id, title, what, request, render, missingId}) {
   const box = h("section", {id}, h("h2", {}, title), h("p", {class: "loading"}, `Loading the ${what}…`));
-  const done = api(path).then(
+  const done = request.then(
     (json) => { if (page.alive()) box.replaceChildren(h("h2", {}, title), ...render(json).filter(Boolean)); },
     (err) => {
       if (page.alive()) box.replaceChildren(h("h2", {}, title),
@@ -124,11 +160,14 @@ export async function renderRun(page, m) {
     .filter((r) => r != null).sort((a, b) => a - b);
   const rankRows = rankInfo.map((r) => h("tr", {}, num(r.rank), num(r.world_size), h("td", {}, fmt(r.hostname)),
     num(r.pid), h("td", {}, fmt(r.backend)), h("td", {}, code(r.torch_version))));
+  // One request feeds both the compile-records section and each rank's graph-break count.
+  const compileRequest = api(`/api/runs/${run.id}/compile-events`);
+  const compileEvents = compileRequest.catch(() => null);
   const [compileBox, compileDone] = lateSection(page, {id: "compile-records", title: "Compile records",
-    what: "compile records", path: `/api/runs/${run.id}/compile-events`, missingId: "compile-records-missing",
+    what: "compile records", request: compileRequest, missingId: "compile-records-missing",
     render: (events) => compileRecords(events, graphs)});
   const [gradBox, gradDone] = lateSection(page, {id: "grad-section", title: "Gradient paths",
-    what: "gradient-path report", path: `/api/runs/${run.id}/gradients`, missingId: "grad-report-missing",
+    what: "gradient-path report", request: api(`/api/runs/${run.id}/gradients`), missingId: "grad-report-missing",
     render: gradientReport});
   const of = (list, r) => list.filter((x) => x.rank === r);
   $app.replaceChildren(h("section", {},
@@ -139,7 +178,8 @@ export async function renderRun(page, m) {
       joinComma([...ranks.map((r) => jumpButton(`rank ${r}`, `[data-testid="rank-${r}"]`)),
         jumpButton("compile records", "#compile-records"), jumpButton("gradient paths", "#grad-section")])),
     rankInfo.length ? table("ranks-table", ["Rank", "World size", "Host", "PID", "Backend", "torch"], rankRows) : null,
-    ranks.map((r) => rankSection(r, of(graphs, r), of(traces, r), of(parts, r).sort((a, b) => a.index - b.index))),
+    ranks.map((r) => rankSection(r, of(graphs, r), of(traces, r), of(parts, r).sort((a, b) => a.index - b.index),
+      compileEvents)),
     compileBox, gradBox));
   await Promise.all([compileDone, gradDone]);
 }
