@@ -104,19 +104,33 @@ class ApiError extends Error {
   constructor(message, status) { super(message); this.status = status; }
 }
 
-/** GET `path`; JSON by default, text with {text: true}. Raises ApiError with the server's message. */
-async function api(path, {text = false} = {}) {
+/**
+ * JSON.parse, except that integers outside ±(2^53 − 1) come back as their exact decimal strings:
+ * a JS number would round them (int64 nanosecond timestamps such as 1795948293425319112 would
+ * print as 1795948293425319200). Numbers are only looked for outside JSON strings.
+ */
+function parseJsonExact(text) {
+  return JSON.parse(text.replace(/"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?/g, (tok) =>
+    (/^-?\d{16,}$/.test(tok) && !Number.isSafeInteger(Number(tok)) ? `"${tok}"` : tok)));
+}
+
+/**
+ * GET `path`; JSON by default, text with {text: true}, JSON with big integers kept exact (as
+ * strings, see parseJsonExact) with {exactInts: true}. Raises ApiError with the server's message.
+ */
+async function api(path, {text = false, exactInts = false} = {}) {
   const res = await fetch(path, {headers: {Accept: text ? "*/*" : "application/json"}});
   if (!res.ok) {
     let message = `${res.status} ${res.statusText}`;
     try { const body = await res.json(); if (body && body.error) message = body.error; } catch { /* not JSON */ }
     throw new ApiError(message, res.status);
   }
+  if (exactInts) return parseJsonExact(await res.text());
   return text ? res.text() : res.json();
 }
 
 export {
   h, cssToken, isBlank, fmt, fmtBytes, fmtSeconds, fmtDate, plural, joinComma,
   badge, kindBadge, statusBadge, code, num, graphLink, table, defList, objectTable, jumpButton,
-  setCrumbs, errorBox, ApiError, api,
+  setCrumbs, errorBox, ApiError, api, parseJsonExact,
 };

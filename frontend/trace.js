@@ -1,7 +1,7 @@
 // graphdeck dashboard: the trace page (#/traces/<id>): a Plotly timeline of one rank's Kineto
 // trace, its metadata and the ingest stats. Plotly (about 4 MB) loads only when this page opens.
 
-import {$app, api, code, defList, errorBox, fmt, h, setCrumbs, statusBadge} from "./common.js";
+import {$app, api, code, defList, errorBox, fmt, h, plural, setCrumbs, statusBadge} from "./common.js";
 
 const PLOTLY_SRC = "/static/vendor/plotly.min.js";
 
@@ -33,9 +33,30 @@ function statsView(stats, id) {
   return defList(entries.map(([k, v]) => [k, statValue(v)]), {id, class: "kv panel"}, true);
 }
 
+/**
+ * Why a trace with status "truncated" is short: the file ended (or turned invalid) part-way and
+ * the events parsed before the cut were kept (store/traces.py). Names the counters that say so.
+ */
+function truncatedBanner(trace) {
+  const st = trace.stats || {};
+  const kept = st.stored ?? trace.num_events;
+  const counters = ["truncated", "corrupt", "trailing_garbage"].filter((k) => Number(st[k]) > 0)
+    .map((k) => `stats.${k} = ${st[k]}`);
+  const read = st.bytes_json != null ? ` after ${fmt(st.bytes_json)} bytes of JSON` : "";
+  return h("div", {class: "warn-banner", role: "note", id: "trace-truncated", "data-testid": "trace-truncated"},
+    h("strong", {}, "This trace file ended early"), `${read}. `,
+    `The ${plural(Number(kept) || 0, "event")} parsed before the cut ${Number(kept) === 1 ? "was" : "were"} kept `,
+    `(stats.stored = ${fmt(st.stored)}, `,
+    `num_events = ${fmt(trace.num_events)}, of stats.events_total = ${fmt(st.events_total)} items read); `,
+    "the event the cut went through and everything after it are missing, so the timeline ends early.",
+    st.corrupt ? " The JSON turned invalid there (stats.corrupt) rather than just stopping." : "",
+    counters.length ? h("div", {class: "small"}, "Counters: ", counters.map((c) => [code(c), " "])) : null);
+}
+
 export async function renderTrace(page, m) {
   const id = Number(m[1]);
-  const trace = await api(`/api/traces/${id}`);
+  // exactInts: start_ns / end_ns are int64 nanoseconds, past what a JS number holds exactly.
+  const trace = await api(`/api/traces/${id}`, {exactInts: true});
   if (!page.alive()) return;
   const crumbs = [["Runs", "#/runs"]];
   if (trace.run_id != null) crumbs.push([trace.run_name ? fmt(trace.run_name) : `run ${trace.run_id}`, `#/runs/${trace.run_id}`]);
@@ -45,6 +66,7 @@ export async function renderTrace(page, m) {
   const skip = new Set(["stats", "meta", "id", "name", "run_id", "run_name"]);
   $app.replaceChildren(h("section", {class: "trace-page"},
     h("h1", {}, fmt(trace.name), " ", statusBadge(trace.status)),
+    trace.status === "truncated" ? truncatedBanner(trace) : null,
     defList(Object.entries(trace).filter(([k]) => !skip.has(k))
       .map(([k, v]) => [k, typeof v === "object" && v !== null ? code(JSON.stringify(v)) : v]), {id: "trace-meta"}),
     h("h2", {}, "Timeline"), timeline,
