@@ -211,3 +211,120 @@ def test_trace_page_renders_plotly_timeline(page, base_url, uploaded_trace):
     page.locator("#timeline .main-svg").first.wait_for(timeout=30_000)
     assert page.locator("#trace-meta").count() == 1
     _shot(page, "trace")
+
+
+def _graphs(base_url: str) -> list[dict]:
+    import httpx
+
+    res = httpx.get(f"{base_url}/api/runs/{RUN_NAME}", timeout=30)
+    assert res.status_code == 200, f"run {RUN_NAME!r} answered {res.status_code}: {res.text[:300]}"
+    return res.json()["graphs"]
+
+
+def _open_graph(pg, base_url: str, graph_id: int) -> None:
+    pg.goto(f"{base_url}/#/graphs/{graph_id}")
+    pg.locator("#graph-svg svg g.node").first.wait_for()
+
+
+#: JS: one element per kind of <g> in the SVG ("node", "node stub", "cluster ns", "edge", …), as
+#: [kind, css selector of that element]; the ids are Graphviz's, unique in the document.
+_G_KINDS = """() => {
+  const seen = new Map();
+  for (const g of document.querySelectorAll("#graph-svg svg g[class]")) {
+    const kind = g.getAttribute("class").split(/\\s+/).filter((c) => !c.startsWith("cat-")).join(" ");
+    if (!seen.has(kind) && g.id) seen.set(kind, `#graph-svg [id="${g.id}"]`);
+  }
+  return [...seen];
+}"""
+
+#: JS: the long-edge stubs: [{id, far: [names in the tooltip]}] (server/render/svg.py's markup).
+_STUBS = """() => [...document.querySelectorAll("#graph-svg g.node.stub")].map((g) => ({
+  id: g.id,
+  far: (g.querySelector("a")?.getAttributeNS("http://www.w3.org/1999/xlink", "title") || "").split(/,\\s*/),
+}))"""
+
+
+def test_graph_page_clicks_on_every_kind_of_svg_element_never_error(page, base_url):
+    graphs = [g for g in _graphs(base_url) if g["kind"] in ("dynamo", "aot_forward", "aot_backward")]
+    assert graphs, f"run {RUN_NAME!r} has Dynamo and AOT graphs"
+    stubs_seen = 0
+    for graph in graphs:
+        _open_graph(page, base_url, graph["id"])
+        kinds = dict(page.evaluate(_G_KINDS))
+        assert "node" in kinds and "edge" in kinds, f"graph {graph['id']} draws nodes and edges: {sorted(kinds)}"
+        for kind, selector in kinds.items():
+            page.locator(selector).dispatch_event("click")
+            page.wait_for_timeout(50)
+            errors = page.locator('[data-testid="error"]').all_inner_texts()
+            assert not errors, f"graph {graph['id']}: a click on a <g class={kind!r}> showed {errors}"
+        for stub in page.evaluate(_STUBS)[:3]:
+            stubs_seen += 1
+            page.goto(f"{base_url}/#/graphs/{graph['id']}")
+            page.locator(f'#graph-svg [id="{stub["id"]}"]').wait_for(state="attached")
+            page.locator(f'#graph-svg [id="{stub["id"]}"]').dispatch_event("click")
+            if len(stub["far"]) == 1:
+                page.wait_for_url(lambda url: "?node=" in url)
+                target = page.url.split("?node=", 1)[1]
+                assert target == stub["far"][0], f"a stub naming one node selects it: {stub} → {page.url}"
+                page.locator('[data-testid="node-name"]').filter(has_text=stub["far"][0]).wait_for()
+            else:
+                listed = page.locator("#search-results button").all_inner_texts()
+                assert listed and set(listed) <= set(stub["far"]), f"a stub naming several nodes lists them: {stub} → {listed}"
+            assert page.locator('[data-testid="error"]').count() == 0, f"clicking stub {stub} showed an error"
+    if stubs_seen:
+        _shot(page, "graph-stub")
+
+
+def test_graph_search_list_closes(page, base_url):
+    graph = next(g for g in _graphs(base_url) if g["kind"] == "aot_forward")
+    _open_graph(page, base_url, graph["id"])
+    results = page.locator("#search-results")
+    search = page.locator("#node-search")
+
+    search.fill("view")
+    assert results.is_visible(), "typing a query opens the result list"
+    search.press("Enter")
+    page.wait_for_url(lambda url: "?node=" in url)
+    assert results.is_hidden(), "Enter selects the first hit and closes the list (it covered the graph)"
+
+    search.fill("add")
+    assert results.is_visible()
+    search.press("Escape")
+    assert results.is_hidden() and search.input_value() == "", "Escape clears the query and closes the list"
+
+    search.fill("add")
+    assert results.is_visible()
+    page.locator("h1").click()
+    assert results.is_hidden(), "a click outside the list and the search box closes it"
+
+    search.click()
+    assert results.is_visible(), "focusing the search box with a query in it reopens the list"
+    first = results.locator("button").first
+    name = first.inner_text()
+    first.click()
+    page.locator('[data-testid="node-name"]').filter(has_text=name).wait_for()
+    assert results.is_hidden(), "picking a result closes the list"
+
+
+def test_related_graphs_list_parent_and_siblings(page, base_url):
+    graphs = _graphs(base_url)
+    by_parent: dict[int, list[dict]] = {}
+    for g in graphs:
+        if g.get("parent_id") is not None:
+            by_parent.setdefault(g["parent_id"], []).append(g)
+    pairs = [(p, kids) for p, kids in by_parent.items()
+             if {"aot_forward", "aot_backward"} <= {k["kind"] for k in kids}]
+    assert pairs, f"AOTAutograd traced a forward and a backward from one Dynamo graph: {graphs}"
+    parent_id, kids = pairs[0]
+    forward = next(k for k in kids if k["kind"] == "aot_forward")
+    backward = next(k for k in kids if k["kind"] == "aot_backward")
+    for here, other in ((forward, backward), (backward, forward)):
+        _open_graph(page, base_url, here["id"])
+        related = page.locator("#related-graphs")
+        related.locator(f'li[data-relation="parent"] a[href="#/graphs/{parent_id}"]').wait_for()
+        sibling = related.locator(f'li[data-relation="sibling"] a[href="#/graphs/{other["id"]}"]')
+        sibling.wait_for()
+        assert related.locator(f'li[data-relation="sibling"] a[href="#/graphs/{here["id"]}"]').count() == 0, \
+            "a graph is not listed as its own sibling"
+    related.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "graphdeck-related.png"), full_page=False)
