@@ -103,9 +103,9 @@ def get_timeline(
     trace: Trace = Depends(resolve_trace),
     session: Session = Depends(get_session),
 ) -> dict:
-    """The trace as a Plotly figure ``{"data", "layout"}``: one lane per pid/tid, a bar per X
-    event (ms since the trace start); above ``limit`` events only the longest are drawn and the
-    title says so."""
+    """The trace as a Plotly figure ``{"data", "layout"}``: one lane per pid/tid split into one
+    row per nesting depth, a bar per X event (ms since the trace start); above ``limit`` events
+    only the longest are drawn (nested by depth among themselves) and the title says so."""
     total = session.scalar(
         select(func.count()).select_from(TraceEvent).where(TraceEvent.trace_id == trace.id, TraceEvent.ph == "X")
     )
