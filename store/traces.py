@@ -1,15 +1,9 @@
 """Kineto trace ingest: stream a profiler trace into ``traces`` / ``trace_events`` in batches.
 
-The input is the Chrome Trace Event Format (the "JSON Object Format" ``{"traceEvents": [...]}``
-and the "JSON Array Format" ``[...]``) as PyTorch's profiler writes it through Kineto
-(``torch.profiler.profile(...).export_chrome_trace``, ``tensorboard_trace_handler``), plain or
-gzip-compressed. The format is described in Google's "Trace Event Format" document and in
-Kineto's ``libkineto/src/output_json.cpp``; the corpus of real files this is tested on is listed
-in ``shared/data/traces/SOURCES.md``.
-
-The file is read as a token stream (ijson, yajl backend) and never loaded whole: events are
-written ``batch_size`` at a time, one transaction per batch, so memory stays flat as the file
-grows.
+The bytes are read by :mod:`graphdeck.store.trace_json`, which describes the input format, gzip
+handling, the token stream, top-level metadata and the µs → ns units. This module resolves the
+rank and writes the events ``batch_size`` at a time, one transaction per batch, so memory stays
+flat as the file grows; then it finalises the trace, or deletes it when the ingest fails.
 
 What is kept:
 
@@ -18,18 +12,12 @@ What is kept:
   counted in ``stats["by_ph"]``; process and thread names and labels from ``M`` events go into
   ``Trace.meta_json`` (``process_names``, ``process_labels``, ``thread_names`` keyed
   ``"pid/tid"``).
-* Top-level keys other than ``traceEvents`` (``schemaVersion``, ``distributedInfo``,
-  ``deviceProperties``, ``baseTimeNanoseconds``, ``traceName``, ...) go into ``Trace.meta_json``
-  whether they come before or after the events; a value larger than
-  :data:`META_MAX_TOKENS` JSON tokens is replaced by a marker and counted in
-  ``stats["meta_dropped"]``.
-
-Units: Kineto's ``ts`` and ``dur`` are microseconds, ints or decimals (``123.456``); they are
-parsed as exact decimals and stored as int64 nanoseconds, ``round(ts * 1000)`` (half to even).
-See ``NOTE: [Trace time base]`` for ``baseTimeNanoseconds``. ``pid`` / ``tid`` are stored as
-strings (legacy traces have tids like ``"stream 7"``); ``correlation`` is ``args["correlation"]``,
-else ``args["External id"]`` (or the 2021 spelling ``"external id"``). Integers outside int64
-anywhere in an event are kept as decimal strings (HTA's ``large_integer_trace``).
+* Top-level keys other than ``traceEvents`` go into ``Trace.meta_json``; a value larger than
+  :data:`~graphdeck.store.trace_json.META_MAX_TOKENS` JSON tokens is replaced by a marker and
+  counted in ``stats["meta_dropped"]``.
+* ``ts`` / ``dur`` as int64 nanoseconds (see ``NOTE: [Trace time base]``), ``pid`` / ``tid`` as
+  strings; ``correlation`` is ``args["correlation"]``, else ``args["External id"]`` (or the 2021
+  spelling ``"external id"``).
 
 Errors (all leave nothing half-written: a failed ingest deletes its trace and events):
 
@@ -47,13 +35,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
-import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -64,25 +49,30 @@ from sqlalchemy.engine import Engine
 from graphdeck.errors import BadInputError, TruncatedInputError
 from graphdeck.store.db import Interner, get_or_create_rank, get_or_create_run, retrying, write_session
 from graphdeck.store.schema import InternedString, Run, Trace, TraceEvent
+from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported under their old home)
+    ARG_VALUE_MAX_CHARS,
+    ARGS_MAX_CHARS,
+    INT64_MAX,
+    INT64_MIN,
+    META_MAX_TOKENS,
+    READ_SIZE,
+    Reader,
+    Scan,
+    as_int64,
+    dump_args,
+    dumps,
+    lane_id,
+    scan_events,
+    to_ns,
+)
 
 log = logging.getLogger(__name__)
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: Phases stored as rows; everything else is only counted.
 STORED_PH = frozenset({"X", "i", "I"})
-#: A top-level metadata value with more JSON tokens than this is dropped (``meta_dropped``).
-META_MAX_TOKENS = 200_000
-#: ``args_json`` longer than this is shortened value by value (``args_truncated``).
-ARGS_MAX_CHARS = 8192
-#: One args value is cut to this many characters, then ``…[total_len=N]``.
-ARG_VALUE_MAX_CHARS = 1024
 #: At most this many process / thread names are kept from ``M`` events.
 MAX_LANE_NAMES = 10_000
-READ_SIZE = 64 * 1024
-_GZIP_MAGIC = b"\x1f\x8b"
-_UTF8_BOM = b"\xef\xbb\xbf"
 _RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_]?(\d+)", re.IGNORECASE)
-_TOO_LARGE = object()
 _EVENT_COLUMNS = ("trace_id", "ph", "name_id", "cat_id", "ts_ns", "dur_ns", "pid", "tid", "correlation", "args_json")
 _PLACEHOLDERS = {"qmark": lambda i: "?", "format": lambda i: "%s", "pyformat": lambda i: "%s",
                  "numeric": lambda i: f":{i + 1}"}
@@ -158,251 +148,7 @@ def ingest_trace(
     return _Ingest(engine, run_name, rank, name or file_name or "trace", file_name, strict, batch_size).run(source)
 
 
-# ---------------------------------------------------------------------------- reading bytes
-
-
-class _Reader:
-    """``read(n)`` over the decompressed JSON text of ``raw``, counting bytes on both sides.
-
-    gzip is decoded with :mod:`zlib` directly (not :class:`gzip.GzipFile`, whose buffered reads
-    drop the last partial block when the stream is cut), one member after another, at most
-    ``n`` bytes at a time. A stream that is cut or corrupt reads as end-of-file and is remembered
-    in ``cut``; the JSON parser then reports a premature end, which becomes a truncation.
-    """
-
-    def __init__(self, raw: BinaryIO):
-        self._raw = raw
-        self._pending = raw.read(READ_SIZE)  # sniffed for the gzip magic, then handed out first
-        if not isinstance(self._pending, bytes):
-            raise TypeError("ingest_trace needs a binary file object (open(path, 'rb'))")
-        self.file_bytes = len(self._pending)  # bytes read from ``raw``
-        self.gzip = self._pending[:2] == _GZIP_MAGIC
-        self._z = zlib.decompressobj(wbits=31) if self.gzip else None
-        self.offset = 0  # bytes of JSON text handed to the parser
-        self.eof = False
-        self.cut: str | None = None
-
-    def _read_raw(self, size: int) -> bytes:
-        if self._pending:
-            data, self._pending = self._pending[:size], self._pending[size:]
-            return data
-        data = self._raw.read(size)
-        self.file_bytes += len(data)
-        return data
-
-    def read(self, size: int = -1) -> bytes:
-        if size == 0:  # ijson probes with read(0) for bytes vs str
-            return b""
-        size = size if size is not None and size > 0 else READ_SIZE
-        data = self._inflate(size) if self.gzip else self._read_raw(size)
-        if self.offset == 0 and data.startswith(_UTF8_BOM):
-            self.offset, data = len(_UTF8_BOM), data[len(_UTF8_BOM) :]
-        self.offset += len(data)
-        self.eof = not data
-        return data
-
-    def _inflate(self, size: int) -> bytes:
-        z = self._z
-        try:
-            while True:
-                if z.unconsumed_tail:
-                    data = z.decompress(z.unconsumed_tail, size)
-                elif z.eof:  # end of a member: another may follow (NUL padding is skipped)
-                    rest = z.unused_data.lstrip(b"\0")
-                    while not rest:
-                        more = self._read_raw(READ_SIZE)
-                        if not more:
-                            return b""
-                        rest = more.lstrip(b"\0")
-                    z = self._z = zlib.decompressobj(wbits=31)
-                    data = z.decompress(rest, size)
-                else:
-                    chunk = self._read_raw(READ_SIZE)
-                    if not chunk:
-                        self.cut = "the gzip stream ends before its end-of-stream marker"
-                        return b""
-                    data = z.decompress(chunk, size)
-                if data:
-                    return data
-        except zlib.error as exc:
-            self.cut = f"the gzip data is corrupt ({exc})"
-            return b""
-
-
-# ---------------------------------------------------------------------------- token stream
-
-
-@dataclass
-class _Scan:
-    """What the token scan learnt besides the events themselves."""
-
-    form: str | None = None  # "object", "array", or the JSON type of a scalar
-    has_events: bool = False  # saw a traceEvents array (or the array form)
-    events_not_array: str | None = None
-    complete: bool = False  # the top-level value closed
-    keys: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-    meta_dropped: int = 0
-    big_ints: int = 0
-
-
-def _scan(tokens, st: _Scan):
-    """Yield each item of ``traceEvents`` (or of a top-level array) as a Python value; record
-    every other top-level key in ``st.meta``. ``tokens`` are ijson ``basic_parse`` events."""
-    it = iter(tokens)
-    in_events = False
-    top_key = None
-    for ev, val in it:
-        if in_events:
-            if ev == "start_map":
-                yield _build(it, {}, st, None)
-            elif ev == "end_array":
-                in_events = False
-                if st.form == "array":
-                    st.complete = True
-            elif ev == "start_array":
-                yield _build(it, [], st, None)
-            else:
-                yield _scalar(ev, val, st)
-        elif st.form is None:
-            if ev == "start_map":
-                st.form = "object"
-            elif ev == "start_array":
-                st.form = "array"
-                st.has_events = in_events = True
-            else:
-                st.form = ev
-                st.complete = True
-        elif ev == "map_key":
-            top_key = val
-            if len(st.keys) < 1000:
-                st.keys.append(val)
-        elif ev == "end_map":
-            st.complete = True
-        elif top_key == "traceEvents" and ev == "start_array" and not st.has_events:
-            st.has_events = in_events = True
-        else:
-            if top_key == "traceEvents":
-                st.events_not_array = ev
-            if ev == "start_map" or ev == "start_array":
-                value = _build(it, {} if ev == "start_map" else [], st, META_MAX_TOKENS)
-                if value is _TOO_LARGE:
-                    st.meta_dropped += 1
-                    value = f"…[dropped: more than {META_MAX_TOKENS} JSON tokens]"
-            else:
-                value = _scalar(ev, val, st)
-            st.meta[top_key] = value
-
-
-def _scalar(ev: str, val: Any, st: _Scan) -> Any:
-    if ev == "number" and type(val) is int and not INT64_MIN <= val <= INT64_MAX:
-        st.big_ints += 1
-        return str(val)
-    return val
-
-
-def _build(it, root, st: _Scan, budget: int | None):
-    """Build the container opened by the token just read; ``_TOO_LARGE`` past ``budget`` tokens."""
-    stack = [root]
-    key = None
-    n = 0
-    for ev, val in it:
-        if budget is not None:
-            n += 1
-            if n > budget:
-                return _skip(it, ev, len(stack))
-        if ev == "map_key":
-            key = val
-            continue
-        if ev == "end_map" or ev == "end_array":
-            stack.pop()
-            if not stack:
-                return root
-            continue
-        top = stack[-1]
-        if ev == "start_map" or ev == "start_array":
-            value = {} if ev == "start_map" else []
-            stack.append(value)
-        elif ev == "number" and type(val) is int and not INT64_MIN <= val <= INT64_MAX:
-            st.big_ints += 1
-            value = str(val)
-        else:
-            value = val
-        if type(top) is dict:
-            top[key] = value
-        else:
-            top.append(value)
-    return root  # unreachable on valid input: ijson raises on a premature end
-
-
-def _skip(it, ev: str, depth: int):
-    depth += (ev == "start_map" or ev == "start_array") - (ev == "end_map" or ev == "end_array")
-    while depth:
-        ev, _ = next(it)
-        depth += (ev == "start_map" or ev == "start_array") - (ev == "end_map" or ev == "end_array")
-    return _TOO_LARGE
-
-
-# ---------------------------------------------------------------------------- values
-
-
-def _to_ns(value: Any) -> int:
-    """µs (int or decimal) → int ns, rounded half to even; ``ValueError`` for anything else."""
-    t = type(value)
-    if t is int:
-        return value * 1000
-    if (t is Decimal and value.is_finite()) or (t is float and math.isfinite(value)):
-        return round(value * 1000)
-    raise ValueError(value)
-
-
-def _as_int64(value: Any) -> int | None:
-    if type(value) is int:
-        return value if INT64_MIN <= value <= INT64_MAX else None
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        n = int(value)
-        return n if INT64_MIN <= n <= INT64_MAX else None
-    return None
-
-
-def _lane_id(value: Any) -> str:
-    if value is None:
-        return ""
-    text = value if isinstance(value, str) else str(value)
-    return text if len(text) <= 64 else text[:63] + "…"
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Decimal):  # ijson's non-integer numbers; beyond float range as text
-        f = float(value)
-        return f if math.isfinite(f) else str(value)
-    return str(value)
-
-
-_ENCODER = json.JSONEncoder(default=_json_default, ensure_ascii=False, separators=(",", ":"))
-_dumps = _ENCODER.encode
-
-
-def _dump_args(args: Any) -> tuple[str, bool]:
-    """``args`` as JSON; giant values cut to ``…[total_len=N]``. Returns (text, was_truncated)."""
-    text = _dumps(args)
-    if len(text) <= ARGS_MAX_CHARS:
-        return text, False
-    if not isinstance(args, dict):
-        return _dumps(text[:ARGS_MAX_CHARS] + f"…[total_len={len(text)}]"), True
-    short: dict[str, Any] = {}
-    used = 0
-    for i, (k, v) in enumerate(args.items()):
-        part = v if isinstance(v, str) else _dumps(v)
-        if len(part) > ARG_VALUE_MAX_CHARS:
-            v = part[:ARG_VALUE_MAX_CHARS] + f"…[total_len={len(part)}]"
-            part = v
-        used += len(k) + len(part) + 6
-        if used > ARGS_MAX_CHARS:
-            short["…"] = f"[{len(args) - i} more keys, total_len={len(text)}]"
-            break
-        short[k] = v
-    return _dumps(short), True
+# ---------------------------------------------------------------------------- rank
 
 
 def _rank_from(meta: dict, rank_arg: int | None, names: list[str | None]) -> tuple[int, str, int | None]:
@@ -410,8 +156,8 @@ def _rank_from(meta: dict, rank_arg: int | None, names: list[str | None]) -> tup
     info = meta.get("distributedInfo")
     world = None
     if isinstance(info, dict):
-        world = _as_int64(info.get("world_size"))
-        r = _as_int64(info.get("rank"))
+        world = as_int64(info.get("world_size"))
+        r = as_int64(info.get("rank"))
         if r is not None and r >= 0:
             return r, "distributedInfo", world
     if rank_arg is not None:
@@ -481,7 +227,7 @@ class _Ingest:
         self.min_ts: int | None = None
         self.max_end: int | None = None
         self.lanes: dict[str, dict[str, str]] = {"process_names": {}, "process_labels": {}, "thread_names": {}}
-        self.st = _Scan()
+        self.st = Scan()
         # NOTE: [Driver-level insert] Rows go to the DBAPI's executemany as tuples: SQLAlchemy's
         # per-row parameter processing cost more than SQLite's insert itself (3.2 s vs 1.4 s for
         # 200k events). A driver with named parameters takes the Core insert instead.
@@ -494,7 +240,7 @@ class _Ingest:
     # -- main loop
 
     def run(self, raw: BinaryIO) -> IngestResult:
-        reader = self.reader = _Reader(raw)
+        reader = self.reader = Reader(raw)
         cut: str | None = None
         try:
             cut = self._consume(reader)
@@ -509,12 +255,12 @@ class _Ingest:
             raise self._truncated(cut, kept=True)
         return result
 
-    def _consume(self, reader: _Reader) -> str | None:
+    def _consume(self, reader: Reader) -> str | None:
         """Parse and write every batch; returns why the input was cut short, or None."""
         tokens = ijson.basic_parse(reader, buf_size=READ_SIZE)
         cut = None
         try:
-            for obj in _scan(tokens, self.st):
+            for obj in scan_events(tokens, self.st):
                 self._event(obj)
                 if len(self.batch) >= self.batch_size:
                     self._flush()
@@ -523,7 +269,7 @@ class _Ingest:
         self._flush()
         return cut
 
-    def _parse_error(self, exc: Exception, reader: _Reader) -> str | None:
+    def _parse_error(self, exc: Exception, reader: Reader) -> str | None:
         """Classify a parser error: trailing garbage (None), a cut (its reason), or not JSON."""
         where = f"byte offset {reader.offset}"
         if reader.gzip:
@@ -593,7 +339,7 @@ class _Ingest:
         if ts is None:
             return self._skip("skipped_missing_ts", index, "has no 'ts'")
         try:
-            ts_ns = _to_ns(ts)
+            ts_ns = to_ns(ts)
         except ValueError:
             return self._skip("skipped_bad_ts", index, f"has a non-numeric 'ts' {str(ts)[:40]!r}")
         dur_ns = 0
@@ -603,11 +349,11 @@ class _Ingest:
                 self.counts["missing_dur"] += 1
             else:
                 try:
-                    dur_ns = _to_ns(dur)
+                    dur_ns = to_ns(dur)
                 except ValueError:
                     return self._skip("skipped_bad_dur", index, f"has a non-numeric 'dur' {str(dur)[:40]!r}")
         if self.stored == 0 and self.base_inline is None:
-            base = _as_int64(self.st.meta.get("baseTimeNanoseconds"))
+            base = as_int64(self.st.meta.get("baseTimeNanoseconds"))
             self.base_inline = base or 0
         ts_ns += self.base_inline
         end_ns = ts_ns + dur_ns
@@ -622,34 +368,34 @@ class _Ingest:
                 if c is None:
                     c = args.get("External id", args.get("external id"))
                 if c is not None:
-                    corr = _as_int64(c)
-            args_json, cut = _dump_args(args)
+                    corr = as_int64(c)
+            args_json, cut = dump_args(args)
             self.counts["args_truncated"] += cut
         name = obj.get("name")
         if not isinstance(name, str):
-            name = "" if name is None else _dumps(name)
+            name = "" if name is None else dumps(name)
         cat = obj.get("cat")
         if cat is not None and not isinstance(cat, str):
-            cat = _dumps(cat)
+            cat = dumps(cat)
         if self.min_ts is None or ts_ns < self.min_ts:
             self.min_ts = ts_ns
         if self.max_end is None or end_ns > self.max_end:
             self.max_end = end_ns
         self.stored += 1
-        self.batch.append((ph, name, cat, ts_ns, dur_ns, _lane_id(obj.get("pid")), _lane_id(obj.get("tid")), corr, args_json))
+        self.batch.append((ph, name, cat, ts_ns, dur_ns, lane_id(obj.get("pid")), lane_id(obj.get("tid")), corr, args_json))
         return None
 
     def _metadata_event(self, obj: dict) -> None:
         args = obj.get("args")
         value = args.get("name") if isinstance(args, dict) else None
         kind = obj.get("name")
-        pid = _lane_id(obj.get("pid"))
+        pid = lane_id(obj.get("pid"))
         if kind == "process_labels" and isinstance(args, dict):
             table, key, value = self.lanes["process_labels"], pid, args.get("labels")
         elif kind == "process_name":
             table, key = self.lanes["process_names"], pid
         elif kind == "thread_name":
-            table, key = self.lanes["thread_names"], f"{pid}/{_lane_id(obj.get('tid'))}"
+            table, key = self.lanes["thread_names"], f"{pid}/{lane_id(obj.get('tid'))}"
         else:
             return
         if isinstance(value, str) and (key in table or len(table) < MAX_LANE_NAMES):
@@ -722,7 +468,7 @@ class _Ingest:
         meta = dict(self.st.meta)
         rank, rank_source, world = _rank_from(meta, self.rank_arg, [self.file_name, self.name])
         stats = self._stats(status == "truncated", rank_source)
-        base = _as_int64(meta.get("baseTimeNanoseconds"))
+        base = as_int64(meta.get("baseTimeNanoseconds"))
         late_base = bool(base) and not self.base_inline and self.stored > 0
         start, end = self.min_ts, self.max_end
         if late_base and not (INT64_MIN <= start + base and end + base <= INT64_MAX):
@@ -748,7 +494,7 @@ class _Ingest:
                 s.execute(
                     update(Trace).where(Trace.id == trace_id).values(
                         rank=rank, status=status, num_events=self.stored, start_ns=start, end_ns=end,
-                        stats_json=json.dumps(stats), meta_json=_dumps(meta),
+                        stats_json=json.dumps(stats), meta_json=dumps(meta),
                     )
                 )
 
