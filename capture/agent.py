@@ -127,23 +127,15 @@ class Agent:
         return model
 
     def _write_params(self) -> None:
-        rows = []
-        watched = set()
+        named: dict[str, tuple[str, torch.Tensor]] = {}
         for model in self._models:
-            for kind, items in (("parameter", model.named_parameters(remove_duplicate=False)),
-                                ("buffer", model.named_buffers(remove_duplicate=False))):
-                for fqn, t in items:
-                    watched.add(fqn)
-                    rows.append({"fqn": fqn, "kind": kind, "storage_key": f"{id(t):x}", "shape": list(t.shape),
-                                 "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel(),
-                                 "size_bytes": t.numel() * t.element_size(),
-                                 "requires_grad": bool(t.requires_grad) if kind == "parameter" else False})
+            for fqn, t in model.named_parameters(remove_duplicate=False):
+                named[fqn] = ("parameter", t)
+            for fqn, t in model.named_buffers(remove_duplicate=False):
+                named[fqn] = ("buffer", t)
         for fqn, t in self._auto_params.items():
-            if fqn not in watched:
-                rows.append({"fqn": fqn, "kind": "parameter", "storage_key": f"{id(t):x}", "shape": list(t.shape),
-                             "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel(),
-                             "size_bytes": t.numel() * t.element_size(), "requires_grad": bool(t.requires_grad)})
-        self.writer.write_params(rows)
+            named.setdefault(fqn, ("parameter", t))
+        self.writer.write_params([_param_row(fqn, kind, t) for fqn, (kind, t) in named.items()])
 
     def _learn_params(self, gm: torch.fx.GraphModule, param_by_node: dict[str, str]) -> None:
         """Without :meth:`watch`, the parameters a graph reads are still listed (from Dynamo's
@@ -153,11 +145,7 @@ class Agent:
             fqn = param_by_node.get(n.name)
             if fqn is None or fqn in self._auto_params:
                 continue
-            ga = n.meta.get("grapharg")
-            try:
-                example = ga.example if ga is not None else None
-            except Exception:
-                example = None
+            example = _graph_arg_example(n)
             if isinstance(example, torch.nn.Parameter) and id(example) not in self._fqn_by_tensor:
                 self._auto_params[fqn] = example
                 new = True
@@ -168,10 +156,7 @@ class Agent:
         ga = node.meta.get("grapharg")
         if ga is None:
             return None
-        try:
-            example = ga.example
-        except Exception:
-            example = None
+        example = _graph_arg_example(node)
         if example is not None and id(example) in self._fqn_by_tensor:
             return self._fqn_by_tensor[id(example)]
         source = getattr(ga, "source", None)
@@ -238,8 +223,7 @@ class Agent:
                     rec, kind="dynamo", name=f"graph {compile_id} (split into {len(opt.buckets)} DDP buckets)",
                     compile_id=compile_id, frame_name=frame_name, break_reason=break_reason,
                     backend=f"graphdeck+{inner_name}", param_by_node=full_params,
-                    io=[IOBinding("in", i, n.name, full_params.get(n.name)) for i, n in
-                        enumerate(x for x in full_gm.graph.nodes if x.op == "placeholder") if n.name in full_params],
+                    io=_input_bindings(full_gm, full_params),
                     meta={"ddp_buckets": len(opt.buckets), "bucket_bytes_cap": getattr(opt, "bucket_bytes_cap", None)})
                 self._ddp_parents[id(full_gm)] = parent_id
                 self.graph_ids.append(parent_id)
@@ -251,9 +235,11 @@ class Agent:
                     if fqn:
                         param_by_node[n.name] = fqn
             bucket = opt.buckets[part_idx] if part_idx is not None and part_idx < len(opt.buckets) else None
-            pending_partition = (part_idx, bucket)
-            full_by_target = {str(n.target): full_params[n.name] for n in full_gm.graph.nodes
-                              if n.op == "placeholder" and n.name in full_params}
+            # Bucket.params are the unsplit graph's placeholder targets.
+            fqn_by_target = {str(n.target): full_params[n.name] for n in full_gm.graph.nodes
+                             if n.name in full_params}
+            pending_partition = (part_idx or 0, int(bucket.size) if bucket else 0,
+                                 [fqn_by_target.get(t, t) for t in (bucket.params if bucket else [])])
             name = f"graph {compile_id} · DDP bucket {part_idx}"
         else:
             pending_partition = None
@@ -268,14 +254,12 @@ class Agent:
                 "break_reason": None if ddp is not None else break_reason, "parent_id": parent_id,
                 "partition_index": part_idx,
                 "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
-                "inner": inner_name, "partition": pending_partition,
-                "full_params_by_target": full_by_target if ddp is not None else {}}
+                "inner": inner_name, "partition": pending_partition}
 
     def _finish(self, p: dict, compile_time_s: float) -> None:
         writer = self.writer
         rec = record_graph(p["gm"])
-        io = [IOBinding("in", i, n.name, p["param_by_node"][n.name])
-              for i, n in enumerate(p["placeholders"]) if n.name in p["param_by_node"]]
+        io = _input_bindings(p["gm"], p["param_by_node"])
         meta = {"aot_errors": p["aot"].errors} if p["aot"].errors else {}
         gid = writer.write_graph(
             rec, kind=p["kind"], name=p["name"], compile_id=p["compile_id"], frame_name=p["frame_name"],
@@ -284,12 +268,9 @@ class Agent:
             param_by_node=p["param_by_node"], meta=meta)
         self.graph_ids.append(gid)
         if p["partition"] is not None:
-            idx, bucket = p["partition"]
-            by_target = {str(n.target): p["param_by_node"][n.name] for n in p["placeholders"] if n.name in p["param_by_node"]}
-            full = p.get("full_params_by_target", {})
-            params = [by_target.get(t) or full.get(t) or t for t in (bucket.params if bucket else [])]
-            writer.write_partition(parent_graph_id=p["parent_id"], graph_id=gid, index=idx if idx is not None else 0,
-                                   size_bytes=int(bucket.size) if bucket else 0, params=params)
+            idx, size_bytes, params = p["partition"]
+            writer.write_partition(parent_graph_id=p["parent_id"], graph_id=gid, index=idx,
+                                   size_bytes=size_bytes, params=params)
         fqn_by_input = {i: p["param_by_node"].get(n.name) for i, n in enumerate(p["placeholders"])}
         aot = p["aot"]
         for kind, g in (("aot_forward", aot.forward), ("aot_backward", aot.backward), ("aot_inference", aot.inference)):
@@ -339,6 +320,30 @@ class Agent:
             self.flush_events()
         finally:
             trace_log.removeHandler(self._handler)
+
+
+def _input_bindings(gm: torch.fx.GraphModule, param_by_node: dict[str, str]) -> list[IOBinding]:
+    """An ``in`` binding for every placeholder of ``gm`` that reads a parameter (position = its
+    index among the placeholders)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [IOBinding("in", i, n.name, param_by_node[n.name]) for i, n in enumerate(placeholders)
+            if n.name in param_by_node]
+
+
+def _param_row(fqn: str, kind: str, t: torch.Tensor) -> dict:
+    return {"fqn": fqn, "kind": kind, "storage_key": f"{id(t):x}", "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel(),
+            "size_bytes": t.numel() * t.element_size(),
+            "requires_grad": kind == "parameter" and bool(t.requires_grad)}
+
+
+def _graph_arg_example(node: torch.fx.Node) -> Any:
+    """The real tensor behind a Dynamo placeholder (``GraphArg.example``), or ``None``."""
+    ga = node.meta.get("grapharg")
+    try:
+        return ga.example if ga is not None else None
+    except Exception:  # the weak reference is gone
+        return None
 
 
 def _compile_reason(gm: torch.fx.GraphModule) -> tuple[str | None, str | None]:

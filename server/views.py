@@ -111,7 +111,7 @@ def graph_view(session: Session, graph_id: int) -> GraphView:
             target=tgt,
             category=op_category(op, tgt),
             namespace=(module_path or "").strip("/") or None,
-            shape=_loads(shape_json),
+            shape=loads_json(shape_json),
             dtype=dtype,
             param_fqn=param_fqn,
         )
@@ -131,13 +131,14 @@ def graph_view(session: Session, graph_id: int) -> GraphView:
     return GraphView(graph_id=graph.id, name=graph.name, kind=graph.kind, nodes=nodes, edges=edges)
 
 
-def _loads(text: str | None) -> Any:
+def loads_json(text: str | None, default: Any = None) -> Any:
+    """A stored JSON column, or ``default`` when it is NULL or not valid JSON."""
     if text is None:
-        return None
+        return default
     try:
         return json.loads(text)
     except ValueError:
-        return None
+        return default
 
 
 # NOTE: [Short target names]

@@ -78,7 +78,7 @@ def free_port() -> int:
 class LiveServer:
     """The real app served by uvicorn in a thread on a free loopback port."""
 
-    def __init__(self, store: Path):
+    def __init__(self, store: Path, **settings):
         import uvicorn
 
         from graphdeck.server.app import create_app
@@ -86,7 +86,7 @@ class LiveServer:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(Settings(store=store))
+        app = create_app(Settings(store=store, **settings))
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

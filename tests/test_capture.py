@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 import torch.nn as nn
 from sqlalchemy import select

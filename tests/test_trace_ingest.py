@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
 import shutil
 import zlib
 from collections import Counter
@@ -26,7 +25,6 @@ from tests.conftest import shared_path
 from graphdeck.store.schema import InternedString, Rank, Run, Trace, TraceEvent
 from graphdeck.store.traces import ingest_trace
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 
 SAMPLED_RANK0 = "hta/trace_filter/sampled_rank-0.json.gz"
 CPU_ONLY = "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"

@@ -4,10 +4,6 @@ free loopback port, a SQLite store in tmp_path), with real traces from ../shared
 from __future__ import annotations
 
 import gzip
-import os
-import socket
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -17,10 +13,9 @@ from sqlalchemy.orm import Session
 
 from graphdeck.server.render.timeline import HOVER_BAR
 from graphdeck.store.db import open_engine
-from tests.conftest import shared_path
 from graphdeck.store.schema import Trace, TraceEvent
+from tests.conftest import LiveServer, shared_path
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 SAMPLED_RANK0 = "hta/trace_filter/sampled_rank-0.json.gz"
 NO_DIST_INFO = "hta/distributed_info_unavailable/distributed_info_not_found.json.gz"
 LEGACY_SMALL = "kineto/tb_plugin_test_gpu_metrics_input.json"
@@ -29,62 +24,6 @@ LEGACY_SMALL = "kineto/tb_plugin_test_gpu_metrics_input.json"
 def trace_file(rel: str) -> Path:
     """A corpus file; skipped when ../shared is absent, except under CI=true where it must exist."""
     return shared_path("data", "traces", rel)
-
-
-def make_app(store: Path, max_upload_bytes: int | None = None):
-    """The real app (``create_app``); until server/app.py exists, the traces router mounted the
-    way create_app mounts it, with the same engines, settings and error shape."""
-    from graphdeck.server.settings import Settings
-
-    settings = Settings(store=store, **({"max_upload_bytes": max_upload_bytes} if max_upload_bytes else {}))
-    try:
-        from graphdeck.server.app import create_app
-    except ImportError:
-        pass
-    else:
-        return create_app(settings)
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
-
-    from graphdeck.errors import GraphdeckError
-    from graphdeck.server.routes import traces
-
-    app = FastAPI()
-    app.state.settings = settings
-    app.state.engine = open_engine(store)
-    app.state.read_engine = open_engine(store, read_only=True)
-
-    @app.exception_handler(GraphdeckError)
-    async def _handle(_request: Request, exc: GraphdeckError):
-        return JSONResponse({"ok": False, "error": exc.message, "status": exc.status_code, **exc.details},
-                            status_code=exc.status_code)
-
-    app.include_router(traces.router)
-    return app
-
-
-class Server:
-    def __init__(self, app):
-        import uvicorn
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +35,7 @@ def store(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(store):
-    with Server(make_app(store)) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+    with LiveServer(store) as server, httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
 
 
@@ -213,7 +152,7 @@ def test_upload_over_the_cap_is_413(store, tmp_path):
     small = tmp_path / "small.db"
     open_engine(small).dispose()
     data = trace_file(SAMPLED_RANK0).read_bytes()
-    with Server(make_app(small, max_upload_bytes=10_000)) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+    with LiveServer(small, max_upload_bytes=10_000) as server, httpx.Client(base_url=server.url, timeout=60) as c:
         res = c.post("/api/runs/big/traces", files={"file": ("a.json.gz", data)})
         assert res.status_code == 413 and res.json()["status"] == 413, res.text
 

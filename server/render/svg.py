@@ -59,6 +59,7 @@ from typing import Any
 
 import graphviz
 
+from graphdeck.server.render.palette import hash_slots
 from graphdeck.server.views import CATEGORIES, GraphView, ViewEdge, ViewNode
 
 #: Above this many nodes the graph is drawn collapsed (see NOTE: [Large graphs]).
@@ -82,17 +83,9 @@ _CLUSTER_FILLS = ("#f7f7fb", "#eef0f7")  # alternate by depth so nesting stays r
 
 
 def _category_colors(categories: tuple[str, ...]) -> dict[str, str]:
-    """Each category's palette slot is ``md5(name) % len(palette)``, probing forward (in
+    """Each category's palette slot comes from a hash of its name, probing forward (in
     :data:`CATEGORIES` order) past slots already taken so no two categories share a colour."""
-    taken: dict[int, str] = {}
-    colors = {}
-    for category in categories:
-        slot = int(hashlib.md5(category.encode()).hexdigest()[:8], 16) % len(_PALETTE)
-        while slot in taken and len(taken) < len(_PALETTE):
-            slot = (slot + 1) % len(_PALETTE)
-        taken[slot] = category
-        colors[category] = _PALETTE[slot]
-    return colors
+    return {c: _PALETTE[slot] for c, slot in hash_slots(categories, len(_PALETTE)).items()}
 
 
 _OP_CATEGORIES = tuple(c for c in CATEGORIES if c not in ("placeholder", "get_attr", "output"))

@@ -30,11 +30,12 @@ ticks show the lane name on row 0 and ``· d`` below it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from graphdeck.server.render.palette import hash_slots
 
 #: Kineto categories of events that run on a GPU stream (current and 2021 spellings).
 GPU_CATEGORIES = frozenset(
@@ -72,21 +73,7 @@ _CATEGORY_ALIASES = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": 
                      "Memcpy": "gpu_memcpy", "Memset": "gpu_memset"}
 
 
-def _assign_slots(categories: Sequence[str], taken: set[int]) -> dict[str, int]:
-    """Each category's slot is ``md5(name) % len(PALETTE)``, probing forward past slots in
-    ``taken`` (updated in place) while a free one is left; the order of ``categories`` decides
-    who probes. The approach of :func:`graphdeck.server.render.svg._category_colors`."""
-    slots = {}
-    for cat in categories:
-        slot = int(hashlib.md5(cat.encode("utf-8")).hexdigest()[:8], 16) % len(PALETTE)
-        while slot in taken and len(taken) < len(PALETTE):
-            slot = (slot + 1) % len(PALETTE)
-        taken.add(slot)
-        slots[cat] = slot
-    return slots
-
-
-_KINETO_SLOTS = _assign_slots(KINETO_CATEGORIES, set())
+_KINETO_SLOTS = hash_slots(KINETO_CATEGORIES, len(PALETTE))
 
 
 def category_colors(categories: Iterable[str]) -> dict[str, str]:
@@ -103,7 +90,7 @@ def category_colors(categories: Iterable[str]) -> dict[str, str]:
     cats = sorted(set(categories))
     canonical = {c: _CATEGORY_ALIASES.get(c, c) for c in cats}
     slots = {c: _KINETO_SLOTS[canonical[c]] for c in cats if canonical[c] in _KINETO_SLOTS}
-    slots.update(_assign_slots([c for c in cats if c not in slots], set(slots.values())))
+    slots.update(hash_slots([c for c in cats if c not in slots], len(PALETTE), set(slots.values())))
     return {c: PALETTE[slots[c]] for c in cats}
 
 

@@ -12,16 +12,12 @@ from sqlalchemy.orm import Session, aliased
 from graphdeck.server.deps import get_session, get_svg_cache, resolve_graph, resolve_node
 from graphdeck.server.render.svg import SvgCache
 from graphdeck.server.routes.runs import GRAPH_FIELDS, pick
-from graphdeck.server.views import graph_view
+from graphdeck.server.views import graph_view, loads_json
 from graphdeck.store.schema import Edge, Graph, GraphIO, InternedString, Node, Run
 
 router = APIRouter(tags=["graphs"])
 
 NODE_FIELDS = ("idx", "name", "op", "dtype", "device", "size_bytes", "seq_nr", "partitioner_tag", "desc", "param_fqn")
-
-
-def _loads(text: str | None):
-    return None if text is None else json.loads(text)
 
 
 def _strings(session: Session, ids) -> dict[int, str]:
@@ -33,7 +29,7 @@ def _strings(session: Session, ids) -> dict[int, str]:
 
 def node_dict(node: Node, strings: dict[int, str]) -> dict:
     return {**pick(node, NODE_FIELDS), "target": strings.get(node.target_id),
-            "shape": _loads(node.shape_json), "stride": _loads(node.stride_json),
+            "shape": loads_json(node.shape_json), "stride": loads_json(node.stride_json),
             "module_path": strings.get(node.module_path_id)}
 
 
@@ -70,12 +66,12 @@ def get_node(node: Node = Depends(resolve_node), session: Session = Depends(get_
     users = session.scalars(select(dst.name).join(Edge, (Edge.graph_id == dst.graph_id) & (Edge.dst_idx == dst.idx))
                             .where(Edge.graph_id == node.graph_id, Edge.src_idx == node.idx)
                             .order_by(dst.idx)).all()
-    args = _loads(node.args_json) or {}
+    args = loads_json(node.args_json) or {}
     return {**node_dict(node, strings), "graph_id": node.graph_id,
             "args": args.get("args", args) if isinstance(args, dict) else args,
             "kwargs": args.get("kwargs", {}) if isinstance(args, dict) else {},
-            "stack_trace": strings.get(node.stack_trace_id), "module_stack": _loads(node.module_stack_json),
-            "meta": _loads(node.meta_json), "inputs": list(dict.fromkeys(inputs)), "users": list(dict.fromkeys(users))}
+            "stack_trace": strings.get(node.stack_trace_id), "module_stack": loads_json(node.module_stack_json),
+            "meta": loads_json(node.meta_json), "inputs": list(dict.fromkeys(inputs)), "users": list(dict.fromkeys(users))}
 
 
 @router.get("/api/graphs/{graph_id}/view")

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 from typing import Any
 
@@ -26,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from graphdeck.errors import BadInputError, NotFoundError, PayloadTooLargeError
 from graphdeck.server.deps import get_engine, get_session, get_settings
 from graphdeck.server.render.timeline import timeline_figure
+from graphdeck.server.views import loads_json
 from graphdeck.store.schema import InternedString, Run, Trace, TraceEvent
 from graphdeck.store.traces import ingest_trace
 
@@ -46,13 +46,6 @@ def resolve_trace(
     return trace
 
 
-def _loads(text: str | None) -> Any:
-    try:
-        return json.loads(text or "{}")
-    except ValueError:
-        return {}
-
-
 def trace_summary(trace: Trace, run: Run | None) -> dict:
     """The JSON form of a trace row (what ``GET /api/traces/{id}`` answers)."""
     duration_ms = None
@@ -70,8 +63,8 @@ def trace_summary(trace: Trace, run: Run | None) -> dict:
         "end_ns": trace.end_ns,
         "duration_ms": duration_ms,
         "created_at": trace.created_at.isoformat() if trace.created_at else None,
-        "stats": _loads(trace.stats_json),
-        "meta": _loads(trace.meta_json),
+        "stats": loads_json(trace.stats_json, {}),
+        "meta": loads_json(trace.meta_json, {}),
     }
 
 
@@ -111,7 +104,7 @@ def get_timeline(
     )
     events = _events(session, trace.id, ("X",), limit, longest=True)
     events += _events(session, trace.id, ("i", "I"), limit, longest=False)
-    meta = _loads(trace.meta_json)
+    meta = loads_json(trace.meta_json, {})
     return timeline_figure(
         events,
         start_ns=trace.start_ns,
