@@ -14,6 +14,7 @@ Layout::
           │      └── graph_io (inputs/outputs bound to parameters and gradients)
           ├─ partitions      (DDP buckets: one per split sub-graph)
           ├─ compile_events  (structured compile records: metrics, graph-break reasons)
+          ├─ kernel_nodes    (generated kernel name -> FX node it computes: Inductor provenance, ...)
           └─ traces ── trace_events
 """
 
@@ -227,6 +228,30 @@ class CompileEvent(Base):
     compile_id: Mapped[str | None] = mapped_column(String(64))
     metadata_json: Mapped[str] = mapped_column(Text, default="{}")
     payload: Mapped[str | None] = mapped_column(Text)
+
+
+class KernelNode(Base):
+    """One link from a generated kernel (as named in profiler traces, e.g. ``triton_poi_fused_add_0``)
+    to an FX node it computes. A fused kernel has one row per node.
+
+    ``graph_id`` is the stored graph holding ``node_name`` (an AOT forward/backward graph, or an
+    imported Inductor post-grad graph); ``pre_grad_node`` is the node of the pre-grad (Dynamo)
+    graph it derives from, when known. ``source`` says where the link came from:
+    ``inductor_provenance_v1`` / ``inductor_provenance_v2`` (Inductor's provenance tracking),
+    ``record_function`` (a profiler range named by the node), ``seq_nr`` (op name + sequence number).
+    """
+
+    __tablename__ = "kernel_nodes"
+    __table_args__ = (Index("ix_kernel_nodes_run_kernel", "run_id", "kernel_name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    compile_id: Mapped[str | None] = mapped_column(String(64))
+    graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"), index=True)
+    kernel_name: Mapped[str] = mapped_column(String(500))
+    node_name: Mapped[str] = mapped_column(String(300))
+    pre_grad_node: Mapped[str | None] = mapped_column(String(300))
+    source: Mapped[str] = mapped_column(String(32))
 
 
 class Trace(Base):
