@@ -174,11 +174,17 @@ class GraphRecord:
         raise KeyError(name)
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_NODE_REF = re.compile(r'\{"node": "[^"]*"\}')
+
+
 def record_graph(gm: torch.fx.GraphModule) -> GraphRecord:
     """Read every node and data edge of ``gm`` into records (graph order; ``idx`` from 0).
 
-    The structural hash covers op, target, output shape/dtype/stride and input positions, not
-    node names, so two ranks that compiled the same graph get the same hash.
+    The structural hash covers op, target (not a placeholder's, which is only its name), output
+    shape/dtype/stride, constant arguments (a collective's process group, a ``dim``, a scalar;
+    object addresses removed) and input positions, not node names, so two ranks that compiled the
+    same graph get the same hash and any difference that changes what runs changes it.
     """
     nodes: list[NodeRecord] = []
     index: dict[torch.fx.Node, int] = {}
@@ -225,7 +231,10 @@ def record_graph(gm: torch.fx.GraphModule) -> GraphRecord:
         if node.meta.get("original_aten") is not None:
             rec.meta["original_aten"] = str(node.meta["original_aten"])
         nodes.append(rec)
-        hasher.update(f"{node.op}|{rec.target}|{rec.shape}|{rec.dtype}|{rec.stride};".encode())
+        target = "" if node.op == "placeholder" else rec.target
+        consts = _ADDRESS.sub("", json.dumps([rec.args, rec.kwargs], default=str, sort_keys=True))
+        consts = _NODE_REF.sub("N", consts)
+        hasher.update(f"{node.op}|{target}|{rec.shape}|{rec.dtype}|{rec.stride}|{consts};".encode())
 
     edges: list[EdgeRecord] = []
     for node in gm.graph.nodes:

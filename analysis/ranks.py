@@ -1,0 +1,552 @@
+"""Cross-rank consistency: do all ranks of a run compile the same graphs and issue the same
+collectives in the same order?
+
+In SPMD training a rank whose graph differs (a data-dependent branch, another dynamic shape, a
+recompile on one rank only, a failed compile) issues a different collective sequence, and the job
+hangs in the first collective that does not match. This module reads what the store holds per
+rank and answers, before that hang:
+
+* **compile sequence** per rank: every compile id in order (from the captured or imported graphs
+  and the ``compilation_metrics`` records), each with the structural hash of each of its graphs,
+  its failure (``fail_type``/``fail_reason``) and its recompile reason;
+* **groups**: ranks with identical compile sequences; for each group other than the reference
+  (the group holding the lowest rank), the first compile that differs and — when both sides have
+  a graph there — the first differing node, with its source line and module path;
+* **collective schedule** per rank: the collectives the graphs issue in order (functional
+  collectives ``_c10d_functional.*`` and ``torch.distributed`` calls: kind, process group, output
+  bytes), Inductor's ``inductor_collective_schedule`` where it was imported, and DDP's bucket
+  all-reduces (one per bucket, in bucket order); the first position where ranks disagree is a
+  predicted hang, naming the collective and the ranks on each side.
+
+The structural hash is computed at capture or import time (see
+:func:`graphdeck.capture.fxrecord.record_graph`), so comparing ranks reads one row per graph and
+loads nodes only for the first differing pair.
+
+Pure: reads the store, returns data; the CLI and the server render it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, aliased
+
+from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition, Rank, Run
+
+#: Graph kinds that run (their collectives execute), best first per compile id. A compile whose
+#: AOTAutograd graphs were captured is read from those; otherwise from the next tier.
+EXECUTED_TIERS: tuple[tuple[str, ...], ...] = (
+    ("aot_forward", "aot_backward", "aot_inference"),
+    ("inductor_post_grad",),
+    ("ddp_partition",),
+    ("dynamo",),
+)
+
+#: Collective ops by the last component of their target (``_c10d_functional.all_reduce.default``,
+#: ``torch.distributed.all_reduce``, ``funcol.all_gather_tensor`` ...). ``wait_tensor`` is not a
+#: collective of its own and is left out of the schedule.
+COLLECTIVE_KINDS: tuple[str, ...] = (
+    "all_reduce", "all_reduce_coalesced", "all_gather_into_tensor", "all_gather_into_tensor_coalesced",
+    "all_gather_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
+    "reduce_scatter", "all_to_all_single", "all_to_all", "broadcast", "reduce", "scatter", "gather",
+    "send", "recv", "isend", "irecv", "barrier", "permute_tensor",
+)
+_COLLECTIVE_RE = re.compile(
+    r"(?:^|\.)(" + "|".join(sorted(COLLECTIVE_KINDS, key=len, reverse=True)) + r")(?:_?)(?:\.default|\.\w+)?$")
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "torch.distributed", "_functional_collectives", "funcol")
+
+
+@dataclass
+class NodeRef:
+    """One FX node named for a human: where it is and what it computes."""
+
+    graph_id: int
+    idx: int
+    name: str
+    op: str
+    target: str
+    shape: str | None
+    dtype: str | None
+    module_path: str | None
+    source: str | None  # last ``File "...", line N, in fn`` of its stack trace
+
+
+@dataclass
+class CompileEntry:
+    """One compile id on one rank: its graphs (kind → structural hash) and how it ended."""
+
+    compile_id: str
+    graphs: list[tuple[str, str | None, int]]  # (kind, structural hash, graph id), capture order
+    failed: str | None = None  # "fail_type: fail_reason" of a failed compile
+    recompile_reason: str | None = None
+    frame: str | None = None
+
+    def signature(self) -> tuple:
+        return (self.compile_id, tuple((k, h) for k, h, _ in self.graphs), self.failed is not None)
+
+
+@dataclass
+class Divergence:
+    """Where ranks ``ranks`` first differ from ``reference_ranks``."""
+
+    ranks: list[int]
+    reference_ranks: list[int]
+    position: int  # index in the compile sequence
+    what: str  # "graph differs" | "extra compile" | "missing compile" | "compile failed" | ...
+    message: str
+    compile_id: str | None = None
+    reference_graph_id: int | None = None
+    graph_id: int | None = None
+    kind: str | None = None
+    reference_node: NodeRef | None = None
+    node: NodeRef | None = None
+    recompile_reason: str | None = None
+
+
+@dataclass
+class Collective:
+    """One collective a rank issues, in schedule order."""
+
+    index: int
+    kind: str
+    group: str | None
+    size_bytes: int | None
+    shape: str | None
+    dtype: str | None
+    source: str  # "graph" | "inductor_collective_schedule" | "ddp_bucket"
+    compile_id: str | None = None
+    graph_id: int | None = None
+    node: str | None = None
+    line: str | None = None
+
+    def signature(self) -> tuple:
+        return (self.kind, self.group, self.size_bytes, self.dtype)
+
+    def describe(self) -> str:
+        parts = [self.kind]
+        if self.group:
+            parts.append(f"group {self.group}")
+        if self.size_bytes is not None:
+            parts.append(f"{self.size_bytes} bytes")
+        if self.dtype:
+            parts.append(self.dtype)
+        where = f" at {self.node} (graph {self.graph_id})" if self.node else ""
+        return ", ".join(parts) + where
+
+
+@dataclass
+class CollectiveMismatch:
+    """First position where the ranks' collective schedules disagree: a predicted hang."""
+
+    index: int
+    variants: list[dict]  # [{"ranks": [...], "collective": Collective | None}]
+    message: str
+
+
+@dataclass
+class RankReport:
+    run_id: int
+    run: str
+    ranks: list[int]
+    groups: list[list[int]]
+    sequences: dict[int, list[CompileEntry]]
+    divergences: list[Divergence]
+    schedules: dict[int, list[Collective]]
+    collective_mismatches: list[CollectiveMismatch]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every rank compiled the same sequence and issues the same collectives."""
+        return not self.divergences and not self.collective_mismatches
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "run_id": self.run_id,
+            "run": self.run,
+            "ranks": self.ranks,
+            "groups": self.groups,
+            "sequences": {str(r): [asdict(e) for e in seq] for r, seq in self.sequences.items()},
+            "divergences": [asdict(d) for d in self.divergences],
+            "schedules": {str(r): [asdict(c) for c in sch] for r, sch in self.schedules.items()},
+            "collective_mismatches": [asdict(m) for m in self.collective_mismatches],
+            "notes": self.notes,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        lines = [f"run {self.run}: {len(self.ranks)} ranks {self.ranks}; "
+                 f"{len(self.groups)} group(s): " + " | ".join(",".join(map(str, g)) for g in self.groups)]
+        for r in self.ranks:
+            seq = self.sequences.get(r, [])
+            failed = sum(1 for e in seq if e.failed)
+            lines.append(f"  rank {r}: {len(seq)} compiles ({failed} failed), "
+                         f"{len(self.schedules.get(r, []))} collectives")
+        for d in self.divergences:
+            lines.append(f"DIVERGED ranks {d.ranks} vs {d.reference_ranks}: {d.message}")
+            for side, ref in (("reference", d.reference_node), ("diverging", d.node)):
+                if ref is not None:
+                    lines.append(f"    {side}: {ref.name} = {ref.target} {ref.shape or ''} {ref.dtype or ''}"
+                                 f" [{ref.module_path or '-'}] {ref.source or ''}".rstrip())
+            if d.recompile_reason:
+                lines.append(f"    recompile reason: {d.recompile_reason}")
+        for m in self.collective_mismatches:
+            lines.append(f"PREDICTED HANG at collective #{m.index}: {m.message}")
+        for n in self.notes:
+            lines.append(f"note: {n}")
+        lines.append("OK: all ranks agree" if self.ok else "FAIL: ranks diverge")
+        return "\n".join(lines)
+
+    def to_junit(self) -> str:
+        """JUnit XML: one test case per rank (its compile sequence and its collective schedule)."""
+        from junitparser import Failure, JUnitXml, TestCase, TestSuite
+
+        suite = TestSuite(f"graphdeck check-ranks {self.run}")
+        for r in self.ranks:
+            for what in ("compile sequence", "collective schedule"):
+                case = TestCase(f"rank {r} {what}", classname=f"graphdeck.ranks.{self.run}")
+                problems = ([d.message for d in self.divergences if r in d.ranks] if what == "compile sequence"
+                            else [m.message for m in self.collective_mismatches
+                                  if any(r in v["ranks"] for v in m.variants[1:])])
+                if problems:
+                    case.result = [Failure("; ".join(problems))]
+                suite.add_testcase(case)
+        xml = JUnitXml()
+        xml.add_testsuite(suite)
+        return xml.tostring().decode() if isinstance(xml.tostring(), bytes) else xml.tostring()
+
+
+def rank_report(session: Session, run: Run) -> RankReport:
+    """Compare every rank of ``run``: compile sequences, first differing graph/node, collectives.
+
+    Raises nothing for odd data: a run with one rank is trivially consistent (noted); ranks with
+    no graphs at all compare by their compile records.
+    """
+    ranks = sorted(set(session.scalars(select(Rank.rank).where(Rank.run_id == run.id)))
+                   | set(session.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct()))
+                   | set(session.scalars(select(CompileEvent.rank).where(CompileEvent.run_id == run.id).distinct())))
+    sequences = {r: compile_sequence(session, run.id, r) for r in ranks}
+    report = RankReport(run_id=run.id, run=run.name, ranks=ranks, groups=[], sequences=sequences,
+                        divergences=[], schedules={}, collective_mismatches=[])
+    if len(ranks) < 2:
+        report.notes.append(f"run has {len(ranks)} rank(s): nothing to compare")
+
+    by_sig: dict[tuple, list[int]] = defaultdict(list)
+    for r in ranks:
+        by_sig[tuple(e.signature() for e in sequences[r])].append(r)
+    report.groups = sorted(by_sig.values(), key=lambda g: g[0])
+    if report.groups:
+        ref = report.groups[0]
+        for group in report.groups[1:]:
+            d = _first_divergence(session, sequences[ref[0]], sequences[group[0]], ref, group)
+            if d is not None:
+                report.divergences.append(d)
+
+    report.schedules = {r: collective_schedule(session, run.id, r, sequences[r]) for r in ranks}
+    mismatch = _schedule_mismatch(report.schedules)
+    if mismatch is not None:
+        report.collective_mismatches.append(mismatch)
+    return report
+
+
+def compile_sequence(session: Session, run_id: int, rank: int) -> list[CompileEntry]:
+    """Every compile id of ``rank`` in order of first appearance, with its graphs and outcome."""
+    entries: dict[str, CompileEntry] = {}
+    order: list[tuple[int, int, str]] = []  # (source order, tie, compile id) — graphs by ordinal
+
+    def entry(cid: str, pos: tuple[int, int]) -> CompileEntry:
+        if cid not in entries:
+            entries[cid] = CompileEntry(compile_id=cid, graphs=[])
+            order.append((*pos, cid))
+        return entries[cid]
+
+    graphs = session.execute(
+        select(Graph.id, Graph.ordinal, Graph.kind, Graph.compile_id, Graph.structural_hash, Graph.frame_name)
+        .where(Graph.run_id == run_id, Graph.rank == rank).order_by(Graph.ordinal)).all()
+    events = session.execute(
+        select(CompileEvent.id, CompileEvent.name, CompileEvent.compile_id, CompileEvent.metadata_json,
+               CompileEvent.payload)
+        .where(CompileEvent.run_id == run_id, CompileEvent.rank == rank).order_by(CompileEvent.id)).all()
+    # Compile ids in log order: compile records first appear before their graphs in both capture
+    # and import, but a store may hold graphs only; order by the earliest mention of either kind.
+    first_event: dict[str, int] = {}
+    for ev in events:
+        if ev.compile_id is not None:
+            first_event.setdefault(ev.compile_id, ev.id)
+    for g in graphs:
+        cid = g.compile_id or f"graph{g.ordinal}"
+        e = entry(cid, (0, g.ordinal))
+        e.graphs.append((g.kind, g.structural_hash, g.id))
+        e.frame = e.frame or g.frame_name
+    for ev in events:
+        if ev.compile_id is None:
+            continue
+        e = entry(ev.compile_id, (1, ev.id))
+        meta = _json(ev.metadata_json)
+        if ev.name == "compilation_metrics":
+            if meta.get("fail_type"):
+                e.failed = f"{meta.get('fail_type')}: {meta.get('fail_reason') or ''}".strip().rstrip(":")
+            e.frame = e.frame or meta.get("co_name")
+            reasons = meta.get("recompile_reason")
+            if reasons and not e.recompile_reason:
+                e.recompile_reason = str(reasons)
+        elif ev.name == "recompile_reasons" and not e.recompile_reason:
+            payload = _json(ev.payload) if ev.payload else None
+            e.recompile_reason = "; ".join(map(str, payload)) if isinstance(payload, list) else (ev.payload or None)
+    return [entries[cid] for cid in sorted(entries, key=lambda c: _compile_order(c, first_event, entries))]
+
+
+def _compile_order(cid: str, first_event: dict[str, int], entries: dict[str, CompileEntry]) -> tuple:
+    """Sort key: frame id, then compile number, then attempt (``"[!]f/c[_a]"``, compiled autograd
+    prefix kept), so ranks that logged records in a different interleaving still line up."""
+    nums = [int(x) for x in re.findall(r"\d+", cid)]
+    return (0 if nums else 1, nums, first_event.get(cid, 0), cid)
+
+
+def _first_divergence(session: Session, ref_seq: list[CompileEntry], seq: list[CompileEntry],
+                      ref_ranks: list[int], ranks: list[int]) -> Divergence | None:
+    n = min(len(ref_seq), len(seq))
+    for i in range(n + 1):
+        a = ref_seq[i] if i < len(ref_seq) else None
+        b = seq[i] if i < len(seq) else None
+        if a is not None and b is not None and a.signature() == b.signature():
+            continue
+        if a is None and b is None:
+            return None
+        base = Divergence(ranks=ranks, reference_ranks=ref_ranks, position=i, what="", message="")
+        if a is None:
+            base.what, base.compile_id = "extra compile", b.compile_id
+            base.recompile_reason = b.recompile_reason
+            base.message = (f"ranks {ranks} compile {len(seq) - len(ref_seq)} more time(s) than ranks {ref_ranks};"
+                            f" first extra compile {b.compile_id}" + _fail_text(b))
+            return base
+        if b is None:
+            base.what, base.compile_id = "missing compile", a.compile_id
+            base.message = (f"ranks {ranks} stop after {len(seq)} compile(s); ranks {ref_ranks} go on with"
+                            f" compile {a.compile_id}" + _fail_text(a))
+            return base
+        base.compile_id = b.compile_id
+        base.recompile_reason = b.recompile_reason or a.recompile_reason
+        if a.compile_id != b.compile_id:
+            base.what = "compile sequence differs"
+            base.message = f"compile #{i}: ranks {ref_ranks} compile {a.compile_id}, ranks {ranks} compile {b.compile_id}"
+            return base
+        if (a.failed is None) != (b.failed is None):
+            base.what = "compile failed"
+            who, other, fail = (ranks, ref_ranks, b.failed) if b.failed else (ref_ranks, ranks, a.failed)
+            base.message = f"compile {a.compile_id} failed on ranks {who} ({fail}) but not on ranks {other}"
+            return base
+        base.what = "graph differs"
+        a_graphs, b_graphs = a.graphs, b.graphs
+        for j in range(max(len(a_graphs), len(b_graphs))):
+            ga = a_graphs[j] if j < len(a_graphs) else None
+            gb = b_graphs[j] if j < len(b_graphs) else None
+            if ga is not None and gb is not None and ga[:2] == gb[:2]:
+                continue
+            if ga is None or gb is None or ga[0] != gb[0]:
+                base.message = (f"compile {a.compile_id}: ranks {ref_ranks} produced graphs "
+                                f"{[g[0] for g in a_graphs]}, ranks {ranks} produced {[g[0] for g in b_graphs]}")
+                return base
+            base.kind, base.reference_graph_id, base.graph_id = ga[0], ga[2], gb[2]
+            ref_node, node, change = first_node_difference(session, ga[2], gb[2])
+            base.reference_node, base.node = ref_node, node
+            at = ""
+            if change is not None:
+                shown = node or ref_node
+                where = {"added": f" only on ranks {ranks}", "removed": f" only on ranks {ref_ranks}",
+                         "changed": ""}[change]
+                at = (f"; first differing node{where}: {shown.name} ({shown.target}"
+                      f"{' ' + shown.shape if shown.shape else ''})"
+                      f"{' in ' + shown.module_path if shown.module_path else ''}"
+                      f"{' at ' + shown.source if shown.source else ''}")
+                if change == "changed" and ref_node.shape != node.shape:
+                    at += f"; shape {ref_node.shape} on ranks {ref_ranks} vs {node.shape} on ranks {ranks}"
+            base.message = f"compile {a.compile_id}: {ga[0]} graph differs{at}"
+            return base
+        base.message = f"compile {a.compile_id} differs"
+        return base
+    return None
+
+
+def _fail_text(e: CompileEntry) -> str:
+    out = f" (failed: {e.failed})" if e.failed else ""
+    if e.recompile_reason:
+        out += f" (recompile reason: {e.recompile_reason})"
+    return out
+
+
+def _node_rows(session: Session, graph_id: int) -> list:
+    target = aliased(InternedString)
+    module = aliased(InternedString)
+    stack = aliased(InternedString)
+    return session.execute(
+        select(Node.idx, Node.name, Node.op, target.value, Node.shape_json, Node.dtype, Node.stride_json,
+               module.value, stack.value, Node.args_json)
+        .join(target, target.id == Node.target_id)
+        .outerjoin(module, module.id == Node.module_path_id)
+        .outerjoin(stack, stack.id == Node.stack_trace_id)
+        .where(Node.graph_id == graph_id).order_by(Node.idx)).all()
+
+
+def _node_key(row) -> tuple:
+    # Placeholder targets are input names, not structure; everything else is compared as stored.
+    return (row[2], "" if row[2] == "placeholder" else row[3], row[4], row[5], row[6])
+
+
+def first_node_difference(session: Session, graph_a: int, graph_b: int
+                          ) -> tuple[NodeRef | None, NodeRef | None, str | None]:
+    """The first place (graph order) where two graphs' node lists differ, aligned as sequences of
+    (op, target, shape, dtype, stride, arguments with node names replaced) with :mod:`difflib`, so
+    one inserted node does not make every later node "differ". Returns ``(node of a, node of b,
+    change)`` with change ``"added"`` (only in b; node of a is None), ``"removed"`` (only in a) or
+    ``"changed"``; ``(None, None, None)`` when the lists agree."""
+    import difflib
+
+    rows_a, rows_b = _node_rows(session, graph_a), _node_rows(session, graph_b)
+    keys_a = [(*_node_key(r), _args_shape(r)) for r in rows_a]
+    keys_b = [(*_node_key(r), _args_shape(r)) for r in rows_b]
+    matcher = difflib.SequenceMatcher(None, keys_a, keys_b, autojunk=False)
+    for tag, i1, _i2, j1, _j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        if tag == "insert":
+            return None, _ref(graph_b, rows_b[j1]), "added"
+        if tag == "delete":
+            return _ref(graph_a, rows_a[i1]), None, "removed"
+        return _ref(graph_a, rows_a[i1]), _ref(graph_b, rows_b[j1]), "changed"
+    return None, None, None
+
+
+def _args_shape(row) -> str:
+    """Arguments with node names replaced by their position, so renamed nodes compare equal."""
+    return re.sub(r'\{"node": "[^"]*"\}', "N", row[9] or "")
+
+
+def _ref(graph_id: int, row) -> NodeRef:
+    shape = row[4]
+    return NodeRef(graph_id=graph_id, idx=row[0], name=row[1], op=row[2], target=row[3],
+                   shape=shape, dtype=row[5], module_path=row[7], source=source_line(row[8]))
+
+
+def source_line(stack_trace: str | None) -> str | None:
+    """``file:line in fn`` of the innermost frame of an FX ``stack_trace`` (user code), or None."""
+    if not stack_trace:
+        return None
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', stack_trace)
+    if not frames:
+        return None
+    path, line, fn = frames[-1]
+    return f"{path}:{line} in {fn}"
+
+
+def collective_kind(target: str) -> str | None:
+    """``all_reduce`` for ``_c10d_functional.all_reduce.default`` and friends; None otherwise."""
+    if not any(ns in target for ns in _COLLECTIVE_NAMESPACES):
+        return None
+    m = _COLLECTIVE_RE.search(target)
+    return m.group(1) if m else None
+
+
+def _group_of(args_json: str | None) -> str | None:
+    """The process group of a collective call: its last string argument (``group_name``), or a
+    ``ProcessGroup``/rank-list repr."""
+    payload = _json(args_json)
+    args = payload.get("args", []) if isinstance(payload, dict) else []
+    kwargs = payload.get("kwargs", {}) if isinstance(payload, dict) else {}
+    for key in ("group_name", "group", "tag"):
+        if isinstance(kwargs.get(key), (str, int)):
+            return str(kwargs[key])
+    for a in reversed(args):
+        if isinstance(a, str):
+            return a
+        if isinstance(a, dict) and "repr" in a and "ProcessGroup" in a["repr"]:
+            return re.sub(r" at 0x[0-9a-f]+", "", a["repr"])
+    return None
+
+
+def collective_schedule(session: Session, run_id: int, rank: int,
+                        sequence: list[CompileEntry] | None = None) -> list[Collective]:
+    """Collectives ``rank`` issues, in compile order then graph order (see :data:`EXECUTED_TIERS`),
+    then Inductor's imported schedules for compiles without graphs, then DDP bucket all-reduces."""
+    sequence = sequence if sequence is not None else compile_sequence(session, run_id, rank)
+    out: list[Collective] = []
+    target = aliased(InternedString)
+    stack = aliased(InternedString)
+    inductor = {ev.compile_id: ev.payload for ev in session.execute(
+        select(CompileEvent.compile_id, CompileEvent.payload)
+        .where(CompileEvent.run_id == run_id, CompileEvent.rank == rank,
+               CompileEvent.name == "inductor_collective_schedule"))}
+    for entry in sequence:
+        graph_ids: list[int] = []
+        for tier in EXECUTED_TIERS:
+            graph_ids = [gid for kind, _h, gid in entry.graphs if kind in tier]
+            if graph_ids:
+                break
+        found = False
+        for gid in graph_ids:
+            rows = session.execute(
+                select(Node.name, target.value, Node.shape_json, Node.dtype, Node.size_bytes, Node.args_json,
+                       stack.value)
+                .join(target, target.id == Node.target_id)
+                .outerjoin(stack, stack.id == Node.stack_trace_id)
+                .where(Node.graph_id == gid, Node.op == "call_function").order_by(Node.idx)).all()
+            for name, tgt, shape, dtype, size, args, st in rows:
+                kind = collective_kind(tgt)
+                if kind is None:
+                    continue
+                found = True
+                out.append(Collective(index=len(out), kind=kind, group=_group_of(args), size_bytes=size,
+                                      shape=shape, dtype=dtype, source="graph", compile_id=entry.compile_id,
+                                      graph_id=gid, node=name, line=source_line(st)))
+        if not found and inductor.get(entry.compile_id):
+            ops = _json(inductor[entry.compile_id])
+            for op in ops if isinstance(ops, list) else []:
+                kind = collective_kind(str(op)) or str(op)
+                out.append(Collective(index=len(out), kind=kind, group=None, size_bytes=None, shape=None,
+                                      dtype=None, source="inductor_collective_schedule",
+                                      compile_id=entry.compile_id))
+    for p in session.scalars(select(Partition).where(Partition.run_id == run_id, Partition.rank == rank)
+                             .order_by(Partition.parent_graph_id, Partition.index)):
+        out.append(Collective(index=len(out), kind="all_reduce", group="ddp", size_bytes=p.size_bytes,
+                              shape=None, dtype=None, source="ddp_bucket", graph_id=p.graph_id,
+                              node=f"DDP bucket {p.index} ({len(_json(p.params_json) or [])} params)"))
+    return out
+
+
+def _schedule_mismatch(schedules: dict[int, list[Collective]]) -> CollectiveMismatch | None:
+    if len(schedules) < 2:
+        return None
+    longest = max(len(s) for s in schedules.values())
+    for i in range(longest):
+        variants: dict[tuple | None, list[int]] = defaultdict(list)
+        for r, sch in schedules.items():
+            variants[sch[i].signature() if i < len(sch) else None].append(r)
+        if len(variants) == 1:
+            continue
+        ordered = sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+        described = []
+        for sig, rs in ordered:
+            c = schedules[rs[0]][i] if sig is not None else None
+            described.append({"ranks": sorted(rs), "collective": asdict(c) if c else None})
+        text = "; ".join(
+            f"ranks {d['ranks']}: " + (Collective(**d['collective']).describe() if d["collective"] else "no collective (schedule ended)")
+            for d in described)
+        return CollectiveMismatch(index=i, variants=described,
+                                  message=f"collective #{i} differs by rank — {text}; the job would hang here")
+    return None
+
+
+def _json(text: str | None):
+    if not text:
+        return {}
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return {}
