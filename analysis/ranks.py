@@ -290,6 +290,8 @@ def compile_sequence(session: Session, run_id: int, rank: int) -> list[CompileEn
             continue
         e = entry(ev.compile_id, (1, ev.id))
         meta = _json(ev.metadata_json)
+        # Records keep torch's envelope: {"compilation_metrics": {...fields}}; accept bare fields too.
+        meta = meta.get(ev.name) if isinstance(meta.get(ev.name), dict) else meta
         if ev.name == "compilation_metrics":
             if meta.get("fail_type"):
                 e.failed = f"{meta.get('fail_type')}: {meta.get('fail_reason') or ''}".strip().rstrip(":")

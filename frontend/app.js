@@ -1,6 +1,6 @@
 // graphdeck dashboard: a hash-routed page over the JSON API served by graphdeck.server.
 //
-// Pages: #/runs, #/runs/<id>, #/graphs/<id>[?node=<fx node name>], #/traces/<id>.
+// Pages: #/runs, #/runs/<id>, #/runs/<id>/ranks, #/graphs/<id>[?node=<fx node name>], #/traces/<id>.
 //
 // Modules (ES modules, no build step):
 //   app.js      this router
@@ -17,12 +17,14 @@
 
 import {$app, ApiError, errorBox, h} from "./common.js";
 import {renderGraph} from "./graph.js";
+import {renderRanks} from "./ranks.js";
 import {renderRun, renderRuns} from "./run.js";
 import {renderTrace} from "./trace.js";
 
 const routes = [
   [/^\/runs\/?$/, renderRuns],
   [/^\/runs\/([^/]+)$/, renderRun], // a run's id or its name
+  [/^\/runs\/([^/]+)\/ranks$/, renderRanks], // cross-rank consistency
   [/^\/graphs\/(\d+)$/, renderGraph],
   [/^\/traces\/(\d+)$/, renderTrace],
 ];

@@ -136,6 +136,49 @@ def check_grads(store: str, run_name: str, as_json: bool) -> None:
     sys.exit(0 if report.ok else 1)
 
 
+@main.command("check-ranks")
+@click.argument("store", default=DEFAULT_STORE)
+@click.option("--run", "run_name", required=True, help="Run name or id.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write the report to this file instead of standard output.")
+def check_ranks(store: str, run_name: str, fmt: str, output: str | None) -> None:
+    """Cross-rank consistency of a run: exit 1 when ranks compiled different graphs or would issue
+    different collectives (a predicted hang), 0 when all ranks agree, 2 on usage errors."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.ranks import rank_report
+    from graphdeck.store.db import open_engine
+
+    try:
+        engine = open_engine(store, read_only=True)
+        with Session(engine) as s:
+            report = rank_report(s, _find_run(s, run_name, store))
+    except GraphdeckError as exc:
+        _fail(exc)
+    text = {"text": report.to_text, "json": report.to_json, "junit": report.to_junit}[fmt]()
+    if output:
+        Path(output).write_text(text)
+    else:
+        click.echo(text)
+    sys.exit(0 if report.ok else 1)
+
+
+def _find_run(session, run_name: str, store: str):
+    """The run named ``run_name`` (or with that id); NotFoundError otherwise."""
+    from sqlalchemy import select
+
+    from graphdeck.errors import NotFoundError
+    from graphdeck.store.schema import Run
+
+    run = session.scalar(select(Run).where(Run.name == run_name))
+    if run is None and run_name.isdigit():
+        run = session.get(Run, int(run_name))
+    if run is None:
+        raise NotFoundError(f"run {run_name!r} not found in {store}")
+    return run
+
+
 @main.command("ingest-trace")
 @click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store to write.")
@@ -155,6 +198,37 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
         _fail(exc)
     click.echo(f"trace {result.trace_id}: rank {result.rank}, {result.num_events} events, status {result.status}")
     click.echo(json.dumps(result.stats, indent=2, default=str))
+
+
+@main.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store to write.")
+@click.option("--run", "run_name", required=True, help="Run name (created if missing).")
+@click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped record.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, progress: bool) -> None:
+    """Import TORCH_TRACE compile logs (files or directories; one log per rank) as run RUN."""
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.torch_trace import import_torch_trace
+
+    try:
+        result = import_torch_trace(open_engine(store), list(paths), run_name=run_name, strict=strict,
+                                    progress=progress)
+    except GraphdeckError as exc:
+        if exc.details.get("stats"):
+            click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)
+        _fail(exc)
+    st = result.stats
+    click.echo(f"run {result.run_name} (id {result.run_id}): ranks {result.ranks}; {st.get('graphs', 0)} graphs, "
+               f"{st.get('nodes', 0)} nodes, {st.get('compile_events', 0)} compile events, "
+               f"{st.get('kernel_nodes', 0)} kernel links; {result.dropped} dropped")
+    for f in result.files:
+        if f["rank_mismatch"]:
+            click.echo(f"  warning: {Path(f['path']).name}: file name says rank {f['file_rank']}, "
+                       f"envelopes say rank {f['envelope_rank']} (stored as rank {f['rank']})", err=True)
+    for name in result.skipped_files:
+        click.echo(f"  skipped {name}", err=True)
+    click.echo(json.dumps(st, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.traces",
     "graphdeck.server.routes.validation",
     "graphdeck.server.routes.compile",
+    "graphdeck.server.routes.ranks",
 )
 
 

@@ -1,0 +1,93 @@
+// graphdeck dashboard: a run's cross-rank consistency page (#/runs/<id or name>/ranks), from
+// GET /api/runs/<id>/rank-consistency.
+//
+// Sections: the verdict; the rank groups (ranks with identical compile sequences); each
+// divergence (first differing compile / graph / node, with source line, module path, recompile
+// reason, and links to both graphs and to their diff); the collective schedule of every rank side
+// by side, the first mismatching position marked as the predicted hang; each rank's compile
+// sequence. All text from the store goes through h() (textContent), never markup.
+
+import {badge, code, fmt, graphLink, h, num, setCrumbs, table, api} from "./common.js";
+
+function verdict(report) {
+  const groups = report.groups.map((g) => `[${g.join(", ")}]`).join(" ");
+  return h("p", {class: "verdict", "data-testid": "rank-verdict"},
+    h("strong", {class: report.ok ? "verdict-ok" : "verdict-bad"},
+      report.ok ? "all ranks agree" : "ranks diverge"),
+    `   ${report.ranks.length} ranks; groups by compile sequence: ${groups}`);
+}
+
+function nodeLine(label, node) {
+  if (!node) return null;
+  return h("div", {class: "node-ref"}, h("span", {class: "muted"}, `${label}: `),
+    h("a", {href: `#/graphs/${node.graph_id}?node=${encodeURIComponent(node.name)}`}, node.name),
+    " = ", code(node.target), node.shape ? ` ${node.shape}` : "", node.dtype ? ` ${node.dtype}` : "",
+    node.module_path ? h("span", {class: "muted"}, ` [${node.module_path}]`) : null,
+    node.source ? h("div", {class: "small source"}, node.source) : null);
+}
+
+function divergenceItem(d) {
+  const diff = d.reference_graph_id && d.graph_id
+    ? h("a", {href: `#/diff/${d.reference_graph_id}/${d.graph_id}`, class: "diff-link"}, "side-by-side diff") : null;
+  return h("li", {class: "divergence", "data-testid": "divergence"},
+    badge(d.what, "status status-NO_GRAD"), " ",
+    h("span", {}, `ranks [${d.ranks.join(", ")}] vs [${d.reference_ranks.join(", ")}]: ${d.message}`),
+    h("div", {class: "small"},
+      d.reference_graph_id ? ["graphs ", graphLink(d.reference_graph_id), " vs ", graphLink(d.graph_id)] : null,
+      diff ? [" · ", diff] : null),
+    nodeLine(`ranks [${d.reference_ranks.join(", ")}]`, d.reference_node),
+    nodeLine(`ranks [${d.ranks.join(", ")}]`, d.node),
+    d.recompile_reason ? h("div", {class: "small"}, badge("recompile", "tag"), " ", d.recompile_reason) : null);
+}
+
+function scheduleTable(report) {
+  const ranks = report.ranks;
+  const schedules = ranks.map((r) => report.schedules[String(r)] || []);
+  const longest = Math.max(0, ...schedules.map((s) => s.length));
+  const hangAt = report.collective_mismatches.length ? report.collective_mismatches[0].index : -1;
+  const cell = (c) => (c ? h("td", {title: c.line || ""},
+    code(c.kind), c.group != null ? ` pg ${c.group}` : "", c.size_bytes != null ? ` ${c.size_bytes} B` : "",
+    c.node ? h("div", {class: "small muted"}, c.node) : null) : h("td", {class: "muted"}, "—"));
+  const rows = [];
+  for (let i = 0; i < longest; i++) {
+    rows.push(h("tr", {class: i === hangAt ? "hang" : "", "data-index": i},
+      num(i), ...schedules.map((s) => cell(s[i]))));
+  }
+  return rows.length
+    ? table("collective-schedule", ["#", ...ranks.map((r) => `rank ${r}`)], rows)
+    : h("p", {class: "muted"}, "No collectives in the captured graphs and no DDP buckets.");
+}
+
+function sequenceTable(report) {
+  const rows = [];
+  for (const r of report.ranks) {
+    for (const e of report.sequences[String(r)] || []) {
+      rows.push(h("tr", {"data-rank": r},
+        num(r), h("td", {}, code(e.compile_id)), h("td", {}, fmt(e.frame)),
+        h("td", {}, e.graphs.map(([kind, hash, id], i) => [i ? " " : "", graphLink(id, kind),
+          h("span", {class: "muted small"}, ` ${String(hash || "").slice(0, 8)}`)])),
+        h("td", {}, e.failed ? badge("failed", "status-NO_GRAD") : "", e.failed ? ` ${e.failed}` : ""),
+        h("td", {class: "reason"}, fmt(e.recompile_reason))));
+    }
+  }
+  return table("compile-sequences", ["Rank", "Compile id", "Frame", "Graphs (hash)", "Failure", "Recompile reason"], rows);
+}
+
+export async function renderRanks(page, match) {
+  const report = await api(`/api/runs/${encodeURIComponent(match[1])}/rank-consistency`);
+  if (!page.alive()) return;
+  setCrumbs([["runs", "#/runs"], [report.run, `#/runs/${report.run_id}`], ["rank consistency", null]]);
+  document.getElementById("app").replaceChildren(h("section", {class: "ranks-page"},
+    h("h1", {}, `Rank consistency — ${report.run}`),
+    verdict(report),
+    report.notes.map((n) => h("p", {class: "muted"}, n)),
+    h("h2", {}, "Divergences"),
+    report.divergences.length ? h("ul", {class: "divergences"}, report.divergences.map(divergenceItem))
+      : h("p", {class: "muted"}, "Every rank compiled the same sequence of graphs."),
+    h("h2", {}, "Collective schedule"),
+    report.collective_mismatches.map((m) => h("p", {class: "hang-note", "data-testid": "predicted-hang"},
+      badge("predicted hang", "status status-NO_GRAD"), " ", m.message)),
+    scheduleTable(report),
+    h("h2", {}, "Compile sequence per rank"),
+    sequenceTable(report)));
+}

@@ -1,0 +1,178 @@
+"""Cross-rank consistency on real 2-rank gloo runs (tests/programs/rank_cases.py under torchrun):
+a recompile on one rank only, a branch taken on one rank only (with a collective inside the
+compiled graph), gradient case G4, compile cases C1 and C2 — checked through the analysis, the
+``graphdeck check-ranks`` CLI, the HTTP API and the dashboard page."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.ranks import collective_kind, rank_report, source_line
+from graphdeck.store.db import open_engine
+from graphdeck.store.schema import CompileEvent, Run
+from tests.conftest import REPO, LiveServer
+
+pytestmark = pytest.mark.slow
+
+PROGRAM = REPO / "tests" / "programs" / "rank_cases.py"
+
+
+@pytest.fixture(scope="module")
+def rank_store(tmp_path_factory) -> Path:
+    store = tmp_path_factory.mktemp("ranks") / "ranks.db"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(PROGRAM), str(store)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return store
+
+
+def report_of(store: Path, run: str):
+    with Session(open_engine(store, read_only=True)) as s:
+        return rank_report(s, s.scalar(select(Run).where(Run.name == run)))
+
+
+def test_recompile_on_one_rank_only(rank_store):
+    rep = report_of(rank_store, "dynshape")
+    assert not rep.ok
+    assert rep.groups == [[0], [1]]
+    assert [e.compile_id for e in rep.sequences[0]] == ["0/0"]
+    assert [e.compile_id for e in rep.sequences[1]] == ["0/0", "0/1"]
+    (d,) = rep.divergences
+    assert d.what == "extra compile" and d.ranks == [1] and d.reference_ranks == [0]
+    assert d.compile_id == "0/1"
+    assert "size mismatch at index 0" in d.recompile_reason and "expected 4, actual 6" in d.recompile_reason
+
+
+def test_branch_by_rank_names_node_line_and_predicts_hang(rank_store):
+    rep = report_of(rank_store, "branch")
+    assert rep.groups == [[0], [1]]
+    (d,) = rep.divergences
+    assert d.what == "graph differs" and d.kind == "dynamo"
+    assert d.reference_node is None  # the node exists only on rank 1
+    assert d.node.target == "torch.tanh"
+    line = next(i for i, t in enumerate(PROGRAM.read_text().splitlines(), 1) if "h = torch.tanh(h)" in t)
+    assert d.node.source.endswith(f"rank_cases.py:{line} in forward")
+    # Rank 0's graph issues one all_reduce, rank 1's two: the second is where the job would hang.
+    assert [c.kind for c in rep.schedules[0]] == ["all_reduce"]
+    assert [c.kind for c in rep.schedules[1]] == ["all_reduce", "all_reduce"]
+    assert rep.schedules[0][0].size_bytes == 4 * 8 * 4  # float32 [4, 8]
+    (m,) = rep.collective_mismatches
+    assert m.index == 1
+    assert {tuple(v["ranks"]) for v in m.variants} == {(0,), (1,)}
+    assert "hang" in m.message
+
+
+def test_g4_branch_on_local_batch_diverges_at_the_branch(rank_store):
+    rep = report_of(rank_store, "g4")
+    assert not rep.ok and rep.groups == [[0], [1]]
+    (d,) = rep.divergences
+    assert d.what == "graph differs"
+    # Rank 1 (non-empty targets) reads `targets` and runs the embedding; rank 0 does not.
+    line = next(i for i, t in enumerate(PROGRAM.read_text().splitlines(), 1) if "if targets.numel() > 0" in t)
+    assert d.node is not None and d.reference_node is None
+    assert d.node.source.endswith(f"rank_cases.py:{line} in forward")
+
+
+def test_c1_recompile_on_requires_grad_is_not_a_break_and_ranks_agree(rank_store):
+    rep = report_of(rank_store, "c1")
+    assert rep.ok and rep.groups == [[0, 1]]
+    for r in (0, 1):
+        seq = rep.sequences[r]
+        assert [e.compile_id for e in seq] == ["0/0", "0/1"]
+        assert seq[0].recompile_reason is None
+        assert "requires_grad" in seq[1].recompile_reason
+    with Session(open_engine(rank_store, read_only=True)) as s:
+        run = s.scalar(select(Run).where(Run.name == "c1"))
+        breaks = s.scalars(select(CompileEvent).where(CompileEvent.run_id == run.id,
+                                                      CompileEvent.name == "dynamo_graph_break_reason")).all()
+    assert breaks == []
+
+
+def test_c2_data_dependent_tolist_breaks_and_ranks_recompile_differently(rank_store):
+    rep = report_of(rank_store, "c2")
+    assert not rep.ok
+    with Session(open_engine(rank_store, read_only=True)) as s:
+        run = s.scalar(select(Run).where(Run.name == "c2"))
+        breaks = s.scalars(select(CompileEvent.payload).where(
+            CompileEvent.run_id == run.id, CompileEvent.rank == 0,
+            CompileEvent.name == "dynamo_graph_break_reason")).all()
+    assert any("tolist" in (b or "") for b in breaks)
+    # Several frames (before and after the break); the token counts differ by rank, so the resumed
+    # frame's graphs differ and the ranks do not group together.
+    assert all(len(rep.sequences[r]) >= 3 for r in (0, 1))
+    (d,) = rep.divergences
+    assert d.ranks == [1] and d.reference_ranks == [0]
+    assert d.what in {"graph differs", "compile sequence differs", "extra compile", "missing compile"}
+
+
+def test_cli_exit_codes_and_formats(rank_store, tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "graphdeck.cli", "check-ranks", str(rank_store), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    ok = cli("--run", "c1")
+    assert ok.returncode == 0 and "all ranks agree" in ok.stdout
+    bad = cli("--run", "branch", "--format", "json")
+    assert bad.returncode == 1
+    body = json.loads(bad.stdout)
+    assert body["ok"] is False and body["collective_mismatches"][0]["index"] == 1
+    out = tmp_path / "ranks.xml"
+    assert cli("--run", "dynshape", "--format", "junit", "-o", str(out)).returncode == 1
+    from junitparser import JUnitXml
+
+    cases = {c.name: c for suite in JUnitXml.fromfile(str(out)) for c in suite}
+    assert cases["rank 0 compile sequence"].is_passed
+    assert not cases["rank 1 compile sequence"].is_passed
+    missing = cli("--run", "no-such-run")
+    assert missing.returncode == 2 and "no-such-run" in missing.stderr
+
+
+def test_api_and_counterparts(rank_store):
+    import httpx
+
+    with LiveServer(rank_store) as srv:
+        rep = httpx.get(f"{srv.url}/api/runs/dynshape/rank-consistency").json()
+        assert rep["ok"] is False and rep["groups"] == [[0], [1]]
+        seq1 = rep["sequences"]["1"]
+        recompiled = next(e for e in seq1 if e["compile_id"] == "0/1")
+        forward = next(gid for kind, _h, gid in recompiled["graphs"] if kind == "aot_forward")
+        cp = httpx.get(f"{srv.url}/api/graphs/{forward}/counterparts").json()
+        assert cp["previous"]["compile_id"] == "0/0" and cp["previous"]["graph_id"] is not None
+        assert "size mismatch" in cp["previous"]["recompile_reason"]
+        assert cp["ranks"] == [{"rank": 0, "graph_id": None, "same_hash": False}]  # rank 0 never recompiled
+        missing = httpx.get(f"{srv.url}/api/runs/nope/rank-consistency")
+        assert missing.status_code == 404 and "nope" in missing.json()["error"]
+
+
+@pytest.mark.browser
+def test_dashboard_page_shows_divergence_and_predicted_hang(rank_store):
+    from playwright.sync_api import sync_playwright
+
+    with LiveServer(rank_store) as srv, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(f"{srv.url}/#/runs/branch")
+        page.get_by_test_id("rank-consistency-link").click()
+        page.wait_for_selector("[data-testid=rank-verdict]")
+        assert "ranks diverge" in page.get_by_test_id("rank-verdict").inner_text()
+        assert "torch.tanh" in page.get_by_test_id("divergence").inner_text()
+        assert "collective #1" in page.get_by_test_id("predicted-hang").inner_text()
+        assert page.locator("#collective-schedule tr.hang").count() == 1
+        browser.close()
+
+
+def test_helpers():
+    assert collective_kind("_c10d_functional.all_reduce.default") == "all_reduce"
+    assert collective_kind("torch.ops._c10d_functional.all_gather_into_tensor.default") == "all_gather_into_tensor"
+    assert collective_kind("_c10d_functional.wait_tensor.default") is None
+    assert collective_kind("aten.mm.default") is None
+    assert source_line('File "/a/b.py", line 3, in f\n    x\n  File "/a/c.py", line 9, in g\n    y') == "/a/c.py:9 in g"
