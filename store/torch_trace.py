@@ -1,0 +1,257 @@
+"""Import TORCH_TRACE structured compile logs (the logs tlparse reads) into the store.
+
+``import_torch_trace(engine, paths, run_name=...)`` reads ``dedicated_log_torch_trace_rank_<r>_*.log``
+files (one per rank; a directory is searched for them) or single-process logs without a rank,
+and writes one run:
+
+* ``dynamo_output_graph`` → a ``dynamo`` graph; ``optimize_ddp_split_child`` → ``ddp_partition``
+  graphs (``parent_id`` = the Dynamo graph) with a ``partitions`` row each;
+  ``aot_joint_graph`` / ``aot_forward_graph`` / ``aot_backward_graph`` / ``aot_inference_graph`` →
+  ``aot_joint`` / ``aot_forward`` / ``aot_backward`` / ``aot_inference`` (``parent_id`` = the graph
+  AOTAutograd traced, a DDP bucket's when split); Inductor's pre-/post-grad graphs →
+  ``inductor_pre_grad`` / ``inductor_post_grad``; ``compiled_autograd_graph`` → ``compiled_autograd``.
+  Nodes, edges, shapes, dtypes, strides, devices and source lines come from the printed graph
+  (:mod:`graphdeck.store.fx_text`).
+* Parameters: ``describe_source``/``describe_tensor`` records name each graph input's source
+  (``L['self']._modules['emb']._parameters['weight']`` → ``emb.weight``) → ``params`` rows and
+  ``graph_io`` ``in`` bindings; AOT descriptors (``PlainAOTInput(idx=k)``,
+  ``ParamAOTInput(target=...)``, ``GradAOTOutput(grad_of=...)``) carry them to the AOT graphs and
+  bind each backward output to the gradient it is (``has_grad`` false for ``None``), which is
+  what :func:`graphdeck.analysis.gradients.gradient_report` reads.
+* Every other record (guards, ``compilation_metrics``, graph-break and recompile reasons,
+  ``inductor_output_code``, artifacts) → ``compile_events`` (payload kept up to 1 MB), with
+  ``metadata_json.graph_id`` pointing at the graph an output code or provenance belongs to.
+* Inductor provenance (v1 and v2 formats) → ``kernel_nodes`` (kernel → post-grad node →
+  pre-grad node).
+
+Compile ids are ``"frame/compile"`` as the capture agent writes them, with tlparse's
+``_attempt`` suffix when the attempt is nonzero and ``!<compiled-autograd id>`` in front under
+compiled autograd. Rank: the file name's ``rank_<r>`` when present, else the envelopes' ``rank``,
+else 0. When a file's envelopes name another rank than its file name, the file name wins (two
+files are two processes; taking the envelope's rank would merge them) and the disagreement is
+kept in ``ranks.meta_json`` (``envelope_rank``, ``rank_mismatch``) and in the result.
+
+Lenient and counted (``ImportResult.stats``): ``bad_line``, ``bad_json``, ``md5_mismatch``,
+``truncated_payload``, ``no_kind``, ``other_rank`` (a line whose envelope names a rank other than
+the file's) and ``unknown_kind`` (kept as a compile event, counted) are drops; with
+``strict=True`` any drop raises :class:`~graphdeck.errors.BadInputError` and nothing of the
+import is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import delete, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from graphdeck.errors import BadInputError, NotFoundError, UsageError
+from graphdeck.store.db import get_or_create_rank, get_or_create_run
+from graphdeck.store.schema import CompileEvent, Graph, KernelNode, Param, Partition, Rank, Run
+from graphdeck.store.torch_trace_build import KNOWN_KINDS, FileBuilder
+from graphdeck.store.torch_trace_log import (
+    GLOG_RE,
+    LogReader,
+    ReadStats,
+    discover,
+    rank_from_filename,
+)
+
+#: Counters that are drops: any of them nonzero fails a strict import.
+DROP_KEYS = ("bad_line", "bad_json", "md5_mismatch", "truncated_payload", "no_kind", "other_rank",
+             "unknown_kind", "orphan_payload_lines")
+COMMIT_EVERY_RECORDS = 2000
+
+
+@dataclass
+class ImportResult:
+    """What an import stored and dropped.
+
+    ``stats``: summed counters (``records``, ``graphs``, ``nodes``, ``edges``, ``graph_io``,
+    ``partitions``, ``compile_events``, ``kernel_nodes``, ``params`` and the drops in
+    :data:`DROP_KEYS`); ``files``: one dict per file read (``path``, ``rank``, ``file_rank``,
+    ``envelope_rank``, ``rank_mismatch``, ``counts``); ``skipped_files``: "name: why" for files of
+    a directory that are not logs (empty, other text).
+    """
+
+    run_id: int
+    run_name: str
+    ranks: list[int]
+    stats: dict[str, int]
+    files: list[dict] = field(default_factory=list)
+    skipped_files: list[str] = field(default_factory=list)
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.stats.get(k, 0) for k in DROP_KEYS)
+
+    def to_dict(self) -> dict:
+        return {"run_id": self.run_id, "run_name": self.run_name, "ranks": self.ranks, "stats": self.stats,
+                "dropped": self.dropped, "files": self.files, "skipped_files": self.skipped_files}
+
+
+def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = False,
+                       progress: bool = False) -> ImportResult:
+    """Import the TORCH_TRACE logs at ``paths`` (a file, a directory, or a list of them) as run
+    ``run_name`` (created if missing; a rank it already holds is refused).
+
+    ``progress`` shows a tqdm bar over the bytes read (on stderr).
+
+    Raises:
+        NotFoundError: a path does not exist.
+        BadInputError: no TORCH_TRACE log among ``paths``, or (``strict``) any record dropped;
+            ``details["stats"]`` holds the counters. Nothing of this import is kept then.
+        UsageError: the run already has one of the ranks being imported.
+    """
+    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    for p in items:
+        if not Path(p).exists():
+            raise NotFoundError(f"{p} does not exist", resource="path", id=str(p))
+    files, skipped = discover(items)
+    if not files:
+        raise BadInputError(f"no TORCH_TRACE log found in {', '.join(map(str, items))}"
+                            + (f" (skipped: {'; '.join(skipped)})" if skipped else ""), skipped_files=skipped)
+    plan = [(f, *_plan_rank(f)) for f in files]
+    with Session(engine, expire_on_commit=False) as s, s.begin():
+        created_run = s.scalar(select(Run.id).where(Run.name == run_name)) is None
+        run = get_or_create_run(s, run_name, meta={"source": "torch_trace"})
+        taken = set(s.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct()))
+        clash = sorted(taken & {r for _, r, _, _ in plan})
+        if clash:
+            raise UsageError(f"run {run_name!r} already has rank(s) {clash}; import into another --run")
+        run_id = run.id
+    result = ImportResult(run_id=run_id, run_name=run_name, ranks=sorted({r for _, r, _, _ in plan}),
+                          stats={}, skipped_files=skipped)
+    total = Counter()
+    bar = _progress(sum(f.stat().st_size for f in files)) if progress else None
+    try:
+        for path, rank, file_rank, env_rank in plan:
+            counts = _import_file(engine, run_id, path, rank, env_rank, strict, bar)
+            total.update(counts)
+            mismatch = file_rank is not None and env_rank is not None and env_rank != file_rank
+            result.files.append({"path": str(path), "rank": rank, "file_rank": file_rank, "envelope_rank": env_rank,
+                                 "rank_mismatch": mismatch, "counts": dict(counts)})
+            if mismatch:
+                total["rank_mismatch_files"] += 1
+    except BadInputError:
+        _discard(engine, run_id, result.ranks, drop_run=created_run)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    total["files"] = len(files)
+    total["skipped_files"] = len(skipped)
+    result.stats = dict(sorted(total.items()))
+    with Session(engine) as s, s.begin():
+        run = s.get(Run, run_id)
+        ranks = s.scalars(select(Rank.rank).where(Rank.run_id == run_id)).all()
+        run.world_size = max(run.world_size or 0, len(ranks))
+    return result
+
+
+def _plan_rank(path: Path) -> tuple[int, int | None, int | None]:
+    """(store rank, rank in the file name, rank in the first envelope that has one)."""
+    file_rank = rank_from_filename(path)
+    env_rank = None
+    with open(path, "rb") as fh:
+        for i, raw in enumerate(fh):
+            if i > 5000:
+                break
+            if raw[:1] == b"\t" or b'"rank": ' not in raw:
+                continue
+            m = GLOG_RE.match(raw)
+            if m is None:
+                continue
+            try:
+                env = json.loads(raw[m.end():])
+            except ValueError:
+                continue
+            if isinstance(env, dict) and isinstance(env.get("rank"), int):
+                env_rank = env["rank"]
+                break
+    rank = file_rank if file_rank is not None else env_rank if env_rank is not None else 0
+    return rank, file_rank, env_rank
+
+
+def _import_file(engine: Engine, run_id: int, path: Path, rank: int, env_rank: int | None, strict: bool,
+                 bar) -> Counter:
+    stats = ReadStats()
+    reader = LogReader(path, stats)
+    with Session(engine, expire_on_commit=False) as s:
+        s.begin()
+        run = s.get(Run, run_id)
+        meta = {"source": "torch_trace", "file": path.name}
+        if env_rank is not None and env_rank != rank:
+            meta.update(envelope_rank=env_rank, rank_mismatch=True)
+        row = get_or_create_rank(s, run, rank, world_size=1, meta_json=json.dumps(meta))
+        builder = FileBuilder(s, run_id, rank)
+        since_commit, pos = 0, 0
+        for rec in reader:
+            if rec.rank is not None and env_rank is not None and rec.rank != env_rank:
+                stats.add("other_rank")
+                _maybe_fail(strict, path, stats)
+                continue
+            if rec.kind not in KNOWN_KINDS:
+                stats.add("unknown_kind")
+                stats.add("unknown_kind:" + rec.kind)
+            _maybe_fail(strict, path, stats)
+            if rec.name == "torch_version" and rec.payload:
+                row.torch_version = rec.payload.strip()[:64]
+            builder.add(rec, reader.resolve_stack)
+            since_commit += 1
+            if since_commit >= COMMIT_EVERY_RECORDS:
+                builder.flush_events()
+                s.commit()
+                s.begin()
+                since_commit = 0
+            if bar is not None and reader.bytes_read - pos > 1 << 20:
+                bar.update(reader.bytes_read - pos)
+                pos = reader.bytes_read
+        _maybe_fail(strict, path, stats)
+        builder.flush_events()
+        _write_params(s, run_id, rank, builder.params)
+        builder.counts["params"] = len(builder.params)
+        s.commit()
+    if bar is not None:
+        bar.update(reader.bytes_read - pos)
+    counts = Counter(stats.counts)
+    counts.update(builder.counts)
+    return counts
+
+
+def _maybe_fail(strict: bool, path: Path, stats: ReadStats) -> None:
+    if not strict:
+        return
+    drops = {k: stats.counts[k] for k in DROP_KEYS if stats.counts.get(k)}
+    if drops:
+        raise BadInputError(f"strict import: {path.name} has dropped records: "
+                            + ", ".join(f"{k} {v}" for k, v in drops.items()), stats=dict(stats.counts))
+
+
+def _write_params(s: Session, run_id: int, rank: int, params: dict[str, dict]) -> None:
+    s.execute(delete(Param).where(Param.run_id == run_id, Param.rank == rank))
+    for p in params.values():
+        s.add(Param(run_id=run_id, rank=rank, fqn=p["fqn"][:500], kind=p["kind"], storage_key=p["fqn"][:64],
+                    shape_json=json.dumps(p["shape"] or []), dtype=p["dtype"], numel=p["numel"],
+                    size_bytes=p["size_bytes"], requires_grad=p["requires_grad"]))
+
+
+def _discard(engine: Engine, run_id: int, ranks: list[int], *, drop_run: bool) -> None:
+    """Remove what a failed (strict) import wrote."""
+    with Session(engine) as s, s.begin():
+        for table in (KernelNode, CompileEvent, Partition, Param):
+            s.execute(delete(table).where(table.run_id == run_id, table.rank.in_(ranks)))
+        s.execute(delete(Graph).where(Graph.run_id == run_id, Graph.rank.in_(ranks)))
+        s.execute(delete(Rank).where(Rank.run_id == run_id, Rank.rank.in_(ranks)))
+        if drop_run:
+            s.execute(delete(Run).where(Run.id == run_id))
+
+
+def _progress(total_bytes: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc="import", leave=False)

@@ -1,0 +1,413 @@
+"""One TORCH_TRACE log (one rank's process) → store rows: graphs, nodes, edges, parameter
+bindings, DDP partitions, compile events and kernel → node links.
+
+Used by :mod:`graphdeck.store.torch_trace` (the public entry); see its docstring for the whole
+mapping. Rows go in with SQLAlchemy Core ``insert`` in one session that the caller commits in
+batches, so memory stays bounded by one compile's graphs, not the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from sqlalchemy import insert, update
+from sqlalchemy.orm import Session
+
+from graphdeck.store.db import Interner
+from graphdeck.store.fx_text import (
+    TextGraph,
+    fqn_from_placeholder,
+    fqn_from_source,
+    grad_of,
+    input_ref,
+    parse_fx_text,
+    placeholder_key,
+)
+from graphdeck.store.schema import CompileEvent, Edge, Graph, GraphIO, KernelNode, Node, Partition
+from graphdeck.store.torch_trace_log import Record
+
+#: Record kinds (envelope keys) whose payload is an FX graph, and the graph kind each becomes.
+GRAPH_KINDS = {
+    "dynamo_output_graph": "dynamo",
+    "optimize_ddp_split_child": "ddp_partition",
+    "aot_joint_graph": "aot_joint",
+    "aot_forward_graph": "aot_forward",
+    "aot_backward_graph": "aot_backward",
+    "aot_inference_graph": "aot_inference",
+    "inductor_pre_grad_graph": "inductor_pre_grad",
+    "inductor_post_grad_graph": "inductor_post_grad",
+    "compiled_autograd_graph": "compiled_autograd",
+}
+#: Artifacts (``{"artifact": {"name": ...}}``) that are graphs too.
+GRAPH_ARTIFACTS = {"after_pre_grad_graph": "inductor_pre_grad", "inductor_post_grad_graph": "inductor_post_grad"}
+#: Every record kind this importer knows; artifacts are known by kind whatever their name.
+KNOWN_KINDS = frozenset(GRAPH_KINDS) | {
+    "artifact", "chromium_event", "describe_storage", "describe_tensor", "describe_source", "dynamo_start",
+    "dynamo_guards", "dynamo_cpp_guards_str", "compilation_metrics", "bwd_compilation_metrics",
+    "compilation_metrics_runtime", "inductor_output_code", "optimize_ddp_split_graph", "graph_dump",
+    "exported_program", "guard_added", "guard_added_fast", "expression_created", "create_unbacked_symbol",
+    "propagate_real_tensors_provenance", "symbolic_shape_specialization", "missing_fake_kernel",
+    "mismatched_fake_kernel", "dump_file", "link", "unbacked_symbol_unwind", "str", "stack",
+    "aot_autograd_backward_compilation_metrics", "compiled_autograd_graph_compile", "graph_break",
+}
+#: Kinds consumed while reading (not stored as events).
+CONSUMED_KINDS = frozenset({"chromium_event", "describe_storage", "describe_tensor", "describe_source"})
+PAYLOAD_LIMIT_CHARS = 1_000_000
+
+
+def _cap(text: str | None) -> str | None:
+    if text is None or len(text) <= PAYLOAD_LIMIT_CHARS:
+        return text
+    return text[:PAYLOAD_LIMIT_CHARS] + f"…[total_len={len(text)}]"
+
+
+@dataclass
+class _Stored:
+    graph_id: int
+    kind: str
+    name: str
+    text: TextGraph
+    fqn_by_input: dict[int, str] = field(default_factory=dict)  # placeholder position -> parameter
+
+
+@dataclass
+class _AotGroup:
+    parent: _Stored | None
+    graphs: dict[str, _Stored] = field(default_factory=dict)
+    post_grad: list[_Stored] = field(default_factory=list)
+
+
+@dataclass
+class _Compile:
+    """What one compile id has produced so far on this rank."""
+
+    frame_name: str | None = None
+    dynamo: _Stored | None = None
+    children: list[_Stored] = field(default_factory=list)
+    groups: list[_AotGroup] = field(default_factory=list)
+    last_graph: _Stored | None = None
+    source_fqns: dict[str, tuple[str, str]] = field(default_factory=dict)  # placeholder key -> (fqn, kind)
+    lowered: set[int] = field(default_factory=set)  # AOT graphs that already have a post-grad graph
+
+
+class FileBuilder:
+    """Builds one rank's rows from the records of its log.
+
+    ``params`` collects parameters (fqn → row fields) met in ``describe_*`` records and graph
+    bindings; the caller writes them at the end. ``counts`` are this file's stored-row counters.
+    """
+
+    def __init__(self, session: Session, run_id: int, rank: int, ordinal: int = 0):
+        self.session = session
+        self.run_id = run_id
+        self.rank = rank
+        self.ordinal = ordinal
+        self.intern = Interner(session)
+        self.compiles: dict[str | None, _Compile] = {}
+        self.tensors: dict[tuple, dict] = {}
+        self.params: dict[str, dict] = {}
+        self.break_reasons: dict[str, str] = {}  # "frame/compile" -> first graph-break reason
+        self.counts: Counter = Counter()
+        self.events: list[dict] = []
+
+    # ----------------------------------------------------------------------------------- dispatch
+    def add(self, rec: Record, resolve_stack) -> None:
+        ctx = self.compiles.get(rec.compile_id)
+        if ctx is None:
+            # a restarted attempt ("4/0_1") keeps the frame found by attempt 0's dynamo_start
+            first = self.compiles.get((rec.compile_id or "").split("_")[0])
+            ctx = self.compiles[rec.compile_id] = _Compile(frame_name=first.frame_name if first else None)
+        kind, name = rec.kind, rec.name
+        if kind == "describe_tensor" and isinstance(rec.body, dict):
+            self.tensors[(rec.body.get("describer_id"), rec.body.get("id"))] = rec.body
+            return
+        if kind == "describe_source" and isinstance(rec.body, dict):
+            self._source(ctx, rec.body)
+            return
+        if kind in CONSUMED_KINDS:
+            self.counts["consumed_" + kind] += 1
+            return
+        graph_kind = GRAPH_KINDS.get(kind) or (GRAPH_ARTIFACTS.get(name) if kind == "artifact" else None)
+        meta = {k: v for k, v in rec.envelope.items() if k not in ("has_payload",)}
+        if "stack" in meta:
+            meta["stack"] = resolve_stack(meta["stack"])
+        if kind == "dynamo_start" and isinstance(rec.body, dict):
+            stack = resolve_stack(rec.body.get("stack"))
+            meta["dynamo_start"] = {**rec.body, "stack": stack}
+            if stack:
+                last = stack[-1]
+                where = f"{os.path.basename(str(last.get('filename')))}:{last.get('line')}"
+                ctx.frame_name = f"{last.get('name')} ({where})"
+        graph_id = None
+        if graph_kind is not None and rec.payload:
+            stored = self._graph(ctx, rec, graph_kind)
+            graph_id = stored.graph_id if stored else None
+        meta["line"] = rec.line_no
+        meta["glog_time"] = rec.glog_time
+        payload = None if graph_kind is not None else rec.payload
+        if name == "inductor_output_code" or kind == "inductor_output_code" or name in (
+                "inductor_provenance_tracking_node_mappings", "inductor_triton_kernel_to_post_grad_nodes",
+                "inductor_provenance_tracking_kernel_stack_traces"):
+            target = self._code_target(ctx)
+            graph_id = target.graph_id if target else None
+            if name != "inductor_output_code" and kind != "inductor_output_code" and rec.payload:
+                self._provenance(ctx, rec, target)
+        if name == "dynamo_graph_break_reason" and rec.payload and rec.compile_id:
+            self.break_reasons.setdefault(rec.compile_id.split("_")[0], rec.payload.strip())
+        if kind == "compilation_metrics" and isinstance(rec.body, dict):
+            self._metrics(ctx, rec.body)
+        if graph_id is not None:
+            meta["graph_id"] = graph_id
+        self.events.append({"run_id": self.run_id, "rank": self.rank, "name": str(name)[:100],
+                            "compile_id": rec.compile_id,
+                            "metadata_json": json.dumps(meta, default=str), "payload": _cap(payload)})
+        self.counts["compile_events"] += 1
+
+    # ----------------------------------------------------------------------------------- sources
+    def _source(self, ctx: _Compile, body: dict) -> None:
+        source = body.get("source")
+        if not isinstance(source, str):
+            return
+        got = fqn_from_source(source)
+        if got is None:
+            return
+        fqn, kind = got
+        ctx.source_fqns[placeholder_key(source)] = got
+        t = self.tensors.get((body.get("describer_id"), body.get("id")), {})
+        shape = t.get("size") if isinstance(t.get("size"), list) else None
+        dtype = str(t.get("dtype") or "").removeprefix("torch.") or None
+        self._param(fqn, kind, shape, dtype, bool(t.get("requires_grad", kind == "parameter")))
+
+    def _param(self, fqn: str, kind: str, shape, dtype, requires_grad: bool) -> None:
+        if fqn in self.params and self.params[fqn].get("shape") is not None:
+            return
+        from graphdeck.store.fx_text import _size_bytes
+
+        numel = 1
+        for d in shape or []:
+            numel = numel * d if isinstance(d, int) else numel
+        self.params[fqn] = {"fqn": fqn, "kind": kind, "shape": shape, "dtype": dtype or "unknown",
+                            "numel": numel if shape is not None else 0,
+                            "size_bytes": _size_bytes(shape, dtype) or 0,
+                            "requires_grad": requires_grad and kind == "parameter"}
+
+    def _fqn_of(self, ctx: _Compile, node_name: str, target: str | None = None) -> tuple[str, str] | None:
+        for key in (node_name, target):
+            if key and (got := ctx.source_fqns.get(placeholder_key(key))):
+                return got
+        return fqn_from_placeholder(node_name) or (fqn_from_placeholder(target) if target else None)
+
+    # ----------------------------------------------------------------------------------- graphs
+    def _graph(self, ctx: _Compile, rec: Record, kind: str) -> _Stored | None:
+        text = parse_fx_text(rec.payload)
+        self.counts["bad_statements"] += text.bad_statements
+        if not text.nodes:
+            self.counts["empty_graphs"] += 1
+            return None
+        cid = rec.compile_id
+        parent, part_idx, bind, io = None, None, {}, []
+        label = f"graph {cid}" if cid else "graph"
+        if kind in ("dynamo", "ddp_partition"):
+            for pos, n in enumerate(text.placeholders()):
+                got = self._fqn_of(ctx, n.name, n.target)
+                if got is None:
+                    continue
+                bind[n.name] = got[0]
+                self._param(got[0], got[1], n.shape, n.dtype, got[1] == "parameter")
+                io.append(("in", pos, n.name, got[0], None, None))
+        if kind == "dynamo":
+            if ctx.frame_name and "resume_in" in ctx.frame_name:
+                label += " (after graph break)"
+            name = label
+        elif kind == "ddp_partition":
+            parent = ctx.dynamo
+            body = rec.body if isinstance(rec.body, dict) else {}
+            sub = str(body.get("name", f"submod_{len(ctx.children)}"))
+            part_idx = int(sub.rsplit("_", 1)[-1]) if sub.rsplit("_", 1)[-1].isdigit() else len(ctx.children)
+            name = f"{label} · DDP bucket {part_idx}"
+        elif kind.startswith("aot_"):
+            group = self._aot_group(ctx, kind, text)
+            parent = group.parent
+            base = parent.name if parent else label
+            name = f"{base} · {kind.removeprefix('aot_')}"
+            bind, io = self._aot_bindings(kind, text, parent)
+        elif kind == "inductor_post_grad":
+            parent = self._post_grad_parent(ctx, text)
+            name = f"{parent.name if parent else label} · post-grad"
+        else:  # pre-grad: of the DDP bucket with the same inputs, else of the Dynamo graph
+            sig = [n.name for n in text.placeholders()]
+            parent = next((c for c in ctx.children if [n.name for n in c.text.placeholders()] == sig), ctx.dynamo)
+            name = f"{parent.name if parent else label} · {kind.replace('_', ' ')}"
+        stored = self._write_graph(kind, name, cid, ctx.frame_name, parent, part_idx, text, bind, io, rec)
+        if kind == "dynamo":
+            ctx.dynamo = stored
+        elif kind == "ddp_partition":
+            ctx.children.append(stored)
+            self._partition(ctx, stored, part_idx, bind)
+        elif kind.startswith("aot_"):
+            ctx.groups[-1].graphs[kind] = stored
+        elif kind == "inductor_post_grad":
+            for g in ctx.groups:
+                if parent is not None and parent in g.graphs.values():
+                    g.post_grad.append(stored)
+        ctx.last_graph = stored
+        stored.fqn_by_input = {pos: bind[n.name] for pos, n in enumerate(text.placeholders()) if n.name in bind}
+        return stored
+
+    def _write_graph(self, kind, name, cid, frame_name, parent, part_idx, text: TextGraph, bind, io, rec) -> _Stored:
+        s = self.session
+        owner = {fqn: "/".join(fqn.split(".")[:-1]) or None for fqn in bind.values()}
+        break_reason = self.break_reasons.get((cid or "").split("_")[0]) if kind == "dynamo" else None
+        graph_id = s.execute(insert(Graph).values(
+            run_id=self.run_id, rank=self.rank, ordinal=self.ordinal, kind=kind, name=name[:300], compile_id=cid,
+            frame_name=(frame_name or "")[:300] or None, parent_id=parent.graph_id if parent else None,
+            partition_index=part_idx, num_nodes=len(text.nodes), structural_hash=text.structural_hash,
+            backend="torch_trace", break_reason=break_reason, code=rec.payload,
+            meta_json=json.dumps({"source": "torch_trace", "record": rec.name, "line": rec.line_no,
+                                  "bad_statements": text.bad_statements}),
+        )).inserted_primary_key[0]
+        self.ordinal += 1
+        node_rows = []
+        for n in text.nodes:
+            fqn = bind.get(n.name)
+            node_rows.append({
+                "graph_id": graph_id, "idx": n.idx, "name": n.name[:300], "op": n.op,
+                "target_id": self.intern(n.target),
+                "args_json": json.dumps({"args": n.args, "kwargs": n.kwargs}, default=str),
+                "shape_json": None if n.shape is None else json.dumps(n.shape), "dtype": n.dtype,
+                "stride_json": None if n.stride is None else json.dumps(n.stride), "device": n.device,
+                "size_bytes": n.size_bytes, "module_path_id": self.intern(owner.get(fqn)) if fqn else None,
+                "module_stack_json": None, "stack_trace_id": self.intern(n.stack_trace), "seq_nr": None,
+                "partitioner_tag": None, "desc": n.desc, "param_fqn": fqn, "meta_json": "{}"})
+        s.execute(insert(Node), node_rows)
+        if text.edges:
+            s.execute(insert(Edge), [{"graph_id": graph_id, "src_idx": e.src_idx, "dst_idx": e.dst_idx,
+                                      "arg_pos": e.arg_pos, "size_bytes": e.size_bytes} for e in text.edges])
+        if io:
+            s.execute(insert(GraphIO), [{"graph_id": graph_id, "direction": d, "position": p, "node_name": nn,
+                                         "param_fqn": f, "has_grad": hg, "desc": desc}
+                                        for d, p, nn, f, hg, desc in io])
+        self.counts["graphs"] += 1
+        self.counts["graphs_" + kind] += 1
+        self.counts["nodes"] += len(text.nodes)
+        self.counts["edges"] += len(text.edges)
+        self.counts["graph_io"] += len(io)
+        return _Stored(graph_id=graph_id, kind=kind, name=name, text=text)
+
+    def _partition(self, ctx: _Compile, stored: _Stored, idx: int | None, bind: dict[str, str]) -> None:
+        params = list(dict.fromkeys(bind.values()))
+        size = sum(self.params.get(p, {}).get("size_bytes", 0) for p in params)
+        self.session.execute(insert(Partition).values(
+            run_id=self.run_id, rank=self.rank, kind="ddp_bucket",
+            parent_graph_id=ctx.dynamo.graph_id if ctx.dynamo else None, graph_id=stored.graph_id,
+            index=idx if idx is not None else len(ctx.children), size_bytes=size, params_json=json.dumps(params)))
+        self.counts["partitions"] += 1
+
+    # NOTE: [AOT graph to DDP bucket] With DDPOptimizer every bucket's sub-graph is compiled under
+    # the same compile id, one after the other: joint, forward, backward of submod_0, then of
+    # submod_1, ... (the backward's post-grad graph may come much later, when backward first runs).
+    # A new group starts at each joint (or forward/inference without a joint before it); group k
+    # belongs to the first bucket sub-graph not yet taken whose input count matches, else to the
+    # Dynamo graph itself.
+    def _aot_group(self, ctx: _Compile, kind: str, text: TextGraph) -> _AotGroup:
+        current = ctx.groups[-1] if ctx.groups else None
+        starts = (kind in ("aot_joint_graph", "aot_joint", "aot_inference")
+                  or current is None or kind in current.graphs
+                  or (kind == "aot_forward" and "aot_forward" in current.graphs))
+        if not starts and current is not None:
+            return current
+        n_inputs = sum(1 for n in text.placeholders() if isinstance(input_ref(n.desc), int))
+        taken = {id(g.parent) for g in ctx.groups}
+        free = [c for c in ctx.children if id(c) not in taken]
+        parent = next((c for c in free if len(c.text.placeholders()) == n_inputs), free[0] if free else ctx.dynamo)
+        group = _AotGroup(parent=parent)
+        ctx.groups.append(group)
+        return group
+
+    def _aot_bindings(self, kind: str, text: TextGraph, parent: _Stored | None):
+        fqn_by_input = parent.fqn_by_input if parent else {}
+        bind, io = {}, []
+        for pos, n in enumerate(text.placeholders()):
+            ref = input_ref(n.desc)
+            fqn = ref if isinstance(ref, str) else fqn_by_input.get(ref) if ref is not None else None
+            if fqn:
+                bind[n.name] = fqn
+                io.append(("in", pos, n.name, fqn, None, n.desc))
+        if kind == "aot_backward":
+            for pos, (value, desc) in enumerate(zip(text.outputs, text.output_descs)):
+                of = grad_of(desc)
+                if of is None:
+                    continue
+                ref = input_ref(of)
+                fqn = ref if isinstance(ref, str) else fqn_by_input.get(ref) if ref is not None else None
+                io.append(("grad", pos, value, fqn, value is not None, desc))
+        return bind, io
+
+    def _post_grad_parent(self, ctx: _Compile, text: TextGraph) -> _Stored | None:
+        """The AOT graph a post-grad graph was lowered from: the latest one without a post-grad
+        graph yet whose placeholders have the same names and shapes, else the latest AOT graph."""
+        sig = [(n.name, n.shape) for n in text.placeholders()]
+        candidates = [g for grp in ctx.groups for k, g in grp.graphs.items() if k != "aot_joint"]
+        open_ = [g for g in candidates if g.graph_id not in ctx.lowered]
+        match = [g for g in open_ if [(n.name, n.shape) for n in g.text.placeholders()] == sig]
+        parent = match[-1] if match else open_[0] if open_ else candidates[-1] if candidates else ctx.dynamo
+        if parent is not None:
+            ctx.lowered.add(parent.graph_id)
+        return parent
+
+    def _code_target(self, ctx: _Compile) -> _Stored | None:
+        """The graph Inductor's output code (and its provenance) belongs to: the latest post-grad
+        graph of this compile, else its latest AOT graph, else the Dynamo graph."""
+        return ctx.last_graph if ctx.last_graph is not None else ctx.dynamo
+
+    # ----------------------------------------------------------------------------------- provenance
+    # NOTE: [Inductor provenance formats] v1 (torch 2.7/2.8): artifacts
+    # ``inductor_triton_kernel_to_post_grad_nodes`` ({kernel: [post-grad node]}) and
+    # ``inductor_post_to_pre_grad_nodes``; v2: one ``inductor_provenance_tracking_node_mappings``
+    # artifact {"preToPost", "postToPre", "cppCodeToPost" (kernel → post-grad nodes; in debug-handle
+    # logs the key is "kernel:handle"), "postToCppCode", "version"}. Kernel names are as the
+    # profiler shows them (``cpp_fused_mul_relu_0``, ``triton_poi_fused_add_0``).
+    def _provenance(self, ctx: _Compile, rec: Record, target: _Stored | None) -> None:
+        try:
+            data = json.loads(rec.payload)
+        except ValueError:
+            self.counts["bad_provenance_json"] += 1
+            return
+        if not isinstance(data, dict):
+            return
+        if rec.name == "inductor_provenance_tracking_node_mappings":
+            kernels = data.get("cppCodeToPost") or data.get("tritonCodeToPost") or {}
+            post_to_pre = data.get("postToPre") or {}
+            source = "inductor_provenance_v2"
+        elif rec.name == "inductor_triton_kernel_to_post_grad_nodes":
+            kernels, post_to_pre, source = data, {}, "inductor_provenance_v1"
+        else:
+            return
+        rows = []
+        for kernel, nodes in kernels.items():
+            kname = str(kernel).split(":")[0]
+            for node in nodes if isinstance(nodes, list) else []:
+                pre = post_to_pre.get(node)
+                pre_name = pre[0] if isinstance(pre, list) and pre and isinstance(pre[0], str) else None
+                if pre_name is None and isinstance(pre, list) and pre and isinstance(pre[0], dict):
+                    pre_name = pre[0].get("name")
+                rows.append({"run_id": self.run_id, "rank": self.rank, "compile_id": rec.compile_id,
+                             "graph_id": target.graph_id if target else None, "kernel_name": kname[:500],
+                             "node_name": str(node)[:300], "pre_grad_node": pre_name, "source": source})
+        if rows:
+            self.session.execute(insert(KernelNode), rows)
+            self.counts["kernel_nodes"] += len(rows)
+
+    # ----------------------------------------------------------------------------------- metrics
+    def _metrics(self, ctx: _Compile, body: dict) -> None:
+        t = body.get("entire_frame_compile_time_s")
+        if ctx.dynamo is not None and isinstance(t, (int, float)):
+            self.session.execute(update(Graph).where(Graph.id == ctx.dynamo.graph_id).values(compile_time_s=float(t)))
+
+    def flush_events(self) -> None:
+        if self.events:
+            self.session.execute(insert(CompileEvent), self.events)
+            self.events = []
