@@ -42,7 +42,9 @@ CATEGORIES = (
     "elementwise",
     "reduction",  # reductions and normalisations
     "view",  # view / reshape / layout and data movement (cat, clone)
-    "collective",
+    "cast",  # dtype conversion (_to_copy with a dtype, convert_element_type, .float())
+    "collective",  # collectives and their waits
+    "random",  # random number generation (dropout's bernoulli, rand*)
     "other",
 )
 
@@ -60,6 +62,11 @@ class ViewNode(BaseModel):
     shape: list[Any] | None = Field(default=None, description="output shape (ints or symbols); list of shapes for tuples")
     dtype: str | None = Field(default=None, description="output dtype as stored, e.g. 'torch.float32'")
     param_fqn: str | None = Field(default=None, description="parameter a placeholder is bound to")
+    size_bytes: int | None = Field(default=None, description="output bytes (numel × element size)")
+    seq_nr: int | None = Field(default=None, description="autograd sequence number; forward and backward nodes of one op share it")
+    recomputed: bool = Field(default=False, description="a forward op the partitioner moved into this backward graph")
+    dtype_change: str | None = Field(default=None, description="'float32→bfloat16' when a floating input's dtype differs from the output's")
+    namespace_from: str | None = Field(default=None, description="'consumer' / 'producer' when the namespace was inferred (NOTE: [Nodes without a module])")
 
 
 class ViewEdge(BaseModel):
@@ -82,7 +89,7 @@ class GraphView(BaseModel):
 
 
 def graph_view(session: Session, graph_id: int) -> GraphView:
-    """Build the view of stored graph ``graph_id``.
+    """Build the view of stored graph ``graph_id`` (rows are trusted: no pydantic validation).
 
     Raises:
         NotFoundError: no graph has that id.
@@ -95,27 +102,23 @@ def graph_view(session: Session, graph_id: int) -> GraphView:
     rows = session.execute(
         select(
             Node.idx, Node.name, Node.op, target.value, module.value,
-            Node.shape_json, Node.dtype, Node.param_fqn,
+            Node.shape_json, Node.dtype, Node.param_fqn, Node.size_bytes, Node.seq_nr, Node.partitioner_tag,
         )
         .join(target, Node.target_id == target.id)
         .outerjoin(module, Node.module_path_id == module.id)
         .where(Node.graph_id == graph_id)
         .order_by(Node.idx)
     ).all()
+    backward = graph.kind == "aot_backward"
     nodes = [
-        ViewNode(
-            id=name,
-            idx=idx,
-            label=node_label(op, tgt),
-            op=op,
-            target=tgt,
-            category=op_category(op, tgt),
-            namespace=(module_path or "").strip("/") or None,
-            shape=loads_json(shape_json),
-            dtype=dtype,
-            param_fqn=param_fqn,
+        ViewNode.model_construct(
+            id=name, idx=idx, label=node_label(op, tgt), op=op, target=tgt, category=op_category(op, tgt),
+            namespace=(module_path or "").strip("/") or None, shape=loads_json(shape_json), dtype=dtype,
+            param_fqn=param_fqn, size_bytes=size, seq_nr=seq_nr,
+            recomputed=backward and tag == "is_forward" and op not in ("placeholder", "output"),
+            dtype_change=None, namespace_from=None,
         )
-        for idx, name, op, tgt, module_path, shape_json, dtype, param_fqn in rows
+        for idx, name, op, tgt, module_path, shape_json, dtype, param_fqn, size, seq_nr, tag in rows
     ]
     names = {n.idx: n.id for n in nodes}
     edge_rows = session.execute(
@@ -124,11 +127,65 @@ def graph_view(session: Session, graph_id: int) -> GraphView:
         .order_by(Edge.src_idx, Edge.dst_idx, Edge.arg_pos)
     ).all()
     edges = [
-        ViewEdge(src=names[src], dst=names[dst], arg_pos=pos, size_bytes=size)
+        ViewEdge.model_construct(src=names[src], dst=names[dst], arg_pos=pos, size_bytes=size)
         for src, dst, pos, size in edge_rows
         if src in names and dst in names
     ]
-    return GraphView(graph_id=graph.id, name=graph.name, kind=graph.kind, nodes=nodes, edges=edges)
+    finish_view(nodes, edges)
+    return GraphView.model_construct(graph_id=graph.id, name=graph.name, kind=graph.kind, nodes=nodes, edges=edges)
+
+
+# NOTE: [Nodes without a module]
+# AOT backward graphs have nodes with no (fwd_)nn_module_stack: gradient-accumulation adds,
+# tangents and saved-activation placeholders, nodes whose fwd_nn_module_stack is None while
+# fwd_source_fn_stack is set. Rule: a placeholder (or get_attr) joins the module of its first
+# consumer that has one; any other node joins its first producer's module, else its first
+# consumer's. Repeated until nothing changes, so chains of such nodes follow their neighbours.
+# The output node stays at the top. Inferred namespaces are marked (``namespace_from``) and
+# count in the cluster they join.
+_FLOAT = {"float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2", "float", "half", "double"}
+
+
+def finish_view(nodes: list[ViewNode], edges: list[ViewEdge]) -> None:
+    """Fill in what needs the edges: inferred namespaces (NOTE: [Nodes without a module]) and
+    ``dtype_change`` (a floating input of another floating dtype). Edits ``nodes`` in place."""
+    by_name = {n.id: n for n in nodes}
+    inputs: dict[str, list[str]] = {}
+    users: dict[str, list[str]] = {}
+    for e in edges:
+        inputs.setdefault(e.dst, []).append(e.src)
+        users.setdefault(e.src, []).append(e.dst)
+    for name, srcs in inputs.items():
+        node = by_name[name]
+        out = _dtype_name(node.dtype)
+        if out in _FLOAT and node.op not in ("output", "placeholder"):
+            ins = sorted({_dtype_name(by_name[s].dtype) for s in srcs} & _FLOAT - {out})
+            if ins:
+                node.dtype_change = f"{ins[0]}\u2192{out}"
+    for outs in users.values():
+        outs.sort(key=lambda u: by_name[u].idx)
+    pending = [n for n in nodes if not n.namespace and n.op != "output"]
+    while pending:
+        left = []
+        for node in pending:
+            producers = [by_name[s] for s in inputs.get(node.id, ())]
+            consumers = [by_name[u] for u in users.get(node.id, ())]
+            order = (("consumer", consumers),) if node.op in ("placeholder", "get_attr") else (
+                ("producer", producers), ("consumer", consumers))
+            for how, near in order:
+                hit = next((m for m in near if m.namespace), None)
+                if hit is not None:
+                    node.namespace, node.namespace_from = hit.namespace, how
+                    break
+            else:
+                left.append(node)
+        if len(left) == len(pending):
+            break
+        pending = left
+
+
+def _dtype_name(dtype: str | None) -> str | None:
+    return dtype[len("torch."):] if dtype and dtype.startswith("torch.") else dtype
 
 
 def loads_json(text: str | None, default: Any = None) -> Any:
@@ -214,11 +271,21 @@ _ELEMENTWISE = frozenset(
      "bitwise_not", "bitwise_xor", "and", "or", "xor", "invert", "reciprocal", "sign", "sgn",
      "floor", "ceil", "round", "trunc", "fmod", "remainder", "mod", "dropout", "native_dropout",
      "threshold", "hardtanh", "leaky_relu", "elu", "softplus", "mish", "hardswish", "hardsigmoid",
-     "to_copy", "to", "copy", "fill", "masked_fill", "zeros_like", "ones_like", "full_like",
-     "empty_like", "rand_like", "randn_like", "float", "half", "bfloat16", "type_as", "lerp",
+     "copy", "fill", "masked_fill", "zeros_like", "ones_like", "full_like",
+     "empty_like", "lerp",
      "addcmul", "addcdiv", "iadd", "isub", "imul", "itruediv", "isnan", "isinf", "isfinite",
      "nan_to_num", "sigmoid_backward", "tanh_backward", "gelu_backward", "silu_backward",
-     "threshold_backward", "native_dropout_backward", "fused_dropout", "bernoulli", "scalar_tensor"}
+     "threshold_backward", "native_dropout_backward", "scalar_tensor"}
+)
+_CAST = frozenset(
+    {"to_copy", "to", "convert_element_type", "float", "half", "bfloat16", "double", "type_as", "type",
+     "autocast_to_reduced_precision", "autocast_to_full_precision", "npu_dtype_cast"}
+)
+_RANDOM = frozenset(
+    {"bernoulli", "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm",
+     "normal", "uniform", "dropout", "native_dropout", "fused_dropout", "multinomial", "philox_rand",
+     "exponential", "geometric", "cauchy", "log_normal", "poisson", "seed", "inductor_random",
+     "inductor_seeds", "inductor_lookup_seed", "run_and_save_rng_state", "run_with_rng_state"}
 )
 
 
@@ -227,7 +294,8 @@ def op_category(op: str, target: str) -> str:
 
     ``'aten.addmm.default'`` → ``'matmul'``, ``'aten.relu.default'`` → ``'elementwise'``,
     ``'aten.sum.dim_IntList'`` → ``'reduction'``, ``'aten.view.default'`` → ``'view'``,
-    ``'_c10d_functional.all_reduce.default'`` → ``'collective'``; unknown names → ``'other'``.
+    ``'_c10d_functional.all_reduce.default'`` → ``'collective'``, ``'prims.convert_element_type.default'``
+    → ``'cast'``, ``'aten.bernoulli.p'`` → ``'random'``; unknown names → ``'other'``.
     """
     if op in ("placeholder", "get_attr", "output"):
         return op
@@ -236,6 +304,10 @@ def op_category(op: str, target: str) -> str:
     if "c10d" in target:
         return "collective"
     name = short_target(target).lower().strip("_")
+    if name in _CAST:
+        return "cast"
+    if name in _RANDOM:
+        return "random"
     if name in _ELEMENTWISE:  # before suffix stripping: 'threshold_backward' is elementwise
         return "elementwise"
     for suffix in ("_backward_data", "_backward_input", "_backward"):

@@ -1,85 +1,70 @@
-"""Render a :class:`~graphdeck.server.views.GraphView` as SVG with Graphviz ``dot``.
+"""Render a :class:`~graphdeck.server.views.GraphView` as SVG: module clusters that open and close,
+edges weighted by bytes, op-category colours, filters, overlays and diff marks.
 
-:func:`render_graph_svg` is pure: the same view gives the same bytes (nodes, clusters and edges
-are emitted in sorted order; colours come from a hash of the op category, not from a random
-palette walk). The DOT is built with the ``graphviz`` package and laid out by the ``dot``
-executable in a subprocess with a timeout.
+:func:`render_graph_svg` is pure: the same view and view state give the same bytes (members,
+clusters and edges are emitted in sorted order, coordinates rounded to 0.1 px, colours from a hash
+of the category name). What is laid out is only what is visible (``layout.py``: a collapsed
+cluster is one box; each open cluster is laid out on its own by igraph's Sugiyama layout and
+cached), so the cost follows the view, not the graph.
 
 What the frontend can rely on in the output:
 
-* the root ``<svg>`` has ``width="100%" height="100%"`` and keeps its ``viewBox`` (pan/zoom);
-* node ``idx`` is drawn as ``<g id="node-<idx>" class="node cat-<category>">`` (Graphviz writes
-  the ``-`` as ``&#45;``, which the DOM decodes), and the FX node name is its tooltip
-  (``<a xlink:title="...">``);
-* a module path ``a/b/c`` is a ``<g class="cluster ns">`` nested inside ``a/b`` inside ``a``,
-  labelled ``c``, with the full path as tooltip;
-* edge ``k`` (in (src idx, dst idx, arg_pos) order) is ``<g id="edge-<k>" class="edge">``;
-* an edge spanning more than :data:`MAX_EDGE_SPAN` ranks is cut (see NOTE: [Long edges]): no
-  ``edge-<k>``, but a ``<g id="stub-in-<idx>" class="node stub">`` above its consumer and a
-  ``<g id="stub-out-<idx>" class="node stub">`` below its producer name the far ends.
+* the root ``<svg>`` has ``width="100%" height="100%"``, a ``viewBox`` (pan/zoom) and
+  ``data-visible-nodes``, ``data-open-clusters`` (``|``-separated paths);
+* node ``idx`` is ``<g id="node-<idx>" class="node cat-<category> …" data-name="<FX name>">``
+  with a ``<title>`` (name and target); extra classes: ``collective``, ``recomputed``,
+  ``dtype-change``, ``match`` / ``on-path`` / ``faded`` (filter), ``diff-added`` /
+  ``diff-removed`` / ``diff-changed`` (marks);
+* an open module cluster ``a/b`` is ``<g id="cluster-<k>" class="cluster open" data-path="a/b">``
+  (``k``: its index among all of the graph's module paths, sorted), drawn before what it holds;
+  a collapsed one is ``<g id="cluster-<k>" class="cluster collapsed" data-path="a/b"
+  data-nodes="N">`` whose text says its node count, parameter bytes and summed overlay;
+* edge ``k`` is ``<g id="edge-<k>" class="edge [heavy]" data-src=… data-dst=… data-bytes=…>``
+  where an end is a node name or ``cluster:<path>``; width and colour follow the bytes it
+  carries (``palette.py``), the heaviest :data:`HEAVY_EDGES` are red; ``<g id="legend">`` says
+  the scale. Edges have no labels.
 
-Everything that comes from user code (node names, targets, module paths, parameter names) passes
-through :func:`_text`: control characters dropped, long strings truncated as
-``…[total_len=N]``, backslashes disabled and ``<...>`` marked as not-HTML, so it can neither
-change the DOT (no record or HTML labels are used) nor inject markup (Graphviz XML-escapes text
-and attributes in SVG output).
-
-# NOTE: [Long edges]
-FX graphs have edges that span most of the graph: a forward graph returns activations saved for
-backward from every layer to its one ``output`` node; a backward graph reads them deep down.
-``dot`` routes each such edge through one virtual node per rank it crosses, and its x-placement
-(network simplex) on GPT-2's AOT forward graph (1,166 nodes) grows to 255,143 virtual nodes and
-does not finish in minutes. So, before layout, ranks are estimated by longest path (a source is
-pulled down to just above its first consumer) and every edge spanning more than
-:data:`MAX_EDGE_SPAN` ranks is drawn as a pair of stubs instead; the JSON view keeps every edge.
-With that and ``newrank=true`` (Graphviz 2.43 fails "merge2 ... rank has only N nodes" and
-stalls on nested clusters with the old ranking) GPT-2's 12-block graphs lay out in 0.3–1.7 s,
-where FxGraphDrawer's ``dot`` runs 244 s to over 300 s (``bench/RESULTS.md``).
-
-# NOTE: [Large graphs]
-``dot`` is super-linear in nodes and in nested clusters: GPT-2 with 36 blocks has a 4,531-node
-AOT backward graph that lays out in about 5 s with clusters two levels deep and does not finish
-in 150 s with every level. Above :data:`LARGE_GRAPH_NODES` nodes the view is drawn *collapsed*:
-placeholders bound to parameters are folded into their consumers (``+N params`` on the
-consumer, their names in its tooltip) and clusters are nested at most
-:data:`LARGE_GRAPH_MAX_DEPTH` deep. Above :data:`MAX_RENDER_NODES` nodes, or when ``dot`` runs
-past ``timeout_s``, the result is a small SVG note that says so and points at the JSON twin and
-at ``?max_depth=``; a request never hangs.
+Every string from user code passes through :func:`_text` (control characters dropped, long
+strings truncated as ``…[total_len=N]``) and is XML-escaped as text or attribute.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-import subprocess
 import threading
-from collections import OrderedDict, defaultdict
-from html import escape as _xml_escape
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from html import escape as _esc
 from typing import Any
 
-import graphviz
+from graphdeck.analysis.overlays import Overlay
+from graphdeck.server.render import layout as lay
+from graphdeck.server.render.filters import compile_patterns, filter_nodes, neighbourhood
+from graphdeck.server.render.palette import (
+    EDGE_BINS, EDGE_HEAVY, QUALITATIVE, bin_floor, edge_bin, edge_width, fmt_bytes, fmt_ns, hash_slots, heat,
+)
+from graphdeck.server.views import CATEGORIES, GraphView
 
-from graphdeck.server.render.palette import hash_slots
-from graphdeck.server.views import CATEGORIES, GraphView, ViewEdge, ViewNode
-
-#: Above this many nodes the graph is drawn collapsed (see NOTE: [Large graphs]).
-LARGE_GRAPH_NODES = 3000
-#: Clusters nest at most this deep in a collapsed view.
-LARGE_GRAPH_MAX_DEPTH = 2
-#: Above this many nodes (after collapsing) no layout is attempted; a note SVG is returned.
-MAX_RENDER_NODES = 20_000
-#: Edges spanning more ranks than this are cut into stubs (see NOTE: [Long edges]).
-MAX_EDGE_SPAN = 16
-#: Default wall-clock budget for one ``dot`` run.
-DEFAULT_TIMEOUT_S = 60.0
+#: Above this many visible items no layout is attempted; the k-hop fallback is drawn instead.
+MAX_VISIBLE_ITEMS = 6000
+#: Default wall-clock budget for one render before the fallback view is answered.
+DEFAULT_TIMEOUT_S = 20.0
 #: Longest piece of user text drawn on a node before it is truncated.
 MAX_TEXT_CHARS = 60
+#: How many of the heaviest edges are highlighted.
+HEAVY_EDGES = 5
+#: Hops around the focus node in the fallback view.
+FALLBACK_HOPS = 2
 
 # Pastel fills, none grey (grey is reserved for placeholders and outputs).
 _PALETTE = ("#a6cee3", "#b2df8a", "#fb9a99", "#fdbf6f", "#cab2d6", "#ffff99", "#8dd3c7", "#fccde5")
 _PLACEHOLDER_FILL = "#eeeeee"
 _OUTPUT_FILL = "#d9d9d9"
-_CLUSTER_FILLS = ("#f7f7fb", "#eef0f7")  # alternate by depth so nesting stays readable
+_CLUSTER_FILLS = ("#f7f7fb", "#eef0f7")
+_COLLAPSED_FILL = "#dfe3f0"
 
 
 def _category_colors(categories: tuple[str, ...]) -> dict[str, str]:
@@ -98,165 +83,350 @@ _DTYPE_SHORT = {
     "complex64": "c64", "complex128": "c128", "float8_e4m3fn": "f8e4m3fn", "float8_e5m2": "f8e5m2",
 }
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-_ROOT_SIZE = re.compile(r'<svg width="[^"]*" height="[^"]*"')
+_NOTE_MARK = 'class="graph note"'
 
 
-def render_graph_svg(view: GraphView, *, max_depth: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
-    """Lay out ``view`` top to bottom and return the SVG document as text.
+def render_graph_svg(
+    view: GraphView,
+    *,
+    max_depth: int | None = None,
+    expand: tuple[str, ...] | list[str] = (),
+    collapse: tuple[str, ...] | list[str] = (),
+    filter_by_op: tuple[str, ...] | list[str] = (),
+    focus: str | None = None,
+    overlay: Overlay | None = None,
+    marks: dict[str, str] | None = None,
+    prep: lay.Prepared | None = None,
+    layout_cache: lay.LayoutCache | None = None,
+    graph_key: str | None = None,
+    max_items: int = MAX_VISIBLE_ITEMS,
+) -> str:
+    """Lay out the visible part of ``view`` top to bottom and return the SVG document as text.
 
     Args:
-        view: the graph to draw.
-        max_depth: nest module-path clusters at most this deep (``0``: no clusters; ``None``:
-            all levels). Deeper namespaces are drawn in their depth-``max_depth`` ancestor.
-        timeout_s: wall-clock budget for ``dot``; past it a note SVG is returned.
+        view: the graph.
+        max_depth: module clusters up to this depth are open, deeper ones collapsed (``0``: every
+            top-level cluster collapsed); ``None``: the deepest depth showing at most
+            :data:`~graphdeck.server.render.layout.AUTO_VISIBLE_ITEMS` items.
+        expand / collapse: module paths (``a/b``) opened / closed on top of ``max_depth``
+            (collapse wins; opening a path opens its ancestors).
+        filter_by_op: op patterns (``server/render/filters.py``): matches and the paths between
+            them are drawn, the rest faded.
+        focus: an FX node name whose clusters are opened (a selection, a search hit).
+        overlay: per-node values drawn as fill colour instead of the op category.
+        marks: node id → ``added`` / ``removed`` / ``changed`` (graph diff) or ``linked``.
+        prep, layout_cache, graph_key: reuse the cluster tree and cached cluster layouts
+            (``graph_key`` must change whenever the graph does).
+        max_items: past this many visible items, the k-hop neighbourhood of ``focus`` (or of the
+            first filter match, or of the busiest node) is drawn instead, with a note.
 
     Returns:
         An SVG document (UTF-8 text) whose root has ``width/height="100%"``.
 
     Raises:
-        graphviz.ExecutableNotFound: the ``dot`` executable is not installed.
         ValueError: ``max_depth`` is negative.
+        UsageError: a ``filter_by_op`` pattern is not a valid regular expression.
     """
     if max_depth is not None and max_depth < 0:
         raise ValueError(f"max_depth must be >= 0, got {max_depth}")
-    collapsed = len(view.nodes) > LARGE_GRAPH_NODES
-    nodes, edges, folded = _collapse(view) if collapsed else (view.nodes, view.edges, {})
-    if len(nodes) > MAX_RENDER_NODES:
-        return note_svg(
-            f"{view.name}: {len(view.nodes)} nodes is too many to lay out "
-            f"(limit {MAX_RENDER_NODES}); see /api/graphs/{view.graph_id}/view"
+    patterns = compile_patterns(filter_by_op)
+    prep = prep or lay.prepare(view)
+    if max_depth is None:
+        max_depth = lay.auto_depth(prep)
+    opened = lay.open_clusters(prep, max_depth, expand, collapse, focus)
+    matched, on_path = filter_nodes(view, patterns)
+    visible = sum(len(prep.clusters[p].nodes) + sum(1 for c in prep.clusters[p].children if c not in opened)
+                  for p in opened)
+    if visible > max_items:
+        return fallback_svg(view, focus or (min(matched, key=prep.by_name.get) if matched else None),
+                            f"{visible} items are too many to lay out (limit {max_items})")
+    writer = _Writer(prep, opened, overlay, marks or {}, matched, on_path, bool(patterns))
+    edges_at = lay.cluster_edges(prep, opened)
+    root = lay.layout_cluster(prep, (), opened, edges_at, writer.node_lines, writer.collapsed_size,
+                              layout_cache, graph_key or _view_digest(view))
+    return writer.document(view, root)
+
+
+def fallback_svg(view: GraphView, centre: str | None, why: str) -> str:
+    """The ``FALLBACK_HOPS``-hop neighbourhood of ``centre`` (default: the node with most edges),
+    every cluster open, under a note saying ``why``."""
+    if centre is None or centre not in {n.id for n in view.nodes}:
+        degree: dict[str, int] = {}
+        for e in view.edges:
+            degree[e.src] = degree.get(e.src, 0) + 1
+            degree[e.dst] = degree.get(e.dst, 0) + 1
+        centre = min(degree, key=lambda n: (-degree[n], n)) if degree else (view.nodes[0].id if view.nodes else None)
+    if centre is None:
+        return note_svg(f"{view.name}: {why}")
+    keep = neighbourhood(view, centre, FALLBACK_HOPS)
+    sub = GraphView.model_construct(graph_id=view.graph_id, name=view.name, kind=view.kind,
+                                    nodes=[n for n in view.nodes if n.id in keep],
+                                    edges=[e for e in view.edges if e.src in keep and e.dst in keep])
+    svg = render_graph_svg(sub, max_depth=99, marks={centre: "linked"}, max_items=10**9)
+    note = (f"{why}: showing the {FALLBACK_HOPS}-hop neighbourhood of {centre} ({len(keep)} nodes); "
+            "collapse clusters or filter to see more")
+    return svg.replace('<g id="graph0"', f'<text class="fallback-note" x="4" y="-6" font-size="11" '
+                       f'fill="#a00">{_esc(_text(note, limit=300))}</text>\n<g id="graph0"', 1)
+
+
+def _view_digest(view: GraphView) -> str:
+    return hashlib.sha256(view.model_dump_json().encode()).hexdigest()
+
+
+class _Writer:
+    """Styles and SVG text of one render (the layout comes from ``layout.py``)."""
+
+    def __init__(self, prep, opened, overlay, marks, matched, on_path, filtering):
+        self.prep, self.opened, self.overlay, self.marks = prep, opened, overlay, marks
+        self.matched, self.on_path, self.filtering = matched, on_path, filtering
+        self.numeric = overlay is not None and not overlay.categorical and bool(overlay.values)
+        vals = [float(v) for v in overlay.values.values()] if self.numeric else []
+        self.lo, self.hi = (min(vals), max(vals)) if vals else (0.0, 0.0)
+        cats = sorted({str(v) for v in overlay.values.values()}) if overlay is not None and overlay.categorical else []
+        self.cat_fill = {c: QUALITATIVE[s] for c, s in hash_slots(cats, len(QUALITATIVE)).items()}
+        self.out: list[str] = []
+        self.edge_k = 0
+
+    # ---------------------------------------------------------------- sizes (used by the layout)
+    def node_lines(self, node) -> list[str]:
+        head = node.param_fqn if node.op == "placeholder" and node.param_fqn else node.label
+        if node.recomputed:
+            head = "\u21bb " + head
+        lines = [_text(head)]
+        tensor = tensor_label(node.shape, node.dtype)
+        if node.dtype_change:
+            tensor = f"{_short_dtype(node.dtype_change.split(chr(0x2192))[0])}\u2192{tensor}"
+        if tensor:
+            lines.append(_text(tensor))
+        return lines
+
+    def collapsed_lines(self, path) -> list[str]:
+        c = self.prep.clusters[path]
+        facts = [f"{c.total_nodes} nodes"]
+        if c.param_bytes:
+            facts.append(f"{fmt_bytes(c.param_bytes)} params")
+        total = self._cluster_value(path)
+        if total is not None:
+            facts.append(fmt_ns(total) if self.overlay.unit == "ns" else fmt_bytes(total) if self.overlay.unit == "bytes" else f"{total:g}")
+        hits = self._count(path, self.matched) if self.filtering else 0
+        if hits:
+            facts.append(f"{hits} match")
+        return [_text("\u25b8 " + path[-1]), " · ".join(facts)]
+
+    def collapsed_size(self, path) -> tuple[float, float]:
+        lines = self.collapsed_lines(path)
+        return max(60.0, max(len(t) for t in lines) * lay.CHAR_W + 20), 34.0
+
+    def _count(self, path, names: set[str]) -> int:
+        n = len(path)
+        return sum(1 for idx, p in self.prep.node_path.items() if p[:n] == path and self.prep.by_idx[idx].id in names)
+
+    def _cluster_value(self, path):
+        if not self.numeric:
+            return None
+        n = len(path)
+        vals = [float(self.overlay.values[self.prep.by_idx[i].id]) for i, p in self.prep.node_path.items()
+                if p[:n] == path and self.prep.by_idx[i].id in self.overlay.values]
+        return sum(vals) if vals else None
+
+    # ---------------------------------------------------------------- drawing
+    def document(self, view: GraphView, root: lay.Box) -> str:
+        all_edges = []
+        self._collect_edges(root, 0.0, 0.0, (), all_edges)
+        max_bytes = max((e[2] for e in all_edges), default=0)
+        heavy = {id(e) for e in sorted((e for e in all_edges if e[2] > 0), key=lambda e: -e[2])[:HEAVY_EDGES]}
+        legend, legend_h = self._legend(max_bytes)
+        self._cluster(root, 0.0, legend_h, ())
+        for e in all_edges:
+            if id(e) not in heavy:
+                self._edge(e, max_bytes, False, legend_h)
+        for e in all_edges:
+            if id(e) in heavy:
+                self._edge(e, max_bytes, True, legend_h)
+        width = max(root.w, 520.0)
+        height = root.h + legend_h
+        opened = "|".join("/".join(p) for p in sorted(self.opened) if p)
+        visible = sum(1 for s in self.out if s.startswith('<g id="node-'))
+        head = (
+            '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="100%" height="100%" viewBox="0 -16 {width:.1f} {height + 16:.1f}" '
+            f'class="graphdeck-graph" data-graph-id="{view.graph_id}" data-visible-nodes="{visible}" '
+            f'data-open-clusters="{_esc(opened, quote=True)}" font-family="Helvetica,Arial,sans-serif" font-size="10">\n'
+            '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="5" markerHeight="5" '
+            'orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" fill="context-stroke"/></marker></defs>\n'
+            f'<title>{_esc(_text(view.name, limit=200))}</title>\n'
         )
-    if collapsed:
-        max_depth = LARGE_GRAPH_MAX_DEPTH if max_depth is None else min(max_depth, LARGE_GRAPH_MAX_DEPTH)
-    dot = build_dot(nodes, edges, folded=folded, max_depth=max_depth)
-    try:
-        proc = subprocess.run(
-            ["dot", "-Tsvg"], input=dot.source.encode("utf-8"), capture_output=True, timeout=timeout_s, check=False
-        )
-    except FileNotFoundError as exc:
-        raise graphviz.ExecutableNotFound(["dot"]) from exc
-    except subprocess.TimeoutExpired:
-        return note_svg(
-            f"{view.name}: layout of {len(nodes)} nodes took longer than {timeout_s:g} s; "
-            f"try ?max_depth=1, or see /api/graphs/{view.graph_id}/view"
-        )
-    if proc.returncode != 0:
-        raise graphviz.CalledProcessError(proc.returncode, ["dot", "-Tsvg"], output=proc.stdout, stderr=proc.stderr)
-    return _fill_viewport(proc.stdout.decode("utf-8"))
+        return head + legend + '<g id="graph0" class="graph">\n' + "".join(self.out) + "</g>\n</svg>\n"
+
+    def _collect_edges(self, box, ox, oy, path, acc):
+        for (u, v), (points, nbytes, count) in box.edges.items():
+            acc.append(((u, v), [(x + ox, y + oy) for x, y in points], nbytes, count))
+        for child, sub in sorted(box.children.items()):
+            x, y, _w, _h = box.members[("c", child)]
+            self._collect_edges(sub, ox + x, oy + y, child, acc)
+
+    def _cluster(self, box, ox, oy, path):
+        if path:
+            c = self.prep.clusters[path]
+            depth_fill = _CLUSTER_FILLS[(len(path) - 1) % 2]
+            self.out.append(
+                f'<g id="cluster-{c.key}" class="cluster open" data-path="{_attr("/".join(path))}" data-nodes="{c.total_nodes}">'
+                f'<title>{_esc(_text("/".join(path), limit=400))} ({c.total_nodes} nodes; click to collapse)</title>'
+                f'<rect x="{ox:.1f}" y="{oy:.1f}" width="{box.w:.1f}" height="{box.h:.1f}" rx="6" fill="{depth_fill}" stroke="#b0b0c0"/>'
+                f'<text x="{ox + 6:.1f}" y="{oy + 13:.1f}" font-size="9" fill="#445">\u25be {_esc(_text(path[-1]))}</text></g>\n')
+        for member, (x, y, w, h) in box.members.items():
+            if isinstance(member, int):
+                self._node(self.prep.by_idx[member], ox + x, oy + y, w, h)
+            elif member[1] in box.children:
+                self._cluster(box.children[member[1]], ox + x, oy + y, member[1])
+            else:
+                self._collapsed(member[1], ox + x, oy + y, w, h)
+
+    def _collapsed(self, path, x, y, w, h):
+        c = self.prep.clusters[path]
+        lines = self.collapsed_lines(path)
+        classes = ["cluster", "collapsed"]
+        if self.filtering:
+            classes.append("has-match" if self._count(path, self.matched) else
+                           "on-path" if self._count(path, self.on_path) else "faded")
+        fill = _COLLAPSED_FILL
+        total = self._cluster_value(path)
+        if total is not None:
+            fill = heat(total, 0.0, max(self.hi, total))
+        self.out.append(
+            f'<g id="cluster-{c.key}" class="{" ".join(classes)}" data-path="{_attr("/".join(path))}" '
+            f'data-nodes="{c.total_nodes}" data-param-bytes="{c.param_bytes}"{_fade(classes)}>'
+            f'<title>{_esc(_text("/".join(path), limit=400))} ({c.total_nodes} nodes; click to expand)</title>'
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="4" fill="{fill}" stroke="#5a6690" stroke-width="1.5"/>'
+            f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{w - 6:.1f}" height="{h - 6:.1f}" rx="3" fill="none" stroke="#5a6690" stroke-width="0.5"/>'
+            f'<text x="{x + w / 2:.1f}" y="{y + 14:.1f}" text-anchor="middle" font-weight="bold">{_esc(lines[0])}</text>'
+            f'<text x="{x + w / 2:.1f}" y="{y + 26:.1f}" text-anchor="middle" font-size="9">{_esc(lines[1])}</text></g>\n')
+
+    def _node(self, node, x, y, w, h):
+        classes = ["node", f"cat-{node.category}"]
+        stroke, dash, sw = "#555555", "", 1.0
+        if node.category == "collective":
+            classes.append("collective")
+            stroke, sw = "#000000", 3.0
+        if node.recomputed:
+            classes.append("recomputed")
+            stroke, dash = "#7b3294", ' stroke-dasharray="4 2"'
+        if node.dtype_change or node.category == "cast":
+            classes.append("dtype-change")
+            stroke, sw = "#e6550d", 2.0
+        if self.filtering:
+            classes.append("match" if node.id in self.matched else "on-path" if node.id in self.on_path else "faded")
+            if node.id in self.matched:
+                stroke, sw = "#d62728", 2.5
+        mark = self.marks.get(node.id)
+        if mark:
+            classes.append(f"diff-{mark}")
+            stroke, sw = {"added": "#1a9850", "removed": "#d73027", "changed": "#fdae61"}.get(mark, "#2c7bb6"), 3.0
+        fill = self._fill(node)
+        lines = self.node_lines(node)
+        rx = 10 if node.op in ("placeholder", "get_attr") else 3
+        title = f"{node.id}\n{node.target}" + (f"\nmodule {node.namespace} (from its {node.namespace_from})" if node.namespace_from else "")
+        if self.overlay is not None and node.id in self.overlay.values:
+            v = self.overlay.values[node.id]
+            title += f"\n{self.overlay.kind}: " + (fmt_ns(v) if self.overlay.unit == "ns" else fmt_bytes(v) if self.overlay.unit == "bytes" else str(v))
+        text_y = [y + 12.5, y + 24.5] if len(lines) > 1 else [y + 13.5]
+        small = ' font-size="9" fill="#333"'
+        texts = "".join(f'<text x="{x + w / 2:.1f}" y="{ty:.1f}" text-anchor="middle"{small if i else ""}>{_esc(t)}</text>'
+                        for i, (t, ty) in enumerate(zip(lines, text_y)))
+        self.out.append(
+            f'<g id="node-{node.idx}" class="{" ".join(classes)}" data-name="{_attr(node.id)}"{_fade(classes)}>'
+            f'<title>{_esc(_text(title, limit=600))}</title>'
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="{rx}" fill="{fill}" stroke="{stroke}" stroke-width="{sw:g}"{dash}/>'
+            f'{texts}</g>\n')
+
+    def _fill(self, node) -> str:
+        if self.overlay is not None:
+            v = self.overlay.values.get(node.id)
+            if v is None:
+                return "#f4f4f4"
+            return self.cat_fill.get(str(v), "#cccccc") if self.overlay.categorical else heat(float(v), self.lo, self.hi)
+        if node.op in ("placeholder", "get_attr"):
+            return _PLACEHOLDER_FILL
+        if node.op == "output":
+            return _OUTPUT_FILL
+        return CATEGORY_COLORS.get(node.category, _PALETTE[0])
+
+    def _edge(self, e, max_bytes, heavy, oy):
+        (u, v), points, nbytes, count = e
+        k = self.edge_k
+        self.edge_k += 1
+        colour = EDGE_HEAVY if heavy else EDGE_BINS[edge_bin(nbytes, max_bytes)]
+        faded = self.filtering and not (self._kept(u) and self._kept(v))
+        d = "M" + " L".join(f"{x:.1f},{y + oy:.1f}" for x, y in points)
+        src, dst = self._end(u), self._end(v)
+        cls = "edge heavy" if heavy else "edge"
+        faded_attr = ' opacity="0.2"' if faded else ""
+        self.out.append(
+            f'<g id="edge-{k}" class="{cls}{" faded" if faded else ""}" data-src="{_attr(src)}" data-dst="{_attr(dst)}" '
+            f'data-bytes="{nbytes}"{faded_attr}><title>{_esc(_text(src, limit=200))} \u2192 '
+            f'{_esc(_text(dst, limit=200))}: {fmt_bytes(nbytes)}{f" in {count} edges" if count > 1 else ""}</title>'
+            f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="{edge_width(nbytes, max_bytes):g}" marker-end="url(#arrow)"/></g>\n')
+
+    def _end(self, member) -> str:
+        return self.prep.by_idx[member].id if isinstance(member, int) else "cluster:" + "/".join(member[1])
+
+    def _kept(self, member) -> bool:
+        if isinstance(member, int):
+            name = self.prep.by_idx[member].id
+            return name in self.matched or name in self.on_path
+        return bool(self._count(member[1], self.matched | self.on_path))
+
+    def _legend(self, max_bytes: int) -> tuple[str, float]:
+        parts = ['<g id="legend" class="legend" font-size="9">']
+        x = 4.0
+        for cat in _OP_CATEGORIES:
+            parts.append(f'<rect x="{x:.1f}" y="2" width="10" height="10" fill="{CATEGORY_COLORS[cat]}" stroke="#555"/>'
+                         f'<text x="{x + 13:.1f}" y="11">{cat}</text>')
+            x += 18 + len(cat) * 5.4
+        x, y = 4.0, 26.0
+        parts.append(f'<text x="{x:.1f}" y="{y:.1f}">edge bytes:</text>')
+        x += 56
+        for b, colour in enumerate(EDGE_BINS):
+            label = f"\u2265{fmt_bytes(bin_floor(b, max_bytes))}"
+            parts.append(f'<line x1="{x:.1f}" y1="{y - 3:.1f}" x2="{x + 18:.1f}" y2="{y - 3:.1f}" stroke="{colour}" '
+                         f'stroke-width="{edge_width(max(1, bin_floor(b, max_bytes)), max_bytes):g}"/>'
+                         f'<text x="{x + 21:.1f}" y="{y:.1f}">{label}</text>')
+            x += 30 + len(label) * 5.4
+        parts.append(f'<line x1="{x:.1f}" y1="{y - 3:.1f}" x2="{x + 18:.1f}" y2="{y - 3:.1f}" stroke="{EDGE_HEAVY}" stroke-width="4"/>'
+                     f'<text x="{x + 21:.1f}" y="{y:.1f}">{HEAVY_EDGES} heaviest (max {fmt_bytes(max_bytes)})</text>')
+        height = 34.0
+        if self.overlay is not None:
+            y = 44.0
+            what = f"overlay {self.overlay.kind}"
+            if self.numeric:
+                lo = fmt_ns(self.lo) if self.overlay.unit == "ns" else fmt_bytes(self.lo) if self.overlay.unit == "bytes" else f"{self.lo:g}"
+                hi = fmt_ns(self.hi) if self.overlay.unit == "ns" else fmt_bytes(self.hi) if self.overlay.unit == "bytes" else f"{self.hi:g}"
+                what += f": {lo} \u2192 {hi} (log scale)"
+            elif self.cat_fill:
+                what += ": " + ", ".join(self.cat_fill)
+            else:
+                what += ": no values" + (f" ({self.overlay.note})" if self.overlay.note else "")
+            parts.append(f'<text x="4" y="{y:.1f}" class="overlay-legend">{_esc(_text(what, limit=300))}</text>')
+            height = 52.0
+        parts.append("</g>\n")
+        return "".join(parts), height
 
 
-def build_dot(
-    nodes: list[ViewNode],
-    edges: list[ViewEdge],
-    *,
-    folded: dict[str, list[str]] | None = None,
-    max_depth: int | None = None,
-    max_edge_span: int = MAX_EDGE_SPAN,
-) -> graphviz.Digraph:
-    """The DOT graph for ``nodes`` and ``edges`` (see :func:`render_graph_svg`)."""
-    graph_attr = {
-        "rankdir": "TB", "newrank": "true", "fontname": "Helvetica", "fontsize": "10",
-        "nodesep": "0.25", "ranksep": "0.3",
-    }
-    dot = graphviz.Digraph(
-        name="graph",
-        graph_attr=graph_attr,
-        node_attr={"fontname": "Helvetica", "fontsize": "10", "height": "0.3", "margin": "0.08,0.03"},
-        edge_attr={"arrowsize": "0.5", "color": "#777777"},
-    )
-    nodes = sorted(nodes, key=lambda n: n.idx)
-    index = {n.id: n.idx for n in nodes}
-    names = {n.idx: n.id for n in nodes}
-    ordered = sorted((index[e.src], index[e.dst], e.arg_pos) for e in edges if e.src in index and e.dst in index)
-    ranks = _estimate_ranks(list(names), [(src, dst) for src, dst, _ in ordered])
-    cut_in: dict[int, list[int]] = defaultdict(list)
-    cut_out: dict[int, list[int]] = defaultdict(list)
-    for src, dst, _pos in ordered:
-        if ranks[dst] - ranks[src] > max_edge_span:
-            cut_in[dst].append(src)
-            cut_out[src].append(dst)
-
-    by_namespace: dict[tuple[str, ...], list[ViewNode]] = defaultdict(list)
-    for node in nodes:
-        by_namespace[_namespace_key(node.namespace, max_depth)].append(node)
-    children: dict[tuple[str, ...], set[tuple[str, ...]]] = defaultdict(set)
-    for key in list(by_namespace):
-        for depth in range(1, len(key) + 1):
-            children[key[: depth - 1]].add(key[:depth])
-    cluster_ids = {key: i for i, key in enumerate(sorted(k for keys in children.values() for k in keys))}
-
-    def emit(g: graphviz.Digraph, key: tuple[str, ...]) -> None:
-        for node in by_namespace.get(key, ()):
-            g.node(f"n{node.idx}", **_node_attrs(node, (folded or {}).get(node.id, ())))
-            if node.idx in cut_in:
-                g.node(f"s{node.idx}i", **_stub_attrs(f"stub-in-{node.idx}", "\u2191", [names[i] for i in cut_in[node.idx]]))
-            if node.idx in cut_out:
-                g.node(f"s{node.idx}o", **_stub_attrs(f"stub-out-{node.idx}", "\u2193", [names[i] for i in cut_out[node.idx]]))
-        for child in sorted(children.get(key, ())):
-            with g.subgraph(name=f"cluster_{cluster_ids[child]}") as sub:
-                sub.attr(
-                    id=f"cluster-{cluster_ids[child]}",
-                    label=_text(child[-1]),
-                    tooltip=_text("/".join(child), limit=400),
-                    style="rounded,filled",
-                    fillcolor=_CLUSTER_FILLS[(len(child) - 1) % len(_CLUSTER_FILLS)],
-                    color="#b0b0c0",
-                    fontsize="9",
-                    labeljust="l",
-                    **{"class": "ns"},
-                )
-                emit(sub, child)
-
-    emit(dot, ())
-    for k, (src, dst, _pos) in enumerate(ordered):
-        if ranks[dst] - ranks[src] <= max_edge_span:
-            dot.edge(f"n{src}", f"n{dst}", id=f"edge-{k}")
-    stub_edge = {"style": "dashed", "arrowhead": "none"}
-    for dst in sorted(cut_in):
-        dot.edge(f"s{dst}i", f"n{dst}", **stub_edge)
-    for src in sorted(cut_out):
-        dot.edge(f"n{src}", f"s{src}o", **stub_edge)
-    return dot
+def _fade(classes: list[str]) -> str:
+    return ' opacity="0.25"' if "faded" in classes else ""
 
 
-def _estimate_ranks(idxs: list[int], edges: list[tuple[int, int]]) -> dict[int, int]:
-    """Longest-path layering in ``idx`` order (FX graph order is topological); a source node is
-    then pulled down to one rank above its nearest consumer, as ``dot``'s ranking would."""
-    preds: dict[int, list[int]] = defaultdict(list)
-    succs: dict[int, list[int]] = defaultdict(list)
-    for src, dst in edges:
-        preds[dst].append(src)
-        succs[src].append(dst)
-    ranks: dict[int, int] = {}
-    for idx in sorted(idxs):
-        ranks[idx] = max((ranks[p] + 1 for p in preds[idx] if p in ranks), default=0)
-    for idx in idxs:
-        if not preds[idx] and succs[idx]:
-            ranks[idx] = min(ranks[c] for c in succs[idx]) - 1
-    return ranks
+def _attr(value: str) -> str:
+    return _esc(_CONTROL.sub("", value), quote=True)
 
 
-def _stub_attrs(stub_id: str, arrow: str, far_ends: list[str]) -> dict[str, str]:
-    """A small text node naming the far ends of cut edges: ``↑ a, b (+3)``."""
-    shown = ", ".join(far_ends[:2]) + (f" (+{len(far_ends) - 2})" if len(far_ends) > 2 else "")
-    return {
-        "id": stub_id,
-        "label": graphviz.nohtml(f"{arrow} " + _text(shown)),
-        "tooltip": _text(", ".join(far_ends), limit=2000),
-        "shape": "plaintext",
-        "fontsize": "8",
-        "fontcolor": "#555555",
-        "height": "0.2",
-        "class": "stub",
-    }
-
-
-_NOTE_MARK = 'class="graph note"'
+def _short_dtype(name: str) -> str:
+    return _DTYPE_SHORT.get(name, name)
 
 
 def note_svg(message: str) -> str:
     """A one-line SVG note (used instead of a layout that cannot be made)."""
-    text = _xml_escape(_CONTROL.sub("", message), quote=True)
+    text = _esc(_CONTROL.sub("", message), quote=True)
     width = max(200, 7 * len(message) + 20)
     return (
         '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
@@ -266,75 +436,12 @@ def note_svg(message: str) -> str:
     )
 
 
-class SvgCache:
-    """Rendered SVGs keyed by a digest of the view and ``max_depth``, least recently used first out.
-
-    Rendering is pure, so equal views give equal SVGs and a stale entry cannot be served: the key
-    is the content, not the graph id. Notes (timeouts, too large) are not kept, so a retry on a
-    quieter machine can succeed. Thread-safe; at most ``max_bytes`` of SVG text is held.
-    """
-
-    def __init__(self, max_bytes: int = 64 * 1024**2):
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[str, int | None], str] = OrderedDict()
-        self._size = 0
-        self._lock = threading.Lock()
-
-    def render(self, view: GraphView, *, max_depth: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
-        """:func:`render_graph_svg` of ``view``, from the cache when the same view was drawn."""
-        key = (hashlib.sha256(view.model_dump_json().encode()).hexdigest(), max_depth)
-        with self._lock:
-            svg = self._entries.get(key)
-            if svg is not None:
-                self._entries.move_to_end(key)
-                return svg
-        svg = render_graph_svg(view, max_depth=max_depth, timeout_s=timeout_s)
-        if _NOTE_MARK in svg[:1000] or len(svg) > self.max_bytes:
-            return svg
-        with self._lock:
-            if key not in self._entries:
-                self._entries[key] = svg
-                self._size += len(svg)
-            while self._size > self.max_bytes:
-                _, old = self._entries.popitem(last=False)
-                self._size -= len(old)
-        return svg
-
-
-def _node_attrs(node: ViewNode, folded: list[str] | tuple[str, ...]) -> dict[str, str]:
-    # A placeholder bound to a parameter is drawn by the parameter's name (Dynamo's own name,
-    # "L_self_modules_..._parameters_weight_", stays in the tooltip).
-    lines = [_text(node.param_fqn if node.op == "placeholder" and node.param_fqn else node.label)]
-    tensor = tensor_label(node.shape, node.dtype)
-    if tensor:
-        lines.append(_text(tensor))
-    tooltip = node.id
-    if folded:
-        tooltip += "\n+ " + ", ".join(folded)
-        lines.append(_text(f"+{len(folded)} params"))
-    attrs = {
-        "id": f"node-{node.idx}",
-        "label": graphviz.nohtml("\\n".join(lines)),
-        "tooltip": _text(tooltip, limit=400),
-        "class": f"cat-{node.category}",
-    }
-    if node.op == "placeholder":
-        attrs.update(shape="ellipse", style="filled", fillcolor=_PLACEHOLDER_FILL)
-    elif node.op == "get_attr":
-        attrs.update(shape="ellipse", style="filled,dashed", fillcolor=_PLACEHOLDER_FILL)
-    elif node.op == "output":
-        attrs.update(shape="box", style="filled,bold", peripheries="2", fillcolor=_OUTPUT_FILL)
-    else:
-        attrs.update(shape="box", style="rounded,filled", fillcolor=CATEGORY_COLORS.get(node.category, _PALETTE[0]))
-    return attrs
-
-
 def tensor_label(shape: Any, dtype: str | None) -> str:
     """``([8, 64], 'torch.float32')`` → ``'f32[8, 64]'``; a tuple of shapes shows the first and
     how many more: ``'f32[8, 64] (+1 more)'``; no shape and no dtype → ``''``."""
     short = ""
     if dtype:
-        name = dtype[len("torch."):] if dtype.startswith("torch.") else dtype
+        name = dtype.removeprefix("torch.")
         short = _DTYPE_SHORT.get(name, name)
     if shape is None:
         return short
@@ -347,35 +454,85 @@ def tensor_label(shape: Any, dtype: str | None) -> str:
 
 
 def _text(value: str, *, limit: int = MAX_TEXT_CHARS) -> str:
-    """User text made safe and short for a DOT label or tooltip (see the module docstring)."""
-    clean = _CONTROL.sub("", value).replace("\r", "").replace("\t", " ")
+    """User text made printable and short: control characters dropped (XML 1.0 forbids them),
+    tabs/newlines to spaces, long text cut as ``…[total_len=N]``. Escaping happens on output."""
+    clean = _CONTROL.sub("", str(value)).replace("\r", "").replace("\t", " ").replace("\n", " \u23ce ")
     if len(clean) > limit:
         clean = f"{clean[: limit - 20]}…[total_len={len(clean)}]"
-    # In our labels "\n" is the DOT line break; a raw newline in user text becomes one too.
-    return graphviz.nohtml(graphviz.escape(clean).replace("\n", "\\n"))
+    return clean
 
 
-def _namespace_key(namespace: str | None, max_depth: int | None) -> tuple[str, ...]:
-    if not namespace:
-        return ()
-    parts = tuple(p for p in namespace.split("/") if p)
-    return parts if max_depth is None else parts[:max_depth]
+class SvgCache:
+    """Rendered SVGs keyed by graph key + view state, least recently used first out; renders run
+    on a worker thread with a deadline (NOTE: [Render deadline]).
 
+    # NOTE: [Render deadline]
+    A render past ``timeout_s`` is not awaited: the request gets the k-hop fallback view at once,
+    the render goes on in the background and fills the caches (so reloading the same view later
+    is served from them). The server never blocks on a layout. Fallbacks and notes are not cached.
+    """
 
-def _collapse(view: GraphView) -> tuple[list[ViewNode], list[ViewEdge], dict[str, list[str]]]:
-    """Fold parameter placeholders into their consumers (see NOTE: [Large graphs])."""
-    params = {n.id for n in view.nodes if n.op == "placeholder" and n.param_fqn}
-    folded: dict[str, list[str]] = defaultdict(list)
-    edges = []
-    for edge in view.edges:
-        if edge.src in params:
-            folded[edge.dst].append(edge.src)
-        else:
-            edges.append(edge)
-    nodes = [n for n in view.nodes if n.id not in params]
-    return nodes, edges, {k: sorted(v) for k, v in folded.items()}
+    def __init__(self, max_bytes: int = 64 * 1024**2, workers: int = 2):
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple, str] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graphdeck-layout")
+        self._preps: OrderedDict[str, lay.Prepared] = OrderedDict()
+        self.layouts = lay.LayoutCache()
 
+    def lookup(self, graph_key: str, state: dict) -> str | None:
+        """A cached SVG for this graph key and view state, without loading the graph."""
+        key = (graph_key, json.dumps(state, sort_keys=True, default=str))
+        with self._lock:
+            svg = self._entries.get(key)
+            if svg is not None:
+                self._entries.move_to_end(key)
+            return svg
 
-def _fill_viewport(svg: str) -> str:
-    """Replace the root's fixed ``width``/``height`` (in pt) by ``100%``; the viewBox stays."""
-    return _ROOT_SIZE.sub('<svg width="100%" height="100%"', svg, count=1)
+    def prepared(self, graph_key: str, view: GraphView) -> lay.Prepared:
+        with self._lock:
+            prep = self._preps.get(graph_key)
+            if prep is not None:
+                self._preps.move_to_end(graph_key)
+                return prep
+        prep = lay.prepare(view)
+        with self._lock:
+            self._preps[graph_key] = prep
+            while len(self._preps) > 8:
+                self._preps.popitem(last=False)
+        return prep
+
+    def render(self, view: GraphView, state: dict, *, graph_key: str | None = None,
+               timeout_s: float = DEFAULT_TIMEOUT_S, **extra) -> str:
+        """:func:`render_graph_svg` of ``view`` with ``state`` (its keyword arguments) and
+        ``extra`` (overlay, marks: must be described in ``state`` for the key), cached."""
+        graph_key = graph_key or _view_digest(view)
+        cached = self.lookup(graph_key, state)
+        if cached is not None:
+            return cached
+        compile_patterns(state.get("filter_by_op", ()))  # a bad pattern is a 400 now, not in the worker
+        prep = self.prepared(graph_key, view)
+        kwargs = {k: v for k, v in state.items() if k in ("max_depth", "expand", "collapse", "filter_by_op", "focus")}
+        future = self._pool.submit(render_graph_svg, view, prep=prep, layout_cache=self.layouts,
+                                   graph_key=graph_key, **kwargs, **extra)
+        future.add_done_callback(lambda f: self._store(graph_key, state, f))
+        try:
+            return future.result(timeout=timeout_s)
+        except FutureTimeout:
+            return fallback_svg(view, state.get("focus"), f"the layout took longer than {timeout_s:g} s")
+
+    def _store(self, graph_key: str, state: dict, future) -> None:
+        if future.exception() is not None:
+            return
+        svg = future.result()
+        if _NOTE_MARK in svg[:1000] or "fallback-note" in svg[:4000] or len(svg) > self.max_bytes:
+            return
+        key = (graph_key, json.dumps(state, sort_keys=True, default=str))
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = svg
+                self._size += len(svg)
+            while self._size > self.max_bytes:
+                _, old = self._entries.popitem(last=False)
+                self._size -= len(old)

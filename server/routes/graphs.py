@@ -1,4 +1,5 @@
-"""Graph routes: a graph, its nodes, one node in full, and its view as JSON and SVG."""
+"""Graph routes: a graph, its nodes, one node in full (and its forward/backward counterparts), its
+view as JSON and SVG, overlays, a diff against another graph, and Model Explorer export."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
-from graphdeck.server.deps import get_session, get_svg_cache, resolve_graph, resolve_node
+from graphdeck.analysis.graphdiff import diff_views
+from graphdeck.analysis.overlays import OVERLAY_KINDS, graph_overlay
+from graphdeck.errors import UsageError
+from graphdeck.server.deps import find_graph, get_session, get_svg_cache, resolve_graph, resolve_node
+from graphdeck.server.render.filters import compile_patterns
+from graphdeck.server.render.model_explorer import model_explorer_graph, model_explorer_node_data
 from graphdeck.server.render.svg import SvgCache
 from graphdeck.server.routes.runs import GRAPH_FIELDS, pick
 from graphdeck.server.views import graph_view, loads_json
@@ -80,12 +86,108 @@ def get_view(graph: Graph = Depends(resolve_graph), session: Session = Depends(g
     return graph_view(session, graph.id).model_dump()
 
 
+def graph_key(graph: Graph) -> str:
+    """What the SVG and layout caches key a stored graph by: rows of a captured graph never change."""
+    return f"{graph.id}:{graph.structural_hash}:{graph.num_nodes}"
+
+
+class ViewParams:
+    """The view state of ``/svg``: every parameter the graph page keeps in its URL."""
+
+    def __init__(
+        self,
+        max_depth: int | None = Query(None, ge=0, description="module clusters open to this depth by default "
+                                      "(omitted: the deepest showing at most 400 items)"),
+        expand: list[str] = Query([], description="module paths ('a/b') to open; repeat the parameter"),
+        collapse: list[str] = Query([], description="module paths to close (wins over expand)"),
+        filter_by_op: list[str] = Query([], description="op regexes (full match of short op, target or "
+                                        "name): matches and paths between them kept, the rest faded"),
+        node: str | None = Query(None, description="a node whose clusters are opened (the selection)"),
+        overlay: str | None = Query(None, description="one of " + ", ".join(OVERLAY_KINDS)),
+        diff_against: int | None = Query(None, description="mark nodes added/removed/changed against this graph"),
+    ):
+        self.state = {"max_depth": max_depth, "expand": sorted(set(expand)), "collapse": sorted(set(collapse)),
+                      "filter_by_op": list(filter_by_op), "focus": node, "overlay": overlay,
+                      "diff_against": diff_against}
+        if overlay is not None and overlay not in OVERLAY_KINDS:
+            raise UsageError(f"unknown overlay {overlay!r}; one of {', '.join(OVERLAY_KINDS)}")
+        compile_patterns(filter_by_op)
+
+
+def render_view_svg(session: Session, graph: Graph, cache: SvgCache, params: ViewParams) -> str:
+    """The SVG of ``graph`` in the view state ``params``, through the app's caches."""
+    state = params.state
+    cacheable = state["overlay"] != "time"  # a trace uploaded later changes the time overlay
+    if cacheable:
+        hit = cache.lookup(graph_key(graph), state)
+        if hit is not None:
+            return hit
+    view = graph_view(session, graph.id)
+    extra = {}
+    if state["overlay"]:
+        extra["overlay"] = graph_overlay(session, graph.id, state["overlay"])
+    if state["diff_against"] is not None:
+        other = graph_view(session, find_graph(session, state["diff_against"]).id)
+        extra["marks"] = diff_views(view, other).marks_a()
+    if not cacheable:
+        state = {**state, "uncached": object()}
+    return cache.render(view, state, graph_key=graph_key(graph), **extra)
+
+
 @router.get("/api/graphs/{graph_id}/svg", response_class=Response,
             responses={200: {"content": {"image/svg+xml": {}}}})
 def get_svg(graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session),
-            cache: SvgCache = Depends(get_svg_cache),
-            max_depth: int | None = Query(None, ge=0, description="module-path depth of the drawn clusters")) -> Response:
-    """The graph laid out by Graphviz ``dot``; nodes are ``<g id="node-<idx>" class="node">``.
-    Long edges are drawn as stubs and very large graphs collapsed (see ``render/svg.py``)."""
-    svg = cache.render(graph_view(session, graph.id), max_depth=max_depth)
-    return Response(svg, media_type="image/svg+xml")
+            cache: SvgCache = Depends(get_svg_cache), params: ViewParams = Depends(),
+            download: bool = Query(False, description="as a standalone .svg file (Content-Disposition)")) -> Response:
+    """The visible part of the graph laid out (``render/svg.py`` documents the markup): module
+    clusters open to ``max_depth`` plus ``expand`` minus ``collapse``, a collapsed cluster as one
+    box; edges weighted by bytes; filter, overlay and diff marks. Past the render deadline, the
+    k-hop neighbourhood of ``node`` with a note."""
+    svg = render_view_svg(session, graph, cache, params)
+    headers = {"Content-Disposition": f'attachment; filename="graph-{graph.id}.svg"'} if download else None
+    return Response(svg, media_type="image/svg+xml", headers=headers)
+
+
+@router.get("/api/graphs/{graph_id}/overlays/{kind}")
+def get_overlay(kind: str, graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
+    """Per-node overlay values keyed by node name (``analysis/overlays.py``)."""
+    return graph_overlay(session, graph.id, kind).model_dump()
+
+
+@router.get("/api/graphs/{graph_id}/diff/{other_id}")
+def get_diff(other_id: int, graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
+    """Graph diff of this graph (A) against ``other_id`` (B): pairs, added, removed, changed."""
+    other = find_graph(session, other_id)
+    return diff_views(graph_view(session, graph.id), graph_view(session, other.id)).model_dump()
+
+
+@router.get("/api/graphs/{graph_id}/nodes/{node_name}/counterparts")
+def get_counterparts(node: Node = Depends(resolve_node), session: Session = Depends(get_session)) -> dict:
+    """The nodes sharing this node's ``seq_nr`` in the AOT forward/backward sibling graph(s) of
+    its graph: ``{"seq_nr", "graphs": [{"id", "kind", "name", "nodes": [names]}]}``."""
+    graph = session.get(Graph, node.graph_id)
+    out = {"seq_nr": node.seq_nr, "graphs": []}
+    if node.seq_nr is None or graph.parent_id is None:
+        return out
+    siblings = session.scalars(select(Graph).where(Graph.parent_id == graph.parent_id, Graph.id != graph.id,
+                                                   Graph.kind.in_(("aot_forward", "aot_backward")))
+                               .order_by(Graph.id)).all()
+    for sib in siblings:
+        names = session.scalars(select(Node.name).where(Node.graph_id == sib.id, Node.seq_nr == node.seq_nr)
+                                .order_by(Node.idx)).all()
+        if names:
+            out["graphs"].append({"id": sib.id, "kind": sib.kind, "name": sib.name, "nodes": list(names)})
+    return out
+
+
+@router.get("/api/graphs/{graph_id}/model-explorer")
+def get_model_explorer(graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
+    """The graph as Model Explorer graph JSON (namespace = module path)."""
+    return model_explorer_graph(graph_view(session, graph.id))
+
+
+@router.get("/api/graphs/{graph_id}/model-explorer/node-data/{kind}")
+def get_model_explorer_data(kind: str, graph: Graph = Depends(resolve_graph),
+                            session: Session = Depends(get_session)) -> dict:
+    """An overlay as Model Explorer node-data JSON for this graph."""
+    return model_explorer_node_data(graph_view(session, graph.id), graph_overlay(session, graph.id, kind))

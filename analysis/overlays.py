@@ -1,0 +1,96 @@
+"""Per-node overlays of a stored graph: a separate model keyed by FX node name (``../shared/STYLE.md``).
+
+An :class:`Overlay` holds one value per node — output bytes, time from a trace, or a partition
+(DDP bucket index, rank) — and says its unit and whether it is categorical. The graph view draws
+numeric overlays as a heat colour and categorical ones by a hashed palette slot; Model Explorer
+export writes them as node data. Nothing here draws.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.errors import NotFoundError, UsageError
+from graphdeck.store.schema import Graph, Node, Partition
+
+#: Overlay kinds :func:`graph_overlay` knows.
+OVERLAY_KINDS = ("bytes", "time", "partition", "rank")
+
+
+class Overlay(BaseModel):
+    """Values keyed by node id (the FX node name); nodes without a value are absent.
+
+    Example::
+
+        >>> Overlay(kind="bytes", unit="bytes", values={"mm": 2048}).values["mm"]
+        2048
+    """
+
+    kind: str = Field(description="one of " + ", ".join(OVERLAY_KINDS))
+    unit: str = Field(default="", description="'bytes', 'ns', or '' for categorical values")
+    categorical: bool = False
+    values: dict[str, float | int | str] = Field(default_factory=dict)
+    note: str | None = Field(default=None, description="why values are missing, when they are")
+
+
+def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
+    """The ``kind`` overlay of stored graph ``graph_id``.
+
+    * ``bytes``: each node's output bytes (``nodes.size_bytes``; symbolic shapes have none).
+    * ``time``: ns per node from ``graphdeck.analysis.trace_map.node_time_ns(session, graph_id)``
+      when that module is installed and maps this graph's kernels; else empty with a note.
+    * ``partition``: the DDP bucket index: for a graph DDPOptimizer split, each node's bucket by
+      name in the bucket graphs; for a bucket's own graphs (and their AOT graphs) that bucket.
+    * ``rank``: the graph's rank, on every node (for comparing ranks side by side).
+
+    Raises:
+        NotFoundError: no graph ``graph_id``.
+        UsageError: unknown ``kind``.
+    """
+    graph = session.get(Graph, graph_id)
+    if graph is None:
+        raise NotFoundError(f"graph {graph_id} not found", resource="graph", id=graph_id)
+    if kind not in OVERLAY_KINDS:
+        raise UsageError(f"unknown overlay {kind!r}; one of {', '.join(OVERLAY_KINDS)}")
+    names = list(session.scalars(select(Node.name).where(Node.graph_id == graph_id).order_by(Node.idx)))
+    if kind == "bytes":
+        rows = session.execute(select(Node.name, Node.size_bytes).where(Node.graph_id == graph_id)).all()
+        return Overlay(kind=kind, unit="bytes", values={n: b for n, b in rows if b is not None})
+    if kind == "rank":
+        return Overlay(kind=kind, categorical=True, values=dict.fromkeys(names, f"rank {graph.rank}"))
+    if kind == "partition":
+        return _partition(session, graph, names)
+    return _time(session, graph_id)
+
+
+def _partition(session: Session, graph: Graph, names: list[str]) -> Overlay:
+    buckets = session.execute(select(Partition.index, Partition.graph_id)
+                              .where(Partition.parent_graph_id == graph.id).order_by(Partition.index)).all()
+    values: dict[str, str] = {}
+    for index, child_id in buckets:
+        if child_id is None:
+            continue
+        for name in session.scalars(select(Node.name).where(Node.graph_id == child_id, Node.op != "placeholder",
+                                                            Node.op != "output")):
+            values.setdefault(name, f"bucket {index}")
+    if values:
+        return Overlay(kind="partition", categorical=True, values={n: values[n] for n in names if n in values})
+    index, at = graph.partition_index, graph
+    while index is None and at.parent_id is not None:
+        at = session.get(Graph, at.parent_id)
+        index = at.partition_index
+    if index is None:
+        return Overlay(kind="partition", categorical=True, note="this graph is not a DDP bucket and was not split")
+    return Overlay(kind="partition", categorical=True, values=dict.fromkeys(names, f"bucket {index}"))
+
+
+def _time(session: Session, graph_id: int) -> Overlay:
+    try:
+        from graphdeck.analysis.trace_map import node_time_ns
+    except ImportError:
+        return Overlay(kind="time", unit="ns", note="no kernel-to-node mapping is installed (graphdeck.analysis.trace_map)")
+    values = node_time_ns(session, graph_id) or {}
+    note = None if values else "no trace of this graph maps kernels to its nodes"
+    return Overlay(kind="time", unit="ns", values={str(k): float(v) for k, v in values.items()}, note=note)
