@@ -1,0 +1,112 @@
+"""TORCH_TRACE import over HTTP, and the per-rank compile index it feeds.
+
+* ``POST /api/runs/{run_name}/torch-trace?strict=false``: multipart upload of one or more logs
+  (field ``files``; each part's file name is kept, so ``…rank_<r>….log`` gives the rank), capped
+  at ``settings.max_upload_bytes`` in total (else 413), then
+  :func:`~graphdeck.store.torch_trace.import_torch_trace` — the CLI's ``graphdeck import`` code
+  path. 201 ``{"ok": true, "run_id", "run_name", "ranks", "stats", "dropped", "files",
+  "skipped_files"}``.
+* ``GET /api/runs/{run_id}/compile-index?rank=``: :func:`~graphdeck.analysis.compile_index.compile_index`
+  as ``{"run", "ranks": {rank: [entry, ...]}}``.
+* ``GET /api/compile-events/{event_id}``: one compile record with its whole payload (e.g. the
+  Inductor output code of a graph).
+* ``GET /api/graphs/{graph_id}/kernels``: kernel → node links of a graph (``kernel_nodes``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path as FsPath
+
+from fastapi import APIRouter, Depends, Path, Query, Request, UploadFile
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.compile_index import compile_index
+from graphdeck.errors import BadInputError, NotFoundError, PayloadTooLargeError
+from graphdeck.server.deps import get_engine, get_session, get_settings, resolve_graph, resolve_run
+from graphdeck.store.schema import CompileEvent, Graph, KernelNode, Run
+from graphdeck.store.torch_trace import import_torch_trace
+
+router = APIRouter(tags=["imports"])
+DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
+COPY_CHUNK_BYTES = 1 << 20
+
+
+def _safe_name(name: str | None, i: int) -> str:
+    base = FsPath(name or f"upload_{i}.log").name
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", base) or f"upload_{i}.log"
+    return base if base.endswith((".log", ".txt")) else base + ".log"
+
+
+@router.post("/api/runs/{run_name}/torch-trace", status_code=201)
+def upload_torch_trace(request: Request, files: list[UploadFile], run_name: str = Path(..., max_length=200),
+                       strict: bool = Query(False, description="fail, keeping nothing, on any dropped record"),
+                       settings=Depends(get_settings), engine=Depends(get_engine)) -> dict:
+    """Import uploaded TORCH_TRACE logs as run ``run_name`` (see the module docstring)."""
+    cap = int(getattr(settings, "max_upload_bytes", DEFAULT_MAX_UPLOAD_BYTES))
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > cap:
+        raise PayloadTooLargeError(f"upload of {length} bytes is larger than the {cap}-byte limit", limit_bytes=cap)
+    if not files:
+        raise BadInputError("no files uploaded (multipart field 'files')")
+    tmp = FsPath(tempfile.mkdtemp(prefix="graphdeck-tt-"))
+    try:
+        total = 0
+        for i, up in enumerate(files):
+            target = tmp / _safe_name(up.filename, i)
+            if target.exists():
+                target = tmp / f"{i}_{target.name}"
+            with open(target, "wb") as out:
+                while chunk := up.file.read(COPY_CHUNK_BYTES):
+                    total += len(chunk)
+                    if total > cap:
+                        raise PayloadTooLargeError(f"upload is larger than the {cap}-byte limit", limit_bytes=cap)
+                    out.write(chunk)
+        result = import_torch_trace(engine, tmp, run_name=run_name, strict=strict)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"ok": True, **result.to_dict()}
+
+
+@router.get("/api/runs/{run_id}/compile-index")
+def get_compile_index(run: Run = Depends(resolve_run), session: Session = Depends(get_session),
+                      rank: int | None = Query(None, description="only this rank")) -> dict:
+    """Per rank, one entry per compile id (frame, status, compile time, graph breaks with reason
+    and source line, recompile reasons, failure/restarts, graphs, output-code records)."""
+    index = compile_index(session, run, rank)
+    return {"run": {"id": run.id, "name": run.name}, "ranks": {str(r): v for r, v in index.items()}}
+
+
+@router.get("/api/compile-events/{event_id}")
+def get_compile_event(event_id: int, session: Session = Depends(get_session)) -> dict:
+    """One compile record: name, rank, compile id, metadata and the whole payload."""
+    ev = session.get(CompileEvent, event_id)
+    if ev is None:
+        raise NotFoundError(f"compile event {event_id} not found", resource="compile_event", id=event_id)
+    meta = json.loads(ev.metadata_json or "{}")
+    graph_name = None
+    if isinstance(meta.get("graph_id"), int):
+        graph_name = session.scalar(select(Graph.name).where(Graph.id == meta["graph_id"]))
+    return {"id": ev.id, "run_id": ev.run_id, "rank": ev.rank, "name": ev.name, "compile_id": ev.compile_id,
+            "graph_id": meta.get("graph_id"), "graph_name": graph_name, "metadata": meta, "payload": ev.payload}
+
+
+@router.get("/api/graphs/{graph_id}/kernels")
+def get_graph_kernels(graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
+    """Kernel → node links of this graph: ``{"kernels": {kernel: [{"node", "pre_grad_node",
+    "source"}]}, "nodes": {node: [kernel, ...]}}``."""
+    rows = session.execute(select(KernelNode.kernel_name, KernelNode.node_name, KernelNode.pre_grad_node,
+                                  KernelNode.source).where(KernelNode.graph_id == graph.id)
+                           .order_by(KernelNode.kernel_name, KernelNode.id)).all()
+    kernels: dict[str, list[dict]] = {}
+    nodes: dict[str, list[str]] = {}
+    for k, n, pre, src in rows:
+        kernels.setdefault(k, []).append({"node": n, "pre_grad_node": pre, "source": src})
+        nodes.setdefault(n, [])
+        if k not in nodes[n]:
+            nodes[n].append(k)
+    return {"graph_id": graph.id, "kernels": kernels, "nodes": nodes}
