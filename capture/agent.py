@@ -195,7 +195,8 @@ class Agent:
         compile_time_s = time.perf_counter() - t1
         if pending is not None:
             try:
-                self._finish(pending, compile_time_s)
+                gid = self._finish(pending, compile_time_s)
+                compiled = _watch_output_grads(compiled, pending["gm"], gid, self)
             except Exception as exc:
                 warnings.warn(f"graphdeck: could not record AOT graphs: {type(exc).__name__}: {exc}")
         return compiled
@@ -296,6 +297,7 @@ class Agent:
                 backend=f"graphdeck+{p['inner']}", io=bio, param_by_node=bind)
             self.graph_ids.append(gid2)
         self.flush_events()
+        return gid
 
     # ----------------------------------------------------------------------------- events, profile
     def flush_events(self) -> None:
@@ -320,6 +322,50 @@ class Agent:
             self.flush_events()
         finally:
             trace_log.removeHandler(self._handler)
+
+
+def _watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent: "Agent"):
+    """Wrap a compiled graph so that its first grad-enabled call notes which outputs get a
+    gradient in the backward that follows (``meta_json["outputs_without_grad"]``: node names of
+    outputs the loss does not use; the gradient check calls their parameters DEAD_END).
+
+    # NOTE: [Outputs without gradient]
+    # A compiled region gives every output a gradient slot; an output the loss never uses gets
+    # zeros there, so its parameters silently receive zero gradients instead of none. One
+    # ``register_multi_grad_hook(mode="all")`` on the first call sees ``None`` for such outputs.
+    # Later calls cost one flag check; the calling convention passes through unchanged.
+    """
+    names = [v.name if isinstance(v, torch.fx.Node) else None for v in output_args(gm)]
+    state = {"done": False}
+
+    def observe(out):
+        if state["done"] or not torch.is_grad_enabled():
+            return
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        pairs = [(names[i], t) for i, t in enumerate(outs)
+                 if i < len(names) and names[i] and isinstance(t, torch.Tensor) and t.requires_grad]
+        if not pairs:
+            return
+        state["done"] = True
+
+        def hook(grads):
+            try:
+                agent.writer.update_graph_meta(graph_id, {
+                    "outputs_without_grad": [n for (n, _), g in zip(pairs, grads) if g is None],
+                    "outputs_with_grad": [n for (n, _), g in zip(pairs, grads) if g is not None]})
+            except Exception as exc:  # capture never breaks training
+                warnings.warn(f"graphdeck: could not record output gradients: {type(exc).__name__}: {exc}")
+
+        torch.autograd.graph.register_multi_grad_hook([t for _, t in pairs], hook, mode="all")
+
+    def run(*args, **kwargs):  # transparent: boxed (one list) or not, the args pass through
+        out = compiled(*args, **kwargs)
+        observe(out)
+        return out
+
+    if getattr(compiled, "_boxed_call", False):
+        run._boxed_call = True
+    return run
 
 
 def _input_bindings(gm: torch.fx.GraphModule, param_by_node: dict[str, str]) -> list[IOBinding]:

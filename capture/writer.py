@@ -122,6 +122,17 @@ class StoreWriter:
         self._ordinal += 1
         return graph_id
 
+    def update_graph_meta(self, graph_id: int, updates: dict) -> None:
+        """Merge ``updates`` into ``graphs.meta_json`` of ``graph_id`` (facts seen after compile)."""
+
+        def do():
+            with write_session(self.engine) as s:
+                g = s.get(Graph, graph_id)
+                if g is not None:
+                    g.meta_json = json.dumps({**json.loads(g.meta_json or "{}"), **updates}, default=str)
+
+        retrying(do)
+
     def write_partition(self, *, parent_graph_id: int, graph_id: int | None, index: int,
                         size_bytes: int, params: list[str]) -> None:
         def do():

@@ -1,0 +1,387 @@
+"""Graph mode: the gradient-path report of a captured (or imported) run, from the store alone.
+
+Facts used, per rank (all written by ``capture/`` or an importer):
+
+* ``params``: every parameter/buffer name, ``requires_grad``, ``storage_key`` (tied weights share one).
+* ``graph_io``: placeholders that read a parameter (``in``) and backward outputs that are its
+  gradient (``grad``, AOTAutograd's ``GradAOTOutput`` descriptor; ``has_grad`` false for ``None``).
+* Dynamo graphs (``kind="dynamo"``; with DDP the unsplit one): nodes and edges, for paths and
+  cut points (see ``grad_cuts``). Their ``meta_json["outputs_without_grad"]`` (and that of their
+  DDP bucket graphs) names outputs that got no gradient in the first backward (capture records
+  it with a multi-grad hook), which is how an output unused by the loss is seen.
+* ``partitions``: DDP buckets and their parameters. Collectives: ``grad_collectives``.
+
+Cost: one pass over each Dynamo graph's nodes and edges (``O(nodes + edges)``), the backward
+graphs only where they hold collectives; everything else is read from ``graph_io``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.grad_cuts import (
+    GRAD_MODE_TARGETS,
+    FlowGraph,
+    first_cut,
+    frames,
+    grad_off_mask,
+    live_mask,
+    no_grad_region,
+    short_source,
+    source_line,
+)
+from graphdeck.analysis.grad_report import (
+    Cut,
+    Finding,
+    GradReport,
+    ParamRow,
+    ddp_unused_finding,
+    divergence_findings,
+)
+from graphdeck.store.schema import Edge, Graph, GraphIO, InternedString, Node, Param, Partition, Run
+
+READ_KINDS = ("dynamo", "ddp_partition")
+
+FIXES = {
+    "NOT_IN_GRAPH": "remove the module or freeze it (requires_grad_(False)); if it is unused on purpose, "
+                    "pass --allow for it (and find_unused_parameters=True under DDP)",
+    "detach": "remove the .detach()/.data at the cut if this parameter should train; otherwise freeze it",
+    "no_grad": "call it outside the no_grad region if it should train; otherwise freeze it",
+    "integer_output": "integer/bool outputs (argmax, comparisons, .long()) carry no gradient: weight the "
+                      "result by a differentiable function of the values before the cut (e.g. softmax "
+                      "probabilities gathered at the chosen index), or freeze the parameter",
+    "non_differentiable": "the op at the cut has no derivative for this input; freeze the parameter or "
+                          "compute the value differently",
+    "dead_output": "use that output in the loss, or do not compute it while training (or freeze the parameter)",
+    "unused_result": "its result is never used: remove the computation or use it in the loss",
+}
+
+
+class _Strings:
+    """Interned strings by id, fetched in batches."""
+
+    def __init__(self, session: Session):
+        self.s = session
+        self.cache: dict[int, str] = {}
+
+    def load(self, ids) -> None:
+        need = [i for i in set(ids) if i is not None and i not in self.cache]
+        for k in range(0, len(need), 900):
+            chunk = need[k:k + 900]
+            for sid, value in self.s.execute(select(InternedString.id, InternedString.value)
+                                             .where(InternedString.id.in_(chunk))):
+                self.cache[sid] = value
+
+    def get(self, sid: int | None) -> str | None:
+        if sid is None:
+            return None
+        if sid not in self.cache:
+            self.load([sid])
+        return self.cache.get(sid)
+
+
+class _Loaded:
+    """One Dynamo graph as a FlowGraph plus the per-node ids needed to explain a cut."""
+
+    def __init__(self, session: Session, strings: _Strings, graph_id: int, dead_names: set[str]):
+        rows = session.execute(
+            select(Node.idx, Node.name, Node.op, Node.target_id, Node.dtype, Node.shape_json.is_not(None),
+                   Node.meta_json.contains('"value"'), Node.stack_trace_id, Node.module_path_id)
+            .where(Node.graph_id == graph_id).order_by(Node.idx)).all()
+        self.graph_id = graph_id
+        n = len(rows)
+        strings.load(r[3] for r in rows)
+        names = [r[1] for r in rows]
+        ops = [r[2] for r in rows]
+        targets = [strings.cache.get(r[3], "") for r in rows]
+        tensor = [True if r[5] else (False if r[6] else None) for r in rows]
+        self.stack_ids = [r[7] for r in rows]
+        self.module_ids = [r[8] for r in rows]
+        users: list[list[int]] = [[] for _ in range(n)]
+        for src, dst in session.execute(select(Edge.src_idx, Edge.dst_idx).where(Edge.graph_id == graph_id)):
+            if 0 <= src < n and 0 <= dst < n:
+                users[src].append(dst)
+        grad_args: dict[int, bool | None] = {}
+        mode_idx = [i for i, t in enumerate(targets) if t in GRAD_MODE_TARGETS]
+        if mode_idx:
+            for idx, args in session.execute(select(Node.idx, Node.args_json).where(
+                    Node.graph_id == graph_id, Node.idx.in_(mode_idx))):
+                try:
+                    a = json.loads(args)
+                    a = a.get("args", a) if isinstance(a, dict) else a
+                    grad_args[idx] = bool(a[0]) if a and isinstance(a[0], (bool, int)) else None
+                except (ValueError, TypeError, IndexError, AttributeError):
+                    grad_args[idx] = None
+        self.by_name = {name: i for i, name in enumerate(names)}
+        self.flow = FlowGraph(names=names, ops=ops, targets=targets, dtypes=[r[4] for r in rows], tensor=tensor,
+                              users=users, grad_off=grad_off_mask(ops, targets, grad_args), source=[None] * n,
+                              modules=[None] * n,
+                              dead={self.by_name[x] for x in dead_names if x in self.by_name})
+        self.live = live_mask(self.flow)
+        self.output_producers = [i for i in range(n) if any(ops[u] == "output" for u in users[i])]
+
+
+def _json(text: str | None) -> dict:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def graph_report(session: Session, run: Run, *, include_buffers: bool = False) -> GradReport:
+    """The report of ``run`` (every rank with a parameter list), see the module docstring.
+
+    Raises nothing for incomplete stores: missing facts lower precision (an imported run without
+    parameter rows lists the parameters its graphs read; a run without backward facts cannot see
+    unused outputs) and are listed in ``notes``.
+    """
+    params = session.execute(
+        select(Param.rank, Param.fqn, Param.kind, Param.storage_key, Param.shape_json, Param.dtype,
+               Param.requires_grad).where(Param.run_id == run.id).order_by(Param.rank, Param.id)).all()
+    graphs = session.execute(select(Graph.id, Graph.rank, Graph.kind, Graph.parent_id, Graph.partition_index,
+                                    Graph.meta_json).where(Graph.run_id == run.id)).all()
+    io = session.execute(
+        select(Graph.rank, Graph.id, Graph.kind, GraphIO.direction, GraphIO.param_fqn, GraphIO.has_grad,
+               GraphIO.node_name)
+        .join(GraphIO, GraphIO.graph_id == Graph.id)
+        .where(Graph.run_id == run.id, GraphIO.param_fqn.is_not(None))).all()
+    parts = session.execute(select(Partition.rank, Partition.index, Partition.graph_id, Partition.params_json)
+                            .where(Partition.run_id == run.id)).all()
+    report = GradReport(mode="graph", run=run.name, run_id=run.id)
+    strings = _Strings(session)
+    kind_of = {g.id: g.kind for g in graphs}
+    has_backward = {g.parent_id for g in graphs if g.kind == "aot_backward"}
+    split_parents = {g.parent_id for g in graphs if g.kind == "ddp_partition"}
+    ddp = bool(parts) or bool(split_parents)
+
+    # Outputs that got no gradient in the first backward, by Dynamo graph (a bucket's facts go
+    # to its unsplit parent: DDPOptimizer's split keeps node names).
+    dead: dict[int, set[str]] = defaultdict(set)
+    seen_backward_fact = False
+    for g in graphs:
+        meta = _json(g.meta_json)
+        if "outputs_without_grad" in meta:
+            seen_backward_fact = True
+            target = g.parent_id if g.kind == "ddp_partition" else g.id
+            dead[target].update(meta.get("outputs_without_grad") or [])
+    if not seen_backward_fact and graphs:
+        report.notes.append("no backward was observed by the capture: outputs unused by the loss (DEAD_END) "
+                            "cannot be told from graphs alone; eager mode can")
+
+    storage = {(p.rank, p.fqn): p.storage_key for p in params}
+    known = set(storage)
+    # Parameters a graph reads that the parameter list lacks (model not watched, imported logs).
+    for r in io:
+        if r.direction == "in" and (r.rank, r.param_fqn) not in known:
+            known.add((r.rank, r.param_fqn))
+            storage[(r.rank, r.param_fqn)] = f"fqn:{r.param_fqn}"
+            params.append(_AutoParam(r.rank, r.param_fqn))
+    reads: dict[tuple[int, str], list[tuple[int, str]]] = defaultdict(list)
+    grads: dict[tuple[int, str], list[tuple[int, bool]]] = defaultdict(list)
+    for r in io:
+        key = (r.rank, storage.get((r.rank, r.param_fqn), r.param_fqn))
+        if r.direction == "in" and r.kind in READ_KINDS:
+            reads[key].append((r.id, r.node_name))
+        elif r.direction == "grad":
+            grads[key].append((r.id, bool(r.has_grad)))
+    bucket_of: dict[tuple[int, str], int] = {}
+    for p in parts:
+        for fqn in json.loads(p.params_json or "[]"):
+            bucket_of.setdefault((p.rank, fqn), p.index)
+
+    # Forward analysis on every Dynamo graph that reads a parameter (unsplit graphs included).
+    loaded: dict[int, _Loaded] = {}
+
+    def flow_of(gid: int) -> _Loaded:
+        if gid not in loaded:
+            loaded[gid] = _Loaded(session, strings, gid, dead.get(gid, set()))
+        return loaded[gid]
+
+    groups: dict[tuple[int, str], list] = defaultdict(list)
+    for p in params:
+        if p.kind == "buffer" and not include_buffers:
+            continue
+        groups[(p.rank, p.storage_key if p.kind == "parameter" else f"buffer:{p.fqn}")].append(p)
+
+    for (rank, skey), members in groups.items():
+        head = members[0]
+        aliases = [m.fqn for m in members]
+        row = ParamRow(rank=rank, fqn=head.fqn, status="OK", aliases=aliases,
+                       shape=json.loads(head.shape_json or "[]"), dtype=head.dtype,
+                       requires_grad=bool(head.requires_grad),
+                       bucket=next((bucket_of[(rank, a)] for a in aliases if (rank, a) in bucket_of), None))
+        report.rows.append(row)
+        if head.kind == "buffer":
+            row.status, row.reason = "BUFFER", "a buffer, not a parameter: it has no gradient to check"
+            continue
+        read_by = reads.get((rank, skey), [])
+        grad_by = grads.get((rank, skey), [])
+        row.graphs = sorted({g for g, _ in read_by})
+        row.grad_graphs = sorted({g for g, _ in grad_by})
+        n_grads = sum(1 for _, ok in grad_by if ok)
+        if not head.requires_grad:
+            row.status, row.reason = "FROZEN", "requires_grad is False"
+            continue
+        if not read_by:
+            row.status = "NOT_IN_GRAPH"
+            row.reason = "no compiled graph reads it (an unused module, or a branch not taken on this rank)"
+            row.fix = FIXES["NOT_IN_GRAPH"]
+            row.cut = Cut(kind="not_read", detail="never read by a compiled graph")
+            continue
+        # Forward paths in the Dynamo graphs (a DDP bucket's graph is analysed through its parent).
+        analysed = [(g, node) for g, node in read_by if kind_of.get(g) == "dynamo"]
+        if not analysed:
+            analysed = list(read_by)
+        paths, cut, first = 0, None, None
+        for gid, node_name in analysed:
+            lg = flow_of(gid)
+            start = lg.by_name.get(node_name)
+            if start is None:
+                continue
+            users = lg.flow.users[start]
+            paths += sum(1 for u in users if (lg.live[u] if lg.flow.ops[u] != "output" else start not in lg.flow.dead))
+            consumers = [u for u in users if lg.flow.ops[u] != "output"]
+            if consumers and first is None:
+                first = (lg, min(consumers))
+            if cut is None:
+                res = first_cut(lg.flow, start, lg.live)
+                if res is not None:
+                    cut = (lg, res)
+        if first is not None:
+            row.first_use = _frame_text(strings.get(first[0].stack_ids[first[1]]))
+        backward_ok = n_grads > 0
+        if backward_ok and paths:
+            row.status, row.paths = "OK", paths
+            row.reason = f"gradient through {paths} path(s)" + (f"; tied: {', '.join(aliases)}" if len(aliases) > 1 else "")
+        elif backward_ok and cut is not None and cut[1].kind == "dead_output":
+            row.status, row.paths = "DEAD_END", 0
+        elif backward_ok:
+            # The backward returns a gradient though no forward path was found (facts missing).
+            row.status, row.paths = "OK", n_grads
+            row.reason = f"gradient from {n_grads} backward output(s)"
+        else:
+            row.status, row.paths = "NO_GRAD", 0
+            no_bw = [g for g in row.graphs if g not in has_backward and kind_of.get(g) != "dynamo"
+                     or (kind_of.get(g) == "dynamo" and g not in has_backward and g not in split_parents)]
+            row.reason = ("read by graph(s) " + ", ".join(map(str, row.graphs)) + ", but "
+                          + (f"backward graph(s) {', '.join(map(str, row.grad_graphs))} return None for its gradient"
+                             if grad_by else "no backward graph returns a gradient for it"
+                             + (f" (no backward at all for {no_bw})" if no_bw else "")))
+        if row.status in ("NO_GRAD", "DEAD_END") and cut is not None:
+            row.cut = _explain(cut[0], cut[1], strings)
+            row.fix = FIXES.get(row.cut.kind)
+            row.reason = _reason(row, cut[0].flow, cut[1])
+        elif row.status == "NO_GRAD":
+            row.fix = "the compiler gave no gradient and no cut was found in the forward graph; run eager mode " \
+                      "(validate_backward(model, inputs, loss_fn)) to find it"
+
+    if ddp:
+        f = ddp_unused_finding([r for r in report.rows if not r.allowed])
+        if f is not None:
+            report.findings.append(f)
+    report.findings += divergence_findings([r for r in report.rows if r.status != "BUFFER"], ddp=ddp)
+    for gid, lg in sorted(loaded.items()):
+        report.findings += _intermediate_outputs(lg, strings)
+    from graphdeck.analysis.grad_collectives import collective_findings
+
+    report.findings += collective_findings(session, run.id, report.rows)
+    return report
+
+
+class _AutoParam:
+    """A parameter known only because a graph reads it."""
+
+    kind = "parameter"
+    shape_json = "[]"
+    dtype = None
+    requires_grad = True
+
+    def __init__(self, rank: int, fqn: str):
+        self.rank, self.fqn, self.storage_key = rank, fqn, f"fqn:{fqn}"
+
+
+def _frame_text(stack_trace: str | None) -> str | None:
+    fr = frames(stack_trace)
+    if not fr:
+        return None
+    file, line, fn = fr[-1]
+    return f'File "{file}", line {line}' + (f", in {fn}" if fn else "")
+
+
+def _explain(lg: _Loaded, res, strings: _Strings) -> Cut:
+    i = res.node
+    stack = strings.get(lg.stack_ids[i])
+    fr = frames(stack)
+    src = short_source(fr[-1][0], fr[-1][1]) if fr else None
+    code = source_line(fr[-1][0], fr[-1][1]) if fr else None
+    region = no_grad_region(stack) if res.kind == "no_grad" else None
+    return Cut(kind=res.kind, op=lg.flow.targets[i], node=lg.flow.names[i], graph_id=lg.graph_id, source=src,
+               code=code, module_path=strings.get(lg.module_ids[i]), region=region,
+               path=[lg.flow.names[k] for k in res.path])
+
+
+def _reason(row: ParamRow, flow: FlowGraph, res) -> str:
+    c = row.cut
+    at = f" at {c.source}" if c.source else ""
+    op = c.op or "?"
+    if c.kind == "detach":
+        return f"gradient flow is cut by {op} (node {c.node}){at}"
+    if c.kind == "no_grad":
+        return (f"{op} (node {c.node}) runs with grad mode off{at}"
+                + (f", inside the no_grad region opened at {c.region}" if c.region else
+                   " (a _set_grad_enabled(False) region)"))
+    if c.kind == "integer_output":
+        return f"{op} (node {c.node}) returns {flow.dtypes[res.node]}, which carries no gradient{at}"
+    if c.kind == "dead_output":
+        return (f"everything computed from it ends in output {c.node}{at}, which got no gradient in the "
+                "first backward: the loss does not use it")
+    if c.kind == "unused_result":
+        return f"its last use {op} (node {c.node}){at} is never used"
+    return f"{op} (node {c.node}) is not differentiable for it{at}"
+
+
+def _intermediate_outputs(lg: _Loaded, strings: _Strings, limit: int = 128) -> list[Finding]:
+    """Outputs of one compiled region where one feeds another inside the region: after
+    compilation the first is not an autograd ancestor of the second, so
+    ``torch.autograd.grad(second, first)`` raises "One of the differentiated Tensors appears to
+    not have been used in the graph" (it works eagerly). Reachability by bitsets over the nodes."""
+    flow = lg.flow
+    outs = [i for i in lg.output_producers if flow.ops[i] not in ("placeholder", "get_attr")
+            and flow.tensor[i] is not False and (flow.dtypes[i] in (None, "float32", "float16", "bfloat16", "float64"))]
+    if len(outs) < 2 or len(outs) > limit:
+        return []
+    bit = {i: 1 << k for k, i in enumerate(outs)}
+    reach = [0] * len(flow)
+    for i in range(len(flow)):
+        if i in bit:
+            reach[i] |= bit[i]
+        if reach[i] and flow.ops[i] != "output":
+            if any(flow.grad_off[i:i + 1]) or flow.targets[i] in ("detach", "_get_data_attr"):
+                continue
+            for u in flow.users[i]:
+                reach[u] |= reach[i]
+    found = []
+    for j in outs:
+        anc = reach[j] & ~bit[j]
+        for k, i in enumerate(outs):
+            if anc >> k & 1:
+                found.append((i, j))
+    if not found:
+        return []
+    pairs = "; ".join(f"{flow.names[i]} → {flow.names[j]}" for i, j in found[:8])
+    i0 = found[0][0]
+    fr = frames(strings.get(lg.stack_ids[i0]))
+    return [Finding(kind="OUTPUT_NOT_ANCESTOR", severity="warning", graph_id=lg.graph_id, node=flow.names[i0],
+                    source=short_source(fr[-1][0], fr[-1][1]) if fr else None,
+                    message=(f"graph {lg.graph_id} returns outputs that feed other outputs inside the same "
+                             f"compiled region ({pairs}{' …' if len(found) > 8 else ''}); after compilation "
+                             "the first is not an autograd ancestor of the second, so torch.autograd.grad("
+                             "second, first) raises 'The differentiated Tensor … appears to not have been used "
+                             "in the graph' (it works eagerly)"),
+                    fix="put a graph break (torch._dynamo.graph_break()) between the two computations, or take "
+                        "the gradient inside the compiled function")]
