@@ -42,8 +42,12 @@ log = logging.getLogger("graphdeck.capture")
 
 #: Structured compile records (torch's TORCH_TRACE records) kept in ``compile_events``.
 KEPT_COMPILE_EVENTS = {"compilation_metrics", "dynamo_graph_break_reason", "recompile_reasons",
-                       "dynamo_start", "optimize_ddp_split_graph"}
+                       "dynamo_start", "optimize_ddp_split_graph",
+                       "inductor_provenance_tracking_node_mappings",
+                       "inductor_provenance_tracking_kernel_stack_traces"}
 PAYLOAD_LIMIT_CHARS = 200_000
+#: Records kept whole: kernel -> node links are read from them (graphdeck.analysis.trace_map).
+UNCUT_PAYLOADS = ("inductor_provenance_tracking_node_mappings",)
 
 
 def _dist_info() -> tuple[int, int, str | None]:
@@ -76,7 +80,14 @@ class _CompileEventHandler(logging.Handler):
         if "frame_id" in meta:
             cid = f"{meta.get('frame_id')}/{meta.get('frame_compile_id')}"
         payload = getattr(record, "payload", None)
-        if isinstance(payload, str) and len(payload) > PAYLOAD_LIMIT_CHARS:
+        if name == "inductor_provenance_tracking_kernel_stack_traces":  # + the kernel -> node table
+            from graphdeck.capture.provenance import kernel_post_grad_nodes
+
+            extra = kernel_post_grad_nodes()
+            if extra is not None:
+                self.sink.append({"name": "graphdeck_kernel_post_grad_nodes", "compile_id": cid, "metadata": meta,
+                                  "payload": extra})
+        if isinstance(payload, str) and len(payload) > PAYLOAD_LIMIT_CHARS and name not in UNCUT_PAYLOADS:
             payload = payload[:PAYLOAD_LIMIT_CHARS] + f"…[total_len={len(payload)}]"
         self.sink.append({"name": name, "compile_id": cid, "metadata": meta, "payload": payload})
 
@@ -176,6 +187,11 @@ class Agent:
 
         def graphdeck_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs):
             return self._compile(gm, example_inputs, inner, **kwargs)
+
+        if inner == "inductor":  # kernel -> FX node links for traces (NOTE: [Kernel to node mapping])
+            from graphdeck.capture.provenance import enable_provenance
+
+            enable_provenance()
 
         graphdeck_backend.__name__ = f"graphdeck_{inner if isinstance(inner, str) else 'custom'}"
         return graphdeck_backend
@@ -306,13 +322,15 @@ class Agent:
         if events:
             self.writer.write_compile_events(events)
 
-    def profile(self, *, wait_steps: int = 1, warmup_steps: int = 1, active_steps: int = 2, name: str | None = None):
+    def profile(self, *, wait_steps: int = 1, warmup_steps: int = 1, active_steps: int = 2, name: str | None = None,
+                **options):
         """A ``torch.profiler.profile`` over the chosen steps whose Kineto trace is stored for this
-        rank when the active window ends (call ``.step()`` once per training step)."""
+        rank when the active window ends (call ``.step()`` once per training step); ``options``
+        go to :func:`graphdeck.capture.profile.stored_profile` (e.g. ``trace_dir``)."""
         from graphdeck.capture.profile import stored_profile
 
         return stored_profile(self, wait_steps=wait_steps, warmup_steps=warmup_steps,
-                              active_steps=active_steps, name=name)
+                              active_steps=active_steps, name=name, **options)
 
     def close(self) -> None:
         """Flush pending compile records and stop listening to torch's structured log."""

@@ -252,6 +252,10 @@ class KernelNode(Base):
     node_name: Mapped[str] = mapped_column(String(300))
     pre_grad_node: Mapped[str | None] = mapped_column(String(300))
     source: Mapped[str] = mapped_column(String(32))
+    #: Which call of ``kernel_name`` in the graph's generated code this row is (Inductor's
+    #: provenance debug handle: increasing in call order); a kernel called at several sites
+    #: fuses different nodes at each. NULL when the source does not say.
+    call_index: Mapped[int | None] = mapped_column(Integer)
 
 
 class Trace(Base):

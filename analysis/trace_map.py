@@ -1,0 +1,315 @@
+"""Kernel → FX node mapping: ``kernel_nodes`` rows from compile records, and GPU time per node.
+
+# NOTE: [Kernel to node mapping]
+Writing (:func:`link_kernels`): Inductor's provenance tracking (see
+:mod:`graphdeck.capture.provenance`) gives, per compiled graph, an ordered table of kernel
+calls ``"name:handle" → [post-grad node, ...]``; handles increase in the order the generated
+wrapper calls them. Each table is kept by the agent as a ``compile_events`` row
+(``graphdeck_kernel_post_grad_nodes``, else the ``cppCodeToPost`` of
+``inductor_provenance_tracking_node_mappings``). A table belongs to the AOT graph (forward,
+backward or inference) of the same ``compile_id`` whose node names cover most of its nodes;
+tables repeated by later compiles are skipped. One ``kernel_nodes`` row is written per (call,
+node), with ``call_index`` = the handle. ``kernel_name`` is the name the profiler shows for the
+call: the Triton/C++ kernel's own name, or ``aten::<op>`` for an extern call
+(``extern_kernels.mm`` → ``aten::mm``, ``torch.ops.aten.X.default`` → ``aten::X``).
+
+Reading (:func:`map_trace`): every GPU kernel is linked to its launch and host ranges
+(:mod:`graphdeck.analysis.trace_links`). Inductor's wrapper call shows as a host range
+``## Call CompiledFxGraph <hash> ##``; its child range that encloses the launch is the *call*
+(the Triton launch, named as the kernel, or ``aten::mm``...). Within one wrapper call the k-th
+call named N is the k-th row group named N of the graph's table, in ``call_index`` order (for
+rows without ``call_index``, in row order, one node per call). The table used for a wrapper call
+is the one whose call names cover the most of that call's names, among the graphs of the
+``Torch-Compiled Region: <compile_id>`` enclosing it when there is one (backward calls run on
+the autograd thread, outside any region). A kernel's time is split evenly over the nodes of its
+call (the remainder ns go to the first; an extern ``aten::`` call's time goes to its origin node,
+listed first), so the per-node times add up to the mapped kernel time exactly. Kernels outside a wrapper call, or whose call is not in the table, are unmapped
+and counted as such.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import inspect, select, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.trace_data import GPU_KERNEL_CATS, Ev, load_events
+from graphdeck.analysis.trace_links import link_gpu_events
+from graphdeck.errors import NotFoundError
+from graphdeck.store.schema import CompileEvent, Graph, InternedString, KernelNode, Node, Trace
+
+AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
+TABLE_EVENTS = ("graphdeck_kernel_post_grad_nodes", "inductor_provenance_tracking_node_mappings")
+WRAPPER_PREFIX = "## Call CompiledFxGraph"
+_REGION = re.compile(r"^Torch-Compiled Region: (\S+)")
+
+
+def trace_call_name(provenance_name: str) -> str:
+    """The profiler's name for a provenance kernel key (handle already removed).
+
+    >>> [trace_call_name(k) for k in ("triton_poi_fused_add_0", "extern_kernels.mm",
+    ...  "torch.ops.aten._scaled_dot_product_efficient_attention.default")]
+    ['triton_poi_fused_add_0', 'aten::mm', 'aten::_scaled_dot_product_efficient_attention']
+    """
+    if provenance_name.startswith("extern_kernels."):
+        return "aten::" + provenance_name[len("extern_kernels."):]
+    if provenance_name.startswith("torch.ops.aten."):
+        op = provenance_name[len("torch.ops.aten."):]
+        return "aten::" + op.split(".", 1)[0]
+    return provenance_name
+
+
+def _ensure_call_index(engine: Engine) -> None:
+    """Stores made before ``kernel_nodes.call_index`` existed get the (nullable) column."""
+    cols = {c["name"] for c in inspect(engine).get_columns(KernelNode.__tablename__)}
+    if "call_index" not in cols:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"ALTER TABLE {KernelNode.__tablename__} ADD COLUMN call_index INTEGER")
+
+
+def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
+    """Write ``kernel_nodes`` rows (source ``inductor_provenance_v2``) for run ``run_id`` from its
+    stored provenance records, replacing earlier rows of that source. Returns counts:
+    ``tables``, ``tables_repeated`` (skipped), ``calls``, ``rows``, ``nodes_not_in_graph``."""
+    _ensure_call_index(engine)
+    stats: Counter = Counter()
+    with Session(engine) as s:
+        events = s.execute(
+            select(CompileEvent.rank, CompileEvent.compile_id, CompileEvent.name, CompileEvent.payload)
+            .where(CompileEvent.run_id == run_id, CompileEvent.name.in_(TABLE_EVENTS))
+            .order_by(CompileEvent.id)
+        ).all()
+        graphs = s.execute(
+            select(Graph.id, Graph.rank, Graph.compile_id, Graph.kind).where(Graph.run_id == run_id)
+        ).all()
+        names_by_graph: dict[int, set[str]] = defaultdict(set)
+        matmuls: dict[int, list[str]] = defaultdict(list)  # call_function mm/addmm/bmm nodes, graph order
+        for gid, name, op, target in s.execute(
+            select(Node.graph_id, Node.name, Node.op, InternedString.value)
+            .join(Graph, Graph.id == Node.graph_id).join(InternedString, InternedString.id == Node.target_id)
+            .where(Graph.run_id == run_id).order_by(Node.graph_id, Node.idx)
+        ):
+            names_by_graph[gid].add(name)
+            if op == "call_function" and target.split(".")[:2] in (["aten", "mm"], ["aten", "addmm"], ["aten", "bmm"]):
+                matmuls[gid].append(name)
+    # Prefer the live-table snapshot; use the artifact's cppCodeToPost only where no snapshot came.
+    by_key: dict[tuple[int, str | None], list[dict[str, list[str]]]] = defaultdict(list)
+    have_snapshot = {(r, c) for r, c, n, _ in events if n == TABLE_EVENTS[0]}
+    post_to_pre: dict[tuple[int, str | None], dict[str, list[str]]] = defaultdict(dict)
+    for rank, cid, name, payload in events:
+        try:
+            data = json.loads(payload or "{}")
+        except ValueError:
+            stats["tables_unreadable"] += 1
+            continue
+        if name == TABLE_EVENTS[1]:
+            post_to_pre[(rank, cid)].update(data.get("postToPre") or {})
+            if (rank, cid) in have_snapshot:
+                continue
+            data = data.get("cppCodeToPost") or {}
+        if isinstance(data, dict) and data:
+            by_key[(rank, cid)].append(data)
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    rows: list[dict] = []
+    for (rank, cid), tables in by_key.items():
+        candidates = [g for g in graphs if g.rank == rank and g.compile_id == cid and g.kind in AOT_KINDS]
+        for table in tables:
+            stats["tables"] += 1
+            fresh = [(k, tuple(v)) for k, v in table.items() if (k, tuple(v)) not in seen]
+            seen.update(fresh)
+            if not fresh:
+                stats["tables_repeated"] += 1
+                continue
+            best = max(candidates, default=None,
+                       key=lambda g: sum(n in names_by_graph[g.id] for _, nodes in fresh for n in nodes))
+            if best is None:
+                stats["tables_without_graph"] += 1
+                continue
+            known = names_by_graph[best.id]
+            claimed = {n for _, nodes in fresh for n in nodes if n in known}
+            spare = [n for n in matmuls[best.id] if n not in claimed]
+            for key, nodes in fresh:
+                base, _, handle = key.rpartition(":")
+                if not base or not handle.isdigit():
+                    base, handle = key, ""
+                stats["calls"] += 1
+                name = trace_call_name(base)
+                for node in nodes:
+                    source = "inductor_provenance_v2"
+                    pre = post_to_pre[(rank, cid)].get(node) or []
+                    if node not in known:
+                        stats["nodes_not_in_graph"] += 1
+                        # NOTE: [Matmuls made by post-grad passes] Inductor's post-grad patterns
+                        # replace a graph's mm/addmm with new nodes (mm_default_3, addmm_default)
+                        # the AOT graph does not have; such an extern matmul call takes the next
+                        # matmul node no other call claims, in graph order.
+                        if name in ("aten::mm", "aten::addmm", "aten::bmm") and spare:
+                            node, source = spare.pop(0), "inductor_provenance_v2_matmul"
+                            stats["matmul_resolved"] += 1
+                    rows.append({"run_id": run_id, "rank": rank, "compile_id": cid, "graph_id": best.id,
+                                 "kernel_name": name[:500], "node_name": node[:300],
+                                 "pre_grad_node": (pre[0][:300] if pre else None), "source": source,
+                                 "call_index": int(handle) if handle else None})
+    with Session(engine) as s, s.begin():
+        s.execute(KernelNode.__table__.delete().where(KernelNode.run_id == run_id,
+                                                      KernelNode.source.like("inductor_provenance_v2%")))
+        if rows:
+            s.execute(KernelNode.__table__.insert(), rows)
+    stats["rows"] = len(rows)
+    return dict(stats)
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+@dataclass
+class KernelMapping:
+    """Which graph nodes each kernel of a trace computes.
+
+    ``by_kernel``: GPU event id → ``(graph_id, [node names])``; ``node_ns``: ``(graph_id, node)``
+    → ns of kernel time (split evenly over a call's nodes); ``kernel_ns`` / ``mapped_ns``: the
+    trace's total and mapped kernel time (events of category ``kernel``); ``unmapped``: kernel
+    name → ns for the kernels not mapped; ``sources``: row source → mapped kernels.
+    """
+
+    trace_id: int
+    by_kernel: dict[int, tuple[int, list[str]]] = field(default_factory=dict)
+    node_ns: dict[tuple[int, str], int] = field(default_factory=dict)
+    kernel_ns: int = 0
+    mapped_ns: int = 0
+    unmapped: dict[str, int] = field(default_factory=dict)
+    sources: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def mapped_fraction(self) -> float | None:
+        return self.mapped_ns / self.kernel_ns if self.kernel_ns else None
+
+
+def _tables(session: Session, run_id: int, rank: int) -> dict[int, dict]:
+    """graph_id → {"compile_id", "calls": {call name: [(nodes, source), ...] in call order}}."""
+    has_index = "call_index" in {c["name"] for c in inspect(session.connection()).get_columns("kernel_nodes")}
+    cols = "k.graph_id, g.compile_id, k.kernel_name, k.node_name, k.source, " + ("k.call_index" if has_index else "NULL")
+    sql = text(f"SELECT {cols} FROM kernel_nodes k JOIN graphs g ON g.id = k.graph_id "
+               "WHERE k.run_id = :run AND k.rank = :rank ORDER BY k.graph_id, k.id")
+    grouped: dict[int, dict] = {}
+    for gid, cid, kname, node, source, idx in session.execute(sql, {"run": run_id, "rank": rank}):
+        t = grouped.setdefault(gid, {"compile_id": cid, "raw": defaultdict(list)})
+        t["raw"][kname].append((idx, node, source))
+    for t in grouped.values():
+        calls: dict[str, list[tuple[list[str], str]]] = {}
+        for kname, items in t.pop("raw").items():
+            if all(i is not None for i, _, _ in items):
+                by_idx: dict[int, list] = {}
+                for idx, node, source in items:
+                    by_idx.setdefault(idx, [[], source])[0].append(node)
+                calls[kname] = [tuple(by_idx[i]) for i in sorted(by_idx)]
+            else:
+                calls[kname] = [([node], source) for _, node, source in items]
+        t["calls"] = calls
+    return grouped
+
+
+def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -> KernelMapping:
+    """Map the kernels of trace ``trace_id`` to graph nodes (NOTE: [Kernel to node mapping]).
+
+    Raises NotFoundError when the trace does not exist."""
+    trace = session.get(Trace, trace_id)
+    if trace is None:
+        raise NotFoundError(f"trace {trace_id} not found", resource="trace", id=trace_id)
+    events = events if events is not None else load_events(session, trace_id, with_args=False)
+    tables = _tables(session, trace.run_id, trace.rank)
+    out = KernelMapping(trace_id)
+    wrappers: dict[int, list[tuple[Ev, Ev | None]]] = defaultdict(list)  # wrapper id -> (kernel, call)
+    wrapper_ev: dict[int, tuple[Ev, str | None]] = {}
+    unmapped: Counter = Counter()
+    sources: Counter = Counter()
+    for link in link_gpu_events(events).values():
+        k = link.gpu
+        if k.cat not in GPU_KERNEL_CATS:
+            continue
+        out.kernel_ns += k.dur
+        chain = link.chain
+        at = next((i for i in range(len(chain) - 1, -1, -1) if chain[i].name.startswith(WRAPPER_PREFIX)), None)
+        if at is None or not tables:
+            unmapped[k.name] += k.dur
+            continue
+        region = next((m.group(1) for e in reversed(chain[:at]) if (m := _REGION.match(e.name))), None)
+        wrapper_ev[chain[at].id] = (chain[at], region)
+        wrappers[chain[at].id].append((k, chain[at + 1] if at + 1 < len(chain) else None))
+    for wid, items in wrappers.items():
+        _, region = wrapper_ev[wid]
+        calls: dict[int, Ev] = {}
+        for _, call in items:
+            if call is not None:
+                calls.setdefault(call.id, call)
+        ordered = sorted(calls.values(), key=lambda e: (e.ts, e.id))
+        names = Counter(c.name for c in ordered)
+        pool = {g: t for g, t in tables.items() if region is None or t["compile_id"] == region} or tables
+        gid = max(sorted(pool), key=lambda g: sum(min(n, len(pool[g]["calls"].get(name, ())))
+                                                  for name, n in names.items()))
+        table = pool[gid]["calls"]
+        seen: Counter = Counter()
+        call_nodes: dict[int, tuple[list[str], str] | None] = {}
+        for c in ordered:
+            group = table.get(c.name)
+            i = seen[c.name]
+            seen[c.name] += 1
+            call_nodes[c.id] = group[i] if group and i < len(group) else None
+        for k, call in items:
+            got = call_nodes.get(call.id) if call is not None else None
+            if not got:
+                unmapped[k.name] += k.dur
+                continue
+            nodes, source = got
+            if call.name.startswith("aten::"):  # an extern call computes its origin node (listed first)
+                nodes = nodes[:1]
+            out.by_kernel[k.id] = (gid, list(nodes))
+            out.mapped_ns += k.dur
+            sources[source] += 1
+            share, rest = divmod(k.dur, len(nodes))
+            for j, node in enumerate(nodes):
+                key = (gid, node)
+                out.node_ns[key] = out.node_ns.get(key, 0) + share + (rest if j == 0 else 0)
+    out.unmapped = dict(unmapped.most_common())
+    out.sources = dict(sources)
+    return out
+
+
+def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None) -> dict[str, int]:
+    """GPU kernel time (ns) per FX node name of graph ``graph_id``, summed over the trace.
+
+    ``trace_id`` defaults to the newest trace of the graph's run and rank with status ``ok`` or
+    ``truncated``. For a ``dynamo`` graph the times of its AOT graphs' nodes are summed onto their
+    pre-grad nodes (``kernel_nodes.pre_grad_node``). Nodes without kernel time are absent; an
+    empty dict when no trace or no mapping exists. Raises NotFoundError for an unknown graph.
+    """
+    graph = session.get(Graph, graph_id)
+    if graph is None:
+        raise NotFoundError(f"graph {graph_id} not found", resource="graph", id=graph_id)
+    if trace_id is None:
+        trace_id = session.scalar(
+            select(Trace.id).where(Trace.run_id == graph.run_id, Trace.rank == graph.rank,
+                                   Trace.status.in_(("ok", "truncated"))).order_by(Trace.id.desc()).limit(1))
+        if trace_id is None:
+            return {}
+    mapping = map_trace(session, trace_id)
+    if graph.kind != "dynamo":
+        return {node: ns for (gid, node), ns in sorted(mapping.node_ns.items()) if gid == graph_id}
+    children = set(session.scalars(select(Graph.id).where(Graph.parent_id == graph_id)))
+    pre = dict(session.execute(
+        select(KernelNode.graph_id, KernelNode.node_name, KernelNode.pre_grad_node)
+        .where(KernelNode.graph_id.in_(children)).distinct()
+    ).all() and [((g, n), p) for g, n, p in session.execute(
+        select(KernelNode.graph_id, KernelNode.node_name, KernelNode.pre_grad_node)
+        .where(KernelNode.graph_id.in_(children)))])
+    out: dict[str, int] = {}
+    for (gid, node), ns in mapping.node_ns.items():
+        p = pre.get((gid, node))
+        if gid in children and p:
+            out[p] = out.get(p, 0) + ns
+    return dict(sorted(out.items()))
