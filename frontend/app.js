@@ -6,6 +6,7 @@
 //   app.js      this router
 //   common.js   DOM and formatting helpers, the JSON API, breadcrumbs (see NOTE: [Untrusted text])
 //   run.js      the runs list, the run page and its gradient-path report
+//   grads.js    the gradient-path report: its page (#/runs/<id>/grads) and the run page's section
 //   compile.js  the run page's compile records (frame compile metrics, graph-break reasons)
 //   graph.js    the graph page: node search and selection, long-edge stubs, node details, related graphs
 //   viewer.js   the graph page's SVG viewer: safe import, pan/zoom, the initial view
@@ -17,6 +18,7 @@
 
 import {$app, ApiError, errorBox, h} from "./common.js";
 import {renderGraph} from "./graph.js";
+import {renderGrads} from "./grads.js";
 import {renderRanks} from "./ranks.js";
 import {renderRun, renderRuns} from "./run.js";
 import {renderTrace} from "./trace.js";
@@ -25,6 +27,7 @@ const routes = [
   [/^\/runs\/?$/, renderRuns],
   [/^\/runs\/([^/]+)$/, renderRun], // a run's id or its name
   [/^\/runs\/([^/]+)\/ranks$/, renderRanks], // cross-rank consistency
+  [/^\/runs\/([^/]+)\/grads$/, renderGrads], // gradient-path report (?status=&rank=)
   [/^\/graphs\/(\d+)$/, renderGraph],
   [/^\/traces\/(\d+)$/, renderTrace],
 ];

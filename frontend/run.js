@@ -7,8 +7,8 @@ import {
   kindBadge, num, plural, setCrumbs, statusBadge, table,
 } from "./common.js";
 import {compileRecords} from "./compile.js";
+import {gradientReport} from "./grads.js";
 
-const GRAD_STATUSES = ["OK", "NO_GRAD", "NOT_IN_GRAPH", "FROZEN"];
 
 // ---------------------------------------------------------------- runs list
 
@@ -168,7 +168,7 @@ export async function renderRun(page, m) {
     render: (events) => compileRecords(events, graphs)});
   const [gradBox, gradDone] = lateSection(page, {id: "grad-section", title: "Gradient paths",
     what: "gradient-path report", request: api(`/api/runs/${run.id}/gradients`), missingId: "grad-report-missing",
-    render: gradientReport});
+    render: (report) => runGradients(report, run)});
   const of = (list, r) => list.filter((x) => x.rank === r);
   $app.replaceChildren(h("section", {},
     h("h1", {}, fmt(run.name)),
@@ -185,68 +185,9 @@ export async function renderRun(page, m) {
   await Promise.all([compileDone, gradDone]);
 }
 
-/** 'File "/long/path/modeling_gpt2.py", line 569, in forward' → <code title=full>modeling_gpt2.py:569 in forward</code> */
-function sourceLine(text) {
-  const m = /File "(?:.*[\\/])?([^\\/"]+)", line (\d+)(?:, in (\S+))?/.exec(text || "");
-  const short = m ? `${m[1]}:${m[2]}${m[3] ? ` in ${m[3]}` : ""}` : text;
-  return h("div", {class: "first-use"}, "first use ", h("code", {title: text}, short));
-}
-
-function problemItem(p) {
-  if (typeof p !== "object" || p === null) return h("li", {}, fmt(p));
-  const head = [p.rank != null ? `rank ${p.rank}` : null, p.fqn ?? p.param ?? null].filter(Boolean).join(" · ");
-  const text = p.message ?? p.reason ?? p.detail ?? JSON.stringify(p);
-  const perRank = p.ranks && typeof p.ranks === "object" && !Array.isArray(p.ranks)
-    ? ` (${Object.entries(p.ranks).map(([r, st]) => `rank ${r}: ${st}`).join(", ")})` : "";
-  return h("li", {}, p.status ? statusBadge(p.status) : null, head ? [" ", h("code", {}, head), ": "] : " ",
-    fmt(text), perRank, p.first_use ? sourceLine(p.first_use) : null);
-}
-
-/** The gradient-path report: summary line, problems, a filter, and one row per rank/param. */
-function gradientReport(report) {
-  const params = report.params || [];
-  const summary = report.summary || {};
-  for (const s of GRAD_STATUSES) {
-    if (summary[s] === undefined) summary[s] = params.filter((p) => p.status === s).length;
-  }
-  const verdict = report.ok === undefined ? null
-    : h("strong", {class: report.ok ? "verdict-ok" : "verdict-bad"}, report.ok ? "all gradient paths OK   " : "problems found   ");
-  const summaryLine = h("p", {class: "summary", id: "grad-summary"}, verdict, Object.entries(summary).flatMap(([s, n]) =>
-    [statusBadge(s), ` ${n}   `]));
-  const problems = report.problems || [];
-  const rows = params.map((p) => {
-    const hay = [p.rank, p.fqn, p.status, p.reason, ...(p.aliases || [])].join(" ").toLowerCase();
-    const tensor = [isBlank(p.shape) ? null : fmt(p.shape), p.dtype].filter(Boolean).join(" ");
-    const links = (label, ids) => (ids && ids.length ? h("div", {}, h("span", {class: "muted"}, label),
-      ids.map((id) => [" ", graphLink(id)])) : null);
-    return h("tr", {"data-status": p.status, "data-hay": hay},
-      num(p.rank), h("td", {}, code(p.fqn), tensor ? h("div", {class: "muted small"}, tensor) : null),
-      h("td", {}, statusBadge(p.status)),
-      h("td", {}, (p.aliases || []).filter((a) => a !== p.fqn).map((a) => h("code", {class: "chip"}, fmt(a)))),
-      h("td", {class: "reason"}, isBlank(p.reason) ? "" : fmt(p.reason),
-        p.first_use ? sourceLine(p.first_use) : null),
-      h("td", {class: "graph-links"}, links("read by", p.graphs), links("grad from", p.grad_graphs)));
-  });
-  const count = h("span", {class: "muted", id: "grad-count"});
-  const text = h("input", {type: "search", id: "grad-filter", placeholder: "filter parameters…",
-    "aria-label": "filter the gradient report"});
-  const status = h("select", {id: "grad-status", "aria-label": "status"}, h("option", {value: ""}, "all statuses"),
-    Object.keys(summary).map((s) => h("option", {value: s}, s)));
-  const apply = () => {
-    const q = text.value.trim().toLowerCase(), want = status.value;
-    let shown = 0;
-    for (const tr of rows) {
-      tr.hidden = !((!q || tr.dataset.hay.includes(q)) && (!want || tr.dataset.status === want));
-      shown += tr.hidden ? 0 : 1;
-    }
-    count.textContent = `${shown} of ${rows.length} parameters`;
-  };
-  text.addEventListener("input", apply);
-  status.addEventListener("change", apply);
-  apply();
-  return [summaryLine,
-    problems.length ? h("ul", {class: "problems", id: "grad-problems"}, problems.map(problemItem)) : null,
-    h("div", {class: "toolbar"}, text, status, count),
-    table("grad-report", ["Rank", "Parameter", "Status", "Aliases", "Reason", "Graphs"], rows)];
+/** The run page's gradient section: the report (grads.js) and a link to its own page. */
+function runGradients(report, run) {
+  return [h("p", {}, h("a", {href: `#/runs/${run.id}/grads`, id: "grad-page-link"}, "open the gradient-path page"),
+    h("span", {class: "muted"}, " (filters in the URL, one link per cut)")), gradientReport(report)];
 }
 

@@ -102,37 +102,59 @@ def serve(store: str, host: str, port: int) -> None:
 
 @main.command("check-grads")
 @click.argument("store", default=DEFAULT_STORE)
-@click.option("--run", "run_name", required=True, help="Run name or id.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def check_grads(store: str, run_name: str, as_json: bool) -> None:
-    """Gradient-path report of a run; exit 1 when a parameter gets no gradient on some rank."""
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session
+@click.option("--run", "run_name", default=None, help="Run name or id (graph mode, over STORE).")
+@click.option("--model", "model_ref", default=None, help="module:factory returning the nn.Module (eager mode).")
+@click.option("--inputs", "input_specs", multiple=True,
+              help="Eager-mode input: DTYPE[d0,..] (float32[4,8]), DTYPE[..]<HIGH (int64[2,16]<256), "
+                   "NAME=SPEC, or module:fn returning the inputs; repeat per input.")
+@click.option("--loss", "loss_ref", default=None, help="module:fn(output) -> scalar loss (eager; default output.loss or sum).")
+@click.option("--numeric", is_flag=True, help="Eager mode: also compare compiled and eager gradients.")
+@click.option("--backend", default="aot_eager", show_default=True, help="torch.compile backend for --numeric.")
+@click.option("--allow", "allow", multiple=True, help="fnmatch pattern of parameters unused on purpose (repeatable).")
+@click.option("--buffers", is_flag=True, help="List buffers too (status BUFFER).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True,
+              help="Output format.")
+@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
+              help="Write the report to this file (text still goes to stdout).")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+def check_grads(store: str, run_name: str | None, model_ref: str | None, input_specs: tuple[str, ...],
+                loss_ref: str | None, numeric: bool, backend: str, allow: tuple[str, ...], buffers: bool,
+                fmt: str, output: str | None, as_json: bool) -> None:
+    """Gradient-path check for CI: every trainable parameter gets a gradient on every rank.
 
-    from graphdeck.analysis.gradients import gradient_report
-    from graphdeck.errors import NotFoundError
-    from graphdeck.store.db import open_engine
-    from graphdeck.store.schema import Run
+    Graph mode: STORE --run NAME. Eager mode: --model module:factory --inputs SPEC [--loss module:fn].
+    Exit 0 when all pass, 1 when any fails, 2 on usage errors.
+    """
+    from graphdeck.analysis.gradients import validate_backward
+    from graphdeck.errors import UsageError
 
+    fmt = "json" if as_json else fmt
     try:
-        engine = open_engine(store, read_only=True)
-        with Session(engine) as s:
-            run = s.scalar(select(Run).where(Run.name == run_name))
-            if run is None and run_name.isdigit():
-                run = s.get(Run, int(run_name))
-            if run is None:
-                raise NotFoundError(f"run {run_name!r} not found in {store}")
-            report = gradient_report(s, run)
+        if model_ref and run_name:
+            raise UsageError("give either --run (graph mode) or --model (eager mode), not both")
+        if model_ref:
+            from graphdeck.analysis.grad_inputs import load_ref, parse_inputs
+
+            if not input_specs:
+                raise UsageError("--model needs --inputs (e.g. --inputs float32[4,8])")
+            factory = load_ref(model_ref, "--model")
+            model = factory() if not hasattr(factory, "named_parameters") else factory
+            inputs = parse_inputs(input_specs)
+            loss_fn = load_ref(loss_ref, "--loss") if loss_ref else None
+            report = validate_backward(model, inputs, loss_fn, allow=allow, numeric=numeric, backend=backend,
+                                       include_buffers=buffers)
+        elif run_name:
+            report = validate_backward(store, run_name, allow=allow, include_buffers=buffers)
+        else:
+            raise UsageError("give --run NAME (graph mode over STORE) or --model module:factory --inputs SPEC")
     except GraphdeckError as exc:
         _fail(exc)
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+    text = {"text": report.to_text, "json": report.to_json, "junit": report.to_junit}[fmt]()
+    if output:
+        Path(output).write_text(text if text.endswith("\n") else text + "\n")
+        click.echo(report.to_text() if fmt != "text" else text)
     else:
-        click.echo(f"run {report.run}: ranks {report.ranks}; " +
-                   ", ".join(f"{k} {v}" for k, v in report.summary.items()))
-        for p in report.problems:
-            where = f" (first use: {p['first_use']})" if p.get("first_use") else ""
-            click.echo(f"  {p['status']:<15s} rank {p.get('rank', '*')} {p['fqn']}: {p['reason']}{where}")
+        click.echo(text)
     sys.exit(0 if report.ok else 1)
 
 

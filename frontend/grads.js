@@ -1,0 +1,144 @@
+// graphdeck dashboard: the gradient-path report — its own page (#/runs/<id>/grads[?status=S&rank=R])
+// and the section of the run page. Both render GET /api/runs/<id>/gradients.
+//
+// One row per parameter storage per rank: status, gradient paths, DDP bucket, the cut (op,
+// file:line, module path, the no_grad line) with a link to the graph page selecting the cut node
+// (`#/graphs/<graph>?node=<cut>&path=<nodes from the parameter to the cut>`), and the graphs that
+// read it. Run-level findings (predicted DDP error or hang, collectives, …) are listed above.
+// Every string from the report is user text and goes through h() (NOTE: [Untrusted text]).
+
+import {$app, api, code, fmt, graphLink, h, isBlank, num, setCrumbs, statusBadge, table} from "./common.js";
+
+export const GRAD_STATUSES = ["OK", "NO_GRAD", "NOT_IN_GRAPH", "DEAD_END", "FROZEN", "BUFFER"];
+const FAILING = new Set(["NO_GRAD", "NOT_IN_GRAPH", "DEAD_END"]);
+
+/** 'File "/long/path/modeling_gpt2.py", line 569, in forward' → <code title=full>modeling_gpt2.py:569 in forward</code> */
+function sourceLine(label, text) {
+  const m = /File "(?:.*[\\/])?([^\\/"]+)", line (\d+)(?:, in (\S+))?/.exec(text || "");
+  const short = m ? `${m[1]}:${m[2]}${m[3] ? ` in ${m[3]}` : ""}` : text;
+  return h("div", {class: "first-use"}, `${label} `, h("code", {title: text}, short));
+}
+
+/** Link to the graph page with the cut node selected and the path from the parameter highlighted. */
+export function cutLink(cut) {
+  if (!cut || cut.graph_id == null || isBlank(cut.node)) return null;
+  const q = new URLSearchParams({node: cut.node});
+  if (cut.path && cut.path.length) q.set("path", cut.path.join(","));
+  return h("a", {href: `#/graphs/${cut.graph_id}?${q}`, class: "cut-link", "data-testid": "cut-link"},
+    `show the cut in graph #${cut.graph_id}`);
+}
+
+function cutCell(p) {
+  const c = p.cut;
+  return h("td", {class: "reason"},
+    isBlank(p.reason) ? "" : fmt(p.reason),
+    c && c.kind && c.kind !== "not_read" ? h("div", {class: "cut"}, h("span", {class: "muted"}, "cut: "),
+      h("code", {class: "chip"}, fmt(c.kind)), " ", c.op ? code(c.op) : null,
+      c.source ? [" at ", h("code", {title: c.code || ""}, fmt(c.source))] : null,
+      c.module_path ? [" in ", h("code", {}, fmt(c.module_path))] : null) : null,
+    c && c.code ? h("pre", {class: "cut-code"}, c.code) : null,
+    c && c.region ? h("div", {class: "muted"}, "no_grad region opened at ", code(c.region)) : null,
+    p.fix && FAILING.has(p.status) ? h("div", {class: "fix"}, h("strong", {}, "fix: "), fmt(p.fix)) : null,
+    p.first_use && !c ? sourceLine("first use", p.first_use) : null,
+    (p.notes || []).map((n) => h("div", {class: "muted"}, fmt(n))),
+    cutLink(c));
+}
+
+function findingItem(f) {
+  const ranks = f.ranks && typeof f.ranks === "object" && !Array.isArray(f.ranks)
+    ? ` (${Object.entries(f.ranks).map(([r, st]) => `rank ${r}: ${st}`).join(", ")})` : "";
+  return h("li", {"data-kind": f.kind, class: f.severity},
+    statusBadge(f.kind), f.allowed ? " (allowed) " : " ", fmt(f.message), ranks,
+    f.source ? h("div", {}, h("span", {class: "muted"}, "at "), code(f.source)) : null,
+    f.fix ? h("div", {class: "fix"}, h("strong", {}, "fix: "), fmt(f.fix)) : null,
+    f.graph_id != null ? h("div", {}, graphLink(f.graph_id, `graph #${f.graph_id}`)) : null);
+}
+
+/**
+ * The report as DOM: verdict + counts, findings, filters (text, status, rank) and the table.
+ * `initial` = {status, rank} preselects the filters; `onFilter(status, rank)` is told of changes.
+ */
+export function gradientReport(report, {initial = {}, onFilter = null} = {}) {
+  const params = report.params || [];
+  const summary = {...(report.summary || {})};
+  for (const s of GRAD_STATUSES) if (summary[s] === undefined) summary[s] = params.filter((p) => p.status === s).length;
+  const verdict = report.ok === undefined ? null
+    : h("strong", {class: report.ok ? "verdict-ok" : "verdict-bad"}, report.ok ? "all gradient paths OK   " : "problems found   ");
+  const summaryLine = h("p", {class: "summary", id: "grad-summary"}, verdict,
+    Object.entries(summary).filter(([, n]) => n).flatMap(([s, n]) => [statusBadge(s), ` ${n}   `]),
+    report.mode ? h("span", {class: "muted"}, `${report.mode} mode`) : null);
+  const findings = report.findings || [];
+  const rows = params.map((p) => {
+    const hay = [p.rank, p.fqn, p.status, p.reason, ...(p.aliases || [])].join(" ").toLowerCase();
+    const tensor = [isBlank(p.shape) ? null : fmt(p.shape), p.dtype].filter(Boolean).join(" ");
+    const links = (label, ids) => (ids && ids.length ? h("div", {}, h("span", {class: "muted"}, label),
+      ids.map((id) => [" ", graphLink(id)])) : null);
+    return h("tr", {"data-status": p.status, "data-rank": p.rank, "data-hay": hay, "data-fqn": p.fqn,
+      class: p.failing ? "failing" : null},
+    num(p.rank),
+    h("td", {}, code(p.fqn), (p.aliases || []).filter((a) => a !== p.fqn).map((a) => [" = ", h("code", {class: "chip"}, fmt(a))]),
+      tensor ? h("div", {class: "muted small"}, tensor) : null),
+    h("td", {}, statusBadge(p.status), p.allowed ? h("div", {class: "muted small"}, "allowed") : null),
+    num(p.paths), num(p.bucket), cutCell(p),
+    h("td", {class: "graph-links"}, links("read by", p.graphs), links("grad from", p.grad_graphs)));
+  });
+  const count = h("span", {class: "muted", id: "grad-count"});
+  const text = h("input", {type: "search", id: "grad-filter", placeholder: "filter parameters…",
+    "aria-label": "filter the gradient report"});
+  const status = h("select", {id: "grad-status", "aria-label": "status"}, h("option", {value: ""}, "all statuses"),
+    GRAD_STATUSES.map((s) => h("option", {value: s}, s)));
+  const ranks = [...new Set(params.map((p) => p.rank))].sort((a, b) => a - b);
+  const rank = h("select", {id: "grad-rank", "aria-label": "rank"}, h("option", {value: ""}, "all ranks"),
+    ranks.map((r) => h("option", {value: String(r)}, `rank ${r}`)));
+  if (initial.status) status.value = initial.status;
+  if (initial.rank != null && initial.rank !== "") rank.value = String(initial.rank);
+  const apply = (notify) => {
+    const q = text.value.trim().toLowerCase(), want = status.value, wantRank = rank.value;
+    let shown = 0;
+    for (const tr of rows) {
+      tr.hidden = !((!q || tr.dataset.hay.includes(q)) && (!want || tr.dataset.status === want)
+        && (!wantRank || tr.dataset.rank === wantRank));
+      shown += tr.hidden ? 0 : 1;
+    }
+    count.textContent = `${shown} of ${rows.length} parameters`;
+    if (notify && onFilter) onFilter(want, wantRank);
+  };
+  text.addEventListener("input", () => apply(false));
+  status.addEventListener("change", () => apply(true));
+  rank.addEventListener("change", () => apply(true));
+  apply(false);
+  const view = [summaryLine,
+    findings.length ? h("ul", {class: "problems", id: "grad-findings"}, findings.map(findingItem)) : null,
+    (report.notes || []).length ? h("ul", {class: "notes muted", id: "grad-notes"}, report.notes.map((n) => h("li", {}, fmt(n)))) : null,
+    h("div", {class: "toolbar"}, text, status, rank, count),
+    table("grad-report", ["Rank", "Parameter", "Status", "Paths", "Bucket", "Cut / reason", "Graphs"], rows)];
+  view.setFilters = (s, r) => { status.value = s || ""; rank.value = r || ""; apply(false); };
+  return view;
+}
+
+/** #/runs/<id or name>/grads[?status=S&rank=R] */
+export async function renderGrads(page, m, query) {
+  const runKey = decodeURIComponent(m[1]);
+  const run = await api(`/api/runs/${encodeURIComponent(runKey)}`);
+  const report = await api(`/api/runs/${run.id}/gradients`);
+  if (!page.alive()) return;
+  setCrumbs([["Runs", "#/runs"], [fmt(run.name), `#/runs/${run.id}`], ["Gradient paths"]]);
+  const base = `#/runs/${encodeURIComponent(runKey)}/grads`;
+  const view = gradientReport(report, {
+    initial: {status: query.get("status") || "", rank: query.get("rank") || ""},
+    onFilter: (s, r) => {
+      const q = new URLSearchParams();
+      if (s) q.set("status", s);
+      if (r) q.set("rank", r);
+      const next = q.toString() ? `${base}?${q}` : base;
+      if (location.hash !== next) history.replaceState(null, "", next);
+    },
+  });
+  page.update = (q) => view.setFilters(q.get("status"), q.get("rank"));
+  $app.replaceChildren(h("section", {id: "grads-page"},
+    h("h1", {}, "Gradient paths · ", fmt(run.name)),
+    h("p", {class: "muted"}, "Every trainable parameter on every rank: does a gradient reach it, and if not, where the ",
+      "forward path is cut. JSON: ", h("a", {href: `/api/runs/${run.id}/gradients`}, "gradients"), " · JUnit: ",
+      h("a", {href: `/api/runs/${run.id}/gradients.junit`}, "gradients.junit")),
+    h("div", {id: "grad-section"}, view)));
+}
