@@ -92,6 +92,9 @@ def compile_index(session: Session, run: Run, rank: int | None = None) -> dict[i
         e["frame"] = e["frame"] or frame
         if kind == "dynamo" and t is not None and e["compile_time_s"] is None:
             e["compile_time_s"] = t
+    for (r, cid), e in entries.items():  # a restarted attempt ("4/0_1") keeps attempt 0's frame
+        if e["frame"] is None and "_" in cid and (first := entries.get((r, cid.split("_")[0]))):
+            e["frame"] = first["frame"]
     kernels = dict(session.execute(select(KernelNode.graph_id, func.count()).where(KernelNode.run_id == run.id)
                                    .group_by(KernelNode.graph_id)).all())
     out: dict[int, list[dict]] = defaultdict(list)

@@ -8,7 +8,9 @@
 // frame (the model's forward) yields the captured graph. Those 0-op frames are drawn muted with a
 // "no graph" badge; frames with ops are drawn as the graph they produced and link to it.
 
-import {badge, code, fmt, fmtSeconds, graphLink, h, isBlank, num, plural, table} from "./common.js";
+import {api, badge, code, errorBox, fmt, fmtSeconds, graphLink, h, isBlank, kindBadge, num, plural, table}
+  from "./common.js";
+import {kernelBadge, outputCodePanel} from "./inductor.js";
 
 const METRICS = "compilation_metrics";
 const BREAK = "dynamo_graph_break_reason";
@@ -108,8 +110,74 @@ function rankRecords(rank, events, graphs) {
  * `events`: the compile-events answer, [{rank, name, compile_id, fields, payload?}] in arrival order;
  * `graphs`: the run's graphs (to link a frame to the graph it produced).
  */
-export function compileRecords(events, graphs) {
-  if (!events.length) return [h("p", {class: "empty"}, "No compile records in this run.")];
+export function compileRecords(events, graphs, runId) {
+  const index = runId == null ? [] : [compileIndex(runId)];
+  if (!events.length) return [...index, h("p", {class: "empty"}, "No compile records in this run.")];
   const ranks = [...new Set(events.map((e) => e.rank))].sort((a, b) => a - b);
-  return ranks.map((r) => rankRecords(r, events.filter((e) => e.rank === r), graphs.filter((g) => g.rank === r)));
+  return [...index, h("h3", {}, "Frame compile metrics"),
+    ...ranks.map((r) => rankRecords(r, events.filter((e) => e.rank === r), graphs.filter((g) => g.rank === r)))];
+}
+
+// ---------------------------------------------------------------- the compile index (tlparse-like)
+// One table per rank from GET /api/runs/<id>/compile-index: every compile id with its frame,
+// status, compile time, graph breaks (reason, user source line), recompile reasons, failure or
+// restarts, the graphs it produced (each opens in the graph view) and Inductor's output code.
+
+const STATUS_CLASS = {ok: "status-OK", failed: "status-NO_GRAD", error: "status-NO_GRAD", restarted: "tag",
+  empty: "tag"};
+
+/** The first informative line (a break's "Graph break in user code at …" is already its source line). */
+function firstLine(text) {
+  const lines = String(text ?? "").split("\n").map((x) => x.trim()).filter(Boolean);
+  return lines.find((x) => !x.startsWith("Graph break in user code")) || lines[0] || "";
+}
+
+/** A reason as <details>: first line as the summary, the whole text inside. */
+function reasonDetails(label, text, extra) {
+  return h("details", {class: "reason-details"},
+    h("summary", {}, badge(label, "tag"), " ", extra ? [code(extra), " "] : null, firstLine(text)),
+    h("pre", {class: "code stack"}, String(text ?? "")));
+}
+
+function indexRow(e) {
+  const graphs = e.graphs.map((g) => h("div", {class: "index-graph"}, kindBadge(g.kind), " ",
+    graphLink(g.id, `${fmt(g.name)} #${g.id}`), h("span", {class: "muted small"}, ` ${g.num_nodes} nodes `),
+    kernelBadge(g.kernel_links)));
+  const reasons = [
+    e.failure ? reasonDetails(`failed: ${fmt(e.failure.type)}`, e.failure.reason, e.failure.user_frame) : null,
+    e.error ? reasonDetails("error", e.error) : null,
+    e.graph_breaks.map((b) => reasonDetails("graph break", b.reason, b.source_line && basename(b.source_line))),
+    e.recompile_reasons.map((r) => reasonDetails("recompile", r)),
+    e.restarts.map((r) => reasonDetails("restart", r))];
+  return h("tr", {"data-compile-id": e.compile_id, class: `index-${e.status}`},
+    h("td", {}, code(e.compile_id)), h("td", {class: "frame"}, code(e.frame)),
+    h("td", {}, badge(e.status, STATUS_CLASS[e.status] || "tag")),
+    h("td", {class: "num"}, fmtSeconds(e.compile_time_s)),
+    h("td", {class: "reason"}, reasons),
+    h("td", {class: "graphs"}, graphs, e.output_code.map(outputCodePanel)));
+}
+
+function indexRank(rank, entries) {
+  const n = (f) => entries.filter(f).length;
+  const summary = [plural(entries.length, "compile id"),
+    n((e) => e.graph_breaks.length) ? plural(entries.reduce((k, e) => k + e.graph_breaks.length, 0), "graph break") : "no graph breaks",
+    plural(n((e) => e.recompile_reasons.length), "recompile"),
+    n((e) => e.status === "failed" || e.status === "error") ? plural(n((e) => e.status === "failed" || e.status === "error"), "failure") : null,
+    `${fmtSeconds(entries.reduce((t, e) => t + (Number(e.compile_time_s) || 0), 0))} compiling`].filter(Boolean).join(" · ");
+  return h("div", {class: "compile-index-rank", "data-testid": `compile-index-rank-${rank}`},
+    h("h4", {}, `Rank ${rank}`), h("p", {class: "summary"}, summary),
+    table(`compile-index-${rank}`, ["Compile id", "Frame", "Status", "Compile time", "Breaks / recompiles / failures",
+      "Graphs and output code"], entries.map(indexRow), "compile-table compile-index"));
+}
+
+/** The compile-index block: filled when its request answers; an error stays inside the block. */
+function compileIndex(runId) {
+  const box = h("div", {class: "compile-index", id: "compile-index", "data-testid": "compile-index"},
+    h("h3", {}, "Compile index (per rank)"), h("p", {class: "loading"}, "Loading…"));
+  api(`/api/runs/${encodeURIComponent(runId)}/compile-index`).then((idx) => {
+    const ranks = Object.keys(idx.ranks || {}).map(Number).sort((a, b) => a - b);
+    box.replaceChildren(h("h3", {}, "Compile index (per rank)"),
+      ...(ranks.length ? ranks.map((r) => indexRank(r, idx.ranks[String(r)])) : [h("p", {class: "empty"}, "No compiles.")]));
+  }).catch((err) => box.replaceChildren(h("h3", {}, "Compile index (per rank)"), errorBox(err)));
+  return box;
 }

@@ -165,7 +165,7 @@ export async function renderRun(page, m) {
   const compileEvents = compileRequest.catch(() => null);
   const [compileBox, compileDone] = lateSection(page, {id: "compile-records", title: "Compile records",
     what: "compile records", request: compileRequest, missingId: "compile-records-missing",
-    render: (events) => compileRecords(events, graphs)});
+    render: (events) => compileRecords(events, graphs, run.id)});
   const [gradBox, gradDone] = lateSection(page, {id: "grad-section", title: "Gradient paths",
     what: "gradient-path report", request: api(`/api/runs/${run.id}/gradients`), missingId: "grad-report-missing",
     render: (report) => runGradients(report, run)});

@@ -1,0 +1,51 @@
+// graphdeck dashboard: Inductor's generated code of a graph and its provenance links
+// (kernel ↔ FX node), loaded on demand from
+//   GET /api/compile-events/<id>     the inductor_output_code record (payload = the code)
+//   GET /api/graphs/<id>/kernels     kernel_nodes rows of the graph the code was generated for
+// Code and names come from logs: they enter the page only as text (h(), NOTE: [Untrusted text]).
+
+import {api, code, errorBox, fmt, h, plural} from "./common.js";
+
+/** Links kernel → nodes: each node opens the graph view with that node selected. */
+function kernelList(graphId, kernels) {
+  const entries = Object.entries(kernels || {});
+  if (!entries.length) return h("p", {class: "muted small"}, "No provenance links for this graph.");
+  return h("ul", {class: "kernel-links", "data-testid": `kernel-links-${graphId}`},
+    entries.map(([kernel, nodes]) => h("li", {},
+      h("code", {class: "kernel-name"}, kernel), " → ",
+      nodes.map((n, i) => [i ? ", " : "",
+        h("a", {href: `#/graphs/${graphId}?node=${encodeURIComponent(n.node)}`, class: "node-link",
+          title: n.pre_grad_node ? `pre-grad node ${n.pre_grad_node} (${n.source})` : n.source}, n.node)]))));
+}
+
+/**
+ * A collapsed <details> "Inductor output code": on first open it fetches the record's code and
+ * the kernel → node links of its graph. `out`: {event_id, graph_id, chars} from the compile index.
+ */
+export function outputCodePanel(out) {
+  let loaded = false;
+  const body = h("div", {class: "output-code-body"}, h("p", {class: "loading"}, "Loading…"));
+  const details = h("details", {class: "output-code", "data-testid": `output-code-${out.event_id}`},
+    h("summary", {}, "output code", h("span", {class: "muted small"}, ` ${fmt(out.chars)} chars`)), body);
+  details.addEventListener("toggle", async () => {
+    if (!details.open || loaded) return;
+    loaded = true;
+    try {
+      const ev = await api(`/api/compile-events/${out.event_id}`);
+      const links = ev.graph_id != null ? await api(`/api/graphs/${ev.graph_id}/kernels`) : null;
+      const kernels = links ? Object.keys(links.kernels || {}).length : 0;
+      body.replaceChildren(
+        ev.graph_id != null ? h("p", {class: "small"}, "for ",
+          h("a", {href: `#/graphs/${ev.graph_id}`}, fmt(ev.graph_name ?? `graph ${ev.graph_id}`)),
+          links ? ` · ${plural(kernels, "kernel")} with provenance links` : "") : null,
+        links ? kernelList(ev.graph_id, links.kernels) : null,
+        h("pre", {class: "code output-code-text"}, String(ev.payload ?? "")));
+    } catch (err) {
+      body.replaceChildren(errorBox(err));
+    }
+  });
+  return details;
+}
+
+/** A kernel-count badge text for a graph link, e.g. "3 kernels". */
+export const kernelBadge = (n) => (n ? h("span", {class: "tag small", title: "provenance links"}, code(`${n} k`)) : null);

@@ -1,0 +1,109 @@
+"""The run page's compile index over an imported TORCH_TRACE run, in a real browser (Debian
+Chromium via Playwright, the real app over HTTP): one table per rank, graph links that open the
+graph view, Inductor output code with kernel → node links, and log text that stays text (a log
+whose graph-break reason and frame name carry HTML is rendered escaped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from graphdeck.store.db import open_engine
+from graphdeck.store.torch_trace import import_torch_trace
+from tests.conftest import LiveServer, shared_path
+
+pytestmark = pytest.mark.browser
+CHROMIUM = Path("/usr/bin/chromium")
+HOSTILE = '<img src=x onerror="window.__pwned=1">'
+
+
+def _require(ok: bool, why: str) -> None:
+    if ok:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why} (CI=true, so this is a failure, not a skip)")
+    pytest.skip(why)
+
+
+def _record(envelope: dict, payload: str | None = None) -> str:
+    """One glog line in torch's TORCH_TRACE format, with its md5-checked tab payload."""
+    if payload is not None:
+        envelope = {**envelope, "has_payload": hashlib.md5(payload.encode()).hexdigest()}
+    line = "V1129 07:15:42.515000 18880 torch/_logging/structured.py:1] " + json.dumps(envelope)
+    if payload is not None:
+        line += "\n" + "\n".join("\t" + x for x in payload.split("\n"))
+    return line + "\n"
+
+
+def hostile_log(path: Path) -> Path:
+    cid = {"rank": 0, "frame_id": 0, "frame_compile_id": 0, "attempt": 0}
+    graph = (f'class GraphModule(torch.nn.Module):\n    def forward(self, L_x_: "f32[4][1]cpu"):\n'
+             f'        l_x_ = L_x_\n        # File: /job/{HOSTILE}.py:3 in forward, code: y = x.relu()\n'
+             f'        y: "f32[4][1]cpu" = l_x_.relu();  l_x_ = None\n        return (y,)\n')
+    text = (_record({"str": [f"/job/{HOSTILE}.py", 0]})
+            + _record({"dynamo_start": {"stack": [{"line": 3, "name": HOSTILE, "filename": 0}]}, **cid})
+            + _record({"artifact": {"name": "dynamo_graph_break_reason", "encoding": "string"}, **cid},
+                      f"Graph break in user code at /job/m.py:3\nReason: {HOSTILE}")
+            + _record({"dynamo_output_graph": {}, **cid}, graph)
+            + _record({"compilation_metrics": {"entire_frame_compile_time_s": 0.5, "graph_op_count": 1}, **cid}))
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    pytest.importorskip("uvicorn")
+    tmp = tmp_path_factory.mktemp("ttb")
+    engine = open_engine(tmp / "s.db")
+    import_torch_trace(engine, shared_path("data", "torch_trace", "generated_torch2.13_cpu_gloo", "detach"),
+                       run_name="detach", strict=True)
+    import_torch_trace(engine, hostile_log(tmp / "dedicated_log_torch_trace_rank_0_x.log"), run_name="hostile",
+                       strict=True)
+    with LiveServer(tmp / "s.db") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _require(CHROMIUM.exists(), f"{CHROMIUM} is missing (Debian package chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+def test_compile_index_page(server, browser):
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{server.url}/#/runs/detach")
+    for rank in (0, 1):
+        page.wait_for_selector(f'[data-testid="compile-index-rank-{rank}"] tr[data-compile-id="4/0"]')
+    row = page.locator('[data-testid="compile-index-rank-0"] tr[data-compile-id="4/0"]')
+    assert "forward (ddp_trace.py:13)" in row.inner_text()
+    panel = row.locator("details.output-code").first
+    panel.locator("summary").click()
+    page.wait_for_selector("details.output-code[open] .kernel-links")
+    link = panel.locator(".kernel-links a.node-link").first
+    href = link.get_attribute("href")
+    assert href.startswith("#/graphs/") and "?node=" in href, "a kernel's node opens the graph view on it"
+    graph_link = row.locator(".index-graph a").first
+    graph_link.click()
+    page.wait_for_url("**/#/graphs/*")
+    page.screenshot(path="/tmp/graphdeck-compile-index.png")
+    assert not errors, errors
+
+
+def test_log_text_is_escaped(server, browser):
+    page = browser.new_page()
+    page.goto(f"{server.url}/#/runs/hostile")
+    row = page.wait_for_selector('[data-testid="compile-index-rank-0"] tr[data-compile-id="0/0"]')
+    assert HOSTILE in row.inner_text(), "the reason and frame name are shown as text"
+    assert page.locator('[data-testid="compile-index"] img').count() == 0, "no element made from log text"
+    assert page.evaluate("window.__pwned") is None
