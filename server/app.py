@@ -46,6 +46,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.compile",
     "graphdeck.server.routes.ranks",
     "graphdeck.server.routes.imports",
+    "graphdeck.server.routes.replay",
 )
 
 

@@ -122,8 +122,24 @@ def lane_label(pid: str, tid: str, *, gpu: bool, process_label: str | None = Non
     return _short(f"{pid} / {tid}")
 
 
+def split_rank_pid(pid: str) -> tuple[int | None, str]:
+    """``"r3:1234"`` (a multi-rank figure's lane pid, see :func:`rank_pid`) → ``(3, "1234")``;
+    any other pid → ``(None, pid)``."""
+    if pid.startswith("r") and ":" in pid:
+        head, _, rest = pid.partition(":")
+        if head[1:].isdigit():
+            return int(head[1:]), rest
+    return None, pid
+
+
+def rank_pid(rank: int, pid: str) -> str:
+    """The pid of a lane in a multi-rank figure: ranks stack in rank order, each labelled."""
+    return f"r{rank}:{pid}"
+
+
 def _lanes(events: list[Mapping], process_labels: Mapping[str, str], thread_names: Mapping[str, str]) -> dict:
-    """(pid, tid) → display label, for every lane in ``events``."""
+    """(pid, tid) → display label, for every lane in ``events``; lanes of pids made by
+    :func:`rank_pid` are grouped by rank (rank-major) and labelled ``rank N · ...``."""
     gpu: dict[tuple[str, str], bool] = {}
     for e in events:
         key = (str(e["pid"]), str(e["tid"]))
@@ -134,19 +150,23 @@ def _lanes(events: list[Mapping], process_labels: Mapping[str, str], thread_name
                 or str(process_labels.get(key[0], "")).startswith("GPU")
             )
     labels: dict[tuple[str, str], str] = {}
-    for (pid, tid), is_gpu in gpu.items():
-        label = lane_label(pid, tid, gpu=is_gpu, process_label=process_labels.get(pid))
-        thread = thread_names.get(f"{pid}/{tid}")
+    for (full_pid, tid), is_gpu in gpu.items():
+        rank, pid = split_rank_pid(full_pid)
+        label = lane_label(pid, tid, gpu=is_gpu, process_label=process_labels.get(full_pid, process_labels.get(pid)))
+        if rank is not None:
+            label = _short(f"rank {rank} · {label}")
+        thread = thread_names.get(f"{full_pid}/{tid}") or thread_names.get(f"{pid}/{tid}")
         if thread and thread.startswith(f"thread {tid} ("):  # Kineto's "thread 542 (python3)"
             thread = thread[len(f"thread {tid} (") : -1] if thread.endswith(")") else thread
         if thread and not is_gpu:
             label = _short(f"{label} ({thread})")
-        labels[(pid, tid)] = label
+        labels[(full_pid, tid)] = label
 
     def order(key: tuple[str, str]) -> tuple:
-        pid, tid = key
+        rank, pid = split_rank_pid(key[0])
+        tid = key[1]
         kind = 1 if gpu[key] else 0 if _num(pid)[0] == 0 else 2
-        return (kind, _num(pid), _num(tid))
+        return (rank if rank is not None else -1, kind, _num(pid), _num(tid))
 
     return {key: labels[key] for key in sorted(labels, key=order)}
 

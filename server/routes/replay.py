@@ -1,0 +1,179 @@
+"""Trace views beyond one file: windowed (level-of-detail) timelines, the multi-rank timeline,
+per-trace analyses, collectives across ranks, and replay frames.
+
+* ``GET /api/traces/{trace_id}/window?t0_ms=&t1_ms=&max_shapes=2000``: the timeline of a time
+  window (ms since the trace's first event; default the whole trace) with at most
+  ``max_shapes`` bars, the longest when more overlap it (NOTE: [Timeline level of detail]).
+* ``GET /api/runs/{run_id}/timeline?t0_ms=&t1_ms=&max_shapes=3000``: every rank's newest trace on
+  one time axis, clocks aligned (NOTE: [Rank clock alignment]), lanes per CPU thread and GPU
+  stream, ranks stacked; ``layout.meta.offsets`` gives each rank's estimated offset.
+* ``GET /api/traces/{trace_id}/analysis?comm=REGEX``: step times, GPU busy/idle, hotspots,
+  comm/compute overlap, kernel → node coverage (``comm`` adds communication-kernel patterns).
+* ``GET /api/runs/{run_id}/collectives?comm=REGEX``: collectives matched across ranks, offsets,
+  stragglers.
+* ``GET /api/traces/{trace_id}/replay?step=&highlight=``: the frames of a replay.
+* ``GET /api/graphs/{graph_id}/node-times?trace_id=``: GPU ns per FX node of the graph.
+
+Times in answers are ns as decimal strings where they are absolute (past 2**53), ms floats
+where relative.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query, Request
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.trace_analysis import CommRule, analyze_trace
+from graphdeck.analysis.trace_collectives import align_and_match, run_traces
+from graphdeck.analysis.trace_map import node_time_ns
+from graphdeck.analysis.trace_window import IndexCache, fetch_rows
+from graphdeck.errors import NotFoundError, UsageError
+from graphdeck.replay.frames import replay_frames
+from graphdeck.server.deps import get_session, resolve_graph, resolve_run
+from graphdeck.server.render.timeline import rank_pid, timeline_figure
+from graphdeck.server.routes.traces import resolve_trace
+from graphdeck.server.views import loads_json
+from graphdeck.store.schema import Graph, Run, Trace
+
+router = APIRouter(tags=["traces"])
+
+MAX_SHAPES_LIMIT = 5000
+
+
+def _cache(request: Request) -> IndexCache:
+    cache = getattr(request.app.state, "trace_index_cache", None)
+    if cache is None:
+        cache = request.app.state.trace_index_cache = IndexCache()
+    return cache
+
+
+def _rule(comm: list[str] | None) -> CommRule:
+    import re
+
+    for p in comm or ():
+        try:
+            re.compile(p)
+        except re.error as exc:
+            raise UsageError(f"comm pattern {p!r} is not a regular expression: {exc}") from exc
+    return CommRule(extra=tuple(comm or ()))
+
+
+def _window(idx, origin_ns: int, t0_ms: float | None, t1_ms: float | None) -> tuple[int, int]:
+    span = idx.span or (origin_ns, origin_ns)
+    t0 = origin_ns + round(t0_ms * 1e6) if t0_ms is not None else span[0]
+    t1 = origin_ns + round(t1_ms * 1e6) if t1_ms is not None else span[1] + 1
+    if t1 <= t0:
+        raise UsageError(f"empty window: t1_ms ({t1_ms}) must be after t0_ms ({t0_ms})")
+    return t0, t1
+
+
+@router.get("/api/traces/{trace_id}/window")
+def get_window(request: Request, t0_ms: float | None = Query(None, description="window start, ms since the trace start"),
+               t1_ms: float | None = Query(None, description="window end, ms since the trace start"),
+               max_shapes: int = Query(2000, ge=1, le=MAX_SHAPES_LIMIT, description="most bars drawn"),
+               trace: Trace = Depends(resolve_trace), session: Session = Depends(get_session)) -> dict:
+    """A window of one trace's timeline at a level of detail that keeps at most ``max_shapes`` bars."""
+    idx = _cache(request).get(session, trace.id)
+    origin = trace.start_ns if trace.start_ns is not None else (idx.span or (0, 0))[0]
+    t0, t1 = _window(idx, origin, t0_ms, t1_ms)
+    ids, total = idx.select(t0, t1, max_shapes)
+    meta = loads_json(trace.meta_json, {})
+    fig = timeline_figure(fetch_rows(session, ids), start_ns=origin, title=f"{trace.name} (rank {trace.rank})",
+                          total_events=total, process_labels=meta.get("process_labels") or {},
+                          thread_names=meta.get("thread_names") or {})
+    fig["layout"]["meta"].update(window_ms=[round((t0 - origin) / 1e6, 6), round((t1 - origin) / 1e6, 6)],
+                                 in_window=total, max_shapes=max_shapes, start_ns=str(origin))
+    fig["layout"]["xaxis"]["range"] = fig["layout"]["meta"]["window_ms"]
+    return fig
+
+
+@router.get("/api/runs/{run_id}/timeline")
+def get_run_timeline(request: Request, t0_ms: float | None = Query(None, description="ms since the run's aligned start"),
+                     t1_ms: float | None = Query(None, description="ms since the run's aligned start"),
+                     max_shapes: int = Query(3000, ge=1, le=MAX_SHAPES_LIMIT, description="most bars drawn, all ranks"),
+                     comm: list[str] | None = Query(None, description="extra communication-kernel patterns"),
+                     run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
+    """All ranks of a run on one aligned time axis (rank-major lanes), at most ``max_shapes`` bars."""
+    traces = run_traces(session, run.id)
+    if not traces:
+        raise NotFoundError(f"run {run.name!r} has no trace", resource="trace", id=run.name)
+    aligned = align_and_match(session, run.id, _rule(comm), traces) if len(traces) > 1 else None
+    offsets = {r: (aligned["offsets"][r]["offset_ns"] if aligned else 0) for r in traces}
+    cache = _cache(request)
+    idxs = {r: cache.get(session, tid) for r, tid in traces.items()}
+    spans = {r: i.span for r, i in idxs.items() if i.span}
+    if not spans:
+        raise NotFoundError(f"run {run.name!r} has no timed events", resource="trace", id=run.name)
+    origin = min(s[0] - offsets[r] for r, s in spans.items())
+    end = max(s[1] - offsets[r] for r, s in spans.items())
+    t0 = origin + round(t0_ms * 1e6) if t0_ms is not None else origin
+    t1 = origin + round(t1_ms * 1e6) if t1_ms is not None else end + 1
+    if t1 <= t0:
+        raise UsageError(f"empty window: t1_ms ({t1_ms}) must be after t0_ms ({t0_ms})")
+    budget = max(1, max_shapes // len(idxs))
+    events, total, labels, threads = [], 0, {}, {}
+    for r, idx in sorted(idxs.items()):
+        off = offsets[r]
+        ids, n = idx.select(t0 + off, t1 + off, budget)
+        total += n
+        trace = session.get(Trace, traces[r])
+        meta = loads_json(trace.meta_json, {})
+        for pid, label in (meta.get("process_labels") or {}).items():
+            labels[rank_pid(r, pid)] = label
+        for key, name in (meta.get("thread_names") or {}).items():
+            threads[f"r{r}:{key}"] = name
+        for row in fetch_rows(session, ids):
+            row["ts_ns"] -= off
+            row["pid"] = rank_pid(r, row["pid"])
+            events.append(row)
+    fig = timeline_figure(events, start_ns=origin, title=f"run {run.name}: {len(idxs)} ranks, clocks aligned",
+                          total_events=total, process_labels=labels, thread_names=threads)
+    fig["layout"]["meta"].update(
+        window_ms=[round((t0 - origin) / 1e6, 6), round((t1 - origin) / 1e6, 6)], in_window=total,
+        max_shapes=max_shapes, start_ns=str(origin),
+        offsets={str(r): {"offset_ns": offsets[r], **({k: v for k, v in aligned["offsets"][r].items() if k != "offset_ns"}
+                                                       if aligned else {"method": "single rank"})} for r in traces},
+        traces={str(r): t for r, t in traces.items()})
+    fig["layout"]["xaxis"]["range"] = fig["layout"]["meta"]["window_ms"]
+    return fig
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        return str(value)
+    return value
+
+
+@router.get("/api/traces/{trace_id}/analysis")
+def get_analysis(comm: list[str] | None = Query(None, description="extra communication-kernel patterns (regex)"),
+                 top: int = Query(10, ge=1, le=200), trace: Trace = Depends(resolve_trace),
+                 session: Session = Depends(get_session)) -> dict:
+    """Step times, GPU busy/idle, scheduling-delay hotspots, comm/compute overlap and kernel →
+    node coverage of one trace (``graphdeck.analysis.trace_analysis.analyze_trace``)."""
+    return _jsonable(analyze_trace(session, trace.id, _rule(comm), top))
+
+
+@router.get("/api/runs/{run_id}/collectives")
+def get_collectives(comm: list[str] | None = Query(None, description="extra communication-kernel patterns (regex)"),
+                    run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
+    """Collectives matched across the run's ranks, per-rank clock offsets, stragglers per step."""
+    return _jsonable(align_and_match(session, run.id, _rule(comm)))
+
+
+@router.get("/api/traces/{trace_id}/replay")
+def get_replay(step: int | None = Query(None, description="ProfilerStep number (default: the first)"),
+               highlight: list[str] | None = Query(None, description="op / kernel / node names or regexes"),
+               trace: Trace = Depends(resolve_trace), session: Session = Depends(get_session)) -> dict:
+    """The frames of a replay: the step's kernels in time order with their graph nodes."""
+    return replay_frames(session, trace.id, step=step, highlight_ops=highlight).as_dict()
+
+
+@router.get("/api/graphs/{graph_id}/node-times")
+def get_node_times(trace_id: int | None = Query(None, description="default: the newest trace of the graph's rank"),
+                   graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
+    """GPU kernel ns per FX node name (``graphdeck.analysis.trace_map.node_time_ns``)."""
+    return {"graph_id": graph.id, "trace_id": trace_id, "node_ns": node_time_ns(session, graph.id, trace_id)}
