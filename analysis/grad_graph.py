@@ -157,7 +157,8 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False) -
     kind_of = {g.id: g.kind for g in graphs}
     has_backward = {g.parent_id for g in graphs if g.kind == "aot_backward"}
     split_parents = {g.parent_id for g in graphs if g.kind == "ddp_partition"}
-    ddp = bool(parts) or bool(split_parents)
+    ddp = bool(parts) or bool(split_parents) or any(_json(g.meta_json).get("ddp") for g in graphs
+                                                      if g.kind == "dynamo")
 
     # Outputs that got no gradient in the first backward, by Dynamo graph (a bucket's facts go
     # to its unsplit parent: DDPOptimizer's split keeps node names).

@@ -313,7 +313,12 @@ def _short_source(frame_line: str) -> str:
 def ddp_unused_finding(rows: list[ParamRow]) -> Finding | None:
     """Under DDP (``find_unused_parameters=False``) parameters that get no gradient make the next
     iteration raise DDP's 'Expected to have finished reduction …' on every rank."""
-    missing = sorted({r.fqn for r in rows if r.status in ("NOT_IN_GRAPH", "NO_GRAD") and not r.allowed})
+    by_fqn: dict[str, list[ParamRow]] = defaultdict(list)
+    for r in rows:
+        by_fqn[r.fqn].append(r)
+    # Only parameters missing on every rank (a rank-dependent one is a predicted hang instead).
+    missing = sorted(fqn for fqn, group in by_fqn.items()
+                     if all(r.status in ("NOT_IN_GRAPH", "NO_GRAD") and not r.allowed for r in group))
     if not missing:
         return None
     return Finding(kind="DDP_UNUSED_ERROR", severity="error", params=missing,

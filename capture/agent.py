@@ -223,6 +223,7 @@ class Agent:
         cid = CompileContext.current_compile_id()
         compile_id = str(cid) if cid is not None else None
         ddp = _ddp_context()
+        under_ddp = ddp is not None or _under_ddp_optimizer()
         # A DDP bucket's sub-graph carries DDPOptimizer's own "intentional graph-break" reason;
         # the frame and the real reason are those of the unsplit Dynamo graph.
         frame_name, break_reason = _compile_reason(ddp[1] if ddp is not None else gm)
@@ -271,13 +272,15 @@ class Agent:
                 "break_reason": None if ddp is not None else break_reason, "parent_id": parent_id,
                 "partition_index": part_idx,
                 "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
-                "inner": inner_name, "partition": pending_partition}
+                "inner": inner_name, "partition": pending_partition, "ddp": under_ddp}
 
     def _finish(self, p: dict, compile_time_s: float) -> None:
         writer = self.writer
         rec = record_graph(p["gm"])
         io = _input_bindings(p["gm"], p["param_by_node"])
         meta = {"aot_errors": p["aot"].errors} if p["aot"].errors else {}
+        if p.get("ddp"):
+            meta["ddp"] = True  # compiled under DDPOptimizer (a single bucket is not split)
         gid = writer.write_graph(
             rec, kind=p["kind"], name=p["name"], compile_id=p["compile_id"], frame_name=p["frame_name"],
             parent_id=p["parent_id"], partition_index=p["partition_index"], compile_time_s=compile_time_s,
@@ -429,6 +432,22 @@ def _dist_ready() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
+
+
+def _under_ddp_optimizer() -> bool:
+    """Whether DDPOptimizer is on the call stack (it calls the backend itself, split or not)."""
+    try:
+        from torch._dynamo.backends.distributed import DDPOptimizer
+    except Exception:
+        return False
+    frame = sys._getframe(2)
+    for _ in range(40):
+        if frame is None:
+            return False
+        if isinstance(frame.f_locals.get("self"), DDPOptimizer):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _ddp_context():
