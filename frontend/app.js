@@ -8,19 +8,24 @@
 //   run.js      the runs list, the run page and its gradient-path report
 //   grads.js    the gradient-path report: its page (#/runs/<id>/grads) and the run page's section
 //   compile.js  the run page's compile records (frame compile metrics, graph-break reasons)
+//   compare.js  two graphs side by side: diff marks, forward/backward seq_nr links
 //   graph.js    the graph page: node search and selection, long-edge stubs, node details, related graphs
 //   viewer.js   the graph page's SVG viewer: safe import, pan/zoom, the initial view
-//   trace.js    the trace page: Plotly timeline and ingest stats
+//   trace.js    the trace page: Plotly timeline (zoom fetches the window), analyses and ingest stats
+//   replay.js   trace replay (cursor over the timeline, the running kernel's graph node lit) and
+//               the multi-rank timeline of a run
 //
 // A page renderer is `async (page, match, query)`; `page.alive()` turns false once the user has
 // navigated away, so a late answer never draws over the next page. A renderer may set
 // `page.update(query)` to take a change of the ?query part without a full redraw.
 
 import {$app, ApiError, errorBox, h} from "./common.js";
+import {renderCompare} from "./compare.js";
 import {renderGraph} from "./graph.js";
 import {renderGrads} from "./grads.js";
 import {renderRanks} from "./ranks.js";
 import {renderRun, renderRuns} from "./run.js";
+import {renderReplay, renderRunTimeline} from "./replay.js";
 import {renderTrace} from "./trace.js";
 
 const routes = [
@@ -29,7 +34,10 @@ const routes = [
   [/^\/runs\/([^/]+)\/ranks$/, renderRanks], // cross-rank consistency
   [/^\/runs\/([^/]+)\/grads$/, renderGrads], // gradient-path report (?status=&rank=)
   [/^\/graphs\/(\d+)$/, renderGraph],
+  [/^\/compare\/(\d+)\/(\d+)$/, renderCompare], // two graphs side by side (diff, fwd/bwd)
   [/^\/traces\/(\d+)$/, renderTrace],
+  [/^\/traces\/(\d+)\/replay$/, renderReplay], // ?step=&step_interval_ms=&highlight=
+  [/^\/runs\/([^/]+)\/timeline$/, renderRunTimeline], // every rank on one aligned axis
 ];
 
 let current = null; // the page on screen: {path, alive(), update?(query)}

@@ -1,6 +1,11 @@
-// graphdeck dashboard: the graph page (#/graphs/<id>[?node=<name>]): the server's SVG render with
-// pan (drag) and zoom (wheel, buttons), node search, and the selected node's details. The selected
-// node lives in the URL, so a node link or the back button selects it again.
+// graphdeck dashboard: the graph page. The URL holds the whole view, so a link reproduces it:
+//   #/graphs/<id>?node=<name>&depth=<n>&expand=<a/b>&collapse=<a/b>&filter=<regex>&overlay=<kind>
+// (expand, collapse and filter repeat). The server draws the visible part (server/render/svg.py
+// documents the markup); a click on a collapsed cluster opens it, a click on an open cluster's
+// label closes it; selecting a node hidden in a collapsed cluster opens its clusters (the server's
+// data-open-clusters tells which) and puts them in the URL. Pan (drag), zoom (wheel, buttons),
+// search by name, op, target or module path, node details with inputs, users and the
+// forward/backward counterparts (same seq_nr), overlays, filter, exports.
 
 import {
   $app, api, badge, code, cssToken, defList, errorBox, fmt, fmtBytes, fmtSeconds, graphLink, h, isBlank,
@@ -10,7 +15,44 @@ import {importSvg, makeViewer} from "./viewer.js";
 
 // ---------------------------------------------------------------- graph page
 
-const graphHash = (id, name) => `#/graphs/${id}${name ? `?node=${encodeURIComponent(name)}` : ""}`;
+/** The view state in a graph URL's query. */
+function viewState(q) {
+  const depth = q.get("depth");
+  return {depth: depth === null || depth === "" ? null : depth, expand: q.getAll("expand"), collapse: q.getAll("collapse"),
+    filter: q.getAll("filter").filter((f) => f !== ""), overlay: q.get("overlay") || null};
+}
+
+function stateQuery(st, node) {
+  const q = new URLSearchParams();
+  if (node) q.set("node", node);
+  if (st.depth !== null) q.set("depth", st.depth);
+  for (const p of [...new Set(st.expand)].sort()) q.append("expand", p);
+  for (const p of [...new Set(st.collapse)].sort()) q.append("collapse", p);
+  for (const f of st.filter) q.append("filter", f);
+  if (st.overlay) q.set("overlay", st.overlay);
+  return q.toString();
+}
+
+const graphHash = (id, name, st) => {
+  const q = st ? stateQuery(st, name) : name ? `node=${encodeURIComponent(name)}` : "";
+  return `#/graphs/${id}${q ? `?${q}` : ""}`;
+};
+
+/** The /svg URL of a view state (the API's parameter names), optionally with a focus node. */
+export function svgUrl(id, st, focus, extra = {}) {
+  const q = new URLSearchParams();
+  if (st.depth !== null) q.set("max_depth", st.depth);
+  for (const p of st.expand) q.append("expand", p);
+  for (const p of st.collapse) q.append("collapse", p);
+  for (const f of st.filter) q.append("filter_by_op", f);
+  if (st.overlay) q.set("overlay", st.overlay);
+  if (focus) q.set("node", focus);
+  for (const [k, v] of Object.entries(extra)) q.set(k, v);
+  const text = q.toString();
+  return `/api/graphs/${id}/svg${text ? `?${text}` : ""}`;
+}
+
+const sameState = (a, b) => stateQuery(a) === stateQuery(b);
 
 /**
  * The related-graphs list: the parent, its other children (an AOT forward's backward and vice
@@ -64,7 +106,17 @@ function callView(args, kwargs, selectNode) {
   return h("div", {class: "call", id: "node-args"}, "(", joinComma([...positional, ...named]), ")");
 }
 
-function nodeDetails(node, full, selectNode) {
+/** The forward/backward nodes sharing this node's seq_nr: links to them in the sibling graph. */
+function counterpartsView(cp) {
+  if (!cp) return "…";
+  if (!cp.graphs || !cp.graphs.length) return cp.seq_nr == null ? "no seq_nr" : "none";
+  return h("span", {class: "names", id: "node-counterparts"}, cp.graphs.map((g) => [
+    h("span", {class: "muted"}, `${g.kind === "aot_backward" ? "backward" : "forward"} #${g.id}: `),
+    g.nodes.map((n) => h("a", {href: `#/graphs/${g.id}?node=${encodeURIComponent(n)}`, class: "counterpart", "data-graph-id": g.id}, n)),
+  ]));
+}
+
+function nodeDetails(node, full, selectNode, counterparts) {
   const f = {...node, ...(full || {})};
   const nameButtons = (names) => (names && names.length
     ? h("span", {class: "names"}, names.map((n) => h("button", {type: "button", class: "link", onclick: () => selectNode(n)}, n)))
@@ -83,7 +135,8 @@ function nodeDetails(node, full, selectNode) {
       ["dtype", f.dtype], ["stride", isBlank(f.stride) ? null : code(fmt(f.stride))], ["device", f.device],
       ["size", isBlank(f.size_bytes) ? null : fmtBytes(f.size_bytes)],
       ["module path", isBlank(f.module_path) ? null : code(f.module_path)], ["module stack", moduleStack],
-      ["seq_nr", f.seq_nr], ["partitioner tag", f.partitioner_tag],
+      ["seq_nr", f.seq_nr], ["fwd/bwd", f.seq_nr == null ? null : counterpartsView(counterparts)],
+      ["partitioner tag", f.partitioner_tag],
       ["AOT descriptor", isBlank(f.desc) ? null : code(f.desc)],
       ["param fqn", isBlank(f.param_fqn) ? null : code(f.param_fqn)],
       ["args", args], ["inputs", nameButtons(f.inputs)], ["users", nameButtons(f.users)],
@@ -94,66 +147,54 @@ function nodeDetails(node, full, selectNode) {
   ];
 }
 
-const XLINK_NS = "http://www.w3.org/1999/xlink";
-
-/**
- * Read the SVG's nodes (server/render/svg.py documents the markup). Only `g.node` elements with
- * id `node-<idx>` are FX nodes; `stub-in-<idx>` / `stub-out-<idx>` (Graphviz names "s<idx>i",
- * "s<idx>o") stand for long edges cut into stubs (NOTE: [Long edges] there) and name their far
- * ends in their tooltip. → {gByName, fxNodes (FX <g>s in idx order), stubs: Map(<g> → stub)}
- * where a stub is {dir: "in" | "out", owner: FX name, far: [FX names of the far ends], title}.
- */
-function readSvgNodes(svg, byName, byIdx) {
-  const gByName = new Map(), fx = [], stubs = new Map();
-  for (const g of svg.querySelectorAll("g.node")) {
+/** node name → <g>, and node name → edge <g>s touching it (edges name their ends in data-src/dst). */
+function readSvg(svg, byName) {
+  const gByName = new Map(), fx = [], edgesByEnd = new Map();
+  for (const g of svg.querySelectorAll("g.node[data-name]")) {
     const m = /^node-(\d+)$/.exec(g.id);
-    const stub = /^stub-(in|out)-(\d+)$/.exec(g.id);
-    if (m && byIdx.has(Number(m[1]))) {
-      const node = byIdx.get(Number(m[1]));
-      gByName.set(node.name, g);
-      g.dataset.name = node.name;
-      fx.push([node.idx, g]);
-    } else if (stub || g.classList.contains("stub")) {
-      const a = g.querySelector("a");
-      const tip = a?.getAttributeNS(XLINK_NS, "title") || a?.getAttribute("title") || "";
-      const far = [...new Set(tip.split(/,\s*/).map((t) => t.trim()).filter((t) => byName.has(t)))];
-      const title = g.querySelector("title")?.textContent.trim();
-      stubs.set(g, {dir: stub ? stub[1] : "", owner: stub ? byIdx.get(Number(stub[2]))?.name : undefined, far, title});
+    if (!m || !byName.has(g.dataset.name)) continue;
+    gByName.set(g.dataset.name, g);
+    fx.push([Number(m[1]), g]);
+  }
+  for (const e of svg.querySelectorAll("g.edge")) {
+    for (const end of [e.dataset.src, e.dataset.dst]) {
+      if (!edgesByEnd.has(end)) edgesByEnd.set(end, []);
+      edgesByEnd.get(end).push(e);
     }
   }
   fx.sort((a, b) => a[0] - b[0]);
-  return {gByName, fxNodes: fx.map(([, g]) => g), stubs};
+  return {gByName, fxNodes: fx.map(([, g]) => g), edgesByEnd};
 }
+
+const OVERLAYS = [["", "op category"], ["bytes", "output bytes"], ["time", "time (trace)"], ["partition", "DDP bucket"], ["rank", "rank"]];
 
 export async function renderGraph(page, m, query) {
   const id = Number(m[1]);
+  let st = viewState(query);
   const [graph, nodes, svgText] = await Promise.all([
-    api(`/api/graphs/${id}`), api(`/api/graphs/${id}/nodes`), api(`/api/graphs/${id}/svg`, {text: true})]);
+    api(`/api/graphs/${id}`), api(`/api/graphs/${id}/nodes`), api(svgUrl(id, st), {text: true})]);
   if (!page.alive()) return;
-  const svg = importSvg(svgText);
   setCrumbs([["Runs", "#/runs"],
     graph.run_id != null ? [isBlank(graph.run_name) ? `run ${graph.run_id}` : fmt(graph.run_name), `#/runs/${graph.run_id}`] : null,
     [`rank ${fmt(graph.rank)} · ${fmt(graph.name)}`]].filter(Boolean));
-
   const byName = new Map(nodes.map((n) => [n.name, n]));
-  const byIdx = new Map(nodes.map((n) => [n.idx, n]));
-  const {gByName, fxNodes, stubs} = readSvgNodes(svg, byName, byIdx);
-  // node name → edge <g>s that touch it; Graphviz titles an edge "n<src idx>->n<dst idx>", and the
-  // dashed edge to a stub "s<idx>i->n<idx>" or "n<idx>->s<idx>o" (counted as the node's own).
-  const endName = (t) => (/^[ns]\d+[io]?$/.test(t) ? byIdx.get(Number(t.replace(/\D/g, "")))?.name : undefined) ?? t;
-  const edgesByEnd = new Map();
-  for (const e of svg.querySelectorAll("g.edge")) {
-    const ends = (e.querySelector("title")?.textContent || "").split(/->|--/)
-      .map((t) => endName(t.trim().replace(/:.*$/, "")));
-    for (const end of ends) { if (!edgesByEnd.has(end)) edgesByEnd.set(end, []); edgesByEnd.get(end).push(e); }
-  }
 
-  const host = h("div", {id: "graph-svg", "data-testid": "graph-svg", class: "svg-host"}, svg);
+  let svg = null, gByName = new Map(), edgesByEnd = new Map();
+  const host = h("div", {id: "graph-svg", "data-testid": "graph-svg", class: "svg-host"});
   const details = h("aside", {id: "node-details", "data-testid": "node-details", class: "details"},
     h("p", {class: "muted"}, "Click a node to see its details."));
-  const search = h("input", {type: "search", id: "node-search", placeholder: "find node by name, op or target…",
+  const search = h("input", {type: "search", id: "node-search", placeholder: "find node by name, op, target or module…",
     "aria-label": "find node", autocomplete: "off"});
+  const filter = h("input", {type: "search", id: "op-filter", placeholder: "filter ops (regex), Enter", "aria-label": "filter by op",
+    value: st.filter.join("|"), autocomplete: "off"});
+  const overlaySel = h("select", {id: "overlay", "aria-label": "overlay"},
+    OVERLAYS.map(([v, label]) => h("option", {value: v, selected: (st.overlay || "") === v}, label)));
+  const depthSel = h("select", {id: "depth", "aria-label": "cluster depth"},
+    [["", "depth: auto"], ...[0, 1, 2, 3, 4, 5, 99].map((d) => [String(d), d === 99 ? "depth: all" : `depth: ${d}`])]
+      .map(([v, label]) => h("option", {value: v, selected: (st.depth ?? "") === v}, label)));
   const results = h("ul", {id: "search-results", "data-testid": "search-results", class: "results", hidden: true});
+  const status = h("span", {id: "view-status", class: "muted hint"});
+  const exportSvg = h("a", {id: "export-svg", href: svgUrl(id, st, null, {download: "1"}), download: `graph-${id}.svg`}, "SVG");
   const viewer = {zoom: () => {}, fit: () => {}, centerOn: () => {}, justDragged: () => false};
   const button = (bid, label, title, fn) => h("button", {type: "button", id: bid, title, onclick: fn}, label);
 
@@ -161,15 +202,42 @@ export async function renderGraph(page, m, query) {
   const showResults = (items) => { results.replaceChildren(...items); results.hidden = !items.length; };
   const pick = (name, extra) => h("li", {},
     h("button", {type: "button", class: "link", onclick: () => selectNode(name)}, name), extra ? h("span", {class: "muted"}, extra) : null);
+  const go = (newState, name, {replace = false} = {}) => {
+    const target = graphHash(id, name, newState);
+    if (replace) location.replace(target); else location.hash = target;
+  };
+
+  function draw(text) {
+    svg = importSvg(text);
+    ({gByName, edgesByEnd} = readSvg(svg, byName));
+    const fxNodes = [...gByName.values()];
+    host.replaceChildren(svg);
+    Object.assign(viewer, makeViewer(svg, host, fxNodes));
+    const visible = svg.dataset.visibleNodes;
+    status.textContent = `${visible ?? gByName.size} of ${nodes.length} nodes drawn`;
+    exportSvg.href = svgUrl(id, st, null, {download: "1"});
+  }
 
   let selected = null, selectToken = 0;
-  const selectNode = (name) => { closeResults(); location.hash = graphHash(id, name); };
+  const selectNode = (name) => { closeResults(); go(st, name); };
+
+  /** A node not drawn (in a collapsed cluster): ask the server to open its clusters, keep them in the URL. */
+  async function reveal(name) {
+    const text = await api(svgUrl(id, st, name), {text: true});
+    if (!page.alive()) return false;
+    const doc = new DOMParser().parseFromString(text, "image/svg+xml");
+    const opened = (doc.documentElement.getAttribute("data-open-clusters") || "").split("|").filter(Boolean);
+    const collapse = st.collapse.filter((p) => !opened.includes(p));
+    const expand = [...new Set([...st.expand, ...opened.filter((p) => !st.expand.includes(p))])];
+    // keep only the deepest opened paths that the default depth would not open anyway
+    const minimal = expand.filter((p) => !expand.some((q) => q !== p && q.startsWith(`${p}/`)));
+    go({...st, expand: minimal, collapse}, name, {replace: true});
+    return true;
+  }
+
   async function select(name, {center = true} = {}) {
     closeResults();
-    const stub = name && !byName.has(name) ? [...stubs.values()].find((st) => st.title === name) : null;
-    const stubTarget = stub && (stub.far.length === 1 ? stub.far[0] : stub.owner);
-    if (stubTarget) { location.replace(graphHash(id, stubTarget)); return; } // an old link to a stub ("s12o")
-    for (const el of svg.querySelectorAll(".selected, .related")) el.classList.remove("selected", "related");
+    for (const el of host.querySelectorAll(".selected, .related")) el.classList.remove("selected", "related");
     selected = name && byName.has(name) ? name : null;
     const token = ++selectToken;
     if (!selected) {
@@ -178,38 +246,32 @@ export async function renderGraph(page, m, query) {
       return;
     }
     const g = gByName.get(selected);
+    if (!g) { if (await reveal(selected)) return; }
     if (g) { g.classList.add("selected"); if (center) viewer.centerOn(g); }
     (edgesByEnd.get(selected) || []).forEach((e) => e.classList.add("related"));
-    for (const [sg, stub] of stubs) if (stub.owner === selected || stub.far.includes(selected)) sg.classList.add("related");
     const node = byName.get(selected);
     details.replaceChildren(...nodeDetails(node, null, selectNode));
-    let full;
-    try { full = await api(`/api/graphs/${id}/nodes/${encodeURIComponent(selected)}`); } catch (err) {
+    let full, cp = null;
+    try {
+      [full, cp] = await Promise.all([api(`/api/graphs/${id}/nodes/${encodeURIComponent(selected)}`),
+        node.seq_nr == null ? null : api(`/api/graphs/${id}/nodes/${encodeURIComponent(selected)}/counterparts`)]);
+    } catch (err) {
       if (token === selectToken && page.alive()) details.append(errorBox(err));
       return;
     }
     if (token !== selectToken || !page.alive()) return;
-    details.replaceChildren(...nodeDetails(node, full, selectNode));
+    details.replaceChildren(...nodeDetails(node, full, selectNode, cp));
     for (const other of [...(full.inputs || []), ...(full.users || [])]) gByName.get(other)?.classList.add("related");
-  }
-
-  /** A click on a stub selects the one node it names, or lists them when there are several. */
-  function followStub(stub) {
-    if (stub.far.length === 1) { selectNode(stub.far[0]); return; }
-    if (!stub.far.length) { closeResults(); return; }
-    const head = stub.dir === "in" ? `inputs of ${stub.owner ?? "this node"} drawn far away:`
-      : stub.dir === "out" ? `users of ${stub.owner ?? "this node"} drawn far away:` : "nodes at the far end:";
-    showResults([h("li", {class: "muted", id: "stub-targets"}, head), ...stub.far.map((n) => pick(n, ` ${fmt(byName.get(n)?.op)}`))]);
   }
 
   function runSearch() {
     const q = search.value.trim().toLowerCase();
-    svg.classList.toggle("searching", Boolean(q));
-    const hits = q ? nodes.filter((n) => [n.name, n.op, n.target].some((v) => v && String(v).toLowerCase().includes(q))) : [];
+    svg?.classList.toggle("searching", Boolean(q));
+    const hits = q ? nodes.filter((n) => [n.name, n.op, n.target, n.module_path].some((v) => v && String(v).toLowerCase().includes(q))) : [];
     const hitNames = new Set(hits.map((n) => n.name));
     for (const [name, g] of gByName) g.classList.toggle("match", hitNames.has(name));
     showResults(!q ? [] : [
-      ...hits.slice(0, 40).map((n) => pick(n.name, ` ${fmt(n.op)} ${isBlank(n.target) ? "" : n.target}`)),
+      ...hits.slice(0, 40).map((n) => pick(n.name, ` ${fmt(n.op)} ${isBlank(n.target) ? "" : n.target}${gByName.has(n.name) ? "" : " (in a collapsed cluster)"}`)),
       hits.length ? null : h("li", {class: "muted"}, "no match"),
       hits.length > 40 ? h("li", {class: "muted"}, `… ${hits.length - 40} more`) : null].filter(Boolean));
     return hits;
@@ -220,7 +282,13 @@ export async function renderGraph(page, m, query) {
     if (e.key === "Enter") { const hits = runSearch(); closeResults(); if (hits.length) selectNode(hits[0].name); }
     if (e.key === "Escape") { search.value = ""; runSearch(); closeResults(); }
   });
-  // A click anywhere but the list, the search box and the graph (which handles its own) closes the list.
+  filter.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter") return;
+    const value = filter.value.trim();
+    go({...st, filter: value ? [value] : []}, selected);
+  });
+  overlaySel.addEventListener("change", () => go({...st, overlay: overlaySel.value || null}, selected));
+  depthSel.addEventListener("change", () => go({...st, depth: depthSel.value || null, expand: [], collapse: []}, selected));
   const onDocClick = (e) => {
     if (!page.alive()) { document.removeEventListener("click", onDocClick); return; }
     if (!(results.contains(e.target) || search.contains(e.target) || host.contains(e.target))) closeResults();
@@ -231,15 +299,28 @@ export async function renderGraph(page, m, query) {
     if (e.key === "Escape") closeResults();
   };
   document.addEventListener("keydown", onDocKey);
+
+  /** Open (collapsed) or close (open, by its label) one module cluster; the URL records it. */
+  function toggleCluster(cluster, target) {
+    const path = cluster.dataset.path;
+    if (cluster.classList.contains("collapsed")) {
+      go({...st, expand: [...st.expand.filter((p) => p !== path), path], collapse: st.collapse.filter((p) => p !== path)}, selected);
+    } else if (target.closest("text")) {
+      go({...st, expand: st.expand.filter((p) => p !== path && !p.startsWith(`${path}/`)), collapse: [...st.collapse, path]}, selected);
+    }
+  }
   host.addEventListener("click", (e) => {
     if (viewer.justDragged()) return;
     const g = e.target.closest("g.node");
-    if (g && g.dataset.name) selectNode(g.dataset.name);
-    else if (g && stubs.has(g)) followStub(stubs.get(g));
-    else closeResults(); // a cluster box, an edge or the background: nothing to select
+    const cluster = e.target.closest("g.cluster");
+    if (g && g.dataset.name && byName.has(g.dataset.name)) selectNode(g.dataset.name);
+    else if (cluster) toggleCluster(cluster, e.target);
+    else closeResults(); // an edge, the legend or the background: nothing to select
   });
 
   const io = Array.isArray(graph.io) && graph.io.length ? objectTable("graph-io", graph.io) : h("p", {class: "muted"}, "none recorded");
+  const compare = h("input", {type: "number", id: "compare-with", placeholder: "graph id", "aria-label": "compare with graph id", min: 1});
+  compare.addEventListener("keydown", (e) => { if (e.key === "Enter" && compare.value) location.hash = `#/compare/${id}/${compare.value}`; });
   $app.replaceChildren(h("section", {class: "graph-page"},
     h("h1", {}, kindBadge(graph.kind), " ", fmt(graph.name)),
     h("p", {class: "summary"}, [`rank ${fmt(graph.rank)}`, `ordinal ${fmt(graph.ordinal)}`,
@@ -250,17 +331,35 @@ export async function renderGraph(page, m, query) {
       ? badge("DDP split", "tag") : badge("graph break", "break"), " ", graph.break_reason) : null,
     h("div", {class: "graph-layout"},
       h("div", {class: "viewer"},
-        h("div", {class: "toolbar"}, search,
+        h("div", {class: "toolbar"}, search, filter, overlaySel, depthSel,
           button("zoom-in", "+", "zoom in", () => viewer.zoom(1.25)),
           button("zoom-out", "−", "zoom out", () => viewer.zoom(0.8)),
           button("zoom-fit", "fit", "fit the whole graph", () => viewer.fit()),
-          h("span", {class: "muted hint"}, "drag to pan · wheel to zoom")),
+          h("span", {class: "muted hint"}, "export: ", exportSvg, " · ",
+            h("a", {href: `/api/graphs/${id}/model-explorer`, id: "export-me"}, "Model Explorer JSON"), " · compare with #", compare),
+          status),
         results, host),
       details),
     h("h2", {}, "Related graphs"), relatedGraphs(page, graph),
     h("details", {class: "fold"}, h("summary", {}, "Inputs and outputs"), io),
     graph.code ? h("details", {class: "fold"}, h("summary", {}, "Graph code"), h("pre", {class: "code", id: "graph-code"}, graph.code)) : null));
-  Object.assign(viewer, makeViewer(svg, host, fxNodes));
-  page.update = (q) => select(q.get("node"));
-  select(query.get("node"));
+  draw(svgText);
+  page.update = async (q) => {
+    const next = viewState(q);
+    if (!sameState(next, st)) {
+      st = next;
+      filter.value = st.filter.join("|");
+      overlaySel.value = st.overlay || "";
+      depthSel.value = st.depth ?? "";
+      let text;
+      try { text = await api(svgUrl(id, st), {text: true}); } catch (err) {
+        if (page.alive()) { host.replaceChildren(errorBox(err)); status.textContent = ""; }
+        return;
+      }
+      if (!page.alive()) return;
+      draw(text);
+    }
+    await select(q.get("node"));
+  };
+  await select(query.get("node"));
 }
