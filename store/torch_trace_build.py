@@ -261,7 +261,8 @@ class FileBuilder:
         s = self.session
         owner = {fqn: "/".join(fqn.split(".")[:-1]) or None for fqn in bind.values()}
         break_reason = self.break_reasons.get((cid or "").split("_")[0]) if kind == "dynamo" else None
-        graph_id = s.execute(insert(Graph).values(
+        conn = s.connection()
+        graph_id = conn.execute(Graph.__table__.insert().values(
             run_id=self.run_id, rank=self.rank, ordinal=self.ordinal, kind=kind, name=name[:300], compile_id=cid,
             frame_name=(frame_name or "")[:300] or None, parent_id=parent.graph_id if parent else None,
             partition_index=part_idx, num_nodes=len(text.nodes), structural_hash=text.structural_hash,
@@ -282,12 +283,12 @@ class FileBuilder:
                 "size_bytes": n.size_bytes, "module_path_id": self.intern(owner.get(fqn)) if fqn else None,
                 "module_stack_json": None, "stack_trace_id": self.intern(n.stack_trace), "seq_nr": None,
                 "partitioner_tag": None, "desc": n.desc, "param_fqn": fqn, "meta_json": "{}"})
-        s.execute(insert(Node), node_rows)
+        conn.execute(Node.__table__.insert(), node_rows)
         if text.edges:
-            s.execute(insert(Edge), [{"graph_id": graph_id, "src_idx": e.src_idx, "dst_idx": e.dst_idx,
+            conn.execute(Edge.__table__.insert(), [{"graph_id": graph_id, "src_idx": e.src_idx, "dst_idx": e.dst_idx,
                                       "arg_pos": e.arg_pos, "size_bytes": e.size_bytes} for e in text.edges])
         if io:
-            s.execute(insert(GraphIO), [{"graph_id": graph_id, "direction": d, "position": p, "node_name": nn,
+            conn.execute(GraphIO.__table__.insert(), [{"graph_id": graph_id, "direction": d, "position": p, "node_name": nn,
                                          "param_fqn": f, "has_grad": hg, "desc": desc}
                                         for d, p, nn, f, hg, desc in io])
         self.counts["graphs"] += 1
@@ -398,7 +399,7 @@ class FileBuilder:
                              "graph_id": target.graph_id if target else None, "kernel_name": kname[:500],
                              "node_name": str(node)[:300], "pre_grad_node": pre_name, "source": source})
         if rows:
-            self.session.execute(insert(KernelNode), rows)
+            self.session.connection().execute(KernelNode.__table__.insert(), rows)
             self.counts["kernel_nodes"] += len(rows)
 
     # ----------------------------------------------------------------------------------- metrics
@@ -409,5 +410,5 @@ class FileBuilder:
 
     def flush_events(self) -> None:
         if self.events:
-            self.session.execute(insert(CompileEvent), self.events)
+            self.session.connection().execute(CompileEvent.__table__.insert(), self.events)
             self.events = []

@@ -111,24 +111,23 @@ class LogReader:
         self.bytes_read = 0
 
     def __iter__(self) -> Iterator[Record]:
-        pending: tuple | None = None  # (envelope, kind, line_no, time, md5, expected, lines)
+        pending: tuple | None = None  # (envelope, kind, line_no, glog time, expected md5)
+        lines: list[bytes] = []  # the pending record's raw payload lines, tab and newline kept
         with open(self.path, "rb") as fh:
             for line_no, raw in enumerate(fh, 1):
-                self.bytes_read += len(raw)
-                if raw[:1] == b"\t" or (pending is not None and pending[6] and not raw.strip()):
-                    # (a blank line inside a payload: a tab-only line whose tab an editor trimmed)
+                if raw[:1] == b"\t":
                     if pending is not None:
-                        body = raw[1:].rstrip(b"\r\n") if raw[:1] == b"\t" else b""
-                        if pending[6]:
-                            pending[4].update(b"\n")
-                        pending[4].update(body)
-                        pending[6].append(body)
+                        lines.append(raw)
                     else:
                         self.stats.add("orphan_payload_lines")
                     continue
+                if pending is not None and lines and not raw.strip():
+                    lines.append(b"\t\n")  # a tab-only payload line whose tab an editor trimmed
+                    continue
                 if pending is not None:
-                    rec = self._finish(pending)
-                    pending = None
+                    rec = self._finish(pending, lines)
+                    pending, lines = None, []
+                    self.bytes_read = fh.tell()
                     if rec is not None:
                         yield rec
                 if not raw.strip():
@@ -156,14 +155,14 @@ class LogReader:
                     env["rank"] = int(m.group(1))
                 glog_time = f"{m.group(3).decode()} {m.group(4).decode()}"
                 if "has_payload" in env:
-                    pending = (env, kind, line_no, glog_time, hashlib.md5(usedforsecurity=False),
-                               env["has_payload"], [])
+                    pending = (env, kind, line_no, glog_time, env["has_payload"])
                     continue
                 yield self._record(env, kind, line_no, glog_time, None)
             if pending is not None:
-                rec = self._finish(pending)
+                rec = self._finish(pending, lines)
                 if rec is not None:
                     yield rec
+            self.bytes_read = fh.tell()
 
     def _intern(self, value: Any) -> None:
         if isinstance(value, list) and len(value) == 2 and isinstance(value[1], int):
@@ -172,16 +171,22 @@ class LogReader:
         else:
             self.stats.add("bad_json")
 
-    def _finish(self, pending: tuple) -> Record | None:
-        env, kind, line_no, glog_time, md5, expected, lines = pending
+    def _finish(self, pending: tuple, lines: list[bytes]) -> Record | None:
+        env, kind, line_no, glog_time, expected = pending
         if not lines:
             self.stats.add("truncated_payload")
             return None
-        if isinstance(expected, str) and md5.hexdigest() != expected:
+        # "\tA\n\tB\n" -> "A\nB": one tab off each line, the last newline off (one C pass each)
+        data = b"".join(lines)
+        if lines[0].endswith(b"\r\n"):  # a log saved with CRLF line ends (torch wrote LF)
+            data = data.replace(b"\r\n", b"\n")
+        data = data.replace(b"\n\t", b"\n")[1:]
+        if data.endswith(b"\n"):
+            data = data[:-1]
+        if isinstance(expected, str) and hashlib.md5(data, usedforsecurity=False).hexdigest() != expected:
             self.stats.add("md5_mismatch")
             return None
-        payload = b"\n".join(lines).decode("utf-8", errors="replace")
-        return self._record(env, kind, line_no, glog_time, payload)
+        return self._record(env, kind, line_no, glog_time, data.decode("utf-8", errors="replace"))
 
     def _record(self, env: dict, kind: str, line_no: int, glog_time: str, payload: str | None) -> Record:
         self.stats.add("records")

@@ -1,0 +1,144 @@
+"""TORCH_TRACE import: time and peak memory of ``graphdeck import`` vs the anchor, tlparse, on
+the same logs, run in the same command.
+
+Both run as child processes under GNU ``/usr/bin/time -f "%e %M"`` (wall seconds, peak RSS in
+KiB), each into a fresh output (a new SQLite store / a new tlparse folder); the median of
+``--repeat`` runs is reported with the ratio graphdeck / tlparse. tlparse gets ``--all-ranks-html``
+on rank folders (as the issue's reference numbers) and its defaults on single logs.
+
+Inputs: the multi-rank logs of ``../shared/data/torch_trace`` and one large single log, made by
+``--make-big`` (a 20-block MLP-transformer stack compiled with Inductor under ``TORCH_TRACE``,
+compiled again after ``torch._dynamo.reset()`` until the log passes ``--big-mb``; cached under
+``/tmp/graphdeck-bench/big``, never in git). Prefixes of the big log (25 %, 50 %, cut at a record
+boundary) show whether memory grows with file size.
+
+Usage::
+
+    python bench/bench_import.py --make-big            # once: writes the ≥100 MB log (minutes)
+    python bench/bench_import.py [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "torch_trace"
+CACHE = Path("/tmp/graphdeck-bench")
+MULTI = {
+    "multi_rank_runtime (7 ranks)": DATA / "tlparse_tests" / "inputs" / "multi_rank_runtime",
+    "multi_rank_logs (4 ranks)": DATA / "tlparse_tests" / "inputs" / "multi_rank_logs",
+    "generated ddp (2 ranks)": DATA / "generated_torch2.13_cpu_gloo" / "ddp",
+}
+GEN = r"""
+import sys, torch, torch.nn as nn
+target = int(sys.argv[1]) * 1024 * 1024
+class Block(nn.Module):
+    def __init__(s, d=64):
+        super().__init__(); s.ln = nn.LayerNorm(d); s.fc1 = nn.Linear(d, 4 * d); s.fc2 = nn.Linear(4 * d, d)
+    def forward(s, x):
+        return x + s.fc2(torch.nn.functional.gelu(s.fc1(s.ln(x))))
+model = nn.Sequential(*[Block() for _ in range(20)])
+x = torch.randn(8, 64)
+import glob, os
+def size():
+    return sum(os.path.getsize(f) for f in glob.glob(os.path.join(os.environ["TORCH_TRACE"], "*.log")))
+while size() < target:
+    torch._dynamo.reset()
+    torch.compile(model)(x).sum().backward()
+"""
+
+
+def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
+    """(wall seconds, peak RSS MiB) of ``cmd`` as GNU time reports them."""
+    out = subprocess.run(["/usr/bin/time", "-f", "%e %M", *cmd], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed: {out.stderr[-2000:]}")
+    wall, rss_kib = out.stderr.strip().splitlines()[-1].split()
+    return float(wall), int(rss_kib) / 1024
+
+
+def run_graphdeck(path: Path, tmp: Path) -> tuple[float, float]:
+    store = tmp / "bench.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store}{suffix}").unlink(missing_ok=True)
+    return timed([sys.executable, "-m", "graphdeck.cli", "import", str(path), "--store", str(store), "--run", "b",
+                  "--no-progress"])
+
+
+def run_tlparse(path: Path, tmp: Path) -> tuple[float, float]:
+    out = tmp / "tl_out"
+    shutil.rmtree(out, ignore_errors=True)
+    extra = ["--all-ranks-html"] if path.is_dir() else []
+    return timed(["tlparse", str(path), "-o", str(out), "--overwrite", "--no-browser", *extra])
+
+
+def prefix_copy(src: Path, fraction: float, dst: Path) -> Path:
+    """The first ``fraction`` of ``src``, cut before a glog line (a record boundary)."""
+    limit = int(src.stat().st_size * fraction)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        written = 0
+        for line in fin:
+            if written >= limit and line[:1] == b"V":
+                break
+            fout.write(line)
+            written += len(line)
+    return dst
+
+
+def make_big(mb: int) -> None:
+    folder = CACHE / "big"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    env = {**os.environ, "TORCH_TRACE": str(folder), "TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-c", GEN, str(mb)], env=env, check=True)
+
+
+def big_log() -> Path | None:
+    logs = sorted((CACHE / "big").glob("*.log"), key=lambda p: p.stat().st_size)
+    return logs[-1] if logs else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=3, help="runs per input (median reported)")
+    ap.add_argument("--make-big", action="store_true", help="generate the large single log first")
+    ap.add_argument("--big-mb", type=int, default=100, help="size of the large log to generate, MiB")
+    ap.add_argument("--big", type=Path, default=None, help="use this large log instead of the cached one")
+    args = ap.parse_args()
+    if shutil.which("tlparse") is None:
+        sys.exit("tlparse is not installed (pip install tlparse)")
+    if args.make_big:
+        make_big(args.big_mb)
+    inputs = dict(MULTI)
+    big = args.big or big_log()
+    tmp = Path(tempfile.mkdtemp(prefix="gd-bench-import-"))
+    if big is not None:
+        inputs[f"big 25% ({big.stat().st_size * 0.25 / 2**20:.0f} MiB)"] = prefix_copy(big, 0.25, tmp / "b25.log")
+        inputs[f"big 50% ({big.stat().st_size * 0.5 / 2**20:.0f} MiB)"] = prefix_copy(big, 0.5, tmp / "b50.log")
+        inputs[f"big single log ({big.stat().st_size / 2**20:.0f} MiB)"] = big
+    else:
+        print("no large log: run with --make-big first", file=sys.stderr)
+    print(f"{'input':34s} {'graphdeck s':>11s} {'tlparse s':>9s} {'time x':>7s} "
+          f"{'graphdeck MiB':>13s} {'tlparse MiB':>11s} {'mem x':>6s}")
+    try:
+        for label, path in inputs.items():
+            n = 1 if "big" in label else args.repeat
+            g = [run_graphdeck(path, tmp) for _ in range(n)]
+            t = [run_tlparse(path, tmp) for _ in range(n)]
+            gw, gm = statistics.median(x[0] for x in g), statistics.median(x[1] for x in g)
+            tw, tm = statistics.median(x[0] for x in t), statistics.median(x[1] for x in t)
+            print(f"{label:34s} {gw:11.2f} {tw:9.2f} {gw / tw:7.2f} {gm:13.0f} {tm:11.0f} {gm / tm:6.2f}", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
