@@ -133,7 +133,8 @@ def _json(text: str | None) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def graph_report(session: Session, run: Run, *, include_buffers: bool = False) -> GradReport:
+def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
+                 expected_params: list[str] | None = None) -> GradReport:
     """The report of ``run`` (every rank with a parameter list), see the module docstring.
 
     Raises nothing for incomplete stores: missing facts lower precision (an imported run without
@@ -176,6 +177,17 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False) -
 
     storage = {(p.rank, p.fqn): p.storage_key for p in params}
     known = set(storage)
+    ranks = sorted({g.rank for g in graphs} | {p.rank for p in params})
+    if not params and graphs:
+        report.notes.append("the store has no parameter list for this run (an imported log?): parameters "
+                            "that no graph reads cannot be listed unless expected parameters are given")
+    # Names the caller expects (an imported log lists only parameters its graphs read).
+    for fqn in expected_params or []:
+        for rank in ranks:
+            if (rank, fqn) not in known:
+                known.add((rank, fqn))
+                storage[(rank, fqn)] = f"fqn:{fqn}"
+                params.append(_AutoParam(rank, fqn))
     # Parameters a graph reads that the parameter list lacks (model not watched, imported logs).
     for r in io:
         if r.direction == "in" and (r.rank, r.param_fqn) not in known:

@@ -38,16 +38,20 @@ __all__ = ["FAILING", "STATUSES", "Cut", "Finding", "GradReport", "ParamRow", "g
 
 
 def gradient_report(session: Session, run: Run, *, include_buffers: bool = False,
-                    allow: tuple[str, ...] | list[str] = ()) -> GradReport:
-    """Graph-mode report of ``run`` read through ``session`` (see ``grad_graph.graph_report``)."""
+                    allow: tuple[str, ...] | list[str] = (), expected_params: list[str] | None = None) -> GradReport:
+    """Graph-mode report of ``run`` read through ``session`` (see ``grad_graph.graph_report``);
+    ``expected_params``: parameter names every rank should have (for runs whose store lacks the
+    parameter list, such as imported TORCH_TRACE logs: a name no graph reads is NOT_IN_GRAPH)."""
     from graphdeck.analysis.grad_graph import graph_report
 
-    return graph_report(session, run, include_buffers=include_buffers).apply_allow(list(allow))
+    return graph_report(session, run, include_buffers=include_buffers,
+                        expected_params=expected_params).apply_allow(list(allow))
 
 
 def validate_backward(model_or_store: Any, example_inputs_or_run: Any = None, loss_fn: Callable | None = None, *,
                       allow: tuple[str, ...] | list[str] = (), numeric: bool = False, backend: str = "aot_eager",
-                      include_buffers: bool = False, rank: int | None = None) -> GradReport:
+                      include_buffers: bool = False, rank: int | None = None,
+                      expected_params: list[str] | None = None) -> GradReport:
     """Validate gradient paths.
 
     ``validate_backward(model, example_inputs, loss_fn)``: eager mode on an ``nn.Module`` (DDP
@@ -59,6 +63,8 @@ def validate_backward(model_or_store: Any, example_inputs_or_run: Any = None, lo
     engine) and a run name or id.
 
     ``allow``: ``fnmatch`` patterns of parameters unused on purpose (listed, not failing).
+    ``expected_params`` (graph mode): parameter names each rank should have, for stores without
+    the parameter list (imported logs).
 
     Raises:
         NotFoundError: the store or the run does not exist (graph mode).
@@ -77,7 +83,8 @@ def validate_backward(model_or_store: Any, example_inputs_or_run: Any = None, lo
         engine = model_or_store if isinstance(model_or_store, Engine) else open_engine(model_or_store, read_only=True)
         with Session(engine) as s:
             run = find_run(s, example_inputs_or_run)
-            return gradient_report(s, run, include_buffers=include_buffers, allow=allow)
+            return gradient_report(s, run, include_buffers=include_buffers, allow=allow,
+                                   expected_params=expected_params)
     if hasattr(model_or_store, "named_parameters") and callable(model_or_store):
         from graphdeck.analysis.grad_eager import eager_report
 

@@ -112,6 +112,8 @@ def serve(store: str, host: str, port: int) -> None:
 @click.option("--backend", default="aot_eager", show_default=True, help="torch.compile backend for --numeric.")
 @click.option("--allow", "allow", multiple=True, help="fnmatch pattern of parameters unused on purpose (repeatable).")
 @click.option("--buffers", is_flag=True, help="List buffers too (status BUFFER).")
+@click.option("--expect-params", "expect_params", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Graph mode: file of parameter names (one per line) every rank should have (imported logs).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True,
               help="Output format.")
 @click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
@@ -119,7 +121,7 @@ def serve(store: str, host: str, port: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 def check_grads(store: str, run_name: str | None, model_ref: str | None, input_specs: tuple[str, ...],
                 loss_ref: str | None, numeric: bool, backend: str, allow: tuple[str, ...], buffers: bool,
-                fmt: str, output: str | None, as_json: bool) -> None:
+                expect_params: str | None, fmt: str, output: str | None, as_json: bool) -> None:
     """Gradient-path check for CI: every trainable parameter gets a gradient on every rank.
 
     Graph mode: STORE --run NAME. Eager mode: --model module:factory --inputs SPEC [--loss module:fn].
@@ -144,7 +146,12 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
             report = validate_backward(model, inputs, loss_fn, allow=allow, numeric=numeric, backend=backend,
                                        include_buffers=buffers)
         elif run_name:
-            report = validate_backward(store, run_name, allow=allow, include_buffers=buffers)
+            expected = None
+            if expect_params:
+                expected = [ln.strip() for ln in Path(expect_params).read_text().splitlines()
+                            if ln.strip() and not ln.startswith("#")]
+            report = validate_backward(store, run_name, allow=allow, include_buffers=buffers,
+                                       expected_params=expected)
         else:
             raise UsageError("give --run NAME (graph mode over STORE) or --model module:factory --inputs SPEC")
     except GraphdeckError as exc:
