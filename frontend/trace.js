@@ -1,12 +1,12 @@
 // graphdeck dashboard: the trace page (#/traces/<id>): a Plotly timeline of one rank's Kineto
 // trace, its metadata and the ingest stats. Plotly (about 4 MB) loads only when this page opens.
 
-import {$app, api, code, defList, errorBox, fmt, h, plural, setCrumbs, statusBadge} from "./common.js";
+import {$app, api, code, defList, errorBox, fmt, h, plural, setCrumbs, statusBadge, table} from "./common.js";
 
 const PLOTLY_SRC = "/static/vendor/plotly.min.js";
 
 let plotlyLoading = null;
-function loadPlotly() {
+export function loadPlotly() {
   if (window.Plotly) return Promise.resolve(window.Plotly);
   plotlyLoading ??= new Promise((resolve, reject) => {
     const s = h("script", {src: PLOTLY_SRC});
@@ -63,24 +63,70 @@ export async function renderTrace(page, m) {
   setCrumbs([...crumbs, [`rank ${fmt(trace.rank)} · ${fmt(trace.name)}`]]);
   const timeline = h("div", {id: "timeline", "data-testid": "timeline", class: "timeline"},
     h("p", {class: "loading"}, "Loading the timeline…"));
+  const analysis = h("div", {id: "trace-analysis", "data-testid": "trace-analysis"}, h("p", {class: "loading"}, "Analysing…"));
   const skip = new Set(["stats", "meta", "id", "name", "run_id", "run_name"]);
   $app.replaceChildren(h("section", {class: "trace-page"},
     h("h1", {}, fmt(trace.name), " ", statusBadge(trace.status)),
     trace.status === "truncated" ? truncatedBanner(trace) : null,
     defList(Object.entries(trace).filter(([k]) => !skip.has(k))
       .map(([k, v]) => [k, typeof v === "object" && v !== null ? code(JSON.stringify(v)) : v]), {id: "trace-meta"}),
+    h("p", {class: "trace-links"}, h("a", {href: `#/traces/${id}/replay`, id: "replay-link"}, "Replay a step"), " · ",
+      h("a", {href: `#/runs/${encodeURIComponent(trace.run_name ?? trace.run_id)}/timeline`, id: "run-timeline-link"},
+        "All ranks on one time axis")),
     h("h2", {}, "Timeline"), timeline,
+    h("h2", {}, "Analysis"), analysis,
     h("h2", {}, "Ingest stats"), statsView(trace.stats, "trace-stats"),
     h("details", {class: "fold"}, h("summary", {}, "Trace metadata"), statsView(trace.meta, "trace-info"))));
+  api(`/api/traces/${id}/analysis`).then((a) => { if (page.alive()) analysis.replaceChildren(...analysisView(a)); },
+    (err) => { if (page.alive()) analysis.replaceChildren(errorBox(err)); });
   try {
-    const [Plotly, figure] = await Promise.all([loadPlotly(), api(`/api/traces/${id}/timeline`)]);
+    const [Plotly, figure] = await Promise.all([loadPlotly(), api(`/api/traces/${id}/window`)]);
     if (!page.alive()) return;
     timeline.replaceChildren();
     timeline.classList.add("plotted");
     await Plotly.newPlot(timeline, figure.data || [], {autosize: true, ...(figure.layout || {})},
       {responsive: true, displaylogo: false});
+    // Level of detail: a zoom asks the server for that window (at most 2000 bars, longest first).
+    let pending = 0;
+    timeline.on("plotly_relayout", async (ev) => {
+      const t0 = ev["xaxis.range[0]"], t1 = ev["xaxis.range[1]"], auto = ev["xaxis.autorange"];
+      if (t0 === undefined && !auto) return;
+      const mine = ++pending;
+      const next = await api(auto ? `/api/traces/${id}/window` : `/api/traces/${id}/window?t0_ms=${t0}&t1_ms=${t1}`);
+      if (mine !== pending || !page.alive()) return;
+      await Plotly.react(timeline, next.data || [], {autosize: true, ...(next.layout || {})}, {responsive: true, displaylogo: false});
+      timeline.dataset.window = JSON.stringify(next.layout.meta.window_ms);
+    });
   } catch (err) {
     if (page.alive()) timeline.replaceChildren(errorBox(err));
   }
+}
+
+const ms = (ns) => (ns == null ? "—" : (Number(ns) / 1e6).toFixed(3));
+const pct = (x) => (x == null ? "—" : `${(100 * x).toFixed(1)}%`);
+const row = (cells) => h("tr", {}, cells.map((c) => h("td", {}, c)));
+
+/** The trace's analyses (GET /api/traces/<id>/analysis) as tables; figures in ms. */
+function analysisView(a) {
+  const ov = a.overlap.trace;
+  return [
+    h("h3", {}, "Steps"),
+    table("steps-table", ["step", "CPU ms", "GPU span ms", "kernels", "kernel ms"],
+      a.steps.map((s) => row([fmt(s.step), ms(s.cpu_dur_ns), ms(s.gpu_span_ns), fmt(s.kernels), ms(s.kernel_ns)]))),
+    h("h3", {}, "GPU busy / idle"),
+    table("gpu-table", ["device", "window ms", "busy ms", "idle ms", "busy", "kernel ms (sum)", "streams"],
+      a.gpu.map((g) => row([fmt(g.device), ms(g.window_ns), ms(g.busy_ns), ms(g.idle_ns), pct(g.busy_fraction),
+        ms(g.kernel_ns), fmt(g.streams)]))),
+    h("h3", {}, "Communication / computation overlap"),
+    h("p", {id: "overlap-summary"}, ov.ratio == null ? fmt(ov.reason) : `overlap ${pct(ov.ratio)} of ${ms(ov.comm_busy_ns)} ms communication`,
+      ov.unclassified?.length ? ` · largest kernels not counted as communication: ${ov.unclassified.slice(0, 3).map((u) => u.kernel.slice(0, 60)).join("; ")}` : ""),
+    h("h3", {}, "Largest gaps on a stream"),
+    table("gaps-table", ["gap ms", "stream", "after", "before"],
+      a.hotspots.gaps.map((g) => row([ms(g.gap_ns), fmt(g.stream), fmt(g.after), fmt(g.before)]))),
+    h("h3", {}, "Longest launch delays"),
+    table("delays-table", ["delay ms", "kernel / node"], a.hotspots.launch_delays.map((d) => row([ms(d.delay_ns), fmt(d.node)]))),
+    h("p", {id: "mapping-summary", class: "muted"},
+      `Kernel time mapped to graph nodes: ${pct(a.mapping.mapped_fraction)} (${ms(a.mapping.mapped_ns)} of ${ms(a.mapping.kernel_ns)} ms).`),
+  ];
 }
 

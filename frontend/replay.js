@@ -1,0 +1,197 @@
+// graphdeck dashboard: trace replay (#/traces/<id>/replay?step=&step_interval_ms=&highlight=) and
+// the multi-rank timeline of a run (#/runs/<id>/timeline).
+//
+// Replay: frame i is the i-th GPU kernel of the step (GET /api/traces/<id>/replay); a cursor line
+// moves over the step's timeline (GET /api/traces/<id>/window) and the graph of the kernel's node
+// is drawn from GET /api/graphs/<gid>/svg, where `<g id="node-<idx>">` gets the class
+// `replay-active`. Playback advances one frame per step_interval_ms (requestAnimationFrame,
+// so a short interval skips drawing frames rather than falling behind). Every user string
+// (kernel, op, node names) goes through textContent (common.js h()).
+
+import {$app, api, errorBox, fmt, h, setCrumbs, table} from "./common.js";
+import {loadPlotly} from "./trace.js";
+import {importSvg, makeViewer} from "./viewer.js";
+
+const CURSOR = {type: "line", xref: "x", yref: "paper", y0: 0, y1: 1, x0: 0, x1: 0,
+  line: {color: "#e4572e", width: 2}};
+
+const tr = (cells) => h("tr", {}, cells.map((c) => h("td", {}, c)));
+
+/** ms between two int64 ns given as decimal strings (exact: BigInt). */
+const msBetween = (a, b) => Number(BigInt(String(a)) - BigInt(String(b))) / 1e6;
+
+export async function renderReplay(page, m, query) {
+  const id = Number(m[1]);
+  const intervalMs = Math.max(1, Number(query.get("step_interval_ms")) || 10);
+  const highlight = query.getAll("highlight").filter(Boolean);
+  const qs = new URLSearchParams();
+  if (query.get("step")) qs.set("step", query.get("step"));
+  highlight.forEach((x) => qs.append("highlight", x));
+  const [trace, rp] = await Promise.all([api(`/api/traces/${id}`, {exactInts: true}), api(`/api/traces/${id}/replay?${qs}`)]);
+  if (!page.alive()) return;
+  setCrumbs([["Runs", "#/runs"], [fmt(trace.run_name ?? trace.run_id), `#/runs/${trace.run_id}`],
+    [`rank ${fmt(trace.rank)} · ${fmt(trace.name)}`, `#/traces/${id}`], ["replay"]]);
+  const frames = rp.frames;
+  const offMs = msBetween(rp.origin_ns, trace.start_ns);
+  const status = h("div", {id: "replay-status", class: "replay-status", "data-frame": "-1"}, "Loading…");
+  const timeline = h("div", {id: "replay-timeline", class: "timeline", "data-testid": "replay-timeline"});
+  const graphHost = h("div", {id: "replay-graph", class: "svg-host replay-graph", "data-testid": "replay-graph"},
+    h("p", {class: "muted"}, "The graph of the running kernel's node shows here."));
+  const playBtn = h("button", {type: "button", id: "replay-play"}, "Play");
+  const slider = h("input", {type: "range", id: "replay-slider", min: "0", max: String(Math.max(0, frames.length - 1)), value: "0"});
+  const stopAt = h("input", {type: "checkbox", id: "replay-stop-at-highlight"});
+  const stepSel = h("select", {id: "replay-step"}, rp.steps.map((s) => h("option", {value: String(s), selected: s === rp.step}, `step ${s}`)));
+  const nHigh = frames.filter((f) => f.highlight).length;
+  $app.replaceChildren(h("section", {class: "replay-page"},
+    h("h1", {}, "Replay · ", fmt(trace.name)),
+    h("p", {class: "muted"}, `${frames.length} kernels in step ${fmt(rp.step)}; one frame every ${intervalMs} ms`,
+      highlight.length ? ` · ${nHigh} match ${highlight.join(", ")}` : "", rp.truncated ? " · cut to the first frames" : ""),
+    h("div", {class: "replay-controls"}, playBtn, " ", slider, " ", stepSel, " ",
+      h("label", {}, stopAt, " stop at highlighted")),
+    status, timeline, graphHost));
+  stepSel.addEventListener("change", () => {
+    const q = new URLSearchParams(query); q.set("step", stepSel.value);
+    location.hash = `#/traces/${id}/replay?${q}`;
+  });
+  if (!frames.length) { status.textContent = "This step launched no GPU kernel."; return; }
+
+  let Plotly;
+  try {
+    const [P, fig] = await Promise.all([loadPlotly(),
+      api(`/api/traces/${id}/window?t0_ms=${offMs}&t1_ms=${offMs + rp.end_ms}&max_shapes=2000`)]);
+    if (!page.alive()) return;
+    Plotly = P;
+    const layout = {autosize: true, ...(fig.layout || {})};
+    layout.shapes = [...(layout.shapes || []), {...CURSOR, x0: offMs, x1: offMs}];
+    await Plotly.newPlot(timeline, fig.data || [], layout, {responsive: true, displaylogo: false});
+  } catch (err) {
+    timeline.replaceChildren(errorBox(err));
+  }
+  const cursorIndex = () => (timeline.layout?.shapes?.length ?? 1) - 1;
+
+  const svgs = new Map(); // graph id -> Promise<svg element>
+  let shownGraph = null, viewer = null, activeEl = null, current = -1, lastCenter = 0;
+  async function showGraph(gid) {
+    if (gid === shownGraph) return;
+    shownGraph = gid;
+    if (!svgs.has(gid)) svgs.set(gid, api(`/api/graphs/${gid}/svg?max_depth=99`, {text: true}).then(importSvg));
+    try {
+      const svg = await svgs.get(gid);
+      if (!page.alive() || shownGraph !== gid) return;
+      graphHost.replaceChildren(h("p", {class: "small"}, h("a", {href: `#/graphs/${gid}`}, `graph ${gid}`)), svg);
+      graphHost.dataset.graph = String(gid);
+      viewer = makeViewer(svg, graphHost, []);
+      viewer.zoom?.(8); // whole-graph scale is unreadable: start near node size, then follow the node
+      activeEl = null;
+      lastCenter = 0;
+      markNode(frames[current]);
+    } catch (err) {
+      graphHost.replaceChildren(errorBox(err));
+    }
+  }
+  function markNode(f) {
+    if (activeEl) activeEl.classList.remove("replay-active");
+    activeEl = null;
+    const svg = graphHost.querySelector("svg");
+    if (!f || f.node_idx == null || !svg || String(f.graph_id) !== graphHost.dataset.graph) return;
+    activeEl = svg.querySelector(`#node-${f.node_idx}`);
+    if (activeEl) {
+      activeEl.classList.add("replay-active");
+      graphHost.dataset.activeNode = String(f.node_idx);
+      const now = performance.now();
+      if (!playing || now - lastCenter > 250) { viewer?.centerOn?.(activeEl); lastCenter = now; }
+    }
+  }
+  function show(i) {
+    i = Math.max(0, Math.min(frames.length - 1, i));
+    if (i === current) return;
+    const prev = frames[current];
+    current = i;
+    const f = frames[i];
+    slider.value = String(i);
+    status.dataset.frame = String(i);
+    status.dataset.nodeIdx = f.node_idx == null ? "" : String(f.node_idx);
+    status.dataset.graph = f.graph_id == null ? "" : String(f.graph_id);
+    status.classList.toggle("highlight", !!f.highlight);
+    status.replaceChildren(...[
+      h("strong", {}, `frame ${i + 1}/${frames.length}`), ` · ${f.t_ms.toFixed(3)} ms · `,
+      h("code", {}, f.kernel), f.op ? " ← " : null, f.op ? h("code", {}, f.op) : null,
+      " · node ", f.node ? h("code", {id: "replay-node"}, f.node) : h("span", {class: "muted"}, "not mapped"),
+      f.highlight ? h("span", {class: "badge"}, "highlighted") : null].filter((x) => x != null));
+    if (Plotly && timeline.layout) {
+      const k = cursorIndex(), x = offMs + f.t_ms;
+      Plotly.relayout(timeline, {[`shapes[${k}].x0`]: x, [`shapes[${k}].x1`]: x});
+    }
+    if (f.graph_id != null && f.graph_id !== shownGraph) showGraph(f.graph_id);
+    else if (!prev || prev.node_idx !== f.node_idx || prev.graph_id !== f.graph_id) markNode(f);
+  }
+
+  let playing = false, startT = 0, startFrame = 0;
+  function tick(now) {
+    if (!playing || !page.alive()) return;
+    let target = startFrame + Math.floor((now - startT) / intervalMs);
+    if (stopAt.checked) {
+      const hit = frames.findIndex((f, j) => j > current && j <= target && f.highlight);
+      if (hit >= 0) { target = hit; setPlaying(false); }
+    }
+    if (target >= frames.length - 1) { show(frames.length - 1); setPlaying(false); return; }
+    show(target);
+    requestAnimationFrame(tick);
+  }
+  function setPlaying(on) {
+    playing = on;
+    playBtn.textContent = on ? "Pause" : "Play";
+    if (on) {
+      if (current >= frames.length - 1) show(0);
+      startT = performance.now(); startFrame = current;
+      requestAnimationFrame(tick);
+    }
+  }
+  playBtn.addEventListener("click", () => setPlaying(!playing));
+  slider.addEventListener("input", () => { setPlaying(false); show(Number(slider.value)); });
+  show(0);
+  if (query.get("autoplay") !== "0") setPlaying(true);
+}
+
+/** #/runs/<id>/timeline: every rank on one aligned axis; zooming fetches the window. */
+export async function renderRunTimeline(page, m) {
+  const run = decodeURIComponent(m[1]);
+  const base = `/api/runs/${encodeURIComponent(run)}`;
+  setCrumbs([["Runs", "#/runs"], [run, `#/runs/${encodeURIComponent(run)}`], ["timeline"]]);
+  const plot = h("div", {id: "run-timeline", class: "timeline", "data-testid": "run-timeline"}, h("p", {class: "loading"}, "Loading…"));
+  const offsets = h("div", {id: "rank-offsets"});
+  const colls = h("div", {id: "collectives"});
+  $app.replaceChildren(h("section", {}, h("h1", {}, `${run}: ranks on one time axis`), offsets, plot,
+    h("h2", {}, "Collectives and stragglers"), colls));
+  const [Plotly, fig] = await Promise.all([loadPlotly(), api(`${base}/timeline`)]);
+  if (!page.alive()) return;
+  const meta = fig.layout?.meta || {};
+  offsets.replaceChildren(table("offsets-table", ["rank", "trace", "clock offset (µs)", "method", "matched collectives"],
+    Object.entries(meta.offsets || {}).map(([r, o]) => tr([r, h("a", {href: `#/traces/${meta.traces[r]}`}, `#${meta.traces[r]}`),
+      (o.offset_ns / 1e3).toFixed(3), o.method, fmt(o.matched)]))));
+  plot.replaceChildren();
+  await Plotly.newPlot(plot, fig.data, {autosize: true, ...fig.layout}, {responsive: true, displaylogo: false});
+  let pending = 0;
+  plot.on("plotly_relayout", async (ev) => {
+    const t0 = ev["xaxis.range[0]"], t1 = ev["xaxis.range[1]"];
+    const auto = ev["xaxis.autorange"];
+    if (t0 === undefined && !auto) return;
+    const mine = ++pending;
+    const next = await api(auto ? `${base}/timeline` : `${base}/timeline?t0_ms=${t0}&t1_ms=${t1}`);
+    if (mine !== pending || !page.alive()) return;
+    await Plotly.react(plot, next.data, {autosize: true, ...next.layout}, {responsive: true, displaylogo: false});
+    plot.dataset.window = JSON.stringify(next.layout.meta.window_ms);
+  });
+  try {
+    const c = await api(`${base}/collectives`);
+    if (!page.alive()) return;
+    colls.replaceChildren(
+      h("p", {}, `${c.collectives.length} collectives matched across ranks.`),
+      table("stragglers-table", ["step", "collectives", "lateness per rank (ms)", "arrived last (count)", "straggler"],
+        c.stragglers.map((s) => tr([fmt(s.step), fmt(s.collectives),
+          Object.entries(s.lateness_ns).map(([r, ns]) => `r${r}: ${(ns / 1e6).toFixed(3)}`).join(", "),
+          Object.entries(s.last_count).map(([r, n]) => `r${r}: ${n}`).join(", "), fmt(s.straggler)]))));
+  } catch (err) {
+    colls.replaceChildren(errorBox(err));
+  }
+}

@@ -1,0 +1,28 @@
+"""Shared inputs of the trace tests: the GPT-2 Inductor store from one H200 (tests/data/gpt2_inductor,
+see its README.md) unpacked once per session, with kernel → node links built."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+
+GPT2_DIR = Path(__file__).parent / "data" / "gpt2_inductor"
+GPT2_TRACE = GPT2_DIR / "gpt2_rank0.pt.trace.json.gz"
+
+
+@pytest.fixture(scope="session")
+def gpt2_store(tmp_path_factory) -> Path:
+    """A private copy of the H200 run's store (run ``gpt2``, trace 1) with ``kernel_nodes`` written."""
+    from graphdeck.analysis.trace_map import link_kernels
+    from graphdeck.store.db import open_engine
+
+    path = tmp_path_factory.mktemp("gpt2") / "gpt2.db"
+    with gzip.open(GPT2_DIR / "gpt2.db.gz", "rb") as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    engine = open_engine(path)
+    link_kernels(engine, 1)
+    engine.dispose()
+    return path
