@@ -473,40 +473,63 @@ def _group_of(args_json: str | None) -> str | None:
     return None
 
 
+def collective_target_ids(session: Session) -> dict[int, str]:
+    """Interned-string id → collective kind, for every stored op target that is a collective."""
+    rows = session.execute(select(InternedString.id, InternedString.value).where(
+        InternedString.value.like("%c10d%") | InternedString.value.like("%distributed%")
+        | InternedString.value.like("%funcol%") | InternedString.value.like("%functional_collectives%")))
+    out = {}
+    for sid, value in rows:
+        if len(value) < 200 and "\n" not in value:
+            kind = collective_kind(value)
+            if kind is not None:
+                out[sid] = kind
+    return out
+
+
 def collective_schedule(session: Session, run_id: int, rank: int,
                         sequence: list[CompileEntry] | None = None) -> list[Collective]:
     """Collectives ``rank`` issues, in compile order then graph order (see :data:`EXECUTED_TIERS`),
     then Inductor's imported schedules for compiles without graphs, then DDP bucket all-reduces."""
     sequence = sequence if sequence is not None else compile_sequence(session, run_id, rank)
     out: list[Collective] = []
-    target = aliased(InternedString)
     stack = aliased(InternedString)
     inductor = {ev.compile_id: ev.payload for ev in session.execute(
         select(CompileEvent.compile_id, CompileEvent.payload)
         .where(CompileEvent.run_id == run_id, CompileEvent.rank == rank,
                CompileEvent.name == "inductor_collective_schedule"))}
+    # One query per rank: only nodes whose interned target names a collective (a few string ids),
+    # so the cost does not grow with the number of ordinary nodes.
+    target_ids = collective_target_ids(session)
+    chosen: list[tuple[CompileEntry, list[int]]] = []
     for entry in sequence:
         graph_ids: list[int] = []
         for tier in EXECUTED_TIERS:
             graph_ids = [gid for kind, _h, gid in entry.graphs if kind in tier]
             if graph_ids:
                 break
+        chosen.append((entry, graph_ids))
+    by_graph: dict[int, list] = defaultdict(list)
+    all_ids = [gid for _e, ids in chosen for gid in ids]
+    if target_ids and all_ids:
+        for chunk_start in range(0, len(all_ids), 500):
+            chunk = all_ids[chunk_start:chunk_start + 500]
+            for row in session.execute(
+                    select(Node.graph_id, Node.idx, Node.name, Node.target_id, Node.shape_json, Node.dtype,
+                           Node.size_bytes, Node.args_json, stack.value)
+                    .outerjoin(stack, stack.id == Node.stack_trace_id)
+                    .where(Node.graph_id.in_(chunk), Node.op == "call_function",
+                           Node.target_id.in_(list(target_ids)))):
+                by_graph[row.graph_id].append(row)
+    for entry, graph_ids in chosen:
         found = False
         for gid in graph_ids:
-            rows = session.execute(
-                select(Node.name, target.value, Node.shape_json, Node.dtype, Node.size_bytes, Node.args_json,
-                       stack.value)
-                .join(target, target.id == Node.target_id)
-                .outerjoin(stack, stack.id == Node.stack_trace_id)
-                .where(Node.graph_id == gid, Node.op == "call_function").order_by(Node.idx)).all()
-            for name, tgt, shape, dtype, size, args, st in rows:
-                kind = collective_kind(tgt)
-                if kind is None:
-                    continue
+            for row in sorted(by_graph.get(gid, ()), key=lambda r: r.idx):
                 found = True
-                out.append(Collective(index=len(out), kind=kind, group=_group_of(args), size_bytes=size,
-                                      shape=shape, dtype=dtype, source="graph", compile_id=entry.compile_id,
-                                      graph_id=gid, node=name, line=source_line(st)))
+                out.append(Collective(index=len(out), kind=target_ids[row.target_id], group=_group_of(row.args_json),
+                                      size_bytes=row.size_bytes, shape=row.shape_json, dtype=row.dtype,
+                                      source="graph", compile_id=entry.compile_id, graph_id=gid, node=row.name,
+                                      line=source_line(row[8])))
         if not found and inductor.get(entry.compile_id):
             ops = _json(inductor[entry.compile_id])
             for op in ops if isinstance(ops, list) else []:

@@ -176,3 +176,40 @@ def test_helpers():
     assert collective_kind("_c10d_functional.wait_tensor.default") is None
     assert collective_kind("aten.mm.default") is None
     assert source_line('File "/a/b.py", line 3, in f\n    x\n  File "/a/c.py", line 9, in g\n    y') == "/a/c.py:9 in g"
+
+
+def _imported(tmp_path, folder: str, run: str):
+    from graphdeck.store.torch_trace import import_torch_trace
+    from tests.conftest import shared_path
+
+    logs = shared_path("data", "torch_trace", "tlparse_tests", "inputs", folder)
+    store = tmp_path / f"{run}.db"
+    import_torch_trace(open_engine(store), logs, run_name=run)
+    return report_of(store, run)
+
+
+def test_c4_imported_multi_rank_logs_group_by_rank(tmp_path):
+    rep = _imported(tmp_path, "multi_rank_logs", "c4")
+    assert rep.groups == [[0, 2], [1], [3]]
+    for r in (0, 2):
+        (only,) = rep.sequences[r]
+        assert only.compile_id == "0/0" and "BackendCompilerFailed" in only.failed
+    assert len(rep.sequences[1]) == 15 and len(rep.sequences[3]) == 7
+    for r in (1, 3):
+        assert all(e.failed is None for e in rep.sequences[r])
+        assert all("size mismatch" in e.recompile_reason for e in rep.sequences[r][1:])
+    assert {tuple(d.ranks) for d in rep.divergences} == {(1,), (3,)}
+    assert all(d.what == "compile failed" and d.reference_ranks == [0, 2] for d in rep.divergences)
+
+
+def test_imported_7_rank_runtime_logs_predict_the_collective_hang(tmp_path):
+    rep = _imported(tmp_path, "multi_rank_runtime", "rt")
+    assert rep.groups == [[0, 1, 2, 3, 4], [5, 6]]  # ranks 5/6 ran a shorter program
+    (d,) = rep.divergences
+    assert d.what == "missing compile" and d.ranks == [5, 6]
+    assert all(c.kind in {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"}
+               for c in rep.schedules[0])
+    (m,) = rep.collective_mismatches
+    assert m.index == len(rep.schedules[5])
+    assert [v["ranks"] for v in m.variants] == [[0, 1, 2, 3, 4], [5, 6]]
+    assert m.variants[1]["collective"] is None
