@@ -45,6 +45,7 @@ DTYPE_BYTES = {"bfloat16": 2, "float64": 8, "float32": 4, "float16": 2, "complex
 ARG_REPR_LIMIT = 200
 
 _META_RE = re.compile(r"^(?P<dtype>[a-z][a-z0-9_]*)\[(?P<shape>[^\]]*)\](?:\[(?P<stride>[^\]]*)\])?(?P<device>\S*)$")
+_FREE_RE = re.compile(r"^[\w\s=]+= None$")
 _FILE_RE = re.compile(r"^# File: (?P<path>.*?):(?P<line>\d+) in (?P<fn>[^,]*), code: (?P<code>.*)$")
 _PARAM_RE = re.compile(r'^\s*(?P<name>\w+)(?:\s*:\s*(?P<ann>"[^"]*"|\'[^\']*\'|[^,=#]+?))?\s*(?:=\s*[^,#]+)?,?\s*(?:#\s*(?P<desc>.*))?$')
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.FloorDiv: "floordiv",
@@ -404,9 +405,13 @@ def parse_fx_text(text: str) -> TextGraph:
             b.output_descs = [d for _, d in items]
             b.statement("return (" + " ".join(t for t, _ in items) + ")", stack)
             continue
+        head, sep, tail = stripped.partition(";  ")
+        if sep and _FREE_RE.match(tail) and "#" not in tail:
+            b.statement(head, stack)  # the common "x: ... = f(a);  a = None": no comment, one node
+            continue
         code, _comment = _strip_comment(stripped)
         for part in _split_statements(code):
-            if re.match(r"^[\w\s=]+= None$", part):  # FX's "a = b = None" frees, not nodes
+            if _FREE_RE.match(part):  # FX's "a = b = None" frees, not nodes
                 continue
             b.statement(part, stack)
     return _finish(b)

@@ -52,7 +52,7 @@ from sqlalchemy.orm import Session
 from graphdeck.errors import BadInputError, NotFoundError, UsageError
 from graphdeck.store.db import get_or_create_rank, get_or_create_run
 from graphdeck.store.schema import CompileEvent, Graph, KernelNode, Param, Partition, Rank, Run
-from graphdeck.store.torch_trace_build import KNOWN_KINDS, FileBuilder
+from graphdeck.store.torch_trace_build import KNOWN_KINDS, FileBuilder, GraphCache
 from graphdeck.store.torch_trace_log import (
     GLOG_RE,
     LogReader,
@@ -128,9 +128,10 @@ def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = F
                           stats={}, skipped_files=skipped)
     total = Counter()
     bar = _progress(sum(f.stat().st_size for f in files)) if progress else None
+    cache = GraphCache()
     try:
         for path, rank, file_rank, env_rank in plan:
-            counts = _import_file(engine, run_id, path, rank, env_rank, strict, bar)
+            counts = _import_file(engine, run_id, path, rank, env_rank, strict, bar, cache)
             total.update(counts)
             mismatch = file_rank is not None and env_rank is not None and env_rank != file_rank
             result.files.append({"path": str(path), "rank": rank, "file_rank": file_rank, "envelope_rank": env_rank,
@@ -178,7 +179,7 @@ def _plan_rank(path: Path) -> tuple[int, int | None, int | None]:
 
 
 def _import_file(engine: Engine, run_id: int, path: Path, rank: int, env_rank: int | None, strict: bool,
-                 bar) -> Counter:
+                 bar, cache: GraphCache) -> Counter:
     stats = ReadStats()
     reader = LogReader(path, stats)
     with Session(engine, expire_on_commit=False) as s:
@@ -188,7 +189,7 @@ def _import_file(engine: Engine, run_id: int, path: Path, rank: int, env_rank: i
         if env_rank is not None and env_rank != rank:
             meta.update(envelope_rank=env_rank, rank_mismatch=True)
         row = get_or_create_rank(s, run, rank, world_size=1, meta_json=json.dumps(meta))
-        builder = FileBuilder(s, run_id, rank)
+        builder = FileBuilder(s, run_id, rank, cache=cache)
         since_commit, pos = 0, 0
         for rec in reader:
             if rec.rank is not None and env_rank is not None and rec.rank != env_rank:

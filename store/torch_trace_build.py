@@ -56,6 +56,48 @@ KNOWN_KINDS = frozenset(GRAPH_KINDS) | {
 #: Kinds consumed while reading (not stored as events).
 CONSUMED_KINDS = frozenset({"chromium_event", "describe_storage", "describe_tensor", "describe_source"})
 PAYLOAD_LIMIT_CHARS = 1_000_000
+GRAPH_CACHE_ENTRIES = 64
+NODE_COLS = ("graph_id", "idx", "name", "op", "target_id", "args_json", "shape_json", "dtype", "stride_json", "device",
+             "size_bytes", "module_path_id", "module_stack_json", "stack_trace_id", "seq_nr", "partitioner_tag", "desc",
+             "param_fqn", "meta_json")
+EDGE_COLS = ("graph_id", "src_idx", "dst_idx", "arg_pos", "size_bytes")
+
+
+class GraphCache:
+    """Parsed graphs and their ready node/edge rows, keyed by the payload's md5 (the envelope's
+    ``has_payload``), shared by the files of one import. Ranks and recompiles repeat the same
+    printed graphs; each is parsed and encoded once. Bounded (LRU, ``GRAPH_CACHE_ENTRIES``), so
+    memory stays flat in the number of graphs."""
+
+    def __init__(self) -> None:
+        from collections import OrderedDict
+
+        self._items: OrderedDict = OrderedDict()
+        self.hits = 0
+
+    def get(self, key):
+        got = self._items.get(key)
+        if got is not None:
+            self._items.move_to_end(key)
+            self.hits += 1
+        return got
+
+    def put(self, key, value) -> None:
+        self._items[key] = value
+        if len(self._items) > GRAPH_CACHE_ENTRIES:
+            self._items.popitem(last=False)
+
+
+def _insert_rows(conn, table, cols: tuple, rows: list[tuple]) -> None:
+    """executemany of tuples; on SQLite straight through the driver (SQLAlchemy's per-row
+    parameter processing costs more than the insert itself on 100k-node logs)."""
+    if not rows:
+        return
+    if conn.dialect.name == "sqlite":
+        sql = f"INSERT INTO {table.name} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        conn.exec_driver_sql(sql, rows)
+    else:
+        conn.execute(table.insert(), [dict(zip(cols, r)) for r in rows])
 
 
 def _cap(text: str | None) -> str | None:
@@ -100,8 +142,9 @@ class FileBuilder:
     bindings; the caller writes them at the end. ``counts`` are this file's stored-row counters.
     """
 
-    def __init__(self, session: Session, run_id: int, rank: int, ordinal: int = 0):
+    def __init__(self, session: Session, run_id: int, rank: int, ordinal: int = 0, cache: GraphCache | None = None):
         self.session = session
+        self.cache = cache if cache is not None else GraphCache()
         self.run_id = run_id
         self.rank = rank
         self.ordinal = ordinal
@@ -202,7 +245,12 @@ class FileBuilder:
 
     # ----------------------------------------------------------------------------------- graphs
     def _graph(self, ctx: _Compile, rec: Record, kind: str) -> _Stored | None:
-        text = parse_fx_text(rec.payload)
+        md5 = rec.envelope.get("has_payload")
+        text = self.cache.get(("text", md5)) if md5 else None
+        if text is None:
+            text = parse_fx_text(rec.payload)
+            if md5:
+                self.cache.put(("text", md5), text)
         self.counts["bad_statements"] += text.bad_statements
         if not text.nodes:
             self.counts["empty_graphs"] += 1
@@ -271,26 +319,25 @@ class FileBuilder:
                                   "bad_statements": text.bad_statements}),
         )).inserted_primary_key[0]
         self.ordinal += 1
-        node_rows = []
-        for n in text.nodes:
-            fqn = bind.get(n.name)
-            node_rows.append({
-                "graph_id": graph_id, "idx": n.idx, "name": n.name[:300], "op": n.op,
-                "target_id": self.intern(n.target),
-                "args_json": json.dumps({"args": n.args, "kwargs": n.kwargs}, default=str),
-                "shape_json": None if n.shape is None else json.dumps(n.shape), "dtype": n.dtype,
-                "stride_json": None if n.stride is None else json.dumps(n.stride), "device": n.device,
-                "size_bytes": n.size_bytes, "module_path_id": self.intern(owner.get(fqn)) if fqn else None,
-                "module_stack_json": None, "stack_trace_id": self.intern(n.stack_trace), "seq_nr": None,
-                "partitioner_tag": None, "desc": n.desc, "param_fqn": fqn, "meta_json": "{}"})
-        conn.execute(Node.__table__.insert(), node_rows)
-        if text.edges:
-            conn.execute(Edge.__table__.insert(), [{"graph_id": graph_id, "src_idx": e.src_idx, "dst_idx": e.dst_idx,
-                                      "arg_pos": e.arg_pos, "size_bytes": e.size_bytes} for e in text.edges])
+        md5 = rec.envelope.get("has_payload")
+        key = ("rows", md5, tuple(sorted(bind.items())))
+        cached = self.cache.get(key) if md5 else None
+        if cached is None:
+            nodes = [(n.idx, n.name[:300], n.op, self.intern(n.target),
+                      json.dumps({"args": n.args, "kwargs": n.kwargs}, default=str),
+                      None if n.shape is None else json.dumps(n.shape), n.dtype,
+                      None if n.stride is None else json.dumps(n.stride), n.device, n.size_bytes,
+                      self.intern(owner.get(bind.get(n.name))) if bind.get(n.name) else None, None,
+                      self.intern(n.stack_trace), None, None, n.desc, bind.get(n.name), "{}") for n in text.nodes]
+            edges = [(e.src_idx, e.dst_idx, e.arg_pos, e.size_bytes) for e in text.edges]
+            cached = (nodes, edges)
+            if md5:
+                self.cache.put(key, cached)
+        _insert_rows(conn, Node.__table__, NODE_COLS, [(graph_id, *r) for r in cached[0]])
+        _insert_rows(conn, Edge.__table__, EDGE_COLS, [(graph_id, *r) for r in cached[1]])
         if io:
-            conn.execute(GraphIO.__table__.insert(), [{"graph_id": graph_id, "direction": d, "position": p, "node_name": nn,
-                                         "param_fqn": f, "has_grad": hg, "desc": desc}
-                                        for d, p, nn, f, hg, desc in io])
+            _insert_rows(conn, GraphIO.__table__, ("graph_id", "direction", "position", "node_name", "param_fqn",
+                                                   "has_grad", "desc"), [(graph_id, *r) for r in io])
         self.counts["graphs"] += 1
         self.counts["graphs_" + kind] += 1
         self.counts["nodes"] += len(text.nodes)
