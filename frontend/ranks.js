@@ -28,7 +28,7 @@ function nodeLine(label, node) {
 
 function divergenceItem(d) {
   const diff = d.reference_graph_id && d.graph_id
-    ? h("a", {href: `#/diff/${d.reference_graph_id}/${d.graph_id}`, class: "diff-link"}, "side-by-side diff") : null;
+    ? h("a", {href: `#/compare/${d.reference_graph_id}/${d.graph_id}`, class: "diff-link"}, "side-by-side diff") : null;
   return h("li", {class: "divergence", "data-testid": "divergence"},
     badge(d.what, "status status-NO_GRAD"), " ",
     h("span", {}, `ranks [${d.ranks.join(", ")}] vs [${d.reference_ranks.join(", ")}]: ${d.message}`),
