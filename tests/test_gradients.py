@@ -278,3 +278,43 @@ def test_api_report_filters_and_junit(store):
             assert junit.headers["content-type"].startswith("application/xml")
             assert ET.fromstring(junit.text).get("failures") == "2"
             assert api.get("/api/runs/nope/gradients").status_code == 404
+
+
+def test_collectives_in_the_backward_graph(tmp_path):
+    """A backward graph that all-reduces gradients in-graph (as compiled autograd with
+    python_reducer or FSDP2 produce): one gradient skips the reduction, one all_reduce is never
+    waited on. Real torch.fx graphs with the _c10d_functional ops, written by the capture's writer."""
+    from graphdeck.capture.fxrecord import record_graph
+    from graphdeck.capture.writer import IOBinding, StoreWriter
+
+    aten, funcol = torch.ops.aten, torch.ops._c10d_functional
+    fw = torch.fx.Graph()
+    x, w1, w2, w3 = (fw.placeholder(n) for n in ("x", "w1", "w2", "w3"))
+    fw.output((fw.call_function(aten.relu.default, (fw.call_function(aten.mm.default, (x, w1)),)),
+               fw.call_function(aten.mm.default, (x, w2)), fw.call_function(aten.mm.default, (x, w3))))
+    bw = torch.fx.Graph()
+    g, xs = bw.placeholder("tangents_1"), bw.placeholder("x")
+    grads = [bw.call_function(aten.mm.default, (xs, g)) for _ in range(3)]
+    reduced1 = bw.call_function(funcol.wait_tensor.default,
+                                (bw.call_function(funcol.all_reduce.default, (grads[0], "sum", "0")),))
+    bw.call_function(funcol.all_reduce.default, (grads[2], "sum", "0"))  # never waited on
+    bw.output((reduced1, grads[1], grads[2]))
+    writer = StoreWriter(tmp_path / "c.db", "coll", rank=0, world_size=2)
+    writer.write_params([{"fqn": f, "kind": "parameter", "storage_key": f, "shape": [4, 4], "dtype": "float32",
+                          "numel": 16, "size_bytes": 64, "requires_grad": True} for f in ("w1", "w2", "w3")])
+    names = {"w1": "w1", "w2": "w2", "w3": "w3"}
+    fid = writer.write_graph(record_graph(torch.fx.GraphModule(torch.nn.Module(), fw)), kind="dynamo", name="fw",
+                             compile_id="0/0", io=[IOBinding("in", k + 1, n, n) for k, n in enumerate(names)],
+                             param_by_node=names)
+    out_nodes = [reduced1, grads[1], grads[2]]
+    writer.write_graph(record_graph(torch.fx.GraphModule(torch.nn.Module(), bw)), kind="aot_backward", name="bw",
+                       compile_id="0/0", parent_id=fid,
+                       io=[IOBinding("grad", k, out_nodes[k].name, f"w{k + 1}", has_grad=True) for k in range(3)])
+    rep = validate_backward(tmp_path / "c.db", "coll")
+    kinds = {f.kind: f for f in rep.findings}
+    assert set(kinds) == {"COLLECTIVE_NOT_WAITED", "GRAD_NOT_REDUCED"}, rep.findings
+    assert kinds["GRAD_NOT_REDUCED"].params == ["w2", "w3"], \
+        "only w1's returned gradient comes out of all_reduce+wait; w3's all_reduce result is not what is returned"
+    assert kinds["COLLECTIVE_NOT_WAITED"].node == "all_reduce_default_1", "the second all_reduce"
+    assert {r.fqn: r.reduced for r in rep} == {"w1": True, "w2": False, "w3": False}
+    assert not rep.ok
