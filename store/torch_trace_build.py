@@ -52,6 +52,8 @@ KNOWN_KINDS = frozenset(GRAPH_KINDS) | {
     "propagate_real_tensors_provenance", "symbolic_shape_specialization", "missing_fake_kernel",
     "mismatched_fake_kernel", "dump_file", "link", "unbacked_symbol_unwind", "str", "stack",
     "aot_autograd_backward_compilation_metrics", "compiled_autograd_graph_compile", "graph_break",
+    "create_symbol", "dynamo_side_effects", "guard_on_data_dependent_error", "propagate_real_tensors",
+    "inductor_input_graph", "export",
 }
 #: Kinds consumed while reading (not stored as events).
 CONSUMED_KINDS = frozenset({"chromium_event", "describe_storage", "describe_tensor", "describe_source"})
@@ -270,6 +272,9 @@ class FileBuilder:
             if ctx.frame_name and "resume_in" in ctx.frame_name:
                 label += " (after graph break)"
             name = label
+            if cid and cid.startswith("!") and "/" in cid:  # Dynamo's trace of a compiled-autograd graph
+                ca = self.compiles.get(cid.split("/")[0])
+                parent = ca.last_graph if ca is not None else None
         elif kind == "ddp_partition":
             parent = ctx.dynamo
             body = rec.body if isinstance(rec.body, dict) else {}

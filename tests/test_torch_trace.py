@@ -224,3 +224,43 @@ def test_cli_and_upload_share_one_path(tmp_path):
         assert kern["kernels"], "output code's graph has kernel links"
         empty = httpx.post(f"{srv.url}/api/runs/e/torch-trace", files=[("files", ("x.log", b"", "text/plain"))])
         assert empty.status_code == 400 and empty.json()["ok"] is False
+
+
+CA_SCRIPT = r"""
+import torch, torch.nn as nn
+torch._dynamo.config.compiled_autograd = True
+m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+@torch.compile(backend="aot_eager")
+def step(x):
+    loss = m(x).sum()
+    loss.backward()
+    return loss
+for i in range(2):
+    step(torch.randn(4, 8))
+"""
+
+
+@pytest.mark.slow
+def test_compiled_autograd_ids(tmp_path):
+    """A real compiled-autograd run under TORCH_TRACE: its graphs get ids "!0", "!0/1/0", ..., the
+    Dynamo trace of a compiled-autograd graph is its child, and tlparse lists the same ids."""
+    import os
+    import shutil
+
+    from graphdeck.analysis.compile_index import compile_index
+
+    trace_dir = tmp_path / "ca"
+    proc = subprocess.run([sys.executable, "-c", CA_SCRIPT], env={**os.environ, "TORCH_TRACE": str(trace_dir)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    engine = open_engine(tmp_path / "ca.db")
+    import_torch_trace(engine, trace_dir, run_name="ca", strict=True)
+    with Session(engine) as s:
+        graphs = {g.compile_id + ":" + g.kind: g for g in s.scalars(select(Graph))}
+        ids = [e["compile_id"] for e in compile_index(s, s.scalar(select(Run)))[0]]
+    assert graphs["!0/1/0:dynamo"].parent_id == graphs["!0:compiled_autograd"].id
+    if shutil.which("tlparse"):
+        from tests.test_torch_trace_tlparse import _tl, tlparse_facts
+
+        want = tlparse_facts(shutil.which("tlparse"), next(trace_dir.glob("*.log")), tmp_path / "tl")
+        assert {_tl(i) for i in ids} == want["compile_ids"]
