@@ -31,8 +31,9 @@ def stored_profile(agent, *, wait_steps: int, warmup_steps: int, active_steps: i
         os.close(fd)
         try:
             prof.export_chrome_trace(path)
-            ingest_trace(writer.engine, path, run_name=agent.run, rank=writer.rank,
-                         name=name or f"rank {writer.rank} profile")
+            result = ingest_trace(writer.engine, path, run_name=agent.run, rank=writer.rank,
+                                  name=name or f"rank {writer.rank} profile")
+            _link(agent, writer, result.run_id)
             if trace_dir is not None:
                 _keep_gzipped(path, Path(trace_dir) / f"{agent.run}_rank{writer.rank}.pt.trace.json.gz")
         finally:
@@ -49,3 +50,17 @@ def _keep_gzipped(src: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as fin, gzip.open(dest, "wb", compresslevel=6) as fout:
         shutil.copyfileobj(fin, fout)
+
+
+def _link(agent, writer, run_id: int) -> None:
+    """Kernel -> FX node links for the run from the provenance records flushed so far (the
+    backward graphs compile at the first backward, so their records come after the forward's)."""
+    import warnings
+
+    try:
+        agent.flush_events()
+        from graphdeck.analysis.trace_map import link_kernels
+
+        link_kernels(writer.engine, run_id)
+    except Exception as exc:  # noqa: BLE001 - capture never breaks training
+        warnings.warn(f"graphdeck: could not link kernels to graph nodes: {type(exc).__name__}: {exc}")

@@ -216,15 +216,27 @@ def _find_run(session, run_name: str, store: str):
 @click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped event.")
 def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | None, strict: bool) -> None:
     """Stream a Kineto trace (.json or .json.gz) into the store (the upload API's code path)."""
+    from tqdm import tqdm
+
     from graphdeck.store.db import open_engine
     from graphdeck.store.traces import ingest_trace
 
+    engine = open_engine(store)
+    bar = tqdm(total=os.path.getsize(trace_file), unit="B", unit_scale=True, desc="ingest", file=sys.stderr,
+               disable=None)
     try:
-        result = ingest_trace(open_engine(store), trace_file, run_name=run_name, rank=rank, strict=strict)
+        result = ingest_trace(engine, trace_file, run_name=run_name, rank=rank, strict=strict,
+                              progress=lambda n: bar.update(n - bar.n))
     except GraphdeckError as exc:
+        bar.close()
         if exc.details.get("stats"):
             click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)
         _fail(exc)
+    bar.update(bar.total - bar.n)
+    bar.close()
+    from graphdeck.analysis.trace_map import link_kernels  # kernel -> FX node links of the run
+
+    link_kernels(engine, result.run_id)
     click.echo(f"trace {result.trace_id}: rank {result.rank}, {result.num_events} events, status {result.status}")
     click.echo(json.dumps(result.stats, indent=2, default=str))
 

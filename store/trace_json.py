@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -293,3 +294,150 @@ def dump_args(args: Any) -> tuple[str, bool]:
             break
         short[k] = v
     return dumps(short), True
+
+
+# ---------------------------------------------------------------------------- repair mode
+
+_STRING_SPECIAL = re.compile(rb'["\\\x00-\x1f\x80-\xff]')
+_VALID_ESCAPE = frozenset(b'"\\/bfnrtu')
+_CLOSERS = frozenset(b",:}]")
+_WS = b" \t\r\n"
+
+
+class RepairingReader:
+    """``read(n)`` over another reader's JSON text with broken strings repaired (repair mode).
+
+    # NOTE: [String repair]
+    Trace writers have emitted names that make a whole file invalid JSON: a bare ``"`` inside a
+    name, raw control bytes and raw newlines, Windows paths with raw backslashes, and bytes that
+    are not UTF-8 (shared/cases/traces.md, T2–T4). Inside each JSON string this filter:
+    escapes a ``"`` whose next non-blank byte is not one of ``, : } ]`` (then it cannot be the
+    closing quote) — ``repaired_quotes``; escapes a backslash that does not start a valid escape
+    — ``repaired_backslashes``; writes raw bytes below 0x20 as ``\\u00XX`` —
+    ``repaired_control_bytes``; and replaces invalid UTF-8 with U+FFFD — ``repaired_utf8``.
+    ``counts["repaired_strings"]`` counts strings changed. Text outside strings passes unchanged.
+    It runs in Python, a byte class at a time, so it is used only after the fast path met a
+    syntax error (see :mod:`graphdeck.store.traces`).
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.counts: dict[str, int] = {"repaired_strings": 0, "repaired_quotes": 0, "repaired_backslashes": 0,
+                                       "repaired_control_bytes": 0, "repaired_utf8": 0}
+        self._buf = b""
+        self._out = bytearray()
+        self._eof = False
+
+    # ijson's reader protocol
+    def read(self, size: int = -1) -> bytes:
+        if size == 0:
+            return b""
+        size = size if size and size > 0 else READ_SIZE
+        while len(self._out) < size and not (self._eof and not self._buf):
+            self._fill()
+        data = bytes(self._out[:size])
+        del self._out[:size]
+        return data
+
+    def _fill(self) -> None:
+        if not self._eof:
+            more = self.inner.read(READ_SIZE)
+            if more:
+                self._buf += more
+            else:
+                self._eof = True
+        done = self._process(self._buf, self._eof)
+        self._buf = self._buf[done:]
+        if self._eof and self._buf:  # an unterminated string at the end: hand it over as is
+            self._out += self._buf
+            self._buf = b""
+
+    def _process(self, buf: bytes, final: bool) -> int:
+        """Repair what can be decided in ``buf``; returns how many bytes were consumed."""
+        pos, n, out = 0, len(buf), self._out
+        while pos < n:
+            q = buf.find(b'"', pos)
+            if q < 0:
+                out += buf[pos:]
+                return n
+            out += buf[pos : q + 1]
+            end = self._string_end(buf, q + 1, final)
+            if end is None:  # the string (or the look-ahead after a quote) continues past buf
+                del out[len(out) - 1 :]
+                return q
+            out += self._repair(buf[q + 1 : end])
+            out += b'"'
+            pos = end + 1
+        return n
+
+    def _string_end(self, buf: bytes, start: int, final: bool) -> int | None:
+        """Index of the quote that closes the string starting at ``start``, or None (need more)."""
+        i, n = start, len(buf)
+        while True:
+            m = _STRING_SPECIAL.search(buf, i)
+            if m is None:
+                return None
+            j = m.start()
+            c = buf[j]
+            if c == 0x5C:  # backslash: skip the escaped byte when it is a valid escape
+                if j + 1 >= n:
+                    return None
+                i = j + 2 if buf[j + 1] in _VALID_ESCAPE else j + 1
+                continue
+            if c != 0x22:
+                i = j + 1
+                continue
+            k = j + 1
+            while k < n and buf[k] in _WS:
+                k += 1
+            if k >= n:
+                return j if final else None
+            if buf[k] in _CLOSERS:
+                return j
+            i = j + 1  # a bare quote inside the string
+
+    def _repair(self, raw: bytes) -> bytes:
+        if not _STRING_SPECIAL.search(raw):
+            return raw
+        changed = False
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = raw.decode("utf-8", "replace")
+            self.counts["repaired_utf8"] += 1
+            changed = True
+        out = []
+        i, n = 0, len(text)
+        while i < n:
+            ch = text[i]
+            if ch == "\\":
+                nxt = text[i + 1] if i + 1 < n else ""
+                if nxt and nxt in '"\\/bfnrt':
+                    out.append(text[i : i + 2])
+                    i += 2
+                    continue
+                if nxt == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", text[i + 2 : i + 6] or ""):
+                    out.append(text[i : i + 6])
+                    i += 6
+                    continue
+                out.append("\\\\")
+                self.counts["repaired_backslashes"] += 1
+                changed = True
+            elif ch == '"':
+                out.append('\\"')
+                self.counts["repaired_quotes"] += 1
+                changed = True
+            elif ord(ch) < 0x20:
+                out.append(f"\\u{ord(ch):04x}")
+                self.counts["repaired_control_bytes"] += 1
+                changed = True
+            else:
+                out.append(ch)
+            i += 1
+        self.counts["repaired_strings"] += changed
+        return "".join(out).encode("utf-8")
+
+    def __getattr__(self, name):  # offset, eof, cut, gzip, file_bytes of the inner reader
+        if name in ("offset", "eof", "cut", "gzip", "file_bytes"):
+            return getattr(self.inner, name)
+        raise AttributeError(name)

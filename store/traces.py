@@ -57,6 +57,7 @@ from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported unde
     META_MAX_TOKENS,
     READ_SIZE,
     Reader,
+    RepairingReader,
     Scan,
     as_int64,
     dump_args,
@@ -114,6 +115,7 @@ def ingest_trace(
     name: str | None = None,
     strict: bool = False,
     batch_size: int = 5000,
+    progress=None,
 ) -> IngestResult:
     """Stream one Kineto / Chrome trace into the store as a :class:`Trace` of run ``run_name``.
 
@@ -129,6 +131,8 @@ def ingest_trace(
         name: the trace's name (default: the file's base name); also searched for the rank.
         strict: fail on any dropped event or truncation, keeping nothing.
         batch_size: events per write transaction.
+        progress: called with the number of bytes read from the file so far after each batch
+            (the CLI draws a progress bar with it).
 
     Returns:
         :class:`IngestResult`; ``stats`` counts ``events_total`` (items of ``traceEvents``),
@@ -142,10 +146,29 @@ def ingest_trace(
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         with open(path, "rb") as fh:
-            return _Ingest(engine, run_name, rank, name or path.name, path.name, strict, batch_size).run(fh)
+            return _run(fh, engine, run_name, rank, name or path.name, path.name, strict, batch_size, progress)
     file_name = getattr(source, "name", None)
     file_name = Path(file_name).name if isinstance(file_name, str) else None
-    return _Ingest(engine, run_name, rank, name or file_name or "trace", file_name, strict, batch_size).run(source)
+    return _run(source, engine, run_name, rank, name or file_name or "trace", file_name, strict, batch_size, progress)
+
+
+class _NeedsRepair(Exception):
+    """The fast path met a lexical error inside the JSON: read again through the repairer."""
+
+
+def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progress) -> IngestResult:
+    """Fast path first; on a lexical error in a seekable input, once more in repair mode
+    (NOTE: [String repair] in :mod:`graphdeck.store.trace_json`)."""
+    try:
+        start = fh.tell() if fh.seekable() else None
+    except (AttributeError, OSError):
+        start = None
+    try:
+        return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress,
+                       repair=False, can_repair=start is not None).run(fh)
+    except _NeedsRepair:
+        fh.seek(start)
+        return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress, repair=True).run(fh)
 
 
 # ---------------------------------------------------------------------------- rank
@@ -206,7 +229,11 @@ class _BatchInterner(Interner):
 
 
 class _Ingest:
-    def __init__(self, engine, run_name, rank_arg, name, file_name, strict, batch_size):
+    def __init__(self, engine, run_name, rank_arg, name, file_name, strict, batch_size, progress=None,
+                 repair=False, can_repair=False):
+        self.progress = progress
+        self.repair = repair
+        self.can_repair = can_repair
         self.engine = engine
         self.run_name = run_name
         self.rank_arg = rank_arg
@@ -241,9 +268,16 @@ class _Ingest:
 
     def run(self, raw: BinaryIO) -> IngestResult:
         reader = self.reader = Reader(raw)
+        if self.repair:
+            reader = self.repairer = RepairingReader(reader)
         cut: str | None = None
         try:
             cut = self._consume(reader)
+            repaired = self.repairer.counts["repaired_strings"] if self.repair else 0
+            if repaired and self.strict:
+                raise BadInputError(f"trace {self.name!r} has {repaired} malformed strings (repaired: "
+                                    f"{self.repairer.counts}); strict mode accepts only well-formed JSON",
+                                    file=self.name, **self.repairer.counts)
             if cut and (self.strict or self.stored == 0):
                 raise self._truncated(cut, kept=False)
             self._validate_shape()
@@ -264,6 +298,8 @@ class _Ingest:
                 self._event(obj)
                 if len(self.batch) >= self.batch_size:
                     self._flush()
+                    if self.progress is not None:
+                        self.progress(self.reader.file_bytes)
         except ijson.JSONError as exc:
             cut = self._parse_error(exc, reader)
         self._flush()
@@ -287,6 +323,8 @@ class _Ingest:
             why = reader.cut or "it is empty"
             raise BadInputError(f"trace {self.name!r} is not readable: {why}", file=self.name)
         lowered = detail.lower()
+        if self.can_repair and not self.repair and self.st.form is not None and "lexical error" in lowered and not reader.cut:
+            raise _NeedsRepair(detail)
         if reader.eof or reader.cut is not None or "premature" in lowered or "incomplete" in lowered:
             return f"({where}): {reader.cut or 'the JSON text ends early'}"
         if self.events_total == 0:
@@ -458,6 +496,8 @@ class _Ingest:
             big_int_as_string=self.st.big_ints,
             meta_dropped=self.st.meta_dropped,
             rank_source=rank_source,
+            repair_mode=int(self.repair),
+            **(self.repairer.counts if self.repair else dict.fromkeys(RepairingReader(None).counts, 0)),
             bytes_file=self.reader.file_bytes,
             bytes_json=self.reader.offset,
         )
