@@ -26,7 +26,9 @@ from sqlalchemy.orm import Session
 from graphdeck.store.schema import CompileEvent, Graph, KernelNode, Run
 
 INDEX_EVENTS = ("dynamo_start", "compilation_metrics", "dynamo_graph_break_reason", "recompile_reasons",
-                "dynamo_error", "inductor_output_code")
+                "dynamo_error", "inductor_output_code", "graph_dump")
+#: Records that hold generated code: Inductor's output code, AOTInductor's wrapper/kernel code.
+CODE_EVENTS = ("inductor_output_code", "graph_dump")
 _BREAK_AT_RE = re.compile(r"Graph break in user code at (\S+:\d+)")
 
 
@@ -56,7 +58,7 @@ def compile_index(session: Session, run: Run, rank: int | None = None) -> dict[i
         return got
 
     for ev_id, r, name, cid, meta_json, payload in session.execute(q.order_by(CompileEvent.id)):
-        if cid is None:
+        if cid is None and name not in CODE_EVENTS:
             continue
         e = entry(r, cid)
         meta = json.loads(meta_json or "{}")
@@ -81,19 +83,17 @@ def compile_index(session: Session, run: Run, rank: int | None = None) -> dict[i
         elif name == "dynamo_error":
             e["status"] = "error"
             e["error"] = (payload or "").strip()[-4000:]
-        elif name == "inductor_output_code":
+        elif name in CODE_EVENTS:
             e["output_code"].append({"event_id": ev_id, "graph_id": meta.get("graph_id"),
                                      "chars": len(payload or "")})
     for gid, r, kind, name, cid, frame, t, n in session.execute(gq.order_by(Graph.rank, Graph.ordinal)):
-        if cid is None:
-            continue
-        e = entry(r, cid)
+        e = entry(r, cid)  # graphs without a compile id (export, AOTInductor) are listed under None
         e["graphs"].append({"id": gid, "kind": kind, "name": name, "num_nodes": n})
         e["frame"] = e["frame"] or frame
         if kind == "dynamo" and t is not None and e["compile_time_s"] is None:
             e["compile_time_s"] = t
     for (r, cid), e in entries.items():  # a restarted attempt ("4/0_1") keeps attempt 0's frame
-        if e["frame"] is None and "_" in cid and (first := entries.get((r, cid.split("_")[0]))):
+        if e["frame"] is None and cid and "_" in cid and (first := entries.get((r, cid.split("_")[0]))):
             e["frame"] = first["frame"]
     kernels = dict(session.execute(select(KernelNode.graph_id, func.count()).where(KernelNode.run_id == run.id)
                                    .group_by(KernelNode.graph_id)).all())

@@ -40,6 +40,7 @@ GRAPH_KINDS = {
     "inductor_pre_grad_graph": "inductor_pre_grad",
     "inductor_post_grad_graph": "inductor_post_grad",
     "compiled_autograd_graph": "compiled_autograd",
+    "exported_program": "export",
 }
 #: Artifacts (``{"artifact": {"name": ...}}``) that are graphs too.
 GRAPH_ARTIFACTS = {"after_pre_grad_graph": "inductor_pre_grad", "inductor_post_grad_graph": "inductor_post_grad"}
@@ -193,12 +194,12 @@ class FileBuilder:
         meta["line"] = rec.line_no
         meta["glog_time"] = rec.glog_time
         payload = None if graph_kind is not None else rec.payload
-        if name == "inductor_output_code" or kind == "inductor_output_code" or name in (
+        if name in ("inductor_output_code", "graph_dump") or kind == "inductor_output_code" or name in (
                 "inductor_provenance_tracking_node_mappings", "inductor_triton_kernel_to_post_grad_nodes",
                 "inductor_provenance_tracking_kernel_stack_traces"):
             target = self._code_target(ctx)
             graph_id = target.graph_id if target else None
-            if name != "inductor_output_code" and kind != "inductor_output_code" and rec.payload:
+            if name not in ("inductor_output_code", "graph_dump") and kind != "inductor_output_code" and rec.payload:
                 self._provenance(ctx, rec, target)
         if name == "dynamo_graph_break_reason" and rec.payload and rec.compile_id:
             self.break_reasons.setdefault(rec.compile_id.split("_")[0], rec.payload.strip())

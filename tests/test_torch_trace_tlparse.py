@@ -123,6 +123,7 @@ def _tl(cid: str) -> str:
 
 def graphdeck_facts(entries: list[dict]) -> dict:
     breaks, recompiles, failures = Counter(), Counter(), Counter()
+    entries = [e for e in entries if e["compile_id"] is not None]  # tlparse's "[-/-]", left out there too
     for e in entries:
         cid = _tl(e["compile_id"])
         for b in e["graph_breaks"]:
