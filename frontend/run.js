@@ -188,6 +188,6 @@ export async function renderRun(page, m) {
 /** The run page's gradient section: the report (grads.js) and a link to its own page. */
 function runGradients(report, run) {
   return [h("p", {}, h("a", {href: `#/runs/${run.id}/grads`, id: "grad-page-link"}, "open the gradient-path page"),
-    h("span", {class: "muted"}, " (filters in the URL, one link per cut)")), gradientReport(report)];
+    h("span", {class: "muted"}, " (filters in the URL, one link per cut)")), ...gradientReport(report)];
 }
 
