@@ -16,6 +16,7 @@ Communication kernels are told by a :class:`CommRule`: by default names starting
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -223,13 +224,23 @@ def overlap(data: TraceData, rule: CommRule | None = None, top_unclassified: int
 
 
 def analyze_trace(session: Session, trace_id: int, rule: CommRule | None = None, top: int = 10) -> dict:
-    """All per-trace analyses as one JSON-ready dict: ``steps``, ``gpu``, ``hotspots``,
+    """All per-trace analyses as one JSON-ready dict: ``distributed`` (rank, process groups:
+    :func:`~graphdeck.analysis.trace_collectives.process_groups`), ``steps``, ``gpu``, ``hotspots``,
     ``overlap`` and ``mapping`` (kernel → node coverage: ``kernel_ns``, ``mapped_ns``,
     ``mapped_fraction``, the largest unmapped kernels)."""
+    from graphdeck.analysis.trace_collectives import process_groups
+    from graphdeck.store.schema import Trace
+
     data = TraceData(session, trace_id)
     m = data.mapping
+    trace = session.get(Trace, trace_id)
+    try:
+        meta = json.loads(trace.meta_json) if trace is not None else {}
+    except ValueError:
+        meta = {}
     return {
         "trace_id": trace_id,
+        "distributed": process_groups(meta),
         "steps": step_times(data),
         "gpu": gpu_busy(data),
         "hotspots": hotspots(data, top),

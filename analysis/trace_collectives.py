@@ -26,6 +26,8 @@ kernels need not end together).
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -47,6 +49,37 @@ def _kind(name: str, args: dict) -> str:
         return c
     m = _KIND.search(name)
     return m.group(1) if m else name[:40]
+
+
+def process_groups(meta: dict) -> dict:
+    """A trace's ``distributedInfo`` read leniently: ``{"rank", "world_size", "backend",
+    "nccl_version", "groups": [{"name", "desc", "size", "ranks": [int, ...]}]}``.
+
+    Kineto writes ``pg_config[].ranks`` as a list, or as a string such as ``"[0, 1]"`` in some
+    versions; ``nccl_version`` may be ``"unknown"``; ``distributedInfo`` may come after
+    ``traceEvents`` (the ingest reads it on either side). Missing values are None."""
+    info = meta.get("distributedInfo") if isinstance(meta, dict) else None
+    if isinstance(info, str):
+        try:
+            info = json.loads(info)
+        except ValueError:
+            try:
+                info = ast.literal_eval(info)
+            except (ValueError, SyntaxError):
+                info = None
+    if not isinstance(info, dict):
+        return {"rank": None, "world_size": None, "backend": None, "nccl_version": None, "groups": []}
+    groups = []
+    for pg in info.get("pg_config") or []:
+        if not isinstance(pg, dict):
+            continue
+        ranks = pg.get("ranks")
+        if isinstance(ranks, str):
+            ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
+        groups.append({"name": None if pg.get("pg_name") is None else str(pg.get("pg_name")), "desc": pg.get("pg_desc"),
+                       "size": pg.get("pg_size"), "ranks": [int(r) for r in ranks] if isinstance(ranks, list) else None})
+    return {"rank": info.get("rank"), "world_size": info.get("world_size"), "backend": info.get("backend"),
+            "nccl_version": info.get("nccl_version"), "groups": groups}
 
 
 def _wait(late_ns: int, dur_ns: int) -> int:

@@ -301,6 +301,8 @@ def dump_args(args: Any) -> tuple[str, bool]:
 _STRING_SPECIAL = re.compile(rb'["\\\x00-\x1f\x80-\xff]')
 _VALID_ESCAPE = frozenset(b'"\\/bfnrtu')
 _CLOSERS = frozenset(b",:}]")
+_VALUE_CLOSERS = frozenset(b",}]")  # after "key": a value string ends before , } ]
+_KEY_CLOSERS = frozenset(b":")  # after {: a key ends before :
 _WS = b" \t\r\n"
 
 
@@ -311,8 +313,8 @@ class RepairingReader:
     Trace writers have emitted names that make a whole file invalid JSON: a bare ``"`` inside a
     name, raw control bytes and raw newlines, Windows paths with raw backslashes, and bytes that
     are not UTF-8 (shared/cases/traces.md, T2–T4). Inside each JSON string this filter:
-    escapes a ``"`` whose next non-blank byte is not one of ``, : } ]`` (then it cannot be the
-    closing quote) — ``repaired_quotes``; escapes a backslash that does not start a valid escape
+    escapes a ``"`` whose next non-blank byte cannot follow the string (``, } ]`` after a value
+    string, ``:`` after a key, either after ``,``) — ``repaired_quotes``; escapes a backslash that does not start a valid escape
     — ``repaired_backslashes``; writes raw bytes below 0x20 as ``\\u00XX`` —
     ``repaired_control_bytes``; and replaces invalid UTF-8 with U+FFFD — ``repaired_utf8``.
     ``counts["repaired_strings"]`` counts strings changed. Text outside strings passes unchanged.
@@ -361,7 +363,12 @@ class RepairingReader:
                 out += buf[pos:]
                 return n
             out += buf[pos : q + 1]
-            end = self._string_end(buf, q + 1, final)
+            k = len(out) - 2
+            while k >= 0 and out[k] in _WS:
+                k -= 1
+            before = out[k] if k >= 0 else 0
+            closers = _VALUE_CLOSERS if before == 0x3A else _KEY_CLOSERS if before == 0x7B else _CLOSERS
+            end = self._string_end(buf, q + 1, final, closers)
             if end is None:  # the string (or the look-ahead after a quote) continues past buf
                 del out[len(out) - 1 :]
                 return q
@@ -370,7 +377,7 @@ class RepairingReader:
             pos = end + 1
         return n
 
-    def _string_end(self, buf: bytes, start: int, final: bool) -> int | None:
+    def _string_end(self, buf: bytes, start: int, final: bool, closers: frozenset = _CLOSERS) -> int | None:
         """Index of the quote that closes the string starting at ``start``, or None (need more)."""
         i, n = start, len(buf)
         while True:
@@ -392,7 +399,7 @@ class RepairingReader:
                 k += 1
             if k >= n:
                 return j if final else None
-            if buf[k] in _CLOSERS:
+            if buf[k] in closers:
                 return j
             i = j + 1  # a bare quote inside the string
 

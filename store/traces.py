@@ -323,7 +323,7 @@ class _Ingest:
             why = reader.cut or "it is empty"
             raise BadInputError(f"trace {self.name!r} is not readable: {why}", file=self.name)
         lowered = detail.lower()
-        if self.can_repair and not self.repair and self.st.form is not None and "lexical error" in lowered and not reader.cut:
+        if self.can_repair and not self.repair and self.st.form is not None and ("lexical error" in lowered or "parse error" in lowered) and not reader.cut:
             raise _NeedsRepair(detail)
         if reader.eof or reader.cut is not None or "premature" in lowered or "incomplete" in lowered:
             return f"({where}): {reader.cut or 'the JSON text ends early'}"
