@@ -1,16 +1,23 @@
-"""Bench: graphdeck's ``render_graph_svg`` against torch's ``FxGraphDrawer`` on GPT-2 graphs.
+"""Bench: the graph view against torch's ``FxGraphDrawer`` (pydot + the same ``dot``).
 
-Builds ``GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768))`` with random weights (no
-download), compiles it with a backend that keeps Dynamo's GraphModule and, through
-AOTAutograd, the forward and backward graphs; then renders each graph both ways in this process
-and prints node count, seconds each and the ratio. ``--append`` adds the table to
-``bench/RESULTS.md`` under "Graph SVG".
+Two parts, one command:
+
+1. **Server** (``--store``, repeatable; stores made by ``bench/capture_graphs.py``): requests to
+   the real app (``create_app`` through Starlette's TestClient, so DB load, cluster tree, layout
+   and SVG are all in): the default (depth-limited) view cold, the same request again (cached),
+   one more transformer block expanded (cold), fully expanded (cold), and search → reveal of the
+   last node (the ``node=`` request the page makes). Each store gets a fresh app.
+2. **Anchor** (``--anchor-layers``, repeatable): a random-weight GPT-2 (``GPT2Config(n_layer=L)``,
+   n_embd 768, default dropout) compiled in this process with a backend that keeps the AOT
+   forward and backward GraphModules; for each: graphdeck's default view (``GraphVisualizer(gm)``:
+   view from the GraphModule + layout + SVG) and fully expanded, against
+   ``FxGraphDrawer(gm).get_dot_graph()`` + ``dot -Tsvg`` with a timeout; prints the ratio.
 
 Run::
 
-    python bench/bench_svg.py [--layers 12] [--repeat 3] [--append]
-
-Needs torch, transformers, graphviz (``dot``) and, for the baseline, ``pydot``.
+    python bench/capture_graphs.py ...   # see its docstring, once
+    python bench/bench_svg.py --store /tmp/graphdeck-bench-gpt2-12.db --store /tmp/graphdeck-bench-deep-200.db \\
+        --anchor-layers 2 --anchor-layers 12 --timeout-s 120 [--write-results]
 """
 
 from __future__ import annotations
@@ -24,166 +31,192 @@ import subprocess
 import time
 from pathlib import Path
 
-import torch
-from torch.fx.node import _get_qualified_name
-
-from graphdeck.server.render.svg import render_graph_svg
-from graphdeck.server.views import GraphView, ViewEdge, ViewNode, node_label, op_category
-
 RESULTS = Path(__file__).with_name("RESULTS.md")
-_INDEX = re.compile(r"\[['\"]?([^\]'\"]+)['\"]?\]")
+SECTION = "## Graph view"
 
 
-def capture_gpt2(layers: int, seq_len: int = 16) -> dict[str, torch.fx.GraphModule]:
-    """The largest Dynamo, AOT forward and AOT backward GraphModules of a random-weight GPT-2
-    (the loss may be a separate, small graph after a graph break)."""
+def _get(client, url: str) -> tuple[float, str]:
+    start = time.perf_counter()
+    res = client.get(url)
+    took = time.perf_counter() - start
+    assert res.status_code == 200, f"{url}: {res.status_code} {res.text[:300]}"
+    return took, res.text
+
+
+def bench_store(store: Path) -> list[dict]:
+    from fastapi.testclient import TestClient
+
+    from graphdeck.server.app import create_app
+    from graphdeck.server.settings import Settings
+
+    client = TestClient(create_app(Settings(store=store)))
+    rows = []
+    run = client.get("/api/runs").json()[0]["name"]
+    graphs = [g for g in client.get(f"/api/runs/{run}").json()["graphs"] if g["kind"].startswith("aot_")]
+    full_total = 0.0
+    for g in sorted(graphs, key=lambda g: g["kind"], reverse=True):
+        base = f"/api/graphs/{g['id']}/svg"
+        cold, svg = _get(client, base)
+        cached, again = _get(client, base)
+        assert again == svg
+        shown = int(re.search(r'data-visible-nodes="(\d+)"', svg).group(1))
+        # one transformer block opened with everything in it, from the view with blocks collapsed
+        _get(client, f"{base}?max_depth=2")
+        spaces = {n["namespace"] for n in client.get(f"/api/graphs/{g['id']}/view").json()["nodes"] if n["namespace"]}
+        blocks = sorted({m.group(0) for ns in spaces if (m := re.match(r".*?/h/\d+", ns))},
+                        key=lambda p: int(p.rsplit("/", 1)[1]))
+        expand_s = None
+        if blocks:
+            block = blocks[len(blocks) // 2]
+            inside = sorted(p for p in spaces if p == block or p.startswith(block + "/"))
+            expand_s, _ = _get(client, f"{base}?max_depth=2&" + "&".join(f"expand={p}" for p in inside))
+        nodes = client.get(f"/api/graphs/{g['id']}/nodes").json()
+        reveal_s, _ = _get(client, f"{base}?node={nodes[-2]['name']}")
+        full_s = None
+        if g["num_nodes"] <= 5000:
+            full_s, _ = _get(client, f"{base}?max_depth=99")
+            full_total += full_s
+        rows.append({"store": store.name, "graph": g["kind"], "nodes": g["num_nodes"], "shown": shown,
+                     "cold_s": cold, "cached_s": cached, "expand_s": expand_s, "reveal_s": reveal_s, "full_s": full_s,
+                     "svg_kb": len(svg) / 1024})
+        print(f"{store.name} {g['kind']:12s} nodes={g['num_nodes']:6d} shown={shown:4d} default={cold:6.3f}s "
+              f"cached={cached * 1000:6.1f}ms expand-block={_fmt(expand_s)} reveal={reveal_s:6.3f}s full={_fmt(full_s)}",
+              flush=True)
+    if full_total:
+        print(f"{store.name} fully expanded forward + backward: {full_total:.2f} s", flush=True)
+    return rows
+
+
+def _fmt(v: float | None) -> str:
+    return "    —  " if v is None else f"{v:6.3f}s"
+
+
+def capture_gpt2(layers: int, seq_len: int = 16) -> dict:
+    """The largest AOT forward and backward GraphModules of a random-weight GPT-2."""
+    import torch
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=768, n_head=12))
-    graphs: dict[str, torch.fx.GraphModule] = {}
+    model.loss_type = "ForCausalLM"
+    graphs: dict = {}
 
     def keep(kind):
         def compiler(gm, _inputs):
-            _keep_largest(graphs, kind, gm)
+            if kind not in graphs or len(gm.graph.nodes) > len(graphs[kind].graph.nodes):
+                graphs[kind] = gm
             return make_boxed_func(gm.forward)
-
         return compiler
 
-    aot = aot_autograd(fw_compiler=keep("aot_forward"), bw_compiler=keep("aot_backward"))
-
-    def backend(gm, inputs):
-        _keep_largest(graphs, "dynamo", gm)
-        return aot(gm, inputs)
-
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep("aot_forward"), bw_compiler=keep("aot_backward")))
     ids = torch.randint(0, model.config.vocab_size, (1, seq_len))
     compiled(input_ids=ids, labels=ids).loss.backward()
     return graphs
 
 
-def _keep_largest(graphs: dict, kind: str, gm: torch.fx.GraphModule) -> None:
-    if kind not in graphs or len(gm.graph.nodes) > len(graphs[kind].graph.nodes):
-        graphs[kind] = gm
-
-
-def view_from_graph_module(gm: torch.fx.GraphModule, name: str) -> GraphView:
-    """A bench-local adapter (the capture agent writes the store; this skips it)."""
-    nodes, edges = [], []
-    for idx, node in enumerate(gm.graph.nodes):
-        target = node.target if isinstance(node.target, str) else _target_name(node.target)
-        val = node.meta.get("val", node.meta.get("example_value"))
-        shape = list(val.shape) if isinstance(val, torch.Tensor) else None
-        nodes.append(
-            ViewNode(
-                id=node.name, idx=idx, label=node_label(node.op, target), op=node.op, target=target,
-                category=op_category(node.op, target), namespace=_namespace(node.meta.get("nn_module_stack")),
-                shape=[int(s) if str(s).isdigit() else str(s) for s in shape] if shape is not None else None,
-                dtype=str(val.dtype) if isinstance(val, torch.Tensor) else None,
-            )
-        )
-        for pos, arg in enumerate(node.all_input_nodes):
-            edges.append(ViewEdge(src=arg.name, dst=node.name, arg_pos=pos))
-    return GraphView(graph_id=0, name=name, kind=name, nodes=nodes, edges=edges)
-
-
-def _target_name(target) -> str:
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target)
-    try:
-        return _get_qualified_name(target)
-    except Exception:
-        return str(target)
-
-
-def _namespace(stack) -> str | None:
-    if not stack:
-        return None
-    path = list(stack.values())[-1][0]
-    path = re.sub(r"^L\['self'\]\.?", "", path)
-    path = _INDEX.sub(r".\1", path)
-    return "/".join(p for p in path.split(".") if p) or None
-
-
-def time_it(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def fx_graph_drawer_svg(gm: torch.fx.GraphModule, name: str, timeout_s: float) -> bytes | None:
-    """What ``FxGraphDrawer(gm, name).get_dot_graph().create_svg()`` does (pydot writes the DOT
-    and runs ``dot -Tsvg`` on it), with a timeout; ``None`` when ``dot`` runs past it."""
+def fx_graph_drawer(gm, name: str, timeout_s: float) -> float | None:
+    """Seconds for ``FxGraphDrawer(gm, name).get_dot_graph()`` + ``dot -Tsvg`` (what
+    ``create_svg`` runs); ``None`` when ``dot`` is killed at ``timeout_s``."""
     from torch.fx.passes.graph_drawer import FxGraphDrawer
 
+    start = time.perf_counter()
     source = FxGraphDrawer(gm, name).get_dot_graph().to_string()
+    left = max(1.0, timeout_s - (time.perf_counter() - start))
     try:
-        proc = subprocess.run(["dot", "-Tsvg"], input=source.encode(), capture_output=True, timeout=timeout_s, check=True)
+        subprocess.run(["dot", "-Tsvg"], input=source.encode(), capture_output=True, timeout=left, check=True)
     except subprocess.TimeoutExpired:
         return None
-    return proc.stdout
+    return time.perf_counter() - start
 
 
-def bench(layers: int, repeat: int, timeout_s: float) -> list[dict]:
+def bench_anchor(layers: int, timeout_s: float) -> list[dict]:
+    from graphdeck.server.render.svg import render_graph_svg
+    from graphdeck.visualize import GraphVisualizer
+
     rows = []
     for kind, gm in sorted(capture_gpt2(layers).items()):
-        view = view_from_graph_module(gm, kind)
-        ours = time_it(lambda: render_graph_svg(view, timeout_s=timeout_s), repeat)
-        size = len(render_graph_svg(view, timeout_s=timeout_s))
         start = time.perf_counter()
-        finished = fx_graph_drawer_svg(gm, kind, timeout_s) is not None
-        theirs = time.perf_counter() - start
-        if finished and repeat > 1:
-            theirs = min(theirs, time_it(lambda: fx_graph_drawer_svg(gm, kind, timeout_s), repeat - 1))
-        rows.append({"kind": kind, "nodes": len(view.nodes), "ours_s": ours, "fx_s": theirs,
-                     "fx_finished": finished, "svg_bytes": size})
-        fx = f"{theirs:7.2f}s" if finished else f">{timeout_s:g}s (killed)"
-        print(f"{kind:13s} nodes={len(view.nodes):5d} ours={ours:7.2f}s FxGraphDrawer={fx} "
-              f"ratio={'' if finished else '>'}{theirs / ours:5.1f}x svg={size / 1e6:.1f}MB", flush=True)
+        vis = GraphVisualizer(gm, name=kind)
+        vis.render()
+        ours = time.perf_counter() - start
+        start = time.perf_counter()
+        render_graph_svg(vis.view, max_depth=99)
+        full = time.perf_counter() - start
+        theirs = fx_graph_drawer(gm, kind, timeout_s)
+        ratio = f"{theirs / ours:.0f}x" if theirs else f">{timeout_s / ours:.0f}x"
+        rows.append({"layers": layers, "graph": kind, "nodes": len(gm.graph.nodes), "ours_s": ours, "full_s": full,
+                     "fx_s": theirs, "timeout_s": timeout_s, "ratio": ratio})
+        print(f"GPT-2 {layers}L {kind:12s} nodes={len(gm.graph.nodes):5d} ours default={ours:6.3f}s full={full:6.3f}s "
+              f"FxGraphDrawer={'>%gs (killed)' % timeout_s if theirs is None else f'{theirs:.2f}s'} ratio={ratio}",
+              flush=True)
     return rows
 
 
-def append_results(rows: list[dict], layers: int, repeat: int, timeout_s: float) -> None:
-    """Append one table to ``RESULTS.md``, under a "Graph SVG" heading added once."""
+def write_results(store_rows: list[dict], anchor_rows: list[dict], command: str) -> None:
+    """Replace the "Graph view" section of RESULTS.md (and the older "Graph SVG" one it supersedes)."""
+    import torch
+
     dot_version = subprocess.run(["dot", "-V"], capture_output=True, text=True).stderr.strip()
-    existing = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else ""
-    lines = [] if "\n## Graph SVG\n" in existing else ["", "## Graph SVG", ""]
-    lines += [
-        f"`python bench/bench_svg.py --layers {layers} --repeat {repeat} --timeout-s {timeout_s:g} --append` on "
-        f"{_dt.date.today().isoformat()}: GPT-2 (n_layer={layers}, n_embd=768, random weights, batch 1 × 16 "
-        f"tokens), torch {torch.__version__}, {dot_version}, {platform.machine()}, {os.cpu_count()} CPUs; best "
-        f"of {repeat}. \">\" = FxGraphDrawer's `dot` was killed at the timeout.",
-        "",
-        "| graph | nodes | render_graph_svg s | FxGraphDrawer.create_svg s | ratio | our SVG MB |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        more = "" if r["fx_finished"] else ">"
-        fx = f"{r['fx_s']:.2f}" if r["fx_finished"] else f">{r['fx_s']:.0f} (killed)"
-        lines.append(
-            f"| {r['kind']} | {r['nodes']:,} | {r['ours_s']:.2f} | {fx} | "
-            f"{more}{r['fx_s'] / r['ours_s']:.1f}x | {r['svg_bytes'] / 1e6:.2f} |"
-        )
-    with RESULTS.open("a", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n\n")
+    import igraph
+
+    lines = [SECTION, "",
+             f"`{command}` on {_dt.date.today().isoformat()}: {platform.machine()}, {os.cpu_count()} CPUs (shared "
+             f"with 3 other developers' jobs), torch {torch.__version__}, igraph {igraph.__version__}, {dot_version}. "
+             "Server rows: one request each through the real app (DB load + cluster tree + layout + SVG), a fresh "
+             "app per store; \"cached\" is the same request again.", "",
+             "| store | graph | nodes | items drawn | default view s | cached ms | one block expanded s | "
+             "reveal a node s | fully expanded s | default SVG KiB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in store_rows:
+        lines.append(f"| {r['store']} | {r['graph']} | {r['nodes']:,} | {r['shown']} | {r['cold_s']:.3f} | "
+                     f"{r['cached_s'] * 1000:.1f} | {_cell(r['expand_s'])} | {r['reveal_s']:.3f} | {_cell(r['full_s'])} | "
+                     f"{r['svg_kb']:.0f} |")
+    lines += ["", "Anchor (same GraphModules, same process): graphdeck's default view from a live GraphModule "
+              "(`GraphVisualizer(gm).render()`) and fully expanded, against `FxGraphDrawer(gm).get_dot_graph()` + "
+              "`dot -Tsvg`.", "",
+              "| GPT-2 | graph | nodes | graphdeck default s | graphdeck fully expanded s | FxGraphDrawer s | ratio (default) |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for r in anchor_rows:
+        fx = f">{r['timeout_s']:g} (killed)" if r["fx_s"] is None else f"{r['fx_s']:.2f}"
+        lines.append(f"| {r['layers']} layers | {r['graph']} | {r['nodes']:,} | {r['ours_s']:.3f} | {r['full_s']:.3f} | "
+                     f"{fx} | {r['ratio']} |")
+    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+    notes = ""
+    if SECTION in text:
+        start = text.index(SECTION)
+        end = text.find("\n## ", start + 1)
+        block = text[start:] if end < 0 else text[start:end]
+        if "### Why igraph" in block:
+            notes = "\n" + block[block.index("### Why igraph"):].rstrip() + "\n"
+        text = text[:start] + (text[end + 1:] if end >= 0 else "")
+    if "\n## Graph SVG\n" in text:  # the dot renderer's numbers, superseded by this section
+        start = text.index("\n## Graph SVG\n") + 1
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + (text[end + 1:] if end >= 0 else "")
+    RESULTS.write_text(text.rstrip() + "\n\n" + "\n".join(lines) + "\n" + notes, encoding="utf-8")
+
+
+def _cell(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=12, help="GPT-2 transformer blocks")
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs per renderer; best is kept")
-    parser.add_argument("--timeout-s", type=float, default=600, help="kill a dot run after this many seconds")
-    parser.add_argument("--append", action="store_true", help="append the table to bench/RESULTS.md")
+    parser.add_argument("--store", type=Path, action="append", default=[], help="a store from capture_graphs.py")
+    parser.add_argument("--anchor-layers", type=int, action="append", default=[], help="GPT-2 blocks for the anchor")
+    parser.add_argument("--timeout-s", type=float, default=120, help="kill FxGraphDrawer's dot after this many seconds")
+    parser.add_argument("--write-results", action="store_true", help="replace the section in bench/RESULTS.md")
     args = parser.parse_args()
-    rows = bench(args.layers, args.repeat, args.timeout_s)
-    if args.append:
-        append_results(rows, args.layers, args.repeat, args.timeout_s)
+    store_rows = [r for s in args.store for r in bench_store(s)]
+    anchor_rows = [r for n in args.anchor_layers for r in bench_anchor(n, args.timeout_s)]
+    if args.write_results:
+        cmd = "python bench/bench_svg.py " + " ".join(
+            [f"--store {s}" for s in args.store] + [f"--anchor-layers {n}" for n in args.anchor_layers]
+            + [f"--timeout-s {args.timeout_s:g}", "--write-results"])
+        write_results(store_rows, anchor_rows, cmd)
 
 
 if __name__ == "__main__":

@@ -79,38 +79,50 @@ def split_path(namespace: str | None) -> tuple[str, ...]:
 
 
 def prepare(view: GraphView) -> Prepared:
-    """Build the cluster tree of ``view`` (O(nodes × depth + edges))."""
+    """Build the cluster tree of ``view`` (O(nodes + edges + clusters × depth))."""
     by_idx = {n.idx: n for n in view.nodes}
     by_name = {n.id: n.idx for n in view.nodes}
     edges = sorted((by_name[e.src], by_name[e.dst], e.size_bytes or 0) for e in view.edges
                    if e.src in by_name and e.dst in by_name)
-    node_path = {n.idx: split_path(n.namespace) for n in view.nodes}
+    spaces: dict[str | None, tuple[str, ...]] = {}
+    node_path = {}
+    for n in view.nodes:
+        p = spaces.get(n.namespace)
+        if p is None:
+            p = spaces[n.namespace] = split_path(n.namespace)
+        node_path[n.idx] = p
     paths = {()}
-    for p in node_path.values():
-        for d in range(1, len(p) + 1):
-            paths.add(p[:d])
-    clusters = {p: Cluster(p, k) for k, p in enumerate(sorted(paths))}
-    for p in sorted(paths):
+    for p in spaces.values():
+        paths.update(p[:d] for d in range(1, len(p) + 1))
+    ordered = sorted(paths)
+    clusters = {p: Cluster(p, k) for k, p in enumerate(ordered)}
+    for p in ordered:
         if p:
             clusters[p[:-1]].children.append(p)
+    first: dict[tuple[str, ...], int] = {}
+    first_any: dict[tuple[str, ...], int] = {}
     for idx in sorted(node_path):
         p = node_path[idx]
-        clusters[p].nodes.append(idx)
+        c = clusters[p]
+        c.nodes.append(idx)
         node = by_idx[idx]
-        pbytes = (node.size_bytes or 0) if node.param_fqn else 0
-        for d in range(len(p) + 1):
-            clusters[p[:d]].total_nodes += 1
-            clusters[p[:d]].param_bytes += pbytes
-    order: dict[tuple[str, ...], int] = {}
-    fallback: dict[tuple[str, ...], int] = {}
-    for idx in sorted(node_path):
-        p = node_path[idx]
-        computing = by_idx[idx].op not in ("placeholder", "get_attr")
-        for d in range(len(p) + 1):
-            fallback.setdefault(p[:d], idx)
-            if computing:
-                order.setdefault(p[:d], idx)
-    order = {p: order.get(p, fallback.get(p, 0)) for p in clusters}
+        c.total_nodes += 1
+        if node.param_fqn:
+            c.param_bytes += node.size_bytes or 0
+        first_any.setdefault(p, idx)
+        if node.op not in ("placeholder", "get_attr"):
+            first.setdefault(p, idx)
+    inf = float("inf")
+    compute_min: dict[tuple[str, ...], float] = {}
+    any_min: dict[tuple[str, ...], float] = {}
+    for p in sorted(ordered, key=len, reverse=True):  # children before parents
+        c = clusters[p]
+        compute_min[p] = min([first.get(p, inf)] + [compute_min[ch] for ch in c.children])
+        any_min[p] = min([first_any.get(p, inf)] + [any_min[ch] for ch in c.children])
+        for child in c.children:
+            c.total_nodes += clusters[child].total_nodes
+            c.param_bytes += clusters[child].param_bytes
+    order = {p: int(compute_min[p] if compute_min[p] < inf else any_min[p] if any_min[p] < inf else 0) for p in ordered}
     return Prepared(view, by_idx, by_name, edges, clusters, node_path, order)
 
 

@@ -335,7 +335,7 @@ class _Writer:
                         for i, (t, ty) in enumerate(zip(lines, text_y)))
         self.out.append(
             f'<g id="node-{node.idx}" class="{" ".join(classes)}" data-name="{_attr(node.id)}"{_fade(classes)}>'
-            f'<title>{_esc(_text(title, limit=600))}</title>'
+            f'<title>{_esc(_text(title, limit=600, newlines=True))}</title>'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="{rx}" fill="{fill}" stroke="{stroke}" stroke-width="{sw:g}"{dash}/>'
             f'{texts}</g>\n')
 
@@ -453,10 +453,13 @@ def tensor_label(shape: Any, dtype: str | None) -> str:
     return f"{short}{shape}"
 
 
-def _text(value: str, *, limit: int = MAX_TEXT_CHARS) -> str:
+def _text(value: str, *, limit: int = MAX_TEXT_CHARS, newlines: bool = False) -> str:
     """User text made printable and short: control characters dropped (XML 1.0 forbids them),
-    tabs/newlines to spaces, long text cut as ``…[total_len=N]``. Escaping happens on output."""
-    clean = _CONTROL.sub("", str(value)).replace("\r", "").replace("\t", " ").replace("\n", " \u23ce ")
+    tabs to spaces, newlines to ``⏎`` unless ``newlines`` (tooltips), long text cut as
+    ``…[total_len=N]``. Escaping happens on output."""
+    clean = _CONTROL.sub("", str(value)).replace("\r", "").replace("\t", " ")
+    if not newlines:
+        clean = clean.replace("\n", " \u23ce ")
     if len(clean) > limit:
         clean = f"{clean[: limit - 20]}…[total_len={len(clean)}]"
     return clean
@@ -489,6 +492,16 @@ class SvgCache:
             if svg is not None:
                 self._entries.move_to_end(key)
             return svg
+
+    def view(self, graph_key: str, load) -> GraphView:
+        """The view of ``graph_key``, from ``load()`` the first time (then kept with its cluster
+        tree, so a new view state of the same graph never reads the store again)."""
+        with self._lock:
+            prep = self._preps.get(graph_key)
+            if prep is not None:
+                self._preps.move_to_end(graph_key)
+                return prep.view
+        return self.prepared(graph_key, load()).view
 
     def prepared(self, graph_key: str, view: GraphView) -> lay.Prepared:
         with self._lock:

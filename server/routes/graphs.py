@@ -122,12 +122,13 @@ def render_view_svg(session: Session, graph: Graph, cache: SvgCache, params: Vie
         hit = cache.lookup(graph_key(graph), state)
         if hit is not None:
             return hit
-    view = graph_view(session, graph.id)
+    view = cache.view(graph_key(graph), lambda: graph_view(session, graph.id))
     extra = {}
     if state["overlay"]:
         extra["overlay"] = graph_overlay(session, graph.id, state["overlay"])
     if state["diff_against"] is not None:
-        other = graph_view(session, find_graph(session, state["diff_against"]).id)
+        other_row = find_graph(session, state["diff_against"])
+        other = cache.view(graph_key(other_row), lambda: graph_view(session, other_row.id))
         extra["marks"] = diff_views(view, other).marks_a()
     if not cacheable:
         state = {**state, "uncached": object()}
