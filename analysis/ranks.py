@@ -27,6 +27,8 @@ Pure: reads the store, returns data; the CLI and the server render it.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
 import re
 from collections import defaultdict
@@ -36,6 +38,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition, Rank, Run
+
+#: Longest differing middle (nodes) that :func:`first_node_difference` aligns with difflib.
+ALIGN_LIMIT = 3000
 
 #: Graph kinds that run (their collectives execute), best first per compile id. A compile whose
 #: AOTAutograd graphs were captured is read from those; otherwise from the next tier.
@@ -409,13 +414,29 @@ def first_node_difference(session: Session, graph_a: int, graph_b: int
     one inserted node does not make every later node "differ". Returns ``(node of a, node of b,
     change)`` with change ``"added"`` (only in b; node of a is None), ``"removed"`` (only in a) or
     ``"changed"``; ``(None, None, None)`` when the lists agree."""
-    import difflib
-
     rows_a, rows_b = _node_rows(session, graph_a), _node_rows(session, graph_b)
     keys_a = [(*_node_key(r), _args_shape(r)) for r in rows_a]
     keys_b = [(*_node_key(r), _args_shape(r)) for r in rows_b]
-    matcher = difflib.SequenceMatcher(None, keys_a, keys_b, autojunk=False)
+    # Equal prefix and suffix first (linear); align only the middle, whose size is what differs.
+    # SequenceMatcher is quadratic on graphs of repeated layers, so a middle past
+    # ALIGN_LIMIT nodes is reported as changed at its first node without alignment.
+    lo = 0
+    while lo < len(keys_a) and lo < len(keys_b) and keys_a[lo] == keys_b[lo]:
+        lo += 1
+    hi_a, hi_b = len(keys_a), len(keys_b)
+    while hi_a > lo and hi_b > lo and keys_a[hi_a - 1] == keys_b[hi_b - 1]:
+        hi_a, hi_b = hi_a - 1, hi_b - 1
+    if lo == hi_a and lo == hi_b:
+        return None, None, None
+    if lo == hi_a:
+        return None, _ref(graph_b, rows_b[lo]), "added"
+    if lo == hi_b:
+        return _ref(graph_a, rows_a[lo]), None, "removed"
+    if max(hi_a, hi_b) - lo > ALIGN_LIMIT:
+        return _ref(graph_a, rows_a[lo]), _ref(graph_b, rows_b[lo]), "changed"
+    matcher = difflib.SequenceMatcher(None, keys_a[lo:hi_a], keys_b[lo:hi_b], autojunk=False)
     for tag, i1, _i2, j1, _j2 in matcher.get_opcodes():
+        i1, j1 = i1 + lo, j1 + lo
         if tag == "equal":
             continue
         if tag == "insert":
@@ -456,7 +477,8 @@ def collective_kind(target: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _group_of(args_json: str | None) -> str | None:
+@functools.lru_cache(maxsize=4096)
+def group_of(args_json: str | None) -> str | None:
     """The process group of a collective call: its last string argument (``group_name``), or a
     ``ProcessGroup``/rank-list repr."""
     payload = _json(args_json)
@@ -502,6 +524,7 @@ def collective_schedule(session: Session, run_id: int, rank: int,
     # so the cost does not grow with the number of ordinary nodes.
     target_ids = collective_target_ids(session)
     chosen: list[tuple[CompileEntry, list[int]]] = []
+    hash_of = {gid: h for entry in sequence for _k, h, gid in entry.graphs}
     for entry in sequence:
         graph_ids: list[int] = []
         for tier in EXECUTED_TIERS:
@@ -510,10 +533,18 @@ def collective_schedule(session: Session, run_id: int, rank: int,
                 break
         chosen.append((entry, graph_ids))
     by_graph: dict[int, list] = defaultdict(list)
-    all_ids = [gid for _e, ids in chosen for gid in ids]
-    if target_ids and all_ids:
-        for chunk_start in range(0, len(all_ids), 500):
-            chunk = all_ids[chunk_start:chunk_start + 500]
+    # Graphs with one structural hash issue the same collectives: read one representative each
+    # (all ranks of a healthy run share hashes, so this reads each distinct graph once per rank).
+    rep_of: dict[int, int] = {}
+    first_with_hash: dict[str, int] = {}
+    for _e, ids in chosen:
+        for gid in ids:
+            h = hash_of.get(gid)
+            rep_of[gid] = first_with_hash.setdefault(h, gid) if h else gid
+    reps = sorted(set(rep_of.values()))
+    if target_ids and reps:
+        for chunk_start in range(0, len(reps), 500):
+            chunk = reps[chunk_start:chunk_start + 500]
             for row in session.execute(
                     select(Node.graph_id, Node.idx, Node.name, Node.target_id, Node.shape_json, Node.dtype,
                            Node.size_bytes, Node.args_json, stack.value)
@@ -521,12 +552,14 @@ def collective_schedule(session: Session, run_id: int, rank: int,
                     .where(Node.graph_id.in_(chunk), Node.op == "call_function",
                            Node.target_id.in_(list(target_ids)))):
                 by_graph[row.graph_id].append(row)
+        for rows in by_graph.values():
+            rows.sort(key=lambda r: r.idx)
     for entry, graph_ids in chosen:
         found = False
         for gid in graph_ids:
-            for row in sorted(by_graph.get(gid, ()), key=lambda r: r.idx):
+            for row in by_graph.get(rep_of.get(gid, gid), ()):
                 found = True
-                out.append(Collective(index=len(out), kind=target_ids[row.target_id], group=_group_of(row.args_json),
+                out.append(Collective(index=len(out), kind=target_ids[row.target_id], group=group_of(row.args_json),
                                       size_bytes=row.size_bytes, shape=row.shape_json, dtype=row.dtype,
                                       source="graph", compile_id=entry.compile_id, graph_id=gid, node=row.name,
                                       line=source_line(row[8])))
