@@ -555,26 +555,39 @@ def collective_schedule(session: Session, run_id: int, rank: int,
         for rows in by_graph.values():
             rows.sort(key=lambda r: r.idx)
     for entry, graph_ids in chosen:
-        found = False
-        for gid in graph_ids:
-            for row in by_graph.get(rep_of.get(gid, gid), ()):
-                found = True
-                out.append(Collective(index=len(out), kind=target_ids[row.target_id], group=group_of(row.args_json),
-                                      size_bytes=row.size_bytes, shape=row.shape_json, dtype=row.dtype,
-                                      source="graph", compile_id=entry.compile_id, graph_id=gid, node=row.name,
-                                      line=source_line(row[8])))
-        if not found and inductor.get(entry.compile_id):
-            ops = _json(inductor[entry.compile_id])
-            for op in ops if isinstance(ops, list) else []:
-                kind = collective_kind(str(op)) or str(op)
-                out.append(Collective(index=len(out), kind=kind, group=None, size_bytes=None, shape=None,
-                                      dtype=None, source="inductor_collective_schedule",
-                                      compile_id=entry.compile_id))
+        from_graph = [
+            Collective(index=0, kind=target_ids[row.target_id], group=group_of(row.args_json),
+                       size_bytes=row.size_bytes, shape=row.shape_json, dtype=row.dtype, source="graph",
+                       compile_id=entry.compile_id, graph_id=gid, node=row.name, line=source_line(row[8]))
+            for gid in graph_ids for row in by_graph.get(rep_of.get(gid, gid), ())]
+        ops = _json(inductor.get(entry.compile_id)) if inductor.get(entry.compile_id) else None
+        if isinstance(ops, list) and ops:
+            # Inductor's schedule is the order its generated code issues collectives (it may
+            # reorder the graph's); each op takes size and group from the first unused graph node
+            # of the same kind, when the graph was stored.
+            pool = list(from_graph)
+            for op in ops:
+                kind = collective_kind(str(op))
+                if kind is None:  # wait_tensor and other non-collectives
+                    continue
+                match = next((c for c in pool if c.kind == kind.rstrip("_")), None)
+                if match is not None:
+                    pool.remove(match)
+                    match.source = "inductor_collective_schedule"
+                    out.append(match)
+                else:
+                    out.append(Collective(index=0, kind=kind.rstrip("_"), group=None, size_bytes=None, shape=None,
+                                          dtype=None, source="inductor_collective_schedule",
+                                          compile_id=entry.compile_id))
+        else:
+            out.extend(from_graph)
     for p in session.scalars(select(Partition).where(Partition.run_id == run_id, Partition.rank == rank)
                              .order_by(Partition.parent_graph_id, Partition.index)):
         out.append(Collective(index=len(out), kind="all_reduce", group="ddp", size_bytes=p.size_bytes,
                               shape=None, dtype=None, source="ddp_bucket", graph_id=p.graph_id,
                               node=f"DDP bucket {p.index} ({len(_json(p.params_json) or [])} params)"))
+    for i, c in enumerate(out):
+        c.index = i
     return out
 
 

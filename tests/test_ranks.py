@@ -213,3 +213,15 @@ def test_imported_7_rank_runtime_logs_predict_the_collective_hang(tmp_path):
     assert m.index == len(rep.schedules[5])
     assert [v["ranks"] for v in m.variants] == [[0, 1, 2, 3, 4], [5, 6]]
     assert m.variants[1]["collective"] is None
+
+
+def test_imported_inductor_collective_schedule_orders_the_collectives(tmp_path):
+    rep = _imported(tmp_path, "collectives_parity", "cp")
+    sched = rep.schedules[0]
+    assert [c.source for c in sched] == ["inductor_collective_schedule"] * len(sched)
+    # 4 compiles: the first issues one all_reduce, each recompile all_reduce, all_gather, reduce_scatter.
+    assert [c.kind for c in sched] == ["all_reduce"] + ["all_reduce", "all_gather_into_tensor",
+                                                        "reduce_scatter_tensor"] * 3
+    assert [c.compile_id for c in sched[:4]] == ["0/0", "0/1", "0/1", "0/1"]
+    assert all(c.size_bytes and c.dtype == "float16" and c.group == "0" for c in sched)
+    assert rep.ok  # one rank: nothing to disagree with
