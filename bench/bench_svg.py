@@ -155,7 +155,56 @@ def bench_anchor(layers: int, timeout_s: float) -> list[dict]:
     return rows
 
 
-def write_results(store_rows: list[dict], anchor_rows: list[dict], command: str) -> None:
+def bench_engines(store: Path) -> list[dict]:
+    """igraph (what ``layout.py`` runs) against ``dot`` on the *same* per-cluster graphs of each AOT
+    graph's fully expanded view: every open cluster's members (nodes and child boxes, fixed sizes)
+    and its edges, laid out one cluster at a time, summed."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.server.render import layout as lay
+    from graphdeck.server.render.svg import _Writer
+    from graphdeck.server.views import graph_view
+    from graphdeck.store.db import open_engine
+
+    engine = open_engine(store, read_only=True)
+    rows = []
+    with Session(engine) as session:
+        from graphdeck.store.schema import Graph
+
+        for g in session.query(Graph).filter(Graph.kind.like("aot_%")).order_by(Graph.kind.desc()):
+            view = graph_view(session, g.id)
+            prep = lay.prepare(view)
+            opened = lay.open_clusters(prep, None)
+            writer = _Writer(prep, opened, None, {}, set(), set(), False)
+            edges_at = lay.cluster_edges(prep, opened)
+            jobs = []
+            for path in sorted(opened):
+                c = prep.clusters[path]
+                members = list(c.nodes) + [("c", ch) for ch in c.children]
+                sizes = [lay.node_size(prep.by_idx[i], writer.node_lines(prep.by_idx[i])) for i in c.nodes]
+                sizes += [(200.0, 120.0)] * len(c.children)
+                index = {m: i for i, m in enumerate(members)}
+                e = [(index[u], index[v]) for (u, v) in sorted(edges_at.get(path, {}), key=str) if u in index and v in index]
+                jobs.append((sizes, e, list(range(len(members)))))
+            start = time.perf_counter()
+            for sizes, e, order in jobs:
+                lay.layered(sizes, e, order)
+            ours = time.perf_counter() - start
+            start = time.perf_counter()
+            for sizes, e, _ in jobs:
+                dot = ["digraph g { node [shape=box, fixedsize=true];"]
+                dot += [f'n{i} [width={w / 72:.2f}, height={hgt / 72:.2f}];' for i, (w, hgt) in enumerate(sizes)]
+                dot += [f"n{u} -> n{v};" for u, v in e] + ["}"]
+                subprocess.run(["dot", "-Tplain"], input="\n".join(dot).encode(), capture_output=True, check=True)
+            theirs = time.perf_counter() - start
+            rows.append({"graph": g.kind, "nodes": g.num_nodes, "clusters": len(jobs), "igraph_s": ours, "dot_s": theirs})
+            print(f"engines {store.name} {g.kind:12s} nodes={g.num_nodes} clusters={len(jobs)} igraph={ours:.3f}s "
+                  f"dot={theirs:.3f}s ({theirs / ours:.0f}x)", flush=True)
+    engine.dispose()
+    return rows
+
+
+def write_results(store_rows: list[dict], anchor_rows: list[dict], engine_rows: list[dict], command: str) -> None:
     """Replace the "Graph view" section of RESULTS.md (and the older "Graph SVG" one it supersedes)."""
     import torch
 
@@ -183,6 +232,15 @@ def write_results(store_rows: list[dict], anchor_rows: list[dict], command: str)
         fx = f">{r['timeout_s']:g} (killed)" if r["fx_s"] is None else f"{r['fx_s']:.2f}"
         lines.append(f"| {r['layers']} layers | {r['graph']} | {r['nodes']:,} | {r['ours_s']:.3f} | {r['full_s']:.3f} | "
                      f"{fx} | {r['ratio']} |")
+    if engine_rows:
+        lines += ["", "Layout engines on the same input: every open cluster of the fully expanded view laid out "
+                  "on its own (members at their drawn sizes, child clusters as 200×120 boxes), summed; `dot -Tplain` "
+                  "per cluster (process start included, as a server would pay it) against igraph's Sugiyama in "
+                  "process (`layout.layered`).", "",
+                  "| store | graph | nodes | open clusters | igraph s | dot s | ratio |", "|---|---|---:|---:|---:|---:|---:|"]
+        for r in engine_rows:
+            lines.append(f"| {r['store']} | {r['graph']} | {r['nodes']:,} | {r['clusters']} | {r['igraph_s']:.3f} | "
+                         f"{r['dot_s']:.2f} | {r['dot_s'] / r['igraph_s']:.0f}x |")
     text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
     notes = ""
     if SECTION in text:
@@ -208,15 +266,17 @@ def main() -> None:
     parser.add_argument("--store", type=Path, action="append", default=[], help="a store from capture_graphs.py")
     parser.add_argument("--anchor-layers", type=int, action="append", default=[], help="GPT-2 blocks for the anchor")
     parser.add_argument("--timeout-s", type=float, default=120, help="kill FxGraphDrawer's dot after this many seconds")
+    parser.add_argument("--engines", action="store_true", help="also igraph vs dot on each store's per-cluster graphs")
     parser.add_argument("--write-results", action="store_true", help="replace the section in bench/RESULTS.md")
     args = parser.parse_args()
     store_rows = [r for s in args.store for r in bench_store(s)]
+    engine_rows = [dict(r, store=s.name) for s in args.store if args.engines for r in bench_engines(s)]
     anchor_rows = [r for n in args.anchor_layers for r in bench_anchor(n, args.timeout_s)]
     if args.write_results:
         cmd = "python bench/bench_svg.py " + " ".join(
             [f"--store {s}" for s in args.store] + [f"--anchor-layers {n}" for n in args.anchor_layers]
-            + [f"--timeout-s {args.timeout_s:g}", "--write-results"])
-        write_results(store_rows, anchor_rows, cmd)
+            + [f"--timeout-s {args.timeout_s:g}"] + (["--engines"] if args.engines else []) + ["--write-results"])
+        write_results(store_rows, anchor_rows, engine_rows, cmd)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def test_query_parameters_filter_and_validate(api, run):
     assert api.get("/api/runs/tiny/graphs", params={"rank": 5}).json() == [], "no such rank: an empty list, not 404"
     dyn = next(g for g in run["graphs"] if g["kind"] == "dynamo")
     flat = api.get(f"/api/graphs/{dyn['id']}/svg", params={"max_depth": 0}).text
-    assert 'class="cluster' not in flat, "max_depth=0 draws no module clusters"
+    assert 'class="cluster open' not in flat, "max_depth=0 opens no module cluster (top-level ones are boxes)"
     body = assert_error_shape(api.get(f"/api/graphs/{dyn['id']}/svg", params={"max_depth": -1}), 422)
     assert body["problems"][0]["loc"] == ["query", "max_depth"], body
     assert_error_shape(api.get("/api/runs/tiny/graphs", params={"rank": "x"}), 422)
@@ -175,8 +175,9 @@ def test_text_from_user_code_is_escaped_end_to_end(tmp_path):
         svg = client.get(f"/api/graphs/{graph['id']}/svg").text
         assert "<script" not in svg and "<img" not in svg and "<b>" not in svg, "user text reaches the SVG escaped"
         root = ET.fromstring(svg.encode())  # well-formed: quotes and ampersands are escaped too
-        titles = [a.get("{http://www.w3.org/1999/xlink}title") for a in root.iter("{http://www.w3.org/2000/svg}a")]
-        assert NODE in titles and EVIL in titles, "…and reads back exactly once decoded"
+        names = [g.get("data-name") for g in root.iter("{http://www.w3.org/2000/svg}g")]
+        titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
+        assert NODE in names and EVIL in titles, "…and reads back exactly once decoded"
         view = client.get(f"/api/graphs/{graph['id']}/view").json()
         assert [n["id"] for n in view["nodes"]] == ["x", NODE, "output"] and view["nodes"][1]["namespace"] == f"{EVIL}/{QUOTES}"
         node = client.get(f"/api/graphs/{graph['id']}/nodes/{quote(NODE, safe='')}")
