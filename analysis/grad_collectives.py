@@ -16,7 +16,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.grad_report import Finding, ParamRow
-from graphdeck.store.schema import Edge, Graph, GraphIO, InternedString, Node
+from graphdeck.store.schema import Graph, GraphIO, InternedString, Node
 
 REDUCE_OPS = ("all_reduce", "reduce_scatter", "all_reduce_coalesced", "reduce_scatter_tensor")
 COLLECTIVE_WORDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
@@ -33,13 +33,13 @@ def _is_collective(target: str) -> bool:
 
 def collective_findings(session: Session, run_id: int, rows: list[ParamRow]) -> list[Finding]:
     """Findings for the graphs of ``run_id`` holding collectives; sets ``reduced`` on ``rows``."""
-    ids = dict(session.execute(select(InternedString.id, InternedString.value).where(or_(
-        *[InternedString.value.contains(w) for w in (*COLLECTIVE_WORDS, "wait_tensor")]))).all())
-    ids = {k: v for k, v in ids.items() if _is_collective(v) or _is_wait(v)}
-    if not ids:
+    ids = dict(session.connection().execute(select(InternedString.id, InternedString.value).where(or_(
+        *[InternedString.value.contains(w) for w in (*COLLECTIVE_WORDS, "wait_tensor", "getitem")]))).all())
+    if not any(_is_collective(v) for v in ids.values()):
         return []
-    hits = session.execute(select(Node.graph_id).join(Graph, Graph.id == Node.graph_id)
-                           .where(Graph.run_id == run_id, Node.target_id.in_(list(ids))).distinct()).all()
+    coll = [k for k, v in ids.items() if _is_collective(v) or _is_wait(v)]
+    hits = session.connection().execute(select(Node.graph_id).join(Graph, Graph.id == Node.graph_id)
+                                        .where(Graph.run_id == run_id, Node.target_id.in_(coll)).distinct()).all()
     findings: list[Finding] = []
     row_by = {(r.rank, a): r for r in rows for a in r.aliases}
     for (gid,) in hits:
@@ -48,63 +48,109 @@ def collective_findings(session: Session, run_id: int, rows: list[ParamRow]) -> 
     return findings
 
 
-def _graph_findings(session: Session, g: Graph, coll_ids: dict[int, str], row_by: dict) -> list[Finding]:
-    rows = session.execute(select(Node.idx, Node.name, Node.target_id, Node.stack_trace_id)
-                           .where(Node.graph_id == g.id).order_by(Node.idx)).all()
-    n = len(rows)
-    users: list[list[int]] = [[] for _ in range(n)]
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for s, d in session.execute(select(Edge.src_idx, Edge.dst_idx).where(Edge.graph_id == g.id)):
-        if 0 <= s < n and 0 <= d < n:
-            users[s].append(d)
-            preds[d].append(s)
-    target = [coll_ids.get(r.target_id, "") for r in rows]
-    colls = [i for i in range(n) if _is_collective(target[i])]
+class _Arrays:
+    """One graph as numpy arrays: ``target_id`` per node, edges in CSR form both ways (successors
+    and predecessors), node names. Read with aggregate queries (one string per column), which is
+    what keeps a 10^5-node backward graph well under a second."""
+
+    def __init__(self, session: Session, graph_id: int):
+        import numpy as np
+
+        from graphdeck.analysis.grad_graph import fetch
+
+        names, idxs, tids = fetch(session, "SELECT group_concat(name, char(31)), group_concat(idx), "
+                                           "group_concat(target_id) FROM nodes WHERE graph_id = ?", (graph_id,))[0]
+        order = np.fromstring(idxs or "", sep=",", dtype=np.int64)
+        self.n = n = len(order)
+        self.names = [""] * n
+        for i, name in zip(order.tolist(), (names or "").split("\x1f")):
+            self.names[i] = name
+        self.target_id = np.zeros(n, dtype=np.int64)
+        self.target_id[order] = np.fromstring(tids or "", sep=",", dtype=np.int64)
+        (flat,) = fetch(session, "SELECT group_concat(src_idx || ',' || dst_idx) FROM edges WHERE graph_id = ?",
+                        (graph_id,))[0]
+        pairs = np.fromstring(flat or "", sep=",", dtype=np.int64).reshape(-1, 2)
+        ok = (pairs >= 0).all(axis=1) & (pairs < n).all(axis=1)
+        src, dst = pairs[ok, 0], pairs[ok, 1]
+        self.succ_ptr, self.succ = self._csr(src, dst, n)
+        self.pred_ptr, self.pred = self._csr(dst, src, n)
+
+    @staticmethod
+    def _csr(key, value, n):
+        import numpy as np
+
+        order = np.argsort(key, kind="stable")
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(key, minlength=n), out=ptr[1:])
+        return ptr, value[order]
+
+    def users(self, i: int):
+        return self.succ[self.succ_ptr[i]:self.succ_ptr[i + 1]].tolist()
+
+    def preds(self, i: int):
+        return self.pred[self.pred_ptr[i]:self.pred_ptr[i + 1]].tolist()
+
+
+def _graph_findings(session: Session, g: Graph, ids: dict[int, str], row_by: dict) -> list[Finding]:
+    import numpy as np
+
+    arr = _Arrays(session, g.id)
+    kind = {k: ("wait" if _is_wait(v) else "coll" if _is_collective(v) else "getitem" if "getitem" in v else "")
+            for k, v in ids.items()}
+    coll_ids = np.array([k for k, v in kind.items() if v == "coll"] or [-1])
+    wait_ids = {k for k, v in kind.items() if v == "wait"}
+    follow_ids = {k for k, v in kind.items() if v in ("coll", "getitem")}
+    reduce_ids = np.array([k for k, v in ids.items() if kind[k] == "coll" and any(w in v for w in REDUCE_OPS)] or [-1])
+    colls = np.nonzero(np.isin(arr.target_id, coll_ids))[0].tolist()
+    tid = arr.target_id
     out: list[Finding] = []
     unwaited = []
     for c in colls:
         seen, stack, waited = {c}, [c], False
         while stack and not waited:
             i = stack.pop()
-            for u in users[i]:
-                if _is_wait(target[u]):
+            for u in arr.users(i):
+                if int(tid[u]) in wait_ids:
                     waited = True
                     break
-                if u not in seen and rows[u].name != "output":
+                if u not in seen and int(tid[u]) in follow_ids:
                     seen.add(u)
                     stack.append(u)
         if not waited:
             unwaited.append(c)
     if unwaited:
-        names = [rows[i].name for i in unwaited]
-        out.append(Finding(kind="COLLECTIVE_NOT_WAITED", severity="error", graph_id=g.id, node=names[0],
+        bad = [arr.names[i] for i in unwaited]
+        out.append(Finding(kind="COLLECTIVE_NOT_WAITED", severity="error", graph_id=g.id, node=bad[0],
                            ranks=[g.rank],
-                           message=(f"rank {g.rank}, graph {g.id} ({g.kind}): {', '.join(names)} "
-                                    f"({target[unwaited[0]]}) never reach a wait_tensor: the result is used "
-                                    "before the collective completes, or it is never completed"),
+                           message=(f"rank {g.rank}, graph {g.id} ({g.kind}): {', '.join(bad)} "
+                                    f"({ids.get(int(tid[unwaited[0]]), '?')}) never reach a wait_tensor: the result "
+                                    "is used before the collective completes, or it is never completed"),
                            fix="wait on every functional collective's result (torch.ops._c10d_functional."
                                "wait_tensor, or use the AsyncCollectiveTensor it returns) before using it"))
-    if g.kind == "aot_backward" and any(any(w in target[c] for w in REDUCE_OPS) for c in colls):
-        out += _grad_reduction(session, g, rows, preds, target, row_by)
+    is_reduce = np.isin(tid, reduce_ids)
+    if g.kind == "aot_backward" and is_reduce.any():
+        out += _grad_reduction(session, g, arr, is_reduce, row_by)
     return out
 
 
-def _grad_reduction(session, g, rows, preds, target, row_by) -> list[Finding]:
+def _grad_reduction(session, g, arr: _Arrays, is_reduce, row_by) -> list[Finding]:
     """Each gradient output of a backward graph that reduces gradients in-graph: does an
-    ``all_reduce``/``reduce_scatter`` lie on its path?"""
-    by_name = {r.name: r.idx for r in rows}
-    grads = session.execute(select(GraphIO.param_fqn, GraphIO.node_name).where(
+    ``all_reduce``/``reduce_scatter`` lie on its path? (Nearly always one or two steps back:
+    ``wait_tensor(all_reduce(grad))``, so the walk is short.)"""
+    by_name = {name: i for i, name in enumerate(arr.names)}
+    grads = session.connection().execute(select(GraphIO.param_fqn, GraphIO.node_name).where(
         GraphIO.graph_id == g.id, GraphIO.direction == "grad", GraphIO.has_grad.is_(True))).all()
+    reduce_flags = is_reduce.tolist()
     missing = defaultdict(list)
     for fqn, node_name in grads:
         start = by_name.get(node_name)
         if start is None:
             continue
-        seen, stack, reduced = {start}, [start], any(w in target[start] for w in REDUCE_OPS)
+        seen, stack, reduced = {start}, [start], reduce_flags[start]
         while stack and not reduced:
             i = stack.pop()
-            for p in preds[i]:
-                if any(w in target[p] for w in REDUCE_OPS):
+            for p in arr.preds(i):
+                if reduce_flags[p]:
                     reduced = True
                     break
                 if p not in seen:

@@ -18,7 +18,7 @@ graphs only where they hold collectives; everything else is read from ``graph_io
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import defaultdict, namedtuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -42,7 +42,7 @@ from graphdeck.analysis.grad_report import (
     ddp_unused_finding,
     divergence_findings,
 )
-from graphdeck.store.schema import Edge, Graph, GraphIO, InternedString, Node, Param, Partition, Run
+from graphdeck.store.schema import InternedString, Node, Run
 
 READ_KINDS = ("dynamo", "ddp_partition")
 
@@ -88,23 +88,18 @@ class _Loaded:
     """One Dynamo graph as a FlowGraph plus the per-node ids needed to explain a cut."""
 
     def __init__(self, session: Session, strings: _Strings, graph_id: int, dead_names: set[str]):
-        rows = session.execute(
-            select(Node.idx, Node.name, Node.op, Node.target_id, Node.dtype, Node.shape_json.is_not(None),
-                   Node.meta_json.contains('"value"'), Node.stack_trace_id, Node.module_path_id)
-            .where(Node.graph_id == graph_id).order_by(Node.idx)).all()
+        rows = fetch(session, "SELECT name, op, target_id, dtype, shape_json IS NOT NULL, "
+                              "instr(meta_json, '\"value\"') > 0, stack_trace_id, module_path_id "
+                              "FROM nodes WHERE graph_id = ? ORDER BY idx", (graph_id,))
         self.graph_id = graph_id
         n = len(rows)
-        strings.load(r[3] for r in rows)
-        names = [r[1] for r in rows]
-        ops = [r[2] for r in rows]
-        targets = [strings.cache.get(r[3], "") for r in rows]
-        tensor = [True if r[5] else (False if r[6] else None) for r in rows]
-        self.stack_ids = [r[7] for r in rows]
-        self.module_ids = [r[8] for r in rows]
-        users: list[list[int]] = [[] for _ in range(n)]
-        for src, dst in session.execute(select(Edge.src_idx, Edge.dst_idx).where(Edge.graph_id == graph_id)):
-            if 0 <= src < n and 0 <= dst < n:
-                users[src].append(dst)
+        names, ops, target_ids, dtypes, is_tensor, has_value, self.stack_ids, self.module_ids = (
+            list(col) for col in zip(*rows)) if rows else ([] for _ in range(8))
+        strings.load(target_ids)
+        cache = strings.cache
+        targets = [cache.get(t, "") for t in target_ids]
+        tensor = [True if a else (False if b else None) for a, b in zip(is_tensor, has_value)]
+        users = users_of(session, graph_id, n)
         grad_args: dict[int, bool | None] = {}
         mode_idx = [i for i, t in enumerate(targets) if t in GRAD_MODE_TARGETS]
         if mode_idx:
@@ -117,12 +112,27 @@ class _Loaded:
                 except (ValueError, TypeError, IndexError, AttributeError):
                     grad_args[idx] = None
         self.by_name = {name: i for i, name in enumerate(names)}
-        self.flow = FlowGraph(names=names, ops=ops, targets=targets, dtypes=[r[4] for r in rows], tensor=tensor,
+        self.flow = FlowGraph(names=names, ops=ops, targets=targets, dtypes=dtypes, tensor=tensor,
                               users=users, grad_off=grad_off_mask(ops, targets, grad_args), source=[None] * n,
                               modules=[None] * n,
                               dead={self.by_name[x] for x in dead_names if x in self.by_name})
         self.live = live_mask(self.flow)
         self.output_producers = [i for i in range(n) if any(ops[u] == "output" for u in users[i])]
+
+
+def fetch(session: Session, sql: str, params: tuple = ()) -> list:
+    """Rows of a plain SQL query (qmark parameters) on the session's connection: no ORM objects,
+    which matters for graphs of 10^5 nodes."""
+    return session.connection().exec_driver_sql(sql, params).fetchall()
+
+
+def users_of(session: Session, graph_id: int, n: int) -> list[list[int]]:
+    """``users[i]``: positions of the nodes reading node ``i`` (edges of ``graph_id``)."""
+    users: list[list[int]] = [[] for _ in range(n)]
+    for src, dst in fetch(session, "SELECT src_idx, dst_idx FROM edges WHERE graph_id = ?", (graph_id,)):
+        if 0 <= src < n and 0 <= dst < n:
+            users[src].append(dst)
+    return users
 
 
 def _json(text: str | None) -> dict:
@@ -141,18 +151,20 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
     parameter rows lists the parameters its graphs read; a run without backward facts cannot see
     unused outputs) and are listed in ``notes``.
     """
-    params = session.execute(
-        select(Param.rank, Param.fqn, Param.kind, Param.storage_key, Param.shape_json, Param.dtype,
-               Param.requires_grad).where(Param.run_id == run.id).order_by(Param.rank, Param.id)).all()
-    graphs = session.execute(select(Graph.id, Graph.rank, Graph.kind, Graph.parent_id, Graph.partition_index,
-                                    Graph.meta_json).where(Graph.run_id == run.id)).all()
-    io = session.execute(
-        select(Graph.rank, Graph.id, Graph.kind, GraphIO.direction, GraphIO.param_fqn, GraphIO.has_grad,
-               GraphIO.node_name)
-        .join(GraphIO, GraphIO.graph_id == Graph.id)
-        .where(Graph.run_id == run.id, GraphIO.param_fqn.is_not(None))).all()
-    parts = session.execute(select(Partition.rank, Partition.index, Partition.graph_id, Partition.params_json)
-                            .where(Partition.run_id == run.id)).all()
+    # Plain SQL into namedtuples: attribute access on SQLAlchemy rows costs more than the
+    # analysis itself on runs with 10^4 parameters.
+    params = [_P(*r) for r in fetch(
+        session, "SELECT rank, fqn, kind, storage_key, shape_json, dtype, requires_grad FROM params "
+                 "WHERE run_id = ? ORDER BY rank, id", (run.id,))]
+    graphs = [_G(*r) for r in fetch(
+        session, "SELECT id, rank, kind, parent_id, partition_index, meta_json FROM graphs WHERE run_id = ?",
+        (run.id,))]
+    io = [_IO(*r) for r in fetch(
+        session, "SELECT g.rank, g.id, g.kind, io.direction, io.param_fqn, io.has_grad, io.node_name "
+                 "FROM graph_io io JOIN graphs g ON g.id = io.graph_id "
+                 "WHERE g.run_id = ? AND io.param_fqn IS NOT NULL", (run.id,))]
+    parts = fetch(session, "SELECT rank, \"index\", graph_id, params_json FROM partitions WHERE run_id = ?",
+                  (run.id,))
     report = GradReport(mode="graph", run=run.name, run_id=run.id)
     strings = _Strings(session)
     kind_of = {g.id: g.kind for g in graphs}
@@ -203,9 +215,9 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
         elif r.direction == "grad":
             grads[key].append((r.id, bool(r.has_grad)))
     bucket_of: dict[tuple[int, str], int] = {}
-    for p in parts:
-        for fqn in json.loads(p.params_json or "[]"):
-            bucket_of.setdefault((p.rank, fqn), p.index)
+    for p_rank, p_index, _gid, p_params in parts:
+        for fqn in json.loads(p_params or "[]"):
+            bucket_of.setdefault((p_rank, fqn), p_index)
 
     # Forward analysis on every Dynamo graph that reads a parameter (unsplit graphs included).
     loaded: dict[int, _Loaded] = {}
@@ -221,11 +233,15 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
             continue
         groups[(p.rank, p.storage_key if p.kind == "parameter" else f"buffer:{p.fqn}")].append(p)
 
+    first_uses: list[tuple[ParamRow, int | None]] = []
+    shapes: dict[str | None, list] = {}
     for (rank, skey), members in groups.items():
         head = members[0]
         aliases = [m.fqn for m in members]
-        row = ParamRow(rank=rank, fqn=head.fqn, status="OK", aliases=aliases,
-                       shape=json.loads(head.shape_json or "[]"), dtype=head.dtype,
+        shape = shapes.get(head.shape_json)
+        if shape is None:
+            shape = shapes[head.shape_json] = json.loads(head.shape_json or "[]")
+        row = ParamRow(rank=rank, fqn=head.fqn, status="OK", aliases=aliases, shape=list(shape), dtype=head.dtype,
                        requires_grad=bool(head.requires_grad),
                        bucket=next((bucket_of[(rank, a)] for a in aliases if (rank, a) in bucket_of), None))
         report.rows.append(row)
@@ -261,12 +277,16 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
             consumers = [u for u in users if lg.flow.ops[u] != "output"]
             if consumers and first is None:
                 first = (lg, min(consumers))
-            if cut is None:
-                res = first_cut(lg.flow, start, lg.live)
+        if paths == 0:
+            for gid, node_name in analysed:
+                lg = flow_of(gid)
+                start = lg.by_name.get(node_name)
+                res = first_cut(lg.flow, start, lg.live) if start is not None else None
                 if res is not None:
                     cut = (lg, res)
+                    break
         if first is not None:
-            row.first_use = _frame_text(strings.get(first[0].stack_ids[first[1]]))
+            first_uses.append((row, first[0].stack_ids[first[1]]))
         backward_ok = n_grads > 0
         if backward_ok and paths:
             row.status, row.paths = "OK", paths
@@ -293,6 +313,9 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
             row.fix = "the compiler gave no gradient and no cut was found in the forward graph; run eager mode " \
                       "(validate_backward(model, inputs, loss_fn)) to find it"
 
+    strings.load(sid for _, sid in first_uses)
+    for row, sid in first_uses:
+        row.first_use = _frame_text(strings.get(sid))
     if ddp:
         f = ddp_unused_finding([r for r in report.rows if not r.allowed])
         if f is not None:
@@ -304,6 +327,11 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
 
     report.findings += collective_findings(session, run.id, report.rows)
     return report
+
+
+_P = namedtuple("_P", "rank fqn kind storage_key shape_json dtype requires_grad")
+_G = namedtuple("_G", "id rank kind parent_id partition_index meta_json")
+_IO = namedtuple("_IO", "rank id kind direction param_fqn has_grad node_name")
 
 
 class _AutoParam:

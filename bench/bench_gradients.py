@@ -13,7 +13,7 @@ through the ORM (what the API's node list does).
 Eager mode. Timed: ``validate_backward(gpt2, batch, loss)`` on 1 × 64 tokens (target < 10 s).
 Anchor: one plain eager forward + backward of the same batch.
 
-    python bench/bench_gradients.py [--layers 7500] [--repeat 3] [--store PATH (reused if present)]
+    python bench/bench_gradients.py [--layers 7200] [--repeat 3] [--store PATH (reused if present)]
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def build_graphs(layers: int, detach_after: int = 3):
         ar_b = bw.call_function(funcol.all_reduce.default, (gbv, "sum", "0"))
         ww = bw.call_function(funcol.wait_tensor.default, (ar_w,))
         wb = bw.call_function(funcol.wait_tensor.default, (ar_b,))
-        grad = bw.call_function(aten.mm.default, (g, w))
+        wt = bw.call_function(aten.permute.default, (w, [1, 0]))
+        grad = bw.call_function(aten.mm.default, (g, wt))
         has = i > detach_after
         outs.append((i, ww if has else None, wb if has else None))
     flat = []
@@ -149,7 +150,7 @@ def eager_mode(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=7500, help="blocks of the generated network")
+    parser.add_argument("--layers", type=int, default=7200, help="blocks of the generated network (14 backward nodes each)")
     parser.add_argument("--repeat", type=int, default=3, help="best of N")
     parser.add_argument("--store", default=None, help="store path (generated once, then reused)")
     parser.add_argument("--skip-eager", action="store_true")
