@@ -5,7 +5,7 @@
 // counterpart on the other side (the diff's pairs, or for a forward/backward pair the nodes with
 // the same seq_nr).
 
-import {api, badge, errorBox, fmt, h, kindBadge, setCrumbs} from "./common.js";
+import {api, badge, fmt, h, kindBadge, setCrumbs} from "./common.js";
 import {svgUrl} from "./graph.js";
 import {importSvg, makeViewer} from "./viewer.js";
 
@@ -19,13 +19,17 @@ function panel(graph, side) {
 
 export async function renderCompare(page, m, query) {
   const a = Number(m[1]), b = Number(m[2]);
-  const [ga, gb, diff, svgA, svgB, nodesA, nodesB] = await Promise.all([
-    api(`/api/graphs/${a}`), api(`/api/graphs/${b}`), api(`/api/graphs/${a}/diff/${b}`),
-    api(svgUrl(a, ALL_OPEN, null, {diff_against: b}), {text: true}), api(svgUrl(b, ALL_OPEN, null, {diff_against: a}), {text: true}),
-    api(`/api/graphs/${a}/nodes`), api(`/api/graphs/${b}/nodes`)]);
+  const [ga, gb, nodesA, nodesB] = await Promise.all([
+    api(`/api/graphs/${a}`), api(`/api/graphs/${b}`), api(`/api/graphs/${a}/nodes`), api(`/api/graphs/${b}/nodes`)]);
+  if (!page.alive()) return;
+  // an AOT forward and its backward are not two versions of one graph: no diff marks, seq_nr links
+  const fwdBwd = new Set([ga.kind, gb.kind]).size === 2 && [ga.kind, gb.kind].every((k) => k === "aot_forward" || k === "aot_backward");
+  const [diff, svgA, svgB] = await Promise.all([
+    fwdBwd ? null : api(`/api/graphs/${a}/diff/${b}`),
+    api(svgUrl(a, ALL_OPEN, null, fwdBwd ? {} : {diff_against: b}), {text: true}),
+    api(svgUrl(b, ALL_OPEN, null, fwdBwd ? {} : {diff_against: a}), {text: true})]);
   if (!page.alive()) return;
   setCrumbs([["Runs", "#/runs"], [`compare #${a} · #${b}`]]);
-  const fwdBwd = new Set([ga.kind, gb.kind]).size === 2 && [ga.kind, gb.kind].every((k) => k === "aot_forward" || k === "aot_backward");
   // counterpart maps: diff pairs, or seq_nr for a forward/backward pair
   const aToB = new Map(), bToA = new Map();
   const add = (map, k, v) => { if (!map.has(k)) map.set(k, []); map.get(k).push(v); };
@@ -38,21 +42,22 @@ export async function renderCompare(page, m, query) {
   }
   const left = panel(ga, "a"), right = panel(gb, "b");
   const info = h("p", {id: "compare-selection", class: "muted"}, "Click a node on either side.");
-  const counts = diff.counts;
+  const counts = diff?.counts;
   $app().replaceChildren(h("section", {class: "compare-page"},
     h("h1", {}, fwdBwd ? "Forward and backward" : "Graph diff"),
-    h("p", {class: "summary", id: "diff-counts", "data-testid": "diff-counts"},
-      badge(`${counts.same} same`, "diff-same"), " ", badge(`${counts.changed} changed`, "diff-changed"), " ",
-      badge(`${counts.removed} only in #${a}`, "diff-removed"), " ", badge(`${counts.added} only in #${b}`, "diff-added"),
-      fwdBwd ? h("span", {class: "muted"}, " · nodes link across by seq_nr") : null),
+    fwdBwd ? h("p", {class: "summary", id: "link-counts"},
+      `${aToB.size} of ${nodesA.length} nodes of #${a} link to #${b} by seq_nr; click one to see its counterparts`)
+      : h("p", {class: "summary", id: "diff-counts", "data-testid": "diff-counts"},
+        badge(`${counts.same} same`, "diff-same"), " ", badge(`${counts.changed} changed`, "diff-changed"), " ",
+        badge(`${counts.removed} only in #${a}`, "diff-removed"), " ", badge(`${counts.added} only in #${b}`, "diff-added")),
     info, h("div", {class: "compare-layout"}, left.box, right.box)));
   const sides = [[left, svgA, aToB, "a"], [right, svgB, bToA, "b"]];
-  const gMaps = {};
+  const gMaps = {}, viewers = {};
   for (const [p, text, , side] of sides) {
     const svg = importSvg(text);
     p.host.replaceChildren(svg);
     gMaps[side] = new Map([...svg.querySelectorAll("g.node[data-name]")].map((g) => [g.dataset.name, g]));
-    makeViewer(svg, p.host, [...gMaps[side].values()]);
+    viewers[side] = makeViewer(svg, p.host, [...gMaps[side].values()]);
   }
   function select(side, name) {
     for (const el of document.querySelectorAll(".compare-host .selected, .compare-host .related")) el.classList.remove("selected", "related");
@@ -60,6 +65,8 @@ export async function renderCompare(page, m, query) {
     const partners = (side === "a" ? aToB : bToA).get(name) || [];
     gMaps[side].get(name)?.classList.add("selected");
     for (const n of partners) gMaps[other].get(n)?.classList.add("related");
+    const first = partners.map((n) => gMaps[other].get(n)).find(Boolean);
+    if (first) viewers[other].centerOn(first);
     info.replaceChildren(`#${side === "a" ? a : b} ${name} ↔ #${side === "a" ? b : a} `,
       partners.length ? partners.join(", ") : h("span", {class: "muted"}, "no counterpart"));
     info.dataset.partners = partners.join(",");
@@ -71,7 +78,6 @@ export async function renderCompare(page, m, query) {
     });
   }
   if (query.get("node")) select("a", query.get("node"));
-  else if (!diff) info.replaceChildren(errorBox(new Error("no diff")));
 }
 
 const $app = () => document.getElementById("app");
