@@ -43,7 +43,8 @@ GRAPH_KINDS = {
     "exported_program": "export",
 }
 #: Artifacts (``{"artifact": {"name": ...}}``) that are graphs too.
-GRAPH_ARTIFACTS = {"after_pre_grad_graph": "inductor_pre_grad", "inductor_post_grad_graph": "inductor_post_grad"}
+GRAPH_ARTIFACTS = {"after_pre_grad_graph": "inductor_pre_grad", "inductor_post_grad_graph": "inductor_post_grad",
+                   "after_post_grad_graph": "inductor_post_grad"}
 #: Every record kind this importer knows; artifacts are known by kind whatever their name.
 KNOWN_KINDS = frozenset(GRAPH_KINDS) | {
     "artifact", "chromium_event", "describe_storage", "describe_tensor", "describe_source", "dynamo_start",
@@ -136,6 +137,7 @@ class _Compile:
     last_graph: _Stored | None = None
     source_fqns: dict[str, tuple[str, str]] = field(default_factory=dict)  # placeholder key -> (fqn, kind)
     lowered: set[int] = field(default_factory=set)  # AOT graphs that already have a post-grad graph
+    post_grad_md5: set[str] = field(default_factory=set)  # (newer torch logs it twice, under two names)
 
 
 class FileBuilder:
@@ -249,6 +251,11 @@ class FileBuilder:
     # ----------------------------------------------------------------------------------- graphs
     def _graph(self, ctx: _Compile, rec: Record, kind: str) -> _Stored | None:
         md5 = rec.envelope.get("has_payload")
+        if kind == "inductor_post_grad" and md5:
+            if md5 in ctx.post_grad_md5:
+                self.counts["duplicate_post_grad"] += 1
+                return None
+            ctx.post_grad_md5.add(md5)
         text = self.cache.get(("text", md5)) if md5 else None
         if text is None:
             text = parse_fx_text(rec.payload)

@@ -20,7 +20,7 @@ from graphdeck.analysis.gradients import gradient_report
 from graphdeck.errors import BadInputError, UsageError
 from graphdeck.store.db import open_engine
 from graphdeck.store.fx_text import parse_fx_text
-from graphdeck.store.schema import Graph, GraphIO, KernelNode, Partition, Rank, Run
+from graphdeck.store.schema import Graph, GraphIO, KernelNode, Node, Partition, Rank, Run
 from graphdeck.store.torch_trace import import_torch_trace
 from tests.conftest import LiveServer, shared_path
 
@@ -194,6 +194,10 @@ def test_provenance_kernel_links(tmp_path, log, source):
     assert rows and {r.source for r in rows} >= {source}
     assert all(":" not in r.kernel_name for r in rows), "debug handles stripped from kernel names"
     assert all(r.graph_id is not None for r in rows), "each link names the graph holding the node"
+    with Session(engine) as s:
+        found = s.scalar(select(func.count()).select_from(KernelNode).join(
+            Node, (Node.graph_id == KernelNode.graph_id) & (Node.name == KernelNode.node_name)))
+    assert found == len(rows), "every linked node exists in the post-grad graph the code was generated from"
 
 
 def test_cli_and_upload_share_one_path(tmp_path):
