@@ -208,6 +208,64 @@ def _find_run(session, run_name: str, store: str):
     return run
 
 
+@main.command("memory")
+@click.argument("run_name")
+@click.argument("graph_id", type=int)
+@click.option("--store", default=DEFAULT_STORE, show_default=True)
+@click.option("--step", is_flag=True, help="The graph's forward then backward graph (one training step).")
+@click.option("--top", default=10, show_default=True, help="Holders to list at the peak.")
+@click.option("--checkpoint", "checkpoint_module", default=None, help="Estimate checkpointing this module path.")
+@click.option("--dtype", default=None, help="Estimate activations stored in this dtype (e.g. bfloat16).")
+def memory_cmd(run_name: str, graph_id: int, store: str, step: bool, top: int, checkpoint_module: str | None,
+               dtype: str | None) -> None:
+    """Graph-derived memory of GRAPH_ID (of run RUN_NAME): the peak, where it occurs and its top
+    holders by module path; optionally a checkpointing or dtype what-if for its step."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.memory import (
+        checkpoint_estimate,
+        dtype_estimate,
+        forward_backward_pair,
+        graph_memory,
+        step_memory,
+    )
+    from graphdeck.errors import NotFoundError
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.schema import Graph
+
+    try:
+        with Session(open_engine(store, read_only=True)) as s:
+            run = _find_run(s, run_name, store)
+            graph = s.get(Graph, graph_id)
+            if graph is None or graph.run_id != run.id:
+                raise NotFoundError(f"graph {graph_id} not found in run {run.name!r}")
+            if step or checkpoint_module or dtype:
+                fw, bw = forward_backward_pair(s, graph_id)
+                curve = step_memory(s, fw, bw)
+                what = f"step (forward {fw} + backward {bw})"
+            else:
+                curve = graph_memory(s, graph_id)
+                what = f"graph {graph_id} ({graph.kind})"
+            click.echo(f"{what}: peak {_mib(curve.peak_bytes)} at node {curve.peak_node} "
+                       f"(#{curve.peak_index} of {len(curve.nodes)})")
+            click.echo("  by kind: " + ", ".join(f"{k} {_mib(v)}" for k, v in sorted(curve.by_kind_at_peak.items())))
+            click.echo("  top holders at the peak (module path, bytes, tensors):")
+            for h in curve.top_holders(top):
+                click.echo(f"    {h.module_path:<48s} {_mib(h.size_bytes):>12s} {h.tensors:>5d}")
+            if curve.saved:
+                click.echo(f"  saved activations: {_mib(sum(x['size_bytes'] for x in curve.saved))} in {len(curve.saved)} tensors")
+            for est in ([checkpoint_estimate(s, fw, bw, checkpoint_module)] if checkpoint_module else []) + \
+                    ([dtype_estimate(s, fw, bw, dtype)] if dtype else []):
+                click.echo(f"  what-if {est.what}: peak {_mib(est.baseline_peak_bytes)} -> {_mib(est.estimated_peak_bytes)}"
+                           f" (saves {_mib(est.saving_bytes)}; {est.note})".rstrip("; )") + ")")
+    except GraphdeckError as exc:
+        _fail(exc)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
 @main.command("ingest-trace")
 @click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store to write.")

@@ -45,6 +45,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.validation",
     "graphdeck.server.routes.compile",
     "graphdeck.server.routes.ranks",
+    "graphdeck.server.routes.memory",
     "graphdeck.server.routes.imports",
     "graphdeck.server.routes.replay",
 )
