@@ -533,3 +533,58 @@ def measured_from_trace(session: Session, trace_id: int) -> dict:
         s["min_bytes"] = min(s["total_allocated_bytes"])
     return series
 
+
+
+#: Category names of ``torch.profiler`` memory timelines, in the index order of
+#: ``export_memory_timeline_raw`` (torch/profiler/_memory_profiler.py: ``_CATEGORY_TO_INDEX``).
+TIMELINE_CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient",
+                       "autograd_detail", "unknown")
+
+
+def read_memory_timeline_raw(path) -> dict:
+    """Measured memory from a ``profile.export_memory_timeline_raw`` file (JSON list of
+    ``[timestamp_ns, action, bytes, category index]``; ``.gz`` accepted), streamed with ijson.
+
+    Actions 1 (pre-existing) and 2 (create) add ``bytes``; 3 (version bump) comes as a ``-n``/``+n``
+    pair; 4 (destroy) carries ``-n``. Pre-existing tensors have timestamp -1 and are placed at the
+    first real time. Returns ``ts_ns`` and ``total_bytes`` (running sum after each event), the
+    peak, and ``by_category_at_peak``.
+
+    Raises:
+        BadInputError: the file is not such a list.
+    """
+    import gzip
+
+    import ijson
+
+    from graphdeck.errors import BadInputError
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    ts_ns: list[int] = []
+    total: list[int] = []
+    cats = [0] * len(TIMELINE_CATEGORIES)
+    running, peak, peak_cats, peak_ts = 0, 0, list(cats), None
+    first_real = None
+    try:
+        with opener(path, "rb") as f:
+            for item in ijson.items(f, "item"):
+                if not (isinstance(item, list) and len(item) == 4):
+                    raise BadInputError(f"{path}: not an export_memory_timeline_raw event: {str(item)[:80]}")
+                t, _action, n, c = (int(x) for x in item)
+                if t >= 0 and first_real is None:
+                    first_real = t
+                running += n
+                cats[c if 0 <= c < len(cats) else len(cats) - 1] += n
+                ts_ns.append(t)
+                total.append(running)
+                if running > peak:
+                    peak, peak_cats, peak_ts = running, list(cats), t
+    except ijson.JSONError as exc:
+        raise BadInputError(f"{path}: not JSON, or cut short ({exc}); {len(total)} events read") from exc
+    if not total:
+        raise BadInputError(f"{path}: no [timestamp, action, bytes, category] events (not an "
+                            "export_memory_timeline_raw file)")
+    ts_ns = [first_real if (t < 0 and first_real is not None) else t for t in ts_ns]
+    return {"ts_ns": ts_ns, "total_bytes": total, "peak_bytes": peak,
+            "peak_ts_ns": first_real if (peak_ts is not None and peak_ts < 0) else peak_ts,
+            "by_category_at_peak": dict(zip(TIMELINE_CATEGORIES, peak_cats))}

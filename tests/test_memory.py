@@ -161,3 +161,35 @@ def test_op_name():
     assert op_name("_operator.getitem") == "getitem"
     assert op_name("torch.Tensor.view") == "view"
     assert op_name("aten.add.Tensor") == "add"
+
+
+def test_export_memory_timeline_raw_file():
+    import gzip
+
+    from graphdeck.analysis.memory import read_memory_timeline_raw
+
+    path = shared_path("data", "traces", "hta", "memory_analysis", "memory_timeline.raw.gz")
+    got = read_memory_timeline_raw(path)
+    events = json.loads(gzip.open(path).read())
+    running, peak = 0, 0
+    for e in events:
+        running += e[2]
+        peak = max(peak, running)
+    assert len(got["total_bytes"]) == len(events)
+    assert got["total_bytes"][-1] == sum(e[2] for e in events)
+    assert got["peak_bytes"] == peak
+    assert sum(got["by_category_at_peak"].values()) == peak
+    assert min(got["ts_ns"]) > 0  # pre-existing tensors placed at the first real time
+
+
+def test_export_memory_timeline_raw_rejects_other_json(tmp_path):
+    from graphdeck.analysis.memory import read_memory_timeline_raw
+    from graphdeck.errors import BadInputError
+
+    bad = tmp_path / "x.json"
+    bad.write_text('{"traceEvents": []}')
+    with pytest.raises(BadInputError):
+        read_memory_timeline_raw(bad)
+    bad.write_text('[[1, 2, 3')
+    with pytest.raises(BadInputError):
+        read_memory_timeline_raw(bad)
