@@ -75,10 +75,7 @@ def compile_index(session: Session, run: Run, rank: int | None = None) -> dict[i
             m = _BREAK_AT_RE.search(text)
             e["graph_breaks"].append({"reason": text, "source_line": m.group(1) if m else None})
         elif name == "recompile_reasons":
-            try:
-                reasons = json.loads(payload or "[]")
-            except ValueError:
-                reasons = [payload]
+            reasons = _reasons(payload)
             e["recompile_reasons"].extend(str(x).strip() for x in (reasons if isinstance(reasons, list) else [reasons]))
         elif name == "dynamo_error":
             e["status"] = "error"
@@ -103,6 +100,16 @@ def compile_index(session: Session, run: Run, rank: int | None = None) -> dict[i
             g["kernel_links"] = kernels.get(g["id"], 0)
         out[r].append(e)
     return dict(out)
+
+
+def _reasons(payload: str | None) -> list:
+    """A ``recompile_reasons`` payload: a JSON list (torch ≤ 2.9), or plain text, one reason per
+    line, although the envelope says ``"encoding": "json"`` (torch 2.13)."""
+    try:
+        got = json.loads(payload or "[]")
+    except ValueError:
+        return [ln for ln in (payload or "").splitlines() if ln.strip()]
+    return got if isinstance(got, list) else [got]
 
 
 def _metrics(e: dict, body: dict) -> None:

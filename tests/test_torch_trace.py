@@ -268,3 +268,22 @@ def test_compiled_autograd_ids(tmp_path):
 
         want = tlparse_facts(shutil.which("tlparse"), next(trace_dir.glob("*.log")), tmp_path / "tl")
         assert {_tl(i) for i in ids} == want["compile_ids"]
+
+
+def test_plain_text_recompile_reasons(tmp_path):
+    """torch 2.13 logs ``recompile_reasons`` as plain text (one per line) under "encoding": "json"
+    (seen in a 2-rank run of gen_ddp_traces.py's ``diverge`` scenario); both forms are read."""
+    from graphdeck.analysis.compile_index import compile_index
+    from tests.test_torch_trace_browser import _record
+
+    art = {"artifact": {"name": "recompile_reasons", "encoding": "json"}, "rank": 1, "frame_id": 4,
+           "frame_compile_id": 1, "attempt": 0}
+    log = tmp_path / "dedicated_log_torch_trace_rank_1_x.log"
+    log.write_text(_record(art, "4/0: tensor 'x' size mismatch at index 0. expected 16, actual 24")
+                   + _record({**art, "frame_compile_id": 2}, '[\n"4/1: ___check_obj_id(fn, 1)"\n]'))
+    engine = open_engine(tmp_path / "r.db")
+    import_torch_trace(engine, log, run_name="r", strict=True)
+    with Session(engine) as s:
+        index = compile_index(s, s.scalar(select(Run)))
+    assert [e["recompile_reasons"] for e in index[1]] == [
+        ["4/0: tensor 'x' size mismatch at index 0. expected 16, actual 24"], ["4/1: ___check_obj_id(fn, 1)"]]

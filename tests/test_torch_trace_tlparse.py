@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.compile_index import compile_index
+from graphdeck.analysis.compile_index import _reasons, compile_index
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run
 from graphdeck.store.torch_trace import import_torch_trace
@@ -107,7 +107,7 @@ def tlparse_facts(exe: str, log: Path, out: Path) -> dict:
             if art["name"].startswith("dynamo_graph_break_reason_"):
                 breaks[(key.strip("[]"), _norm(path.read_text()))] += 1
             elif art["name"].startswith("recompile_reasons_"):
-                for reason in json.loads(path.read_text()):
+                for reason in _reasons(path.read_text()):
                     recompiles[(key.strip("[]"), _norm(reason))] += 1
     parser = _FailureRows()
     page = out / "failures_and_restarts.html"
@@ -181,7 +181,7 @@ def _attach_recompile_artifacts(session, run, index) -> None:
                            .where(CompileEvent.run_id == run.id, CompileEvent.name == "recompile_reasons")).all()
     by = {(r, e["compile_id"]): e for r, entries in index.items() for e in entries}
     for rank, cid, payload in rows:
-        reasons = json.loads(payload or "[]")
+        reasons = _reasons(payload)
         by[(rank, cid)].setdefault("_recompile_artifact", []).extend(str(x) for x in reasons)
 
 
