@@ -287,3 +287,12 @@ def test_plain_text_recompile_reasons(tmp_path):
         index = compile_index(s, s.scalar(select(Run)))
     assert [e["recompile_reasons"] for e in index[1]] == [
         ["4/0: tensor 'x' size mismatch at index 0. expected 16, actual 24"], ["4/1: ___check_obj_id(fn, 1)"]]
+
+
+def test_upload_over_the_cap_is_413(tmp_path):
+    log = sorted(shared_path(*GEN, "detach").glob("*rank_0*.log"))[0]
+    with LiveServer(tmp_path / "u.db", max_upload_bytes=100_000) as srv:
+        r = httpx.post(f"{srv.url}/api/runs/big/torch-trace", files=[("files", (log.name, log.read_bytes()))],
+                       timeout=60)
+        assert r.status_code == 413 and r.json()["status"] == 413
+        assert httpx.get(f"{srv.url}/api/runs/big").status_code == 404, "nothing stored"
