@@ -56,12 +56,14 @@ from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported unde
     INT64_MIN,
     META_MAX_TOKENS,
     READ_SIZE,
+    NotFast,
     Reader,
     RepairingReader,
     Scan,
     as_int64,
     dump_args,
     dumps,
+    fast_events,
     lane_id,
     scan_events,
     to_ns,
@@ -153,7 +155,11 @@ def ingest_trace(
 
 
 class _NeedsRepair(Exception):
-    """The fast path met a lexical error inside the JSON: read again through the repairer."""
+    """The token path met a lexical error inside the JSON: read again through the repairer."""
+
+
+class _NeedsSlowPath(Exception):
+    """The C fast path could not read the input (NOTE: [Fast path]): read it again by tokens."""
 
 
 def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progress) -> IngestResult:
@@ -164,6 +170,12 @@ def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progre
     except (AttributeError, OSError):
         start = None
     try:
+        if start is not None:
+            try:
+                return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress,
+                               fast=True).run(fh)
+            except _NeedsSlowPath:
+                fh.seek(start)
         return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress,
                        repair=False, can_repair=start is not None).run(fh)
     except _NeedsRepair:
@@ -230,7 +242,8 @@ class _BatchInterner(Interner):
 
 class _Ingest:
     def __init__(self, engine, run_name, rank_arg, name, file_name, strict, batch_size, progress=None,
-                 repair=False, can_repair=False):
+                 repair=False, can_repair=False, fast=False):
+        self.fast = fast
         self.progress = progress
         self.repair = repair
         self.can_repair = can_repair
@@ -291,6 +304,18 @@ class _Ingest:
 
     def _consume(self, reader: Reader) -> str | None:
         """Parse and write every batch; returns why the input was cut short, or None."""
+        if self.fast:
+            try:
+                for obj in fast_events(reader, self.st):
+                    self._event(obj)
+                    if len(self.batch) >= self.batch_size:
+                        self._flush()
+                        if self.progress is not None:
+                            self.progress(self.reader.file_bytes)
+            except (NotFast, ijson.JSONError) as exc:
+                raise _NeedsSlowPath(str(exc)) from exc
+            self._flush()
+            return None
         tokens = ijson.basic_parse(reader, buf_size=READ_SIZE)
         cut = None
         try:
@@ -402,6 +427,10 @@ class _Ingest:
         args_json = None
         if args is not None:
             if type(args) is dict:
+                for k, v in args.items():
+                    if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+                        args[k] = str(v)
+                        self.st.big_ints += self.fast
                 c = args.get("correlation")
                 if c is None:
                     c = args.get("External id", args.get("external id"))
