@@ -104,6 +104,17 @@ def _insert_rows(conn, table, cols: tuple, rows: list[tuple]) -> None:
         conn.execute(table.insert(), [dict(zip(cols, r)) for r in rows])
 
 
+def profiler_name(kernel: str) -> str:
+    """A provenance kernel key (handle removed) as the profiler names the call, the convention of
+    ``graphdeck.analysis.trace_map.trace_call_name``: ``extern_kernels.mm`` → ``aten::mm``,
+    ``torch.ops.aten.X.default`` → ``aten::X``; Triton/C++ kernels keep their own name."""
+    if kernel.startswith("extern_kernels."):
+        return "aten::" + kernel[len("extern_kernels."):]
+    if kernel.startswith("torch.ops.aten."):
+        return "aten::" + kernel[len("torch.ops.aten."):].split(".", 1)[0]
+    return kernel
+
+
 def _cap(text: str | None) -> str | None:
     if text is None or len(text) <= PAYLOAD_LIMIT_CHARS:
         return text
@@ -448,8 +459,12 @@ class FileBuilder:
         else:
             return
         rows = []
+        with_index = self._has_call_index()
         for kernel, nodes in kernels.items():
-            kname = str(kernel).split(":")[0]
+            base, _, handle = str(kernel).rpartition(":")
+            if not base or not handle.isdigit():
+                base, handle = str(kernel), ""
+            kname = profiler_name(base)
             for node in nodes if isinstance(nodes, list) else []:
                 pre = post_to_pre.get(node)
                 pre_name = pre[0] if isinstance(pre, list) and pre and isinstance(pre[0], str) else None
@@ -457,10 +472,25 @@ class FileBuilder:
                     pre_name = pre[0].get("name")
                 rows.append({"run_id": self.run_id, "rank": self.rank, "compile_id": rec.compile_id,
                              "graph_id": target.graph_id if target else None, "kernel_name": kname[:500],
-                             "node_name": str(node)[:300], "pre_grad_node": pre_name, "source": source})
-        if rows:
+                             "node_name": str(node)[:300], "pre_grad_node": pre_name, "source": source,
+                             **({"call_index": int(handle) if handle else None} if with_index else {})})
+        if rows and with_index:
+            cols = tuple(rows[0])
+            _insert_rows(self.session.connection(), KernelNode.__table__, cols, [tuple(r.values()) for r in rows])
+            self.counts["kernel_nodes"] += len(rows)
+        elif rows:
             self.session.connection().execute(KernelNode.__table__.insert(), rows)
             self.counts["kernel_nodes"] += len(rows)
+
+    def _has_call_index(self) -> bool:
+        """Whether ``kernel_nodes`` has the ``call_index`` column the trace mapping adds (the
+        kernel call's handle, ``cpp_fused_add_0:3`` → 3)."""
+        if not hasattr(self, "_call_index"):
+            from sqlalchemy import inspect
+
+            cols = {c["name"] for c in inspect(self.session.connection()).get_columns(KernelNode.__tablename__)}
+            self._call_index = "call_index" in cols
+        return self._call_index
 
     # ----------------------------------------------------------------------------------- metrics
     def _metrics(self, ctx: _Compile, body: dict) -> None:
