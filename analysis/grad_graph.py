@@ -89,12 +89,12 @@ class _Loaded:
 
     def __init__(self, session: Session, strings: _Strings, graph_id: int, dead_names: set[str]):
         rows = fetch(session, "SELECT name, op, target_id, dtype, shape_json IS NOT NULL, "
-                              "instr(meta_json, '\"value\"') > 0, stack_trace_id, module_path_id "
+                              "instr(meta_json, '\"value\"') > 0, stack_trace_id, module_path_id, shape_json = '[]' "
                               "FROM nodes WHERE graph_id = ? ORDER BY idx", (graph_id,))
         self.graph_id = graph_id
         n = len(rows)
-        names, ops, target_ids, dtypes, is_tensor, has_value, self.stack_ids, self.module_ids = (
-            list(col) for col in zip(*rows)) if rows else ([] for _ in range(8))
+        names, ops, target_ids, dtypes, is_tensor, has_value, self.stack_ids, self.module_ids, self.scalar = (
+            list(col) for col in zip(*rows)) if rows else ([] for _ in range(9))
         strings.load(target_ids)
         cache = strings.cache
         targets = [cache.get(t, "") for t in target_ids]
@@ -408,9 +408,13 @@ def _intermediate_outputs(lg: _Loaded, strings: _Strings, limit: int = 128) -> l
                 reach[u] |= reach[i]
     found = []
     for j in outs:
+        if lg.scalar[j]:
+            continue  # a 0-d output is a loss: nobody differentiates it w.r.t. another output
         anc = reach[j] & ~bit[j]
         for k, i in enumerate(outs):
-            if anc >> k & 1:
+            # An output seen without gradient in the first backward (a KV cache, an unused
+            # head) is not one anyone differentiates against.
+            if anc >> k & 1 and i not in flow.dead:
                 found.append((i, j))
     if not found:
         return []

@@ -352,8 +352,10 @@ def _watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent
 
     # NOTE: [Outputs without gradient]
     # A compiled region gives every output a gradient slot; an output the loss never uses gets
-    # zeros there, so its parameters silently receive zero gradients instead of none. One
-    # ``register_multi_grad_hook(mode="all")`` on the first call sees ``None`` for such outputs.
+    # zeros there, so its parameters silently receive zero gradients instead of none. On the
+    # first call, a pre-hook on each output's autograd node sees the incoming gradients, with
+    # ``None`` where the loss does not reach (``register_multi_grad_hook`` never fires when an
+    # output gets no gradient and its node still runs, as with GPT-2's KV-cache outputs).
     # Later calls cost one flag check; the calling convention passes through unchanged.
     """
     names = [v.name if isinstance(v, torch.fx.Node) else None for v in output_args(gm)]
@@ -363,21 +365,42 @@ def _watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent
         if state["done"] or not torch.is_grad_enabled():
             return
         outs = out if isinstance(out, (list, tuple)) else [out]
-        pairs = [(names[i], t) for i, t in enumerate(outs)
-                 if i < len(names) and names[i] and isinstance(t, torch.Tensor) and t.requires_grad]
-        if not pairs:
+        groups: dict = {}
+        for i, t in enumerate(outs):
+            if i < len(names) and names[i] and isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                groups.setdefault(t.grad_fn, []).append((names[i], t.output_nr))
+        if not groups:
             return
         state["done"] = True
+        pending, result = set(groups), {}
 
-        def hook(grads):
-            try:
-                agent.writer.update_graph_meta(graph_id, {
-                    "outputs_without_grad": [n for (n, _), g in zip(pairs, grads) if g is None],
-                    "outputs_with_grad": [n for (n, _), g in zip(pairs, grads) if g is not None]})
-            except Exception as exc:  # capture never breaks training
-                warnings.warn(f"graphdeck: could not record output gradients: {type(exc).__name__}: {exc}")
+        def make_hook(fn):
+            def pre_hook(grads):
+                for name, nr in groups[fn]:
+                    result[name] = nr < len(grads) and grads[nr] is not None
+                pending.discard(fn)
+                for other in list(pending):
+                    try:
+                        runs = torch._C._will_engine_execute_node(other)
+                    except Exception:
+                        runs = True
+                    if not runs:
+                        result.update((name, False) for name, _ in groups[other])
+                        pending.discard(other)
+                if pending:
+                    return None
+                try:
+                    agent.writer.update_graph_meta(graph_id, {
+                        "outputs_without_grad": [n for n, ok in result.items() if not ok],
+                        "outputs_with_grad": [n for n, ok in result.items() if ok]})
+                except Exception as exc:  # capture never breaks training
+                    warnings.warn(f"graphdeck: could not record output gradients: {type(exc).__name__}: {exc}")
+                return None
 
-        torch.autograd.graph.register_multi_grad_hook([t for _, t in pairs], hook, mode="all")
+            return pre_hook
+
+        for fn in groups:
+            fn.register_prehook(make_hook(fn))
 
     def run(*args, **kwargs):  # transparent: boxed (one list) or not, the args pass through
         out = compiled(*args, **kwargs)

@@ -318,3 +318,30 @@ def test_collectives_in_the_backward_graph(tmp_path):
     assert kinds["COLLECTIVE_NOT_WAITED"].node == "all_reduce_default_1", "the second all_reduce"
     assert {r.fqn: r.reduced for r in rep} == {"w1": True, "w2": False, "w3": False}
     assert not rep.ok
+
+
+def test_eager_reports_of_two_ranks_combine_into_a_predicted_hang():
+    """G4 in eager mode: each rank validates its own batch; combined, the gradient sets differ."""
+    from graphdeck.analysis.grad_report import combine
+
+    torch.manual_seed(0)
+    model = C.BranchOnBatch()
+    per_rank = [validate_backward(model, (X, targets), lambda out: out.sum(), rank=rank)
+                for rank, targets in ((0, torch.zeros(0, dtype=torch.long)), (1, torch.tensor([1, 2])))]
+    rep = combine(per_rank, run="g4-eager")
+    hang = [f for f in rep.findings if f.kind == "PREDICTED_HANG"]
+    assert len(hang) == 1 and hang[0].ranks == {0: "NOT_IN_GRAPH", 1: "OK"}, rep.findings
+    assert hang[0].source == C.line_of("G4-branch") and not rep.ok
+
+
+def test_gpt2_loss_and_logits_outputs_are_not_flagged(tmp_path):
+    """A region returning (loss, logits) with logits feeding the scalar loss is the common case,
+    not G9: only non-scalar outputs feeding other outputs are reported."""
+    from tests.conftest import TINY_SCRIPT, run_python
+
+    store = tmp_path / "tiny.db"
+    run_python(TINY_SCRIPT.replace("agent.profile(wait_steps=1, warmup_steps=0, active_steps=1)", "agent.profile(wait_steps=5)"), str(store))
+    rep = validate_backward(store, "tiny")
+    assert rep.ok and not [f for f in rep.findings if f.kind == "OUTPUT_NOT_ANCESTOR"], rep.findings
+    wte = next(r for r in rep if r.fqn == "transformer.wte.weight")
+    assert wte.paths == 2 and sorted(wte.aliases) == ["lm_head.weight", "transformer.wte.weight"]
