@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -60,6 +61,7 @@ KNOWN_KINDS = frozenset(GRAPH_KINDS) | {
 #: Kinds consumed while reading (not stored as events).
 CONSUMED_KINDS = frozenset({"chromium_event", "describe_storage", "describe_tensor", "describe_source"})
 PAYLOAD_LIMIT_CHARS = 1_000_000
+_FLAT_INPUT_RE = re.compile(r"^(?:primals_(\d+)|arg(\d+)_1)$")
 GRAPH_CACHE_ENTRIES = 64
 NODE_COLS = ("graph_id", "idx", "name", "op", "target_id", "args_json", "shape_json", "dtype", "stride_json", "device",
              "size_bytes", "module_path_id", "module_stack_json", "stack_trace_id", "seq_nr", "partitioner_tag", "desc",
@@ -399,22 +401,33 @@ class FileBuilder:
         ctx.groups.append(group)
         return group
 
+    # NOTE: [AOT graphs without descriptors] Logs of torch before 2.8 print no descriptor comments.
+    # AOTAutograd then names the flattened inputs ``primals_<k+1>`` (training) or ``arg<k>_1``
+    # (inference) for the Dynamo graph's k-th input, and the backward returns one gradient per
+    # primal, in order; bindings fall back to that convention when no descriptor is printed.
     def _aot_bindings(self, kind: str, text: TextGraph, parent: _Stored | None):
         fqn_by_input = parent.fqn_by_input if parent else {}
         bind, io = {}, []
         for pos, n in enumerate(text.placeholders()):
             ref = input_ref(n.desc)
+            if ref is None and n.desc is None:
+                m = _FLAT_INPUT_RE.match(n.name)
+                ref = (int(m.group(1)) - 1 if m.group(1) else int(m.group(2))) if m else None
             fqn = ref if isinstance(ref, str) else fqn_by_input.get(ref) if ref is not None else None
             if fqn:
                 bind[n.name] = fqn
                 io.append(("in", pos, n.name, fqn, None, n.desc))
         if kind == "aot_backward":
+            no_descs = parent is not None and not any(text.output_descs) and \
+                len(text.outputs) == len(parent.text.placeholders())
             for pos, (value, desc) in enumerate(zip(text.outputs, text.output_descs)):
                 of = grad_of(desc)
-                if of is None:
+                if of is None and not no_descs:
                     continue
-                ref = input_ref(of)
+                ref = input_ref(of) if of is not None else pos
                 fqn = ref if isinstance(ref, str) else fqn_by_input.get(ref) if ref is not None else None
+                if of is None and fqn is None:
+                    continue
                 io.append(("grad", pos, value, fqn, value is not None, desc))
         return bind, io
 
