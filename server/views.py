@@ -123,6 +123,7 @@ def graph_view(session: Session, graph_id: int) -> GraphView:
         for idx, name, op, tgt, module_path, shape_json, dtype, param_fqn, size, seq_nr, tag in rows
     ]
     names = {n.idx: n.id for n in nodes}
+    pos = {n.idx: i for i, n in enumerate(nodes)}
     edge_rows = conn.execute(
         select(Edge.src_idx, Edge.dst_idx, Edge.arg_pos, Edge.size_bytes)
         .where(Edge.graph_id == graph_id)
@@ -133,7 +134,7 @@ def graph_view(session: Session, graph_id: int) -> GraphView:
         for src, dst, pos, size in edge_rows
         if src in names and dst in names
     ]
-    finish_view(nodes, edges)
+    _infer(nodes, [(pos[src], pos[dst]) for src, dst, _pos, _size in edge_rows if src in pos and dst in pos])
     return GraphView.model_construct(graph_id=graph.id, name=graph.name, kind=graph.kind, nodes=nodes, edges=edges)
 
 
@@ -143,10 +144,13 @@ def _trusted(cls: type[BaseModel], values: dict) -> Any:
     20,000-node graph). Only for rows the store already typed."""
     obj = cls.__new__(cls)
     object.__setattr__(obj, "__dict__", values)
-    object.__setattr__(obj, "__pydantic_fields_set__", set(cls.model_fields))
+    object.__setattr__(obj, "__pydantic_fields_set__", _ALL_FIELDS[cls])  # every field set: one shared set
     object.__setattr__(obj, "__pydantic_extra__", None)
     object.__setattr__(obj, "__pydantic_private__", None)
     return obj
+
+
+_ALL_FIELDS = {ViewNode: set(ViewNode.model_fields), ViewEdge: set(ViewEdge.model_fields)}
 
 
 @functools.lru_cache(maxsize=65536)
@@ -179,40 +183,48 @@ _FLOAT = {"float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_
 def finish_view(nodes: list[ViewNode], edges: list[ViewEdge]) -> None:
     """Fill in what needs the edges: inferred namespaces (NOTE: [Nodes without a module]) and
     ``dtype_change`` (a floating input of another floating dtype). Edits ``nodes`` in place."""
-    by_name = {n.id: n for n in nodes}
-    dtypes = {n.id: _dtype_name(n.dtype) for n in nodes}
-    inputs: dict[str, list[str]] = {}
-    users: dict[str, list[str]] = {}
-    for e in edges:
-        inputs.setdefault(e.dst, []).append(e.src)
-        users.setdefault(e.src, []).append(e.dst)
-    for name, srcs in inputs.items():
-        out = dtypes[name]
-        if out in _FLOAT:
-            node = by_name[name]
-            if node.op not in ("output", "placeholder"):
-                ins = sorted({dtypes[s] for s in srcs if dtypes[s] in _FLOAT and dtypes[s] != out})
-                if ins:
-                    node.dtype_change = f"{ins[0]}\u2192{out}"
-    order = {n.id: n.idx for n in nodes}
-    for outs in users.values():
-        outs.sort(key=order.__getitem__)
-    pending = [n for n in nodes if not n.namespace and n.op != "output"]
+    pos = {n.id: i for i, n in enumerate(nodes)}
+    _infer(nodes, [(pos[e.src], pos[e.dst]) for e in edges if e.src in pos and e.dst in pos])
+
+
+def _infer(nodes: list[ViewNode], pairs: list[tuple[int, int]]) -> None:
+    """:func:`finish_view` on list positions (plain lists: 20,000-node graphs load in the request)."""
+    n = len(nodes)
+    ins: list[list[int]] = [[] for _ in range(n)]
+    outs: list[list[int]] = [[] for _ in range(n)]
+    for src, dst in pairs:
+        ins[dst].append(src)
+        outs[src].append(dst)
+    ops = [x.op for x in nodes]
+    dts = [_dtype_name(x.dtype) for x in nodes]
+    for d in range(n):
+        out = dts[d]
+        if out in _FLOAT and ins[d] and ops[d] not in ("output", "placeholder"):
+            other = {dts[s] for s in ins[d]} & _FLOAT
+            other.discard(out)
+            if other:
+                nodes[d].dtype_change = f"{min(other)}\u2192{out}"
+    for adj in outs:
+        adj.sort()
+    ns = [x.namespace for x in nodes]
+    how_of: dict[int, str] = {}
+    pending = [i for i in range(n) if not ns[i] and ops[i] != "output"]
     while pending:
         left = []
-        for node in pending:
-            rules = (("consumer", users),) if node.op in ("placeholder", "get_attr") else (
-                ("producer", inputs), ("consumer", users))
-            for how, adjacent in rules:
-                hit = next((by_name[m].namespace for m in adjacent.get(node.id, ()) if by_name[m].namespace), None)
-                if hit is not None:
-                    node.namespace, node.namespace_from = hit, how
+        for i in pending:
+            rules = (("consumer", outs),) if ops[i] in ("placeholder", "get_attr") else (("producer", ins), ("consumer", outs))
+            for how, adj in rules:
+                hit = next((ns[m] for m in adj[i] if ns[m]), None)
+                if hit:
+                    ns[i], how_of[i] = hit, how
                     break
             else:
-                left.append(node)
+                left.append(i)
         if len(left) == len(pending):
             break
         pending = left
+    for i, how in how_of.items():
+        nodes[i].namespace, nodes[i].namespace_from = ns[i], how
 
 
 def _dtype_name(dtype: str | None) -> str | None:

@@ -182,25 +182,40 @@ def node_size(node: ViewNode, lines: list[str]) -> tuple[float, float]:
 
 def cluster_edges(prep: Prepared, opened: frozenset) -> dict[tuple, dict[tuple, list[int]]]:
     """Per open cluster: (member u, member v) → [bytes, count] of the edges drawn there
-    (see NOTE: [Edges between clusters])."""
+    (see NOTE: [Edges between clusters]). The lift is computed once per pair of module paths."""
     out: dict[tuple, dict[tuple, list[int]]] = defaultdict(dict)
+    memo: dict[tuple, tuple] = {}
+    node_path = prep.node_path
     for src, dst, nbytes in prep.edges:
-        ps, pd = prep.node_path[src], prep.node_path[dst]
-        hs, hd = item_of(ps, opened), item_of(pd, opened)
-        cs = hs[:-1] if hs is not None else ps  # the open cluster holding the visible item
-        cd = hd[:-1] if hd is not None else pd
-        common = 0
-        while common < min(len(cs), len(cd)) and cs[common] == cd[common]:
-            common += 1
-        lca = cs[:common]
-        mu = ("c", cs[: common + 1]) if len(cs) > common else (("c", hs) if hs is not None else src)
-        mv = ("c", cd[: common + 1]) if len(cd) > common else (("c", hd) if hd is not None else dst)
+        key = (node_path[src], node_path[dst])
+        lift = memo.get(key)
+        if lift is None:
+            lift = memo[key] = _lift(key[0], key[1], opened)
+        lca, mu, mv = lift
+        mu = src if mu is None else mu
+        mv = dst if mv is None else mv
         if mu == mv:
             continue
-        slot = out[lca].setdefault((mu, mv), [0, 0])
+        slot = out[lca].get((mu, mv))
+        if slot is None:
+            slot = out[lca][(mu, mv)] = [0, 0]
         slot[0] += nbytes
         slot[1] += 1
     return out
+
+
+def _lift(ps: tuple[str, ...], pd: tuple[str, ...], opened: frozenset) -> tuple:
+    """(lowest open cluster holding both ends, member there for the source or ``None`` for the
+    node itself, same for the destination)."""
+    hs, hd = item_of(ps, opened), item_of(pd, opened)
+    cs = hs[:-1] if hs is not None else ps  # the open cluster holding the visible item
+    cd = hd[:-1] if hd is not None else pd
+    common = 0
+    while common < min(len(cs), len(cd)) and cs[common] == cd[common]:
+        common += 1
+    mu = ("c", cs[: common + 1]) if len(cs) > common else (("c", hs) if hs is not None else None)
+    mv = ("c", cd[: common + 1]) if len(cd) > common else (("c", hd) if hd is not None else None)
+    return cs[:common], mu, mv
 
 
 def _order_key(member, prep: Prepared) -> int:

@@ -51,7 +51,7 @@ from graphdeck.server.views import CATEGORIES, GraphView
 #: Above this many visible items no layout is attempted; the k-hop fallback is drawn instead.
 MAX_VISIBLE_ITEMS = 6000
 #: Default wall-clock budget for one render before the fallback view is answered.
-DEFAULT_TIMEOUT_S = 20.0
+DEFAULT_TIMEOUT_S = 10.0
 #: Longest piece of user text drawn on a node before it is truncated.
 MAX_TEXT_CHARS = 60
 #: How many of the heaviest edges are highlighted.
