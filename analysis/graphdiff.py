@@ -30,11 +30,8 @@ class NodePair(BaseModel):
 class GraphDiff(BaseModel):
     """The diff of graph ``a_id`` against ``b_id``; node ids are FX node names.
 
-    Example::
-
-        >>> d = diff_views(view_a, view_a)
-        >>> (d.counts["same"], d.counts["added"], d.counts["removed"], d.counts["changed"]) == (len(view_a.nodes), 0, 0, 0)
-        True
+    A graph diffed against itself has ``counts == {"same": len(nodes), "changed": 0, "removed": 0,
+    "added": 0}``; ``marks_a()`` / ``marks_b()`` give the SVG's ``marks`` argument for each side.
     """
 
     a_id: int
