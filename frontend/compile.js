@@ -157,7 +157,15 @@ function indexRow(e) {
     h("td", {class: "graphs"}, graphs, e.output_code.map(outputCodePanel)));
 }
 
-function indexRank(rank, entries) {
+/** "from <file>", and a warning when the file name and the envelopes disagree on the rank. */
+function rankSource(src) {
+  if (!src) return null;
+  return h("p", {class: "small muted", "data-testid": "rank-source"}, "imported from ", code(src.file),
+    src.rank_mismatch ? [" ", badge("rank mismatch", "status-NO_GRAD"),
+      ` the file name says this rank, its records say rank ${fmt(src.envelope_rank)}`] : null);
+}
+
+function indexRank(rank, entries, src) {
   const n = (f) => entries.filter(f).length;
   const summary = [plural(entries.length, "compile id"),
     n((e) => e.graph_breaks.length) ? plural(entries.reduce((k, e) => k + e.graph_breaks.length, 0), "graph break") : "no graph breaks",
@@ -165,7 +173,7 @@ function indexRank(rank, entries) {
     n((e) => e.status === "failed" || e.status === "error") ? plural(n((e) => e.status === "failed" || e.status === "error"), "failure") : null,
     `${fmtSeconds(entries.reduce((t, e) => t + (Number(e.compile_time_s) || 0), 0))} compiling`].filter(Boolean).join(" · ");
   return h("div", {class: "compile-index-rank", "data-testid": `compile-index-rank-${rank}`},
-    h("h4", {}, `Rank ${rank}`), h("p", {class: "summary"}, summary),
+    h("h4", {}, `Rank ${rank}`), rankSource(src), h("p", {class: "summary"}, summary),
     table(`compile-index-${rank}`, ["Compile id", "Frame", "Status", "Compile time", "Breaks / recompiles / failures",
       "Graphs and output code"], entries.map(indexRow), "compile-table compile-index"));
 }
@@ -177,7 +185,7 @@ function compileIndex(runId) {
   api(`/api/runs/${encodeURIComponent(runId)}/compile-index`).then((idx) => {
     const ranks = Object.keys(idx.ranks || {}).map(Number).sort((a, b) => a - b);
     box.replaceChildren(h("h3", {}, "Compile index (per rank)"),
-      ...(ranks.length ? ranks.map((r) => indexRank(r, idx.ranks[String(r)])) : [h("p", {class: "empty"}, "No compiles.")]));
+      ...(ranks.length ? ranks.map((r) => indexRank(r, idx.ranks[String(r)], (idx.rank_sources || {})[String(r)])) : [h("p", {class: "empty"}, "No compiles.")]));
   }).catch((err) => box.replaceChildren(h("h3", {}, "Compile index (per rank)"), errorBox(err)));
   return box;
 }

@@ -64,6 +64,8 @@ def server(tmp_path_factory):
                        run_name="detach", strict=True)
     import_torch_trace(engine, hostile_log(tmp / "dedicated_log_torch_trace_rank_0_x.log"), run_name="hostile",
                        strict=True)
+    import_torch_trace(engine, shared_path("data", "torch_trace", "tlparse_tests", "inputs", "multi_rank_runtime"),
+                       run_name="mismatch")
     with LiveServer(tmp / "s.db") as srv:
         yield srv
 
@@ -107,3 +109,13 @@ def test_log_text_is_escaped(server, browser):
     assert HOSTILE in row.inner_text(), "the reason and frame name are shown as text"
     assert page.locator('[data-testid="compile-index"] img').count() == 0, "no element made from log text"
     assert page.evaluate("window.__pwned") is None
+
+
+def test_rank_mismatch_shown(server, browser):
+    """multi_rank_runtime/: the rank-5 file's records say rank 1; the page says so on rank 5."""
+    page = browser.new_page()
+    page.goto(f"{server.url}/#/runs/mismatch")
+    block = page.wait_for_selector('[data-testid="compile-index-rank-5"] [data-testid="rank-source"]')
+    assert "rank mismatch" in block.inner_text() and "rank 1" in block.inner_text()
+    ok = page.wait_for_selector('[data-testid="compile-index-rank-0"] [data-testid="rank-source"]')
+    assert "mismatch" not in ok.inner_text()

@@ -7,7 +7,8 @@
   path. 201 ``{"ok": true, "run_id", "run_name", "ranks", "stats", "dropped", "files",
   "skipped_files"}``.
 * ``GET /api/runs/{run_id}/compile-index?rank=``: :func:`~graphdeck.analysis.compile_index.compile_index`
-  as ``{"run", "ranks": {rank: [entry, ...]}}``.
+  as ``{"run", "ranks": {rank: [entry, ...]}, "rank_sources": {rank: {"file", "envelope_rank",
+  "rank_mismatch"}}}`` (``rank_sources`` for ranks imported from TORCH_TRACE logs).
 * ``GET /api/compile-events/{event_id}``: one compile record with its whole payload (e.g. the
   Inductor output code of a graph).
 * ``GET /api/graphs/{graph_id}/kernels``: kernel → node links of a graph (``kernel_nodes``).
@@ -28,7 +29,7 @@ from sqlalchemy.orm import Session
 from graphdeck.analysis.compile_index import compile_index
 from graphdeck.errors import BadInputError, NotFoundError, PayloadTooLargeError
 from graphdeck.server.deps import get_engine, get_session, get_settings, resolve_graph, resolve_run
-from graphdeck.store.schema import CompileEvent, Graph, KernelNode, Run
+from graphdeck.store.schema import CompileEvent, Graph, KernelNode, Rank, Run
 from graphdeck.store.torch_trace import import_torch_trace
 
 router = APIRouter(tags=["imports"])
@@ -78,7 +79,13 @@ def get_compile_index(run: Run = Depends(resolve_run), session: Session = Depend
     """Per rank, one entry per compile id (frame, status, compile time, graph breaks with reason
     and source line, recompile reasons, failure/restarts, graphs, output-code records)."""
     index = compile_index(session, run, rank)
-    return {"run": {"id": run.id, "name": run.name}, "ranks": {str(r): v for r, v in index.items()}}
+    sources = {}
+    for r, meta_json in session.execute(select(Rank.rank, Rank.meta_json).where(Rank.run_id == run.id)):
+        meta = json.loads(meta_json or "{}")
+        if meta.get("source") == "torch_trace":
+            sources[str(r)] = {k: meta.get(k) for k in ("file", "envelope_rank", "rank_mismatch")}
+    return {"run": {"id": run.id, "name": run.name}, "ranks": {str(r): v for r, v in index.items()},
+            "rank_sources": sources}
 
 
 @router.get("/api/compile-events/{event_id}")
