@@ -235,3 +235,25 @@ def test_v4_backward_nodes_without_a_module_join_a_neighbour(hostile):
     assert inferred, "the backward graph has nodes with no module metadata (tangents, saved values)"
     assert all(n["namespace"] for n in inferred)
     assert all(n["namespace"] or n["op"] == "output" for n in view["nodes"]), "every node but the output joins a module"
+
+
+def test_graph_diff_pairs_renamed_nodes_and_marks_inserted_and_changed():
+    from graphdeck.analysis.graphdiff import diff_views
+    from graphdeck.server.views import GraphView, ViewEdge, ViewNode, node_label, op_category
+
+    def view(gid, spec):
+        nodes = [ViewNode(id=n, idx=i, label=node_label(op, t), op=op, target=t, category=op_category(op, t), shape=shape)
+                 for i, (n, op, t, shape) in enumerate(spec)]
+        edges = [ViewEdge(src=spec[i][0], dst=spec[i + 1][0]) for i in range(len(spec) - 1)]
+        return GraphView(graph_id=gid, name=str(gid), kind="dynamo", nodes=nodes, edges=edges)
+
+    a = view(1, [("x", "placeholder", "x", [4]), ("mm", "call_function", "aten.mm.default", [4]),
+                 ("relu", "call_function", "aten.relu.default", [4]), ("output", "output", "output", None)])
+    b = view(2, [("x_1", "placeholder", "x_1", [4]), ("mm_1", "call_function", "aten.mm.default", [4]),
+                 ("gelu", "call_function", "aten.gelu.default", [4]),
+                 ("relu_1", "call_function", "aten.relu.default", [8]), ("output", "output", "output", None)])
+    d = diff_views(a, b)
+    assert d.added == ["gelu"] and d.removed == [], "the inserted op is added; renames pair up"
+    pairs = {p.a: (p.b, p.changed) for p in d.pairs}
+    assert pairs["mm"] == ("mm_1", []) and pairs["relu"] == ("relu_1", ["shape", "inputs"])
+    assert d.marks_b() == {"gelu": "added", "relu_1": "changed"}, "output reads relu_1 = relu: unchanged"
