@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, BinaryIO
 
+import orjson
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: A top-level metadata value with more JSON tokens than this is dropped (``meta_dropped``).
 META_MAX_TOKENS = 200_000
@@ -274,9 +276,18 @@ _ENCODER = json.JSONEncoder(default=_json_default, ensure_ascii=False, separator
 dumps = _ENCODER.encode
 
 
+def _fast_dumps(value: Any) -> str:
+    """:func:`dumps` through orjson (several times faster); the stdlib encoder where orjson
+    refuses (integers past 64 bits, non-string keys)."""
+    try:
+        return orjson.dumps(value, default=_json_default).decode()
+    except TypeError:
+        return dumps(value)
+
+
 def dump_args(args: Any) -> tuple[str, bool]:
     """``args`` as JSON; giant values cut to ``…[total_len=N]``. Returns (text, was_truncated)."""
-    text = dumps(args)
+    text = _fast_dumps(args)
     if len(text) <= ARGS_MAX_CHARS:
         return text, False
     if not isinstance(args, dict):

@@ -427,10 +427,11 @@ class _Ingest:
         args_json = None
         if args is not None:
             if type(args) is dict:
-                for k, v in args.items():
-                    if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
-                        args[k] = str(v)
-                        self.st.big_ints += self.fast
+                if self.fast:  # the C parser keeps integers past int64 as ints: text, as the token path does
+                    for k, v in args.items():
+                        if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+                            args[k] = str(v)
+                            self.st.big_ints += 1
                 c = args.get("correlation")
                 if c is None:
                     c = args.get("External id", args.get("external id"))
