@@ -160,7 +160,11 @@ function indexRow(e) {
 /** "from <file>", and a warning when the file name and the envelopes disagree on the rank. */
 function rankSource(src) {
   if (!src) return null;
+  const dropped = Object.entries(src.dropped || {});
   return h("p", {class: "small muted", "data-testid": "rank-source"}, "imported from ", code(src.file),
+    src.records != null ? ` (${plural(src.records, "record")})` : null,
+    dropped.length ? [" ", badge(`${dropped.reduce((n, [, c]) => n + c, 0)} dropped`, "tag"), " ",
+      dropped.map(([k, c]) => `${k} ${c}`).join(", ")] : null,
     src.rank_mismatch ? [" ", badge("rank mismatch", "status-NO_GRAD"),
       ` the file name says this rank, its records say rank ${fmt(src.envelope_rank)}`] : null);
 }

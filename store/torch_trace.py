@@ -216,6 +216,8 @@ def _import_file(engine: Engine, run_id: int, path: Path, rank: int, env_rank: i
         builder.flush_events()
         _write_params(s, run_id, rank, builder.params)
         builder.counts["params"] = len(builder.params)
+        drops = {k: stats.counts[k] for k in DROP_KEYS if stats.counts.get(k)}
+        row.meta_json = json.dumps({**meta, "records": stats.counts.get("records", 0), "dropped": drops})
         s.commit()
     if bar is not None:
         bar.update(reader.bytes_read - pos)

@@ -118,4 +118,5 @@ def test_rank_mismatch_shown(server, browser):
     block = page.wait_for_selector('[data-testid="compile-index-rank-5"] [data-testid="rank-source"]')
     assert "rank mismatch" in block.inner_text() and "rank 1" in block.inner_text()
     ok = page.wait_for_selector('[data-testid="compile-index-rank-0"] [data-testid="rank-source"]')
-    assert "mismatch" not in ok.inner_text()
+    assert "rank mismatch" not in ok.inner_text()
+    assert "4 dropped" in ok.inner_text() and "md5_mismatch 4" in ok.inner_text(), "drops are shown per rank"

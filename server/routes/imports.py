@@ -8,7 +8,8 @@
   "skipped_files"}``.
 * ``GET /api/runs/{run_id}/compile-index?rank=``: :func:`~graphdeck.analysis.compile_index.compile_index`
   as ``{"run", "ranks": {rank: [entry, ...]}, "rank_sources": {rank: {"file", "envelope_rank",
-  "rank_mismatch"}}}`` (``rank_sources`` for ranks imported from TORCH_TRACE logs).
+  "rank_mismatch", "records", "dropped": {reason: count}}}}`` (``rank_sources`` for ranks imported
+  from TORCH_TRACE logs).
 * ``GET /api/compile-events/{event_id}``: one compile record with its whole payload (e.g. the
   Inductor output code of a graph).
 * ``GET /api/graphs/{graph_id}/kernels``: kernel → node links of a graph (``kernel_nodes``).
@@ -83,7 +84,7 @@ def get_compile_index(run: Run = Depends(resolve_run), session: Session = Depend
     for r, meta_json in session.execute(select(Rank.rank, Rank.meta_json).where(Rank.run_id == run.id)):
         meta = json.loads(meta_json or "{}")
         if meta.get("source") == "torch_trace":
-            sources[str(r)] = {k: meta.get(k) for k in ("file", "envelope_rank", "rank_mismatch")}
+            sources[str(r)] = {k: meta.get(k) for k in ("file", "envelope_rank", "rank_mismatch", "records", "dropped")}
     return {"run": {"id": run.id, "name": run.name}, "ranks": {str(r): v for r, v in index.items()},
             "rank_sources": sources}
 
