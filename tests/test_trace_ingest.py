@@ -21,10 +21,9 @@ from sqlalchemy.orm import Session
 
 from graphdeck.errors import BadInputError, TruncatedInputError
 from graphdeck.store.db import open_engine
-from tests.conftest import shared_path
 from graphdeck.store.schema import InternedString, Rank, Run, Trace, TraceEvent
 from graphdeck.store.traces import ingest_trace
-
+from tests.conftest import shared_path
 
 SAMPLED_RANK0 = "hta/trace_filter/sampled_rank-0.json.gz"
 CPU_ONLY = "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
