@@ -1,6 +1,6 @@
 // graphdeck dashboard: a hash-routed page over the JSON API served by graphdeck.server.
 //
-// Pages: #/runs, #/runs/<id>, #/runs/<id>/ranks, #/graphs/<id>[?node=<fx node name>], #/traces/<id>.
+// Pages: #/runs, #/runs/<id>, #/runs/<id>/ranks, #/graphs/<id>/memory, #/graphs/<id>[?node=<fx node name>], #/traces/<id>.
 //
 // Modules (ES modules, no build step):
 //   app.js      this router
@@ -23,6 +23,7 @@ import {$app, ApiError, errorBox, h} from "./common.js";
 import {renderCompare} from "./compare.js";
 import {renderGraph} from "./graph.js";
 import {renderGrads} from "./grads.js";
+import {renderMemory} from "./memory.js";
 import {renderRanks} from "./ranks.js";
 import {renderRun, renderRuns} from "./run.js";
 import {renderReplay, renderRunTimeline} from "./replay.js";
@@ -34,6 +35,7 @@ const routes = [
   [/^\/runs\/([^/]+)\/ranks$/, renderRanks], // cross-rank consistency
   [/^\/runs\/([^/]+)\/grads$/, renderGrads], // gradient-path report (?status=&rank=)
   [/^\/graphs\/(\d+)$/, renderGraph],
+  [/^\/graphs\/(\d+)\/memory$/, renderMemory], // graph-derived memory, measured beside it
   [/^\/compare\/(\d+)\/(\d+)$/, renderCompare], // two graphs side by side (diff, fwd/bwd)
   [/^\/traces\/(\d+)$/, renderTrace],
   [/^\/traces\/(\d+)\/replay$/, renderReplay], // ?step=&step_interval_ms=&highlight=

@@ -193,3 +193,41 @@ def test_export_memory_timeline_raw_rejects_other_json(tmp_path):
     bad.write_text('[[1, 2, 3')
     with pytest.raises(BadInputError):
         read_memory_timeline_raw(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_memory_page_curve_peak_click_and_measured(gpt2_measured, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    from graphdeck.store.traces import ingest_trace
+
+    store, _ = gpt2_measured
+    trace = Path(str(store.parent / "measured.json") + ".compiled.trace.json")
+    ingest_trace(open_engine(store), trace, run_name="mem", rank=0)
+    fw = _graph_id(store, "aot_forward")
+    with LiveServer(store) as srv, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{srv.url}/#/graphs/{fw}/memory")
+        page.wait_for_selector("#memory-curve .main-svg")
+        assert "peak" in page.get_by_test_id("memory-peak").inner_text()
+        assert page.locator("#memory-holders tbody tr").count() > 3
+        page.wait_for_selector("[data-testid=memory-gap]")
+        assert "% apart" in page.get_by_test_id("memory-gap").inner_text()
+        page.fill(".whatif input", "transformer/h/0")
+        page.click(".whatif button")
+        page.wait_for_selector("[data-testid=whatif-result] strong")
+        assert "checkpoint transformer/h/0" in page.get_by_test_id("whatif-result").inner_text()
+        # Clicking the peak marker opens that node in the graph view.
+        marker = page.locator("#memory-curve .scatterlayer .trace").nth(1).locator(".point").first
+        page.locator("#memory-curve").scroll_into_view_if_needed()
+        box = marker.bounding_box()
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        page.mouse.move(x - 5, y)
+        page.mouse.move(x, y)  # Plotly fires plotly_click for the hovered point
+        page.wait_for_selector(".hoverlayer .hovertext")
+        page.mouse.click(x, y)
+        page.wait_for_function("location.hash.includes('?node=')")
+        assert "#/graphs/" in page.url
+        browser.close()

@@ -18,10 +18,11 @@ from graphdeck.capture import Agent
 from graphdeck.demo import build_model
 
 
-def step_peak_bytes(fn) -> int:
+def step_peak_bytes(fn, name: str) -> int:
+    """Peak ``Total Allocated`` of one step; its Kineto trace is kept as OUT_JSON.<name>.trace.json."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    path = sys.argv[2] + ".trace.json"
+    path = f"{sys.argv[2]}.{name}.trace.json"
     prof.export_chrome_trace(path)
     events = json.load(open(path))["traceEvents"]
     return max(e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]")
@@ -45,12 +46,12 @@ def main() -> None:
     results = {}
     for name, m in (("compiled", compiled), ("eager", model)):
         model.zero_grad(set_to_none=True)
-        results[name] = step_peak_bytes(run(m))
+        results[name] = step_peak_bytes(run(m), name)
     block = model.transformer.h[0]
     plain_forward = block.forward
     block.forward = lambda *a, **k: torch.utils.checkpoint.checkpoint(plain_forward, *a, use_reentrant=False, **k)
     model.zero_grad(set_to_none=True)
-    results["eager_checkpoint_block0"] = step_peak_bytes(run(model))
+    results["eager_checkpoint_block0"] = step_peak_bytes(run(model), "eager_checkpoint_block0")
     json.dump(results, open(out, "w"))
 
 

@@ -1,0 +1,125 @@
+// graphdeck dashboard: a graph's memory page (#/graphs/<id>/memory[?scope=step|graph]), from
+// GET /api/graphs/<id>/memory (graph-derived liveness) and, when a trace of the same run and rank
+// has [memory] events, GET /api/traces/<tid>/memory (measured).
+//
+// A Plotly curve of live bytes over the node order with the peak marked; a click on the curve
+// opens that node in the graph view. Beside it: the top holders at the peak (by module path and
+// kind), saved activations per module, a what-if form (checkpoint a module / another dtype), and
+// the measured curve with the gap between the two peaks. Store text only through h().
+
+import {api, badge, code, errorBox, fmtBytes, h, num, setCrumbs, table} from "./common.js";
+import {loadPlotly} from "./trace.js";
+
+const linkOf = (gid, node) => `#/graphs/${gid}?node=${encodeURIComponent(node)}`;
+
+function nodeTarget(curve, index) {
+  // Step curves name nodes "f:<name>" (forward graph) / "b:<name>" (backward graph).
+  const name = curve.nodes[index];
+  if (curve.graph_ids.length === 2 && /^[fb]:/.test(name)) {
+    return {gid: curve.graph_ids[name[0] === "f" ? 0 : 1], node: name.slice(2)};
+  }
+  return {gid: curve.graph_ids[0], node: name};
+}
+
+function holdersTable(curve) {
+  return table("memory-holders", ["Module path", "Bytes at peak", "Tensors", "By kind"],
+    curve.holders.map((x) => h("tr", {},
+      h("td", {}, code(x.module_path)), h("td", {class: "num"}, fmtBytes(x.size_bytes)), num(x.tensors),
+      h("td", {class: "small"}, Object.entries(x.by_kind).map(([k, v]) => `${k} ${fmtBytes(v)}`).join(", ")))));
+}
+
+function savedTable(curve) {
+  const rows = Object.entries(curve.saved_bytes_by_module || {});
+  if (!rows.length) return h("p", {class: "muted"}, "No saved activations (not an AOTAutograd forward/step).");
+  return table("memory-saved", ["Module path", "Saved bytes"],
+    rows.map(([m, b]) => h("tr", {}, h("td", {}, code(m)), h("td", {class: "num"}, fmtBytes(b)))));
+}
+
+function whatIf(graphId) {
+  const out = h("div", {id: "whatif-result", "data-testid": "whatif-result"});
+  const input = h("input", {type: "text", placeholder: "module path, e.g. transformer/h/0", "aria-label": "module"});
+  const dtype = h("select", {"aria-label": "dtype"}, ["", "bfloat16", "float16", "float8_e4m3fn"].map(
+    (d) => h("option", {value: d}, d || "(dtype)")));
+  const run = async () => {
+    const q = input.value ? `checkpoint=${encodeURIComponent(input.value)}` : `dtype=${encodeURIComponent(dtype.value)}`;
+    try {
+      const e = await api(`/api/graphs/${graphId}/memory/whatif?${q}`);
+      out.replaceChildren(h("p", {}, badge(e.what, "tag"), ` peak ${fmtBytes(e.baseline_peak_bytes)} → `,
+        h("strong", {}, fmtBytes(e.estimated_peak_bytes)), ` (saves ${fmtBytes(e.saving_bytes)})`,
+        e.note ? h("span", {class: "muted"}, ` — ${e.note}`) : null));
+    } catch (err) { out.replaceChildren(errorBox(err)); }
+  };
+  return h("div", {class: "whatif"}, h("h2", {}, "What if"),
+    h("form", {onsubmit: (ev) => { ev.preventDefault(); run(); }}, input, " or ", dtype, " ",
+      h("button", {type: "submit"}, "estimate")), out);
+}
+
+async function measured(graph, curve, host) {
+  const run = await api(`/api/runs/${graph.run_id}`);
+  const traces = (run.traces || []).filter((t) => t.rank === graph.rank);
+  for (const t of traces) {
+    let series;
+    try { series = await api(`/api/traces/${t.id}/memory`); } catch { continue; }
+    const [dev, s] = Object.entries(series).sort((a, b) => b[1].peak_bytes - a[1].peak_bytes)[0];
+    const Plotly = await loadPlotly();
+    const div = h("div", {id: "memory-measured", class: "plot"});
+    const ours = curve.peak_bytes - (curve.by_kind_at_peak.parameter || 0);
+    const measuredPeak = s.peak_bytes - s.min_bytes;
+    const gap = measuredPeak ? ((ours - measuredPeak) / measuredPeak) * 100 : null;
+    host.replaceChildren(h("h2", {}, `Measured (trace #${t.id}, device ${dev})`),
+      h("p", {"data-testid": "memory-gap"}, `graph-derived peak without parameters ${fmtBytes(ours)}; measured rise `,
+        `${fmtBytes(measuredPeak)}`, gap === null ? "" : ` — ${gap >= 0 ? "+" : ""}${gap.toFixed(1)}% apart`), div);
+    const t0 = s.ts_ns[0];
+    await Plotly.newPlot(div, [{x: s.ts_ns.map((x) => (x - t0) / 1e6), y: s.total_allocated_bytes, mode: "lines",
+      name: "Total Allocated"}], {height: 280, margin: {t: 10}, xaxis: {title: "ms since first event"},
+      yaxis: {title: "bytes"}}, {displaylogo: false, responsive: true});
+    return;
+  }
+  host.replaceChildren(h("p", {class: "muted"}, "No trace of this rank has [memory] events (profile_memory=True)."));
+}
+
+export async function renderMemory(page, match, query) {
+  const id = Number(match[1]);
+  const scope = query.get("scope") || "step";
+  const graph = await api(`/api/graphs/${id}`);
+  let curve;
+  try {
+    curve = await api(`/api/graphs/${id}/memory?scope=${scope}&top=20`);
+  } catch (err) {
+    if (scope !== "step" || err.status !== 404) throw err;
+    curve = await api(`/api/graphs/${id}/memory?scope=graph&top=20`);
+  }
+  if (!page.alive()) return;
+  setCrumbs([["runs", "#/runs"], [graph.run_name, `#/runs/${graph.run_id}`], [graph.name, `#/graphs/${id}`], ["memory", null]]);
+  const plot = h("div", {id: "memory-curve", class: "plot", "data-testid": "memory-curve"});
+  const measuredBox = h("section", {id: "memory-measured-box"}, h("p", {class: "loading"}, "Looking for measured memory…"));
+  const peak = nodeTarget(curve, curve.peak_index);
+  document.getElementById("app").replaceChildren(h("section", {class: "memory-page"},
+    h("h1", {}, `Memory — ${graph.name}`),
+    h("p", {"data-testid": "memory-peak"}, h("strong", {}, `peak ${fmtBytes(curve.peak_bytes)}`), " at ",
+      h("a", {href: linkOf(peak.gid, peak.node)}, curve.peak_node), ` (node ${curve.peak_index + 1} of ${curve.nodes.length}; `,
+      curve.scope === "step" ? "forward then backward graph" : "this graph alone", "). ",
+      Object.entries(curve.by_kind_at_peak).map(([k, v]) => `${k} ${fmtBytes(v)}`).join(", ")),
+    plot,
+    h("h2", {}, "Top holders at the peak"), holdersTable(curve),
+    h("h2", {}, "Saved activations by module"), savedTable(curve),
+    whatIf(id), measuredBox));
+  const Plotly = await loadPlotly();
+  if (!page.alive()) return;
+  const x = curve.live_bytes.map((_, i) => i);
+  await Plotly.newPlot(plot, [
+    {x, y: curve.live_bytes, mode: "lines", name: "live bytes", text: curve.nodes,
+      customdata: curve.modules.map((m) => m || "(no module)"),
+      hovertemplate: "%{text}<br>%{customdata}<br>%{y:,} bytes<extra></extra>"},
+    {x: [curve.peak_index], y: [curve.peak_bytes], mode: "markers", name: "peak", marker: {size: 11, color: "#c0392b"},
+      text: [curve.peak_node], hovertemplate: "peak %{text}<br>%{y:,} bytes<extra></extra>"},
+  ], {height: 360, margin: {t: 10}, xaxis: {title: "node (execution order)"}, yaxis: {title: "live bytes"}},
+  {displaylogo: false, responsive: true});
+  plot.on("plotly_click", (ev) => {
+    const p = ev.points && ev.points[0];
+    if (!p) return;
+    const t = nodeTarget(curve, p.pointIndex ?? p.x);
+    location.hash = linkOf(t.gid, t.node);
+  });
+  measured(graph, curve, measuredBox).catch((err) => measuredBox.replaceChildren(errorBox(err)));
+}
