@@ -105,7 +105,8 @@ def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = F
         NotFoundError: a path does not exist.
         BadInputError: no TORCH_TRACE log among ``paths``, or (``strict``) any record dropped;
             ``details["stats"]`` holds the counters. Nothing of this import is kept then.
-        UsageError: the run already has one of the ranks being imported.
+        UsageError: the run already has one of the ranks being imported, or two logs resolve to
+            the same rank (e.g. two single-process logs without a rank).
     """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     for p in items:
@@ -116,6 +117,13 @@ def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = F
         raise BadInputError(f"no TORCH_TRACE log found in {', '.join(map(str, items))}"
                             + (f" (skipped: {'; '.join(skipped)})" if skipped else ""), skipped_files=skipped)
     plan = [(f, *_plan_rank(f)) for f in files]
+    by_rank: dict[int, list[str]] = {}
+    for f, rank, _, _ in plan:
+        by_rank.setdefault(rank, []).append(f.name)
+    same = {r: names for r, names in by_rank.items() if len(names) > 1}
+    if same:
+        raise UsageError("several logs resolve to the same rank (import them as separate runs): "
+                         + "; ".join(f"rank {r}: {', '.join(n)}" for r, n in sorted(same.items())))
     with Session(engine, expire_on_commit=False) as s, s.begin():
         created_run = s.scalar(select(Run.id).where(Run.name == run_name)) is None
         run = get_or_create_run(s, run_name, meta={"source": "torch_trace"})

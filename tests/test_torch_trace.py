@@ -298,3 +298,11 @@ def test_upload_over_the_cap_is_413(tmp_path):
                        timeout=60)
         assert r.status_code == 413 and r.json()["status"] == 413
         assert httpx.get(f"{srv.url}/api/runs/big").status_code == 404, "nothing stored"
+
+
+def test_two_rankless_logs_refused(tmp_path):
+    engine = open_engine(tmp_path / "two.db")
+    logs = [shared_path(*INPUTS, "simple.log"), shared_path(*INPUTS, "comp_failure.log")]
+    with pytest.raises(UsageError, match="same rank"):
+        import_torch_trace(engine, logs, run_name="two")
+    assert import_torch_trace(engine, logs[0], run_name="one").ranks == [0], "one rankless log is rank 0"
