@@ -185,8 +185,16 @@ export async function renderRunTimeline(page, m) {
   try {
     const c = await api(`${base}/collectives`);
     if (!page.alive()) return;
+    const ranks = Object.keys(c.offsets);
+    const shown = c.collectives.slice(0, 200);
     colls.replaceChildren(
-      h("p", {}, `${c.collectives.length} collectives matched across ranks.`),
+      h("p", {}, `${c.collectives.length} collectives matched across ranks (process group + sequence)`,
+        c.collectives.length > shown.length ? `; the first ${shown.length} are listed` : "", "."),
+      table("collectives-table", ["group", "kind", "seq", "step", "arrived last", "spread ms",
+        ...ranks.map((r) => `rank ${r} wait / transfer ms`)],
+      shown.map((x) => tr([fmt(x.group), fmt(x.kind), fmt(x.seq), fmt(x.step), `rank ${x.last_rank}`,
+        (x.spread_ns / 1e6).toFixed(3),
+        ...ranks.map((r) => (x.ranks[r] ? `${(x.ranks[r].wait_ns / 1e6).toFixed(3)} / ${(x.ranks[r].transfer_ns / 1e6).toFixed(3)}` : "—"))]))),
       table("stragglers-table", ["step", "collectives", "lateness per rank (ms)", "arrived last (count)", "straggler"],
         c.stragglers.map((s) => tr([fmt(s.step), fmt(s.collectives),
           Object.entries(s.lateness_ns).map(([r, ns]) => `r${r}: ${(ns / 1e6).toFixed(3)}`).join(", "),
