@@ -11,7 +11,8 @@ Example (one entry)::
     {"compile_id": "5/0", "frame": "torch_dynamo_resume_in_forward_at_17 (ddp_trace.py:17)",
      "status": "ok", "compile_time_s": 1.93, "graph_breaks": [], "recompile_reasons": [],
      "failure": None, "restarts": [], "graphs": [{"id": 146, "kind": "dynamo", "name": "graph 5/0 ..."}],
-     "output_code": [{"event_id": 512, "graph_id": 151, "chars": 8012}]}
+     "output_code": [{"event_id": 512, "graph_id": 151, "chars": 8012}],
+     "records": [{"event_id": 498, "name": "dynamo_start", "chars": 0}, ...]}
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def compile_index(session: Session, run: Run, rank: int | None = None) -> dict[i
         if got is None:
             got = entries[(r, cid)] = {"compile_id": cid, "frame": None, "status": "ok", "compile_time_s": None,
                                        "graph_breaks": [], "recompile_reasons": [], "failure": None,
-                                       "restarts": [], "graphs": [], "output_code": []}
+                                       "restarts": [], "graphs": [], "output_code": [], "records": []}
         return got
 
     for ev_id, r, name, cid, meta_json, payload in session.execute(q.order_by(CompileEvent.id)):
@@ -92,6 +93,14 @@ def compile_index(session: Session, run: Run, rank: int | None = None) -> dict[i
     for (r, cid), e in entries.items():  # a restarted attempt ("4/0_1") keeps attempt 0's frame
         if e["frame"] is None and cid and "_" in cid and (first := entries.get((r, cid.split("_")[0]))):
             e["frame"] = first["frame"]
+    rq = select(CompileEvent.id, CompileEvent.rank, CompileEvent.name, CompileEvent.compile_id,
+                func.length(CompileEvent.payload)).where(CompileEvent.run_id == run.id,
+                                                         CompileEvent.compile_id.is_not(None))
+    if rank is not None:
+        rq = rq.where(CompileEvent.rank == rank)
+    for ev_id, r, name, cid, chars in session.execute(rq.order_by(CompileEvent.id)):
+        if (r, cid) in entries:  # every record of the compile, as tlparse lists its artifacts
+            entries[(r, cid)]["records"].append({"event_id": ev_id, "name": name, "chars": chars or 0})
     kernels = dict(session.execute(select(KernelNode.graph_id, func.count()).where(KernelNode.run_id == run.id)
                                    .group_by(KernelNode.graph_id)).all())
     out: dict[int, list[dict]] = defaultdict(list)

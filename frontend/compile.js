@@ -10,7 +10,7 @@
 
 import {api, badge, code, errorBox, fmt, fmtSeconds, graphLink, h, isBlank, kindBadge, num, plural, table}
   from "./common.js";
-import {kernelBadge, outputCodePanel} from "./inductor.js";
+import {kernelBadge, outputCodePanel, recordsPanel} from "./inductor.js";
 
 const METRICS = "compilation_metrics";
 const BREAK = "dynamo_graph_break_reason";
@@ -154,7 +154,7 @@ function indexRow(e) {
     h("td", {}, badge(e.status, STATUS_CLASS[e.status] || "tag")),
     h("td", {class: "num"}, fmtSeconds(e.compile_time_s)),
     h("td", {class: "reason"}, reasons),
-    h("td", {class: "graphs"}, graphs, e.output_code.map(outputCodePanel)));
+    h("td", {class: "graphs"}, graphs, e.output_code.map(outputCodePanel), recordsPanel(e.records)));
 }
 
 /** "from <file>", and a warning when the file name and the envelopes disagree on the rank. */

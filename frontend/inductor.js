@@ -49,3 +49,28 @@ export function outputCodePanel(out) {
 
 /** A kernel-count badge text for a graph link, e.g. "3 kernels". */
 export const kernelBadge = (n) => (n ? h("span", {class: "tag small", title: "provenance links"}, code(`${n} k`)) : null);
+
+/** Every compile record of a compile id (guards, metrics, artifacts), each opening its payload. */
+export function recordsPanel(records) {
+  if (!records || !records.length) return null;
+  const items = records.map((r) => {
+    const body = h("div", {});
+    const item = h("details", {class: "record"}, h("summary", {}, code(r.name),
+      h("span", {class: "muted small"}, r.chars ? ` ${fmt(r.chars)} chars` : "")), body);
+    let loaded = false;
+    item.addEventListener("toggle", async () => {
+      if (!item.open || loaded) return;
+      loaded = true;
+      try {
+        const ev = await api(`/api/compile-events/${r.event_id}`);
+        body.replaceChildren(ev.payload != null ? h("pre", {class: "code output-code-text"}, String(ev.payload))
+          : h("pre", {class: "code output-code-text"}, JSON.stringify(ev.metadata, null, 1)));
+      } catch (err) {
+        body.replaceChildren(errorBox(err));
+      }
+    });
+    return h("li", {}, item);
+  });
+  return h("details", {class: "records", "data-testid": "compile-records-list"},
+    h("summary", {}, plural(records.length, "record")), h("ul", {class: "record-list"}, items));
+}

@@ -120,3 +120,17 @@ def test_rank_mismatch_shown(server, browser):
     ok = page.wait_for_selector('[data-testid="compile-index-rank-0"] [data-testid="rank-source"]')
     assert "rank mismatch" not in ok.inner_text()
     assert "4 dropped" in ok.inner_text() and "md5_mismatch 4" in ok.inner_text(), "drops are shown per rank"
+
+
+def test_compile_records_open(server, browser):
+    """Each compile lists its records (guards, metrics, artifacts) like tlparse's per-compile
+    artifact list; opening one shows its payload."""
+    page = browser.new_page()
+    page.goto(f"{server.url}/#/runs/detach")
+    row = page.wait_for_selector('[data-testid="compile-index-rank-0"] tr[data-compile-id="4/0"]')
+    lists = row.query_selector('[data-testid="compile-records-list"]')
+    lists.query_selector("summary").click()
+    guards = next(d for d in lists.query_selector_all("details.record") if "dynamo_cpp_guards_str" in d.inner_text())
+    guards.query_selector("summary").click()
+    page.wait_for_function("el => el.querySelector('pre') && el.querySelector('pre').textContent.includes('TREE_GUARD')",
+                           arg=guards)
