@@ -329,6 +329,8 @@ def step_memory(session: Session, forward_id: int, backward_id: int, *, drop_sav
     tb, names_b, last_b = _tensors(bw, module_of=mod_b)
     nf, end = len(fw), len(fw) + len(bw) - 1
     dropped = {names_f[x] for x in drop_saved if x in names_f}
+    recompute_at = min((u for j, t in enumerate(tb) if t.name in drop_saved
+                        for u in [_first_use_of(bw, names_b, j)] if u is not None), default=len(bw))
     merged = [Tensor(**asdict(t)) for t in tf]
     for k, t in enumerate(merged):
         if t.kind == "parameter":
@@ -353,8 +355,10 @@ def step_memory(session: Session, forward_id: int, backward_id: int, *, drop_sav
                 if k in dropped:
                     first = _first_use_of(bw, names_b, j)
                     if first is not None:
+                        # Checkpointing re-runs the module's forward once, when the backward first
+                        # needs any of its activations: all of them are born then.
                         t2.kind = "recomputed"
-                        t2.birth_idx = nf + first
+                        t2.birth_idx = nf + min(first, recompute_at)
                         t2.death_idx = nf + (last_b[j] if last_b[j] is not None else first)
                         t2.freed_by = f"b:{bw[t2.death_idx - nf].name}"
                         merged.append(t2)
