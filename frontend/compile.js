@@ -147,7 +147,9 @@ function indexRow(e) {
     e.failure ? reasonDetails(`failed: ${fmt(e.failure.type)}`, e.failure.reason, e.failure.user_frame) : null,
     e.error ? reasonDetails("error", e.error) : null,
     e.graph_breaks.map((b) => reasonDetails("graph break", b.reason, b.source_line && basename(b.source_line))),
-    e.recompile_reasons.map((r) => reasonDetails("recompile", r)),
+    e.recompile_reasons.length ? reasonDetails(
+      e.recompile_reasons.length > 1 ? `recompile (${e.recompile_reasons.length} guard failures)` : "recompile",
+      e.recompile_reasons.join("\n")) : null,
     e.restarts.map((r) => reasonDetails("restart", r))];
   return h("tr", {"data-compile-id": e.compile_id, class: `index-${e.status}`},
     h("td", {}, code(e.compile_id)), h("td", {class: "frame"}, code(e.frame)),
