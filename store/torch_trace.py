@@ -8,8 +8,11 @@ and writes one run:
   graphs (``parent_id`` = the Dynamo graph) with a ``partitions`` row each;
   ``aot_joint_graph`` / ``aot_forward_graph`` / ``aot_backward_graph`` / ``aot_inference_graph`` →
   ``aot_joint`` / ``aot_forward`` / ``aot_backward`` / ``aot_inference`` (``parent_id`` = the graph
-  AOTAutograd traced, a DDP bucket's when split); Inductor's pre-/post-grad graphs →
-  ``inductor_pre_grad`` / ``inductor_post_grad``; ``compiled_autograd_graph`` → ``compiled_autograd``.
+  AOTAutograd traced, a DDP bucket's when split); Inductor's pre-/post-grad graphs
+  (``inductor_pre_grad_graph`` / ``after_pre_grad_graph``, ``inductor_post_grad_graph`` /
+  ``after_post_grad_graph``) → ``inductor_pre_grad`` / ``inductor_post_grad`` (a post-grad graph's
+  parent is the AOT graph with the same inputs); ``compiled_autograd_graph`` → ``compiled_autograd``
+  (parent of Dynamo's trace of it, ``!0/1/0``); ``exported_program`` → ``export``.
   Nodes, edges, shapes, dtypes, strides, devices and source lines come from the printed graph
   (:mod:`graphdeck.store.fx_text`).
 * Parameters: ``describe_source``/``describe_tensor`` records name each graph input's source
@@ -22,7 +25,11 @@ and writes one run:
   ``inductor_output_code``, artifacts) → ``compile_events`` (payload kept up to 1 MB), with
   ``metadata_json.graph_id`` pointing at the graph an output code or provenance belongs to.
 * Inductor provenance (v1 and v2 formats) → ``kernel_nodes`` (kernel → post-grad node →
-  pre-grad node).
+  pre-grad node), ``graph_id`` = the post-grad graph, kernels named as the profiler shows them
+  (``extern_kernels.mm`` → ``aten::mm``), the debug handle in ``call_index`` when that column exists.
+
+Printed graphs repeated across compiles and ranks (same payload md5) are parsed once per import
+(:class:`~graphdeck.store.torch_trace_build.GraphCache`).
 
 Compile ids are ``"frame/compile"`` as the capture agent writes them, with tlparse's
 ``_attempt`` suffix when the attempt is nonzero and ``!<compiled-autograd id>`` in front under
