@@ -482,14 +482,18 @@ def grad_of(desc: str | None) -> str | None:
 _SOURCE_KEY_RE = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
 
 
-def fqn_from_source(source: str) -> tuple[str, str] | None:
+def fqn_from_source(source: str, is_parameter: bool = False) -> tuple[str, str] | None:
     """Dynamo source of a parameter or buffer → (fully-qualified name, kind):
     ``"L['self']._modules['blk']._parameters['weight']"`` → ``("blk.weight", "parameter")``;
-    DDP's ``module.`` root dropped; sources that are not module attributes → ``None``."""
+    with ``is_parameter`` (``describe_tensor`` says so) also the attribute form older torch prints,
+    ``"L['self'].layers[0].weight"`` → ``("layers.0.weight", "parameter")``. DDP's ``module.`` root
+    dropped; sources that are not module attributes → ``None``."""
     if "_parameters" in source:
         kind = "parameter"
     elif "_buffers" in source:
         kind = "buffer"
+    elif is_parameter and source.startswith(("L[", "G[")) and "." in source:
+        kind = "parameter"
     else:
         return None
     text = re.sub(r"^(?:L|G)\[['\"][^'\"]+['\"]\]", "", source)

@@ -232,12 +232,12 @@ class FileBuilder:
         source = body.get("source")
         if not isinstance(source, str):
             return
-        got = fqn_from_source(source)
+        t = self.tensors.get((body.get("describer_id"), body.get("id")), {})
+        got = fqn_from_source(source, bool(t.get("is_parameter")))
         if got is None:
             return
         fqn, kind = got
         ctx.source_fqns[placeholder_key(source)] = got
-        t = self.tensors.get((body.get("describer_id"), body.get("id")), {})
         shape = t.get("size") if isinstance(t.get("size"), list) else None
         dtype = str(t.get("dtype") or "").removeprefix("torch.") or None
         self._param(fqn, kind, shape, dtype, bool(t.get("requires_grad", kind == "parameter")))
