@@ -65,6 +65,7 @@ from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported unde
     dumps,
     fast_events,
     lane_id,
+    peek_base_time,
     scan_events,
     to_ns,
 )
@@ -84,9 +85,11 @@ _PLACEHOLDERS = {"qmark": lambda i: "?", "format": lambda i: "%s", "pyformat": l
 # Kineto writes ``ts`` in µs on its own clock and, since 2023, ``baseTimeNanoseconds`` with
 # ``epoch_ns = baseTimeNanoseconds + ts * 1000``. Kineto writes that key *after* traceEvents, so
 # it is usually unknown while events stream by. Rows are written with the base when it was seen
-# before the first event (then ``meta["ts_base_applied"] = "inline"``), else relative to the
-# trace clock and shifted by one ``UPDATE ... SET ts_ns = ts_ns + base`` in the transaction that
-# finalises the trace (``"update"``). ``meta["ts_clock"]`` says what ``ts_ns`` means:
+# before the first event (then ``meta["ts_base_applied"] = "inline"``) or read from the end of a
+# seekable file before parsing (``"peek"``, :func:`~graphdeck.store.trace_json.peek_base_time`),
+# else relative to the trace clock and shifted by one ``UPDATE ... SET ts_ns = ts_ns + base`` in
+# the transaction that finalises the trace (``"update"``; also what corrects a peek that turns out
+# different from the parsed value). ``meta["ts_clock"]`` says what ``ts_ns`` means:
 # ``"unix_epoch"`` or ``"trace"`` (no base, or the file was cut before it).
 
 
@@ -172,8 +175,9 @@ def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progre
     try:
         if start is not None:
             try:
-                return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress,
-                               fast=True).run(fh)
+                ing = _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress, fast=True)
+                ing.peeked_base = peek_base_time(fh)
+                return ing.run(fh)
             except _NeedsSlowPath:
                 fh.seek(start)
         return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress,
@@ -264,6 +268,8 @@ class _Ingest:
         self.events_total = 0
         self.stored = 0
         self.base_inline: int | None = None  # see NOTE: [Trace time base]
+        self.peeked_base: int | None = None  # baseTimeNanoseconds read from the end of the file first
+        self.base_from_peek = False
         self.min_ts: int | None = None
         self.max_end: int | None = None
         self.lanes: dict[str, dict[str, str]] = {"process_names": {}, "process_labels": {}, "thread_names": {}}
@@ -417,6 +423,8 @@ class _Ingest:
                     return self._skip("skipped_bad_dur", index, f"has a non-numeric 'dur' {str(dur)[:40]!r}")
         if self.stored == 0 and self.base_inline is None:
             base = as_int64(self.st.meta.get("baseTimeNanoseconds"))
+            if base is None and self.peeked_base:
+                base, self.base_from_peek = self.peeked_base, True
             self.base_inline = base or 0
         ts_ns += self.base_inline
         end_ns = ts_ns + dur_ns
@@ -538,15 +546,18 @@ class _Ingest:
         meta = dict(self.st.meta)
         rank, rank_source, world = _rank_from(meta, self.rank_arg, [self.file_name, self.name])
         stats = self._stats(status == "truncated", rank_source)
-        base = as_int64(meta.get("baseTimeNanoseconds"))
-        late_base = bool(base) and not self.base_inline and self.stored > 0
+        base = as_int64(meta.get("baseTimeNanoseconds")) or 0
+        applied = self.base_inline or 0
+        shift = base - applied if self.stored > 0 else 0  # a base learnt late, or a wrong peek
+        late_base = shift != 0
         start, end = self.min_ts, self.max_end
-        if late_base and not (INT64_MIN <= start + base and end + base <= INT64_MAX):
+        if late_base and not (INT64_MIN <= start + shift and end + shift <= INT64_MAX):
             late_base, stats["base_time_not_applied"] = False, 1
         if late_base:
-            start, end = start + base, end + base
-        meta["ts_clock"] = "unix_epoch" if (self.base_inline or late_base) else "trace"
-        meta["ts_base_applied"] = "inline" if self.base_inline else "update" if late_base else None
+            start, end = start + shift, end + shift
+        meta["ts_clock"] = "unix_epoch" if applied + (shift if late_base else 0) else "trace"
+        meta["ts_base_applied"] = ("update" if late_base else "peek" if self.base_from_peek and applied
+                                   else "inline" if applied else None)
         meta.update({k: v for k, v in self.lanes.items() if v})
         info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
         backend = info.get("backend") if isinstance(info.get("backend"), str) else None
@@ -556,7 +567,7 @@ class _Ingest:
         def finish():
             with write_session(self.engine) as s:
                 if late_base:
-                    s.execute(update(TraceEvent).where(TraceEvent.trace_id == trace_id).values(ts_ns=TraceEvent.ts_ns + base))
+                    s.execute(update(TraceEvent).where(TraceEvent.trace_id == trace_id).values(ts_ns=TraceEvent.ts_ns + shift))
                 run = s.get(Run, self.run_id)
                 if world and not run.world_size:
                     run.world_size = world

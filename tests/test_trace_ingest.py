@@ -125,12 +125,29 @@ def test_cpu_only_trace_meta_after_events_and_epoch_base(engine):
     meta = json.loads(trace_row(engine, r.trace_id).meta_json)
     for key in ("INFO", "traceName", "displayTimeUnit", "baseTimeNanoseconds"):
         assert key in meta, f"top-level key {key!r} written after traceEvents is kept in meta_json"
-    assert (meta["ts_clock"], meta["ts_base_applied"]) == ("unix_epoch", "update")
+    assert (meta["ts_clock"], meta["ts_base_applied"]) == ("unix_epoch", "peek"), "read from the file's end first"
     assert meta["process_labels"], "process labels from M events are kept"
     base = doc["baseTimeNanoseconds"]
     rows = event_rows(engine, r.trace_id)
     want = [base + round(e["ts"] * 1000) for e in expected]
-    assert [row.ts_ns for row in rows] == want, "ts_ns = baseTimeNanoseconds + round(ts µs * 1000), applied after the fact"
+    assert [row.ts_ns for row in rows] == want, "ts_ns = baseTimeNanoseconds + round(ts µs * 1000)"
+
+    class Unseekable(io.RawIOBase):  # an upload stream: the base can only be applied after the fact
+        def __init__(self, data):
+            self.src = io.BytesIO(data)
+
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            chunk = self.src.read(len(b))
+            b[: len(chunk)] = chunk
+            return len(chunk)
+
+    r2 = ingest_trace(engine, io.BufferedReader(Unseekable(path.read_bytes())), run_name="cpu2", strict=True)
+    meta2 = json.loads(trace_row(engine, r2.trace_id).meta_json)
+    assert (meta2["ts_clock"], meta2["ts_base_applied"]) == ("unix_epoch", "update")
+    assert [row.ts_ns for row in event_rows(engine, r2.trace_id)] == want, "the same times, applied after the fact"
 
 
 def test_decimal_microseconds_are_exact_with_base_before_events(engine):
