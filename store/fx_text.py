@@ -46,6 +46,7 @@ ARG_REPR_LIMIT = 200
 
 _META_RE = re.compile(r"^(?P<dtype>[a-z][a-z0-9_]*)\[(?P<shape>[^\]]*)\](?:\[(?P<stride>[^\]]*)\])?(?P<device>\S*)$")
 _FREE_RE = re.compile(r"^[\w\s=]+= None$")
+_DECL_RE = re.compile(r'^(\w+)\s*:\s*"[^"]*"$')
 _FILE_RE = re.compile(r"^# File: (?P<path>.*?):(?P<line>\d+) in (?P<fn>[^,]*), code: (?P<code>.*)$")
 _PARAM_RE = re.compile(r'^\s*(?P<name>\w+)(?:\s*:\s*(?P<ann>"[^"]*"|\'[^\']*\'|[^,=#]+?))?\s*(?:=\s*[^,#]+)?,?\s*(?:#\s*(?P<desc>.*))?$')
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.FloorDiv: "floordiv",
@@ -409,7 +410,10 @@ def parse_fx_text(text: str) -> TextGraph:
         if sep and _FREE_RE.match(tail) and "#" not in tail:
             b.statement(head, stack)  # the common "x: ... = f(a);  a = None": no comment, one node
             continue
-        code, _comment = _strip_comment(stripped)
+        code, comment = _strip_comment(stripped)
+        decl = _DECL_RE.match(code)
+        if decl and comment:  # a joint graph's input declaration keeps its AOT descriptor
+            b.input_descs[decl.group(1)] = comment
         for part in _split_statements(code):
             if _FREE_RE.match(part):  # FX's "a = b = None" frees, not nodes
                 continue

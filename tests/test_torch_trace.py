@@ -306,3 +306,29 @@ def test_two_rankless_logs_refused(tmp_path):
     with pytest.raises(UsageError, match="same rank"):
         import_torch_trace(engine, logs, run_name="two")
     assert import_torch_trace(engine, logs[0], run_name="one").ranks == [0], "one rankless log is rank 0"
+
+
+def test_fx_text_joint_graph():
+    """A joint graph takes (primals, tangents) and flattens them with fx_pytree; its placeholders
+    are the flattened names, with their declared metadata and AOT descriptors."""
+    text = """class inner_f(torch.nn.Module):
+    def forward(
+        self,
+        primals,
+        tangents,
+    ):
+        primals_1: "f32[16, 32][32, 1]cpu"  # PlainAOTInput(idx=0)
+        tangents_1: "f32[16, 512][512, 1]cpu"  # TangentAOTInput(output=PlainAOTOutput(idx=0))
+        primals_1, tangents_1, = fx_pytree.tree_flatten_spec([primals, tangents], self._in_spec)
+        mm: "f32[512, 32][32, 1]cpu" = torch.ops.aten.mm.default(tangents_1, primals_1);  tangents_1 = None
+        return pytree.tree_unflatten([
+            primals_1,  # PlainAOTOutput(idx=0)
+            mm,  # GradAOTOutput(grad_of=PlainAOTInput(idx=0))
+        ], self._out_spec)
+"""
+    g = parse_fx_text(text)
+    assert [(n.name, n.shape, n.desc) for n in g.placeholders()] == [
+        ("primals_1", [16, 32], "PlainAOTInput(idx=0)"),
+        ("tangents_1", [16, 512], "TangentAOTInput(output=PlainAOTOutput(idx=0))")]
+    assert g.outputs == ["primals_1", "mm"] and g.output_descs[1] == "GradAOTOutput(grad_of=PlainAOTInput(idx=0))"
+    assert g.bad_statements == 0
