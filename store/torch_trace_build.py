@@ -63,6 +63,7 @@ CONSUMED_KINDS = frozenset({"chromium_event", "describe_storage", "describe_tens
 PAYLOAD_LIMIT_CHARS = 1_000_000
 _FLAT_INPUT_RE = re.compile(r"^(?:primals_(\d+)|arg(\d+)_1)$")
 GRAPH_CACHE_ENTRIES = 64
+GRAPH_CACHE_NODES = 100_000
 NODE_COLS = ("graph_id", "idx", "name", "op", "target_id", "args_json", "shape_json", "dtype", "stride_json", "device",
              "size_bytes", "module_path_id", "module_stack_json", "stack_trace_id", "seq_nr", "partitioner_tag", "desc",
              "param_fqn", "meta_json")
@@ -72,13 +73,15 @@ EDGE_COLS = ("graph_id", "src_idx", "dst_idx", "arg_pos", "size_bytes")
 class GraphCache:
     """Parsed graphs and their ready node/edge rows, keyed by the payload's md5 (the envelope's
     ``has_payload``), shared by the files of one import. Ranks and recompiles repeat the same
-    printed graphs; each is parsed and encoded once. Bounded (LRU, ``GRAPH_CACHE_ENTRIES``), so
-    memory stays flat in the number of graphs."""
+    printed graphs; each is parsed and encoded once. Bounded: least recently used entries go
+    once the cache holds more than ``GRAPH_CACHE_ENTRIES`` entries or ``GRAPH_CACHE_NODES`` nodes,
+    so memory stays flat in the number and size of graphs."""
 
     def __init__(self) -> None:
         from collections import OrderedDict
 
         self._items: OrderedDict = OrderedDict()
+        self._nodes = 0
         self.hits = 0
 
     def get(self, key):
@@ -86,12 +89,17 @@ class GraphCache:
         if got is not None:
             self._items.move_to_end(key)
             self.hits += 1
-        return got
+            return got[0]
+        return None
 
-    def put(self, key, value) -> None:
-        self._items[key] = value
-        if len(self._items) > GRAPH_CACHE_ENTRIES:
-            self._items.popitem(last=False)
+    def put(self, key, value, nodes: int) -> None:
+        if key in self._items:
+            return
+        self._items[key] = (value, nodes)
+        self._nodes += nodes
+        while self._items and (len(self._items) > GRAPH_CACHE_ENTRIES or self._nodes > GRAPH_CACHE_NODES):
+            _, (_, n) = self._items.popitem(last=False)
+            self._nodes -= n
 
 
 def _insert_rows(conn, table, cols: tuple, rows: list[tuple]) -> None:
@@ -273,7 +281,7 @@ class FileBuilder:
         if text is None:
             text = parse_fx_text(rec.payload)
             if md5:
-                self.cache.put(("text", md5), text)
+                self.cache.put(("text", md5), text, len(text.nodes))
         self.counts["bad_statements"] += text.bad_statements
         if not text.nodes:
             self.counts["empty_graphs"] += 1
@@ -358,7 +366,7 @@ class FileBuilder:
             edges = [(e.src_idx, e.dst_idx, e.arg_pos, e.size_bytes) for e in text.edges]
             cached = (nodes, edges)
             if md5:
-                self.cache.put(key, cached)
+                self.cache.put(key, cached, len(text.nodes))
         _insert_rows(conn, Node.__table__, NODE_COLS, [(graph_id, *r) for r in cached[0]])
         _insert_rows(conn, Edge.__table__, EDGE_COLS, [(graph_id, *r) for r in cached[1]])
         if io:
