@@ -35,7 +35,7 @@ from collections import Counter, defaultdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.trace_analysis import CommRule, TraceData
+from graphdeck.analysis.trace_analysis import CommRule, TraceData, step_times
 from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import Run, Trace
 
@@ -123,7 +123,9 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
     stragglers.
 
     Returns ``{"ranks": {rank: trace_id}, "offsets": {rank: {"offset_ns", "method",
-    "matched"}}, "collectives": [...], "stragglers": [...], "unmatched": {rank: n}}``.
+    "matched"}}, "collectives": [...], "stragglers": [...], "unmatched": {rank: n},
+    "step_times": {rank: [...]}}`` (step times per rank:
+    :func:`~graphdeck.analysis.trace_analysis.step_times`, times on each rank's own clock).
     ``collectives`` entries: ``group``, ``kind``, ``seq``, ``step``, ``ranks`` (rank →
     ``arrive_ns``, ``end_ns``, ``wait_ns``, ``transfer_ns``), ``last_rank``, ``spread_ns``
     (last − first arrival). ``stragglers``: per step, each rank's summed lateness
@@ -133,7 +135,9 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
     if session.get(Run, run_id) is None:
         raise NotFoundError(f"run {run_id} not found", resource="run", id=run_id)
     traces = traces or run_traces(session, run_id)
-    per_rank = {r: rank_collectives(TraceData(session, tid), rule) for r, tid in sorted(traces.items())}
+    datas = {r: TraceData(session, tid) for r, tid in sorted(traces.items())}
+    per_rank = {r: rank_collectives(d, rule) for r, d in datas.items()}
+    steps = {r: step_times(d) for r, d in datas.items()}
     by_key: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for r, colls in per_rank.items():
         for c in colls:
@@ -182,4 +186,4 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
                            "last_count": dict(sorted(lasts.items())), "straggler": straggler})
     unmatched = {r: sum(1 for c in colls if len(by_key[c["key"]]) < 2) for r, colls in per_rank.items()}
     return {"ranks": traces, "reference_rank": ref, "offsets": offsets, "collectives": collectives,
-            "stragglers": stragglers, "unmatched": unmatched}
+            "stragglers": stragglers, "unmatched": unmatched, "step_times": steps}

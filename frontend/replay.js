@@ -195,6 +195,9 @@ export async function renderRunTimeline(page, m) {
       shown.map((x) => tr([fmt(x.group), fmt(x.kind), fmt(x.seq), fmt(x.step), `rank ${x.last_rank}`,
         (x.spread_ns / 1e6).toFixed(3),
         ...ranks.map((r) => (x.ranks[r] ? `${(x.ranks[r].wait_ns / 1e6).toFixed(3)} / ${(x.ranks[r].transfer_ns / 1e6).toFixed(3)}` : "—"))]))),
+      table("step-times-table", ["rank", ...Object.values(c.step_times)[0]?.map((st) => `step ${fmt(st.step)} CPU / GPU ms`) ?? []],
+        Object.entries(c.step_times).map(([r, sts]) => tr([`rank ${r}`, ...sts.map((st) =>
+          `${((st.cpu_dur_ns ?? 0) / 1e6).toFixed(3)} / ${((st.gpu_span_ns ?? 0) / 1e6).toFixed(3)}`)]))),
       table("stragglers-table", ["step", "collectives", "lateness per rank (ms)", "arrived last (count)", "straggler"],
         c.stragglers.map((s) => tr([fmt(s.step), fmt(s.collectives),
           Object.entries(s.lateness_ns).map(([r, ns]) => `r${r}: ${(ns / 1e6).toFixed(3)}`).join(", "),
