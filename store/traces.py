@@ -5,6 +5,14 @@ handling, the token stream, top-level metadata and the µs → ns units. This mo
 rank and writes the events ``batch_size`` at a time, one transaction per batch, so memory stays
 flat as the file grows; then it finalises the trace, or deletes it when the ingest fails.
 
+Three readings, tried in order on a seekable input (a file, an upload's spool): the fast path
+(events built by ijson's C parser, batches written by a writer thread; NOTE: [Fast path] in
+:mod:`graphdeck.store.trace_json`); on any surprise the token path (events built from ijson
+tokens, the reading that classifies truncation and garbage); on a lexical error there, the
+repair path (broken strings repaired and counted: ``stats["repaired_*"]``, NOTE: [String
+repair]). An unseekable stream takes the token path only. ``stats["repair_mode"]`` says whether
+the repairer ran.
+
 What is kept:
 
 * ``X`` (complete) and ``i`` / ``I`` (instant) events become :class:`TraceEvent` rows. Every
@@ -22,7 +30,8 @@ What is kept:
 Errors (all leave nothing half-written: a failed ingest deletes its trace and events):
 
 * :class:`~graphdeck.errors.BadInputError`: empty, not JSON, not gzip despite the gzip magic, no
-  ``traceEvents`` array, no event in it; or, with ``strict=True``, any skipped event.
+  ``traceEvents`` array, no event in it; or, with ``strict=True``, any skipped event or any
+  repaired string.
 * :class:`~graphdeck.errors.TruncatedInputError`: the file ends mid-stream (a cut gzip member, or
   JSON that stops inside the events) or turns into garbage after some events. Without ``strict``
   every event parsed before the cut is kept, the trace's status is ``"truncated"`` and the error
