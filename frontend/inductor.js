@@ -18,6 +18,17 @@ function kernelList(graphId, kernels) {
           title: n.pre_grad_node ? `pre-grad node ${n.pre_grad_node} (${n.source})` : n.source}, n.node)]))));
 }
 
+/** The other direction: each node → the kernels that compute it. */
+function nodeList(graphId, nodes) {
+  const entries = Object.entries(nodes || {});
+  if (!entries.length) return null;
+  return h("details", {class: "node-kernels", "data-testid": `node-kernels-${graphId}`},
+    h("summary", {}, `by node (${entries.length})`),
+    h("ul", {class: "kernel-links"}, entries.map(([node, kernels]) => h("li", {},
+      h("a", {href: `#/graphs/${graphId}?node=${encodeURIComponent(node)}`, class: "node-link"}, node), " ← ",
+      kernels.map((k, i) => [i ? ", " : "", h("code", {class: "kernel-name"}, k)])))));
+}
+
 /**
  * A collapsed <details> "Inductor output code": on first open it fetches the record's code and
  * the kernel → node links of its graph. `out`: {event_id, graph_id, chars} from the compile index.
@@ -39,6 +50,7 @@ export function outputCodePanel(out) {
           h("a", {href: `#/graphs/${ev.graph_id}`}, fmt(ev.graph_name ?? `graph ${ev.graph_id}`)),
           links ? ` · ${plural(kernels, "kernel")} with provenance links` : "") : null,
         links ? kernelList(ev.graph_id, links.kernels) : null,
+        links ? nodeList(ev.graph_id, links.nodes) : null,
         h("pre", {class: "code output-code-text"}, String(ev.payload ?? "")));
     } catch (err) {
       body.replaceChildren(errorBox(err));
