@@ -30,15 +30,16 @@ Pure: reads the store, returns data; the server, CLI and dashboard render it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 from graphdeck.errors import NotFoundError, UsageError
-from graphdeck.store.schema import Edge, Graph, InternedString, Node
+from graphdeck.store.schema import Graph, InternedString
 
 #: Ops whose output aliases their first tensor input (no new storage). Matched against the op
 #: name without namespace/overload: ``aten.view.default`` → ``view``; ``torch.Tensor.view`` and
@@ -57,6 +58,7 @@ ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8,
             "float8_e5m2": 1}
 
 
+@functools.lru_cache(maxsize=8192)
 def op_name(target: str) -> str:
     """``aten.view.default`` → ``view``; ``torch.Tensor.view`` → ``view``; ``_operator.getitem`` → ``getitem``."""
     parts = target.split(".")
@@ -68,7 +70,7 @@ def op_name(target: str) -> str:
     return parts[-1]
 
 
-@dataclass
+@dataclass(slots=True)
 class Tensor:
     """One storage: born at node ``birth_idx``, last read at ``death_idx`` (graph positions)."""
 
@@ -118,7 +120,7 @@ class MemoryCurve:
 
 
 # ------------------------------------------------------------------------------------ loading
-@dataclass
+@dataclass(slots=True)
 class _N:
     idx: int
     name: str
@@ -134,20 +136,26 @@ class _N:
 
 
 def _load(session: Session, graph_id: int) -> list[_N]:
-    target = aliased(InternedString)
-    module = aliased(InternedString)
-    rows = session.execute(
-        select(Node.idx, Node.name, Node.op, target.value, Node.size_bytes, Node.dtype, module.value, Node.seq_nr,
-               Node.desc, Node.param_fqn)
-        .join(target, target.id == Node.target_id)
-        .outerjoin(module, module.id == Node.module_path_id)
-        .where(Node.graph_id == graph_id).order_by(Node.idx)).all()
+    # Plain DB-API rows on SQLite: on 100k-node graphs SQLAlchemy's per-row processing was most
+    # of the time. Other databases go through SQLAlchemy's driver-level execution.
+    sql_nodes = ("SELECT n.idx, n.name, n.op, t.value, n.size_bytes, n.dtype, m.value, n.seq_nr, n.desc, "
+                 "n.param_fqn FROM nodes n JOIN strings t ON t.id = n.target_id "
+                 "LEFT JOIN strings m ON m.id = n.module_path_id WHERE n.graph_id = {p} ORDER BY n.idx")
+    sql_edges = "SELECT src_idx, dst_idx FROM edges WHERE graph_id = {p} ORDER BY id"  # (dst, arg_pos) order
+    conn = session.connection()
+    if conn.dialect.name == "sqlite":
+        raw = conn.connection.driver_connection
+        rows = raw.execute(sql_nodes.format(p="?"), (graph_id,)).fetchall()
+        edges = raw.execute(sql_edges.format(p="?"), (graph_id,))
+    else:
+        rows = conn.exec_driver_sql(sql_nodes.format(p="%(g)s"), {"g": graph_id}).fetchall()
+        edges = conn.exec_driver_sql(sql_edges.format(p="%(g)s"), {"g": graph_id})
     nodes = [_N(r[0], r[1], r[2], r[3], int(r[4] or 0), r[5], r[6], r[7], r[8], r[9], []) for r in rows]
     pos = {n.idx: i for i, n in enumerate(nodes)}
-    for src, dst, _p in session.execute(select(Edge.src_idx, Edge.dst_idx, Edge.arg_pos)
-                                        .where(Edge.graph_id == graph_id).order_by(Edge.dst_idx, Edge.arg_pos)):
-        if dst in pos:
-            nodes[pos[dst]].inputs.append(src)
+    for src, dst in edges:
+        p = pos.get(dst)
+        if p is not None:
+            nodes[p].inputs.append(src)
     return nodes
 
 
