@@ -77,7 +77,11 @@ function relatedGraphs(page, graph) {
     api(`/api/graphs/${parent.id}`).then((p) => {
       if (!page.alive()) return;
       const siblings = (p.children || []).map(asGraph).filter((c) => c.id !== graph.id).sort(order);
-      pending.replaceWith(...siblings.map((c) => item("sibling", c)));
+      pending.replaceWith(...siblings.map((c) => {
+        const li = item("sibling", c);
+        li.append(" ", h("a", {href: `#/compare/${graph.id}/${c.id}`, class: "compare-link"}, "side by side"));
+        return li;
+      }));
     }, (err) => {
       if (page.alive()) pending.replaceWith(h("li", {class: "muted"}, `other graphs of the parent unavailable: ${err.message}`));
     });
