@@ -44,7 +44,7 @@ from graphdeck.analysis.overlays import Overlay
 from graphdeck.server.render import layout as lay
 from graphdeck.server.render.filters import compile_patterns, filter_nodes, neighbourhood
 from graphdeck.server.render.palette import (
-    EDGE_BINS, EDGE_HEAVY, QUALITATIVE, bin_floor, edge_bin, edge_width, fmt_bytes, fmt_ns, hash_slots, heat,
+    EDGE_BINS, EDGE_HEAVY, HEAT, QUALITATIVE, bin_floor, edge_bin, edge_width, fmt_bytes, fmt_ns, hash_slots, heat,
 )
 from graphdeck.server.views import CATEGORIES, GraphView
 
@@ -65,6 +65,7 @@ _PLACEHOLDER_FILL = "#eeeeee"
 _OUTPUT_FILL = "#d9d9d9"
 _CLUSTER_FILLS = ("#f7f7fb", "#eef0f7")
 _COLLAPSED_FILL = "#dfe3f0"
+_DARK_FILLS = frozenset(HEAT[-3:])  # white text on these
 
 
 def _category_colors(categories: tuple[str, ...]) -> dict[str, str]:
@@ -293,14 +294,15 @@ class _Writer:
         total = self._cluster_value(path)
         if total is not None:
             fill = heat(total, 0.0, max(self.hi, total))
+        ink = ' fill="#fff"' if fill in _DARK_FILLS else ""
         self.out.append(
             f'<g id="cluster-{c.key}" class="{" ".join(classes)}" data-path="{_attr("/".join(path))}" '
             f'data-nodes="{c.total_nodes}" data-param-bytes="{c.param_bytes}"{_fade(classes)}>'
             f'<title>{_esc(_text("/".join(path), limit=400))} ({c.total_nodes} nodes; click to expand)</title>'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="4" fill="{fill}" stroke="#5a6690" stroke-width="1.5"/>'
             f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{w - 6:.1f}" height="{h - 6:.1f}" rx="3" fill="none" stroke="#5a6690" stroke-width="0.5"/>'
-            f'<text x="{x + w / 2:.1f}" y="{y + 14:.1f}" text-anchor="middle" font-weight="bold">{_esc(lines[0])}</text>'
-            f'<text x="{x + w / 2:.1f}" y="{y + 26:.1f}" text-anchor="middle" font-size="9">{_esc(lines[1])}</text></g>\n')
+            f'<text x="{x + w / 2:.1f}" y="{y + 14:.1f}" text-anchor="middle" font-weight="bold"{ink}>{_esc(lines[0])}</text>'
+            f'<text x="{x + w / 2:.1f}" y="{y + 26:.1f}" text-anchor="middle" font-size="9"{ink}>{_esc(lines[1])}</text></g>\n')
 
     def _node(self, node, x, y, w, h):
         classes = ["node", f"cat-{node.category}"]
@@ -330,8 +332,10 @@ class _Writer:
             v = self.overlay.values[node.id]
             title += f"\n{self.overlay.kind}: " + (fmt_ns(v) if self.overlay.unit == "ns" else fmt_bytes(v) if self.overlay.unit == "bytes" else str(v))
         text_y = [y + 12.5, y + 24.5] if len(lines) > 1 else [y + 13.5]
-        small = ' font-size="9" fill="#333"'
-        texts = "".join(f'<text x="{x + w / 2:.1f}" y="{ty:.1f}" text-anchor="middle"{small if i else ""}>{_esc(t)}</text>'
+        dark = fill in _DARK_FILLS
+        small = ' font-size="9" fill="#fff"' if dark else ' font-size="9" fill="#333"'
+        big = ' fill="#fff"' if dark else ""
+        texts = "".join(f'<text x="{x + w / 2:.1f}" y="{ty:.1f}" text-anchor="middle"{small if i else big}>{_esc(t)}</text>'
                         for i, (t, ty) in enumerate(zip(lines, text_y)))
         self.out.append(
             f'<g id="node-{node.idx}" class="{" ".join(classes)}" data-name="{_attr(node.id)}"{_fade(classes)}>'
