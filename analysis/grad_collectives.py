@@ -38,11 +38,13 @@ def collective_findings(session: Session, run_id: int, rows: list[ParamRow]) -> 
     if not any(_is_collective(v) for v in ids.values()):
         return []
     coll = [k for k, v in ids.items() if _is_collective(v) or _is_wait(v)]
-    hits = session.connection().execute(select(Node.graph_id).join(Graph, Graph.id == Node.graph_id)
-                                        .where(Graph.run_id == run_id, Node.target_id.in_(coll)).distinct()).all()
+    conn = session.connection()
+    graph_ids = conn.execute(select(Graph.id).where(Graph.run_id == run_id).order_by(Graph.id)).scalars().all()
+    hits = [gid for gid in graph_ids if conn.execute(select(Node.id).where(
+        Node.graph_id == gid, Node.target_id.in_(coll)).limit(1)).first() is not None]
     findings: list[Finding] = []
     row_by = {(r.rank, a): r for r in rows for a in r.aliases}
-    for (gid,) in hits:
+    for gid in hits:
         g = session.get(Graph, gid)
         findings += _graph_findings(session, g, ids, row_by)
     return findings
@@ -97,65 +99,58 @@ def _graph_findings(session: Session, g: Graph, ids: dict[int, str], row_by: dic
     arr = _Arrays(session, g.id)
     kind = {k: ("wait" if _is_wait(v) else "coll" if _is_collective(v) else "getitem" if "getitem" in v else "")
             for k, v in ids.items()}
-    coll_ids = np.array([k for k, v in kind.items() if v == "coll"] or [-1])
-    wait_ids = {k for k, v in kind.items() if v == "wait"}
-    follow_ids = {k for k, v in kind.items() if v in ("coll", "getitem")}
-    reduce_ids = np.array([k for k, v in ids.items() if kind[k] == "coll" and any(w in v for w in REDUCE_OPS)] or [-1])
-    colls = np.nonzero(np.isin(arr.target_id, coll_ids))[0].tolist()
     tid = arr.target_id
+
+    def mask(kinds) -> np.ndarray:
+        keys = [k for k, v in kind.items() if v in kinds]
+        return np.isin(tid, np.array(keys or [-1]))
+
+    is_coll, is_wait, is_item = mask(("coll",)), mask(("wait",)), mask(("getitem",))
+    is_reduce = np.isin(tid, np.array([k for k, v in ids.items() if kind[k] == "coll"
+                                       and any(w in v for w in REDUCE_OPS)] or [-1]))
+    # Waited: a collective with a wait_tensor user, or a getitem user that has one (coalesced
+    # collectives return tuples). One vectorised pass over the edges per level.
+    src = np.repeat(np.arange(arr.n), np.diff(arr.succ_ptr))
+    dst = arr.succ
+    waited = np.zeros(arr.n, dtype=bool)
+    waited[src[is_wait[dst]]] = True
+    item_waited = waited & is_item
+    waited[src[item_waited[dst]]] = True
+    unwaited = np.nonzero(is_coll & ~waited)[0].tolist()
     out: list[Finding] = []
-    unwaited = []
-    for c in colls:
-        seen, stack, waited = {c}, [c], False
-        while stack and not waited:
-            i = stack.pop()
-            for u in arr.users(i):
-                if int(tid[u]) in wait_ids:
-                    waited = True
-                    break
-                if u not in seen and int(tid[u]) in follow_ids:
-                    seen.add(u)
-                    stack.append(u)
-        if not waited:
-            unwaited.append(c)
     if unwaited:
         bad = [arr.names[i] for i in unwaited]
         out.append(Finding(kind="COLLECTIVE_NOT_WAITED", severity="error", graph_id=g.id, node=bad[0],
                            ranks=[g.rank],
-                           message=(f"rank {g.rank}, graph {g.id} ({g.kind}): {', '.join(bad)} "
-                                    f"({ids.get(int(tid[unwaited[0]]), '?')}) never reach a wait_tensor: the result "
-                                    "is used before the collective completes, or it is never completed"),
+                           message=(f"rank {g.rank}, graph {g.id} ({g.kind}): {', '.join(bad[:8])}"
+                                    f"{' …' if len(bad) > 8 else ''} ({ids.get(int(tid[unwaited[0]]), '?')}) never "
+                                    "reach a wait_tensor: the result is used before the collective completes, or "
+                                    "it is never completed"),
                            fix="wait on every functional collective's result (torch.ops._c10d_functional."
                                "wait_tensor, or use the AsyncCollectiveTensor it returns) before using it"))
-    is_reduce = np.isin(tid, reduce_ids)
     if g.kind == "aot_backward" and is_reduce.any():
-        out += _grad_reduction(session, g, arr, is_reduce, row_by)
+        out += _grad_reduction(session, g, arr, is_reduce, src, dst, row_by)
     return out
 
 
-def _grad_reduction(session, g, arr: _Arrays, is_reduce, row_by) -> list[Finding]:
+def _grad_reduction(session, g, arr: _Arrays, is_reduce, src, dst, row_by, levels: int = 4) -> list[Finding]:
     """Each gradient output of a backward graph that reduces gradients in-graph: does an
-    ``all_reduce``/``reduce_scatter`` lie on its path? (Nearly always one or two steps back:
-    ``wait_tensor(all_reduce(grad))``, so the walk is short.)"""
+    ``all_reduce``/``reduce_scatter`` lie on its path? ``near[k]``: a reduction within ``k``
+    steps back (vectorised over the edges); deeper ones are walked one by one."""
     by_name = {name: i for i, name in enumerate(arr.names)}
     grads = session.connection().execute(select(GraphIO.param_fqn, GraphIO.node_name).where(
         GraphIO.graph_id == g.id, GraphIO.direction == "grad", GraphIO.has_grad.is_(True))).all()
-    reduce_flags = is_reduce.tolist()
+    near = is_reduce.copy()
+    for _ in range(levels):
+        step = near.copy()
+        step[dst[near[src]]] = True
+        near = step
     missing = defaultdict(list)
     for fqn, node_name in grads:
         start = by_name.get(node_name)
         if start is None:
             continue
-        seen, stack, reduced = {start}, [start], reduce_flags[start]
-        while stack and not reduced:
-            i = stack.pop()
-            for p in arr.preds(i):
-                if reduce_flags[p]:
-                    reduced = True
-                    break
-                if p not in seen:
-                    seen.add(p)
-                    stack.append(p)
+        reduced = bool(near[start]) or _walk_back(arr, start, is_reduce)
         row = row_by.get((g.rank, fqn))
         if row is not None:
             row.reduced = reduced if row.reduced is None else (row.reduced and reduced)
@@ -170,3 +165,15 @@ def _grad_reduction(session, g, arr: _Arrays, is_reduce, row_by) -> list[Finding
                              "ranks will step with different weights"),
                     fix="make sure every parameter's gradient goes through the data-parallel reduction "
                         "(register it with the reducer/FSDP, or all-reduce it yourself)")]
+
+
+def _walk_back(arr: _Arrays, start: int, is_reduce) -> bool:
+    seen, stack = {start}, [start]
+    while stack:
+        for p in arr.preds(stack.pop()):
+            if is_reduce[p]:
+                return True
+            if p not in seen:
+                seen.add(p)
+                stack.append(p)
+    return False

@@ -320,7 +320,8 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
         f = ddp_unused_finding([r for r in report.rows if not r.allowed])
         if f is not None:
             report.findings.append(f)
-    report.findings += divergence_findings([r for r in report.rows if r.status != "BUFFER"], ddp=ddp)
+    if len(ranks) > 1:
+        report.findings += divergence_findings([r for r in report.rows if r.status != "BUFFER"], ddp=ddp)
     for gid, lg in sorted(loaded.items()):
         report.findings += _intermediate_outputs(lg, strings)
     from graphdeck.analysis.grad_collectives import collective_findings

@@ -43,11 +43,11 @@ class UnusedExtra(nn.Module):
 class TwoHeads(nn.Module):
     """G2: a shared trunk and two heads; the loss uses ``src_logits`` only."""
 
-    def __init__(self):
+    def __init__(self, d: int = D):
         super().__init__()
-        self.trunk = nn.Sequential(nn.Linear(D, D), nn.ReLU())
-        self.src_head = nn.Linear(D, 3)
-        self.tgt_head = nn.Linear(D, 5)
+        self.trunk = nn.Sequential(nn.Linear(d, d), nn.ReLU())
+        self.src_head = nn.Linear(d, 3)
+        self.tgt_head = nn.Linear(d, 5)
 
     def forward(self, x):
         h = self.trunk(x)
@@ -101,13 +101,13 @@ class BranchOnBatch(nn.Module):
 class DetachInMiddle(nn.Module):
     """G5: ``blk2``'s output is detached; ``blk1`` still reaches the loss through ``aux``."""
 
-    def __init__(self):
+    def __init__(self, d: int = D):
         super().__init__()
-        self.emb = nn.Embedding(16, D)
-        self.blk1 = nn.Linear(D, D)
-        self.blk2 = nn.Linear(D, D)
-        self.head = nn.Linear(D, 4)
-        self.aux = nn.Linear(D, 1)
+        self.emb = nn.Embedding(16, d)
+        self.blk1 = nn.Linear(d, d)
+        self.blk2 = nn.Linear(d, d)
+        self.head = nn.Linear(d, 4)
+        self.aux = nn.Linear(d, 1)
 
     def forward(self, x):
         h = torch.relu(self.emb(x))

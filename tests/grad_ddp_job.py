@@ -5,9 +5,9 @@ in one store, captured through the graphdeck backend around ``torch.compile(DDP(
 
 Cases: ``g1`` (aot_eager, 2 steps: step 2 raises DDP's "Expected to have finished reduction"),
 ``g1_inductor`` (the same with Inductor), ``g2`` (1 step; the compiled run silently gives
-``tgt_head`` zero gradients), ``g3`` (forward only: step 2 would raise), ``g4`` (forward only: rank 0
+``tgt_head`` zero gradients; 1 MiB weights and buckets, so the graph is split), ``g3`` (forward only: step 2 would raise), ``g4`` (forward only: rank 0
 gets an empty target batch, rank 1 a non-empty one; the backward would hang), ``g5`` (2 steps,
-``find_unused_parameters=True``: silent). ``OUT_JSON`` (rank 0) receives what each step raised.
+``find_unused_parameters=True``: silent; split into buckets too). ``OUT_JSON`` (rank 0) receives what each step raised.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from graphdeck.capture import Agent  # noqa: E402
 from tests import grad_cases as C  # noqa: E402
 
+WIDE = 512  # a 512x512 float32 weight is 1 MiB: one DDP bucket each at bucket_cap_mb=1
+
 
 def run_case(store: str, case: str, rank: int) -> dict:
     torch._dynamo.reset()
@@ -33,11 +35,13 @@ def run_case(store: str, case: str, rank: int) -> dict:
     backend = "inductor" if case.endswith("_inductor") else "aot_eager"
     name = case.removesuffix("_inductor")
     find_unused = name == "g5"
+    # G2 and G5 with 1 MiB weights and 1 MiB buckets: DDPOptimizer splits their graphs.
+    wide = {"d": WIDE} if name in ("g2", "g5") else {}
     model = {"g1": C.UnusedExtra, "g2": C.TwoHeads, "g3": C.NoGradHelper, "g4": C.BranchOnBatch,
-             "g5": C.DetachInMiddle}[name]()
+             "g5": C.DetachInMiddle}[name](**wide)
     agent = Agent(store=store, run=case)
     agent.watch(model)
-    ddp = DDP(model, find_unused_parameters=find_unused)
+    ddp = DDP(model, find_unused_parameters=find_unused, **({"bucket_cap_mb": 1} if wide else {}))
     compiled = torch.compile(ddp, backend=agent.backend(backend))
     steps = {"g1": 2, "g2": 1, "g3": 1, "g4": 1, "g5": 2}[name]
     outcome = {"errors": [], "steps_done": 0}
@@ -50,7 +54,7 @@ def run_case(store: str, case: str, rank: int) -> dict:
             targets = torch.zeros(0, dtype=torch.long) if rank == 0 else torch.tensor([1, 2, 3])
             inputs = (torch.randn(4, C.D, generator=gen), targets)
         else:
-            inputs = (torch.randn(4, C.D, generator=gen),)
+            inputs = (torch.randn(4, WIDE if wide else C.D, generator=gen),)
         try:
             out = compiled(*inputs)
             if name in ("g3", "g4"):

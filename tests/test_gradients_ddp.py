@@ -83,3 +83,8 @@ def test_g2_g3_g5_under_ddp(job):
         assert g3[(rank, "head.weight")].status == "OK"
         assert {f for (rk, f), x in g5.items() if rk == rank and x.status != "OK"} == {"blk2.weight", "blk2.bias"}
         assert g5[(rank, "blk2.bias")].cut.source == C.line_of("G5-cut")
+        buckets = {f: g5[(rank, f)].bucket for f in ("emb.weight", "blk1.weight", "blk2.weight", "head.weight")}
+        assert buckets == {"emb.weight": 0, "blk1.weight": 1, "blk2.weight": 2, "head.weight": 2}, \
+            f"1 MiB weights in 1 MiB buckets: DDPOptimizer split G5 into 3 buckets; {buckets}"
+        assert g5[(rank, "blk2.weight")].cut.graph_id not in g5[(rank, "blk2.weight")].grad_graphs, \
+            "the cut is found in the unsplit Dynamo graph, the gradient in the bucket's backward graph"
