@@ -194,8 +194,13 @@ def test_hostile_module_and_stack_trace_stay_text(page, server, graphs):
     # the namespace splits on "/", so "</script>" makes two levels: "<script>alert(1)<" and "script>"
     assert cluster.count() >= 1, "the hostile module name is drawn as text"
     assert page.locator("#graph-svg script, #graph-svg img").count() == 0
-    name = page.evaluate("""() => [...document.querySelectorAll('#graph-svg g.cluster')].find(
-        c => c.dataset.path.includes('<script>')).parentNode.querySelector('g.node[data-name]')?.dataset.name""")
-    assert name
     svg = httpx.get(f"{server}/api/graphs/{bwd['id']}/svg?max_depth=99", timeout=30).text
     assert "<script>" not in svg and "<img" not in svg
+    nodes = httpx.get(f"{server}/api/graphs/{bwd['id']}/nodes", timeout=30).json()
+    evil = next(n for n in nodes if EVIL_MODULE in (n["module_path"] or ""))
+    page.locator(f'#graph-svg g.node[data-name="{evil["name"]}"]').dispatch_event("click")
+    stack = page.locator("#node-stack")
+    stack.wait_for()
+    assert EVIL_STACK in stack.inner_text(), "the stack trace shows the attribute text literally"
+    assert EVIL_MODULE in page.locator("#node-details").inner_text(), "and the module path too"
+    assert page.locator("#node-details img, #node-details script").count() == 0
