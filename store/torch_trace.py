@@ -65,6 +65,7 @@ from graphdeck.store.torch_trace_log import (
     LogReader,
     ReadStats,
     discover,
+    open_log,
     rank_from_filename,
 )
 
@@ -173,7 +174,7 @@ def _plan_rank(path: Path) -> tuple[int, int | None, int | None]:
     """(store rank, rank in the file name, rank in the first envelope that has one)."""
     file_rank = rank_from_filename(path)
     env_rank = None
-    with open(path, "rb") as fh:
+    with open_log(path) as fh:
         for i, raw in enumerate(fh):
             if i > 5000:
                 break

@@ -42,7 +42,18 @@ ENVELOPE_FIELDS = frozenset({"rank", "frame_id", "frame_compile_id", "attempt", 
                              "has_payload", "stack", "pid", "timestamp", "thread"})
 #: ``dedicated_log_torch_trace_rank_3_abcd1234.log`` (torch's TORCH_TRACE file name; the suffix
 #: after the rank is random and optional).
-RANK_FILE_RE = re.compile(r"rank_(\d+)(?:_[^/\\]*)?\.log$")
+RANK_FILE_RE = re.compile(r"rank_(\d+)(?:_[^/\\]*)?\.log(?:\.gz)?$")
+LOG_SUFFIXES = (".log", ".txt", ".log.gz", ".txt.gz")
+
+
+def open_log(path: str | Path):
+    """The log's bytes: ``*.gz`` files are decompressed as they are read."""
+    path = Path(path)
+    if path.name.endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rb")
+    return open(path, "rb")
 
 
 def compile_id_of(envelope: dict) -> str | None:
@@ -60,6 +71,13 @@ def compile_id_of(envelope: dict) -> str | None:
     if attempt:
         text += f"_{attempt}"
     return text
+
+
+def _position(fh) -> int:
+    """Bytes of the file read so far (of the compressed file for ``*.gz``, as the progress bar
+    counts file sizes)."""
+    raw = getattr(fh, "fileobj", None)
+    return raw.tell() if raw is not None else fh.tell()
 
 
 def rank_from_filename(path: str | Path) -> int | None:
@@ -113,7 +131,7 @@ class LogReader:
     def __iter__(self) -> Iterator[Record]:
         pending: tuple | None = None  # (envelope, kind, line_no, glog time, expected md5)
         lines: list[bytes] = []  # the pending record's raw payload lines, tab and newline kept
-        with open(self.path, "rb") as fh:
+        with open_log(self.path) as fh:
             for line_no, raw in enumerate(fh, 1):
                 if raw[:1] == b"\t":
                     if pending is not None:
@@ -127,7 +145,7 @@ class LogReader:
                 if pending is not None:
                     rec = self._finish(pending, lines)
                     pending, lines = None, []
-                    self.bytes_read = fh.tell()
+                    self.bytes_read = _position(fh)
                     if rec is not None:
                         yield rec
                 if not raw.strip():
@@ -162,7 +180,7 @@ class LogReader:
                 rec = self._finish(pending, lines)
                 if rec is not None:
                     yield rec
-            self.bytes_read = fh.tell()
+            self.bytes_read = _position(fh)
 
     def _intern(self, value: Any) -> None:
         if isinstance(value, list) and len(value) == 2 and isinstance(value[1], int):
@@ -214,7 +232,8 @@ class LogReader:
 def discover(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
     """Expand directories into their log files. Returns (files to read, skipped names).
 
-    A directory contributes its ``*.log`` and ``*.txt`` files (recursively, sorted); empty files
+    A directory contributes its ``*.log`` and ``*.txt`` files, gzipped or not (recursively,
+    sorted); empty files
     and files whose first non-empty line is not a glog line are skipped (returned with the
     reason), so a folder mixing logs with other files imports cleanly.
     """
@@ -223,7 +242,7 @@ def discover(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            candidates = sorted(x for x in p.rglob("*") if x.is_file() and x.suffix in (".log", ".txt"))
+            candidates = sorted(x for x in p.rglob("*") if x.is_file() and x.name.endswith(LOG_SUFFIXES))
             for c in candidates:
                 why = _not_a_log(c)
                 if why:
@@ -238,7 +257,7 @@ def discover(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
 def _not_a_log(path: Path) -> str | None:
     if path.stat().st_size == 0:
         return "empty"
-    with open(path, "rb") as fh:
+    with open_log(path) as fh:
         for raw in fh:
             if raw.strip():
                 m = GLOG_RE.match(raw)

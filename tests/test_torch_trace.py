@@ -332,3 +332,15 @@ def test_fx_text_joint_graph():
         ("tangents_1", [16, 512], "TangentAOTInput(output=PlainAOTOutput(idx=0))")]
     assert g.outputs == ["primals_1", "mm"] and g.output_descs[1] == "GradAOTOutput(grad_of=PlainAOTInput(idx=0))"
     assert g.bad_statements == 0
+
+
+def test_gzipped_logs(tmp_path):
+    """A folder of gzipped rank logs imports like the plain one."""
+    import gzip
+
+    for log in shared_path(*GEN, "detach").glob("*.log"):
+        with gzip.open(tmp_path / (log.name + ".gz"), "wb") as out:
+            out.write(log.read_bytes())
+    engine = open_engine(tmp_path / "gz.db")
+    res = import_torch_trace(engine, tmp_path, run_name="gz", strict=True, progress=True)
+    assert res.ranks == [0, 1] and res.stats["graphs"] == 44
