@@ -193,6 +193,9 @@ def test_filter_keeps_matches_and_paths_between_them_and_fades_the_rest():
     assert {"relu0", "add0", "relu1", "add1"} <= {n for n, c in cls.items() if "on-path" in c}, "paths mm0 → mm2 kept"
     assert "faded" in cls["sum0"] and "faded" in cls["output"], "nodes off every path between matches fade"
     assert "on-path" not in cls["relu2"], "after the last match is not between matches"
+    boxes = {g.get("data-path"): g for g in groups(parse(render_graph_svg(view, max_depth=1, filter_by_op=["mm"])), "collapsed")}
+    assert "has-match" in boxes["layers/0"].get("class") and texts(boxes["layers/0"])[1].endswith("1 match"), \
+        "a collapsed cluster holding a match says so"
     for bad in ["(", "[a-", "*"]:
         with pytest.raises(UsageError, match="not a valid regular expression"):
             render_graph_svg(view, filter_by_op=[bad])

@@ -56,8 +56,9 @@ DEFAULT_TIMEOUT_S = 10.0
 MAX_TEXT_CHARS = 60
 #: How many of the heaviest edges are highlighted.
 HEAVY_EDGES = 5
-#: Hops around the focus node in the fallback view.
+#: Hops around the focus node in the fallback view, and the most nodes it draws.
 FALLBACK_HOPS = 2
+FALLBACK_MAX_NODES = 1500
 
 # Pastel fills, none grey (grey is reserved for placeholders and outputs).
 _PALETTE = ("#a6cee3", "#b2df8a", "#fb9a99", "#fdbf6f", "#cab2d6", "#ffff99", "#8dd3c7", "#fccde5")
@@ -160,11 +161,16 @@ def fallback_svg(view: GraphView, centre: str | None, why: str) -> str:
     if centre is None:
         return note_svg(f"{view.name}: {why}")
     keep = neighbourhood(view, centre, FALLBACK_HOPS)
+    if len(keep) > FALLBACK_MAX_NODES:  # a huge fan-in/out: one hop, then the first nodes in graph order
+        keep = neighbourhood(view, centre, 1)
+        if len(keep) > FALLBACK_MAX_NODES:
+            order = {n.id: n.idx for n in view.nodes}
+            keep = set(sorted(keep - {centre}, key=order.__getitem__)[: FALLBACK_MAX_NODES - 1]) | {centre}
     sub = GraphView.model_construct(graph_id=view.graph_id, name=view.name, kind=view.kind,
                                     nodes=[n for n in view.nodes if n.id in keep],
                                     edges=[e for e in view.edges if e.src in keep and e.dst in keep])
     svg = render_graph_svg(sub, max_depth=99, marks={centre: "linked"}, max_items=10**9)
-    note = (f"{why}: showing the {FALLBACK_HOPS}-hop neighbourhood of {centre} ({len(keep)} nodes); "
+    note = (f"{why}: showing the neighbourhood of {centre} ({len(keep)} nodes); "
             "collapse clusters or filter to see more")
     return svg.replace('<g id="graph0"', f'<text class="fallback-note" x="4" y="-6" font-size="11" '
                        f'fill="#a00">{_esc(_text(note, limit=300))}</text>\n<g id="graph0"', 1)
@@ -187,6 +193,9 @@ class _Writer:
         self.cat_fill = {c: QUALITATIVE[s] for c, s in hash_slots(cats, len(QUALITATIVE)).items()}
         self.out: list[str] = []
         self.edge_k = 0
+        self._totals: dict[int, dict] = {}
+        self._sums: dict | None = None
+        self._kept_names = matched | on_path
 
     # ---------------------------------------------------------------- sizes (used by the layout)
     def node_lines(self, node) -> list[str]:
@@ -219,16 +228,29 @@ class _Writer:
         return max(60.0, max(len(t) for t in lines) * lay.CHAR_W + 20), 34.0
 
     def _count(self, path, names: set[str]) -> int:
-        n = len(path)
-        return sum(1 for idx, p in self.prep.node_path.items() if p[:n] == path and self.prep.by_idx[idx].id in names)
+        """How many nodes of cluster ``path`` (at any depth) are in ``names``; per-prefix totals
+        are built once per set, so a view with hundreds of boxes stays linear."""
+        key = id(names)
+        totals = self._totals.get(key)
+        if totals is None:
+            totals = self._totals[key] = self._per_prefix({self.prep.by_name[n]: 1 for n in names if n in self.prep.by_name})
+        return int(totals.get(path, 0))
 
     def _cluster_value(self, path):
         if not self.numeric:
             return None
-        n = len(path)
-        vals = [float(self.overlay.values[self.prep.by_idx[i].id]) for i, p in self.prep.node_path.items()
-                if p[:n] == path and self.prep.by_idx[i].id in self.overlay.values]
-        return sum(vals) if vals else None
+        if self._sums is None:
+            self._sums = self._per_prefix({self.prep.by_name[k]: float(v) for k, v in self.overlay.values.items()
+                                           if k in self.prep.by_name})
+        return self._sums.get(path)
+
+    def _per_prefix(self, by_idx: dict[int, float]) -> dict[tuple[str, ...], float]:
+        out: dict[tuple[str, ...], float] = {}
+        for idx, value in by_idx.items():
+            p = self.prep.node_path[idx]
+            for d in range(1, len(p) + 1):
+                out[p[:d]] = out.get(p[:d], 0) + value
+        return out
 
     # ---------------------------------------------------------------- drawing
     def document(self, view: GraphView, root: lay.Box) -> str:
@@ -378,7 +400,7 @@ class _Writer:
         if isinstance(member, int):
             name = self.prep.by_idx[member].id
             return name in self.matched or name in self.on_path
-        return bool(self._count(member[1], self.matched | self.on_path))
+        return bool(self._count(member[1], self._kept_names))
 
     def _legend(self, max_bytes: int) -> tuple[str, float]:
         parts = ['<g id="legend" class="legend" font-size="9">']
