@@ -64,6 +64,8 @@ PAYLOAD_LIMIT_CHARS = 1_000_000
 _FLAT_INPUT_RE = re.compile(r"^(?:primals_(\d+)|arg(\d+)_1)$")
 GRAPH_CACHE_ENTRIES = 64
 GRAPH_CACHE_NODES = 100_000
+FULL_COMPILES = 64
+MAX_TENSOR_DESCS = 100_000
 NODE_COLS = ("graph_id", "idx", "name", "op", "target_id", "args_json", "shape_json", "dtype", "stride_json", "device",
              "size_bytes", "module_path_id", "module_stack_json", "stack_trace_id", "seq_nr", "partitioner_tag", "desc",
              "param_fqn", "meta_json")
@@ -189,6 +191,7 @@ class FileBuilder:
             # a restarted attempt ("4/0_1") keeps the frame found by attempt 0's dynamo_start
             first = self.compiles.get((rec.compile_id or "").split("_")[0])
             ctx = self.compiles[rec.compile_id] = _Compile(frame_name=first.frame_name if first else None)
+            self._shrink_old_compiles()
         kind, name = rec.kind, rec.name
         if kind == "describe_tensor" and isinstance(rec.body, dict):
             self.tensors[(rec.body.get("describer_id"), rec.body.get("id"))] = rec.body
@@ -234,6 +237,22 @@ class FileBuilder:
                             "compile_id": rec.compile_id,
                             "metadata_json": json.dumps(meta, default=str), "payload": _cap(payload)})
         self.counts["compile_events"] += 1
+
+    def _shrink_old_compiles(self) -> None:
+        """Keep whole graphs only for the ``FULL_COMPILES`` latest compile ids; older ones keep
+        their graphs' placeholders (what a late post-grad graph or AOT group is matched on), so
+        memory does not grow with the number of compiles in a log."""
+        if len(self.compiles) <= FULL_COMPILES:
+            return
+        for ctx in list(self.compiles.values())[:-FULL_COMPILES]:
+            for stored in [ctx.dynamo, ctx.last_graph, *ctx.children,
+                           *(g for grp in ctx.groups for g in [*grp.graphs.values(), *grp.post_grad])]:
+                if stored is not None and stored.text.edges:
+                    t = stored.text
+                    stored.text = TextGraph(nodes=t.placeholders(), edges=[], outputs=t.outputs,
+                                            output_descs=t.output_descs, structural_hash=t.structural_hash)
+        if len(self.tensors) > MAX_TENSOR_DESCS:
+            self.tensors.clear()  # describe_tensor records are read by the describe_source right after
 
     # ----------------------------------------------------------------------------------- sources
     def _source(self, ctx: _Compile, body: dict) -> None:
