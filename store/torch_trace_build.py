@@ -116,6 +116,40 @@ def _insert_rows(conn, table, cols: tuple, rows: list[tuple]) -> None:
         conn.execute(table.insert(), [dict(zip(cols, r)) for r in rows])
 
 
+# NOTE: [Module paths of imported graphs] A printed graph carries no nn_module_stack, so the
+# graph view's clusters are inferred: a parameter placeholder belongs to the module owning the
+# parameter ("blk2.weight" -> "blk2"); an op reading a parameter placeholder belongs there too;
+# and the other ops of the same "# File:" block (one source line) join them when that block's ops
+# point at a single module. Inferred paths are marked in the node's meta (module_path: inferred).
+def module_paths(text: TextGraph, owner_of_placeholder: dict[str, str]) -> dict[str, str]:
+    """Node name → module path ``"a/b"`` for the nodes the rule above places (others absent)."""
+    paths = dict(owner_of_placeholder)
+    inputs: dict[int, list[int]] = {}
+    for e in text.edges:
+        inputs.setdefault(e.dst_idx, []).append(e.src_idx)
+    nodes = text.nodes
+    for n in nodes:
+        if n.op in ("placeholder", "output") or n.name in paths:
+            continue
+        for src in inputs.get(n.idx, ()):
+            got = owner_of_placeholder.get(nodes[src].name) if nodes[src].op == "placeholder" else None
+            if got:
+                paths[n.name] = got
+                break
+    block: list = []
+    for n in [*nodes, None]:
+        if n is not None and n.op not in ("placeholder", "output") and block and n.stack_trace == block[0].stack_trace:
+            block.append(n)
+            continue
+        found = {paths[b.name] for b in block if b.name in paths}
+        if block and block[0].stack_trace and len(found) == 1:
+            path = found.pop()
+            for b in block:
+                paths.setdefault(b.name, path)
+        block = [n] if n is not None and n.op not in ("placeholder", "output") else []
+    return paths
+
+
 def profiler_name(kernel: str) -> str:
     """A provenance kernel key (handle removed) as the profiler names the call, the convention of
     ``graphdeck.analysis.trace_map.trace_call_name``: ``extern_kernels.mm`` → ``aten::mm``,
@@ -373,15 +407,22 @@ class FileBuilder:
         )).inserted_primary_key[0]
         self.ordinal += 1
         md5 = rec.envelope.get("has_payload")
-        key = ("rows", md5, tuple(sorted(bind.items())))
+        key = ("rows", md5, tuple(sorted(bind.items())), tuple(sorted((x[2] or "", x[3] or "") for x in io)))
         cached = self.cache.get(key) if md5 else None
         if cached is None:
+            seeds = {name: owner[fqn] for name, fqn in bind.items() if owner.get(fqn)}
+            for d, _, value, fqn, _, _ in io:  # a backward output is the gradient of its parameter
+                if d == "grad" and value and fqn and "." in fqn:
+                    seeds.setdefault(value, "/".join(fqn.split(".")[:-1]))
+            paths = module_paths(text, seeds)
             nodes = [(n.idx, n.name[:300], n.op, self.intern(n.target),
                       json.dumps({"args": n.args, "kwargs": n.kwargs}, default=str),
                       None if n.shape is None else json.dumps(n.shape), n.dtype,
                       None if n.stride is None else json.dumps(n.stride), n.device, n.size_bytes,
-                      self.intern(owner.get(bind.get(n.name))) if bind.get(n.name) else None, None,
-                      self.intern(n.stack_trace), None, None, n.desc, bind.get(n.name), "{}") for n in text.nodes]
+                      self.intern(paths.get(n.name)), None,
+                      self.intern(n.stack_trace), None, None, n.desc, bind.get(n.name),
+                      '{"module_path": "inferred"}' if n.name in paths and n.name not in bind else "{}")
+                     for n in text.nodes]
             edges = [(e.src_idx, e.dst_idx, e.arg_pos, e.size_bytes) for e in text.edges]
             cached = (nodes, edges)
             if md5:

@@ -21,7 +21,7 @@ from graphdeck.analysis.gradients import gradient_report
 from graphdeck.errors import BadInputError, UsageError
 from graphdeck.store.db import open_engine
 from graphdeck.store.fx_text import parse_fx_text
-from graphdeck.store.schema import Graph, GraphIO, KernelNode, Node, Partition, Rank, Run
+from graphdeck.store.schema import Graph, GraphIO, InternedString, KernelNode, Node, Partition, Rank, Run
 from graphdeck.store.torch_trace import import_torch_trace
 from tests.conftest import LiveServer, shared_path
 
@@ -344,3 +344,19 @@ def test_gzipped_logs(tmp_path):
     engine = open_engine(tmp_path / "gz.db")
     res = import_torch_trace(engine, tmp_path, run_name="gz", strict=True, progress=True)
     assert res.ranks == [0, 1] and res.stats["graphs"] == 44
+
+
+def test_inferred_module_paths(gen_store):
+    """Printed graphs carry no nn_module_stack: an op reading a parameter, the other ops of its
+    '# File:' line, and a backward op producing a parameter's gradient take that module's path
+    (marked as inferred), so the graph view can cluster imported graphs."""
+    engine, _ = gen_store
+    with Session(engine) as s:
+        run = s.scalar(select(Run).where(Run.name == "detach"))
+        dyn = s.scalar(select(Graph.id).where(Graph.run_id == run.id, Graph.rank == 0, Graph.kind == "dynamo"))
+        rows = dict(s.execute(select(Node.name, InternedString.value)
+                              .join(InternedString, InternedString.id == Node.module_path_id)
+                              .where(Node.graph_id == dyn)).all())
+        meta = s.scalar(select(Node.meta_json).where(Node.graph_id == dyn, Node.name == "h"))
+    assert (rows["linear"], rows["h"], rows["h2"], rows["out"]) == ("emb", "emb", "blk2", "head")
+    assert json.loads(meta) == {"module_path": "inferred"}
