@@ -266,6 +266,62 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
+@main.command("replay")
+@click.argument("run_name")
+@click.argument("graph_id", type=int)
+@click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store (read, and traces written).")
+@click.option("--workers", default=1, show_default=True, help="Pipeline stages, one worker process each.")
+@click.option("--strategy", type=click.Choice(["layerwise", "memory_aware", "auto"]), default="layerwise",
+              show_default=True, help="How the graph is cut into stages.")
+@click.option("--microbatches", default=4, show_default=True, help="Microbatches streamed through the pipeline.")
+@click.option("--microbatch-size", type=int, default=None, help="Must equal the captured batch size (static shapes).")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default=None, help="Default: gloo on CPU, nccl on CUDA.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="Where nodes run.")
+@click.option("--iters", default=3, show_default=True, help="Profiled iterations of a one-worker run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole summary as JSON.")
+def replay_cmd(run_name: str, graph_id: int, store: str, workers: int, strategy: str, microbatches: int,
+               microbatch_size: int | None, backend: str | None, device: str, iters: int, as_json: bool) -> None:
+    """Re-run stored graph GRAPH_ID of RUN_NAME with synthetic inputs: one worker under the profiler
+    (a trace mapped onto its nodes), or split into stages pipelined over --workers processes."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.errors import NotFoundError
+    from graphdeck.replay.pipeline import replay
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.schema import Graph
+
+    try:
+        engine = open_engine(store, create=False)
+        with Session(engine) as s:
+            run = _find_run(s, run_name, store)
+            graph = s.get(Graph, graph_id)
+            if graph is None or graph.run_id != run.id:
+                raise NotFoundError(f"graph {graph_id} not found in run {run.name!r}")
+        out = replay(engine, graph_id, workers=workers, strategy=strategy, microbatches=microbatches,
+                     microbatch_size=microbatch_size, backend=backend, device=device, iters=iters)
+    except GraphdeckError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(out, indent=2, default=str))
+        return
+    ex = out.get("executor")
+    if ex:
+        times = ex["node_gpu_ns"] or ex["node_cpu_ns"]
+        click.echo(f"executor: trace {ex['trace_id']}, {len(times)} nodes timed on {device} "
+                   f"(mean of {ex['iters']} runs; recorded trace {ex['recorded_trace_id']})")
+        for name, ns in sorted(times.items(), key=lambda kv: -kv[1])[:10]:
+            ratio = ex["ratio"].get(name)
+            click.echo(f"  {name:<40s} {ns / 1e3:>10.1f} us" + (f"  x{ratio:.2f} vs recorded" if ratio else ""))
+    if "pipeline" in out:
+        p, plan = out["pipeline"], out["plan"]
+        click.echo(f"plan {plan['strategy']}: {len(plan['stages'])} stages, balance {plan['balance']}")
+        for st, busy in zip(plan["stages"], p["busy_ns"]):
+            click.echo(f"  stage {st['index']}: {st['compute_nodes']} nodes, params {_mib(st['param_bytes'])}, "
+                       f"activations {_mib(st['activation_bytes'])}, sends {len(st['send'])}, busy {busy / 1e6:.1f} ms")
+        click.echo(f"pipeline ({p['backend']}, {p['microbatches']} microbatches): makespan "
+                   f"{p['makespan_ns'] / 1e6:.1f} ms, bubble {p['bubble_fraction']:.1%}, traces {p['trace_ids']}")
+
+
 @main.command("ingest-trace")
 @click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store to write.")

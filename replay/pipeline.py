@@ -1,0 +1,330 @@
+"""Running a partitioned stored graph as a pipeline on K workers (torch.distributed).
+
+Worker ``s`` runs stage ``s`` of a :class:`~graphdeck.replay.partition.Plan`: a GraphModule cut
+from the rebuilt graph (:func:`stage_module`) whose inputs are the graph inputs the stage reads
+plus the values it receives, and whose outputs are the values it sends (the last stage also
+returns the graph's outputs). Every worker makes the graph inputs itself from the same seed
+(:func:`graphdeck.replay.synth.synth_inputs`, seed ``seed + m`` for microbatch ``m``), so only
+stage boundaries travel: ``isend``/``recv`` point to point (gloo on CPU, nccl on GPU), sender
+and receiver walking each pair's boundaries in name order.
+
+# NOTE: [Microbatches of a static graph]
+A captured graph has its shapes baked in (``view(x, [2, 16, 96])``), so a microbatch is one
+execution of the whole graph at its recorded batch size, with its own synthetic inputs; the
+pipeline streams ``microbatches`` of them (GPipe-style fill and drain: stage ``s`` starts
+microbatch ``m`` as soon as its inputs from earlier stages arrive, while sends are in flight).
+``microbatch_size``, when given, must equal the recorded batch size (dim 0 of the first
+placeholder); anything else is refused rather than silently re-shaped.
+
+Timing: each worker records, per microbatch, the wall interval (``time.time_ns``, comparable
+across processes of one host) of its stage's compute. Busy time per stage is their sum; the
+bubble fraction is ``1 - Σ busy / (K × makespan)`` with the makespan from the first start to the
+last end over all workers (the definition of GPipe's bubble, measured rather than modelled).
+Each worker profiles its run with node ranges (:func:`graphdeck.replay.executor.instrument`);
+the traces are ingested as ``executor graph <id> worker <s>/<K>`` of the graph's run and rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from graphdeck.errors import UsageError
+
+
+@dataclass
+class PipelineResult:
+    """A pipeline run: ``outputs[m]`` the graph outputs of microbatch ``m`` (a tuple of tensors or
+    None), per-stage busy ns, makespan ns, bubble fraction and the stored trace ids by worker."""
+
+    graph_id: int
+    workers: int
+    strategy: str
+    backend: str | None
+    microbatches: int
+    outputs: list
+    busy_ns: list[int]
+    makespan_ns: int
+    bubble_fraction: float
+    trace_ids: list[int] = field(default_factory=list)
+    plan: Any = None
+
+    def summary(self) -> dict:
+        return {"graph_id": self.graph_id, "workers": self.workers, "strategy": self.strategy,
+                "backend": self.backend, "microbatches": self.microbatches, "busy_ns": self.busy_ns,
+                "makespan_ns": self.makespan_ns, "bubble_fraction": self.bubble_fraction,
+                "trace_ids": self.trace_ids}
+
+
+def stage_module(gm, stored, plan, stage: int):
+    """The GraphModule of ``stage``: ``(graph inputs it reads..., received values...)`` →
+    ``(sent values..., [graph outputs])``. Returns ``(module, input_names, recv, send)`` with
+    ``recv``/``send`` the stage's boundaries in wire order. Raises UsageError when a boundary
+    is not a single tensor."""
+    import torch.fx
+
+    nodes = list(gm.graph.nodes)
+    by_stored = {s.name: f for s, f in zip(stored.nodes, nodes)}
+    st = plan.stages[stage]
+    recv = sorted(st.recv, key=lambda b: (b.src, b.name))
+    send = sorted(st.send, key=lambda b: (b.dst, b.name))
+    for b in recv + send:
+        if not isinstance(b.shape, list) or (b.shape and isinstance(b.shape[0], list)):
+            raise UsageError(f"node {b.name!r} crosses from stage {b.src} to {b.dst} but is not one tensor")
+    members = [s for s in stored.nodes if plan.assignment[s.name] == stage and s.op not in ("placeholder", "get_attr")]
+    needed_inputs: list[str] = []
+    for s in members:
+        for ref in s.inputs():
+            f = by_stored[ref]
+            if f.op == "placeholder" and ref not in needed_inputs:
+                needed_inputs.append(ref)
+    order = {s.name: i for i, s in enumerate(stored.nodes)}
+    needed_inputs.sort(key=order.__getitem__)
+    graph = torch.fx.Graph()
+    env: dict = {}
+    for name in needed_inputs:
+        env[by_stored[name]] = graph.placeholder(name)
+    for b in recv:
+        env[by_stored[b.name]] = graph.placeholder(b.name)
+    final = None
+    for s in members:
+        f = by_stored[s.name]
+        if f.op == "output":
+            final = torch.fx.node.map_arg(f.args[0], lambda a: env[a])
+            continue
+        for a in f.all_input_nodes:
+            if a not in env and a.op == "get_attr":
+                env[a] = graph.node_copy(a)
+        env[f] = graph.node_copy(f, lambda a: env[a])
+    outs = tuple(env[by_stored[b.name]] for b in send)
+    graph.output((outs, final))
+    return torch.fx.GraphModule(gm, graph, class_name=f"Stage{stage}"), needed_inputs, recv, send
+
+
+_TAG_STRIDE = 100_000
+
+
+def _pair_index(bounds, peer: str) -> list[int]:
+    """Position of each boundary among those exchanged with the same peer (wire order)."""
+    seen: dict[int, int] = {}
+    out = []
+    for b in bounds:
+        p = getattr(b, peer)
+        out.append(seen.get(p, 0))
+        seen[p] = out[-1] + 1
+    return out
+
+
+def _recv_buffer(b, device):
+    import torch
+
+    from graphdeck.replay.synth import _dtype
+
+    return torch.empty(b.shape, dtype=_dtype(b.dtype), device=device)
+
+
+def _restride(buf, stride):
+    """``buf`` (contiguous, as received) laid out with the recorded ``stride``: a later ``view``
+    of the stage may only be valid on that layout. Overlapping or unknown strides stay as is."""
+    import torch
+
+    if (not isinstance(stride, list) or len(stride) != buf.dim() or list(buf.stride()) == stride
+            or not all(isinstance(x, int) and x > 0 for x in stride) or buf.numel() == 0):
+        return buf
+    out = torch.empty_strided(buf.shape, stride, dtype=buf.dtype, device=buf.device)
+    out.copy_(buf)
+    return out
+
+
+def _worker(rank: int, world: int, payload: dict) -> None:
+    """One pipeline worker (also called in-process for one worker, without a process group)."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from graphdeck.replay.executor import instrument, rebuild
+    from graphdeck.replay.synth import synth_inputs
+
+    stored, plan, out_dir = payload["stored"], payload["plan"], payload["out_dir"]
+    backend, m_count, seed = payload["backend"], payload["microbatches"], payload["seed"]
+    device = payload["device"]
+    if device == "cuda":
+        device = f"cuda:{rank}"
+        torch.cuda.set_device(rank)
+    if world > 1:
+        dist.init_process_group(backend, init_method=payload["init_method"], rank=rank, world_size=world)
+    try:
+        rebuilt = rebuild(stored, device=device, seed=seed)
+        mod, input_names, recv, send = stage_module(rebuilt.gm, stored, plan, rank)
+        if payload["profile"]:
+            mod = instrument(mod, stored.id)
+        ph_index = {p.name: i for i, p in enumerate(rebuilt.placeholders)}
+        strides = {n.name: n.stride for n in stored.nodes}
+        feeds = []
+        for m in range(m_count):
+            ins = synth_inputs(stored, device=device, seed=seed + m)
+            feeds.append([ins[ph_index[n]] for n in input_names])
+        cuda = device.startswith("cuda")
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        spans, outputs, pending = [], [], []
+        with torch.no_grad():
+            mod(*feeds[0], *[_restride(_recv_buffer(b, device), strides.get(b.name)) for b in recv])  # warm-up
+            if world > 1:
+                dist.barrier()
+            prof = profile(activities=activities) if payload["profile"] else None
+            if prof:
+                prof.__enter__()
+            for m in range(m_count):
+                vals = []
+                for b, k in zip(recv, _pair_index(recv, "src")):
+                    buf = _recv_buffer(b, device)
+                    dist.recv(buf, src=b.src, tag=m * _TAG_STRIDE + k)
+                    vals.append(_restride(buf, strides.get(b.name)))
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.time_ns()
+                with record_function(f"graphdeck.stage/{rank}/mb{m}"):
+                    sent, final = mod(*feeds[m], *vals)
+                if cuda:
+                    torch.cuda.synchronize()
+                spans.append((t0, time.time_ns()))
+                for b, k, v in zip(send, _pair_index(send, "dst"), sent):
+                    pending.append(dist.isend(v.contiguous(), dst=b.dst, tag=m * _TAG_STRIDE + k))
+                if final is not None:
+                    outputs.append(tuple(o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in final))
+            for req in pending:
+                req.wait()
+            if prof:
+                prof.__exit__(None, None, None)
+                prof.export_chrome_trace(os.path.join(out_dir, f"worker-{rank}.json"))
+        if outputs:
+            torch.save(outputs, os.path.join(out_dir, "outputs.pt"))
+        with open(os.path.join(out_dir, f"spans-{rank}.json"), "w") as fh:
+            json.dump(spans, fh)
+        if world > 1:
+            dist.barrier()
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "layerwise", microbatches: int = 4,
+                 microbatch_size: int | None = None, backend: str | None = None, device: str = "cpu",
+                 seed: int = 0, profile: bool = True, ingest: bool = True, plan=None) -> PipelineResult:
+    """Partition graph ``graph_id`` into ``workers`` stages with ``strategy`` and run
+    ``microbatches`` through them (NOTE: [Microbatches of a static graph]); one worker runs
+    in-process without a process group, more are spawned processes joined by ``backend``
+    (default ``gloo`` on CPU, ``nccl`` on CUDA).
+
+    Raises UsageError (bad flags, a microbatch size the static graph cannot take), BadInputError
+    (a node cannot be rebuilt), NotFoundError (no such graph).
+    """
+    from graphdeck.replay.executor import load_stored_graph, set_trace_rank
+    from graphdeck.replay.partition import plan_for_graph
+    from graphdeck.store.traces import ingest_trace
+
+    if microbatches < 1:
+        raise UsageError(f"need at least one microbatch, got {microbatches}")
+    backend = backend or ("nccl" if device == "cuda" else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise UsageError(f"backend {backend!r}: one of gloo, nccl")
+    if backend == "nccl" and device != "cuda":
+        raise UsageError("backend nccl needs --device cuda")
+    with Session(engine) as session:
+        stored = load_stored_graph(session, graph_id)
+        if plan is None:
+            plan = plan_for_graph(session, graph_id, workers, strategy)
+    _check_microbatch(stored, microbatch_size)
+    workers = len(plan.stages)
+    with tempfile.TemporaryDirectory() as out_dir:
+        payload = {"stored": stored, "plan": plan, "out_dir": out_dir, "backend": backend, "microbatches": microbatches,
+                   "seed": seed, "device": device, "profile": profile,
+                   "init_method": f"tcp://127.0.0.1:{_free_port()}"}
+        if workers == 1:
+            _worker(0, 1, payload)
+        else:
+            import torch.multiprocessing as mp
+
+            mp.start_processes(_worker, args=(workers, payload), nprocs=workers, start_method="spawn")
+        import torch
+
+        outputs = torch.load(os.path.join(out_dir, "outputs.pt"))
+        spans = []
+        for r in range(workers):
+            with open(os.path.join(out_dir, f"spans-{r}.json")) as fh:
+                spans.append(json.load(fh))
+        busy = [sum(b - a for a, b in s) for s in spans]
+        t0 = min(s[0][0] for s in spans)
+        t1 = max(s[-1][1] for s in spans)
+        makespan = max(1, t1 - t0)
+        bubble = round(1 - sum(busy) / (workers * makespan), 4)
+        result = PipelineResult(graph_id, workers, plan.strategy, backend if workers > 1 else None, microbatches,
+                                outputs, busy, makespan, bubble, plan=plan)
+        if profile and ingest:
+            for r in range(workers):
+                path = os.path.join(out_dir, f"worker-{r}.json")
+                set_trace_rank(path, stored.rank)
+                ing = ingest_trace(engine, path, run_name=stored.run_name, rank=stored.rank,
+                                   name=f"executor graph {graph_id} worker {r}/{workers}")
+                result.trace_ids.append(ing.trace_id)
+    return result
+
+
+def _check_microbatch(stored, microbatch_size: int | None) -> None:
+    if microbatch_size is None:
+        return
+    first = next((n for n in stored.nodes if n.op == "placeholder" and isinstance(n.shape, list) and n.shape
+                  and not isinstance(n.shape[0], list)), None)
+    recorded = first.shape[0] if first else None
+    if recorded != microbatch_size:
+        raise UsageError(f"--microbatch-size {microbatch_size}: graph {stored.id} was captured with batch size "
+                         f"{recorded} and its shapes are static; a microbatch is one run at that size "
+                         "(use --microbatches to stream more)")
+
+
+def replay(engine, graph_id: int, *, workers: int = 1, strategy: str = "layerwise", microbatches: int = 4,
+           microbatch_size: int | None = None, backend: str | None = None, device: str = "cpu", seed: int = 0,
+           iters: int = 3) -> dict:
+    """What ``graphdeck replay`` does: one worker → a profiled executor run of the graph (trace
+    ``executor graph <id>``, per-node times, ratio to a recorded trace); K workers → the stage
+    plan and a pipeline run (per-worker traces, busy time per stage, bubble fraction). ``auto``
+    without a trace that maps onto the graph first runs the one-worker executor to measure.
+    Returns a JSON-able summary. Raises as :func:`run_pipeline` / :func:`execute_graph`."""
+    from graphdeck.replay.executor import execute_graph
+    from graphdeck.replay.partition import plan_for_graph
+
+    out: dict = {"graph_id": graph_id, "workers": workers, "device": device}
+    with Session(engine) as session:
+        from graphdeck.replay.executor import load_stored_graph
+
+        _check_microbatch(load_stored_graph(session, graph_id), microbatch_size)
+    if workers == 1 or strategy == "auto":
+        with Session(engine) as session:
+            from graphdeck.replay.executor import recorded_node_ns
+
+            has_times = recorded_node_ns(session, graph_id, exclude=set())[0] is not None
+        if workers == 1 or not has_times:
+            res = execute_graph(engine, graph_id, device=device, iters=iters, seed=seed)
+            out["executor"] = res.to_dict()
+    if workers > 1:
+        with Session(engine) as session:
+            plan = plan_for_graph(session, graph_id, workers, strategy)
+        result = run_pipeline(engine, graph_id, workers=workers, strategy=strategy, microbatches=microbatches,
+                              backend=backend, device=device, seed=seed, plan=plan)
+        out["plan"] = plan.to_dict()
+        out["pipeline"] = result.summary()
+    return out
