@@ -48,6 +48,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.memory",
     "graphdeck.server.routes.imports",
     "graphdeck.server.routes.replay",
+    "graphdeck.server.routes.executor",
 )
 
 
