@@ -360,3 +360,15 @@ def test_inferred_module_paths(gen_store):
         meta = s.scalar(select(Node.meta_json).where(Node.graph_id == dyn, Node.name == "h"))
     assert (rows["linear"], rows["h"], rows["h2"], rows["out"]) == ("emb", "emb", "blk2", "head")
     assert json.loads(meta) == {"module_path": "inferred"}
+
+
+def test_strict_upload_is_400_with_counters(tmp_path):
+    log = _corrupt_copy(tmp_path)
+    with LiveServer(tmp_path / "st.db") as srv:
+        files = [("files", (log.name, log.read_bytes()))]
+        r = httpx.post(f"{srv.url}/api/runs/st/torch-trace", params={"strict": "true"}, files=files, timeout=120)
+        body = r.json()
+        assert r.status_code == 400 and body["ok"] is False and "dropped records" in body["error"], body
+        assert body["stats"]["records"] > 0, "the counters up to the first drop come with the error"
+        ok = httpx.post(f"{srv.url}/api/runs/st/torch-trace", files=files, timeout=120).json()
+        assert ok["dropped"] == 4 and ok["stats"]["bad_json"] == 1, "lenient: kept, with the counters"
