@@ -615,12 +615,16 @@ def peek_base_time(fh, window: int = 256 * 1024) -> int | None:
         if magic == _GZIP_MAGIC:
             z = zlib.decompressobj(wbits=31)
             tail = b""
-            while chunk := fh.read(1 << 20):
+            while chunk := fh.read(READ_SIZE):
                 while chunk:
-                    tail = (tail + z.decompress(chunk))[-window:]
-                    chunk = z.unused_data.lstrip(b"\0") if z.eof else b""
-                    if z.eof:
+                    tail = (tail + z.decompress(chunk, window))[-window:]  # output bounded: flat memory
+                    if z.unconsumed_tail:
+                        chunk = z.unconsumed_tail
+                    elif z.eof:
+                        chunk = z.unused_data.lstrip(b"\0")
                         z = zlib.decompressobj(wbits=31)
+                    else:
+                        chunk = b""
         else:
             fh.seek(0, 2)
             fh.seek(max(start, fh.tell() - window))

@@ -6,7 +6,7 @@ rank and writes the events ``batch_size`` at a time, one transaction per batch, 
 flat as the file grows; then it finalises the trace, or deletes it when the ingest fails.
 
 Three readings, tried in order on a seekable input (a file, an upload's spool): the fast path
-(events built by ijson's C parser, batches written by a writer thread; NOTE: [Fast path] in
+(events built by ijson's C parser; NOTE: [Fast path] in
 :mod:`graphdeck.store.trace_json`); on any surprise the token path (events built from ijson
 tokens, the reading that classifies truncation and garbage); on a lexical error there, the
 repair path (broken strings repaired and counted: ``stats["repaired_*"]``, NOTE: [String
@@ -45,9 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import re
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,8 +257,6 @@ class _Ingest:
     def __init__(self, engine, run_name, rank_arg, name, file_name, strict, batch_size, progress=None,
                  repair=False, can_repair=False, fast=False):
         self.fast = fast
-        self._writer: threading.Thread | None = None
-        self._writer_error: BaseException | None = None
         self.progress = progress
         self.repair = repair
         self.can_repair = can_repair
@@ -315,10 +311,6 @@ class _Ingest:
             self._validate_shape()
             result = self._finalize("truncated" if cut else "ok")
         except BaseException:
-            try:
-                self._join_writer()
-            except BaseException:  # the original error is the one to report
-                pass
             self._discard()
             raise
         if cut:
@@ -338,7 +330,6 @@ class _Ingest:
             except (NotFast, ijson.JSONError) as exc:
                 raise _NeedsSlowPath(str(exc)) from exc
             self._flush()
-            self._join_writer()
             return None
         tokens = ijson.basic_parse(reader, buf_size=READ_SIZE)
         cut = None
@@ -517,46 +508,8 @@ class _Ingest:
             return
         self._ensure_trace()
         rows, trace_id = self.batch, self.trace_id
-        if self.fast:  # NOTE: [Writer thread]
-            self.batch = []
-            self._enqueue(rows, trace_id)
-            return
         self._write(rows, trace_id)
         self.batch = []
-
-    # NOTE: [Writer thread] On the fast path batches go to one writer thread through a queue of two
-    # batches (memory stays flat): sqlite3 releases the GIL while it steps an insert, so writing
-    # overlaps parsing. One thread writes, in order, so interned-string ids stay consistent; its
-    # first error is raised in the ingest's thread at the next batch or at the end.
-
-    def _enqueue(self, rows: list[tuple], trace_id: int) -> None:
-        if self._writer is None:
-            self._queue = queue.Queue(maxsize=2)
-            self._writer = threading.Thread(target=self._writer_loop, name="graphdeck-trace-writer", daemon=True)
-            self._writer.start()
-        if self._writer_error is not None:
-            raise self._writer_error
-        self._queue.put((rows, trace_id))
-
-    def _writer_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if self._writer_error is None:
-                try:
-                    self._write(*item)
-                except BaseException as exc:  # handed to the ingest's thread
-                    self._writer_error = exc
-
-    def _join_writer(self) -> None:
-        """Wait until every queued batch is written; raise the writer's error if it had one."""
-        if self._writer is not None:
-            self._queue.put(None)
-            self._writer.join()
-            self._writer = None
-        if self._writer_error is not None:
-            raise self._writer_error
 
     def _write(self, rows: list[tuple], trace_id: int) -> None:
         def write():
