@@ -40,12 +40,14 @@ class WindowIndex:
 
     @classmethod
     def build(cls, session: Session, trace_id: int) -> "WindowIndex":
-        cur = session.connection().exec_driver_sql(
-            "SELECT id, ts_ns, dur_ns FROM trace_events WHERE trace_id = ? AND ph = 'X' ORDER BY ts_ns, id",
-            (trace_id,)) if session.get_bind().dialect.paramstyle == "qmark" else session.execute(
-            text("SELECT id, ts_ns, dur_ns FROM trace_events WHERE trace_id = :t AND ph = 'X' ORDER BY ts_ns, id"),
-            {"t": trace_id})
-        arr = np.array(cur.fetchall(), dtype=np.int64).reshape(-1, 3)
+        sql = "SELECT id, ts_ns, dur_ns FROM trace_events WHERE trace_id = :t AND ph = 'X' ORDER BY ts_ns, id"
+        if session.get_bind().dialect.name == "sqlite":  # the DBAPI cursor: no per-row Row objects
+            cur = session.connection().connection.driver_connection.cursor()
+            rows = cur.execute(sql.replace(":t", "?"), (trace_id,)).fetchall()
+            cur.close()
+        else:
+            rows = session.execute(text(sql), {"t": trace_id}).all()
+        arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
         ids, ts, dur = arr[:, 0].copy(), arr[:, 1].copy(), np.maximum(arr[:, 2], 0)
         return cls(trace_id, ts, ts + dur, dur, ids)
 
