@@ -154,7 +154,7 @@ def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = F
                                  "rank_mismatch": mismatch, "counts": dict(counts)})
             if mismatch:
                 total["rank_mismatch_files"] += 1
-    except BadInputError:
+    except BaseException:  # a strict drop, or anything unexpected (KeyboardInterrupt too): keep nothing
         _discard(engine, run_id, result.ranks, drop_run=created_run)
         raise
     finally:
