@@ -95,9 +95,11 @@ class _Loaded:
         n = len(rows)
         names, ops, target_ids, dtypes, is_tensor, has_value, self.stack_ids, self.module_ids, self.scalar = (
             list(col) for col in zip(*rows)) if rows else ([] for _ in range(9))
-        strings.load(target_ids)
+        # Targets matter for ops only (a placeholder's target is its own name: 10^4 strings).
+        strings.load(t for t, op in zip(target_ids, ops) if op not in ("placeholder", "output", "get_attr"))
         cache = strings.cache
-        targets = [cache.get(t, "") for t in target_ids]
+        targets = [cache.get(t, "") if op not in ("placeholder", "output", "get_attr") else ""
+                   for t, op in zip(target_ids, ops)]
         tensor = [True if a else (False if b else None) for a, b in zip(is_tensor, has_value)]
         users = users_of(session, graph_id, n)
         grad_args: dict[int, bool | None] = {}
@@ -123,7 +125,12 @@ class _Loaded:
 def fetch(session: Session, sql: str, params: tuple = ()) -> list:
     """Rows of a plain SQL query (qmark parameters) on the session's connection: no ORM objects,
     which matters for graphs of 10^5 nodes."""
-    return session.connection().exec_driver_sql(sql, params).fetchall()
+    cursor = session.connection().connection.cursor()  # the driver's own cursor: plain tuples
+    try:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+    finally:
+        cursor.close()
 
 
 def users_of(session: Session, graph_id: int, n: int) -> list[list[int]]:
@@ -159,10 +166,9 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
     graphs = [_G(*r) for r in fetch(
         session, "SELECT id, rank, kind, parent_id, partition_index, meta_json FROM graphs WHERE run_id = ?",
         (run.id,))]
-    io = [_IO(*r) for r in fetch(
-        session, "SELECT g.rank, g.id, g.kind, io.direction, io.param_fqn, io.has_grad, io.node_name "
-                 "FROM graph_io io JOIN graphs g ON g.id = io.graph_id "
-                 "WHERE g.run_id = ? AND io.param_fqn IS NOT NULL", (run.id,))]
+    io = fetch(session, "SELECT g.rank, g.id, g.kind, io.direction, io.param_fqn, io.has_grad, io.node_name "
+                        "FROM graph_io io JOIN graphs g ON g.id = io.graph_id "
+                        "WHERE g.run_id = ? AND io.param_fqn IS NOT NULL", (run.id,))
     parts = fetch(session, "SELECT rank, \"index\", graph_id, params_json FROM partitions WHERE run_id = ?",
                   (run.id,))
     report = GradReport(mode="graph", run=run.name, run_id=run.id)
@@ -201,19 +207,19 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
                 storage[(rank, fqn)] = f"fqn:{fqn}"
                 params.append(_AutoParam(rank, fqn))
     # Parameters a graph reads that the parameter list lacks (model not watched, imported logs).
-    for r in io:
-        if r.direction == "in" and (r.rank, r.param_fqn) not in known:
-            known.add((r.rank, r.param_fqn))
-            storage[(r.rank, r.param_fqn)] = f"fqn:{r.param_fqn}"
-            params.append(_AutoParam(r.rank, r.param_fqn))
+    for rank, _gid, _kind, direction, fqn, _has, _node in io:
+        if direction == "in" and (rank, fqn) not in known:
+            known.add((rank, fqn))
+            storage[(rank, fqn)] = f"fqn:{fqn}"
+            params.append(_AutoParam(rank, fqn))
     reads: dict[tuple[int, str], list[tuple[int, str]]] = defaultdict(list)
     grads: dict[tuple[int, str], list[tuple[int, bool]]] = defaultdict(list)
-    for r in io:
-        key = (r.rank, storage.get((r.rank, r.param_fqn), r.param_fqn))
-        if r.direction == "in" and r.kind in READ_KINDS:
-            reads[key].append((r.id, r.node_name))
-        elif r.direction == "grad":
-            grads[key].append((r.id, bool(r.has_grad)))
+    for rank, gid, kind, direction, fqn, has_grad, node_name in io:
+        key = (rank, storage.get((rank, fqn), fqn))
+        if direction == "in" and kind in READ_KINDS:
+            reads[key].append((gid, node_name))
+        elif direction == "grad":
+            grads[key].append((gid, bool(has_grad)))
     bucket_of: dict[tuple[int, str], int] = {}
     for p_rank, p_index, _gid, p_params in parts:
         for fqn in json.loads(p_params or "[]"):
@@ -332,7 +338,6 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
 
 _P = namedtuple("_P", "rank fqn kind storage_key shape_json dtype requires_grad")
 _G = namedtuple("_G", "id rank kind parent_id partition_index meta_json")
-_IO = namedtuple("_IO", "rank id kind direction param_fqn has_grad node_name")
 
 
 class _AutoParam:
