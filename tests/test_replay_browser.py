@@ -74,7 +74,7 @@ def test_slider_jumps_to_a_frame_and_moves_the_cursor(page, base_url):
     assert page.evaluate(CURSOR_X) > 0
 
 
-def test_run_timeline_page_stacks_ranks_and_lists_collectives(tmp_path):
+def test_run_timeline_page_stacks_ranks_and_lists_collectives(page, tmp_path):
     """The 2-rank HTA set (../shared): lanes of both ranks, offsets, collectives with who arrived last."""
     from graphdeck.store.db import open_engine
     from graphdeck.store.traces import ingest_trace
@@ -84,19 +84,12 @@ def test_run_timeline_page_stacks_ranks_and_lists_collectives(tmp_path):
     for r in (0, 1):
         ingest_trace(engine, shared_path("data", "traces", "hta", "trace_filter", f"sampled_rank-{r}.json.gz"), run_name="two")
     engine.dispose()
-    _require(CHROMIUM.exists(), f"{CHROMIUM} is missing (Debian package chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with LiveServer(tmp_path / "two.db") as srv, sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        pg = browser.new_page(viewport={"width": 1440, "height": 1000})
-        errors = []
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        pg.goto(f"{srv.url}/#/runs/two/timeline")
-        pg.wait_for_selector("#collectives-table tbody tr", timeout=60_000)
-        ticks = pg.evaluate("() => document.getElementById('run-timeline').layout.yaxis.ticktext")
+    with LiveServer(tmp_path / "two.db") as srv:
+        page.goto(f"{srv.url}/#/runs/two/timeline")
+        page.wait_for_selector("#collectives-table tbody tr", timeout=60_000)
+        ticks = page.evaluate("() => document.getElementById('run-timeline').layout.yaxis.ticktext")
         assert any(t.startswith("rank 0") for t in ticks) and any(t.startswith("rank 1") for t in ticks)
-        assert pg.locator("#collectives-table tbody tr").count() == 10
-        assert pg.locator("#offsets-table tbody tr").count() == 2
-        pg.screenshot(path="/tmp/graphdeck-run-timeline.png", full_page=True)
-        browser.close()
-    assert not errors, errors
+        assert page.locator("#collectives-table tbody tr").count() == 10
+        assert page.locator("#offsets-table tbody tr").count() == 2
+        assert page.locator("#step-times-table tbody tr").count() == 2, "step times per rank"
+        page.screenshot(path="/tmp/graphdeck-run-timeline.png", full_page=True)
