@@ -1,27 +1,41 @@
-"""Benchmark: streaming trace ingest vs. loading the whole file.
+"""Benchmark: graphdeck's streaming trace ingest vs HTA's trace load vs bare ijson streaming, and
+the timeline window query on a 1M-event store.
 
-For each trace: ``ingest_trace`` into a fresh SQLite store in a temp dir, and the anchor, a plain
-``json.load`` of the same (decompressed) file plus a pandas DataFrame of its events when pandas is
-installed. Each measurement runs in its own forked child so that its peak RSS
-(``resource.getrusage(RUSAGE_SELF).ru_maxrss``) is its own; the child's RSS before the work is
-reported too, so the growth is visible.
+Per trace file, three sides, each in its own forked child (so ``ru_maxrss`` is that side's
+peak RSS; the child's RSS before the work is reported too):
 
-    python bench/bench_ingest.py                       # the two large corpus traces + a small one
-    python bench/bench_ingest.py path/to/trace.json.gz --write-results
+* ``graphdeck``: :func:`graphdeck.store.traces.ingest_trace` into a fresh SQLite store;
+* ``HTA``: ``hta.trace_analysis.TraceAnalysis(trace_dir=...)`` (HolisticTraceAnalysis, pip
+  ``HolisticTraceAnalysis``) on a folder holding only that file (as ``rank-0.json.gz``);
+* ``ijson``: ``for e in ijson.items(f, "traceEvents.item"): pass`` (yajl2_c, exact decimals;
+  the floor: parsing with no work done).
 
-``--write-results`` replaces the "Trace ingest" section of bench/RESULTS.md with the table.
+Each side runs ``--repeat`` times; the median is reported with ratios taken inside this one
+command (the host is shared: absolute times move, ratios much less).
+
+The window query: a store with one trace of ``--window-events`` events (the events of the
+largest corpus trace repeated with shifted timestamps, streamed into ``ingest_trace``); then
+``--queries`` random windows (1/1000 to 1/2 of the span) through the server's code path
+(:class:`graphdeck.analysis.trace_window.WindowIndex` select + row fetch + ``timeline_figure``),
+after one warm-up query that builds the index; p50/p95 reported.
+
+    python bench/bench_ingest.py                       # the two largest corpus traces
+    python bench/bench_ingest.py --write-results       # also rewrite our RESULTS.md section
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import json
 import multiprocessing
 import os
 import platform
+import random
 import re
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -30,7 +44,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "data" / "traces"
 DEFAULT = [
-    "hta/trace_filter/sampled_rank-0.json.gz",
     "tracelens/h100/google_owlv2-large-patch14-ensemble__1016001.json.gz",
     "tracelens/inference/xdit_sd_3.5/profile_trace_rank_0.json.gz",
 ]
@@ -38,146 +51,264 @@ RESULTS = REPO / "bench" / "RESULTS.md"
 SECTION = "## Trace ingest"
 
 
-def _rss_mib() -> float:
-    """Peak RSS of this process so far, MiB (Linux reports ru_maxrss in KiB)."""
+def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _current_rss_mib() -> float:
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        return float("nan")
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _ingest(path: str) -> dict:
+def _side_graphdeck(path: str) -> dict:
     from graphdeck.store.db import open_engine
     from graphdeck.store.traces import ingest_trace
 
     with tempfile.TemporaryDirectory() as tmp:
         engine = open_engine(Path(tmp) / "bench.db")
-        start_rss = _current_rss_mib()
+        start = _rss_mib()
         t0 = time.perf_counter()
         result = ingest_trace(engine, path, run_name="bench")
         seconds = time.perf_counter() - t0
         engine.dispose()
-    return {"seconds": seconds, "events": result.stats["events_total"], "stored": result.num_events,
-            "start_rss_mib": start_rss, "peak_rss_mib": _rss_mib()}
+    return {"seconds": seconds, "start_mib": start, "peak_mib": _peak_mib(), "events": result.stats["events_total"]}
 
 
-def _anchor(path: str) -> dict:
-    try:
-        import pandas as pd
-    except ImportError:
-        pd = None
-    start_rss = _current_rss_mib()
+def _side_hta(path: str) -> dict:
+    import logging
+
+    logging.disable(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.symlink(os.path.abspath(path), Path(tmp) / "rank-0.json.gz")
+        start = _rss_mib()
+        t0 = time.perf_counter()
+        from hta.trace_analysis import TraceAnalysis
+
+        analysis = TraceAnalysis(trace_dir=tmp)
+        n = sum(len(analysis.t.get_trace(r)) for r in analysis.t.get_ranks())
+        seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "start_mib": start, "peak_mib": _peak_mib(), "events": n}
+
+
+def _side_ijson(path: str) -> dict:
+    import ijson
+
+    start = _rss_mib()
     t0 = time.perf_counter()
-    with open(path, "rb") as fh:
-        head = fh.read(2)
-    opener = gzip.open if head == b"\x1f\x8b" else open
-    with opener(path, "rb") as fh:
-        doc = json.load(fh)
-    events = doc["traceEvents"]
-    if pd is not None:
-        pd.DataFrame(events)
-    seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "events": len(events), "start_rss_mib": start_rss, "peak_rss_mib": _rss_mib(),
-            "what": "json.load + pandas.DataFrame" if pd is not None else "json.load (pandas not installed)"}
-
-
-def _in_child(fn, path: str) -> dict:
-    with multiprocessing.get_context("fork").Pool(1) as pool:
-        return pool.apply(fn, (path,))
-
-
-def _raw_size(path: Path) -> int:
-    with open(path, "rb") as fh:
-        if fh.read(2) != b"\x1f\x8b":
-            return path.stat().st_size
     n = 0
-    with gzip.open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            n += len(chunk)
-    return n
+    with open(path, "rb") as raw:
+        fh = gzip.open(raw) if raw.read(2) == b"\x1f\x8b" else raw
+        raw.seek(0)
+        for _ in ijson.items(fh, "traceEvents.item"):
+            n += 1
+    return {"seconds": time.perf_counter() - t0, "start_mib": start, "peak_mib": _peak_mib(), "events": n}
+
+
+SIDES = {"graphdeck": _side_graphdeck, "HTA": _side_hta, "ijson": _side_ijson}
+
+
+def _in_child(fn, *args) -> dict:
+    with multiprocessing.get_context("fork").Pool(1, maxtasksperchild=1) as pool:
+        try:
+            return pool.apply(fn, args)
+        except Exception as exc:  # noqa: BLE001 - an anchor that fails is reported, not fatal
+            return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def _median(runs: list[dict]) -> dict:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    return {"seconds": statistics.median(r["seconds"] for r in ok), "peak_mib": statistics.median(r["peak_mib"] for r in ok),
+            "start_mib": statistics.median(r["start_mib"] for r in ok), "events": ok[0]["events"], "runs": len(ok)}
+
+
+def bench_file(path: Path, repeat: int, sides: list[str]) -> dict:
+    out = {}
+    for _ in range(repeat):  # interleaved, so a load spike hits every side alike
+        for side in sides:
+            out.setdefault(side, []).append(_in_child(SIDES[side], str(path)))
+    return {side: _median(runs) for side, runs in out.items()}
+
+
+# ---------------------------------------------------------------------------- window query
+
+
+def _repeated_stream(path: Path, copies: int):
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    events = doc.pop("traceEvents")
+    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed) + 1
+
+    def parts():
+        yield b'{"traceEvents": ['
+        for c in range(copies):
+            chunk = [dict(e, ts=e["ts"] + c * span) if "ts" in e else e for e in events]
+            yield (b"," if c else b"") + json.dumps(chunk)[1:-1].encode()
+        yield b"]}"
+
+    class Stream(io.RawIOBase):
+        def __init__(self):
+            self.it, self.buf = parts(), b""
+
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            while len(self.buf) < len(b):
+                nxt = next(self.it, None)
+                if nxt is None:
+                    break
+                self.buf += nxt
+            n = min(len(b), len(self.buf))
+            b[:n], self.buf = self.buf[:n], self.buf[n:]
+            return n
+
+    return io.BufferedReader(Stream(), 1 << 16), len(events)
+
+
+def bench_window(path: Path, target_events: int, queries: int, max_shapes: int, seed: int = 0) -> dict:
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.trace_window import IndexCache, fetch_rows
+    from graphdeck.server.render.timeline import timeline_figure
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.schema import Trace
+    from graphdeck.store.traces import ingest_trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = open_engine(Path(tmp) / "big.db")
+        stream, per_copy = _repeated_stream(path, copies=1)
+        copies = max(1, -(-target_events // per_copy))
+        stream, _ = _repeated_stream(path, copies)
+        t0 = time.perf_counter()
+        result = ingest_trace(engine, stream, run_name="big", name="repeated")
+        ingest_s = time.perf_counter() - t0
+        ro = open_engine(Path(tmp) / "big.db", read_only=True)
+        cache = IndexCache()
+        rng = random.Random(seed)
+        with Session(ro) as s:
+            trace = s.get(Trace, result.trace_id)
+            t0 = time.perf_counter()
+            idx = cache.get(s, trace.id)
+            build_s = time.perf_counter() - t0
+            lo, hi = idx.span
+            times, figure_times, shown = [], [], []
+            for i in range(queries + 1):
+                width = (hi - lo) * rng.uniform(0.001, 0.5)
+                a = rng.uniform(lo, hi - width)
+                t0 = time.perf_counter()
+                ids, _total = cache.get(s, trace.id).select(int(a), int(a + width), max_shapes)
+                rows = fetch_rows(s, ids)
+                t1 = time.perf_counter()
+                timeline_figure(rows, start_ns=trace.start_ns)
+                t2 = time.perf_counter()
+                if i:  # the first query is the warm-up
+                    times.append(t1 - t0)
+                    figure_times.append(t2 - t0)
+                    shown.append(len(rows))
+        ro.dispose()
+        engine.dispose()
+
+    def pct(xs, q):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+    return {"events": result.num_events, "copies": copies, "ingest_s": ingest_s, "index_build_s": build_s,
+            "query_p50_ms": 1e3 * pct(times, 0.5), "query_p95_ms": 1e3 * pct(times, 0.95),
+            "figure_p50_ms": 1e3 * pct(figure_times, 0.5), "figure_p95_ms": 1e3 * pct(figure_times, 0.95),
+            "max_shown": max(shown), "queries": queries}
+
+
+# ---------------------------------------------------------------------------- main
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("traces", nargs="*", help="trace files (default: corpus files under ../shared/data/traces)")
-    parser.add_argument("--write-results", action="store_true", help="Rewrite the 'Trace ingest' section of bench/RESULTS.md.")
-    args = parser.parse_args()
-    paths = [Path(p) for p in args.traces] or [TRACES / p for p in DEFAULT]
-    missing = [p for p in paths if not p.exists()]
-    if missing:
-        sys.exit(f"missing: {', '.join(map(str, missing))}")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("traces", nargs="*", help="trace files (default: the two largest corpus traces)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per side (median)")
+    ap.add_argument("--sides", default="graphdeck,HTA,ijson")
+    ap.add_argument("--window-events", type=int, default=1_000_000)
+    ap.add_argument("--queries", type=int, default=40)
+    ap.add_argument("--max-shapes", type=int, default=2000)
+    ap.add_argument("--no-window", action="store_true")
+    ap.add_argument("--write-results", action="store_true", help="rewrite the 'Trace ingest' section of bench/RESULTS.md")
+    args = ap.parse_args()
+    paths = [Path(p) if Path(p).exists() else TRACES / p for p in args.traces or DEFAULT]
+    sides = args.sides.split(",")
     rows = []
-    anchor_what = ""
     for path in paths:
-        raw_mb = _raw_size(path) / 1e6
-        ing = _in_child(_ingest, str(path))
-        anc = _in_child(_anchor, str(path))
-        anchor_what = anc["what"]
-        row = {
-            "file": path.name if len(path.name) < 48 else path.name[:45] + "…",
-            "raw_mb": raw_mb,
-            "events": ing["events"],
-            "stored": ing["stored"],
-            "ingest_s": ing["seconds"],
-            "ingest_ev_s": ing["events"] / ing["seconds"],
-            "ingest_rss": (ing["start_rss_mib"], ing["peak_rss_mib"]),
-            "anchor_s": anc["seconds"],
-            "anchor_ev_s": anc["events"] / anc["seconds"],
-            "anchor_rss": (anc["start_rss_mib"], anc["peak_rss_mib"]),
-        }
-        row["ratio"] = row["ingest_s"] / row["anchor_s"]
-        rows.append(row)
-        print(
-            f"{row['file']}: {raw_mb:.1f} MB JSON, {row['events']} events ({row['stored']} stored)\n"
-            f"  ingest_trace: {row['ingest_s']:.2f} s, {row['ingest_ev_s']:,.0f} events/s, "
-            f"RSS {ing['start_rss_mib']:.0f} -> peak {ing['peak_rss_mib']:.0f} MiB\n"
-            f"  anchor ({anc['what']}): {row['anchor_s']:.2f} s, {row['anchor_ev_s']:,.0f} events/s, "
-            f"RSS {anc['start_rss_mib']:.0f} -> peak {anc['peak_rss_mib']:.0f} MiB\n"
-            f"  ingest / anchor time: {row['ratio']:.1f}x",
-            flush=True,
-        )
+        res = bench_file(path, args.repeat, sides)
+        rows.append((path, res))
+        print(f"{path.name}:", flush=True)
+        for side, r in res.items():
+            if "error" in r:
+                print(f"  {side}: FAILED {r['error']}")
+                continue
+            print(f"  {side}: {r['seconds']:.2f} s, peak RSS {r['peak_mib']:.0f} MiB (start {r['start_mib']:.0f}), "
+                  f"{r['events']:,} events", flush=True)
+        g, h, j = (res.get(k, {}) for k in ("graphdeck", "HTA", "ijson"))
+        if "seconds" in g and "seconds" in h:
+            print(f"  HTA / graphdeck time {h['seconds'] / g['seconds']:.2f}x, "
+                  f"peak RSS {h['peak_mib'] / g['peak_mib']:.2f}x")
+        if "seconds" in g and "seconds" in j:
+            print(f"  graphdeck / ijson time {g['seconds'] / j['seconds']:.2f}x")
+    window = None
+    if not args.no_window:
+        window = bench_window(paths[-1], args.window_events, args.queries, args.max_shapes)
+        print(f"window query on {window['events']:,} events: p50 {window['query_p50_ms']:.1f} ms, "
+              f"p95 {window['query_p95_ms']:.1f} ms (with the Plotly figure: p50 {window['figure_p50_ms']:.1f}, "
+              f"p95 {window['figure_p95_ms']:.1f} ms); index built in {window['index_build_s']:.2f} s", flush=True)
     if args.write_results:
-        _write_results(rows, anchor_what)
+        _write_results(rows, window, args)
 
 
-def _write_results(rows: list[dict], anchor_what: str) -> None:
+def _write_results(rows, window, args) -> None:
     import ijson
     import sqlalchemy
 
+    try:
+        import importlib.metadata as md
+
+        hta_version = md.version("HolisticTraceAnalysis")
+    except Exception:  # noqa: BLE001
+        hta_version = "?"
+    cmd = "python bench/bench_ingest.py " + " ".join(a for a in sys.argv[1:])
     lines = [
-        SECTION,
+        SECTION, "",
+        f"`{cmd}` on {time.strftime('%Y-%m-%d %H:%M')} UTC: {platform.machine()}, {os.cpu_count()} CPUs shared with "
+        f"other developers (load average {os.getloadavg()[0]:.1f} at the end), Python {platform.python_version()}, "
+        f"ijson {ijson.__version__} ({ijson.backend}), SQLAlchemy {sqlalchemy.__version__}, HolisticTraceAnalysis "
+        f"{hta_version}. Median of {args.repeat} interleaved runs per side, each side in its own forked child "
+        "(peak = the child's `ru_maxrss`). HTA = `TraceAnalysis(trace_dir=...)` on a folder with only that file; "
+        "ijson = `ijson.items(f, 'traceEvents.item')` doing nothing with the events.",
         "",
-        f"`python bench/bench_ingest.py --write-results` on {time.strftime('%Y-%m-%d')}: "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"ijson {ijson.__version__} ({ijson.backend}), SQLAlchemy {sqlalchemy.__version__}, SQLite store in a temp dir, "
-        f"load average {os.getloadavg()[0]:.1f} at the end (a shared host: times vary by ~20% between runs). "
-        f"Anchor: {anchor_what} of the same file. Each side runs in its own forked child; RSS is "
-        "the child's resident set before the work → its peak (`ru_maxrss`).",
-        "",
-        "| trace | JSON MB | events (stored) | ingest s | ingest events/s | ingest RSS MiB | anchor s | "
-        "anchor events/s | anchor RSS MiB | time ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| trace | JSON MB | events | graphdeck s | HTA s | ijson s | HTA/graphdeck time | graphdeck/ijson time | "
+        "graphdeck peak MiB | HTA peak MiB | ijson peak MiB | HTA/graphdeck memory |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        lines.append(
-            f"| `{r['file']}` | {r['raw_mb']:.1f} | {r['events']:,} ({r['stored']:,}) | {r['ingest_s']:.2f} | "
-            f"{r['ingest_ev_s']:,.0f} | {r['ingest_rss'][0]:.0f} → {r['ingest_rss'][1]:.0f} | {r['anchor_s']:.2f} | "
-            f"{r['anchor_ev_s']:,.0f} | {r['anchor_rss'][0]:.0f} → {r['anchor_rss'][1]:.0f} | {r['ratio']:.1f}x |"
-        )
-    lines += [
-        "",
-        "Peak RSS of the ingest stays within ~10 MiB of its start whatever the file size (batches of 5000 "
-        "events); the anchor holds the whole document. Where ingest time goes, profiled once on the 62 MB "
-        "xdit trace: tokenising + building events in Python from ijson's `basic_parse` ≈ 45%, converting "
-        "events (µs→ns decimals, args JSON) ≈ 30%, SQLite writes and interning ≈ 25%. ijson's C `items()` "
-        "builds events ~40% faster but cannot also see top-level keys written after `traceEvents` "
-        "(Kineto writes `baseTimeNanoseconds` there) in the same pass.",
-    ]
+    for path, res in rows:
+        g, h, j = (res.get(k, {}) for k in ("graphdeck", "HTA", "ijson"))
+        raw = len(gzip.decompress(path.read_bytes())) / 1e6 if path.read_bytes()[:2] == b"\x1f\x8b" else path.stat().st_size / 1e6
+
+        def s(r):
+            return f"{r['seconds']:.2f}" if "seconds" in r else "failed"
+
+        def m(r):
+            return f"{r['peak_mib']:.0f}" if "peak_mib" in r else "—"
+
+        ratio_t = f"{h['seconds'] / g['seconds']:.2f}x" if "seconds" in h and "seconds" in g else "—"
+        ratio_j = f"{g['seconds'] / j['seconds']:.2f}x" if "seconds" in j and "seconds" in g else "—"
+        ratio_m = f"{h['peak_mib'] / g['peak_mib']:.2f}x" if "peak_mib" in h and "peak_mib" in g else "—"
+        lines.append(f"| `{path.name[:40]}` | {raw:.1f} | {g.get('events', 0):,} | {s(g)} | {s(h)} | {s(j)} | {ratio_t} | "
+                     f"{ratio_j} | {m(g)} | {m(h)} | {m(j)} | {ratio_m} |")
+    if window:
+        lines += ["", f"Window query on one trace of {window['events']:,} stored events ({window['copies']} copies of "
+                  f"the xdit trace, shifted): {window['queries']} random windows (1/1000 to 1/2 of the span), at most "
+                  f"{args.max_shapes} bars each: index select + row fetch p50 {window['query_p50_ms']:.1f} ms, "
+                  f"**p95 {window['query_p95_ms']:.1f} ms**; including the Plotly figure dict p50 "
+                  f"{window['figure_p50_ms']:.1f} ms, p95 {window['figure_p95_ms']:.1f} ms. The per-trace index "
+                  f"(built once, then cached by the server) took {window['index_build_s']:.2f} s."]
     section = "\n".join(lines) + "\n"
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
     pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
