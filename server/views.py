@@ -67,7 +67,7 @@ class ViewNode(BaseModel):
     seq_nr: int | None = Field(default=None, description="autograd sequence number; forward and backward nodes of one op share it")
     recomputed: bool = Field(default=False, description="a forward op the partitioner moved into this backward graph")
     dtype_change: str | None = Field(default=None, description="'float32→bfloat16' when a floating input's dtype differs from the output's")
-    namespace_from: str | None = Field(default=None, description="'consumer' / 'producer' when the namespace was inferred (NOTE: [Nodes without a module])")
+    namespace_from: str | None = Field(default=None, description="'seq_nr' / 'consumer' / 'producer' when the namespace was inferred (NOTE: [Nodes without a module])")
 
 
 class ViewEdge(BaseModel):
@@ -134,8 +134,30 @@ def graph_view(session: Session, graph_id: int) -> GraphView:
         for src, dst, pos, size in edge_rows
         if src in names and dst in names
     ]
+    if backward:
+        _from_forward_seq_nr(conn, graph, nodes)
     _infer(nodes, [(pos[src], pos[dst]) for src, dst, _pos, _size in edge_rows if src in pos and dst in pos])
     return GraphView.model_construct(graph_id=graph.id, name=graph.name, kind=graph.kind, nodes=nodes, edges=edges)
+
+
+def _from_forward_seq_nr(conn, graph: Graph, nodes: list[ViewNode]) -> None:
+    """A backward node with no module but a ``seq_nr`` takes the module of the forward node with
+    that ``seq_nr`` in its AOT forward sibling (the op it is the gradient of)."""
+    missing = [n for n in nodes if not n.namespace and n.seq_nr is not None and n.op != "output"]
+    if not missing or graph.parent_id is None:
+        return
+    module = aliased(InternedString)
+    fwd = (select(Graph.id).where(Graph.parent_id == graph.parent_id, Graph.kind == "aot_forward")
+           .order_by(Graph.id).limit(1).scalar_subquery())
+    rows = conn.execute(select(Node.seq_nr, module.value).join(module, Node.module_path_id == module.id)
+                        .where(Node.graph_id == fwd, Node.seq_nr.is_not(None)).order_by(Node.idx)).all()
+    by_seq: dict[int, str] = {}
+    for seq, path in rows:
+        by_seq.setdefault(seq, path.strip("/"))
+    for n in missing:
+        path = by_seq.get(n.seq_nr)
+        if path:
+            n.namespace, n.namespace_from = path, "seq_nr"
 
 
 def _trusted(cls: type[BaseModel], values: dict) -> Any:
@@ -172,7 +194,9 @@ def _category(op: str, target: str) -> str:
 # NOTE: [Nodes without a module]
 # AOT backward graphs have nodes with no (fwd_)nn_module_stack: gradient-accumulation adds,
 # tangents and saved-activation placeholders, nodes whose fwd_nn_module_stack is None while
-# fwd_source_fn_stack is set. Rule: a placeholder (or get_attr) joins the module of its first
+# fwd_source_fn_stack is set. Rule: first, a backward node with a seq_nr takes the module of the
+# forward node with that seq_nr (stored graphs; ``namespace_from="seq_nr"``); then a placeholder
+# (or get_attr) joins the module of its first
 # consumer that has one; any other node joins its first producer's module, else its first
 # consumer's. Repeated until nothing changes, so chains of such nodes follow their neighbours.
 # The output node stays at the top. Inferred namespaces are marked (``namespace_from``) and
