@@ -227,11 +227,14 @@ export async function renderGraph(page, m, query) {
 
   /** A node not drawn (in a collapsed cluster): ask the server to open its clusters, keep them in the URL. */
   async function reveal(name) {
-    const text = await api(svgUrl(id, st, name), {text: true});
+    // a cluster closed by hand that holds the node opens again (collapse wins over the focus)
+    const path = byName.get(name)?.module_path || "";
+    const kept = st.collapse.filter((p) => !(path === p || path.startsWith(`${p}/`)));
+    const text = await api(svgUrl(id, {...st, collapse: kept}, name), {text: true});
     if (!page.alive()) return false;
     const doc = new DOMParser().parseFromString(text, "image/svg+xml");
     const opened = (doc.documentElement.getAttribute("data-open-clusters") || "").split("|").filter(Boolean);
-    const collapse = st.collapse.filter((p) => !opened.includes(p));
+    const collapse = kept.filter((p) => !opened.includes(p));
     const expand = [...new Set([...st.expand, ...opened.filter((p) => !st.expand.includes(p))])];
     // keep only the deepest opened paths that the default depth would not open anyway
     const minimal = expand.filter((p) => !expand.some((q) => q !== p && q.startsWith(`${p}/`)));
@@ -340,7 +343,9 @@ export async function renderGraph(page, m, query) {
           button("zoom-out", "−", "zoom out", () => viewer.zoom(0.8)),
           button("zoom-fit", "fit", "fit the whole graph", () => viewer.fit()),
           h("span", {class: "muted hint"}, "export: ", exportSvg, " · ",
-            h("a", {href: `/api/graphs/${id}/model-explorer`, id: "export-me"}, "Model Explorer JSON"), " · compare with #", compare),
+            h("a", {href: `/api/graphs/${id}/model-explorer`, id: "export-me"}, "Model Explorer JSON"), " + ",
+            h("a", {href: `/api/graphs/${id}/model-explorer/node-data/bytes`, id: "export-me-data"}, "node data"),
+            " · compare with #", compare),
           status),
         results, host),
       details),

@@ -108,6 +108,14 @@ def test_expand_and_collapse_one_cluster(page, server, graphs):
     page.locator(f'#graph-svg g.cluster.collapsed[data-path="{path}"]').wait_for()
     assert path in _query(page).get("collapse", []) and path not in _query(page).get("expand", [])
 
+    # selecting a node inside the cluster closed by hand opens it again
+    nodes = httpx.get(f"{server}/api/graphs/{fwd['id']}/nodes", timeout=30).json()
+    inside = next(n for n in nodes if (n["module_path"] or "").startswith(path) and n["op"] == "call_function")
+    page.fill("#node-search", inside["name"])
+    page.press("#node-search", "Enter")
+    page.locator(f'#graph-svg g.node.selected[data-name="{inside["name"]}"]').wait_for()
+    assert path not in _query(page).get("collapse", [])
+
 
 def test_filter_keeps_matches_and_fades_the_rest(page, server, graphs):
     fwd = graphs["aot_forward"]
