@@ -150,7 +150,8 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
                  include_buffers: bool = False, rtol: float = 1e-4, atol: float = 1e-5) -> GradReport:
     """The report of ``model`` on ``example_inputs`` (a tuple of positional args, a dict of keyword
     args, or one tensor) with ``loss_fn(output) -> scalar tensor`` (default: ``output.loss`` or
-    the sum of the first tensor output). ``model`` may be DDP-wrapped (its ``.module`` is used).
+    the sum of the first tensor output). ``model`` may be DDP-wrapped: its ``.module`` runs (the
+    wrapper's reducer is left untouched) and the DDP error a missing gradient raises is predicted.
 
     ``numeric``: also run ``torch.compile(model, backend=backend)`` on the same batch and store
     ``grad_max_abs_diff`` per parameter; a difference over ``atol + rtol * max|g_eager|`` is a
@@ -192,7 +193,9 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
         handles.append(mod.register_forward_hook(post))
     try:
         with _make_mode(rec, module_stack):
-            out = _call(model, example_inputs)
+            # A DDP wrapper's forward would arm its reducer for a backward that never comes
+            # (the next real step would then fail): run the wrapped module itself.
+            out = _call(inner, example_inputs)
             n_model_ops = len(rec.ops)
             loss = (loss_fn or _default_loss)(out)
     finally:
@@ -337,7 +340,7 @@ def _numeric(report, model, inner, example_inputs, loss_fn, eager_loss, groups, 
     params = [tensor_of[pid] for pid in groups if tensor_of[pid].requires_grad]
     eager = torch.autograd.grad(eager_loss, params, allow_unused=True)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(inner, backend=backend)
     out = _call(compiled, example_inputs)
     loss = (loss_fn or _default_loss)(out)
     comp = torch.autograd.grad(loss, params, allow_unused=True)

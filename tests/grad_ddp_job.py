@@ -45,6 +45,14 @@ def run_case(store: str, case: str, rank: int) -> dict:
     compiled = torch.compile(ddp, backend=agent.backend(backend))
     steps = {"g1": 2, "g2": 1, "g3": 1, "g4": 1, "g5": 2}[name]
     outcome = {"errors": [], "steps_done": 0}
+    if case == "g1":
+        # Eager mode on the DDP-wrapped model before training: it must not disturb DDP (step 1
+        # below still works; step 2 fails only because of the unused parameters).
+        from graphdeck import validate_backward
+
+        rep = validate_backward(ddp, (torch.randn(4, C.D),), lambda out: out.sum())
+        outcome["eager"] = {r.fqn: r.status for r in rep}
+        outcome["eager_findings"] = [f.kind for f in rep.findings]
     gen = torch.Generator().manual_seed(rank)
     for step in range(steps):
         if name == "g5":

@@ -46,6 +46,12 @@ def test_g1_unused_module_predicts_the_ddp_error(job, case):
         errs = outcome[rank][case]["errors"]
         assert errs and errs[0]["step"] == 2 and "Expected to have finished reduction" in errs[0]["message"], \
             f"G1 really fails at step 2 on rank {rank}: {outcome[rank][case]}"
+    if case == "g1":
+        for rank in (0, 1):
+            eager = outcome[rank][case]
+            assert eager["eager"]["extra.weight"] == eager["eager"]["extra.bias"] == "NOT_IN_GRAPH", eager
+            assert eager["eager_findings"] == ["DDP_UNUSED_ERROR"] and eager["steps_done"] == 1, \
+                "eager mode on the DDP model predicts the error and leaves DDP able to run step 1"
     rep = validate_backward(store, case)
     status = {k: r.status for k, r in rows(rep).items()}
     for rank in (0, 1):
