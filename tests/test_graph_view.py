@@ -257,3 +257,12 @@ def test_graph_diff_pairs_renamed_nodes_and_marks_inserted_and_changed():
     pairs = {p.a: (p.b, p.changed) for p in d.pairs}
     assert pairs["mm"] == ("mm_1", []) and pairs["relu"] == ("relu_1", ["shape", "inputs"])
     assert d.marks_b() == {"gelu": "added", "relu_1": "changed"}, "output reads relu_1 = relu: unchanged"
+
+
+def test_captured_graphs_lay_out_without_overlaps(client, graphs):
+    from tests.test_svg import assert_layout_sane
+
+    for kind in ("dynamo", "aot_forward", "aot_backward"):
+        for depth in (0, 1, 2, 99):
+            svg = client.get(f"/api/graphs/{graphs[kind]['id']}/svg", params={"max_depth": depth}).text
+            assert_layout_sane(svg)

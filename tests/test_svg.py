@@ -349,3 +349,43 @@ def test_tensor_label():
 def test_no_graphviz_record_or_html_syntax_reaches_the_output():
     svg = render_graph_svg(tiny_view(), max_depth=99)
     assert not re.search(r"<(?!/?(svg|g|title|rect|text|path|line|defs|marker|\?xml))\w", svg), "only our own elements"
+
+
+def boxes(root: ET.Element) -> tuple[list[tuple], list[tuple]]:
+    """(leaf rects: nodes and collapsed clusters, open-cluster rects) as (x0, y0, x1, y1, id)."""
+    leaves, opens = [], []
+    for g in root.iter(f"{SVG}g"):
+        cls = (g.get("class") or "").split()
+        r = g.find(f"{SVG}rect")
+        if r is None or not ({"node", "cluster"} & set(cls)):
+            continue
+        x, y, w, h = (float(r.get(k)) for k in ("x", "y", "width", "height"))
+        (opens if "open" in cls else leaves).append((x, y, x + w, y + h, g.get("id")))
+    return leaves, opens
+
+
+def overlap(a: tuple, b: tuple) -> bool:
+    return a[0] < b[2] - 0.05 and b[0] < a[2] - 0.05 and a[1] < b[3] - 0.05 and b[1] < a[3] - 0.05
+
+
+def inside(a: tuple, b: tuple) -> bool:
+    return b[0] - 0.05 <= a[0] and b[1] - 0.05 <= a[1] and a[2] <= b[2] + 0.05 and a[3] <= b[3] + 0.05
+
+
+def assert_layout_sane(svg: str) -> None:
+    """No two drawn nodes/boxes overlap; open clusters are nested or apart, never crossing."""
+    leaves, opens = boxes(parse(svg))
+    for i, a in enumerate(leaves):
+        for b in leaves[i + 1:]:
+            assert not overlap(a, b), f"{a[4]} overlaps {b[4]}"
+    for i, a in enumerate(opens):
+        for b in opens[i + 1:]:
+            assert not overlap(a, b) or inside(a, b) or inside(b, a), f"clusters {a[4]} and {b[4]} cross"
+        for leaf in leaves:
+            assert not overlap(leaf, a) or inside(leaf, a), f"{leaf[4]} crosses the border of {a[4]}"
+
+
+@pytest.mark.parametrize("max_depth", [0, 1, 2, 99])
+def test_layout_never_overlaps_boxes_at_any_depth(max_depth):
+    assert_layout_sane(render_graph_svg(synthetic_layers(12), max_depth=max_depth))
+    assert_layout_sane(render_graph_svg(synthetic_layers(12), max_depth=max_depth, expand=["layers/3/mlp"]))
