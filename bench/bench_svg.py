@@ -212,13 +212,13 @@ def bench_engines(store: Path) -> list[dict]:
                 sizes += [(200.0, 120.0)] * len(c.children)
                 index = {m: i for i, m in enumerate(members)}
                 e = [(index[u], index[v]) for (u, v) in sorted(edges_at.get(path, {}), key=str) if u in index and v in index]
-                jobs.append((sizes, e, list(range(len(members)))))
+                jobs.append((sizes, e))
             start = time.perf_counter()
-            for sizes, e, order in jobs:
-                lay.layered(sizes, e, order)
+            for sizes, e in jobs:
+                lay.layered(sizes, e)
             ours = time.perf_counter() - start
             start = time.perf_counter()
-            for sizes, e, _ in jobs:
+            for sizes, e in jobs:
                 dot = ["digraph g { node [shape=box, fixedsize=true];"]
                 dot += [f'n{i} [width={w / 72:.2f}, height={hgt / 72:.2f}];' for i, (w, hgt) in enumerate(sizes)]
                 dot += [f"n{u} -> n{v};" for u, v in e] + ["}"]

@@ -69,9 +69,6 @@ class Prepared:
     edges: list[tuple[int, int, int]]  # (src idx, dst idx, bytes)
     clusters: dict[tuple[str, ...], Cluster]
     node_path: dict[int, tuple[str, ...]]
-    # a cluster's graph-order position: its first computing node (placeholders sit at the top of
-    # every FX graph, so they would put every cluster of a backward graph first)
-    order: dict[tuple[str, ...], int] = field(default_factory=dict)
 
 
 def split_path(namespace: str | None) -> tuple[str, ...]:
@@ -99,31 +96,19 @@ def prepare(view: GraphView) -> Prepared:
     for p in ordered:
         if p:
             clusters[p[:-1]].children.append(p)
-    first: dict[tuple[str, ...], int] = {}
-    first_any: dict[tuple[str, ...], int] = {}
     for idx in sorted(node_path):
-        p = node_path[idx]
-        c = clusters[p]
+        c = clusters[node_path[idx]]
         c.nodes.append(idx)
         node = by_idx[idx]
         c.total_nodes += 1
         if node.param_fqn:
             c.param_bytes += node.size_bytes or 0
-        first_any.setdefault(p, idx)
-        if node.op not in ("placeholder", "get_attr"):
-            first.setdefault(p, idx)
-    inf = float("inf")
-    compute_min: dict[tuple[str, ...], float] = {}
-    any_min: dict[tuple[str, ...], float] = {}
     for p in sorted(ordered, key=len, reverse=True):  # children before parents
         c = clusters[p]
-        compute_min[p] = min([first.get(p, inf)] + [compute_min[ch] for ch in c.children])
-        any_min[p] = min([first_any.get(p, inf)] + [any_min[ch] for ch in c.children])
         for child in c.children:
             c.total_nodes += clusters[child].total_nodes
             c.param_bytes += clusters[child].param_bytes
-    order = {p: int(compute_min[p] if compute_min[p] < inf else any_min[p] if any_min[p] < inf else 0) for p in ordered}
-    return Prepared(view, by_idx, by_name, edges, clusters, node_path, order)
+    return Prepared(view, by_idx, by_name, edges, clusters, node_path)
 
 
 def auto_depth(prep: Prepared, budget: int = AUTO_VISIBLE_ITEMS) -> int | None:
@@ -218,12 +203,6 @@ def _lift(ps: tuple[str, ...], pd: tuple[str, ...], opened: frozenset) -> tuple:
     return cs[:common], mu, mv
 
 
-def _order_key(member, prep: Prepared) -> int:
-    if isinstance(member, int):
-        return member
-    return prep.order[member[1]]
-
-
 def _layers(n: int, edges: list[tuple[int, int]]) -> list[int]:
     """Longest-path layers after dropping a feedback arc set (Eades–Lin–Smyth, igraph), then every
     source pulled down to just above its nearest consumer (a saved activation sits by its use)."""
@@ -253,11 +232,11 @@ def _layers(n: int, edges: list[tuple[int, int]]) -> list[int]:
     return layer
 
 
-def layered(sizes: list[tuple[float, float]], edges: list[tuple[int, int]], order: list[int]) -> tuple[list, list, float, float]:
+def layered(sizes: list[tuple[float, float]], edges: list[tuple[int, int]]) -> tuple[list, list, float, float]:
     """Lay out members ``0..n-1`` (sizes ``(w, h)``) top to bottom.
 
-    Layers from :func:`_layers`; igraph orders each layer (barycenter) and routes long edges.
-    ``order`` (graph order of each member) is kept for callers; layers come from the edges alone.
+    Layers from :func:`_layers` (from the edges alone, not graph order: placeholders sit at the top
+    of every FX graph); igraph orders each layer (barycenter) and routes long edges.
     Returns (top-left corner per member, points per edge, width, height).
     """
     n = len(sizes)
@@ -369,8 +348,7 @@ def layout_cluster(prep: Prepared, path: tuple[str, ...], opened: frozenset, edg
     index = {m: i for i, m in enumerate(members)}
     pairs = sorted(edges_at.get(path, {}).items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))
     e_list = [(index[u], index[v]) for (u, v), _ in pairs if u in index and v in index]
-    order = [_order_key(m, prep) for m in members]
-    corners, points, w, h = layered(sizes, e_list, order)
+    corners, points, w, h = layered(sizes, e_list)
     top = LABEL_H if path else 0.0
     members_out = {m: (corners[i][0] + PAD, corners[i][1] + PAD + top, sizes[i][0], sizes[i][1]) for i, m in enumerate(members)}
     edges_out = {}
