@@ -87,6 +87,7 @@ class StoredNode:
     size_bytes: int | None
     module_path: str | None
     param_fqn: str | None
+    value: str | None = None  # a non-tensor output as recorded (``meta_json["value"]``: a SymInt's int)
 
     def inputs(self) -> list[str]:
         """Names of the nodes this node reads, in argument order (repeats kept)."""
@@ -121,6 +122,14 @@ class StoredGraph:
         return {n.name: n for n in self.nodes}
 
 
+def _meta_value(meta_json: str | None) -> str | None:
+    try:
+        value = json.loads(meta_json or "{}").get("value")
+    except (ValueError, AttributeError):
+        return None
+    return None if value is None else str(value)
+
+
 def load_stored_graph(session: Session, graph_id: int) -> StoredGraph:
     """Graph ``graph_id`` with its nodes in graph order. Raises NotFoundError."""
     g = session.get(Graph, graph_id)
@@ -131,7 +140,7 @@ def load_stored_graph(session: Session, graph_id: int) -> StoredGraph:
     module = InternedString.__table__.alias("m")
     rows = session.execute(
         select(Node.idx, Node.name, Node.op, target.c.value, Node.args_json, Node.shape_json, Node.dtype,
-               Node.stride_json, Node.device, Node.size_bytes, module.c.value, Node.param_fqn)
+               Node.stride_json, Node.device, Node.size_bytes, module.c.value, Node.param_fqn, Node.meta_json)
         .join(target, target.c.id == Node.target_id)
         .outerjoin(module, module.c.id == Node.module_path_id)
         .where(Node.graph_id == graph_id).order_by(Node.idx)).all()
@@ -145,7 +154,7 @@ def load_stored_graph(session: Session, graph_id: int) -> StoredGraph:
             payload = {"args": payload, "kwargs": {}}
         nodes.append(StoredNode(r[0], r[1], r[2], r[3], payload.get("args", []), payload.get("kwargs", {}),
                                 json.loads(r[5]) if r[5] else None, r[6], json.loads(r[7]) if r[7] else None,
-                                r[8], r[9], r[10], r[11]))
+                                r[8], r[9], r[10], r[11], _meta_value(r[12])))
     return StoredGraph(g.id, g.run_id, run.name, g.rank, g.kind, g.name, nodes)
 
 
@@ -194,6 +203,73 @@ def _torch_op(node: StoredNode, parts: list[str]):
     except (AttributeError, RuntimeError) as exc:
         raise BadInputError(f"node {node.name!r}: op {'.'.join(parts)!r} is not registered in this process "
                             "(a missing custom op: import the library that defines it first)") from exc
+
+
+# NOTE: [Device ports]
+# A graph captured on a CPU run can hold CPU-only kernels (``aten._scaled_dot_product_flash_
+# attention_for_cpu`` and its backward: what SDPA lowers to on CPU). Replayed on another device,
+# such a node runs a portable equivalent with the same inputs and outputs, written with plain
+# tensor ops: attention as softmax(q kᵀ · scale + mask) v with its log-sum-exp, and the backward of
+# the same (the FlashAttention backward recurrence, Dao et al. 2022, Algorithm 2, without tiling).
+# The node's time on that device is then the time of that math, not of a fused kernel.
+def sdpa_cpu_port(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """Device-portable ``aten._scaled_dot_product_flash_attention_for_cpu``: ``(out [B,H,L,E],
+    logsumexp [B,H,L])``; q/k/v ``[B,H,L,E]``; dropout must be 0."""
+    scores = _scores(q, k, is_causal, attn_mask, scale)
+    lse = scores.logsumexp(-1)
+    return (scores - lse.unsqueeze(-1)).exp() @ v, lse
+
+
+def sdpa_cpu_backward_port(grad_out, q, k, v, out, lse, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                           scale=None):
+    """Device-portable ``aten._scaled_dot_product_flash_attention_for_cpu_backward``: ``(dq, dk, dv)``."""
+    import math
+
+    s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    p = (_scores(q, k, is_causal, attn_mask, scale) - lse.unsqueeze(-1)).exp()
+    dv = p.transpose(-2, -1) @ grad_out
+    dp = grad_out @ v.transpose(-2, -1)
+    ds = p * (dp - (grad_out * out).sum(-1, keepdim=True))
+    return ds @ k * s, ds.transpose(-2, -1) @ q * s, dv
+
+
+def _scores(q, k, is_causal, attn_mask, scale):
+    import math
+
+    import torch
+
+    s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)) * s
+    if is_causal:
+        L, S = scores.shape[-2], scores.shape[-1]
+        keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril(S - L)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return scores
+
+
+def restride_outputs(values, strides):
+    """``values`` (a tuple of tensors, or one) laid out with the recorded ``strides`` (a list per
+    output, or one list): a port's outputs keep the layout later ``view`` nodes were traced with."""
+    import torch
+
+    def one(t, stride):
+        if (not isinstance(t, torch.Tensor) or not isinstance(stride, list) or len(stride) != t.dim()
+                or list(t.stride()) == stride or not all(isinstance(x, int) and x > 0 for x in stride)):
+            return t
+        out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+        return out.copy_(t)
+
+    if isinstance(values, (tuple, list)):
+        return tuple(one(t, st) for t, st in zip(values, strides))
+    return one(values, strides)
+
+
+_DEVICE_PORTS = {
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": sdpa_cpu_port,
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": sdpa_cpu_backward_port,
+}
 
 
 def _parse_repr(node: StoredNode, text: str, device):
@@ -248,8 +324,9 @@ class Rebuilt:
     device: str = "cpu"
 
 
-def rebuild(stored: StoredGraph, *, device: str = "cpu", seed: int = 0) -> Rebuilt:
-    """A runnable ``torch.fx.GraphModule`` of ``stored`` on ``device``.
+def rebuild(stored: StoredGraph, *, device: str = "cpu", seed: int = 0, ports: bool | None = None) -> Rebuilt:
+    """A runnable ``torch.fx.GraphModule`` of ``stored`` on ``device``. ``ports`` (default: when
+    ``device`` is not the CPU) swaps CPU-only kernels for portable equivalents (NOTE: [Device ports]).
 
     Raises:
         BadInputError: naming the node that cannot be rebuilt (NOTE: [Rebuilding a stored graph]).
@@ -260,6 +337,7 @@ def rebuild(stored: StoredGraph, *, device: str = "cpu", seed: int = 0) -> Rebui
     from graphdeck.replay.synth import tensor_from_meta
 
     dev = torch.device(device)
+    use_ports = dev.type != "cpu" if ports is None else ports
     graph = torch.fx.Graph()
     env: dict[str, Any] = {}
     attrs: dict[str, Any] = {}
@@ -279,10 +357,14 @@ def rebuild(stored: StoredGraph, *, device: str = "cpu", seed: int = 0) -> Rebui
             args = _rebuild_arg(n, n.args, env, dev)
             kwargs = _rebuild_arg(n, n.kwargs, env, dev)
             if n.op == "call_function":
-                fn = _resolve_callable(n)
+                port = _DEVICE_PORTS.get(n.target) if use_ports else None
+                fn = port or _resolve_callable(n)
                 if n.target == "_operator.getitem" and len(args) == 2 and isinstance(args[1], list):
                     args[1] = tuple(args[1])  # JSON stored the index tuple as a list
                 env[n.name] = graph.call_function(fn, tuple(args), kwargs)
+                if port is not None:
+                    env[n.name].name = n.name + "_port"
+                    env[n.name] = graph.call_function(restride_outputs, (env[n.name], n.stride))
             else:
                 env[n.name] = graph.call_method(n.target, tuple(args), kwargs)
             env[n.name].name = n.name
@@ -310,13 +392,22 @@ def instrument(gm, graph_id: int):
 
     enter = torch.ops.profiler._record_function_enter_new.default
     leave = torch.ops.profiler._record_function_exit._RecordFunction
+    ports = set(_DEVICE_PORTS.values())
     graph = torch.fx.Graph()
     env: dict = {}
+    handle = None
     for n in gm.graph.nodes:
-        if n.op in ("call_function", "call_method", "call_module"):
-            handle = graph.call_function(enter, (range_name(graph_id, n.name), None))
+        if n.op == "call_function" and n.target in ports:  # one range over the port and its restride
+            handle = graph.call_function(enter, (range_name(graph_id, n.name.removesuffix("_port")), None))
+            env[n] = graph.node_copy(n, lambda a: env[a])
+        elif n.op == "call_function" and n.target is restride_outputs and handle is not None:
             env[n] = graph.node_copy(n, lambda a: env[a])
             graph.call_function(leave, (handle,))
+            handle = None
+        elif n.op in ("call_function", "call_method", "call_module"):
+            h = graph.call_function(enter, (range_name(graph_id, n.name), None))
+            env[n] = graph.node_copy(n, lambda a: env[a])
+            graph.call_function(leave, (h,))
         else:
             env[n] = graph.node_copy(n, lambda a: env[a])
     return torch.fx.GraphModule(gm, graph, class_name=f"Instrumented{graph_id}")

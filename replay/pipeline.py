@@ -69,8 +69,8 @@ def stage_module(gm, stored, plan, stage: int):
     is not a single tensor."""
     import torch.fx
 
-    nodes = list(gm.graph.nodes)
-    by_stored = {s.name: f for s, f in zip(stored.nodes, nodes)}
+    by_name = {f.name: f for f in gm.graph.nodes}
+    by_stored = {s.name: by_name[s.name] for s in stored.nodes}
     st = plan.stages[stage]
     recv = sorted(st.recv, key=lambda b: (b.src, b.name))
     send = sorted(st.send, key=lambda b: (b.dst, b.name))
@@ -101,6 +101,8 @@ def stage_module(gm, stored, plan, stage: int):
         for a in f.all_input_nodes:
             if a not in env and a.op == "get_attr":
                 env[a] = graph.node_copy(a)
+            elif a not in env and a.name == s.name + "_port":  # a device port before its restride
+                env[a] = graph.node_copy(a, lambda x: env[x])
         env[f] = graph.node_copy(f, lambda a: env[a])
     outs = tuple(env[by_stored[b.name]] for b in send)
     graph.output((outs, final))

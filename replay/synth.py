@@ -64,8 +64,11 @@ def _bound_from_use(nodes: dict, user, pos_name: str) -> int | None:
             return dim(_shape(nodes, ref_at(0)), 0)
         if not user.target.startswith("aten") and is_me(ref_at(0)):
             return dim(_shape(nodes, ref_at(1) or user.kwargs.get("weight")), 0)
-    if op == "embedding_dense_backward" and is_me(ref_at(1)) and isinstance(ref_at(2), int):
-        return ref_at(2)
+    if op == "embedding_dense_backward" and is_me(ref_at(1)):
+        n = ref_at(2)
+        if isinstance(n, dict) and n.get("node") in nodes:  # a SymInt input holding num_weights
+            n = nodes[n["node"]].value
+        return int(n) if isinstance(n, (int, str)) and str(n).isdigit() else None
     if op.startswith("nll_loss") or op == "cross_entropy":
         if op.endswith("backward"):
             self_ref, target_ref = ref_at(1), ref_at(2)
@@ -146,11 +149,14 @@ def tensor_from_meta(node, gen, device, *, high: int | None = None, scale: float
 
 
 def synth_inputs(stored, *, device: str = "cpu", seed: int = 0) -> list:
-    """One tensor per placeholder of ``stored`` (graph order): see the module docstring.
+    """One tensor per placeholder of ``stored`` (graph order): see the module docstring; a SymInt
+    placeholder gets its recorded value.
 
-    Returns a list of ``torch.Tensor``. Raises BadInputError naming a placeholder whose metadata
+    Returns a list of ``torch.Tensor`` (and ints). Raises BadInputError naming a placeholder whose metadata
     is missing or symbolic."""
     import torch
+
+    from graphdeck.errors import BadInputError
 
     gen = torch.Generator().manual_seed(seed)
     dev = torch.device(device)
@@ -158,6 +164,12 @@ def synth_inputs(stored, *, device: str = "cpu", seed: int = 0) -> list:
     for n in stored.nodes:
         if n.op != "placeholder":
             continue
+        if n.shape is None and n.value is not None:  # a SymInt input: its recorded value
+            try:
+                out.append(int(n.value))
+                continue
+            except ValueError:
+                raise BadInputError(f"node {n.name!r}: non-tensor input {n.value!r} is not an int") from None
         high = None
         if n.dtype and not n.dtype.startswith(("float", "bfloat", "complex", "bool")):
             high = integer_bound(stored, n.name)

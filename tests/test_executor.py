@@ -170,3 +170,24 @@ def test_executor_routes(store):
         assert ex["overlay"]["unit"] == "ns" and ex["overlay"]["values"]
         assert httpx.get(f"{srv.url}/api/graphs/99999/stages").status_code == 404
     json.dumps(body)
+
+
+def test_device_ports_match_the_cpu_kernels(store):
+    """A CPU-captured graph holds CPU-only SDPA kernels; their portable stand-ins (used off the CPU)
+    give the same outputs and layouts, and one range per stored node."""
+    ids = graph_ids(store)
+    with Session(open_engine(store)) as s:
+        for kind in ("aot_forward", "aot_backward"):
+            stored = load_stored_graph(s, ids[kind])
+            inputs = synth_inputs(stored, seed=1)
+            native = rebuild(stored).gm(*inputs)
+            ported = rebuild(stored, ports=True)
+            assert any(n.name.endswith("_port") for n in ported.gm.graph.nodes), "the SDPA node was swapped"
+            out = ported.gm(*inputs)
+            for a, b in zip(flat(native), flat(out)):
+                assert (a is None and b is None) or torch.allclose(a, b, atol=1e-5, rtol=1e-4), kind
+            timed = instrument(ported.gm, stored.id)
+            names = [n.args[0] for n in timed.graph.nodes if n.op == "call_function" and n.args
+                     and isinstance(n.args[0], str) and n.args[0].startswith("graphdeck.node/")]
+            assert sorted(names) == sorted(f"graphdeck.node/{stored.id}/{n.name}" for n in stored.nodes
+                                           if n.op.startswith("call_"))
