@@ -16,7 +16,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.grad_report import Finding, ParamRow
-from graphdeck.store.schema import Graph, GraphIO, InternedString, Node
+from graphdeck.store.schema import Graph, InternedString, Node
 
 REDUCE_OPS = ("all_reduce", "reduce_scatter", "all_reduce_coalesced", "reduce_scatter_tensor")
 COLLECTIVE_WORDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
@@ -51,8 +51,8 @@ def collective_findings(session: Session, run_id: int, rows: list[ParamRow]) -> 
 
 
 class _Arrays:
-    """One graph as numpy arrays: ``target_id`` per node, edges in CSR form both ways (successors
-    and predecessors), node names. Read with aggregate queries (one string per column), which is
+    """One graph as numpy arrays: ``target_id`` per node, edges (``src``, ``dst``; predecessors in
+    CSR form on demand), node positions by name. Read with aggregate queries (one string per column), which is
     what keeps a 10^5-node backward graph well under a second."""
 
     def __init__(self, session: Session, graph_id: int):
@@ -64,18 +64,30 @@ class _Arrays:
                                            "group_concat(target_id) FROM nodes WHERE graph_id = ?", (graph_id,))[0]
         order = np.fromstring(idxs or "", sep=",", dtype=np.int64)
         self.n = n = len(order)
-        self.names = [""] * n
-        for i, name in zip(order.tolist(), (names or "").split("\x1f")):
-            self.names[i] = name
+        self._names = (names or "").split("\x1f")
+        self._order = order
+        self.by_name = dict(zip(self._names, order.tolist()))
         self.target_id = np.zeros(n, dtype=np.int64)
         self.target_id[order] = np.fromstring(tids or "", sep=",", dtype=np.int64)
         (flat,) = fetch(session, "SELECT group_concat(src_idx || ',' || dst_idx) FROM edges WHERE graph_id = ?",
                         (graph_id,))[0]
         pairs = np.fromstring(flat or "", sep=",", dtype=np.int64).reshape(-1, 2)
         ok = (pairs >= 0).all(axis=1) & (pairs < n).all(axis=1)
-        src, dst = pairs[ok, 0], pairs[ok, 1]
-        self.succ_ptr, self.succ = self._csr(src, dst, n)
-        self.pred_ptr, self.pred = self._csr(dst, src, n)
+        self.src, self.dst = pairs[ok, 0], pairs[ok, 1]
+        self._pred = None  # CSR of predecessors, built on the first walk
+
+    def preds(self, i: int):
+        if self._pred is None:
+            self._pred = self._csr(self.dst, self.src, self.n)
+        ptr, pred = self._pred
+        return pred[ptr[i]:ptr[i + 1]].tolist()
+
+    def name(self, i: int) -> str:
+        """Name of the node at position ``i`` (rarely needed: only for findings)."""
+        import numpy as np
+
+        k = int(np.nonzero(self._order == i)[0][0])
+        return self._names[k]
 
     @staticmethod
     def _csr(key, value, n):
@@ -86,11 +98,6 @@ class _Arrays:
         np.cumsum(np.bincount(key, minlength=n), out=ptr[1:])
         return ptr, value[order]
 
-    def users(self, i: int):
-        return self.succ[self.succ_ptr[i]:self.succ_ptr[i + 1]].tolist()
-
-    def preds(self, i: int):
-        return self.pred[self.pred_ptr[i]:self.pred_ptr[i + 1]].tolist()
 
 
 def _graph_findings(session: Session, g: Graph, ids: dict[int, str], row_by: dict) -> list[Finding]:
@@ -110,8 +117,7 @@ def _graph_findings(session: Session, g: Graph, ids: dict[int, str], row_by: dic
                                        and any(w in v for w in REDUCE_OPS)] or [-1]))
     # Waited: a collective with a wait_tensor user, or a getitem user that has one (coalesced
     # collectives return tuples). One vectorised pass over the edges per level.
-    src = np.repeat(np.arange(arr.n), np.diff(arr.succ_ptr))
-    dst = arr.succ
+    src, dst = arr.src, arr.dst
     waited = np.zeros(arr.n, dtype=bool)
     waited[src[is_wait[dst]]] = True
     item_waited = waited & is_item
@@ -119,11 +125,11 @@ def _graph_findings(session: Session, g: Graph, ids: dict[int, str], row_by: dic
     unwaited = np.nonzero(is_coll & ~waited)[0].tolist()
     out: list[Finding] = []
     if unwaited:
-        bad = [arr.names[i] for i in unwaited]
+        bad = [arr.name(i) for i in unwaited[:8]]
         out.append(Finding(kind="COLLECTIVE_NOT_WAITED", severity="error", graph_id=g.id, node=bad[0],
                            ranks=[g.rank],
-                           message=(f"rank {g.rank}, graph {g.id} ({g.kind}): {', '.join(bad[:8])}"
-                                    f"{' …' if len(bad) > 8 else ''} ({ids.get(int(tid[unwaited[0]]), '?')}) never "
+                           message=(f"rank {g.rank}, graph {g.id} ({g.kind}): {', '.join(bad)}"
+                                    f"{' …' if len(unwaited) > 8 else ''} ({ids.get(int(tid[unwaited[0]]), '?')}) never "
                                     "reach a wait_tensor: the result is used before the collective completes, or "
                                     "it is never completed"),
                            fix="wait on every functional collective's result (torch.ops._c10d_functional."
@@ -137,9 +143,11 @@ def _grad_reduction(session, g, arr: _Arrays, is_reduce, src, dst, row_by, level
     """Each gradient output of a backward graph that reduces gradients in-graph: does an
     ``all_reduce``/``reduce_scatter`` lie on its path? ``near[k]``: a reduction within ``k``
     steps back (vectorised over the edges); deeper ones are walked one by one."""
-    by_name = {name: i for i, name in enumerate(arr.names)}
-    grads = session.connection().execute(select(GraphIO.param_fqn, GraphIO.node_name).where(
-        GraphIO.graph_id == g.id, GraphIO.direction == "grad", GraphIO.has_grad.is_(True))).all()
+    from graphdeck.analysis.grad_graph import fetch
+
+    by_name = arr.by_name
+    grads = fetch(session, "SELECT param_fqn, node_name FROM graph_io WHERE graph_id = ? AND direction = 'grad' "
+                           "AND has_grad", (g.id,))
     near = is_reduce.copy()
     for _ in range(levels):
         step = near.copy()

@@ -17,6 +17,7 @@ graphs only where they hold collectives; everything else is read from ``graph_io
 
 from __future__ import annotations
 
+import gc
 import json
 from collections import defaultdict, namedtuple
 
@@ -119,7 +120,9 @@ class _Loaded:
                               modules=[None] * n,
                               dead={self.by_name[x] for x in dead_names if x in self.by_name})
         self.live = live_mask(self.flow)
-        self.output_producers = [i for i in range(n) if any(ops[u] == "output" for u in users[i])]
+        outputs = {i for i, op in enumerate(ops) if op == "output"}
+        self.output_producers = sorted({i for i in range(n) if users[i] and users[i][-1] in outputs}
+                                       | {i for i in range(n) for u in users[i][:-1] if u in outputs})
 
 
 def fetch(session: Session, sql: str, params: tuple = ()) -> list:
@@ -157,7 +160,22 @@ def graph_report(session: Session, run: Run, *, include_buffers: bool = False,
     Raises nothing for incomplete stores: missing facts lower precision (an imported run without
     parameter rows lists the parameters its graphs read; a run without backward facts cannot see
     unused outputs) and are listed in ``notes``.
+
+    # NOTE: [GC pause] The analysis allocates ~10^6 small tuples and lists that live until it
+    # returns; the cyclic collector would walk them again and again (a third of the time on a
+    # 10^5-node graph). It is paused for the call and restored after.
     """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _graph_report(session, run, include_buffers=include_buffers, expected_params=expected_params)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _graph_report(session: Session, run: Run, *, include_buffers: bool,
+                  expected_params: list[str] | None) -> GradReport:
     # Plain SQL into namedtuples: attribute access on SQLAlchemy rows costs more than the
     # analysis itself on runs with 10^4 parameters.
     params = [_P(*r) for r in fetch(
