@@ -16,7 +16,7 @@ from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import Graph, Node, Partition
 
 #: Overlay kinds :func:`graph_overlay` knows.
-OVERLAY_KINDS = ("bytes", "time", "partition", "rank")
+OVERLAY_KINDS = ("bytes", "time", "partition", "rank", "memory")
 
 
 class Overlay(BaseModel):
@@ -44,6 +44,8 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
     * ``partition``: the DDP bucket index: for a graph DDPOptimizer split, each node's bucket by
       name in the bucket graphs; for a bucket's own graphs (and their AOT graphs) that bucket.
     * ``rank``: the graph's rank, on every node (for comparing ranks side by side).
+    * ``memory``: live bytes right after each node allocated its output, from the graph-derived
+      liveness (:func:`graphdeck.analysis.memory.graph_memory`).
 
     Raises:
         NotFoundError: no graph ``graph_id``.
@@ -62,6 +64,12 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
         return Overlay(kind=kind, categorical=True, values=dict.fromkeys(names, f"rank {graph.rank}"))
     if kind == "partition":
         return _partition(session, graph, names)
+    if kind == "memory":
+        from graphdeck.analysis.memory import graph_memory
+
+        curve = graph_memory(session, graph_id)
+        return Overlay(kind=kind, unit="bytes", values=dict(zip(curve.nodes, curve.live_bytes)),
+                       note=f"peak {curve.peak_bytes} bytes at {curve.peak_node}")
     return _time(session, graph_id)
 
 

@@ -170,7 +170,8 @@ function readSvg(svg, byName) {
   return {gByName, fxNodes: fx.map(([, g]) => g), edgesByEnd};
 }
 
-const OVERLAYS = [["", "op category"], ["bytes", "output bytes"], ["time", "time (trace)"], ["partition", "DDP bucket"], ["rank", "rank"]];
+const OVERLAYS = [["", "op category"], ["bytes", "output bytes"], ["time", "time (trace)"], ["partition", "DDP bucket"], ["rank", "rank"],
+  ["memory", "live bytes (memory)"]];
 
 export async function renderGraph(page, m, query) {
   const id = Number(m[1]);
@@ -345,7 +346,8 @@ export async function renderGraph(page, m, query) {
           h("span", {class: "muted hint"}, "export: ", exportSvg, " · ",
             h("a", {href: `/api/graphs/${id}/model-explorer`, id: "export-me"}, "Model Explorer JSON"), " + ",
             h("a", {href: `/api/graphs/${id}/model-explorer/node-data/bytes`, id: "export-me-data"}, "node data"),
-            " · compare with #", compare),
+            " · compare with #", compare, " · ",
+            h("a", {href: `#/graphs/${id}/memory`, id: "memory-link"}, "memory")),
           status),
         results, host),
       details),

@@ -130,6 +130,12 @@ def test_cli_and_api(chain_store):
         assert nomod.status_code == 400 and "no/such" in nomod.json()["error"]
         assert httpx.get(f"{srv.url}/api/graphs/{gid}/memory/whatif?dtype=float7").status_code == 400
         assert httpx.get(f"{srv.url}/api/graphs/99999/memory").status_code == 404
+        # Live bytes as a graph-view overlay: one value per node, its maximum the peak.
+        alone = httpx.get(f"{srv.url}/api/graphs/{gid}/memory").json()
+        overlay = httpx.get(f"{srv.url}/api/graphs/{gid}/overlays/memory").json()
+        assert overlay["unit"] == "bytes" and max(overlay["values"].values()) == alone["peak_bytes"]
+        svg = httpx.get(f"{srv.url}/api/graphs/{gid}/svg?overlay=memory&max_depth=9")
+        assert svg.status_code == 200 and "<svg" in svg.text[:2000]
         assert httpx.get(f"{srv.url}/api/graphs/{gid}/memory?scope=nope").status_code in (400, 422)
 
 
