@@ -22,7 +22,31 @@ def gpt2_store(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("gpt2") / "gpt2.db"
     with gzip.open(GPT2_DIR / "gpt2.db.gz", "rb") as src, open(path, "wb") as dst:
         shutil.copyfileobj(src, dst)
+    _upgrade(path)
     engine = open_engine(path)
     link_kernels(engine, 1)
     engine.dispose()
     return path
+
+
+def _upgrade(path: Path) -> None:
+    """Bring the shipped store (schema version 1, 2026-11-29) to the current schema: nullable columns
+    added since are added, the version row follows SCHEMA_VERSION, new tables come from
+    ``open_engine``. The store is test input, not a migration path for users."""
+    import sqlite3
+
+    from graphdeck.store.schema import SCHEMA_VERSION, Base
+
+    con = sqlite3.connect(path)
+    try:
+        for table in Base.metadata.sorted_tables:
+            have = {row[1] for row in con.execute(f"PRAGMA table_info({table.name})")}
+            if not have:
+                continue
+            for col in table.columns:
+                if col.name not in have and col.nullable:
+                    con.execute(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {col.type.compile()}")
+        con.execute("UPDATE store_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+        con.commit()
+    finally:
+        con.close()
