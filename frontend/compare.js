@@ -17,6 +17,24 @@ function panel(graph, side) {
     h("a", {href: `#/graphs/${graph.id}`}, `${fmt(graph.name)} (#${graph.id})`), ` rank ${fmt(graph.rank)}`), host)};
 }
 
+/** Why the two graphs differ, when the store says: one recompiled the other (the guard /
+ * recompile reason of the later compile), or they are one compile on two ranks. */
+function whyDifferent(ga, gb, cpA, cpB) {
+  for (const [cp, other, later] of [[cpB, ga, gb], [cpA, gb, ga]]) {
+    const prev = cp?.previous;
+    if (prev && prev.graph_id === other.id) {
+      return h("p", {class: "recompile-reason", "data-testid": "recompile-reason"},
+        badge("recompile", "tag"), ` ${later.compile_id} recompiled ${prev.compile_id}: `,
+        prev.recompile_reason || "no recompile reason recorded");
+    }
+  }
+  if (ga.compile_id === gb.compile_id && ga.rank !== gb.rank) {
+    return h("p", {class: "muted", "data-testid": "rank-pair"},
+      `compile ${ga.compile_id} on rank ${ga.rank} and rank ${gb.rank}`);
+  }
+  return null;
+}
+
 export async function renderCompare(page, m, query) {
   const a = Number(m[1]), b = Number(m[2]);
   const [ga, gb, nodesA, nodesB] = await Promise.all([
@@ -24,10 +42,11 @@ export async function renderCompare(page, m, query) {
   if (!page.alive()) return;
   // an AOT forward and its backward are not two versions of one graph: no diff marks, seq_nr links
   const fwdBwd = new Set([ga.kind, gb.kind]).size === 2 && [ga.kind, gb.kind].every((k) => k === "aot_forward" || k === "aot_backward");
-  const [diff, svgA, svgB] = await Promise.all([
+  const [diff, svgA, svgB, cpA, cpB] = await Promise.all([
     fwdBwd ? null : api(`/api/graphs/${a}/diff/${b}`),
     api(svgUrl(a, ALL_OPEN, null, fwdBwd ? {} : {diff_against: b}), {text: true}),
-    api(svgUrl(b, ALL_OPEN, null, fwdBwd ? {} : {diff_against: a}), {text: true})]);
+    api(svgUrl(b, ALL_OPEN, null, fwdBwd ? {} : {diff_against: a}), {text: true}),
+    api(`/api/graphs/${a}/counterparts`).catch(() => null), api(`/api/graphs/${b}/counterparts`).catch(() => null)]);
   if (!page.alive()) return;
   setCrumbs([["Runs", "#/runs"], [`compare #${a} · #${b}`]]);
   // counterpart maps: diff pairs, or seq_nr for a forward/backward pair
@@ -50,6 +69,7 @@ export async function renderCompare(page, m, query) {
       : h("p", {class: "summary", id: "diff-counts", "data-testid": "diff-counts"},
         badge(`${counts.same} same`, "diff-same"), " ", badge(`${counts.changed} changed`, "diff-changed"), " ",
         badge(`${counts.removed} only in #${a}`, "diff-removed"), " ", badge(`${counts.added} only in #${b}`, "diff-added")),
+    whyDifferent(ga, gb, cpA, cpB),
     info, h("div", {class: "compare-layout"}, left.box, right.box)));
   const sides = [[left, svgA, aToB, "a"], [right, svgB, bToA, "b"]];
   const gMaps = {}, viewers = {};

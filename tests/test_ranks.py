@@ -225,3 +225,22 @@ def test_imported_inductor_collective_schedule_orders_the_collectives(tmp_path):
     assert [c.compile_id for c in sched[:4]] == ["0/0", "0/1", "0/1", "0/1"]
     assert all(c.size_bytes and c.dtype == "float16" and c.group == "0" for c in sched)
     assert rep.ok  # one rank: nothing to disagree with
+
+
+@pytest.mark.browser
+def test_compare_page_shows_the_recompile_reason(rank_store):
+    import httpx
+    from playwright.sync_api import sync_playwright
+
+    with LiveServer(rank_store) as srv, sync_playwright() as p:
+        rep = httpx.get(f"{srv.url}/api/runs/dynshape/rank-consistency").json()
+        recompiled = next(e for e in rep["sequences"]["1"] if e["compile_id"] == "0/1")
+        later = next(gid for kind, _h, gid in recompiled["graphs"] if kind == "aot_forward")
+        earlier = httpx.get(f"{srv.url}/api/graphs/{later}/counterparts").json()["previous"]["graph_id"]
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(f"{srv.url}/#/compare/{earlier}/{later}")
+        page.wait_for_selector("[data-testid=recompile-reason]")
+        text = page.get_by_test_id("recompile-reason").inner_text()
+        assert "0/1 recompiled 0/0" in text and "size mismatch" in text
+        browser.close()
