@@ -243,6 +243,19 @@ export async function renderGraph(page, m, query) {
     return true;
   }
 
+  /** ?path=a,b,c (e.g. from the gradient report: parameter → cut): mark those nodes and the edges
+   * between consecutive ones with the class `on-path`. */
+  function markPath(q) {
+    for (const el of host.querySelectorAll(".on-path")) el.classList.remove("on-path");
+    const names = (q.get("path") || "").split(",").filter(Boolean);
+    names.forEach((n) => gByName.get(n)?.classList.add("on-path"));
+    for (let i = 1; i < names.length; i++) {
+      const into = new Set(edgesByEnd.get(names[i]) || []);
+      (edgesByEnd.get(names[i - 1]) || []).filter((e) => into.has(e)).forEach((e) => e.classList.add("on-path"));
+    }
+    host.dataset.pathNodes = String(host.querySelectorAll("g.node.on-path").length);
+  }
+
   async function select(name, {center = true} = {}) {
     closeResults();
     for (const el of host.querySelectorAll(".selected, .related")) el.classList.remove("selected", "related");
@@ -370,7 +383,9 @@ export async function renderGraph(page, m, query) {
       if (!page.alive()) return;
       draw(text);
     }
+    markPath(q);
     await select(q.get("node"));
   };
+  markPath(query);
   await select(query.get("node"));
 }

@@ -62,6 +62,14 @@ def test_gradient_page_filters_and_links_to_the_cut(page, base_url):  # noqa: F8
     node = href.split("node=")[1].split("&")[0]
     assert selected.first.get_attribute("data-name") == node, "the graph page opens on the cut node"
     assert "detach" in page.locator("#node-details").inner_text()
+    # The path from the parameter to the cut is marked: every drawn node on it, and its edges.
+    from urllib.parse import unquote
+
+    path = unquote(href.split("path=")[1].split("&")[0]).split(",")
+    marked = page.locator("#graph-svg g.node.on-path")
+    marked.first.wait_for()
+    assert set(marked.evaluate_all("els => els.map(e => e.dataset.name)")) <= set(path)
+    assert marked.count() >= 2 and page.locator("#graph-svg g.edge.on-path").count() >= 1
 
 
 def test_run_page_section_links_to_the_gradient_page(page, base_url):  # noqa: F811
