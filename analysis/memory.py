@@ -185,7 +185,7 @@ def _saved_names(nodes: list[_N]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ liveness
-def _tensors(nodes: list[_N], *, saved: set[str] = frozenset(), module_of=None
+def _tensors(nodes: list[_N], *, saved: set[str] = frozenset(), paths: dict[int, str | None] | None = None
              ) -> tuple[list[Tensor], dict[str, int], list[int | None]]:
     """Storages of one graph; node name → storage index (views share their base's); and per
     storage its real last use (graph position of the last node reading it or a view of it).
@@ -193,7 +193,11 @@ def _tensors(nodes: list[_N], *, saved: set[str] = frozenset(), module_of=None
     ``death_idx`` is where the graph lets go: the last use for intermediates, the graph's end for
     placeholders and outputs. A storage any of whose names is in ``saved`` is ``saved``.
     """
-    module_of = module_of or (lambda n: n.module_path)
+    if paths is None:
+        paths = {n.idx: n.module_path for n in nodes}
+    # Few distinct targets: classify each once, not once per node.
+    alias_targets = {t for t in {n.target for n in nodes if n.op in ("call_function", "call_method")}
+                     if op_name(t) in ALIAS_OPS}
     storage_of: dict[int, int] = {}  # node idx -> tensor index
     names: dict[str, int] = {}
     tensors: list[Tensor] = []
@@ -202,8 +206,7 @@ def _tensors(nodes: list[_N], *, saved: set[str] = frozenset(), module_of=None
     for i, n in enumerate(nodes):
         if n.op == "output":
             continue
-        name = op_name(n.target) if n.op in ("call_function", "call_method") else ""
-        if name in ALIAS_OPS and n.inputs and n.inputs[0] in storage_of:
+        if n.target in alias_targets and n.op != "placeholder" and n.inputs and n.inputs[0] in storage_of:
             storage_of[n.idx] = storage_of[n.inputs[0]]
             names[n.name] = storage_of[n.idx]
             continue
@@ -213,7 +216,7 @@ def _tensors(nodes: list[_N], *, saved: set[str] = frozenset(), module_of=None
         storage_of[n.idx] = len(tensors)
         names[n.name] = len(tensors)
         tensors.append(Tensor(name=n.name, birth_idx=i, death_idx=i, size_bytes=n.size_bytes, dtype=n.dtype,
-                              kind=kind, module_path=module_of(n)))
+                              kind=kind, module_path=paths.get(n.idx)))
     last: list[int | None] = [None] * len(tensors)
     for i, n in enumerate(nodes):
         if n.op == "output":
@@ -285,9 +288,9 @@ def graph_memory(session: Session, graph_id: int) -> MemoryCurve:
     graph = _graph(session, graph_id)
     nodes = _load(session, graph_id)
     saved = set(_saved_names(nodes)) if graph.kind == "aot_forward" else set()
-    modules = _module_resolver(session, graph, nodes)
-    tensors, _names, _last = _tensors(nodes, saved=saved, module_of=modules)
-    curve = _finish([graph_id], [n.name for n in nodes], [modules(n) for n in nodes], tensors)
+    paths = _module_resolver(session, graph, nodes)
+    tensors, _names, _last = _tensors(nodes, saved=saved, paths=paths)
+    curve = _finish([graph_id], [n.name for n in nodes], [paths.get(n.idx) for n in nodes], tensors)
     if saved:
         curve.saved = [{"name": t.name, "size_bytes": t.size_bytes, "module_path": t.module_path, "freed_by": None}
                        for t in tensors if t.kind == "saved"]
@@ -333,8 +336,8 @@ def step_memory(session: Session, forward_id: int, backward_id: int, *, drop_sav
     saved = set(_saved_names(fw))
     mod_f = _module_resolver(session, fw_graph, fw)
     mod_b = _module_resolver(session, bw_graph, bw, forward=fw)
-    tf, names_f, last_f = _tensors(fw, saved=saved, module_of=mod_f)
-    tb, names_b, last_b = _tensors(bw, module_of=mod_b)
+    tf, names_f, last_f = _tensors(fw, saved=saved, paths=mod_f)
+    tb, names_b, last_b = _tensors(bw, paths=mod_b)
     nf, end = len(fw), len(fw) + len(bw) - 1
     dropped = {names_f[x] for x in drop_saved if x in names_f}
     recompute_at = min((u for j, t in enumerate(tb) if t.name in drop_saved
@@ -383,7 +386,7 @@ def step_memory(session: Session, forward_id: int, backward_id: int, *, drop_sav
         for t in merged:
             t.size_bytes = itemsize_of(t)
     names = [f"f:{n.name}" for n in fw] + [f"b:{n.name}" for n in bw]
-    modules = [mod_f(n) for n in fw] + [mod_b(n) for n in bw]
+    modules = [mod_f.get(n.idx) for n in fw] + [mod_b.get(n.idx) for n in bw]
     curve = _finish([forward_id, backward_id], names, modules, merged)
     curve.saved = [{"name": t.name, "size_bytes": t.size_bytes, "module_path": t.module_path, "freed_by": t.freed_by}
                    for t in merged if t.kind == "saved"]
@@ -406,8 +409,9 @@ def _sum_by_module(saved: list[dict]) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def _module_resolver(session: Session, graph: Graph, nodes: list[_N], forward: list[_N] | None = None):
-    """Module path of a node; a backward node without one takes the forward node's with the same
+def _module_resolver(session: Session, graph: Graph, nodes: list[_N], forward: list[_N] | None = None
+                     ) -> dict[int, str | None]:
+    """Node idx → module path; a backward node without one takes the forward node's with the same
     ``seq_nr`` (the op whose gradient it computes), else its first input's."""
     if graph.kind == "aot_backward" and forward is None:
         try:
@@ -419,22 +423,13 @@ def _module_resolver(session: Session, graph: Graph, nodes: list[_N], forward: l
     for n in forward or []:
         if n.seq_nr is not None and n.module_path and n.seq_nr not in by_seq:
             by_seq[n.seq_nr] = n.module_path
-    by_idx = {n.idx: n for n in nodes}
-    cache: dict[int, str | None] = {}
-
-    def resolve(n: _N) -> str | None:
-        if n.idx in cache:
-            return cache[n.idx]
+    paths: dict[int, str | None] = {}
+    for n in nodes:  # graph order, so a node's first input is resolved before it
         path = n.module_path or (by_seq.get(n.seq_nr) if n.seq_nr is not None else None)
         if path is None and n.inputs:
-            src = by_idx.get(n.inputs[0])
-            path = cache.get(src.idx) if src is not None else None
-        cache[n.idx] = path
-        return path
-
-    for n in nodes:  # graph order, so inputs resolve first
-        resolve(n)
-    return resolve
+            path = paths.get(n.inputs[0])
+        paths[n.idx] = path
+    return paths
 
 
 # ------------------------------------------------------------------------------------ what-if
@@ -466,7 +461,7 @@ def checkpoint_estimate(session: Session, forward_id: int, backward_id: int, mod
     base = step_memory(session, forward_id, backward_id)
     fw = _load(session, forward_id)
     mod = _module_resolver(session, _graph(session, forward_id), fw)
-    inside = [n for n in fw if n.op not in ("placeholder", "output") and _under(mod(n), module_path)]
+    inside = [n for n in fw if n.op not in ("placeholder", "output") and _under(mod.get(n.idx), module_path)]
     drop = {s["name"] for s in base.saved if _under(s["module_path"], module_path)}
     if not drop:
         raise UsageError(f"no saved activation of the forward graph belongs to module {module_path!r}; "
