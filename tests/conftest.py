@@ -75,6 +75,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: Debian's Chromium, the only browser Playwright can run here (`playwright install` cannot download).
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+def require(ok: bool, why: str) -> None:
+    """Skip when a prerequisite is missing, but fail under CI=true, where it must be there."""
+    if ok:
+        return
+    if IN_CI:
+        pytest.fail(f"{why} (CI=true, so this is a failure, not a skip)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium through Playwright's sync API, one per test module (a module's Playwright session
+    ends before the next module may start its own)."""
+    require(CHROMIUM.exists(), f"{CHROMIUM} is missing (Debian package chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
 class LiveServer:
     """The real app served by uvicorn in a thread on a free loopback port."""
 

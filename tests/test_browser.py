@@ -8,39 +8,20 @@ page land in ``/tmp/graphdeck-*.png`` for a human to look at.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 
 import pytest
-from tests.conftest import LiveServer, shared_path
+
+from tests.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, require, shared_path  # noqa: F401
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 #: Under ../shared: HTA's sampled Kineto trace of rank 0 (a real profile, about 1 MB gzipped).
 TRACE = ("data", "traces", "hta", "trace_filter", "sampled_rank-0.json.gz")
 RUN_NAME = "tiny"
 TIMEOUT_MS = 15_000
 SHOTS = Path("/tmp")
-
-
-def _require(ok: bool, why: str) -> None:
-    """Skip when a prerequisite is missing, but fail under CI=true, where it must be there."""
-    if ok:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{why} (CI=true, so this is a failure, not a skip)")
-    pytest.skip(why)
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +62,6 @@ def uploaded_trace(base_url: str) -> dict:
     return res.json()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    _require(CHROMIUM.exists(), f"{CHROMIUM} is missing (Debian package chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

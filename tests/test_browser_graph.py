@@ -13,8 +13,9 @@ from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
+
 from tests.conftest import LiveServer
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, _require
+from tests.test_browser import TIMEOUT_MS
 
 pytestmark = pytest.mark.browser
 EVIL_MODULE = "<script>alert(1)</script>"
@@ -54,14 +55,6 @@ def graphs(server) -> dict[str, dict]:
     return by_kind
 
 
-@pytest.fixture(scope="module")
-def browser():
-    _require(CHROMIUM.exists(), f"{CHROMIUM} is missing (Debian package chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

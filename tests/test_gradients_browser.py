@@ -9,7 +9,7 @@ import torch
 
 from tests import grad_cases as C
 from tests.conftest import LiveServer
-from tests.test_browser import browser, page  # noqa: F401  (fixtures: Chromium, a page failing on console errors)
+from tests.test_browser import page  # noqa: F401  (fixture: a page failing on console errors; Chromium from conftest)
 
 pytestmark = pytest.mark.browser
 

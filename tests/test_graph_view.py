@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from tests.conftest import LiveServer, run_python
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import LiveServer
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, _require
+from tests.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, require
 from tests.trace_helpers import gpt2_store  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.browser
@@ -24,7 +23,7 @@ def base_url(gpt2_store):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def page(base_url):
-    _require(CHROMIUM.exists(), f"{CHROMIUM} is missing (Debian package chromium)")
+    require(CHROMIUM.exists(), f"{CHROMIUM} is missing (Debian package chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
     problems: list[str] = []
     with sync_api.sync_playwright() as p:

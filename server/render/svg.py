@@ -44,7 +44,17 @@ from graphdeck.analysis.overlays import Overlay
 from graphdeck.server.render import layout as lay
 from graphdeck.server.render.filters import compile_patterns, filter_nodes, neighbourhood
 from graphdeck.server.render.palette import (
-    EDGE_BINS, EDGE_HEAVY, HEAT, QUALITATIVE, bin_floor, edge_bin, edge_width, fmt_bytes, fmt_ns, hash_slots, heat,
+    EDGE_BINS,
+    EDGE_HEAVY,
+    HEAT,
+    QUALITATIVE,
+    bin_floor,
+    edge_bin,
+    edge_width,
+    fmt_bytes,
+    fmt_ns,
+    hash_slots,
+    heat,
 )
 from graphdeck.server.views import CATEGORIES, GraphView
 
