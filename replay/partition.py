@@ -4,7 +4,10 @@ Stages are contiguous runs of the graph's node order (so every stage only reads 
 stages and a pipeline can stream microbatches through them). The unit of cutting is a compute
 node together with the ``getitem`` nodes that unpack it (a tuple never crosses a stage);
 placeholders and ``get_attr`` tensors belong to the stage of their first reader (every worker can
-make any graph input, so inputs never cross), the ``output`` node to the last stage.
+make any graph input, so inputs never cross), the ``output`` node to the last stage. A graph
+output stays on the stage that makes it (a forward graph's saved activations are needed by the
+same stage's backward, not by the last stage), so only values read by a later stage's nodes are
+boundaries.
 
 Strategies (the design notes' ``graph_partition_strategy``):
 
@@ -228,7 +231,7 @@ def _plan(stored, strategy, k, assignment, n_stages, stage_costs, node_ns, memor
                 st.est_time_ns += node_ns.get(n.name, 0)
         if n.op in ("placeholder", "get_attr") and (n.param_fqn or n.op == "get_attr"):
             st.param_bytes += n.size_bytes or 0
-        for ref in n.inputs():
+        for ref in n.inputs() if n.op != "output" else ():  # graph outputs stay where they are made
             src = nodes.get(ref)
             if src is None or src.op in ("placeholder", "get_attr"):
                 continue

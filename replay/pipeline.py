@@ -64,9 +64,10 @@ class PipelineResult:
 
 def stage_module(gm, stored, plan, stage: int):
     """The GraphModule of ``stage``: ``(graph inputs it reads..., received values...)`` →
-    ``(sent values..., [graph outputs])``. Returns ``(module, input_names, recv, send)`` with
-    ``recv``/``send`` the stage's boundaries in wire order. Raises UsageError when a boundary
-    is not a single tensor."""
+    ``((sent values...), (graph outputs it makes...))``. Returns ``(module, input_names, recv,
+    send, positions)`` with ``recv``/``send`` the stage's boundaries in wire order and
+    ``positions`` the graph-output positions it returns (the last stage also returns outputs that
+    are inputs or constants). Raises UsageError when a boundary is not a single tensor."""
     import torch.fx
 
     by_name = {f.name: f for f in gm.graph.nodes}
@@ -84,6 +85,19 @@ def stage_module(gm, stored, plan, stage: int):
             f = by_stored[ref]
             if f.op == "placeholder" and ref not in needed_inputs:
                 needed_inputs.append(ref)
+    out_node = next(f for f in gm.graph.nodes if f.op == "output")
+    flat_out = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+    last = len(plan.stages) - 1
+
+    def owner(v) -> int:  # the stage that returns output position holding v
+        if isinstance(v, torch.fx.Node) and v.op not in ("placeholder", "get_attr"):
+            return plan.assignment[v.name]
+        return last  # an input, a constant or None: the last stage returns it
+    positions = [i for i, v in enumerate(flat_out) if owner(v) == stage]
+    for i in positions:
+        v = flat_out[i]
+        if isinstance(v, torch.fx.Node) and v.op == "placeholder" and v.name not in needed_inputs:
+            needed_inputs.append(v.name)
     order = {s.name: i for i, s in enumerate(stored.nodes)}
     needed_inputs.sort(key=order.__getitem__)
     graph = torch.fx.Graph()
@@ -92,11 +106,9 @@ def stage_module(gm, stored, plan, stage: int):
         env[by_stored[name]] = graph.placeholder(name)
     for b in recv:
         env[by_stored[b.name]] = graph.placeholder(b.name)
-    final = None
     for s in members:
         f = by_stored[s.name]
         if f.op == "output":
-            final = torch.fx.node.map_arg(f.args[0], lambda a: env[a])
             continue
         for a in f.all_input_nodes:
             if a not in env and a.op == "get_attr":
@@ -104,9 +116,14 @@ def stage_module(gm, stored, plan, stage: int):
             elif a not in env and a.name == s.name + "_port":  # a device port before its restride
                 env[a] = graph.node_copy(a, lambda x: env[x])
         env[f] = graph.node_copy(f, lambda a: env[a])
+    for i in positions:  # get_attr tensors the last stage returns
+        v = flat_out[i]
+        if isinstance(v, torch.fx.Node) and v not in env:
+            env[v] = graph.node_copy(v)
     outs = tuple(env[by_stored[b.name]] for b in send)
+    final = tuple(env[v] if isinstance(v, torch.fx.Node) else v for v in (flat_out[i] for i in positions))
     graph.output((outs, final))
-    return torch.fx.GraphModule(gm, graph, class_name=f"Stage{stage}"), needed_inputs, recv, send
+    return torch.fx.GraphModule(gm, graph, class_name=f"Stage{stage}"), needed_inputs, recv, send, positions
 
 
 _TAG_STRIDE = 100_000
@@ -163,7 +180,7 @@ def _worker(rank: int, world: int, payload: dict) -> None:
         dist.init_process_group(backend, init_method=payload["init_method"], rank=rank, world_size=world)
     try:
         rebuilt = rebuild(stored, device=device, seed=seed)
-        mod, input_names, recv, send = stage_module(rebuilt.gm, stored, plan, rank)
+        mod, input_names, recv, send, positions = stage_module(rebuilt.gm, stored, plan, rank)
         if payload["profile"]:
             mod = instrument(mod, stored.id)
         ph_index = {p.name: i for i, p in enumerate(rebuilt.placeholders)}
@@ -176,7 +193,19 @@ def _worker(rank: int, world: int, payload: dict) -> None:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         spans, outputs, pending = [], [], []
         with torch.no_grad():
-            mod(*feeds[0], *[_restride(_recv_buffer(b, device), strides.get(b.name)) for b in recv])  # warm-up
+            # Warm-up: one untimed microbatch through the whole pipeline, communication included
+            # (NCCL creates its point-to-point communicators lazily, on the first send).
+            warm = []
+            vals = []
+            for b, k in zip(recv, _pair_index(recv, "src")):
+                buf = _recv_buffer(b, device)
+                dist.recv(buf, src=b.src, tag=m_count * _TAG_STRIDE + k)
+                vals.append(_restride(buf, strides.get(b.name)))
+            sent, _ = mod(*feeds[0], *vals)
+            for b, k, v in zip(send, _pair_index(send, "dst"), sent):
+                warm.append(dist.isend(v.contiguous(), dst=b.dst, tag=m_count * _TAG_STRIDE + k))
+            for req in warm:
+                req.wait()
             if world > 1:
                 dist.barrier()
             prof = profile(activities=activities) if payload["profile"] else None
@@ -198,15 +227,14 @@ def _worker(rank: int, world: int, payload: dict) -> None:
                 spans.append((t0, time.time_ns()))
                 for b, k, v in zip(send, _pair_index(send, "dst"), sent):
                     pending.append(dist.isend(v.contiguous(), dst=b.dst, tag=m * _TAG_STRIDE + k))
-                if final is not None:
-                    outputs.append(tuple(o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in final))
+                outputs.append({i: o.detach().cpu() if isinstance(o, torch.Tensor) else o
+                                for i, o in zip(positions, final)})
             for req in pending:
                 req.wait()
             if prof:
                 prof.__exit__(None, None, None)
                 prof.export_chrome_trace(os.path.join(out_dir, f"worker-{rank}.json"))
-        if outputs:
-            torch.save(outputs, os.path.join(out_dir, "outputs.pt"))
+        torch.save(outputs, os.path.join(out_dir, f"outputs-{rank}.pt"))
         with open(os.path.join(out_dir, f"spans-{rank}.json"), "w") as fh:
             json.dump(spans, fh)
         if world > 1:
@@ -214,14 +242,6 @@ def _worker(rank: int, world: int, payload: dict) -> None:
     finally:
         if world > 1:
             dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "layerwise", microbatches: int = 4,
@@ -255,7 +275,7 @@ def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "la
     with tempfile.TemporaryDirectory() as out_dir:
         payload = {"stored": stored, "plan": plan, "out_dir": out_dir, "backend": backend, "microbatches": microbatches,
                    "seed": seed, "device": device, "profile": profile,
-                   "init_method": f"tcp://127.0.0.1:{_free_port()}"}
+                   "init_method": f"file://{os.path.join(out_dir, 'rendezvous')}"}  # no port to race for
         if workers == 1:
             _worker(0, 1, payload)
         else:
@@ -264,7 +284,11 @@ def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "la
             mp.start_processes(_worker, args=(workers, payload), nprocs=workers, start_method="spawn")
         import torch
 
-        outputs = torch.load(os.path.join(out_dir, "outputs.pt"))
+        parts = [torch.load(os.path.join(out_dir, f"outputs-{r}.pt")) for r in range(workers)]
+        outputs = []
+        for m in range(microbatches):  # each stage returned the output positions it makes
+            merged = {i: v for part in parts for i, v in part[m].items()}
+            outputs.append(tuple(merged[i] for i in range(len(merged))))
         spans = []
         for r in range(workers):
             with open(os.path.join(out_dir, f"spans-{r}.json")) as fh:
