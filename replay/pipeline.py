@@ -5,8 +5,9 @@ from the rebuilt graph (:func:`stage_module`) whose inputs are the graph inputs 
 plus the values it receives, and whose outputs are the values it sends (the last stage also
 returns the graph's outputs). Every worker makes the graph inputs itself from the same seed
 (:func:`graphdeck.replay.synth.synth_inputs`, seed ``seed + m`` for microbatch ``m``), so only
-stage boundaries travel: ``isend``/``recv`` point to point (gloo on CPU, nccl on GPU), sender
-and receiver walking each pair's boundaries in name order.
+stage boundaries travel: point-to-point ``isend``/``irecv`` batched per microbatch with
+``batch_isend_irecv`` (gloo on CPU, nccl on GPU), sender and receiver walking each pair's
+boundaries in name order.
 
 # NOTE: [Microbatches of a static graph]
 A captured graph has its shapes baked in (``view(x, [2, 16, 96])``), so a microbatch is one
@@ -140,6 +141,32 @@ def _pair_index(bounds, peer: str) -> list[int]:
     return out
 
 
+def _receive(recv, m: int, device, strides) -> list:
+    """Microbatch ``m``'s boundary values from earlier stages: one batched group of ``irecv``
+    (``batch_isend_irecv``: one NCCL group instead of one launch per tensor), restrided."""
+    import torch.distributed as dist
+
+    if not recv:
+        return []
+    bufs = [_recv_buffer(b, device) for b in recv]
+    ops = [dist.P2POp(dist.irecv, buf, b.src, tag=m * _TAG_STRIDE + k)
+           for b, k, buf in zip(recv, _pair_index(recv, "src"), bufs)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    return [_restride(buf, strides.get(b.name)) for b, buf in zip(recv, bufs)]
+
+
+def _send(send, values, m: int) -> list:
+    """Start sending microbatch ``m``'s boundary values (one batched group); returns the requests."""
+    import torch.distributed as dist
+
+    if not send:
+        return []
+    ops = [dist.P2POp(dist.isend, v.contiguous(), b.dst, tag=m * _TAG_STRIDE + k)
+           for b, k, v in zip(send, _pair_index(send, "dst"), values)]
+    return dist.batch_isend_irecv(ops)
+
+
 def _recv_buffer(b, device):
     import torch
 
@@ -195,16 +222,10 @@ def _worker(rank: int, world: int, payload: dict) -> None:
         with torch.no_grad():
             # Warm-up: one untimed microbatch through the whole pipeline, communication included
             # (NCCL creates its point-to-point communicators lazily, on the first send).
-            warm = []
-            vals = []
-            for b, k in zip(recv, _pair_index(recv, "src")):
-                buf = _recv_buffer(b, device)
-                dist.recv(buf, src=b.src, tag=m_count * _TAG_STRIDE + k)
-                vals.append(_restride(buf, strides.get(b.name)))
-            sent, _ = mod(*feeds[0], *vals)
-            for b, k, v in zip(send, _pair_index(send, "dst"), sent):
-                warm.append(dist.isend(v.contiguous(), dst=b.dst, tag=m_count * _TAG_STRIDE + k))
-            for req in warm:
+            if world > 1:
+                dist.barrier()
+            sent, _ = mod(*feeds[0], *_receive(recv, m_count, device, strides))
+            for req in _send(send, sent, m_count):
                 req.wait()
             if world > 1:
                 dist.barrier()
@@ -212,11 +233,7 @@ def _worker(rank: int, world: int, payload: dict) -> None:
             if prof:
                 prof.__enter__()
             for m in range(m_count):
-                vals = []
-                for b, k in zip(recv, _pair_index(recv, "src")):
-                    buf = _recv_buffer(b, device)
-                    dist.recv(buf, src=b.src, tag=m * _TAG_STRIDE + k)
-                    vals.append(_restride(buf, strides.get(b.name)))
+                vals = _receive(recv, m, device, strides)
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.time_ns()
@@ -225,8 +242,7 @@ def _worker(rank: int, world: int, payload: dict) -> None:
                 if cuda:
                     torch.cuda.synchronize()
                 spans.append((t0, time.time_ns()))
-                for b, k, v in zip(send, _pair_index(send, "dst"), sent):
-                    pending.append(dist.isend(v.contiguous(), dst=b.dst, tag=m * _TAG_STRIDE + k))
+                pending.extend(_send(send, sent, m))
                 outputs.append({i: o.detach().cpu() if isinstance(o, torch.Tensor) else o
                                 for i, o in zip(positions, final)})
             for req in pending:
