@@ -190,6 +190,15 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
     parts = fetch(session, "SELECT rank, \"index\", graph_id, params_json FROM partitions WHERE run_id = ?",
                   (run.id,))
     report = GradReport(mode="graph", run=run.name, run_id=run.id)
+    if not params and not expected_params:
+        # A gate that checked nothing must not pass: a run holding only a trace, or imported
+        # logs without parameter records, has no parameter to give a verdict on.
+        report.findings.append(Finding(
+            kind="NOTHING_CHECKED", severity="error",
+            message=f"run {run.name!r} has no parameter records ({len(graphs)} graphs): nothing was checked",
+            fix="capture the run with graphdeck's agent (Agent.watch(model)), or pass the expected "
+                "parameter names (--expect-params / expected_params=)"))
+        return report
     strings = _Strings(session)
     kind_of = {g.id: g.kind for g in graphs}
     has_backward = {g.parent_id for g in graphs if g.kind == "aot_backward"}

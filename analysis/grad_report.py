@@ -98,7 +98,7 @@ class ParamRow:
 
 @dataclass
 class Finding:
-    """A run-level problem. ``kind``: ``PREDICTED_HANG`` | ``DDP_UNUSED_ERROR`` |
+    """A run-level problem. ``kind``: ``NOTHING_CHECKED`` | ``PREDICTED_HANG`` | ``DDP_UNUSED_ERROR`` |
     ``COLLECTIVE_NOT_WAITED`` | ``GRAD_NOT_REDUCED`` | ``OUTPUT_NOT_ANCESTOR`` | ``GRAD_MISMATCH``;
     ``severity``: ``error`` (fails the check) or ``warning``."""
 

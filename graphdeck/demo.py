@@ -22,12 +22,14 @@ def build_model(n_layer: int = 2, n_embd: int = 128, vocab_size: int = 2048, n_p
     """A GPT-2 language model with random weights (no download).
 
     ``loss_type = "ForCausalLM"`` avoids transformers' logging call that otherwise breaks the
-    Dynamo graph once per forward.
+    Dynamo graph once per forward; ``use_cache=False`` (as in training) keeps the key/value cache
+    out of the graphs' outputs.
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=4, vocab_size=vocab_size,
-                        n_positions=n_positions, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                        n_positions=n_positions, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        use_cache=False)
     model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"
     return model

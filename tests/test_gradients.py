@@ -341,3 +341,21 @@ def test_gpt2_loss_and_logits_outputs_are_not_flagged(captured_store):
     assert rep.ok and not [f for f in rep.findings if f.kind == "OUTPUT_NOT_ANCESTOR"], rep.findings
     wte = next(r for r in rep if r.fqn == "transformer.wte.weight")
     assert wte.paths == 2 and sorted(wte.aliases) == ["lm_head.weight", "transformer.wte.weight"]
+
+
+def test_a_run_without_parameters_does_not_pass(tmp_path):
+    """A CI gate over a run with nothing to check (only a trace, or logs without parameter
+    records) fails with NOTHING_CHECKED instead of passing vacuously."""
+    import subprocess
+    import sys
+
+    from graphdeck.store.db import get_or_create_run, open_engine, write_session
+
+    store = tmp_path / "empty.db"
+    engine = open_engine(store)
+    with write_session(engine) as s:
+        get_or_create_run(s, "job")
+    proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "check-grads", str(store), "--run", "job"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "NOTHING_CHECKED" in proc.stdout and "nothing was checked" in proc.stdout
