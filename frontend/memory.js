@@ -90,14 +90,14 @@ export async function renderMemory(page, match, query) {
     curve = await api(`/api/graphs/${id}/memory?scope=graph&top=20`);
   }
   if (!page.alive()) return;
-  setCrumbs([["runs", "#/runs"], [graph.run_name, `#/runs/${graph.run_id}`], [graph.name, `#/graphs/${id}`], ["memory", null]]);
+  setCrumbs([["Runs", "#/runs"], [graph.run_name, `#/runs/${graph.run_id}`], [graph.name, `#/graphs/${id}`], ["memory", null]]);
   const plot = h("div", {id: "memory-curve", class: "plot", "data-testid": "memory-curve"});
   const measuredBox = h("section", {id: "memory-measured-box"}, h("p", {class: "loading"}, "Looking for measured memory…"));
   const peak = nodeTarget(curve, curve.peak_index);
   document.getElementById("app").replaceChildren(h("section", {class: "memory-page"},
     h("h1", {}, `Memory — ${graph.name}`),
     h("p", {"data-testid": "memory-peak"}, h("strong", {}, `peak ${fmtBytes(curve.peak_bytes)}`), " at ",
-      h("a", {href: linkOf(peak.gid, peak.node)}, curve.peak_node), ` (node ${curve.peak_index + 1} of ${curve.nodes.length}; `,
+      h("a", {href: linkOf(peak.gid, peak.node)}, curve.peak_node), ` (#${curve.peak_index} of ${curve.nodes.length} nodes; `,
       curve.scope === "step" ? "forward then backward graph" : "this graph alone", "). ",
       Object.entries(curve.by_kind_at_peak).map(([k, v]) => `${k} ${fmtBytes(v)}`).join(", ")),
     plot,

@@ -76,7 +76,7 @@ function sequenceTable(report) {
 export async function renderRanks(page, match) {
   const report = await api(`/api/runs/${encodeURIComponent(match[1])}/rank-consistency`);
   if (!page.alive()) return;
-  setCrumbs([["runs", "#/runs"], [report.run, `#/runs/${report.run_id}`], ["rank consistency", null]]);
+  setCrumbs([["Runs", "#/runs"], [report.run, `#/runs/${report.run_id}`], ["rank consistency", null]]);
   document.getElementById("app").replaceChildren(h("section", {class: "ranks-page"},
     h("h1", {}, `Rank consistency — ${report.run}`),
     verdict(report),

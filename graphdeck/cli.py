@@ -168,7 +168,8 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
 @main.command("check-ranks")
 @click.argument("store", default=DEFAULT_STORE)
 @click.option("--run", "run_name", required=True, help="Run name or id.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True,
+              help="text for people, json for scripts, junit (JUnit XML) for CI systems.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file instead of standard output.")
 def check_ranks(store: str, run_name: str, fmt: str, output: str | None) -> None:
