@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.errors import BadInputError, UsageError
 from graphdeck.replay.executor import execute_graph, instrument, load_stored_graph, rebuild
-from graphdeck.replay.partition import partition, plan_for_graph
+from graphdeck.replay.partition import _layer_key, partition, plan_for_graph
 from graphdeck.replay.synth import integer_bound, synth_inputs
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, Trace
@@ -64,7 +64,8 @@ def test_rebuilt_graph_runs_and_instrumenting_keeps_outputs(store, kind):
         plain = rebuilt.gm(*inputs)
         timed = instrument(rebuilt.gm, gid)(*inputs)
     assert same(plain, timed), "record_function ranges must not change any output"
-    assert all(torch.isfinite(o).all() for o in flat(plain) if isinstance(o, torch.Tensor) and o.is_floating_point())
+    assert not any(torch.isnan(o).any() for o in flat(plain) if isinstance(o, torch.Tensor) and o.is_floating_point()), \
+        "synthetic inputs give no NaN (a causal mask's -inf is expected)"
 
 
 def test_integer_inputs_bounded_by_their_indexing_use(store):
@@ -146,8 +147,10 @@ def test_partition_strategies(store):
                 _check_plan(stored, plan, k)
                 assert plan.time_balance is not None and plan.time_balance >= 1.0
         layer = plan_for_graph(s, gid, 2, "layerwise")
-        cut = next(n for n in stored.nodes if n.op.startswith("call_") and layer.assignment[n.name] == 1)
-        assert not (cut.module_path or "").startswith("transformer/h/0/"), "layerwise cuts at the layer boundary"
+        compute = [n for n in stored.nodes if n.op.startswith("call_") and n.target != "_operator.getitem"]
+        i = next(i for i, n in enumerate(compute) if layer.assignment[n.name] == 1)
+        assert _layer_key(compute[i].module_path) != _layer_key(compute[i - 1].module_path), \
+            "layerwise cuts only where the layer (module path up to its index) changes"
     with pytest.raises(UsageError, match="needs measured node times"):
         partition(stored, 2, "auto")
     with pytest.raises(UsageError, match="unknown strategy"):
