@@ -41,7 +41,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from graphdeck.errors import BadInputError, NotFoundError
@@ -534,27 +534,27 @@ def node_times_from_trace(session: Session, trace_id: int, graph_id: int) -> tup
 
 def recorded_node_ns(session: Session, graph_id: int, exclude: set[int]) -> tuple[int | None, dict[str, int]]:
     """Per-node time of graph ``graph_id`` in the newest earlier trace of its run and rank that
-    maps onto it: an executor trace (its ranges), else a compiled run's kernel mapping
-    (:func:`graphdeck.analysis.trace_map.node_time_ns`). An executor trace counts only when it
-    times at least 90% of the compute nodes (a pipeline worker's trace holds one stage).
+    maps onto it: an executor trace of the graph (named ``executor graph <id>``: its ranges;
+    pipeline workers' traces hold one stage each and are skipped), else the newest other trace
+    through a compiled run's kernel mapping (:func:`graphdeck.analysis.trace_map.node_time_ns`).
+    Only trace names are scanned, so a store with many large traces is not read event by event.
     ``(None, {})`` when none maps."""
     from graphdeck.analysis.trace_map import node_time_ns
 
     g = session.get(Graph, graph_id)
-    ids = session.scalars(select(Trace.id).where(Trace.run_id == g.run_id, Trace.rank == g.rank,
-                                                 Trace.status.in_(("ok", "truncated")))
-                          .order_by(Trace.id.desc())).all()
-    n_compute = session.scalar(select(func.count()).select_from(Node).where(
-        Node.graph_id == graph_id, Node.op.in_(("call_function", "call_method", "call_module"))))
-    for tid in ids:
-        if tid in exclude:
-            continue
-        cpu, gpu = node_times_from_trace(session, tid, graph_id)
-        if len(cpu) >= 0.9 * n_compute:  # one pipeline worker's trace covers only its stage
-            return tid, gpu or cpu
-        mapped = node_time_ns(session, graph_id, tid)
-        if mapped:
-            return tid, mapped
+    rows = session.execute(select(Trace.id, Trace.name).where(
+        Trace.run_id == g.run_id, Trace.rank == g.rank, Trace.status.in_(("ok", "truncated")))
+        .order_by(Trace.id.desc())).all()
+    mine = f"executor graph {graph_id}"
+    for tid, name in rows:
+        if tid not in exclude and name == mine:
+            cpu, gpu = node_times_from_trace(session, tid, graph_id)
+            if cpu:
+                return tid, gpu or cpu
+    for tid, name in rows:
+        if tid not in exclude and not name.startswith("executor graph "):
+            mapped = node_time_ns(session, graph_id, tid)
+            return (tid, mapped) if mapped else (None, {})
     return None, {}
 
 
