@@ -16,7 +16,7 @@ from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import Graph, Node, Partition
 
 #: Overlay kinds :func:`graph_overlay` knows.
-OVERLAY_KINDS = ("bytes", "time", "partition", "rank", "memory")
+OVERLAY_KINDS = ("bytes", "time", "partition", "rank", "memory", "stage")
 
 
 class Overlay(BaseModel):
@@ -46,6 +46,11 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
     * ``rank``: the graph's rank, on every node (for comparing ranks side by side).
     * ``memory``: live bytes right after each node allocated its output, from the graph-derived
       liveness (:func:`graphdeck.analysis.memory.graph_memory`).
+    * ``stage``: the executor's pipeline stage of each node for 2 ``layerwise`` stages
+      (:func:`graphdeck.replay.partition.plan_for_graph`; other K and strategies through
+      ``GET /api/graphs/{id}/stages``).
+    ``time`` falls back to the newest executor trace of the graph (its node ranges) when no
+    kernel mapping covers it.
 
     Raises:
         NotFoundError: no graph ``graph_id``.
@@ -64,6 +69,12 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
         return Overlay(kind=kind, categorical=True, values=dict.fromkeys(names, f"rank {graph.rank}"))
     if kind == "partition":
         return _partition(session, graph, names)
+    if kind == "stage":
+        from graphdeck.replay.partition import plan_for_graph
+
+        plan = plan_for_graph(session, graph_id, 2, "layerwise")
+        return Overlay(kind=kind, categorical=True, values={n: f"stage {k}" for n, k in plan.assignment.items()},
+                       note="2 layerwise stages (graphdeck replay --workers K --strategy S for others)")
     if kind == "memory":
         from graphdeck.analysis.memory import graph_memory
 
@@ -100,5 +111,12 @@ def _time(session: Session, graph_id: int) -> Overlay:
     except ImportError:
         return Overlay(kind="time", unit="ns", note="no kernel-to-node mapping is installed (graphdeck.analysis.trace_map)")
     values = node_time_ns(session, graph_id) or {}
-    note = None if values else "no trace of this graph maps kernels to its nodes"
+    note = None
+    if not values:
+        # An executor run of this graph (graphdeck replay) maps onto its nodes by range names.
+        from graphdeck.replay.executor import recorded_node_ns
+
+        trace_id, values = recorded_node_ns(session, graph_id, exclude=set())
+        note = (f"node times from trace {trace_id} (executor ranges)" if values
+                else "no trace of this graph maps kernels to its nodes")
     return Overlay(kind="time", unit="ns", values={str(k): float(v) for k, v in values.items()}, note=note)

@@ -171,7 +171,7 @@ function readSvg(svg, byName) {
 }
 
 const OVERLAYS = [["", "op category"], ["bytes", "output bytes"], ["time", "time (trace)"], ["partition", "DDP bucket"], ["rank", "rank"],
-  ["memory", "live bytes (memory)"]];
+  ["memory", "live bytes (memory)"], ["stage", "pipeline stage (executor)"]];
 
 export async function renderGraph(page, m, query) {
   const id = Number(m[1]);
