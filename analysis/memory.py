@@ -137,22 +137,35 @@ class _N:
 
 def _load(session: Session, graph_id: int) -> list[_N]:
     # Plain DB-API rows on SQLite: on 100k-node graphs SQLAlchemy's per-row processing was most
-    # of the time. Other databases go through SQLAlchemy's driver-level execution.
-    sql_nodes = ("SELECT n.idx, n.name, n.op, t.value, n.size_bytes, n.dtype, m.value, n.seq_nr, n.desc, "
-                 "n.param_fqn FROM nodes n JOIN strings t ON t.id = n.target_id "
-                 "LEFT JOIN strings m ON m.id = n.module_path_id WHERE n.graph_id = {p} ORDER BY n.idx")
+    # of the time. Interned strings (targets, module paths) are looked up once per distinct id
+    # rather than joined per node; ``desc``/``param_fqn`` are read only for placeholders and the
+    # output node, the only ones liveness asks about.
+    sql_nodes = ("SELECT idx, name, op, target_id, size_bytes, dtype, module_path_id, seq_nr FROM nodes "
+                 "WHERE graph_id = {p} ORDER BY idx")
+    sql_io = ("SELECT idx, desc, param_fqn FROM nodes WHERE graph_id = {p} "
+              "AND op IN ('placeholder', 'output')")
     sql_edges = "SELECT src_idx, dst_idx FROM edges WHERE graph_id = {p} ORDER BY id"  # (dst, arg_pos) order
     conn = session.connection()
     if conn.dialect.name == "sqlite":
         raw = conn.connection.driver_connection
-        rows = raw.execute(sql_nodes.format(p="?"), (graph_id,)).fetchall()
-        edges = raw.execute(sql_edges.format(p="?"), (graph_id,))
+
+        def run(sql, *args):
+            return raw.execute(sql.format(p="?"), (graph_id, *args))
     else:
-        rows = conn.exec_driver_sql(sql_nodes.format(p="%(g)s"), {"g": graph_id}).fetchall()
-        edges = conn.exec_driver_sql(sql_edges.format(p="%(g)s"), {"g": graph_id})
-    nodes = [_N(r[0], r[1], r[2], r[3], int(r[4] or 0), r[5], r[6], r[7], r[8], r[9], []) for r in rows]
+        def run(sql, *args):
+            return conn.exec_driver_sql(sql.format(p="%(g)s"), {"g": graph_id})
+    rows = run(sql_nodes).fetchall()
+    io = {r[0]: (r[1], r[2]) for r in run(sql_io)}
+    ids = {r[3] for r in rows} | {r[6] for r in rows if r[6] is not None}
+    text = dict(session.execute(select(InternedString.id, InternedString.value)
+                                .where(InternedString.id.in_(ids))).all()) if ids else {}
+    nodes = []
+    for r in rows:
+        desc, fqn = io.get(r[0], (None, None))
+        nodes.append(_N(r[0], r[1], r[2], text.get(r[3], ""), int(r[4] or 0), r[5],
+                        text.get(r[6]) if r[6] is not None else None, r[7], desc, fqn, []))
     pos = {n.idx: i for i, n in enumerate(nodes)}
-    for src, dst in edges:
+    for src, dst in run(sql_edges):
         p = pos.get(dst)
         if p is not None:
             nodes[p].inputs.append(src)
