@@ -189,31 +189,39 @@ def source_line(file: str, line: int) -> str | None:
     return text or None
 
 
+def _enclosing(file: str, line: int, search_lines: int):
+    """``(line number, text)`` of each line opening a block that encloses ``file:line`` (less
+    indented, read with ``linecache``), innermost first, up to and including the enclosing
+    ``def``/``class`` line, looking at most ``search_lines`` lines up."""
+    here = linecache.getline(file, line)
+    if not here:
+        return
+    indent = len(here) - len(here.lstrip())
+    for k in range(line - 1, max(0, line - search_lines), -1):
+        text = linecache.getline(file, k)
+        if not text.strip():
+            continue
+        ind = len(text) - len(text.lstrip())
+        if ind < indent:
+            yield k, text
+            if text.lstrip().startswith(("def ", "async def ", "class ")):
+                return
+            indent = ind
+
+
 def no_grad_region(stack_trace: str | None, search_lines: int = 40) -> str | None:
     """The ``with torch.no_grad():`` (or ``inference_mode``, ``set_grad_enabled(False)``,
     ``@torch.no_grad()``) line enclosing a frame of ``stack_trace``, innermost frame first, as
     ``"file.py:LINE"``. Read from the source file (``linecache``); ``None`` when it is not found
     within ``search_lines`` lines above the frame's line in the same function."""
     for file, line, _fn in reversed(frames(stack_trace)):
-        here = linecache.getline(file, line)
-        if not here:
-            continue
-        indent = len(here) - len(here.lstrip())
-        for k in range(line - 1, max(0, line - search_lines), -1):
-            text = linecache.getline(file, k)
-            if not text.strip():
-                continue
-            ind = len(text) - len(text.lstrip())
-            if ind < indent:
-                if _NO_GRAD_RE.match(text):
-                    return short_source(file, k)
-                if text.lstrip().startswith(("def ", "async def ", "class ")):
-                    # a decorator directly above the def
-                    above = linecache.getline(file, k - 1)
-                    if _NO_GRAD_RE.match(above or ""):
-                        return short_source(file, k - 1)
-                    break
-                indent = ind
+        for k, text in _enclosing(file, line, search_lines):
+            if _NO_GRAD_RE.match(text):
+                return short_source(file, k)
+            if text.lstrip().startswith(("def ", "async def ", "class ")):
+                # a decorator directly above the def
+                if _NO_GRAD_RE.match(linecache.getline(file, k - 1) or ""):
+                    return short_source(file, k - 1)
     return None
 
 
@@ -227,19 +235,7 @@ def enclosing_branch(frame_text: str | None, search_lines: int = 40) -> str | No
     if not fr:
         return None
     file, line, _fn = fr[-1]
-    here = linecache.getline(file, line)
-    if not here:
-        return None
-    indent = len(here) - len(here.lstrip())
-    for k in range(line - 1, max(0, line - search_lines), -1):
-        text = linecache.getline(file, k)
-        if not text.strip():
-            continue
-        ind = len(text) - len(text.lstrip())
-        if ind < indent:
-            if _BRANCH_RE.match(text):
-                return f"{short_source(file, k)}: {text.strip()}"
-            if text.lstrip().startswith(("def ", "async def ", "class ")):
-                return None
-            indent = ind
+    for k, text in _enclosing(file, line, search_lines):
+        if _BRANCH_RE.match(text):
+            return f"{short_source(file, k)}: {text.strip()}"
     return None

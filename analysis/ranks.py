@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
+from graphdeck.analysis.grad_cuts import frames
 from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition, Rank, Run
 
 #: Longest differing middle (nodes) that :func:`first_node_difference` aligns with difflib.
@@ -460,13 +461,11 @@ def _ref(graph_id: int, row) -> NodeRef:
 
 def source_line(stack_trace: str | None) -> str | None:
     """``file:line in fn`` of the innermost frame of an FX ``stack_trace`` (user code), or None."""
-    if not stack_trace:
+    fr = frames(stack_trace)
+    if not fr:
         return None
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', stack_trace)
-    if not frames:
-        return None
-    path, line, fn = frames[-1]
-    return f"{path}:{line} in {fn}"
+    path, line, fn = fr[-1]
+    return f"{path}:{line} in {fn}" if fn else f"{path}:{line}"
 
 
 def collective_kind(target: str) -> str | None:

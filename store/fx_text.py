@@ -137,8 +137,8 @@ def _stack_trace(m: re.Match) -> str:
     return f'  File "{m.group("path")}", line {m.group("line")}, in {m.group("fn")}\n    {m.group("code").strip()}'
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Split ``a, b: "x[1, 2]", c`` on commas outside brackets and quotes."""
+def _split_outside(text: str, sep: str) -> list[str]:
+    """Split ``text`` on ``sep`` where it is outside brackets and quotes (parts unstripped)."""
     parts, depth, quote, start = [], 0, None, 0
     for i, ch in enumerate(text):
         if quote:
@@ -150,11 +150,16 @@ def _split_top_level(text: str) -> list[str]:
             depth += 1
         elif ch in ")]}":
             depth -= 1
-        elif ch == "," and depth == 0:
+        elif ch == sep and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     parts.append(text[start:])
-    return [p for p in parts if p.strip()]
+    return parts
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split ``a, b: "x[1, 2]", c`` on commas outside brackets and quotes."""
+    return [p for p in _split_outside(text, ",") if p.strip()]
 
 
 class _Builder:
@@ -425,22 +430,7 @@ def _split_statements(code: str) -> list[str]:
     """``'x: "f32[2]" = f(a);  a = None'`` → the two statements (``;`` outside quotes/brackets)."""
     if ";" not in code:
         return [code]
-    parts, depth, quote, start = [], 0, None, 0
-    for i, ch in enumerate(code):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == ";" and depth == 0:
-            parts.append(code[start:i].strip())
-            start = i + 1
-    parts.append(code[start:].strip())
-    return [p for p in parts if p]
+    return [p.strip() for p in _split_outside(code, ";") if p.strip()]
 
 
 def _finish(b: _Builder) -> TextGraph:
