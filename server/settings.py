@@ -4,7 +4,7 @@ Nothing here reads the environment or opens a file at import time, so a test can
 its own SQLite file::
 
     >>> Settings(store="runs.db")
-    Settings(store=PosixPath('runs.db'), max_upload_bytes=2147483648, frontend_dir=None)
+    Settings(store=PosixPath('runs.db'), max_upload_bytes=2147483648, frontend_dir=None, data_dir=None, max_decompressed_bytes=17179869184, max_decompress_ratio=200.0)
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from pathlib import Path
 
 #: Default cap on one request body (an uploaded trace or store), 2 GiB.
 DEFAULT_MAX_UPLOAD_BYTES = 2 * 1024**3
+#: Default cap on what one gzip upload may decompress to, 16 GiB, and on its inflation ratio.
+DEFAULT_MAX_DECOMPRESSED_BYTES = 16 * 1024**3
+DEFAULT_MAX_DECOMPRESS_RATIO = 200.0
 
 
 @dataclass(frozen=True)
@@ -26,16 +29,34 @@ class Settings:
         max_upload_bytes: requests whose ``Content-Length`` exceeds this are answered 413.
         frontend_dir: folder holding ``index.html`` and the dashboard's assets; ``None`` means the
             installed ``graphdeck.frontend`` package.
+        write_tokens: bearer tokens that may write (every non-GET route); empty means writes are
+            taken only from loopback clients (:mod:`graphdeck.server.auth`).
+        read_tokens: when non-empty, reads need one of these (or a write token); empty means
+            reads are open.
+        data_dir: where resumable uploads keep their chunks (server-generated names only);
+            ``None`` means ``<store>.uploads`` beside a SQLite store, else a temp folder.
+        max_decompressed_bytes: cap on the bytes a gzip upload may inflate to (413 above it).
+        max_decompress_ratio: cap on inflated / compressed size, checked once more than 64 MiB
+            came out (413 above it).
     """
 
     store: Path
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     frontend_dir: Path | None = field(default=None)
+    write_tokens: tuple[str, ...] = field(default=(), repr=False)  # secrets: kept out of logs
+    read_tokens: tuple[str, ...] = field(default=(), repr=False)
+    data_dir: Path | None = None
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    max_decompress_ratio: float = DEFAULT_MAX_DECOMPRESS_RATIO
 
     def __post_init__(self) -> None:
         # Accept str / os.PathLike for convenience; store a Path.
         object.__setattr__(self, "store", Path(os.fspath(self.store)))
         if self.frontend_dir is not None:
             object.__setattr__(self, "frontend_dir", Path(os.fspath(self.frontend_dir)))
+        object.__setattr__(self, "write_tokens", tuple(self.write_tokens))
+        object.__setattr__(self, "read_tokens", tuple(self.read_tokens))
+        if self.data_dir is not None:
+            object.__setattr__(self, "data_dir", Path(os.fspath(self.data_dir)))
         if self.max_upload_bytes <= 0:
             raise ValueError(f"max_upload_bytes must be positive, got {self.max_upload_bytes}")
