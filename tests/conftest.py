@@ -136,3 +136,60 @@ class LiveServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+# ---------------------------------------------------------------------------- PostgreSQL
+
+#: Set by .ci/run (a server started from Debian's postgresql package): a superuser URL such as
+#: ``postgresql+psycopg://graphdeck@127.0.0.1:5433/postgres``. Unset, the tests start a private
+#: server from the installed binaries; with neither, Postgres tests skip (never under CI=true).
+PG_URL_ENV = "GRAPHDECK_TEST_PG_URL"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    """A PostgreSQL server's superuser URL for the whole session (see ``PG_URL_ENV``)."""
+    import importlib.util
+
+    require(importlib.util.find_spec("psycopg") is not None, "psycopg is not installed (extra graphdeck[postgres])")
+    url = os.environ.get(PG_URL_ENV)
+    if url:
+        yield url
+        return
+    from graphdeck.pg_local import LocalPostgres, find_pg_bin
+
+    require(find_pg_bin() is not None, f"no PostgreSQL: set {PG_URL_ENV} or install Debian's postgresql")
+    pg = LocalPostgres(fast=True).start()
+    try:
+        yield pg.url
+    finally:
+        pg.stop()
+
+
+_pg_counter = iter(range(1_000_000))
+
+
+@pytest.fixture
+def pg_url(pg_server, request) -> str:
+    """The URL of a fresh, empty PostgreSQL database for this test (dropped afterwards), for
+    ``open_engine(pg_url)`` / ``Agent(store=pg_url)`` / ``Settings(store=pg_url)``."""
+    from graphdeck.pg_local import create_database, drop_database
+
+    name = f"t{os.getpid()}_{next(_pg_counter)}"
+    url = create_database(pg_server, name)
+    yield url
+    try:
+        from sqlalchemy.orm import close_all_sessions
+
+        close_all_sessions()
+        drop_database(pg_server, name)
+    except Exception:  # noqa: BLE001 - a leftover test database is harmless
+        pass
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """One store per backend: a SQLite file in ``tmp_path``, then a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "store.db")
+    return request.getfixturevalue("pg_url")
