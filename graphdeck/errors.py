@@ -9,6 +9,8 @@ Each class carries the HTTP status the server answers with and the exit code the
     │       └── PayloadTooLargeError (413, exit 2)
     ├── NotFoundError (404, exit 2)               run, rank, graph, node or trace not in the store
     ├── StoreError (500, exit 1)                  store missing or of another schema version
+    │   ├── SchemaVersionError (500, exit 1)      store schema newer than this graphdeck, or not yet migrated
+    │   └── StoreFullError (507, exit 1)          disk full or the store's size quota reached
     └── CheckFailed (422, exit 1)                 a check (e.g. gradient paths) found problems
 
 The server renders any of them as ``{"ok": false, "error": message, "status": code}``.
@@ -52,6 +54,18 @@ class NotFoundError(GraphdeckError):
 class StoreError(GraphdeckError):
     status_code = 500
     exit_code = 1
+
+
+class SchemaVersionError(StoreError):
+    """The store's schema is newer than this graphdeck knows (``details``: ``store_version``,
+    ``known_version``), or older and a read-only open cannot migrate it."""
+
+
+class StoreFullError(StoreError):
+    """A write failed because the disk is full or the store reached its size quota; the
+    transaction was rolled back (nothing of it is visible)."""
+
+    status_code = 507
 
 
 class CheckFailed(GraphdeckError):
