@@ -6,7 +6,8 @@ Each class carries the HTTP status the server answers with and the exit code the
     ├── UsageError (400, exit 2)
     │   └── BadInputError (400, exit 2)           malformed file or request body
     │       ├── TruncatedInputError (400, exit 2) a file that ends mid-record
-    │       └── PayloadTooLargeError (413, exit 2)
+    │       ├── PayloadTooLargeError (413, exit 2)
+    │       └── ConflictError (409, exit 2)       a request that contradicts stored state (upload chunks)
     ├── NotFoundError (404, exit 2)               run, rank, graph, node or trace not in the store
     ├── StoreError (500, exit 1)                  store missing or of another schema version
     │   ├── SchemaVersionError (500, exit 1)      store schema newer than this graphdeck, or not yet migrated
@@ -44,6 +45,13 @@ class TruncatedInputError(BadInputError):
 
 class PayloadTooLargeError(BadInputError):
     status_code = 413
+
+
+class ConflictError(BadInputError):
+    """The request contradicts what the server already holds (e.g. an upload chunk resent with
+    other bytes, or completing an upload with chunks missing)."""
+
+    status_code = 409
 
 
 class NotFoundError(GraphdeckError):
