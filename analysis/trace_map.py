@@ -64,19 +64,10 @@ def trace_call_name(provenance_name: str) -> str:
     return provenance_name
 
 
-def _ensure_call_index(engine: Engine) -> None:
-    """Stores made before ``kernel_nodes.call_index`` existed get the (nullable) column."""
-    cols = {c["name"] for c in inspect(engine).get_columns(KernelNode.__tablename__)}
-    if "call_index" not in cols:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f"ALTER TABLE {KernelNode.__tablename__} ADD COLUMN call_index INTEGER")
-
-
 def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     """Write ``kernel_nodes`` rows (source ``inductor_provenance_v2``) for run ``run_id`` from its
     stored provenance records, replacing earlier rows of that source. Returns counts:
     ``tables``, ``tables_repeated`` (skipped), ``calls``, ``rows``, ``nodes_not_in_graph``."""
-    _ensure_call_index(engine)
     stats: Counter = Counter()
     with Session(engine) as s:
         events = s.execute(

@@ -19,6 +19,11 @@ from graphdeck.errors import GraphdeckError
 DEFAULT_STORE = "graphdeck.db"
 
 
+def _store_arg(store: str) -> str:
+    """A ``--store`` value: a SQLAlchemy URL (``postgresql+psycopg://...``) as given, a path made absolute."""
+    return store if "://" in store else str(Path(store).resolve())
+
+
 def _fail(exc: GraphdeckError) -> None:
     click.echo(f"error: {exc.message}", err=True)
     sys.exit(exc.exit_code)
@@ -31,7 +36,8 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite file to write and serve.")
+@click.option("--store", default=DEFAULT_STORE, show_default=True,
+              help="SQLite file (replaced) or PostgreSQL URL to write and serve.")
 @click.option("--run-name", default="demo", show_default=True, help="Name of the run in the store.")
 @click.option("--nproc", default=2, show_default=True, help="Ranks (processes) to launch with torchrun.")
 @click.option("--backend", default="inductor", show_default=True, help="Inner torch.compile backend.")
@@ -42,9 +48,10 @@ def main() -> None:
 def demo(store: str, run_name: str, nproc: int, backend: str, steps: int, serve: bool, host: str, port: int) -> None:
     """Train a small GPT-2 on NPROC gloo ranks under DDP + torch.compile with capture, then serve it."""
     t0 = time.perf_counter()
-    store_path = Path(store).resolve()
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+    store_path = _store_arg(store)
+    if "://" not in store_path:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{store_path}{suffix}").unlink(missing_ok=True)
     env = dict(os.environ)
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -89,15 +96,18 @@ def _print_summary(store_path: Path, run_name: str) -> None:
 
 
 @main.command()
-@click.argument("store", default=DEFAULT_STORE)
+@click.argument("store", default=DEFAULT_STORE, envvar="GRAPHDECK_STORE")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
 @click.option("--port", default=8765, show_default=True, help="Port to bind.")
 def serve(store: str, host: str, port: int) -> None:
-    """Serve the dashboard and API over STORE."""
+    """Serve the dashboard and API over STORE (a SQLite file or a PostgreSQL URL; $GRAPHDECK_STORE)."""
     from graphdeck.server.app import serve as serve_app
 
     click.echo(f"[graphdeck] dashboard: http://{host}:{port}/")
-    serve_app(Path(store).resolve(), host=host, port=port)
+    try:
+        serve_app(_store_arg(store), host=host, port=port)
+    except GraphdeckError as exc:  # e.g. a store written by a newer graphdeck: refuse to start
+        _fail(exc)
 
 
 @main.command("check-grads")

@@ -25,7 +25,9 @@ class Settings:
     """What one server instance serves.
 
     Attributes:
-        store: path of the SQLite store (created with the current schema if missing).
+        store: path of the SQLite store (a ``Path``), or a SQLAlchemy URL such as
+            ``postgresql+psycopg://user:pw@db:5432/graphdeck`` (kept as ``str``); created with the
+            current schema if missing, migrated if older (:func:`graphdeck.store.db.open_engine`).
         max_upload_bytes: requests whose ``Content-Length`` exceeds this are answered 413.
         frontend_dir: folder holding ``index.html`` and the dashboard's assets; ``None`` means the
             installed ``graphdeck.frontend`` package.
@@ -40,7 +42,7 @@ class Settings:
             came out (413 above it).
     """
 
-    store: Path
+    store: Path | str
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     frontend_dir: Path | None = field(default=None)
     write_tokens: tuple[str, ...] = field(default=(), repr=False)  # secrets: kept out of logs
@@ -50,8 +52,9 @@ class Settings:
     max_decompress_ratio: float = DEFAULT_MAX_DECOMPRESS_RATIO
 
     def __post_init__(self) -> None:
-        # Accept str / os.PathLike for convenience; store a Path.
-        object.__setattr__(self, "store", Path(os.fspath(self.store)))
+        # Accept str / os.PathLike for convenience; store a Path, or a URL (``://``) as str.
+        store = os.fspath(self.store)
+        object.__setattr__(self, "store", store if "://" in store else Path(store))
         if self.frontend_dir is not None:
             object.__setattr__(self, "frontend_dir", Path(os.fspath(self.frontend_dir)))
         object.__setattr__(self, "write_tokens", tuple(self.write_tokens))

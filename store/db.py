@@ -1,14 +1,26 @@
 """Opening the store: engines, sessions, string interning, run/rank registration.
 
-The embedded default is one SQLite file in WAL mode, so several rank processes can write to it
-at once (SQLite serialises writers; ``busy_timeout`` makes each wait instead of failing) while
-the server reads. Each logical write (a graph with its nodes, a batch of trace events) is one
-transaction, so a rank that dies mid-write leaves no half-written graph behind.
+A store is a SQLite file (the embedded default: a path, or ``sqlite:///path``) or a PostgreSQL
+database (``postgresql+psycopg://user:password@host:5432/dbname``, needs ``graphdeck[postgres]``),
+the same schema on both (:mod:`graphdeck.store.schema`), created or migrated on open
+(:mod:`graphdeck.store.migrate`).
+
+SQLite runs in WAL mode, so several rank processes can write to it at once (SQLite serialises
+writers; ``busy_timeout`` makes each wait instead of failing) while the server reads. On
+PostgreSQL, ranks write concurrently; two inserting the same run, rank or interned string at
+once is a unique violation for one of them, which :func:`retrying` re-runs (the second run of the
+transaction finds the row). Each logical write (a graph with its nodes, a batch of trace events)
+is one transaction, so a rank that dies mid-write leaves no half-written graph behind.
+
+A write that fails because the disk is full (SQLite ``SQLITE_FULL``, including the size quota
+``max_bytes``; PostgreSQL ``53100 disk_full``) raises :class:`~graphdeck.errors.StoreFullError`
+naming the cause; its transaction is rolled back.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -16,25 +28,45 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, select
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from graphdeck.errors import NotFoundError, StoreError
-from graphdeck.store.schema import SCHEMA_VERSION, Base, InternedString, Rank, Run, StoreMeta
+from graphdeck.errors import GraphdeckError, NotFoundError, StoreError, StoreFullError, UsageError
+from graphdeck.store.schema import InternedString, Rank, Run
 
 BUSY_TIMEOUT_MS = 60_000
+#: Environment variable: a size quota in bytes for SQLite stores opened for writing (``PRAGMA
+#: max_page_count``); a write past it fails with :class:`StoreFullError`. Unset: no quota.
+MAX_BYTES_ENV = "GRAPHDECK_STORE_MAX_BYTES"
 
 
 def store_url(path_or_url: str | os.PathLike) -> str:
-    """``'runs.db'`` → ``'sqlite:///runs.db'``; a URL with ``://`` is returned unchanged."""
+    """``'runs.db'`` → ``'sqlite:////abs/runs.db'``; a URL with ``://`` is returned unchanged.
+
+    ``postgres://`` and ``postgresql://`` (libpq's spellings) become ``postgresql+psycopg://``."""
     text = str(path_or_url)
     if "://" in text:
+        for prefix in ("postgres://", "postgresql://"):
+            if text.startswith(prefix):
+                return "postgresql+psycopg://" + text[len(prefix):]
         return text
     return f"sqlite:///{Path(text).expanduser().resolve()}"
 
 
-def _sqlite_pragmas(read_only: bool):
+def display_url(path_or_url: str | os.PathLike) -> str:
+    """The store's URL with any password hidden, for messages and logs."""
+    try:
+        return make_url(store_url(path_or_url)).render_as_string(hide_password=True)
+    except ArgumentError:
+        return str(path_or_url)
+
+
+def is_sqlite(path_or_url: str | os.PathLike) -> bool:
+    return store_url(path_or_url).startswith("sqlite")
+
+
+def _sqlite_pragmas(read_only: bool, max_bytes: int | None):
     def on_connect(dbapi_conn, _record):
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
@@ -43,6 +75,9 @@ def _sqlite_pragmas(read_only: bool):
         else:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
+            if max_bytes:
+                page_size = cur.execute("PRAGMA page_size").fetchone()[0]
+                cur.execute(f"PRAGMA max_page_count={max(1, math.ceil(max_bytes / page_size))}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
@@ -53,66 +88,107 @@ def _autocommit_driver(dbapi_conn, _record):
     dbapi_conn.isolation_level = None
 
 
-def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, create: bool = True) -> Engine:
-    """Open (and, unless ``read_only``, create) the store at ``path_or_url``.
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a driver error means "no space": SQLite ``database or disk is full`` (also its
+    ``max_page_count`` quota), PostgreSQL SQLSTATE ``53100``, or ``ENOSPC``."""
+    orig = getattr(exc, "orig", exc)
+    if getattr(orig, "sqlstate", None) == "53100" or getattr(orig, "pgcode", None) == "53100":
+        return True
+    if getattr(orig, "sqlite_errorname", None) == "SQLITE_FULL":
+        return True
+    message = str(orig).lower()
+    return "database or disk is full" in message or "no space left on device" in message
+
+
+def _translate_errors(context) -> None:
+    """``handle_error`` hook: a disk-full driver error leaves as :class:`StoreFullError`."""
+    exc = context.original_exception
+    if is_disk_full(exc):
+        raise StoreFullError(
+            f"store is full (disk full or the store's size quota was reached): {exc}; "
+            "the write was rolled back, nothing of it is stored",
+            cause="disk_full",
+        ) from exc
+
+
+def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, create: bool = True,
+                max_bytes: int | None = None) -> Engine:
+    """Open (and, unless ``read_only``, create or migrate) the store at ``path_or_url``.
+
+    Args:
+        path_or_url: a SQLite file path, or a SQLAlchemy URL (``sqlite:///...``,
+            ``postgresql+psycopg://...``; ``postgresql://`` means psycopg too).
+        read_only: SQLite ``PRAGMA query_only``; PostgreSQL ``default_transaction_read_only``.
+            Never creates or migrates.
+        create: a writer creates the schema in an empty store (else :class:`StoreError`).
+        max_bytes: SQLite only: a size quota (default ``$GRAPHDECK_STORE_MAX_BYTES``); writes
+            past it raise :class:`StoreFullError`.
 
     Raises:
-        NotFoundError: the file is missing while ``read_only`` (CLI exit 2: a usage problem).
-        StoreError: it is not a graphdeck store, or its schema version differs from
-            :data:`graphdeck.store.schema.SCHEMA_VERSION`.
+        NotFoundError: the SQLite file is missing while ``read_only`` (CLI exit 2).
+        UsageError: a URL of an unsupported database.
+        StoreError: cannot connect, not a graphdeck store, or psycopg is not installed.
+        SchemaVersionError: the store's schema is newer than this graphdeck's (or, read-only,
+            older and not migrated yet); the message names both versions.
     """
+    from graphdeck.store import migrate
+
     url = store_url(path_or_url)
-    is_sqlite = url.startswith("sqlite")
-    if is_sqlite and read_only:
+    try:
+        backend = make_url(url).get_backend_name()
+    except ArgumentError as exc:
+        raise UsageError(f"not a store path or URL: {display_url(path_or_url)!r} ({exc})") from exc
+    if backend == "sqlite":
+        engine = _sqlite_engine(url, read_only, max_bytes)
+    elif backend == "postgresql":
+        engine = _postgres_engine(url, read_only)
+    else:
+        raise UsageError(f"unsupported store {display_url(url)}: use a SQLite path or postgresql+psycopg://")
+    event.listen(engine, "handle_error", _translate_errors)
+    try:
+        if read_only:
+            with engine.connect() as conn:
+                migrate.check(conn)
+        else:
+            migrate.prepare(engine, create=create)
+    except GraphdeckError:
+        engine.dispose()
+        raise
+    except (OperationalError, DBAPIError) as exc:
+        engine.dispose()
+        raise StoreError(f"cannot open store {display_url(url)}: {exc.orig}") from exc
+    return engine
+
+
+def _sqlite_engine(url: str, read_only: bool, max_bytes: int | None) -> Engine:
+    if read_only:
         path = url.split("sqlite:///", 1)[1]
         if not Path(path).exists():
             raise NotFoundError(f"store {path} does not exist; run a captured job or `graphdeck demo` first",
                                 resource="store", id=path)
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000} if is_sqlite else {})
-    if is_sqlite:
-        event.listen(engine, "connect", _sqlite_pragmas(read_only))
-        if not read_only:
-            # NOTE: [Immediate transactions] pysqlite defers BEGIN until the first write, so two
-            # ranks can both read "no such run" and then both insert it. We take the write lock
-            # at BEGIN instead (SQLAlchemy's documented pysqlite recipe), which serialises
-            # read-then-write transactions across processes; busy_timeout makes others wait.
-            event.listen(engine, "connect", _autocommit_driver)
-            event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
-    if create and not read_only:
-        _create_schema(engine)
-    _check_version(engine)
+    if max_bytes is None and os.environ.get(MAX_BYTES_ENV):
+        max_bytes = int(os.environ[MAX_BYTES_ENV])
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    event.listen(engine, "connect", _sqlite_pragmas(read_only, max_bytes))
+    if not read_only:
+        # NOTE: [Immediate transactions] pysqlite defers BEGIN until the first write, so two
+        # ranks can both read "no such run" and then both insert it. We take the write lock
+        # at BEGIN instead (SQLAlchemy's documented pysqlite recipe), which serialises
+        # read-then-write transactions across processes; busy_timeout makes others wait.
+        event.listen(engine, "connect", _autocommit_driver)
+        event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
     return engine
 
 
-def _create_schema(engine: Engine) -> None:
-    # Several ranks may race to create the schema; each retries until one has won.
-    for attempt in range(20):
-        try:
-            Base.metadata.create_all(engine)
-            with Session(engine) as s, s.begin():
-                if s.get(StoreMeta, "schema_version") is None:
-                    s.add(StoreMeta(key="schema_version", value=str(SCHEMA_VERSION)))
-            return
-        except OperationalError:
-            if attempt == 19:
-                raise
-            time.sleep(0.05 * (attempt + 1))
-        except Exception as exc:  # IntegrityError: another rank inserted the version row first
-            if "UNIQUE" in str(exc) or "IntegrityError" in type(exc).__name__:
-                return
-            raise
-
-
-def _check_version(engine: Engine) -> None:
-    with Session(engine) as s:
-        try:
-            row = s.get(StoreMeta, "schema_version")
-        except OperationalError as exc:
-            raise StoreError(f"not a graphdeck store: {exc.orig}") from exc
-        if row is not None and int(row.value) != SCHEMA_VERSION:
-            raise StoreError(
-                f"store schema version {row.value} but this graphdeck reads version {SCHEMA_VERSION}"
-            )
+def _postgres_engine(url: str, read_only: bool) -> Engine:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError as exc:
+        raise StoreError("a PostgreSQL store needs psycopg: pip install 'graphdeck[postgres]'") from exc
+    connect_args = {"connect_timeout": 10}
+    if read_only:
+        connect_args["options"] = "-c default_transaction_read_only=on"
+    return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
 
 
 def session_factory(engine: Engine) -> sessionmaker:
@@ -170,13 +246,26 @@ def get_or_create_rank(session: Session, run: Run, rank: int, **fields) -> Rank:
     return row
 
 
+def _retryable(exc: Exception) -> bool:
+    """Another writer got in the way: SQLite's lock wait ran out, or on PostgreSQL a concurrent
+    transaction inserted the same unique key first (or a serialization failure / deadlock)."""
+    if isinstance(exc, IntegrityError):
+        return getattr(exc.orig, "sqlstate", None) == "23505"  # unique_violation (PostgreSQL)
+    if isinstance(exc, OperationalError):
+        if "locked" in str(exc):
+            return True
+        return getattr(exc.orig, "sqlstate", None) in ("40001", "40P01")
+    return False
+
+
 def retrying(fn, *, attempts: int = 10):
-    """Run ``fn()``; retry on SQLite ``database is locked`` (another rank holds the write lock)."""
+    """Run ``fn()`` (one whole transaction); re-run it when another writer got in the way (see
+    :func:`_retryable`), with a growing pause. Any other error, or the last attempt's, propagates."""
     for attempt in range(attempts):
         try:
             return fn()
-        except OperationalError as exc:
-            if "locked" not in str(exc) or attempt == attempts - 1:
+        except (OperationalError, IntegrityError) as exc:
+            if not _retryable(exc) or attempt == attempts - 1:
                 raise
-            time.sleep(0.1 * (attempt + 1))
+            time.sleep(0.05 * (attempt + 1))
     return None

@@ -36,8 +36,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-#: Bumped whenever a table or column changes; stored in ``store_meta`` and checked on open.
-SCHEMA_VERSION = 1
+#: Bumped whenever a table or column changes, together with a new Alembic revision named after it
+#: (``store/migrations/versions/000N_*.py``, revision ``"000N"``); stored in ``store_meta`` and in
+#: ``alembic_version``, checked on open (:mod:`graphdeck.store.migrate`). 2: ``kernel_nodes.call_index``.
+SCHEMA_VERSION = 2
 
 
 def _now() -> _dt.datetime:

@@ -1,0 +1,220 @@
+"""Schema migrations of the store (Alembic), and the version check every open makes.
+
+The schema is :mod:`graphdeck.store.schema`; the migrations in ``store/migrations/versions`` are
+named by schema version (revision ``"0002"`` is :data:`~graphdeck.store.schema.SCHEMA_VERSION` 2)
+and ship inside the package, so an installed graphdeck migrates its stores without an
+``alembic.ini``. A test pins that the migrations' head equals ``schema.py`` on SQLite and
+PostgreSQL (Alembic's autogenerate finds no difference).
+
+What opening a store does (:func:`prepare`):
+
+=============================================  ===========================================
+store                                          writer (``read_only=False``)
+=============================================  ===========================================
+empty                                          ``create_all`` + stamp head
+made before Alembic (``store_meta`` version N)  stamp revision N, then upgrade to head
+an older revision                              upgrade to head (data kept)
+the head                                       nothing
+a revision this graphdeck does not know        :class:`SchemaVersionError`
+=============================================  ===========================================
+
+A read-only open never writes: an older store is refused with a message saying how to migrate it
+(``graphdeck db upgrade STORE``), except a pre-Alembic store whose tables already have every
+column of the head (it reads fine as it is).
+
+The writer does all of it in one transaction under a lock (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL:
+``pg_advisory_xact_lock``), so sixteen ranks opening a new store at once create it exactly once.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection, Engine
+
+from graphdeck.errors import SchemaVersionError, StoreError
+from graphdeck.store.schema import SCHEMA_VERSION, Base
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+#: Arbitrary key of the PostgreSQL advisory lock taken while a store is created or migrated.
+PG_LOCK_KEY = 0x67726470  # "grdp"
+
+
+def revision_of(version: int) -> str:
+    """Schema version → Alembic revision id: ``2`` → ``"0002"``."""
+    return f"{version:04d}"
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None):
+    """A programmatic Alembic ``Config`` for the shipped migrations (no ``alembic.ini``)."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+@functools.lru_cache(maxsize=1)
+def script():
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def head_revision() -> str:
+    return script().get_current_head()
+
+
+def current_revision(conn: Connection) -> str | None:
+    """The store's Alembic revision; ``None`` when it has no ``alembic_version`` table."""
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def _meta_version(conn: Connection) -> int | None:
+    if not inspect(conn).has_table("store_meta"):
+        return None
+    value = conn.execute(text("SELECT value FROM store_meta WHERE key = 'schema_version'")).scalar()
+    return int(value) if value is not None else None
+
+
+def _version_of(revision: str) -> str:
+    return str(int(revision)) if revision.isdigit() else revision
+
+
+def _too_new(revision: str) -> SchemaVersionError:
+    return SchemaVersionError(
+        f"store schema version {_version_of(revision)} (revision {revision}) is newer than this graphdeck "
+        f"{_graphdeck_version()} understands (schema version {SCHEMA_VERSION}): upgrade graphdeck to read it",
+        store_version=_version_of(revision), known_version=SCHEMA_VERSION, direction="newer",
+    )
+
+
+def _graphdeck_version() -> str:
+    import graphdeck
+
+    return graphdeck.__version__
+
+
+def _head_columns_present(conn: Connection) -> bool:
+    insp = inspect(conn)
+    for table in Base.metadata.sorted_tables:
+        if not insp.has_table(table.name):
+            return False
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        if not {c.name for c in table.columns} <= have:
+            return False
+    return True
+
+
+def check(conn: Connection) -> str:
+    """Read-only version check; returns the store's revision (``"pre-alembic"`` for an old store
+    that reads fine as it is).
+
+    Raises:
+        StoreError: not a graphdeck store (no tables).
+        SchemaVersionError: written by a newer graphdeck.
+        SchemaVersionError: needs ``graphdeck db upgrade`` first.
+    """
+    rev = current_revision(conn)
+    meta = _meta_version(conn)
+    if meta is not None and meta > SCHEMA_VERSION:
+        raise _too_new(revision_of(meta))
+    if rev == revision_of(SCHEMA_VERSION):  # the common case, without loading Alembic
+        return rev
+    head = head_revision()
+    if rev is None:
+        version = meta
+        if version is None:
+            raise StoreError("not a graphdeck store: it has no store_meta table")
+        if version > SCHEMA_VERSION:
+            raise _too_new(revision_of(version))
+        if _head_columns_present(conn):
+            return "pre-alembic"
+        rev = revision_of(version)
+    known = {s.revision for s in script().walk_revisions()}
+    if rev not in known:
+        raise _too_new(rev)
+    if rev != head:
+        raise SchemaVersionError(
+            f"store schema version {_version_of(rev)} is older than this graphdeck's {SCHEMA_VERSION}: "
+            f"migrate it with `graphdeck db upgrade STORE` (or open it once read-write)",
+            store_version=_version_of(rev), known_version=SCHEMA_VERSION, direction="older",
+        )
+    return rev
+
+
+def prepare(engine: Engine, *, create: bool = True) -> str:
+    """Create, adopt or migrate the store behind ``engine`` (a writer); returns the revision it is
+    at afterwards (the head). See the module docstring for the cases.
+
+    Raises:
+        StoreError: the database holds tables but is not a graphdeck store.
+        SchemaVersionError: the store comes from a newer graphdeck (nothing is changed).
+    """
+    with engine.connect() as conn:  # the common case, without a write lock or loading Alembic
+        meta = _meta_version(conn)
+        if meta is not None and meta > SCHEMA_VERSION:
+            raise _too_new(revision_of(meta))
+        if current_revision(conn) == revision_of(SCHEMA_VERSION):
+            return revision_of(SCHEMA_VERSION)
+    from alembic import command
+
+    head = head_revision()
+    with engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE (see db.py); PostgreSQL: the advisory lock
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_LOCK_KEY})
+        rev = current_revision(conn)
+        if rev == head:
+            return rev
+        cfg = alembic_config(conn)
+        if rev is None:
+            version = _meta_version(conn)
+            if version is None:
+                names = [n for n in inspect(conn).get_table_names() if n != "alembic_version"]
+                if names:
+                    raise StoreError(f"not a graphdeck store: it has tables {sorted(names)[:5]} but no store_meta")
+                if not create:
+                    raise StoreError("the store is empty (create it by opening it read-write)")
+                Base.metadata.create_all(conn)
+                conn.execute(text("INSERT INTO store_meta (key, value) VALUES ('schema_version', :v)"),
+                             {"v": str(SCHEMA_VERSION)})
+                command.stamp(cfg, head)
+                return head
+            rev = revision_of(version)
+            known = {s.revision for s in script().walk_revisions()}
+            if rev not in known:
+                raise _too_new(rev)
+            command.stamp(cfg, rev)  # a store made before Alembic: adopt it at its version
+        known = {s.revision for s in script().walk_revisions()}
+        if rev not in known:
+            raise _too_new(rev)
+        command.upgrade(cfg, head)
+        conn.execute(text("UPDATE store_meta SET value = :v WHERE key = 'schema_version'"),
+                     {"v": str(SCHEMA_VERSION)})
+    return head
+
+
+def upgrade(engine: Engine, revision: str = "head") -> str:
+    """Migrate to ``revision`` (default the head) under the same lock as :func:`prepare`; returns
+    the revision reached. Used by ``graphdeck db upgrade`` and the migration tests."""
+    from alembic import command
+
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_LOCK_KEY})
+        cfg = alembic_config(conn)
+        if current_revision(conn) is None and _meta_version(conn) is not None:
+            command.stamp(cfg, revision_of(_meta_version(conn)))
+        command.upgrade(cfg, revision)
+        rev = current_revision(conn)
+        if rev is not None and rev.isdigit():
+            conn.execute(text("UPDATE store_meta SET value = :v WHERE key = 'schema_version'"), {"v": str(int(rev))})
+        return rev
