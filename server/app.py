@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import graphdeck
 from graphdeck.errors import GraphdeckError, NotFoundError
+from graphdeck.server import auth
 from graphdeck.server.render.svg import SvgCache
 from graphdeck.server.routes import graphs, runs
 from graphdeck.server.settings import Settings
@@ -49,6 +50,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.imports",
     "graphdeck.server.routes.replay",
     "graphdeck.server.routes.executor",
+    "graphdeck.server.routes.uploads",
 )
 
 
@@ -74,6 +76,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.engine = open_engine(settings.store)
     app.state.read_engine = open_engine(settings.store, read_only=True)
     app.state.svg_cache = SvgCache()
+    auth.install(app, settings)  # token checks in front of every route (graphdeck.server.auth)
 
     _add_error_handlers(app)
     app.include_router(runs.router)
@@ -118,7 +121,12 @@ def serve(store: str | Path, *, host: str = "127.0.0.1", port: int = 8765, log_l
     """Serve ``store`` on ``host:port`` until interrupted (the CLI's ``graphdeck serve``)."""
     import uvicorn
 
-    uvicorn.run(create_app(Settings(store=Path(store))), host=host, port=port, log_level=log_level)
+    settings = Settings(store=store, **auth.settings_from_env())
+    warning = auth.warn_if_exposed(host, settings)
+    if warning:
+        log.warning(warning)
+        print(warning, flush=True)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
 
 
 def error_body(message: str, status: int, **details) -> dict:

@@ -1,0 +1,329 @@
+"""On-disk state of resumable uploads, and the gzip inflation caps.
+
+Layout under the server's data dir (every name is generated here; nothing a client sends is
+ever used as a path — a client's file name is only a display name stored inside ``meta.json``)::
+
+    <data_dir>/<upload id>/meta.json                 spec + state, replaced atomically
+    <data_dir>/<upload id>/chunks/<index>.<sha256>   one file per received chunk
+    <data_dir>/<upload id>/work/                     assembled / inflated / staged files
+
+The upload id is ``sha256(kind, run, rank, size_bytes, sha256)[:32]`` in hex, so creating the
+same upload twice (a client that restarted) answers the same id with the chunks already there.
+A chunk is streamed to a temp file in ``chunks/``, checked against its declared length and
+sha256, then renamed into place: a killed server leaves at worst a temp file (ignored, removed
+on the next write), never a partial chunk under a final name, and a retried chunk overwrites
+nothing (it is already there with the same checksum, or it is a 409).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from graphdeck.errors import (
+    BadInputError,
+    ConflictError,
+    NotFoundError,
+    PayloadTooLargeError,
+    StoreFullError,
+)
+
+#: Largest chunk a client may declare (one PUT body).
+MAX_CHUNK_BYTES = 64 * 1024 * 1024
+MAX_CHUNKS = 100_000
+#: The inflation ratio is checked only once this many bytes came out (small files may compress
+#: extremely well and be harmless).
+RATIO_FLOOR_BYTES = 64 * 1024 * 1024
+COPY_BYTES = 1 << 20
+UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass
+class UploadSpec:
+    """What a client declares when it opens an upload (``POST /api/uploads``)."""
+
+    kind: str  # "trace" | "bundle"
+    run: str
+    rank: int | None
+    size_bytes: int
+    sha256: str
+    chunk_bytes: int
+    name: str | None = None
+    strict: bool = False
+
+    @property
+    def num_chunks(self) -> int:
+        return max(1, -(-self.size_bytes // self.chunk_bytes))
+
+    def chunk_length(self, index: int) -> int:
+        """Bytes chunk ``index`` must hold (the last one may be short)."""
+        if not 0 <= index < self.num_chunks:
+            raise NotFoundError(f"chunk {index} is out of range: this upload has chunks 0..{self.num_chunks - 1}",
+                                resource="chunk", id=index)
+        return min(self.chunk_bytes, self.size_bytes - index * self.chunk_bytes)
+
+    def upload_id(self) -> str:
+        key = json.dumps([self.kind, self.run, self.rank, self.size_bytes, self.sha256, self.chunk_bytes])
+        return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+@contextmanager
+def disk_errors(what: str) -> Iterator[None]:
+    """OSError ENOSPC/EDQUOT → :class:`StoreFullError` (507) naming ``what``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            raise StoreFullError(f"the server's upload disk is full while {what}; nothing partial was kept") from exc
+        raise
+
+
+class UploadArea:
+    """The uploads under ``root``; thread-safe per upload (one lock each)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def lock(self, upload_id: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(upload_id, threading.Lock())
+
+    def _dir(self, upload_id: str) -> Path:
+        if not UPLOAD_ID.match(upload_id):  # belt and braces: the route's pattern already checks
+            raise NotFoundError(f"no upload {upload_id[:40]!r}", resource="upload", id=upload_id[:40])
+        return self.root / upload_id
+
+    # -- meta
+
+    def create(self, spec: UploadSpec) -> dict:
+        """Open (or find again) the upload of ``spec``; returns its status (:meth:`status`)."""
+        upload_id = spec.upload_id()
+        d = self._dir(upload_id)
+        with self.lock(upload_id), disk_errors("opening an upload"):
+            if not (d / "meta.json").exists():
+                (d / "chunks").mkdir(parents=True, exist_ok=True)
+                free = shutil.disk_usage(self.root).free
+                if free < 2 * spec.size_bytes:
+                    raise StoreFullError(f"the server's upload disk has {free} bytes free; an upload of "
+                                         f"{spec.size_bytes} bytes needs twice that while it is assembled")
+                self._write_meta(upload_id, {"spec": asdict(spec), "state": "open", "result": None, "error": None})
+        return self.status(upload_id)
+
+    def meta(self, upload_id: str) -> dict:
+        path = self._dir(upload_id) / "meta.json"
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            raise NotFoundError(f"no upload {upload_id!r}", resource="upload", id=upload_id) from None
+
+    def spec(self, upload_id: str) -> UploadSpec:
+        return UploadSpec(**self.meta(upload_id)["spec"])
+
+    def _write_meta(self, upload_id: str, meta: dict) -> None:
+        d = self._dir(upload_id)
+        tmp = d / f".meta-{uuid.uuid4().hex}.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, d / "meta.json")
+
+    def set_state(self, upload_id: str, state: str, *, result: dict | None = None, error: dict | None = None) -> None:
+        meta = self.meta(upload_id)
+        meta.update(state=state, result=result, error=error)
+        self._write_meta(upload_id, meta)
+
+    def status(self, upload_id: str) -> dict:
+        """``{"id", "kind", "run", "rank", "name", "size_bytes", "sha256", "chunk_bytes", "num_chunks",
+        "present": [index, ...], "missing": [...], "received_bytes", "state", "result", "error"}``;
+        ``state`` is ``open``, ``done`` or ``failed``."""
+        meta = self.meta(upload_id)
+        spec = UploadSpec(**meta["spec"])
+        present = sorted(self._chunks(upload_id))
+        have = set(present)
+        missing = [i for i in range(spec.num_chunks) if i not in have] if meta["state"] == "open" else []
+        received = sum(spec.chunk_length(i) for i in present)
+        return {"id": upload_id, **{k: v for k, v in asdict(spec).items()}, "num_chunks": spec.num_chunks,
+                "present": present, "missing": missing, "received_bytes": received, "state": meta["state"],
+                "result": meta["result"], "error": meta["error"]}
+
+    # -- chunks
+
+    def _chunks(self, upload_id: str) -> dict[int, str]:
+        out = {}
+        chunk_dir = self._dir(upload_id) / "chunks"
+        if not chunk_dir.is_dir():
+            return out
+        for p in chunk_dir.iterdir():
+            idx, _, sha = p.name.partition(".")
+            if idx.isdigit() and SHA256_HEX.match(sha):
+                out[int(idx)] = sha
+        return out
+
+    def existing_chunk(self, upload_id: str, index: int) -> str | None:
+        return self._chunks(upload_id).get(index)
+
+    async def put_chunk(self, upload_id: str, index: int, sha256: str, body: AsyncIterator[bytes]) -> bool:
+        """Store chunk ``index`` from ``body`` if its length and sha256 match; ``False`` when the
+        same chunk was already there (nothing written).
+
+        Raises:
+            ConflictError: chunk ``index`` is stored with another sha256, or the upload is finished.
+            PayloadTooLargeError: the body is longer than the chunk.
+            BadInputError: shorter, or its sha256 differs from the declared one.
+            StoreFullError: the disk filled up (the partial chunk is removed).
+        """
+        meta = self.meta(upload_id)
+        if meta["state"] != "open":
+            raise ConflictError(f"upload {upload_id} is {meta['state']}; it takes no more chunks", state=meta["state"])
+        spec = UploadSpec(**meta["spec"])
+        expected = spec.chunk_length(index)
+        have = self.existing_chunk(upload_id, index)
+        if have == sha256:
+            return False
+        if have is not None:
+            raise ConflictError(f"chunk {index} is already stored with sha256 {have}, not {sha256}", index=index)
+        chunk_dir = self._dir(upload_id) / "chunks"
+        tmp = chunk_dir / f".part-{uuid.uuid4().hex}"
+        digest, size = hashlib.sha256(), 0
+        try:
+            with disk_errors(f"storing chunk {index}"), open(tmp, "wb") as out:
+                async for data in body:
+                    size += len(data)
+                    if size > expected:
+                        raise PayloadTooLargeError(f"chunk {index} is larger than its {expected} bytes "
+                                                   f"(chunk_bytes={spec.chunk_bytes})", limit_bytes=expected)
+                    digest.update(data)
+                    out.write(data)
+            if size != expected:
+                raise BadInputError(f"chunk {index} has {size} bytes; it must have {expected}", index=index)
+            if digest.hexdigest() != sha256:
+                raise BadInputError(f"chunk {index} does not match its sha256 (got {digest.hexdigest()}); resend it",
+                                    index=index)
+            os.replace(tmp, chunk_dir / f"{index:06d}.{sha256}")
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
+    # -- completion
+
+    def assemble(self, upload_id: str) -> Path:
+        """Concatenate the chunks into ``work/upload`` and check the whole sha256.
+
+        Raises:
+            ConflictError: chunks are missing (``missing`` lists them).
+            BadInputError: the whole file's sha256 is not the declared one.
+        """
+        spec = self.spec(upload_id)
+        chunks = self._chunks(upload_id)
+        missing = [i for i in range(spec.num_chunks) if i not in chunks]
+        if missing:
+            raise ConflictError(f"{len(missing)} of {spec.num_chunks} chunks are missing; send them first",
+                                missing=missing[:1000])
+        work = self.work_dir(upload_id)
+        out_path, tmp = work / "upload", work / f".upload-{uuid.uuid4().hex}"
+        digest = hashlib.sha256()
+        with disk_errors("assembling the upload"), open(tmp, "wb") as out:
+            for i in range(spec.num_chunks):
+                with open(self._dir(upload_id) / "chunks" / f"{i:06d}.{chunks[i]}", "rb") as f:
+                    while data := f.read(COPY_BYTES):
+                        digest.update(data)
+                        out.write(data)
+        if digest.hexdigest() != spec.sha256:
+            tmp.unlink(missing_ok=True)
+            raise BadInputError(f"the assembled upload's sha256 is {digest.hexdigest()}, not the declared {spec.sha256}")
+        os.replace(tmp, out_path)
+        return out_path
+
+    def work_dir(self, upload_id: str) -> Path:
+        work = self._dir(upload_id) / "work"
+        work.mkdir(exist_ok=True)
+        return work
+
+    def clean(self, upload_id: str) -> None:
+        """Drop the chunks and work files of a finished upload (``meta.json`` stays, so a repeated
+        complete answers the same result)."""
+        d = self._dir(upload_id)
+        shutil.rmtree(d / "chunks", ignore_errors=True)
+        shutil.rmtree(d / "work", ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- gzip caps
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+def inflate_capped(src: BinaryIO, out: BinaryIO | None, *, compressed_bytes: int, max_bytes: int,
+                   max_ratio: float) -> int:
+    """Decompress the gzip stream ``src`` (concatenated members too) into ``out`` (or only count
+    when ``out`` is None) and return the inflated size; stop at the caps.
+
+    Raises:
+        PayloadTooLargeError: more than ``max_bytes`` come out, or more than ``max_ratio`` ×
+            ``compressed_bytes`` once :data:`RATIO_FLOOR_BYTES` came out (a gzip bomb); the
+            message names the limit.
+        BadInputError: the gzip data is corrupt.
+    """
+    ratio_cap = max(RATIO_FLOOR_BYTES, int(max_ratio * max(compressed_bytes, 1)))
+    cap = min(max_bytes, ratio_cap)
+    z = zlib.decompressobj(wbits=31)
+    total = 0
+    pending = b""
+    while True:
+        data = pending or src.read(COPY_BYTES)
+        pending = b""
+        if not data:
+            break
+        while True:
+            # max_length bounds what one call may produce: a bomb never inflates unchecked.
+            piece = z.decompress(data, COPY_BYTES)
+            data = z.unconsumed_tail
+            total += len(piece)
+            if total > cap:
+                which = (f"{max_bytes} decompressed bytes" if cap == max_bytes
+                         else f"a decompression ratio of {max_ratio:g} ({cap} bytes from {compressed_bytes})")
+                raise PayloadTooLargeError(f"the gzip upload inflates past the limit of {which}; refused as a "
+                                           "possible gzip bomb", limit_bytes=cap)
+            if out is not None and piece:
+                out.write(piece)
+            if z.eof:
+                rest = z.unused_data  # past the end of this member (unconsumed_tail repeats it)
+                z = zlib.decompressobj(wbits=31)
+                data = b""
+                if rest.strip(b"\x00"):
+                    pending = rest
+                break
+            if not data and len(piece) < COPY_BYTES:
+                break  # input used up and nothing held back: read more
+    return total
+
+
+def inflate_checked(path: Path, *, max_bytes: int, max_ratio: float, into: Path | None = None) -> int:
+    """:func:`inflate_capped` over the file ``path``; writes the inflated bytes to ``into`` when
+    given. Corrupt gzip data becomes :class:`BadInputError`."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as src:
+            if into is None:
+                return inflate_capped(src, None, compressed_bytes=size, max_bytes=max_bytes, max_ratio=max_ratio)
+            with disk_errors("decompressing the upload"), open(into, "wb") as out:
+                return inflate_capped(src, out, compressed_bytes=size, max_bytes=max_bytes, max_ratio=max_ratio)
+    except zlib.error as exc:
+        raise BadInputError(f"the gzip data is corrupt ({exc})") from exc
