@@ -142,7 +142,7 @@ def _load(session: Session, graph_id: int) -> list[_N]:
     # output node, the only ones liveness asks about.
     sql_nodes = ("SELECT idx, name, op, target_id, size_bytes, dtype, module_path_id, seq_nr FROM nodes "
                  "WHERE graph_id = {p} ORDER BY idx")
-    sql_io = ("SELECT idx, "desc", param_fqn FROM nodes WHERE graph_id = {p} "
+    sql_io = ('SELECT idx, "desc", param_fqn FROM nodes WHERE graph_id = {p} '
               "AND op IN ('placeholder', 'output')")
     sql_edges = "SELECT src_idx, dst_idx FROM edges WHERE graph_id = {p} ORDER BY id"  # (dst, arg_pos) order
     conn = session.connection()
