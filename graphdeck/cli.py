@@ -397,5 +397,39 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
     click.echo(json.dumps(st, indent=2, default=str))
 
 
+@main.command("upload")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--url", required=True, help="graphdeck server, e.g. http://dash:8765.")
+@click.option("--run", "run_name", required=True, help="Run to add to on the server (created if missing).")
+@click.option("--rank", type=int, default=None, help="Rank, when a trace does not say.")
+@click.option("--kind", type=click.Choice(["auto", "trace", "bundle"]), default="auto", show_default=True,
+              help="bundle: a SQLite capture store; trace: a Kineto .json/.json.gz; auto: by the file's magic bytes.")
+@click.option("--token", default=None, help="Write token (default: $GRAPHDECK_TOKEN).")
+@click.option("--chunk-mb", default=8, show_default=True, help="Chunk size in MiB.")
+@click.option("--strict", is_flag=True, help="Trace: fail, keeping nothing, on any dropped event.")
+def upload_cmd(file: str, url: str, run_name: str, rank: int | None, kind: str, token: str | None, chunk_mb: int,
+               strict: bool) -> None:
+    """Upload FILE (a capture store or a trace) to a graphdeck server, resuming after failures."""
+    from graphdeck.capture.upload import upload_store, upload_trace
+
+    if kind == "auto":
+        with open(file, "rb") as f:
+            kind = "bundle" if f.read(16) == b"SQLite format 3\x00" else "trace"
+    log = lambda msg: click.echo(f"[graphdeck upload] {msg}", err=True)  # noqa: E731
+    kw = {"run": run_name, "rank": rank, "token": token, "chunk_bytes": chunk_mb * 1024 * 1024, "log": log}
+    try:
+        if kind == "bundle":
+            status = upload_store(url, file, **kw)
+        else:
+            status = upload_trace(url, file, strict=strict, **kw)
+    except GraphdeckError as exc:
+        _fail(exc)
+    result = status["result"] or {}
+    again = " (already uploaded before)" if result.get("already_merged") else ""
+    click.echo(f"uploaded {Path(file).name} as {kind} {status['id']} to run {result.get('run_name')!r} "
+               f"(id {result.get('run_id')}){again}")
+    click.echo(json.dumps(result, indent=2, default=str))
+
+
 if __name__ == "__main__":
     main()

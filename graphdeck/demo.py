@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq", type=int, default=64, help="tokens per sequence")
     parser.add_argument("--layers", type=int, default=2, help="GPT-2 blocks")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiler trace")
+    parser.add_argument("--upload-url", default=None,
+                        help="graphdeck server to upload to: each rank captures into a local temp store, then "
+                             "uploads it (trace included) with resumable retries; token from $GRAPHDECK_TOKEN")
     args = parser.parse_args(argv)
 
     import torch
@@ -59,7 +62,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
 
-    agent = Agent(store=args.store, run=args.run_name)
+    store = args.store
+    if args.upload_url:
+        import tempfile
+
+        local_dir = tempfile.mkdtemp(prefix=f"graphdeck-rank{rank}-")
+        store = os.path.join(local_dir, "capture.db")
+    agent = Agent(store=store, run=args.run_name)
     model = agent.watch(build_model(n_layer=args.layers))
     ddp = DDP(model, bucket_cap_mb=1)
     compiled = torch.compile(ddp, backend=agent.backend(args.backend))
@@ -89,11 +98,29 @@ def main(argv: list[str] | None = None) -> None:
         if prof is not None:
             prof.__exit__(None, None, None)
     agent.close()
+    if args.upload_url:
+        _upload(args.upload_url, store, args.run_name, rank)
     dist.barrier()
     if rank == 0:
         print(f"[graphdeck demo] {world} ranks done in {time.perf_counter() - t0:.1f}s; "
               f"capture overhead {agent.capture_time_s:.2f}s on rank 0; store {args.store}", flush=True)
     dist.destroy_process_group()
+
+
+def _upload(url: str, store: str, run_name: str, rank: int) -> None:
+    """Send this rank's local store to the server (:func:`graphdeck.capture.upload.upload_store`),
+    then delete it; the upload retries with backoff and resumes where it stopped."""
+    import shutil
+
+    from graphdeck.capture.upload import upload_store
+
+    t0 = time.perf_counter()
+    status = upload_store(url, store, run=run_name, rank=rank,
+                          log=lambda msg: print(f"[graphdeck demo] rank {rank}: {msg}", flush=True))
+    rows = sum((status["result"] or {}).get("rows", {}).values())
+    print(f"[graphdeck demo] rank {rank}: uploaded to {url} in {time.perf_counter() - t0:.1f}s "
+          f"(upload {status['id']}, {rows} rows merged)", flush=True)
+    shutil.rmtree(os.path.dirname(store), ignore_errors=True)
 
 
 if __name__ == "__main__":
