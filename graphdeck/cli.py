@@ -431,5 +431,53 @@ def upload_cmd(file: str, url: str, run_name: str, rank: int | None, kind: str, 
     click.echo(json.dumps(result, indent=2, default=str))
 
 
+
+@main.group("db")
+def db_group() -> None:
+    """The store's schema: which version it is at, and migrating it (Alembic)."""
+
+
+@db_group.command("current")
+@click.argument("store", default=DEFAULT_STORE, envvar="GRAPHDECK_STORE")
+def db_current(store: str) -> None:
+    """Print STORE's schema revision and the one this graphdeck writes."""
+    from sqlalchemy import create_engine
+
+    from graphdeck.store import migrate
+    from graphdeck.store.db import display_url, store_url
+
+    engine = create_engine(store_url(_store_arg(store)))
+    try:
+        with engine.connect() as conn:
+            rev = migrate.current_revision(conn) or "none (made before Alembic)"
+    finally:
+        engine.dispose()
+    click.echo(f"{display_url(store)}: revision {rev}; this graphdeck: {migrate.head_revision()}")
+
+
+@db_group.command("upgrade")
+@click.argument("store", default=DEFAULT_STORE, envvar="GRAPHDECK_STORE")
+@click.option("--revision", default="head", show_default=True, help="Alembic revision to migrate to.")
+def db_upgrade(store: str, revision: str) -> None:
+    """Migrate STORE (SQLite file or PostgreSQL URL) to REVISION, keeping its data."""
+    from graphdeck.store import migrate
+    from graphdeck.store.db import display_url, open_engine
+
+    try:
+        engine = open_engine(_store_arg(store), create=False) if revision == "head" else None
+        if engine is None:
+            from sqlalchemy import create_engine
+
+            from graphdeck.store.db import store_url
+
+            engine = create_engine(store_url(_store_arg(store)))
+            migrate.upgrade(engine, revision)
+        with engine.connect() as conn:
+            rev = migrate.current_revision(conn)
+        engine.dispose()
+    except GraphdeckError as exc:
+        _fail(exc)
+    click.echo(f"{display_url(store)}: at revision {rev}")
+
 if __name__ == "__main__":
     main()
