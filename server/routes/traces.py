@@ -186,6 +186,24 @@ async def _receive_multipart(request: Request, spool: _Spool, content_type: str)
     return state["filename"]
 
 
+def _check_gzip_bomb(spool: _Spool, settings: Any) -> None:
+    """413 when a gzip upload inflates past the settings' caps
+    (:func:`graphdeck.server.upload_area.inflate_capped`); corrupt gzip is left to the ingest."""
+    import zlib
+
+    from graphdeck.server.upload_area import GZIP_MAGIC, inflate_capped
+
+    spool.file.seek(0)
+    if spool.file.read(2) != GZIP_MAGIC:
+        return
+    spool.file.seek(0)
+    try:
+        inflate_capped(spool.file, None, compressed_bytes=spool.size_bytes,
+                       max_bytes=settings.max_decompressed_bytes, max_ratio=settings.max_decompress_ratio)
+    except zlib.error:
+        pass
+
+
 @router.post("/api/runs/{run_name}/traces", status_code=201)
 async def upload_trace(
     request: Request,
@@ -213,6 +231,7 @@ async def upload_trace(
                 spool.write(chunk)
         if spool.size_bytes == 0:
             raise BadInputError("the uploaded trace is empty")
+        await run_in_threadpool(_check_gzip_bomb, spool, settings)
         spool.file.seek(0)
         result = await run_in_threadpool(
             ingest_trace, engine, spool.file, run_name=run_name, rank=rank, name=name or filename, strict=strict
