@@ -43,6 +43,9 @@ def resolve_trace(
     trace = session.get(Trace, trace_id)
     if trace is None:
         raise NotFoundError(f"trace {trace_id} not found", resource="trace", id=trace_id)
+    if trace.status == "ingesting":  # being written, or its writer died: never half a trace
+        raise NotFoundError(f"trace {trace_id} is not complete (status 'ingesting': still being written, "
+                            "or its writer stopped before the end)", resource="trace", id=trace_id)
     return trace
 
 
