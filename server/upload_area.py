@@ -7,8 +7,9 @@ ever used as a path — a client's file name is only a display name stored insid
     <data_dir>/<upload id>/chunks/<index>.<sha256>   one file per received chunk
     <data_dir>/<upload id>/work/                     assembled / inflated / staged files
 
-The upload id is ``sha256(kind, run, rank, size_bytes, sha256)[:32]`` in hex, so creating the
-same upload twice (a client that restarted) answers the same id with the chunks already there.
+The upload id is ``sha256(kind, run, rank, size_bytes, sha256)[:32]`` in hex, so declaring the
+same file again (a client that restarted, even with another chunk size) answers the same upload
+with the chunks already there and the chunk size in force.
 A chunk is streamed to a temp file in ``chunks/``, checked against its declared length and
 sha256, then renamed into place: a killed server leaves at worst a temp file (ignored, removed
 on the next write), never a partial chunk under a final name, and a retried chunk overwrites
@@ -77,7 +78,9 @@ class UploadSpec:
         return min(self.chunk_bytes, self.size_bytes - index * self.chunk_bytes)
 
     def upload_id(self) -> str:
-        key = json.dumps([self.kind, self.run, self.rank, self.size_bytes, self.sha256, self.chunk_bytes])
+        # Not chunk_bytes: the same file declared with another chunk size is the same upload (the
+        # answer carries the chunk size in force).
+        key = json.dumps([self.kind, self.run, self.rank, self.size_bytes, self.sha256])
         return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
