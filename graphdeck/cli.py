@@ -479,5 +479,31 @@ def db_upgrade(store: str, revision: str) -> None:
         _fail(exc)
     click.echo(f"{display_url(store)}: at revision {rev}")
 
+
+@main.command("stack")
+@click.option("--dir", "data_dir", default="graphdeck-stack", show_default=True,
+              help="Folder for PostgreSQL's data and the server's upload chunks.")
+@click.option("--store", default=None, help="Serve this store (SQLite path or URL) instead of starting PostgreSQL.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Server interface.")
+@click.option("--port", default=8765, show_default=True, help="Server port.")
+@click.option("--pg-port", type=int, default=None, help="Local PostgreSQL port (default: a free one).")
+@click.option("--token", default=None, help="Write token (default: $GRAPHDECK_TOKEN, else a random one).")
+@click.option("--demo/--no-demo", default=True, show_default=True, help="Run the 2-rank demo job uploading over HTTP.")
+@click.option("--demo-steps", default=2, show_default=True, help="Training steps of the demo job.")
+@click.option("--exit-after-demo", is_flag=True, help="Stop every service once the demo job is done.")
+def stack_cmd(data_dir: str, store: str | None, host: str, port: int, pg_port: int | None, token: str | None,
+              demo: bool, demo_steps: int, exit_after_demo: bool) -> None:
+    """Run docker-compose.yml's services without Docker: PostgreSQL, the server, the 2-rank demo job."""
+    from graphdeck.stack import StackOptions, run_stack
+
+    opts = StackOptions(data_dir=Path(data_dir).resolve(), store=_store_arg(store) if store else None, host=host,
+                        port=port, pg_port=pg_port, token=token, demo=demo, demo_steps=demo_steps,
+                        exit_after_demo=exit_after_demo, log=lambda m: click.echo(m, err=True))
+    try:
+        code = run_stack(opts)
+    except GraphdeckError as exc:
+        _fail(exc)
+    sys.exit(code)
+
 if __name__ == "__main__":
     main()
