@@ -186,3 +186,23 @@ def drop_database(server_url: str, name: str) -> None:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         engine.dispose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m graphdeck.pg_local start DIR [PORT]`` prints the server's URL;
+    ``python -m graphdeck.pg_local stop DIR`` stops it (``.ci/run`` uses both)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] not in ("start", "stop"):
+        raise SystemExit("usage: python -m graphdeck.pg_local start DIR [PORT] | stop DIR")
+    pg = LocalPostgres(args[1], port=int(args[2]) if len(args) > 2 else None, fast=True)
+    if args[0] == "start":
+        print(pg.start().url)
+    else:
+        pg.started = True
+        pg.stop(remove=False)
+
+
+if __name__ == "__main__":
+    main()
