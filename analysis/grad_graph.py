@@ -125,10 +125,29 @@ class _Loaded:
                                        | {i for i in range(n) for u in users[i][:-1] if u in outputs})
 
 
+def _eager_fallbacks(session: Session, run_id: int) -> dict[int, list[str]]:
+    """Frames whose compile failed, by rank (``compilation_metrics`` records with a
+    ``fail_type``: Dynamo gave up on the frame and ran it eagerly), as
+    ``"compile_id co_name (file:line): fail_type"``."""
+    out: dict[int, list[str]] = defaultdict(list)
+    for rank, cid, meta in fetch(session, "SELECT rank, compile_id, metadata_json FROM compile_events "
+                                          "WHERE run_id = ? AND name = 'compilation_metrics'", (run_id,)):
+        m = _json(meta).get("compilation_metrics") or {}
+        if not m.get("fail_type"):
+            continue
+        where = f"{str(m.get('co_filename') or '?').rsplit('/', 1)[-1]}:{m.get('co_firstlineno')}"
+        reason = str(m.get("fail_reason") or m.get("fail_type")).strip().splitlines()[0][:120]
+        out[rank].append(f"{cid} {m.get('co_name')} ({where}): {reason}")
+    return dict(out)
+
+
 def fetch(session: Session, sql: str, params: tuple = ()) -> list:
     """Rows of a plain SQL query (qmark parameters) on the session's connection: no ORM objects,
     which matters for graphs of 10^5 nodes."""
-    cursor = session.connection().connection.cursor()  # the driver's own cursor: plain tuples
+    conn = session.connection()
+    if conn.dialect.paramstyle != "qmark":  # psycopg: format style; our SQL holds no literal '?'
+        sql = sql.replace("?", "%s")
+    cursor = conn.connection.cursor()  # the driver's own cursor: plain tuples
     try:
         cursor.execute(sql, params)
         return cursor.fetchall()
@@ -220,6 +239,10 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         report.notes.append("no backward was observed by the capture: outputs unused by the loss (DEAD_END) "
                             "cannot be told from graphs alone; eager mode can")
 
+    eager_frames = _eager_fallbacks(session, run.id)
+    for rank_, fallen in sorted(eager_frames.items()):
+        report.notes.append(f"rank {rank_}: {len(fallen)} frame(s) failed to compile and ran eagerly "
+                            f"(first: {fallen[0]}); parameters read only there are not in any graph")
     storage = {(p.rank, p.fqn): p.storage_key for p in params}
     known = set(storage)
     ranks = sorted({g.rank for g in graphs} | {p.rank for p in params})
@@ -293,6 +316,11 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
             row.status = "NOT_IN_GRAPH"
             row.reason = "no compiled graph reads it (an unused module, or a branch not taken on this rank)"
             row.fix = FIXES["NOT_IN_GRAPH"]
+            if eager_frames.get(rank):
+                row.reason += (f"; or a frame that fell back to eager on this rank reads it "
+                               f"({eager_frames[rank][0]}{' and others' if len(eager_frames[rank]) > 1 else ''})")
+                row.fix = ("if an eager frame reads it, it gets its gradient outside the graphs: check it in eager "
+                           "mode (--model) or --allow it; else " + FIXES["NOT_IN_GRAPH"])
             row.cut = Cut(kind="not_read", detail="never read by a compiled graph")
             continue
         # Forward paths in the Dynamo graphs (a DDP bucket's graph is analysed through its parent).

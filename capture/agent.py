@@ -104,6 +104,8 @@ class Agent:
                     or time.strftime("run-%Y%m%d-%H%M%S"))
         self._writer: StoreWriter | None = None
         self._fqn_by_tensor: dict[int, str] = {}
+        self._live_fqn: dict[int, str] = {}  # id -> fqn of the watched models' tensors right now
+        self._live_names: set[str] = set()
         self._models: list[torch.nn.Module] = []
         self._auto_params: dict[str, torch.Tensor] = {}  # parameters found in graphs, model not watched
         self._ddp_parents: dict[int, int] = {}  # id(unsplit gm) -> graphs.id
@@ -148,9 +150,36 @@ class Agent:
             named.setdefault(fqn, ("parameter", t))
         self.writer.write_params([_param_row(fqn, kind, t) for fqn, (kind, t) in named.items()])
 
+    def _live_name(self, t: Any) -> str | None:
+        """The watched models' name for tensor ``t`` as their modules hold it now.
+
+        # NOTE: [Live parameter names]
+        # A module's parameters are not always the tensors :meth:`watch` saw: FSDP2 swaps in a
+        # sharded DTensor after ``fully_shard`` and the unsharded tensor during its forward, and
+        # users re-assign parameters. The names are looked up by identity in the modules'
+        # current ``_parameters``/``_buffers``; the table is rebuilt only when a tensor is missing
+        # from it (a model of 10^4 parameters costs ~10 ms a rebuild).
+        """
+        if not self._models:
+            return None
+        fqn = self._live_fqn.get(id(t))
+        if fqn is None:
+            live: dict[int, str] = {}
+            for model in self._models:
+                for name, x in model.named_parameters(remove_duplicate=False):
+                    live.setdefault(id(x), name)
+                for name, x in model.named_buffers(remove_duplicate=False):
+                    live.setdefault(id(x), name)
+            self._live_fqn = live
+            self._live_names = set(live.values())
+            fqn = live.get(id(t))
+        return fqn
+
     def _learn_params(self, gm: torch.fx.GraphModule, param_by_node: dict[str, str]) -> None:
         """Without :meth:`watch`, the parameters a graph reads are still listed (from Dynamo's
         graph arguments); parameters no graph reads are then unknown (watch the model to see them)."""
+        if self._models:  # watched: every name is known; an unmatched one is bound at run time
+            return
         new = False
         for n in gm.graph.nodes:
             fqn = param_by_node.get(n.name)
@@ -170,6 +199,8 @@ class Agent:
         example = _graph_arg_example(node)
         if example is not None and id(example) in self._fqn_by_tensor:
             return self._fqn_by_tensor[id(example)]
+        if isinstance(example, torch.Tensor) and (fqn := self._live_name(example)) is not None:
+            return fqn
         source = getattr(ga, "source", None)
         if source is None:
             return None
@@ -178,7 +209,12 @@ class Agent:
         if "_parameters" not in name and "_buffers" not in name:
             return None
         path = module_path_from_fqn(name).replace("/", ".")
-        return path.removeprefix("module.") if path.startswith("module.") else path
+        path = path.removeprefix("module.") if path.startswith("module.") else path
+        if self._models and self._live_fqn and path not in self._live_names:
+            # A path relative to a sub-module's frame (a graph break inside a block, a block
+            # compiled on its own): which module it is shows only at run time.
+            return None
+        return path
 
     # ----------------------------------------------------------------------------- the backend
     def backend(self, inner: str | Any = "inductor"):
@@ -213,6 +249,8 @@ class Agent:
             try:
                 gid = self._finish(pending, compile_time_s)
                 compiled = _watch_output_grads(compiled, pending["gm"], gid, self)
+                if self._models and pending.get("plan") is not None and pending["plan"].positions:
+                    compiled = _bind_at_run_time(compiled, pending["plan"], self)
             except Exception as exc:
                 warnings.warn(f"graphdeck: could not record AOT graphs: {type(exc).__name__}: {exc}")
         return compiled
@@ -292,31 +330,50 @@ class Agent:
             writer.write_partition(parent_graph_id=p["parent_id"], graph_id=gid, index=idx,
                                    size_bytes=size_bytes, params=params)
         fqn_by_input = {i: p["param_by_node"].get(n.name) for i, n in enumerate(p["placeholders"])}
+        plan = _BindingPlan(dynamo_graph_id=gid, dynamo_rows=[
+            (i, n.name) for i, n in enumerate(p["placeholders"]) if _graph_arg_is_param(n)])
         aot = p["aot"]
         for kind, g in (("aot_forward", aot.forward), ("aot_backward", aot.backward), ("aot_inference", aot.inference)):
             if g is None:
                 continue
-            bind, bio = {}, []
+            ins, grads = [], []
             for pos, n in enumerate(x for x in g.graph.nodes if x.op == "placeholder"):
                 k = input_index(n.meta.get("desc"))
-                if k is not None and fqn_by_input.get(k):
-                    bind[n.name] = fqn_by_input[k]
-                    bio.append(IOBinding("in", pos, n.name, fqn_by_input[k], desc=str(n.meta.get("desc"))))
+                if k is not None and k in fqn_by_input:
+                    ins.append((pos, n.name, k, str(n.meta.get("desc"))))
             if kind == "aot_backward":
                 for pos, (val, desc) in enumerate(zip(output_args(g), output_descs(g))):
                     k = input_index(grad_of(desc))
-                    if k is None:
-                        continue
-                    bio.append(IOBinding("grad", pos, val.name if isinstance(val, torch.fx.Node) else None,
-                                         fqn_by_input.get(k), has_grad=isinstance(val, torch.fx.Node),
-                                         desc=str(desc)))
+                    if k is not None:
+                        grads.append((pos, val.name if isinstance(val, torch.fx.Node) else None, k,
+                                      isinstance(val, torch.fx.Node), str(desc)))
+            bind = {name: fqn_by_input[k] for _pos, name, k, _d in ins if fqn_by_input.get(k)}
+            bio = _child_rows(ins, grads, fqn_by_input)
             gid2 = writer.write_graph(
                 record_graph(g), kind=kind, name=f"{p['name']} · {kind.removeprefix('aot_')}",
                 compile_id=p["compile_id"], frame_name=p["frame_name"], parent_id=gid,
                 backend=f"graphdeck+{p['inner']}", io=bio, param_by_node=bind)
             self.graph_ids.append(gid2)
+            plan.children.append((gid2, ins, grads))
+        plan.positions = [i for i, n in enumerate(p["placeholders"]) if _graph_arg_is_param(n)]
+        plan.recorded.add(tuple(fqn_by_input.get(i) for i in plan.positions))
+        p["plan"] = plan
         self.flush_events()
         return gid
+
+    def _bind(self, plan: "_BindingPlan", tensors: list) -> None:
+        """Record what a compiled graph's parameter inputs are on this call, when it differs from
+        every binding recorded so far (NOTE: [Run-time parameter binding])."""
+        names = tuple(self._live_name(t) for t in tensors)
+        if names in plan.recorded or all(n is None for n in names):
+            return
+        plan.recorded.add(names)
+        fqn_by_input = dict(zip(plan.positions, names))
+        rows = {plan.dynamo_graph_id: [IOBinding("in", pos, node, fqn_by_input[pos])
+                                       for pos, node in plan.dynamo_rows if fqn_by_input.get(pos)]}
+        for gid, ins, grads in plan.children:
+            rows[gid] = _child_rows(ins, grads, fqn_by_input)
+        self.writer.add_bindings(rows)
 
     # ----------------------------------------------------------------------------- events, profile
     def flush_events(self) -> None:
@@ -410,6 +467,80 @@ def _watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent
     if getattr(compiled, "_boxed_call", False):
         run._boxed_call = True
     return run
+
+
+class _BindingPlan:
+    """Where a compiled Dynamo graph's parameter inputs show up in the graphs recorded for it:
+    ``positions`` (indices among its placeholders of the inputs that are parameters),
+    ``dynamo_rows`` ((position, node name) of its ``in`` bindings), ``children`` ((graph id,
+    ``in`` rows (position, node, input index k, desc), ``grad`` rows (position, node, k, has_grad,
+    desc)) of its AOT graphs), and ``recorded``: the name tuples already stored."""
+
+    __slots__ = ("dynamo_graph_id", "dynamo_rows", "children", "positions", "recorded")
+
+    def __init__(self, dynamo_graph_id: int, dynamo_rows: list):
+        self.dynamo_graph_id, self.dynamo_rows = dynamo_graph_id, dynamo_rows
+        self.children: list = []
+        self.positions: list[int] = []
+        self.recorded: set[tuple] = set()
+
+
+def _child_rows(ins: list, grads: list, fqn_by_input: dict) -> list[IOBinding]:
+    rows = [IOBinding("in", pos, name, fqn_by_input[k], desc=desc)
+            for pos, name, k, desc in ins if fqn_by_input.get(k)]
+    rows += [IOBinding("grad", pos, name, fqn_by_input.get(k), has_grad=has, desc=desc)
+             for pos, name, k, has, desc in grads]
+    return rows
+
+
+#: Distinct parameter sets looked at per compiled graph; later new ones are not recorded.
+MAX_BINDINGS_PER_GRAPH = 256
+
+
+def _bind_at_run_time(compiled, plan: _BindingPlan, agent: "Agent"):
+    """Wrap a compiled graph so that each call whose parameter inputs are new tensors records
+    which parameters they are.
+
+    # NOTE: [Run-time parameter binding]
+    # One compiled graph can serve many modules: a transformer block compiled on its own (regional
+    # compilation, FSDP2's per-block hooks, a graph break inside a block's forward) is traced once
+    # and then called with each block's parameters, its placeholders named relative to the frame
+    # (``ln_1.weight``). Which parameters a call reads shows only at run time, so the first call
+    # with each new set of tensors (keyed by identity: one tuple of ids, before the call, since a
+    # boxed callee clears its argument list) looks them up by identity in the watched models and
+    # stores the extra ``in``/``grad`` bindings for the graph and its AOT forward/backward.
+    """
+    positions = plan.positions
+    boxed = getattr(compiled, "_boxed_call", False)
+    seen: set[tuple] = set()
+
+    def run(*args, **kwargs):
+        flat = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args
+        if len(seen) < MAX_BINDINGS_PER_GRAPH:
+            try:
+                key = tuple(id(flat[i]) for i in positions)
+                if key not in seen:
+                    seen.add(key)
+                    agent._bind(plan, [flat[i] for i in positions])
+            except Exception as exc:  # capture never breaks training
+                seen.add(None)
+                warnings.warn(f"graphdeck: could not bind parameters at run time: {type(exc).__name__}: {exc}")
+        return compiled(*args, **kwargs)
+
+    if boxed:
+        run._boxed_call = True
+    return run
+
+
+def _graph_arg_is_param(node: torch.fx.Node) -> bool:
+    """A Dynamo placeholder fed by a module's parameter or buffer (by its source, else its value)."""
+    ga = node.meta.get("grapharg")
+    if ga is None:
+        return False
+    source = getattr(ga, "source", None)
+    attr = getattr(source, "name", None)
+    name = attr() if callable(attr) else attr if isinstance(attr, str) else str(source)
+    return "_parameters" in (name or "") or "_buffers" in (name or "") or isinstance(_graph_arg_example(node), torch.nn.Parameter)
 
 
 def _input_bindings(gm: torch.fx.GraphModule, param_by_node: dict[str, str]) -> list[IOBinding]:

@@ -133,6 +133,18 @@ class StoreWriter:
 
         retrying(do)
 
+    def add_bindings(self, rows_by_graph: dict[int, list[IOBinding]]) -> None:
+        """Add ``graph_io`` rows to graphs already stored (one transaction): the parameters a
+        compiled graph read on a later call (see NOTE: [Run-time parameter binding] in agent.py)."""
+
+        def do():
+            with write_session(self.engine) as s:
+                s.add_all([GraphIO(graph_id=gid, direction=b.direction, position=b.position,
+                                   node_name=b.node_name, param_fqn=b.param_fqn, has_grad=b.has_grad,
+                                   desc=b.desc) for gid, rows in rows_by_graph.items() for b in rows])
+
+        retrying(do)
+
     def write_partition(self, *, parent_graph_id: int, graph_id: int | None, index: int,
                         size_bytes: int, params: list[str]) -> None:
         def do():

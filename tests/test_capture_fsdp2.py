@@ -1,0 +1,66 @@
+"""FSDP2 + torch.compile on 2 gloo ranks: one compiled block graph serves every block.
+
+Under FSDP2 the per-block hooks break the Dynamo graph at each block, so the block's frame is
+compiled once (placeholders named relative to the block: ``ln.weight``) and called with each
+block's unsharded parameters in turn. The capture binds parameters at run time (NOTE: [Run-time
+parameter binding] in capture/agent.py); before that, every block but the first looked
+NOT_IN_GRAPH and the relative names polluted the parameter list. The root ``forward`` falls back
+to eager under FSDP2 (Dynamo cannot trace FSDP's ``disable``d pre-forward), which the gradient
+report now says instead of calling its parameters an unused module.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from graphdeck import validate_backward
+from graphdeck.store.db import open_engine
+
+REPO = Path(__file__).resolve().parents[1]
+BLOCK_PARAMS = ("ln.weight", "ln.bias", "fc.weight", "fc.bias", "proj.weight", "proj.bias")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp2")
+    path = out / "fsdp2.db"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(REPO / "tests" / "programs" / "fsdp2_blocks.py"), str(path), "--unused"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return path
+
+
+def test_one_block_graph_binds_every_block(store):
+    engine = open_engine(store, read_only=True)
+    with engine.connect() as c:
+        block_graphs = c.execute(text("SELECT id FROM graphs WHERE rank = 0 AND kind = 'dynamo'")).scalars().all()
+        bound = set(c.execute(text(
+            "SELECT DISTINCT param_fqn FROM graph_io io JOIN graphs g ON g.id = io.graph_id "
+            "WHERE g.rank = 0 AND io.direction = 'grad' AND io.param_fqn IS NOT NULL")).scalars())
+        names = set(c.execute(text("SELECT fqn FROM params WHERE rank = 0")).scalars())
+    assert len(block_graphs) == 1  # compiled once, reused for three blocks
+    assert {f"blocks.{b}.{p}" for b in range(3) for p in BLOCK_PARAMS} <= bound
+    assert not any(n.startswith(("ln.", "fc.", "proj.")) for n in names), "relative names leaked into params"
+
+
+def test_gradient_report_on_fsdp2(store):
+    report = validate_backward(store, "fsdp2")
+    by = {(r.rank, r.fqn): r for r in report.rows}
+    for rank in (0, 1):
+        for b in range(3):
+            for p in BLOCK_PARAMS:
+                assert by[(rank, f"blocks.{b}.{p}")].status == "OK", (rank, b, p, by[(rank, f"blocks.{b}.{p}")].reason)
+        # Truly unused: read by no graph, and its block's forward compiled.
+        assert by[(rank, "blocks.2.spare.weight")].status == "NOT_IN_GRAPH"
+        # Read only by the root forward, which ran eagerly: the reason says so.
+        head = by[(rank, "head.weight")]
+        assert head.status == "NOT_IN_GRAPH" and "fell back to eager" in head.reason, head.reason
+    assert any("ran eagerly" in n for n in report.notes), report.notes
