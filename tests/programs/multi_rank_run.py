@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vocab", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP bucket size (default 25 on CUDA, 1 on CPU)")
     ap.add_argument("--warmup-steps", type=int, default=3)
     ap.add_argument("--profile-steps", type=int, default=5)
     args = ap.parse_args(argv)
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        wrapped = DDP(model, bucket_cap_mb=1, find_unused_parameters=args.mode == "branch",
+        wrapped = DDP(model, bucket_cap_mb=args.bucket_cap_mb or (25 if cuda else 1), find_unused_parameters=args.mode == "branch",
                       device_ids=[local_rank] if cuda else None)
     compiled = torch.compile(wrapped, backend=agent.backend(backend))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
