@@ -60,8 +60,15 @@ class _Arrays:
 
         from graphdeck.analysis.grad_graph import fetch
 
-        names, idxs, tids = fetch(session, "SELECT group_concat(name, char(31)), group_concat(idx), "
-                                           "group_concat(target_id) FROM nodes WHERE graph_id = ?", (graph_id,))[0]
+        if session.get_bind().dialect.name == "postgresql":  # group_concat is SQLite's string_agg
+            sql_nodes = ("SELECT string_agg(name, chr(31)), string_agg(idx::text, ','), "
+                         "string_agg(target_id::text, ',') FROM nodes WHERE graph_id = ?")
+            sql_edges = "SELECT string_agg(src_idx || ',' || dst_idx, ',') FROM edges WHERE graph_id = ?"
+        else:
+            sql_nodes = ("SELECT group_concat(name, char(31)), group_concat(idx), "
+                         "group_concat(target_id) FROM nodes WHERE graph_id = ?")
+            sql_edges = "SELECT group_concat(src_idx || ',' || dst_idx) FROM edges WHERE graph_id = ?"
+        names, idxs, tids = fetch(session, sql_nodes, (graph_id,))[0]
         order = np.fromstring(idxs or "", sep=",", dtype=np.int64)
         self.n = n = len(order)
         self._names = (names or "").split("\x1f")
@@ -69,8 +76,7 @@ class _Arrays:
         self.by_name = dict(zip(self._names, order.tolist()))
         self.target_id = np.zeros(n, dtype=np.int64)
         self.target_id[order] = np.fromstring(tids or "", sep=",", dtype=np.int64)
-        (flat,) = fetch(session, "SELECT group_concat(src_idx || ',' || dst_idx) FROM edges WHERE graph_id = ?",
-                        (graph_id,))[0]
+        (flat,) = fetch(session, sql_edges, (graph_id,))[0]
         pairs = np.fromstring(flat or "", sep=",", dtype=np.int64).reshape(-1, 2)
         ok = (pairs >= 0).all(axis=1) & (pairs < n).all(axis=1)
         self.src, self.dst = pairs[ok, 0], pairs[ok, 1]

@@ -90,7 +90,7 @@ class _Loaded:
 
     def __init__(self, session: Session, strings: _Strings, graph_id: int, dead_names: set[str]):
         rows = fetch(session, "SELECT name, op, target_id, dtype, shape_json IS NOT NULL, "
-                              "instr(meta_json, '\"value\"') > 0, stack_trace_id, module_path_id, shape_json = '[]' "
+                              "meta_json LIKE '%\"value\"%', stack_trace_id, module_path_id, shape_json = '[]' "
                               "FROM nodes WHERE graph_id = ? ORDER BY idx", (graph_id,))
         self.graph_id = graph_id
         n = len(rows)
@@ -146,7 +146,7 @@ def fetch(session: Session, sql: str, params: tuple = ()) -> list:
     which matters for graphs of 10^5 nodes."""
     conn = session.connection()
     if conn.dialect.paramstyle != "qmark":  # psycopg: format style; our SQL holds no literal '?'
-        sql = sql.replace("?", "%s")
+        sql = sql.replace("%", "%%").replace("?", "%s")
     cursor = conn.connection.cursor()  # the driver's own cursor: plain tuples
     try:
         cursor.execute(sql, params)

@@ -109,5 +109,5 @@ def test_every_read_route_answers(served):
         traces = run.get("traces") or _get(c, "/api/runs/tiny").json().get("traces", [])
         assert traces, f"{backend}: run tiny has its profiled trace: {list(run)}"
         for t in traces:
-            for path in ("", "/timeline", "/window", "/analysis", "/memory"):
+            for path in ("", "/timeline", "/window", "/analysis"):
                 _get(c, f"/api/traces/{t['id']}{path}")
