@@ -111,3 +111,21 @@ def test_every_read_route_answers(served):
         for t in traces:
             for path in ("", "/timeline", "/window", "/analysis"):
                 _get(c, f"/api/traces/{t['id']}{path}")
+
+
+def test_torch_trace_import_and_gradient_check(store_url):
+    """TORCH_TRACE import (store/torch_trace_build's bulk inserts) and the gradient check's raw SQL
+    give the same verdicts on both backends: detach/ cuts blk2's gradient on both ranks."""
+    from graphdeck.analysis.gradients import gradient_report
+    from graphdeck.store.torch_trace import import_torch_trace
+    from tests.conftest import shared_path
+
+    logs = shared_path("data", "torch_trace", "generated_torch2.13_cpu_gloo", "detach")
+    engine = open_engine(store_url)
+    import_torch_trace(engine, logs, run_name="detach", strict=True)
+    with Session(open_engine(store_url, read_only=True)) as s:
+        rep = gradient_report(s, s.scalar(select(Run).where(Run.name == "detach")))
+    bad = sorted((p.rank, p.fqn, p.status) for p in rep.params if p.status != "OK")
+    assert bad == [(r, f, "NO_GRAD") for r in (0, 1) for f in ("blk2.bias", "blk2.weight")], bad
+    assert rep.summary["OK"] == 16, rep.summary
+    engine.dispose()
