@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP bucket size (default 25 on CUDA, 1 on CPU)")
+    ap.add_argument("--compile-optimizer", action=argparse.BooleanOptionalAction, default=None,
+                    help="compile the AdamW step too (default: on CUDA)")
     ap.add_argument("--warmup-steps", type=int, default=3)
     ap.add_argument("--profile-steps", type=int, default=5)
     args = ap.parse_args(argv)
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     batch = args.batch or (8 if big else 2)
     seq = args.seq or (512 if big else 32)
     backend = args.backend or ("inductor" if cuda else "aot_eager")
+    if args.compile_optimizer is None:
+        args.compile_optimizer = cuda
     if cuda:
         torch.set_float32_matmul_precision("high")
     else:
@@ -113,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
                       device_ids=[local_rank] if cuda else None)
     compiled = torch.compile(wrapped, backend=agent.backend(backend))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    step_fn = opt.step
+    if args.compile_optimizer:  # its kernels then map to graph nodes too
+        step_fn = torch.compile(opt.step, backend=agent.backend(backend))
 
     gen = torch.Generator().manual_seed(1000 + rank)
     t0 = time.perf_counter()
@@ -123,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
             tokens = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
             loss = compiled(input_ids=tokens, labels=tokens).loss
             loss.backward()
-            opt.step()
+            step_fn()
             opt.zero_grad(set_to_none=True)
             prof.step()
             if rank == 0:
