@@ -6,7 +6,8 @@ The parent imports torch and traces a small module once, then forks ``N_RANKS`` 
 that meet at a barrier and each run the capture agent's writer (``StoreWriter``: rank
 registration, parameters, one transaction per graph with its nodes and edges, compile records)
 into ``STORE`` (a SQLite path or a PostgreSQL URL) that none of them has created yet. Prints one
-JSON line: ``{"exit_codes": [...], "errors": [...], "nodes_per_graph": N, "edges_per_graph": M}``.
+JSON line: ``{"exit_codes": [...], "errors": [...], "write_s": wall seconds from the common start
+to the last rank's exit, "nodes_per_graph": N, "edges_per_graph": M}``.
 
 ``--hold-s S``: one rank only (in the foreground); its third graph transaction prints ``holding``
 and sleeps S seconds before it commits (a rank "mid-capture"), so a test can SIGKILL it inside.
@@ -93,14 +94,17 @@ def main() -> None:
     ctx = mp.get_context("fork")
     manager = ctx.Manager()
     errors = manager.list()
-    barrier = ctx.Barrier(n_ranks)
+    barrier = ctx.Barrier(n_ranks + 1)  # the parent too: it times from the common start
     procs = [ctx.Process(target=rank_main, args=(store, r, n_ranks, n_graphs, barrier, errors, 0.0))
              for r in range(n_ranks)]
     for p in procs:
         p.start()
+    barrier.wait(timeout=300)
+    t0 = time.perf_counter()
     for p in procs:
         p.join(timeout=600)
-    print(json.dumps({"exit_codes": [p.exitcode for p in procs], "errors": list(errors),
+    write_s = time.perf_counter() - t0
+    print(json.dumps({"exit_codes": [p.exitcode for p in procs], "errors": list(errors), "write_s": write_s,
                       "nodes_per_graph": len(rec.nodes), "edges_per_graph": len(rec.edges),
                       "pid": os.getpid()}))
 
