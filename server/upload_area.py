@@ -265,7 +265,59 @@ class UploadArea:
         shutil.rmtree(d / "work", ignore_errors=True)
 
 
-# ---------------------------------------------------------------------------- gzip caps
+# ---------------------------------------------------------------------------- gzip caps, nesting
+
+#: Refuse JSON whose brackets nest deeper than this (estimated; see :class:`DepthScan`).
+MAX_JSON_DEPTH = 1000
+
+
+def _bracket_steps():
+    import numpy as np
+
+    lut = np.zeros(256, dtype=np.int8)
+    lut[[ord("["), ord("{")]] = 1
+    lut[[ord("]"), ord("}")]] = -1
+    return lut
+
+
+_BRACKET_STEP = _bracket_steps()
+
+
+class DepthScan:
+    """A write-only sink measuring the deepest JSON nesting of the bytes written to it: the
+    running maximum of the count of ``[`` ``{`` minus ``]`` ``}`` (numpy, per byte), strings not
+    excluded (brackets inside names count too; they are rare and balanced in real traces).
+
+    NOTE: [Deep nesting] ijson's prefix-tracking parsers (``items``, which the trace ingest's fast
+    path uses) keep one prefix string per open level, so memory grows with depth²: 100,000 ``[``
+    (100 kB) need ~25 GB. Kineto traces nest a few levels; the server refuses more than
+    :data:`MAX_JSON_DEPTH` before the ingest sees the bytes.
+    """
+
+    def __init__(self, limit: int = MAX_JSON_DEPTH):
+        self.limit, self.depth, self.max_depth = limit, 0, 0
+
+    def write(self, data: bytes) -> None:
+        import numpy as np
+
+        if not data:
+            return
+        step = _BRACKET_STEP[np.frombuffer(data, dtype=np.uint8)]
+        step = step[np.flatnonzero(step)]  # brackets only (a few % of a trace's bytes)
+        if not len(step):
+            return
+        running = np.cumsum(step, dtype=np.int64)
+        self.max_depth = max(self.max_depth, self.depth + int(running.max()))
+        self.depth += int(running[-1])
+        if self.max_depth > self.limit:
+            raise BadInputError(f"the JSON nests deeper than {self.limit} levels (counting '[' and '{{'); refused")
+
+
+def check_json_depth(src: BinaryIO, limit: int = MAX_JSON_DEPTH) -> None:
+    """Run :class:`DepthScan` over the plain (not gzip) stream ``src`` from where it is."""
+    scan = DepthScan(limit)
+    while data := src.read(COPY_BYTES):
+        scan.write(data)
 
 
 def is_gzip(path: Path) -> bool:
@@ -318,14 +370,16 @@ def inflate_capped(src: BinaryIO, out: BinaryIO | None, *, compressed_bytes: int
     return total
 
 
-def inflate_checked(path: Path, *, max_bytes: int, max_ratio: float, into: Path | None = None) -> int:
-    """:func:`inflate_capped` over the file ``path``; writes the inflated bytes to ``into`` when
-    given. Corrupt gzip data becomes :class:`BadInputError`."""
+def inflate_checked(path: Path, *, max_bytes: int, max_ratio: float, into: Path | None = None,
+                    sink=None) -> int:
+    """:func:`inflate_capped` over the file ``path``; writes the inflated bytes to ``into`` or
+    ``sink`` (e.g. a :class:`DepthScan`) when given. Corrupt gzip data becomes
+    :class:`BadInputError`."""
     size = path.stat().st_size
     try:
         with open(path, "rb") as src:
             if into is None:
-                return inflate_capped(src, None, compressed_bytes=size, max_bytes=max_bytes, max_ratio=max_ratio)
+                return inflate_capped(src, sink, compressed_bytes=size, max_bytes=max_bytes, max_ratio=max_ratio)
             with disk_errors("decompressing the upload"), open(into, "wb") as out:
                 return inflate_capped(src, out, compressed_bytes=size, max_bytes=max_bytes, max_ratio=max_ratio)
     except zlib.error as exc:

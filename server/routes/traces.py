@@ -191,17 +191,21 @@ async def _receive_multipart(request: Request, spool: _Spool, content_type: str)
 
 def _check_gzip_bomb(spool: _Spool, settings: Any) -> None:
     """413 when a gzip upload inflates past the settings' caps
-    (:func:`graphdeck.server.upload_area.inflate_capped`); corrupt gzip is left to the ingest."""
+    (:func:`graphdeck.server.upload_area.inflate_capped`), 400 when the JSON nests deeper than
+    :data:`~graphdeck.server.upload_area.MAX_JSON_DEPTH` (NOTE: [Deep nesting]); corrupt gzip is
+    left to the ingest."""
     import zlib
 
-    from graphdeck.server.upload_area import GZIP_MAGIC, inflate_capped
+    from graphdeck.server.upload_area import GZIP_MAGIC, DepthScan, check_json_depth, inflate_capped
 
     spool.file.seek(0)
     if spool.file.read(2) != GZIP_MAGIC:
+        spool.file.seek(0)
+        check_json_depth(spool.file)
         return
     spool.file.seek(0)
     try:
-        inflate_capped(spool.file, None, compressed_bytes=spool.size_bytes,
+        inflate_capped(spool.file, DepthScan(), compressed_bytes=spool.size_bytes,
                        max_bytes=settings.max_decompressed_bytes, max_ratio=settings.max_decompress_ratio)
     except zlib.error:
         pass

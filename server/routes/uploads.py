@@ -52,8 +52,10 @@ from graphdeck.server.deps import get_engine, get_settings
 from graphdeck.server.upload_area import (
     MAX_CHUNK_BYTES,
     MAX_CHUNKS,
+    DepthScan,
     UploadArea,
     UploadSpec,
+    check_json_depth,
     inflate_checked,
     is_gzip,
 )
@@ -207,8 +209,11 @@ def _ingest(area: UploadArea, upload_id: str, settings, engine, merge_lock: thre
         prepare_bundle(source)  # a private copy: triggers/views dropped, older schema upgraded
         merged = _merge_serialised(merge_store, source, engine, spec.run, marker, merge_lock)
         return {"kind": "bundle", **merged}
-    if is_gzip(path):
-        inflate_checked(path, **caps)  # counts only: ingest_trace reads the gzip itself
+    if is_gzip(path):  # counted, not kept: ingest_trace reads the gzip itself
+        inflate_checked(path, sink=DepthScan(), **caps)
+    else:
+        with open(path, "rb") as f:
+            check_json_depth(f)
     staged, trace = _stage_trace(path, work, spec)
     merged = _merge_serialised(merge_store, staged, engine, spec.run, marker, merge_lock)
     trace_ids = merged.get("created", {}).get("traces") or []
@@ -232,6 +237,8 @@ def _stage_trace(path: FsPath, work: FsPath, spec: UploadSpec) -> tuple[FsPath, 
                 r = ingest_trace(stage_engine, fh, run_name=spec.run, rank=spec.rank,
                                  name=spec.name or "uploaded trace", strict=spec.strict)
                 info = {"rank": r.rank, "status": r.status, "num_events": r.num_events, "stats": r.stats}
+            except RecursionError as exc:  # defence in depth: nesting under the depth check's radar
+                raise BadInputError("the trace nests too deeply to be read") from exc
             except TruncatedInputError as exc:
                 if not exc.details.get("kept"):
                     raise
