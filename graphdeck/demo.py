@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     dist.barrier()
     if rank == 0:
         print(f"[graphdeck demo] {world} ranks done in {time.perf_counter() - t0:.1f}s; "
-              f"capture overhead {agent.capture_time_s:.2f}s on rank 0; store {args.store}", flush=True)
+              f"capture overhead {agent.capture_time_s:.2f}s on rank 0; "
+              f"{'uploaded to ' + args.upload_url if args.upload_url else 'store ' + args.store}", flush=True)
     dist.destroy_process_group()
 
 
