@@ -257,3 +257,26 @@ def test_snapshot_is_deterministic(captured_store, tmp_path):
     a = snapshot_store(captured_store, tmp_path / "a.db.gz").read_bytes()
     b = snapshot_store(captured_store, tmp_path / "b.db.gz").read_bytes()
     assert a == b, "same store, same bytes: the upload id repeats and a re-upload is recognised"
+
+
+def test_uploads_into_postgres(pg_url, captured_store, tmp_path):
+    """The same merge and trace ingest with PostgreSQL as the server's store."""
+    from sqlalchemy import create_engine, text
+
+    before = table_counts(captured_store)
+    with LiveServer(pg_url, write_tokens=(TOKEN,), data_dir=tmp_path / "data") as srv:
+        b = upload_store(srv.url, captured_store, run="pg", rank=0, token=TOKEN, chunk_bytes=64 * KiB)
+        t = upload_trace(srv.url, TRACE_GZ, run="pg", rank=1, token=TOKEN, chunk_bytes=64 * KiB)
+        again = upload_trace(srv.url, TRACE_GZ, run="pg", rank=1, token=TOKEN)
+        assert again["result"] == t["result"], "a repeated trace upload is answered, not ingested again"
+        graphs = httpx.get(f"{srv.url}/api/runs/pg/graphs").json()
+        assert httpx.get(f"{srv.url}/api/graphs/{graphs[0]['id']}/svg").status_code == 200
+    engine = create_engine(pg_url)
+    with engine.connect() as conn:
+        for table in ("graphs", "nodes", "edges", "params", "graph_io", "compile_events"):
+            assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar() == before[table], table
+        assert conn.execute(text("SELECT count(*) FROM traces")).scalar() == before["traces"] + 1
+        assert conn.execute(text("SELECT count(*) FROM trace_events")).scalar() == \
+            before["trace_events"] + t["result"]["num_events"]
+    engine.dispose()
+    assert b["state"] == "done"
