@@ -35,6 +35,7 @@ import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -70,6 +71,13 @@ def op_name(target: str) -> str:
     return parts[-1]
 
 
+#: ``Tensor.kind`` values; storages carry the index into this tuple.
+KINDS = ("parameter", "input", "activation", "output", "saved", "recomputed")
+_PARAM, _INPUT, _ACT, _OUT, _SAVED, _RECOMP = range(len(KINDS))
+#: Node op codes of the column arrays (``_Cols.op``).
+_OP_OTHER, _OP_PLACEHOLDER, _OP_OUTPUT, _OP_CALL = range(4)
+
+
 @dataclass(slots=True)
 class Tensor:
     """One storage: born at node ``birth_idx``, last read at ``death_idx`` (graph positions)."""
@@ -79,7 +87,7 @@ class Tensor:
     death_idx: int
     size_bytes: int
     dtype: str | None
-    kind: str  # parameter | input | activation | output | saved
+    kind: str  # parameter | input | activation | output | saved | recomputed
     module_path: str | None
     freed_by: str | None = None  # node whose execution ends its life (None: held past the graph)
 
@@ -90,6 +98,71 @@ class Holder:
     size_bytes: int
     tensors: int
     by_kind: dict[str, int]
+
+
+class _Storages:
+    """Storages as columns, index = storage number (allocation order).
+
+    ``birth``/``death``/``size``/``kind`` are int64/int8 arrays (``kind`` indexes :data:`KINDS`);
+    ``name``/``dtype``/``module``/``freed_by`` are sequences indexed by storage number (lazy
+    views over the node columns on the one-graph path, plain lists on the step path).
+    """
+
+    __slots__ = ("birth", "death", "size", "kind", "name", "dtype", "module", "freed_by")
+
+    def __init__(self, birth, death, size, kind, name, dtype, module, freed_by):
+        self.birth, self.death, self.size, self.kind = birth, death, size, kind
+        self.name, self.dtype, self.module, self.freed_by = name, dtype, module, freed_by
+
+    def __len__(self) -> int:
+        return len(self.birth)
+
+    def tensor(self, k: int) -> Tensor:
+        return Tensor(name=self.name[k], birth_idx=int(self.birth[k]), death_idx=int(self.death[k]),
+                      size_bytes=int(self.size[k]), dtype=self.dtype[k], kind=KINDS[self.kind[k]],
+                      module_path=self.module[k], freed_by=self.freed_by[k])
+
+    def tensors(self) -> list[Tensor]:
+        return [self.tensor(k) for k in range(len(self))]
+
+    @classmethod
+    def from_tensors(cls, tensors: list[Tensor]) -> _Storages:
+        return cls(np.array([t.birth_idx for t in tensors], dtype=np.int64),
+                   np.array([t.death_idx for t in tensors], dtype=np.int64),
+                   np.array([t.size_bytes for t in tensors], dtype=np.int64),
+                   np.array([KINDS.index(t.kind) for t in tensors], dtype=np.int8),
+                   [t.name for t in tensors], [t.dtype for t in tensors], [t.module_path for t in tensors],
+                   [t.freed_by for t in tensors])
+
+
+class _Take:
+    """``seq[index[k]]`` without building the list (per-storage view of a per-node column)."""
+
+    __slots__ = ("seq", "index")
+
+    def __init__(self, seq, index):
+        self.seq, self.index = seq, index
+
+    def __getitem__(self, k):
+        return self.seq[self.index[k]]
+
+    def __len__(self):
+        return len(self.index)
+
+
+class _FreedBy:
+    """Per storage: the node at its death for an activation, else ``None``."""
+
+    __slots__ = ("names", "death", "kind")
+
+    def __init__(self, names, death, kind):
+        self.names, self.death, self.kind = names, death, kind
+
+    def __getitem__(self, k):
+        return self.names[self.death[k]] if self.kind[k] == _ACT else None
+
+    def __len__(self):
+        return len(self.death)
 
 
 @dataclass
@@ -107,12 +180,25 @@ class MemoryCurve:
     by_kind_at_peak: dict[str, int]
     saved: list[dict] = field(default_factory=list)  # saved activations: bytes, module, freed by
     saved_bytes_by_module: dict[str, int] = field(default_factory=dict)
-    tensors: list[Tensor] = field(default_factory=list)
+    storages: _Storages | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def tensors(self) -> list[Tensor]:
+        """Every storage as a :class:`Tensor` (built on first use: 100k-node graphs have ~75k)."""
+        cached = getattr(self, "_tensor_list", None)
+        if cached is None:
+            cached = self.storages.tensors() if self.storages is not None else []
+            self._tensor_list = cached
+        return cached
 
     def to_dict(self, *, with_tensors: bool = False) -> dict:
-        out = asdict(self)
-        if not with_tensors:
-            out.pop("tensors")
+        out = {"graph_ids": list(self.graph_ids), "nodes": list(self.nodes), "modules": list(self.modules),
+               "live_bytes": list(self.live_bytes), "peak_bytes": self.peak_bytes, "peak_index": self.peak_index,
+               "peak_node": self.peak_node, "holders": [asdict(h) for h in self.holders],
+               "by_kind_at_peak": dict(self.by_kind_at_peak), "saved": [dict(s) for s in self.saved],
+               "saved_bytes_by_module": dict(self.saved_bytes_by_module)}
+        if with_tensors:
+            out["tensors"] = [asdict(t) for t in self.tensors]
         return out
 
     def top_holders(self, n: int = 10) -> list[Holder]:
@@ -121,55 +207,143 @@ class MemoryCurve:
 
 # ------------------------------------------------------------------------------------ loading
 @dataclass(slots=True)
-class _N:
-    idx: int
-    name: str
-    op: str
-    target: str
-    size_bytes: int
-    dtype: str | None
-    module_path: str | None
-    seq_nr: int | None
-    desc: str | None
-    param_fqn: str | None
-    inputs: list[int]  # producer idx per input edge, in arg order
+class _Cols:
+    """One stored graph as columns; position ``i`` is the ``i``-th node in graph order.
+
+    Integer columns are int64 arrays with ``-1`` for NULL (``size`` uses 0); ``op`` holds the
+    ``_OP_*`` codes. Edges are kept in (consumer, argument) order as producer/consumer positions
+    (``src`` is ``-1`` where the producer is not a node of this graph); ``first_in[i]`` is the
+    producer of node ``i``'s first input edge (``-1``: none).
+    """
+
+    idx: np.ndarray
+    names: list[str]
+    op: np.ndarray
+    target: np.ndarray
+    size: np.ndarray
+    dtypes: list[str | None]
+    module: np.ndarray
+    seq: np.ndarray
+    io: dict[int, tuple[str | None, str | None]]  # position -> (desc, param_fqn), placeholders/output
+    text: dict[int, str]  # interned id -> text
+    src: np.ndarray
+    dst: np.ndarray
+    first_in: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def inputs_of(self, pos: int) -> list[int]:
+        """Producer positions of node ``pos``'s input edges, in argument order."""
+        return self.src[self.dst == pos].tolist()
+
+    def module_paths(self, ids: np.ndarray) -> list[str | None]:
+        get = self.text.get
+        return [get(i) for i in ids.tolist()]
 
 
-def _load(session: Session, graph_id: int) -> list[_N]:
-    # Plain DB-API rows on SQLite: on 100k-node graphs SQLAlchemy's per-row processing was most
-    # of the time. Interned strings (targets, module paths) are looked up once per distinct id
-    # rather than joined per node; ``desc``/``param_fqn`` are read only for placeholders and the
-    # output node, the only ones liveness asks about.
-    sql_nodes = ("SELECT idx, name, op, target_id, size_bytes, dtype, module_path_id, seq_nr FROM nodes "
-                 "WHERE graph_id = {p} ORDER BY idx")
+#: dtype names coded inside the packed node column (code = position; 0 = NULL, 31 = any other,
+#: read as text in a second query).
+_DTYPE_CODES = (None, "float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8",
+                "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
+_DTYPE_OTHER = 31
+_SEQ_LIMIT = 1 << 32
+
+
+def _load(session: Session, graph_id: int) -> _Cols:
+    # Plain DB-API rows: on 100k-node graphs SQLAlchemy's per-row processing was most of the
+    # time, and what remains is the driver making one Python object per value. So the integers
+    # come packed, 2 per column: (target id, dtype code, op code) and (module path id, seq_nr);
+    # ``idx`` is read only when a graph's positions are not 0..n-1. Interned strings (targets,
+    # module paths) are looked up once per distinct id; ``desc``/``param_fqn`` only for
+    # placeholders and the output node.
+    dtype_case = " ".join(f"WHEN '{d}' THEN {k}" for k, d in enumerate(_DTYPE_CODES) if d)
+    packed_1 = (f"(CAST(COALESCE(target_id, -1) + 1 AS BIGINT) * 32 + (CASE WHEN dtype IS NULL THEN 0 {dtype_case} "
+                f"ELSE {_DTYPE_OTHER} END)) * 4 + (CASE op WHEN 'placeholder' THEN 1 WHEN 'output' THEN 2 "
+                "WHEN 'call_function' THEN 3 WHEN 'call_method' THEN 3 ELSE 0 END)")
+    packed_2 = (f"CAST(COALESCE(module_path_id, -1) + 1 AS BIGINT) * {_SEQ_LIMIT} + (CASE WHEN seq_nr >= 0 AND seq_nr < "
+                f"{_SEQ_LIMIT - 1} THEN seq_nr + 1 ELSE 0 END)")
+    sql_span = "SELECT COUNT(*), MIN(idx), MAX(idx) FROM nodes WHERE graph_id = {p}"
+    sql_nodes = ("SELECT {idx}name, " + packed_1 + ", COALESCE(size_bytes, 0), " + packed_2 +
+                 " FROM nodes WHERE graph_id = {p} ORDER BY idx")
+    sql_dtypes = "SELECT idx, dtype FROM nodes WHERE graph_id = {p} AND dtype IS NOT NULL ORDER BY idx"
     sql_io = ('SELECT idx, "desc", param_fqn FROM nodes WHERE graph_id = {p} '
               "AND op IN ('placeholder', 'output')")
-    sql_edges = "SELECT src_idx, dst_idx FROM edges WHERE graph_id = {p} ORDER BY id"  # (dst, arg_pos) order
+    sql_edges = ("SELECT (src_idx + 1) * 4294967296 + dst_idx FROM edges WHERE graph_id = {p} "
+                 "AND dst_idx >= 0 ORDER BY id")  # (dst, arg_pos) order
     conn = session.connection()
     if conn.dialect.name == "sqlite":
         raw = conn.connection.driver_connection
 
-        def run(sql, *args):
-            return raw.execute(sql.format(p="?"), (graph_id, *args))
+        def run(sql, **fmt):
+            return raw.execute(sql.format(p="?", **fmt), (graph_id,))
     else:
-        def run(sql, *args):
-            return conn.exec_driver_sql(sql.format(p="%(g)s"), {"g": graph_id})
-    rows = run(sql_nodes).fetchall()
-    io = {r[0]: (r[1], r[2]) for r in run(sql_io)}
-    ids = {r[3] for r in rows} | {r[6] for r in rows if r[6] is not None}
-    text = dict(session.execute(select(InternedString.id, InternedString.value)
-                                .where(InternedString.id.in_(ids))).all()) if ids else {}
-    nodes = []
-    for r in rows:
-        desc, fqn = io.get(r[0], (None, None))
-        nodes.append(_N(r[0], r[1], r[2], text.get(r[3], ""), int(r[4] or 0), r[5],
-                        text.get(r[6]) if r[6] is not None else None, r[7], desc, fqn, []))
-    pos = {n.idx: i for i, n in enumerate(nodes)}
-    for src, dst in run(sql_edges):
-        p = pos.get(dst)
-        if p is not None:
-            nodes[p].inputs.append(src)
-    return nodes
+        def run(sql, **fmt):
+            return conn.exec_driver_sql(sql.format(p="%(g)s", **fmt), {"g": graph_id})
+    n, lo, hi = run(sql_span).fetchone()
+    contiguous = not n or (lo == 0 and hi == n - 1)  # idx is unique per graph
+    rows = run(sql_nodes, idx="" if contiguous else "idx, ").fetchall()
+    cols = list(zip(*rows)) if rows else [()] * (4 if contiguous else 5)
+    del rows
+    if contiguous:
+        idx = np.arange(len(cols[0]), dtype=np.int64)
+    else:
+        idx = np.array(cols[0], dtype=np.int64)
+        cols = cols[1:]
+    names = list(cols[0])
+    p1 = np.array(cols[1], dtype=np.int64)
+    size = np.array(cols[2], dtype=np.int64)
+    p2 = np.array(cols[3], dtype=np.int64)
+    del cols
+    n = len(names)
+    op = (p1 & 3).astype(np.int8)
+    codes = (p1 >> 2) & 31
+    target = (p1 >> 7) - 1
+    module = (p2 >> 32) - 1
+    seq = (p2 & (_SEQ_LIMIT - 1)) - 1
+    table = np.array(_DTYPE_CODES + (None,) * (32 - len(_DTYPE_CODES)), dtype=object)
+    dtypes = table[codes].tolist()
+
+    def positions(raw_idx: np.ndarray) -> np.ndarray:
+        if contiguous:
+            return np.where((raw_idx >= 0) & (raw_idx < n), raw_idx, -1)
+        if not n:
+            return np.full(len(raw_idx), -1, dtype=np.int64)
+        p = np.minimum(np.searchsorted(idx, raw_idx), n - 1)
+        return np.where(idx[p] == raw_idx, p, -1)
+
+    if (codes == _DTYPE_OTHER).any():
+        other = run(sql_dtypes).fetchall()
+        for p, (_, d) in zip(positions(np.array([r[0] for r in other], dtype=np.int64)).tolist(), other):
+            if p >= 0 and codes[p] == _DTYPE_OTHER:
+                dtypes[p] = d
+    ids = set(np.unique(target).tolist()) | set(np.unique(module).tolist())
+    ids.discard(-1)
+    text: dict[int, str] = {}
+    chunk = sorted(ids)
+    for k in range(0, len(chunk), 20000):  # bound the IN list (SQLite's host-parameter limit)
+        text.update(session.execute(select(InternedString.id, InternedString.value)
+                                    .where(InternedString.id.in_(chunk[k:k + 20000]))).all())
+    # An unknown or empty module path is no module path.
+    no_path = [i for i in np.unique(module).tolist() if i != -1 and not text.get(i)]
+    if no_path:
+        module[np.isin(module, no_path)] = -1
+    io_rows = run(sql_io).fetchall()
+    io_pos = positions(np.array([r[0] for r in io_rows], dtype=np.int64)).tolist()
+    io = {p: (r[1], r[2]) for p, r in zip(io_pos, io_rows) if p >= 0}
+    packed = np.array(run(sql_edges).fetchall(), dtype=np.int64).reshape(-1)
+    src = positions((packed >> 32) - 1)
+    dst = positions(packed & 0xFFFFFFFF)
+    keep = dst >= 0
+    if not keep.all():
+        src, dst = src[keep], dst[keep]
+    first_in = np.full(n, -1, dtype=np.int64)
+    if len(dst):
+        heads, first_edge = np.unique(dst, return_index=True)
+        first_in[heads] = src[first_edge]
+    return _Cols(idx=idx, names=names, op=op, target=target, size=size, dtypes=dtypes, module=module, seq=seq,
+                 io=io, text=text, src=src, dst=dst, first_in=first_in)
 
 
 def _graph(session: Session, graph_id: int) -> Graph:
@@ -179,117 +353,152 @@ def _graph(session: Session, graph_id: int) -> Graph:
     return g
 
 
-def _saved_names(nodes: list[_N]) -> list[str]:
-    """Names of the forward outputs AOTAutograd saves for backward, in output order."""
-    out = next((n for n in reversed(nodes) if n.op == "output"), None)
-    if out is None or not out.desc:
+def _output_pos(c: _Cols) -> int | None:
+    outs = np.flatnonzero(c.op == _OP_OUTPUT)
+    return int(outs[-1]) if len(outs) else None
+
+
+def _saved_positions(c: _Cols) -> list[int]:
+    """Positions of the forward outputs AOTAutograd saves for backward, in output order."""
+    o = _output_pos(c)
+    desc = c.io.get(o, (None, None))[0] if o is not None else None
+    if not desc:
         return []
     try:
-        descs = json.loads(out.desc)
+        descs = json.loads(desc)
     except ValueError:
         return []
-    by_pos = {n.idx: n for n in nodes}
-    names = []
+    inputs = c.inputs_of(o)
+    out = []
     for k, d in enumerate(descs if isinstance(descs, list) else []):
         text = d.get("repr") if isinstance(d, dict) else str(d)
-        if text and text.startswith("SavedForBackwards") and k < len(out.inputs):
-            names.append(by_pos[out.inputs[k]].name)
-    return names
-
-
-# ------------------------------------------------------------------------------------ liveness
-def _tensors(nodes: list[_N], *, saved: set[str] = frozenset(), paths: dict[int, str | None] | None = None
-             ) -> tuple[list[Tensor], dict[str, int], list[int | None]]:
-    """Storages of one graph; node name → storage index (views share their base's); and per
-    storage its real last use (graph position of the last node reading it or a view of it).
-
-    ``death_idx`` is where the graph lets go: the last use for intermediates, the graph's end for
-    placeholders and outputs. A storage any of whose names is in ``saved`` is ``saved``.
-    """
-    if paths is None:
-        paths = {n.idx: n.module_path for n in nodes}
-    # Few distinct targets: classify each once, not once per node.
-    alias_targets = {t for t in {n.target for n in nodes if n.op in ("call_function", "call_method")}
-                     if op_name(t) in ALIAS_OPS}
-    storage_of: dict[int, int] = {}  # node idx -> tensor index
-    names: dict[str, int] = {}
-    tensors: list[Tensor] = []
-    end = len(nodes) - 1
-    returned: set[int] = set()  # storages the output node returns, filled below
-    for i, n in enumerate(nodes):
-        if n.op == "output":
-            continue
-        if n.target in alias_targets and n.op != "placeholder" and n.inputs and n.inputs[0] in storage_of:
-            storage_of[n.idx] = storage_of[n.inputs[0]]
-            names[n.name] = storage_of[n.idx]
-            continue
-        if n.size_bytes <= 0:
-            continue
-        kind = ("parameter" if n.param_fqn else "input") if n.op == "placeholder" else "activation"
-        storage_of[n.idx] = len(tensors)
-        names[n.name] = len(tensors)
-        tensors.append(Tensor(name=n.name, birth_idx=i, death_idx=i, size_bytes=n.size_bytes, dtype=n.dtype,
-                              kind=kind, module_path=paths.get(n.idx)))
-    last: list[int | None] = [None] * len(tensors)
-    for i, n in enumerate(nodes):
-        if n.op == "output":
-            returned = {storage_of[s] for s in n.inputs if s in storage_of}
-            continue
-        for src in n.inputs:
-            t = storage_of.get(src)
-            if t is not None:
-                last[t] = i
-    saved_storages = {names[x] for x in saved if x in names}
-    for k, t in enumerate(tensors):
-        if k in saved_storages and t.kind == "activation":
-            t.kind = "saved"
-        elif k in returned and t.kind == "activation":
-            t.kind = "output"
-        if t.kind == "activation":
-            t.death_idx = max(t.birth_idx, last[k] if last[k] is not None else t.birth_idx)
-            t.freed_by = nodes[t.death_idx].name
-        else:
-            t.death_idx = end  # held for the whole graph (saved: and into the backward)
-    return tensors, names, last
-
-
-def _curve(n_positions: int, tensors: list[Tensor]) -> list[int]:
-    delta = [0] * (n_positions + 1)
-    for t in tensors:
-        delta[t.birth_idx] += t.size_bytes
-        delta[t.death_idx + 1] -= t.size_bytes
-    live, out = 0, []
-    # live after node i allocated = everything born at or before i and not freed before i
-    for i in range(n_positions):
-        live += delta[i]
-        out.append(live)
+        if text and text.startswith("SavedForBackwards") and k < len(inputs) and inputs[k] >= 0:
+            out.append(inputs[k])
     return out
 
 
-def _holders(tensors: list[Tensor], at: int) -> tuple[list[Holder], dict[str, int]]:
+def _saved_by_name(fw: _Cols, bw: _Cols) -> list[int]:
+    """Forward outputs that a backward placeholder names: the saved activations when the forward
+    graph's output carries no AOT descriptors (seen on graphs with a checkpointed region)."""
+    o = _output_pos(fw)
+    if o is None:
+        return []
+    wanted = {bw.names[p] for p in np.flatnonzero(bw.op == _OP_PLACEHOLDER).tolist()}
+    return [p for p in fw.inputs_of(o) if p >= 0 and fw.names[p] in wanted and fw.op[p] != _OP_PLACEHOLDER]
+
+
+def _saved_names(c: _Cols) -> list[str]:
+    """Names of the forward outputs AOTAutograd saves for backward, in output order."""
+    return [c.names[p] for p in _saved_positions(c)]
+
+
+# ------------------------------------------------------------------------------------ liveness
+@dataclass(slots=True)
+class _Live:
+    """One graph's storages (see :class:`_Storages`) plus, per node, its storage number
+    (``storage_of``, -1: none; views share their base's) and, per storage, its real last use
+    (``last``: position of the last non-output node reading it or a view of it, -1: never)."""
+
+    st: _Storages
+    storage_of: np.ndarray
+    last: np.ndarray
+    end: int
+
+
+def _liveness(c: _Cols, mods: list[str | None], *, saved: list[int] = ()) -> _Live:
+    """Storages of one graph, in one pass over column arrays.
+
+    ``death`` is where the graph lets go: the last use for intermediates, the graph's end for
+    placeholders and outputs. A storage any of whose nodes is at a position in ``saved`` is
+    ``saved``.
+    """
+    n = c.n
+    pos = np.arange(n, dtype=np.int64)
+    # Few distinct targets: classify each once, not once per node.
+    call_targets = np.unique(c.target[c.op == _OP_CALL]).tolist()
+    alias_ids = [t for t in call_targets if op_name(c.text.get(t, "")) in ALIAS_OPS]
+    is_alias = np.isin(c.target, alias_ids) & (c.op != _OP_PLACEHOLDER) & (c.op != _OP_OUTPUT)
+    # An alias whose first input was produced earlier shares that input's storage, if it has one.
+    via = is_alias & (c.first_in >= 0) & (c.first_in < pos)
+    root = np.where((c.size > 0) & (c.op != _OP_OUTPUT) & ~via, pos, -1)
+    chained = np.flatnonzero(via)
+    if len(chained):
+        r = root.tolist()
+        for i, f, s in zip(chained.tolist(), c.first_in[chained].tolist(), c.size[chained].tolist()):
+            base = r[f]
+            r[i] = base if base >= 0 else (i if s > 0 else -1)
+        root = np.array(r, dtype=np.int64)
+    alloc = np.flatnonzero(root == pos)  # allocating nodes, in graph order = storage numbers
+    number = np.full(n + 1, -1, dtype=np.int64)
+    number[alloc] = np.arange(len(alloc), dtype=np.int64)
+    storage_of = number[root]  # root -1 reads number[-1] == -1
+    # Last use: the largest consumer position over every edge into a storage (the output node's
+    # edges excluded: returning a tensor is not a use inside the graph).
+    last = np.full(len(alloc), -1, dtype=np.int64)
+    ok = (c.src >= 0) & (c.op[c.dst] != _OP_OUTPUT)
+    s = storage_of[c.src[ok]]
+    d = c.dst[ok]
+    m = s >= 0
+    np.maximum.at(last, s[m], d[m])
+    kind = np.full(len(alloc), _ACT, dtype=np.int8)
+    placeholders = np.flatnonzero(c.op[alloc] == _OP_PLACEHOLDER)
+    for k in placeholders.tolist():
+        kind[k] = _PARAM if c.io.get(int(alloc[k]), (None, None))[1] else _INPUT
+    act = kind == _ACT
+    returned = np.zeros(len(alloc), dtype=bool)
+    o = _output_pos(c)
+    if o is not None:
+        ret = storage_of[[p for p in c.inputs_of(o) if p >= 0]]
+        returned[ret[ret >= 0]] = True
+    if len(saved):
+        sv = storage_of[np.asarray(list(saved), dtype=np.int64)]
+        is_saved = np.zeros(len(alloc), dtype=bool)
+        is_saved[sv[sv >= 0]] = True
+        kind[act & is_saved] = _SAVED
+        kind[act & ~is_saved & returned] = _OUT
+    else:
+        kind[act & returned] = _OUT
+    act = kind == _ACT
+    end = n - 1
+    death = np.where(act, np.maximum(alloc, last), end)  # held for the whole graph (saved: and into the backward)
+    st = _Storages(alloc, death, c.size[alloc], kind, _Take(c.names, alloc), _Take(c.dtypes, alloc),
+                   _Take(mods, alloc), _FreedBy(c.names, death, kind))
+    return _Live(st=st, storage_of=storage_of, last=last, end=end)
+
+
+def _curve(n_positions: int, st: _Storages) -> np.ndarray:
+    """Live bytes after each position: running sum of +size at birth, -size after death."""
+    delta = np.zeros(n_positions + 1, dtype=np.int64)
+    np.add.at(delta, st.birth, st.size)
+    np.subtract.at(delta, st.death + 1, st.size)
+    return np.cumsum(delta[:n_positions])
+
+
+def _holders(st: _Storages, at: int) -> tuple[list[Holder], dict[str, int]]:
     by_mod: dict[str, dict] = defaultdict(lambda: {"bytes": 0, "n": 0, "kinds": defaultdict(int)})
     kinds: dict[str, int] = defaultdict(int)
-    for t in tensors:
-        if t.birth_idx <= at <= t.death_idx:
-            m = by_mod[t.module_path or "(no module)"]
-            m["bytes"] += t.size_bytes
-            m["n"] += 1
-            m["kinds"][t.kind] += t.size_bytes
-            kinds[t.kind] += t.size_bytes
+    live = np.flatnonzero((st.birth <= at) & (st.death >= at))
+    for k, size, kd in zip(live.tolist(), st.size[live].tolist(), st.kind[live].tolist()):
+        name = KINDS[kd]
+        m = by_mod[st.module[k] or "(no module)"]
+        m["bytes"] += size
+        m["n"] += 1
+        m["kinds"][name] += size
+        kinds[name] += size
     holders = [Holder(module_path=k, size_bytes=v["bytes"], tensors=v["n"], by_kind=dict(v["kinds"]))
                for k, v in by_mod.items()]
     holders.sort(key=lambda h: (-h.size_bytes, h.module_path))
     return holders, dict(kinds)
 
 
-def _finish(graph_ids, names, modules, tensors) -> MemoryCurve:
-    live = _curve(len(names), tensors)
-    peak_index = max(range(len(live)), key=lambda i: (live[i], -i)) if live else 0
-    holders, kinds = _holders(tensors, peak_index)
-    return MemoryCurve(graph_ids=graph_ids, nodes=names, modules=modules, live_bytes=live,
-                       peak_bytes=live[peak_index] if live else 0, peak_index=peak_index,
+def _finish(graph_ids, names, modules, st: _Storages) -> MemoryCurve:
+    live = _curve(len(names), st)
+    peak_index = int(np.argmax(live)) if len(live) else 0  # the first position of the maximum
+    holders, kinds = _holders(st, peak_index)
+    return MemoryCurve(graph_ids=graph_ids, nodes=names, modules=modules, live_bytes=live.tolist(),
+                       peak_bytes=int(live[peak_index]) if len(live) else 0, peak_index=peak_index,
                        peak_node=names[peak_index] if names else "", holders=holders, by_kind_at_peak=kinds,
-                       tensors=tensors)
+                       storages=st)
 
 
 def graph_memory(session: Session, graph_id: int) -> MemoryCurve:
@@ -299,14 +508,15 @@ def graph_memory(session: Session, graph_id: int) -> MemoryCurve:
         NotFoundError: no graph ``graph_id``.
     """
     graph = _graph(session, graph_id)
-    nodes = _load(session, graph_id)
-    saved = set(_saved_names(nodes)) if graph.kind == "aot_forward" else set()
-    paths = _module_resolver(session, graph, nodes)
-    tensors, _names, _last = _tensors(nodes, saved=saved, paths=paths)
-    curve = _finish([graph_id], [n.name for n in nodes], [paths.get(n.idx) for n in nodes], tensors)
+    c = _load(session, graph_id)
+    saved = _saved_positions(c) if graph.kind == "aot_forward" else []
+    mods = c.module_paths(_module_ids(session, graph, c))
+    live = _liveness(c, mods, saved=saved)
+    curve = _finish([graph_id], c.names, mods, live.st)
     if saved:
-        curve.saved = [{"name": t.name, "size_bytes": t.size_bytes, "module_path": t.module_path, "freed_by": None}
-                       for t in tensors if t.kind == "saved"]
+        st = live.st
+        curve.saved = [{"name": st.name[k], "size_bytes": int(st.size[k]), "module_path": st.module[k],
+                        "freed_by": None} for k in np.flatnonzero(st.kind == _SAVED).tolist()]
         curve.saved_bytes_by_module = _sum_by_module(curve.saved)
     return curve
 
@@ -333,6 +543,15 @@ def forward_backward_pair(session: Session, graph_id: int) -> tuple[int, int]:
     return fw.id, bw.id
 
 
+def _tensors(c: _Cols, mods: list[str | None], *, saved: list[int] = ()
+             ) -> tuple[list[Tensor], dict[str, int], list[int | None]]:
+    """:func:`_liveness` as objects: the storages, node name → storage number, per storage its
+    last use (``None``: never read). For the step path (graphs of thousands of nodes)."""
+    live = _liveness(c, mods, saved=saved)
+    names = {nm: s for nm, s in zip(c.names, live.storage_of.tolist()) if s >= 0}
+    return live.st.tensors(), names, [x if x >= 0 else None for x in live.last.tolist()]
+
+
 def step_memory(session: Session, forward_id: int, backward_id: int, *, drop_saved: set[str] = frozenset(),
                 itemsize_of=None) -> MemoryCurve:
     """One training step's curve: the forward graph, then the backward graph.
@@ -346,15 +565,17 @@ def step_memory(session: Session, forward_id: int, backward_id: int, *, drop_sav
     """
     fw_graph, bw_graph = _graph(session, forward_id), _graph(session, backward_id)
     fw, bw = _load(session, forward_id), _load(session, backward_id)
-    saved = set(_saved_names(fw))
-    mod_f = _module_resolver(session, fw_graph, fw)
-    mod_b = _module_resolver(session, bw_graph, bw, forward=fw)
-    tf, names_f, last_f = _tensors(fw, saved=saved, paths=mod_f)
-    tb, names_b, last_b = _tensors(bw, paths=mod_b)
-    nf, end = len(fw), len(fw) + len(bw) - 1
+    saved_pos = _saved_positions(fw) or _saved_by_name(fw, bw)
+    mod_f = fw.module_paths(_module_ids(session, fw_graph, fw))
+    mod_b = bw.module_paths(_module_ids(session, bw_graph, bw, forward=fw))
+    tf, names_f, last_f = _tensors(fw, mod_f, saved=saved_pos)
+    live_b = _liveness(bw, mod_b)
+    tb = live_b.st.tensors()
+    last_b = [x if x >= 0 else None for x in live_b.last.tolist()]
+    nf, end = fw.n, fw.n + bw.n - 1
     dropped = {names_f[x] for x in drop_saved if x in names_f}
     recompute_at = min((u for j, t in enumerate(tb) if t.name in drop_saved
-                        for u in [_first_use_of(bw, names_b, j)] if u is not None), default=len(bw))
+                        for u in [_first_use_of(bw, live_b.storage_of, j)] if u is not None), default=bw.n)
     merged = [Tensor(**asdict(t)) for t in tf]
     for k, t in enumerate(merged):
         if t.kind == "parameter":
@@ -362,7 +583,7 @@ def step_memory(session: Session, forward_id: int, backward_id: int, *, drop_sav
         elif k in dropped and t.kind == "saved":
             t.kind = "activation"
             t.death_idx = max(t.birth_idx, last_f[k] if last_f[k] is not None else t.birth_idx)
-            t.freed_by = f"f:{fw[t.death_idx].name}"
+            t.freed_by = f"f:{fw.names[t.death_idx]}"
         elif t.kind == "saved":
             t.death_idx = nf - 1  # extended below by its backward uses
         elif t.kind == "output":
@@ -377,19 +598,19 @@ def step_memory(session: Session, forward_id: int, backward_id: int, *, drop_sav
             if k is not None:  # the forward's storage, passed by name
                 f = merged[k]
                 if k in dropped:
-                    first = _first_use_of(bw, names_b, j)
+                    first = _first_use_of(bw, live_b.storage_of, j)
                     if first is not None:
                         # Checkpointing re-runs the module's forward once, when the backward first
                         # needs any of its activations: all of them are born then.
                         t2.kind = "recomputed"
                         t2.birth_idx = nf + min(first, recompute_at)
                         t2.death_idx = nf + (last_b[j] if last_b[j] is not None else first)
-                        t2.freed_by = f"b:{bw[t2.death_idx - nf].name}"
+                        t2.freed_by = f"b:{bw.names[t2.death_idx - nf]}"
                         merged.append(t2)
                     continue
                 if f.kind == "saved" and last_b[j] is not None and nf + last_b[j] > f.death_idx:
                     f.death_idx = nf + last_b[j]
-                    f.freed_by = f"b:{bw[last_b[j]].name}"
+                    f.freed_by = f"b:{bw.names[last_b[j]]}"
                 continue
             t2.kind = "input"  # tangents
         elif t2.freed_by:
@@ -398,21 +619,19 @@ def step_memory(session: Session, forward_id: int, backward_id: int, *, drop_sav
     if itemsize_of is not None:
         for t in merged:
             t.size_bytes = itemsize_of(t)
-    names = [f"f:{n.name}" for n in fw] + [f"b:{n.name}" for n in bw]
-    modules = [mod_f.get(n.idx) for n in fw] + [mod_b.get(n.idx) for n in bw]
-    curve = _finish([forward_id, backward_id], names, modules, merged)
+    names = [f"f:{x}" for x in fw.names] + [f"b:{x}" for x in bw.names]
+    curve = _finish([forward_id, backward_id], names, mod_f + mod_b, _Storages.from_tensors(merged))
+    curve._tensor_list = merged
     curve.saved = [{"name": t.name, "size_bytes": t.size_bytes, "module_path": t.module_path, "freed_by": t.freed_by}
                    for t in merged if t.kind == "saved"]
     curve.saved_bytes_by_module = _sum_by_module(curve.saved)
     return curve
 
 
-def _first_use_of(nodes: list[_N], names: dict[str, int], storage: int) -> int | None:
-    members = {n.idx for n in nodes if names.get(n.name) == storage}
-    for i, n in enumerate(nodes):
-        if n.op != "output" and any(s in members for s in n.inputs):
-            return i
-    return None
+def _first_use_of(c: _Cols, storage_of: np.ndarray, storage: int) -> int | None:
+    """Position of the first non-output node that reads ``storage`` (or a view of it)."""
+    hit = (c.src >= 0) & (storage_of[c.src] == storage) & (c.op[c.dst] != _OP_OUTPUT)
+    return int(c.dst[hit].min()) if hit.any() else None
 
 
 def _sum_by_module(saved: list[dict]) -> dict[str, int]:
@@ -422,27 +641,38 @@ def _sum_by_module(saved: list[dict]) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def _module_resolver(session: Session, graph: Graph, nodes: list[_N], forward: list[_N] | None = None
-                     ) -> dict[int, str | None]:
-    """Node idx → module path; a backward node without one takes the forward node's with the same
-    ``seq_nr`` (the op whose gradient it computes), else its first input's."""
+def _module_ids(session: Session, graph: Graph, c: _Cols, forward: _Cols | None = None) -> np.ndarray:
+    """Per node the interned id of its module path (-1: none); a backward node without one takes
+    the forward node's with the same ``seq_nr`` (the op whose gradient it computes), else its
+    first input's (resolved the same way). Ids of forward paths are added to ``c.text``."""
     if graph.kind == "aot_backward" and forward is None:
         try:
             fw_id, _ = forward_backward_pair(session, graph.id)
             forward = _load(session, fw_id)
         except NotFoundError:
-            forward = []
-    by_seq = {}
-    for n in forward or []:
-        if n.seq_nr is not None and n.module_path and n.seq_nr not in by_seq:
-            by_seq[n.seq_nr] = n.module_path
-    paths: dict[int, str | None] = {}
-    for n in nodes:  # graph order, so a node's first input is resolved before it
-        path = n.module_path or (by_seq.get(n.seq_nr) if n.seq_nr is not None else None)
-        if path is None and n.inputs:
-            path = paths.get(n.inputs[0])
-        paths[n.idx] = path
-    return paths
+            forward = None
+    mp = c.module.copy()
+    if forward is not None and forward.n:
+        sel = np.flatnonzero((forward.seq >= 0) & (forward.module >= 0))
+        want = np.flatnonzero((mp < 0) & (c.seq >= 0))
+        if len(sel) and len(want):
+            seqs, first = np.unique(forward.seq[sel], return_index=True)  # first in graph order
+            paths = forward.module[sel][first]
+            j = np.minimum(np.searchsorted(seqs, c.seq[want]), len(seqs) - 1)
+            hit = seqs[j] == c.seq[want]
+            mp[want[hit]] = paths[j[hit]]
+            for i in np.unique(paths[j[hit]]).tolist():
+                c.text.setdefault(i, forward.text[i])
+    # Missing paths follow first inputs produced earlier: pointer jumping up those chains (each
+    # round halves the remaining depth) gives every node its chain head's path in O(n log depth).
+    pos = np.arange(c.n, dtype=np.int64)
+    parent = np.where((mp < 0) & (c.first_in >= 0) & (c.first_in < pos), c.first_in, pos)
+    while True:
+        nxt = parent[parent]
+        if np.array_equal(nxt, parent):
+            break
+        parent = nxt
+    return mp[parent]
 
 
 # ------------------------------------------------------------------------------------ what-if
@@ -473,8 +703,9 @@ def checkpoint_estimate(session: Session, forward_id: int, backward_id: int, mod
     """
     base = step_memory(session, forward_id, backward_id)
     fw = _load(session, forward_id)
-    mod = _module_resolver(session, _graph(session, forward_id), fw)
-    inside = [n for n in fw if n.op not in ("placeholder", "output") and _under(mod.get(n.idx), module_path)]
+    mods = fw.module_paths(_module_ids(session, _graph(session, forward_id), fw))
+    ops = fw.op.tolist()
+    inside = [i for i in range(fw.n) if ops[i] not in (_OP_PLACEHOLDER, _OP_OUTPUT) and _under(mods[i], module_path)]
     drop = {s["name"] for s in base.saved if _under(s["module_path"], module_path)}
     if not drop:
         raise UsageError(f"no saved activation of the forward graph belongs to module {module_path!r}; "
