@@ -64,6 +64,9 @@ from graphdeck.store.schema import StoreMeta
 router = APIRouter(tags=["uploads"])
 UPLOAD_ID_PATTERN = r"^[0-9a-f]{32}$"
 MERGE_LOCK_RETRIES = 8
+#: Creating or migrating a store runs Alembic, whose command context is process-global (two
+#: threads at once: ``KeyError: 'config'``): one at a time in this server.
+OPEN_STORE_LOCK = threading.Lock()
 
 
 class UploadRequest(BaseModel):
@@ -206,7 +209,8 @@ def _ingest(area: UploadArea, upload_id: str, settings, engine, merge_lock: thre
         if is_gzip(path):
             source = work / "bundle.db"
             inflate_checked(path, into=source, **caps)
-        prepare_bundle(source)  # a private copy: triggers/views dropped, older schema upgraded
+        with OPEN_STORE_LOCK:
+            prepare_bundle(source)  # a private copy: triggers/views dropped, older schema upgraded
         merged = _merge_serialised(merge_store, source, engine, spec.run, marker, merge_lock)
         return {"kind": "bundle", **merged}
     if is_gzip(path):  # counted, not kept: ingest_trace reads the gzip itself
@@ -230,7 +234,8 @@ def _stage_trace(path: FsPath, work: FsPath, spec: UploadSpec) -> tuple[FsPath, 
     staged = work / "stage.db"
     for suffix in ("", "-wal", "-shm"):
         FsPath(f"{staged}{suffix}").unlink(missing_ok=True)
-    stage_engine = open_engine(staged)
+    with OPEN_STORE_LOCK:
+        stage_engine = open_engine(staged)
     try:
         with open(path, "rb") as fh:
             try:
