@@ -100,15 +100,21 @@ def is_disk_full(exc: BaseException) -> bool:
     return "database or disk is full" in message or "no space left on device" in message
 
 
+def store_full_error(exc: BaseException) -> StoreFullError:
+    """The :class:`StoreFullError` to raise for a driver error that :func:`is_disk_full` says is
+    "no space" (writers that talk to the driver directly raise it themselves)."""
+    return StoreFullError(
+        f"store is full (disk full or the store's size quota was reached): {getattr(exc, 'orig', exc)}; "
+        "the write was rolled back, nothing of it is stored",
+        cause="disk_full",
+    )
+
+
 def _translate_errors(context) -> None:
     """``handle_error`` hook: a disk-full driver error leaves as :class:`StoreFullError`."""
     exc = context.original_exception
     if is_disk_full(exc):
-        raise StoreFullError(
-            f"store is full (disk full or the store's size quota was reached): {exc}; "
-            "the write was rolled back, nothing of it is stored",
-            cause="disk_full",
-        ) from exc
+        raise store_full_error(exc) from exc
 
 
 def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, create: bool = True,
@@ -260,11 +266,14 @@ def _retryable(exc: Exception) -> bool:
 
 def retrying(fn, *, attempts: int = 10):
     """Run ``fn()`` (one whole transaction); re-run it when another writer got in the way (see
-    :func:`_retryable`), with a growing pause. Any other error, or the last attempt's, propagates."""
+    :func:`_retryable`), with a growing pause. A disk-full error becomes :class:`StoreFullError`;
+    any other error, or the last attempt's, propagates."""
     for attempt in range(attempts):
         try:
             return fn()
         except (OperationalError, IntegrityError) as exc:
+            if is_disk_full(exc):  # a writer that used the driver directly, past the engine's hook
+                raise store_full_error(exc) from exc
             if not _retryable(exc) or attempt == attempts - 1:
                 raise
             time.sleep(0.05 * (attempt + 1))
