@@ -6,8 +6,9 @@ Real processes are killed with SIGKILL inside a real transaction (``tests/progra
 --hold-s`` stops inside its third graph's transaction after flushing its rows; the trace ingest
 reads from a pipe that stops mid-file). The full disk is SQLite's ``max_page_count`` quota
 (``open_engine(max_bytes=...)`` / ``$GRAPHDECK_STORE_MAX_BYTES``): the same ``SQLITE_FULL`` a full
-filesystem gives, without mounting one (CI may run in a container). PostgreSQL gets the kill tests;
-its disk-full path (SQLSTATE 53100) is not simulated here.
+filesystem gives, without mounting one (CI may run in a container). On PostgreSQL the disk is
+really full: the test database's tables live in a tablespace on a 2 MiB tmpfs (SQLSTATE 53100;
+skipped, saying why, where a tmpfs cannot be mounted).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -185,3 +187,70 @@ def test_quota_full_trace_ingest_fails_clearly_and_is_hidden(tmp_path):
         assert s.scalar(text("PRAGMA integrity_check")) == "ok"
         assert s.scalar(select(func.count()).select_from(Run)) <= 1
     engine.dispose()
+
+
+# ---------------------------------------------------------------------------- disk full (PostgreSQL, tiny tmpfs)
+
+
+@pytest.fixture
+def tiny_tablespace(pg_server):
+    """A PostgreSQL tablespace on a 2 MiB tmpfs: the database's tables fill a real filesystem.
+
+    Mounting needs root with CAP_SYS_ADMIN (this host has it; a CI container may not: then this
+    skips, saying so, and the SQLite quota tests above still cover disk full)."""
+    import pwd
+    import tempfile
+
+    from graphdeck.pg_local import _run_user
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = Path(tempfile.mkdtemp(prefix="graphdeck-pgfull-"))
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        mnt.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()}): no PostgreSQL disk-full test")
+    try:
+        user = _run_user() or pwd.getpwuid(os.geteuid()).pw_name
+        os.chown(mnt, pwd.getpwnam(user).pw_uid, -1)
+        from sqlalchemy import create_engine
+
+        admin = create_engine(pg_server, isolation_level="AUTOCOMMIT")
+        name = f"full{os.getpid()}"
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"CREATE TABLESPACE {name} LOCATION '{mnt}'")
+            conn.exec_driver_sql(f"CREATE DATABASE {name}")  # the catalog stays on the big disk,
+            conn.exec_driver_sql(f"ALTER DATABASE {name} SET default_tablespace = {name}")  # tables go here
+        from sqlalchemy.engine import make_url
+
+        yield make_url(pg_server).set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            conn.exec_driver_sql(f"DROP TABLESPACE IF EXISTS {name}")
+        admin.dispose()
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+        mnt.rmdir()
+
+
+def test_postgres_disk_full_graph_write_is_rolled_back(tiny_tablespace):
+    engine = open_engine(tiny_tablespace)
+    written = 0
+    with pytest.raises(StoreFullError) as info:
+        for i in range(10_000):
+            with write_session(engine) as s:
+                run = get_or_create_run(s, "full")
+                g = Graph(run_id=run.id, rank=0, ordinal=i, kind="dynamo", name=f"g{i}", num_nodes=50,
+                          code="x" * 2000)
+                s.add(g)
+                s.flush()
+                s.add_all([Node(graph_id=g.id, idx=j, name=f"n{j}", op="call_function",
+                                target_id=Interner(s)(f"op{j}"), args_json="[" + "1," * 100 + "1]")
+                           for j in range(50)])
+            written += 1
+    engine.dispose()
+    msg = info.value.message
+    assert "store is full" in msg and ("No space left" in msg or "could not extend" in msg), msg
+    assert written > 0, "some graphs fit on the 2 MiB filesystem"
+    n, rows = _graph_rows(tiny_tablespace)
+    assert n == written and all(a == b == 50 for a, b in rows), f"{written} whole graphs, nothing of the last: {rows[-3:]}"
