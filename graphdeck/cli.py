@@ -443,13 +443,16 @@ def db_current(store: str) -> None:
     """Print STORE's schema revision and the one this graphdeck writes."""
     from sqlalchemy import create_engine
 
+    from graphdeck.errors import NotFoundError
     from graphdeck.store import migrate
     from graphdeck.store.db import display_url, store_url
 
+    if "://" not in store and not Path(store).exists():
+        _fail(NotFoundError(f"store {store} does not exist"))
     engine = create_engine(store_url(_store_arg(store)))
     try:
         with engine.connect() as conn:
-            rev = migrate.current_revision(conn) or "none (made before Alembic)"
+            rev = migrate.current_revision(conn) or "none (empty, or made before Alembic)"
     finally:
         engine.dispose()
     click.echo(f"{display_url(store)}: revision {rev}; this graphdeck: {migrate.head_revision()}")
@@ -459,12 +462,12 @@ def db_current(store: str) -> None:
 @click.argument("store", default=DEFAULT_STORE, envvar="GRAPHDECK_STORE")
 @click.option("--revision", default="head", show_default=True, help="Alembic revision to migrate to.")
 def db_upgrade(store: str, revision: str) -> None:
-    """Migrate STORE (SQLite file or PostgreSQL URL) to REVISION, keeping its data."""
+    """Migrate STORE (SQLite file or PostgreSQL URL) to REVISION keeping its data; an empty one is created."""
     from graphdeck.store import migrate
     from graphdeck.store.db import display_url, open_engine
 
     try:
-        engine = open_engine(_store_arg(store), create=False) if revision == "head" else None
+        engine = open_engine(_store_arg(store)) if revision == "head" else None  # an empty store is created
         if engine is None:
             from sqlalchemy import create_engine
 
