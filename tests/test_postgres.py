@@ -129,3 +129,13 @@ def test_torch_trace_import_and_gradient_check(store_url):
     assert bad == [(r, f, "NO_GRAD") for r in (0, 1) for f in ("blk2.bias", "blk2.weight")], bad
     assert rep.summary["OK"] == 16, rep.summary
     engine.dispose()
+
+
+def test_unreachable_server_is_a_store_error_without_the_password():
+    pytest.importorskip("psycopg")
+    from graphdeck.errors import StoreError
+
+    with pytest.raises(StoreError) as info:
+        open_engine("postgresql://alice:s3cret-pw@127.0.0.1:1/graphdeck")
+    msg = info.value.message
+    assert "127.0.0.1" in msg and "s3cret-pw" not in msg and "***" in msg, f"names the server, hides the password: {msg}"
