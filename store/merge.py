@@ -244,6 +244,11 @@ class _Merge:
         fks = {fk.parent.name: fk.column.table.name for fk in table.foreign_keys}
         keep_ids = table.name in self.referenced
         unique = _unique_columns(table)
+        may_clash = any(fk_cols and all(self.reused_ids[fks[c]] for c in fk_cols)
+                        for fk_cols in ([c for c in cols if c in fks] for cols in unique))
+        if (self.dst.dialect.name == "sqlite" and not keep_ids and not may_clash
+                and table.name != "compile_events" and table.name not in fks.values()):
+            return self._raw_table(table, fks)
         deferred: list[tuple[int, str, int]] = []  # (source id, column, source parent id)
         cols = [c.name for c in table.columns]
         result = self.src.execute(select(table).order_by(table.c.id))
@@ -287,6 +292,34 @@ class _Merge:
             elif sid in mapping:
                 raise BadInputError(f"bundle row {table.name}.id={sid} points at {table.name}.id={old}, "
                                     "which the bundle does not hold")
+
+    def _raw_table(self, table: Table, fks: dict[str, str]) -> None:
+        """SQLite to SQLite, a table nothing points at and whose rows cannot clash: the stored
+        values are copied as they are (no type round trip), foreign keys rewritten by position.
+        ~2x faster than the typed path on the bulk tables (nodes, edges, trace events)."""
+        cols = [c.name for c in table.columns if c.name != "id"]
+        quoted = ", ".join(f'"{c}"' for c in cols)
+        remap = [(i, self.ids[fks[c]], c) for i, c in enumerate(cols) if c in fks]
+        insert = f'INSERT INTO "{table.name}" ({quoted}) VALUES ({", ".join("?" * len(cols))})'
+        result = self.src.exec_driver_sql(f'SELECT id, {quoted} FROM "{table.name}" ORDER BY id')
+        n = 0
+        while batch := result.fetchmany(BATCH_ROWS):
+            rows = []
+            for row in batch:
+                values = list(row[1:])
+                for i, mapping, col in remap:
+                    old = values[i]
+                    if old is not None:
+                        try:
+                            values[i] = mapping[old]
+                        except (KeyError, TypeError):
+                            raise BadInputError(f"bundle row {table.name}.id={row[0]} points at {fks[col]}.id={old}, "
+                                                "which the bundle does not hold") from None
+                rows.append(tuple(values))
+            self.dst.exec_driver_sql(insert, rows)
+            n += len(rows)
+        if n:
+            self.rows[table.name] = self.rows.get(table.name, 0) + n
 
     def _drop_existing(self, table, unique, fks, rows, src_ids):
         """Rows whose unique key already exists in the target are reused, not inserted."""
