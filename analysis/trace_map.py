@@ -8,9 +8,7 @@ wrapper calls them. Each table is kept by the agent as a ``compile_events`` row
 (``graphdeck_kernel_post_grad_nodes``, else the ``cppCodeToPost`` of
 ``inductor_provenance_tracking_node_mappings``). A table belongs to the AOT graph (forward,
 backward or inference) of the same ``compile_id`` whose node names cover most of its nodes;
-tables repeated by later compiles are skipped. Kernels the tables lack (the foreach/combo kernels
-of a compiled optimizer) come from the comments of Inductor's output code
-(``graphdeck_kernel_source_nodes``, row source ``inductor_provenance_v2_comment``). One ``kernel_nodes`` row is written per (call,
+tables repeated by later compiles are skipped. One ``kernel_nodes`` row is written per (call,
 node), with ``call_index`` = the handle. ``kernel_name`` is the name the profiler shows for the
 call: the Triton/C++ kernel's own name, or ``aten::<op>`` for an extern call
 (``extern_kernels.mm`` → ``aten::mm``, ``torch.ops.aten.X.default`` → ``aten::X``).
@@ -47,9 +45,6 @@ from graphdeck.store.schema import CompileEvent, Graph, InternedString, KernelNo
 
 AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
 TABLE_EVENTS = ("graphdeck_kernel_post_grad_nodes", "inductor_provenance_tracking_node_mappings")
-#: Kernel -> node tables read from the output code's comments (capture/provenance.py, NOTE:
-#: [Kernel source nodes from the output code]): used for kernels the tables above lack.
-SOURCE_NODES_EVENT = "graphdeck_kernel_source_nodes"
 WRAPPER_PREFIX = "## Call CompiledFxGraph"
 _REGION = re.compile(r"^Torch-Compiled Region: (\S+)")
 
@@ -77,7 +72,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     with Session(engine) as s:
         events = s.execute(
             select(CompileEvent.rank, CompileEvent.compile_id, CompileEvent.name, CompileEvent.payload)
-            .where(CompileEvent.run_id == run_id, CompileEvent.name.in_((*TABLE_EVENTS, SOURCE_NODES_EVENT)))
+            .where(CompileEvent.run_id == run_id, CompileEvent.name.in_(TABLE_EVENTS))
             .order_by(CompileEvent.id)
         ).all()
         graphs = s.execute(
@@ -97,16 +92,11 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     by_key: dict[tuple[int, str | None], list[dict[str, list[str]]]] = defaultdict(list)
     have_snapshot = {(r, c) for r, c, n, _ in events if n == TABLE_EVENTS[0]}
     post_to_pre: dict[tuple[int, str | None], dict[str, list[str]]] = defaultdict(dict)
-    from_comments: dict[tuple[int, str | None], list[dict[str, list[str]]]] = defaultdict(list)
     for rank, cid, name, payload in events:
         try:
             data = json.loads(payload or "{}")
         except ValueError:
             stats["tables_unreadable"] += 1
-            continue
-        if name == SOURCE_NODES_EVENT:
-            if isinstance(data, dict) and data:
-                from_comments[(rank, cid)].append(data)
             continue
         if name == TABLE_EVENTS[1]:
             post_to_pre[(rank, cid)].update(data.get("postToPre") or {})
@@ -115,21 +105,6 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             data = data.get("cppCodeToPost") or {}
         if isinstance(data, dict) and data:
             by_key[(rank, cid)].append(data)
-    # Kernels the provenance tables lack, from the output code's comments: merged into the last
-    # table of the same compile (or a table of their own), and marked by their row source.
-    comment_keys: set[str] = set()
-    for key, tables in from_comments.items():
-        covered = {k.rpartition(":")[0] or k for t in by_key.get(key, []) for k in t}
-        for table in tables:
-            extra = {k: v for k, v in table.items() if (k.rpartition(":")[0] or k) not in covered}
-            if not extra:
-                continue
-            stats["calls_from_comments"] += len(extra)
-            comment_keys.update(extra)
-            if by_key.get(key):
-                by_key[key][-1] = {**by_key[key][-1], **extra}
-            else:
-                by_key[key].append(extra)
     seen: set[tuple[str, tuple[str, ...]]] = set()
     rows: list[dict] = []
     for (rank, cid), tables in by_key.items():
@@ -156,7 +131,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
                 stats["calls"] += 1
                 name = trace_call_name(base)
                 for node in nodes:
-                    source = "inductor_provenance_v2_comment" if key in comment_keys else "inductor_provenance_v2"
+                    source = "inductor_provenance_v2"
                     pre = post_to_pre[(rank, cid)].get(node) or []
                     if node not in known:
                         stats["nodes_not_in_graph"] += 1

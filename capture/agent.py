@@ -44,8 +44,7 @@ log = logging.getLogger("graphdeck.capture")
 KEPT_COMPILE_EVENTS = {"compilation_metrics", "dynamo_graph_break_reason", "recompile_reasons",
                        "dynamo_start", "optimize_ddp_split_graph",
                        "inductor_provenance_tracking_node_mappings",
-                       "inductor_provenance_tracking_kernel_stack_traces",
-                       "inductor_output_code"}  # read for its kernel comments, not stored
+                       "inductor_provenance_tracking_kernel_stack_traces"}
 PAYLOAD_LIMIT_CHARS = 200_000
 #: Records kept whole: kernel -> node links are read from them (graphdeck.analysis.trace_map).
 UNCUT_PAYLOADS = ("inductor_provenance_tracking_node_mappings",)
@@ -81,18 +80,6 @@ class _CompileEventHandler(logging.Handler):
         if "frame_id" in meta:
             cid = f"{meta.get('frame_id')}/{meta.get('frame_compile_id')}"
         payload = getattr(record, "payload", None)
-        if name == "inductor_output_code":  # NOTE: [Kernel source nodes from the output code]
-            if isinstance(payload, str):
-                import json as _json
-
-                from graphdeck.capture.provenance import kernel_source_nodes
-
-                table = kernel_source_nodes(payload)
-                if table:
-                    self.sink.append({"name": "graphdeck_kernel_source_nodes", "compile_id": cid,
-                                      "metadata": {k: v for k, v in meta.items() if k != name},
-                                      "payload": _json.dumps(table)})
-            return
         if name == "inductor_provenance_tracking_kernel_stack_traces":  # + the kernel -> node table
             from graphdeck.capture.provenance import kernel_post_grad_nodes
 

@@ -15,8 +15,6 @@ The agent's structured-log handler keeps those artifacts as ``compile_events`` r
 
 from __future__ import annotations
 
-import re
-
 
 def enable_provenance() -> bool:
     """Turn Inductor's provenance tracking on (level 1) unless the user set a level already.
@@ -60,50 +58,3 @@ def kernel_post_grad_nodes() -> str | None:
         return json.dumps({str(k): [str(n) for n in v] for k, v in table.items() if isinstance(v, list)})
     except Exception:  # noqa: BLE001 - capture never breaks training
         return None
-
-
-# NOTE: [Kernel source nodes from the output code]
-# Inductor's provenance table misses some kernels: the foreach/combo kernels of a compiled
-# optimizer step (``triton_for_fused_N``, the fused AdamW update: ~2-3% of a GPT-2 step's GPU
-# time on an H200) appear in it only for their first few calls. The generated wrapper module
-# (the ``inductor_output_code`` record) comments every Triton kernel it defines with the AOT
-# graph nodes it computes ("# Topologically Sorted Source Nodes: [a, b], Original ATen: [...]",
-# written by ``torch/_inductor/utils.py:get_kernel_metadata``; "Unsorted" when the nodes span
-# graphs), and its ``call`` function launches them as ``name.run(...)``. Reading both gives a
-# table in the provenance format ("name:k" -> nodes, k = launch order) for every such kernel;
-# the store keeps that (a few KB), not the code. C++ kernels carry no such comment.
-_SOURCE_NODES = re.compile(r"^#\s*(?:Topologically Sorted|Unsorted) Source Nodes: \[(.*)\], Original ATen:")
-_KERNEL_DEF = re.compile(r"^(\w+)\s*=\s*async_compile\.\w+\(")
-_KERNEL_RUN = re.compile(r"\b(\w+)\.run\(")
-
-
-def kernel_source_nodes(code: str) -> dict[str, list[str]]:
-    """``{"kernel:k": [AOT graph node names]}`` for each launch of a commented Triton kernel in
-    Inductor's generated wrapper ``code`` (k counts launches in code order, from 0).
-
-    >>> kernel_source_nodes('''
-    ... # Topologically Sorted Source Nodes: [add, relu], Original ATen: [aten.add, aten.relu]
-    ... triton_poi_fused_add_relu_0 = async_compile.triton('triton_poi_fused_add_relu_0', \\'\\'\\'
-    ... \\'\\'\\')
-    ... def call(args):
-    ...     triton_poi_fused_add_relu_0.run(buf0, arg0_1, 16, stream=stream0)
-    ... ''')
-    {'triton_poi_fused_add_relu_0:0': ['add', 'relu']}
-    """
-    nodes_of: dict[str, list[str]] = {}
-    pending: list[str] | None = None
-    calls: list[str] = []
-    for line in code.splitlines():
-        m = _SOURCE_NODES.match(line)
-        if m:
-            pending = [n.strip() for n in m.group(1).split(",") if n.strip()]
-            continue
-        m = _KERNEL_DEF.match(line)
-        if m:
-            if pending:
-                nodes_of[m.group(1)] = pending
-            pending = None
-            continue
-        if line.startswith((" ", "\t")) and ".run(" in line:
-            calls.extend(name for name in _KERNEL_RUN.findall(line) if name in nodes_of)
-    return {f"{name}:{k}": nodes_of[name] for k, name in enumerate(calls)}
