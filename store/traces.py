@@ -5,13 +5,15 @@ handling, the token stream, top-level metadata and the µs → ns units. This mo
 rank and writes the events ``batch_size`` at a time, one transaction per batch, so memory stays
 flat as the file grows; then it finalises the trace, or deletes it when the ingest fails.
 
-Three readings, tried in order on a seekable input (a file, an upload's spool): the fast path
-(events built by ijson's C parser; NOTE: [Fast path] in
-:mod:`graphdeck.store.trace_json`); on any surprise the token path (events built from ijson
-tokens, the reading that classifies truncation and garbage); on a lexical error there, the
+Four readings, tried in order on a seekable input (a file, an upload's spool), each giving the
+same rows or giving up: the chunked path (events parsed by orjson a chunk at a time; NOTE:
+[Chunked orjson reading] in :mod:`graphdeck.store.trace_fast`); the fast path (events built by
+ijson's C parser; NOTE: [Fast path] there); on any surprise the token path (events built from
+ijson tokens, the reading that classifies truncation and garbage); on a lexical error there, the
 repair path (broken strings repaired and counted: ``stats["repaired_*"]``, NOTE: [String
-repair]). An unseekable stream takes the token path only. ``stats["repair_mode"]`` says whether
-the repairer ran.
+repair] in :mod:`graphdeck.store.trace_json`). An unseekable stream takes the token path only.
+``stats["repair_mode"]`` says whether the repairer ran. A reading that gives up part-way has its
+rows deleted before the next one starts.
 
 What is kept:
 
@@ -44,20 +46,32 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import ijson
-from sqlalchemy import delete, insert, select, update
+import orjson
+from sqlalchemy import delete, update
 from sqlalchemy.engine import Engine
 
 from graphdeck.errors import BadInputError, TruncatedInputError
-from graphdeck.store.db import Interner, get_or_create_rank, get_or_create_run, retrying, write_session
-from graphdeck.store.schema import InternedString, Run, Trace, TraceEvent
+from graphdeck.store.db import get_or_create_rank, get_or_create_run, retrying, write_session
+from graphdeck.store.schema import Run, Trace, TraceEvent
+from graphdeck.store.trace_fast import (
+    FLOAT_EXACT_US,
+    Chunk,
+    Inexact,
+    NotFast,
+    chunked_events,
+    fast_events,
+    peek_base_time,
+)
 from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported under their old home)
     ARG_VALUE_MAX_CHARS,
     ARGS_MAX_CHARS,
@@ -65,19 +79,18 @@ from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported unde
     INT64_MIN,
     META_MAX_TOKENS,
     READ_SIZE,
-    NotFast,
     Reader,
     RepairingReader,
     Scan,
+    _json_default,
     as_int64,
     dump_args,
     dumps,
-    fast_events,
     lane_id,
-    peek_base_time,
     scan_events,
     to_ns,
 )
+from graphdeck.store.trace_write import EventWriter
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +99,9 @@ STORED_PH = frozenset({"X", "i", "I"})
 #: At most this many process / thread names are kept from ``M`` events.
 MAX_LANE_NAMES = 10_000
 _RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_]?(\d+)", re.IGNORECASE)
-_EVENT_COLUMNS = ("trace_id", "ph", "name_id", "cat_id", "ts_ns", "dur_ns", "pid", "tid", "correlation", "args_json")
-_PLACEHOLDERS = {"qmark": lambda i: "?", "format": lambda i: "%s", "pyformat": lambda i: "%s",
-                 "numeric": lambda i: f":{i + 1}"}
+_NO_MIN, _NO_MAX = INT64_MAX + 1, INT64_MIN - 1  # min/max of no event yet
+_FIELD_NAMES = ("ts", "dur", "name", "cat", "pid", "tid", "args")
+_FIELDS = operator.itemgetter(*_FIELD_NAMES)
 
 # NOTE: [Trace time base]
 # Kineto writes ``ts`` in µs on its own clock and, since 2023, ``baseTimeNanoseconds`` with
@@ -175,20 +188,23 @@ class _NeedsSlowPath(Exception):
 
 
 def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progress) -> IngestResult:
-    """Fast path first; on a lexical error in a seekable input, once more in repair mode
-    (NOTE: [String repair] in :mod:`graphdeck.store.trace_json`)."""
+    """Chunked path, then fast path; on a lexical error in a seekable input, once more in repair
+    mode (NOTE: [String repair] in :mod:`graphdeck.store.trace_json`)."""
     try:
         start = fh.tell() if fh.seekable() else None
     except (AttributeError, OSError):
         start = None
     try:
         if start is not None:
-            try:
-                ing = _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress, fast=True)
-                ing.peeked_base = peek_base_time(fh)
-                return ing.run(fh)
-            except _NeedsSlowPath:
-                fh.seek(start)
+            peeked = peek_base_time(fh)
+            for fast in ("orjson", "ijson"):
+                try:
+                    ing = _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress, fast=fast)
+                    ing.peeked_base = peeked
+                    return ing.run(fh)
+                except _NeedsSlowPath as exc:
+                    log.debug("%s: the %s reading gave up (%s)", name, fast, exc)
+                    fh.seek(start)
         return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress,
                        repair=False, can_repair=start is not None).run(fh)
     except _NeedsRepair:
@@ -217,46 +233,29 @@ def _rank_from(meta: dict, rank_arg: int | None, names: list[str | None]) -> tup
     return 0, "default", world
 
 
-# ---------------------------------------------------------------------------- interning
-
-
-class _BatchInterner(Interner):
-    """An :class:`Interner` for one batch transaction.
-
-    Its cache starts from the ids committed earlier in this ingest, and :meth:`prime` resolves a
-    batch's new strings in bulk (one ``SELECT ... IN`` and one multi-row ``INSERT ... RETURNING``
-    per 500 strings) instead of a round trip each. ``new_ids`` join the ingest's cache only once
-    the batch has committed, so a rolled-back batch leaves no stale id behind.
-    """
-
-    def __init__(self, session, committed: dict[str, int]):
-        super().__init__(session)
-        self._ids = dict(committed)
-        self.new_ids: dict[str, int] = {}
-
-    def prime(self, values) -> None:
-        missing = [v for v in dict.fromkeys(values) if v is not None and v not in self._ids]
-        for i in range(0, len(missing), 500):
-            chunk = missing[i : i + 500]
-            rows = self.session.execute(
-                select(InternedString.value, InternedString.id).where(InternedString.value.in_(chunk))
-            )
-            found = dict(rows.all())
-            new = [v for v in chunk if v not in found]
-            if new:
-                stmt = insert(InternedString).returning(InternedString.value, InternedString.id)
-                found.update(dict(self.session.execute(stmt, [{"value": v} for v in new]).all()))
-            self.new_ids.update(found)
-            self._ids.update(found)
-
-
 # ---------------------------------------------------------------------------- the ingest
+
+
+def _check_floats(obj: dict, chunk: Chunk) -> None:
+    """Make this orjson-read event read by :meth:`_Ingest._event` as its decimal text would be
+    (NOTE: [Chunked orjson reading]): a ``ts`` / ``dur`` whose float :func:`to_ns` would round
+    differently becomes the exact ``Decimal``; :class:`Inexact` where that cannot be known."""
+    for key in ("ts", "dur"):
+        value = obj.get(key)
+        if type(value) is float:
+            n = chunk.ns(value)
+            if n != round(value * 1000):
+                obj[key] = Decimal(n).scaleb(-3)
+    for key in ("pid", "tid", "name", "cat"):
+        if type(obj.get(key)) is float:
+            raise Inexact(f"{key} {obj.get(key)!r}")
+
 
 
 class _Ingest:
     def __init__(self, engine, run_name, rank_arg, name, file_name, strict, batch_size, progress=None,
-                 repair=False, can_repair=False, fast=False):
-        self.fast = fast
+                 repair=False, can_repair=False, fast=None):
+        self.fast = fast  # None (tokens), "ijson" or "orjson"
         self.progress = progress
         self.repair = repair
         self.can_repair = can_repair
@@ -269,8 +268,12 @@ class _Ingest:
         self.batch_size = batch_size
         self.trace_id: int | None = None
         self.run_id: int | None = None
-        self.batch: list[tuple] = []
-        self.string_ids: dict[str, int] = {}
+        self.batch: list[tuple] = []  # rows, see graphdeck.store.trace_write
+        self.new_strings: set[str] = set()  # names and categories of this batch not yet interned
+        self.unresolved: list[int] = []  # rows of this batch that hold one of them
+        self.string_ids: dict[str, int] = {}  # interned by earlier batches
+        self.lane_ids: dict[int | str, str] = {}  # pid / tid → lane_id()
+        self.writer: EventWriter | None = None
         self.by_ph: Counter = Counter()
         self.skips: Counter = Counter()
         self.counts: Counter = Counter()
@@ -283,19 +286,11 @@ class _Ingest:
         self.max_end: int | None = None
         self.lanes: dict[str, dict[str, str]] = {"process_names": {}, "process_labels": {}, "thread_names": {}}
         self.st = Scan()
-        # NOTE: [Driver-level insert] Rows go to the DBAPI's executemany as tuples: SQLAlchemy's
-        # per-row parameter processing cost more than SQLite's insert itself (3.2 s vs 1.4 s for
-        # 200k events). A driver with named parameters takes the Core insert instead.
-        mark = _PLACEHOLDERS.get(engine.dialect.paramstyle)
-        self.insert_sql = mark and (
-            f"INSERT INTO {TraceEvent.__tablename__} ({', '.join(_EVENT_COLUMNS)}) "
-            f"VALUES ({', '.join(mark(i) for i in range(len(_EVENT_COLUMNS)))})"
-        )
 
     # -- main loop
 
     def run(self, raw: BinaryIO) -> IngestResult:
-        reader = self.reader = Reader(raw)
+        reader = self.reader = Reader(raw, fast_inflate=self.fast is not None)
         if self.repair:
             reader = self.repairer = RepairingReader(reader)
         cut: str | None = None
@@ -319,6 +314,18 @@ class _Ingest:
 
     def _consume(self, reader: Reader) -> str | None:
         """Parse and write every batch; returns why the input was cut short, or None."""
+        if self.fast == "orjson":
+            try:
+                for chunk in chunked_events(reader, self.st):
+                    self._chunk(chunk)
+                    if len(self.batch) >= self.batch_size:
+                        self._flush()
+                        if self.progress is not None:
+                            self.progress(self.reader.file_bytes)
+            except NotFast as exc:
+                raise _NeedsSlowPath(str(exc)) from exc
+            self._flush()
+            return None
         if self.fast:
             try:
                 for obj in fast_events(reader, self.st):
@@ -430,11 +437,8 @@ class _Ingest:
                     dur_ns = to_ns(dur)
                 except ValueError:
                     return self._skip("skipped_bad_dur", index, f"has a non-numeric 'dur' {str(dur)[:40]!r}")
-        if self.stored == 0 and self.base_inline is None:
-            base = as_int64(self.st.meta.get("baseTimeNanoseconds"))
-            if base is None and self.peeked_base:
-                base, self.base_from_peek = self.peeked_base, True
-            self.base_inline = base or 0
+        if self.base_inline is None:
+            self._init_base()
         ts_ns += self.base_inline
         end_ns = ts_ns + dur_ns
         if not (INT64_MIN <= ts_ns <= INT64_MAX and INT64_MIN <= end_ns <= INT64_MAX):
@@ -467,8 +471,155 @@ class _Ingest:
         if self.max_end is None or end_ns > self.max_end:
             self.max_end = end_ns
         self.stored += 1
-        self.batch.append((ph, name, cat, ts_ns, dur_ns, lane_id(obj.get("pid")), lane_id(obj.get("tid")), corr, args_json))
+        name_id = self.string_ids.get(name)
+        cat_id = None if cat is None else self.string_ids.get(cat)
+        if name_id is None or (cat_id is None and cat is not None):
+            self.unresolved.append(len(self.batch))
+            if name_id is None:
+                name_id = name
+                self.new_strings.add(name)
+            if cat_id is None and cat is not None:
+                cat_id = cat
+                self.new_strings.add(cat)
+        self.batch.append((ph, name_id, cat_id, ts_ns, dur_ns, lane_id(obj.get("pid")), lane_id(obj.get("tid")), corr, args_json))
         return None
+
+    def _chunk(self, chunk: Chunk) -> None:
+        """Every event of one parsed chunk (NOTE: [Chunked orjson reading]), exactly as
+        :meth:`_event` would take it: the common shape (a stored event with numeric ``ts`` /
+        ``dur``, string name and category, object args) inline, anything else through
+        :meth:`_event`, after checking that orjson's floats read like the exact decimals."""
+        ids_get, new_strings, lanes, unresolved = self.string_ids.get, self.new_strings, self.lane_ids, self.unresolved
+        batch, by_ph, counts = self.batch, self.by_ph, self.counts
+        append = batch.append
+        base, lim, odumps, st = self.base_inline, FLOAT_EXACT_US, orjson.dumps, self.st
+        events, long_ints, ns = chunk.events, chunk.long_ints, chunk.ns
+        n, stored = self.events_total, self.stored
+        lo = _NO_MIN if self.min_ts is None else self.min_ts
+        hi = _NO_MAX if self.max_end is None else self.max_end
+        n_x = n_i = n_cap_i = 0
+        for obj in events:
+            try:
+                ph = obj["ph"]
+            except (KeyError, TypeError):
+                ph = None
+            if ph != "X" and ph != "i" and ph != "I":
+                if type(ph) is str and ph != "M":  # flows, counters, ...: only counted
+                    by_ph[ph] += 1
+                    n += 1
+                    continue
+            else:
+                try:  # one C call for the usual fields; the absent ones are None, as with .get
+                    ts, dur, name, cat, pid, tid, args = _FIELDS(obj)
+                except KeyError:
+                    ts, dur, name, cat, pid, tid, args = map(obj.get, _FIELD_NAMES)
+                kind = type(ts)
+                if kind is float:
+                    t = round(ts * 1000)
+                    if t / 1000 != ts or not -lim < ts < lim:
+                        t = ns(ts)
+                elif kind is int:
+                    t = ts * 1000
+                else:
+                    t = None
+                d = 0
+                if ph == "X":
+                    kind = type(dur)
+                    if kind is float:
+                        d = round(dur * 1000)
+                        if d / 1000 != dur or not -lim < dur < lim:
+                            d = ns(dur)
+                    elif kind is int:
+                        d = dur * 1000
+                    else:
+                        t = None
+                if t is not None and base is not None and type(name) is str and (cat is None or type(cat) is str) \
+                        and (args is None or type(args) is dict):
+                    t += base
+                    e = t + d
+                    if INT64_MIN <= t <= INT64_MAX and INT64_MIN <= e <= INT64_MAX:
+                        kind = type(pid)
+                        p = lanes.get(pid) if kind is int or kind is str else None
+                        if p is None:
+                            if kind is float:
+                                raise Inexact(f"pid {pid!r}")
+                            p = lane_id(pid)
+                            if kind is int or kind is str:
+                                lanes[pid] = p
+                        kind = type(tid)
+                        q = lanes.get(tid) if kind is int or kind is str else None
+                        if q is None:
+                            if kind is float:
+                                raise Inexact(f"tid {tid!r}")
+                            q = lane_id(tid)
+                            if kind is int or kind is str:
+                                lanes[tid] = q
+                        corr = args_json = None
+                        if args is not None:
+                            if long_ints:  # integers past int64 as text, as the exact readers keep them
+                                for k, v in args.items():
+                                    if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+                                        args[k] = str(v)
+                                        st.big_ints += 1
+                            c = args.get("correlation")
+                            if c is None:
+                                c = args.get("External id", args.get("external id"))
+                            if c is not None:
+                                corr = c if type(c) is int and INT64_MIN <= c <= INT64_MAX else as_int64(c)
+                            try:
+                                raw = odumps(args, default=_json_default)
+                            except TypeError:
+                                raw = None
+                            if raw is not None and len(raw) <= ARGS_MAX_CHARS:
+                                args_json = raw.decode()
+                            else:
+                                args_json, cut = dump_args(args)
+                                counts["args_truncated"] += cut
+                        name_id = ids_get(name)
+                        cat_id = None if cat is None else ids_get(cat)
+                        if name_id is None or (cat_id is None and cat is not None):
+                            unresolved.append(len(batch))
+                            if name_id is None:
+                                name_id = name
+                                new_strings.add(name)
+                            if cat_id is None and cat is not None:
+                                cat_id = cat
+                                new_strings.add(cat)
+                        append((ph, name_id, cat_id, t, d, p, q, corr, args_json))
+                        if t < lo:
+                            lo = t
+                        if e > hi:
+                            hi = e
+                        stored += 1
+                        n += 1
+                        if ph == "X":
+                            n_x += 1
+                        elif ph == "i":
+                            n_i += 1
+                        else:
+                            n_cap_i += 1
+                        continue
+            # anything else: the general path, with the counters handed over and back
+            if not long_ints and type(obj) is dict:
+                _check_floats(obj, chunk)
+            self.events_total, self.stored = n, stored
+            self.min_ts, self.max_end = (None if lo == _NO_MIN else lo), (None if hi == _NO_MAX else hi)
+            self._event(obj)
+            n, stored, base = self.events_total, self.stored, self.base_inline
+            lo = _NO_MIN if self.min_ts is None else self.min_ts
+            hi = _NO_MAX if self.max_end is None else self.max_end
+        self.events_total, self.stored = n, stored
+        self.min_ts, self.max_end = (None if lo == _NO_MIN else lo), (None if hi == _NO_MAX else hi)
+        for ph, k in (("X", n_x), ("i", n_i), ("I", n_cap_i)):
+            if k:
+                by_ph[ph] += k
+
+    def _init_base(self) -> None:
+        """The base added to every ``ts_ns`` as rows are built (NOTE: [Trace time base])."""
+        base = as_int64(self.st.meta.get("baseTimeNanoseconds"))
+        if base is None and self.peeked_base:
+            base, self.base_from_peek = self.peeked_base, True
+        self.base_inline = base or 0
 
     def _metadata_event(self, obj: dict) -> None:
         args = obj.get("args")
@@ -507,25 +658,10 @@ class _Ingest:
         if not self.batch:
             return
         self._ensure_trace()
-        rows, trace_id = self.batch, self.trace_id
-        self._write(rows, trace_id)
-        self.batch = []
-
-    def _write(self, rows: list[tuple], trace_id: int) -> None:
-        def write():
-            with write_session(self.engine) as s:
-                interner = _BatchInterner(s, self.string_ids)
-                interner.prime([r[1] for r in rows] + [r[2] for r in rows])
-                ids = interner._ids
-                params = [(trace_id, ph, ids[name], ids.get(cat), ts, dur, pid, tid, corr, args)
-                          for ph, name, cat, ts, dur, pid, tid, corr, args in rows]
-                if self.insert_sql:
-                    s.connection().exec_driver_sql(self.insert_sql, params)
-                else:
-                    s.execute(TraceEvent.__table__.insert(), [dict(zip(_EVENT_COLUMNS, p)) for p in params])
-            return interner.new_ids
-
-        self.string_ids.update(retrying(write))
+        if self.writer is None:
+            self.writer = EventWriter(self.engine, self.trace_id, self.string_ids)
+        self.writer.write(self.batch, self.new_strings, self.unresolved)
+        self.batch, self.new_strings, self.unresolved = [], set(), []
 
     def _stats(self, truncated: bool, rank_source: str) -> dict[str, Any]:
         stats: dict[str, Any] = {
