@@ -64,3 +64,30 @@ def test_gradient_report_on_fsdp2(store):
         head = by[(rank, "head.weight")]
         assert head.status == "NOT_IN_GRAPH" and "fell back to eager" in head.reason, head.reason
     assert any("ran eagerly" in n for n in report.notes), report.notes
+
+
+def test_h200_fsdp2_inductor_store(tmp_path):
+    """The shipped H200 run (tests/data/fsdp2_h200): GPT-2 small, FSDP2 + Inductor, world size 1."""
+    import gzip
+    import shutil
+
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.trace_map import map_trace
+
+    path = tmp_path / "fsdp2.db"
+    with gzip.open(REPO / "tests" / "data" / "fsdp2_h200" / "fsdp2.db.gz") as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    report = validate_backward(path, "fsdp2")
+    by = {r.fqn: r for r in report.rows}
+    blocks = [r for r in report.rows if r.fqn.startswith("transformer.h.")]
+    assert len(blocks) == 12 * 12 and all(r.status == "OK" for r in blocks)
+    eager = [r.fqn for r in report.rows if r.status == "NOT_IN_GRAPH"]
+    assert sorted(eager) == ["transformer.ln_f.bias", "transformer.ln_f.weight", "transformer.wpe.weight"]
+    assert all("fell back to eager" in by[f].reason for f in eager)
+    engine = open_engine(path)
+    with Session(engine) as s:
+        trace_id = s.connection().exec_driver_sql("SELECT id FROM traces").scalar()
+        m = map_trace(s, trace_id)
+    assert m.mapped_ns / m.kernel_ns > 0.93, m.mapped_ns / m.kernel_ns
+    engine.dispose()
