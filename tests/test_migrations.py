@@ -144,3 +144,19 @@ def test_cli_db_upgrade(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"revision {migrate.head_revision()}" in proc.stdout, proc.stdout
+
+
+def test_pre_alembic_store_without_call_index_is_migrated(tmp_path):
+    """A version-1 store from before Alembic *and* before kernel_nodes.call_index: a reader is told
+    to migrate it; a writer adopts it at 0001 and upgrades, keeping the kernel link."""
+    url = str(tmp_path / "v1.db")
+    _seed_v1(url)
+    engine = _raw(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE alembic_version"))
+    engine.dispose()
+    with pytest.raises(SchemaVersionError, match="older"):
+        open_engine(url, read_only=True)
+    open_engine(url).dispose()
+    with Session(open_engine(url, read_only=True)) as s:
+        assert s.scalars(select(KernelNode.kernel_name)).all() == ["triton_mm_0"]
