@@ -124,6 +124,12 @@ def test_markup_in_names_is_escaped_in_svg_and_page(server, captured_store, tmp_
         ET.fromstring(svg)  # well-formed: every name was escaped
         assert "<script" not in svg and "<img" not in svg, f"raw markup in the SVG of graph {g['id']}"
         assert "&lt;script&gt;" in svg or "&lt;script" in svg, "the hostile names did reach the SVG, escaped"
+    # A user's regex filter cannot backtrack forever (RE2): with Python's re this pattern takes
+    # minutes per 30-character target; a backreference RE2 lacks is a 400 naming the syntax.
+    r = c.get(f"/api/graphs/{graphs[-1]['id']}/svg", params={"filter_by_op": "([a-z_<>]+)+!", "max_depth": 99})
+    assert r.status_code == 200, r.text[:300]
+    r = c.get(f"/api/graphs/{graphs[-1]['id']}/svg", params={"filter_by_op": r"(mm)\1"})
+    assert r.status_code == 400 and "RE2" in r.json()["error"], r.text[:300]
     page = browser.new_page()
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
