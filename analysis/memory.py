@@ -259,8 +259,8 @@ def _load(session: Session, graph_id: int) -> _Cols:
     # module paths) are looked up once per distinct id; ``desc``/``param_fqn`` only for
     # placeholders and the output node.
     dtype_case = " ".join(f"WHEN '{d}' THEN {k}" for k, d in enumerate(_DTYPE_CODES) if d)
-    packed_1 = (f"(CAST(COALESCE(target_id, -1) + 1 AS BIGINT) * 32 + (CASE WHEN dtype IS NULL THEN 0 {dtype_case} "
-                f"ELSE {_DTYPE_OTHER} END)) * 4 + (CASE op WHEN 'placeholder' THEN 1 WHEN 'output' THEN 2 "
+    packed_1 = (f"(CAST(COALESCE(target_id, -1) + 1 AS BIGINT) * 32 + (CASE WHEN dtype IS NULL THEN 0 ELSE CASE dtype {dtype_case} "
+                f"ELSE {_DTYPE_OTHER} END END)) * 4 + (CASE op WHEN 'placeholder' THEN 1 WHEN 'output' THEN 2 "
                 "WHEN 'call_function' THEN 3 WHEN 'call_method' THEN 3 ELSE 0 END)")
     packed_2 = (f"CAST(COALESCE(module_path_id, -1) + 1 AS BIGINT) * {_SEQ_LIMIT} + (CASE WHEN seq_nr >= 0 AND seq_nr < "
                 f"{_SEQ_LIMIT - 1} THEN seq_nr + 1 ELSE 0 END)")
@@ -684,6 +684,9 @@ class Estimate:
     saved_bytes_removed: int = 0
     recompute_nodes: int = 0
     note: str = ""
+    baseline_peak_node: str = ""
+    estimated_peak_node: str = ""
+    peak_phase: str = ""  # checkpoint: where the estimated peak is (forward / backward before or from the recompute)
 
     @property
     def saving_bytes(self) -> int:
@@ -694,27 +697,71 @@ class Estimate:
 
 
 def checkpoint_estimate(session: Session, forward_id: int, backward_id: int, module_path: str) -> Estimate:
-    """Activation checkpointing of ``module_path`` (a module path prefix, ``"transformer/h/0"``):
-    its saved activations are no longer held between forward and backward (inputs to the module
-    from outside it stay saved), and its forward nodes run again in the backward.
+    """Activation checkpointing of ``module_path`` (a module path prefix, ``"transformer/h/0"``),
+    as ``torch.utils.checkpoint`` under torch.compile does it: the partitioner recomputes every op
+    of the checkpointed region inside the backward graph.
+
+    The estimated step curve (same node order as :func:`step_memory`) differs from the baseline:
+
+    * no saved activation produced inside the module is held between forward and backward; each
+      lives until its last forward use;
+    * they are born again at the recompute point — the first backward use of any of them, which
+      is the *next* module's backward when it reads this module's output — and live until their
+      last backward use (kind ``recomputed``);
+    * inputs of the module produced outside it are held until the recompute point (checkpoint
+      keeps them to re-run the module).
+
+    The recomputation's never-saved intermediates are not added: they are freed as the recompute
+    goes, while the model already has every recomputed tensor born at once. The peak is searched
+    over the whole step again — where it is (forward end, the loss's backward, the recompute)
+    decides the saving, which can be much less than ``saved_bytes_removed``; ``peak_phase`` says
+    where. Checked against measured CPU runs: bench/RESULTS.md "Memory view".
 
     Raises:
         UsageError: no saved activation belongs to that module.
     """
+    fw_graph = _graph(session, forward_id)
     base = step_memory(session, forward_id, backward_id)
-    fw = _load(session, forward_id)
-    mods = fw.module_paths(_module_ids(session, _graph(session, forward_id), fw))
-    ops = fw.op.tolist()
-    inside = [i for i in range(fw.n) if ops[i] not in (_OP_PLACEHOLDER, _OP_OUTPUT) and _under(mods[i], module_path)]
-    drop = {s["name"] for s in base.saved if _under(s["module_path"], module_path)}
-    if not drop:
+    fw, bw = _load(session, forward_id), _load(session, backward_id)
+    mods_f = fw.module_paths(_module_ids(session, fw_graph, fw))
+    in_f = np.array([_under(m, module_path) for m in mods_f], dtype=bool)
+    calls_f = (fw.op != _OP_PLACEHOLDER) & (fw.op != _OP_OUTPUT)
+    inside = int((in_f & calls_f).sum())
+    candidates = {s["name"] for s in base.saved if _under(s["module_path"], module_path)}
+    if not candidates:
         raise UsageError(f"no saved activation of the forward graph belongs to module {module_path!r}; "
                          f"modules with saved activations: {', '.join(list(base.saved_bytes_by_module)[:12])}")
+    drop = candidates
     est = step_memory(session, forward_id, backward_id, drop_saved=drop)
+    tensors = est.tensors
+    recomputed = [t for t in tensors if t.kind == "recomputed"]
+    at = min((t.birth_idx for t in recomputed), default=None)
+    nf = fw.n
+    if at is not None:
+        live_f = _liveness(fw, mods_f, saved=_saved_positions(fw) or _saved_by_name(fw, bw))
+        # Inputs of the module made outside it: held until the recompute.
+        into = (fw.src >= 0) & in_f[fw.dst] & ~in_f[np.maximum(fw.src, 0)]
+        feeding = set(live_f.storage_of[fw.src[into]].tolist()) - {-1}
+        for k in feeding:
+            t = tensors[k]
+            if t.kind == "activation" and t.death_idx < at:
+                t.death_idx, t.freed_by = at, f"b:{bw.names[at - nf]}"
+    curve = _finish(est.graph_ids, est.nodes, est.modules, _Storages.from_tensors(tensors))
     removed = sum(s["size_bytes"] for s in base.saved if s["name"] in drop)
     return Estimate(what=f"checkpoint {module_path}", baseline_peak_bytes=base.peak_bytes,
-                    estimated_peak_bytes=est.peak_bytes, saved_bytes_removed=removed, recompute_nodes=len(inside),
-                    note=f"{len(drop)} saved activations recomputed in backward")
+                    estimated_peak_bytes=curve.peak_bytes, saved_bytes_removed=removed, recompute_nodes=inside,
+                    note=f"{len(drop)} saved activations recomputed in backward",
+                    baseline_peak_node=base.peak_node, estimated_peak_node=curve.peak_node,
+                    peak_phase=_phase(curve, nf, at))
+
+
+def _phase(curve: MemoryCurve, nf: int, recompute_at: int | None) -> str:
+    """Where the peak is: ``forward``, ``backward before the recompute`` or ``backward from the recompute``."""
+    if curve.peak_index < nf:
+        return "forward"
+    if recompute_at is None or curve.peak_index < recompute_at:
+        return "backward before the recompute"
+    return "backward from the recompute"
 
 
 def dtype_estimate(session: Session, forward_id: int, backward_id: int, dtype: str = "bfloat16") -> Estimate:

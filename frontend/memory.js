@@ -46,7 +46,10 @@ function whatIf(graphId) {
       const e = await api(`/api/graphs/${graphId}/memory/whatif?${q}`);
       out.replaceChildren(h("p", {}, badge(e.what, "tag"), ` peak ${fmtBytes(e.baseline_peak_bytes)} → `,
         h("strong", {}, fmtBytes(e.estimated_peak_bytes)), ` (saves ${fmtBytes(e.saving_bytes)})`,
-        e.note ? h("span", {class: "muted"}, ` — ${e.note}`) : null));
+        e.note ? h("span", {class: "muted"}, ` — ${e.note}`) : null),
+        e.peak_phase ? h("p", {class: "muted", "data-testid": "whatif-peak"},
+          `estimated peak at ${e.estimated_peak_node} (${e.peak_phase}); removed from the saved set: `
+          + fmtBytes(e.saved_bytes_removed)) : null);
     } catch (err) { out.replaceChildren(errorBox(err)); }
   };
   return h("div", {class: "whatif"}, h("h2", {}, "What if"),
