@@ -2,7 +2,8 @@
 
 ``tests/programs/store_writers.py`` forks 16 real processes that meet at a barrier and each run
 the capture agent's writer (rank registration, parameters, graphs with nodes and edges, compile
-records) into a store none of them created yet, so they also race to create the schema. Run on
+records) into a store none of them created yet, so they also race to create the schema; then each
+ingests a real Kineto trace (HTA's sampled rank-0 profile) as its own, all at once. Run on
 SQLite (one file, WAL, BEGIN IMMEDIATE + busy_timeout) and on PostgreSQL (concurrent writers;
 unique-key races on runs/ranks/strings re-run by ``retrying``).
 """
@@ -17,16 +18,28 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from graphdeck.store.db import open_engine
-from graphdeck.store.schema import CompileEvent, Edge, Graph, InternedString, Node, Param, Rank, Run
-from tests.conftest import REPO
+from graphdeck.store.schema import (
+    CompileEvent,
+    Edge,
+    Graph,
+    InternedString,
+    Node,
+    Param,
+    Rank,
+    Run,
+    Trace,
+    TraceEvent,
+)
+from tests.conftest import REPO, shared_path
 
 RANKS = 16
 GRAPHS = 6
 
 
 def test_sixteen_ranks_write_one_store_at_once(store_url):
+    trace = shared_path("data", "traces", "hta", "trace_filter", "sampled_rank-0.json.gz")
     proc = subprocess.run([sys.executable, str(REPO / "tests/programs/store_writers.py"), store_url,
-                           str(RANKS), str(GRAPHS)], capture_output=True, text=True, timeout=600)
+                           str(RANKS), str(GRAPHS), "--trace", str(trace)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["errors"] == [], "every rank finished without an error:\n" + "\n".join(report["errors"])
@@ -53,4 +66,11 @@ def test_sixteen_ranks_write_one_store_at_once(store_url):
         values = s.scalars(select(InternedString.value)).all()
         assert len(values) == len(set(values)), "each string interned once despite 16 concurrent writers"
         assert s.scalar(text("SELECT count(*) FROM alembic_version")) == 1, "the schema was created once"
+        # (the file says distributedInfo.rank 0, which wins over the rank argument: names tell them apart)
+        traces = s.execute(select(Trace.name, Trace.status, Trace.num_events)).all()
+        assert sorted((name.split("_")[0], st) for name, st, _ in traces) == sorted(
+            (f"rank{r}", "ok") for r in range(RANKS)), f"one complete trace per rank: {traces}"
+        per_trace = {n for _, _, n in traces}
+        assert len(per_trace) == 1 and per_trace.pop() > 0, f"every rank stored the whole trace: {traces}"
+        assert count(TraceEvent) == sum(n for _, _, n in traces), "every trace's events are stored, none twice"
     engine.dispose()

@@ -1,6 +1,6 @@
 """N rank processes writing one capture each into one store at the same moment (or one rank killed).
 
-Usage: ``python tests/programs/store_writers.py STORE N_RANKS N_GRAPHS [--hold-s S]``.
+Usage: ``python tests/programs/store_writers.py STORE N_RANKS N_GRAPHS [--trace FILE] [--hold-s S]``.
 
 The parent imports torch and traces a small module once, then forks ``N_RANKS`` real processes
 that meet at a barrier and each run the capture agent's writer (``StoreWriter``: rank
@@ -8,6 +8,9 @@ registration, parameters, one transaction per graph with its nodes and edges, co
 into ``STORE`` (a SQLite path or a PostgreSQL URL) that none of them has created yet. Prints one
 JSON line: ``{"exit_codes": [...], "errors": [...], "write_s": wall seconds from the common start
 to the last rank's exit, "nodes_per_graph": N, "edges_per_graph": M}``.
+
+``--trace FILE``: each rank then also ingests FILE (a Kineto trace) as its own trace, strictly,
+through the real ingest (``graphdeck.store.traces.ingest_trace``), all ranks at once.
 
 ``--hold-s S``: one rank only (in the foreground); its third graph transaction prints ``holding``
 and sleeps S seconds before it commits (a rank "mid-capture"), so a test can SIGKILL it inside.
@@ -45,7 +48,8 @@ def _record():
     return record_graph(gm)
 
 
-def rank_main(store: str, rank: int, world: int, n_graphs: int, barrier, errors, hold_s: float) -> None:
+def rank_main(store: str, rank: int, world: int, n_graphs: int, barrier, errors, hold_s: float,
+              trace: str | None = None) -> None:
     try:
         rec = _record()
         if barrier is not None:
@@ -62,6 +66,11 @@ def rank_main(store: str, rank: int, world: int, n_graphs: int, barrier, errors,
             writer.write_compile_events([{"name": "compilation_metrics", "compile_id": f"{i}/0",
                                           "metadata": {"rank": rank, "i": i}}])
             print(f"rank {rank} wrote graph {i}", flush=True)
+        if trace:
+            from graphdeck.store.traces import ingest_trace
+
+            ingest_trace(writer.engine, trace, run_name="writers", rank=rank, name=f"rank{rank}_{os.path.basename(trace)}",
+                         strict=True)
     except Exception:  # noqa: BLE001 - reported to the parent, which fails the run
         errors.append(f"rank {rank}: {traceback.format_exc()}")
         sys.exit(1)
@@ -87,6 +96,7 @@ def _hold_each_graph(writer: StoreWriter, hold_s: float) -> None:
 def main() -> None:
     store, n_ranks, n_graphs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     hold_s = float(sys.argv[sys.argv.index("--hold-s") + 1]) if "--hold-s" in sys.argv else 0.0
+    trace = sys.argv[sys.argv.index("--trace") + 1] if "--trace" in sys.argv else None
     rec = _record()
     if hold_s:
         rank_main(store, 0, 1, n_graphs, None, [], hold_s)
@@ -95,7 +105,7 @@ def main() -> None:
     manager = ctx.Manager()
     errors = manager.list()
     barrier = ctx.Barrier(n_ranks + 1)  # the parent too: it times from the common start
-    procs = [ctx.Process(target=rank_main, args=(store, r, n_ranks, n_graphs, barrier, errors, 0.0))
+    procs = [ctx.Process(target=rank_main, args=(store, r, n_ranks, n_graphs, barrier, errors, 0.0, trace))
              for r in range(n_ranks)]
     for p in procs:
         p.start()
