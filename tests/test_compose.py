@@ -155,3 +155,39 @@ def test_stack_without_docker_runs_the_demo_upload(tmp_path):
         httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5)
     if IN_CI:
         assert proc.returncode == 0, "".join(lines[-40:])
+
+
+def test_compose_server_service_runs_as_configured(pg_url, tmp_path):
+    """The server service's own command, environment and healthcheck from ``compose config``, run
+    here against a real PostgreSQL (``db:5432`` becomes the test server)."""
+    from sqlalchemy.engine import make_url
+
+    cfg = json.loads(compose("config", "--format", "json", env={"GRAPHDECK_TOKEN": "t0k"}).stdout)
+    server = cfg["services"]["server"]
+    port = free_port()
+    env = dict(os.environ, **server["environment"])
+    want = make_url(env["GRAPHDECK_STORE"])
+    assert (want.host, want.port, want.database) == ("db", 5432, "graphdeck"), want
+    env.update(GRAPHDECK_STORE=pg_url, GRAPHDECK_DATA_DIR=str(tmp_path / "uploads"))
+    command = [a if a != "8765" else str(port) for a in server["command"]]
+    assert command[0] == "graphdeck"
+    proc = subprocess.Popen([sys.executable, "-m", "graphdeck.cli", *command[1:]], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        from graphdeck.stack import wait_healthy
+
+        wait_healthy(f"http://127.0.0.1:{port}/api/health", timeout_s=60, proc=proc)
+        check = [a.replace(":8765/", f":{port}/") for a in server["healthcheck"]["test"][1:]]
+        assert check[0] == "python"
+        assert subprocess.run([sys.executable, *check[1:]], timeout=30).returncode == 0, "the healthcheck passes"
+        assert httpx.get(f"http://127.0.0.1:{port}/api/runs", timeout=30).json() == []
+        denied = httpx.post(f"http://127.0.0.1:{port}/api/uploads", json={}, timeout=30,
+                            headers={"Authorization": "Bearer wrong"})
+        assert denied.status_code in (401, 403), f"a wrong token cannot write: {denied.status_code}"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
