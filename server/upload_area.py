@@ -267,8 +267,9 @@ class UploadArea:
 
 # ---------------------------------------------------------------------------- gzip caps, nesting
 
-#: Refuse JSON whose brackets nest deeper than this (estimated; see :class:`DepthScan`).
-MAX_JSON_DEPTH = 1000
+#: Refuse JSON whose brackets nest deeper than this (see :class:`DepthScan`): Kineto traces nest
+#: a few levels; 990 levels in an event's args already overflow the stdlib JSON encoder's recursion.
+MAX_JSON_DEPTH = 500
 
 
 def _bracket_steps():

@@ -67,6 +67,9 @@ def test_malformed_nested_huge_and_non_utf8_bodies_get_4xx(server):
         "100k balanced [] in args": (c.post, "/api/runs/deep/traces",
                                      trace({**EVENT, "args": {"x": "PLACEHOLDER"}}).replace(
                                          b'"PLACEHOLDER"', b"[" * 100_000 + b"]" * 100_000), (400,)),
+        "990 balanced [] in args": (c.post, "/api/runs/deep/traces",
+                                    trace({**EVENT, "args": {"x": "PLACEHOLDER"}}).replace(
+                                        b'"PLACEHOLDER"', b"[" * 990 + b"]" * 990), (400,)),
         "gzip of 100k [": (c.post, "/api/runs/deep/traces", gzip.compress(b'{"traceEvents":' + b"[" * 100_000), (400,)),
         "cut JSON": (c.post, "/api/runs/cut/traces", trace(EVENT, EVENT)[:-15], (400,)),
         "not JSON": (c.post, "/api/runs/junk/traces", b"\x00\x01garbage" * 100, (400,)),
@@ -76,7 +79,7 @@ def test_malformed_nested_huge_and_non_utf8_bodies_get_4xx(server):
         r = send(url, content=body, headers={"Content-Type": "application/json"})
         assert r.status_code in statuses, f"{what}: {r.status_code} {r.text[:300]}"
         assert r.json()["ok"] is False and r.json()["status"] == r.status_code, what
-    assert "1000 levels" in c.post("/api/runs/deep/traces", content=cases["100k [ as a trace"][2]).json()["error"]
+    assert "500 levels" in c.post("/api/runs/deep/traces", content=cases["100k [ as a trace"][2]).json()["error"]
     # Kept with counted repairs or refused with a message: never a 500.
     non_utf8 = trace(EVENT).replace(b"aten::mm", b"\xff\xfe\xc3(bad\x80")
     huge = trace({**EVENT, "name": "A" * 5_000_000, "args": {"s": "B" * 5_000_000}})
