@@ -163,6 +163,12 @@ def merge_store(source: Engine | str | Path, target: Engine, *, run_name: str,
     except OperationalError:
         raise  # locks, full disk, I/O: not the bundle's fault; the caller decides
     except (DBAPIError, StatementError, ValueError, TypeError, OverflowError) as exc:
+        if marker_key is not None:
+            # Another process merged the same upload meanwhile (its marker row won the key): once.
+            with target.connect() as conn:
+                done = conn.execute(select(StoreMeta.value).where(StoreMeta.key == marker_key)).scalar()
+            if done is not None:
+                return {**json.loads(done), "already_merged": True}
         detail = getattr(exc, "orig", None) or exc
         raise BadInputError(f"the bundle does not fit the store: {str(detail)[:300]}") from exc
     finally:
