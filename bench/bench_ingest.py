@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,10 +50,17 @@ DEFAULT = [
 ]
 RESULTS = REPO / "bench" / "RESULTS.md"
 SECTION = "## Trace ingest"
+NOTES = "### Notes"  # the part of the section that --write-results keeps
 
 
 def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process so far, all threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _rss_mib() -> float:
@@ -60,18 +68,36 @@ def _rss_mib() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _new_store(path: str) -> None:
+    from graphdeck.store.db import open_engine
+
+    open_engine(path).dispose()
+    return None
+
+
 def _side_graphdeck(path: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = str(Path(tmp) / "bench.db")
+        # The store exists before the ingest, as when a captured run made it. Another process
+        # creates it: creating a store loads Alembic (+14 MiB RSS); opening one at the head does not.
+        made = _in_child(_new_store, store)
+        if made and "error" in made:
+            return made
+        return _in_child(_ingest, path, store)
+
+
+def _ingest(path: str, store: str) -> dict:
     from graphdeck.store.db import open_engine
     from graphdeck.store.traces import ingest_trace
 
-    with tempfile.TemporaryDirectory() as tmp:
-        engine = open_engine(Path(tmp) / "bench.db")
-        start = _rss_mib()
-        t0 = time.perf_counter()
-        result = ingest_trace(engine, path, run_name="bench")
-        seconds = time.perf_counter() - t0
-        engine.dispose()
-    return {"seconds": seconds, "start_mib": start, "peak_mib": _peak_mib(), "events": result.stats["events_total"]}
+    engine = open_engine(store)
+    start = _rss_mib()
+    t0, c0 = time.perf_counter(), _cpu_s()
+    result = ingest_trace(engine, path, run_name="bench")
+    seconds, cpu = time.perf_counter() - t0, _cpu_s() - c0
+    engine.dispose()
+    return {"seconds": seconds, "cpu_s": cpu, "start_mib": start, "peak_mib": _peak_mib(),
+            "events": result.stats["events_total"]}
 
 
 def _side_hta(path: str) -> dict:
@@ -81,27 +107,28 @@ def _side_hta(path: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         os.symlink(os.path.abspath(path), Path(tmp) / "rank-0.json.gz")
         start = _rss_mib()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         from hta.trace_analysis import TraceAnalysis
 
         analysis = TraceAnalysis(trace_dir=tmp)
         n = sum(len(analysis.t.get_trace(r)) for r in analysis.t.get_ranks())
-        seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "start_mib": start, "peak_mib": _peak_mib(), "events": n}
+        seconds, cpu = time.perf_counter() - t0, _cpu_s() - c0
+    return {"seconds": seconds, "cpu_s": cpu, "start_mib": start, "peak_mib": _peak_mib(), "events": n}
 
 
 def _side_ijson(path: str) -> dict:
     import ijson
 
     start = _rss_mib()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     n = 0
     with open(path, "rb") as raw:
         fh = gzip.open(raw) if raw.read(2) == b"\x1f\x8b" else raw
         raw.seek(0)
         for _ in ijson.items(fh, "traceEvents.item"):
             n += 1
-    return {"seconds": time.perf_counter() - t0, "start_mib": start, "peak_mib": _peak_mib(), "events": n}
+    return {"seconds": time.perf_counter() - t0, "cpu_s": _cpu_s() - c0, "start_mib": start, "peak_mib": _peak_mib(),
+            "events": n}
 
 
 SIDES = {"graphdeck": _side_graphdeck, "HTA": _side_hta, "ijson": _side_ijson}
@@ -119,7 +146,8 @@ def _median(runs: list[dict]) -> dict:
     ok = [r for r in runs if "error" not in r]
     if not ok:
         return runs[0]
-    return {"seconds": statistics.median(r["seconds"] for r in ok), "peak_mib": statistics.median(r["peak_mib"] for r in ok),
+    return {"seconds": statistics.median(r["seconds"] for r in ok), "cpu_s": statistics.median(r["cpu_s"] for r in ok),
+            "peak_mib": statistics.median(r["peak_mib"] for r in ok),
             "start_mib": statistics.median(r["start_mib"] for r in ok), "events": ok[0]["events"], "runs": len(ok)}
 
 
@@ -127,7 +155,8 @@ def bench_file(path: Path, repeat: int, sides: list[str]) -> dict:
     out = {}
     for _ in range(repeat):  # interleaved, so a load spike hits every side alike
         for side in sides:
-            out.setdefault(side, []).append(_in_child(SIDES[side], str(path)))
+            run = SIDES[side] if side == "graphdeck" else partial(_in_child, SIDES[side])  # graphdeck forks its own
+            out.setdefault(side, []).append(run(str(path)))
     return {side: _median(runs) for side, runs in out.items()}
 
 
@@ -234,6 +263,7 @@ def main() -> None:
     ap.add_argument("--no-window", action="store_true")
     ap.add_argument("--write-results", action="store_true", help="rewrite the 'Trace ingest' section of bench/RESULTS.md")
     args = ap.parse_args()
+    args.load_start = os.getloadavg()[0]
     paths = [Path(p) if Path(p).exists() else TRACES / p for p in args.traces or DEFAULT]
     sides = args.sides.split(",")
     rows = []
@@ -245,14 +275,16 @@ def main() -> None:
             if "error" in r:
                 print(f"  {side}: FAILED {r['error']}")
                 continue
-            print(f"  {side}: {r['seconds']:.2f} s, peak RSS {r['peak_mib']:.0f} MiB (start {r['start_mib']:.0f}), "
+            print(f"  {side}: {r['seconds']:.2f} s ({r['cpu_s']:.2f} s CPU), peak RSS {r['peak_mib']:.0f} MiB "
+                  f"(start {r['start_mib']:.0f}), "
                   f"{r['events']:,} events", flush=True)
         g, h, j = (res.get(k, {}) for k in ("graphdeck", "HTA", "ijson"))
         if "seconds" in g and "seconds" in h:
-            print(f"  HTA / graphdeck time {h['seconds'] / g['seconds']:.2f}x, "
+            print(f"  HTA / graphdeck time {h['seconds'] / g['seconds']:.2f}x (CPU {h['cpu_s'] / g['cpu_s']:.2f}x), "
                   f"peak RSS {h['peak_mib'] / g['peak_mib']:.2f}x")
         if "seconds" in g and "seconds" in j:
-            print(f"  graphdeck / ijson time {g['seconds'] / j['seconds']:.2f}x")
+            print(f"  graphdeck / ijson time {g['seconds'] / j['seconds']:.2f}x (CPU {g['cpu_s'] / j['cpu_s']:.2f}x)")
+        print(f"  load average {os.getloadavg()[0]:.1f}", flush=True)
     window = None
     if not args.no_window:
         window = bench_window(paths[-1], args.window_events, args.queries, args.max_shapes)
@@ -277,14 +309,16 @@ def _write_results(rows, window, args) -> None:
     lines = [
         SECTION, "",
         f"`{cmd}` on {time.strftime('%Y-%m-%d %H:%M')} UTC: {platform.machine()}, {os.cpu_count()} CPUs shared with "
-        f"other developers (load average {os.getloadavg()[0]:.1f} at the end), Python {platform.python_version()}, "
+        f"other developers (load average {args.load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; "
+        "wall times stretch with the load, so the CPU seconds of each side, all threads, are given too), Python {platform.python_version()}, "
         f"ijson {ijson.__version__} ({ijson.backend}), SQLAlchemy {sqlalchemy.__version__}, HolisticTraceAnalysis "
         f"{hta_version}. Median of {args.repeat} interleaved runs per side, each side in its own forked child "
-        "(peak = the child's `ru_maxrss`). HTA = `TraceAnalysis(trace_dir=...)` on a folder with only that file; "
+        "(peak = the child's `ru_maxrss`; graphdeck's store is created by another process first, as when a captured "
+        "run made it). HTA = `TraceAnalysis(trace_dir=...)` on a folder with only that file; "
         "ijson = `ijson.items(f, 'traceEvents.item')` doing nothing with the events.",
         "",
-        "| trace | JSON MB | events | graphdeck s | HTA s | ijson s | HTA/graphdeck time | graphdeck/ijson time | "
-        "graphdeck peak MiB | HTA peak MiB | ijson peak MiB | HTA/graphdeck memory |",
+        "| trace | JSON MB | events | graphdeck s (CPU) | HTA s (CPU) | ijson s (CPU) | HTA/graphdeck time (CPU) | "
+        "graphdeck/ijson time (CPU) | graphdeck peak MiB | HTA peak MiB | ijson peak MiB | HTA/graphdeck memory |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for path, res in rows:
@@ -292,13 +326,15 @@ def _write_results(rows, window, args) -> None:
         raw = len(gzip.decompress(path.read_bytes())) / 1e6 if path.read_bytes()[:2] == b"\x1f\x8b" else path.stat().st_size / 1e6
 
         def s(r):
-            return f"{r['seconds']:.2f}" if "seconds" in r else "failed"
+            return f"{r['seconds']:.2f} ({r['cpu_s']:.2f})" if "seconds" in r else "failed"
+
+        def ratio(a, b):
+            return f"{a['seconds'] / b['seconds']:.2f}x ({a['cpu_s'] / b['cpu_s']:.2f}x)" if "seconds" in a and "seconds" in b else "—"
 
         def m(r):
             return f"{r['peak_mib']:.0f}" if "peak_mib" in r else "—"
 
-        ratio_t = f"{h['seconds'] / g['seconds']:.2f}x" if "seconds" in h and "seconds" in g else "—"
-        ratio_j = f"{g['seconds'] / j['seconds']:.2f}x" if "seconds" in j and "seconds" in g else "—"
+        ratio_t, ratio_j = ratio(h, g), ratio(g, j)
         ratio_m = f"{h['peak_mib'] / g['peak_mib']:.2f}x" if "peak_mib" in h and "peak_mib" in g else "—"
         lines.append(f"| `{path.name[:40]}` | {raw:.1f} | {g.get('events', 0):,} | {s(g)} | {s(h)} | {s(j)} | {ratio_t} | "
                      f"{ratio_j} | {m(g)} | {m(h)} | {m(j)} | {ratio_m} |")
@@ -312,7 +348,10 @@ def _write_results(rows, window, args) -> None:
     section = "\n".join(lines) + "\n"
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
     pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _m: section + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
+    old = pattern.search(text)
+    if old and NOTES in old.group(0):  # hand-written notes below the table are kept
+        section += "\n" + old.group(0)[old.group(0).index(NOTES):].rstrip("\n") + "\n"
+    text = pattern.sub(lambda _m: section + "\n", text) if old else text.rstrip("\n") + "\n\n" + section
     RESULTS.write_text(text)
     print(f"wrote {RESULTS}")
 

@@ -87,7 +87,12 @@ class EventWriter:
 
     def write(self, rows: list[tuple], new_strings: set[str], unresolved: list[int]) -> None:
         """Write ``rows`` in one transaction (retried while SQLite is locked by another writer).
-        ``unresolved`` lists the rows whose name or category is still a string."""
+        ``unresolved`` lists the rows whose name or category is still a string.
+
+        Written in the ingest's own thread: a writer thread (sqlite3 releases the GIL while
+        SQLite steps an insert) measured slower, 3.6 s vs 3.0 s CPU and 9.6 s vs 7.4 s wall on
+        the xdit trace at load 8-12 on 2 cores: the GIL is handed back and forth for every row.
+        """
 
         def resolve(ids: dict[str, int]) -> list[tuple]:
             if not unresolved:

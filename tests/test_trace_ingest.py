@@ -374,3 +374,136 @@ def test_unexpected_error_deletes_the_partial_trace(engine):
     with pytest.raises(RuntimeError, match="simulated"):
         ingest_trace(engine, FailingReader(data, len(data) // 2), run_name="boom", batch_size=500)
     assert counts(engine) == (0, 0), "batches committed before the failure are deleted with the trace row"
+
+
+# ---------------------------------------------------------------------------- the chunked orjson reading
+
+WIDE_CLOCK = "tracelens/inference/vllm_decode_full/graph_execution.json.gz"  # ts ~6.5e12 µs, past 2**42
+
+
+def exact_reading(monkeypatch):
+    """Switch the chunked orjson reading off (the seam: ``traces.chunked_events``), so the ingest
+    reads with ijson's exact decimals, as it did before the chunked reading existed."""
+    import graphdeck.store.traces as traces
+
+    def gives_up(reader, st):
+        raise traces.NotFast("switched off by the test")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(traces, "chunked_events", gives_up)
+
+
+def reading_used(monkeypatch) -> list[str]:
+    """Record whether the chunked reading ran to the end ("done") or gave up."""
+    import graphdeck.store.traces as traces
+
+    seen, real = [], traces.chunked_events
+
+    def spy(reader, st):
+        seen.append("start")
+        yield from real(reader, st)
+        seen.append("done")
+
+    monkeypatch.setattr(traces, "chunked_events", spy)
+    return seen
+
+
+def full_rows(engine, trace_id: int) -> tuple:
+    t = trace_row(engine, trace_id)
+    meta = {k: v for k, v in json.loads(t.meta_json).items()}
+    return event_rows(engine, trace_id), (t.status, t.num_events, t.start_ns, t.end_ns, meta, json.loads(t.stats_json))
+
+
+@pytest.mark.parametrize("rel", [WIDE_CLOCK, AMD, LARGE_INT, CPU_ONLY, FLOW_V2, LEGACY_SMALL])
+def test_chunked_reading_stores_what_the_exact_reading_stores(rel, tmp_path, monkeypatch):
+    """orjson reads numbers as floats, not decimals: the rows must still be the exact reading's,
+    including Kineto clocks past 2**42 µs (vLLM, ts ~6.5e12), where a float has under 1 ns of
+    resolution left and the ns come from the 3-decimal text (NOTE: [Chunked orjson reading])."""
+    path = trace_file(rel)
+    fast_engine, exact_engine = open_engine(tmp_path / "fast.db"), open_engine(tmp_path / "exact.db")
+    with monkeypatch.context() as m:
+        seen = reading_used(m)
+        fast = ingest_trace(fast_engine, path, run_name="r", strict=True)
+    assert seen == ["start", "done"], f"the chunked reading read {rel} to the end"
+    with monkeypatch.context() as m:
+        exact_reading(m)
+        exact = ingest_trace(exact_engine, path, run_name="r", strict=True)
+    assert full_rows(fast_engine, fast.trace_id) == full_rows(exact_engine, exact.trace_id), \
+        "same rows, trace times, meta and stats as the exact reading"
+    doc = load(path)
+    expected = stored_kind(doc["traceEvents"])
+    base = int(doc.get("baseTimeNanoseconds", 0)) if rel != LEGACY_SMALL else 0
+    rows = event_rows(fast_engine, fast.trace_id)
+    assert [r.ts_ns for r in rows] == [base + round(e["ts"] * 1000) for e in expected], \
+        "ts_ns from json.load's exact Decimal, independently"
+
+
+def test_chunk_cuts_inside_strings_and_nested_objects_are_not_taken(engine, tmp_path, monkeypatch):
+    """A cut between events is proved by parsing; ``}, {`` inside a name or between nested args
+    objects must not pass for one. Made from the AMD trace: names and args edited to hold those
+    patterns, read in 1 KiB chunks (many cuts), compared with the exact reading."""
+    import graphdeck.store.trace_fast as trace_fast
+
+    raw = trace_file(AMD).read_bytes()
+    doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)  # floats: written back as read
+    for i, e in enumerate(doc["traceEvents"]):
+        if e.get("ph") == "X" and i % 3 == 0:
+            e["name"] = e["name"] + '}, {"ph": "X", "ts": 1},'
+            e.setdefault("args", {})["nested"] = [{"a": {"b": 1}}, {"c": "}, {"}]
+    path = tmp_path / "tricky.json"
+    path.write_text(json.dumps(doc, indent=1))
+    monkeypatch.setattr(trace_fast, "CHUNK_BYTES", 1024)
+    with monkeypatch.context() as m:
+        seen = reading_used(m)
+        fast = ingest_trace(engine, path, run_name="fast", strict=True)
+    assert seen == ["start", "done"]
+    with monkeypatch.context() as m:
+        exact_reading(m)
+        exact = ingest_trace(engine, path, run_name="exact", strict=True)
+    assert event_rows(engine, fast.trace_id) == event_rows(engine, exact.trace_id)
+    assert fast.num_events == len(stored_kind(load(path)["traceEvents"])) == 115
+    assert any('}, {"ph"' in r.value for r in event_rows(engine, fast.trace_id)), "the edited names are kept whole"
+
+
+def test_trailing_comma_and_more_decimals_fall_back_to_the_exact_reading(engine, tmp_path, monkeypatch):
+    """What the chunked reading cannot prove it leaves to the exact readers: a trailing comma
+    (not JSON: the token path reports it) and a ts with 4 decimals past 2**42 µs."""
+    ok = {"ph": "X", "name": "a", "ts": 6520618853487.683, "dur": 1.5, "pid": 1, "tid": 1}
+    cut = tmp_path / "comma.json"
+    cut.write_text('{"traceEvents": [' + json.dumps(ok) + ", " + json.dumps(ok) + ", ]}")
+    with pytest.raises(TruncatedInputError):
+        ingest_trace(engine, cut, run_name="comma", strict=True)
+    four = tmp_path / "four.json"
+    four.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 6520618853487.6835, "dur": 1, "pid": 1, "tid": 1}]}')
+    seen = reading_used(monkeypatch)
+    r = ingest_trace(engine, four, run_name="four", strict=True)
+    assert seen == ["start"], "the chunked reading gave up on the 4-decimal ts"
+    assert [row.ts_ns for row in event_rows(engine, r.trace_id)] == [round(Decimal("6520618853487.6835") * 1000)]
+
+
+def test_ingest_on_sqlite_and_postgres(store_url):
+    """The one ingest on both store backends (SQLite: the driver's executemany with foreign-key
+    checks off per batch; PostgreSQL: COPY): same rows, interned strings shared by a second
+    trace, and a failed ingest deletes its partial trace on both."""
+    path = trace_file(SAMPLED_RANK0)
+    engine = open_engine(store_url)
+    try:
+        doc = load(path)
+        expected = stored_kind(doc["traceEvents"])
+        first = ingest_trace(engine, path, run_name="a", strict=True, batch_size=1000)
+        second = ingest_trace(engine, path, run_name="b", strict=True, batch_size=1000)
+        rows = event_rows(engine, first.trace_id)
+        assert first.num_events == len(rows) == len(expected) == 4811
+        assert [(r.ph, r.value, r.ts_ns, r.dur_ns) for r in rows] == [
+            (e["ph"], e["name"], round(e["ts"] * 1000), round(e.get("dur", 0) * 1000)) for e in expected]
+        assert rows == event_rows(engine, second.trace_id), "the second trace reuses the interned strings"
+        with Session(engine) as s:
+            n_strings = s.scalar(select(func.count()).select_from(InternedString))
+        names = {e["name"] for e in expected} | {e["cat"] for e in expected if "cat" in e}
+        assert n_strings == len(names), "each name and category interned once across both traces"
+        data = path.read_bytes()
+        with pytest.raises(RuntimeError, match="simulated"):
+            ingest_trace(engine, FailingReader(data, len(data) // 2), run_name="boom", batch_size=500)
+        assert counts(engine) == (2, 2 * len(expected)), "the failed ingest left nothing behind"
+    finally:
+        engine.dispose()
