@@ -7,14 +7,20 @@ the DB-API, nothing else — and ``graph_memory`` (read + storages + live curve 
 and CPU, best and median of ``--repeat`` runs, with their ratio; and the load average (the host is
 shared: wall time under load is not CPU time). Target: < 1 s.
 
-    python bench/bench_memory.py [--layers 25000] [--repeat 5] [--keep STORE]
+    python bench/bench_memory.py [--layers 25000] [--repeat 5] [--keep STORE] [--against REV]
+
+``--against REV`` also times ``graph_memory`` as ``analysis/memory.py`` was at git revision REV,
+interleaved with the current one (same load for both), and checks both give the same curve.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,11 +54,26 @@ def build(layers: int) -> torch.fx.GraphModule:
     return gm
 
 
+def load_revision(rev: str, tmp: Path):
+    """``analysis/memory.py`` as of git revision ``rev``, imported as a separate module."""
+    repo = Path(__file__).resolve().parents[1]
+    src = subprocess.run(["git", "show", f"{rev}:analysis/memory.py"], cwd=repo, capture_output=True, text=True,
+                         check=True).stdout
+    path = tmp / "memory_at_rev.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("memory_at_rev", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["memory_at_rev"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=25000)
     ap.add_argument("--keep", type=Path, default=None, help="store path to write and reuse")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--against", default=None, help="git revision whose analysis/memory.py is timed too")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store = args.keep or Path(tmp) / "mem.db"
@@ -64,7 +85,8 @@ def main() -> None:
             gid = StoreWriter(store, "bench", 0, 1).write_graph(rec, kind="aot_forward", name="deep",
                                                                 compile_id="0/0")
         engine = open_engine(store, read_only=True)
-        floor, ours = [], []
+        floor, ours, theirs = [], [], []
+        ref = load_revision(args.against, Path(tmp)) if args.against else None
         for _ in range(args.repeat):
             with Session(engine) as s:
                 raw = s.connection().connection.driver_connection
@@ -77,6 +99,12 @@ def main() -> None:
                 t0, c0 = time.perf_counter(), time.process_time()
                 curve = graph_memory(s, gid)
                 ours.append((time.perf_counter() - t0, time.process_time() - c0))
+            if ref is not None:
+                with Session(engine) as s:
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    ref_curve = ref.graph_memory(s, gid)
+                    theirs.append((time.perf_counter() - t0, time.process_time() - c0))
+                assert (ref_curve.live_bytes, ref_curve.peak_index) == (curve.live_bytes, curve.peak_index)
         print(f"graph: {len(curve.nodes):,} nodes; peak {curve.peak_bytes:,} bytes at "
               f"{curve.peak_node}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
@@ -86,6 +114,10 @@ def main() -> None:
                     f"CPU best {min(cpu):.3f} s, median {statistics.median(cpu):.3f} s")
         print(f"fetch rows (floor):  {stats(floor)}")
         print(f"graph_memory:        {stats(ours)}")
+        if theirs:
+            print(f"graph_memory @ {args.against}: {stats(theirs)} (same curve and peak); "
+                  f"now {statistics.median(x[0] for x in theirs) / statistics.median(x[0] for x in ours):.2f}x "
+                  "faster (median wall)")
         best = min(x[0] for x in ours)
         print(f"ratio to the floor (best wall): {best / min(x[0] for x in floor):.2f}x; "
               f"target < 1 s: {'met' if best < 1 else 'NOT met'} ({args.repeat} runs)")
