@@ -4,7 +4,7 @@ Nothing here reads the environment or opens a file at import time, so a test can
 its own SQLite file::
 
     >>> Settings(store="runs.db")
-    Settings(store=PosixPath('runs.db'), max_upload_bytes=2147483648, frontend_dir=None, data_dir=None, max_decompressed_bytes=17179869184, max_decompress_ratio=200.0)
+    Settings(store=PosixPath('runs.db'), max_upload_bytes=2147483648, frontend_dir=None, data_dir=None, max_decompressed_bytes=17179869184, max_decompress_ratio=200.0, upload_ttl_s=604800)
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class Settings:
         max_decompressed_bytes: cap on the bytes a gzip upload may inflate to (413 above it).
         max_decompress_ratio: cap on inflated / compressed size, checked once more than 64 MiB
             came out (413 above it).
+        upload_ttl_s: an upload untouched this long (open, failed or done) is removed from
+            ``data_dir`` (a done one stays ingested once: the store remembers it).
     """
 
     store: Path | str
@@ -50,6 +52,7 @@ class Settings:
     data_dir: Path | None = None
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
     max_decompress_ratio: float = DEFAULT_MAX_DECOMPRESS_RATIO
+    upload_ttl_s: float = 7 * 24 * 3600
 
     def __post_init__(self) -> None:
         # Accept str / os.PathLike for convenience; store a Path, or a URL (``://``) as str.

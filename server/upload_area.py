@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -112,6 +113,31 @@ class UploadArea:
         if not UPLOAD_ID.match(upload_id):  # belt and braces: the route's pattern already checks
             raise NotFoundError(f"no upload {upload_id[:40]!r}", resource="upload", id=upload_id[:40])
         return self.root / upload_id
+
+    # -- expiry
+
+    def sweep(self, ttl_s: float, *, now: float | None = None) -> list[str]:
+        """Remove uploads whose files were last touched more than ``ttl_s`` ago (abandoned, failed
+        or long done); returns their ids. An upload being worked on (its lock held) is kept."""
+        now = time.time() if now is None else now
+        removed = []
+        for d in self.root.iterdir():
+            if not UPLOAD_ID.match(d.name) or not d.is_dir():
+                continue
+            try:
+                touched = max(p.stat().st_mtime for p in (d, *d.iterdir()))
+            except (OSError, ValueError):
+                continue
+            if now - touched <= ttl_s:
+                continue
+            lock = self.lock(d.name)
+            if lock.acquire(blocking=False):
+                try:
+                    shutil.rmtree(d, ignore_errors=True)
+                    removed.append(d.name)
+                finally:
+                    lock.release()
+        return removed
 
     # -- meta
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import sqlite3
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -280,3 +281,23 @@ def test_uploads_into_postgres(pg_url, captured_store, tmp_path):
             before["trace_events"] + t["result"]["num_events"]
     engine.dispose()
     assert b["state"] == "done"
+
+
+def test_abandoned_uploads_are_swept_and_done_ones_stay_ingested_once(server):
+    from graphdeck.server.upload_area import UploadArea
+
+    c, data = server.client, TRACE_GZ.read_bytes()
+    abandoned = create(c, data, run="abandoned", chunk_bytes=64 * KiB).json()["id"]
+    put(c, abandoned, 0, data[:64 * KiB])
+    done = upload_trace(server.url, TRACE_GZ, run="swept", rank=0, token=TOKEN)
+    area = UploadArea(server.data_dir)  # the server's folder, swept as the server does on a create
+    assert area.sweep(3600) == [], "nothing is older than an hour"
+    removed = area.sweep(3600, now=time.time() + 7200)
+    assert sorted(removed) == sorted([abandoned, done["id"]]) and not any(server.data_dir.iterdir())
+    assert c.get(f"/api/uploads/{abandoned}").status_code == 404
+    again = upload_trace(server.url, TRACE_GZ, run="swept", rank=0, token=TOKEN)
+    assert again["result"]["already_merged"] is True, "the store remembers a swept upload"
+    con = sqlite3.connect(server.store)
+    assert con.execute("SELECT count(*) FROM traces t JOIN runs r ON r.id = t.run_id "
+                       "WHERE r.name = 'swept'").fetchone()[0] == 1
+    con.close()

@@ -136,11 +136,25 @@ def create_upload(body: UploadRequest, response: Response, settings=Depends(get_
                       name=body.name, strict=body.strict)
     if spec.num_chunks > MAX_CHUNKS:
         raise BadInputError(f"{spec.num_chunks} chunks is more than {MAX_CHUNKS}; use larger chunk_bytes")
+    _maybe_sweep(area, settings)
     existed = (area.root / spec.upload_id() / "meta.json").exists()
     status = area.create(spec)
     if existed:
         response.status_code = 200
     return status
+
+
+#: Abandoned uploads are swept at most this often (on an upload's creation).
+SWEEP_EVERY_S = 600.0
+
+
+def _maybe_sweep(area: UploadArea, settings) -> None:
+    now = time.monotonic()
+    last = getattr(area, "last_sweep", None)
+    if last is not None and now - last < SWEEP_EVERY_S:
+        return
+    area.last_sweep = now
+    area.sweep(float(getattr(settings, "upload_ttl_s", 7 * 24 * 3600)))
 
 
 @router.get("/api/uploads/{upload_id}")
