@@ -138,6 +138,10 @@ def test_sizes_are_capped_with_413(tmp_path):
         assert r.status_code == 413 and "102400-byte limit" in r.json()["error"], r.text
         r = c.post("/api/runs/x/traces", content=data)
         assert r.status_code == 413, "the one-shot trace upload has the same cap"
+    with LiveServer(tmp_path / "s2.db", max_upload_bytes=2**60) as srv, httpx.Client(base_url=srv.url) as c:
+        spec = {"kind": "bundle", "run": "big", "size_bytes": 100_000 * 2**26, "sha256": "0" * 64, "chunk_bytes": 2**26}
+        r = c.post("/api/uploads", json=spec)
+        assert r.status_code == 507 and "bytes free" in r.json()["error"], "no room on the upload disk: 507, said so"
 
 
 def _bomb(inflated_bytes: int) -> bytes:
