@@ -10,7 +10,7 @@ its own SQLite file::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 #: Default cap on one request body (an uploaded trace or store), 2 GiB.
@@ -53,6 +53,15 @@ class Settings:
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
     max_decompress_ratio: float = DEFAULT_MAX_DECOMPRESS_RATIO
     upload_ttl_s: float = 7 * 24 * 3600
+
+    def __repr__(self) -> str:  # the dataclass repr, but a store URL's password never reaches a log
+        from graphdeck.store.db import display_url
+
+        def shown(f):
+            value = getattr(self, f.name)
+            return display_url(value) if f.name == "store" and isinstance(value, str) else value
+
+        return f"Settings({', '.join(f'{f.name}={shown(f)!r}' for f in fields(self) if f.repr)})"
 
     def __post_init__(self) -> None:
         # Accept str / os.PathLike for convenience; store a Path, or a URL (``://``) as str.

@@ -139,3 +139,10 @@ def test_unreachable_server_is_a_store_error_without_the_password():
         open_engine("postgresql://alice:s3cret-pw@127.0.0.1:1/graphdeck")
     msg = info.value.message
     assert "127.0.0.1" in msg and "s3cret-pw" not in msg and "***" in msg, f"names the server, hides the password: {msg}"
+
+
+def test_settings_repr_hides_the_store_password():
+    from graphdeck.server.settings import Settings
+
+    shown = repr(Settings(store="postgresql+psycopg://alice:s3cret-pw@db:5432/graphdeck"))
+    assert "s3cret-pw" not in shown and "alice:***@db:5432/graphdeck" in shown, shown
