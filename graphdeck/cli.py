@@ -269,6 +269,8 @@ def memory_cmd(run_name: str, graph_id: int, store: str, step: bool, top: int, c
                     ([dtype_estimate(s, fw, bw, dtype)] if dtype else []):
                 click.echo(f"  what-if {est.what}: peak {_mib(est.baseline_peak_bytes)} -> {_mib(est.estimated_peak_bytes)}"
                            f" (saves {_mib(est.saving_bytes)}; {est.note})".rstrip("; )") + ")")
+                if est.peak_phase:
+                    click.echo(f"    estimated peak at {est.estimated_peak_node} ({est.peak_phase})")
     except GraphdeckError as exc:
         _fail(exc)
 
