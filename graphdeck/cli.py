@@ -63,7 +63,9 @@ def demo(store: str, run_name: str, nproc: int, backend: str, steps: int, serve:
     if code != 0:
         click.echo(f"error: the training job exited with {code}", err=True)
         sys.exit(1)
-    click.echo(f"[graphdeck] job finished in {time.perf_counter() - t0:.1f}s; store {store_path}")
+    from graphdeck.store.db import display_url
+
+    click.echo(f"[graphdeck] job finished in {time.perf_counter() - t0:.1f}s; store {display_url(store_path)}")
     _print_summary(store_path, run_name)
     if serve:
         from graphdeck.server.app import serve as serve_app
