@@ -254,3 +254,20 @@ def test_postgres_disk_full_graph_write_is_rolled_back(tiny_tablespace):
     assert written > 0, "some graphs fit on the 2 MiB filesystem"
     n, rows = _graph_rows(tiny_tablespace)
     assert n == written and all(a == b == 50 for a, b in rows), f"{written} whole graphs, nothing of the last: {rows[-3:]}"
+
+
+def test_upload_into_a_full_store_is_507_and_leaves_no_trace(tmp_path, monkeypatch):
+    """End to end: the server's store hits its quota while ingesting an uploaded trace; the client
+    gets StoreFullError (HTTP 507, not retried), and the run lists no trace."""
+    from graphdeck.capture.upload import upload_trace
+
+    trace_file = shared_path("data", "traces", "deepseek-profile-data", "train.json")
+    store = tmp_path / "full.db"
+    open_engine(store).dispose()
+    monkeypatch.setenv("GRAPHDECK_STORE_MAX_BYTES", str(600 * 1024))
+    with LiveServer(store) as srv:
+        with pytest.raises(StoreFullError) as info:
+            upload_trace(srv.url, trace_file, run="full", rank=0, attempts=2, backoff_s=0.1)
+        assert "store is full" in str(info.value), str(info.value)
+        runs = httpx.get(f"{srv.url}/api/runs", timeout=60).json()
+    assert all(r["num_traces"] == 0 for r in runs if r["name"] == "full"), runs
