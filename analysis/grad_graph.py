@@ -141,6 +141,16 @@ def _eager_fallbacks(session: Session, run_id: int) -> dict[int, list[str]]:
     return dict(out)
 
 
+def _grads_observed(session: Session, run_id: int) -> dict[int, set[str]]:
+    """Parameters that held a gradient at the end of the first backward, by rank (the agent's
+    ``graphdeck_grads_observed`` record; empty for runs captured without it)."""
+    out: dict[int, set[str]] = {}
+    for rank, payload in fetch(session, "SELECT rank, payload FROM compile_events "
+                                        "WHERE run_id = ? AND name = 'graphdeck_grads_observed'", (run_id,)):
+        out.setdefault(rank, set()).update(_json(payload).get("with_grad") or [])
+    return out
+
+
 def fetch(session: Session, sql: str, params: tuple = ()) -> list:
     """Rows of a plain SQL query (qmark parameters) on the session's connection: no ORM objects,
     which matters for graphs of 10^5 nodes."""
@@ -240,6 +250,7 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
                             "cannot be told from graphs alone; eager mode can")
 
     eager_frames = _eager_fallbacks(session, run.id)
+    observed = _grads_observed(session, run.id)
     for rank_, fallen in sorted(eager_frames.items()):
         report.notes.append(f"rank {rank_}: {len(fallen)} frame(s) failed to compile and ran eagerly "
                             f"(first: {fallen[0]}); parameters read only there are not in any graph")
@@ -317,8 +328,14 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
             row.reason = "no compiled graph reads it (an unused module, or a branch not taken on this rank)"
             row.fix = FIXES["NOT_IN_GRAPH"]
             if eager_frames.get(rank):
-                row.reason += (f"; or a frame that fell back to eager on this rank reads it "
-                               f"({eager_frames[rank][0]}{' and others' if len(eager_frames[rank]) > 1 else ''})")
+                first = f"{eager_frames[rank][0]}{' and others' if len(eager_frames[rank]) > 1 else ''}"
+                if head.fqn in observed.get(rank, ()):
+                    # NOTE: [Gradients observed at the end of the first backward] (capture/agent.py)
+                    row.status, row.fix, row.cut = "OK", None, None
+                    row.reason = (f"read by no compiled graph, but it held a gradient at the end of the first "
+                                  f"backward: an eager frame computes it ({first})")
+                    continue
+                row.reason += f"; or a frame that fell back to eager on this rank reads it ({first})"
                 row.fix = ("if an eager frame reads it, it gets its gradient outside the graphs: check it in eager "
                            "mode (--model) or --allow it; else " + FIXES["NOT_IN_GRAPH"])
             row.cut = Cut(kind="not_read", detail="never read by a compiled graph")

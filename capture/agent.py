@@ -24,6 +24,7 @@ to Dynamo is the inner backend's, so steady-state steps pay nothing.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -106,6 +107,7 @@ class Agent:
         self._fqn_by_tensor: dict[int, str] = {}
         self._live_fqn: dict[int, str] = {}  # id -> fqn of the watched models' tensors right now
         self._live_names: set[str] = set()
+        self._grads_observed = False
         self._models: list[torch.nn.Module] = []
         self._auto_params: dict[str, torch.Tensor] = {}  # parameters found in graphs, model not watched
         self._ddp_parents: dict[int, int] = {}  # id(unsplit gm) -> graphs.id
@@ -361,6 +363,42 @@ class Agent:
         self.flush_events()
         return gid
 
+    def _observe_grads_after_backward(self) -> None:
+        """Once per agent, from inside the first backward: at its end, note which watched
+        parameters hold a gradient (``compile_events`` row ``graphdeck_grads_observed``, payload
+        ``{"with_grad": [...], "without_grad": [...]}``).
+
+        # NOTE: [Gradients observed at the end of the first backward]
+        # Graph-mode facts cannot see a parameter that only eager code reads, e.g. under FSDP2
+        # Dynamo gives up on the root forward (FSDP's pre-forward is ``disable``d) and runs it
+        # eagerly. The gradient report uses this observation only for parameters no graph
+        # reads on a rank where frames fell back to eager. The callback is queued on the
+        # autograd engine, so it runs after callbacks queued earlier in the same backward
+        # (FSDP2's final post-backward, which assigns the sharded gradients). It reads
+        # ``.grad`` only: nothing is synchronised or copied.
+        """
+        if self._grads_observed or not self._models:
+            return
+        self._grads_observed = True
+
+        def at_end() -> None:
+            try:
+                with_grad, without_grad = [], []
+                for model in self._models:
+                    for fqn, p in model.named_parameters(remove_duplicate=False):
+                        if p.requires_grad:
+                            (with_grad if p.grad is not None else without_grad).append(fqn)
+                self.writer.write_compile_events([{
+                    "name": "graphdeck_grads_observed", "compile_id": None, "metadata": {},
+                    "payload": json.dumps({"with_grad": with_grad, "without_grad": without_grad})}])
+            except Exception as exc:  # capture never breaks training
+                warnings.warn(f"graphdeck: could not observe gradients: {type(exc).__name__}: {exc}")
+
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(at_end)
+        except Exception as exc:
+            warnings.warn(f"graphdeck: could not observe gradients: {type(exc).__name__}: {exc}")
+
     def _bind(self, plan: "_BindingPlan", tensors: list) -> None:
         """Record what a compiled graph's parameter inputs are on this call, when it differs from
         every binding recorded so far (NOTE: [Run-time parameter binding])."""
@@ -433,6 +471,7 @@ def _watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent
 
         def make_hook(fn):
             def pre_hook(grads):
+                agent._observe_grads_after_backward()
                 for name, nr in groups[fn]:
                     result[name] = nr < len(grads) and grads[nr] is not None
                 pending.discard(fn)
