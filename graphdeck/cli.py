@@ -350,7 +350,10 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
     from graphdeck.store.db import open_engine
     from graphdeck.store.traces import ingest_trace
 
-    engine = open_engine(store)
+    try:
+        engine = open_engine(store)
+    except GraphdeckError as exc:  # not a store, or one of a newer schema
+        _fail(exc)
     bar = tqdm(total=os.path.getsize(trace_file), unit="B", unit_scale=True, desc="ingest", file=sys.stderr,
                disable=None)
     try:
