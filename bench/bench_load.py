@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{platform.machine()}, {os.cpu_count()} CPUs shared with other developers (load average "
                 f"{load_avg:.1f} at the end), Python {platform.python_version()}; server = one uvicorn process "
                 "(the real app, token auth on), clients = threads of the bench process, loopback.")
-        _write_section(backend, head + "\n\n" + table + "\n\n" + summary)
+        _write_section(f"{backend}, {args.uploaders} uploaders + {args.readers} readers",
+                       head + "\n\n" + table + "\n\n" + summary)
     return 1 if errors else 0
 
 
