@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +50,7 @@ class StackOptions:
     demo_backend: str = "aot_eager"
     demo_layers: int = 1
     exit_after_demo: bool = False
-    log: callable = field(default=print)
+    log: Callable[[str], None] = field(default=print)
 
 
 def _say(opts: StackOptions, msg: str) -> None:
@@ -108,7 +109,7 @@ def run_stack(opts: StackOptions) -> int:
             if os.geteuid() == 0:  # initdb refuses root; the server user must reach its folder
                 pg_dir = None
             pg = LocalPostgres(pg_dir, port=opts.pg_port, fast=False).start()
-            store = create_database(pg.url, "graphdeck") if not _has_db(pg.url, "graphdeck") else pg.url_for("graphdeck")
+            store = pg.url_for("graphdeck") if _has_db(pg.url, "graphdeck") else create_database(pg.url, "graphdeck")
             _say(opts, f"db: PostgreSQL at {display_url(store)} (data in {pg.data_dir})")
         env = dict(os.environ, GRAPHDECK_WRITE_TOKENS=token, GRAPHDECK_DATA_DIR=str(opts.data_dir / "uploads"))
         server = subprocess.Popen([sys.executable, "-m", "graphdeck.cli", "serve", store, "--host", opts.host,
@@ -141,7 +142,7 @@ def run_stack(opts: StackOptions) -> int:
         _stop(job)
         _stop(server)
         if pg is not None:
-            pg.stop(remove=pg._own_dir)
+            pg.stop()  # its folder is removed only when it was a temp one
         for s, handler in old.items():
             signal.signal(s, handler)
         _say(opts, "stopped")
