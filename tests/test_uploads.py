@@ -305,3 +305,22 @@ def test_abandoned_uploads_are_swept_and_done_ones_stay_ingested_once(server):
     assert con.execute("SELECT count(*) FROM traces t JOIN runs r ON r.id = t.run_id "
                        "WHERE r.name = 'swept'").fetchone()[0] == 1
     con.close()
+
+
+def test_graphdeck_upload_cli(server, captured_store):
+    from click.testing import CliRunner
+
+    from graphdeck.cli import main
+
+    runner = CliRunner()
+    r = runner.invoke(main, ["upload", str(TRACE_GZ), "--url", server.url, "--run", "cli", "--rank", "3",
+                             "--token", TOKEN, "--chunk-mb", "1"])
+    assert r.exit_code == 0, r.output
+    assert "as trace" in r.output and "'cli'" in r.output
+    r = runner.invoke(main, ["upload", str(captured_store), "--url", server.url, "--run", "cli"],
+                      env={"GRAPHDECK_TOKEN": TOKEN})
+    assert r.exit_code == 0 and "as bundle" in r.output, r.output
+    r = runner.invoke(main, ["upload", str(TRACE_GZ), "--url", server.url, "--run", "cli", "--token", "bad"])
+    assert r.exit_code == 2 and "403" in r.output, "a refused token is a usage error naming the answer"
+    ranks = {x["rank"] for x in server.client.get("/api/runs/cli/ranks").json()}
+    assert ranks == {0, 3}, ranks
