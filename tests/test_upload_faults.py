@@ -212,3 +212,14 @@ def test_sixteen_uploaders_at_once_lose_nothing(captured_store, tmp_path):
     con.close()
     assert got["traces"] == n and sorted(r for r, _, _ in per_trace) == list(range(n))
     assert all(num == rows for _, num, rows in per_trace), "every trace has all its events"
+
+
+def test_load_bench_smoke_has_no_errors():
+    """bench/bench_load.py for a few seconds: uploads and SVG/timeline reads at once, 0 errors
+    (no timing asserted; the numbers are the bench's, in bench/RESULTS.md)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    try:
+        import bench_load
+    finally:
+        sys.path.pop(0)
+    assert bench_load.main(["--uploaders", "2", "--readers", "2", "--duration-s", "3", "--anchor-s", "1"]) == 0
