@@ -60,9 +60,11 @@ def no_half_written(store: Path) -> None:
 def test_malformed_nested_huge_and_non_utf8_bodies_get_4xx(server):
     c = server.client
     cases = {
-        "100k [ as an upload spec": (c.post, "/api/uploads", b"[" * 100_000, (400, 422)),
-        "100k {\"a\": as an upload spec": (c.post, "/api/uploads", b'{"a":' * 100_000, (400, 422)),
+        "100k [ as an upload spec": (c.post, "/api/uploads", b"[" * 100_000, (413,)),
+        "60k [ as an upload spec": (c.post, "/api/uploads", b"[" * 60_000, (422,)),
+        "12k {\"a\": as an upload spec": (c.post, "/api/uploads", b'{"a":' * 12_000, (422,)),
         "not JSON spec": (c.post, "/api/uploads", b"{kind: trace", (400, 422)),
+        "1 MB spec": (c.post, "/api/uploads", b'{"kind": "trace", "run": "' + b"x" * 1_000_000 + b'"}', (413,)),
         "100k [ as a trace": (c.post, "/api/runs/deep/traces", b'{"traceEvents":' + b"[" * 100_000, (400,)),
         "100k balanced [] in args": (c.post, "/api/runs/deep/traces",
                                      trace({**EVENT, "args": {"x": "PLACEHOLDER"}}).replace(

@@ -36,9 +36,11 @@ from pathlib import Path as FsPath
 from typing import Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
-from pydantic import BaseModel, Field, field_validator
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
+from starlette.concurrency import run_in_threadpool
 
 from graphdeck.errors import (
     BadInputError,
@@ -123,10 +125,39 @@ def health() -> dict:
     return {"ok": True}
 
 
-@router.post("/api/uploads", status_code=201)
-def create_upload(body: UploadRequest, response: Response, settings=Depends(get_settings),
-                  area: UploadArea = Depends(get_area)) -> dict:
+#: Largest upload declaration (JSON) read; a longer body is a 413 before it is parsed.
+SPEC_MAX_BYTES = 64 * 1024
+
+
+async def _read_spec(request: Request) -> UploadRequest:
+    """The declaration, read under :data:`SPEC_MAX_BYTES` and parsed by pydantic's own JSON parser
+    (depth-limited: 100k ``[`` is a 422, not a recursion error)."""
+    length = request.headers.get("content-length")
+    too_big = PayloadTooLargeError(f"an upload declaration is at most {SPEC_MAX_BYTES} bytes",
+                                   limit_bytes=SPEC_MAX_BYTES)
+    if length and length.isdigit() and int(length) > SPEC_MAX_BYTES:
+        raise too_big
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > SPEC_MAX_BYTES:
+            raise too_big
+    try:
+        return UploadRequest.model_validate_json(bytes(data))
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]) from None
+
+
+@router.post("/api/uploads", status_code=201, openapi_extra={"requestBody": {
+    "required": True, "content": {"application/json": {"schema": UploadRequest.model_json_schema()}}}})
+async def create_upload(request: Request, response: Response, settings=Depends(get_settings),
+                        area: UploadArea = Depends(get_area)) -> dict:
     """Open an upload (or find the same one again); see the module docstring."""
+    body = await _read_spec(request)
+    return await run_in_threadpool(_create, body, response, settings, area)
+
+
+def _create(body: UploadRequest, response: Response, settings, area: UploadArea) -> dict:
     cap = int(settings.max_upload_bytes)
     if body.size_bytes > cap:
         raise PayloadTooLargeError(f"an upload of {body.size_bytes} bytes is larger than the {cap}-byte limit",
