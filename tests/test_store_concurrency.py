@@ -11,6 +11,7 @@ unique-key races on runs/ranks/strings re-run by ``retrying``).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -30,7 +31,7 @@ from graphdeck.store.schema import (
     Trace,
     TraceEvent,
 )
-from tests.conftest import REPO, shared_path
+from tests.conftest import REPO, LiveServer, shared_path
 
 RANKS = 16
 GRAPHS = 6
@@ -74,3 +75,42 @@ def test_sixteen_ranks_write_one_store_at_once(store_url):
         assert len(per_trace) == 1 and per_trace.pop() > 0, f"every rank stored the whole trace: {traces}"
         assert count(TraceEvent) == sum(n for _, _, n in traces), "every trace's events are stored, none twice"
     engine.dispose()
+
+
+UPLOADER = r"""
+import sys
+from graphdeck.capture.upload import upload_store
+status = upload_store(sys.argv[1], sys.argv[2], run=f"job{sys.argv[3]}", rank=0, chunk_bytes=64 * 1024,
+                      attempts=20, backoff_s=0.2, log=lambda m: print(m, flush=True))
+print("uploaded", status["state"])
+"""
+
+
+def _run_counts(store, run_name: str) -> dict:
+    engine = open_engine(store, read_only=True)
+    with Session(engine) as s:
+        run_id = s.scalar(select(Run.id).where(Run.name == run_name))
+        out = {"graphs": s.scalar(select(func.count()).select_from(Graph).where(Graph.run_id == run_id)),
+               "nodes": s.scalar(select(func.count()).select_from(Node).join(Graph).where(Graph.run_id == run_id)),
+               "edges": s.scalar(select(func.count()).select_from(Edge).join(Graph).where(Graph.run_id == run_id)),
+               "params": s.scalar(select(func.count()).select_from(Param).where(Param.run_id == run_id)),
+               "events": s.scalar(select(func.count()).select_from(TraceEvent).join(Trace)
+                                  .where(Trace.run_id == run_id))}
+    engine.dispose()
+    return out
+
+
+def test_sixteen_uploads_merge_into_postgres_at_once(pg_url, captured_store, tmp_path):
+    """16 processes upload a capture bundle each to a server on PostgreSQL at the same time: every
+    merge (concurrent transactions interning the same strings) lands whole, none retried twice."""
+    expected = _run_counts(captured_store, "tiny")
+    env = dict(os.environ, GRAPHDECK_TOKEN="t0k")
+    with LiveServer(pg_url, write_tokens=("t0k",), data_dir=tmp_path / "uploads") as srv:
+        procs = [subprocess.Popen([sys.executable, "-c", UPLOADER, srv.url, str(captured_store), str(i)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                 for i in range(RANKS)]
+        outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for i, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0 and "uploaded done" in out, f"uploader {i}:\n{out[-2000:]}"
+    for i in range(RANKS):
+        assert _run_counts(pg_url, f"job{i}") == expected, f"job{i} has every row of the bundle, once"
