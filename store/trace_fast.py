@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections import deque
 from decimal import Decimal
 
 import ijson
@@ -195,22 +196,31 @@ def _tail_at(text: bytes, at: int, st: Scan) -> bool:
 _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*"?(\d+)"?')
 
 
-def peek_base_time(fh, window: int = 256 * 1024) -> int | None:
+def peek_base_time(fh, window: int = 256 * 1024, origin: int | None = None) -> int | None:
     """``baseTimeNanoseconds`` from the last ``window`` bytes of the JSON text of a seekable
-    file, or None; the file position is restored. Kineto writes the key after the events, so
-    without this every stored ``ts_ns`` would need a second, indexed ``UPDATE`` at the end (the
-    ingest checks the value against the parsed one and corrects a mismatch). A gzip file is
-    inflated once for it (no parsing: ~5% of the ingest)."""
-    start = fh.tell()
+    file whose text starts at byte ``origin`` (default: the current position), or None; the
+    file position is restored. Kineto writes the key after the events, so without this every
+    stored ``ts_ns`` would need a second, indexed ``UPDATE`` at the end (the ingest checks the
+    value against the parsed one and corrects a mismatch). A gzip file is inflated once for it
+    (no parsing; ISA-L: ~0.05 s for 62 MB). The ingest asks only when the key did not come
+    before the events."""
+    here = fh.tell()
+    start = here if origin is None else origin
     try:
+        fh.seek(start)
         magic = fh.read(2)
         fh.seek(start)
         if magic == _GZIP_MAGIC:
             z = gzip_inflater()
-            tail = b""
-            while chunk := fh.read(READ_SIZE):
+            kept: deque[bytes] = deque()  # the last pieces, at least ``window`` bytes: flat memory
+            size = 0
+            while chunk := fh.read(16 * READ_SIZE):
                 while chunk:
-                    tail = (tail + z.decompress(chunk, window))[-window:]  # output bounded: flat memory
+                    piece = z.decompress(chunk, 4 * window)
+                    kept.append(piece)
+                    size += len(piece)
+                    while size - len(kept[0]) >= window:
+                        size -= len(kept.popleft())
                     if z.unconsumed_tail:
                         chunk = z.unconsumed_tail
                     elif z.eof:
@@ -218,6 +228,7 @@ def peek_base_time(fh, window: int = 256 * 1024) -> int | None:
                         z = gzip_inflater()
                     else:
                         chunk = b""
+            tail = b"".join(kept)[-window:]
         else:
             fh.seek(0, 2)
             fh.seek(max(start, fh.tell() - window))
@@ -225,7 +236,7 @@ def peek_base_time(fh, window: int = 256 * 1024) -> int | None:
     except (OSError, *INFLATE_ERRORS):
         return None
     finally:
-        fh.seek(start)
+        fh.seek(here)
     found = _BASE_TIME.findall(tail)
     return as_int64(found[-1].decode()) if found else None
 

@@ -108,7 +108,8 @@ _FIELDS = operator.itemgetter(*_FIELD_NAMES)
 # ``epoch_ns = baseTimeNanoseconds + ts * 1000``. Kineto writes that key *after* traceEvents, so
 # it is usually unknown while events stream by. Rows are written with the base when it was seen
 # before the first event (then ``meta["ts_base_applied"] = "inline"``) or read from the end of a
-# seekable file before parsing (``"peek"``, :func:`~graphdeck.store.trace_json.peek_base_time`),
+# seekable file when the first event is reached without it (``"peek"``,
+# :func:`~graphdeck.store.trace_fast.peek_base_time`),
 # else relative to the trace clock and shifted by one ``UPDATE ... SET ts_ns = ts_ns + base`` in
 # the transaction that finalises the trace (``"update"``; also what corrects a peek that turns out
 # different from the parsed value). ``meta["ts_clock"]`` says what ``ts_ns`` means:
@@ -196,11 +197,17 @@ def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progre
         start = None
     try:
         if start is not None:
-            peeked = peek_base_time(fh)
+            peeked: list[int | None] = []
+
+            def peek() -> int | None:  # asked only when the base did not come before the events; once
+                if not peeked:
+                    peeked.append(peek_base_time(fh, origin=start))
+                return peeked[0]
+
             for fast in ("orjson", "ijson"):
                 try:
                     ing = _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress, fast=fast)
-                    ing.peeked_base = peeked
+                    ing.peek = peek
                     return ing.run(fh)
                 except _NeedsSlowPath as exc:
                     log.debug("%s: the %s reading gave up (%s)", name, fast, exc)
@@ -280,7 +287,7 @@ class _Ingest:
         self.events_total = 0
         self.stored = 0
         self.base_inline: int | None = None  # see NOTE: [Trace time base]
-        self.peeked_base: int | None = None  # baseTimeNanoseconds read from the end of the file first
+        self.peek = None  # () -> baseTimeNanoseconds read from the end of the file, or None
         self.base_from_peek = False
         self.min_ts: int | None = None
         self.max_end: int | None = None
@@ -617,8 +624,10 @@ class _Ingest:
     def _init_base(self) -> None:
         """The base added to every ``ts_ns`` as rows are built (NOTE: [Trace time base])."""
         base = as_int64(self.st.meta.get("baseTimeNanoseconds"))
-        if base is None and self.peeked_base:
-            base, self.base_from_peek = self.peeked_base, True
+        if base is None and self.peek is not None:
+            peeked = self.peek()
+            if peeked:
+                base, self.base_from_peek = peeked, True
         self.base_inline = base or 0
 
     def _metadata_event(self, obj: dict) -> None:
