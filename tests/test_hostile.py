@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import io
 import json
+import shutil
 import sqlite3
 import tempfile
 import xml.etree.ElementTree as ET
@@ -173,6 +174,16 @@ def test_sql_metacharacters_are_data(server):
 _STORE_DIR = tempfile.mkdtemp(prefix="graphdeck-hostile-")
 _engines: dict[str, object] = {}
 _counter = iter(range(10**9))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_property_stores():
+    """The property tests share two stores in one temp dir (hypothesis calls a test many times):
+    removed when the module is done."""
+    yield
+    for engine in _engines.values():
+        engine.dispose()
+    shutil.rmtree(_STORE_DIR, ignore_errors=True)
 
 
 def _engine(name: str):
