@@ -16,14 +16,21 @@ Classes of bytes (``Tensor.kind``):
 * ``activation`` — an intermediate, freed after its last use;
 * ``output`` — returned by the graph (held until the graph ends); in an ``aot_forward`` graph the
   outputs named ``SavedForBackwardsAOTOutput`` are **saved activations** (``saved``), held until
-  the backward graph's last use of them.
+  the backward graph's last use of them (without descriptors: the outputs a backward placeholder
+  names);
+* ``recomputed`` — (checkpoint what-if) a dropped saved activation born again in the backward.
 
 ``step_memory`` chains a forward graph and its backward graph into one step curve; saved
 activations then live from their forward producer to their last backward use, and the backward
 node that frees each is reported. ``checkpoint_estimate`` and ``dtype_estimate`` answer what-if
 questions from the same model. The model counts tensor bytes (``numel × itemsize``); it does not
-model the allocator's caching, rounding or fragmentation, nor workspace memory of kernels, nor
-in-place reuse by Inductor — measured peaks are therefore higher (see bench/RESULTS.md).
+model the allocator's caching, rounding or fragmentation, nor workspace memory of kernels. Where
+the captured graphs are the graphs that run (eager execution of the partitioned graphs) the step
+peak and the checkpoint estimate equal the profiler's CPU measurement; Inductor fuses and reuses
+buffers, so its measured peaks are lower (17-27% on GPT-2; see bench/RESULTS.md "Memory view").
+
+The hot path works on column arrays (numpy) rather than one object per node: 100k-node graphs
+take about as long as fetching their rows.
 
 Pure: reads the store, returns data; the server, CLI and dashboard render it.
 """
