@@ -46,6 +46,10 @@ class NotFast(Exception):
     """The fast path cannot read this input; the caller reads it again token by token."""
 
 
+class NoEventsHead(NotFast):
+    """No ``traceEvents`` array opens near the start: no fast reading can read this input."""
+
+
 def fast_events(reader, st: Scan):
     """Yield the items of ``traceEvents`` like :func:`scan_events`, parsed by ijson's C ``items``.
 
@@ -101,17 +105,22 @@ class _Tee:
 def _read_head(reader, st: Scan) -> tuple[bytes, str]:
     """Read the text up to (and a little past) the ``[`` of the events: ``(head, prefix)``, the
     prefix being ijson's path of the events (``item`` for the JSON Array Format)."""
-    head = b""
-    prefix = None
+    parts: list[bytes] = []
+    size, prefix, seen = 0, None, False
     while prefix is None:
         chunk = reader.read(READ_SIZE)
         if not chunk:
-            raise NotFast("no traceEvents array")
-        head += chunk
-        prefix = _events_prefix(head, st)
-        if prefix is None and len(head) > HEAD_LIMIT:
-            raise NotFast("no traceEvents array near the start")
-    return head, prefix
+            raise NoEventsHead("no traceEvents array")
+        # the head is joined and parsed only once the key can be in it (no quadratic re-joins)
+        seen = seen or b'"traceEvents"' in (parts[-1][-16:] if parts else b"") + chunk or size == 0
+        parts.append(chunk)
+        size += len(chunk)
+        if seen:
+            parts = [b"".join(parts)]
+            prefix = _events_prefix(parts[0], st)
+        if prefix is None and size > HEAD_LIMIT:
+            raise NoEventsHead("no traceEvents array near the start")
+    return parts[0], prefix
 
 
 def _events_prefix(head: bytes, st: Scan) -> str | None:
@@ -246,6 +255,8 @@ def peek_base_time(fh, window: int = 256 * 1024, origin: int | None = None) -> i
 #: Text parsed by one orjson call; its events are held as one list (64 KiB: the fastest and
 #: flattest of 64 KiB–512 KiB, measured on the xdit and OWLv2 traces).
 CHUNK_BYTES = 64 << 10
+#: Text read (and inflated) at a time, then cut into chunks.
+READ_BYTES = 1 << 20
 #: A chunk that holds no event boundary grows up to this size before the reading gives up.
 MAX_CHUNK_BYTES = 64 << 20
 #: ``|ts|`` and ``|dur|`` (µs) below this convert from a float to exactly the ns of the decimal
@@ -337,32 +348,33 @@ def chunked_events(reader, st: Scan):
     :func:`fast_events`. A cut or corrupt gzip stream gives up too (the token path reports it).
     """
     head, prefix = _read_head(reader, st)
-    parts = [head[_events_start(head, prefix) :]]
-    size, want, eof, after_comma = len(parts[0]), CHUNK_BYTES, False, False
+    buf, pos = head, _events_start(head, prefix)  # buf[pos:] is the text not parsed yet
+    need, eof, after_comma = 2 * CHUNK_BYTES, False, False
     while True:
-        while size < want and not eof:
-            data = reader.read(CHUNK_BYTES)
-            if data:
+        if not eof and len(buf) - pos < need:  # read on, in larger pieces than the chunks
+            parts, size = [buf[pos:]], len(buf) - pos
+            while size < need:
+                data = reader.read(READ_BYTES)
+                if not data:
+                    eof = True
+                    break
                 parts.append(data)
                 size += len(data)
-            else:
-                eof = True
-        buf = b"".join(parts)
+            buf, pos = b"".join(parts), 0
         if eof:
             break
-        found = _split(buf)
-        if found is None:
-            if size >= MAX_CHUNK_BYTES:
-                raise NotFast(f"no event boundary in {size} bytes")
-            parts, want = [buf], 2 * size  # a long event: grow geometrically, not by copies of it
+        found = _split(buf, pos, min(len(buf), pos + CHUNK_BYTES)) or _split(buf, pos, len(buf))
+        if found is None:  # an event longer than the text at hand: grow geometrically
+            if len(buf) - pos >= MAX_CHUNK_BYTES:
+                raise NotFast(f"no event boundary in {len(buf) - pos} bytes")
+            need = 2 * (len(buf) - pos)
             continue
-        chunk, rest = found
-        parts, want, after_comma = [buf[rest:]], CHUNK_BYTES, True
-        size = len(parts[0])
+        chunk, pos = found
+        need, after_comma = 2 * CHUNK_BYTES, True
         yield chunk
     if reader.cut:
         raise NotFast(reader.cut)
-    chunk, tail = _last(buf, st, after_comma)
+    chunk, tail = _last(buf[pos:], st, after_comma)
     yield chunk
     st.complete = True  # the keys after the events are known only once the events are taken
     st.meta.update(tail.meta)
@@ -382,12 +394,12 @@ def _events_start(head: bytes, prefix: str) -> int:
     raise NotFast("the start of traceEvents was not found")
 
 
-def _split(buf: bytes):
-    """``(chunk, offset after the comma)`` for the longest parsing run of whole events at the
-    start of ``buf``, or None."""
-    i, n, tries = len(buf), len(buf), 0
+def _split(buf: bytes, start: int, end: int):
+    """``(chunk, offset after the comma)`` for the longest parsing run of whole events in
+    ``buf[start:end]`` from its start, or None."""
+    i, n, tries = end, len(buf), 0
     while tries < _SPLIT_TRIES:
-        i = buf.rfind(b"}", 0, i)
+        i = buf.rfind(b"}", start, i)
         if i < 0:
             return None
         j = i + 1
@@ -396,7 +408,7 @@ def _split(buf: bytes):
         if j >= n or buf[j] != 0x2C:  # not followed by a comma: not between events
             continue
         tries += 1
-        got = _parse(buf[: i + 1])
+        got = _parse(buf[start : i + 1])
         if got is not None:
             return got, j + 1
     return None

@@ -67,6 +67,7 @@ from graphdeck.store.trace_fast import (
     FLOAT_EXACT_US,
     Chunk,
     Inexact,
+    NoEventsHead,
     NotFast,
     chunked_events,
     fast_events,
@@ -212,6 +213,8 @@ def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progre
                 except _NeedsSlowPath as exc:
                     log.debug("%s: the %s reading gave up (%s)", name, fast, exc)
                     fh.seek(start)
+                    if isinstance(exc.__cause__, NoEventsHead):  # the next fast reading would fail alike
+                        break
         return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress,
                        repair=False, can_repair=start is not None).run(fh)
     except _NeedsRepair:
