@@ -310,7 +310,8 @@ def _write_results(rows, window, args) -> None:
         SECTION, "",
         f"`{cmd}` on {time.strftime('%Y-%m-%d %H:%M')} UTC: {platform.machine()}, {os.cpu_count()} CPUs shared with "
         f"other developers (load average {args.load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; "
-        "wall times stretch with the load, so the CPU seconds of each side, all threads, are given too), Python {platform.python_version()}, "
+        "wall times stretch with the load, so the CPU seconds of each side, all threads, are given too), "
+        f"Python {platform.python_version()}, "
         f"ijson {ijson.__version__} ({ijson.backend}), SQLAlchemy {sqlalchemy.__version__}, HolisticTraceAnalysis "
         f"{hta_version}. Median of {args.repeat} interleaved runs per side, each side in its own forked child "
         "(peak = the child's `ru_maxrss`; graphdeck's store is created by another process first, as when a captured "
