@@ -7,7 +7,8 @@
 # ``aot_module_simplified`` and compilers that only keep the graphs they are handed. The
 # compiled result of that trace is thrown away (it is never run); the inner backend compiles
 # the same graph for real. The shadow uses the partitioner the inner backend uses (min-cut for
-# Inductor, the default one otherwise) and Inductor's decompositions, so its forward/backward
+# Inductor and, on current torch, ``aot_eager``; the default one otherwise) and, for Inductor,
+# Inductor's decompositions, so its forward/backward
 # split, saved tensors and recompute tags match what runs. Cost: one extra AOT trace per graph,
 # at compile time only.
 """
@@ -53,12 +54,11 @@ def shadow_trace(gm: torch.fx.GraphModule, example_inputs: list[Any], *, inner: 
         return compiler
 
     decompositions = None
-    partition_fn = default_partition
-    if inner == "inductor":
+    partition_fn = min_cut_rematerialization_partition if _uses_min_cut(inner) else default_partition
+    if inner in ("inductor", "aot_eager_decomp_partition"):
         from torch._inductor.decomposition import select_decomp_table
 
         decompositions = select_decomp_table()
-        partition_fn = min_cut_rematerialization_partition
 
     fake_mode = detect_fake_mode(example_inputs)
     try:
@@ -72,6 +72,22 @@ def shadow_trace(gm: torch.fx.GraphModule, example_inputs: list[Any], *, inner: 
     except Exception as exc:  # capture never breaks training
         out.errors.append(f"{type(exc).__name__}: {exc}")
     return out
+
+
+def _uses_min_cut(inner: str) -> bool:
+    """Whether the registered backend ``inner`` partitions with the min-cut rematerialization
+    partitioner (Inductor and ``aot_eager_decomp_partition`` always; ``aot_eager`` does from
+    torch 2.6 on, the default partitioner before, so its function's code is asked)."""
+    if inner in ("inductor", "aot_eager_decomp_partition"):
+        return True
+    if inner == "aot_eager":
+        try:
+            from torch._dynamo.backends import debugging
+
+            return "min_cut_rematerialization_partition" in debugging.aot_eager.__code__.co_names
+        except Exception:  # noqa: BLE001 - an unknown layout: keep the default partitioner
+            return False
+    return False
 
 
 def input_index(desc: Any) -> int | None:
