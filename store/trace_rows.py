@@ -1,0 +1,303 @@
+"""Trace events to rows: the per-event half of :mod:`graphdeck.store.traces`' ingest.
+
+:class:`EventRows` is a mixin of the ingest (``_Ingest``): it turns each item of ``traceEvents``
+into a row of its batch (see :mod:`graphdeck.store.trace_write` for the row's shape) or a count,
+with every skip counted and ``strict`` failing on any. :meth:`EventRows._event` takes one event
+from any reading; :meth:`EventRows._chunk` takes a chunk of the chunked orjson reading (NOTE:
+[Chunked orjson reading] in :mod:`graphdeck.store.trace_fast`) with the common shape inline and
+everything else through ``_event``, so both give the same rows and counters.
+
+The ingest provides the attributes these methods read and update: ``events_total``, ``stored``,
+``by_ph``, ``skips``, ``counts``, ``batch``, ``new_strings``, ``unresolved``, ``string_ids``,
+``lane_ids``, ``lanes``, ``base_inline``, ``base_from_peek``, ``peek``, ``min_ts``, ``max_end``,
+``st`` (a :class:`~graphdeck.store.trace_json.Scan`), ``fast``, ``strict`` and ``name``.
+"""
+
+from __future__ import annotations
+
+import operator
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+from graphdeck.errors import BadInputError
+from graphdeck.store.trace_fast import FLOAT_EXACT_US, Chunk, Inexact
+from graphdeck.store.trace_json import (
+    ARGS_MAX_CHARS,
+    INT64_MAX,
+    INT64_MIN,
+    _json_default,
+    as_int64,
+    dump_args,
+    dumps,
+    lane_id,
+    to_ns,
+)
+
+#: Phases stored as rows; everything else is only counted.
+STORED_PH = frozenset({"X", "i", "I"})
+#: At most this many process / thread names are kept from ``M`` events.
+MAX_LANE_NAMES = 10_000
+_NO_MIN, _NO_MAX = INT64_MAX + 1, INT64_MIN - 1  # min/max of no event yet
+_FIELD_NAMES = ("ts", "dur", "name", "cat", "pid", "tid", "args")
+_FIELDS = operator.itemgetter(*_FIELD_NAMES)
+
+
+def _check_floats(obj: dict, chunk: Chunk) -> None:
+    """Make this orjson-read event read by :meth:`_Ingest._event` as its decimal text would be
+    (NOTE: [Chunked orjson reading]): a ``ts`` / ``dur`` whose float :func:`to_ns` would round
+    differently becomes the exact ``Decimal``; :class:`Inexact` where that cannot be known."""
+    for key in ("ts", "dur"):
+        value = obj.get(key)
+        if type(value) is float:
+            n = chunk.ns(value)
+            if n != round(value * 1000):
+                obj[key] = Decimal(n).scaleb(-3)
+    for key in ("pid", "tid", "name", "cat"):
+        if type(obj.get(key)) is float:
+            raise Inexact(f"{key} {obj.get(key)!r}")
+
+
+class EventRows:
+    """Per-event methods of the ingest (see the module docstring)."""
+
+    def _skip(self, reason: str, index: int, detail: str) -> None:
+        self.skips[reason] += 1
+        if self.strict:
+            raise BadInputError(
+                f"trace {self.name!r}: event #{index} {detail} (strict mode drops nothing)",
+                file=self.name, reason=reason, event_index=index,
+            )
+
+    def _event(self, obj: Any) -> None:
+        index = self.events_total
+        self.events_total += 1
+        if type(obj) is not dict:
+            return self._skip("skipped_not_object", index, f"is a JSON {type(obj).__name__}, not an object")
+        ph = obj.get("ph")
+        if not isinstance(ph, str):
+            return self._skip("skipped_missing_ph", index, "has no string 'ph'")
+        self.by_ph[ph] += 1
+        if ph not in STORED_PH:
+            if ph == "M":
+                self._metadata_event(obj)
+            return None
+        ts = obj.get("ts")
+        if ts is None:
+            return self._skip("skipped_missing_ts", index, "has no 'ts'")
+        try:
+            ts_ns = to_ns(ts)
+        except ValueError:
+            return self._skip("skipped_bad_ts", index, f"has a non-numeric 'ts' {str(ts)[:40]!r}")
+        dur_ns = 0
+        if ph == "X":
+            dur = obj.get("dur")
+            if dur is None:
+                self.counts["missing_dur"] += 1
+            else:
+                try:
+                    dur_ns = to_ns(dur)
+                except ValueError:
+                    return self._skip("skipped_bad_dur", index, f"has a non-numeric 'dur' {str(dur)[:40]!r}")
+        if self.base_inline is None:
+            self._init_base()
+        ts_ns += self.base_inline
+        end_ns = ts_ns + dur_ns
+        if not (INT64_MIN <= ts_ns <= INT64_MAX and INT64_MIN <= end_ns <= INT64_MAX):
+            return self._skip("skipped_bad_ts", index, "has a 'ts' or 'dur' beyond int64 nanoseconds")
+        args = obj.get("args")
+        corr = None
+        args_json = None
+        if args is not None:
+            if type(args) is dict:
+                if self.fast:  # the C parser keeps integers past int64 as ints: text, as the token path does
+                    for k, v in args.items():
+                        if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+                            args[k] = str(v)
+                            self.st.big_ints += 1
+                c = args.get("correlation")
+                if c is None:
+                    c = args.get("External id", args.get("external id"))
+                if c is not None:
+                    corr = as_int64(c)
+            args_json, cut = dump_args(args)
+            self.counts["args_truncated"] += cut
+        name = obj.get("name")
+        if not isinstance(name, str):
+            name = "" if name is None else dumps(name)
+        cat = obj.get("cat")
+        if cat is not None and not isinstance(cat, str):
+            cat = dumps(cat)
+        if self.min_ts is None or ts_ns < self.min_ts:
+            self.min_ts = ts_ns
+        if self.max_end is None or end_ns > self.max_end:
+            self.max_end = end_ns
+        self.stored += 1
+        name_id = self.string_ids.get(name)
+        cat_id = None if cat is None else self.string_ids.get(cat)
+        if name_id is None or (cat_id is None and cat is not None):
+            self.unresolved.append(len(self.batch))
+            if name_id is None:
+                name_id = name
+                self.new_strings.add(name)
+            if cat_id is None and cat is not None:
+                cat_id = cat
+                self.new_strings.add(cat)
+        self.batch.append((ph, name_id, cat_id, ts_ns, dur_ns, lane_id(obj.get("pid")), lane_id(obj.get("tid")), corr, args_json))
+        return None
+
+    def _chunk(self, chunk: Chunk) -> None:
+        """Every event of one parsed chunk (NOTE: [Chunked orjson reading]), exactly as
+        :meth:`_event` would take it: the common shape (a stored event with numeric ``ts`` /
+        ``dur``, string name and category, object args) inline, anything else through
+        :meth:`_event`, after checking that orjson's floats read like the exact decimals."""
+        ids_get, new_strings, lanes, unresolved = self.string_ids.get, self.new_strings, self.lane_ids, self.unresolved
+        batch, by_ph, counts = self.batch, self.by_ph, self.counts
+        append = batch.append
+        base, lim, odumps, st = self.base_inline, FLOAT_EXACT_US, orjson.dumps, self.st
+        events, long_ints, ns = chunk.events, chunk.long_ints, chunk.ns
+        n, stored = self.events_total, self.stored
+        lo = _NO_MIN if self.min_ts is None else self.min_ts
+        hi = _NO_MAX if self.max_end is None else self.max_end
+        n_x = n_i = n_cap_i = 0
+        for obj in events:
+            try:
+                ph = obj["ph"]
+            except (KeyError, TypeError):
+                ph = None
+            if ph != "X" and ph != "i" and ph != "I":
+                if type(ph) is str and ph != "M":  # flows, counters, ...: only counted
+                    by_ph[ph] += 1
+                    n += 1
+                    continue
+            else:
+                try:  # one C call for the usual fields; the absent ones are None, as with .get
+                    ts, dur, name, cat, pid, tid, args = _FIELDS(obj)
+                except KeyError:
+                    ts, dur, name, cat, pid, tid, args = map(obj.get, _FIELD_NAMES)
+                kind = type(ts)
+                if kind is float:
+                    t = round(ts * 1000)
+                    if t / 1000 != ts or not -lim < ts < lim:
+                        t = ns(ts)
+                elif kind is int:
+                    t = ts * 1000
+                else:
+                    t = None
+                d = 0
+                if ph == "X":
+                    kind = type(dur)
+                    if kind is float:
+                        d = round(dur * 1000)
+                        if d / 1000 != dur or not -lim < dur < lim:
+                            d = ns(dur)
+                    elif kind is int:
+                        d = dur * 1000
+                    else:
+                        t = None
+                if t is not None and base is not None and type(name) is str and (cat is None or type(cat) is str) \
+                        and (args is None or type(args) is dict):
+                    t += base
+                    e = t + d
+                    if INT64_MIN <= t <= INT64_MAX and INT64_MIN <= e <= INT64_MAX:
+                        kind = type(pid)
+                        p = lanes.get(pid) if kind is int or kind is str else None
+                        if p is None:
+                            if kind is float:
+                                raise Inexact(f"pid {pid!r}")
+                            p = lane_id(pid)
+                            if kind is int or kind is str:
+                                lanes[pid] = p
+                        kind = type(tid)
+                        q = lanes.get(tid) if kind is int or kind is str else None
+                        if q is None:
+                            if kind is float:
+                                raise Inexact(f"tid {tid!r}")
+                            q = lane_id(tid)
+                            if kind is int or kind is str:
+                                lanes[tid] = q
+                        corr = args_json = None
+                        if args is not None:
+                            if long_ints:  # integers past int64 as text, as the exact readers keep them
+                                for k, v in args.items():
+                                    if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+                                        args[k] = str(v)
+                                        st.big_ints += 1
+                            c = args.get("correlation")
+                            if c is None:
+                                c = args.get("External id", args.get("external id"))
+                            if c is not None:
+                                corr = c if type(c) is int and INT64_MIN <= c <= INT64_MAX else as_int64(c)
+                            try:
+                                raw = odumps(args, default=_json_default)
+                            except TypeError:
+                                raw = None
+                            if raw is not None and len(raw) <= ARGS_MAX_CHARS:
+                                args_json = raw.decode()
+                            else:
+                                args_json, cut = dump_args(args)
+                                counts["args_truncated"] += cut
+                        name_id = ids_get(name)
+                        cat_id = None if cat is None else ids_get(cat)
+                        if name_id is None or (cat_id is None and cat is not None):
+                            unresolved.append(len(batch))
+                            if name_id is None:
+                                name_id = name
+                                new_strings.add(name)
+                            if cat_id is None and cat is not None:
+                                cat_id = cat
+                                new_strings.add(cat)
+                        append((ph, name_id, cat_id, t, d, p, q, corr, args_json))
+                        if t < lo:
+                            lo = t
+                        if e > hi:
+                            hi = e
+                        stored += 1
+                        n += 1
+                        if ph == "X":
+                            n_x += 1
+                        elif ph == "i":
+                            n_i += 1
+                        else:
+                            n_cap_i += 1
+                        continue
+            # anything else: the general path, with the counters handed over and back
+            if not long_ints and type(obj) is dict:
+                _check_floats(obj, chunk)
+            self.events_total, self.stored = n, stored
+            self.min_ts, self.max_end = (None if lo == _NO_MIN else lo), (None if hi == _NO_MAX else hi)
+            self._event(obj)
+            n, stored, base = self.events_total, self.stored, self.base_inline
+            lo = _NO_MIN if self.min_ts is None else self.min_ts
+            hi = _NO_MAX if self.max_end is None else self.max_end
+        self.events_total, self.stored = n, stored
+        self.min_ts, self.max_end = (None if lo == _NO_MIN else lo), (None if hi == _NO_MAX else hi)
+        for ph, k in (("X", n_x), ("i", n_i), ("I", n_cap_i)):
+            if k:
+                by_ph[ph] += k
+
+    def _init_base(self) -> None:
+        """The base added to every ``ts_ns`` as rows are built (NOTE: [Trace time base])."""
+        base = as_int64(self.st.meta.get("baseTimeNanoseconds"))
+        if base is None and self.peek is not None:
+            peeked = self.peek()
+            if peeked:
+                base, self.base_from_peek = peeked, True
+        self.base_inline = base or 0
+
+    def _metadata_event(self, obj: dict) -> None:
+        args = obj.get("args")
+        value = args.get("name") if isinstance(args, dict) else None
+        kind = obj.get("name")
+        pid = lane_id(obj.get("pid"))
+        if kind == "process_labels" and isinstance(args, dict):
+            table, key, value = self.lanes["process_labels"], pid, args.get("labels")
+        elif kind == "process_name":
+            table, key = self.lanes["process_names"], pid
+        elif kind == "thread_name":
+            table, key = self.lanes["thread_names"], f"{pid}/{lane_id(obj.get('tid'))}"
+        else:
+            return
+        if isinstance(value, str) and (key in table or len(table) < MAX_LANE_NAMES):
+            table[key] = value
