@@ -176,6 +176,13 @@ class UploadArea:
         meta.update(state=state, result=result, error=error)
         self._write_meta(upload_id, meta)
 
+    def reopen(self, upload_id: str) -> None:
+        """Back to ``open`` with no result or error (a done upload the store does not hold, or a
+        failed one declared again); its chunks, if any are left, stay."""
+        with disk_errors("reopening an upload"):
+            (self._dir(upload_id) / "chunks").mkdir(parents=True, exist_ok=True)
+            self.set_state(upload_id, "open")
+
     def status(self, upload_id: str) -> dict:
         """``{"id", "kind", "run", "rank", "name", "size_bytes", "sha256", "chunk_bytes", "num_chunks",
         "present": [index, ...], "missing": [...], "received_bytes", "state", "result", "error"}``;

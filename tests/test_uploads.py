@@ -120,7 +120,8 @@ def test_bundle_merges_every_row_once(server, captured_store, tmp_path):
     for table, n in before.items():
         assert after.get(table) == n, f"{table}: {after.get(table)} rows on the server, {n} in the bundle"
     again = upload_store(server.url, captured_store, run="merged", rank=0, token=TOKEN)
-    assert again["id"] == status["id"] and again["result"] == status["result"], "the same upload, answered again"
+    assert again["id"] == status["id"] and again["result"] == {**status["result"], "already_merged": True}, \
+        "the same upload, answered again (already merged)"
     assert table_counts(server.store) == after, "uploading the same store again merges nothing"
     c = server.client
     graphs = c.get("/api/runs/merged/graphs").json()
@@ -273,7 +274,8 @@ def test_uploads_into_postgres(pg_url, captured_store, tmp_path):
         b = upload_store(srv.url, captured_store, run="pg", rank=0, token=TOKEN, chunk_bytes=64 * KiB)
         t = upload_trace(srv.url, TRACE_GZ, run="pg", rank=1, token=TOKEN, chunk_bytes=64 * KiB)
         again = upload_trace(srv.url, TRACE_GZ, run="pg", rank=1, token=TOKEN)
-        assert again["result"] == t["result"], "a repeated trace upload is answered, not ingested again"
+        assert again["result"] == {**t["result"], "already_merged": True}, \
+            "a repeated trace upload is answered from the store, not ingested again"
         graphs = httpx.get(f"{srv.url}/api/runs/pg/graphs").json()
         assert httpx.get(f"{srv.url}/api/graphs/{graphs[0]['id']}/svg").status_code == 200
     engine = create_engine(pg_url)
@@ -324,3 +326,37 @@ def test_graphdeck_upload_cli(server, captured_store):
     assert r.exit_code == 2 and "403" in r.output, "a refused token is a usage error naming the answer"
     ranks = {x["rank"] for x in server.client.get("/api/runs/cli/ranks").json()}
     assert ranks == {0, 3}, ranks
+
+
+def test_done_means_in_this_store_not_in_the_upload_folder(tmp_path):
+    """One data dir outliving its store / shared by two stores: "done" comes from the store's own
+    marker, so the same file uploaded to two stores lands in both; a failure is not remembered."""
+    data_dir, runs = tmp_path / "shared-data", []
+    for name in ("a.db", "b.db"):
+        with LiveServer(tmp_path / name, write_tokens=(TOKEN,), data_dir=data_dir) as srv:
+            first = upload_trace(srv.url, TRACE_GZ, run="both", rank=0, token=TOKEN)
+            again = upload_trace(srv.url, TRACE_GZ, run="both", rank=0, token=TOKEN)
+            assert first["result"]["already_merged"] is False, name
+            assert again["result"]["already_merged"] is True and again["result"]["run_id"] == first["result"]["run_id"]
+            runs.append(httpx.get(f"{srv.url}/api/runs").json())
+            bad = b'{"nope": 1}'
+            with httpx.Client(base_url=srv.url, headers=AUTH) as c:
+                uid = create(c, bad).json()["id"]
+                put(c, uid, 0, bad)
+                assert c.post(f"/api/uploads/{uid}/complete").status_code == 400
+                assert create(c, bad).json()["state"] == "open", "declaring it again retries, no cached failure"
+    assert [[r["name"] for r in rs] for rs in runs] == [["both"], ["both"]]
+    for name in ("a.db", "b.db"):
+        con = sqlite3.connect(tmp_path / name)
+        assert con.execute("SELECT count(*) FROM traces").fetchone()[0] == 1, name
+        con.close()
+
+
+def test_default_upload_folder_is_per_store():
+    from graphdeck.server.routes.uploads import data_dir_for
+    from graphdeck.server.settings import Settings
+
+    a = data_dir_for(Settings(store="postgresql+psycopg://u:one@db:5432/a"))
+    assert a == data_dir_for(Settings(store="postgresql+psycopg://u:two@db:5432/a")), "the password is no part"
+    assert a != data_dir_for(Settings(store="postgresql+psycopg://u:one@db:5432/b"))
+    assert "one" not in str(a)

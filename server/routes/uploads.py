@@ -106,17 +106,27 @@ _CREATE_LOCK = threading.Lock()
 
 
 def data_dir_for(settings) -> FsPath:
-    """``settings.data_dir``, else ``<store>.uploads`` beside a SQLite store file, else a folder
-    in the system temp dir."""
+    """``settings.data_dir``, else ``<store>.uploads`` beside a SQLite store file, else
+    ``graphdeck-uploads-<16 hex>`` in the system temp dir, named by a hash of the store URL
+    (password left out), so two servers on two databases never share an upload folder."""
     if getattr(settings, "data_dir", None):
         return FsPath(settings.data_dir)
     store = str(settings.store)
     if "://" not in store:
         p = FsPath(store).expanduser().resolve()
         return p.with_name(p.name + ".uploads")
+    import hashlib
     import tempfile
 
-    return FsPath(tempfile.gettempdir()) / "graphdeck-uploads"
+    from sqlalchemy.engine import make_url
+
+    try:
+        u = make_url(store)
+        key = repr((u.drivername, u.username, u.host, u.port, u.database, sorted(u.query.items())))
+    except Exception:  # noqa: BLE001 - an unparsable URL fails later, at open_engine, with a message
+        key = store
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return FsPath(tempfile.gettempdir()) / f"graphdeck-uploads-{digest}"
 
 
 @router.get("/api/health")
@@ -151,13 +161,13 @@ async def _read_spec(request: Request) -> UploadRequest:
 @router.post("/api/uploads", status_code=201, openapi_extra={"requestBody": {
     "required": True, "content": {"application/json": {"schema": UploadRequest.model_json_schema()}}}})
 async def create_upload(request: Request, response: Response, settings=Depends(get_settings),
-                        area: UploadArea = Depends(get_area)) -> dict:
+                        area: UploadArea = Depends(get_area), engine=Depends(get_engine)) -> dict:
     """Open an upload (or find the same one again); see the module docstring."""
     body = await _read_spec(request)
-    return await run_in_threadpool(_create, body, response, settings, area)
+    return await run_in_threadpool(_create, body, response, settings, area, engine)
 
 
-def _create(body: UploadRequest, response: Response, settings, area: UploadArea) -> dict:
+def _create(body: UploadRequest, response: Response, settings, area: UploadArea, engine) -> dict:
     cap = int(settings.max_upload_bytes)
     if body.size_bytes > cap:
         raise PayloadTooLargeError(f"an upload of {body.size_bytes} bytes is larger than the {cap}-byte limit",
@@ -168,11 +178,47 @@ def _create(body: UploadRequest, response: Response, settings, area: UploadArea)
     if spec.num_chunks > MAX_CHUNKS:
         raise BadInputError(f"{spec.num_chunks} chunks is more than {MAX_CHUNKS}; use larger chunk_bytes")
     _maybe_sweep(area, settings)
-    existed = (area.root / spec.upload_id() / "meta.json").exists()
-    status = area.create(spec)
+    upload_id = spec.upload_id()
+    existed = (area.root / upload_id / "meta.json").exists()
+    area.create(spec)
+    with area.lock(upload_id):
+        _reconcile(area, upload_id, engine, reopen_failed=True)
     if existed:
         response.status_code = 200
-    return status
+    return area.status(upload_id)
+
+
+def _stored_result(engine, upload_id: str) -> dict | None:
+    """The store's own record of upload ``upload_id`` (``store_meta["upload:<id>"]``, written in
+    the merge's transaction), or None when this store never took it."""
+    with engine.connect() as conn:
+        done = conn.execute(select(StoreMeta.value).where(StoreMeta.key == f"upload:{upload_id}")).scalar()
+    return None if done is None else json.loads(done)
+
+
+def _reconcile(area: UploadArea, upload_id: str, engine, *, reopen_failed: bool) -> None:
+    """Make the upload's state in the data dir agree with the store (call with its lock held).
+
+    NOTE: [Store is the truth] The data dir may outlive its store or be shared by several (a
+    fresh store beside an old ``GRAPHDECK_DATA_DIR``; ``graphdeck stack`` whose database was
+    removed; two servers on one folder), so "done" in ``meta.json`` proves nothing. An upload is
+    done exactly when the store holds its marker: then it is answered from that marker
+    (``already_merged: true``) without any chunk being sent; a "done" the store does not hold is
+    reopened (its chunks were dropped, so the client sends them again). A failure is not kept
+    across declarations: declaring the file again (``reopen_failed``) reopens it, so a retry
+    after a fix (an upgraded server, a store with room) is attempted again.
+    """
+    meta = area.meta(upload_id)
+    stored = _stored_result(engine, upload_id)
+    if stored is not None:
+        kind = meta["spec"]["kind"]
+        old = meta["result"] if meta["state"] == "done" and meta["result"] else {}
+        same = old.get("run_id") == stored.get("run_id")
+        area.set_state(upload_id, "done", result={**(old if same else {}), "kind": kind, **stored,
+                                                  "already_merged": True})
+        area.clean(upload_id)
+    elif meta["state"] == "done" or (meta["state"] == "failed" and reopen_failed):
+        area.reopen(upload_id)
 
 
 #: Abandoned uploads are swept at most this often (on an upload's creation).
@@ -189,8 +235,12 @@ def _maybe_sweep(area: UploadArea, settings) -> None:
 
 
 @router.get("/api/uploads/{upload_id}")
-def get_upload(upload_id: str = Path(pattern=UPLOAD_ID_PATTERN), area: UploadArea = Depends(get_area)) -> dict:
-    """The upload's status: which chunks are present and missing, its state and result."""
+def get_upload(upload_id: str = Path(pattern=UPLOAD_ID_PATTERN), area: UploadArea = Depends(get_area),
+               engine=Depends(get_engine)) -> dict:
+    """The upload's status: which chunks are present and missing, its state and result ("done"
+    only when the store holds the upload: see :func:`_reconcile`)."""
+    with area.lock(upload_id):
+        _reconcile(area, upload_id, engine, reopen_failed=False)
     return area.status(upload_id)
 
 
@@ -218,6 +268,7 @@ def complete_upload(request: Request, upload_id: str = Path(pattern=UPLOAD_ID_PA
                     engine=Depends(get_engine)) -> dict:
     """Verify, ingest once, answer the status with its ``result`` (see the module docstring)."""
     with area.lock(upload_id):
+        _reconcile(area, upload_id, engine, reopen_failed=False)
         meta = area.meta(upload_id)
         if meta["state"] == "failed":
             err = meta["error"] or {}
