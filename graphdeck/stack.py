@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,8 +93,12 @@ def run_stack(opts: StackOptions) -> int:
     from graphdeck.store.db import display_url
 
     opts.data_dir.mkdir(parents=True, exist_ok=True)
-    token = opts.token or os.environ.get("GRAPHDECK_TOKEN") or secrets.token_urlsafe(24)
-    pg = server = job = None
+    token = opts.token or os.environ.get("GRAPHDECK_TOKEN")
+    if not token:
+        token = secrets.token_urlsafe(24)
+        _say(opts, f"write token (random, this session only): {token}  -- for uploads from elsewhere: "
+                   f"export GRAPHDECK_TOKEN={token}; pass --token or set GRAPHDECK_TOKEN to keep one")
+    pg = server = job = kept = None
     stopping = []
 
     def on_signal(signum, _frame):
@@ -105,25 +110,31 @@ def run_stack(opts: StackOptions) -> int:
     try:
         store = opts.store
         if store is None:
-            pg_dir = opts.data_dir / "pg"
-            if os.geteuid() == 0:  # initdb refuses root; the server user must reach its folder
-                pg_dir = None
+            pg_dir, kept = _pg_folder(opts.data_dir)
+            if kept is not None:
+                _say(opts, f"db: running as root and the 'postgres' user cannot reach {opts.data_dir}: the cluster "
+                           f"runs in {pg_dir} and is copied back to {kept} when the stack stops (a killed stack "
+                           "loses this session's runs; a --dir the postgres user can reach avoids the copy)")
             pg = LocalPostgres(pg_dir, port=opts.pg_port, fast=False).start()
             store = pg.url_for("graphdeck") if _has_db(pg.url, "graphdeck") else create_database(pg.url, "graphdeck")
-            _say(opts, f"db: PostgreSQL at {display_url(store)} (data in {pg.data_dir})")
-        env = dict(os.environ, GRAPHDECK_WRITE_TOKENS=token, GRAPHDECK_DATA_DIR=str(opts.data_dir / "uploads"))
-        server = subprocess.Popen([sys.executable, "-m", "graphdeck.cli", "serve", store, "--host", opts.host,
-                                   "--port", str(opts.port)], env=env)
+            _say(opts, f"db: PostgreSQL at {display_url(store)} (data in {kept or pg.data_dir}, kept after a stop)")
+        # PYTHONSAFEPATH and a cwd of our own: a 'graphdeck/' folder where the stack was started
+        # cannot shadow the installed package in the server or the demo ranks.
+        env = dict(os.environ, GRAPHDECK_WRITE_TOKENS=token, GRAPHDECK_DATA_DIR=str(opts.data_dir / "uploads"),
+                   PYTHONSAFEPATH="1")
+        server = subprocess.Popen([sys.executable, "-P", "-m", "graphdeck.cli", "serve", store, "--host", opts.host,
+                                   "--port", str(opts.port)], env=env, cwd=opts.data_dir)
         base = f"http://{opts.host}:{opts.port}"
         wait_healthy(f"{base}/api/health", proc=server)
         _say(opts, f"server: {base}/ (store {display_url(store)}) ready")
         if opts.demo:
-            job_env = dict(os.environ, GRAPHDECK_TOKEN=token, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            job_env = dict(os.environ, GRAPHDECK_TOKEN=token, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1",
+                           PYTHONSAFEPATH="1")
+            cmd = [sys.executable, "-P", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                    "-m", "graphdeck.demo", "--upload-url", base, "--run-name", opts.demo_run,
                    "--backend", opts.demo_backend, "--steps", str(opts.demo_steps), "--layers", str(opts.demo_layers)]
-            _say(opts, f"demo: {' '.join(cmd[3:])}")
-            job = subprocess.Popen(cmd, env=job_env)
+            _say(opts, f"demo: {' '.join(cmd[4:])}")
+            job = subprocess.Popen(cmd, env=job_env, cwd=opts.data_dir)
             code = job.wait()
             job = None
             if code != 0:
@@ -142,10 +153,60 @@ def run_stack(opts: StackOptions) -> int:
         _stop(job)
         _stop(server)
         if pg is not None:
-            pg.stop()  # its folder is removed only when it was a temp one
+            pg.stop(remove=False)
+            if kept is not None:
+                _copy_back(pg.data_dir, kept)
+                _say(opts, f"db: cluster copied back to {kept}")
+                shutil.rmtree(pg.data_dir, ignore_errors=True)
         for s, handler in old.items():
             signal.signal(s, handler)
         _say(opts, "stopped")
+
+
+def _pg_folder(data_dir: Path) -> tuple[Path, Path | None]:
+    """``(folder PostgreSQL runs in, folder its cluster is copied back to at stop or None)``.
+
+    ``data_dir/pg`` itself, unless we are root and the user PostgreSQL runs as (``initdb``
+    refuses root) cannot reach it (e.g. under ``/root``, ``0700``): then a temp folder, seeded
+    from ``data_dir/pg`` (ownership given to that user) and copied back when the stack stops.
+    """
+    import pwd
+    import tempfile
+
+    from graphdeck.pg_local import _run_user
+
+    pg_dir = data_dir / "pg"
+    user = _run_user()
+    if user is None:
+        return pg_dir, None
+    pg_dir.mkdir(parents=True, exist_ok=True)
+    uid = pwd.getpwnam(user).pw_uid
+    os.chown(pg_dir, uid, -1)
+    pg_dir.chmod(0o700)
+    reach = subprocess.run(["runuser", "-u", user, "--", "test", "-w", str(pg_dir), "-a", "-x", str(pg_dir)],
+                           capture_output=True)
+    if reach.returncode == 0:
+        return pg_dir, None
+    tmp = Path(tempfile.mkdtemp(prefix="graphdeck-stack-pg-"))
+    if (pg_dir / "data" / "PG_VERSION").exists():
+        shutil.copytree(pg_dir, tmp, dirs_exist_ok=True, symlinks=True)
+        for root, dirs, files in os.walk(tmp):
+            for name in (*dirs, *files):
+                os.lchown(os.path.join(root, name), uid, -1)
+    return tmp, pg_dir
+
+
+def _copy_back(src: Path, dest: Path) -> None:
+    """Replace ``dest`` by a copy of the stopped cluster folder ``src`` (via a sibling, renamed)."""
+    staging = dest.with_name(dest.name + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(src, staging, symlinks=True)
+    old = dest.with_name(dest.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(staging, dest)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _has_db(server_url: str, name: str) -> bool:

@@ -191,3 +191,44 @@ def test_compose_server_service_runs_as_configured(pg_url, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_stack_keeps_its_runs_prints_its_token_and_ignores_a_local_graphdeck_folder(tmp_path):
+    """Two sessions of ``graphdeck stack --no-demo`` on one ``--dir``: a run uploaded in the first
+    is served by the second (as root too: the cluster is copied back to --dir at stop); the random
+    write token is printed; a ``graphdeck/`` folder in the cwd shadows nothing."""
+    from graphdeck.capture.upload import upload_trace
+    from graphdeck.pg_local import find_pg_bin
+
+    require(find_pg_bin() is not None, "no PostgreSQL binaries (Debian package postgresql)")
+    (tmp_path / "graphdeck").mkdir()
+    (tmp_path / "graphdeck" / "__init__.py").write_text("raise SystemExit('the cwd shadowed graphdeck')\n")
+    trace = REPO / "tests" / "data" / "gpt2_inductor" / "gpt2_rank0.pt.trace.json.gz"
+    env = {k: v for k, v in os.environ.items() if k not in ("GRAPHDECK_TOKEN", "PYTHONPATH")}
+    port, seen = free_port(), []
+    for session in range(2):
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "graphdeck.cli", "stack", "--dir", str(tmp_path / "st"),
+                                 "--port", str(port), "--no-demo"], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines, ready = [], threading.Event()
+
+        def pump(proc=proc, lines=lines, ready=ready):
+            for line in proc.stdout:
+                lines.append(line)
+                if "[stack] serving" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        try:
+            assert ready.wait(120) and proc.poll() is None, "".join(lines[-30:])
+            token = next(line.split("export GRAPHDECK_TOKEN=")[1].split(";")[0]
+                         for line in lines if "export GRAPHDECK_TOKEN=" in line)
+            if session == 0:
+                upload_trace(f"http://127.0.0.1:{port}", trace, run="kept", rank=0, token=token)
+            seen.append([r["name"] for r in httpx.get(f"http://127.0.0.1:{port}/api/runs", timeout=30).json()])
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        assert "[stack] stopped" in "".join(lines), "".join(lines[-30:])
+    assert seen == [["kept"], ["kept"]], seen
