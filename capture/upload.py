@@ -156,6 +156,9 @@ def snapshot_store(store: str | os.PathLike, dest: str | os.PathLike) -> Path:
     src = sqlite3.connect(f"file:{Path(store).resolve()}?mode=ro", uri=True)
     try:
         src.execute("VACUUM INTO ?", (str(raw),))
+    except sqlite3.DatabaseError as exc:
+        raw.unlink(missing_ok=True)
+        raise BadInputError(f"{store} is not a readable SQLite capture store ({exc})") from exc
     finally:
         src.close()
     # mtime=0 and no file name in the gzip header: the same store gives the same bytes, hence the

@@ -459,10 +459,14 @@ def db_current(store: str) -> None:
     engine = create_engine(store_url(_store_arg(store)))
     try:
         with engine.connect() as conn:
-            rev = migrate.current_revision(conn) or "none (empty, or made before Alembic)"
+            info = migrate.describe(conn)
     finally:
         engine.dispose()
-    click.echo(f"{display_url(store)}: revision {rev}; this graphdeck: {migrate.head_revision()}")
+    rev = info["revision"] or "none (empty, or made before Alembic)"
+    version = info["schema_version"] if info["schema_version"] is not None else "none"
+    click.echo(f"{display_url(store)}: revision {rev}, store_meta schema_version {version}; "
+               f"this graphdeck: revision {info['head']}")
+    click.echo(f"{info['state']}: {info['message']}")
 
 
 @db_group.command("upgrade")

@@ -202,18 +202,68 @@ def prepare(engine: Engine, *, create: bool = True) -> str:
     return head
 
 
+def describe(conn: Connection) -> dict:
+    """What a store's schema is, the facts ``serve`` acts on: ``{"revision": Alembic revision or
+    None, "schema_version": store_meta's or None, "head": this graphdeck's revision, "state":
+    "current" | "older" | "newer" | "empty" | "not-a-store", "message": one line}``."""
+    rev, head = current_revision(conn), head_revision()
+    try:
+        meta = _meta_version(conn)
+    except ValueError:
+        meta = None
+    out = {"revision": rev, "schema_version": meta, "head": head}
+    if rev is None and meta is None:
+        names = [n for n in inspect(conn).get_table_names() if n != "alembic_version"]
+        state = "not-a-store" if names else "empty"
+        return {**out, "state": state, "message": "not a graphdeck store" if names else
+                "empty (opening it read-write creates the schema)"}
+    try:
+        check(conn)
+        return {**out, "state": "current", "message": "this graphdeck reads and writes it"}
+    except SchemaVersionError as exc:
+        return {**out, "state": exc.details.get("direction", "older"), "message": exc.message}
+    except StoreError as exc:
+        return {**out, "state": "not-a-store", "message": exc.message}
+
+
 def upgrade(engine: Engine, revision: str = "head") -> str:
     """Migrate to ``revision`` (default the head) under the same lock as :func:`prepare`; returns
-    the revision reached. Used by ``graphdeck db upgrade`` and the migration tests."""
-    from alembic import command
+    the revision reached. Used by ``graphdeck db upgrade`` and the migration tests.
 
+    Raises:
+        UsageError: ``revision`` is not one this graphdeck ships, or older than the store's
+            (migrations only go forward: nothing is changed).
+        SchemaVersionError: the store is newer than this graphdeck.
+    """
+    from alembic import command
+    from alembic.util import CommandError
+
+    from graphdeck.errors import UsageError
+
+    known = [s.revision for s in script().walk_revisions()]
+    target = head_revision() if revision == "head" else revision
+    if target not in known:
+        raise UsageError(f"revision {revision!r} is not one this graphdeck {_graphdeck_version()} ships "
+                         f"(it knows {', '.join(sorted(known))}; head {head_revision()})")
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_LOCK_KEY})
         cfg = alembic_config(conn)
-        if current_revision(conn) is None and _meta_version(conn) is not None:
-            command.stamp(cfg, revision_of(_meta_version(conn)))
-        command.upgrade(cfg, revision)
+        meta, rev = _meta_version(conn), current_revision(conn)
+        if meta is not None and meta > SCHEMA_VERSION:
+            raise _too_new(revision_of(meta))
+        if rev is not None and rev not in known:
+            raise _too_new(rev)
+        at = rev or (revision_of(meta) if meta is not None else None)
+        if at is not None and at.isdigit() and target.isdigit() and int(at) > int(target):
+            raise UsageError(f"the store is at revision {at}, past the requested {target}: graphdeck db upgrade "
+                             "does not downgrade (nothing was changed)", store_revision=at, requested=target)
+        try:
+            if rev is None and meta is not None:
+                command.stamp(cfg, revision_of(meta))
+            command.upgrade(cfg, revision)
+        except CommandError as exc:
+            raise StoreError(f"the migration to {revision} failed: {exc}") from exc
         rev = current_revision(conn)
         if rev is not None and rev.isdigit():
             conn.execute(text("UPDATE store_meta SET value = :v WHERE key = 'schema_version'"), {"v": str(int(rev))})

@@ -164,3 +164,28 @@ def test_pre_alembic_store_without_call_index_is_migrated(tmp_path):
     open_engine(url).dispose()
     with Session(open_engine(url, read_only=True)) as s:
         assert s.scalars(select(KernelNode.kernel_name)).all() == ["triton_mm_0"]
+
+
+def test_cli_db_errors_are_messages_and_current_reports_what_serve_acts_on(tmp_path):
+    """Unknown revision, a newer store, a downgrade: an ``error:`` line, no traceback; ``db
+    current`` says a store whose store_meta version alone was bumped is newer (serve refuses it)."""
+    from click.testing import CliRunner
+
+    from graphdeck.cli import main
+
+    runner = CliRunner()
+    store = str(tmp_path / "s.db")
+    r = runner.invoke(main, ["db", "upgrade", store, "--revision", "0099"])
+    assert r.exit_code == 2 and "error: revision '0099' is not one" in r.output, r.output
+    open_engine(store).dispose()
+    r = runner.invoke(main, ["db", "upgrade", store, "--revision", "0001"])
+    assert r.exit_code == 2 and "does not downgrade" in r.output, r.output
+    engine = _raw(store)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE store_meta SET value = '99' WHERE key = 'schema_version'"))
+    engine.dispose()
+    r = runner.invoke(main, ["db", "current", store])
+    assert r.exit_code == 0 and "schema_version 99" in r.output and "newer:" in r.output, r.output
+    r = runner.invoke(main, ["db", "upgrade", store, "--revision", migrate.head_revision()])
+    assert r.exit_code == 1 and "error: store schema version 99" in r.output, r.output
+    assert not any(isinstance(x, Exception) and not isinstance(x, SystemExit) for x in [r.exception]), r.exception

@@ -309,7 +309,7 @@ def test_abandoned_uploads_are_swept_and_done_ones_stay_ingested_once(server):
     con.close()
 
 
-def test_graphdeck_upload_cli(server, captured_store):
+def test_graphdeck_upload_cli(server, captured_store, tmp_path):
     from click.testing import CliRunner
 
     from graphdeck.cli import main
@@ -324,6 +324,10 @@ def test_graphdeck_upload_cli(server, captured_store):
     assert r.exit_code == 0 and "as bundle" in r.output, r.output
     r = runner.invoke(main, ["upload", str(TRACE_GZ), "--url", server.url, "--run", "cli", "--token", "bad"])
     assert r.exit_code == 2 and "403" in r.output, "a refused token is a usage error naming the answer"
+    (tmp_path / "notsqlite.db").write_text("not a database")
+    r = runner.invoke(main, ["upload", str(tmp_path / "notsqlite.db"), "--url", server.url, "--run", "cli",
+                             "--kind", "bundle", "--token", TOKEN])
+    assert r.exit_code == 2 and "error:" in r.output and "not a readable SQLite" in r.output, r.output
     ranks = {x["rank"] for x in server.client.get("/api/runs/cli/ranks").json()}
     assert ranks == {0, 3}, ranks
 
