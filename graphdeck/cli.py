@@ -339,7 +339,8 @@ def replay_cmd(run_name: str, graph_id: int, store: str, workers: int, strategy:
 
 @main.command("ingest-trace")
 @click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store to write.")
+@click.option("--store", default=DEFAULT_STORE, show_default=True,
+              help="Store to write: a SQLite file or a PostgreSQL URL.")
 @click.option("--run", "run_name", required=True, help="Run name (created if missing).")
 @click.option("--rank", type=int, default=None, help="Rank, when the trace does not say.")
 @click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped event.")
@@ -347,18 +348,19 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
     """Stream a Kineto trace (.json or .json.gz) into the store (the upload API's code path)."""
     from tqdm import tqdm
 
-    from graphdeck.store.db import open_engine
+    from graphdeck.store.db import open_engine, undo_new_run_on_error
     from graphdeck.store.traces import ingest_trace
 
     try:
-        engine = open_engine(store)
+        engine = open_engine(_store_arg(store))
     except GraphdeckError as exc:  # not a store, or one of a newer schema
         _fail(exc)
     bar = tqdm(total=os.path.getsize(trace_file), unit="B", unit_scale=True, desc="ingest", file=sys.stderr,
                disable=None)
     try:
-        result = ingest_trace(engine, trace_file, run_name=run_name, rank=rank, strict=strict,
-                              progress=lambda n: bar.update(n - bar.n))
+        with undo_new_run_on_error(engine, run_name):  # a failed ingest leaves no empty run behind
+            result = ingest_trace(engine, trace_file, run_name=run_name, rank=rank, strict=strict,
+                                  progress=lambda n: bar.update(n - bar.n))
     except GraphdeckError as exc:
         bar.close()
         if exc.details.get("stats"):
@@ -375,7 +377,8 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
 
 @main.command("import")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store to write.")
+@click.option("--store", default=DEFAULT_STORE, show_default=True,
+              help="Store to write: a SQLite file or a PostgreSQL URL.")
 @click.option("--run", "run_name", required=True, help="Run name (created if missing).")
 @click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped record.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when it is a terminal).")

@@ -252,6 +252,53 @@ def get_or_create_rank(session: Session, run: Run, rank: int, **fields) -> Rank:
     return row
 
 
+def drop_run_if_empty(engine: Engine, name: str) -> bool:
+    """Delete run ``name`` when no row of any table points at it; True when it was deleted.
+
+    A failed ingest (a full disk, a bad file) discards its own rows, but the run it registered
+    in an earlier transaction would stay behind, empty; callers that created the run undo it
+    with this (see :func:`undo_new_run_on_error`). The check and the delete are one transaction.
+    """
+    from sqlalchemy import delete, exists
+
+    from graphdeck.store.schema import Base
+
+    refs = [(t, fk.parent) for t in Base.metadata.sorted_tables for fk in t.foreign_keys
+            if fk.column.table.name == Run.__tablename__]
+
+    def drop() -> bool:
+        with write_session(engine) as s:
+            run_id = s.scalar(select(Run.id).where(Run.name == name))
+            if run_id is None:
+                return False
+            if any(s.scalar(select(exists().where(col == run_id))) for _t, col in refs):
+                return False
+            s.execute(delete(Run).where(Run.id == run_id))
+            return True
+
+    return retrying(drop)
+
+
+@contextmanager
+def undo_new_run_on_error(engine: Engine, name: str) -> Iterator[None]:
+    """Around a write into run ``name``: when the block raises and the run did not exist before
+    it, the run is removed again if the failure left it empty (:func:`drop_run_if_empty`); the
+    block's error propagates either way."""
+    with engine.connect() as conn:
+        existed = conn.execute(select(Run.id).where(Run.name == name)).first() is not None
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            try:
+                drop_run_if_empty(engine, name)
+            except Exception:  # noqa: BLE001 - keep the original error; the empty run says so itself
+                import logging
+
+                logging.getLogger(__name__).exception("could not remove the empty run %r", name)
+        raise
+
+
 def _retryable(exc: Exception) -> bool:
     """Another writer got in the way: SQLite's lock wait ran out, or on PostgreSQL a concurrent
     transaction inserted the same unique key first (or a serialization failure / deadlock)."""

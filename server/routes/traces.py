@@ -211,6 +211,14 @@ def _check_gzip_bomb(spool: _Spool, settings: Any) -> None:
         pass
 
 
+def _ingest_into_run(engine: Engine, src, *, run_name: str, **kw):
+    """:func:`ingest_trace`; a run it created is removed again when the ingest fails empty."""
+    from graphdeck.store.db import undo_new_run_on_error
+
+    with undo_new_run_on_error(engine, run_name):
+        return ingest_trace(engine, src, run_name=run_name, **kw)
+
+
 @router.post("/api/runs/{run_name}/traces", status_code=201)
 async def upload_trace(
     request: Request,
@@ -241,7 +249,7 @@ async def upload_trace(
         await run_in_threadpool(_check_gzip_bomb, spool, settings)
         spool.file.seek(0)
         result = await run_in_threadpool(
-            ingest_trace, engine, spool.file, run_name=run_name, rank=rank, name=name or filename, strict=strict
+            _ingest_into_run, engine, spool.file, run_name=run_name, rank=rank, name=name or filename, strict=strict
         )
     finally:
         spool.file.close()
