@@ -101,13 +101,42 @@ def _print_summary(store_path: Path, run_name: str) -> None:
 @click.argument("store", default=DEFAULT_STORE, envvar="GRAPHDECK_STORE")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
 @click.option("--port", default=8765, show_default=True, help="Port to bind.")
-def serve(store: str, host: str, port: int) -> None:
-    """Serve the dashboard and API over STORE (a SQLite file or a PostgreSQL URL; $GRAPHDECK_STORE)."""
+@click.option("--data-dir", default=None,
+              help="Upload chunks folder [$GRAPHDECK_DATA_DIR; default <store>.uploads beside a SQLite file, "
+                   "a per-store folder in the temp dir for a URL].")
+@click.option("--max-upload-bytes", type=click.IntRange(min=1), default=None,
+              help="Largest upload or request body, bytes [$GRAPHDECK_MAX_UPLOAD_BYTES; default 2 GiB].")
+@click.option("--max-decompressed-bytes", type=click.IntRange(min=1), default=None,
+              help="Largest size a gzip upload may inflate to [$GRAPHDECK_MAX_DECOMPRESSED_BYTES; default 16 GiB].")
+@click.option("--max-decompress-ratio", type=click.FloatRange(min=1), default=None,
+              help="Largest inflated/compressed ratio past 64 MiB [$GRAPHDECK_MAX_DECOMPRESS_RATIO; default 200].")
+@click.option("--upload-ttl-s", type=click.FloatRange(min=1), default=None,
+              help="Unfinished/finished uploads untouched this long are swept from the data dir "
+                   "[$GRAPHDECK_UPLOAD_TTL_S; default 604800 = 7 days].")
+def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_bytes: int | None,
+          max_decompressed_bytes: int | None, max_decompress_ratio: float | None, upload_ttl_s: float | None) -> None:
+    """Serve the dashboard and API over STORE (a SQLite file or a PostgreSQL URL; $GRAPHDECK_STORE).
+
+    \b
+    Environment (an option given on the command line wins):
+      GRAPHDECK_STORE                   the store, when STORE is not given
+      GRAPHDECK_WRITE_TOKENS            comma-separated tokens that may upload (none: loopback only)
+      GRAPHDECK_READ_TOKENS             comma-separated tokens that may read (none: reads are open)
+      GRAPHDECK_DATA_DIR                --data-dir
+      GRAPHDECK_MAX_UPLOAD_BYTES        --max-upload-bytes
+      GRAPHDECK_MAX_DECOMPRESSED_BYTES  --max-decompressed-bytes
+      GRAPHDECK_MAX_DECOMPRESS_RATIO    --max-decompress-ratio
+      GRAPHDECK_UPLOAD_TTL_S            --upload-ttl-s
+      GRAPHDECK_STORE_MAX_BYTES         SQLite only: a size quota on the store (507 when reached)
+    """
     from graphdeck.server.app import serve as serve_app
 
-    click.echo(f"[graphdeck] dashboard: http://{host}:{port}/")
+    given = {"data_dir": data_dir, "max_upload_bytes": max_upload_bytes,
+             "max_decompressed_bytes": max_decompressed_bytes, "max_decompress_ratio": max_decompress_ratio,
+             "upload_ttl_s": upload_ttl_s}
     try:
-        serve_app(_store_arg(store), host=host, port=port)
+        serve_app(_store_arg(store), host=host, port=port, **{k: v for k, v in given.items() if v is not None},
+                  announce=lambda: click.echo(f"[graphdeck] dashboard: http://{host}:{port}/"))
     except GraphdeckError as exc:  # e.g. a store written by a newer graphdeck: refuse to start
         _fail(exc)
 

@@ -117,16 +117,29 @@ def _add_docs(app: FastAPI) -> None:
         return get_swagger_ui_html(openapi_url=app.openapi_url, title="graphdeck API", **urls)
 
 
-def serve(store: str | Path, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning") -> None:
-    """Serve ``store`` on ``host:port`` until interrupted (the CLI's ``graphdeck serve``)."""
+def serve(store: str | Path, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning",
+          announce=None, **overrides) -> None:
+    """Serve ``store`` on ``host:port`` until interrupted (the CLI's ``graphdeck serve``).
+
+    Settings come from the environment (:func:`auth.settings_from_env`), then ``overrides``
+    (``Settings`` fields). ``announce()`` is called once the socket is bound, so nothing says
+    "dashboard at ..." for a store that is refused or a port that is taken.
+    """
     import uvicorn
 
-    settings = Settings(store=store, **auth.settings_from_env())
+    settings = Settings(store=store, **{**auth.settings_from_env(), **overrides})
+    app = create_app(settings)  # a newer store is refused here, before anything is printed
     warning = auth.warn_if_exposed(host, settings)
     if warning:
-        log.warning(warning)
         print(warning, flush=True)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and announce is not None:
+                announce()
+
+    _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()
 
 
 def error_body(message: str, status: int, **details) -> dict:

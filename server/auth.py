@@ -54,13 +54,40 @@ def tokens_from_env(environ: Mapping[str, str] | None = None) -> dict[str, tuple
     return {"write_tokens": split(WRITE_TOKENS_ENV), "read_tokens": split(READ_TOKENS_ENV)}
 
 
+#: Operator limits read from the environment: variable → (``Settings`` field, type).
+LIMIT_ENVS = {
+    "GRAPHDECK_MAX_UPLOAD_BYTES": ("max_upload_bytes", int),
+    "GRAPHDECK_MAX_DECOMPRESSED_BYTES": ("max_decompressed_bytes", int),
+    "GRAPHDECK_MAX_DECOMPRESS_RATIO": ("max_decompress_ratio", float),
+    "GRAPHDECK_UPLOAD_TTL_S": ("upload_ttl_s", float),
+}
+
+
 def settings_from_env(environ: Mapping[str, str] | None = None) -> dict:
     """The ``Settings`` fields ``graphdeck serve`` takes from the environment: the two token
-    lists (:func:`tokens_from_env`) and ``data_dir`` from ``GRAPHDECK_DATA_DIR`` when set."""
+    lists (:func:`tokens_from_env`), ``data_dir`` from ``GRAPHDECK_DATA_DIR`` and the limits of
+    :data:`LIMIT_ENVS`, each when set.
+
+    Raises:
+        UsageError: a limit variable that is not a positive number (named in the message).
+    """
+    from graphdeck.errors import UsageError
+
     env = os.environ if environ is None else environ
     out: dict = dict(tokens_from_env(env))
     if env.get(DATA_DIR_ENV):
         out["data_dir"] = env[DATA_DIR_ENV]
+    for name, (field, kind) in LIMIT_ENVS.items():
+        raw = env.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            value = kind(raw)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise UsageError(f"${name}={raw!r} is not a positive {'integer' if kind is int else 'number'}")
+        out[field] = value
     return out
 
 

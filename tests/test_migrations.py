@@ -135,6 +135,7 @@ def test_server_and_cli_refuse_a_newer_store(tmp_path):
     assert proc.returncode == 1, f"graphdeck serve exits 1 on a newer store: {proc.returncode} {proc.stderr}"
     assert "schema version 99" in proc.stderr and f"schema version {SCHEMA_VERSION}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, f"a clear message, not a traceback: {proc.stderr}"
+    assert "dashboard" not in proc.stdout, "no dashboard URL is announced for a refused store"
     trace = REPO / "tests/data/gpt2_inductor/gpt2_rank0.pt.trace.json.gz"
     proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "ingest-trace", str(trace), "--store", str(store),
                            "--run", "x"], capture_output=True, text=True, timeout=120)

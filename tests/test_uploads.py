@@ -364,3 +364,42 @@ def test_default_upload_folder_is_per_store():
     assert a == data_dir_for(Settings(store="postgresql+psycopg://u:two@db:5432/a")), "the password is no part"
     assert a != data_dir_for(Settings(store="postgresql+psycopg://u:one@db:5432/b"))
     assert "one" not in str(a)
+
+
+def test_serve_takes_the_upload_limits_from_env_and_options(tmp_path):
+    """``graphdeck serve`` reads the operator limits from GRAPHDECK_* (listed in --help) and
+    options; a bad value is an error line; the dashboard URL is printed only once bound."""
+    import os
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from graphdeck.cli import main
+    from graphdeck.errors import UsageError
+    from graphdeck.server import auth
+    from graphdeck.stack import wait_healthy
+    from tests.conftest import free_port
+
+    help_text = CliRunner().invoke(main, ["serve", "--help"]).output
+    for name in ("GRAPHDECK_STORE", auth.WRITE_TOKENS_ENV, auth.READ_TOKENS_ENV, auth.DATA_DIR_ENV,
+                 "GRAPHDECK_STORE_MAX_BYTES", *auth.LIMIT_ENVS):
+        assert name in help_text, name
+    assert auth.settings_from_env({"GRAPHDECK_UPLOAD_TTL_S": "60", "GRAPHDECK_MAX_DECOMPRESS_RATIO": "10"}) == {
+        "write_tokens": (), "read_tokens": (), "upload_ttl_s": 60.0, "max_decompress_ratio": 10.0}
+    with pytest.raises(UsageError, match="GRAPHDECK_MAX_UPLOAD_BYTES"):
+        auth.settings_from_env({"GRAPHDECK_MAX_UPLOAD_BYTES": "-1"})
+    port = free_port()
+    env = dict(os.environ, GRAPHDECK_MAX_UPLOAD_BYTES="1000", GRAPHDECK_WRITE_TOKENS=TOKEN)
+    proc = subprocess.Popen([sys.executable, "-m", "graphdeck.cli", "serve", str(tmp_path / "s.db"), "--port",
+                             str(port), "--max-decompressed-bytes", "5000"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/api/health", timeout_s=60, proc=proc)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH) as c:
+            r = create(c, b"x" * 2000)
+            assert r.status_code == 413 and "1000" in r.json()["error"], r.text
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert out.count("dashboard: http://") == 1, out
