@@ -528,12 +528,14 @@ def db_upgrade(store: str, revision: str) -> None:
 
 @main.command("stack")
 @click.option("--dir", "data_dir", default="graphdeck-stack", show_default=True,
-              help="Folder for PostgreSQL's data and the server's upload chunks.")
+              help="Folder kept across runs: PostgreSQL's cluster (pg/) and upload chunks (uploads/); a later "
+                   "stack on the same folder serves the same runs. As root, when the postgres user cannot "
+                   "reach it, the cluster runs in a temp folder and is copied back here at stop.")
 @click.option("--store", default=None, help="Serve this store (SQLite path or URL) instead of starting PostgreSQL.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Server interface.")
 @click.option("--port", default=8765, show_default=True, help="Server port.")
 @click.option("--pg-port", type=int, default=None, help="Local PostgreSQL port (default: a free one).")
-@click.option("--token", default=None, help="Write token (default: $GRAPHDECK_TOKEN, else a random one).")
+@click.option("--token", default=None, help="Write token (default: $GRAPHDECK_TOKEN, else a random one, printed).")
 @click.option("--demo/--no-demo", default=True, show_default=True, help="Run the 2-rank demo job uploading over HTTP.")
 @click.option("--demo-steps", default=2, show_default=True, help="Training steps of the demo job.")
 @click.option("--exit-after-demo", is_flag=True, help="Stop every service once the demo job is done.")
