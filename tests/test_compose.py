@@ -76,6 +76,9 @@ def test_compose_services_volumes_and_healthchecks():
     env = server["environment"]
     assert env["GRAPHDECK_STORE"].startswith("postgresql+psycopg://") and "@db:5432/" in env["GRAPHDECK_STORE"]
     assert env[WRITE_TOKENS_ENV] == "t0k" and DATA_DIR_ENV in env, "the server takes its write token from env"
+    from graphdeck.server.auth import LIMIT_ENVS
+
+    assert set(LIMIT_ENVS) <= set(env), "the operator's upload limits pass through"
     assert server["depends_on"]["db"]["condition"] == "service_healthy"
     assert server["command"][:2] == ["graphdeck", "serve"], "graphdeck serve reads GRAPHDECK_STORE"
 
