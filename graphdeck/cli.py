@@ -37,7 +37,8 @@ def main() -> None:
 
 @main.command()
 @click.option("--store", default=DEFAULT_STORE, show_default=True,
-              help="SQLite file (replaced) or PostgreSQL URL to write and serve.")
+              help="SQLite file (replaced) or PostgreSQL URL to write and serve (refused when the URL's "
+                   "store already holds a run named --run-name: pick another name).")
 @click.option("--run-name", default="demo", show_default=True, help="Name of the run in the store.")
 @click.option("--nproc", default=2, show_default=True, help="Ranks (processes) to launch with torchrun.")
 @click.option("--backend", default="inductor", show_default=True, help="Inner torch.compile backend.")
@@ -52,6 +53,8 @@ def demo(store: str, run_name: str, nproc: int, backend: str, steps: int, serve:
     if "://" not in store_path:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+    else:  # a database is never dropped: a second demo into the same run would mix two jobs' ranks
+        _refuse_existing_run(store_path, run_name)
     env = dict(os.environ)
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -70,9 +73,30 @@ def demo(store: str, run_name: str, nproc: int, backend: str, steps: int, serve:
     if serve:
         from graphdeck.server.app import serve as serve_app
 
-        click.echo(f"[graphdeck] dashboard: http://{host}:{port}/#/runs/{run_name}  "
-                   f"(ready {time.perf_counter() - t0:.1f}s after start; Ctrl-C stops)")
-        serve_app(store_path, host=host, port=port)
+        serve_app(store_path, host=host, port=port, announce=lambda: click.echo(
+            f"[graphdeck] dashboard: http://{host}:{port}/#/runs/{run_name}  "
+            f"(ready {time.perf_counter() - t0:.1f}s after start; Ctrl-C stops)"))
+
+
+def _refuse_existing_run(store_url: str, run_name: str) -> None:
+    """Exit 2 when the URL store already holds run ``run_name`` (``graphdeck demo`` replaces a
+    SQLite file but never drops data from a database)."""
+    from sqlalchemy import select
+
+    from graphdeck.errors import UsageError
+    from graphdeck.store.db import display_url, open_engine
+    from graphdeck.store.schema import Run
+
+    try:
+        engine = open_engine(store_url)
+        with engine.connect() as conn:
+            found = conn.execute(select(Run.id).where(Run.name == run_name)).first()
+        engine.dispose()
+    except GraphdeckError as exc:
+        _fail(exc)
+    if found is not None:
+        _fail(UsageError(f"{display_url(store_url)} already holds a run named {run_name!r}; graphdeck demo does "
+                         "not replace runs in a database: pass another --run-name"))
 
 
 def _print_summary(store_path: Path, run_name: str) -> None:

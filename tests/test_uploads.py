@@ -287,6 +287,12 @@ def test_uploads_into_postgres(pg_url, captured_store, tmp_path):
             before["trace_events"] + t["result"]["num_events"]
     engine.dispose()
     assert b["state"] == "done"
+    from click.testing import CliRunner
+
+    from graphdeck.cli import main
+
+    r = CliRunner().invoke(main, ["demo", "--store", pg_url, "--run-name", "pg", "--no-serve"])
+    assert r.exit_code == 2 and "already holds a run named 'pg'" in r.output, "demo never appends to a database run"
 
 
 def test_abandoned_uploads_are_swept_and_done_ones_stay_ingested_once(server):
