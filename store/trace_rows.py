@@ -27,7 +27,6 @@ from graphdeck.store.trace_json import (
     ARGS_MAX_CHARS,
     INT64_MAX,
     INT64_MIN,
-    _json_default,
     as_int64,
     dump_args,
     dumps,
@@ -42,6 +41,8 @@ MAX_LANE_NAMES = 10_000
 _NO_MIN, _NO_MAX = INT64_MAX + 1, INT64_MIN - 1  # min/max of no event yet
 _FIELD_NAMES = ("ts", "dur", "name", "cat", "pid", "tid", "args")
 _FIELDS = operator.itemgetter(*_FIELD_NAMES)
+_STRICT_INT = orjson.OPT_STRICT_INTEGER  # dumping raises on integers past 53 bits
+_TWO_63 = float(2**63)
 
 
 def _check_floats(obj: dict, chunk: Chunk) -> None:
@@ -57,6 +58,34 @@ def _check_floats(obj: dict, chunk: Chunk) -> None:
     for key in ("pid", "tid", "name", "cat"):
         if type(obj.get(key)) is float:
             raise Inexact(f"{key} {obj.get(key)!r}")
+    if _huge_float(obj):
+        raise Inexact("a number past 2**63: orjson may have read an integer as a float")
+
+
+def _huge_float(value: Any) -> bool:
+    """Whether a float of magnitude >= 2**63 is in ``value``: orjson reads integers below -2**63
+    or above 2**64 - 1 as floats, which the exact readers keep as integers."""
+    kind = type(value)
+    if kind is float:
+        return not -_TWO_63 < value < _TWO_63
+    if kind is dict:
+        return any(_huge_float(v) for v in value.values())
+    if kind is list:
+        return any(_huge_float(v) for v in value)
+    return False
+
+
+def _wide_int_args(args: dict, st) -> bytes | None:
+    """``args`` with top-level integers past int64 as text (counted in ``st.big_ints``, as the
+    exact readers keep them), dumped; None when orjson cannot dump it."""
+    for k, v in args.items():
+        if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
+            args[k] = str(v)
+            st.big_ints += 1
+    try:
+        return orjson.dumps(args)
+    except TypeError:
+        return None
 
 
 class EventRows:
@@ -156,7 +185,7 @@ class EventRows:
         batch, by_ph, counts = self.batch, self.by_ph, self.counts
         append = batch.append
         base, lim, odumps, st = self.base_inline, FLOAT_EXACT_US, orjson.dumps, self.st
-        events, long_ints, ns = chunk.events, chunk.long_ints, chunk.ns
+        events, ns = chunk.events, chunk.ns
         n, stored = self.events_total, self.stored
         lo = _NO_MIN if self.min_ts is None else self.min_ts
         hi = _NO_MAX if self.max_end is None else self.max_end
@@ -219,20 +248,17 @@ class EventRows:
                                 lanes[tid] = q
                         corr = args_json = None
                         if args is not None:
-                            if long_ints:  # integers past int64 as text, as the exact readers keep them
-                                for k, v in args.items():
-                                    if type(v) is int and not INT64_MIN <= v <= INT64_MAX:
-                                        args[k] = str(v)
-                                        st.big_ints += 1
                             c = args.get("correlation")
                             if c is None:
                                 c = args.get("External id", args.get("external id"))
                             if c is not None:
                                 corr = c if type(c) is int and INT64_MIN <= c <= INT64_MAX else as_int64(c)
-                            try:
-                                raw = odumps(args, default=_json_default)
+                            try:  # integers within 53 bits; past that, the careful way
+                                raw = odumps(args, option=_STRICT_INT)
                             except TypeError:
-                                raw = None
+                                raw = _wide_int_args(args, st)
+                            if raw is not None and b"e+" in raw and _huge_float(args):
+                                raise Inexact("a number past 2**63 in args: orjson may have read an integer as a float")
                             if raw is not None and len(raw) <= ARGS_MAX_CHARS:
                                 args_json = raw.decode()
                             else:
@@ -263,7 +289,7 @@ class EventRows:
                             n_cap_i += 1
                         continue
             # anything else: the general path, with the counters handed over and back
-            if not long_ints and type(obj) is dict:
+            if type(obj) is dict:
                 _check_floats(obj, chunk)
             self.events_total, self.stored = n, stored
             self.min_ts, self.max_end = (None if lo == _NO_MIN else lo), (None if hi == _NO_MAX else hi)
