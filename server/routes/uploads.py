@@ -3,7 +3,10 @@
 * ``POST /api/uploads`` JSON ``{"kind": "trace"|"bundle", "run", "rank", "size_bytes",
   "sha256", "chunk_bytes", "name"?, "strict"?}`` → 201 (200 when it already existed) with the
   upload's status (below). The id is derived from the spec, so a client that restarts and
-  declares the same file gets the same upload back, with its chunks.
+  declares the same file gets the same upload back, with its chunks. When this server's store
+  already holds the upload the answer is ``state: done`` with the stored result
+  (``already_merged: true``) and no chunk needs sending; "done" is only ever what the store
+  records (NOTE: [Store is the truth] in :func:`_reconcile`).
 * ``PUT /api/uploads/{id}/chunks/{index}`` raw body, header ``X-Chunk-Sha256: <hex>``: chunk
   ``index`` covers bytes ``[index*chunk_bytes, min((index+1)*chunk_bytes, size_bytes))``.
   201 stored, 200 ``{"stored": false}`` when it was already there (a retry stores nothing),
