@@ -479,6 +479,15 @@ def test_trailing_comma_and_more_decimals_fall_back_to_the_exact_reading(engine,
     r = ingest_trace(engine, four, run_name="four", strict=True)
     assert seen == ["start"], "the chunked reading gave up on the 4-decimal ts"
     assert [row.ts_ns for row in event_rows(engine, r.trace_id)] == [round(Decimal("6520618853487.6835") * 1000)]
+    huge = tmp_path / "huge.json"  # orjson reads an integer past 2**64 as a float: the exact readers keep its digits
+    huge.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "pid": 1, "tid": 1, '
+                    '"args": {"big": 123456789012345678901234567890, "n": [-99999999999999999999]}}]}')
+    seen.clear()
+    r = ingest_trace(engine, huge, run_name="huge", strict=True)
+    assert seen == ["start"], "the chunked reading gave up on the integer it cannot keep"
+    args = json.loads(event_rows(engine, r.trace_id)[0].args_json)
+    assert args == {"big": "123456789012345678901234567890", "n": [-99999999999999999999]}, \
+        "top-level integers past int64 as text, nested ones as numbers: what the exact reading stores"
 
 
 def test_ingest_on_sqlite_and_postgres(store_url):
