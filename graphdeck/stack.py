@@ -11,7 +11,12 @@
    http://H:P`` with ``GRAPHDECK_TOKEN``: each rank captures locally and uploads over HTTP.
 
 It then serves until interrupted (SIGINT/SIGTERM) or, with ``--exit-after-demo``, stops once the job
-is done; either way it stops what it started, in reverse order. Lines starting ``[stack]`` report
+is done; either way it stops what it started, in reverse order. The cluster stays in ``<dir>/pg``
+between sessions (as root, when the ``postgres`` user cannot reach it, it runs in a temp folder
+seeded from there and is copied back at stop: :func:`_pg_folder`). A random write token (no
+``--token`` / ``GRAPHDECK_TOKEN``) is printed with its ``export`` line. The server and the demo
+ranks run with ``cwd=<dir>`` and ``PYTHONSAFEPATH``, so a ``graphdeck/`` folder where the stack
+was started does not shadow the installed package. Lines starting ``[stack]`` report
 progress; ``[stack] ready`` and ``[stack] demo job finished`` are what scripts wait for.
 
 Same names as the compose file: ``GRAPHDECK_STORE``, ``GRAPHDECK_WRITE_TOKENS``,
