@@ -31,8 +31,20 @@ function holdersTable(curve) {
 function savedTable(curve) {
   const rows = Object.entries(curve.saved_bytes_by_module || {});
   if (!rows.length) return h("p", {class: "muted"}, "No saved activations (not an AOTAutograd forward/step).");
-  return table("memory-saved", ["Module path", "Saved bytes"],
-    rows.map(([m, b]) => h("tr", {}, h("td", {}, code(m)), h("td", {class: "num"}, fmtBytes(b)))));
+  const byModule = h("div", {}, table("memory-saved", ["Module path", "Saved bytes"],
+    rows.map(([m, b]) => h("tr", {}, h("td", {}, code(m)), h("td", {class: "num"}, fmtBytes(b))))));
+  // Each saved activation and the backward node that frees it (step scope only: a forward graph
+  // alone does not know its backward).
+  const saved = (curve.saved || []).filter((s) => s.freed_by).sort((a, b) => b.size_bytes - a.size_bytes);
+  if (!saved.length) return byModule;
+  const link = (name) => {
+    const t = nodeTarget(curve, curve.nodes.indexOf(name));
+    return h("a", {href: linkOf(t.gid, t.node)}, name);
+  };
+  return h("div", {}, byModule, h("h3", {}, "Which backward node frees each"),
+    table("memory-saved-freed", ["Saved tensor", "Module path", "Bytes", "Freed by"],
+      saved.slice(0, 50).map((s) => h("tr", {}, h("td", {}, code(s.name)), h("td", {}, code(s.module_path || "")),
+        h("td", {class: "num"}, fmtBytes(s.size_bytes)), h("td", {}, link(s.freed_by))))));
 }
 
 function whatIf(graphId) {
@@ -44,12 +56,15 @@ function whatIf(graphId) {
     const q = input.value ? `checkpoint=${encodeURIComponent(input.value)}` : `dtype=${encodeURIComponent(dtype.value)}`;
     try {
       const e = await api(`/api/graphs/${graphId}/memory/whatif?${q}`);
-      out.replaceChildren(h("p", {}, badge(e.what, "tag"), ` peak ${fmtBytes(e.baseline_peak_bytes)} → `,
+      const parts = [h("p", {}, badge(e.what, "tag"), ` peak ${fmtBytes(e.baseline_peak_bytes)} → `,
         h("strong", {}, fmtBytes(e.estimated_peak_bytes)), ` (saves ${fmtBytes(e.saving_bytes)})`,
-        e.note ? h("span", {class: "muted"}, ` — ${e.note}`) : null),
-        e.peak_phase ? h("p", {class: "muted", "data-testid": "whatif-peak"},
+        e.note ? h("span", {class: "muted"}, ` — ${e.note}`) : null)];
+      if (e.peak_phase) {
+        parts.push(h("p", {class: "muted", "data-testid": "whatif-peak"},
           `estimated peak at ${e.estimated_peak_node} (${e.peak_phase}); removed from the saved set: `
-          + fmtBytes(e.saved_bytes_removed)) : null);
+          + fmtBytes(e.saved_bytes_removed)));
+      }
+      out.replaceChildren(...parts);  // never a null child: replaceChildren would print "null"
     } catch (err) { out.replaceChildren(errorBox(err)); }
   };
   return h("div", {class: "whatif"}, h("h2", {}, "What if"),
@@ -74,8 +89,8 @@ async function measured(graph, curve, host) {
         `${fmtBytes(measuredPeak)}`, gap === null ? "" : ` — ${gap >= 0 ? "+" : ""}${gap.toFixed(1)}% apart`), div);
     const t0 = s.ts_ns[0];
     await Plotly.newPlot(div, [{x: s.ts_ns.map((x) => (x - t0) / 1e6), y: s.total_allocated_bytes, mode: "lines",
-      name: "Total Allocated"}], {height: 280, margin: {t: 10}, xaxis: {title: "ms since first event"},
-      yaxis: {title: "bytes"}}, {displaylogo: false, responsive: true});
+      name: "Total Allocated"}], {height: 280, margin: {t: 10}, xaxis: {title: {text: "ms since first event"}},
+      yaxis: {title: {text: "bytes"}}}, {displaylogo: false, responsive: true});
     return;
   }
   host.replaceChildren(h("p", {class: "muted"}, "No trace of this rank has [memory] events (profile_memory=True)."));
@@ -116,12 +131,12 @@ export async function renderMemory(page, match, query) {
       hovertemplate: "%{text}<br>%{customdata}<br>%{y:,} bytes<extra></extra>"},
     {x: [curve.peak_index], y: [curve.peak_bytes], mode: "markers", name: "peak", marker: {size: 11, color: "#c0392b"},
       text: [curve.peak_node], hovertemplate: "peak %{text}<br>%{y:,} bytes<extra></extra>"},
-  ], {height: 360, margin: {t: 10}, xaxis: {title: "node (execution order)"}, yaxis: {title: "live bytes"}},
+  ], {height: 360, margin: {t: 10}, xaxis: {title: {text: "node (execution order)"}}, yaxis: {title: {text: "live bytes"}}},
   {displaylogo: false, responsive: true});
   plot.on("plotly_click", (ev) => {
     const p = ev.points && ev.points[0];
     if (!p) return;
-    const t = nodeTarget(curve, p.pointIndex ?? p.x);
+    const t = nodeTarget(curve, p.x);  // x is the node index on both traces (the peak marker has one point)
     location.hash = linkOf(t.gid, t.node);
   });
   measured(graph, curve, measuredBox).catch((err) => measuredBox.replaceChildren(errorBox(err)));

@@ -274,6 +274,9 @@ def test_memory_page_curve_peak_click_and_measured(gpt2_measured, tmp_path):
         page.click(".whatif button")
         page.wait_for_selector("[data-testid=whatif-result] strong")
         assert "checkpoint transformer/h/0" in page.get_by_test_id("whatif-result").inner_text()
+        assert "null" not in page.get_by_test_id("whatif-result").inner_text()
+        assert page.locator("#memory-curve .xtitle").count() == 1, "axis titles are drawn"
+        assert page.locator("#memory-saved-freed tbody tr").count() > 0, "each saved tensor's freeing node is listed"
         # Clicking the peak marker opens that node in the graph view.
         marker = page.locator("#memory-curve .scatterlayer .trace").nth(1).locator(".point").first
         page.locator("#memory-curve").scroll_into_view_if_needed()
@@ -284,5 +287,57 @@ def test_memory_page_curve_peak_click_and_measured(gpt2_measured, tmp_path):
         page.wait_for_selector(".hoverlayer .hovertext")
         page.mouse.click(x, y)
         page.wait_for_function("location.hash.includes('?node=')")
-        assert "#/graphs/" in page.url
+        from urllib.parse import quote
+
+        import httpx
+
+        curve = httpx.get(f"{srv.url}/api/graphs/{fw}/memory?scope=step", timeout=60).json()
+        name = curve["peak_node"]
+        gid = curve["graph_ids"][0 if name.startswith("f:") else 1] if name[:2] in ("f:", "b:") else fw
+        node = name[2:] if name[:2] in ("f:", "b:") else name
+        assert page.url.endswith(f"#/graphs/{gid}?node={quote(node, safe='')}"), (page.url, name)
         browser.close()
+
+
+PROFILED = r"""
+import sys, torch
+from graphdeck.capture import Agent
+agent = Agent(store=sys.argv[1], run="prof")
+model = agent.watch(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)))
+compiled = torch.compile(model, backend=agent.backend("aot_eager"))
+with agent.profile(wait_steps=0, warmup_steps=0, active_steps=1, profile_memory=True, with_stack=True) as prof:
+    for _ in range(1):
+        compiled(torch.randn(8, 16)).sum().backward()
+        prof.step()
+agent.close()
+"""
+
+
+def test_agent_profile_passes_profiler_options_and_memory_is_measured(tmp_path):
+    import httpx
+
+    from graphdeck.store.schema import Trace
+
+    store = tmp_path / "p.db"
+    run_python(PROFILED, str(store))
+    with Session(open_engine(store, read_only=True)) as s:
+        trace_id = s.scalar(select(Trace.id))
+        series = measured_from_trace(s, trace_id)
+    assert series and all(v["peak_bytes"] > 0 for v in series.values())
+    with LiveServer(store) as srv:
+        body = httpx.get(f"{srv.url}/api/traces/{trace_id}/memory").json()
+        assert body and "error" not in body, body
+
+
+def test_agent_profile_rejects_unknown_profiler_option(tmp_path):
+    from graphdeck.capture import Agent
+    from graphdeck.errors import UsageError
+
+    agent = Agent(store=tmp_path / "x.db", run="x")
+    try:
+        with pytest.raises(UsageError, match="no_such_option"):
+            agent.profile(no_such_option=True)
+        with pytest.raises(UsageError, match="schedule"):
+            agent.profile(schedule=None)
+    finally:
+        agent.close()
