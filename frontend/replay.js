@@ -150,7 +150,11 @@ export async function renderReplay(page, m, query) {
   playBtn.addEventListener("click", () => setPlaying(!playing));
   slider.addEventListener("input", () => { setPlaying(false); show(Number(slider.value)); });
   show(0);
-  if (query.get("autoplay") !== "0") setPlaying(true);
+  // Playback is paced by the wall clock: start it once the first graph is drawn, or the seconds
+  // its SVG takes to load would be skipped as frames.
+  const firstGraph = frames.find((f) => f.graph_id != null)?.graph_id;
+  if (firstGraph != null && svgs.has(firstGraph)) await svgs.get(firstGraph).catch(() => null);
+  if (page.alive() && query.get("autoplay") !== "0") setPlaying(true);
 }
 
 /** #/runs/<id>/timeline: every rank on one aligned axis; zooming fetches the window. */

@@ -399,9 +399,11 @@ def replay_cmd(run_name: str, graph_id: int, store: str, workers: int, strategy:
 @click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped event.")
 def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | None, strict: bool) -> None:
     """Stream a Kineto trace (.json or .json.gz) into the store (the upload API's code path)."""
+    from sqlalchemy.orm import Session
     from tqdm import tqdm
 
     from graphdeck.store.db import open_engine, undo_new_run_on_error
+    from graphdeck.store.schema import Trace
     from graphdeck.store.traces import ingest_trace
 
     try:
@@ -416,6 +418,20 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
                                   progress=lambda n: bar.update(n - bar.n))
     except GraphdeckError as exc:
         bar.close()
+        if exc.details.get("kept") and exc.details.get("trace_id") is not None:
+            # Not strict and the file is cut: the events before the cut are stored (status
+            # 'truncated'); that is what was asked, so it is a warning with the summary, exit 0.
+            click.echo(f"warning: {exc}", err=True)
+            with Session(engine) as s:
+                trace = s.get(Trace, exc.details["trace_id"])
+                run_id, trace_rank = trace.run_id, trace.rank
+            from graphdeck.analysis.trace_map import link_kernels
+
+            link_kernels(engine, run_id)
+            click.echo(f"trace {exc.details['trace_id']}: rank {trace_rank}, {exc.details.get('num_events')} "
+                       f"events stored, status truncated")
+            click.echo(json.dumps(exc.details.get("stats") or {}, indent=2, default=str))
+            return
         if exc.details.get("stats"):
             click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)
         _fail(exc)
@@ -424,7 +440,10 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
     from graphdeck.analysis.trace_map import link_kernels  # kernel -> FX node links of the run
 
     link_kernels(engine, result.run_id)
-    click.echo(f"trace {result.trace_id}: rank {result.rank}, {result.num_events} events, status {result.status}")
+    kernels = (result.stats or {}).get("gpu_kernels")
+    click.echo(f"trace {result.trace_id}: rank {result.rank}, {result.num_events} events stored of "
+               f"{(result.stats or {}).get('events_total', result.num_events)} read"
+               + (f", {kernels} GPU kernels" if kernels is not None else "") + f", status {result.status}")
     click.echo(json.dumps(result.stats, indent=2, default=str))
 
 
