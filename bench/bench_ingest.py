@@ -253,14 +253,20 @@ def bench_window(path: Path, target_events: int, queries: int, max_shapes: int, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description="Trace ingest benchmark: graphdeck's ingest vs HTA's trace load and bare ijson streaming "
+                    "of the same files (wall and CPU time, peak RSS), then timeline window queries on a "
+                    "1M-event store.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("traces", nargs="*", help="trace files (default: the two largest corpus traces)")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per side (median)")
-    ap.add_argument("--sides", default="graphdeck,HTA,ijson")
-    ap.add_argument("--window-events", type=int, default=1_000_000)
-    ap.add_argument("--queries", type=int, default=40)
-    ap.add_argument("--max-shapes", type=int, default=2000)
-    ap.add_argument("--no-window", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per side, interleaved; the median is reported")
+    ap.add_argument("--sides", default="graphdeck,HTA,ijson",
+                    help="comma-separated subset of graphdeck, HTA, ijson")
+    ap.add_argument("--window-events", type=int, default=1_000_000,
+                    help="events in the store the window queries run on (copies of the largest trace)")
+    ap.add_argument("--queries", type=int, default=40, help="random timeline windows queried")
+    ap.add_argument("--max-shapes", type=int, default=2000, help="bars per window answer (level of detail)")
+    ap.add_argument("--no-window", action="store_true", help="skip the window-query part")
     ap.add_argument("--write-results", action="store_true", help="rewrite the 'Trace ingest' section of bench/RESULTS.md")
     args = ap.parse_args()
     args.load_start = os.getloadavg()[0]
