@@ -128,7 +128,8 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
     :func:`~graphdeck.analysis.trace_analysis.step_times`, times on each rank's own clock).
     ``collectives`` entries: ``group``, ``kind``, ``seq``, ``step``, ``ranks`` (rank →
     ``arrive_ns``, ``end_ns``, ``wait_ns``, ``transfer_ns``), ``last_rank``, ``spread_ns``
-    (last − first arrival). ``stragglers``: per step, each rank's summed lateness
+    (last − first arrival), ``suspect`` (None, or why the match cannot be one collective: a rank
+    ended before the last one arrived; such matches are listed but not used for stragglers). ``stragglers``: per step, each rank's summed lateness
     (arrival − first arrival) and how often it arrived last; ``straggler`` is the rank with the
     largest lateness (None with one rank). Raises NotFoundError for an unknown run.
     """
@@ -160,7 +161,18 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
         last_rank = max(sorted(arrive), key=lambda r: arrive[r])
         last = arrive[last_rank]
         any_c = next(iter(parts.values()))
+        ends = {r: c["end_ns"] - offsets[r]["offset_ns"] for r, c in parts.items()}
+        first_end = min(sorted(ends), key=lambda r: ends[r])
+        # Every rank of one collective is inside it at a common instant: the last arrival comes
+        # before the first end. A match that fails this is not one collective (a partial set of
+        # ranks matched by sequence alone, e.g. point-to-point kernels of absent peers), or the
+        # clocks are off by more than the offset estimate.
+        suspect = None
+        if last > ends[first_end]:
+            suspect = (f"rank {first_end} ended {(last - ends[first_end]) / 1e3:.1f} us before rank {last_rank} "
+                       f"arrived: not one collective, or clocks off by more than the estimated offset")
         collectives.append({
+            "suspect": suspect,
             "group": any_c["group"], "kind": any_c["kind"], "seq": any_c["seq"],
             "step": next((c["step"] for c in parts.values() if c["step"] is not None), None),
             "last_rank": last_rank, "spread_ns": last - min(arrive.values()),
@@ -172,7 +184,8 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
     stragglers = []
     by_step: dict = defaultdict(list)
     for c in collectives:
-        by_step[c["step"]].append(c)
+        if c["suspect"] is None:
+            by_step[c["step"]].append(c)
     for step in sorted(by_step, key=lambda s: (s is None, s or 0)):
         late: Counter = Counter()
         lasts: Counter = Counter()
@@ -186,4 +199,5 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
                            "last_count": dict(sorted(lasts.items())), "straggler": straggler})
     unmatched = {r: sum(1 for c in colls if len(by_key[c["key"]]) < 2) for r, colls in per_rank.items()}
     return {"ranks": traces, "reference_rank": ref, "offsets": offsets, "collectives": collectives,
+            "suspect": sum(1 for c in collectives if c["suspect"]),
             "stragglers": stragglers, "unmatched": unmatched, "step_times": steps}

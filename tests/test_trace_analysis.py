@@ -191,6 +191,14 @@ def test_rank_clock_offsets_from_collective_ends(tmp_path):
         v0 = c["ranks"][0]
         assert v0["wait_ns"] + v0["transfer_ns"] in kernel_dur.values()
     assert {s["straggler"] for s in plain["stragglers"]} <= {0, 1}
+    # These are 2 of 128 ranks, and their SendRecv kernels carry no process group: matching by
+    # kind and sequence alone pairs kernels that cannot be one collective (a rank finished
+    # before the other arrived). Such matches are flagged, checked here from the aligned times.
+    for c in plain["collectives"]:
+        ends = [v["end_ns"] for v in c["ranks"].values()]
+        arrivals = [v["arrive_ns"] for v in c["ranks"].values()]
+        assert (c["suspect"] is not None) == (max(arrivals) > min(ends)), c
+    assert plain["suspect"] == sum(1 for c in plain["collectives"] if c["suspect"]) > 0
 
 
 def test_window_level_of_detail_and_the_multi_rank_timeline_over_http(gpt2_store, tmp_path):  # noqa: F811
