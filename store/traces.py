@@ -40,6 +40,11 @@ Errors (all leave nothing half-written: a failed ingest deletes its trace and ev
   carries ``trace_id``, ``stats``, ``kept=True`` and ``num_events``; with ``strict`` nothing is
   kept (``kept=False``). Events in the same 64 KiB read as a syntax error may be lost; a clean cut
   (EOF) loses only the event it cuts through.
+* A bad stretch between events (``{...}, oops, {...}``) is not a cut: the repair path drops the
+  items of ``traceEvents`` that are not JSON values and reads on (NOTE: [Resynchronising] in
+  :mod:`graphdeck.store.trace_json`), so every good event is kept, ``stats["corrupt_items"]``
+  (and ``stats["corrupt"]``) count the dropped items, a warning is logged and the status stays
+  ``"ok"``; with ``strict`` it is a :class:`~graphdeck.errors.BadInputError` ("is corrupt").
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported unde
     READ_SIZE,
     Reader,
     RepairingReader,
+    ResyncReader,
     Scan,
     _json_default,
     as_int64,
@@ -275,6 +281,7 @@ class _Ingest(EventRows):
         reader = self.reader = Reader(raw, fast_inflate=self.fast is not None)
         if self.repair:
             reader = self.repairer = RepairingReader(reader)
+            reader = self.resync = ResyncReader(reader)  # NOTE: [Resynchronising] in trace_json
         cut: str | None = None
         try:
             cut = self._consume(reader)
@@ -283,6 +290,15 @@ class _Ingest(EventRows):
                 raise BadInputError(f"trace {self.name!r} has {repaired} malformed strings (repaired: "
                                     f"{self.repairer.counts}); strict mode accepts only well-formed JSON",
                                     file=self.name, **self.repairer.counts)
+            bad = self.resync.corrupt_items if self.repair else 0
+            if bad and self.strict:
+                raise BadInputError(f"trace {self.name!r} is corrupt: {bad} items of traceEvents are not JSON values "
+                                    f"(the first at byte offset {self.resync.first_corrupt_offset}); strict mode "
+                                    "accepts only well-formed JSON", file=self.name, corrupt_items=bad)
+            if bad:
+                log.warning("trace %r is corrupt: %d items of traceEvents are not JSON values (the first at byte "
+                            "offset %s); skipped, every good event is kept", self.name, bad,
+                            self.resync.first_corrupt_offset)
             if cut and (self.strict or self.stored == 0):
                 raise self._truncated(cut, kept=False)
             self._validate_shape()
@@ -418,7 +434,8 @@ class _Ingest(EventRows):
             stats[reason] = self.skips[reason]
         stats.update(
             truncated=int(truncated),
-            corrupt=self.counts["corrupt"],
+            corrupt=self.counts["corrupt"] + (self.resync.corrupt_items if self.repair else 0),
+            corrupt_items=self.resync.corrupt_items if self.repair else 0,
             trailing_garbage=self.counts["trailing_garbage"],
             missing_dur=self.counts["missing_dur"],
             args_truncated=self.counts["args_truncated"],

@@ -88,6 +88,45 @@ def test_t1_truncated_gzip_keeps_every_complete_event_before_the_cut(engine, tmp
         assert json.loads(trace.stats_json)["truncated"] == 1
 
 
+def test_t1b_bad_token_between_events_is_skipped_and_counted_not_a_cut(engine, tmp_path):
+    """A bad token in the middle of traceEvents is corrupt, not a cut: the input is
+    hta/trace_filter/sampled_rank-0.json.gz decompressed, with ``oops,`` inserted right after the
+    comma that follows the middle item of traceEvents (item boundaries found with
+    ``json.JSONDecoder.raw_decode``). Every event of the original is stored, the stretch is
+    counted (``corrupt_items`` 1), the status is "ok"; ``strict`` refuses the file as corrupt."""
+    raw = raw_json(corpus(*SAMPLED))
+    text = raw.decode("utf-8")
+    i = text.index("[", text.index('"traceEvents"')) + 1
+    dec = json.JSONDecoder()
+    ends = []
+    while True:
+        while text[i] in " \r\n\t":
+            i += 1
+        if text[i] == "]":
+            break
+        _, i = dec.raw_decode(text, i)
+        ends.append(i)
+        while text[i] in " \r\n\t":
+            i += 1
+        if text[i] == ",":
+            i += 1
+    cut_at = text.index(",", ends[len(ends) // 2]) + 1
+    assert cut_at > 64 * 1024, "the bad token sits past the first read"
+    bad = tmp_path / "oops.json"
+    bad.write_bytes((text[:cut_at] + " oops," + text[cut_at:]).encode("utf-8"))
+    good = ingest_trace(engine, corpus(*SAMPLED), run_name="good")
+    r = ingest_trace(engine, bad, run_name="oops")
+    assert r.status == "ok" and r.num_events == good.num_events, (r.status, r.num_events, good.num_events)
+    assert r.stats["events_total"] == len(ends) == good.stats["events_total"]
+    assert r.stats["corrupt_items"] == 1 and r.stats["corrupt"] == 1 and r.stats["truncated"] == 0
+    assert sorted(names(engine, r.trace_id)) == sorted(names(engine, good.trace_id))
+    with pytest.raises(BadInputError) as info:
+        ingest_trace(engine, bad, run_name="strict", strict=True)
+    assert "corrupt" in info.value.message and "truncated" not in info.value.message, info.value.message
+    with Session(engine) as s:
+        assert s.scalar(select(Trace).where(Trace.name == "oops.json", Trace.status != "ok")) is None
+
+
 def _sampled_with(old: bytes, new: bytes) -> bytes:
     raw = raw_json(corpus(*SAMPLED))
     assert raw.count(old) >= 1, old
