@@ -424,7 +424,8 @@ class Agent:
                 **options):
         """A ``torch.profiler.profile`` over the chosen steps whose Kineto trace is stored for this
         rank when the active window ends (call ``.step()`` once per training step); ``options``
-        go to :func:`graphdeck.capture.profile.stored_profile` (e.g. ``trace_dir``)."""
+        go to :func:`graphdeck.capture.profile.stored_profile` (``trace_dir``) and from there to
+        ``torch.profiler.profile`` (``profile_memory=True``, ``with_stack``, ``record_shapes``, ...)."""
         from graphdeck.capture.profile import stored_profile
 
         return stored_profile(self, wait_steps=wait_steps, warmup_steps=warmup_steps,

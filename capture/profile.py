@@ -12,13 +12,24 @@ import torch
 
 
 def stored_profile(agent, *, wait_steps: int, warmup_steps: int, active_steps: int, name: str | None,
-                   trace_dir: str | os.PathLike | None = None):
+                   trace_dir: str | os.PathLike | None = None, **profiler_options):
     """``torch.profiler.profile`` with a schedule of one window (wait, warmup, active steps);
     when the window ends its Chrome trace is exported and ingested into ``agent``'s store for
     this rank (``traces`` + ``trace_events``). CPU activity always; CUDA when available.
 
     ``trace_dir``: also keep the exported file there, gzip-compressed, as
-    ``<run>_rank<N>.pt.trace.json.gz`` (else the temp file is deleted after the ingest)."""
+    ``<run>_rank<N>.pt.trace.json.gz`` (else the temp file is deleted after the ingest).
+
+    ``profiler_options``: passed on to ``torch.profiler.profile`` (``profile_memory``,
+    ``with_stack``, ``record_shapes`` — default True —, ``with_flops``, ``activities`` ...);
+    ``schedule`` and ``on_trace_ready`` are this helper's own.
+
+    Raises:
+        UsageError: ``schedule`` or ``on_trace_ready`` given, or an option
+        ``torch.profiler.profile`` does not take."""
+    import inspect
+
+    from graphdeck.errors import UsageError
     from graphdeck.store.traces import ingest_trace
 
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -39,10 +50,17 @@ def stored_profile(agent, *, wait_steps: int, warmup_steps: int, active_steps: i
         finally:
             os.unlink(path)
 
+    own = {"schedule", "on_trace_ready"} & set(profiler_options)
+    if own:
+        raise UsageError(f"stored_profile sets {', '.join(sorted(own))} itself")
+    accepted = inspect.signature(torch.profiler.profile.__init__).parameters
+    unknown = sorted(k for k in profiler_options if k not in accepted)
+    if unknown:
+        raise UsageError(f"torch.profiler.profile takes no option {', '.join(map(repr, unknown))}")
+    options = {"activities": activities, "record_shapes": True, "with_stack": False, **profiler_options}
     return torch.profiler.profile(
-        activities=activities,
         schedule=torch.profiler.schedule(wait=wait_steps, warmup=warmup_steps, active=active_steps, repeat=1),
-        on_trace_ready=on_trace_ready, record_shapes=True, with_stack=False,
+        on_trace_ready=on_trace_ready, **options,
     )
 
 
