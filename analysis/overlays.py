@@ -8,6 +8,8 @@ export writes them as node data. Nothing here draws.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -33,6 +35,9 @@ class Overlay(BaseModel):
     categorical: bool = False
     values: dict[str, float | int | str] = Field(default_factory=dict)
     note: str | None = Field(default=None, description="why values are missing, when they are")
+    aggregate: Literal["sum", "max"] = Field(
+        default="sum", description="how a collapsed cluster combines its nodes' values: 'sum' for amounts each "
+        "node adds (time, bytes produced), 'max' for a level each node reaches (live bytes)")
 
 
 def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
@@ -45,7 +50,8 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
       name in the bucket graphs; for a bucket's own graphs (and their AOT graphs) that bucket.
     * ``rank``: the graph's rank, on every node (for comparing ranks side by side).
     * ``memory``: live bytes right after each node allocated its output, from the graph-derived
-      liveness (:func:`graphdeck.analysis.memory.graph_memory`).
+      liveness (:func:`graphdeck.analysis.memory.graph_memory`); a cluster shows its nodes'
+      maximum (``aggregate="max"``: a running total summed over nodes means nothing).
     * ``stage``: the executor's pipeline stage of each node for 2 ``layerwise`` stages
       (:func:`graphdeck.replay.partition.plan_for_graph`; other K and strategies through
       ``GET /api/graphs/{id}/stages``).
@@ -79,7 +85,7 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
         from graphdeck.analysis.memory import graph_memory
 
         curve = graph_memory(session, graph_id)
-        return Overlay(kind=kind, unit="bytes", values=dict(zip(curve.nodes, curve.live_bytes)),
+        return Overlay(kind=kind, unit="bytes", values=dict(zip(curve.nodes, curve.live_bytes)), aggregate="max",
                        note=f"peak {curve.peak_bytes} bytes at {curve.peak_node}")
     return _time(session, graph_id)
 

@@ -183,6 +183,7 @@ def test_cli_and_api(chain_store):
         alone = httpx.get(f"{srv.url}/api/graphs/{gid}/memory").json()
         overlay = httpx.get(f"{srv.url}/api/graphs/{gid}/overlays/memory").json()
         assert overlay["unit"] == "bytes" and max(overlay["values"].values()) == alone["peak_bytes"]
+        assert overlay["aggregate"] == "max"  # a cluster shows its peak, not a sum of running totals
         svg = httpx.get(f"{srv.url}/api/graphs/{gid}/svg?overlay=memory&max_depth=9")
         assert svg.status_code == 200 and "<svg" in svg.text[:2000]
         assert httpx.get(f"{srv.url}/api/graphs/{gid}/memory?scope=nope").status_code in (400, 422)

@@ -209,6 +209,10 @@ def test_overlay_colours_nodes_and_sums_into_collapsed_clusters():
     assert fills["mm"] != fills["relu"] and fills["x"] == "#f4f4f4", "no value: a neutral fill"
     (box,) = groups(parse(render_graph_svg(view, max_depth=0, overlay=ov)), "collapsed")
     assert "3.00 ms" in texts(box)[1], "a collapsed cluster shows its summed time"
+    live = Overlay(kind="memory", unit="bytes", aggregate="max", values={"x": 1024, "mm": 3 * 1024, "relu": 2 * 1024})
+    (box,) = groups(parse(render_graph_svg(view, max_depth=0, overlay=live)), "collapsed")
+    assert "3.0 KiB" in texts(box)[1] and "5.0 KiB" not in texts(box)[1], \
+        "live bytes are a level: a cluster shows its nodes' peak, not their sum"
     cats = Overlay(kind="rank", categorical=True, values={"mm": "rank 0", "relu": "rank 1"})
     fills = {g.get("data-name"): rect_attr(g, "fill") for g in groups(parse(render_graph_svg(view, max_depth=99, overlay=cats)), "node")}
     assert fills["mm"] != fills["relu"]

@@ -18,7 +18,8 @@ What the frontend can rely on in the output:
 * an open module cluster ``a/b`` is ``<g id="cluster-<k>" class="cluster open" data-path="a/b">``
   (``k``: its index among all of the graph's module paths, sorted), drawn before what it holds;
   a collapsed one is ``<g id="cluster-<k>" class="cluster collapsed" data-path="a/b"
-  data-nodes="N">`` whose text says its node count, parameter bytes and summed overlay;
+  data-nodes="N">`` whose text says its node count, parameter bytes and overlay value (the sum
+  of its nodes' values, or their maximum for an overlay whose ``aggregate`` is ``"max"``);
 * edge ``k`` is ``<g id="edge-<k>" class="edge [heavy]" data-src=… data-dst=… data-bytes=…>``
   where an end is a node name or ``cluster:<path>``; width and colour follow the bytes it
   carries (``palette.py``), the heaviest :data:`HEAVY_EDGES` are red; ``<g id="legend">`` says
@@ -251,15 +252,20 @@ class _Writer:
             return None
         if self._sums is None:
             self._sums = self._per_prefix({self.prep.by_name[k]: float(v) for k, v in self.overlay.values.items()
-                                           if k in self.prep.by_name})
+                                           if k in self.prep.by_name}, combine=self.overlay.aggregate)
         return self._sums.get(path)
 
-    def _per_prefix(self, by_idx: dict[int, float]) -> dict[tuple[str, ...], float]:
+    def _per_prefix(self, by_idx: dict[int, float], combine: str = "sum") -> dict[tuple[str, ...], float]:
+        """Per module-path prefix, the sum (``combine="sum"``) or maximum (``"max"``) of the
+        values of the nodes under it."""
         out: dict[tuple[str, ...], float] = {}
         for idx, value in by_idx.items():
             p = self.prep.node_path[idx]
             for d in range(1, len(p) + 1):
-                out[p[:d]] = out.get(p[:d], 0) + value
+                if combine == "max":
+                    out[p[:d]] = max(out[p[:d]], value) if p[:d] in out else value
+                else:
+                    out[p[:d]] = out.get(p[:d], 0) + value
         return out
 
     # ---------------------------------------------------------------- drawing
