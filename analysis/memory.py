@@ -65,6 +65,28 @@ ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8,
             "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16, "float8_e4m3fn": 1,
             "float8_e5m2": 1}
 
+#: Common short names of dtypes (as torch, numpy and mixed-precision configs spell them).
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "half": "float16",
+                 "fp32": "float32", "f32": "float32", "float": "float32", "single": "float32",
+                 "fp64": "float64", "f64": "float64", "double": "float64",
+                 "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "float8_e4m3": "float8_e4m3fn",
+                 "e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2",
+                 "long": "int64", "int": "int32", "short": "int16"}
+
+
+def canonical_dtype(dtype: str) -> str:
+    """``"bf16"``, ``"torch.bfloat16"``, ``"BFloat16"`` → ``"bfloat16"`` (a key of :data:`ITEMSIZE`).
+
+    Raises:
+        UsageError: not a dtype name or alias this module knows.
+    """
+    key = dtype.strip().lower().removeprefix("torch.")
+    key = DTYPE_ALIASES.get(key, key)
+    if key not in ITEMSIZE:
+        raise UsageError(f"unknown dtype {dtype!r}; one of {', '.join(sorted(ITEMSIZE))} "
+                         f"(or {', '.join(sorted(DTYPE_ALIASES))})")
+    return key
+
 
 @functools.lru_cache(maxsize=8192)
 def op_name(target: str) -> str:
@@ -772,12 +794,13 @@ def _phase(curve: MemoryCurve, nf: int, recompute_at: int | None) -> str:
 
 def dtype_estimate(session: Session, forward_id: int, backward_id: int, dtype: str = "bfloat16") -> Estimate:
     """Activations (not parameters, not integer tensors) stored in ``dtype`` instead: new peak.
+    ``dtype``: a torch dtype name or a common alias (``bf16``, ``fp16``, ``half``, ``fp32``,
+    ``float``, ``fp8``/``e4m3``, ``e5m2``; :func:`canonical_dtype`).
 
     Raises:
         UsageError: unknown dtype.
     """
-    if dtype not in ITEMSIZE:
-        raise UsageError(f"unknown dtype {dtype!r}; one of {', '.join(sorted(ITEMSIZE))}")
+    dtype = canonical_dtype(dtype)
     new = ITEMSIZE[dtype]
     floats = {"float64", "float32", "float16", "bfloat16"}
 
