@@ -279,7 +279,8 @@ def _find_run(session, run_name: str, store: str):
 @click.argument("graph_id", type=int)
 @click.option("--store", default=DEFAULT_STORE, show_default=True)
 @click.option("--step", is_flag=True, help="The graph's forward then backward graph (one training step).")
-@click.option("--top", default=10, show_default=True, help="Holders to list at the peak.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Holders (and saved activations) to list at the peak.")
 @click.option("--checkpoint", "checkpoint_module", default=None, help="Estimate checkpointing this module path.")
 @click.option("--dtype", default=None, help="Estimate activations stored in this dtype (e.g. bfloat16).")
 def memory_cmd(run_name: str, graph_id: int, store: str, step: bool, top: int, checkpoint_module: str | None,
@@ -307,9 +308,13 @@ def memory_cmd(run_name: str, graph_id: int, store: str, step: bool, top: int, c
                 raise NotFoundError(f"graph {graph_id} not found in run {run.name!r}")
             if step or checkpoint_module or dtype:
                 fw, bw = forward_backward_pair(s, graph_id)
+                # The what-ifs first: a bad --checkpoint or --dtype fails before any report is printed.
+                estimates = ([checkpoint_estimate(s, fw, bw, checkpoint_module)] if checkpoint_module else []) + \
+                    ([dtype_estimate(s, fw, bw, dtype)] if dtype else [])
                 curve = step_memory(s, fw, bw)
                 what = f"step (forward {fw} + backward {bw})"
             else:
+                estimates = []
                 curve = graph_memory(s, graph_id)
                 what = f"graph {graph_id} ({graph.kind})"
             click.echo(f"{what}: peak {_mib(curve.peak_bytes)} at node {curve.peak_node} "
@@ -319,9 +324,12 @@ def memory_cmd(run_name: str, graph_id: int, store: str, step: bool, top: int, c
             for h in curve.top_holders(top):
                 click.echo(f"    {h.module_path:<48s} {_mib(h.size_bytes):>12s} {h.tensors:>5d}")
             if curve.saved:
-                click.echo(f"  saved activations: {_mib(sum(x['size_bytes'] for x in curve.saved))} in {len(curve.saved)} tensors")
-            for est in ([checkpoint_estimate(s, fw, bw, checkpoint_module)] if checkpoint_module else []) + \
-                    ([dtype_estimate(s, fw, bw, dtype)] if dtype else []):
+                click.echo(f"  saved activations: {_mib(sum(x['size_bytes'] for x in curve.saved))} in {len(curve.saved)} tensors"
+                           + f"; the largest {min(top, len(curve.saved))} and the backward node that frees each:")
+                for x in sorted(curve.saved, key=lambda x: -x["size_bytes"])[:top]:
+                    freed = f"freed by {x['freed_by']}" if x["freed_by"] else "held past the step"
+                    click.echo(f"    {x['name']} ({_mib(x['size_bytes'])}) -> {freed}")
+            for est in estimates:
                 click.echo(f"  what-if {est.what}: peak {_mib(est.baseline_peak_bytes)} -> {_mib(est.estimated_peak_bytes)}"
                            f" (saves {_mib(est.saving_bytes)}; {est.note})".rstrip("; )") + ")")
                 if est.peak_phase:

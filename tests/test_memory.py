@@ -163,9 +163,16 @@ def test_cli_and_api(chain_store):
 
     gid = _graph_id(chain_store, "aot_forward")
     proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "memory", "chain", str(gid), "--store",
-                           str(chain_store), "--step", "--dtype", "bfloat16"], capture_output=True, text=True)
+                           str(chain_store), "--step", "--dtype", "bf16"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "peak" in proc.stdout and "top holders" in proc.stdout and "what-if activations in bfloat16" in proc.stdout
+    # Each of the largest saved activations with the backward node that frees it.
+    assert proc.stdout.count("-> freed by b:") == 3, proc.stdout
+    # A bad what-if argument fails before any report is printed; --top must be >= 1.
+    for args in (["--checkpoint", "nosuch"], ["--dtype", "foo"], ["--top", "0"]):
+        bad = subprocess.run([sys.executable, "-m", "graphdeck.cli", "memory", "chain", str(gid), "--store",
+                              str(chain_store), *args], capture_output=True, text=True)
+        assert bad.returncode == 2 and not bad.stdout and args[1] in bad.stderr, (args, bad.stdout, bad.stderr)
     bad = subprocess.run([sys.executable, "-m", "graphdeck.cli", "memory", "chain", "99999", "--store",
                           str(chain_store)], capture_output=True, text=True)
     assert bad.returncode == 2 and "99999" in bad.stderr
@@ -178,6 +185,8 @@ def test_cli_and_api(chain_store):
         nomod = httpx.get(f"{srv.url}/api/graphs/{gid}/memory/whatif?checkpoint=no/such")
         assert nomod.status_code == 400 and "no/such" in nomod.json()["error"]
         assert httpx.get(f"{srv.url}/api/graphs/{gid}/memory/whatif?dtype=float7").status_code == 400
+        half = httpx.get(f"{srv.url}/api/graphs/{gid}/memory/whatif?dtype=fp16")
+        assert half.status_code == 200 and half.json()["what"] == "activations in float16"
         assert httpx.get(f"{srv.url}/api/graphs/99999/memory").status_code == 404
         # Live bytes as a graph-view overlay: one value per node, its maximum the peak.
         alone = httpx.get(f"{srv.url}/api/graphs/{gid}/memory").json()
@@ -209,6 +218,17 @@ def test_measured_memory_from_a_real_trace(tmp_path):
         peaks[dev] = max(peaks.get(dev, running[dev]), running[dev])
     assert sum(len(v["total_allocated_bytes"]) for v in series.values()) == len(events)
     assert {d: v["peak_bytes"] for d, v in series.items()} == peaks
+
+
+def test_dtype_aliases():
+    from graphdeck.analysis.memory import canonical_dtype
+    from graphdeck.errors import UsageError
+
+    assert [canonical_dtype(d) for d in ("bf16", "fp16", "half", "fp32", "float", "torch.bfloat16", "BFloat16")] == \
+        ["bfloat16", "float16", "float16", "float32", "float32", "bfloat16", "bfloat16"]
+    assert canonical_dtype("fp8") == "float8_e4m3fn" and canonical_dtype("e5m2") == "float8_e5m2"
+    with pytest.raises(UsageError, match="float7"):
+        canonical_dtype("float7")
 
 
 def test_op_name():
