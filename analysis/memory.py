@@ -56,9 +56,15 @@ ALIAS_OPS = frozenset({
     "view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose", "permute", "expand", "expand_as",
     "slice", "select", "squeeze", "unsqueeze", "alias", "as_strided", "detach", "narrow", "diagonal",
     "unflatten", "flatten", "view_as", "view_as_real", "view_as_complex", "unfold", "split", "split_with_sizes",
-    "chunk", "unbind", "getitem", "contiguous", "type_as", "movedim", "swapaxes", "numpy_T", "mT", "T",
-    "lift_fresh", "lift_fresh_copy", "_to_copy_view",
+    "chunk", "unbind", "getitem", "contiguous", "movedim", "swapaxes", "numpy_T", "mT", "T",
+    "lift_fresh", "_to_copy_view",
 })
+
+#: Dtype/device casts that return their input itself when nothing changes (``x.float()`` on a
+#: float32 tensor): an alias when the output's dtype, device and bytes equal the first input's,
+#: else a new tensor. Not ``_to_copy`` or ``lift_fresh_copy``: they always copy.
+CAST_OPS = frozenset({"to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool",
+                      "cpu", "cuda"})
 
 #: Bytes per element by dtype name, for what-if dtype changes.
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
@@ -258,6 +264,7 @@ class _Cols:
     src: np.ndarray
     dst: np.ndarray
     first_in: np.ndarray
+    same_cast: set[int] = field(default_factory=set)  # positions of CAST_OPS nodes that change nothing
 
     @property
     def n(self) -> int:
@@ -372,7 +379,26 @@ def _load(session: Session, graph_id: int) -> _Cols:
         heads, first_edge = np.unique(dst, return_index=True)
         first_in[heads] = src[first_edge]
     return _Cols(idx=idx, names=names, op=op, target=target, size=size, dtypes=dtypes, module=module, seq=seq,
-                 io=io, text=text, src=src, dst=dst, first_in=first_in)
+                 io=io, text=text, src=src, dst=dst, first_in=first_in,
+                 same_cast=_same_casts(run, idx, op, target, size, dtypes, text, first_in))
+
+
+def _same_casts(run, idx, op, target, size, dtypes, text, first_in) -> set[int]:
+    """Positions of :data:`CAST_OPS` nodes whose output has its first input's dtype, bytes and
+    device: the cast returns the input itself. Devices are read only for those candidates."""
+    cast_ids = [t for t in np.unique(target[op == _OP_CALL]).tolist() if op_name(text.get(t, "")) in CAST_OPS]
+    if not cast_ids:
+        return set()
+    cand = [i for i in np.flatnonzero(np.isin(target, cast_ids) & (op == _OP_CALL) & (first_in >= 0)).tolist()
+            if dtypes[i] is not None and dtypes[i] == dtypes[first_in[i]] and size[i] == size[first_in[i]]]
+    if not cand:
+        return set()
+    wanted = sorted({int(idx[i]) for i in cand} | {int(idx[first_in[i]]) for i in cand})
+    device: dict[int, str | None] = {}
+    for k in range(0, len(wanted), 900):  # bound the IN list (SQLite's host-parameter limit)
+        part = ", ".join(str(v) for v in wanted[k:k + 900])  # integers from the store, not user text
+        device.update(run("SELECT idx, device FROM nodes WHERE graph_id = {p} AND idx IN (" + part + ")").fetchall())
+    return {i for i in cand if device.get(int(idx[i])) == device.get(int(idx[first_in[i]]))}
 
 
 def _graph(session: Session, graph_id: int) -> Graph:
@@ -447,6 +473,8 @@ def _liveness(c: _Cols, mods: list[str | None], *, saved: list[int] = ()) -> _Li
     call_targets = np.unique(c.target[c.op == _OP_CALL]).tolist()
     alias_ids = [t for t in call_targets if op_name(c.text.get(t, "")) in ALIAS_OPS]
     is_alias = np.isin(c.target, alias_ids) & (c.op != _OP_PLACEHOLDER) & (c.op != _OP_OUTPUT)
+    if c.same_cast:
+        is_alias[list(c.same_cast)] = True
     # An alias whose first input was produced earlier shares that input's storage, if it has one.
     via = is_alias & (c.first_in >= 0) & (c.first_in < pos)
     root = np.where((c.size > 0) & (c.op != _OP_OUTPUT) & ~via, pos, -1)

@@ -220,6 +220,45 @@ def test_measured_memory_from_a_real_trace(tmp_path):
     assert {d: v["peak_bytes"] for d, v in series.items()} == peaks
 
 
+CASTS = r"""
+import sys, torch
+from graphdeck.capture import Agent
+agent = Agent(store=sys.argv[1], run="cast")
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 512)
+
+    def forward(self, x, cast: bool):
+        h = self.lin(x)
+        if cast:
+            h = h.float()  # already float32: returns h itself
+        return torch.tanh(h).sum(), h.to(torch.float16).sum()
+
+model = agent.watch(M())
+compiled = torch.compile(model, backend=agent.backend("aot_eager"))
+with torch.no_grad():
+    compiled(torch.randn(32, 64), False)
+    compiled(torch.randn(32, 64), True)
+agent.close()
+"""
+
+
+def test_cast_to_the_same_dtype_is_an_alias_and_a_real_cast_is_new(tmp_path):
+    """``h.float()`` on a float32 tensor returns ``h`` itself (no new bytes); ``h.to(float16)`` is
+    a new tensor of half the bytes."""
+    store = tmp_path / "cast.db"
+    run_python(CASTS, str(store))
+    with Session(open_engine(store, read_only=True)) as s:
+        gid = max(s.scalars(select(Graph.id).where(Graph.kind == "dynamo")))  # the cast=True graph
+        curve = graph_memory(s, gid)
+    live = dict(zip(curve.nodes, curve.live_bytes))
+    assert live["h_1"] == live["h"], live  # the .float() no-op adds nothing
+    assert live["tanh"] == live["h"] + 32 * 512 * 4
+    assert live["to"] == live["sum_1"] - 32 * 512 * 4 + 32 * 512 * 2, live  # h freed, its fp16 copy born
+
+
 def test_dtype_aliases():
     from graphdeck.analysis.memory import canonical_dtype
     from graphdeck.errors import UsageError
@@ -326,7 +365,7 @@ from graphdeck.capture import Agent
 agent = Agent(store=sys.argv[1], run="prof")
 model = agent.watch(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)))
 compiled = torch.compile(model, backend=agent.backend("aot_eager"))
-with agent.profile(wait_steps=0, warmup_steps=0, active_steps=1, profile_memory=True, with_stack=True) as prof:
+with agent.profile(wait_steps=0, warmup_steps=0, active_steps=1, profile_memory=True, record_shapes=False) as prof:
     for _ in range(1):
         compiled(torch.randn(8, 16)).sum().backward()
         prof.step()
