@@ -244,6 +244,7 @@ def rank_report(session: Session, run: Run) -> RankReport:
     if len(ranks) < 2:
         report.notes.append(f"run has {len(ranks)} rank(s): nothing to compare")
 
+    _neutralise_device_indices(session, sequences)
     by_sig: dict[tuple, list[int]] = defaultdict(list)
     for r in ranks:
         by_sig[tuple(e.signature() for e in sequences[r])].append(r)
@@ -260,6 +261,50 @@ def rank_report(session: Session, run: Run) -> RankReport:
     if mismatch is not None:
         report.collective_mismatches.append(mismatch)
     return report
+
+
+# NOTE: [Rank-local device indices]
+# On a multi-GPU job each rank computes on its own device: rank 1's graphs say
+# ``device(type='cuda', index=1)`` where rank 0's say ``index=0`` (``torch.arange(...,
+# device=...)``, factory kwargs, tensor metadata), so their structural hashes differ though the
+# graphs are the same program. Graphs whose hash is not shared by every rank are re-hashed from
+# their stored nodes with device indices removed; only those graphs are read again.
+_DEVICE_INDEX = re.compile(r"\b(cuda|xpu|hpu|npu|mtia|privateuseone):\d+")
+_DEVICE_REPR_INDEX = re.compile(r"(device\(type='\w+'), index=\d+\)")
+
+
+def _device_neutral(text: str | None) -> str:
+    """``"cuda:1"`` → ``"cuda"``, ``device(type='cuda', index=1)`` → ``device(type='cuda')``."""
+    return _DEVICE_REPR_INDEX.sub(r"\1)", _DEVICE_INDEX.sub(r"\1", text or ""))
+
+
+def _device_neutral_hash(session: Session, graph_id: int) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    rows = session.execute(select(Node.op, Node.target_id, Node.shape_json, Node.dtype, Node.stride_json,
+                                  Node.args_json).where(Node.graph_id == graph_id).order_by(Node.idx))
+    for op, target_id, shape, dtype, stride, args in rows:
+        h.update(f"{op}|{target_id if op != 'placeholder' else ''}|{shape}|{dtype}|{stride}|"
+                 f"{_device_neutral(args)};".encode())
+    return "dn:" + h.hexdigest()[:32]
+
+
+def _neutralise_device_indices(session: Session, sequences: dict[int, list[CompileEntry]]) -> None:
+    """Re-hash, device indices removed, the graphs whose hash some rank lacks (NOTE: [Rank-local
+    device indices]); a graph equal up to its device index then compares equal."""
+    if len(sequences) < 2:
+        return
+    holders: dict[str | None, set[int]] = defaultdict(set)
+    for r, seq in sequences.items():
+        for e in seq:
+            for _k, h, _gid in e.graphs:
+                holders[h].add(r)
+    for seq in sequences.values():
+        for e in seq:
+            if any(len(holders[h]) < len(sequences) for _k, h, _gid in e.graphs):
+                e.graphs = [(k, _device_neutral_hash(session, gid) if len(holders[h]) < len(sequences) else h, gid)
+                            for k, h, gid in e.graphs]
 
 
 def compile_sequence(session: Session, run_id: int, rank: int) -> list[CompileEntry]:

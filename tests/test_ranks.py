@@ -244,3 +244,36 @@ def test_compare_page_shows_the_recompile_reason(rank_store):
         text = page.get_by_test_id("recompile-reason").inner_text()
         assert "0/1 recompiled 0/0" in text and "size mismatch" in text
         browser.close()
+
+
+def test_rank_local_device_indices_are_not_a_divergence(rank_store, tmp_path):
+    """On 2 GPUs rank r's graphs name ``cuda:r`` (factory kwargs, tensor metadata), so their
+    structural hashes differ though the program is the same (seen on the 2 x H200 run of issue
+    11). Made here from run c1 (the ranks agree): one node per graph of each rank gets its rank's
+    device in its args and every graph a rank-specific hash, as such a capture writes them; the
+    ranks must still agree. A real difference (a shape) on top must still diverge."""
+    import shutil
+
+    from sqlalchemy import text
+
+    store = tmp_path / "gpu.db"
+    shutil.copy(rank_store, store)
+    engine = open_engine(store)
+    with engine.begin() as c:
+        run_id = c.execute(text("SELECT id FROM runs WHERE name = 'c1'")).scalar()
+        for gid, rank in c.execute(text("SELECT id, rank FROM graphs WHERE run_id = :r"), {"r": run_id}).all():
+            c.execute(text("UPDATE graphs SET structural_hash = :h WHERE id = :g"), {"h": f"rank{rank}-{gid}", "g": gid})
+            c.execute(text("UPDATE nodes SET args_json = :a WHERE graph_id = :g AND idx = "
+                           "(SELECT MIN(idx) FROM nodes WHERE graph_id = :g AND op = 'call_function')"),
+                      {"a": json.dumps({"args": [], "kwargs": {"device": f"device(type='cuda', index={rank})",
+                                                               "to": f"cuda:{rank}"}}), "g": gid})
+    engine.dispose()
+    rep = report_of(store, "c1")
+    assert rep.ok and rep.groups == [[0, 1]], [d.message for d in rep.divergences]
+    engine = open_engine(store)
+    with engine.begin() as c:
+        gid = c.execute(text("SELECT MIN(id) FROM graphs WHERE run_id = :r AND rank = 1"), {"r": run_id}).scalar()
+        c.execute(text("UPDATE nodes SET shape_json = '[999]' WHERE graph_id = :g AND idx = 0"), {"g": gid})
+    engine.dispose()
+    rep = report_of(store, "c1")
+    assert not rep.ok and rep.divergences and rep.divergences[0].what == "graph differs"
