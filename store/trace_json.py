@@ -337,31 +337,19 @@ _KEY_CLOSERS = frozenset(b":")  # after {: a key ends before :
 _WS = b" \t\r\n"
 
 
-class RepairingReader:
-    """``read(n)`` over another reader's JSON text with broken strings repaired (repair mode).
-
-    # NOTE: [String repair]
-    Trace writers have emitted names that make a whole file invalid JSON: a bare ``"`` inside a
-    name, raw control bytes and raw newlines, Windows paths with raw backslashes, and bytes that
-    are not UTF-8 (shared/cases/traces.md, T2–T4). Inside each JSON string this filter:
-    escapes a ``"`` whose next non-blank byte cannot follow the string (``, } ]`` after a value
-    string, ``:`` after a key, either after ``,``) — ``repaired_quotes``; escapes a backslash that does not start a valid escape
-    — ``repaired_backslashes``; writes raw bytes below 0x20 as ``\\u00XX`` —
-    ``repaired_control_bytes``; and replaces invalid UTF-8 with U+FFFD — ``repaired_utf8``.
-    ``counts["repaired_strings"]`` counts strings changed. Text outside strings passes unchanged.
-    It runs in Python, a byte class at a time, so it is used only after the fast path met a
-    syntax error (see :mod:`graphdeck.store.traces`).
-    """
+class _FilterReader:
+    """Base of the repair-mode filters below: ``read(n)`` (ijson's reader protocol) over
+    ``inner``'s JSON text as a subclass transforms it. ``_process(buf, final)`` appends output to
+    ``self._out`` and returns how many input bytes it consumed (``self._base`` counts the bytes
+    consumed before ``self._buf``); ``_at_end()`` runs once the input is exhausted."""
 
     def __init__(self, inner):
         self.inner = inner
-        self.counts: dict[str, int] = {"repaired_strings": 0, "repaired_quotes": 0, "repaired_backslashes": 0,
-                                       "repaired_control_bytes": 0, "repaired_utf8": 0}
         self._buf = b""
         self._out = bytearray()
         self._eof = False
+        self._base = 0
 
-    # ijson's reader protocol
     def read(self, size: int = -1) -> bytes:
         if size == 0:
             return b""
@@ -380,8 +368,46 @@ class RepairingReader:
             else:
                 self._eof = True
         done = self._process(self._buf, self._eof)
+        self._base += done
         self._buf = self._buf[done:]
-        if self._eof and self._buf:  # an unterminated string at the end: hand it over as is
+        if self._eof:
+            self._at_end()
+
+    def _process(self, buf: bytes, final: bool) -> int:
+        raise NotImplementedError
+
+    def _at_end(self) -> None:
+        raise NotImplementedError
+
+    def __getattr__(self, name):  # offset, eof, cut, gzip, file_bytes of the inner reader
+        if name in ("offset", "eof", "cut", "gzip", "file_bytes"):
+            return getattr(self.inner, name)
+        raise AttributeError(name)
+
+
+class RepairingReader(_FilterReader):
+    """``read(n)`` over another reader's JSON text with broken strings repaired (repair mode).
+
+    # NOTE: [String repair]
+    Trace writers have emitted names that make a whole file invalid JSON: a bare ``"`` inside a
+    name, raw control bytes and raw newlines, Windows paths with raw backslashes, and bytes that
+    are not UTF-8 (shared/cases/traces.md, T2–T4). Inside each JSON string this filter:
+    escapes a ``"`` whose next non-blank byte cannot follow the string (``, } ]`` after a value
+    string, ``:`` after a key, either after ``,``) — ``repaired_quotes``; escapes a backslash that does not start a valid escape
+    — ``repaired_backslashes``; writes raw bytes below 0x20 as ``\\u00XX`` —
+    ``repaired_control_bytes``; and replaces invalid UTF-8 with U+FFFD — ``repaired_utf8``.
+    ``counts["repaired_strings"]`` counts strings changed. Text outside strings passes unchanged.
+    It runs in Python, a byte class at a time, so it is used only after the fast path met a
+    syntax error (see :mod:`graphdeck.store.traces`).
+    """
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.counts: dict[str, int] = {"repaired_strings": 0, "repaired_quotes": 0, "repaired_backslashes": 0,
+                                       "repaired_control_bytes": 0, "repaired_utf8": 0}
+
+    def _at_end(self) -> None:
+        if self._buf:  # an unterminated string at the end: hand it over as is
             self._out += self._buf
             self._buf = b""
 
@@ -475,12 +501,6 @@ class RepairingReader:
         self.counts["repaired_strings"] += changed
         return "".join(out).encode("utf-8")
 
-    def __getattr__(self, name):  # offset, eof, cut, gzip, file_bytes of the inner reader
-        if name in ("offset", "eof", "cut", "gzip", "file_bytes"):
-            return getattr(self.inner, name)
-        raise AttributeError(name)
-
-
 # ---------------------------------------------------------------------------- resynchronising
 
 _STRUCT = re.compile(rb'["{}\[\],:]')
@@ -489,7 +509,7 @@ _ARRAY_THEN_OBJECT_END = re.compile(rb"\][ \t\r\n]*\}\Z")
 _STRING_REST = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # after an opening quote: to the closing one
 
 
-class ResyncReader:
+class ResyncReader(_FilterReader):
     """``read(n)`` over another reader's JSON text with the items of ``traceEvents`` that are not
     JSON values dropped (repair mode), so one bad stretch does not end the reading.
 
@@ -508,13 +528,9 @@ class ResyncReader:
     """
 
     def __init__(self, inner):
-        self.inner = inner
+        super().__init__(inner)
         self.corrupt_items = 0
         self.first_corrupt_offset: int | None = None
-        self._buf = b""
-        self._out = bytearray()
-        self._eof = False
-        self._base = 0  # input bytes consumed before self._buf
         self._depth = 0
         self._events_depth: int | None = None  # depth inside the events array while in it
         self._events_done = False
@@ -526,38 +542,18 @@ class ResyncReader:
         self._commas = 0
         self._started = False  # a structural byte came at the top level
 
-    def read(self, size: int = -1) -> bytes:
-        if size == 0:
-            return b""
-        size = size if size and size > 0 else READ_SIZE
-        while len(self._out) < size and not (self._eof and not self._buf):
-            self._fill()
-        data = bytes(self._out[:size])
-        del self._out[:size]
-        return data
-
-    def _fill(self) -> None:
-        if not self._eof:
-            more = self.inner.read(READ_SIZE)
-            if more:
-                self._buf += more
-            else:
-                self._eof = True
-        done = self._process(self._buf, self._eof)
-        self._base += done
-        self._buf = self._buf[done:]
-        if self._eof:
-            if self._buf:
-                self._take(self._buf)
-                self._base += len(self._buf)
-                self._buf = b""
-            while self._events_depth is not None and self._resplit():
-                pass
-            if self._events_depth is not None:  # an item open at the end: as is (a cut)
-                if self._item.strip(_WS) or self._commas:
-                    self._out += (b"," if self._emitted else b"") + self._item
-                self._item = bytearray()
-                self._events_depth = None
+    def _at_end(self) -> None:
+        if self._buf:
+            self._take(self._buf)
+            self._base += len(self._buf)
+            self._buf = b""
+        while self._events_depth is not None and self._resplit():
+            pass
+        if self._events_depth is not None:  # an item open at the end: as is (a cut)
+            if self._item.strip(_WS) or self._commas:
+                self._out += (b"," if self._emitted else b"") + self._item
+            self._item = bytearray()
+            self._events_depth = None
 
     def _take(self, data: bytes, at: int = 0) -> None:
         if self._events_depth is not None:
@@ -674,12 +670,6 @@ class ResyncReader:
             self.corrupt_items += 1
             if self.first_corrupt_offset is None:
                 self.first_corrupt_offset = self._item_start if text else at
-
-    def __getattr__(self, name):  # offset, eof, cut, gzip, file_bytes of the inner reader
-        if name in ("offset", "eof", "cut", "gzip", "file_bytes"):
-            return getattr(self.inner, name)
-        raise AttributeError(name)
-
 
 def _is_json_value(text: bytes) -> bool:
     """One JSON value, as ijson's parser would accept it (orjson first, for speed)."""
