@@ -105,14 +105,16 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             data = data.get("cppCodeToPost") or {}
         if isinstance(data, dict) and data:
             by_key[(rank, cid)].append(data)
-    seen: set[tuple[str, tuple[str, ...]]] = set()
+    # Inductor's live table grows over a process's compiles, so a later snapshot repeats earlier
+    # kernels: those are skipped, per rank (ranks compile the same kernels, each its own).
+    seen: set[tuple[int, str, tuple[str, ...]]] = set()
     rows: list[dict] = []
     for (rank, cid), tables in by_key.items():
         candidates = [g for g in graphs if g.rank == rank and g.compile_id == cid and g.kind in AOT_KINDS]
         for table in tables:
             stats["tables"] += 1
-            fresh = [(k, tuple(v)) for k, v in table.items() if (k, tuple(v)) not in seen]
-            seen.update(fresh)
+            fresh = [(k, tuple(v)) for k, v in table.items() if (rank, k, tuple(v)) not in seen]
+            seen.update((rank, k, v) for k, v in fresh)
             if not fresh:
                 stats["tables_repeated"] += 1
                 continue

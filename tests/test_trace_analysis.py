@@ -280,3 +280,39 @@ def test_two_h200_ddp_nccl_traces(tmp_path):
     assert result["unmatched"] == {0: 0, 1: 0}
     assert result["offsets"][1]["method"] == "collective_end_median"
     assert {c["kind"] for c in result["collectives"]} == {"allreduce"}
+
+
+def test_identical_ranks_each_get_their_kernel_links(gpt2_store, tmp_path):  # noqa: F811
+    """Two ranks that compile the same graphs write the same provenance tables, interleaved in the
+    store: each rank gets its own kernel -> node links (on the 2 x H200 DDP run rank 1 got 2 rows
+    against rank 0's 2,185, because a table already seen on rank 0 was skipped as a repeat)."""
+    import shutil
+    import sqlite3
+
+    from graphdeck.analysis.trace_map import link_kernels
+
+    path = tmp_path / "two_ranks.db"
+    shutil.copy(gpt2_store, path)
+    con = sqlite3.connect(path)
+    graph_cols = [r[1] for r in con.execute("PRAGMA table_info(graphs)") if r[1] not in ("id", "rank", "parent_id")]
+    node_cols = [r[1] for r in con.execute("PRAGMA table_info(nodes)") if r[1] not in ("id", "graph_id")]
+    for (gid,) in con.execute("SELECT id FROM graphs WHERE rank = 0 ORDER BY id").fetchall():
+        cur = con.execute(f"INSERT INTO graphs (rank, {', '.join(graph_cols)}) "
+                          f"SELECT 1, {', '.join(graph_cols)} FROM graphs WHERE id = ?", (gid,))
+        con.execute(f"INSERT INTO nodes (graph_id, {', '.join(node_cols)}) "
+                    f"SELECT ?, {', '.join(node_cols)} FROM nodes WHERE graph_id = ?", (cur.lastrowid, gid))
+    events = con.execute("SELECT id, run_id, name, compile_id, metadata_json, payload FROM compile_events "
+                         "WHERE rank = 0 ORDER BY id").fetchall()
+    con.execute("DELETE FROM compile_events")
+    for _id, run, name, cid, meta, payload in events:  # rank 1 writes each record just before rank 0
+        for rank in (1, 0):
+            con.execute("INSERT INTO compile_events (run_id, rank, name, compile_id, metadata_json, payload) "
+                        "VALUES (?, ?, ?, ?, ?, ?)", (run, rank, name, cid, meta, payload))
+    con.commit()
+    engine = open_engine(path)
+    stats = link_kernels(engine, 1)
+    engine.dispose()
+    per_rank = dict(con.execute("SELECT rank, count(*) FROM kernel_nodes "
+                                "WHERE source LIKE 'inductor_provenance_v2%' GROUP BY rank").fetchall())
+    con.close()
+    assert per_rank[0] > 1000 and per_rank[0] == per_rank[1], (per_rank, stats)
