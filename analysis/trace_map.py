@@ -23,8 +23,10 @@ is the one whose call names cover the most of that call's names, among the graph
 ``Torch-Compiled Region: <compile_id>`` enclosing it when there is one (backward calls run on
 the autograd thread, outside any region). A kernel's time is split evenly over the nodes of its
 call (the remainder ns go to the first; an extern ``aten::`` call's time goes to its origin node,
-listed first), so the per-node times add up to the mapped kernel time exactly. Kernels outside a wrapper call, or whose call is not in the table, are unmapped
-and counted as such.
+listed first), so the per-node times add up to the mapped kernel time exactly. Communication
+kernels outside any wrapper call (DDP's all-reduces, FSDP2's all-gathers and reduce-scatters)
+go to the nodes of the parameters they carry (NOTE: [Collectives to graph nodes]). Other kernels
+outside a wrapper call, or whose call is not in the table, are unmapped and counted as such.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.comm_map import map_collectives
+from graphdeck.analysis.trace_analysis import CommRule
 from graphdeck.analysis.trace_data import GPU_KERNEL_CATS, Ev, load_events
 from graphdeck.analysis.trace_links import link_gpu_events
 from graphdeck.errors import NotFoundError
@@ -221,6 +225,7 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
     wrapper_ev: dict[int, tuple[Ev, str | None]] = {}
     unmapped: Counter = Counter()
     sources: Counter = Counter()
+    comm, comm_kernels = CommRule(), []
     for link in link_gpu_events(events).values():
         k = link.gpu
         if k.cat not in GPU_KERNEL_CATS:
@@ -229,7 +234,10 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
         chain = link.chain
         at = next((i for i in range(len(chain) - 1, -1, -1) if chain[i].name.startswith(WRAPPER_PREFIX)), None)
         if at is None or not tables:
-            unmapped[k.name] += k.dur
+            if comm.is_comm(k.name):
+                comm_kernels.append(k)
+            else:
+                unmapped[k.name] += k.dur
             continue
         region = next((m.group(1) for e in reversed(chain[:at]) if (m := _REGION.match(e.name))), None)
         wrapper_ev[chain[at].id] = (chain[at], region)
@@ -268,9 +276,37 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
             for j, node in enumerate(nodes):
                 key = (gid, node)
                 out.node_ns[key] = out.node_ns.get(key, 0) + share + (rest if j == 0 else 0)
+    _map_comm(session, trace, comm_kernels, out, unmapped, sources)
     out.unmapped = dict(unmapped.most_common())
     out.sources = dict(sources)
     return out
+
+
+def _map_comm(session: Session, trace: Trace, kernels: list[Ev], out: KernelMapping, unmapped: Counter,
+              sources: Counter) -> None:
+    """Communication kernels onto the nodes of the parameters they carry (NOTE: [Collectives to
+    graph nodes]); a kernel's share for parameters no graph node holds stays unmapped."""
+    matched = map_collectives(session, trace.run_id, trace.rank, kernels) if kernels else {}
+    for k in kernels:
+        got = matched.get(k.id)
+        if got is None:
+            unmapped[k.name] += k.dur
+            continue
+        source, weighted, spare = got
+        total = sum(w for _, _, w in weighted) + spare
+        shares = [k.dur * w // total for _, _, w in weighted]
+        mapped = k.dur * (total - spare) // total
+        shares[0] += mapped - sum(shares)
+        by_graph: Counter = Counter()
+        for (gid, node, _), ns in zip(weighted, shares):
+            out.node_ns[(gid, node)] = out.node_ns.get((gid, node), 0) + ns
+            by_graph[gid] += ns
+        gid = by_graph.most_common(1)[0][0]
+        out.by_kernel[k.id] = (gid, [node for g, node, _ in weighted if g == gid])
+        out.mapped_ns += mapped
+        if mapped < k.dur:
+            unmapped[k.name] += k.dur - mapped
+        sources[source] += 1
 
 
 def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None) -> dict[str, int]:

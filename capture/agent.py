@@ -113,6 +113,9 @@ class Agent:
         self._ddp_parents: dict[int, int] = {}  # id(unsplit gm) -> graphs.id
         self._events: list[dict] = []
         self._handler = _CompileEventHandler(self._events)
+        from graphdeck.capture.comm_groups import CommGroupWatch
+
+        self._comm = CommGroupWatch()  # DDP buckets / FSDP2 groups (NOTE: [Communication groups])
         from torch._logging._internal import trace_log
 
         trace_log.addHandler(self._handler)
@@ -134,6 +137,8 @@ class Agent:
         """Record ``model``'s parameters and buffers (names as ``model.named_parameters()`` gives
         them; tied weights keep every name) and return ``model`` unchanged."""
         inner = getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
+        if inner is not model:
+            self._comm.note_ddp(model)
         self._models.append(inner)
         for fqn, t in list(inner.named_parameters(remove_duplicate=False)) + list(inner.named_buffers(remove_duplicate=False)):
             self._fqn_by_tensor.setdefault(id(t), fqn)
@@ -238,6 +243,9 @@ class Agent:
         inner_name = inner if isinstance(inner, str) else getattr(inner, "__name__", "custom")
         inner_fn = torch._dynamo.lookup_backend(inner) if isinstance(inner, str) else inner
         t0 = time.perf_counter()
+        from graphdeck.capture.comm_groups import active_ddp
+
+        self._comm.note_ddp(active_ddp())
         pending = None
         try:
             pending = self._record_dynamo(gm, example_inputs, inner_name)
@@ -420,6 +428,26 @@ class Agent:
         if events:
             self.writer.write_compile_events(events)
 
+    def record_comm_groups(self) -> bool:
+        """Write which parameters each DDP bucket / FSDP2 group carries (a ``graphdeck_comm_groups``
+        compile record; NOTE: [Communication groups]). Called when a profile's trace is stored and
+        at :meth:`close`; DDP's buckets are known only after its first iteration. Returns whether
+        a record was written; never raises."""
+        import json
+
+        from graphdeck.capture.comm_groups import EVENT_NAME
+
+        record = self._comm.record(self._models, _dist_info()[1])
+        if record is None:
+            return False
+        try:
+            self.writer.write_compile_events([{"name": EVENT_NAME, "compile_id": None, "metadata": {},
+                                               "payload": json.dumps(record)}])
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            warnings.warn(f"graphdeck: could not record communication groups: {type(exc).__name__}: {exc}")
+            return False
+        return True
+
     def profile(self, *, wait_steps: int = 1, warmup_steps: int = 1, active_steps: int = 2, name: str | None = None,
                 **options):
         """A ``torch.profiler.profile`` over the chosen steps whose Kineto trace is stored for this
@@ -437,6 +465,7 @@ class Agent:
 
         try:
             self.flush_events()
+            self.record_comm_groups()
         finally:
             trace_log.removeHandler(self._handler)
 

@@ -42,6 +42,7 @@ def stored_profile(agent, *, wait_steps: int, warmup_steps: int, active_steps: i
         os.close(fd)
         try:
             prof.export_chrome_trace(path)
+            agent.record_comm_groups()
             result = ingest_trace(writer.engine, path, run_name=agent.run, rank=writer.rank,
                                   name=name or f"rank {writer.rank} profile")
             _link(agent, writer, result.run_id)
