@@ -1,7 +1,8 @@
 """Cross-rank consistency on real 2-rank gloo runs (tests/programs/rank_cases.py under torchrun):
 a recompile on one rank only, a branch taken on one rank only (with a collective inside the
-compiled graph), gradient case G4, compile cases C1 and C2 — checked through the analysis, the
-``graphdeck check-ranks`` CLI, the HTTP API and the dashboard page."""
+compiled graph), gradient case G4, compile cases C1 and C2, FSDP2's uneven shards in a compiled
+optimizer step, shape-only differences feeding a collective or outside dim 0 — checked through
+the analysis, the ``graphdeck check-ranks`` CLI, the HTTP API and the dashboard page."""
 
 from __future__ import annotations
 
@@ -276,4 +277,89 @@ def test_rank_local_device_indices_are_not_a_divergence(rank_store, tmp_path):
         c.execute(text("UPDATE nodes SET shape_json = '[999]' WHERE graph_id = :g AND idx = 0"), {"g": gid})
     engine.dispose()
     rep = report_of(store, "c1")
-    assert not rep.ok and rep.divergences and rep.divergences[0].what == "graph differs"
+    # Same program, one shape changed ([4, 8] -> [999]): a divergence that says so.
+    assert not rep.ok and rep.divergences and rep.divergences[0].what == "shapes differ"
+    assert "[999]" in rep.divergences[0].message and "same program, different shapes" in rep.divergences[0].message
+
+
+def test_fsdp2_uneven_shards_are_a_note_not_a_divergence(rank_store, tmp_path):
+    """FSDP2 over 2 ranks, a 37-row embedding, the AdamW step compiled (as the 2 x H200 GPT-2 run
+    of issue 11, whose 50,257-row embedding is 25,129 rows on rank 0 and 25,128 on rank 1): the
+    optimizer graph reads each rank's local shard, so its shapes differ by rank in dim 0 only.
+    Same program: the ranks agree and the report names the shard."""
+    rep = report_of(rank_store, "fsdp2_uneven")
+    assert rep.ok and rep.groups == [[0, 1]], [d.message for d in rep.divergences]
+    (sh,) = rep.shard_shapes
+    assert sh.kind == "aot_inference" and sh.param == "embed.weight"  # param_groups[0] index 0, not head.weight
+    assert (sh.rows, sh.shards) == (37, 2)
+    assert [(v["ranks"], v["shape"]) for v in sh.variants] == [([0], "[19, 16]"), ([1], "[18, 16]")]
+    assert sh.differing_nodes > 1  # the shard and everything the step computes from it
+    assert any("uneven FSDP split" in n and "embed.weight" in n for n in rep.notes), rep.notes
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "graphdeck.cli", "check-ranks", str(rank_store),
+                               "--run", "fsdp2_uneven", *args], capture_output=True, text=True, timeout=120)
+
+    text = cli()
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert "rank-dependent shard shapes (uneven FSDP split)" in text.stdout
+    assert "embed.weight (arg0_1) is [19, 16] on rank 0, [18, 16] on rank 1" in text.stdout
+    assert "OK: all ranks agree" in text.stdout
+    body = json.loads(cli("--format", "json").stdout)
+    assert body["ok"] is True and body["shard_shapes"][0]["param"] == "embed.weight"
+    out = tmp_path / "ranks.xml"
+    assert cli("--format", "junit", "-o", str(out)).returncode == 0
+    from junitparser import JUnitXml
+
+    cases = {c.name: c for suite in JUnitXml.fromfile(str(out)) for c in suite}
+    assert all(c.is_passed for c in cases.values())
+    assert "uneven FSDP split" in cases["rank 1 compile sequence"].system_out
+
+
+def test_shape_difference_feeding_a_collective_diverges(rank_store):
+    """5 rows on rank 0, 4 on rank 1 — what an uneven split of 9 rows gives — but all-reduced:
+    a collective whose size differs by rank, so still a divergence (and a predicted hang)."""
+    from graphdeck.analysis.shard_shapes import shard_split
+
+    assert shard_split([5, 4]) == (9, 2)  # the sizes alone would pass as shards
+    rep = report_of(rank_store, "collective_shape")
+    assert not rep.ok and not rep.shard_shapes
+    (d,) = rep.divergences
+    assert d.what == "collective shapes differ"
+    assert "all_reduce" in d.message and "corrupts data or hangs" in d.message
+    assert (d.reference_node.shape, d.node.shape) == ("[5, 8]", "[4, 8]")
+    (m,) = rep.collective_mismatches
+    assert m.index == 0 and "hang" in m.message
+
+
+def test_shape_difference_outside_dim0_is_same_program_different_shapes(rank_store):
+    rep = report_of(rank_store, "shape_dim1")
+    assert not rep.ok and not rep.shard_shapes and not rep.collective_mismatches
+    (d,) = rep.divergences
+    assert d.what == "shapes differ"
+    assert "same program, different shapes" in d.message and "outside dim 0" in d.message
+    assert (d.reference_node.shape, d.node.shape) == ("[4, 8]", "[4, 10]")
+    line = next(i for i, t in enumerate(PROGRAM.read_text().splitlines(), 1) if "return torch.tanh(x) * 2" in t)
+    assert d.node.source.endswith(f"rank_cases.py:{line} in f")
+
+
+def test_shard_split_rule():
+    from graphdeck.analysis.shard_shapes import ShapeDiff, chunk_sizes, classify, shard_split, tensor_shapes
+
+    assert chunk_sizes(50257, 2) == [25129, 25128]
+    assert chunk_sizes(9, 4) == [3, 3, 3, 0]  # torch.chunk gives 3 chunks; FSDP2 pads an empty one
+    assert shard_split([25129, 25128]) == (50257, 2)
+    assert shard_split([3, 3, 3, 0]) == (9, 4)
+    assert shard_split([3, 2, 3, 2]) == (5, 2)  # HSDP: 2 replicas of a 2-way shard group
+    assert shard_split([4, 5]) is None  # rank 0 would hold the larger shard
+    assert shard_split([5, 3]) is None  # not ceil-then-remainder
+    assert tensor_shapes("[[19, 16], [16]]") == [(19, 16), (16,)] and tensor_shapes(None) == []
+
+    def diff(*shapes):
+        return ShapeDiff(position=0, shapes=list(shapes), strides=[None] * len(shapes))
+
+    assert classify([diff("[19, 16]", "[18, 16]"), diff("[[19], [8]]", "[[18], [8]]")]).shard
+    assert "outside dim 0" in classify([diff("[4, 8]", "[4, 10]")]).reason
+    assert "strides" in classify([ShapeDiff(0, ["[4, 8]", "[4, 8]"], ["[8, 1]", "[1, 4]"])]).reason
+    assert "split over different numbers" in classify([diff("[3]", "[3]", "[3]", "[0]"),
+                                                       diff("[3]", "[2]", "[3]", "[2]")]).reason

@@ -14,6 +14,17 @@ Each case is captured as its own run in the store given as argv[1]:
   ``requires_grad`` guard (same on both ranks, so the ranks agree).
 * ``c2`` — compile case C2: a mixture-of-experts loop over ``counts.tolist()``; the token counts
   differ by rank, so ranks break and recompile differently.
+* ``fsdp2_uneven`` — the 2 x H200 FSDP2 job in small (issue 11): an embedding with an odd
+  vocabulary (37 rows) and the whole model under ``fully_shard``, forward compiled, and the AdamW
+  step (``foreach``) compiled too. Its graph holds each rank's local shard: 19 rows on rank 0,
+  18 on rank 1 — the same program with rank-dependent shard shapes, not a divergence.
+* ``collective_shape`` — each rank compiles a function that all-reduces a tensor of
+  ``5 - rank`` rows (a shape-only difference feeding a collective: a real divergence, though
+  5 and 4 rows are what an uneven split of 9 rows would give). Compiled
+  but never run (the inner backend returns a function that raises), since running it would
+  corrupt or hang; the graphs are recorded at compile time.
+* ``shape_dim1`` — each rank compiles a function on a ``[4, 8 + 2 * rank]`` input (same program,
+  shapes differ outside dim 0, no collective): a "different shapes" divergence.
 """
 
 import os
@@ -26,7 +37,8 @@ import torch.distributed._functional_collectives as funcol
 from graphdeck.capture import Agent
 
 STORE = sys.argv[1]
-CASES = sys.argv[2].split(",") if len(sys.argv) > 2 else ["dynshape", "branch", "g4", "c1", "c2"]
+CASES = sys.argv[2].split(",") if len(sys.argv) > 2 else ["dynshape", "branch", "g4", "c1", "c2", "fsdp2_uneven", "collective_shape",
+                                                                 "shape_dim1"]
 
 
 def fresh(name: str) -> Agent:
@@ -142,6 +154,76 @@ def case_c2(rank: int) -> None:
     gen = torch.Generator().manual_seed(100 + rank)  # different tokens, so different counts, per rank
     for _ in range(2):
         compiled(torch.randn(16, 8, generator=gen)).sum().backward()
+    agent.close()
+
+
+class Uneven(torch.nn.Module):
+    def __init__(self, vocab: int = 37, dim: int = 16):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.block = torch.nn.Linear(dim, dim)
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        return self.head(torch.relu(self.block(self.embed(tokens))))
+
+
+def case_fsdp2_uneven(rank: int) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    agent = fresh("fsdp2_uneven")
+    model = agent.watch(Uneven())
+    fully_shard(model.block)
+    fully_shard(model)
+    compiled = torch.compile(model, backend=agent.backend("aot_eager"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    step = torch.compile(opt.step, backend=agent.backend("aot_eager"))
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(2):
+        tokens = torch.randint(0, 37, (2, 8), generator=gen)
+        compiled(tokens).logsumexp(-1).mean().backward()
+        step()
+        opt.zero_grad(set_to_none=True)
+    agent.close()
+
+
+class NotRun(Exception):
+    """Raised instead of running a graph that is only recorded (see ``compile_only``)."""
+
+
+def compile_only(gm, example_inputs):
+    """An inner backend that compiles nothing: the graph is recorded (by the graphdeck backend
+    around it) and calling it raises :class:`NotRun`, so a collective of rank-dependent size
+    never runs on the real process group."""
+    def never(*args):
+        raise NotRun(gm.__class__.__name__)
+    return never
+
+
+def _record_only(fn, x) -> None:
+    try:
+        fn(x)
+    except NotRun:
+        pass
+
+
+def case_collective_shape(rank: int) -> None:
+    agent = fresh("collective_shape")
+
+    def reduce_rows(x):
+        return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+
+    _record_only(torch.compile(reduce_rows, backend=agent.backend(compile_only)), torch.randn(5 - rank, 8))
+    agent.close()
+
+
+def case_shape_dim1(rank: int) -> None:
+    agent = fresh("shape_dim1")
+
+    def f(x):
+        return torch.tanh(x) * 2
+
+    torch.compile(f, backend=agent.backend("aot_eager"))(torch.randn(4, 8 + 2 * rank))
     agent.close()
 
 
