@@ -272,7 +272,8 @@ def rank_report(session: Session, run: Run) -> RankReport:
         report.notes.append(f"run has {len(ranks)} rank(s): nothing to compare")
 
     _neutralise_device_indices(session, sequences)
-    report.shard_shapes = _absorb_shard_shapes(session, run.id, ranks, sequences)
+    differ_in_structure: set[frozenset] = set()  # hash pairs already compared, so not compared twice
+    report.shard_shapes = _absorb_shard_shapes(session, run.id, ranks, sequences, differ_in_structure)
     report.notes.extend(x.message for x in report.shard_shapes)
     by_sig: dict[tuple, list[int]] = defaultdict(list)
     for r in ranks:
@@ -281,7 +282,8 @@ def rank_report(session: Session, run: Run) -> RankReport:
     if report.groups:
         ref = report.groups[0]
         for group in report.groups[1:]:
-            d = _first_divergence(session, sequences[ref[0]], sequences[group[0]], ref, group, ranks)
+            d = _first_divergence(session, sequences[ref[0]], sequences[group[0]], ref, group, ranks,
+                                  differ_in_structure)
             if d is not None:
                 report.divergences.append(d)
 
@@ -336,27 +338,28 @@ def _neutralise_device_indices(session: Session, sequences: dict[int, list[Compi
                             for k, h, gid in e.graphs]
 
 
-def _shape_free_key(row) -> tuple:
-    """A node with its shapes and strides left out: op, target, dtype, module path, arguments
-    (node names by position, device indices removed)."""
-    return (row[2], "" if row[2] == "placeholder" else row[3], row[5], row[7], _device_neutral(_args_shape(row)))
-
-
 def shape_only_difference(session: Session, graph_ids: list[int]) -> tuple[list[list], list[ShapeDiff]] | None:
-    """Compare graphs with shapes removed (:func:`_shape_free_key`). Returns ``(node rows per
+    """Compare graphs with shapes and strides removed (op, target, dtype, module path, arguments
+    with node names by position and device indices removed). Returns ``(node rows per
     graph, differing nodes)`` when their node lists are equal without shapes — each
     :class:`~graphdeck.analysis.shard_shapes.ShapeDiff` lists the node's shape and stride per
     graph, in ``graph_ids`` order — and None when the graphs differ in structure."""
-    rows = [_node_rows(session, gid) for gid in graph_ids]
-    if len({len(r) for r in rows}) != 1:
+    # First without joins (interned ids compare as their strings do), so graphs that differ in
+    # structure — the common case here — cost one light read each.
+    light = [session.execute(select(Node.op, Node.target_id, Node.dtype, Node.module_path_id, Node.args_json,
+                                    Node.shape_json, Node.stride_json)
+                             .where(Node.graph_id == gid).order_by(Node.idx)).all() for gid in graph_ids]
+    if len({len(r) for r in light}) != 1:
         return None
     diffs: list[ShapeDiff] = []
-    for i, nodes in enumerate(zip(*rows)):
-        if len({_shape_free_key(n) for n in nodes}) != 1:
+    for i, nodes in enumerate(zip(*light)):
+        if len({n[:5] for n in nodes}) != 1 and len(  # equal as stored, or equal once normalised
+                {(n[0], "" if n[0] == "placeholder" else n[1], n[2], n[3], _device_neutral(_args_shape(n, 4)))
+                 for n in nodes}) != 1:
             return None
-        if len({(n[4], n[6]) for n in nodes}) != 1:
-            diffs.append(ShapeDiff(position=i, shapes=[n[4] for n in nodes], strides=[n[6] for n in nodes]))
-    return rows, diffs
+        if len({(n[5], n[6]) for n in nodes}) != 1:
+            diffs.append(ShapeDiff(position=i, shapes=[n[5] for n in nodes], strides=[n[6] for n in nodes]))
+    return [_node_rows(session, gid) for gid in graph_ids] if diffs else [], diffs
 
 
 def _collective_touched(rows: list, diffs: list[ShapeDiff]) -> str | None:
@@ -404,12 +407,13 @@ def _param_of(session: Session, run_id: int, rank: int, graph_id: int, row, full
     return params[fits[0]][0] if len(fits) == 1 else None
 
 
-def _absorb_shard_shapes(session: Session, run_id: int, ranks: list[int],
-                         sequences: dict[int, list[CompileEntry]]) -> list[ShardShapes]:
+def _absorb_shard_shapes(session: Session, run_id: int, ranks: list[int], sequences: dict[int, list[CompileEntry]],
+                         differ_in_structure: set[frozenset]) -> list[ShardShapes]:
     """Find graphs that every rank compiled and that differ only by FSDP's uneven shard shapes
     (NOTE: [Rank-dependent shard shapes]); give their ranks one hash, so they group together, and
     return one :class:`ShardShapes` per such graph. Other shape-only differences are left for
-    :func:`_first_divergence` to report."""
+    :func:`_first_divergence` to report; pairs of hashes found to differ in structure are added
+    to ``differ_in_structure``."""
     if len(ranks) < 2:
         return []
     by_cid = {r: {e.compile_id: e for e in sequences[r]} for r in ranks}
@@ -425,6 +429,8 @@ def _absorb_shard_shapes(session: Session, run_id: int, ranks: list[int],
             reps = list(dict.fromkeys(hashes))  # distinct hashes, in rank order
             rep_gid = {h: next(e.graphs[j][2] for e in entries if e.graphs[j][1] == h) for h in reps}
             got = shape_only_difference(session, [rep_gid[h] for h in reps])
+            if got is None and len(reps) == 2:
+                differ_in_structure.add(frozenset(reps))
             if got is None or not got[1]:
                 continue
             rows, diffs = got
@@ -464,12 +470,14 @@ def _shard_note(session: Session, run_id: int, ranks: list[int], compile_id: str
 
 
 def _shape_only_divergence(session: Session, base: Divergence, compile_id: str, ga: tuple, gb: tuple,
-                           world: list[int]) -> bool:
+                           world: list[int], differ_in_structure: set[frozenset] = frozenset()) -> bool:
     """Fill ``base`` when graphs ``ga`` and ``gb`` (``(kind, hash, graph id)``, of the reference
     ranks and the diverging ranks) differ only in shapes: "collective shapes differ" when a
     differing shape reaches a collective, else "shapes differ" (same program, different shapes;
     with why it is no uneven FSDP split when the two groups are the whole ``world``). False when
-    their structure differs."""
+    their structure differs (known when the hash pair is in ``differ_in_structure``)."""
+    if frozenset((ga[1], gb[1])) in differ_in_structure:
+        return False
     got = shape_only_difference(session, [ga[2], gb[2]])
     if got is None or not got[1]:
         return False
@@ -558,7 +566,8 @@ def _compile_order(cid: str, first_event: dict[str, int], entries: dict[str, Com
 
 
 def _first_divergence(session: Session, ref_seq: list[CompileEntry], seq: list[CompileEntry],
-                      ref_ranks: list[int], ranks: list[int], world: list[int] | None = None) -> Divergence | None:
+                      ref_ranks: list[int], ranks: list[int], world: list[int] | None = None,
+                      differ_in_structure: set[frozenset] = frozenset()) -> Divergence | None:
     n = min(len(ref_seq), len(seq))
     for i in range(n + 1):
         a = ref_seq[i] if i < len(ref_seq) else None
@@ -602,7 +611,8 @@ def _first_divergence(session: Session, ref_seq: list[CompileEntry], seq: list[C
                                 f"{[g[0] for g in a_graphs]}, ranks {ranks} produced {[g[0] for g in b_graphs]}")
                 return base
             base.kind, base.reference_graph_id, base.graph_id = ga[0], ga[2], gb[2]
-            if _shape_only_divergence(session, base, a.compile_id, ga, gb, world or [*ref_ranks, *ranks]):
+            if _shape_only_divergence(session, base, a.compile_id, ga, gb, world or [*ref_ranks, *ranks],
+                                      differ_in_structure):
                 return base
             ref_node, node, change = first_node_difference(session, ga[2], gb[2])
             base.reference_node, base.node = ref_node, node
@@ -689,9 +699,10 @@ def first_node_difference(session: Session, graph_a: int, graph_b: int
     return None, None, None
 
 
-def _args_shape(row) -> str:
-    """Arguments with node names replaced by their position, so renamed nodes compare equal."""
-    return re.sub(r'\{"node": "[^"]*"\}', "N", row[9] or "")
+def _args_shape(row, at: int = 9) -> str:
+    """Arguments (``row[at]``) with node names replaced by their position, so renamed nodes
+    compare equal."""
+    return re.sub(r'\{"node": "[^"]*"\}', "N", row[at] or "")
 
 
 def _ref(graph_id: int, row) -> NodeRef:
