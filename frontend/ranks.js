@@ -40,6 +40,16 @@ function divergenceItem(d) {
     d.recompile_reason ? h("div", {class: "small"}, badge("recompile", "tag"), " ", d.recompile_reason) : null);
 }
 
+// FSDP's uneven shards (a graph equal on every rank but for dim 0 of its shard shapes): a note,
+// not a divergence; each rank group's shape links to that group's graph.
+function shardItem(x) {
+  return h("li", {class: "shard-shapes", "data-testid": "shard-shapes"},
+    badge("shard shapes", "tag"), " ", code(x.param || x.node), ` in compile ${x.compile_id} ${x.kind}: `,
+    x.variants.map((v, i) => [i ? ", " : "", graphLink(v.graph_id, v.shape),
+      ` on rank${v.ranks.length > 1 ? "s" : ""} ${v.ranks.join(",")}`]),
+    h("div", {class: "small muted"}, x.message));
+}
+
 function scheduleTable(report) {
   const ranks = report.ranks;
   const schedules = ranks.map((r) => report.schedules[String(r)] || []);
@@ -80,7 +90,9 @@ export async function renderRanks(page, match) {
   document.getElementById("app").replaceChildren(h("section", {class: "ranks-page"},
     h("h1", {}, `Rank consistency — ${report.run}`),
     verdict(report),
-    report.notes.map((n) => h("p", {class: "muted"}, n)),
+    report.notes.filter((n) => !(report.shard_shapes || []).some((x) => x.message === n))
+      .map((n) => h("p", {class: "muted"}, n)),
+    (report.shard_shapes || []).length ? h("ul", {class: "shard-notes"}, report.shard_shapes.map(shardItem)) : null,
     h("h2", {}, "Divergences"),
     report.divergences.length ? h("ul", {class: "divergences"}, report.divergences.map(divergenceItem))
       : h("p", {class: "muted"}, "Every rank compiled the same sequence of graphs."),

@@ -363,3 +363,20 @@ def test_shard_split_rule():
     assert "strides" in classify([ShapeDiff(0, ["[4, 8]", "[4, 8]"], ["[8, 1]", "[1, 4]"])]).reason
     assert "split over different numbers" in classify([diff("[3]", "[3]", "[3]", "[0]"),
                                                        diff("[3]", "[2]", "[3]", "[2]")]).reason
+
+
+@pytest.mark.browser
+def test_dashboard_page_shows_shard_shapes_as_a_note(rank_store):
+    from playwright.sync_api import sync_playwright
+
+    with LiveServer(rank_store) as srv, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(f"{srv.url}/#/runs/fsdp2_uneven/ranks")
+        page.wait_for_selector("[data-testid=rank-verdict]")
+        assert "all ranks agree" in page.get_by_test_id("rank-verdict").inner_text()
+        item = page.get_by_test_id("shard-shapes").inner_text()
+        assert "embed.weight" in item and "[19, 16] on rank 0" in item and "[18, 16] on rank 1" in item
+        assert page.locator("[data-testid=shard-shapes] a[href^='#/graphs/']").count() == 2
+        assert page.get_by_test_id("divergence").count() == 0
+        browser.close()
