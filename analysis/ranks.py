@@ -107,7 +107,9 @@ class Divergence:
     ranks: list[int]
     reference_ranks: list[int]
     position: int  # index in the compile sequence
-    what: str  # "graph differs" | "extra compile" | "missing compile" | "compile failed" | ...
+    # "graph differs" | "shapes differ" (same program, different shapes) | "collective shapes differ"
+    # | "extra compile" | "missing compile" | "compile failed" | "compile sequence differs"
+    what: str
     message: str
     compile_id: str | None = None
     reference_graph_id: int | None = None
@@ -259,8 +261,10 @@ class RankReport:
 def rank_report(session: Session, run: Run) -> RankReport:
     """Compare every rank of ``run``: compile sequences, first differing graph/node, collectives.
 
-    Raises nothing for odd data: a run with one rank is trivially consistent (noted); ranks with
-    no graphs at all compare by their compile records.
+    Graphs that differ only by FSDP's uneven shard shapes (NOTE: [Rank-dependent shard shapes])
+    are no divergence: they are listed in ``shard_shapes`` (and ``notes``) and the ranks group
+    together. Raises nothing for odd data: a run with one rank is trivially consistent (noted);
+    ranks with no graphs at all compare by their compile records.
     """
     ranks = sorted(set(session.scalars(select(Rank.rank).where(Rank.run_id == run.id)))
                    | set(session.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct()))
