@@ -9,7 +9,8 @@ compiled graph, so Inductor's provenance never names it. What it moves is known 
   exposes them (``DistributedDataParallel._get_ddp_logging_data()``: ``rebuilt_per_bucket_param_indices``
   = buckets separated by ``", "``, each a space-separated list of indices into the reducer's
   parameter list, and ``rebuilt_bucket_sizes`` in bytes; before a rebuild, ``bucket_sizes`` and
-  the reducer's initial reverse order are all there is, and we record nothing). The reducer's
+  the reducer's initial buckets are runs of its parameters in reverse order, cut at the logged
+  ``bucket_sizes``; under ``find_unused_parameters=True`` they are never rebuilt). The reducer's
   parameter list is rebuilt here the way ``DistributedDataParallel._build_params_for_reducer``
   builds it (``named_modules`` × ``named_parameters(recurse=False)``, requires grad, not ignored,
   shared tensors once), and each bucket is checked against its logged size in bytes.
@@ -58,21 +59,28 @@ def _reducer_params(ddp) -> list[tuple[str, torch.Tensor]]:
 
 
 def ddp_buckets(ddp) -> list[dict] | None:
-    """DDP's rebuilt gradient buckets as ``[{"index", "params": [fqn, ...], "numel", "size_bytes"}]``
-    in all-reduce order, or None before the rebuild (after the first iteration) or when the
-    logged sizes do not match the parameters (a torch whose logger says something else)."""
+    """DDP's gradient buckets as ``[{"index", "params": [fqn, ...], "numel", "size_bytes"}]`` in
+    all-reduce order (the rebuilt ones once DDP rebuilt them after its first iteration, else the
+    initial ones), or None when the logged sizes do not match the parameters (a torch whose
+    logger says something else)."""
     try:
         data = ddp._get_ddp_logging_data()
     except Exception:  # noqa: BLE001 - capture never breaks training
         return None
     indices = data.get("rebuilt_per_bucket_param_indices")
     sizes = data.get("rebuilt_bucket_sizes")
-    if not isinstance(indices, str) or not indices.strip() or not isinstance(sizes, str):
-        return None
     params = _reducer_params(ddp)
     try:
-        groups = [[int(i) for i in part.split()] for part in indices.split(",")]
-        sizes_bytes = [int(s) for s in sizes.split(",")]
+        if isinstance(indices, str) and indices.strip() and isinstance(sizes, str):
+            groups = [[int(i) for i in part.split()] for part in indices.split(",")]
+            sizes_bytes = [int(s) for s in sizes.split(",")]
+        elif isinstance(data.get("bucket_sizes"), str) and data["bucket_sizes"].strip():
+            sizes_bytes = [int(s) for s in data["bucket_sizes"].split(",")]
+            groups = _initial_buckets(params, sizes_bytes)
+            if groups is None:
+                return None
+        else:
+            return None
     except ValueError:
         return None
     if len(groups) != len(sizes_bytes) or any(i >= len(params) for g in groups for i in g):
@@ -85,6 +93,26 @@ def ddp_buckets(ddp) -> list[dict] | None:
         out.append({"index": index, "params": [fqn for fqn, _ in members],
                     "numel": sum(p.numel() for _, p in members), "size_bytes": size_bytes})
     return out
+
+
+def _initial_buckets(params: list[tuple[str, torch.Tensor]], sizes_bytes: list[int]) -> list[list[int]] | None:
+    """The buckets DDP starts with (kept for good under ``find_unused_parameters=True``): runs of
+    the reducer's parameters in reverse order whose byte sizes are the logged ``bucket_sizes``, in
+    order; None when the sizes do not cut the list that way."""
+    groups, current, acc = [], [], 0
+    sizes = iter(sizes_bytes)
+    want = next(sizes, None)
+    for i in range(len(params) - 1, -1, -1):
+        if want is None:
+            return None
+        current.append(i)
+        acc += params[i][1].numel() * params[i][1].element_size()
+        if acc == want:
+            groups.append(current)
+            current, acc, want = [], 0, next(sizes, None)
+        elif acc > want:
+            return None
+    return groups if not current and want is None else None
 
 
 def _shards(p: torch.Tensor, world_size: int) -> int:

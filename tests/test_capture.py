@@ -183,3 +183,23 @@ def test_backend_by_name_through_the_entry_point(tmp_path):
         rep = gradient_report(s, run)
         assert {p.fqn for p in rep.params} == {"0.weight", "0.bias"}, "parameters learned from the graph"
         assert rep.ok
+
+
+def test_ddp_buckets_recorded_as_the_reducer_has_them():
+    """The DDP buckets graphdeck records (capture/comm_groups.py) are the reducer's own, in
+    all-reduce order: rebuilt in gradient-ready order after the first step, or the initial ones
+    that ``find_unused_parameters=True`` keeps; a frozen parameter is in none."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prog = Path(__file__).parent / "programs" / "ddp_buckets.py"
+    proc = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cases = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [c["find_unused"] for c in cases] == [False, True]
+    for c in cases:
+        assert len(c["reducer"]) > 1, c
+        assert [sorted(b) for b in c["recorded"]] == [sorted(b) for b in c["reducer"]], c
+        assert "1.weight" not in sum(c["recorded"], [])

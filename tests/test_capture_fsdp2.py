@@ -96,3 +96,28 @@ def test_h200_fsdp2_inductor_store(tmp_path):
         m = map_trace(s, trace_id)
     assert m.mapped_ns / m.kernel_ns > 0.93, m.mapped_ns / m.kernel_ns
     engine.dispose()
+
+
+def test_fsdp2_groups_are_recorded_for_collectives(store):
+    """The capture records each ``fully_shard`` unit's parameters and the element count of its
+    all-gather / reduce-scatter (dim 0 padded to a multiple of the 2 shards), on every rank
+    (NOTE: [Communication groups]); trace analysis ties NCCL kernels to graph nodes by it."""
+    import json
+    import math
+
+    engine = open_engine(store, read_only=True)
+    with engine.connect() as c:
+        records = c.execute(text("SELECT rank, payload FROM compile_events WHERE name = 'graphdeck_comm_groups'")).all()
+        shapes = {f: json.loads(s) for f, s in c.execute(text("SELECT fqn, shape_json FROM params WHERE rank = 0"))}
+    assert {r for r, _ in records} == {0, 1}
+    data = json.loads(records[-1][1])
+    assert data["world_size"] == 2 and data["ddp"] == []
+    groups = {g["module"]: g for g in data["fsdp"]}
+    assert set(groups) == {"", "blocks.0", "blocks.1", "blocks.2"}
+    assert sorted(groups[""]["params"]) == ["embed.bias", "embed.weight", "head.bias", "head.weight"]
+    assert set(groups["blocks.2"]["params"]) == {f"blocks.2.{p}" for p in BLOCK_PARAMS} | {"blocks.2.spare.weight",
+                                                                                          "blocks.2.spare.bias"}
+    for g in groups.values():
+        padded = sum(math.ceil(shapes[f][0] / 2) * 2 * math.prod(shapes[f][1:]) for f in g["params"])
+        assert g["all_gather_numel"] == padded and g["all_gather_bytes"] == 4 * padded
+        assert g["numel"] == sum(math.prod(shapes[f]) for f in g["params"])
