@@ -129,3 +129,23 @@ def test_two_h200_collectives_matched_across_ranks(ddp_store, fsdp2_store):
         assert res["offsets"][1]["method"] == "collective_end_median"
         spreads = [c["spread_ns"] for c in res["collectives"]]
         assert all(x >= 0 for x in spreads) and max(spreads) > 0
+
+
+def test_two_h200_rank_dependent_branch_is_flagged(tmp_path):
+    """The third run (tests/data/branch_h200x2): rank 1 skips the last block's MLP under DDP with
+    ``find_unused_parameters=True``. The rank comparison diverges at that MLP and predicts the
+    hang at DDP's first bucket; the gradient check fails on rank 1 only."""
+    path = tmp_path / "branch.db"
+    with gzip.open(DATA / "branch_h200x2" / "branch.db.gz") as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    engine = open_engine(path)
+    with Session(engine) as s:
+        report = rank_report(s, s.scalar(select(Run).where(Run.name == "branch")))
+    engine.dispose()
+    text = report.to_text()
+    assert not report.ok and report.divergences and report.collective_mismatches, text
+    assert "transformer/h/11/mlp/c_fc" in text and "PREDICTED HANG" in text, text
+    grads = validate_backward(path, "branch")
+    bad = {(r.rank, r.fqn, r.status) for r in grads.rows if r.status != "OK"}
+    assert not grads.ok and bad and {rank for rank, _, _ in bad} == {1}, bad
+    assert (1, "transformer.h.11.mlp.c_fc.weight", "NOT_IN_GRAPH") in bad, bad
