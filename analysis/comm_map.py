@@ -105,11 +105,11 @@ def _param_nodes(session: Session, run_id: int, rank: int) -> dict[tuple[str, st
 
 
 def map_collectives(session: Session, run_id: int, rank: int, kernels: list[Ev]
-                    ) -> dict[int, tuple[str, list[tuple[int, str, int]], int]]:
+                    ) -> dict[int, tuple[str, list[tuple[int, str, int, str]], int]]:
     """Tie communication kernels (``kernels``, in start order, ``args`` loaded or not) of one
     rank's trace to graph nodes (NOTE: [Collectives to graph nodes]).
 
-    Returns kernel event id → ``(source, [(graph_id, node, weight), ...], unmapped_weight)`` for
+    Returns kernel event id → ``(source, [(graph_id, node, weight, param fqn), ...], unmapped_weight)`` for
     the kernels matched to a group; weights are parameter element counts (a node's share of the
     kernel's time is its weight over the sum of all weights plus ``unmapped_weight``). Kernels
     not matched are absent."""
@@ -128,7 +128,7 @@ def map_collectives(session: Session, run_id: int, rank: int, kernels: list[Ev]
                                  {"r": run_id, "k": rank}).all())
     nodes_of = _param_nodes(session, run_id, rank)
     turn: Counter = Counter()
-    out: dict[int, tuple[str, list[tuple[int, str, int]], int]] = {}
+    out: dict[int, tuple[str, list[tuple[int, str, int, str]], int]] = {}
     for k in kernels:
         args = _parse(k.args) if k.args else args_by_id.get(k.id, {})
         kind = collective_kind(k.name, args)
@@ -154,7 +154,7 @@ def map_collectives(session: Session, run_id: int, rank: int, kernels: list[Ev]
                 spare += w
                 continue
             share, rest = divmod(w, len(places))
-            weighted += [(gid, node, share + (rest if i == 0 else 0)) for i, (gid, node) in enumerate(places)]
+            weighted += [(gid, node, share + (rest if i == 0 else 0), fqn) for i, (gid, node) in enumerate(places)]
         if weighted:
             out[k.id] = (group.source, weighted, spare)
     return out

@@ -18,7 +18,7 @@ from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import Graph, Node, Partition
 
 #: Overlay kinds :func:`graph_overlay` knows.
-OVERLAY_KINDS = ("bytes", "time", "partition", "rank", "memory", "stage")
+OVERLAY_KINDS = ("bytes", "time", "comm", "partition", "rank", "memory", "stage")
 
 
 class Overlay(BaseModel):
@@ -46,6 +46,9 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
     * ``bytes``: each node's output bytes (``nodes.size_bytes``; symbolic shapes have none).
     * ``time``: ns per node from ``graphdeck.analysis.trace_map.node_time_ns(session, graph_id)``
       when that module is installed and maps this graph's kernels; else empty with a note.
+    * ``comm``: ns per node of the communication kernels (DDP all-reduce, FSDP2 all-gather /
+      reduce-scatter) that carry the node's parameter or gradient (``node_time_ns(...,
+      part="comm")``, NOTE: [Collectives to graph nodes]); ``time`` counts computation only.
     * ``partition``: the DDP bucket index: for a graph DDPOptimizer split, each node's bucket by
       name in the bucket graphs; for a bucket's own graphs (and their AOT graphs) that bucket.
     * ``rank``: the graph's rank, on every node (for comparing ranks side by side).
@@ -87,7 +90,18 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
         curve = graph_memory(session, graph_id)
         return Overlay(kind=kind, unit="bytes", values=dict(zip(curve.nodes, curve.live_bytes)), aggregate="max",
                        note=f"peak {curve.peak_bytes} bytes at {curve.peak_node}")
+    if kind == "comm":
+        return _comm(session, graph_id)
     return _time(session, graph_id)
+
+
+def _comm(session: Session, graph_id: int) -> Overlay:
+    from graphdeck.analysis.trace_map import node_time_ns
+
+    values = node_time_ns(session, graph_id, part="comm")
+    return Overlay(kind="comm", unit="ns", values={k: float(v) for k, v in values.items()},
+                   note=None if values else "no communication kernel of this rank's trace carries this graph's "
+                   "parameters (the capture records DDP buckets and FSDP2 groups; see NOTE: [Collectives to graph nodes])")
 
 
 def _partition(session: Session, graph: Graph, names: list[str]) -> Overlay:

@@ -44,8 +44,8 @@ from graphdeck.analysis.comm_map import map_collectives
 from graphdeck.analysis.trace_analysis import CommRule
 from graphdeck.analysis.trace_data import GPU_KERNEL_CATS, Ev, load_events
 from graphdeck.analysis.trace_links import link_gpu_events
-from graphdeck.errors import NotFoundError
-from graphdeck.store.schema import CompileEvent, Graph, InternedString, KernelNode, Node, Trace
+from graphdeck.errors import NotFoundError, UsageError
+from graphdeck.store.schema import CompileEvent, Graph, GraphIO, InternedString, KernelNode, Node, Trace
 
 AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
 TABLE_EVENTS = ("graphdeck_kernel_post_grad_nodes", "inductor_provenance_tracking_node_mappings")
@@ -171,7 +171,9 @@ class KernelMapping:
     ``by_kernel``: GPU event id → ``(graph_id, [node names])``; ``node_ns``: ``(graph_id, node)``
     → ns of kernel time (split evenly over a call's nodes); ``kernel_ns`` / ``mapped_ns``: the
     trace's total and mapped kernel time (events of category ``kernel``); ``unmapped``: kernel
-    name → ns for the kernels not mapped; ``sources``: row source → mapped kernels.
+    name → ns for the kernels not mapped; ``sources``: row source → mapped kernels;
+    ``comm_node_ns``: the part of ``node_ns`` that communication kernels gave (NOTE: [Collectives
+    to graph nodes]), and ``comm_param_ns`` the same time by parameter fqn.
     """
 
     trace_id: int
@@ -181,6 +183,8 @@ class KernelMapping:
     mapped_ns: int = 0
     unmapped: dict[str, int] = field(default_factory=dict)
     sources: dict[str, int] = field(default_factory=dict)
+    comm_node_ns: dict[tuple[int, str], int] = field(default_factory=dict)
+    comm_param_ns: dict[str, int] = field(default_factory=dict)
 
     @property
     def mapped_fraction(self) -> float | None:
@@ -293,30 +297,42 @@ def _map_comm(session: Session, trace: Trace, kernels: list[Ev], out: KernelMapp
             unmapped[k.name] += k.dur
             continue
         source, weighted, spare = got
-        total = sum(w for _, _, w in weighted) + spare
-        shares = [k.dur * w // total for _, _, w in weighted]
+        total = sum(w for _, _, w, _ in weighted) + spare
+        shares = [k.dur * w // total for _, _, w, _ in weighted]
         mapped = k.dur * (total - spare) // total
         shares[0] += mapped - sum(shares)
         by_graph: Counter = Counter()
-        for (gid, node, _), ns in zip(weighted, shares):
+        for (gid, node, _, fqn), ns in zip(weighted, shares):
             out.node_ns[(gid, node)] = out.node_ns.get((gid, node), 0) + ns
+            out.comm_node_ns[(gid, node)] = out.comm_node_ns.get((gid, node), 0) + ns
+            out.comm_param_ns[fqn] = out.comm_param_ns.get(fqn, 0) + ns
             by_graph[gid] += ns
         gid = by_graph.most_common(1)[0][0]
-        out.by_kernel[k.id] = (gid, [node for g, node, _ in weighted if g == gid])
+        out.by_kernel[k.id] = (gid, [node for g, node, _, _ in weighted if g == gid])
         out.mapped_ns += mapped
         if mapped < k.dur:
             unmapped[k.name] += k.dur - mapped
         sources[source] += 1
 
 
-def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None) -> dict[str, int]:
+def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None, *,
+                 part: str = "compute") -> dict[str, int]:
     """GPU kernel time (ns) per FX node name of graph ``graph_id``, summed over the trace.
 
+    ``part``: ``compute`` (default) counts the kernels the graph computes; ``comm`` the
+    communication kernels that carry the node's parameter or gradient (NOTE: [Collectives to graph
+    nodes]; on a ``dynamo`` graph, onto the placeholders of those parameters); ``all`` both.
     ``trace_id`` defaults to the newest trace of the graph's run and rank with status ``ok`` or
-    ``truncated``. For a ``dynamo`` graph the times of its AOT graphs' nodes are summed onto their
-    pre-grad nodes (``kernel_nodes.pre_grad_node``). Nodes without kernel time are absent; an
-    empty dict when no trace or no mapping exists. Raises NotFoundError for an unknown graph.
+    ``truncated``. For a ``dynamo`` graph the compute times of its AOT graphs' nodes are summed
+    onto their pre-grad nodes (``kernel_nodes.pre_grad_node``). Nodes without kernel time are
+    absent; an empty dict when no trace or no mapping exists.
+
+    Raises:
+        NotFoundError: unknown graph.
+        UsageError: ``part`` is not one of ``compute``, ``comm``, ``all``.
     """
+    if part not in ("compute", "comm", "all"):
+        raise UsageError(f"part must be compute, comm or all, not {part!r}")
     graph = session.get(Graph, graph_id)
     if graph is None:
         raise NotFoundError(f"graph {graph_id} not found", resource="graph", id=graph_id)
@@ -327,8 +343,19 @@ def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None) -
         if trace_id is None:
             return {}
     mapping = map_trace(session, trace_id)
+    comm = mapping.comm_node_ns
+    compute = {key: ns - comm.get(key, 0) for key, ns in mapping.node_ns.items() if ns > comm.get(key, 0)}
     if graph.kind != "dynamo":
-        return {node: ns for (gid, node), ns in sorted(mapping.node_ns.items()) if gid == graph_id}
+        times = {"all": mapping.node_ns, "comm": comm, "compute": compute}[part]
+        return {node: ns for (gid, node), ns in sorted(times.items()) if gid == graph_id}
+    out: dict[str, int] = {}
+    if part != "compute" and mapping.comm_param_ns:
+        for node, fqn in session.execute(select(GraphIO.node_name, GraphIO.param_fqn).where(
+                GraphIO.graph_id == graph_id, GraphIO.direction == "in", GraphIO.param_fqn.is_not(None))):
+            if mapping.comm_param_ns.get(fqn):
+                out[node] = out.get(node, 0) + mapping.comm_param_ns[fqn]
+    if part == "comm":
+        return dict(sorted(out.items()))
     children = set(session.scalars(select(Graph.id).where(Graph.parent_id == graph_id)))
     pre = dict(session.execute(
         select(KernelNode.graph_id, KernelNode.node_name, KernelNode.pre_grad_node)
@@ -336,8 +363,7 @@ def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None) -
     ).all() and [((g, n), p) for g, n, p in session.execute(
         select(KernelNode.graph_id, KernelNode.node_name, KernelNode.pre_grad_node)
         .where(KernelNode.graph_id.in_(children)))])
-    out: dict[str, int] = {}
-    for (gid, node), ns in mapping.node_ns.items():
+    for (gid, node), ns in compute.items():  # communication is on the placeholders (above)
         p = pre.get((gid, node))
         if gid in children and p:
             out[p] = out.get(p, 0) + ns

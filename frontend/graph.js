@@ -170,7 +170,7 @@ function readSvg(svg, byName) {
   return {gByName, fxNodes: fx.map(([, g]) => g), edgesByEnd};
 }
 
-const OVERLAYS = [["", "op category"], ["bytes", "output bytes"], ["time", "time (trace)"], ["partition", "DDP bucket"], ["rank", "rank"],
+const OVERLAYS = [["", "op category"], ["bytes", "output bytes"], ["time", "time (trace)"], ["comm", "communication (trace)"], ["partition", "DDP bucket"], ["rank", "rank"],
   ["memory", "live bytes (memory)"], ["stage", "pipeline stage (executor)"]];
 
 export async function renderGraph(page, m, query) {

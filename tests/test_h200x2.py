@@ -149,3 +149,42 @@ def test_two_h200_rank_dependent_branch_is_flagged(tmp_path):
     bad = {(r.rank, r.fqn, r.status) for r in grads.rows if r.status != "OK"}
     assert not grads.ok and bad and {rank for rank, _, _ in bad} == {1}, bad
     assert (1, "transformer.h.11.mlp.c_fc.weight", "NOT_IN_GRAPH") in bad, bad
+
+
+def test_two_h200_comm_overlay_over_http(ddp_store, fsdp2_store):
+    """The ``comm`` overlay (served by the real app) puts the collectives' time on the nodes of the
+    parameters they carry: DDP's on the backward graphs' gradient outputs, FSDP2's all-gathers on
+    the block graph's parameter placeholders (and, on its Dynamo graph, on the parameters'
+    placeholders); the ``time`` overlay is computation only, and the two add up to all mapped time."""
+    import httpx
+
+    from graphdeck.analysis.trace_map import node_time_ns
+    from tests.conftest import LiveServer
+
+    for path, run in ((ddp_store, "ddp"), (fsdp2_store, "fsdp2")):
+        engine = open_engine(path)
+        with Session(engine) as s:
+            graphs = [(gid, kind) for kind in ("aot_forward", "aot_backward", "dynamo")
+                      for gid, kind in s.connection().exec_driver_sql(  # the largest two of each kind
+                          "SELECT id, kind FROM graphs WHERE rank = 1 AND kind = ? ORDER BY num_nodes DESC LIMIT 2",
+                          (kind,)).all()]
+            parts = {gid: {p: node_time_ns(s, gid, part=p) for p in ("compute", "comm", "all")} for gid, kind in graphs
+                     if kind != "dynamo"}
+            placeholders = {gid: {n for (n,) in s.connection().exec_driver_sql(
+                "SELECT name FROM nodes WHERE graph_id = ? AND op = 'placeholder'", (gid,))} for gid, _ in graphs}
+        engine.dispose()
+        for gid, p in parts.items():
+            for node in p["all"]:
+                assert p["compute"].get(node, 0) + p["comm"].get(node, 0) == p["all"][node], (run, gid, node)
+        with LiveServer(path) as srv:
+            comm = {gid: httpx.get(f"{srv.url}/api/graphs/{gid}/overlays/comm", timeout=60).json() for gid, _ in graphs}
+            kinds = dict(graphs)
+            with_comm = {kinds[g] for g, o in comm.items() if o["values"]}
+            # DDP all-reduces gradients: nothing on its forward graphs; FSDP2 also all-gathers.
+            assert with_comm == ({"aot_backward", "dynamo"} if run == "ddp" else {"aot_forward", "aot_backward", "dynamo"})
+            for g, o in comm.items():
+                if kinds[g] in ("aot_forward", "dynamo"):
+                    assert set(o["values"]) <= placeholders[g], (g, set(o["values"]) - placeholders[g])
+            svg = httpx.get(f"{srv.url}/api/graphs/{next(g for g, o in comm.items() if o['values'])}/svg?overlay=comm",
+                            timeout=120)
+            assert svg.status_code == 200 and "<svg" in svg.text

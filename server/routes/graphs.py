@@ -125,7 +125,7 @@ class ViewParams:
 def render_view_svg(session: Session, graph: Graph, cache: SvgCache, params: ViewParams) -> str:
     """The SVG of ``graph`` in the view state ``params``, through the app's caches."""
     state = params.state
-    cacheable = state["overlay"] != "time"  # a trace uploaded later changes the time overlay
+    cacheable = state["overlay"] not in ("time", "comm")  # a trace uploaded later changes these overlays
     if cacheable:
         hit = cache.lookup(graph_key(graph), state)
         if hit is not None:
