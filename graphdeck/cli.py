@@ -452,6 +452,15 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
     click.echo(f"trace {result.trace_id}: rank {result.rank}, {result.num_events} events stored of "
                f"{(result.stats or {}).get('events_total', result.num_events)} read"
                + (f", {kernels} GPU kernels" if kernels is not None else "") + f", status {result.status}")
+    if result.status in ("ok", "truncated"):
+        from graphdeck.analysis.trace_map import map_trace
+
+        with Session(engine) as s:
+            m = map_trace(s, result.trace_id)
+        if m.kernel_ns:
+            by = ", ".join(f"{n} {src}" for src, n in sorted(m.sources.items()))
+            click.echo(f"{m.mapped_ns / m.kernel_ns:.1%} of its GPU kernel time maps to graph nodes"
+                       + (f" ({by} kernels)" if by else " (no capture of this run/rank links kernels to nodes)"))
     click.echo(json.dumps(result.stats, indent=2, default=str))
 
 
