@@ -188,3 +188,21 @@ def test_two_h200_comm_overlay_over_http(ddp_store, fsdp2_store):
             svg = httpx.get(f"{srv.url}/api/graphs/{next(g for g, o in comm.items() if o['values'])}/svg?overlay=comm",
                             timeout=120)
             assert svg.status_code == 200 and "<svg" in svg.text
+
+
+def test_two_h200_ingest_trace_cli_reports_the_mapped_share(tmp_path):
+    """``graphdeck ingest-trace`` into the DDP store says how much of the rank's kernel time maps
+    to graph nodes, and through which sources."""
+    import re
+    import subprocess
+    import sys
+
+    store = tmp_path / "ddp.db"
+    with gzip.open(DATA / "ddp_h200x2" / "ddp.db.gz") as src, open(store, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "ingest-trace",
+                           str(DATA / "ddp_h200x2" / "ddp_rank1.pt.trace.json.gz"), "--run", "ddp", "--store", str(store)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = re.search(r"^([\d.]+)% of its GPU kernel time maps to graph nodes \((.*) kernels\)$", proc.stdout, re.M)
+    assert m and float(m.group(1)) >= 95 and "70 comm_ddp_bucket" in m.group(2), proc.stdout[:500]
