@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -130,7 +130,7 @@ def map_collectives(session: Session, run_id: int, rank: int, kernels: list[Ev]
     turn: Counter = Counter()
     out: dict[int, tuple[str, list[tuple[int, str, int, str]], int]] = {}
     for k in kernels:
-        args = _parse(k.args) if k.args else args_by_id.get(k.id, {})
+        args = (k if k.args else replace(k, args=args_by_id.get(k.id))).args_dict()
         kind = collective_kind(k.name, args)
         if kind is None:
             continue
@@ -160,20 +160,12 @@ def map_collectives(session: Session, run_id: int, rank: int, kernels: list[Ev]
     return out
 
 
-def _parse(args: str | None) -> dict:
-    try:
-        data = json.loads(args or "{}")
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _args(session: Session, ids: list[int]) -> dict[int, dict]:
-    out: dict[int, dict] = {}
+def _args(session: Session, ids: list[int]) -> dict[int, str | None]:
+    """event id → its stored ``args_json`` (for events loaded without args)."""
+    out: dict[int, str | None] = {}
     for i in range(0, len(ids), 500):
         chunk = ids[i:i + 500]
         params = {f"i{j}": v for j, v in enumerate(chunk)}
         sql = text("SELECT id, args_json FROM trace_events WHERE id IN (" + ",".join(f":i{j}" for j in range(len(chunk))) + ")")
-        for eid, args in session.execute(sql, params):
-            out[eid] = _parse(args)
+        out.update(session.execute(sql, params).all())
     return out
