@@ -66,15 +66,39 @@ def collective_kind(kernel_name: str, args: dict) -> str | None:
     return None
 
 
+def load_record(session: Session, run_id: int, rank: int) -> dict | None:
+    """The newest ``graphdeck_comm_groups`` record of ``(run_id, rank)`` (see
+    :meth:`graphdeck.capture.comm_groups.CommGroupWatch.record`), or None when the capture wrote
+    none or it is unreadable."""
+    row = session.execute(text("SELECT payload FROM compile_events WHERE run_id = :r AND rank = :k AND name = :n "
+                               "ORDER BY id DESC LIMIT 1"), {"r": run_id, "k": rank, "n": EVENT_NAME}).first()
+    try:
+        data = json.loads(row[0] or "{}") if row is not None else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def ddp_find_unused(session: Session, run_id: int) -> bool | None:
+    """Whether the run's DDP ran with ``find_unused_parameters=True`` on every rank that recorded
+    its DDP (True / False), or None when no rank recorded one (not DDP, or an older capture)."""
+    flags = set()
+    ranks = [r for (r,) in session.execute(text("SELECT DISTINCT rank FROM compile_events WHERE run_id = :r AND name = :n"),
+                                           {"r": run_id, "n": EVENT_NAME})]
+    for rank in ranks:
+        for ddp in (load_record(session, run_id, rank) or {}).get("ddp") or []:
+            if "find_unused_parameters" in ddp:
+                flags.add(bool(ddp["find_unused_parameters"]))
+    return None if not flags else flags == {True}
+
+
 def load_groups(session: Session, run_id: int, rank: int) -> list[CommGroup]:
     """The newest ``graphdeck_comm_groups`` record of ``(run_id, rank)`` as groups; empty when the
     capture recorded none or the record is unreadable."""
-    row = session.execute(text("SELECT payload FROM compile_events WHERE run_id = :r AND rank = :k AND name = :n "
-                               "ORDER BY id DESC LIMIT 1"), {"r": run_id, "k": rank, "n": EVENT_NAME}).first()
-    if row is None:
+    data = load_record(session, run_id, rank)
+    if data is None:
         return []
     try:
-        data = json.loads(row[0] or "{}")
         groups = []
         for ddp in data.get("ddp") or []:
             for b in ddp.get("buckets") or []:
@@ -86,7 +110,7 @@ def load_groups(session: Session, run_id: int, rank: int) -> list[CommGroup]:
                                     (("all_gather", n), ("reduce_scatter", n)),
                                     int(g["all_gather_bytes"]) if g.get("all_gather_bytes") else None))
         return groups
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return []
 
 

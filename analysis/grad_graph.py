@@ -394,12 +394,16 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
     strings.load(sid for _, sid in first_uses)
     for row, sid in first_uses:
         row.first_use = _frame_text(strings.get(sid))
-    if ddp:
+    from graphdeck.analysis.comm_map import ddp_find_unused
+
+    find_unused = ddp_find_unused(session, run.id) if ddp else None
+    if ddp and not find_unused:  # find_unused_parameters=True: DDP marks unused ones ready itself
         f = ddp_unused_finding([r for r in report.rows if not r.allowed])
         if f is not None:
             report.findings.append(f)
     if len(ranks) > 1:
-        report.findings += divergence_findings([r for r in report.rows if r.status != "BUFFER"], ddp=ddp)
+        report.findings += divergence_findings([r for r in report.rows if r.status != "BUFFER"], ddp=ddp,
+                                               find_unused=bool(find_unused))
     for gid, lg in sorted(loaded.items()):
         report.findings += _intermediate_outputs(lg, strings)
     from graphdeck.analysis.grad_collectives import collective_findings

@@ -98,7 +98,7 @@ class ParamRow:
 
 @dataclass
 class Finding:
-    """A run-level problem. ``kind``: ``NOTHING_CHECKED`` | ``PREDICTED_HANG`` | ``DDP_UNUSED_ERROR`` |
+    """A run-level problem. ``kind``: ``NOTHING_CHECKED`` | ``PREDICTED_HANG`` | ``RANK_DIVERGENCE`` | ``DDP_UNUSED_ERROR`` |
     ``COLLECTIVE_NOT_WAITED`` | ``GRAD_NOT_REDUCED`` | ``OUTPUT_NOT_ANCESTOR`` | ``GRAD_MISMATCH``;
     ``severity``: ``error`` (fails the check) or ``warning``."""
 
@@ -268,10 +268,13 @@ class GradReport:
         return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def divergence_findings(rows: list[ParamRow], *, ddp: bool) -> list[Finding]:
+def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = False) -> list[Finding]:
     """Parameters whose status differs between ranks. Under DDP (or any data-parallel all-reduce
-    of gradients) the ranks then all-reduce different sets of buckets: the first backward hangs.
-    Sources: the first use on the ranks where it is read, else the cut."""
+    of gradients) the ranks then all-reduce different sets of buckets: the first backward hangs
+    (``PREDICTED_HANG``). Under DDP with ``find_unused_parameters=True`` (``find_unused``) DDP
+    all-reduces zeros for the ranks that skipped the parameter, so nothing hangs, but the ranks
+    compute different models (``RANK_DIVERGENCE``, an error too). Sources: the first use on the
+    ranks where it is read, else the cut."""
     by_fqn: dict[str, list[ParamRow]] = defaultdict(list)
     for r in rows:
         by_fqn[r.fqn].append(r)
@@ -287,16 +290,24 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool) -> list[Finding]:
         from graphdeck.analysis.grad_cuts import enclosing_branch
 
         branch = enclosing_branch(src) if src else None
+        if ddp and find_unused:
+            consequence = ("find_unused_parameters=True makes DDP all-reduce zeros for it on rank(s) "
+                           f"{without}, so the job runs, but the ranks compute different models and its averaged "
+                           "gradient is diluted")
+        elif ddp:
+            consequence = "DDP's bucket all-reduce then differs between ranks: predicted hang at the first backward"
+        else:
+            consequence = "a data-parallel gradient all-reduce would not match across ranks (predicted hang)"
         message = (f"{fqn}: gradient on rank(s) {with_grad} but not on rank(s) {without} "
-                   f"({', '.join(f'rank {k}: {v}' for k, v in per_rank.items())}); "
-                   + ("DDP's bucket all-reduce then differs between ranks: predicted hang at the first backward"
-                      if ddp else "a data-parallel gradient all-reduce would not match across ranks (predicted hang)"))
+                   f"({', '.join(f'rank {k}: {v}' for k, v in per_rank.items())}); " + consequence)
         if branch:
             message += f"; the use depends on the branch at {branch}"
-        out.append(Finding(kind="PREDICTED_HANG", severity="error", message=message, params=[fqn], ranks=per_rank,
+        fix = ("make the branch that uses it take the same path on every rank (or touch the parameter on every "
+               "rank, e.g. add 0 * p.sum())")
+        out.append(Finding(kind="RANK_DIVERGENCE" if ddp and find_unused else "PREDICTED_HANG", severity="error",
+                           message=message, params=[fqn], ranks=per_rank,
                            source=branch.split(": ", 1)[0] if branch else (_short_source(src) if src else None),
-                           fix="make the branch that uses it take the same path on every rank (or touch the "
-                               "parameter on every rank, e.g. add 0 * p.sum()), or use find_unused_parameters=True"))
+                           fix=fix if ddp and find_unused else fix + ", or use find_unused_parameters=True"))
     return out
 
 
@@ -332,7 +343,7 @@ def combine(reports: list[GradReport], *, run: str | None = None, ddp: bool = Tr
     """One report over several ranks' eager reports (each rank validates its own batch): rows and
     findings concatenated, rank-divergence findings added."""
     rows = [r for rep in reports for r in rep.rows]
-    findings = [f for rep in reports for f in rep.findings if f.kind != "PREDICTED_HANG"]
+    findings = [f for rep in reports for f in rep.findings if f.kind not in ("PREDICTED_HANG", "RANK_DIVERGENCE")]
     out = GradReport(mode=reports[0].mode if reports else "eager", run=run or (reports[0].run if reports else ""),
                      rows=rows, findings=findings)
     out.findings += divergence_findings(rows, ddp=ddp)

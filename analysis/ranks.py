@@ -133,7 +133,7 @@ class Collective:
     size_bytes: int | None
     shape: str | None
     dtype: str | None
-    source: str  # "graph" | "inductor_collective_schedule" | "ddp_bucket"
+    source: str  # "graph" | "inductor_collective_schedule" | "ddp_bucket" | "fsdp_group"
     compile_id: str | None = None
     graph_id: int | None = None
     node: str | None = None
@@ -586,7 +586,9 @@ def collective_target_ids(session: Session) -> dict[int, str]:
 def collective_schedule(session: Session, run_id: int, rank: int,
                         sequence: list[CompileEntry] | None = None) -> list[Collective]:
     """Collectives ``rank`` issues, in compile order then graph order (see :data:`EXECUTED_TIERS`),
-    then Inductor's imported schedules for compiles without graphs, then DDP bucket all-reduces."""
+    then Inductor's imported schedules for compiles without graphs, then the data-parallel
+    collectives: DDP's reducer buckets and FSDP2's groups as the capture recorded them (else
+    DDPOptimizer's graph buckets, for stores without that record)."""
     sequence = sequence if sequence is not None else compile_sequence(session, run_id, rank)
     out: list[Collective] = []
     stack = aliased(InternedString)
@@ -655,13 +657,39 @@ def collective_schedule(session: Session, run_id: int, rank: int,
                                           compile_id=entry.compile_id))
         else:
             out.extend(from_graph)
-    for p in session.scalars(select(Partition).where(Partition.run_id == run_id, Partition.rank == rank)
-                             .order_by(Partition.parent_graph_id, Partition.index)):
-        out.append(Collective(index=len(out), kind="all_reduce", group="ddp", size_bytes=p.size_bytes,
-                              shape=None, dtype=None, source="ddp_bucket", graph_id=p.graph_id,
-                              node=f"DDP bucket {p.index} ({len(_json(p.params_json) or [])} params)"))
+    from graphdeck.analysis.comm_map import load_record
+
+    record = load_record(session, run_id, rank) or {}
+    if record.get("ddp") or record.get("fsdp"):
+        out += _recorded_collectives(record)
+    else:  # no record of the reducer (an older capture): DDPOptimizer's graph buckets stand in
+        for p in session.scalars(select(Partition).where(Partition.run_id == run_id, Partition.rank == rank)
+                                 .order_by(Partition.parent_graph_id, Partition.index)):
+            out.append(Collective(index=len(out), kind="all_reduce", group="ddp", size_bytes=p.size_bytes,
+                                  shape=None, dtype=None, source="ddp_bucket", graph_id=p.graph_id,
+                                  node=f"DDP bucket {p.index} ({len(_json(p.params_json) or [])} params)"))
     for i, c in enumerate(out):
         c.index = i
+    return out
+
+
+def _recorded_collectives(record: dict) -> list[Collective]:
+    """The data-parallel collectives of one training step from the capture's record of DDP's
+    reducer buckets and FSDP2's groups (NOTE: [Communication groups]): each DDP bucket's
+    all-reduce in bucket order; each FSDP2 group's all-gather in forward order, then its
+    reduce-scatter in reverse (backward) order."""
+    out: list[Collective] = []
+    for ddp in record.get("ddp") or []:
+        for b in ddp.get("buckets") or []:
+            out.append(Collective(index=0, kind="all_reduce", group="ddp", size_bytes=b.get("size_bytes"), shape=None,
+                                  dtype=None, source="ddp_bucket",
+                                  node=f"DDP bucket {b.get('index')} ({len(b.get('params') or [])} params)"))
+    groups = record.get("fsdp") or []
+    for kind, ordered in (("all_gather", groups), ("reduce_scatter", groups[::-1])):
+        for g in ordered:
+            out.append(Collective(index=0, kind=kind, group="fsdp", size_bytes=g.get("all_gather_bytes"), shape=None,
+                                  dtype=None, source="fsdp_group",
+                                  node=f"FSDP2 group {g.get('module') or '(root)'} ({len(g.get('params') or [])} params)"))
     return out
 
 

@@ -172,8 +172,8 @@ class CommGroupWatch:
             self._ddp.append(weakref.ref(ddp))
 
     def record(self, models: list[torch.nn.Module], world_size: int) -> dict | None:
-        """``{"world_size", "ddp": [{"process_group", "buckets": [...]}], "fsdp": [...]}`` or None
-        when there is nothing to record. Never raises."""
+        """``{"world_size", "ddp": [{"process_group", "buckets": [...], "find_unused_parameters",
+        "static_graph"}], "fsdp": [...]}`` or None when there is nothing to record. Never raises."""
         try:
             ddp = []
             for ref in self._ddp:
@@ -181,7 +181,9 @@ class CommGroupWatch:
                 buckets = ddp_buckets(d) if d is not None else None
                 if buckets:
                     pg = getattr(d, "process_group", None)
-                    ddp.append({"process_group": str(getattr(pg, "group_name", "") or ""), "buckets": buckets})
+                    ddp.append({"process_group": str(getattr(pg, "group_name", "") or ""), "buckets": buckets,
+                                "find_unused_parameters": bool(getattr(d, "find_unused_parameters", False)),
+                                "static_graph": bool(getattr(d, "static_graph", False))})
             fsdp = [g for m in models for g in fsdp_groups(m, world_size)]
         except Exception:  # noqa: BLE001 - capture never breaks training
             return None
