@@ -42,7 +42,7 @@ _BYTE_DTYPES = {"byte", "char", "uint8", "int8"}
 @dataclass(frozen=True)
 class CommGroup:
     """One DDP bucket or FSDP2 group: ``source`` (``comm_ddp_bucket`` / ``comm_fsdp_group``),
-    ``label`` (bucket index or module path), ``params`` (fqns), the element counts it is matched
+    ``label`` (``DDP bucket <index>`` / ``FSDP2 group <module path>``), ``params`` (fqns), the element counts it is matched
     by per collective kind (``sizes``: kind → elements), and ``byte_size`` for byte all-gathers."""
 
     source: str
@@ -102,11 +102,11 @@ def load_groups(session: Session, run_id: int, rank: int) -> list[CommGroup]:
         groups = []
         for ddp in data.get("ddp") or []:
             for b in ddp.get("buckets") or []:
-                groups.append(CommGroup("comm_ddp_bucket", f"bucket {b['index']}", tuple(b["params"]),
+                groups.append(CommGroup("comm_ddp_bucket", f"DDP bucket {b['index']}", tuple(b["params"]),
                                         (("all_reduce", int(b["numel"])),)))
         for g in data.get("fsdp") or []:
             n = int(g["all_gather_numel"])
-            groups.append(CommGroup("comm_fsdp_group", g["module"] or "(root)", tuple(g["params"]),
+            groups.append(CommGroup("comm_fsdp_group", f"FSDP2 group {g['module'] or '(root)'}", tuple(g["params"]),
                                     (("all_gather", n), ("reduce_scatter", n)),
                                     int(g["all_gather_bytes"]) if g.get("all_gather_bytes") else None))
         return groups
@@ -129,14 +129,15 @@ def _param_nodes(session: Session, run_id: int, rank: int) -> dict[tuple[str, st
 
 
 def map_collectives(session: Session, run_id: int, rank: int, kernels: list[Ev]
-                    ) -> dict[int, tuple[str, list[tuple[int, str, int, str]], int]]:
+                    ) -> dict[int, tuple[str, list[tuple[int, str, int, str]], int, str]]:
     """Tie communication kernels (``kernels``, in start order, ``args`` loaded or not) of one
     rank's trace to graph nodes (NOTE: [Collectives to graph nodes]).
 
-    Returns kernel event id → ``(source, [(graph_id, node, weight, param fqn), ...], unmapped_weight)`` for
-    the kernels matched to a group; weights are parameter element counts (a node's share of the
-    kernel's time is its weight over the sum of all weights plus ``unmapped_weight``). Kernels
-    not matched are absent."""
+    Returns kernel event id → ``(source, [(graph_id, node, weight, param fqn), ...], unmapped_weight,
+    label)`` for the kernels matched to a group; weights are parameter element counts (a node's
+    share of the kernel's time is its weight over the sum of all weights plus
+    ``unmapped_weight``); ``label`` names the collective for people (``all_reduce of DDP bucket 3
+    (12 params)``). Kernels not matched are absent."""
     groups = load_groups(session, run_id, rank)
     if not groups or not kernels:
         return {}
@@ -152,7 +153,7 @@ def map_collectives(session: Session, run_id: int, rank: int, kernels: list[Ev]
                                  {"r": run_id, "k": rank}).all())
     nodes_of = _param_nodes(session, run_id, rank)
     turn: Counter = Counter()
-    out: dict[int, tuple[str, list[tuple[int, str, int, str]], int]] = {}
+    out: dict[int, tuple[str, list[tuple[int, str, int, str]], int, str]] = {}
     for k in kernels:
         args = (k if k.args else replace(k, args=args_by_id.get(k.id))).args_dict()
         kind = collective_kind(k.name, args)
@@ -180,7 +181,7 @@ def map_collectives(session: Session, run_id: int, rank: int, kernels: list[Ev]
             share, rest = divmod(w, len(places))
             weighted += [(gid, node, share + (rest if i == 0 else 0), fqn) for i, (gid, node) in enumerate(places)]
         if weighted:
-            out[k.id] = (group.source, weighted, spare)
+            out[k.id] = (group.source, weighted, spare, f"{kind} of {group.label} ({len(group.params)} params)")
     return out
 
 

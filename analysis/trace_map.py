@@ -13,6 +13,13 @@ node), with ``call_index`` = the handle. ``kernel_name`` is the name the profile
 call: the Triton/C++ kernel's own name, or ``aten::<op>`` for an extern call
 (``extern_kernels.mm`` → ``aten::mm``, ``torch.ops.aten.X.default`` → ``aten::X``).
 
+# NOTE: [Twin graphs]
+Graphs of one structure (DDPOptimizer's buckets of identical blocks: same kind, structural hash
+and node names) share Inductor's compiled code, so only the first gets a kernel table (the
+others' records repeat it). The k-th wrapper call, in time order, that resolves to that table
+runs the (k mod n)-th twin: in graph-id (compile) order for forward and inference graphs, in
+reverse for backward graphs (the backward runs the buckets last to first).
+
 Reading (:func:`map_trace`): every GPU kernel is linked to its launch and host ranges
 (:mod:`graphdeck.analysis.trace_links`). Inductor's wrapper call shows as a host range
 ``## Call CompiledFxGraph <hash> ##``; its child range that encloses the launch is the *call*
@@ -173,7 +180,8 @@ class KernelMapping:
     trace's total and mapped kernel time (events of category ``kernel``); ``unmapped``: kernel
     name → ns for the kernels not mapped; ``sources``: row source → mapped kernels;
     ``comm_node_ns``: the part of ``node_ns`` that communication kernels gave (NOTE: [Collectives
-    to graph nodes]), and ``comm_param_ns`` the same time by parameter fqn.
+    to graph nodes]), ``comm_param_ns`` the same time by parameter fqn, and ``comm_label`` GPU
+    event id → what the collective carries (``all_reduce of DDP bucket 3 (12 params)``).
     """
 
     trace_id: int
@@ -185,6 +193,7 @@ class KernelMapping:
     sources: dict[str, int] = field(default_factory=dict)
     comm_node_ns: dict[tuple[int, str], int] = field(default_factory=dict)
     comm_param_ns: dict[str, int] = field(default_factory=dict)
+    comm_label: dict[int, str] = field(default_factory=dict)
 
     @property
     def mapped_fraction(self) -> float | None:
@@ -213,6 +222,54 @@ def _tables(session: Session, run_id: int, rank: int) -> dict[int, dict]:
                 calls[kname] = [([node], source) for _, node, source in items]
         t["calls"] = calls
     return grouped
+
+
+def _twins(session: Session, run_id: int, rank: int, with_table: set[int]) -> dict[int, list[int]]:
+    """Graph with a kernel table → its twins in execution order, itself included (NOTE: [Twin
+    graphs]); only graphs that have twins appear."""
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for gid, kind, h in session.execute(select(Graph.id, Graph.kind, Graph.structural_hash).where(
+            Graph.run_id == run_id, Graph.rank == rank, Graph.kind.in_(AOT_KINDS), Graph.structural_hash.is_not(None))):
+        groups[(kind, h)].append(gid)
+    out: dict[int, list[int]] = {}
+    for (kind, _h), ids in groups.items():
+        reps = [g for g in ids if g in with_table]
+        if len(ids) < 2 or len(reps) != 1:
+            continue
+        names = {g: set(session.scalars(select(Node.name).where(Node.graph_id == g))) for g in ids}
+        ring = sorted(g for g in ids if names[g] == names[reps[0]])
+        if len(ring) > 1:
+            out[reps[0]] = ring[::-1] if kind == "aot_backward" else ring
+    return out
+
+
+def _pre_grad_names(session: Session, graph: Graph, children: set[int]) -> dict[tuple[int, str], str]:
+    """(AOT child graph id, node) → the node of ``graph`` it came from (``kernel_nodes.pre_grad_node``).
+    A twin child (NOTE: [Twin graphs]) has no rows of its own: its twin's rows are used, and each
+    pre-grad node is carried over to the node at the same position of ``graph`` (twins' parent
+    graphs have one structure but names of their own, e.g. the block index)."""
+    def rows(ids):
+        return session.execute(select(KernelNode.graph_id, KernelNode.node_name, KernelNode.pre_grad_node)
+                               .where(KernelNode.graph_id.in_(ids), KernelNode.pre_grad_node.is_not(None))).all()
+
+    pre = {(g, n): p for g, n, p in rows(children)}
+    missing = children - {g for g, _ in pre}
+    if not missing:
+        return pre
+    with_rows = set(session.scalars(select(KernelNode.graph_id).where(
+        KernelNode.run_id == graph.run_id, KernelNode.rank == graph.rank).distinct()))
+    rep_of = {t: rep for rep, ring in _twins(session, graph.run_id, graph.rank, with_rows).items()
+              for t in ring if t != rep and t in missing}
+    if not rep_of:
+        return pre
+    mine = dict(session.execute(select(Node.idx, Node.name).where(Node.graph_id == graph.id)).all())
+    for child, rep in rep_of.items():
+        rep_parent = session.scalar(select(Graph.parent_id).where(Graph.id == rep))
+        idx_of = {name: idx for idx, name in session.execute(select(Node.idx, Node.name).where(Node.graph_id == rep_parent))}
+        for _g, node, p in rows([rep]):
+            if p in idx_of and idx_of[p] in mine:
+                pre[(child, node)] = mine[idx_of[p]]
+    return pre
 
 
 def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -> KernelMapping:
@@ -246,7 +303,9 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
         region = next((m.group(1) for e in reversed(chain[:at]) if (m := _REGION.match(e.name))), None)
         wrapper_ev[chain[at].id] = (chain[at], region)
         wrappers[chain[at].id].append((k, chain[at + 1] if at + 1 < len(chain) else None))
-    for wid, items in wrappers.items():
+    twins = _twins(session, trace.run_id, trace.rank, set(tables)) if wrappers else {}
+    turns: Counter = Counter()
+    for wid, items in sorted(wrappers.items(), key=lambda kv: (wrapper_ev[kv[0]][0].ts, kv[0])):
         _, region = wrapper_ev[wid]
         calls: dict[int, Ev] = {}
         for _, call in items:
@@ -258,6 +317,10 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
         gid = max(sorted(pool), key=lambda g: sum(min(n, len(pool[g]["calls"].get(name, ())))
                                                   for name, n in names.items()))
         table = pool[gid]["calls"]
+        if gid in twins:  # NOTE: [Twin graphs]: the k-th call of the shared code runs the k-th twin
+            ring, rep = twins[gid], gid
+            gid = ring[turns[rep] % len(ring)]
+            turns[rep] += 1
         seen: Counter = Counter()
         call_nodes: dict[int, tuple[list[str], str] | None] = {}
         for c in ordered:
@@ -296,7 +359,8 @@ def _map_comm(session: Session, trace: Trace, kernels: list[Ev], out: KernelMapp
         if got is None:
             unmapped[k.name] += k.dur
             continue
-        source, weighted, spare = got
+        source, weighted, spare, label = got
+        out.comm_label[k.id] = label
         total = sum(w for _, _, w, _ in weighted) + spare
         shares = [k.dur * w // total for _, _, w, _ in weighted]
         mapped = k.dur * (total - spare) // total
@@ -323,8 +387,9 @@ def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None, *
     communication kernels that carry the node's parameter or gradient (NOTE: [Collectives to graph
     nodes]; on a ``dynamo`` graph, onto the placeholders of those parameters); ``all`` both.
     ``trace_id`` defaults to the newest trace of the graph's run and rank with status ``ok`` or
-    ``truncated``. For a ``dynamo`` graph the compute times of its AOT graphs' nodes are summed
-    onto their pre-grad nodes (``kernel_nodes.pre_grad_node``). Nodes without kernel time are
+    ``truncated``. For a ``dynamo`` graph (or a DDP bucket's ``ddp_partition`` graph) the compute
+    times of its AOT graphs' nodes are summed onto their pre-grad nodes
+    (``kernel_nodes.pre_grad_node``). Nodes without kernel time are
     absent; an empty dict when no trace or no mapping exists.
 
     Raises:
@@ -345,7 +410,7 @@ def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None, *
     mapping = map_trace(session, trace_id)
     comm = mapping.comm_node_ns
     compute = {key: ns - comm.get(key, 0) for key, ns in mapping.node_ns.items() if ns > comm.get(key, 0)}
-    if graph.kind != "dynamo":
+    if graph.kind in AOT_KINDS:
         times = {"all": mapping.node_ns, "comm": comm, "compute": compute}[part]
         return {node: ns for (gid, node), ns in sorted(times.items()) if gid == graph_id}
     out: dict[str, int] = {}
@@ -357,12 +422,7 @@ def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None, *
     if part == "comm":
         return dict(sorted(out.items()))
     children = set(session.scalars(select(Graph.id).where(Graph.parent_id == graph_id)))
-    pre = dict(session.execute(
-        select(KernelNode.graph_id, KernelNode.node_name, KernelNode.pre_grad_node)
-        .where(KernelNode.graph_id.in_(children)).distinct()
-    ).all() and [((g, n), p) for g, n, p in session.execute(
-        select(KernelNode.graph_id, KernelNode.node_name, KernelNode.pre_grad_node)
-        .where(KernelNode.graph_id.in_(children)))])
+    pre = _pre_grad_names(session, graph, children)
     for (gid, node), ns in compute.items():  # communication is on the placeholders (above)
         p = pre.get((gid, node))
         if gid in children and p:

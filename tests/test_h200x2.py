@@ -6,6 +6,7 @@ kernel → node links are rebuilt from its provenance records, as the capture ag
 from __future__ import annotations
 
 import gzip
+import re
 import shutil
 from pathlib import Path
 
@@ -211,3 +212,22 @@ def test_two_h200_ingest_trace_cli_reports_the_mapped_share(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = re.search(r"^([\d.]+)% of its GPU kernel time maps to graph nodes \((.*) kernels\)$", proc.stdout, re.M)
     assert m and float(m.group(1)) >= 95 and "70 comm_ddp_bucket" in m.group(2), proc.stdout[:500]
+
+
+def test_two_h200_twin_bucket_graphs_each_get_their_time(ddp_store):
+    """DDPOptimizer's buckets of identical blocks share Inductor's code, so only the first has a
+    kernel table (NOTE: [Twin graphs]); each bucket graph still gets its own block's time, not
+    the first one all of it. NCCL kernels are named for people by what they carry."""
+    from graphdeck.analysis.trace_map import node_time_ns
+
+    engine = open_engine(ddp_store)
+    with Session(engine) as s:
+        parts = dict(s.connection().exec_driver_sql(
+            "SELECT partition_index, id FROM graphs WHERE rank = 0 AND kind = 'ddp_partition'").all())
+        times = {i: sum(node_time_ns(s, parts[i]).values()) for i in (1, 5, 10)}
+        tid = s.connection().exec_driver_sql("SELECT id FROM traces WHERE rank = 0").scalar()
+        data = TraceData(s, tid)
+        labels = {data.label(k) for k in data.kernels if k.name.startswith("ncclDevKernel")}
+    engine.dispose()
+    assert all(t > 0 for t in times.values()) and max(times.values()) < 2 * min(times.values()), times
+    assert labels and all(re.fullmatch(r"all_reduce of DDP bucket \d+ \(\d+ params\)", x) for x in labels), labels

@@ -7,8 +7,9 @@ Run one mode per launch, under torchrun::
     torchrun --standalone --nproc-per-node 2 tests/programs/multi_rank_run.py OUT --mode branch
 
 Modes:
-    ``ddp``: GPT-2 wrapped in DDP (``bucket_cap_mb=1`` so DDPOptimizer splits the graph), then
-        ``torch.compile``.
+    ``ddp``: GPT-2 wrapped in DDP (``bucket_cap_mb`` 25 on CUDA, where GPT-2 small splits into
+        14 buckets and DDPOptimizer splits the graph with them; 1 on CPU, where the default small
+        model, 0.67 MB, is one bucket and the graph is not split), then ``torch.compile``.
     ``fsdp2``: every GPT-2 block and the whole model under ``fully_shard`` (FSDP2), then
         ``torch.compile``: the graphs and the trace carry all-gather / reduce-scatter.
     ``branch``: DDP with ``find_unused_parameters=True`` and a rank-dependent branch (rank 1 skips
