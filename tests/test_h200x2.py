@@ -128,6 +128,9 @@ def test_two_h200_collectives_matched_across_ranks(ddp_store, fsdp2_store):
         engine.dispose()
         assert len(res["collectives"]) == n and res["suspect"] == 0 and res["unmatched"] == {0: 0, 1: 0}
         assert res["offsets"][1]["method"] == "collective_end_median"
+        assert {c["kind"] for c in res["collectives"]} <= {"allreduce", "_allgather_base", "_reduce_scatter_base",
+                                                           "allgather_into_tensor_coalesced",
+                                                           "reduce_scatter_tensor_coalesced"}
         spreads = [c["spread_ns"] for c in res["collectives"]]
         assert all(x >= 0 for x in spreads) and max(spreads) > 0
 
@@ -171,11 +174,12 @@ def test_two_h200_comm_overlay_over_http(ddp_store, fsdp2_store):
         engine = open_engine(path)
         with Session(engine) as s:
             graphs = [(gid, kind) for kind in ("aot_forward", "aot_backward", "dynamo")
-                      for gid, kind in s.connection().exec_driver_sql(  # the largest two of each kind
-                          "SELECT id, kind FROM graphs WHERE rank = 1 AND kind = ? ORDER BY num_nodes DESC LIMIT 2",
+                      for gid, kind in s.connection().exec_driver_sql(  # the one reading most parameters
+                          "SELECT id, kind FROM graphs g WHERE rank = 1 AND kind = ? ORDER BY (SELECT count(*) "
+                          "FROM graph_io io WHERE io.graph_id = g.id AND io.param_fqn IS NOT NULL) DESC, id LIMIT 1",
                           (kind,)).all()]
             parts = {gid: {p: node_time_ns(s, gid, part=p) for p in ("compute", "comm", "all")} for gid, kind in graphs
-                     if kind != "dynamo"}
+                     if kind == "aot_backward"}
             placeholders = {gid: {n for (n,) in s.connection().exec_driver_sql(
                 "SELECT name FROM nodes WHERE graph_id = ? AND op = 'placeholder'", (gid,))} for gid, _ in graphs}
         engine.dispose()
@@ -191,9 +195,10 @@ def test_two_h200_comm_overlay_over_http(ddp_store, fsdp2_store):
             for g, o in comm.items():
                 if kinds[g] in ("aot_forward", "dynamo"):
                     assert set(o["values"]) <= placeholders[g], (g, set(o["values"]) - placeholders[g])
-            svg = httpx.get(f"{srv.url}/api/graphs/{next(g for g, o in comm.items() if o['values'])}/svg?overlay=comm",
-                            timeout=120)
-            assert svg.status_code == 200 and "<svg" in svg.text
+            if run == "ddp":
+                svg = httpx.get(f"{srv.url}/api/graphs/{next(g for g, o in comm.items() if o['values'])}/svg"
+                                "?overlay=comm", timeout=120)
+                assert svg.status_code == 200 and "<svg" in svg.text
 
 
 def test_two_h200_ingest_trace_cli_reports_the_mapped_share(tmp_path):
