@@ -42,7 +42,8 @@ _BYTE_DTYPES = {"byte", "char", "uint8", "int8"}
 @dataclass(frozen=True)
 class CommGroup:
     """One DDP bucket or FSDP2 group: ``source`` (``comm_ddp_bucket`` / ``comm_fsdp_group``),
-    ``label`` (``DDP bucket <index>`` / ``FSDP2 group <module path>``), ``params`` (fqns), the element counts it is matched
+    ``label`` (``DDP reducer bucket <index>``: DDP's own gradient bucket, not DDPOptimizer's graph
+    split of the same name; ``FSDP2 group <module path>``), ``params`` (fqns), the element counts it is matched
     by per collective kind (``sizes``: kind → elements), and ``byte_size`` for byte all-gathers."""
 
     source: str
@@ -102,7 +103,7 @@ def load_groups(session: Session, run_id: int, rank: int) -> list[CommGroup]:
         groups = []
         for ddp in data.get("ddp") or []:
             for b in ddp.get("buckets") or []:
-                groups.append(CommGroup("comm_ddp_bucket", f"DDP bucket {b['index']}", tuple(b["params"]),
+                groups.append(CommGroup("comm_ddp_bucket", f"DDP reducer bucket {b['index']}", tuple(b["params"]),
                                         (("all_reduce", int(b["numel"])),)))
         for g in data.get("fsdp") or []:
             n = int(g["all_gather_numel"])
@@ -136,8 +137,8 @@ def map_collectives(session: Session, run_id: int, rank: int, kernels: list[Ev]
     Returns kernel event id → ``(source, [(graph_id, node, weight, param fqn), ...], unmapped_weight,
     label)`` for the kernels matched to a group; weights are parameter element counts (a node's
     share of the kernel's time is its weight over the sum of all weights plus
-    ``unmapped_weight``); ``label`` names the collective for people (``all_reduce of DDP bucket 3
-    (12 params)``). Kernels not matched are absent."""
+    ``unmapped_weight``); ``label`` names the collective for people (``all_reduce of DDP reducer
+    bucket 3 (12 params)``). Kernels not matched are absent."""
     groups = load_groups(session, run_id, rank)
     if not groups or not kernels:
         return {}

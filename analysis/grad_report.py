@@ -304,6 +304,9 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
             message += f"; the use depends on the branch at {branch}"
         fix = ("make the branch that uses it take the same path on every rank (or touch the parameter on every "
                "rank, e.g. add 0 * p.sum())")
+        for r in group:  # the row's own fix (remove, freeze, eager mode) would miss the cause
+            if r.status != "OK":
+                r.fix = f"it gets a gradient on rank(s) {with_grad} but not here: {fix}"
         out.append(Finding(kind="RANK_DIVERGENCE" if ddp and find_unused else "PREDICTED_HANG", severity="error",
                            message=message, params=[fqn], ranks=per_rank,
                            source=branch.split(": ", 1)[0] if branch else (_short_source(src) if src else None),

@@ -683,7 +683,7 @@ def _recorded_collectives(record: dict) -> list[Collective]:
         for b in ddp.get("buckets") or []:
             out.append(Collective(index=0, kind="all_reduce", group="ddp", size_bytes=b.get("size_bytes"), shape=None,
                                   dtype=None, source="ddp_bucket",
-                                  node=f"DDP bucket {b.get('index')} ({len(b.get('params') or [])} params)"))
+                                  node=f"DDP reducer bucket {b.get('index')} ({len(b.get('params') or [])} params)"))
     groups = record.get("fsdp") or []
     for kind, ordered in (("all_gather", groups), ("reduce_scatter", groups[::-1])):
         for g in ordered:

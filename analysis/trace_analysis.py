@@ -90,8 +90,8 @@ class TraceData:
         return [k for k in self.kernels if step.ts <= self.launch_ts(k) < step.end]
 
     def label(self, k: Ev) -> str:
-        """A kernel's name for people: what a collective carries (``all_reduce of DDP bucket 3
-        (12 params)``), else ``graph node`` when mapped, else its launching operator."""
+        """A kernel's name for people: what a collective carries (``all_reduce of DDP reducer
+        bucket 3 (12 params)``), else ``graph node`` when mapped, else its launching operator."""
         if k.id in self.mapping.comm_label:
             return self.mapping.comm_label[k.id]
         got = self.mapping.by_kernel.get(k.id)

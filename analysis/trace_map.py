@@ -181,7 +181,7 @@ class KernelMapping:
     name → ns for the kernels not mapped; ``sources``: row source → mapped kernels;
     ``comm_node_ns``: the part of ``node_ns`` that communication kernels gave (NOTE: [Collectives
     to graph nodes]), ``comm_param_ns`` the same time by parameter fqn, and ``comm_label`` GPU
-    event id → what the collective carries (``all_reduce of DDP bucket 3 (12 params)``).
+    event id → what the collective carries (``all_reduce of DDP reducer bucket 3 (12 params)``).
     """
 
     trace_id: int

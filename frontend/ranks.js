@@ -65,7 +65,7 @@ function scheduleTable(report) {
   }
   return rows.length
     ? table("collective-schedule", ["#", ...ranks.map((r) => `rank ${r}`)], rows)
-    : h("p", {class: "muted"}, "No collectives in the captured graphs and no DDP buckets.");
+    : h("p", {class: "muted"}, "No collectives in the captured graphs, no recorded DDP or FSDP2 collectives and no DDP buckets.");
 }
 
 function sequenceTable(report) {

@@ -235,4 +235,4 @@ def test_two_h200_twin_bucket_graphs_each_get_their_time(ddp_store):
         labels = {data.label(k) for k in data.kernels if k.name.startswith("ncclDevKernel")}
     engine.dispose()
     assert all(t > 0 for t in times.values()) and max(times.values()) < 2 * min(times.values()), times
-    assert labels and all(re.fullmatch(r"all_reduce of DDP bucket \d+ \(\d+ params\)", x) for x in labels), labels
+    assert labels and all(re.fullmatch(r"all_reduce of DDP reducer bucket \d+ \(\d+ params\)", x) for x in labels), labels
