@@ -274,7 +274,8 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
     (``PREDICTED_HANG``). Under DDP with ``find_unused_parameters=True`` (``find_unused``) DDP
     all-reduces zeros for the ranks that skipped the parameter, so nothing hangs, but the ranks
     compute different models (``RANK_DIVERGENCE``, an error too). Sources: the first use on the
-    ranks where it is read, else the cut."""
+    ranks where it is read, else the cut. The rows of such a parameter on the ranks without a
+    gradient get the finding's fix (their own, "remove or freeze it", would miss the cause)."""
     by_fqn: dict[str, list[ParamRow]] = defaultdict(list)
     for r in rows:
         by_fqn[r.fqn].append(r)

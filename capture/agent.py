@@ -116,6 +116,7 @@ class Agent:
         from graphdeck.capture.comm_groups import CommGroupWatch
 
         self._comm = CommGroupWatch()  # DDP buckets / FSDP2 groups (NOTE: [Communication groups])
+        self._comm_written: str | None = None
         from torch._logging._internal import trace_log
 
         trace_log.addHandler(self._handler)
@@ -431,21 +432,24 @@ class Agent:
     def record_comm_groups(self) -> bool:
         """Write which parameters each DDP bucket / FSDP2 group carries (a ``graphdeck_comm_groups``
         compile record; NOTE: [Communication groups]). Called when a profile's trace is stored and
-        at :meth:`close`; DDP's buckets are known only after its first iteration. Returns whether
-        a record was written; never raises."""
+        at :meth:`close`; DDP's buckets are known only after its first iteration. A record equal
+        to the last one written is not written again. Returns whether a record was written; never
+        raises."""
         import json
 
         from graphdeck.capture.comm_groups import EVENT_NAME
 
         record = self._comm.record(self._models, _dist_info()[1])
-        if record is None:
+        payload = json.dumps(record) if record is not None else None
+        if payload is None or payload == self._comm_written:
             return False
         try:
             self.writer.write_compile_events([{"name": EVENT_NAME, "compile_id": None, "metadata": {},
-                                               "payload": json.dumps(record)}])
+                                               "payload": payload}])
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: could not record communication groups: {type(exc).__name__}: {exc}")
             return False
+        self._comm_written = payload
         return True
 
     def profile(self, *, wait_steps: int = 1, warmup_steps: int = 1, active_steps: int = 2, name: str | None = None,

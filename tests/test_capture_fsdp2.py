@@ -109,7 +109,7 @@ def test_fsdp2_groups_are_recorded_for_collectives(store):
     with engine.connect() as c:
         records = c.execute(text("SELECT rank, payload FROM compile_events WHERE name = 'graphdeck_comm_groups'")).all()
         shapes = {f: json.loads(s) for f, s in c.execute(text("SELECT fqn, shape_json FROM params WHERE rank = 0"))}
-    assert {r for r, _ in records} == {0, 1}
+    assert sorted(r for r, _ in records) == [0, 1], "one record per rank (close() does not repeat it)"
     data = json.loads(records[-1][1])
     assert data["world_size"] == 2 and data["ddp"] == []
     groups = {g["module"]: g for g in data["fsdp"]}

@@ -155,11 +155,8 @@ def test_api_and_counterparts(rank_store):
 
 
 @pytest.mark.browser
-def test_dashboard_page_shows_divergence_and_predicted_hang(rank_store):
-    from playwright.sync_api import sync_playwright
-
-    with LiveServer(rank_store) as srv, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+def test_dashboard_page_shows_divergence_and_predicted_hang(rank_store, browser):
+    with LiveServer(rank_store) as srv:
         page = browser.new_page()
         page.goto(f"{srv.url}/#/runs/branch")
         page.get_by_test_id("rank-consistency-link").click()
@@ -168,7 +165,7 @@ def test_dashboard_page_shows_divergence_and_predicted_hang(rank_store):
         assert "torch.tanh" in page.get_by_test_id("divergence").inner_text()
         assert "collective #1" in page.get_by_test_id("predicted-hang").inner_text()
         assert page.locator("#collective-schedule tr.hang").count() == 1
-        browser.close()
+        page.close()
 
 
 def test_helpers():
@@ -229,22 +226,20 @@ def test_imported_inductor_collective_schedule_orders_the_collectives(tmp_path):
 
 
 @pytest.mark.browser
-def test_compare_page_shows_the_recompile_reason(rank_store):
+def test_compare_page_shows_the_recompile_reason(rank_store, browser):
     import httpx
-    from playwright.sync_api import sync_playwright
 
-    with LiveServer(rank_store) as srv, sync_playwright() as p:
+    with LiveServer(rank_store) as srv:
         rep = httpx.get(f"{srv.url}/api/runs/dynshape/rank-consistency").json()
         recompiled = next(e for e in rep["sequences"]["1"] if e["compile_id"] == "0/1")
         later = next(gid for kind, _h, gid in recompiled["graphs"] if kind == "aot_forward")
         earlier = httpx.get(f"{srv.url}/api/graphs/{later}/counterparts").json()["previous"]["graph_id"]
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
         page = browser.new_page()
         page.goto(f"{srv.url}/#/compare/{earlier}/{later}")
         page.wait_for_selector("[data-testid=recompile-reason]")
         text = page.get_by_test_id("recompile-reason").inner_text()
         assert "0/1 recompiled 0/0" in text and "size mismatch" in text
-        browser.close()
+        page.close()
 
 
 def test_rank_local_device_indices_are_not_a_divergence(rank_store, tmp_path):
@@ -366,11 +361,8 @@ def test_shard_split_rule():
 
 
 @pytest.mark.browser
-def test_dashboard_page_shows_shard_shapes_as_a_note(rank_store):
-    from playwright.sync_api import sync_playwright
-
-    with LiveServer(rank_store) as srv, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+def test_dashboard_page_shows_shard_shapes_as_a_note(rank_store, browser):
+    with LiveServer(rank_store) as srv:
         page = browser.new_page()
         page.goto(f"{srv.url}/#/runs/fsdp2_uneven/ranks")
         page.wait_for_selector("[data-testid=rank-verdict]")
@@ -379,4 +371,4 @@ def test_dashboard_page_shows_shard_shapes_as_a_note(rank_store):
         assert "embed.weight" in item and "[19, 16] on rank 0" in item and "[18, 16] on rank 1" in item
         assert page.locator("[data-testid=shard-shapes] a[href^='#/graphs/']").count() == 2
         assert page.get_by_test_id("divergence").count() == 0
-        browser.close()
+        page.close()
