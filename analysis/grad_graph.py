@@ -219,6 +219,10 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
     parts = fetch(session, "SELECT rank, \"index\", graph_id, params_json FROM partitions WHERE run_id = ?",
                   (run.id,))
     report = GradReport(mode="graph", run=run.name, run_id=run.id)
+    from graphdeck.analysis import grad_evidence as GE
+
+    ev = GE.load(session, run.id)
+    had_params = bool(params)
     if not params and not expected_params:
         # A gate that checked nothing must not pass: a run holding only a trace, or imported
         # logs without parameter records, has no parameter to give a verdict on.
@@ -245,7 +249,7 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
             seen_backward_fact = True
             target = g.parent_id if g.kind == "ddp_partition" else g.id
             dead[target].update(meta.get("outputs_without_grad") or [])
-    if not seen_backward_fact and graphs:
+    if not seen_backward_fact and graphs and not ev:
         report.notes.append("no backward was observed by the capture: outputs unused by the loss (DEAD_END) "
                             "cannot be told from graphs alone; eager mode can")
 
@@ -396,14 +400,28 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         row.first_use = _frame_text(strings.get(sid))
     from graphdeck.analysis.comm_map import ddp_find_unused
 
+    report.coverage, report.incomplete = GE.coverage(
+        ev, world_size=run.world_size, ranks=ranks, params_known=had_params, expected_params=bool(expected_params))
+    if ev:
+        GE.apply_evidence(report.rows, ev)
+    watched = list(ev.watch.values())
+    ddp = ddp or any(w.get("ddp") for w in watched)
+    fsdp = any(w.get("fsdp2") for w in watched)
     find_unused = ddp_find_unused(session, run.id) if ddp else None
-    if ddp and not find_unused:  # find_unused_parameters=True: DDP marks unused ones ready itself
-        f = ddp_unused_finding([r for r in report.rows if not r.allowed])
+    if find_unused is None and any("find_unused_parameters" in w for w in watched):
+        find_unused = all(w.get("find_unused_parameters") for w in watched if "find_unused_parameters" in w)
+    # Ranks without run-time evidence are judged from the graphs; the others from what arrived.
+    graph_rows = [r for r in report.rows if r.rank not in ev.by_rank and not r.allowed]
+    if ddp and not find_unused and graph_rows:  # find_unused_parameters=True: DDP marks unused ones ready
+        f = ddp_unused_finding(graph_rows)
         if f is not None:
             report.findings.append(f)
-    if len(ranks) > 1:
+    if len(ranks) > 1 and not (ev and set(ranks) <= set(ev.by_rank)):
         report.findings += divergence_findings([r for r in report.rows if r.status != "BUFFER"], ddp=ddp,
                                                find_unused=bool(find_unused))
+    if ev:
+        report.findings += GE.evidence_findings([r for r in report.rows if not r.allowed], ev, ddp=ddp,
+                                                find_unused=find_unused, fsdp=fsdp)
     for gid, lg in sorted(loaded.items()):
         report.findings += _intermediate_outputs(lg, strings)
     from graphdeck.analysis.grad_collectives import collective_findings

@@ -90,6 +90,11 @@ class ParamRow:
     grad_max_abs_diff: float | None = None  # numeric mode: |eager - compiled| max
     allowed: bool = False
     notes: list[str] = field(default_factory=list)
+    # Run-time evidence (analysis.grad_evidence): [[step_first, step_last, state], ...] with state
+    # ok | none | zero | multi | frozen | unobserved; the first step without a real gradient.
+    steps: list | None = None
+    first_bad_step: int | None = None
+    zero_filled: bool = False
 
     @property
     def failing(self) -> bool:
@@ -125,6 +130,11 @@ class GradReport:
     run_id: int | None = None
     allow: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: What the report saw (ranks, steps, parameter list; see analysis.grad_evidence.coverage).
+    coverage: dict = field(default_factory=dict)
+    #: Why the evidence is incomplete; non-empty makes the verdict INCOMPLETE (not PASS).
+    incomplete: list[str] = field(default_factory=list)
+    allow_incomplete: bool = False
 
     def __iter__(self):
         return iter(self.rows)
@@ -157,8 +167,18 @@ class GradReport:
         return [f for f in self.findings if f.severity == "error" and not f.allowed]
 
     @property
+    def verdict(self) -> str:
+        """``FAIL`` (a failing row or error finding), ``INCOMPLETE`` (nothing failed, but the
+        evidence does not cover the run: see ``incomplete``), else ``PASS``."""
+        if self.failures or self.errors:
+            return "FAIL"
+        if self.incomplete and not self.allow_incomplete:
+            return "INCOMPLETE"
+        return "PASS"
+
+    @property
     def ok(self) -> bool:
-        return not self.failures and not self.errors
+        return self.verdict == "PASS"
 
     @property
     def problems(self) -> list[dict]:
@@ -189,7 +209,8 @@ class GradReport:
     # ------------------------------------------------------------------ renderings
     def to_dict(self) -> dict:
         return {"mode": self.mode, "run": self.run, "run_id": self.run_id, "ranks": self.ranks, "ok": self.ok,
-                "summary": self.summary, "allow": self.allow, "notes": self.notes,
+                "verdict": self.verdict, "coverage": self.coverage, "incomplete": self.incomplete,
+                "allow_incomplete": self.allow_incomplete, "summary": self.summary, "allow": self.allow, "notes": self.notes,
                 "problems": self.problems,
                 "findings": [asdict(f) for f in self.findings],
                 "params": [asdict(r) | {"failing": r.failing} for r in self.rows]}
@@ -201,7 +222,10 @@ class GradReport:
         """Human summary: a verdict line, then one line per failing row and finding."""
         counts = " · ".join(f"{k} {v}" for k, v in self.summary.items() if v)
         lines = [f"gradient paths of {self.run} ({self.mode} mode), ranks {self.ranks}: "
-                 f"{'PASS' if self.ok else 'FAIL'} · {counts}"]
+                 f"{self.verdict} · {counts}"]
+        lines += _coverage_lines(self.coverage)
+        for why in self.incomplete:
+            lines.append(f"  {'not seen (allowed)' if self.allow_incomplete else 'INCOMPLETE'}: {why}")
         for r in self.rows:
             if r.status not in FAILING and not r.grad_max_abs_diff:
                 continue
@@ -214,6 +238,9 @@ class GradReport:
                 lines.append(f"      cut: {r.cut.kind} at {where}" + (f": {r.cut.code}" if r.cut.code else ""))
             if r.cut and r.cut.region:
                 lines.append(f"      no_grad region opened at {r.cut.region}")
+            if r.first_bad_step is not None:
+                lines.append(f"      steps: " + ", ".join(f"{a}" + (f"–{b}" if b != a else "") + f" {st}"
+                                                        for a, b, st in (r.steps or [])))
             if r.fix:
                 lines.append(f"      fix: {r.fix}")
         for f in self.findings:
@@ -266,6 +293,18 @@ class GradReport:
         root.set("failures", str(fails))
         ET.indent(root)
         return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _coverage_lines(cov: dict) -> list[str]:
+    """One line on what the report saw: ranks, steps, parameter list."""
+    if not cov:
+        return []
+    steps = cov.get("steps") or {}
+    seen = ", ".join(f"rank {r}: steps {s['first']}–{s['last']} ({s['backward_passes']} backward)"
+                     for r, s in sorted(steps.items(), key=lambda kv: int(kv[0])))
+    out = [f"  saw: {seen or 'no run-time gradient evidence'}; parameter list: {cov.get('parameter_list')}"]
+    out += [f"  note: {n}" for n in cov.get("notes", [])]
+    return out
 
 
 def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = False) -> list[Finding]:

@@ -37,6 +37,7 @@ import torch.fx
 
 from graphdeck.capture.aot import grad_of, input_index, shadow_trace
 from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, output_descs, record_graph
+from graphdeck.capture.callwrap import BindingPlan, bind_at_run_time, child_rows, watch_output_grads
 from graphdeck.capture.writer import IOBinding, StoreWriter
 
 log = logging.getLogger("graphdeck.capture")
@@ -122,6 +123,9 @@ class Agent:
         trace_log.addHandler(self._handler)
         self.graph_ids: list[int] = []
         self.capture_time_s = 0.0
+        self._watch_info: dict = {}
+        self._evidence = None  # GradEvidence, made by watch() (NOTE: [Gradient evidence])
+        self._reach: dict[int, tuple] = {}  # id(unsplit gm) -> (reach map, output names)
 
     # ----------------------------------------------------------------------------- store access
     @property
@@ -141,6 +145,15 @@ class Agent:
         if inner is not model:
             self._comm.note_ddp(model)
         self._models.append(inner)
+        self._watch_info.update(_parallel_info(model))
+        try:
+            if self._evidence is None:
+                from graphdeck.capture.grad_evidence import GradEvidence
+
+                self._evidence = GradEvidence(self)
+            self._evidence.add_model(inner)
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            warnings.warn(f"graphdeck: no gradient evidence: {type(exc).__name__}: {exc}")
         for fqn, t in list(inner.named_parameters(remove_duplicate=False)) + list(inner.named_buffers(remove_duplicate=False)):
             self._fqn_by_tensor.setdefault(id(t), fqn)
         if self._writer is not None or _dist_ready():
@@ -157,6 +170,11 @@ class Agent:
         for fqn, t in self._auto_params.items():
             named.setdefault(fqn, ("parameter", t))
         self.writer.write_params([_param_row(fqn, kind, t) for fqn, (kind, t) in named.items()])
+        if self._models:  # the list is the models' own: complete (analysis.grad_coverage)
+            self.writer.write_compile_events([{"name": "graphdeck_watch", "compile_id": None, "metadata": {},
+                                               "payload": json.dumps({"params": len(named),
+                                                                      "evidence": self._evidence is not None,
+                                                                      **self._watch_info})}])
 
     def _live_name(self, t: Any) -> str | None:
         """The watched models' name for tensor ``t`` as their modules hold it now.
@@ -259,12 +277,31 @@ class Agent:
         if pending is not None:
             try:
                 gid = self._finish(pending, compile_time_s)
-                compiled = _watch_output_grads(compiled, pending["gm"], gid, self)
+                compiled = watch_output_grads(compiled, pending["gm"], gid, self)
                 if self._models and pending.get("plan") is not None and pending["plan"].positions:
-                    compiled = _bind_at_run_time(compiled, pending["plan"], self)
+                    compiled = bind_at_run_time(compiled, pending["plan"], self)
+                if self._evidence is not None:
+                    compiled = self._observe(compiled, pending)
             except Exception as exc:
                 warnings.warn(f"graphdeck: could not record AOT graphs: {type(exc).__name__}: {exc}")
         return compiled
+
+    def _observe(self, compiled, p: dict):
+        """Wrap ``compiled`` for the gradient evidence (NOTE: [Gradient evidence])."""
+        from graphdeck.capture.callwrap import observe_calls
+        from graphdeck.capture.grad_evidence import GraphInfo, reach_of
+
+        full = p.get("full_gm") or p["gm"]
+        if id(full) not in self._reach:
+            self._reach[id(full)] = reach_of(full)
+        reach, full_outs = self._reach[id(full)]
+        placeholders = p["placeholders"]
+        positions = [i for i, n in enumerate(placeholders) if _graph_arg_is_param(n) or n.name in p["param_by_node"]]
+        names = [placeholders[i].name for i in positions]
+        outs = [v.name if isinstance(v, torch.fx.Node) and v.name in full_outs else None for v in output_args(p["gm"])]
+        info = GraphInfo(id(full), positions, names, outs, reach,
+                         tuple(p["param_by_node"].get(n) for n in names))
+        return observe_calls(compiled, info, self._evidence)
 
     def _record_dynamo(self, gm, example_inputs, inner_name):
         from torch._guards import CompileContext
@@ -321,7 +358,8 @@ class Agent:
                 "break_reason": None if ddp is not None else break_reason, "parent_id": parent_id,
                 "partition_index": part_idx,
                 "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
-                "inner": inner_name, "partition": pending_partition, "ddp": under_ddp}
+                "inner": inner_name, "partition": pending_partition, "ddp": under_ddp,
+                "full_gm": ddp[1] if ddp is not None else gm, "context": _compile_context()}
 
     def _finish(self, p: dict, compile_time_s: float) -> None:
         writer = self.writer
@@ -330,6 +368,7 @@ class Agent:
         meta = {"aot_errors": p["aot"].errors} if p["aot"].errors else {}
         if p.get("ddp"):
             meta["ddp"] = True  # compiled under DDPOptimizer (a single bucket is not split)
+        meta.update(p.get("context") or {})
         gid = writer.write_graph(
             rec, kind=p["kind"], name=p["name"], compile_id=p["compile_id"], frame_name=p["frame_name"],
             parent_id=p["parent_id"], partition_index=p["partition_index"], compile_time_s=compile_time_s,
@@ -341,7 +380,7 @@ class Agent:
             writer.write_partition(parent_graph_id=p["parent_id"], graph_id=gid, index=idx,
                                    size_bytes=size_bytes, params=params)
         fqn_by_input = {i: p["param_by_node"].get(n.name) for i, n in enumerate(p["placeholders"])}
-        plan = _BindingPlan(dynamo_graph_id=gid, dynamo_rows=[
+        plan = BindingPlan(dynamo_graph_id=gid, dynamo_rows=[
             (i, n.name) for i, n in enumerate(p["placeholders"]) if _graph_arg_is_param(n)])
         aot = p["aot"]
         for kind, g in (("aot_forward", aot.forward), ("aot_backward", aot.backward), ("aot_inference", aot.inference)):
@@ -359,7 +398,7 @@ class Agent:
                         grads.append((pos, val.name if isinstance(val, torch.fx.Node) else None, k,
                                       isinstance(val, torch.fx.Node), str(desc)))
             bind = {name: fqn_by_input[k] for _pos, name, k, _d in ins if fqn_by_input.get(k)}
-            bio = _child_rows(ins, grads, fqn_by_input)
+            bio = child_rows(ins, grads, fqn_by_input)
             gid2 = writer.write_graph(
                 record_graph(g), kind=kind, name=f"{p['name']} · {kind.removeprefix('aot_')}",
                 compile_id=p["compile_id"], frame_name=p["frame_name"], parent_id=gid,
@@ -408,7 +447,7 @@ class Agent:
         except Exception as exc:
             warnings.warn(f"graphdeck: could not observe gradients: {type(exc).__name__}: {exc}")
 
-    def _bind(self, plan: "_BindingPlan", tensors: list) -> None:
+    def _bind(self, plan: "BindingPlan", tensors: list) -> None:
         """Record what a compiled graph's parameter inputs are on this call, when it differs from
         every binding recorded so far (NOTE: [Run-time parameter binding])."""
         names = tuple(self._live_name(t) for t in tensors)
@@ -419,7 +458,7 @@ class Agent:
         rows = {plan.dynamo_graph_id: [IOBinding("in", pos, node, fqn_by_input[pos])
                                        for pos, node in plan.dynamo_rows if fqn_by_input.get(pos)]}
         for gid, ins, grads in plan.children:
-            rows[gid] = _child_rows(ins, grads, fqn_by_input)
+            rows[gid] = child_rows(ins, grads, fqn_by_input)
         self.writer.add_bindings(rows)
 
     # ----------------------------------------------------------------------------- events, profile
@@ -470,139 +509,10 @@ class Agent:
         try:
             self.flush_events()
             self.record_comm_groups()
+            if self._evidence is not None:
+                self._evidence.close()
         finally:
             trace_log.removeHandler(self._handler)
-
-
-def _watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent: "Agent"):
-    """Wrap a compiled graph so that its first grad-enabled call notes which outputs get a
-    gradient in the backward that follows (``meta_json["outputs_without_grad"]``: node names of
-    outputs the loss does not use; the gradient check calls their parameters DEAD_END).
-
-    # NOTE: [Outputs without gradient]
-    # A compiled region gives every output a gradient slot; an output the loss never uses gets
-    # zeros there, so its parameters silently receive zero gradients instead of none. On the
-    # first call, a pre-hook on each output's autograd node sees the incoming gradients, with
-    # ``None`` where the loss does not reach (``register_multi_grad_hook`` never fires when an
-    # output gets no gradient and its node still runs, as with GPT-2's KV-cache outputs).
-    # Later calls cost one flag check; the calling convention passes through unchanged.
-    """
-    names = [v.name if isinstance(v, torch.fx.Node) else None for v in output_args(gm)]
-    state = {"done": False}
-
-    def observe(out):
-        if state["done"] or not torch.is_grad_enabled():
-            return
-        outs = out if isinstance(out, (list, tuple)) else [out]
-        groups: dict = {}
-        for i, t in enumerate(outs):
-            if i < len(names) and names[i] and isinstance(t, torch.Tensor) and t.grad_fn is not None:
-                groups.setdefault(t.grad_fn, []).append((names[i], t.output_nr))
-        if not groups:
-            return
-        state["done"] = True
-        pending, result = set(groups), {}
-
-        def make_hook(fn):
-            def pre_hook(grads):
-                agent._observe_grads_after_backward()
-                for name, nr in groups[fn]:
-                    result[name] = nr < len(grads) and grads[nr] is not None
-                pending.discard(fn)
-                for other in list(pending):
-                    try:
-                        runs = torch._C._will_engine_execute_node(other)
-                    except Exception:
-                        runs = True
-                    if not runs:
-                        result.update((name, False) for name, _ in groups[other])
-                        pending.discard(other)
-                if pending:
-                    return None
-                try:
-                    agent.writer.update_graph_meta(graph_id, {
-                        "outputs_without_grad": [n for n, ok in result.items() if not ok],
-                        "outputs_with_grad": [n for n, ok in result.items() if ok]})
-                except Exception as exc:  # capture never breaks training
-                    warnings.warn(f"graphdeck: could not record output gradients: {type(exc).__name__}: {exc}")
-                return None
-
-            return pre_hook
-
-        for fn in groups:
-            fn.register_prehook(make_hook(fn))
-
-    def run(*args, **kwargs):  # transparent: boxed (one list) or not, the args pass through
-        out = compiled(*args, **kwargs)
-        observe(out)
-        return out
-
-    if getattr(compiled, "_boxed_call", False):
-        run._boxed_call = True
-    return run
-
-
-class _BindingPlan:
-    """Where a compiled Dynamo graph's parameter inputs show up in the graphs recorded for it:
-    ``positions`` (indices among its placeholders of the inputs that are parameters),
-    ``dynamo_rows`` ((position, node name) of its ``in`` bindings), ``children`` ((graph id,
-    ``in`` rows (position, node, input index k, desc), ``grad`` rows (position, node, k, has_grad,
-    desc)) of its AOT graphs), and ``recorded``: the name tuples already stored."""
-
-    __slots__ = ("dynamo_graph_id", "dynamo_rows", "children", "positions", "recorded")
-
-    def __init__(self, dynamo_graph_id: int, dynamo_rows: list):
-        self.dynamo_graph_id, self.dynamo_rows = dynamo_graph_id, dynamo_rows
-        self.children: list = []
-        self.positions: list[int] = []
-        self.recorded: set[tuple] = set()
-
-
-def _child_rows(ins: list, grads: list, fqn_by_input: dict) -> list[IOBinding]:
-    rows = [IOBinding("in", pos, name, fqn_by_input[k], desc=desc)
-            for pos, name, k, desc in ins if fqn_by_input.get(k)]
-    rows += [IOBinding("grad", pos, name, fqn_by_input.get(k), has_grad=has, desc=desc)
-             for pos, name, k, has, desc in grads]
-    return rows
-
-
-#: Distinct parameter sets looked at per compiled graph; later new ones are not recorded.
-MAX_BINDINGS_PER_GRAPH = 256
-
-
-def _bind_at_run_time(compiled, plan: _BindingPlan, agent: "Agent"):
-    """Wrap a compiled graph so that each call whose parameter inputs are new tensors records
-    which parameters they are.
-
-    # NOTE: [Run-time parameter binding]
-    # One compiled graph can serve many modules: a transformer block compiled on its own (regional
-    # compilation, FSDP2's per-block hooks, a graph break inside a block's forward) is traced once
-    # and then called with each block's parameters, its placeholders named relative to the frame
-    # (``ln_1.weight``). Which parameters a call reads shows only at run time, so the first call
-    # with each new set of tensors (keyed by identity: one tuple of ids, before the call, since a
-    # boxed callee clears its argument list) looks them up by identity in the watched models and
-    # stores the extra ``in``/``grad`` bindings for the graph and its AOT forward/backward.
-    """
-    positions = plan.positions
-    boxed = getattr(compiled, "_boxed_call", False)
-    seen: set[tuple] = set()
-
-    def run(*args, **kwargs):
-        flat = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args
-        if len(seen) < MAX_BINDINGS_PER_GRAPH:
-            try:
-                key = tuple(id(flat[i]) for i in positions)
-                if key not in seen:
-                    seen.add(key)
-                    agent._bind(plan, [flat[i] for i in positions])
-            except Exception as exc:  # capture never breaks training
-                seen.add(None)
-                warnings.warn(f"graphdeck: could not bind parameters at run time: {type(exc).__name__}: {exc}")
-        return compiled(*args, **kwargs)
-
-    if boxed:
-        run._boxed_call = True
-    return run
 
 
 def _graph_arg_is_param(node: torch.fx.Node) -> bool:
@@ -653,6 +563,38 @@ def _compile_reason(gm: torch.fx.GraphModule) -> tuple[str | None, str | None]:
         frame_name = f"{fs.name} ({os.path.basename(fs.filename)}:{fs.lineno})"
     brk = str(getattr(reason, "reason", "graph break")) if getattr(reason, "graph_break", False) else None
     return frame_name, brk
+
+
+def _parallel_info(model: torch.nn.Module) -> dict:
+    """How ``model`` is parallelised: ``{"ddp": bool, "find_unused_parameters": bool | None,
+    "static_graph": bool | None, "fsdp2": bool}``."""
+    out: dict = {}
+    if type(model).__name__ == "DistributedDataParallel":
+        out.update(ddp=True, find_unused_parameters=bool(getattr(model, "find_unused_parameters", False)),
+                   static_graph=bool(getattr(model, "static_graph", False)))
+    try:
+        from torch.distributed.fsdp import FSDPModule
+
+        if any(isinstance(m, FSDPModule) for m in model.modules()):
+            out["fsdp2"] = True
+    except Exception:  # noqa: BLE001 - torch without FSDP2
+        pass
+    return out
+
+
+def _compile_context() -> dict:
+    """The caller's grad mode and autocast state while a graph is compiled: ``{"grad_enabled":
+    bool, "autocast": [{"device": "cpu", "dtype": "bfloat16", "enabled": True}, ...]}`` (only
+    devices where autocast is on)."""
+    out: dict = {"grad_enabled": torch.is_grad_enabled(), "autocast": []}
+    for device in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(device):
+                out["autocast"].append({"device": device, "enabled": True,
+                                        "dtype": str(torch.get_autocast_dtype(device)).removeprefix("torch.")})
+        except Exception:  # noqa: BLE001 - older torch spells these differently
+            pass
+    return out
 
 
 def _dist_ready() -> bool:

@@ -16,7 +16,7 @@ from sqlalchemy import delete, select
 
 from graphdeck.capture.fxrecord import GraphRecord
 from graphdeck.store.db import Interner, get_or_create_rank, get_or_create_run, open_engine, retrying, write_session
-from graphdeck.store.schema import CompileEvent, Edge, Graph, GraphIO, Node, Param, Partition
+from graphdeck.store.schema import CompileEvent, Edge, Graph, GradStep, GraphIO, Node, Param, Partition
 
 
 @dataclass
@@ -166,5 +166,33 @@ class StoreWriter:
                                        compile_id=e.get("compile_id"),
                                        metadata_json=json.dumps(e.get("metadata", {}), default=str),
                                        payload=e.get("payload")))
+
+        retrying(do)
+
+    def write_grad_step(self, *, step_first: int, step_last: int, n_backward: int, step_source: str,
+                        state: dict, closed: bool = False) -> int:
+        """Store one run of identical backward passes (``grad_steps``); returns its id."""
+
+        def do():
+            with write_session(self.engine) as s:
+                row = GradStep(run_id=self.run_id, rank=self.rank, step_first=step_first, step_last=step_last,
+                               n_backward=n_backward, step_source=step_source, closed=closed,
+                               state_json=json.dumps(state, default=str))
+                s.add(row)
+                s.flush()
+                return row.id
+
+        return retrying(do)
+
+    def extend_grad_step(self, row_id: int, *, step_last: int, n_backward: int, step_source: str,
+                         closed: bool = False) -> None:
+        """Move the end of ``grad_steps`` row ``row_id`` (more identical backward passes seen)."""
+
+        def do():
+            with write_session(self.engine) as s:
+                row = s.get(GradStep, row_id)
+                if row is not None:
+                    row.step_last, row.n_backward, row.step_source, row.closed = (
+                        step_last, n_backward, step_source, closed)
 
         retrying(do)

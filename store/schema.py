@@ -14,6 +14,7 @@ Layout::
           │      └── graph_io (inputs/outputs bound to parameters and gradients)
           ├─ partitions      (DDP buckets: one per split sub-graph)
           ├─ compile_events  (structured compile records: metrics, graph-break reasons)
+          ├─ grad_steps      (run-time gradient evidence: which parameter got a gradient, per step)
           ├─ kernel_nodes    (generated kernel name -> FX node it computes: Inductor provenance, ...)
           └─ traces ── trace_events
 """
@@ -38,8 +39,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: Bumped whenever a table or column changes, together with a new Alembic revision named after it
 #: (``store/migrations/versions/000N_*.py``, revision ``"000N"``); stored in ``store_meta`` and in
-#: ``alembic_version``, checked on open (:mod:`graphdeck.store.migrate`). 2: ``kernel_nodes.call_index``.
-SCHEMA_VERSION = 2
+#: ``alembic_version``, checked on open (:mod:`graphdeck.store.migrate`). 2: ``kernel_nodes.call_index``. 3: ``grad_steps``.
+SCHEMA_VERSION = 3
 
 
 def _now() -> _dt.datetime:
@@ -230,6 +231,34 @@ class CompileEvent(Base):
     compile_id: Mapped[str | None] = mapped_column(String(64))
     metadata_json: Mapped[str] = mapped_column(Text, default="{}")
     payload: Mapped[str | None] = mapped_column(Text)
+
+
+class GradStep(Base):
+    """Run-time gradient evidence of one rank over a run of identical backward passes.
+
+    One row covers steps ``step_first`` … ``step_last`` (0-based; ``step_source`` ``optimizer``:
+    the number of optimizer steps taken before the backward, ``backward``: the backward's index
+    when no optimizer step was seen) and ``n_backward`` backward passes in them, all with the
+    same ``state_json``: ``{"trainable": N, "none": [fqn], "zero": [fqn], "multi": {fqn: n},
+    "frozen": [fqn], "unobserved": [fqn], "sites": {...}}`` — parameters that received no
+    gradient, an all-zero gradient from a compiled region whose outputs the loss skipped, more
+    than one accumulation in one backward, that were frozen at that step, or not observable
+    (written by :mod:`graphdeck.capture.grad_evidence`). ``closed`` is false while the capture
+    may still extend the row (a job that died leaves it false: ``step_last`` is then the last
+    step known to have been written).
+    """
+
+    __tablename__ = "grad_steps"
+    __table_args__ = (Index("ix_grad_steps_run_rank", "run_id", "rank"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    step_first: Mapped[int] = mapped_column(Integer)
+    step_last: Mapped[int] = mapped_column(Integer)
+    n_backward: Mapped[int] = mapped_column(Integer, default=1)
+    step_source: Mapped[str] = mapped_column(String(16), default="backward")
+    closed: Mapped[bool] = mapped_column(Boolean, default=False)
+    state_json: Mapped[str] = mapped_column(Text, default="{}")
 
 
 class KernelNode(Base):

@@ -1,0 +1,182 @@
+"""Wrappers around a compiled graph's callable: what the capture learns when the graph runs.
+
+* :func:`watch_output_grads`: which outputs of the first grad-enabled call get a gradient.
+* :func:`bind_at_run_time`: which parameters a graph's inputs are on each call with new tensors.
+* :func:`observe_calls`: per-call output observation for the gradient evidence
+  (NOTE: [Gradient evidence] in ``grad_evidence.py``).
+
+Every wrapper passes arguments and results through unchanged (boxed or not) and never raises
+into the job.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING
+
+import torch
+import torch.fx
+
+from graphdeck.capture.fxrecord import output_args
+from graphdeck.capture.writer import IOBinding
+
+if TYPE_CHECKING:
+    from graphdeck.capture.agent import Agent
+    from graphdeck.capture.grad_evidence import GradEvidence, GraphInfo
+
+
+def watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent: "Agent"):
+    """Wrap a compiled graph so that its first grad-enabled call notes which outputs get a
+    gradient in the backward that follows (``meta_json["outputs_without_grad"]``: node names of
+    outputs the loss does not use; the gradient check calls their parameters DEAD_END).
+
+    # NOTE: [Outputs without gradient]
+    # A compiled region gives every output a gradient slot; an output the loss never uses gets
+    # zeros there, so its parameters silently receive zero gradients instead of none. On the
+    # first call, a pre-hook on each output's autograd node sees the incoming gradients, with
+    # ``None`` where the loss does not reach (``register_multi_grad_hook`` never fires when an
+    # output gets no gradient and its node still runs, as with GPT-2's KV-cache outputs).
+    # Later calls cost one flag check; the calling convention passes through unchanged.
+    """
+    names = [v.name if isinstance(v, torch.fx.Node) else None for v in output_args(gm)]
+    state = {"done": False}
+
+    def observe(out):
+        if state["done"] or not torch.is_grad_enabled():
+            return
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        groups: dict = {}
+        for i, t in enumerate(outs):
+            if i < len(names) and names[i] and isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                groups.setdefault(t.grad_fn, []).append((names[i], t.output_nr))
+        if not groups:
+            return
+        state["done"] = True
+        pending, result = set(groups), {}
+
+        def make_hook(fn):
+            def pre_hook(grads):
+                agent._observe_grads_after_backward()
+                for name, nr in groups[fn]:
+                    result[name] = nr < len(grads) and grads[nr] is not None
+                pending.discard(fn)
+                for other in list(pending):
+                    try:
+                        runs = torch._C._will_engine_execute_node(other)
+                    except Exception:
+                        runs = True
+                    if not runs:
+                        result.update((name, False) for name, _ in groups[other])
+                        pending.discard(other)
+                if pending:
+                    return None
+                try:
+                    agent.writer.update_graph_meta(graph_id, {
+                        "outputs_without_grad": [n for n, ok in result.items() if not ok],
+                        "outputs_with_grad": [n for n, ok in result.items() if ok]})
+                except Exception as exc:  # capture never breaks training
+                    warnings.warn(f"graphdeck: could not record output gradients: {type(exc).__name__}: {exc}")
+                return None
+
+            return pre_hook
+
+        for fn in groups:
+            fn.register_prehook(make_hook(fn))
+
+    def run(*args, **kwargs):  # transparent: boxed (one list) or not, the args pass through
+        out = compiled(*args, **kwargs)
+        observe(out)
+        return out
+
+    if getattr(compiled, "_boxed_call", False):
+        run._boxed_call = True
+    return run
+
+
+class BindingPlan:
+    """Where a compiled Dynamo graph's parameter inputs show up in the graphs recorded for it:
+    ``positions`` (indices among its placeholders of the inputs that are parameters),
+    ``dynamo_rows`` ((position, node name) of its ``in`` bindings), ``children`` ((graph id,
+    ``in`` rows (position, node, input index k, desc), ``grad`` rows (position, node, k, has_grad,
+    desc)) of its AOT graphs), and ``recorded``: the name tuples already stored."""
+
+    __slots__ = ("dynamo_graph_id", "dynamo_rows", "children", "positions", "recorded")
+
+    def __init__(self, dynamo_graph_id: int, dynamo_rows: list):
+        self.dynamo_graph_id, self.dynamo_rows = dynamo_graph_id, dynamo_rows
+        self.children: list = []
+        self.positions: list[int] = []
+        self.recorded: set[tuple] = set()
+
+
+def child_rows(ins: list, grads: list, fqn_by_input: dict) -> list[IOBinding]:
+    rows = [IOBinding("in", pos, name, fqn_by_input[k], desc=desc)
+            for pos, name, k, desc in ins if fqn_by_input.get(k)]
+    rows += [IOBinding("grad", pos, name, fqn_by_input.get(k), has_grad=has, desc=desc)
+             for pos, name, k, has, desc in grads]
+    return rows
+
+
+#: Distinct parameter sets looked at per compiled graph; later new ones are not recorded.
+MAX_BINDINGS_PER_GRAPH = 256
+
+
+def bind_at_run_time(compiled, plan: BindingPlan, agent: "Agent"):
+    """Wrap a compiled graph so that each call whose parameter inputs are new tensors records
+    which parameters they are.
+
+    # NOTE: [Run-time parameter binding]
+    # One compiled graph can serve many modules: a transformer block compiled on its own (regional
+    # compilation, FSDP2's per-block hooks, a graph break inside a block's forward) is traced once
+    # and then called with each block's parameters, its placeholders named relative to the frame
+    # (``ln_1.weight``). Which parameters a call reads shows only at run time, so the first call
+    # with each new set of tensors (keyed by identity: one tuple of ids, before the call, since a
+    # boxed callee clears its argument list) looks them up by identity in the watched models and
+    # stores the extra ``in``/``grad`` bindings for the graph and its AOT forward/backward.
+    """
+    positions = plan.positions
+    boxed = getattr(compiled, "_boxed_call", False)
+    seen: set[tuple] = set()
+
+    def run(*args, **kwargs):
+        flat = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args
+        if len(seen) < MAX_BINDINGS_PER_GRAPH:
+            try:
+                key = tuple(id(flat[i]) for i in positions)
+                if key not in seen:
+                    seen.add(key)
+                    agent._bind(plan, [flat[i] for i in positions])
+            except Exception as exc:  # capture never breaks training
+                seen.add(None)
+                warnings.warn(f"graphdeck: could not bind parameters at run time: {type(exc).__name__}: {exc}")
+        return compiled(*args, **kwargs)
+
+    if boxed:
+        run._boxed_call = True
+    return run
+
+
+
+
+def observe_calls(compiled, info: "GraphInfo", evidence: "GradEvidence"):
+    """Wrap a compiled graph so that each grad-enabled call reports its outputs to ``evidence``
+    (the parameters at ``info.positions`` are read before the call: a boxed callee clears its
+    argument list)."""
+    positions = info.positions
+    boxed = getattr(compiled, "_boxed_call", False)
+
+    def run(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return compiled(*args, **kwargs)
+        flat = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args
+        try:
+            params = [flat[i] for i in positions]
+        except Exception:  # noqa: BLE001 - capture never breaks training
+            params = []
+        out = compiled(*args, **kwargs)
+        evidence.observe_call(info, out, params)
+        return out
+
+    if boxed:
+        run._boxed_call = True
+    return run

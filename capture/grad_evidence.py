@@ -1,0 +1,466 @@
+"""Run-time gradient evidence: on this rank, in every backward pass, which trainable parameter
+received a gradient, which an all-zero one from a compiled region whose outputs the loss skipped,
+which none, and which was accumulated more than once.
+
+# NOTE: [Gradient evidence]
+# Graph facts say what *can* happen; what did happen lives at run time. Per watched parameter a
+# ``register_post_accumulate_grad_hook`` counts accumulations (one dict update). A *window* is one
+# backward: it opens at the first event of a backward and closes when the autograd task that
+# opened it finishes (a callback queued on that task). Reentrant activation checkpointing runs a
+# nested backward per checkpointed call, in its own autograd task: a callback that finds itself
+# inside an autograd Function's backward (``torch/autograd/function.py`` ``apply`` on the Python
+# stack) is nested and does not close the window; a later task joins the open window unless an
+# optimizer step or a compiled forward happened since it opened. A parameter counted twice in one
+# window is what DDP calls "marked ready twice".
+#
+# Zero-filled gradients: a compiled region gives every output a gradient slot, and AOTAutograd
+# fills the slot of an output the loss never used with zeros, so its parameters get an all-zero
+# gradient instead of none (DDP's hooks fire; the rank averages zeros into the model). Each
+# grad-enabled call of a compiled graph puts a pre-hook on its outputs' autograd nodes; the hook
+# sees ``None`` for the skipped outputs. A parameter whose every observed output it reaches
+# (forward reachability, computed once per graph at compile time) was skipped, and that no live
+# output reaches, is zero-filled. Limits: an output of graph A that feeds graph B (a graph break)
+# gets zeros, not None, when B's output is skipped; only the outputs of the graph the loss reads
+# are seen.
+#
+# Cost: steady state is one hook call per parameter per backward plus one set difference per
+# window; a window whose state equals the previous one only moves the row's end in memory
+# (persisted every ``PERSIST_EVERY_S`` s, at ``close()`` and at interpreter exit). A state that
+# changes is written at once, so a job that dies loses at most the extent of the last row.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+from functools import partial
+from typing import Any
+
+import torch
+
+PERSIST_EVERY_S = 30.0
+_LIVE, _DEAD = 1, 2
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _task_id() -> int:
+    try:
+        return int(torch._C._current_graph_task_id())
+    except Exception:  # noqa: BLE001 - older torch: one window per callback
+        return -1
+
+
+def _nested(limit: int = 400) -> bool:
+    """Whether the caller runs inside an autograd Function's backward (a reentrant backward)."""
+    f = sys._getframe(2)
+    while f is not None and limit:
+        code = f.f_code
+        if code.co_name == "apply" and code.co_filename.endswith(os.path.join("autograd", "function.py")):
+            return True
+        f, limit = f.f_back, limit - 1
+    return False
+
+
+def user_site(frame=None, limit: int = 60, depth: int = 1) -> str | None:
+    """``"file.py:LINE in func: code"`` of the innermost frame outside torch and graphdeck
+    (``depth`` 2: that frame and its nearest user caller, joined by ``" ← "``)."""
+    import linecache
+
+    f = frame if frame is not None else sys._getframe(1)
+    found: list[str] = []
+    while f is not None and limit and len(found) < depth:
+        fn = f.f_code.co_filename
+        if not (fn.startswith(_TORCH_DIR) or fn.startswith(_OWN_DIR) or fn.startswith("<")):
+            code = linecache.getline(fn, f.f_lineno).strip()
+            found.append(f"{fn}:{f.f_lineno} in {f.f_code.co_name}" + (f": {code}" if code else ""))
+        f, limit = f.f_back, limit - 1
+    return " ← ".join(found) or None
+
+
+def _checkpoint_site(limit: int = 200) -> str | None:
+    """The checkpointed function whose nested backward is running (reentrant checkpointing keeps
+    it as ``ctx.run_function``), as ``"qualname (file.py:LINE)"``."""
+    f = sys._getframe(2)
+    while f is not None and limit:
+        if f.f_code.co_name == "backward" and "checkpoint" in f.f_code.co_filename:
+            fn = getattr(f.f_locals.get("ctx"), "run_function", None)
+            code = getattr(fn, "__code__", None)
+            if fn is not None:
+                where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+                return f"{getattr(fn, '__qualname__', repr(fn))}{where}"
+        f, limit = f.f_back, limit - 1
+    return None
+
+
+class GraphInfo:
+    """What the evidence needs of one compiled callable: ``key`` (its unsplit Dynamo graph),
+    ``positions``/``names`` (argument positions and placeholder names of its parameter inputs),
+    ``outputs`` (node name per output; ``None`` where the output is not one of the unsplit
+    graph's) and ``reach`` (parameter placeholder name → names of the unsplit graph's outputs it
+    reaches in the forward)."""
+
+    __slots__ = ("key", "positions", "names", "outputs", "reach", "static_fqns")
+
+    def __init__(self, key: int, positions: list[int], names: list[str], outputs: list[str | None],
+                 reach: dict[str, frozenset], static_fqns: tuple):
+        self.key, self.positions, self.names, self.outputs, self.reach = key, positions, names, outputs, reach
+        self.static_fqns = static_fqns
+
+
+def reach_of(gm: torch.fx.GraphModule) -> tuple[dict[str, frozenset], set[str]]:
+    """(placeholder name → output node names it reaches, the set of output node names) of ``gm``:
+    one reverse pass over the nodes with bitsets (``O(nodes + edges)`` big-int ORs)."""
+    out_node = next((n for n in reversed(gm.graph.nodes) if n.op == "output"), None)
+    outs: list[str] = []
+    if out_node is not None:
+        for a in _flat(out_node.args):
+            if isinstance(a, torch.fx.Node) and a.name not in outs:
+                outs.append(a.name)
+    bit = {name: 1 << i for i, name in enumerate(outs)}
+    mask: dict[torch.fx.Node, int] = {}
+    for n in reversed(gm.graph.nodes):
+        m = bit.get(n.name, 0)
+        for u in n.users:
+            if u.op != "output":
+                m |= mask.get(u, 0)
+        mask[n] = m
+    reach = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            m = mask.get(n, 0)
+            reach[n.name] = frozenset(name for name, b in bit.items() if m & b)
+    return reach, set(outs)
+
+
+def _flat(x) -> list:
+    if isinstance(x, (list, tuple)):
+        return [y for e in x for y in _flat(e)]
+    if isinstance(x, dict):
+        return [y for e in x.values() for y in _flat(e)]
+    return [x]
+
+
+class _Window:
+    __slots__ = ("counts", "tasks", "pending", "closed", "opt_at_open", "fwd_at_open", "outputs", "reads",
+                 "multi_sites", "loss_site", "output_site", "output_names", "thread")
+
+    def __init__(self, opt_steps: int, fwd_gen: int):
+        self.counts: dict[int, int] = {}
+        self.tasks: set[int] = set()
+        self.pending: set[int] = set()
+        self.closed = False
+        self.opt_at_open, self.fwd_at_open = opt_steps, fwd_gen
+        self.outputs: dict[int, dict[str, int]] = {}  # graph key -> output name -> LIVE|DEAD bits
+        self.reads: dict[int, set[tuple]] = {}  # graph key -> {(GraphInfo, fqns)}
+        self.multi_sites: dict[int, str | None] = {}
+        self.loss_site = self.output_site = None
+        self.output_names: list[str] = []
+        self.thread: int | None = None
+
+
+class GradEvidence:
+    """One rank's gradient evidence, written through ``agent.writer`` (``grad_steps`` rows)."""
+
+    def __init__(self, agent: Any):
+        self.agent = agent
+        self._params: list[tuple[str, Any]] = []  # index -> (fqn, weak ref to the parameter)
+        self._index: dict[int, int] = {}
+        self._hooked: set[int] = set()
+        self._lock = threading.RLock()
+        self._win: _Window | None = None
+        self._opt_steps = 0
+        self._fwd_gen = 0
+        self._backwards = 0
+        self._row: dict | None = None  # the row being extended
+        self._backward_rows: list[int] = []  # rows numbered by backward before the first optimizer step
+        self._last_persist = time.monotonic()
+        self._failed = False
+        self._fqn_cache: dict[tuple, tuple] = {}
+        self._opt_handle = None
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._opt_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+        except Exception:  # noqa: BLE001 - steps are then numbered by backward
+            pass
+        atexit.register(self._at_exit, weakref.ref(self))
+
+    # ------------------------------------------------------------------ setup
+    def add_model(self, model: torch.nn.Module) -> None:
+        """Hook every trainable parameter of ``model`` (tied weights once, under their first name)."""
+        for fqn, p in model.named_parameters(remove_duplicate=False):
+            if id(p) in self._index:
+                continue
+            idx = len(self._params)
+            self._index[id(p)] = idx
+            self._params.append((fqn, weakref.ref(p)))
+            if p.requires_grad:
+                self._hook(idx, p)
+
+    def _hook(self, idx: int, p) -> None:
+        try:
+            p.register_post_accumulate_grad_hook(partial(self._on_accumulate, idx))
+            self._hooked.add(idx)
+        except Exception:  # noqa: BLE001 - a tensor that takes no hook stays unobserved
+            pass
+
+    @staticmethod
+    def _at_exit(ref) -> None:
+        self = ref()
+        if self is not None:
+            self.flush(closed=True)
+
+    # ------------------------------------------------------------------ run-time events
+    def _on_optimizer_step(self, *_a, **_k) -> None:
+        self._opt_steps += 1
+
+    def note_forward(self) -> None:
+        """A grad-enabled compiled forward ran (a window boundary when no optimizer steps)."""
+        self._fwd_gen += 1
+
+    def _window_for(self, t: int) -> _Window:
+        w = self._win
+        if w is not None:
+            if t in w.tasks or w.pending or (w.tasks and t < max(w.tasks)):
+                return w
+            if self._opt_steps == w.opt_at_open and self._fwd_gen == w.fwd_at_open:
+                return w  # another nested task of the same backward
+            self._close(w)
+        w = self._win = _Window(self._opt_steps, self._fwd_gen)
+        return w
+
+    def _join(self, w: _Window, t: int) -> None:
+        if t not in w.tasks:
+            w.tasks.add(t)
+            w.pending.add(t)
+            torch.autograd.Variable._execution_engine.queue_callback(partial(self._task_done, w, t))
+
+    def _on_accumulate(self, idx: int, _p) -> None:
+        if self._failed:
+            return
+        try:
+            with self._lock:
+                t = _task_id()
+                w = self._window_for(t)
+                n = w.counts.get(idx, 0) + 1
+                w.counts[idx] = n
+                if n == 2 and idx not in w.multi_sites:
+                    w.multi_sites[idx] = _checkpoint_site()
+                self._join(w, t)
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            self._fail(exc)
+
+    def _task_done(self, w: _Window, t: int) -> None:
+        try:
+            with self._lock:
+                w.pending.discard(t)
+                if w.closed or w.pending or _nested():
+                    return
+                self._close(w)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def observe_call(self, info: GraphInfo, out: Any, params: list) -> None:
+        """After a grad-enabled call of a compiled graph (``params``: its arguments at
+        ``info.positions``): put pre-hooks on its outputs' autograd nodes so the backward tells
+        which outputs the loss used."""
+        if self._failed:
+            return
+        try:
+            self._fwd_gen += 1
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            groups: dict = {}
+            for i, t in enumerate(outs):
+                name = info.outputs[i] if i < len(info.outputs) else None
+                if name and isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                    groups.setdefault(t.grad_fn, []).append((name, t.output_nr))
+            if not groups:
+                return
+            fqns = info.static_fqns
+            if info.positions and self.agent._models:
+                key = tuple(map(id, params))
+                fqns = self._fqn_cache.get(key)
+                if fqns is None:
+                    fqns = tuple(self.agent._live_name(t) for t in params)
+                    if len(self._fqn_cache) < 4096:
+                        self._fqn_cache[key] = fqns
+            call = (info, fqns, threading.get_ident(), user_site(sys._getframe(1), depth=2))
+            for fn, items in groups.items():
+                fn.register_prehook(partial(self._on_output_grads, call, items))
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def _on_output_grads(self, call: tuple, items: list, grads) -> None:
+        try:
+            info, fqns, thread, site = call
+            with self._lock:
+                t = _task_id()
+                w = self._window_for(t)
+                seen = w.outputs.setdefault(info.key, {})
+                dead = False
+                for name, nr in items:
+                    live = nr < len(grads) and grads[nr] is not None
+                    seen[name] = seen.get(name, 0) | (_LIVE if live else _DEAD)
+                    if not live:
+                        dead = True
+                        if name not in w.output_names:
+                            w.output_names.append(name)
+                w.reads.setdefault(info.key, set()).add((info, fqns))
+                if dead and w.loss_site is None:
+                    w.output_site = site
+                    w.loss_site = user_site(sys._getframe(1)) or _thread_site(thread)
+                self._join(w, t)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+        return None
+
+    # ------------------------------------------------------------------ windows -> rows
+    def _state(self, w: _Window) -> tuple[dict, dict]:
+        params = self._params
+        counts = w.counts
+        none, frozen, unobserved, multi = [], [], [], {}
+        trainable = 0
+        for idx, (fqn, ref) in enumerate(params):
+            p = ref()
+            if p is None or not p.requires_grad:
+                if p is not None and idx in self._hooked:
+                    frozen.append(fqn)
+                continue
+            trainable += 1
+            if idx not in self._hooked:
+                unobserved.append(fqn)
+                self._hook(idx, p)
+                continue
+            n = counts.get(idx, 0)
+            if n == 0:
+                none.append(fqn)
+            elif n > 1:
+                multi[fqn] = n
+        zero = self._zero_filled(w)
+        state = {"trainable": trainable, "none": none, "zero": sorted(zero - set(none)), "multi": multi,
+                 "frozen": frozen, "unobserved": unobserved}
+        sites = {}
+        if none and w.loss_site is None:  # eager: the backward() caller, when this thread runs it
+            w.loss_site = user_site(sys._getframe(1))
+        if none:
+            sites["loss"] = w.loss_site
+        if state["zero"] or w.output_names:
+            sites["skipped_outputs"] = w.output_names[:16]
+            sites["loss"] = w.loss_site
+            sites["output"] = w.output_site
+        if multi:
+            sites["multi"] = {params[i][0]: s for i, s in w.multi_sites.items() if s and params[i][0] in multi}
+        return state, sites
+
+    def _zero_filled(self, w: _Window) -> set[str]:
+        cand: set[str] = set()
+        live: set[str] = set()
+        for key, seen in w.outputs.items():
+            dead_names = {n for n, b in seen.items() if b == _DEAD}
+            if not dead_names:
+                continue
+            live_names = {n for n, b in seen.items() if b & _LIVE}
+            for info, fqns in w.reads.get(key, ()):
+                for pname, fqn in zip(info.names, fqns):
+                    if not fqn:
+                        continue
+                    r = info.reach.get(pname, frozenset()) & seen.keys()
+                    if r & live_names:
+                        live.add(fqn)
+                    elif r:
+                        cand.add(fqn)
+        # A parameter counts as zero-filled only if a gradient was accumulated into it.
+        acc = {self._params[i][0] for i in w.counts}
+        return (cand - live) & acc
+
+    def _close(self, w: _Window) -> None:
+        w.closed = True
+        if self._win is w:
+            self._win = None
+        if not w.counts and not w.outputs:
+            return
+        state, sites = self._state(w)
+        by_opt = self._opt_steps > 0
+        step = w.opt_at_open if by_opt else self._backwards
+        source = "optimizer" if by_opt else "backward"
+        self._backwards += 1
+        key = json.dumps(state, sort_keys=True)
+        writer = self.agent.writer
+        if by_opt and self._backward_rows:
+            self._renumber()
+        row = self._row
+        if row is not None and row["key"] == key and row["source"] == source:
+            row["last"], row["n"], row["dirty"] = step, row["n"] + 1, True
+            if time.monotonic() - self._last_persist > PERSIST_EVERY_S:
+                self._persist(row)
+            return
+        if row is not None:
+            self._persist(row, closed=True)
+        rid = writer.write_grad_step(step_first=step, step_last=step, n_backward=1, step_source=source,
+                                     state={**state, "sites": sites})
+        if source == "backward":
+            self._backward_rows.append(rid)
+        self._row = {"id": rid, "key": key, "first": step, "last": step, "n": 1, "source": source, "dirty": False}
+        self._last_persist = time.monotonic()
+
+    def _persist(self, row: dict, closed: bool = False) -> None:
+        self.agent.writer.extend_grad_step(row["id"], step_last=row["last"], n_backward=row["n"],
+                                           step_source=row["source"], closed=closed)
+        row["dirty"] = False
+        self._last_persist = time.monotonic()
+
+    def _renumber(self) -> None:
+        """Backward passes seen before the first optimizer step all belong to step 0."""
+        from graphdeck.store.db import retrying, write_session
+        from graphdeck.store.schema import GradStep
+
+        ids, self._backward_rows = self._backward_rows, []
+
+        def do():
+            with write_session(self.agent.writer.engine) as s:
+                for row in s.query(GradStep).filter(GradStep.id.in_(ids)):
+                    row.step_first = row.step_last = 0
+                    row.step_source = "optimizer"
+
+        retrying(do)
+        if self._row is not None and self._row["id"] in ids:
+            self._row.update(first=0, last=0, source="optimizer")
+
+    def flush(self, closed: bool = False) -> None:
+        """Close a window left open (a backward that ended inside nested tasks only) and persist
+        the current row's extent. Never raises."""
+        try:
+            with self._lock:
+                if self._win is not None:
+                    self._close(self._win)
+                if self._row is not None:
+                    self._persist(self._row, closed=closed)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._failed:
+            self._failed = True
+            warnings.warn(f"graphdeck: gradient evidence stopped: {type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        self.flush(closed=True)
+        if self._opt_handle is not None:
+            self._opt_handle.remove()
+            self._opt_handle = None
+
+
+def _thread_site(thread: int | None) -> str | None:
+    """The user frame the thread ``thread`` is in now (the one that called ``backward()`` while
+    the engine's device threads run the hooks)."""
+    if thread is None:
+        return None
+    frame = sys._current_frames().get(thread)
+    return user_site(frame) if frame is not None else None
