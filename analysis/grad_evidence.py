@@ -51,6 +51,7 @@ class Evidence:
 
     by_rank: dict[int, list[Segment]] = field(default_factory=dict)
     watch: dict[int, dict] = field(default_factory=dict)
+    graph_ranks: set[int] = field(default_factory=set)  # ranks that stored a compiled graph
 
     def __bool__(self) -> bool:
         return bool(self.by_rank)
@@ -68,6 +69,8 @@ def load(session: Session, run_id: int) -> Evidence:
         except ValueError:
             st = {"unreadable": 1}
         ev.by_rank.setdefault(rank, []).append(Segment(first, last, n, st, bool(closed), source))
+    ev.graph_ranks = {r for (r,) in session.execute(text("SELECT DISTINCT rank FROM graphs WHERE run_id = :r"),
+                                                    {"r": run_id})}
     for rank, payload in session.execute(text(
             "SELECT rank, payload FROM compile_events WHERE run_id = :r AND name = 'graphdeck_watch' ORDER BY id"),
             {"r": run_id}):
@@ -80,6 +83,8 @@ def load(session: Session, run_id: int) -> Evidence:
 
 def _param_state(seg: Segment, names: list[str]) -> str:
     st = seg.state
+    if st.get("partial") and any(n in st.get("none", ()) for n in names):
+        return "unobserved"  # the backward died before reaching it
     for key in ("none", "zero"):
         if any(n in st.get(key, ()) for n in names):
             return key
@@ -175,9 +180,16 @@ def apply_evidence(rows: list[ParamRow], ev: Evidence) -> None:
         states = {s for _, _, s in tl}
         bad = [seg for seg in tl if seg[2] in ("none", "zero")]
         row.first_bad_step = bad[0][0] if bad else None
+        if row.status == "FROZEN" and states <= {"ok"}:
+            continue  # frozen when watched and never made trainable: not hooked, never listed
         if not states or states <= {"frozen"}:
             if states:
                 row.status, row.reason, row.fix, row.cut = "FROZEN", "requires_grad was False at every observed step", None, None
+            continue
+        if states <= {"unobserved", "frozen"}:
+            row.status, row.cut, row.fix = "UNKNOWN", None, None
+            row.reason = (f"not observed at step(s) {_fmt_steps(tl, 'unobserved')}: the backward did not reach it "
+                          "(it raised, or the job died in it) or it became trainable after watch()")
             continue
         if "zero" in states:
             segs = ev.by_rank[row.rank]
@@ -203,10 +215,13 @@ def apply_evidence(rows: list[ParamRow], ev: Evidence) -> None:
                 row.fix = ("use it in the loss at every step (e.g. add 0 * out.sum() for a skipped term), or freeze it "
                            "for the steps that do not train it")
             elif row.status == "OK" or not (row.graphs or row.grad_graphs):
-                row.status = "NO_GRAD" if row.graphs else "NOT_IN_GRAPH"
+                eager = not any(row.rank == r for r in ev.graph_ranks)
+                row.status = "NOT_IN_GRAPH" if not eager and not row.graphs else "NO_GRAD"
                 row.reason = (f"no gradient arrived at any observed step ({skipped})"
-                              + ("" if row.graphs else ": nothing that ran reads it (an unused module, or a branch "
-                                                       "not taken on this rank)"))
+                              + (": nothing that ran connects it to the loss (its module was not called, or its "
+                                 "output was not used by the loss)" if eager else
+                                 "" if row.graphs else ": no compiled graph reads it and no eager code gave it a "
+                                                      "gradient (an unused module, or a branch not taken on this rank)"))
             else:  # the graph analysis explains it (a cut, NOT_IN_GRAPH); the evidence confirms it
                 row.reason = f"no gradient arrived at any observed step ({skipped}); {row.reason}"
         else:  # ok (multi counts are a finding, not a status)

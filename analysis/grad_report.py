@@ -16,6 +16,8 @@ Statuses:
 * ``NOT_IN_GRAPH``: no graph reads it (an unused module, a branch not taken on this rank).
 * ``DEAD_END``: it is read, but everything computed from it ends in outputs that never reach the
   loss.
+* ``UNKNOWN``: run-time evidence exists but never reached it (the backward raised before it):
+  not failing, but it makes the verdict INCOMPLETE.
 * ``FROZEN``: ``requires_grad`` is false. ``BUFFER``: a buffer, not a parameter (listed only on
   request).
 
@@ -32,9 +34,9 @@ import fnmatch
 import json
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
-STATUSES = ("OK", "NO_GRAD", "NOT_IN_GRAPH", "DEAD_END", "FROZEN", "BUFFER")
+STATUSES = ("OK", "NO_GRAD", "NOT_IN_GRAPH", "DEAD_END", "FROZEN", "BUFFER", "UNKNOWN")
 FAILING = frozenset({"NO_GRAD", "NOT_IN_GRAPH", "DEAD_END"})
 
 DDP_UNUSED_ERROR = "Expected to have finished reduction in the prior iteration before starting a new one"
@@ -95,6 +97,9 @@ class ParamRow:
     steps: list | None = None
     first_bad_step: int | None = None
     zero_filled: bool = False
+    # Eager mode's backward check: times its gradient is accumulated in one backward (2 when two
+    # reentrant-checkpointed calls use it; 0 when frozen); None when no backward was run.
+    accumulations: int | None = None
 
     @property
     def failing(self) -> bool:
@@ -104,7 +109,7 @@ class ParamRow:
 @dataclass
 class Finding:
     """A run-level problem. ``kind``: ``NOTHING_CHECKED`` | ``PREDICTED_HANG`` | ``RANK_DIVERGENCE`` | ``DDP_UNUSED_ERROR`` |
-    ``COLLECTIVE_NOT_WAITED`` | ``GRAD_NOT_REDUCED`` | ``OUTPUT_NOT_ANCESTOR`` | ``GRAD_MISMATCH``;
+    ``COLLECTIVE_NOT_WAITED`` | ``GRAD_NOT_REDUCED`` | ``OUTPUT_NOT_ANCESTOR`` | ``GRAD_MISMATCH`` | ``READY_TWICE``;
     ``severity``: ``error`` (fails the check) or ``warning``."""
 
     kind: str
@@ -167,12 +172,19 @@ class GradReport:
         return [f for f in self.findings if f.severity == "error" and not f.allowed]
 
     @property
+    def gaps(self) -> list[str]:
+        """Why the evidence is incomplete: ``incomplete`` plus rows nothing observed."""
+        unknown = [f"rank {r.rank} {r.fqn}" for r in self.rows if r.status == "UNKNOWN"]
+        return self.incomplete + ([f"{len(unknown)} parameter(s) were never observed: {', '.join(unknown[:8])}"
+                                   + (" …" if len(unknown) > 8 else "")] if unknown else [])
+
+    @property
     def verdict(self) -> str:
         """``FAIL`` (a failing row or error finding), ``INCOMPLETE`` (nothing failed, but the
         evidence does not cover the run: see ``incomplete``), else ``PASS``."""
         if self.failures or self.errors:
             return "FAIL"
-        if self.incomplete and not self.allow_incomplete:
+        if self.gaps and not self.allow_incomplete:
             return "INCOMPLETE"
         return "PASS"
 
@@ -209,7 +221,7 @@ class GradReport:
     # ------------------------------------------------------------------ renderings
     def to_dict(self) -> dict:
         return {"mode": self.mode, "run": self.run, "run_id": self.run_id, "ranks": self.ranks, "ok": self.ok,
-                "verdict": self.verdict, "coverage": self.coverage, "incomplete": self.incomplete,
+                "verdict": self.verdict, "coverage": self.coverage, "incomplete": self.gaps,
                 "allow_incomplete": self.allow_incomplete, "summary": self.summary, "allow": self.allow, "notes": self.notes,
                 "problems": self.problems,
                 "findings": [asdict(f) for f in self.findings],
@@ -218,13 +230,55 @@ class GradReport:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=str)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> GradReport:
+        """The report :meth:`to_dict` gave (derived keys such as ``ok``, ``summary``, ``problems``
+        are recomputed, unknown keys ignored; a finding's ``ranks`` keys, strings in JSON, become
+        ints again). Raises ``ValueError`` when ``d`` is not such a dict (no ``mode``/``run``,
+        ``params`` or ``findings`` not lists of objects)."""
+        if not isinstance(d, dict) or not isinstance(d.get("mode"), str) or "run" not in d:
+            raise ValueError("not a gradient report: expected an object with 'mode', 'run' and 'params'")
+        rows, findings = d.get("params", []), d.get("findings", [])
+        if not isinstance(rows, list) or not isinstance(findings, list) or \
+                not all(isinstance(x, dict) for x in rows + findings):
+            raise ValueError("not a gradient report: 'params' and 'findings' must be lists of objects")
+
+        def build(kind, src: dict):
+            names = {f.name for f in fields(kind)}
+            return kind(**{k: v for k, v in src.items() if k in names})
+
+        try:
+            out_rows = []
+            for r in rows:
+                row = build(ParamRow, r)
+                if isinstance(row.cut, dict):
+                    row.cut = build(Cut, row.cut)
+                out_rows.append(row)
+            out_findings = []
+            for f in findings:
+                finding = build(Finding, f)
+                if isinstance(finding.ranks, dict):
+                    finding.ranks = {int(k) if str(k).lstrip("-").isdigit() else k: v for k, v in finding.ranks.items()}
+                out_findings.append(finding)
+            rep = build(cls, {k: v for k, v in d.items() if k not in ("rows", "findings")})
+        except TypeError as exc:  # a required field is missing
+            raise ValueError(f"not a gradient report: {exc}") from None
+        rep.rows, rep.findings = out_rows, out_findings
+        return rep
+
+    @classmethod
+    def from_json(cls, text: str) -> GradReport:
+        """The report :meth:`to_json` wrote. Raises ``ValueError`` (``json.JSONDecodeError`` is
+        one) when ``text`` is not JSON or not a report."""
+        return cls.from_dict(json.loads(text))
+
     def to_text(self) -> str:
         """Human summary: a verdict line, then one line per failing row and finding."""
         counts = " · ".join(f"{k} {v}" for k, v in self.summary.items() if v)
         lines = [f"gradient paths of {self.run} ({self.mode} mode), ranks {self.ranks}: "
                  f"{self.verdict} · {counts}"]
         lines += _coverage_lines(self.coverage)
-        for why in self.incomplete:
+        for why in self.gaps:
             lines.append(f"  {'not seen (allowed)' if self.allow_incomplete else 'INCOMPLETE'}: {why}")
         for r in self.rows:
             if r.status not in FAILING and not r.grad_max_abs_diff:

@@ -46,8 +46,7 @@ import torch
 
 PERSIST_EVERY_S = 30.0
 _LIVE, _DEAD = 1, 2
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_MODULES = ("torch.", "graphdeck.")
 
 
 def _task_id() -> int:
@@ -77,24 +76,32 @@ def user_site(frame=None, limit: int = 60, depth: int = 1) -> str | None:
     found: list[str] = []
     while f is not None and limit and len(found) < depth:
         fn = f.f_code.co_filename
-        if not (fn.startswith(_TORCH_DIR) or fn.startswith(_OWN_DIR) or fn.startswith("<")):
+        mod = f.f_globals.get("__name__") or ""
+        if not (mod.startswith(_LIBRARY_MODULES) or mod == "torch" or fn.startswith("<")):
             code = linecache.getline(fn, f.f_lineno).strip()
             found.append(f"{fn}:{f.f_lineno} in {f.f_code.co_name}" + (f": {code}" if code else ""))
         f, limit = f.f_back, limit - 1
     return " ← ".join(found) or None
 
 
-def _checkpoint_site(limit: int = 200) -> str | None:
+def _checkpoint_site(module_name=None, limit: int = 200) -> str | None:
     """The checkpointed function whose nested backward is running (reentrant checkpointing keeps
-    it as ``ctx.run_function``), as ``"qualname (file.py:LINE)"``."""
+    it as ``ctx.run_function``), as ``"qualname (file.py:LINE)"``; a module as
+    ``"name (Class.forward at file.py:LINE)"`` (``module_name(module) -> fqn | None``)."""
     f = sys._getframe(2)
     while f is not None and limit:
         if f.f_code.co_name == "backward" and "checkpoint" in f.f_code.co_filename:
             fn = getattr(f.f_locals.get("ctx"), "run_function", None)
+            if fn is None:
+                return None
+            if isinstance(fn, torch.nn.Module):
+                code = getattr(type(fn).forward, "__code__", None)
+                name = (module_name(fn) if module_name else None) or type(fn).__name__
+                where = f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+                return f"{name} ({type(fn).__name__}.forward{where})"
             code = getattr(fn, "__code__", None)
-            if fn is not None:
-                where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
-                return f"{getattr(fn, '__qualname__', repr(fn))}{where}"
+            where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+            return f"{getattr(fn, '__qualname__', type(fn).__name__)}{where}"
         f, limit = f.f_back, limit - 1
     return None
 
@@ -211,6 +218,13 @@ class GradEvidence:
         except Exception:  # noqa: BLE001 - a tensor that takes no hook stays unobserved
             pass
 
+    def _module_name(self, module) -> str | None:
+        for model in self.agent._models:
+            for name, m in model.named_modules():
+                if m is module:
+                    return name or type(model).__name__
+        return None
+
     @staticmethod
     def _at_exit(ref) -> None:
         self = ref()
@@ -252,7 +266,7 @@ class GradEvidence:
                 n = w.counts.get(idx, 0) + 1
                 w.counts[idx] = n
                 if n == 2 and idx not in w.multi_sites:
-                    w.multi_sites[idx] = _checkpoint_site()
+                    w.multi_sites[idx] = _checkpoint_site(self._module_name)
                 self._join(w, t)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             self._fail(exc)
@@ -380,13 +394,15 @@ class GradEvidence:
         acc = {self._params[i][0] for i in w.counts}
         return (cand - live) & acc
 
-    def _close(self, w: _Window) -> None:
+    def _close(self, w: _Window, partial_: bool = False) -> None:
         w.closed = True
         if self._win is w:
             self._win = None
         if not w.counts and not w.outputs:
             return
         state, sites = self._state(w)
+        if partial_:  # the backward did not finish (it raised, or the job died in it)
+            state["partial"] = True
         by_opt = self._opt_steps > 0
         step = w.opt_at_open if by_opt else self._backwards
         source = "optimizer" if by_opt else "backward"
@@ -439,7 +455,8 @@ class GradEvidence:
         try:
             with self._lock:
                 if self._win is not None:
-                    self._close(self._win)
+                    w = self._win
+                    self._close(w, partial_=bool(w.pending))
                 if self._row is not None:
                     self._persist(self._row, closed=closed)
         except Exception as exc:  # noqa: BLE001

@@ -1,0 +1,181 @@
+"""Run-time gradient evidence (issue 17): what arrived, per step and rank, and verdicts from it.
+
+Single process: a compiled and an eager model whose box head's loss term is skipped at step 3 only
+(reported from step 3, not step 0; identical steps compressed into few rows); a job that dies by
+``os._exit`` keeps every distinct step state it saw. Two gloo ranks (tests/grad_evidence_job.py,
+three torchrun jobs at once): compiled DDP where rank 1 never has positives (zero-filled, no
+error, named consequence), the same under eager DDP (the reducer error and the hang predicted),
+and reentrant checkpointing with a LoRA adapter used twice ("marked ready twice", the checkpointed
+module named, no NO_GRAD), that job dying without ``close()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from sqlalchemy import text
+
+from graphdeck import validate_backward
+from graphdeck.capture import Agent
+from graphdeck.cli import main as cli
+from graphdeck.store.db import open_engine
+from tests.conftest import run_python
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.grad_evidence_job import Detector, detection_loss  # noqa: E402
+
+
+def _train(store, run, *, compiled: bool, steps: int, skip_step: int | None):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Detector()
+    agent = Agent(store=store, run=run)
+    agent.watch(model)
+    fn = torch.compile(model, backend=agent.backend("aot_eager")) if compiled else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    labels = torch.tensor([0, 1] * 3)
+    for step in range(steps):
+        cls_logits, boxes = fn(torch.randn(6, 8))
+        detection_loss(cls_logits, boxes, labels, step, skip_step).backward()
+        opt.step()
+        opt.zero_grad()
+    agent.close()
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "eager"])
+def test_head_skipped_at_step_3_is_reported_from_step_3(tmp_path, compiled):
+    store = tmp_path / "s.db"
+    _train(store, "skip3", compiled=compiled, steps=8, skip_step=3)
+    rep = validate_backward(store, "skip3")
+    assert rep.verdict == "FAIL", rep.to_text()
+    bad = {r.fqn: r for r in rep if r.status != "OK"}
+    assert set(bad) == {"box_head.weight", "box_head.bias"}, rep.to_text()
+    for r in bad.values():
+        assert r.first_bad_step == 3
+        assert r.steps == [[0, 2, "ok"], [3, 3, "zero" if compiled else "none"], [4, 7, "ok"]], r.steps
+        assert r.status == ("DEAD_END" if compiled else "NO_GRAD")
+        assert "step(s) 3" in r.reason
+    if compiled:
+        assert bad["box_head.weight"].zero_filled
+        assert "loss.backward" in bad["box_head.weight"].reason or "detection_loss" in bad["box_head.weight"].reason
+    assert rep.coverage["steps"][0] == {"first": 0, "last": 7, "backward_passes": 8, "numbered_by": "optimizer",
+                                        "records": 3}
+    # Runs of identical steps are one row each: 8 steps -> 3 rows, and the store says so.
+    with open_engine(store, read_only=True).connect() as c:
+        rows = c.execute(text("SELECT step_first, step_last, n_backward, closed FROM grad_steps ORDER BY id")).all()
+    assert [tuple(r) for r in rows] == [(0, 2, 3, True), (3, 3, 1, True), (4, 7, 4, True)]
+    text_out = rep.to_text()
+    assert "steps: 0–2 ok, 3 " in text_out and "saw: rank 0: steps 0–7 (8 backward)" in text_out
+
+
+def test_all_steps_healthy_passes_with_coverage(tmp_path):
+    store = tmp_path / "s.db"
+    _train(store, "ok", compiled=True, steps=3, skip_step=None)
+    rep = validate_backward(store, "ok")
+    assert rep.verdict == "PASS" and rep.ok, rep.to_text()
+    assert rep.coverage["parameter_list"].startswith("the model's own")
+    res = CliRunner().invoke(cli, ["check-grads", str(store), "--run", "ok", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["verdict"] == "PASS" and data["coverage"]["steps"]["0"]["backward_passes"] == 3
+
+
+JOB_DIES = """
+import os, sys, torch
+sys.path.insert(0, {repo!r})
+from graphdeck.capture import Agent
+from tests.grad_evidence_job import Detector, detection_loss
+model = Detector()
+agent = Agent(store=sys.argv[1], run="dies")
+agent.watch(model)
+fn = torch.compile(model, backend=agent.backend("aot_eager"))
+labels = torch.tensor([0, 1] * 3)
+for step in range(5):
+    c, b = fn(torch.randn(6, 8))
+    detection_loss(c, b, labels, step, skip_step=2).backward()
+os._exit(0)  # no close(), no atexit
+"""
+
+
+def test_a_job_that_dies_keeps_every_distinct_state(tmp_path):
+    store = tmp_path / "s.db"
+    proc = run_python(JOB_DIES.format(repo=str(REPO)), str(store))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = validate_backward(store, "dies")
+    bad = {r.fqn: r for r in rep if r.status != "OK"}
+    assert set(bad) == {"box_head.weight", "box_head.bias"}, rep.to_text()
+    assert bad["box_head.bias"].first_bad_step == 2
+    assert any("did not finish" in n for n in rep.coverage.get("notes", [])), rep.coverage
+
+
+# ----------------------------------------------------------------------------- two gloo ranks
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("evidence")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = {}
+    for group in ("healthy", "eager", "ckpt"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(REPO / "tests" / "grad_evidence_job.py"), str(out / f"{group}.db"), group]
+        procs[group] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                        cwd=REPO)
+    results = {}
+    for group, p in procs.items():
+        log, _ = p.communicate(timeout=600)
+        results[group] = (out / f"{group}.db", p.returncode, log)
+    return results
+
+
+@pytest.mark.slow
+def test_compiled_ddp_zero_filled_head_fails_with_the_consequence(jobs):
+    store, rc, log = jobs["healthy"]
+    assert rc == 0, log[-4000:]  # the job itself runs: nothing raises
+    rep = validate_backward(store, "positives")
+    assert rep.verdict == "FAIL", rep.to_text()
+    bad = {(r.rank, r.fqn) for r in rep if r.status != "OK"}
+    assert bad == {(1, "box_head.weight"), (1, "box_head.bias")}, rep.to_text()
+    div = [f for f in rep.findings if f.kind == "RANK_DIVERGENCE"]
+    assert len(div) == 1 and div[0].params == ["box_head.bias", "box_head.weight"]
+    msg = div[0].message
+    assert "rank(s) [0]" in msg and "rank(s) [1]" in msg and "first at step 0" in msg
+    assert "zero" in msg and "no error" in msg  # what this job does: rank 1 silently averages zeros
+    assert "grad_evidence_job.py:102" in msg  # the loss.backward() line of the step that built the loss
+    assert "cls_logits, boxes = step_fn(x)" in msg  # where the skipped output came from
+    assert not any(f.kind == "PREDICTED_HANG" for f in rep.findings), "the compiled job did not hang"
+    # The same model with the box term skipped at step 3 on every rank: reported from step 3.
+    rep3 = validate_backward(store, "step3")
+    assert {r.first_bad_step for r in rep3 if r.status != "OK"} == {3}, rep3.to_text()
+
+
+@pytest.mark.slow
+def test_eager_ddp_same_finding_and_the_reducer_error(jobs):
+    store, rc, log = jobs["eager"]
+    assert rc != 0 and "Expected to have finished reduction" in log, log[-4000:]
+    rep = validate_backward(store, "positives_eager")
+    div = [f for f in rep.findings if f.kind == "RANK_DIVERGENCE"]
+    assert len(div) == 1 and div[0].params == ["box_head.bias", "box_head.weight"], rep.to_text()
+    assert "Expected to have finished reduction" in div[0].message and "at step 1" in div[0].message
+    assert "grad_evidence_job.py:102" in div[0].message
+    assert any(f.kind == "PREDICTED_HANG" for f in rep.findings)  # rank 0 waits in the unmatched all-reduce
+    assert {(r.rank, r.fqn) for r in rep if r.status == "NO_GRAD"} == {(1, "box_head.weight"), (1, "box_head.bias")}
+
+
+@pytest.mark.slow
+def test_reentrant_checkpoint_reuse_predicts_ready_twice(jobs):
+    store, rc, log = jobs["ckpt"]
+    assert rc != 0 and "mark a variable ready only once" in log, log[-4000:]
+    rep = validate_backward(store, "ckpt")  # the job died in its first backward, without close()
+    twice = [f for f in rep.findings if f.kind == "READY_TWICE"]
+    assert len(twice) == 1 and twice[0].severity == "error", rep.to_text()
+    assert "block.lora_b.weight" in twice[0].params
+    assert "block (LoRALinear.forward" in twice[0].message and "mark a variable ready only once" in twice[0].message
+    assert not [r for r in rep if r.status in ("NO_GRAD", "NOT_IN_GRAPH")], rep.to_text()
+    assert {r.fqn for r in rep if r.status == "FROZEN"} == {"block.base.weight", "block.base.bias"}
