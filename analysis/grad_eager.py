@@ -147,18 +147,25 @@ def _walk(loss) -> tuple[set, dict[int, int]]:
 
 def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, numeric: bool = False,
                  backend: str = "aot_eager", rank: int | None = None, run: str | None = None,
-                 include_buffers: bool = False, rtol: float = 1e-4, atol: float = 1e-5) -> GradReport:
+                 include_buffers: bool = False, rtol: float = 1e-4, atol: float = 1e-5,
+                 autocast_dtype: str | None = None, autocast_device: str | None = None,
+                 grad_enabled: bool = True) -> GradReport:
     """The report of ``model`` on ``example_inputs`` (a tuple of positional args, a dict of keyword
     args, or one tensor) with ``loss_fn(output) -> scalar tensor`` (default: ``output.loss`` or
     the sum of the first tensor output). ``model`` may be DDP-wrapped: its ``.module`` runs (the
     wrapper's reducer is left untouched) and the DDP error a missing gradient raises is predicted.
 
     ``numeric``: also run ``torch.compile(model, backend=backend)`` on the same batch and store
-    ``grad_max_abs_diff`` per parameter; a difference over ``atol + rtol * max|g_eager|`` is a
-    ``GRAD_MISMATCH`` finding. The model's ``.grad`` fields are not touched (``autograd.grad``).
+    ``grad_max_abs_diff`` per parameter and per input that requires grad (rows ``input[0]`` or
+    the keyword name); a difference over ``atol + rtol * max|g_eager|`` is a ``GRAD_MISMATCH``
+    finding naming the backward node to blame (see ``grad_numeric``). Both runs take the
+    caller's context: forward and loss under ``torch.autocast(autocast_device, dtype=autocast_dtype)``
+    (``autocast_dtype`` e.g. ``"bfloat16"``, ``None``: off; device default: the inputs') and
+    grad mode ``grad_enabled``. The model's ``.grad`` fields are not touched (``autograd.grad``).
 
     Raises:
         TypeError: the loss is not a tensor that requires grad.
+        UsageError: ``autocast_dtype`` is not a floating dtype name.
     """
     import torch
 
@@ -247,7 +254,12 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
         if f is not None:
             report.findings.append(f)
     if numeric:
-        _numeric(report, model, inner, example_inputs, loss_fn, loss, groups, tensor_of, backend, rtol, atol)
+        from graphdeck.analysis.grad_numeric import numeric_check
+
+        params = [(names[0], tensor_of[pid]) for pid, names in groups.items()]
+        numeric_check(report, inner, example_inputs, loss_fn, params=params, rank=rank, backend=backend,
+                      rtol=rtol, atol=atol, autocast_dtype=autocast_dtype,
+                      autocast_device=autocast_device, grad_enabled=grad_enabled)
     return report
 
 
@@ -332,43 +344,3 @@ def _explain_eager(row: ParamRow, flow: FlowGraph, start: int, live: list[bool],
                 "integer_output": f"returns {flow.dtypes[res.node]}, which carries no gradient",
                 "non_differentiable": "returns a tensor that does not require grad"}.get(res.kind, res.kind)
         row.reason = f"gradient flow is cut: {op.name}{mod}{at} {what}"
-
-
-def _numeric(report, model, inner, example_inputs, loss_fn, eager_loss, groups, tensor_of, backend, rtol, atol):
-    import torch
-
-    params = [tensor_of[pid] for pid in groups if tensor_of[pid].requires_grad]
-    eager = torch.autograd.grad(eager_loss, params, allow_unused=True)
-    torch._dynamo.reset()
-    compiled = torch.compile(inner, backend=backend)
-    out = _call(compiled, example_inputs)
-    loss = (loss_fn or _default_loss)(out)
-    comp = torch.autograd.grad(loss, params, allow_unused=True)
-    torch._dynamo.reset()
-    by_id = {id(p): (e, c) for p, e, c in zip(params, eager, comp)}
-    bad = []
-    for row, pid in zip([r for r in report.rows if r.status != "BUFFER"], groups):
-        if pid not in by_id:
-            continue
-        e, c = by_id[pid]
-        if e is None and c is None:
-            continue
-        if e is None or c is None:
-            z = (c if e is None else e).abs().max().item()
-            row.grad_max_abs_diff = z
-            row.notes.append(f"{'eager' if e is None else 'compiled'} gives no gradient, the other "
-                             f"{'zeros' if z == 0 else f'max |g| {z:.3g}'}")
-            if z > atol:
-                bad.append(row.fqn)
-            continue
-        diff = (e.float() - c.float()).abs().max().item()
-        row.grad_max_abs_diff = diff
-        if diff > atol + rtol * e.abs().max().item():
-            bad.append(row.fqn)
-    report.notes.append(f"numeric mode: eager vs torch.compile(backend={backend!r}) on the same batch")
-    if bad:
-        report.findings.append(Finding(kind="GRAD_MISMATCH", severity="error", params=bad,
-                                       message=f"compiled gradients differ from eager for {', '.join(bad)} "
-                                               f"(max |eager - compiled| above {atol} + {rtol}·max|g|)",
-                                       fix="compare the AOT backward graph of the compiled region with eager; "
-                                           "try backend='aot_eager' to separate AOTAutograd from Inductor"))

@@ -51,13 +51,18 @@ def gradient_report(session: Session, run: Run, *, include_buffers: bool = False
 def validate_backward(model_or_store: Any, example_inputs_or_run: Any = None, loss_fn: Callable | None = None, *,
                       allow: tuple[str, ...] | list[str] = (), numeric: bool = False, backend: str = "aot_eager",
                       include_buffers: bool = False, rank: int | None = None,
-                      expected_params: list[str] | None = None) -> GradReport:
+                      expected_params: list[str] | None = None, autocast_dtype: str | None = None,
+                      autocast_device: str | None = None, grad_enabled: bool = True) -> GradReport:
     """Validate gradient paths.
 
     ``validate_backward(model, example_inputs, loss_fn)``: eager mode on an ``nn.Module`` (DDP
     wrapped or not); ``example_inputs`` a tuple of positional args, a dict of keyword args or one
     tensor; ``loss_fn(output) -> scalar`` (default ``output.loss`` or the first output's sum).
-    ``numeric=True`` also compares eager and ``torch.compile(backend=backend)`` gradients.
+    ``numeric=True`` also compares eager and ``torch.compile(backend=backend)`` gradients of the
+    parameters and of the inputs that require grad, both run in the caller's context: forward and
+    loss under ``torch.autocast(autocast_device, dtype=autocast_dtype)`` (e.g. ``"bfloat16"``;
+    ``None``: no autocast; device default: the inputs') with grad mode ``grad_enabled``, backward
+    outside autocast; a ``GRAD_MISMATCH`` finding names the backward node to blame.
 
     ``validate_backward(store, run)``: graph mode over a store (SQLite path, URL or SQLAlchemy
     engine) and a run name or id.
@@ -70,6 +75,7 @@ def validate_backward(model_or_store: Any, example_inputs_or_run: Any = None, lo
         NotFoundError: the store or the run does not exist (graph mode).
         UsageError: neither a module nor a store was given.
         TypeError: ``loss_fn`` returned something that is not a differentiable tensor (eager mode).
+        UsageError: ``autocast_dtype`` is not a floating dtype name.
     """
     from graphdeck.errors import UsageError
 
@@ -89,7 +95,8 @@ def validate_backward(model_or_store: Any, example_inputs_or_run: Any = None, lo
         from graphdeck.analysis.grad_eager import eager_report
 
         return eager_report(model_or_store, example_inputs_or_run, loss_fn, numeric=numeric, backend=backend,
-                            rank=rank, include_buffers=include_buffers).apply_allow(list(allow))
+                            rank=rank, include_buffers=include_buffers, autocast_dtype=autocast_dtype,
+                            autocast_device=autocast_device, grad_enabled=grad_enabled).apply_allow(list(allow))
     raise UsageError(f"validate_backward: expected an nn.Module or a store, got {type(model_or_store).__name__}")
 
 

@@ -175,6 +175,14 @@ def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_byt
 @click.option("--loss", "loss_ref", default=None, help="module:fn(output) -> scalar loss (eager; default output.loss or sum).")
 @click.option("--numeric", is_flag=True, help="Eager mode: also compare compiled and eager gradients.")
 @click.option("--backend", default="aot_eager", show_default=True, help="torch.compile backend for --numeric.")
+@click.option("--autocast", "autocast", default=None, metavar="DTYPE",
+              help="--numeric: run forward and loss under torch.autocast(dtype=DTYPE) (bfloat16, float16; off), "
+                   "as the training step does. Default: from --context-from, else off.")
+@click.option("--autocast-device", "autocast_device", default=None, metavar="TYPE",
+              help="--numeric: device type for --autocast (cpu, cuda). Default: the inputs' device.")
+@click.option("--context-from", "context_from", default=None, metavar="STORE",
+              help="--numeric: take autocast and grad mode from the Dynamo graphs of --run NAME in STORE "
+                   "(what the capture recorded) where no --autocast is given.")
 @click.option("--allow", "allow", multiple=True, help="fnmatch pattern of parameters unused on purpose (repeatable).")
 @click.option("--buffers", is_flag=True, help="List buffers too (status BUFFER).")
 @click.option("--expect-params", "expect_params", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -187,12 +195,15 @@ def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_byt
               help="Write the report to this file (text still goes to stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 def check_grads(store: str, run_name: str | None, model_ref: str | None, input_specs: tuple[str, ...],
-                loss_ref: str | None, numeric: bool, backend: str, allow: tuple[str, ...], buffers: bool,
+                loss_ref: str | None, numeric: bool, backend: str, autocast: str | None, autocast_device: str | None,
+                context_from: str | None, allow: tuple[str, ...], buffers: bool,
                 expect_params: str | None, allow_incomplete: bool, fmt: str, output: str | None,
                 as_json: bool) -> None:
     """Gradient-path check for CI: every trainable parameter gets a gradient on every rank.
 
-    Graph mode: STORE --run NAME. Eager mode: --model module:factory --inputs SPEC [--loss module:fn].
+    Graph mode: STORE --run NAME. Eager mode: --model module:factory --inputs SPEC [--loss module:fn];
+    --numeric also compares compiled and eager gradients, under --autocast DTYPE or the context
+    recorded for --context-from STORE --run NAME.
     Exit 0 PASS, 1 FAIL, 3 INCOMPLETE (nothing failed, but the evidence does not cover every rank,
     step or parameter: see the report's "INCOMPLETE" lines; --allow-incomplete makes it 0), 2 on
     usage errors.
@@ -202,8 +213,12 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
 
     fmt = "json" if as_json else fmt
     try:
-        if model_ref and run_name:
+        if model_ref and run_name and not context_from:
             raise UsageError("give either --run (graph mode) or --model (eager mode), not both")
+        if context_from and not (model_ref and run_name):
+            raise UsageError("--context-from STORE needs --model (eager mode) and --run NAME (the captured run)")
+        if (autocast or autocast_device or context_from) and not numeric:
+            raise UsageError("--autocast, --autocast-device and --context-from apply to --numeric")
         if model_ref:
             from graphdeck.analysis.grad_inputs import load_ref, parse_inputs
 
@@ -213,8 +228,13 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
             model = factory() if not hasattr(factory, "named_parameters") else factory
             inputs = parse_inputs(input_specs)
             loss_fn = load_ref(loss_ref, "--loss") if loss_ref else None
+            context, notes = _numeric_context(context_from, run_name, inputs, autocast, autocast_device) \
+                if numeric else ({}, [])
+            for note in notes:
+                click.echo(f"[graphdeck] {note}", err=True)
             report = validate_backward(model, inputs, loss_fn, allow=allow, numeric=numeric, backend=backend,
-                                       include_buffers=buffers)
+                                       include_buffers=buffers, **context)
+            report.notes += notes
         elif run_name:
             expected = None
             if expect_params:
@@ -234,6 +254,24 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
     else:
         click.echo(text)
     sys.exit({"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}[report.verdict])
+
+
+def _numeric_context(store: str | None, run_name: str | None, inputs, autocast: str | None,
+                     autocast_device: str | None) -> tuple[dict, list[str]]:
+    """check-grads --numeric: autocast/grad-mode keyword arguments from the flags and, with
+    ``--context-from``, the context the capture recorded on the run's Dynamo graphs."""
+    from graphdeck.analysis.grad_numeric import caller_context, context_options
+
+    ctx = None
+    if store:
+        from sqlalchemy.orm import Session
+
+        from graphdeck.store.db import open_engine
+
+        with Session(open_engine(store, read_only=True)) as s:
+            ctx = caller_context(s, _find_run(s, run_name, store))
+    return context_options(ctx, inputs, autocast=autocast, autocast_device=autocast_device,
+                           run=run_name if store else None)
 
 
 @main.command("check-ranks")

@@ -194,3 +194,23 @@ def factory_detach() -> nn.Module:
 def factory_two_heads() -> nn.Module:
     torch.manual_seed(0)
     return TwoHeads()
+
+
+class InnerAutocastOff(nn.Module):
+    """N2: one Linear ``w`` (64→64); the region computes ``x.float() @ w.weight.float().T`` with
+    autocast disabled, while the caller runs it under an outer bfloat16 autocast. ``w.bias`` is
+    never read."""
+
+    def __init__(self, d: int = 64):
+        super().__init__()
+        self.w = nn.Linear(d, d)
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            return x.float() @ self.w.weight.float().T  # N2-mm
+
+
+def factory_inner_autocast_off() -> nn.Module:
+    """For ``graphdeck check-grads --model tests.grad_cases:factory_inner_autocast_off --numeric``."""
+    torch.manual_seed(0)
+    return InnerAutocastOff()
