@@ -5,12 +5,82 @@
 // file:line, module path, the no_grad line) with a link to the graph page selecting the cut node
 // (`#/graphs/<graph>?node=<cut>&path=<nodes from the parameter to the cut>`), and the graphs that
 // read it. Run-level findings (predicted DDP error or hang, collectives, …) are listed above.
+// The verdict is PASS, FAIL or INCOMPLETE (the run-time evidence does not cover the run; never
+// green); the coverage box says which ranks and steps were seen; each row's step strip shows, per
+// step, what arrived on its rank (JSON twin: GET /api/runs/<id>/gradients/steps).
 // Every string from the report is user text and goes through h() (NOTE: [Untrusted text]).
 
 import {$app, api, code, fmt, graphLink, h, isBlank, num, setCrumbs, statusBadge, table} from "./common.js";
 
-export const GRAD_STATUSES = ["OK", "NO_GRAD", "NOT_IN_GRAPH", "DEAD_END", "FROZEN", "BUFFER"];
+export const GRAD_STATUSES = ["OK", "NO_GRAD", "NOT_IN_GRAPH", "DEAD_END", "FROZEN", "BUFFER", "UNKNOWN"];
 const FAILING = new Set(["NO_GRAD", "NOT_IN_GRAPH", "DEAD_END"]);
+/** Step states of the run-time evidence (analysis/grad_evidence.py); anything else draws as "other". */
+const STEP_STATES = new Set(["ok", "none", "zero", "multi", "frozen", "unobserved"]);
+const VERDICTS = {
+  PASS: ["verdict-ok", "PASS · all gradient paths OK"],
+  FAIL: ["verdict-bad", "FAIL · problems found"],
+  INCOMPLETE: ["verdict-incomplete", "INCOMPLETE · the run-time evidence does not cover the run"],
+};
+const stepText = (a, b) => `${a}–${b}`;
+
+/** The verdict from `report.verdict` (older reports: from `ok`); INCOMPLETE is never green. */
+function verdictOf(report) {
+  const v = report.verdict || (report.ok === undefined ? null : report.ok ? "PASS" : "FAIL");
+  if (!v) return null;
+  const [cls, text] = VERDICTS[v] || ["verdict-incomplete", fmt(v)];
+  return h("strong", {class: `verdict ${cls}`, id: "grad-verdict", "data-verdict": fmt(v)}, text, "   ");
+}
+
+/** What the evidence covers: ranks and steps seen, the parameter list's source, notes, and why it is incomplete. */
+function coverageBox(report) {
+  const cov = report.coverage || {}, gaps = report.incomplete || [];
+  if (!Object.keys(cov).length && !gaps.length) return null;
+  const steps = Object.entries(cov.steps || {}).sort(([a], [b]) => Number(a) - Number(b));
+  const finished = cov.finished || {};
+  return h("div", {class: "grad-coverage", id: "grad-coverage"},
+    h("div", {}, h("strong", {}, "coverage "),
+      h("span", {class: "muted"}, `world size ${fmt(cov.world_size)} · ranks with run-time evidence: `),
+      (cov.ranks_with_evidence || []).length ? cov.ranks_with_evidence.map(fmt).join(", ") : "none"),
+    steps.length ? h("ul", {class: "coverage-ranks"}, steps.map(([rank, s]) => h("li", {"data-rank": rank},
+      `rank ${rank}: steps ${stepText(s.first, s.last)}`,
+      h("span", {class: "muted"}, ` (${fmt(s.backward_passes)} backward passes, numbered by ${fmt(s.numbered_by)}`,
+        finished[rank] === false ? "; the capture did not finish" : "", ")")))) : null,
+    h("div", {}, h("span", {class: "muted"}, "parameter list: "), fmt(cov.parameter_list)),
+    steps.length ? h("div", {class: "step-legend muted small"}, "steps: ", [...STEP_STATES].map((st) =>
+      [h("span", {class: `seg seg-${st}`}), ` ${st} `])) : null,
+    (cov.notes || []).length ? h("ul", {class: "notes muted"}, cov.notes.map((n) => h("li", {}, fmt(n)))) : null,
+    gaps.length ? h("div", {}, h("strong", {class: "verdict-incomplete"},
+      report.allow_incomplete ? "not seen (allowed):" : "incomplete:"),
+    h("ul", {id: "grad-incomplete"}, gaps.map((g) => h("li", {}, fmt(g))))) : null);
+}
+
+/** One rank's steps as a bar, a block per [first, last, state] segment, placed on the run's steps `range`. */
+export function stepStrip(segs, range) {
+  const lo = range ? range.first : segs[0][0], hi = range ? range.last : segs[segs.length - 1][1];
+  const span = Math.max(1, hi - lo + 1);
+  const pct = (x) => `${((100 * x) / span).toFixed(3)}%`;
+  return h("span", {class: "step-strip", role: "img",
+    "aria-label": segs.map(([a, b, st]) => `steps ${stepText(a, b)}: ${st}`).join("; ")},
+  segs.map(([a, b, st]) => h("span", {
+    class: `seg seg-${STEP_STATES.has(st) ? st : "other"}`, "data-state": fmt(st), "data-first": a, "data-last": b,
+    title: `steps ${stepText(a, b)}: ${fmt(st)}`,
+    style: `left:${pct(Number(a) - lo)};width:${pct(Number(b) - Number(a) + 1)}`})));
+}
+
+/** The row's step cell: its strip, "from step N" at the first step without a real gradient. */
+function stepsCell(p, range) {
+  if (!Array.isArray(p.steps) || !p.steps.length) return h("td", {class: "steps muted small"}, "no run-time evidence");
+  return h("td", {class: "steps"}, stepStrip(p.steps, range),
+    p.first_bad_step != null ? h("span", {class: "first-bad"}, ` from step ${fmt(p.first_bad_step)}`) : null,
+    p.zero_filled ? h("div", {class: "muted small"}, "zero-filled by a compiled backward") : null);
+}
+
+/** The run's step range from coverage.steps (null without evidence). */
+function stepRange(report) {
+  const all = Object.values((report.coverage || {}).steps || {});
+  if (!all.length) return null;
+  return {first: Math.min(...all.map((s) => s.first)), last: Math.max(...all.map((s) => s.last))};
+}
 
 /** 'File "/long/path/modeling_gpt2.py", line 569, in forward' → <code title=full>modeling_gpt2.py:569 in forward</code> */
 function sourceLine(label, text) {
@@ -62,8 +132,8 @@ export function gradientReport(report, {initial = {}, onFilter = null} = {}) {
   const params = report.params || [];
   const summary = {...(report.summary || {})};
   for (const s of GRAD_STATUSES) if (summary[s] === undefined) summary[s] = params.filter((p) => p.status === s).length;
-  const verdict = report.ok === undefined ? null
-    : h("strong", {class: report.ok ? "verdict-ok" : "verdict-bad"}, report.ok ? "all gradient paths OK   " : "problems found   ");
+  const verdict = verdictOf(report);
+  const range = stepRange(report);
   const summaryLine = h("p", {class: "summary", id: "grad-summary"}, verdict,
     Object.entries(summary).filter(([, n]) => n).flatMap(([s, n]) => [statusBadge(s), ` ${n}   `]),
     report.mode ? h("span", {class: "muted"}, `${report.mode} mode`) : null);
@@ -79,7 +149,7 @@ export function gradientReport(report, {initial = {}, onFilter = null} = {}) {
     h("td", {}, code(p.fqn), (p.aliases || []).filter((a) => a !== p.fqn).map((a) => [" = ", h("code", {class: "chip"}, fmt(a))]),
       tensor ? h("div", {class: "muted small"}, tensor) : null),
     h("td", {}, statusBadge(p.status), p.allowed ? h("div", {class: "muted small"}, "allowed") : null),
-    num(p.paths), num(p.bucket), cutCell(p),
+    stepsCell(p, range), num(p.paths), num(p.bucket), cutCell(p),
     h("td", {class: "graph-links"}, links("read by", p.graphs), links("grad from", p.grad_graphs)));
   });
   const count = h("span", {class: "muted", id: "grad-count"});
@@ -107,11 +177,11 @@ export function gradientReport(report, {initial = {}, onFilter = null} = {}) {
   status.addEventListener("change", () => apply(true));
   rank.addEventListener("change", () => apply(true));
   apply(false);
-  const view = [summaryLine,
+  const view = [summaryLine, coverageBox(report),
     findings.length ? h("ul", {class: "problems", id: "grad-findings"}, findings.map(findingItem)) : null,
     (report.notes || []).length ? h("ul", {class: "notes muted", id: "grad-notes"}, report.notes.map((n) => h("li", {}, fmt(n)))) : null,
     h("div", {class: "toolbar"}, text, status, rank, count),
-    table("grad-report", ["Rank", "Parameter", "Status", "Paths", "Bucket", "Cut / reason", "Graphs"], rows)];
+    table("grad-report", ["Rank", "Parameter", "Status", "Steps", "Paths", "Bucket", "Cut / reason", "Graphs"], rows)];
   view.setFilters = (s, r) => { status.value = s || ""; rank.value = r || ""; apply(false); };
   return view;
 }
@@ -138,7 +208,8 @@ export async function renderGrads(page, m, query) {
   $app.replaceChildren(h("section", {id: "grads-page"},
     h("h1", {}, "Gradient paths · ", fmt(run.name)),
     h("p", {class: "muted"}, "Every trainable parameter on every rank: does a gradient reach it, and if not, where the ",
-      "forward path is cut. JSON: ", h("a", {href: `/api/runs/${run.id}/gradients`}, "gradients"), " · JUnit: ",
+      "forward path is cut. JSON: ", h("a", {href: `/api/runs/${run.id}/gradients`}, "gradients"), " · per step: ",
+      h("a", {href: `/api/runs/${run.id}/gradients/steps`}, "gradients/steps"), " · JUnit: ",
       h("a", {href: `/api/runs/${run.id}/gradients.junit`}, "gradients.junit")),
     h("div", {id: "grad-section"}, view)));
 }
