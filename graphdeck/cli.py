@@ -194,11 +194,14 @@ def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_byt
 @click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file (text still goes to stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--combine", "combine_files", multiple=True, type=click.Path(dir_okay=False), metavar="REPORT.json",
+              help="Combine per-rank reports written with --format json -o (repeat per rank): rows and findings "
+                   "of all, plus rank-divergence findings; no --run/--model.")
 def check_grads(store: str, run_name: str | None, model_ref: str | None, input_specs: tuple[str, ...],
                 loss_ref: str | None, numeric: bool, backend: str, autocast: str | None, autocast_device: str | None,
                 context_from: str | None, allow: tuple[str, ...], buffers: bool,
                 expect_params: str | None, allow_incomplete: bool, fmt: str, output: str | None,
-                as_json: bool) -> None:
+                as_json: bool, combine_files: tuple[str, ...] = ()) -> None:
     """Gradient-path check for CI: every trainable parameter gets a gradient on every rank.
 
     Graph mode: STORE --run NAME. Eager mode: --model module:factory --inputs SPEC [--loss module:fn];
@@ -206,7 +209,7 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
     recorded for --context-from STORE --run NAME.
     Exit 0 PASS, 1 FAIL, 3 INCOMPLETE (nothing failed, but the evidence does not cover every rank,
     step or parameter: see the report's "INCOMPLETE" lines; --allow-incomplete makes it 0), 2 on
-    usage errors.
+    usage errors. Combined: --combine rank0.json --combine rank1.json (exit 2: a file unreadable).
     """
     from graphdeck.analysis.gradients import validate_backward
     from graphdeck.errors import UsageError
@@ -219,7 +222,9 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
             raise UsageError("--context-from STORE needs --model (eager mode) and --run NAME (the captured run)")
         if (autocast or autocast_device or context_from) and not numeric:
             raise UsageError("--autocast, --autocast-device and --context-from apply to --numeric")
-        if model_ref:
+        if combine_files:
+            report = _combined_report(combine_files, allow, model_ref or run_name)
+        elif model_ref:
             from graphdeck.analysis.grad_inputs import load_ref, parse_inputs
 
             if not input_specs:
@@ -254,6 +259,35 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
     else:
         click.echo(text)
     sys.exit({"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}[report.verdict])
+
+
+def _combined_report(files: tuple[str, ...], allow: tuple[str, ...], conflicting: str | None):
+    """check-grads --combine: one report over per-rank JSON reports (``GradReport.from_json``,
+    ``analysis.grad_report.combine``). Reports that all claim the same single rank (eager mode
+    without a process group says rank 0) are numbered by file order, with a note. Raises
+    ``UsageError`` for an unreadable file, one that is not a report, or --run/--model given too."""
+    from graphdeck.analysis.grad_report import GradReport, combine
+    from graphdeck.errors import UsageError
+
+    if conflicting:
+        raise UsageError("--combine reads saved reports: give it without --run or --model")
+    reports = []
+    for f in files:
+        try:
+            reports.append(GradReport.from_json(Path(f).read_text()))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--combine {f}: not a readable check-grads JSON report ({exc})") from None
+    ranks = [rep.ranks for rep in reports]
+    renumber = len(reports) > 1 and all(len(r) == 1 for r in ranks) and len({r[0] for r in ranks}) == 1
+    if renumber:
+        for k, rep in enumerate(reports):
+            for row in rep.rows:
+                row.rank = k
+    out = combine(reports)
+    if renumber:
+        out.notes.append(f"every report said rank {ranks[0][0]}: ranks numbered by --combine order ("
+                         + ", ".join(f"{f} -> {k}" for k, f in enumerate(files)) + ")")
+    return out.apply_allow(sorted(set(allow) | {p for rep in reports for p in rep.allow}))
 
 
 def _numeric_context(store: str | None, run_name: str | None, inputs, autocast: str | None,
