@@ -424,6 +424,11 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
                                                 find_unused=find_unused, fsdp=fsdp)
     for gid, lg in sorted(loaded.items()):
         report.findings += _intermediate_outputs(lg, strings)
+    from graphdeck.analysis.grad_compiles import compile_findings
+    from graphdeck.analysis.grad_nodes import node_findings
+
+    report.findings += compile_findings(session, run.id, report.rows)  # per-compile requires_grad (N1)
+    report.findings += node_findings(session, run.id, flow_of, strings, report.rows)  # dangling outputs, flags
     from graphdeck.analysis.grad_collectives import collective_findings
 
     report.findings += collective_findings(session, run.id, report.rows)

@@ -109,7 +109,8 @@ class ParamRow:
 @dataclass
 class Finding:
     """A run-level problem. ``kind``: ``NOTHING_CHECKED`` | ``PREDICTED_HANG`` | ``RANK_DIVERGENCE`` | ``DDP_UNUSED_ERROR`` |
-    ``COLLECTIVE_NOT_WAITED`` | ``GRAD_NOT_REDUCED`` | ``OUTPUT_NOT_ANCESTOR`` | ``GRAD_MISMATCH`` | ``READY_TWICE``;
+    ``COLLECTIVE_NOT_WAITED`` | ``GRAD_NOT_REDUCED`` | ``OUTPUT_NOT_ANCESTOR`` | ``GRAD_MISMATCH`` | ``READY_TWICE`` |
+    ``DANGLING_OUTPUT`` | ``INPLACE_ON_DETACHED_ALIAS`` | ``GRAD_ENABLED_IN_INFERENCE_GRAPH`` | ``REQUIRES_GRAD_CHANGED``;
     ``severity``: ``error`` (fails the check) or ``warning``."""
 
     kind: str
