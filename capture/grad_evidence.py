@@ -190,6 +190,7 @@ class GradEvidence:
         self._last_persist = time.monotonic()
         self._failed = False
         self._fqn_cache: dict[tuple, tuple] = {}
+        self._sig: dict[int, tuple] = {}  # idx -> (id(.grad), its version) when last counted
         self._opt_handle = None
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -256,10 +257,19 @@ class GradEvidence:
             w.pending.add(t)
             torch.autograd.Variable._execution_engine.queue_callback(partial(self._task_done, w, t))
 
-    def _on_accumulate(self, idx: int, _p) -> None:
+    def _on_accumulate(self, idx: int, p) -> None:
         if self._failed:
             return
         try:
+            # A compiled backward that returns None for a parameter still runs its AccumulateGrad
+            # node (the hook fires, ``.grad`` is untouched): count only a changed ``.grad``.
+            g = p.grad
+            if g is None:
+                return
+            sig = (id(g), g._version)
+            if self._sig.get(idx) == sig:
+                return
+            self._sig[idx] = sig
             with self._lock:
                 t = _task_id()
                 w = self._window_for(t)
