@@ -321,7 +321,8 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
                                     f"'{DDP_UNUSED_ERROR}…' on every rank"),
                            fix=(f"remove or freeze {', '.join(unused_everywhere)} (requires_grad_(False)), or wrap with "
                                 "DistributedDataParallel(..., find_unused_parameters=True)")))
-    out += _ready_twice(rows, ev, ddp=ddp)
+    static = bool(ev.watch) and all(w.get("static_graph") for w in ev.watch.values())
+    out += _ready_twice(rows, ev, ddp=ddp and not static)
     return out
 
 
@@ -353,7 +354,9 @@ def _ready_twice(rows: list[ParamRow], ev: Evidence, *, ddp: bool) -> list[Findi
            f"{max(h['n'] for h in hits.values())}×, from step {first}){where}: reentrant activation checkpointing "
            "runs one backward per checkpointed call, so a parameter used in two such calls is accumulated twice")
     if ddp:
-        msg += f"; under DDP the second accumulation raises '{DDP_READY_TWICE}…' at the first backward"
+        msg += (f"; under DDP (without static_graph=True) the second accumulation raises '{DDP_READY_TWICE}…' at "
+                "the first backward, or, where its bucket was already reduced, stays local: the ranks' gradients "
+                "then differ silently")
     return [Finding(kind="READY_TWICE", severity="error" if ddp else "warning", message=msg, params=params,
                     ranks=sorted({r for h in hits.values() for r in h["ranks"]}),
                     source=sites[0] if sites else None,
