@@ -52,6 +52,7 @@ class Evidence:
     by_rank: dict[int, list[Segment]] = field(default_factory=dict)
     watch: dict[int, dict] = field(default_factory=dict)
     graph_ranks: set[int] = field(default_factory=set)  # ranks that stored a compiled graph
+    off: dict[int, str] = field(default_factory=dict)  # rank -> why the capture observed nothing
 
     def __bool__(self) -> bool:
         return bool(self.by_rank)
@@ -61,6 +62,10 @@ def load(session: Session, run_id: int) -> Evidence:
     """The ``grad_steps`` rows of ``run_id`` (unreadable state JSON: the row is kept with an empty
     state and counted in ``state["unreadable"]``)."""
     ev = Evidence()
+    from sqlalchemy import inspect
+
+    if not inspect(session.get_bind()).has_table("grad_steps"):  # a store older than schema 3
+        return ev
     for rank, first, last, n, source, closed, state in session.execute(text(
             "SELECT rank, step_first, step_last, n_backward, step_source, closed, state_json FROM grad_steps "
             "WHERE run_id = :r ORDER BY rank, step_first, id"), {"r": run_id}):
@@ -78,6 +83,15 @@ def load(session: Session, run_id: int) -> Evidence:
             ev.watch[rank] = json.loads(payload or "{}")
         except ValueError:
             ev.watch[rank] = {}
+        if ev.watch[rank].get("evidence_off"):
+            ev.off[rank] = ev.watch[rank]["evidence_off"]
+    for rank, payload in session.execute(text(
+            "SELECT rank, payload FROM compile_events WHERE run_id = :r AND name = 'graphdeck_evidence_off'"),
+            {"r": run_id}):
+        try:
+            ev.off[rank] = json.loads(payload or "{}").get("reason") or "the capture stopped observing"
+        except ValueError:
+            ev.off[rank] = "the capture stopped observing"
     return ev
 
 
@@ -139,7 +153,8 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
     if expected_ranks - seen:
         missing.append(f"rank(s) {sorted(expected_ranks - seen)} of world size {world_size} left no record: "
                        "their gradients were not seen")
-    watched = {r for r, w in ev.watch.items()}
+    watched = {r for r, w in ev.watch.items() if w.get("complete", True)}
+    partial_list = {r for r, w in ev.watch.items() if not w.get("complete", True)}
     if expected_params:
         cov["parameter_list"] = "given (--expect-params)"
     elif watched >= seen and seen:
@@ -149,6 +164,11 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
         missing.append(f"rank(s) {sorted(seen - watched)}: the parameter list holds only what graphs read "
                        "(parameters no graph reads cannot be seen): capture with Agent.watch(model) or pass "
                        "--expect-params FILE")
+    elif params_known and not partial_list:
+        cov["parameter_list"] = "stored, but not known to be the model's own"
+        missing.append("the store does not say whether its parameter list is the model's own (an older capture, or "
+                       "one without Agent.watch(model)): a parameter no graph reads may be missing; capture with "
+                       "Agent.watch(model), or pass --expect-params FILE")
     else:
         cov["parameter_list"] = "only the parameters compiled graphs read"
         missing.append("the parameter list is incomplete: it holds only the parameters that compiled graphs read, "
@@ -156,6 +176,10 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
                        "cannot be seen: capture with Agent.watch(model), or pass --expect-params FILE "
                        "(one name per line, e.g. from `python -c \"...print(*dict(model.named_parameters()), sep=chr(10))\"`)")
     no_ev = sorted(seen - set(ev.by_rank))
+    off = {r: why for r, why in ev.off.items() if r in no_ev}
+    if off:
+        missing.append(f"no run-time gradient evidence on rank(s) {sorted(off)}: {next(iter(off.values()))}")
+    no_ev = [r for r in no_ev if r not in off]
     if no_ev:
         missing.append(f"no run-time gradient evidence on rank(s) {no_ev}: which gradients arrived (or were "
                        "zero-filled by a compiled backward) at which step is unknown; capture the job with "
@@ -185,6 +209,9 @@ def apply_evidence(rows: list[ParamRow], ev: Evidence) -> None:
         if not states or states <= {"frozen"}:
             if states:
                 row.status, row.reason, row.fix, row.cut = "FROZEN", "requires_grad was False at every observed step", None, None
+            continue
+        if states <= {"unobserved", "frozen"} and row.rank in ev.graph_ranks:
+            row.notes.append(f"not observed at run time at step(s) {_fmt_steps(tl, 'unobserved')}: judged from graphs")
             continue
         if states <= {"unobserved", "frozen"}:
             row.status, row.cut, row.fix = "UNKNOWN", None, None

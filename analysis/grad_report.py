@@ -175,7 +175,8 @@ class GradReport:
     @property
     def gaps(self) -> list[str]:
         """Why the evidence is incomplete: ``incomplete`` plus rows nothing observed."""
-        unknown = [f"rank {r.rank} {r.fqn}" for r in self.rows if r.status == "UNKNOWN"]
+        unknown = [f"rank {r.rank} {r.fqn}" for r in self.rows if r.status == "UNKNOWN" or (
+            r.steps and r.status != "FROZEN" and all(st in ("unobserved", "frozen") for _, _, st in r.steps))]
         return self.incomplete + ([f"{len(unknown)} parameter(s) were never observed: {', '.join(unknown[:8])}"
                                    + (" …" if len(unknown) > 8 else "")] if unknown else [])
 

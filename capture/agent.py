@@ -147,11 +147,15 @@ class Agent:
         self._models.append(inner)
         self._watch_info.update(_parallel_info(model))
         try:
-            if self._evidence is None:
+            if self._watch_info.get("fsdp2"):  # NOTE: [Gradient evidence]: FSDP2 assigns, not accumulates
+                self._watch_info["evidence_off"] = ("FSDP2 assigns sharded gradients after its reduce-scatter instead "
+                                                    "of accumulating them: not observed by this capture")
+            elif self._evidence is None:
                 from graphdeck.capture.grad_evidence import GradEvidence
 
                 self._evidence = GradEvidence(self)
-            self._evidence.add_model(inner)
+            if self._evidence is not None:
+                self._evidence.add_model(inner)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: no gradient evidence: {type(exc).__name__}: {exc}")
         for fqn, t in list(inner.named_parameters(remove_duplicate=False)) + list(inner.named_buffers(remove_duplicate=False)):
@@ -170,11 +174,11 @@ class Agent:
         for fqn, t in self._auto_params.items():
             named.setdefault(fqn, ("parameter", t))
         self.writer.write_params([_param_row(fqn, kind, t) for fqn, (kind, t) in named.items()])
-        if self._models:  # the list is the models' own: complete (analysis.grad_coverage)
-            self.writer.write_compile_events([{"name": "graphdeck_watch", "compile_id": None, "metadata": {},
-                                               "payload": json.dumps({"params": len(named),
-                                                                      "evidence": self._evidence is not None,
-                                                                      **self._watch_info})}])
+        # Whether the list is the models' own (complete) or only what graphs read (analysis.grad_evidence).
+        self.writer.write_compile_events([{"name": "graphdeck_watch", "compile_id": None, "metadata": {},
+                                           "payload": json.dumps({"params": len(named), "complete": bool(self._models),
+                                                                  "evidence": self._evidence is not None,
+                                                                  **self._watch_info})}])
 
     def _live_name(self, t: Any) -> str | None:
         """The watched models' name for tensor ``t`` as their modules hold it now.

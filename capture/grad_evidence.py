@@ -190,7 +190,7 @@ class GradEvidence:
         self._last_persist = time.monotonic()
         self._failed = False
         self._fqn_cache: dict[tuple, tuple] = {}
-        self._sig: dict[int, tuple] = {}  # idx -> (id(.grad), its version) when last counted
+        self._sig: dict[int, tuple] = {}  # idx -> (weakref to .grad, its version) when last counted
         self._opt_handle = None
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -266,10 +266,10 @@ class GradEvidence:
             g = p.grad
             if g is None:
                 return
-            sig = (id(g), g._version)
-            if self._sig.get(idx) == sig:
+            prev = self._sig.get(idx)  # (weak ref to .grad, its version) when last counted
+            if prev is not None and prev[0]() is g and prev[1] == g._version:
                 return
-            self._sig[idx] = sig
+            self._sig[idx] = (weakref.ref(g), g._version)
             with self._lock:
                 t = _task_id()
                 w = self._window_for(t)
@@ -346,6 +346,15 @@ class GradEvidence:
         return None
 
     # ------------------------------------------------------------------ windows -> rows
+    def _fsdp2(self) -> bool:
+        """Whether a watched model is under FSDP2 now: it assigns sharded gradients after its
+        reduce-scatter instead of accumulating them, so the hooks see nothing (evidence off)."""
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except Exception:  # noqa: BLE001
+            return False
+        return any(isinstance(m, FSDPModule) for model in self.agent._models for m in model.modules())
+
     def _state(self, w: _Window) -> tuple[dict, dict]:
         params = self._params
         counts = w.counts
@@ -363,7 +372,9 @@ class GradEvidence:
                 self._hook(idx, p)
                 continue
             n = counts.get(idx, 0)
-            if n == 0:
+            if n == 0 and self.agent._live_name(p) is None:
+                unobserved.append(fqn)  # replaced in the model after watch(): its hook sees nothing
+            elif n == 0:
                 none.append(fqn)
             elif n > 1:
                 multi[fqn] = n
@@ -409,6 +420,10 @@ class GradEvidence:
         if self._win is w:
             self._win = None
         if not w.counts and not w.outputs:
+            return
+        if self._fsdp2():
+            self._off("FSDP2 assigns sharded gradients after its reduce-scatter instead of accumulating them, "
+                      "so which gradient arrived is not observed under FSDP2 by this capture")
             return
         state, sites = self._state(w)
         if partial_:  # the backward did not finish (it raised, or the job died in it)
@@ -471,6 +486,12 @@ class GradEvidence:
                     self._persist(self._row, closed=closed)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
+
+    def _off(self, reason: str) -> None:
+        """Stop observing, and say why in the store (a ``graphdeck_evidence_off`` record)."""
+        self._failed = True
+        self.agent.writer.write_compile_events([{"name": "graphdeck_evidence_off", "compile_id": None,
+                                                 "metadata": {}, "payload": json.dumps({"reason": reason})}])
 
     def _fail(self, exc: BaseException) -> None:
         if not self._failed:

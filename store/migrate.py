@@ -103,10 +103,18 @@ def _graphdeck_version() -> str:
     return graphdeck.__version__
 
 
+#: Tables added after schema 2 that a reader of an older store may find absent (read as empty:
+#: ``graphdeck.analysis.grad_evidence.load`` looks before it queries).
+OPTIONAL_TABLES = frozenset({"grad_steps"})
+
+
 def _head_columns_present(conn: Connection) -> bool:
+    """Whether every table and column of this schema is there, tables in ``OPTIONAL_TABLES`` aside."""
     insp = inspect(conn)
     for table in Base.metadata.sorted_tables:
         if not insp.has_table(table.name):
+            if table.name in OPTIONAL_TABLES:
+                continue
             return False
         have = {c["name"] for c in insp.get_columns(table.name)}
         if not {c.name for c in table.columns} <= have:
@@ -142,6 +150,8 @@ def check(conn: Connection) -> str:
     known = {s.revision for s in script().walk_revisions()}
     if rev not in known:
         raise _too_new(rev)
+    if rev != head and _head_columns_present(conn):
+        return rev  # older by optional tables only: readable as it is
     if rev != head:
         raise SchemaVersionError(
             f"store schema version {_version_of(rev)} is older than this graphdeck's {SCHEMA_VERSION}: "

@@ -190,3 +190,20 @@ def test_cli_db_errors_are_messages_and_current_reports_what_serve_acts_on(tmp_p
     r = runner.invoke(main, ["db", "upgrade", store, "--revision", migrate.head_revision()])
     assert r.exit_code == 1 and "error: store schema version 99" in r.output, r.output
     assert not any(isinstance(x, Exception) and not isinstance(x, SystemExit) for x in [r.exception]), r.exception
+
+
+def test_store_older_by_optional_tables_reads_as_it_is(store_url):
+    """A schema-2 store (before ``grad_steps``) opens read-only without migrating, and the gradient
+    report reads it with no run-time evidence (INCOMPLETE, not an error)."""
+    _seed_v1(store_url)
+    engine = _raw(store_url)
+    migrate.upgrade(engine, "0002")
+    engine.dispose()
+    reader = open_engine(store_url, read_only=True)
+    from graphdeck.analysis.gradients import gradient_report
+
+    with Session(reader) as s:
+        run = s.scalar(select(Run))
+        rep = gradient_report(s, run)
+        assert rep.verdict != "PASS"
+    reader.dispose()

@@ -1,0 +1,157 @@
+"""What the run-time gradient evidence costs a training step, and the store per step.
+
+GPT-2 (``transformers``, random weights, ``--layers`` blocks) trained with AdamW under
+``torch.compile``; two copies built from one seed: **plain** (``torch.compile(model,
+backend=INNER)``) and **captured** (``Agent.watch(model)`` + ``backend=agent.backend(INNER)``: graph
+capture at compile time, and per backward the gradient evidence — one post-accumulate hook per
+parameter, pre-hooks on the compiled outputs, one set difference per step). After warm-up (the
+compiles), ``--rounds`` rounds alternate the two (plain first in even rounds, captured first in
+odd ones), ``--steps`` steps each. Per step: CUDA events (GPU) or ``perf_counter`` (CPU) for the
+step's time, ``process_time`` for CPU seconds. Printed: median step time per mode and round, the
+captured/plain ratio of the medians over all rounds and its spread (min–max of the per-round
+ratios), CPU seconds per step, and the store: ``grad_steps`` rows and bytes after the warm-up and
+after all timed steps (every timed step is unchanged, so the target is no new row and ≤ 1 KiB
+per step).
+
+    python bench/bench_grad_evidence.py                                # CPU: 12 layers, aot_eager, fp32
+    python bench/bench_grad_evidence.py --device cuda --backend inductor --dtype bf16 --batch 8 --seq 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def build(layers: int, device: str, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(n_layer=layers, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
+                     attn_implementation="eager")
+    model = GPT2LMHeadModel(cfg).to(device)
+    model.config.use_cache = False
+    return model
+
+
+def make_step(model, compiled, opt, batch, dtype, device):
+    def step():
+        with torch.autocast(device_type=device, dtype=dtype, enabled=dtype != torch.float32):
+            loss = compiled(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def timed(step, steps: int, device: str) -> tuple[list[float], float]:
+    """Per-step milliseconds and CPU seconds per step."""
+    times = []
+    cpu0 = time.process_time()
+    for _ in range(steps):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times, (time.process_time() - cpu0) / steps
+
+
+def store_size(path: Path) -> tuple[int, int, int]:
+    """(grad_steps rows, bytes of their state_json, file bytes incl. WAL)."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    rows, size = con.execute("SELECT count(*), coalesce(sum(length(state_json)), 0) FROM grad_steps").fetchone()
+    con.close()
+    files = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+    return rows, size, files
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--backend", default="aot_eager")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    from graphdeck.capture import Agent
+
+    device, dtype = args.device, {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-evidence-"))
+    store = tmp / "bench.db"
+    batch = torch.randint(0, 50257, (args.batch, args.seq), device=device,
+                          generator=torch.Generator(device=device).manual_seed(0))
+    fused = {"fused": True} if device == "cuda" else {"foreach": True}
+
+    plain_model = build(args.layers, device)
+    plain_opt = torch.optim.AdamW(plain_model.parameters(), lr=1e-4, **fused)
+    plain = make_step(plain_model, torch.compile(plain_model, backend=args.backend), plain_opt, batch, dtype, device)
+
+    cap_model = build(args.layers, device)
+    agent = Agent(store=store, run="bench")
+    agent.watch(cap_model)
+    cap_opt = torch.optim.AdamW(cap_model.parameters(), lr=1e-4, **fused)
+    captured = make_step(cap_model, torch.compile(cap_model, backend=agent.backend(args.backend)), cap_opt, batch,
+                         dtype, device)
+
+    t0 = time.perf_counter()
+    for _ in range(args.warmup):
+        plain()
+        captured()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    print(f"[bench] GPT-2 {args.layers} layers, {args.backend}, {args.dtype}, batch {args.batch}x{args.seq}, "
+          f"{device}{' ' + torch.cuda.get_device_name() if device == 'cuda' else ''}, torch {torch.__version__}; "
+          f"warm-up {args.warmup} steps each: {time.perf_counter() - t0:.1f} s")
+    agent._evidence.flush()
+    before = store_size(store)
+    per_round = []
+    for r in range(args.rounds):
+        order = [("plain", plain), ("captured", captured)]
+        if r % 2:
+            order.reverse()
+        res = {}
+        for name, fn in order:
+            res[name] = timed(fn, args.steps, device)
+        mp, mc = statistics.median(res["plain"][0]), statistics.median(res["captured"][0])
+        per_round.append((mp, mc, res["plain"][1], res["captured"][1]))
+        print(f"[bench] round {r}: plain {mp:.2f} ms/step (cpu {res['plain'][1] * 1e3:.1f} ms), captured "
+              f"{mc:.2f} ms/step (cpu {res['captured'][1] * 1e3:.1f} ms), ratio {mc / mp:.4f}")
+    agent._evidence.flush()
+    after = store_size(store)
+    agent.close()
+    ratios = [c / p for p, c, _, _ in per_round]
+    mp = statistics.median(p for p, _, _, _ in per_round)
+    mc = statistics.median(c for _, c, _, _ in per_round)
+    timed_steps = args.rounds * args.steps
+    print(f"[bench] step time: plain {mp:.2f} ms, captured {mc:.2f} ms; captured/plain {mc / mp:.4f} "
+          f"(per round {min(ratios):.4f}–{max(ratios):.4f}); CPU s/step plain "
+          f"{statistics.median(x[2] for x in per_round):.4f}, captured {statistics.median(x[3] for x in per_round):.4f}")
+    print(f"[bench] store: after warm-up {before[0]} grad_steps rows ({before[1]} B of state), after "
+          f"{timed_steps} more unchanged steps {after[0]} rows ({after[1]} B); file bytes {before[2]} -> {after[2]} "
+          f"({(after[2] - before[2]) / timed_steps:.1f} B/step)")
+
+
+if __name__ == "__main__":
+    main()
