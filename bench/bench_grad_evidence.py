@@ -1,12 +1,12 @@
 """What the run-time gradient evidence costs a training step, and the store per step.
 
 GPT-2 (``transformers``, random weights, ``--layers`` blocks) trained with AdamW under
-``torch.compile``; two copies built from one seed: **plain** (``torch.compile(model,
-backend=INNER)``) and **captured** (``Agent.watch(model)`` + ``backend=agent.backend(INNER)``: graph
+``torch.compile``; three copies built from one seed: **plain** (``torch.compile(model,
+backend=INNER)``), **no_evidence** (the capture with ``GRAPHDECK_GRAD_EVIDENCE=0``) and **captured** (``Agent.watch(model)`` + ``backend=agent.backend(INNER)``: graph
 capture at compile time, and per backward the gradient evidence — one post-accumulate hook per
 parameter, pre-hooks on the compiled outputs, one set difference per step). After warm-up (the
-compiles), ``--rounds`` rounds alternate the two (plain first in even rounds, captured first in
-odd ones), ``--steps`` steps each. Per step: CUDA events (GPU) or ``perf_counter`` (CPU) for the
+compiles), ``--rounds`` rounds alternate the three (order reversed in odd rounds), ``--steps``
+steps each. Per step: CUDA events (GPU) or ``perf_counter`` (CPU) for the
 step's time, ``process_time`` for CPU seconds. Printed: median step time per mode and round, the
 captured/plain ratio of the medians over all rounds and its spread (min–max of the per-round
 ratios), CPU seconds per step, and the store: ``grad_steps`` rows and bytes after the warm-up and
@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def build(layers: int, device: str, seed: int = 0):
@@ -83,6 +82,15 @@ def store_size(path: Path) -> tuple[int, int, int]:
     return rows, size, files
 
 
+def checkpointed(path: Path) -> None:
+    """Fold the WAL into the main file, so file bytes measure the store, not the log."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -114,40 +122,59 @@ def main() -> None:
     cap_opt = torch.optim.AdamW(cap_model.parameters(), lr=1e-4, **fused)
     captured = make_step(cap_model, torch.compile(cap_model, backend=agent.backend(args.backend)), cap_opt, batch,
                          dtype, device)
+    # The same capture with the gradient evidence switched off: what the evidence alone costs.
+    os.environ["GRAPHDECK_GRAD_EVIDENCE"] = "0"
+    noev_model = build(args.layers, device)
+    noev_agent = Agent(store=tmp / "noev.db", run="bench")
+    noev_agent.watch(noev_model)
+    del os.environ["GRAPHDECK_GRAD_EVIDENCE"]
+    noev_opt = torch.optim.AdamW(noev_model.parameters(), lr=1e-4, **fused)
+    no_evidence = make_step(noev_model, torch.compile(noev_model, backend=noev_agent.backend(args.backend)), noev_opt,
+                            batch, dtype, device)
 
     t0 = time.perf_counter()
     for _ in range(args.warmup):
         plain()
         captured()
+        no_evidence()
     if device == "cuda":
         torch.cuda.synchronize()
     print(f"[bench] GPT-2 {args.layers} layers, {args.backend}, {args.dtype}, batch {args.batch}x{args.seq}, "
           f"{device}{' ' + torch.cuda.get_device_name() if device == 'cuda' else ''}, torch {torch.__version__}; "
           f"warm-up {args.warmup} steps each: {time.perf_counter() - t0:.1f} s")
     agent._evidence.flush()
+    checkpointed(store)
     before = store_size(store)
     per_round = []
     for r in range(args.rounds):
-        order = [("plain", plain), ("captured", captured)]
+        order = [("plain", plain), ("no_evidence", no_evidence), ("captured", captured)]
         if r % 2:
             order.reverse()
         res = {}
         for name, fn in order:
             res[name] = timed(fn, args.steps, device)
-        mp, mc = statistics.median(res["plain"][0]), statistics.median(res["captured"][0])
-        per_round.append((mp, mc, res["plain"][1], res["captured"][1]))
-        print(f"[bench] round {r}: plain {mp:.2f} ms/step (cpu {res['plain'][1] * 1e3:.1f} ms), captured "
-              f"{mc:.2f} ms/step (cpu {res['captured'][1] * 1e3:.1f} ms), ratio {mc / mp:.4f}")
+        mp, mc, mn = (statistics.median(res[k][0]) for k in ("plain", "captured", "no_evidence"))
+        per_round.append((mp, mc, res["plain"][1], res["captured"][1], mn, res["no_evidence"][1]))
+        print(f"[bench] round {r}: plain {mp:.2f} ms/step (cpu {res['plain'][1] * 1e3:.1f} ms), capture without "
+              f"evidence {mn:.2f} (cpu {res['no_evidence'][1] * 1e3:.1f}), captured {mc:.2f} ms/step "
+              f"(cpu {res['captured'][1] * 1e3:.1f} ms); captured/plain {mc / mp:.4f}, captured/no-evidence {mc / mn:.4f}")
     agent._evidence.flush()
+    checkpointed(store)
     after = store_size(store)
     agent.close()
-    ratios = [c / p for p, c, _, _ in per_round]
-    mp = statistics.median(p for p, _, _, _ in per_round)
-    mc = statistics.median(c for _, c, _, _ in per_round)
+    ratios = [x[1] / x[0] for x in per_round]
+    ev_ratios = [x[1] / x[4] for x in per_round]
+    mp = statistics.median(x[0] for x in per_round)
+    mc = statistics.median(x[1] for x in per_round)
+    mn = statistics.median(x[4] for x in per_round)
     timed_steps = args.rounds * args.steps
     print(f"[bench] step time: plain {mp:.2f} ms, captured {mc:.2f} ms; captured/plain {mc / mp:.4f} "
           f"(per round {min(ratios):.4f}–{max(ratios):.4f}); CPU s/step plain "
-          f"{statistics.median(x[2] for x in per_round):.4f}, captured {statistics.median(x[3] for x in per_round):.4f}")
+          f"{statistics.median(x[2] for x in per_round):.4f}, captured {statistics.median(x[3] for x in per_round):.4f}, "
+          f"without evidence {statistics.median(x[5] for x in per_round):.4f}")
+    print(f"[bench] the evidence alone: captured/no-evidence {mc / mn:.4f} (per round {min(ev_ratios):.4f}–"
+          f"{max(ev_ratios):.4f}); CPU s/step difference "
+          f"{statistics.median(x[3] - x[5] for x in per_round) * 1e3:+.3f} ms")
     print(f"[bench] store: after warm-up {before[0]} grad_steps rows ({before[1]} B of state), after "
           f"{timed_steps} more unchanged steps {after[0]} rows ({after[1]} B); file bytes {before[2]} -> {after[2]} "
           f"({(after[2] - before[2]) / timed_steps:.1f} B/step)")

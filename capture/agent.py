@@ -150,6 +150,8 @@ class Agent:
             if self._watch_info.get("fsdp2"):  # NOTE: [Gradient evidence]: FSDP2 assigns, not accumulates
                 self._watch_info["evidence_off"] = ("FSDP2 assigns sharded gradients after its reduce-scatter instead "
                                                     "of accumulating them: not observed by this capture")
+            elif os.environ.get("GRAPHDECK_GRAD_EVIDENCE", "1") == "0":
+                self._watch_info["evidence_off"] = "switched off (GRAPHDECK_GRAD_EVIDENCE=0)"
             elif self._evidence is None:
                 from graphdeck.capture.grad_evidence import GradEvidence
 

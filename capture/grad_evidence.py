@@ -67,21 +67,35 @@ def _nested(limit: int = 400) -> bool:
     return False
 
 
-def user_site(frame=None, limit: int = 60, depth: int = 1) -> str | None:
-    """``"file.py:LINE in func: code"`` of the innermost frame outside torch and graphdeck
-    (``depth`` 2: that frame and its nearest user caller, joined by ``" ← "``)."""
-    import linecache
-
+def user_frames(frame=None, limit: int = 60, depth: int = 1) -> tuple:
+    """``((file, line, function), …)`` of the ``depth`` innermost frames outside torch and
+    graphdeck (cheap: no source lines read; :func:`format_frames` makes the text)."""
     f = frame if frame is not None else sys._getframe(1)
-    found: list[str] = []
+    found: list[tuple] = []
     while f is not None and limit and len(found) < depth:
         fn = f.f_code.co_filename
         mod = f.f_globals.get("__name__") or ""
         if not (mod.startswith(_LIBRARY_MODULES) or mod == "torch" or fn.startswith("<")):
-            code = linecache.getline(fn, f.f_lineno).strip()
-            found.append(f"{fn}:{f.f_lineno} in {f.f_code.co_name}" + (f": {code}" if code else ""))
+            found.append((fn, f.f_lineno, f.f_code.co_name))
         f, limit = f.f_back, limit - 1
-    return " ← ".join(found) or None
+    return tuple(found)
+
+
+def format_frames(frames: tuple) -> str | None:
+    """``"file.py:LINE in func: code ← caller.py:LINE in f: code"``."""
+    import linecache
+
+    out = []
+    for fn, line, name in frames or ():
+        code = linecache.getline(fn, line).strip()
+        out.append(f"{fn}:{line} in {name}" + (f": {code}" if code else ""))
+    return " ← ".join(out) or None
+
+
+def user_site(frame=None, limit: int = 60, depth: int = 1) -> str | None:
+    """``"file.py:LINE in func: code"`` of the innermost frame outside torch and graphdeck
+    (``depth`` 2: that frame and its nearest user caller, joined by ``" ← "``)."""
+    return format_frames(user_frames(frame if frame is not None else sys._getframe(1), limit, depth))
 
 
 def _checkpoint_site(module_name=None, limit: int = 200) -> str | None:
@@ -167,7 +181,7 @@ class _Window:
         self.outputs: dict[int, dict[str, int]] = {}  # graph key -> output name -> LIVE|DEAD bits
         self.reads: dict[int, set[tuple]] = {}  # graph key -> {(GraphInfo, fqns)}
         self.multi_sites: dict[int, str | None] = {}
-        self.loss_site = self.output_site = None
+        self.loss_site = self.output_site = None  # output_site: raw user_frames of the call
         self.output_names: list[str] = []
         self.thread: int | None = None
 
@@ -315,7 +329,7 @@ class GradEvidence:
                     fqns = tuple(self.agent._live_name(t) for t in params)
                     if len(self._fqn_cache) < 4096:
                         self._fqn_cache[key] = fqns
-            call = (info, fqns, threading.get_ident(), user_site(sys._getframe(1), depth=2))
+            call = (info, fqns, threading.get_ident(), user_frames(sys._getframe(1), depth=2))
             for fn, items in groups.items():
                 fn.register_prehook(partial(self._on_output_grads, call, items))
         except Exception as exc:  # noqa: BLE001
@@ -337,9 +351,8 @@ class GradEvidence:
                         if name not in w.output_names:
                             w.output_names.append(name)
                 w.reads.setdefault(info.key, set()).add((info, fqns))
-                if dead and w.loss_site is None:
-                    w.output_site = site
-                    w.loss_site = user_site(sys._getframe(1)) or _thread_site(thread)
+                if dead and w.output_site is None:  # formatted at close, only if it matters
+                    w.output_site, w.thread = site, thread
                 self._join(w, t)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
@@ -382,14 +395,11 @@ class GradEvidence:
         state = {"trainable": trainable, "none": none, "zero": sorted(zero - set(none)), "multi": multi,
                  "frozen": frozen, "unobserved": unobserved}
         sites = {}
-        if none and w.loss_site is None:  # eager: the backward() caller, when this thread runs it
-            w.loss_site = user_site(sys._getframe(1))
-        if none:
-            sites["loss"] = w.loss_site
-        if state["zero"] or w.output_names:
+        if none or state["zero"]:  # the backward() caller: this thread (CPU), else the forward's thread
+            sites["loss"] = user_site(sys._getframe(1)) or _thread_site(w.thread)
+        if state["zero"]:
             sites["skipped_outputs"] = w.output_names[:16]
-            sites["loss"] = w.loss_site
-            sites["output"] = w.output_site
+            sites["output"] = format_frames(w.output_site)
         if multi:
             sites["multi"] = {params[i][0]: s for i, s in w.multi_sites.items() if s and params[i][0] in multi}
         return state, sites
