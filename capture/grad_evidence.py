@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 PERSIST_EVERY_S = 30.0
+STEADY_AFTER = 3  # identical backward passes before the hooks come off (NOTE: [Steady mode])
 _LIVE, _DEAD = 1, 2
 _LIBRARY_MODULES = ("torch.", "graphdeck.")
 
@@ -193,7 +194,11 @@ class GradEvidence:
         self.agent = agent
         self._params: list[tuple[str, Any]] = []  # index -> (fqn, weak ref to the parameter)
         self._index: dict[int, int] = {}
-        self._hooked: set[int] = set()
+        self._hooked: set[int] = set()  # trainable parameters known to the hooks
+        self._handles: dict[int, Any] = {}  # idx -> hook handle (none in steady mode)
+        self._steady = False
+        self._same = 0  # backward passes in a row with the same state
+        self._fsdp: bool | None = None
         self._lock = threading.RLock()
         self._win: _Window | None = None
         self._opt_steps = 0
@@ -228,10 +233,49 @@ class GradEvidence:
 
     def _hook(self, idx: int, p) -> None:
         try:
-            p.register_post_accumulate_grad_hook(partial(self._on_accumulate, idx))
+            self._handles[idx] = p.register_post_accumulate_grad_hook(partial(self._on_accumulate, idx))
             self._hooked.add(idx)
         except Exception:  # noqa: BLE001 - a tensor that takes no hook stays unobserved
             pass
+
+    # NOTE: [Steady mode]
+    # The per-parameter hooks cost a Python call per parameter per backward (~1 µs each, a few %
+    # of a launch-bound step). Once STEADY_AFTER backward passes in a row gave the same state,
+    # with compiled outputs to mark each backward's end and no parameter accumulated twice, the
+    # hooks are removed: at the end of each backward one pass over the parameters compares each
+    # ``.grad`` with the one seen last (a weak reference and its version counter), which tells
+    # received / not received (accumulation counts are not taken). The first change of state
+    # re-installs the hooks for the next passes.
+    def _set_steady(self, steady: bool) -> None:
+        if steady == self._steady:
+            return
+        self._steady = steady
+        if steady:
+            for h in self._handles.values():
+                h.remove()
+            self._handles.clear()
+            return
+        for idx, (_fqn, ref) in enumerate(self._params):
+            p = ref()
+            if idx in self._hooked and p is not None and p.requires_grad:
+                self._hook(idx, p)
+
+    def _remember_grads(self, w: _Window | None) -> None:
+        """One pass over the parameters: in steady mode, fill ``w.counts`` with those whose
+        ``.grad`` changed since the last pass; always, remember each ``.grad`` for the next."""
+        sig = self._sig
+        counts = w.counts if (w is not None and self._steady) else None
+        for idx, (_fqn, ref) in enumerate(self._params):
+            p = ref()
+            g = p.grad if p is not None else None
+            if g is None:
+                sig.pop(idx, None)
+                continue
+            prev = sig.get(idx)
+            if prev is None or prev[0]() is not g or prev[1] != g._version:
+                sig[idx] = (weakref.ref(g), g._version)
+                if counts is not None:
+                    counts[idx] = 1
 
     def _module_name(self, module) -> str | None:
         for model in self.agent._models:
@@ -431,10 +475,13 @@ class GradEvidence:
             self._win = None
         if not w.counts and not w.outputs:
             return
-        if self._fsdp2():
+        if self._fsdp is None:
+            self._fsdp = self._fsdp2()
+        if self._fsdp:
             self._off("FSDP2 assigns sharded gradients after its reduce-scatter instead of accumulating them, "
                       "so which gradient arrived is not observed under FSDP2 by this capture")
             return
+        self._remember_grads(w)
         state, sites = self._state(w)
         if partial_:  # the backward did not finish (it raised, or the job died in it)
             state["partial"] = True
@@ -447,7 +494,13 @@ class GradEvidence:
         if by_opt and self._backward_rows:
             self._renumber()
         row = self._row
-        if row is not None and row["key"] == key and row["source"] == source:
+        same = row is not None and row["key"] == key
+        self._same = self._same + 1 if same else 0
+        if not same and self._steady:
+            self._set_steady(False)  # a change: count accumulations again
+        elif same and not self._steady and self._same >= STEADY_AFTER and w.outputs and not state["multi"]:
+            self._set_steady(True)
+        if same and row["source"] == source:
             row["last"], row["n"], row["dirty"] = step, row["n"] + 1, True
             if time.monotonic() - self._last_persist > PERSIST_EVERY_S:
                 self._persist(row)

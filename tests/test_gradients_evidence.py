@@ -179,3 +179,30 @@ def test_reentrant_checkpoint_reuse_predicts_ready_twice(jobs):
     assert "block (LoRALinear.forward" in twice[0].message and "mark a variable ready only once" in twice[0].message
     assert not [r for r in rep if r.status in ("NO_GRAD", "NOT_IN_GRAPH")], rep.to_text()
     assert {r.fqn for r in rep if r.status == "FROZEN"} == {"block.base.weight", "block.base.bias"}
+
+
+def test_steady_mode_drops_the_hooks_and_still_sees_a_change(tmp_path):
+    """After 3 identical steps of a compiled model the per-parameter hooks come off (NOTE: [Steady
+    mode]); a head skipped at step 8 is still reported from step 8, and the next steps again."""
+    store = tmp_path / "s.db"
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Detector()
+    agent = Agent(store=store, run="steady")
+    agent.watch(model)
+    fn = torch.compile(model, backend=agent.backend("aot_eager"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    labels = torch.tensor([0, 1] * 3)
+    steady_at = []
+    for step in range(12):
+        cls_logits, boxes = fn(torch.randn(6, 8))
+        detection_loss(cls_logits, boxes, labels, step, skip_step=8).backward()
+        opt.step()
+        opt.zero_grad()
+        steady_at.append(agent._evidence._steady)
+    agent.close()
+    assert steady_at[3:8] == [True] * 5 and steady_at[8] is False, steady_at
+    rep = validate_backward(store, "steady")
+    row = next(r for r in rep if r.fqn == "box_head.weight")
+    assert row.steps == [[0, 7, "ok"], [8, 8, "zero"], [9, 11, "ok"]], row.steps
+    assert rep.coverage["steps"][0]["backward_passes"] == 12
