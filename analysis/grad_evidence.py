@@ -53,6 +53,7 @@ class Evidence:
     watch: dict[int, dict] = field(default_factory=dict)
     graph_ranks: set[int] = field(default_factory=set)  # ranks that stored a compiled graph
     off: dict[int, str] = field(default_factory=dict)  # rank -> why the capture observed nothing
+    imported: bool = False  # graphs from an imported TORCH_TRACE log (its parameters: what graphs read)
 
     def __bool__(self) -> bool:
         return bool(self.by_rank)
@@ -64,7 +65,10 @@ def load(session: Session, run_id: int) -> Evidence:
     ev = Evidence()
     from sqlalchemy import inspect
 
-    if not inspect(session.get_bind()).has_table("grad_steps"):  # a store older than schema 3
+    ev.imported = session.execute(text(
+        "SELECT 1 FROM graphs WHERE run_id = :r AND meta_json LIKE '%\"source\": \"torch_trace\"%' LIMIT 1"),
+        {"r": run_id}).first() is not None
+    if not inspect(session.connection()).has_table("grad_steps"):  # a store older than schema 3
         return ev
     for rank, first, last, n, source, closed, state in session.execute(text(
             "SELECT rank, step_first, step_last, n_backward, step_source, closed, state_json FROM grad_steps "
@@ -164,7 +168,7 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
         missing.append(f"rank(s) {sorted(seen - watched)}: the parameter list holds only what graphs read "
                        "(parameters no graph reads cannot be seen): capture with Agent.watch(model) or pass "
                        "--expect-params FILE")
-    elif params_known and not partial_list:
+    elif params_known and not partial_list and not ev.imported:
         cov["parameter_list"] = "stored, but not known to be the model's own"
         missing.append("the store does not say whether its parameter list is the model's own (an older capture, or "
                        "one without Agent.watch(model)): a parameter no graph reads may be missing; capture with "
