@@ -63,9 +63,10 @@ def _dist_info() -> tuple[int, int, str | None]:
 class _CompileEventHandler(logging.Handler):
     """Keeps torch's structured compile records (the ones TORCH_TRACE writes) for the store."""
 
-    def __init__(self, sink: list[dict]):
+    def __init__(self, sink: list[dict], on_record=None):
         super().__init__(level=logging.DEBUG)
         self.sink = sink
+        self.on_record = on_record  # called after each kept record (the agent writes it at once)
 
     def emit(self, record: logging.LogRecord) -> None:
         meta = getattr(record, "metadata", None)
@@ -92,6 +93,8 @@ class _CompileEventHandler(logging.Handler):
         if isinstance(payload, str) and len(payload) > PAYLOAD_LIMIT_CHARS and name not in UNCUT_PAYLOADS:
             payload = payload[:PAYLOAD_LIMIT_CHARS] + f"…[total_len={len(payload)}]"
         self.sink.append({"name": name, "compile_id": cid, "metadata": meta, "payload": payload})
+        if self.on_record is not None:
+            self.on_record()
 
 
 class Agent:
@@ -113,7 +116,7 @@ class Agent:
         self._auto_params: dict[str, torch.Tensor] = {}  # parameters found in graphs, model not watched
         self._ddp_parents: dict[int, int] = {}  # id(unsplit gm) -> graphs.id
         self._events: list[dict] = []
-        self._handler = _CompileEventHandler(self._events)
+        self._handler = _CompileEventHandler(self._events, self._write_records_now)
         from graphdeck.capture.comm_groups import CommGroupWatch
 
         self._comm = CommGroupWatch()  # DDP buckets / FSDP2 groups (NOTE: [Communication groups])
@@ -121,6 +124,10 @@ class Agent:
         from torch._logging._internal import trace_log
 
         trace_log.addHandler(self._handler)
+        import atexit
+        import weakref
+
+        atexit.register(_flush_at_exit, weakref.ref(self))  # a job without close() loses nothing
         self.graph_ids: list[int] = []
         self.capture_time_s = 0.0
         self._watch_info: dict = {}
@@ -468,6 +475,14 @@ class Agent:
         self.writer.add_bindings(rows)
 
     # ----------------------------------------------------------------------------- events, profile
+    def _write_records_now(self) -> None:
+        """Write compile records as they arrive (a crash or ``os._exit`` loses at most the one in
+        flight); never raises into the compile."""
+        try:
+            self.flush_events()
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            warnings.warn(f"graphdeck: could not write a compile record: {type(exc).__name__}: {exc}")
+
     def flush_events(self) -> None:
         """Write the structured compile records received so far."""
         events, self._events[:] = list(self._events), []
@@ -569,6 +584,20 @@ def _compile_reason(gm: torch.fx.GraphModule) -> tuple[str | None, str | None]:
         frame_name = f"{fs.name} ({os.path.basename(fs.filename)}:{fs.lineno})"
     brk = str(getattr(reason, "reason", "graph break")) if getattr(reason, "graph_break", False) else None
     return frame_name, brk
+
+
+def _flush_at_exit(ref) -> None:
+    """At interpreter exit: what :meth:`Agent.close` writes, for a job that never called it."""
+    agent = ref()
+    if agent is None:
+        return
+    try:
+        agent.flush_events()
+        agent.record_comm_groups()
+        if agent._evidence is not None:
+            agent._evidence.flush(closed=True)
+    except Exception:  # noqa: BLE001 - never fail the interpreter's exit
+        pass
 
 
 def _parallel_info(model: torch.nn.Module) -> dict:

@@ -29,4 +29,8 @@ def graphdeck_backend(gm, example_inputs: list[Any], **kwargs):
     ``GRAPHDECK_INNER``; returns the inner backend's compiled callable."""
     agent = default_agent()
     inner = os.environ.get("GRAPHDECK_INNER", "inductor")
+    if inner == "inductor":  # kernel -> FX node links for traces, as Agent.backend("inductor") does
+        from graphdeck.capture.provenance import enable_provenance
+
+        enable_provenance()
     return agent._compile(gm, example_inputs, inner, **kwargs)

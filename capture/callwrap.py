@@ -56,6 +56,10 @@ def watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent:
 
         def make_hook(fn):
             def pre_hook(grads):
+                from graphdeck.capture.grad_evidence import compiled_autograd_active
+
+                if compiled_autograd_active():  # traced by compiled autograd, or queue_callback refused
+                    return None
                 agent._observe_grads_after_backward()
                 for name, nr in groups[fn]:
                     result[name] = nr < len(grads) and grads[nr] is not None

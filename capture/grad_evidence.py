@@ -45,9 +45,30 @@ from typing import Any
 import torch
 
 PERSIST_EVERY_S = 30.0
+PERSIST_FIRST = 8  # a row's first extensions are written at once (a job killed early loses no step)
 STEADY_AFTER = 3  # identical backward passes before the hooks come off (NOTE: [Steady mode])
 _LIVE, _DEAD = 1, 2
 _LIBRARY_MODULES = ("torch.", "graphdeck.")
+
+
+def compiled_autograd_active() -> bool:
+    """Whether the backward runs under compiled autograd now (its hooks are then traced into a
+    graph or run where ``queue_callback`` is refused: the capture's hooks stand down)."""
+    if torch.compiler.is_compiling():
+        return True
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return bool(ca is not None and (getattr(ca, "compiled_autograd_enabled", False)
+                                    or getattr(ca, "in_compiled_autograd_region", False)))
+
+
+def compiled_autograd_ran() -> bool:
+    """Whether compiled autograd captured a backward graph in this process."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return bool(counters["compiled_autograd"].get("captures"))
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _task_id() -> int:
@@ -316,7 +337,7 @@ class GradEvidence:
             torch.autograd.Variable._execution_engine.queue_callback(partial(self._task_done, w, t))
 
     def _on_accumulate(self, idx: int, p) -> None:
-        if self._failed:
+        if self._failed or compiled_autograd_active():
             return
         try:
             # A compiled backward that returns None for a parameter still runs its AccumulateGrad
@@ -380,6 +401,8 @@ class GradEvidence:
             self._fail(exc)
 
     def _on_output_grads(self, call: tuple, items: list, grads) -> None:
+        if compiled_autograd_active():
+            return None
         try:
             info, fqns, thread, site = call
             with self._lock:
@@ -502,7 +525,7 @@ class GradEvidence:
             self._set_steady(True)
         if same and row["source"] == source:
             row["last"], row["n"], row["dirty"] = step, row["n"] + 1, True
-            if time.monotonic() - self._last_persist > PERSIST_EVERY_S:
+            if row["n"] <= PERSIST_FIRST or time.monotonic() - self._last_persist > PERSIST_EVERY_S:
                 self._persist(row)
             return
         if row is not None:
@@ -541,6 +564,9 @@ class GradEvidence:
         """Close a window left open (a backward that ended inside nested tasks only) and persist
         the current row's extent. Never raises."""
         try:
+            if not self._failed and compiled_autograd_ran():
+                self._off("compiled autograd ran the backward as a compiled graph: the capture's gradient hooks "
+                          "stand down under it, so which gradient arrived was not observed for those passes")
             with self._lock:
                 if self._win is not None:
                     w = self._win

@@ -12,7 +12,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, event, select
 
 from graphdeck.capture.fxrecord import GraphRecord
 from graphdeck.store.db import Interner, get_or_create_rank, get_or_create_run, open_engine, retrying, write_session
@@ -32,6 +32,38 @@ class IOBinding:
     desc: str | None = None
 
 
+def clean_text(value: str) -> str:
+    """``value`` as every store can hold it: a lone surrogate (SQLite's UTF-8 refuses it) becomes
+    ``\\udXXX`` text and NUL (PostgreSQL's text refuses it) ``\\x00``; other text unchanged.
+
+    # NOTE: [Odd names] One module or parameter name the database refuses would roll back the
+    # transaction of its graph, losing every node of it; the capture stores such a name escaped
+    # and keeps the rest.
+    """
+    if value.isascii():
+        return value.replace("\x00", "\\x00") if "\x00" in value else value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value.replace("\x00", "\\x00") if "\x00" in value else value
+
+
+def _clean(params):
+    if isinstance(params, str):
+        return clean_text(params)
+    if isinstance(params, dict):
+        return {k: _clean(v) if isinstance(v, (str, dict, list, tuple)) else v for k, v in params.items()}
+    if isinstance(params, (list, tuple)):
+        return type(params)(_clean(v) if isinstance(v, (str, dict, list, tuple)) else v for v in params)
+    return params
+
+
+def _clean_statement_params(conn, cursor, statement, parameters, context, executemany):
+    """``before_cursor_execute`` on the capture's engine: every text parameter cleaned (NOTE: [Odd names])."""
+    return statement, _clean(parameters)
+
+
 def _owner_path(fqn: str | None) -> str | None:
     """A parameter placeholder has no ``nn_module_stack``; it belongs to the module that owns the
     parameter: ``"transformer.h.0.ln_1.weight"`` → ``"transformer/h/0/ln_1"``."""
@@ -47,6 +79,7 @@ class StoreWriter:
         import torch
 
         self.engine = open_engine(store)
+        event.listen(self.engine, "before_cursor_execute", _clean_statement_params, retval=True)
         self.rank = rank
         self.world_size = world_size
 
