@@ -418,7 +418,7 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
             report.findings.append(f)
     if len(ranks) > 1 and not (ev and set(ranks) <= set(ev.by_rank)):
         report.findings += divergence_findings([r for r in report.rows if r.status != "BUFFER"], ddp=ddp,
-                                               find_unused=bool(find_unused))
+                                               find_unused=bool(find_unused), compiled=True)
     if ev:
         report.findings += GE.evidence_findings([r for r in report.rows if not r.allowed], ev, ddp=ddp,
                                                 find_unused=find_unused, fsdp=fsdp)

@@ -363,12 +363,15 @@ def _coverage_lines(cov: dict) -> list[str]:
     return out
 
 
-def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = False) -> list[Finding]:
+def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = False,
+                        compiled: bool = False) -> list[Finding]:
     """Parameters whose status differs between ranks. Under DDP (or any data-parallel all-reduce
     of gradients) the ranks then all-reduce different sets of buckets: the first backward hangs
     (``PREDICTED_HANG``). Under DDP with ``find_unused_parameters=True`` (``find_unused``) DDP
     all-reduces zeros for the ranks that skipped the parameter, so nothing hangs, but the ranks
-    compute different models (``RANK_DIVERGENCE``, an error too). Sources: the first use on the
+    compute different models (``RANK_DIVERGENCE``, an error too). With ``compiled`` (graph mode),
+    ranks whose only trouble is ``DEAD_END`` get a zero-filled gradient from the compiled backward:
+    the collectives match, no hang (``RANK_DIVERGENCE``: those ranks silently contribute zeros). Sources: the first use on the
     ranks where it is read, else the cut. The rows of such a parameter on the ranks without a
     gradient get the finding's fix (their own, "remove or freeze it", would miss the cause)."""
     by_fqn: dict[str, list[ParamRow]] = defaultdict(list)
@@ -386,7 +389,13 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
         from graphdeck.analysis.grad_cuts import enclosing_branch
 
         branch = enclosing_branch(src) if src else None
-        if ddp and find_unused:
+        zero_filled = compiled and all(r.status == "DEAD_END" for r in group if r.status != "OK")
+        if zero_filled:
+            # A compiled region's output the loss skipped gets a zero gradient, not none: hooks fire,
+            # collectives match, nothing hangs (issue 17).
+            consequence = (f"its compiled backward fills a zero gradient on rank(s) {without} (the output is unused "
+                           "there), so no collective is left unmatched: those ranks silently contribute zeros")
+        elif ddp and find_unused:
             consequence = ("find_unused_parameters=True makes DDP all-reduce zeros for it on rank(s) "
                            f"{without}, so the job runs, but the ranks compute different models and its averaged "
                            "gradient is diluted")
@@ -403,10 +412,11 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
         for r in group:  # the row's own fix (remove, freeze, eager mode) would miss the cause
             if r.status != "OK":
                 r.fix = f"it gets a gradient on rank(s) {with_grad} but not here: {fix}"
-        out.append(Finding(kind="RANK_DIVERGENCE" if ddp and find_unused else "PREDICTED_HANG", severity="error",
+        out.append(Finding(kind="RANK_DIVERGENCE" if (ddp and find_unused) or zero_filled else "PREDICTED_HANG",
+                           severity="error",
                            message=message, params=[fqn], ranks=per_rank,
                            source=branch.split(": ", 1)[0] if branch else (_short_source(src) if src else None),
-                           fix=fix if ddp and find_unused else fix + ", or use find_unused_parameters=True"))
+                           fix=fix if (ddp and find_unused) or zero_filled else fix + ", or use find_unused_parameters=True"))
     return out
 
 
