@@ -295,7 +295,7 @@ class GradReport:
             if r.cut and r.cut.region:
                 lines.append(f"      no_grad region opened at {r.cut.region}")
             if r.first_bad_step is not None:
-                lines.append(f"      steps: " + ", ".join(f"{a}" + (f"–{b}" if b != a else "") + f" {st}"
+                lines.append("      steps: " + ", ".join(f"{a}" + (f"–{b}" if b != a else "") + f" {st}"
                                                         for a, b, st in (r.steps or [])))
             if r.fix:
                 lines.append(f"      fix: {r.fix}")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 import warnings
 from typing import Any
@@ -36,8 +35,15 @@ import torch
 import torch.fx
 
 from graphdeck.capture.aot import grad_of, input_index, shadow_trace
-from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, output_descs, record_graph
 from graphdeck.capture.callwrap import BindingPlan, bind_at_run_time, child_rows, watch_output_grads
+from graphdeck.capture.compile_context import (
+    compile_context,
+    compile_reason,
+    ddp_context,
+    parallel_info,
+    under_ddp_optimizer,
+)
+from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, output_descs, record_graph
 from graphdeck.capture.writer import IOBinding, StoreWriter
 
 log = logging.getLogger("graphdeck.capture")
@@ -152,7 +158,7 @@ class Agent:
         if inner is not model:
             self._comm.note_ddp(model)
         self._models.append(inner)
-        self._watch_info.update(_parallel_info(model))
+        self._watch_info.update(parallel_info(model))
         try:
             if self._watch_info.get("fsdp2"):  # NOTE: [Gradient evidence]: FSDP2 assigns, not accumulates
                 self._watch_info["evidence_off"] = ("FSDP2 assigns sharded gradients after its reduce-scatter instead "
@@ -321,11 +327,11 @@ class Agent:
 
         cid = CompileContext.current_compile_id()
         compile_id = str(cid) if cid is not None else None
-        ddp = _ddp_context()
-        under_ddp = ddp is not None or _under_ddp_optimizer()
+        ddp = ddp_context()
+        under_ddp = ddp is not None or under_ddp_optimizer()
         # A DDP bucket's sub-graph carries DDPOptimizer's own "intentional graph-break" reason;
         # the frame and the real reason are those of the unsplit Dynamo graph.
-        frame_name, break_reason = _compile_reason(ddp[1] if ddp is not None else gm)
+        frame_name, break_reason = compile_reason(ddp[1] if ddp is not None else gm)
         kind, parent_id, part_idx = "dynamo", None, None
         param_by_node: dict[str, str] = {}
         writer = self.writer
@@ -372,7 +378,7 @@ class Agent:
                 "partition_index": part_idx,
                 "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
                 "inner": inner_name, "partition": pending_partition, "ddp": under_ddp,
-                "full_gm": ddp[1] if ddp is not None else gm, "context": _compile_context()}
+                "full_gm": ddp[1] if ddp is not None else gm, "context": compile_context()}
 
     def _finish(self, p: dict, compile_time_s: float) -> None:
         writer = self.writer
@@ -571,21 +577,6 @@ def _graph_arg_example(node: torch.fx.Node) -> Any:
         return None
 
 
-def _compile_reason(gm: torch.fx.GraphModule) -> tuple[str | None, str | None]:
-    """(frame "name (file:line)", graph-break reason or ``None``) from Dynamo's
-    ``compile_subgraph_reason`` on the graph it hands to the backend."""
-    reason = getattr(gm, "compile_subgraph_reason", None)
-    if reason is None:
-        return None, None
-    frame_name = None
-    stack = getattr(reason, "user_stack", None) or []
-    if stack:
-        fs = stack[-1]
-        frame_name = f"{fs.name} ({os.path.basename(fs.filename)}:{fs.lineno})"
-    brk = str(getattr(reason, "reason", "graph break")) if getattr(reason, "graph_break", False) else None
-    return frame_name, brk
-
-
 def _flush_at_exit(ref) -> None:
     """At interpreter exit: what :meth:`Agent.close` writes, for a job that never called it."""
     agent = ref()
@@ -600,88 +591,9 @@ def _flush_at_exit(ref) -> None:
         pass
 
 
-def _parallel_info(model: torch.nn.Module) -> dict:
-    """How ``model`` is parallelised: ``{"ddp": bool, "find_unused_parameters": bool | None,
-    "static_graph": bool | None, "fsdp2": bool}``."""
-    out: dict = {}
-    if type(model).__name__ == "DistributedDataParallel":
-        out.update(ddp=True, find_unused_parameters=bool(getattr(model, "find_unused_parameters", False)),
-                   static_graph=bool(getattr(model, "static_graph", False)))
-    try:
-        from torch.distributed.fsdp import FSDPModule
-
-        if any(isinstance(m, FSDPModule) for m in model.modules()):
-            out["fsdp2"] = True
-    except Exception:  # noqa: BLE001 - torch without FSDP2
-        pass
-    return out
-
-
-def _compile_context() -> dict:
-    """The caller's grad mode and autocast state while a graph is compiled: ``{"grad_enabled":
-    bool, "autocast": [{"device": "cpu", "dtype": "bfloat16", "enabled": True}, ...]}`` (only
-    devices where autocast is on)."""
-    out: dict = {"grad_enabled": torch.is_grad_enabled(), "autocast": []}
-    for device in ("cpu", "cuda"):
-        try:
-            if torch.is_autocast_enabled(device):
-                out["autocast"].append({"device": device, "enabled": True,
-                                        "dtype": str(torch.get_autocast_dtype(device)).removeprefix("torch.")})
-        except Exception:  # noqa: BLE001 - older torch spells these differently
-            pass
-    return out
-
-
 def _dist_ready() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
 
 
-def _under_ddp_optimizer() -> bool:
-    """Whether DDPOptimizer is on the call stack (it calls the backend itself, split or not)."""
-    try:
-        from torch._dynamo.backends.distributed import DDPOptimizer
-    except Exception:
-        return False
-    frame = sys._getframe(2)
-    for _ in range(40):
-        if frame is None:
-            return False
-        if isinstance(frame.f_locals.get("self"), DDPOptimizer):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _ddp_context():
-    """(DDPOptimizer, unsplit GraphModule, sub-module name) when DDPOptimizer is compiling one of
-    its bucket sub-graphs right now, else ``None``.
-
-    # NOTE: [Finding the DDP bucket]
-    # DDPOptimizer splits the Dynamo graph and calls the backend once per bucket from
-    # SubmodCompiler.run_node; neither passes the bucket to the backend. We look up the calling
-    # frames (a few levels) for those two objects. This is read-only and falls back to
-    # recording a plain Dynamo graph if the frames are not found (e.g. a future torch).
-    """
-    try:
-        from torch._dynamo.backends.distributed import DDPOptimizer, SubmodCompiler
-    except Exception:
-        return None
-    frame = sys._getframe(2)
-    submod_name, opt, full_gm = None, None, None
-    for _ in range(40):
-        if frame is None:
-            break
-        self_obj = frame.f_locals.get("self")
-        if submod_name is None and isinstance(self_obj, SubmodCompiler):
-            n = frame.f_locals.get("n")
-            if isinstance(n, torch.fx.Node) and n.op == "call_module":
-                submod_name = str(n.target)
-        if isinstance(self_obj, DDPOptimizer):
-            opt, full_gm = self_obj, frame.f_locals.get("gm")
-            break
-        frame = frame.f_back
-    if submod_name is None or opt is None or full_gm is None:
-        return None
-    return opt, full_gm, submod_name

@@ -16,7 +16,7 @@ from sqlalchemy import delete, event, select
 
 from graphdeck.capture.fxrecord import GraphRecord
 from graphdeck.store.db import Interner, get_or_create_rank, get_or_create_run, open_engine, retrying, write_session
-from graphdeck.store.schema import CompileEvent, Edge, Graph, GradStep, GraphIO, Node, Param, Partition
+from graphdeck.store.schema import CompileEvent, Edge, GradStep, Graph, GraphIO, Node, Param, Partition
 
 
 @dataclass

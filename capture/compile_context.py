@@ -1,0 +1,108 @@
+"""What the capture reads of the compile it runs inside: the frame and graph-break reason Dynamo
+hands the backend, DDPOptimizer's bucket being compiled, the caller's grad mode and autocast, and
+how the watched model is parallelised. Read-only: nothing here changes the compile.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.fx
+
+
+def compile_reason(gm: torch.fx.GraphModule) -> tuple[str | None, str | None]:
+    """(frame "name (file:line)", graph-break reason or ``None``) from Dynamo's
+    ``compile_subgraph_reason`` on the graph it hands to the backend."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None:
+        return None, None
+    frame_name = None
+    stack = getattr(reason, "user_stack", None) or []
+    if stack:
+        fs = stack[-1]
+        frame_name = f"{fs.name} ({os.path.basename(fs.filename)}:{fs.lineno})"
+    brk = str(getattr(reason, "reason", "graph break")) if getattr(reason, "graph_break", False) else None
+    return frame_name, brk
+
+
+def parallel_info(model: torch.nn.Module) -> dict:
+    """How ``model`` is parallelised: ``{"ddp": bool, "find_unused_parameters": bool | None,
+    "static_graph": bool | None, "fsdp2": bool}``."""
+    out: dict = {}
+    if type(model).__name__ == "DistributedDataParallel":
+        out.update(ddp=True, find_unused_parameters=bool(getattr(model, "find_unused_parameters", False)),
+                   static_graph=bool(getattr(model, "static_graph", False)))
+    try:
+        from torch.distributed.fsdp import FSDPModule
+
+        if any(isinstance(m, FSDPModule) for m in model.modules()):
+            out["fsdp2"] = True
+    except Exception:  # noqa: BLE001 - torch without FSDP2
+        pass
+    return out
+
+
+def compile_context() -> dict:
+    """The caller's grad mode and autocast state while a graph is compiled: ``{"grad_enabled":
+    bool, "autocast": [{"device": "cpu", "dtype": "bfloat16", "enabled": True}, ...]}`` (only
+    devices where autocast is on)."""
+    out: dict = {"grad_enabled": torch.is_grad_enabled(), "autocast": []}
+    for device in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(device):
+                out["autocast"].append({"device": device, "enabled": True,
+                                        "dtype": str(torch.get_autocast_dtype(device)).removeprefix("torch.")})
+        except Exception:  # noqa: BLE001 - older torch spells these differently
+            pass
+    return out
+
+
+def under_ddp_optimizer() -> bool:
+    """Whether DDPOptimizer is on the call stack (it calls the backend itself, split or not)."""
+    try:
+        from torch._dynamo.backends.distributed import DDPOptimizer
+    except Exception:
+        return False
+    frame = sys._getframe(2)
+    for _ in range(40):
+        if frame is None:
+            return False
+        if isinstance(frame.f_locals.get("self"), DDPOptimizer):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def ddp_context():
+    """(DDPOptimizer, unsplit GraphModule, sub-module name) when DDPOptimizer is compiling one of
+    its bucket sub-graphs right now, else ``None``.
+
+    # NOTE: [Finding the DDP bucket]
+    # DDPOptimizer splits the Dynamo graph and calls the backend once per bucket from
+    # SubmodCompiler.run_node; neither passes the bucket to the backend. We look up the calling
+    # frames (a few levels) for those two objects. This is read-only and falls back to
+    # recording a plain Dynamo graph if the frames are not found (e.g. a future torch).
+    """
+    try:
+        from torch._dynamo.backends.distributed import DDPOptimizer, SubmodCompiler
+    except Exception:
+        return None
+    frame = sys._getframe(2)
+    submod_name, opt, full_gm = None, None, None
+    for _ in range(40):
+        if frame is None:
+            break
+        self_obj = frame.f_locals.get("self")
+        if submod_name is None and isinstance(self_obj, SubmodCompiler):
+            n = frame.f_locals.get("n")
+            if isinstance(n, torch.fx.Node) and n.op == "call_module":
+                submod_name = str(n.target)
+        if isinstance(self_obj, DDPOptimizer):
+            opt, full_gm = self_obj, frame.f_locals.get("gm")
+            break
+        frame = frame.f_back
+    if submod_name is None or opt is None or full_gm is None:
+        return None
+    return opt, full_gm, submod_name
