@@ -3,10 +3,15 @@
 ``graphdeck stack`` (a thin command over :func:`run_stack`) starts, on this machine:
 
 1. ``db``: a PostgreSQL server from the distribution's binaries in ``<dir>/pg`` (see
-   :mod:`graphdeck.pg_local`), database ``graphdeck``; or none when ``--store`` names a store;
-2. ``server``: ``graphdeck serve <store> --host H --port P`` with the write token in
-   ``GRAPHDECK_WRITE_TOKENS``, its upload chunks in ``<dir>/uploads`` (``GRAPHDECK_DATA_DIR``),
-   up when ``GET /api/health`` answers (the compose healthcheck);
+   :mod:`graphdeck.pg_local`), database ``graphdeck``; or none when ``--store`` names a store.
+   It takes only the role ``graphdeck`` with its password (scram-sha-256), generated once and
+   kept in ``<dir>/db-password`` (``0600``, never printed); it listens on ``127.0.0.1`` and on a
+   socket in a ``0700`` folder. How to connect (``psql`` with the password file) is printed;
+2. ``server``: ``graphdeck serve --host H --port P`` with the store URL (password included) in
+   ``GRAPHDECK_STORE``, never on a command line (``/proc/PID/cmdline`` is readable by every local
+   user), the write token in ``GRAPHDECK_WRITE_TOKENS``, its upload chunks in ``<dir>/uploads``
+   (``GRAPHDECK_DATA_DIR``, ``0700``), up when ``GET /api/health`` answers (the compose
+   healthcheck);
 3. ``demo`` (``--demo``): ``torchrun --nproc-per-node 2 -m graphdeck.demo --upload-url
    http://H:P`` with ``GRAPHDECK_TOKEN``: each rank captures locally and uploads over HTTP.
 
@@ -38,6 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphdeck.errors import StoreError
+
+#: The file under ``--dir`` holding the PostgreSQL role's password (``0600``).
+PASSWORD_FILE = "db-password"
 
 
 @dataclass
@@ -93,11 +101,21 @@ def _stop(proc: subprocess.Popen | None, timeout_s: float = 20) -> None:
 
 def run_stack(opts: StackOptions) -> int:
     """Start the services, run the demo job, serve until stopped; returns the exit code (the demo
-    job's when it failed, else 0)."""
-    from graphdeck.pg_local import LocalPostgres, create_database
+    job's when it failed, else 0).
+
+    Raises:
+        UnsafeFolderError: ``opts.data_dir`` is another user's, writable by others, or reached
+            through a folder or symlink another user controls (the message names it).
+        StoreError: PostgreSQL did not start, its password file is not private, or the server
+            did not become healthy.
+    """
+    from graphdeck.pg_local import LocalPostgres, _run_user, create_database
+    from graphdeck.server.upload_area import private_dir
     from graphdeck.store.db import display_url
 
-    opts.data_dir.mkdir(parents=True, exist_ok=True)
+    # Ours, writable by no one else (it holds the password file and pg/, chowned to postgres);
+    # new: 0700, or 0711 when root runs PostgreSQL as another user, who must traverse it.
+    private_dir(opts.data_dir, mode=0o711 if _run_user() else 0o700, what="stack folder", tighten=False)
     token = opts.token or os.environ.get("GRAPHDECK_TOKEN")
     if not token:
         token = secrets.token_urlsafe(24)
@@ -120,14 +138,19 @@ def run_stack(opts: StackOptions) -> int:
                 _say(opts, f"db: running as root and the 'postgres' user cannot reach {opts.data_dir}: the cluster "
                            f"runs in {pg_dir} and is copied back to {kept} when the stack stops (a killed stack "
                            "loses this session's runs; a --dir the postgres user can reach avoids the copy)")
-            pg = LocalPostgres(pg_dir, port=opts.pg_port, fast=False).start()
+            password_file = opts.data_dir / PASSWORD_FILE
+            pg = LocalPostgres(pg_dir, port=opts.pg_port, fast=False, password_file=password_file).start()
             store = pg.url_for("graphdeck") if _has_db(pg.url, "graphdeck") else create_database(pg.url, "graphdeck")
-            _say(opts, f"db: PostgreSQL at {display_url(store)} (data in {kept or pg.data_dir}, kept after a stop)")
+            _say(opts, f"db: PostgreSQL at {display_url(store)} (data in {kept or pg.data_dir}, kept after a stop; "
+                       f"role graphdeck only, password in {password_file})")
+            _say(opts, f"db: connect with: PGPASSWORD=\"$(cat {password_file})\" psql -h 127.0.0.1 -p {pg.port} "
+                       f"-U graphdeck graphdeck  (or -h {pg.data_dir}: the socket in {pg.data_dir})")
         # PYTHONSAFEPATH and a cwd of our own: a 'graphdeck/' folder where the stack was started
-        # cannot shadow the installed package in the server or the demo ranks.
-        env = dict(os.environ, GRAPHDECK_WRITE_TOKENS=token, GRAPHDECK_DATA_DIR=str(opts.data_dir / "uploads"),
-                   PYTHONSAFEPATH="1")
-        server = subprocess.Popen([sys.executable, "-P", "-m", "graphdeck.cli", "serve", store, "--host", opts.host,
+        # cannot shadow the installed package in the server or the demo ranks. The store URL (with
+        # its password) goes in the environment: a command line is readable by every local user.
+        env = dict(os.environ, GRAPHDECK_STORE=str(store), GRAPHDECK_WRITE_TOKENS=token,
+                   GRAPHDECK_DATA_DIR=str(opts.data_dir / "uploads"), PYTHONSAFEPATH="1")
+        server = subprocess.Popen([sys.executable, "-P", "-m", "graphdeck.cli", "serve", "--host", opts.host,
                                    "--port", str(opts.port)], env=env, cwd=opts.data_dir)
         base = f"http://{opts.host}:{opts.port}"
         wait_healthy(f"{base}/api/health", proc=server)

@@ -35,8 +35,11 @@ class Settings:
             taken only from loopback clients (:mod:`graphdeck.server.auth`).
         read_tokens: when non-empty, reads need one of these (or a write token); empty means
             reads are open.
-        data_dir: where resumable uploads keep their chunks (server-generated names only);
-            ``None`` means ``<store>.uploads`` beside a SQLite store, else a temp folder.
+        data_dir: where resumable uploads keep their chunks (server-generated names only; made
+            private, or refused: :func:`graphdeck.server.upload_area.private_dir`); ``None``
+            means ``<store>.uploads`` beside a SQLite store; a URL store's is filled in here with
+            its per-store folder under the user's data dir
+            (:func:`graphdeck.server.upload_area.default_data_dir`), never the shared temp dir.
         max_decompressed_bytes: cap on the bytes a gzip upload may inflate to (413 above it).
         max_decompress_ratio: cap on inflated / compressed size, checked once more than 64 MiB
             came out (413 above it).
@@ -73,5 +76,9 @@ class Settings:
         object.__setattr__(self, "read_tokens", tuple(self.read_tokens))
         if self.data_dir is not None:
             object.__setattr__(self, "data_dir", Path(os.fspath(self.data_dir)))
+        elif "://" in store:  # a URL store: a private per-store folder in the user's data dir (issue 18)
+            from graphdeck.server.upload_area import default_data_dir
+
+            object.__setattr__(self, "data_dir", default_data_dir(store))
         if self.max_upload_bytes <= 0:
             raise ValueError(f"max_upload_bytes must be positive, got {self.max_upload_bytes}")

@@ -14,6 +14,13 @@ A chunk is streamed to a temp file in ``chunks/``, checked against its declared 
 sha256, then renamed into place: a killed server leaves at worst a temp file (ignored, removed
 on the next write), never a partial chunk under a final name, and a retried chunk overwrites
 nothing (it is already there with the same checksum, or it is a 409).
+
+NOTE: [Private upload folder] The folder and every folder under it are ``0700`` and the files
+``0600``, created with ``O_EXCL | O_NOFOLLOW``. :func:`private_dir` refuses a data dir made by
+another user, writable by anyone else, or reached through a symlink or folder another user
+controls (:class:`UnsafeFolderError`, naming the folder), so no other local user can plant a
+symlink for the server to write through. A URL store's default folder is per store under the
+user's data dir (:func:`default_data_dir`), not a predictable name in the shared temp dir.
 """
 
 from __future__ import annotations
@@ -21,9 +28,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
+import pwd
 import re
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -39,8 +49,11 @@ from graphdeck.errors import (
     ConflictError,
     NotFoundError,
     PayloadTooLargeError,
+    StoreError,
     StoreFullError,
 )
+
+log = logging.getLogger(__name__)
 
 #: Largest chunk a client may declare (one PUT body).
 MAX_CHUNK_BYTES = 64 * 1024 * 1024
@@ -85,6 +98,154 @@ class UploadSpec:
         return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+class UnsafeFolderError(StoreError):
+    """A folder the server would write into is not private to it; the message names the folder
+    and why (owner, mode, a symlink on the way)."""
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _resolve_parent(path: Path, what: str) -> tuple[Path, list[str]]:
+    """Walk ``path`` from ``/`` without trusting anything another user controls: every existing
+    folder on the way must be owned by root or us and writable by no one else unless sticky (like
+    ``/tmp``); a symlink on the way must be owned by root or us, and its target is walked the same
+    way. Returns ``(the deepest existing folder, resolved; the names still missing below it)``."""
+    uid = os.geteuid()
+    pending, cur, hops = list(path.parts[1:]), Path("/"), 0
+    while True:
+        st = os.lstat(cur)
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeFolderError(f"refusing the {what} {path}: {cur} on its way is not a folder")
+        if st.st_uid not in (0, uid):
+            raise UnsafeFolderError(f"refusing the {what} {path}: {cur} on its way is owned by {_owner(st.st_uid)}, "
+                                    "who could swap what is below it")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UnsafeFolderError(f"refusing the {what} {path}: {cur} on its way is writable by group or others "
+                                    f"(mode {oct(stat.S_IMODE(st.st_mode))}) and not sticky")
+        while pending and pending[0] in ("", "."):
+            pending.pop(0)
+        if not pending:
+            return cur, []
+        part = pending.pop(0)
+        if part == "..":
+            cur = cur.parent
+            continue
+        nxt = cur / part
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            return cur, [part, *pending]
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (0, uid):
+                raise UnsafeFolderError(f"refusing the {what} {path}: {nxt} is a symbolic link owned by "
+                                        f"{_owner(st.st_uid)}")
+            hops += 1
+            if hops > 40:
+                raise UnsafeFolderError(f"refusing the {what} {path}: too many symbolic links on its way")
+            target = Path(os.readlink(nxt))
+            if target.is_absolute():
+                cur, pending = Path("/"), [*target.parts[1:], *pending]
+            else:
+                pending = [*target.parts, *pending]
+            continue
+        cur = nxt
+
+
+def private_dir(path: str | os.PathLike, *, mode: int = 0o700, what: str = "folder", tighten: bool = True) -> Path:
+    """Make ``path`` a folder of ours that no other local user can write into or redirect, and
+    return it (absolute, symlinks on the way resolved).
+
+    The folders on the way are checked as :func:`_resolve_parent` says (missing ones are created
+    ``0700``). ``path`` itself is created with ``mode`` by an exclusive ``mkdir``; when it exists
+    it must be a real folder (not a symlink) owned by us and writable by no one else; ``tighten``
+    then sets its mode to ``mode`` (an older ``0755`` one nobody else could write to).
+
+    Raises:
+        UnsafeFolderError: a symlink, not a folder, owned by another user, writable by group or
+            others, or something on its way is, or it cannot be made (the message names the
+            folder, ``what`` it is for and why).
+    """
+    path = Path(os.path.abspath(os.fspath(path)))
+    if path == Path("/"):
+        raise UnsafeFolderError(f"refusing / as the {what}")
+    try:
+        parent, missing = _resolve_parent(path.parent, what)
+        for name in missing:
+            parent = _make_dir(parent / name, 0o700, what, path)
+        return _make_dir(parent / path.name, mode, what, path, tighten=tighten)
+    except UnsafeFolderError:
+        raise
+    except OSError as exc:
+        raise UnsafeFolderError(f"cannot make the {what} {path}: {exc.strerror} ({exc.filename})") from exc
+
+
+def _make_dir(d: Path, mode: int, what: str, asked: Path, *, tighten: bool = True) -> Path:
+    try:
+        os.mkdir(d, mode)
+        os.chmod(d, mode)  # past the umask (0711 for a folder others traverse)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    name = f"the {what} {asked}" if d == asked else f"the {what} {asked}: {d} on its way"
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeFolderError(f"refusing {name}: it is a symbolic link (to {os.readlink(d)})")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeFolderError(f"refusing {name}: it is not a folder")
+    if st.st_uid != os.geteuid():
+        raise UnsafeFolderError(f"refusing {name}: it is owned by {_owner(st.st_uid)}, not by "
+                                f"{_owner(os.geteuid())}; another user made it, so it may hold their symlinks "
+                                "(remove it, or choose another folder)")
+    if st.st_mode & 0o022:
+        raise UnsafeFolderError(f"refusing {name}: it is writable by group or others (mode "
+                                f"{oct(stat.S_IMODE(st.st_mode))}), so it may hold another user's symlinks "
+                                "(check it, then chmod 700 it, or choose another folder)")
+    if tighten and stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(d, mode)
+    return d
+
+
+def default_data_dir(store: str, environ: dict | None = None) -> Path:
+    """The upload folder of the URL store ``store`` when none is given:
+    ``$XDG_DATA_HOME/graphdeck/uploads/<16 hex>`` (``~/.local/share`` when the variable is unset
+    or not absolute), named by a hash of the URL without its password, so two servers on two
+    databases never share one. Only a path: :class:`UploadArea` creates it (private)."""
+    from sqlalchemy.engine import make_url
+
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_DATA_HOME", "")
+    home = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
+    try:
+        u = make_url(store)
+        key = repr((u.drivername, u.username, u.host, u.port, u.database, sorted(u.query.items())))
+    except Exception:  # noqa: BLE001 - an unparsable URL fails later, at open_engine, with a message
+        key = store
+    return home / "graphdeck" / "uploads" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _create(path: Path):
+    """A new file at ``path`` for writing: ``0600``, never an existing file or a symlink."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), "wb")
+
+
+def _read(path: Path):
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+
+
+def _subdir(d: Path) -> Path:
+    """``mkdir d`` (``0700``) unless it is there already as a real folder."""
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(d).st_mode):
+            raise UnsafeFolderError(f"refusing {d}: it is not a folder (a symbolic link?)") from None
+    return d
+
+
 @contextmanager
 def disk_errors(what: str) -> Iterator[None]:
     """OSError ENOSPC/EDQUOT → :class:`StoreFullError` (507) naming ``what``."""
@@ -97,11 +258,20 @@ def disk_errors(what: str) -> Iterator[None]:
 
 
 class UploadArea:
-    """The uploads under ``root``; thread-safe per upload (one lock each)."""
+    """The uploads under ``root``; thread-safe per upload (one lock each).
+
+    ``root`` is made private, or refused (NOTE: [Private upload folder]).
+
+    Raises:
+        UnsafeFolderError: ``root`` is not ours alone (:func:`private_dir`).
+    """
 
     def __init__(self, root: Path):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root = private_dir(root, what="upload folder")
+        except UnsafeFolderError as exc:  # the client gets it too (500); the operator reads it here
+            log.error("%s", exc.message)
+            raise
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -122,7 +292,7 @@ class UploadArea:
         now = time.time() if now is None else now
         removed = []
         for d in self.root.iterdir():
-            if not UPLOAD_ID.match(d.name) or not d.is_dir():
+            if not UPLOAD_ID.match(d.name) or d.is_symlink() or not d.is_dir():
                 continue
             try:
                 touched = max(p.stat().st_mtime for p in (d, *d.iterdir()))
@@ -147,7 +317,7 @@ class UploadArea:
         d = self._dir(upload_id)
         with self.lock(upload_id), disk_errors("opening an upload"):
             if not (d / "meta.json").exists():
-                (d / "chunks").mkdir(parents=True, exist_ok=True)
+                _subdir(_subdir(d) / "chunks")
                 free = shutil.disk_usage(self.root).free
                 if free < 2 * spec.size_bytes:
                     raise StoreFullError(f"the server's upload disk has {free} bytes free; an upload of "
@@ -158,7 +328,8 @@ class UploadArea:
     def meta(self, upload_id: str) -> dict:
         path = self._dir(upload_id) / "meta.json"
         try:
-            return json.loads(path.read_text())
+            with _read(path) as f:
+                return json.loads(f.read())
         except FileNotFoundError:
             raise NotFoundError(f"no upload {upload_id!r}", resource="upload", id=upload_id) from None
 
@@ -168,7 +339,8 @@ class UploadArea:
     def _write_meta(self, upload_id: str, meta: dict) -> None:
         d = self._dir(upload_id)
         tmp = d / f".meta-{uuid.uuid4().hex}.tmp"
-        tmp.write_text(json.dumps(meta))
+        with _create(tmp) as f:
+            f.write(json.dumps(meta).encode())
         os.replace(tmp, d / "meta.json")
 
     def set_state(self, upload_id: str, state: str, *, result: dict | None = None, error: dict | None = None) -> None:
@@ -180,7 +352,7 @@ class UploadArea:
         """Back to ``open`` with no result or error (a done upload the store does not hold, or a
         failed one declared again); its chunks, if any are left, stay."""
         with disk_errors("reopening an upload"):
-            (self._dir(upload_id) / "chunks").mkdir(parents=True, exist_ok=True)
+            _subdir(_subdir(self._dir(upload_id)) / "chunks")
             self.set_state(upload_id, "open")
 
     def status(self, upload_id: str) -> dict:
@@ -237,7 +409,7 @@ class UploadArea:
         tmp = chunk_dir / f".part-{uuid.uuid4().hex}"
         digest, size = hashlib.sha256(), 0
         try:
-            with disk_errors(f"storing chunk {index}"), open(tmp, "wb") as out:
+            with disk_errors(f"storing chunk {index}"), _create(tmp) as out:
                 async for data in body:
                     size += len(data)
                     if size > expected:
@@ -273,9 +445,9 @@ class UploadArea:
         work = self.work_dir(upload_id)
         out_path, tmp = work / "upload", work / f".upload-{uuid.uuid4().hex}"
         digest = hashlib.sha256()
-        with disk_errors("assembling the upload"), open(tmp, "wb") as out:
+        with disk_errors("assembling the upload"), _create(tmp) as out:
             for i in range(spec.num_chunks):
-                with open(self._dir(upload_id) / "chunks" / f"{i:06d}.{chunks[i]}", "rb") as f:
+                with _read(self._dir(upload_id) / "chunks" / f"{i:06d}.{chunks[i]}") as f:
                     while data := f.read(COPY_BYTES):
                         digest.update(data)
                         out.write(data)
@@ -286,9 +458,7 @@ class UploadArea:
         return out_path
 
     def work_dir(self, upload_id: str) -> Path:
-        work = self._dir(upload_id) / "work"
-        work.mkdir(exist_ok=True)
-        return work
+        return _subdir(self._dir(upload_id) / "work")
 
     def clean(self, upload_id: str) -> None:
         """Drop the chunks and work files of a finished upload (``meta.json`` stays, so a repeated
@@ -355,7 +525,7 @@ def check_json_depth(src: BinaryIO, limit: int = MAX_JSON_DEPTH) -> None:
 
 
 def is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
+    with _read(path) as f:
         return f.read(2) == GZIP_MAGIC
 
 
@@ -406,15 +576,17 @@ def inflate_capped(src: BinaryIO, out: BinaryIO | None, *, compressed_bytes: int
 
 def inflate_checked(path: Path, *, max_bytes: int, max_ratio: float, into: Path | None = None,
                     sink=None) -> int:
-    """:func:`inflate_capped` over the file ``path``; writes the inflated bytes to ``into`` or
-    ``sink`` (e.g. a :class:`DepthScan`) when given. Corrupt gzip data becomes
-    :class:`BadInputError`."""
+    """:func:`inflate_capped` over the file ``path``; writes the inflated bytes to ``into`` (made
+    anew, ``0600``, never through a symlink) or ``sink`` (e.g. a :class:`DepthScan`) when given.
+    Corrupt gzip data becomes :class:`BadInputError`; the other errors are
+    :func:`inflate_capped`'s."""
     size = path.stat().st_size
     try:
-        with open(path, "rb") as src:
+        with _read(path) as src:
             if into is None:
                 return inflate_capped(src, sink, compressed_bytes=size, max_bytes=max_bytes, max_ratio=max_ratio)
-            with disk_errors("decompressing the upload"), open(into, "wb") as out:
+            into.unlink(missing_ok=True)  # a killed ingest's leftover
+            with disk_errors("decompressing the upload"), _create(into) as out:
                 return inflate_capped(src, out, compressed_bytes=size, max_bytes=max_bytes, max_ratio=max_ratio)
     except zlib.error as exc:
         raise BadInputError(f"the gzip data is corrupt ({exc})") from exc
