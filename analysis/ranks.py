@@ -283,7 +283,23 @@ def rank_report(session: Session, run: Run) -> RankReport:
     mismatch = _schedule_mismatch(report.schedules)
     if mismatch is not None:
         report.collective_mismatches.append(mismatch)
+    _timing_findings(session, report)
     return report
+
+
+def _timing_findings(session: Session, report: RankReport) -> None:
+    """Compile skew (NOTE: [Compile skew]) and the traced straggler (NOTE: [CPU-side
+    collectives], kernels alike) added to ``report.notes`` with their numbers; they do not change
+    the verdict. Structured forms: :func:`graphdeck.analysis.compile_skew.compile_skew`,
+    :func:`graphdeck.analysis.cpu_collectives.rank_timing`."""
+    from graphdeck.analysis.compile_skew import compile_skew
+    from graphdeck.analysis.cpu_collectives import rank_timing
+    from graphdeck.analysis.trace_collectives import align_and_match, run_traces
+
+    skew = compile_skew(session, session.get(Run, report.run_id))
+    traces = run_traces(session, report.run_id)
+    timing = rank_timing(align_and_match(session, report.run_id, traces=traces)) if len(traces) > 1 else {}
+    report.notes += [text for text in (skew.finding, timing.get("message")) if text]
 
 
 # NOTE: [Rank-local device indices]

@@ -201,7 +201,9 @@ def overlap(data: TraceData, rule: CommRule | None = None, top_unclassified: int
     communication and other kernels (per the ``rule``); ``None`` with ``reason`` "no
     communication kernels" where a step (or the trace) has none. ``unclassified`` lists the
     ``top_unclassified`` largest non-communication kernel names by summed time, so a user can
-    see what a rule might be missing (custom all-to-all kernels, say)."""
+    see what a rule might be missing (custom all-to-all kernels, say). ``cpu``: the same for
+    CPU-side collectives (``gloo:all_reduce``...; :func:`graphdeck.analysis.cpu_collectives.cpu_overlap`),
+    None when the trace has none."""
     rule = rule or CommRule()
 
     def one(ks: list[Ev]) -> dict:
@@ -223,7 +225,9 @@ def overlap(data: TraceData, rule: CommRule | None = None, top_unclassified: int
             by_name[k.name] += k.dur
     whole["unclassified"] = [{"kernel": n, "kernel_ns": ns} for n, ns in by_name.most_common(top_unclassified)]
     steps = [{"step": int(_STEP.match(st.name).group(1)), **one(data.kernels_of_step(st))} for st in data.steps()]
-    return {"rule": list(rule.patterns + rule.extra), "trace": whole, "steps": steps}
+    from graphdeck.analysis.cpu_collectives import cpu_overlap  # gloo & co. (NOTE: [CPU-side collectives])
+
+    return {"rule": list(rule.patterns + rule.extra), "trace": whole, "steps": steps, "cpu": cpu_overlap(data)}
 
 
 def analyze_trace(session: Session, trace_id: int, rule: CommRule | None = None, top: int = 10) -> dict:

@@ -90,7 +90,8 @@ def _wait(late_ns: int, dur_ns: int) -> int:
 def rank_collectives(data: TraceData, rule: CommRule | None = None) -> list[dict]:
     """The communication kernels of one trace as ``{"key", "group", "kind", "seq", "start_ns",
     "end_ns", "dur_ns", "kernel", "step"}`` in start order (``key`` = ``(group, seq)`` or
-    ``("?", kind, seq)``, see NOTE: [Rank clock alignment])."""
+    ``("?", kind, seq)``, see NOTE: [Rank clock alignment]), and its CPU-side collectives
+    (``gloo:all_reduce``...; ``where = "cpu"``, NOTE: [CPU-side collectives])."""
     rule = rule or CommRule()
     steps = [(s.ts, s.end, int(_STEP.match(s.name).group(1))) for s in data.steps()]
     seq: Counter = Counter()
@@ -107,7 +108,10 @@ def rank_collectives(data: TraceData, rule: CommRule | None = None) -> list[dict
         step = next((num for s, e, num in steps if s <= launch < e), None)
         out.append({"key": (*ident, n), "group": group, "kind": kind, "seq": n, "start_ns": k.ts, "end_ns": k.end,
                     "dur_ns": k.dur, "kernel": k.name, "step": step})
-    return out
+    from graphdeck.analysis.cpu_collectives import cpu_collectives  # NOTE: [CPU-side collectives]
+
+    cpu = cpu_collectives(data, has_comm_kernels=bool(out))
+    return sorted(out + cpu, key=lambda c: (c["start_ns"], c["key"])) if cpu else out
 
 
 def run_traces(session: Session, run_id: int) -> dict[int, int]:

@@ -49,7 +49,8 @@ from graphdeck.capture.writer import IOBinding, StoreWriter
 log = logging.getLogger("graphdeck.capture")
 
 #: Structured compile records (torch's TORCH_TRACE records) kept in ``compile_events``.
-KEPT_COMPILE_EVENTS = {"compilation_metrics", "dynamo_graph_break_reason", "recompile_reasons",
+KEPT_COMPILE_EVENTS = {"compilation_metrics", "bwd_compilation_metrics", "compilation_metrics_runtime",
+                       "bwd_compilation_metrics_runtime", "dynamo_graph_break_reason", "recompile_reasons",
                        "dynamo_start", "optimize_ddp_split_graph",
                        "inductor_provenance_tracking_node_mappings",
                        "inductor_provenance_tracking_kernel_stack_traces"}
@@ -536,6 +537,9 @@ class Agent:
         try:
             self.flush_events()
             self.record_comm_groups()
+            from graphdeck.capture.process_groups import write_record
+
+            write_record(self.writer)  # process groups and their timeouts (NOTE: [Compile skew])
             if self._evidence is not None:
                 self._evidence.close()
         finally:
