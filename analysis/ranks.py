@@ -293,12 +293,11 @@ def _timing_findings(session: Session, report: RankReport) -> None:
     the verdict. Structured forms: :func:`graphdeck.analysis.compile_skew.compile_skew`,
     :func:`graphdeck.analysis.cpu_collectives.rank_timing`."""
     from graphdeck.analysis.compile_skew import compile_skew
-    from graphdeck.analysis.cpu_collectives import rank_timing
     from graphdeck.analysis.trace_collectives import align_and_match, run_traces
 
     skew = compile_skew(session, session.get(Run, report.run_id))
     traces = run_traces(session, report.run_id)
-    timing = rank_timing(align_and_match(session, report.run_id, traces=traces)) if len(traces) > 1 else {}
+    timing = align_and_match(session, report.run_id, traces=traces)["timing"] if len(traces) > 1 else {}
     report.notes += [text for text in (skew.finding, timing.get("message")) if text]
 
 

@@ -135,7 +135,9 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
     (last − first arrival), ``suspect`` (None, or why the match cannot be one collective: a rank
     ended before the last one arrived; such matches are listed but not used for stragglers). ``stragglers``: per step, each rank's summed lateness
     (arrival − first arrival) and how often it arrived last; ``straggler`` is the rank with the
-    largest lateness (None with one rank). Raises NotFoundError for an unknown run.
+    largest lateness (None with one rank). ``timing``: per rank, time in collectives, waiting,
+    moving data and computing, and the straggler in words
+    (:func:`graphdeck.analysis.cpu_collectives.rank_timing`). Raises NotFoundError for an unknown run.
     """
     if session.get(Run, run_id) is None:
         raise NotFoundError(f"run {run_id} not found", resource="run", id=run_id)
@@ -202,6 +204,10 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
         stragglers.append({"step": step, "collectives": len(by_step[step]), "lateness_ns": dict(sorted(late.items())),
                            "last_count": dict(sorted(lasts.items())), "straggler": straggler})
     unmatched = {r: sum(1 for c in colls if len(by_key[c["key"]]) < 2) for r, colls in per_rank.items()}
-    return {"ranks": traces, "reference_rank": ref, "offsets": offsets, "collectives": collectives,
-            "suspect": sum(1 for c in collectives if c["suspect"]),
-            "stragglers": stragglers, "unmatched": unmatched, "step_times": steps}
+    out = {"ranks": traces, "reference_rank": ref, "offsets": offsets, "collectives": collectives,
+           "suspect": sum(1 for c in collectives if c["suspect"]),
+           "stragglers": stragglers, "unmatched": unmatched, "step_times": steps}
+    from graphdeck.analysis.cpu_collectives import rank_timing
+
+    out["timing"] = rank_timing(out)
+    return out

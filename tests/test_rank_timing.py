@@ -21,7 +21,7 @@ from graphdeck.analysis.trace_analysis import TraceData, overlap
 from graphdeck.analysis.trace_collectives import align_and_match, run_traces
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run
-from tests.conftest import REPO
+from tests.conftest import REPO, LiveServer
 
 PROGRAM = REPO / "tests" / "programs" / "skew_cases.py"
 sys.path.insert(0, str(PROGRAM.parent))
@@ -77,6 +77,7 @@ def test_gloo_ddp_straggler_is_the_slowed_rank_and_the_other_waits_in_all_reduce
         assert res["unmatched"] == {0: 0, 1: 0}
 
         timing = rank_timing(res)
+        assert res["timing"] == timing  # align_and_match carries it (the API's aligned view)
         assert timing["straggler"] == 1
         r0, r1 = timing["ranks"][0], timing["ranks"][1]
         assert r0["wait_by_op_ns"]["gloo:all_reduce"] >= 3 * 0.7 * skew_cases.SLOW_S * 1e9
@@ -128,6 +129,11 @@ def test_warm_vs_cold_cache_compile_skew_names_both_times_and_the_timeout(timing
     assert f"{skew_cases.TIMEOUT_S} s collective timeout" in f and "rank 0 waited" in f
     text = _cli(timing_store, "cache_skew")
     assert "note: compile skew: rank 1" in text.stdout, text.stdout + text.stderr
+    import httpx
+
+    with LiveServer(timing_store) as srv:  # the run page's rank-consistency view shows the notes
+        body = httpx.get(f"{srv.url}/api/runs/cache_skew/rank-consistency").json()
+        assert any(n.startswith("compile skew: rank 1") for n in body["notes"]), body["notes"]
 
     with Session(open_engine(timing_store, read_only=True)) as s:  # DDP job of tiny aot_eager compiles: no skew
         assert compile_skew(s, _run(s, "gloo_straggler")).finding is None
