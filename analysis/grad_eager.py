@@ -529,19 +529,18 @@ def _ready_twice(report: GradReport, model, ddp: bool, accs_of: dict[str, list])
     desc = ", ".join(f"{r.fqn} ({r.accumulations}x)" for r in twice)
     why = (f"reentrant activation checkpointing of {' and '.join(_fn_text(d) for d in fns)} recomputes it in a "
            "backward of its own once per call" if fns else "nested backwards accumulate it more than once")
-    on_true = f"with find_unused_parameters=True the first backward raises '{DDP_READY_TWICE_ERROR}'"
-    on_false = ("with find_unused_parameters=False nothing is raised, but only the first accumulation is averaged "
-                "across ranks and the later ones stay local: the ranks' gradients differ and the replicas drift")
+    on_true = f"the first backward raises '{DDP_READY_TWICE_ERROR}'"
+    on_false = ("(where the parameter's bucket was already reduced when the second accumulation comes, it stays "
+                "local instead: the ranks' gradients differ silently)")
     if is_ddp and getattr(model, "static_graph", False):
         severity, consequence = "warning", "this DDP wrapper has static_graph=True, which handles it"
     elif is_ddp:
         severity = "error"
-        consequence = "under this DDP wrapper " + (on_true if getattr(model, "find_unused_parameters", False)
-                                                   else on_false)
+        consequence = f"under this DDP wrapper {on_true} {on_false}"
     else:
         severity = "error" if ddp else "warning"
         consequence = ("under DDP " if ddp else "harmless without DDP (autograd sums them); under DDP ") + \
-            f"{on_true}; {on_false}"
+            f"{on_true} {on_false}"
     report.findings.append(Finding(
         kind="READY_TWICE", severity=severity, params=[r.fqn for r in twice],
         source=fns[0][1] if fns else None,

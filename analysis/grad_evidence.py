@@ -188,6 +188,12 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
         missing.append(f"no run-time gradient evidence on rank(s) {no_ev}: which gradients arrived (or were "
                        "zero-filled by a compiled backward) at which step is unknown; capture the job with "
                        "graphdeck's Agent (agent.watch(model)) through at least one backward")
+    for rank, segs in sorted(ev.by_rank.items()):
+        for seg in segs:
+            if seg.state.get("partial"):
+                cov.setdefault("notes", []).append(
+                    f"rank {rank}: the backward of step {seg.first} did not finish (it raised, or the job died in it): "
+                    "parameters it had not reached yet were not observed")
     for rank, done in sorted(cov["finished"].items()):
         if not done:
             last = cov["steps"][rank]["last"]
@@ -231,7 +237,7 @@ def apply_evidence(rows: list[ParamRow], ev: Evidence) -> None:
                           f"output(s) {', '.join(site.get('skipped_outputs') or ['?'])} that it feeds were not used by "
                           "the loss, and the compiled backward fills their gradient with zeros")
             if site.get("loss"):
-                row.reason += f"; loss built / backward() called at {site['loss']}"
+                row.reason += f"; backward() called at {site['loss']}"
             if site.get("output"):
                 row.reason += f"; output produced by {site['output']}"
             row.fix = ("use that output in the loss at every step on every rank (e.g. add 0 * out.sum() when the "
@@ -330,7 +336,7 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
             msg += "a data-parallel all-reduce of these gradients would not match across ranks"
             fix = "make the code path that uses it run on every rank"
         if site.get("loss"):
-            msg += f"; loss built / backward() called at {site['loss']}"
+            msg += f"; backward() called at {site['loss']}"
         if site.get("output"):
             msg += f"; skipped output produced by {site['output']}"
         ranks = {r.rank: r.status for r in sorted(rows_of, key=lambda r: r.rank) if r.fqn == params[0]}

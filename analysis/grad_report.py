@@ -280,6 +280,7 @@ class GradReport:
         lines = [f"gradient paths of {self.run} ({self.mode} mode), ranks {self.ranks}: "
                  f"{self.verdict} · {counts}"]
         lines += _coverage_lines(self.coverage)
+        lines += [f"  note: {n}" for n in self.notes]
         for why in self.gaps:
             lines.append(f"  {'not seen (allowed)' if self.allow_incomplete else 'INCOMPLETE'}: {why}")
         for r in self.rows:
@@ -450,10 +451,19 @@ def ddp_unused_finding(rows: list[ParamRow]) -> Finding | None:
 
 def combine(reports: list[GradReport], *, run: str | None = None, ddp: bool = True) -> GradReport:
     """One report over several ranks' eager reports (each rank validates its own batch): rows and
-    findings concatenated, rank-divergence findings added."""
+    findings concatenated, rank-divergence findings added. Reports that all claim the same single
+    rank (eager mode without a process group says rank 0) are renumbered in list order, with a note."""
+    ranks = [rep.ranks for rep in reports]
+    renumber = len(reports) > 1 and all(len(r) == 1 for r in ranks) and len({r[0] for r in ranks}) == 1
+    if renumber:  # eager reports made without a process group all say rank 0: number them in order
+        for k, rep in enumerate(reports):
+            for row in rep.rows:
+                row.rank = k
     rows = [r for rep in reports for r in rep.rows]
     findings = [f for rep in reports for f in rep.findings if f.kind not in ("PREDICTED_HANG", "RANK_DIVERGENCE")]
     out = GradReport(mode=reports[0].mode if reports else "eager", run=run or (reports[0].run if reports else ""),
-                     rows=rows, findings=findings)
+                     rows=rows, findings=findings, notes=[n for rep in reports for n in rep.notes])
+    if renumber:
+        out.notes.append(f"every report said rank {ranks[0][0]}: ranks numbered in the order given (0..{len(reports) - 1})")
     out.findings += divergence_findings(rows, ddp=ddp)
     return out

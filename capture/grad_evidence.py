@@ -97,7 +97,8 @@ def user_frames(frame=None, limit: int = 60, depth: int = 1) -> tuple:
     while f is not None and limit and len(found) < depth:
         fn = f.f_code.co_filename
         mod = f.f_globals.get("__name__") or ""
-        if not (mod.startswith(_LIBRARY_MODULES) or mod == "torch" or fn.startswith("<")):
+        if not (mod.startswith(_LIBRARY_MODULES) or mod == "torch" or fn.startswith("<")) and \
+                f.f_lineno != f.f_code.co_firstlineno:  # a compiled frame reports its `def` line
             found.append((fn, f.f_lineno, f.f_code.co_name))
         f, limit = f.f_back, limit - 1
     return tuple(found)
@@ -308,8 +309,8 @@ class GradEvidence:
     @staticmethod
     def _at_exit(ref) -> None:
         self = ref()
-        if self is not None:
-            self.flush(closed=True)
+        if self is not None:  # an uncaught exception leaves sys.last_value: the job died
+            self.flush(closed=getattr(sys, "last_value", None) is None)
 
     # ------------------------------------------------------------------ run-time events
     def _on_optimizer_step(self, *_a, **_k) -> None:
@@ -435,6 +436,32 @@ class GradEvidence:
             return False
         return any(isinstance(m, FSDPModule) for model in self.agent._models for m in model.modules())
 
+    def _note_late_ddp(self) -> None:
+        """A model watched before ``DistributedDataParallel(model)`` wrapped it (the agent then never
+        saw the wrapper): find the wrapper among the model's referrers, once, and record how DDP runs
+        (a new ``graphdeck_watch`` record), so the report names DDP's consequences."""
+        agent = self.agent
+        if agent._watch_info.get("ddp"):
+            return
+        import gc
+
+        from graphdeck.capture.compile_context import parallel_info
+
+        def is_wrapper(obj, model) -> bool:
+            return type(obj).__name__ == "DistributedDataParallel" and getattr(obj, "module", None) is model
+
+        for model in agent._models:  # model <- DDP._modules <- DDP.__dict__ <- DDP
+            for modules in gc.get_referrers(model):
+                if not isinstance(modules, dict):
+                    continue
+                for attrs in gc.get_referrers(modules):
+                    owners = [attrs] + (gc.get_referrers(attrs) if isinstance(attrs, dict) else [])
+                    owner = next((o for o in owners if is_wrapper(o, model)), None)
+                    if owner is not None:
+                        agent._watch_info.update(parallel_info(owner))
+                        agent._write_params()
+                        return
+
     def _state(self, w: _Window) -> tuple[dict, dict]:
         params = self._params
         counts = w.counts
@@ -500,6 +527,7 @@ class GradEvidence:
             return
         if self._fsdp is None:
             self._fsdp = self._fsdp2()
+            self._note_late_ddp()
         if self._fsdp:
             self._off("FSDP2 assigns sharded gradients after its reduce-scatter instead of accumulating them, "
                       "so which gradient arrived is not observed under FSDP2 by this capture")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from graphdeck.errors import GraphdeckError
+from graphdeck.errors import BadInputError, GraphdeckError
 
 DEFAULT_STORE = "graphdeck.db"
 
@@ -254,7 +254,10 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
     report.allow_incomplete = allow_incomplete
     text = {"text": report.to_text, "json": report.to_json, "junit": report.to_junit}[fmt]()
     if output:
-        Path(output).write_text(text if text.endswith("\n") else text + "\n")
+        try:
+            Path(output).write_text(text if text.endswith("\n") else text + "\n")
+        except OSError as exc:
+            _fail(UsageError(f"cannot write the report to {output}: {exc.strerror or exc}"))
         click.echo(report.to_text() if fmt != "text" else text)
     else:
         click.echo(text)
@@ -279,13 +282,9 @@ def _combined_report(files: tuple[str, ...], allow: tuple[str, ...], conflicting
             raise UsageError(f"--combine {f}: not a readable check-grads JSON report ({exc})") from None
     ranks = [rep.ranks for rep in reports]
     renumber = len(reports) > 1 and all(len(r) == 1 for r in ranks) and len({r[0] for r in ranks}) == 1
+    out = combine(reports)  # renumbers reports that all say the same rank, in file order
     if renumber:
-        for k, rep in enumerate(reports):
-            for row in rep.rows:
-                row.rank = k
-    out = combine(reports)
-    if renumber:
-        out.notes.append(f"every report said rank {ranks[0][0]}: ranks numbered by --combine order ("
+        out.notes[-1] = (f"every report said rank {ranks[0][0]}: ranks numbered by --combine order ("
                          + ", ".join(f"{f} -> {k}" for k, f in enumerate(files)) + ")")
     return out.apply_allow(sorted(set(allow) | {p for rep in reports for p in rep.allow}))
 
@@ -316,8 +315,11 @@ def _numeric_context(store: str | None, run_name: str | None, inputs, autocast: 
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file instead of standard output.")
 def check_ranks(store: str, run_name: str, fmt: str, output: str | None) -> None:
-    """Cross-rank consistency of a run: exit 1 when ranks compiled different graphs or would issue
-    different collectives (a predicted hang), 0 when all ranks agree, 2 on usage errors."""
+    """Cross-rank consistency of a run: exit 1 when ranks compiled different graphs, would issue
+    different collectives (a predicted hang) or their Flight Recorder dumps show a mismatched
+    collective (joined to the compile records that explain it), 3 (INCOMPLETE) when nothing
+    differs but evidence is missing (a dropped record, a rank without a dump), 0 when all ranks
+    agree, 2 on usage errors."""
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.ranks import rank_report
@@ -334,7 +336,7 @@ def check_ranks(store: str, run_name: str, fmt: str, output: str | None) -> None
         Path(output).write_text(text)
     else:
         click.echo(text)
-    sys.exit(0 if report.ok else 1)
+    sys.exit({"OK": 0, "FAIL": 1, "INCOMPLETE": 3}[report.verdict])
 
 
 def _find_run(session, run_name: str, store: str):
@@ -550,17 +552,35 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
 @click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped record.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when it is a terminal).")
 def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, progress: bool | None) -> None:
-    """Import TORCH_TRACE compile logs (files or directories; one log per rank) as run RUN."""
+    """Import TORCH_TRACE compile logs (one per rank) and Flight Recorder dumps (pickle or JSON, any
+    file names; graphdeck.store.fr_import) — files or directories — as run RUN."""
     from graphdeck.store.db import open_engine
+    from graphdeck.store.fr_import import discover, import_flight_dumps, sniff
     from graphdeck.store.torch_trace import import_torch_trace
 
     try:
-        result = import_torch_trace(open_engine(store), list(paths), run_name=run_name, strict=strict,
-                                    progress=sys.stderr.isatty() if progress is None else progress)
+        fr_files = [f for f in discover(paths) if sniff(f)]
+        logs = [p for p in paths if Path(p).is_dir() or str(Path(p)) not in {str(Path(f)) for f in fr_files}]
+        fr = import_flight_dumps(open_engine(store), [], run_name=run_name, strict=strict, files=fr_files) \
+            if fr_files else None
+        if fr is not None:
+            click.echo(f"Flight Recorder: ranks {fr.ranks}, {fr.entries} entries, {fr.dropped} dropped"
+                       + (f"; no dump from ranks {fr.missing_ranks}" if fr.missing_ranks else ""))
+            for d in fr.dropped_records[:20]:
+                click.echo(f"  dropped {d}", err=True)
+        try:
+            result = import_torch_trace(open_engine(store), logs, run_name=run_name, strict=strict,
+                                        progress=sys.stderr.isatty() if progress is None else progress) if logs else None
+        except BadInputError as exc:
+            if fr is None or "no TORCH_TRACE log" not in exc.message:
+                raise
+            result = None
     except GraphdeckError as exc:
         if exc.details.get("stats"):
             click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)
         _fail(exc)
+    if result is None:
+        return
     st = result.stats
     click.echo(f"run {result.run_name} (id {result.run_id}): ranks {result.ranks}; {st.get('graphs', 0)} graphs, "
                f"{st.get('nodes', 0)} nodes, {st.get('compile_events', 0)} compile events, "
@@ -607,6 +627,34 @@ def upload_cmd(file: str, url: str, run_name: str, rank: int | None, kind: str, 
                f"(id {result.get('run_id')}){again}")
     click.echo(json.dumps(result, indent=2, default=str))
 
+
+
+@main.command("delete-run")
+@click.argument("store")
+@click.option("--run", "run_name", required=True, help="Name of the run to delete (or its id).")
+def delete_run_cmd(store: str, run_name: str) -> None:
+    """Delete run RUN and every row of it from STORE (SQLite file or PostgreSQL URL): graphs, nodes,
+    traces and their events, parameters, compile records; exit 2 when STORE has no such run."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.errors import NotFoundError
+    from graphdeck.store.db import delete_run, display_url, open_engine
+
+    path = _store_arg(store)
+    try:
+        if "://" not in path and not Path(path).exists():
+            raise NotFoundError(f"store {store} does not exist")
+        engine = open_engine(path, create=False)
+        try:
+            with Session(engine) as s:
+                run_id = _find_run(s, run_name, display_url(path)).id
+            result = delete_run(engine, run_id)
+        finally:
+            engine.dispose()
+    except GraphdeckError as exc:
+        _fail(exc)
+    rows = ", ".join(f"{n} {table}" for table, n in sorted(result["rows"].items())) or "no rows"
+    click.echo(f"deleted run {result['run_name']!r} (id {result['run_id']}) from {display_url(path)}: {rows}")
 
 
 @main.group("db")

@@ -88,8 +88,8 @@ def detector_run(store: str, run: str, rank: int, *, compiled: bool, steps: int,
     torch.manual_seed(0)
     model = Detector()
     agent = Agent(store=store, run=run)
+    agent.watch(model)  # README's order: watch the model, then wrap it (the agent finds the wrapper)
     ddp = DDP(model)
-    agent.watch(ddp)
     step_fn = torch.compile(ddp, backend=agent.backend("aot_eager")) if compiled else ddp
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)

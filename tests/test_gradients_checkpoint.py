@@ -121,8 +121,8 @@ def test_ddp_flag_makes_ready_twice_an_error():
     rep = eager_report(CheckpointedLoRA(reentrant=True), (_x(),), loss, ddp=True)
     [f] = [f for f in rep.findings if f.kind == "READY_TWICE"]
     assert f.severity == "error" and not rep.ok and sorted(f.params) == sorted(SHARED)
-    assert "harmless" not in f.message and "find_unused_parameters=True" in f.message
-    assert "only the first accumulation is averaged" in f.message
+    assert "harmless" not in f.message and DDP_READY_TWICE_ERROR in f.message
+    assert "stays local" in f.message  # both real DDP outcomes are named
     data = json.loads(rep.to_json())
     assert {p["fqn"]: p["accumulations"] for p in data["params"]}[SHARED[0]] == 2
 
@@ -241,8 +241,10 @@ def test_ddp_ready_twice_is_an_error_and_its_consequences_are_real(tmp_path):
             assert res[f"grads_untouched_{find_unused}"]
         true_msg = next(f for f in res["report_True"] if f["kind"] == "READY_TWICE")["message"]
         false_msg = next(f for f in res["report_False"] if f["kind"] == "READY_TWICE")["message"]
-        assert DDP_READY_TWICE_ERROR in true_msg and "find_unused_parameters=True" in true_msg
-        assert "nothing is raised" in false_msg and DDP_READY_TWICE_ERROR not in false_msg
+        # Real DDP raises, or (its bucket already reduced) keeps the second accumulation local:
+        # the message names both outcomes, whichever flag the wrapper has.
+        for msg in (true_msg, false_msg):
+            assert DDP_READY_TWICE_ERROR in msg and "stays local" in msg
         assert res["step_True"].startswith(DDP_READY_TWICE_ERROR), res
         assert res["step_False"] == "ranks differ", res
 

@@ -206,3 +206,19 @@ def test_steady_mode_drops_the_hooks_and_still_sees_a_change(tmp_path):
     row = next(r for r in rep if r.fqn == "box_head.weight")
     assert row.steps == [[0, 7, "ok"], [8, 8, "zero"], [9, 11, "ok"]], row.steps
     assert rep.coverage["steps"][0]["backward_passes"] == 12
+
+
+def test_combine_renumbers_rank0_reports_and_bad_output_path_is_usage(tmp_path):
+    """Eager reports made without a process group all say rank 0: combine() numbers them in order
+    (not "rank [0] but not rank [0]"); check-grads -o to an unwritable path exits 2, not 1."""
+    from graphdeck.analysis.grad_report import GradReport, ParamRow, combine
+
+    a = GradReport(mode="eager", run="r", rows=[ParamRow(rank=0, fqn="w", status="OK", paths=1)])
+    b = GradReport(mode="eager", run="r", rows=[ParamRow(rank=0, fqn="w", status="NO_GRAD")])
+    out = combine([GradReport.from_json(a.to_json()), GradReport.from_json(b.to_json())])
+    assert out.ranks == [0, 1] and any("numbered" in n for n in out.notes)
+    assert "rank(s) [0] but not on rank(s) [1]" in out.to_text(), out.to_text()
+    store = tmp_path / "s.db"
+    _train(store, "ok", compiled=False, steps=1, skip_step=None)
+    res = CliRunner().invoke(cli, ["check-grads", str(store), "--run", "ok", "-o", str(tmp_path / "no" / "x.txt")])
+    assert res.exit_code == 2 and "cannot write the report" in res.output, res.output
