@@ -46,6 +46,7 @@ from graphdeck.analysis.grad_cuts import frames
 from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition, Rank, Run
 
 if TYPE_CHECKING:
+    from graphdeck.analysis.flight import FlightReport
     from graphdeck.analysis.shard_shapes import ShardShapes
 
 #: Longest differing middle (nodes) that :func:`first_node_difference` aligns with difflib.
@@ -175,11 +176,22 @@ class RankReport:
     collective_mismatches: list[CollectiveMismatch]
     notes: list[str] = field(default_factory=list)
     shard_shapes: list[ShardShapes] = field(default_factory=list)
+    flight: FlightReport | None = None  # Flight Recorder's first mismatches, joined (analysis.hangs)
+    missing_evidence: list[str] = field(default_factory=list)  # dropped records, ranks without a dump
 
     @property
     def ok(self) -> bool:
-        """True when every rank compiled the same sequence and issues the same collectives."""
-        return not self.divergences and not self.collective_mismatches
+        """True when every rank compiled the same sequence and issues the same collectives, the
+        recorded collectives match, and no evidence is missing."""
+        return self.verdict == "OK"
+
+    @property
+    def verdict(self) -> str:
+        """FAIL (ranks diverge or a recorded collective mismatches), INCOMPLETE (nothing found, but
+        evidence is missing: never "agree"), else OK."""
+        if self.divergences or self.collective_mismatches or (self.flight and self.flight.mismatches):
+            return "FAIL"
+        return "INCOMPLETE" if self.missing_evidence else "OK"
 
     def to_dict(self) -> dict:
         return {
@@ -194,6 +206,9 @@ class RankReport:
             "collective_mismatches": [asdict(m) for m in self.collective_mismatches],
             "shard_shapes": [asdict(x) for x in self.shard_shapes],
             "notes": self.notes,
+            "verdict": self.verdict,
+            "flight": self.flight.to_dict() if self.flight else None,
+            "missing_evidence": self.missing_evidence,
         }
 
     def to_json(self) -> str:
@@ -219,7 +234,10 @@ class RankReport:
             lines.append(f"PREDICTED HANG at collective #{m.index}: {m.message}")
         for n in self.notes:
             lines.append(f"note: {n}")
-        lines.append("OK: all ranks agree" if self.ok else "FAIL: ranks diverge")
+        lines += self.flight.lines() if self.flight else []
+        lines += [f"MISSING EVIDENCE: {x}" for x in self.missing_evidence]
+        lines.append({"OK": "OK: all ranks agree", "FAIL": "FAIL: ranks diverge",
+                      "INCOMPLETE": f"INCOMPLETE: {len(self.missing_evidence)} piece(s) of evidence missing"}[self.verdict])
         return "\n".join(lines)
 
     def to_junit(self) -> str:
@@ -239,6 +257,11 @@ class RankReport:
                 elif what == "compile sequence" and self.shard_shapes:
                     case.system_out = "\n".join(x.message for x in self.shard_shapes)
                 suite.add_testcase(case)
+        if self.missing_evidence or (self.flight and self.flight.mismatches):
+            case = TestCase("recorded evidence", classname=f"graphdeck.ranks.{self.run}")
+            case.result = [Failure("; ".join(self.missing_evidence + [m.headline() for m in
+                                                                       (self.flight.mismatches if self.flight else [])]))]
+            suite.add_testcase(case)
         xml = JUnitXml()
         xml.add_testsuite(suite)
         return xml.tostring().decode() if isinstance(xml.tostring(), bytes) else xml.tostring()
@@ -283,6 +306,9 @@ def rank_report(session: Session, run: Run) -> RankReport:
     mismatch = _schedule_mismatch(report.schedules)
     if mismatch is not None:
         report.collective_mismatches.append(mismatch)
+    from graphdeck.analysis.hangs import hang_section  # Flight Recorder + missing evidence
+
+    report.flight, report.missing_evidence = hang_section(session, report)
     _timing_findings(session, report)
     return report
 

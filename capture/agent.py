@@ -43,6 +43,7 @@ from graphdeck.capture.compile_context import (
     parallel_info,
     under_ddp_optimizer,
 )
+from graphdeck.capture.flight import FlightDumps
 from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, output_descs, record_graph
 from graphdeck.capture.writer import IOBinding, StoreWriter
 
@@ -140,6 +141,7 @@ class Agent:
         self._watch_info: dict = {}
         self._evidence = None  # GradEvidence, made by watch() (NOTE: [Gradient evidence])
         self._reach: dict[int, tuple] = {}  # id(unsplit gm) -> (reach map, output names)
+        self._flight = FlightDumps.start(self)  # Flight Recorder on; dumped on raise/SIGTERM/exit/close
 
     # ----------------------------------------------------------------------------- store access
     @property
@@ -542,6 +544,7 @@ class Agent:
             write_record(self.writer)  # process groups and their timeouts (NOTE: [Compile skew])
             if self._evidence is not None:
                 self._evidence.close()
+            self._flight is not None and self._flight.write("close")
         finally:
             trace_log.removeHandler(self._handler)
 

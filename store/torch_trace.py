@@ -233,7 +233,8 @@ def _import_file(engine: Engine, run_id: int, path: Path, rank: int, env_rank: i
         _write_params(s, run_id, rank, builder.params)
         builder.counts["params"] = len(builder.params)
         drops = {k: stats.counts[k] for k in DROP_KEYS if stats.counts.get(k)}
-        row.meta_json = json.dumps({**meta, "records": stats.counts.get("records", 0), "dropped": drops})
+        row.meta_json = json.dumps({**meta, "records": stats.counts.get("records", 0), "dropped": drops,
+                                    "dropped_records": stats.dropped})  # named: analysis.flight.missing_evidence
         s.commit()
     if bar is not None:
         bar.update(reader.bytes_read - pos)

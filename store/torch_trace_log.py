@@ -106,9 +106,20 @@ class ReadStats:
     """Counters of one file (``lines``, ``records``, and every drop by reason)."""
 
     counts: Counter = field(default_factory=Counter)
+    dropped: list[str] = field(default_factory=list)  # records lost, named ("line 12: artifact ...: why")
 
     def add(self, key: str, n: int = 1) -> None:
         self.counts[key] += n
+
+    def drop(self, key: str, line_no: int, env: dict | None, kind: str | None) -> None:
+        """Count drop ``key`` and name the record (first 100 per file)."""
+        self.add(key)
+        if len(self.dropped) < 100:
+            body = (env or {}).get(kind) if kind else None
+            name = body.get("name") if isinstance(body, dict) and isinstance(body.get("name"), str) else kind
+            cid = (f" compile {env.get('frame_id')}/{env.get('frame_compile_id')}"
+                   if env and "frame_id" in env else "")
+            self.dropped.append(f"line {line_no}: {name or 'record'}{cid}: {key}")
 
 
 class LogReader:
@@ -160,7 +171,7 @@ class LogReader:
                 except _JSONError:
                     env = None
                 if not isinstance(env, dict):
-                    self.stats.add("bad_json")
+                    self.stats.drop("bad_json", line_no, None, None)
                     continue
                 kind = next((k for k in env if k not in ENVELOPE_FIELDS), None)
                 if kind is None:
@@ -192,7 +203,7 @@ class LogReader:
     def _finish(self, pending: tuple, lines: list[bytes]) -> Record | None:
         env, kind, line_no, glog_time, expected = pending
         if not lines:
-            self.stats.add("truncated_payload")
+            self.stats.drop("truncated_payload", line_no, env, kind)
             return None
         # "\tA\n\tB\n" -> "A\nB": one tab off each line, the last newline off (one C pass each)
         data = b"".join(lines)
@@ -202,7 +213,7 @@ class LogReader:
         if data.endswith(b"\n"):
             data = data[:-1]
         if isinstance(expected, str) and hashlib.md5(data, usedforsecurity=False).hexdigest() != expected:
-            self.stats.add("md5_mismatch")
+            self.stats.drop("md5_mismatch", line_no, env, kind)
             return None
         return self._record(env, kind, line_no, glog_time, data.decode("utf-8", errors="replace"))
 

@@ -1,0 +1,342 @@
+"""The recorded half of a hang: each process group's first mismatched collective in the ranks'
+Flight Recorder dumps (stored by :mod:`graphdeck.store.fr_import` or the capture agent).
+
+Per process group (the entries' ``process_group`` name; members from the dumps' ``pg_config``,
+else every rank of the run), collectives are aligned by ``collective_seq_id`` from the latest
+first id every rank still holds (ring buffers forget the oldest entries); a sequence id's
+signature is the ``(profiling_name, input sizes, output sizes, dtypes)`` of its entries
+(coalesced ops share one id). The first id whose signature is not the same on every member —
+another op, other sizes, or no entry at all — is the group's :class:`GroupMismatch`: the
+reference signature is the one most ranks hold there (ties: the lowest rank's); ranks holding it
+*reached* the collective, the others did not, each with what it recorded there instead, its last
+completed collective of the group and its latest entry of any group (what it was doing when
+dumped), each with the innermost user frame of its stack. Point-to-point ops (``send``/``recv``)
+are not aligned. This is the same first mismatch ``python -m torch.distributed.flight_recorder.
+fr_trace`` reports where it can read the dumps (tests/test_flight.py checks it); unlike it, dumps
+whose ``pg_config`` names the default group ``''`` while entries say ``('0', 'default_pg')`` (gloo
+on torch 2.13) and dumps of only some ranks are read: a member without a dump is named.
+
+Missing evidence (:func:`missing_evidence`): FR entries dropped on import, members without a
+dump, and TORCH_TRACE records the importer dropped (``ranks.meta_json["dropped_records"]``)
+unless check-ranks never reads that kind (:data:`NOT_EVIDENCE`).
+Any of it makes ``check-ranks`` say INCOMPLETE, never that the ranks agree.
+
+The join to compile records is :mod:`graphdeck.analysis.hangs`. Pure: reads the store.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.store.fr_import import EVENT_NAME, members_of
+from graphdeck.store.schema import CompileEvent, Rank
+
+try:  # the stored payloads are large on big jobs: the faster parser where installed
+    import orjson as _orjson
+
+    _loads = _orjson.loads
+except ImportError:  # pragma: no cover
+    _loads = json.loads
+
+#: Path fragments of frames that are not the user's code (torch, generated kernels, the stdlib).
+LIBRARY_FRAMES = ("/torch/", "/site-packages/", "/dist-packages/", "torchinductor_", "/lib/python3", "<frozen",
+                  "<string>", "<eval_with_key>")
+_ROOT = __file__.rsplit("/analysis/", 1)[0]
+LIBRARY_FRAMES += tuple(f"{_ROOT}/{d}/" for d in ("capture", "analysis", "store", "graphdeck"))  # the capture's own
+#: Frames that mean "issued from inside a compiled graph".
+COMPILED_FRAMES = ("output_code.py", "torchinductor_", "eval_frame.py", "runtime_wrappers.py")
+_P2P = ("send", "recv")
+#: TORCH_TRACE records check-ranks does not read (generated code, its run-time metadata, guard
+#: text): dropping one loses no evidence. Any other dropped record — a graph, compile metrics, a
+#: recompile reason, Inductor's collective schedule, a record whose kind is unreadable — does.
+NOT_EVIDENCE = ("inductor_output_code", "inductor_runtime_and_tensor_meta", "dynamo_guards", "dynamo_cpp_guards_str",
+                "inductor_provenance_tracking_kernel_stack_traces")
+_DROP_RE = re.compile(r"line \d+: (\S+)")
+
+
+@dataclass
+class EntryRef:
+    """One recorded entry, for a human."""
+
+    rank: int
+    group: str
+    seq: int
+    op: str
+    sizes: list | None
+    state: str
+    retired: bool
+    line: str | None  # innermost user frame, "file:line in fn"
+    compiled: bool  # issued from inside a compiled graph (by its stack)
+    stack: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (f"{self.op} #{self.seq} of group {self.group}" + (f" {self.sizes}" if self.sizes else "")
+                + (f" at {self.line}" if self.line else ""))
+
+
+@dataclass
+class GroupMismatch:
+    group: str
+    desc: str
+    seq: int
+    op: str | None
+    sizes: list | None
+    members: list[int]
+    reached: list[int]
+    not_reached: list[int]
+    no_dump: list[int]
+    kind: str  # "missing" (a rank has no entry there) | "op" | "sizes"
+    issued: dict[int, EntryRef]  # per reached rank: its entry at seq
+    instead: dict[int, EntryRef | None]  # per not-reached rank: its entry at seq (another op), or None
+    last_completed: dict[int, EntryRef | None]
+    doing: dict[int, EntryRef | None]  # latest entry of any group
+    why: dict[int, list[str]] = field(default_factory=dict)  # filled by analysis.hangs
+    # per not-reached rank: "skipped" (it went on past this collective: the cause) or "waiting"
+    # (it is blocked in an earlier collective of another mismatched group: a consequence)
+    cause: dict[int, str] = field(default_factory=dict)
+    primary: bool = True  # some rank skipped it (or nothing says otherwise)
+
+    def headline(self) -> str:
+        return (("" if self.primary else "(consequence) ")
+                + f"group {self.group} ({self.desc}): first mismatch at collective #{self.seq} {self.op} "
+                f"{self.sizes}: reached by ranks {self.reached}, not by ranks {self.not_reached}"
+                + (f"; no dump from ranks {self.no_dump}" if self.no_dump else ""))
+
+
+@dataclass
+class FlightReport:
+    ranks: list[int]  # ranks with a dump
+    members: list[int]
+    no_dump: list[int]
+    entries: int
+    dropped: list[str]
+    mismatches: list[GroupMismatch]
+    groups_agree: list[str]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        out = [f"Flight Recorder: dumps from ranks {self.ranks}, {self.entries} entries; "
+               f"{len(self.groups_agree)} group(s) agree, {len(self.mismatches)} mismatched"]
+        if self.no_dump:
+            out.append(f"  no Flight Recorder dump from ranks {self.no_dump}")
+        for m in self.mismatches:
+            out.append(f"HANG {m.headline()}")
+            for r, e in m.issued.items():
+                out.append(f"    rank {r} issued it{' inside a compiled graph' if e.compiled else ''}"
+                           f"{' at ' + e.line if e.line else ''} ({e.state}{', retired' if e.retired else ', pending'})")
+            for r in m.not_reached:
+                inst, last, doing = m.instead.get(r), m.last_completed.get(r), m.doing.get(r)
+                text = f"    rank {r}: " + (f"recorded {inst.describe()} there instead; " if inst else "no entry there; ")
+                text += f"last completed {last.describe()}" if last else "no completed collective of this group"
+                if doing is not None and doing is not inst:
+                    text += (f"; {'went on to' if m.cause.get(r) == 'skipped' else 'waiting in'} "
+                             f"{doing.describe()}")
+                out.append(text)
+                for w in m.why.get(r, []):
+                    out.append(f"      why: {w}")
+        return out
+
+
+def _user_frame(stack: list[str]) -> str | None:
+    for f in stack:
+        if not any(x in f for x in LIBRARY_FRAMES):
+            return f
+    return None
+
+
+class _RankDump:
+    """One rank's stored dump, decoded lazily: per group, sequence id → entry indices."""
+
+    def __init__(self, rank: int, norm: dict, sig_ids: dict[str, int]):
+        self.rank, self.norm = rank, norm
+        pgs = norm["pgs"]
+        sigs = norm["sigs"]
+        gsig = [sig_ids.setdefault(json.dumps(s, separators=(",", ":")), len(sig_ids)) for s in sigs]
+        self.p2p = [str(s[0]).endswith(_P2P) for s in sigs]
+        self.by_group: dict[str, dict[int, list]] = defaultdict(dict)
+        self.desc: dict[str, str] = {}
+        for i, (pg, seq, _p2p, sig, *_rest) in enumerate(norm["entries"]):
+            if self.p2p[sig]:
+                continue
+            name = pgs[pg][0]
+            self.desc.setdefault(name, pgs[pg][1])
+            slot = self.by_group[name].get(seq)
+            if slot is None:
+                self.by_group[name][seq] = [gsig[sig], i]
+            else:  # coalesced: one sequence id, several ops
+                slot[0] = (slot[0], gsig[sig]) if not isinstance(slot[0], tuple) else (*slot[0], gsig[sig])
+
+    def ref(self, i: int | None) -> EntryRef | None:
+        if i is None:
+            return None
+        pg, seq, _p2p, sig, state, retired, _rid, st, _t = self.norm["entries"][i]
+        stack = self.norm["stacks"][st] if st >= 0 else []
+        s = self.norm["sigs"][sig]
+        return EntryRef(rank=self.rank, group=self.norm["pgs"][pg][0], seq=seq, op=s[0], sizes=s[1],
+                        state=("scheduled", "started", "completed")[state] if state >= 0 else "?",
+                        retired=bool(retired), line=_user_frame(stack),
+                        compiled=any(c in f for f in stack for c in COMPILED_FRAMES), stack=stack[:64])
+
+    def last_entry(self) -> int | None:
+        ents = self.norm["entries"]
+        return max(range(len(ents)), key=lambda i: ents[i][6]) if ents else None
+
+
+def load_dumps(session: Session, run_id: int) -> dict[int, dict]:
+    """rank → its latest stored dump (decoded payload)."""
+    rows = session.execute(select(CompileEvent.rank, CompileEvent.id, CompileEvent.payload)
+                           .where(CompileEvent.run_id == run_id, CompileEvent.name == EVENT_NAME)
+                           .order_by(CompileEvent.id)).all()
+    latest = {r: p for r, _i, p in rows}
+    out = {}
+    for r, p in latest.items():
+        try:
+            out[r] = _loads(p)
+        except ValueError:
+            continue
+    return out
+
+
+def flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None = None) -> FlightReport | None:
+    """The first mismatch per process group, or None when the run has no FR dump."""
+    dumps = dumps if dumps is not None else load_dumps(session, run_id)
+    if not dumps:
+        return None
+    sig_ids: dict[str, int] = {}
+    ranks = sorted(dumps)
+    rd = {r: _RankDump(r, dumps[r], sig_ids) for r in ranks}
+    cfg_members: dict[str, set[int]] = {}
+    everyone: set[int] = set(ranks)
+    for r in ranks:
+        for name, cfg in (dumps[r].get("pg_config") or {}).items():
+            m = members_of({name: cfg})
+            if m:
+                cfg_members.setdefault(str(name), set()).update(m)
+                everyone |= m
+    world = set(session.scalars(select(Rank.rank).where(Rank.run_id == run_id))) | everyone
+    report = FlightReport(ranks=ranks, members=sorted(world), no_dump=sorted(world - set(ranks)),
+                          entries=sum(len(d["entries"]) for d in dumps.values()),
+                          dropped=[x for r in ranks for x in dumps[r].get("dropped") or []],
+                          mismatches=[], groups_agree=[])
+    groups = sorted({g for x in rd.values() for g in x.by_group})
+    for g in groups:
+        members = sorted(cfg_members.get(g) or world)
+        m = _group_mismatch(g, members, rd)
+        if m is None:
+            report.groups_agree.append(g)
+        else:
+            report.mismatches.append(m)
+    _causes(report.mismatches, rd)
+    report.mismatches.sort(key=lambda m: (not m.primary, m.group))
+    return report
+
+
+def _causes(mismatches: list[GroupMismatch], rd: dict[int, _RankDump]) -> None:
+    """For each rank that did not reach a mismatch (group g, id q): what it was doing — its first
+    entry after its last entry of g that is itself an unanswered collective (another group's
+    mismatch it reached) — and whether it *skipped* g's collective or is *waiting* elsewhere.
+    The reached rank's own history decides: if there the previous round of g precedes the
+    previous round of the other group, the not-reached rank issued the other group's collective
+    first — it skipped (the cause); otherwise it is waiting in a collective that comes first (a
+    consequence). Without history to compare, it counts as skipped."""
+    pending = {(r, m.group): m.seq for m in mismatches for r in m.reached}
+    for m in mismatches:
+        a = rd[m.reached[0]]
+        for r in m.not_reached:
+            x = rd[r]
+            ents = x.norm["entries"]
+            mine = x.by_group.get(m.group, {})
+            after = max((ents[v[1]][6] for v in mine.values()), default=-1)
+            blocked = None
+            for i in sorted(range(len(ents)), key=lambda i: ents[i][6]):
+                pg, seq, _p2p, sig, *_ = ents[i]
+                name = x.norm["pgs"][pg][0]
+                if ents[i][6] > after and name != m.group and pending.get((r, name)) == seq and not x.p2p[sig]:
+                    blocked = i
+                    break
+            if blocked is None:
+                m.cause[r] = "skipped"
+                continue
+            m.doing[r] = x.ref(blocked)
+            h, s = m.doing[r].group, m.doing[r].seq
+            prev_g, prev_h = a.by_group.get(m.group, {}).get(m.seq - 1), a.by_group.get(h, {}).get(s - 1)
+            if prev_g is None or prev_h is None:
+                m.cause[r] = "skipped"
+            else:
+                ag = a.norm["entries"][prev_g[1]][6]
+                ah = a.norm["entries"][prev_h[1]][6]
+                m.cause[r] = "skipped" if ag < ah else "waiting"
+        m.primary = not m.not_reached or any(c == "skipped" for c in m.cause.values())
+
+
+def _group_mismatch(g: str, members: list[int], rd: dict[int, _RankDump]) -> GroupMismatch | None:
+    have = [r for r in members if r in rd]
+    seqmaps = {r: rd[r].by_group.get(g, {}) for r in have}
+    nonempty = [s for s in seqmaps.values() if s]
+    if not nonempty:
+        return None
+    start = max(min(s) for s in nonempty)
+    end = max(max(s) for s in nonempty)
+    rows = {r: tuple(s[q][0] if q in s else None for q in range(start, end + 1)) for r, s in seqmaps.items()}
+    no_dump = [r for r in members if r not in rd]
+    if len(set(rows.values())) <= 1:  # a member without a dump is missing evidence, not a mismatch
+        return None
+    for k, q in enumerate(range(start, end + 1)):
+        variants: dict = defaultdict(list)
+        for r in have:
+            variants[rows[r][k]].append(r)
+        if len(variants) == 1:
+            continue
+        real = [(key, rs) for key, rs in variants.items() if key is not None]
+        if not real:
+            continue
+        ref_key, reached = sorted(real, key=lambda kv: (-len(kv[1]), kv[1][0]))[0]
+        not_reached = sorted(r for r in have if rows[r][k] != ref_key)
+        if not not_reached:
+            continue
+        ref = rd[reached[0]].ref(seqmaps[reached[0]][q][1])
+        kind = "missing" if any(rows[r][k] is None for r in not_reached) else "op"
+        if kind == "op" and all(rd[r].ref(seqmaps[r][q][1]).op == ref.op for r in not_reached):
+            kind = "sizes"
+        m = GroupMismatch(group=g, desc=rd[reached[0]].desc.get(g, ""), seq=q, op=ref.op, sizes=ref.sizes,
+                          members=members, reached=sorted(reached), not_reached=not_reached, no_dump=no_dump,
+                          kind=kind, issued={}, instead={}, last_completed={}, doing={})
+        for r in m.reached:
+            m.issued[r] = rd[r].ref(seqmaps[r][q][1])
+        for r in not_reached:
+            s = seqmaps[r]
+            m.instead[r] = rd[r].ref(s[q][1]) if q in s else None
+            done = [p for p in s if p < q and rd[r].norm["entries"][s[p][1]][5]]
+            m.last_completed[r] = rd[r].ref(s[max(done)][1]) if done else None
+            m.doing[r] = rd[r].ref(rd[r].last_entry())
+            if m.instead[r] is not None and m.doing[r] is not None and m.doing[r].seq == q \
+                    and m.doing[r].group == g:
+                m.doing[r] = m.instead[r]
+        return m
+    return None
+
+
+def missing_evidence(session: Session, run_id: int, report: FlightReport | None = None) -> list[str]:
+    """Records that should be evidence and are not: FR entries dropped, members without a dump,
+    TORCH_TRACE records dropped on import (named by the importer). Empty when nothing is missing."""
+    out: list[str] = []
+    if report is not None:
+        out += [f"Flight Recorder entry dropped: {d}" for d in report.dropped]
+        out += [f"rank {r}: no Flight Recorder dump" for r in report.no_dump]
+    for rank, meta in session.execute(select(Rank.rank, Rank.meta_json).where(Rank.run_id == run_id)
+                                      .order_by(Rank.rank)):
+        try:
+            named = json.loads(meta or "{}").get("dropped_records") or []
+        except (ValueError, AttributeError):
+            continue
+        out += [f"rank {rank}: compile record dropped on import: {d}" for d in named
+                if not ((m := _DROP_RE.match(d)) and m.group(1) in NOT_EVIDENCE)]
+    return out

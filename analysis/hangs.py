@@ -1,0 +1,192 @@
+"""The hang report: Flight Recorder's first mismatch per process group
+(:mod:`graphdeck.analysis.flight`) joined to the compile records that explain it.
+
+For each rank that did not reach a group's first mismatched collective, :func:`explain` adds
+``why`` lines, from the run's compile comparison (:func:`graphdeck.analysis.ranks.rank_report`):
+
+* a compile on one side only — a recompile on that rank (its guard/recompile reason), and the
+  first node where its new graph differs from the graph the other ranks kept running (module,
+  source line), e.g. the ``all_reduce`` the new graph no longer has;
+* a different graph for the same compile (first differing node, module, source line), a failed
+  compile;
+* when every rank compiled the same graphs: that, and where the collective was issued — inside a
+  compiled graph (then the graphs cannot explain it) or from non-compiled code at the line the
+  stacks show (a data-dependent branch in Python), with the line the other rank went on to.
+  Graph breaks recorded on the ranks are named (their code runs eagerly, between graphs).
+
+:func:`hang_section` returns ``(FlightReport | None, missing evidence lines)`` for
+``check-ranks``; it never raises on odd data (a run without FR dumps gives ``(None, [...])``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.flight import FlightReport, GroupMismatch, flight_report, missing_evidence
+from graphdeck.store.schema import CompileEvent
+
+if TYPE_CHECKING:
+    from graphdeck.analysis.ranks import CompileEntry, Divergence, RankReport
+
+
+def hang_section(session: Session, report: RankReport) -> tuple[FlightReport | None, list[str]]:
+    """FR first mismatches (with their explanation) and missing evidence for ``report``'s run."""
+    fr = flight_report(session, report.run_id)
+    if fr is not None:
+        for m in fr.mismatches:
+            explain(session, report, m)
+    return fr, missing_evidence(session, report.run_id, fr)
+
+
+def _functions(m: GroupMismatch, r: int) -> set[str]:
+    """Function names in the stacks of the collective, of what rank ``r`` recorded instead and of
+    what it went on to: a compile of another frame cannot explain this mismatch."""
+    out: set[str] = set()
+    for e in (*m.issued.values(), m.instead.get(r), m.doing.get(r)):
+        for f in (e.stack if e is not None else ()):
+            out.add(f.rsplit(" in ", 1)[-1])
+    return out
+
+
+def _relevant(report: RankReport, m: GroupMismatch, r: int) -> list[tuple[Divergence, bool]]:
+    """Compile divergences between rank ``r`` and the ranks that reached, of a frame the stacks
+    name (any frame when no stack was recorded); bool: ``r`` is on the diverging side."""
+    out = []
+    reached = m.reached
+    names = _functions(m, r)
+    for d in report.divergences:
+        e = _entry(report, (d.ranks if d.what != "missing compile" else d.reference_ranks)[0], d.compile_id)
+        frame = e.frame.split(" ")[0] if e is not None and e.frame else None
+        if names and frame and frame not in names:
+            continue
+        if r in d.ranks and set(reached) & set(d.reference_ranks):
+            out.append((d, True))
+        elif r in d.reference_ranks and set(reached) & set(d.ranks):
+            out.append((d, False))
+    return out
+
+
+def _entry(report: RankReport, rank: int, cid: str | None) -> CompileEntry | None:
+    return next((e for e in report.sequences.get(rank, []) if e.compile_id == cid), None)
+
+
+def _graph_of(entry: CompileEntry | None, kinds=("dynamo",)) -> int | None:
+    if entry is None:
+        return None
+    return next((gid for k, _h, gid in entry.graphs if k in kinds), None)
+
+
+def _recompile_text(session: Session, report: RankReport, d: Divergence, side: list[int], other: list[int]) -> list[str]:
+    """A compile only ``side`` made: which, why, and how its graph differs from the one ``other``
+    ran for the same frame."""
+    from graphdeck.analysis.ranks import first_node_difference
+
+    new = _entry(report, side[0], d.compile_id)
+    frame = f" frame {new.frame}" if new is not None and new.frame else ""
+    out = [f"ranks {side} recompiled{frame} (compile {d.compile_id}) and ranks {other} did not"
+           + (f"; recompile reason: {d.recompile_reason}" if d.recompile_reason else "")]
+    if new is None:
+        return out
+    frame_id = (d.compile_id or "").split("/")[0]
+    kept = [e for e in report.sequences.get(other[0], []) if (e.compile_id or "").split("/")[0] == frame_id]
+    gid_new, gid_old = _graph_of(new), _graph_of(kept[-1] if kept else None)
+    if gid_new is None or gid_old is None:
+        return out
+    old_c, new_c = _collective_nodes(session, gid_old), _collective_nodes(session, gid_new)
+    kinds_new = [k for _n, k, _s in new_c]
+    for name, kind, src in old_c:
+        if kind in kinds_new:
+            kinds_new.remove(kind)
+            continue
+        out.append(f"its new graph {gid_new} issues no {kind} where ranks {other}' graph {gid_old} does: node {name}"
+                   f"{' at ' + src if src else ''}")
+        return out
+    a, b, change = first_node_difference(session, gid_old, gid_new)
+    if change == "removed" and a is not None:
+        out.append(f"its new graph {gid_new} lacks node {a.name} ({a.target}) that ranks {other}' graph {gid_old} "
+                   f"runs{' in ' + a.module_path if a.module_path else ''}{' at ' + a.source if a.source else ''}")
+    elif change == "added" and b is not None:
+        out.append(f"its new graph {gid_new} adds node {b.name} ({b.target}){' at ' + b.source if b.source else ''}")
+    elif change == "changed" and a is not None and b is not None:
+        out.append(f"its new graph {gid_new} first differs at {b.name} ({b.target}) vs {a.name} ({a.target})"
+                   f"{' at ' + (b.source or a.source) if (b.source or a.source) else ''}")
+    return out
+
+
+def _collective_nodes(session: Session, graph_id: int) -> list[tuple[str, str, str | None]]:
+    """(node name, collective kind, source line) of the collectives graph ``graph_id`` issues."""
+    from graphdeck.analysis.flight import LIBRARY_FRAMES
+    from graphdeck.analysis.grad_cuts import frames
+    from graphdeck.analysis.ranks import collective_target_ids
+    from graphdeck.store.schema import InternedString, Node
+
+    ids = collective_target_ids(session)
+    if not ids:
+        return []
+    rows = session.execute(select(Node.name, Node.target_id, InternedString.value)
+                           .outerjoin(InternedString, InternedString.id == Node.stack_trace_id)
+                           .where(Node.graph_id == graph_id, Node.target_id.in_(list(ids))).order_by(Node.idx))
+
+    def user_line(stack: str | None) -> str | None:  # innermost frame of user code (not torch's)
+        fr = frames(stack) or []
+        for path, line, fn in reversed(fr):
+            if not any(x in path for x in LIBRARY_FRAMES):
+                return f"{path}:{line} in {fn}"
+        return f"{fr[-1][0]}:{fr[-1][1]} in {fr[-1][2]}" if fr else None
+
+    return [(n, ids[t], user_line(st)) for n, t, st in rows]
+
+
+def explain(session: Session, report: RankReport, m: GroupMismatch) -> None:
+    """Fill ``m.why`` for every rank that did not reach ``m``'s collective."""
+    breaks = dict(session.execute(select(CompileEvent.rank, func.count()).where(
+        CompileEvent.run_id == report.run_id, CompileEvent.name == "dynamo_graph_break_reason")
+        .group_by(CompileEvent.rank)).all())
+    has_compiles = any(report.sequences.get(r) for r in report.ranks)
+    issued = next(iter(m.issued.values()), None)
+    for r in m.not_reached:
+        why: list[str] = []
+        if m.cause.get(r) == "waiting" and m.doing.get(r) is not None:
+            m.why[r] = [f"rank {r} never got here: it waits in {m.doing[r].describe()}, which comes first in its "
+                        "program and which the other ranks skipped (see that group)"]
+            continue
+        for d, r_diverges in _relevant(report, m, r):
+            side, other = (d.ranks, d.reference_ranks) if r_diverges else (d.reference_ranks, d.ranks)
+            if d.what == "extra compile":
+                why += _recompile_text(session, report, d, side, other)
+            elif d.what == "missing compile":
+                why += _recompile_text(session, report, d, other, side)
+            else:
+                node = d.node or d.reference_node
+                why.append(f"{d.what}: {d.message}"
+                           + (f" (recompile reason: {d.recompile_reason})" if d.recompile_reason else "")
+                           + (f" [node {node.name} in {node.module_path or '-'} at {node.source}]"
+                              if node is not None and node.source and node.source not in d.message else ""))
+        if not why:
+            if not has_compiles:
+                why.append("no compile records for this run: import the ranks' TORCH_TRACE logs (or capture "
+                           "with the agent) to join the hang to the graphs")
+            else:
+                n = len(report.sequences.get(r, []))
+                if report.divergences:
+                    why.append(f"the compiles of ranks {m.reached} and rank {r} differ only in frames these stacks do "
+                               "not pass through, so no compile explains this")
+                else:
+                    why.append(f"the graphs agree: ranks {m.reached} and rank {r} compiled the same {n} graph(s) in "
+                               "the same order, so no compile explains this")
+                if issued is not None and issued.compiled:
+                    why.append(f"the collective is issued inside a compiled graph ({issued.line or 'no user frame'}); "
+                               "look at the graphs' inputs on rank " + str(r))
+                elif issued is not None:
+                    inst = m.instead.get(r) or m.doing.get(r)
+                    why.append(f"it is issued from non-compiled code at {issued.line or '?'} on ranks {m.reached}; "
+                               f"rank {r} went on to {inst.describe() if inst else 'no collective'}"
+                               " — a data-dependent branch in Python code outside the graphs")
+            nb = {k: v for k, v in breaks.items() if v}
+            if nb:
+                why.append("graph breaks recorded: " + ", ".join(f"rank {k}: {v}" for k, v in sorted(nb.items()))
+                           + " (the code between graphs runs eagerly)")
+        m.why[r] = why

@@ -1,0 +1,125 @@
+"""The capture agent's Flight Recorder: on in every rank, dumped into the store when it matters.
+
+:func:`enable` sets ``TORCH_FR_BUFFER_SIZE`` (default :data:`DEFAULT_BUFFER` entries) only when
+the user has not set it; torch reads it at the first collective recorded, so an agent made after
+``init_process_group`` but before the first collective still turns the recorder on (one made
+later finds the buffer already sized, possibly at 0: nothing is recorded, nothing fails).
+
+:class:`FlightDumps` writes the rank's dump (``_dump_fr_trace()``, normalised by
+:func:`graphdeck.store.fr_import.normalise`) as a ``flight_recorder`` compile record when the
+job raises (``sys.excepthook``, chained), is stopped by ``SIGTERM`` (torchrun stops the other
+ranks so when one fails; the handler is installed only where none was), exits, or calls
+``Agent.close()``. The latest dump of a rank is the one analysed. Never raises into training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import warnings
+
+DEFAULT_BUFFER = 2000
+ENV = "TORCH_FR_BUFFER_SIZE"
+
+
+def enable() -> str:
+    """Turn the recorder on unless the user chose a size (``TORCH_FR_BUFFER_SIZE``); returns it."""
+    return os.environ.setdefault(ENV, str(DEFAULT_BUFFER))
+
+
+def dump_now() -> dict | None:
+    """This process's recorder contents (the pickle torch dumps, loaded), or None."""
+    try:
+        import torch
+
+        raw = torch._C._distributed_c10d._dump_fr_trace()
+    except Exception:  # noqa: BLE001 - no distributed build, no recorder
+        return None
+    from graphdeck.store.fr_import import load_bytes
+
+    dump, _fmt = load_bytes(bytes(raw)) if raw else (None, "")
+    return dump if dump and dump.get("entries") else None
+
+
+class FlightDumps:
+    """Dumps ``agent``'s rank into its store on exception, SIGTERM, exit and :meth:`write`."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.size = enable()
+        self._lock = threading.Lock()
+        self._last: int | None = None  # entries count + last record id of the last dump written
+        self._prev_hook = sys.excepthook
+        sys.excepthook = self._excepthook
+        self._prev_term = None
+        try:
+            if threading.current_thread() is threading.main_thread() and \
+                    signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                self._prev_term = signal.signal(signal.SIGTERM, self._on_term)
+        except (ValueError, OSError):  # not the main thread / no signals here
+            pass
+        import atexit
+
+        atexit.register(self.write, "exit")
+
+    @classmethod
+    def start(cls, agent) -> FlightDumps | None:
+        """A FlightDumps for ``agent``, or None (with a warning) when it cannot be set up."""
+        try:
+            return cls(agent)
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            warnings.warn(f"graphdeck: no Flight Recorder dumps: {type(exc).__name__}: {exc}")
+            return None
+
+    def write(self, reason: str) -> bool:
+        """Store the recorder's contents now (``reason``: close, exception, sigterm, exit).
+        Returns whether a dump was written (nothing new since the last one: not written)."""
+        if self.size in ("0", ""):
+            return False
+        with self._lock:
+            dump = dump_now()
+            if dump is None:
+                return False
+            ents = dump["entries"]
+            key = hash((len(ents), ents[-1].get("record_id"), ents[-1].get("retired"), ents[-1].get("state")))
+            if key == self._last:
+                return False
+            try:
+                from graphdeck.store.fr_import import EVENT_NAME, normalise
+
+                norm = normalise(dump, f"capture:{reason}")
+                norm["format"] = "capture"
+                self.agent.writer.write_compile_events([{
+                    "name": EVENT_NAME, "compile_id": None,
+                    "metadata": {"reason": reason, "entries": len(norm["entries"]), "dropped": len(norm["dropped"])},
+                    "payload": json.dumps(norm, separators=(",", ":"))}])
+            except Exception as exc:  # noqa: BLE001 - capture never breaks training
+                warnings.warn(f"graphdeck: could not store the Flight Recorder dump: {type(exc).__name__}: {exc}")
+                return False
+            self._last = key
+            return True
+
+    def _excepthook(self, tp, value, tb):
+        self.write("exception")
+        (self._prev_hook or sys.__excepthook__)(tp, value, tb)
+
+    def _on_term(self, signum, frame):
+        self.write("sigterm")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def detach(self) -> None:
+        """Put back the previous excepthook and SIGTERM handler (after close)."""
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._prev_hook
+        try:
+            if self._prev_term is not None and signal.getsignal(signal.SIGTERM) == self._on_term:
+                signal.signal(signal.SIGTERM, self._prev_term)
+        except (ValueError, OSError):
+            pass
+
+
+__all__ = ["DEFAULT_BUFFER", "ENV", "FlightDumps", "dump_now", "enable"]

@@ -1,0 +1,209 @@
+"""Flight Recorder hangs on real torchrun jobs (issue 19, items 1-3): one 2-rank gloo job
+(tests/flight_job.py, 3 s timeouts) hangs twice — a data-dependent Python branch that issues one
+collective fewer on rank 1, then a recompile on rank 1 into a graph without the all-reduce. The
+agent's dumps, the raw dumps imported with ``graphdeck import`` (pickle and JSON, odd names),
+``fr_trace`` on the same dumps, and the job's TORCH_TRACE logs with records dropped on import."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.ranks import rank_report
+from graphdeck.store.db import open_engine
+from graphdeck.store.schema import CompileEvent, Run
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = REPO / "tests" / "flight_job.py"
+BRANCH_LINE = next(i for i, t in enumerate(JOB.read_text().splitlines(), 1) if "# BRANCH" in t) + 1
+MLP_LINE = next(i for i, t in enumerate(JOB.read_text().splitlines(), 1) if "# MLP_ALL_REDUCE" in t)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("flight")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_TRACE=str(out / "trace"))
+    env.pop("TORCH_FR_BUFFER_SIZE", None)  # the agent turns the recorder on
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(JOB),
+           str(out / "s.db"), str(out / "dumps")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+    return out, proc
+
+
+def _report(store: Path, run: str = "hangs"):
+    with Session(open_engine(store, read_only=True)) as s:
+        return rank_report(s, s.scalar(select(Run).where(Run.name == run)))
+
+
+def _by_desc(rep):
+    return {m.desc: m for m in rep.flight.mismatches}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "graphdeck.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+
+
+def test_job_times_out_and_each_rank_dumps_into_the_store(job):
+    out, proc = job
+    assert proc.returncode != 0, "the second hang is not caught: the job fails"
+    assert proc.stdout.count("case 1 timed out") == 2, proc.stdout[-2000:]
+    with Session(open_engine(out / "s.db", read_only=True)) as s:
+        dumps = s.execute(select(CompileEvent.rank, CompileEvent.metadata_json)
+                          .where(CompileEvent.name == "flight_recorder")).all()
+    assert {r for r, _ in dumps} == {0, 1}
+    assert all(json.loads(m)["reason"] in ("exception", "sigterm") for _, m in dumps), dumps
+
+
+def test_branch_case_names_group_collective_rank_and_line(job):
+    out, _ = job
+    rep = _report(out / "s.db")
+    assert rep.verdict == "FAIL"
+    m = _by_desc(rep)["loss_sync"]
+    assert (m.seq, m.op, m.reached, m.not_reached, m.primary) == (3, "gloo:all_reduce", [0], [1], True)
+    assert m.cause[1] == "skipped"
+    assert m.issued[0].line.endswith(f"flight_job.py:{BRANCH_LINE} in main") and not m.issued[0].compiled
+    assert m.doing[1].group != m.group and m.doing[1].line.endswith("in main"), "what rank 1 did instead"
+    assert m.last_completed[1].seq == 2
+    why = " ".join(m.why[1])
+    assert "data-dependent branch" in why and f"flight_job.py:{BRANCH_LINE}" in why
+    assert "recompile" not in why, "phase 2's recompile is another frame: it does not explain this"
+    text = rep.to_text()
+    assert f"HANG group {m.group} (loss_sync): first mismatch at collective #3" in text
+
+
+def test_recompile_case_names_the_recompile_and_the_missing_all_reduce(job):
+    out, _ = job
+    m = _by_desc(_report(out / "s.db"))["mlp"]
+    assert (m.seq, m.reached, m.not_reached, m.primary) == (3, [0], [1], True)
+    assert m.issued[0].compiled
+    why = " ".join(m.why[1])
+    assert "ranks [1] recompiled frame mlp_step" in why
+    assert "size mismatch at index 0. expected 4, actual 5" in why
+    assert re.search(rf"issues no all_reduce .* at .*flight_job.py:{MLP_LINE} in mlp_step", why), why
+
+
+def test_the_other_groups_are_consequences(job):
+    out, _ = job
+    rep = _report(out / "s.db")
+    by = _by_desc(rep)
+    for desc, waits_in in (("grad_sync", "loss_sync"), ("opt_sync", "mlp")):
+        m = by[desc]
+        assert not m.primary and m.not_reached == [0] and m.cause[0] == "waiting"
+        assert m.doing[0].group == by[waits_in].group
+    assert [m.primary for m in rep.flight.mismatches] == [True, True, False, False]
+
+
+def _fr_trace_first_mismatches(folder: Path, tmp: Path) -> set[tuple]:
+    """fr_trace on copies of the raw dumps whose pg_config names every group the entries use (on
+    torch 2.13 it raises KeyError ('0', 0) on gloo's pg_config otherwise)."""
+    fixed = tmp / "fixed"
+    fixed.mkdir()
+    for r in (0, 1):
+        with open(folder / f"fr_dump_{r}", "rb") as fh:
+            d = pickle.load(fh)
+        d["pg_config"] = {n: {"name": n, "desc": desc, "ranks": "[0, 1]"} for n, desc in
+                          {tuple(e["process_group"]) for e in d["entries"]}}
+        with open(fixed / f"fr_dump_{r}", "wb") as fh:
+            pickle.dump(d, fh)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(fixed), "-p",
+                           "fr_dump_", "-o", str(tmp / "fr.pkl")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(tmp / "fr.pkl", "rb") as fh:
+        _types, db = pickle.load(fh)
+    first: dict[str, tuple] = {}
+    for c in db.collectives:
+        if c.missing_ranks or c.type_of_mismatch or c.mismatch_collectives:
+            first.setdefault(c.pg_desc, (c.pg_desc.split(":")[0], c.collective_seq_id, frozenset(c.missing_ranks or ())))
+    return set(first.values())
+
+
+def test_fr_trace_names_the_same_first_mismatches(job, tmp_path):
+    out, _ = job
+    ours = {(m.group, m.seq, frozenset(m.not_reached)) for m in _report(out / "s.db").flight.mismatches}
+    raw = out / "dumps"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(raw), "-p",
+                           "fr_dump_"], capture_output=True, text=True, timeout=120)
+    assert "KeyError" in proc.stderr, "torch 2.13's fr_trace cannot read gloo dumps as written; we can"
+    assert _fr_trace_first_mismatches(raw, tmp_path) == ours and len(ours) == 4
+
+
+def test_import_folder_of_dumps_pickle_and_json_any_names(job, tmp_path):
+    out, _ = job
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    shutil.copy(out / "dumps" / "fr_dump_0", folder / "job.pickle.0")
+    shutil.copy(out / "dumps" / "rank1-trace.json.1", folder / "rank1-trace.json.1")  # JSON: no stacks
+    (folder / "notes.txt").write_text("not a dump")
+    store = tmp_path / "imp.db"
+    proc = _cli("import", str(folder), "--store", str(store), "--run", "fr")
+    assert proc.returncode == 0, proc.stderr
+    assert "Flight Recorder: ranks [0, 1], 20 entries, 0 dropped" in proc.stdout
+    rep = _report(store, "fr")
+    agent = _report(out / "s.db")
+    assert {(m.group, m.seq, tuple(m.reached), tuple(m.not_reached)) for m in rep.flight.mismatches} == \
+        {(m.group, m.seq, tuple(m.reached), tuple(m.not_reached)) for m in agent.flight.mismatches}
+    proc = _cli("check-ranks", str(store), "--run", "fr")
+    assert proc.returncode == 1 and "no compile records for this run" in proc.stdout
+
+
+def test_a_rank_without_a_dump_is_named_and_the_verdict_incomplete(job, tmp_path):
+    out, _ = job
+    folder = tmp_path / "one"
+    folder.mkdir()
+    shutil.copy(out / "dumps" / "fr_dump_0", folder / "fr_dump_0")
+    store = tmp_path / "one.db"
+    assert _cli("import", str(folder), "--store", str(store), "--run", "fr").returncode == 0
+    with Session(open_engine(store)) as s, s.begin():  # the job's 2 ranks (pg_config of gloo names none)
+        s.scalar(select(Run).where(Run.name == "fr")).world_size = 2
+    from graphdeck.store.db import get_or_create_rank
+
+    with Session(open_engine(store)) as s, s.begin():
+        get_or_create_rank(s, s.scalar(select(Run).where(Run.name == "fr")), 1, world_size=2)
+    proc = _cli("check-ranks", str(store), "--run", "fr")
+    assert proc.returncode == 3, proc.stdout
+    assert "MISSING EVIDENCE: rank 1: no Flight Recorder dump" in proc.stdout and "INCOMPLETE" in proc.stdout
+
+
+def _corrupt(log: Path, compile_id: tuple[int, int]) -> int:
+    """Break every envelope of compile ``compile_id`` in a TORCH_TRACE log (its records are then
+    dropped on import as bad JSON). Returns how many."""
+    lines, n = log.read_text().splitlines(keepends=True), 0
+    key = f'"frame_id": {compile_id[0]}, "frame_compile_id": {compile_id[1]}'
+    for i, t in enumerate(lines):
+        if not t.startswith("\t") and key in t:
+            lines[i] = t.replace("{", "{{", 1)
+            n += 1
+    log.write_text("".join(lines))
+    return n
+
+
+def test_schedule_record_dropped_on_import_is_incomplete_never_agree(job, tmp_path):
+    out, _ = job
+    logs = tmp_path / "logs"
+    shutil.copytree(out / "trace", logs)
+    rank1 = next(p for p in logs.iterdir() if "rank_1" in p.name)
+    # the TORCH_TRACE logs alone agree but for rank 1's recompile; drop that compile's records
+    assert _corrupt(rank1, (1, 1)) > 0
+    store = tmp_path / "tt.db"
+    proc = _cli("import", str(logs), "--store", str(store), "--run", "tt")
+    assert proc.returncode == 0, proc.stderr
+    rep = _report(store, "tt")
+    assert not rep.divergences and rep.verdict == "INCOMPLETE", rep.to_text()
+    assert any(re.match(r"rank 1: compile record dropped on import: line \d+: record: bad_json", x)
+               for x in rep.missing_evidence), rep.missing_evidence
+    proc = _cli("check-ranks", str(store), "--run", "tt")
+    assert proc.returncode == 3 and "OK: all ranks agree" not in proc.stdout
+    assert "INCOMPLETE" in proc.stdout.splitlines()[-1]
