@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import CompileEvent, Rank, Run, Trace
 
 METRIC_EVENTS = ("compilation_metrics", "bwd_compilation_metrics", "compilation_metrics_runtime",
@@ -206,7 +207,10 @@ def compile_skew(session: Session, run: Run, *, min_skew_s: float = 2.0, ratio: 
     """Compare the ranks of ``run`` at compile time (NOTE: [Compile skew]); ``finding`` is set
     when the slowest rank's compile before the first collective exceeds the fastest's by
     ``min_skew_s`` seconds and by the factor ``ratio``. Ranks without compile records are left
-    out. Raises ValueError for ``min_skew_s < 0`` or ``ratio < 1``."""
+    out. Raises NotFoundError for ``run`` None (a run the caller did not find) and ValueError for
+    ``min_skew_s < 0`` or ``ratio < 1``."""
+    if run is None:
+        raise NotFoundError("compile_skew: no such run", resource="run", id=None)
     if min_skew_s < 0 or ratio < 1:
         raise ValueError(f"compile_skew: min_skew_s must be >= 0 and ratio >= 1 (got {min_skew_s}, {ratio})")
     ranks = sorted(set(session.scalars(select(CompileEvent.rank).where(

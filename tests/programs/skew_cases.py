@@ -12,7 +12,8 @@ a prewarm may run beside the first):
 
 * ``gloo_straggler`` — DDP (gloo) over a 3-layer MLP compiled with ``aot_eager``; rank 1 sleeps
   ``SLOW_S`` in a backward hook of its first layer's weight every step, so rank 0 waits for it
-  inside DDP's ``gloo:all_reduce``. Steps 1-3 are profiled (Kineto traces stored per rank).
+  inside DDP's ``gloo:all_reduce``. Steps 2-4 are profiled (Kineto traces stored per rank), after
+  DDP's bucket rebuild at step 1 (two ``gloo:broadcast`` from rank 0).
 * ``cache_skew`` — one ``nn.Linear`` compiled with Inductor, forward and backward, then its
   gradients all-reduced (the first collective). Rank 0's ``TORCHINDUCTOR_CACHE_DIR`` is the
   pre-warmed ``WARM_DIR``, rank 1's the empty ``COLD_DIR``: rank 0 is served from the FX graph
@@ -29,15 +30,15 @@ from datetime import timedelta
 
 SLOW_S = 0.12
 TIMEOUT_S = 120
-MODE = sys.argv[1]
-if MODE == "job":
-    STORE, WARM, COLD = sys.argv[2:5]
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = WARM if os.environ.get("RANK") == "0" else COLD
-else:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[2]
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-import torch  # noqa: E402  (the cache directory is read when Inductor first loads)
+
+def configure(argv: list[str]) -> None:
+    """Each rank's own Inductor cache directory, set before torch loads Inductor."""
+    if argv[1] == "job":
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = argv[3] if os.environ.get("RANK") == "0" else argv[4]
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = argv[2]
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def skew_model():
@@ -82,8 +83,8 @@ def case_straggler(store: str, rank: int) -> None:
     compiled = torch.compile(ddp, backend=agent.backend("aot_eager"))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
-    with agent.profile(wait_steps=1, warmup_steps=0, active_steps=3) as prof:
-        for _ in range(4):
+    with agent.profile(wait_steps=2, warmup_steps=0, active_steps=3) as prof:
+        for _ in range(5):
             compiled(torch.randn(8, 16, generator=gen)).sum().backward()
             opt.step()
             opt.zero_grad()
@@ -108,20 +109,23 @@ def case_cache_skew(store: str, rank: int) -> None:
     agent.close()
 
 
-def job() -> None:
+def job(store: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=TIMEOUT_S))
     rank = dist.get_rank()
-    case_straggler(STORE, rank)
+    case_straggler(store, rank)
     done = sys.argv[5] if len(sys.argv) > 5 else None
     while done and not os.path.exists(done):
         time.sleep(0.2)
     dist.barrier()
-    case_cache_skew(STORE, rank)
+    case_cache_skew(store, rank)
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    prewarm(sys.argv[3]) if MODE == "prewarm" else job()
+    configure(sys.argv)
+    import torch  # noqa: E402  (after configure: the cache directory is read when Inductor loads)
+
+    prewarm(sys.argv[3]) if sys.argv[1] == "prewarm" else job(sys.argv[2])
