@@ -13,7 +13,7 @@ function verdict(report) {
   const groups = report.groups.map((g) => `[${g.join(", ")}]`).join(" ");
   return h("p", {class: "verdict", "data-testid": "rank-verdict"},
     h("strong", {class: report.ok ? "verdict-ok" : "verdict-bad"},
-      report.ok ? "all ranks agree" : "ranks diverge"),
+      report.ok ? "all ranks agree" : report.verdict === "INCOMPLETE" ? "incomplete: evidence missing" : "ranks diverge"),
     `   ${report.ranks.length} ranks; groups by compile sequence: ${groups}`);
 }
 
@@ -48,6 +48,27 @@ function shardItem(x) {
     x.variants.map((v, i) => [i ? ", " : "", graphLink(v.graph_id, v.shape),
       ` on rank${v.ranks.length > 1 ? "s" : ""} ${v.ranks.join(",")}`]),
     h("div", {class: "small muted"}, x.message));
+}
+
+// The recorded half (Flight Recorder dumps): per process group the first mismatched collective,
+// who reached it, what each other rank did instead, and why (the compile records joined).
+function flightSection(report) {
+  const fr = report.flight;
+  const missing = (report.missing_evidence || []).map((x) => h("li", {"data-testid": "missing-evidence"}, x));
+  if (!fr) return missing.length ? h("ul", {class: "missing-evidence"}, missing) : null;
+  const ref = (e) => (e ? `${e.op} #${e.seq} of group ${e.group}${e.line ? ` at ${e.line}` : ""}` : "nothing");
+  return [h("h2", {}, "Recorded collectives (Flight Recorder)"),
+    h("p", {class: "muted"}, `dumps from ranks [${fr.ranks.join(", ")}], ${fr.entries} entries; `
+      + `${fr.groups_agree.length} group(s) agree`),
+    fr.mismatches.map((m) => h("div", {class: "hang-note", "data-testid": "recorded-hang"},
+      badge(m.primary ? "hang" : "consequence", "status status-NO_GRAD"), " ",
+      `group ${m.group} (${m.desc}): collective #${m.seq} ${m.op} reached by ranks [${m.reached.join(", ")}], `
+        + `not by ranks [${m.not_reached.join(", ")}]`,
+      h("ul", {}, m.not_reached.map((r) => h("li", {},
+        `rank ${r}: last completed ${ref(m.last_completed[String(r)])}; `
+          + `${m.cause[String(r)] === "waiting" ? "waiting in" : "went on to"} ${ref(m.doing[String(r)])}`,
+        (m.why[String(r)] || []).map((w) => h("div", {class: "small"}, w))))))),
+    missing.length ? h("ul", {class: "missing-evidence"}, missing) : null];
 }
 
 function scheduleTable(report) {
@@ -100,6 +121,7 @@ export async function renderRanks(page, match) {
     report.collective_mismatches.map((m) => h("p", {class: "hang-note", "data-testid": "predicted-hang"},
       badge("predicted hang", "status status-NO_GRAD"), " ", m.message)),
     scheduleTable(report),
+    flightSection(report),
     h("h2", {}, "Compile sequence per rank"),
     sequenceTable(report)));
 }
