@@ -36,6 +36,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import operator
 import os
 import pickle
 import re
@@ -140,21 +141,32 @@ def normalise(dump: dict, source: str) -> dict:
     entries: list[list] = []
     dropped: list[str] = []
     state_ix = {s: i for i, s in enumerate(STATES)}
+    fields = operator.itemgetter("record_id", "profiling_name", "collective_seq_id", "process_group", "input_sizes",
+                                 "output_sizes", "input_dtypes", "output_dtypes", "p2p_seq_id", "state", "retired",
+                                 "time_created_ns")
     for i, e in enumerate(dump.get("entries") or []):
-        if not isinstance(e, dict):
-            dropped.append(f"{source} entry #{i} (record_id None): not a mapping")
-            continue
-        rid, op, seq, pg = e.get("record_id"), e.get("profiling_name"), e.get("collective_seq_id"), e.get("process_group")
-        why = ("no profiling_name" if not isinstance(op, str) else "no collective_seq_id" if not isinstance(seq, int)
-               else "no process_group" if not isinstance(pg, (list, tuple)) or len(pg) != 2 else None)
-        if why:
+        try:  # the fast path: every field there (torch 2.9-2.13 write them all)
+            rid, op, seq, pg, ins, outs, idt, odt, p2p, state, retired, t_ns = fields(e)
+        except (KeyError, TypeError):
+            if not isinstance(e, dict):
+                dropped.append(f"{source} entry #{i} (record_id None): not a mapping")
+                continue
+            rid, op, seq, pg = e.get("record_id"), e.get("profiling_name"), e.get("collective_seq_id"), \
+                e.get("process_group")
+            ins, outs, idt, odt = e.get("input_sizes"), e.get("output_sizes"), e.get("input_dtypes"), \
+                e.get("output_dtypes")
+            p2p, state, retired, t_ns = e.get("p2p_seq_id"), e.get("state"), e.get("retired"), e.get("time_created_ns")
+        if op.__class__ is not str or seq.__class__ is not int or pg.__class__ not in (tuple, list) or len(pg) != 2:
+            why = ("no profiling_name" if not isinstance(op, str) else "no collective_seq_id"
+                   if not isinstance(seq, int) else "no process_group")
             dropped.append(f"{source} entry #{i} (record_id {rid}): {why}")
             continue
-        pgk = (str(pg[0]), str(pg[1]))
-        pgi = pgs.get(pgk)
+        pgi = pgs.get(pg) if pg.__class__ is tuple else None  # a tuple (pickle) or a list (JSON)
         if pgi is None:
-            pgi = pgs[pgk] = len(pgs)
-        ins, outs, idt, odt = e.get("input_sizes"), e.get("output_sizes"), e.get("input_dtypes"), e.get("output_dtypes")
+            pgk = (str(pg[0]), str(pg[1]))
+            pgi = pgs.setdefault(pgk, len(pgs))
+            if pg.__class__ is tuple:
+                pgs[pg] = pgi
         sk = (op, str(ins), str(outs), str(idt), str(odt))
         si = sigs.get(sk)
         if si is None:
@@ -169,12 +181,12 @@ def normalise(dump: dict, source: str) -> dict:
                 text = tuple(t for t in map(frame_text, frames) if t)
                 st = stacks.setdefault(text, len(stacks)) if text else -1
                 by_ids[ik] = st
-        entries.append([pgi, seq, e.get("p2p_seq_id") or 0, si, state_ix.get(e.get("state"), -1),
-                        1 if e.get("retired") else 0, rid if isinstance(rid, int) else i, st,
-                        e.get("time_created_ns") or 0])
+        entries.append([pgi, seq, p2p or 0, si, state_ix.get(state, -1), 1 if retired else 0,
+                        rid if rid.__class__ is int else i, st, t_ns or 0])
+    names = {v: k for k, v in pgs.items() if isinstance(k[0], str) and isinstance(k[1], str)}
     return {"version": str(dump.get("version")), "pg_config": dump.get("pg_config") or {},
             "pg_status": dump.get("pg_status") or {}, "source": source,
-            "pgs": [list(k) for k in pgs], "sigs": sig_rows,
+            "pgs": [list(names[i]) for i in range(len(names))], "sigs": sig_rows,
             "stacks": [list(s) for s in stacks], "entries": entries, "dropped": dropped}
 
 
