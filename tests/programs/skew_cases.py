@@ -28,7 +28,7 @@ import sys
 import time
 from datetime import timedelta
 
-SLOW_S = 0.12
+SLOW_S = 0.25
 TIMEOUT_S = 120
 
 
