@@ -158,8 +158,8 @@ def cpu_overlap(data) -> dict | None:
 
 
 def _t(ns: int) -> str:
-    """``"385.8 ms"``, or seconds from 10 s up."""
-    return f"{ns / 1e9:.1f} s" if ns >= 10e9 else f"{ns / 1e6:.1f} ms"
+    """``"385.8 ms"``, or seconds from 1 s up."""
+    return f"{ns / 1e9:.1f} s" if ns >= 1e9 else f"{ns / 1e6:.1f} ms"
 
 
 def rank_timing(matched: dict, min_wait_fraction: float = 0.2) -> dict:
@@ -170,7 +170,7 @@ def rank_timing(matched: dict, min_wait_fraction: float = 0.2) -> dict:
     ``step_ns`` (summed profiled step time, None without step ranges) and ``compute_ns`` = step −
     time in collectives. ``straggler``: the rank with the largest lateness, when the others' wait
     for it is at least ``min_wait_fraction`` of their time in collectives; ``message`` says so in
-    words, with the numbers (ms, s from 10 s). All times in ns. Raises ValueError for a result without
+    words, with the numbers (ms, s from 1 s). All times in ns. Raises ValueError for a result without
     ``collectives``."""
     if not isinstance(matched, dict) or "collectives" not in matched:
         raise ValueError("rank_timing needs the result of align_and_match (a dict with 'collectives')")
