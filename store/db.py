@@ -14,7 +14,13 @@ is one transaction, so a rank that dies mid-write leaves no half-written graph b
 
 A write that fails because the disk is full (SQLite ``SQLITE_FULL``, including the size quota
 ``max_bytes``; PostgreSQL ``53100 disk_full``) raises :class:`~graphdeck.errors.StoreFullError`
-naming the cause; its transaction is rolled back.
+naming the cause; its transaction is rolled back. A statement the database refuses for one of its
+values (an integer past 64 bits, a text too long for its column or holding NUL on PostgreSQL)
+raises :class:`~graphdeck.errors.BadInputError` (a 400 naming ``table.column`` where it can).
+
+A new SQLite store and its ``-wal`` / ``-shm`` files are created readable by their owner only
+(0600). :func:`delete_run` removes a run with every row of it; :func:`sweep_stale_traces` removes
+traces whose ingest died (NOTE: [Stale ingests]).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from graphdeck.errors import GraphdeckError, NotFoundError, StoreError, StoreFullError, UsageError
+from graphdeck.errors import BadInputError, GraphdeckError, NotFoundError, StoreError, StoreFullError, UsageError
 from graphdeck.store.schema import InternedString, Rank, Run
 
 BUSY_TIMEOUT_MS = 60_000
@@ -111,10 +117,59 @@ def store_full_error(exc: BaseException) -> StoreFullError:
 
 
 def _translate_errors(context) -> None:
-    """``handle_error`` hook: a disk-full driver error leaves as :class:`StoreFullError`."""
+    """``handle_error`` hook: a disk-full driver error leaves as :class:`StoreFullError`; a value
+    the database cannot hold or compare (an integer past 64 bits, PostgreSQL's "value too long",
+    NUL in text, out-of-range numbers: SQLSTATE class 22) as :class:`BadInputError` naming the
+    table and column when the statement says which, so it answers 400, not 500."""
     exc = context.original_exception
     if is_disk_full(exc):
         raise store_full_error(exc) from exc
+    if is_bad_value(exc):
+        column = _bad_value_column(context)
+        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise BadInputError(f"the store cannot hold or compare a value{f' in {column}' if column else ''}: "
+                            f"{message}", **({"column": column} if column else {})) from exc
+
+
+def is_bad_value(exc: BaseException) -> bool:
+    """Whether a driver error is about a value rather than the database: pysqlite's
+    ``OverflowError`` (an int past 64 bits) and ``DataError``; PostgreSQL SQLSTATE class 22
+    (data exception) and psycopg's own ``DataError`` (NUL in text, raised before sending)."""
+    if isinstance(exc, OverflowError):
+        return True
+    if not any(cls.__name__ == "DataError" for cls in type(exc).__mro__):  # sqlite3's, psycopg's and subclasses
+        return False
+    state = getattr(exc, "sqlstate", None)
+    return state is None or str(state).startswith("22")
+
+
+def _bad_value_column(context) -> str:
+    """``'table.column'`` of the first parameter of an INSERT, UPDATE or SELECT (its first table)
+    that is too long for its column or holds NUL, else ``''`` (the message then is the driver's)."""
+    import re
+
+    from graphdeck.store.schema import Base
+
+    statement = getattr(context, "statement", None) or ""
+    match = re.match(r"\s*(?:INSERT INTO|UPDATE)\s+\"?(\w+)", statement, re.IGNORECASE) or \
+        re.search(r"\bFROM\s+\"?(\w+)", statement, re.IGNORECASE)
+    table = Base.metadata.tables.get(match.group(1)) if match else None
+    params = getattr(context, "parameters", None)
+    if table is None or not params:
+        return ""
+    rows = params if isinstance(params, (list, tuple)) else [params]
+    for row in rows:
+        if not isinstance(row, dict):
+            continue
+        for key, value in row.items():
+            name = re.sub(r"(_m\d+|_\d+)$", "", str(key))
+            col = table.columns.get(name)
+            if col is None or not isinstance(value, str):
+                continue
+            length = getattr(col.type, "length", None)
+            if "\x00" in value or (length and len(value) > length):
+                return f"{table.name}.{col.name}"
+    return ""
 
 
 def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, create: bool = True,
@@ -166,7 +221,26 @@ def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, crea
     return engine
 
 
+def create_private_file(path: str | os.PathLike) -> None:
+    """Create ``path`` empty with mode 0600 unless it exists (a symlink is not followed).
+
+    SQLite creates a database with 0644 and its ``-wal`` / ``-shm`` with the database's own
+    mode, so a store made by graphdeck was readable by every local user; created here first,
+    the store and its WAL files are the owner's only. An existing file keeps its mode."""
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except FileExistsError:
+        pass
+
+
 def _sqlite_engine(url: str, read_only: bool, max_bytes: int | None) -> Engine:
+    path = url.split("sqlite:///", 1)[1] if url.startswith("sqlite:///") else ""
+    if not read_only and path and path != ":memory:" and not path.startswith("file:") and "?" not in path:
+        try:
+            create_private_file(path)
+        except OSError:
+            pass  # a folder that does not exist: SQLite's own open says so
     if read_only:
         path = url.split("sqlite:///", 1)[1]
         if not Path(path).exists():
@@ -325,3 +399,122 @@ def retrying(fn, *, attempts: int = 10):
                 raise
             time.sleep(0.05 * (attempt + 1))
     return None
+
+
+def delete_run(engine: Engine, run_id: int) -> dict:
+    """Delete run ``run_id`` and every row of it in one transaction: its ranks, parameters,
+    graphs with their nodes, edges, bindings and kernel links, partitions, compile records,
+    gradient evidence, traces with their events (rows of any table that point at one of its
+    graphs or traces too), and the upload markers (``store_meta["upload:<id>"]``) that name it, so
+    uploading the same file again merges it anew. Interned strings are shared by every run and
+    stay. Returns ``{"run_id", "run_name", "rows": {table: deleted}}``.
+
+    Raises:
+        NotFoundError: no run has that id.
+    """
+    from sqlalchemy import delete, or_
+
+    from graphdeck.store.schema import Base, StoreMeta
+
+    tables = [t for t in Base.metadata.sorted_tables if t.name not in ("strings", StoreMeta.__tablename__)]
+
+    def scope(table, run_id):
+        """The condition selecting ``table``'s rows that belong to the run (None: none do)."""
+        conds = []
+        for fk in table.foreign_keys:
+            ref = fk.column.table
+            if ref.name == Run.__tablename__:
+                conds.append(fk.parent == run_id)
+            elif ref.name != table.name and ref.name in owned:
+                conds.append(fk.parent.in_(select(ref.c.id).where(owned[ref.name])))
+        return or_(*conds) if conds else None
+
+    def drop() -> dict:
+        with write_session(engine) as s:
+            name = s.scalar(select(Run.name).where(Run.id == run_id).with_for_update())
+            if name is None:
+                raise NotFoundError(f"run {run_id} not found", resource="run", id=run_id)
+            owned.clear()
+            owned[Run.__tablename__] = Run.id == run_id
+            for table in tables:  # parents first: a child's condition reads its parents' rows
+                if table.name != Run.__tablename__ and (cond := scope(table, run_id)) is not None:
+                    owned[table.name] = cond
+            rows: dict[str, int] = {}
+            for table in reversed(tables):  # children first
+                if table.name in owned:
+                    n = s.execute(delete(table).where(owned[table.name])).rowcount
+                    if n:
+                        rows[table.name] = n
+            markers = [key for key, value in s.execute(select(StoreMeta.key, StoreMeta.value)
+                                                      .where(StoreMeta.key.like("upload:%")))
+                       if _names_run(value, run_id)]
+            if markers:
+                s.execute(delete(StoreMeta).where(StoreMeta.key.in_(markers)))
+                rows["upload_markers"] = len(markers)
+            return {"run_id": run_id, "run_name": name, "rows": rows}
+
+    owned: dict = {}
+    return retrying(drop)
+
+
+def _names_run(marker_value: str | None, run_id: int) -> bool:
+    try:
+        return json.loads(marker_value or "{}").get("run_id") == run_id
+    except (ValueError, AttributeError):
+        return False
+
+
+#: ``GRAPHDECK_STALE_INGEST_S``: a trace still ``ingesting`` this many seconds after it was
+#: created, and whose rows did not change for ``GRAPHDECK_STALE_PROBE_S``, lost its writer.
+STALE_INGEST_ENV, STALE_PROBE_ENV = "GRAPHDECK_STALE_INGEST_S", "GRAPHDECK_STALE_PROBE_S"
+STALE_INGEST_S, STALE_PROBE_S = 1800.0, 30.0
+
+
+def sweep_stale_traces(engine: Engine, *, older_than_s: float | None = None, probe_s: float | None = None,
+                       sleep=time.sleep) -> list[int]:
+    """Delete traces whose ingest died (NOTE: [Stale ingests]); returns their ids.
+
+    # NOTE: [Stale ingests] An ingest writes its trace as ``ingesting`` and its events batch by
+    # batch; a writer killed mid-way (kill -9, a crash, a server restart) leaves them behind, and
+    # readers skip them for ever. A trace is stale when it is older than ``older_than_s`` and
+    # its event rows (count and newest id) did not change over ``probe_s``: a live writer, even
+    # a slow one, adds a batch far more often. The check and the delete are one transaction
+    # that locks the trace row, so a writer finishing meanwhile is never cut short.
+    """
+    import datetime as dt
+
+    from sqlalchemy import delete, func
+
+    from graphdeck.store.schema import Trace, TraceEvent
+
+    older_than_s = float(os.environ.get(STALE_INGEST_ENV, STALE_INGEST_S)) if older_than_s is None else older_than_s
+    probe_s = float(os.environ.get(STALE_PROBE_ENV, STALE_PROBE_S)) if probe_s is None else probe_s
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def progress(conn, trace_id):
+        return tuple(conn.execute(select(func.count(), func.max(TraceEvent.id))
+                                  .where(TraceEvent.trace_id == trace_id)).one())
+
+    with engine.connect() as conn:
+        rows = conn.execute(select(Trace.id, Trace.created_at).where(Trace.status == "ingesting")).all()
+        old = [tid for tid, created in rows if created is None
+               or (now - (created if created.tzinfo else created.replace(tzinfo=dt.timezone.utc))).total_seconds()
+               >= older_than_s]
+        before = {tid: progress(conn, tid) for tid in old}
+    if not old:
+        return []
+    sleep(probe_s)
+    swept = []
+    for tid in old:
+        def drop(tid=tid) -> bool:
+            with write_session(engine) as s:
+                status = s.scalar(select(Trace.status).where(Trace.id == tid).with_for_update())
+                if status != "ingesting" or progress(s, tid) != before[tid]:
+                    return False
+                s.execute(delete(TraceEvent).where(TraceEvent.trace_id == tid))
+                s.execute(delete(Trace).where(Trace.id == tid))
+                return True
+
+        if retrying(drop):
+            swept.append(tid)
+    return swept

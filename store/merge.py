@@ -28,10 +28,22 @@ The bundle is untrusted (it arrives over HTTP): it is opened read-only with
 ``PRAGMA trusted_schema=OFF``, must pass ``PRAGMA quick_check``, must hold this graphdeck's
 ``SCHEMA_VERSION`` and real tables (not views) under the schema's table names, and every value it
 holds must fit the target's columns; anything else is a :class:`~graphdeck.errors.BadInputError`.
+
+NOTE: [Bundle checks] Before anything is written, :func:`check_bundle` reads the bundle once per
+table in SQL and refuses it (400, naming ``table.column``, how many values and the first row) when
+a schema table is a virtual table, lacks one of the schema's columns (SQLite reads a missing
+``"col"`` as the text ``'col'``), or has a generated column (a 400 KiB file whose computed column
+repeats a megabyte per row); when a value has the wrong type for its column (text in an integer,
+a blob, a non-0/1 boolean, an infinite float, a date that does not parse, JSON that does not
+parse, nests past :data:`JSON_MAX_DEPTH` or is not an object where one is read as such), when a
+required value is NULL, or a value is longer than :data:`BUNDLE_MAX_VALUE_BYTES`; and against a
+PostgreSQL store also a text longer than its column or holding NUL. A table of more than
+:data:`BUNDLE_MAX_ROWS` rows is refused too, as is text that is not UTF-8 (found while copying).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections import defaultdict
@@ -48,6 +60,15 @@ from graphdeck.store.schema import SCHEMA_VERSION, Base, StoreMeta
 BATCH_ROWS = 2000
 #: Tables never copied: facts about a store itself.
 SKIPPED_TABLES = frozenset({StoreMeta.__tablename__})
+#: Most rows one table of a bundle may hold (NOTE: [Bundle checks]).
+BUNDLE_MAX_ROWS = 50_000_000
+#: Longest single value (bytes) of a bundle: a graph's code or a trace's metadata fit many times.
+BUNDLE_MAX_VALUE_BYTES = 64 * 1024**2
+#: Deepest nesting of a bundle's JSON text: the trace ingest's own limit (its readers recurse).
+JSON_MAX_DEPTH = 500
+#: JSON columns read as objects (``json.loads(...).get``); other ``*_json`` columns take any JSON.
+JSON_OBJECT_COLUMNS = frozenset({"meta_json", "stats_json", "state_json", "metadata_json"})
+_INT32 = (-(2**31), 2**31 - 1)
 
 
 def prepare_bundle(path: str | Path) -> None:
@@ -99,6 +120,7 @@ def open_bundle(path: str | Path) -> Engine:
         conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
         conn.execute("PRAGMA trusted_schema=OFF")
         conn.execute("PRAGMA query_only=1")
+        _add_functions(conn)
         return conn
 
     engine = create_engine("sqlite://", creator=connect)
@@ -110,21 +132,187 @@ def open_bundle(path: str | Path) -> Engine:
             kinds = dict(conn.exec_driver_sql("SELECT name, type FROM sqlite_master").all())
             for table in Base.metadata.sorted_tables:
                 if table.name in kinds and kinds[table.name] != "table":
-                    raise BadInputError(f"the bundle's {table.name!r} is a {kinds[table.name]}, not a table")
+                    raise BadInputError(f"the bundle's {table.name!r} is a {kinds[table.name]}, not a table",
+                                        table=table.name)
             if StoreMeta.__tablename__ not in kinds:
                 raise BadInputError("the bundle is not a graphdeck store (no store_meta table)")
             version = conn.exec_driver_sql("SELECT value FROM store_meta WHERE key='schema_version'").scalar()
+            if str(version) == str(SCHEMA_VERSION):  # another version is refused below, saying so
+                _check_columns(conn, {name for name, kind in kinds.items() if kind == "table"})
     except sqlite3.DatabaseError as exc:
         engine.dispose()
         raise BadInputError(f"the bundle is not a readable SQLite file ({exc})") from exc
     except DBAPIError as exc:
         engine.dispose()
         raise BadInputError(f"the bundle is not a readable SQLite file ({exc.orig})") from exc
+    except BadInputError:
+        engine.dispose()
+        raise
     if str(version) != str(SCHEMA_VERSION):
         engine.dispose()
         raise BadInputError(f"the bundle has schema version {version!r}; this server reads version {SCHEMA_VERSION}")
     engine.bundle_tables = {name for name, kind in kinds.items() if kind == "table"}  # type: ignore[attr-defined]
     return engine
+
+
+def _add_functions(conn: sqlite3.Connection) -> None:
+    """The Python checks :func:`check_bundle` calls from SQL (values passed as blobs, so text
+    that is not UTF-8 is a finding, not an exception)."""
+    conn.create_function("gd_json_bad", 2, _json_bad, deterministic=True)
+    conn.create_function("gd_datetime_bad", 1, _datetime_bad, deterministic=True)
+
+
+def _json_bad(raw: bytes | None, want: str) -> int:
+    """1 when ``raw`` is not JSON as the server's readers parse it (``json.loads`` of UTF-8),
+    nests deeper than :data:`JSON_MAX_DEPTH`, or is not an object where ``want`` says so."""
+    if raw is None:
+        return 0
+    try:
+        value = json.loads(bytes(raw).decode("utf-8"))
+    except Exception:  # noqa: BLE001 - not UTF-8, not JSON, too deep for the parser: all a bad value
+        return 1
+    if want == "object" and not isinstance(value, dict):
+        return 1
+    todo, depth = [(value, 1)], 0
+    while todo:  # nesting depth, without recursion
+        item, d = todo.pop()
+        depth = max(depth, d)
+        if depth > JSON_MAX_DEPTH:
+            return 1
+        if isinstance(item, dict):
+            todo.extend((v, d + 1) for v in item.values())
+        elif isinstance(item, list):
+            todo.extend((v, d + 1) for v in item)
+    return 0
+
+
+@functools.lru_cache(maxsize=1)
+def _datetime_reader():
+    from sqlalchemy import DateTime
+    from sqlalchemy.dialects import sqlite
+
+    dialect = sqlite.dialect()
+    return DateTime(timezone=True).dialect_impl(dialect).result_processor(dialect, None)
+
+
+def _datetime_bad(raw: bytes | None) -> int:
+    """1 when ``raw`` is not a date SQLAlchemy's SQLite ``DateTime`` reads."""
+    if raw is None:
+        return 0
+    try:
+        _datetime_reader()(bytes(raw).decode("utf-8"))
+    except Exception:  # noqa: BLE001 - whatever fails to read is a bad value, never a failed query
+        return 1
+    return 0
+
+
+def _check_columns(conn: Connection, tables: set[str]) -> None:
+    """Each schema table the bundle holds is an ordinary table with every column of the schema
+    and no generated (computed) column (NOTE: [Bundle checks])."""
+    if "runs" not in tables:
+        raise BadInputError("the bundle has no runs table", table="runs")
+    for table in Base.metadata.sorted_tables:
+        if table.name not in tables:
+            continue
+        sql = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type='table' AND name=?",
+                                   (table.name,)).scalar() or ""
+        if sql.lstrip().upper().startswith("CREATE VIRTUAL"):
+            raise BadInputError(f"the bundle's {table.name!r} is a virtual table, not a table", table=table.name)
+        info = conn.exec_driver_sql(f'PRAGMA table_xinfo("{table.name}")').all()
+        for _cid, name, _type, _notnull, _default, _pk, hidden in info:
+            if hidden:
+                raise BadInputError(f"bundle table {table.name}, column {name}: a generated (computed) column; "
+                                    "a bundle holds stored values only", table=table.name, column=name)
+        missing = [c.name for c in table.columns if c.name not in {row[1] for row in info}]
+        if missing:
+            raise BadInputError(f"bundle table {table.name} lacks column(s) {', '.join(missing)} of schema "
+                                f"version {SCHEMA_VERSION}", table=table.name, column=missing[0])
+
+
+def _value_checks(table: Table, pg: bool) -> list[tuple[str, str, str]]:
+    """``(column, problem, SQL that is 1 for a bad value)`` for every column of ``table``."""
+    from sqlalchemy import BigInteger, Boolean, DateTime, Float, Integer, String
+
+    out = []
+    keys = {fk.parent.name for fk in table.foreign_keys}
+    for col in table.columns:
+        q = f'"{col.name}"'
+        kind = col.type
+        if isinstance(kind, (String, DateTime)):  # a blob elsewhere fails its type check anyway
+            out.append((col.name, f"are longer than {BUNDLE_MAX_VALUE_BYTES} bytes",
+                        f"length(CAST({q} AS BLOB)) > {BUNDLE_MAX_VALUE_BYTES}"))
+        if col.primary_key:
+            out.append((col.name, "are not integer ids", f"typeof({q}) != 'integer'"))
+            continue
+        if not col.nullable:
+            out.append((col.name, "are NULL (the column requires a value)", f"{q} IS NULL"))
+        if isinstance(kind, Boolean):
+            out.append((col.name, "are not booleans (0 or 1)", f"typeof({q}) NOT IN ('integer', 'null') OR {q} NOT IN (0, 1)"))
+        elif isinstance(kind, Integer):
+            out.append((col.name, "are not integers", f"typeof({q}) NOT IN ('integer', 'null')"))
+            if not isinstance(kind, BigInteger) and col.name not in keys:
+                out.append((col.name, "are outside 32-bit integers",
+                            f"typeof({q}) = 'integer' AND {q} NOT BETWEEN {_INT32[0]} AND {_INT32[1]}"))
+        elif isinstance(kind, Float):
+            out.append((col.name, "are not finite numbers", f"CASE WHEN typeof({q}) = 'real' THEN abs({q}) > "
+                        f"1.7976931348623157e308 ELSE typeof({q}) NOT IN ('integer', 'null') END"))
+        elif isinstance(kind, DateTime):
+            out.append((col.name, "are not dates", f"typeof({q}) NOT IN ('text', 'null') OR gd_datetime_bad(CAST({q} AS BLOB))"))
+        elif isinstance(kind, String):  # Text too
+            out.append((col.name, "are not text", f"typeof({q}) NOT IN ('text', 'null')"))
+            text = f"typeof({q}) = 'text'"
+            if col.name.endswith("_json"):
+                want = "object" if col.name in JSON_OBJECT_COLUMNS else "any"
+                fast = f"json_type({q}) != 'object'" if want == "object" else "0"
+                shallow = (f"(length(CAST({q} AS BLOB)) < {2 * JSON_MAX_DEPTH} OR length({q}) - "  # too short to nest
+                           f"length(replace(replace({q}, '[', ''), '{{', '')) < {JSON_MAX_DEPTH})")
+                out.append((col.name, "are not JSON objects" if want == "object" else "are not JSON",
+                            f"{text} AND CASE WHEN json_valid({q}) AND instr(CAST({q} AS BLOB), X'00') = 0 AND "
+                            f"{shallow} THEN {fast} ELSE gd_json_bad(CAST({q} AS BLOB), '{want}') END"))
+            if pg and kind.length:
+                out.append((col.name, f"are longer than {kind.length} characters (the column's limit)",
+                            f"{text} AND length({q}) > {kind.length}"))
+            if pg:
+                out.append((col.name, "hold a NUL character (PostgreSQL text cannot)",
+                            f"{text} AND instr(CAST({q} AS BLOB), X'00') > 0"))
+    return out
+
+
+def check_bundle(src: Engine, target_dialect: str = "sqlite") -> None:
+    """Refuse a bundle whose values do not fit (NOTE: [Bundle checks]); one SQL scan per table.
+
+    Raises:
+        BadInputError: naming the table and column, how many values and the first row's id.
+    """
+    with src.connect() as conn:
+        _add_functions(conn.connection.driver_connection)
+        tables = getattr(src, "bundle_tables", None)
+        if tables is None:
+            kinds = dict(conn.exec_driver_sql("SELECT name, type FROM sqlite_master").all())
+            tables = {name for name, kind in kinds.items() if kind == "table"}
+            _check_columns(conn, tables)
+        for table in Base.metadata.sorted_tables:
+            if table.name in SKIPPED_TABLES or table.name not in tables:
+                continue
+            checks = _value_checks(table, target_dialect == "postgresql")
+            columns: dict[str, list[tuple[str, str]]] = defaultdict(list)
+            for column, problem, expr in checks:
+                columns[column].append((problem, expr))
+            # One scan, one flag per column; a flagged column is then told apart problem by problem.
+            sums = ", ".join(f"sum(CASE WHEN {' OR '.join(f'({e})' for _p, e in c)} THEN 1 ELSE 0 END)"
+                             for c in columns.values())
+            row = conn.exec_driver_sql(f'SELECT count(*), {sums} FROM "{table.name}"').one()
+            if row[0] > BUNDLE_MAX_ROWS:
+                raise BadInputError(f"bundle table {table.name} holds {row[0]} rows; at most {BUNDLE_MAX_ROWS} "
+                                    "are taken", table=table.name, rows=row[0], limit=BUNDLE_MAX_ROWS)
+            for (column, found), flagged in zip(columns.items(), row[1:]):
+                for problem, expr in found if flagged else ():
+                    bad, first = conn.exec_driver_sql(f'SELECT count(*), min(id) FROM "{table.name}" '
+                                                      f"WHERE {expr}").one()
+                    if bad:
+                        raise BadInputError(f"bundle table {table.name}, column {column}: {bad} value(s) {problem} "
+                                            f"(first at {table.name}.id={first})", table=table.name,
+                                            column=column, count=bad)
 
 
 def merge_store(source: Engine | str | Path, target: Engine, *, run_name: str,
@@ -150,6 +338,12 @@ def merge_store(source: Engine | str | Path, target: Engine, *, run_name: str,
         raise ValueError("marker_key is longer than 64 characters")
     src = open_bundle(source) if isinstance(source, (str, Path)) else source
     try:
+        if marker_key is not None:  # merged already: answered without reading the bundle again
+            with target.connect() as conn:
+                done = conn.execute(select(StoreMeta.value).where(StoreMeta.key == marker_key)).scalar()
+            if done is not None:
+                return {**json.loads(done), "already_merged": True}
+        check_bundle(src, target.dialect.name)
         with target.begin() as dst:
             if marker_key is not None:
                 done = dst.execute(select(StoreMeta.value).where(StoreMeta.key == marker_key)).scalar()
@@ -160,7 +354,10 @@ def merge_store(source: Engine | str | Path, target: Engine, *, run_name: str,
             if marker_key is not None:
                 dst.execute(StoreMeta.__table__.insert().values(key=marker_key, value=json.dumps(result)))
         return {**result, "already_merged": False}
-    except OperationalError:
+    except OperationalError as exc:
+        text = str(getattr(exc, "orig", None) or exc)
+        if "could not decode to utf-8" in text.lower():  # read while copying: the bundle's text
+            raise BadInputError(f"the bundle holds text that is not UTF-8 ({text[:200]})") from exc
         raise  # locks, full disk, I/O: not the bundle's fault; the caller decides
     except (DBAPIError, StatementError, ValueError, TypeError, OverflowError) as exc:
         if marker_key is not None:
@@ -195,12 +392,19 @@ class _Merge:
         for table in self.tables:
             if self.src_tables is not None and table.name not in self.src_tables:
                 continue
-            if table.name == "runs":
-                self._runs(table)
-            elif table.name == "strings":
-                self._strings(table)
-            else:
-                self._table(table)
+            try:
+                if table.name == "runs":
+                    self._runs(table)
+                elif table.name == "strings":
+                    self._strings(table)
+                else:
+                    self._table(table)
+            except OperationalError as exc:
+                text = str(getattr(exc, "orig", None) or exc)
+                if "could not decode to utf-8" not in text.lower():
+                    raise
+                raise BadInputError(f"bundle table {table.name}: text that is not UTF-8 ({text[:200]})",
+                                    table=table.name) from exc
         run_id = next(iter(self.ids["runs"].values()))
         return {"run_id": run_id, "run_name": self.run_name, "rows": self.rows, "reused": self.reused,
                 "created": dict(self.created)}

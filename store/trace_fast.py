@@ -288,6 +288,8 @@ class Chunk:
     def ns(self, value: float) -> int:
         """ns of a ``ts`` / ``dur`` float of this chunk, exactly as from its decimal text, or
         :class:`Inexact` (NOTE: [Chunked orjson reading])."""
+        if not -FLOAT_WIDE_US < value < FLOAT_WIDE_US:  # also inf and nan: 1e308 * 1000 overflows
+            raise Inexact(f"{value!r} µs")
         n = round(value * 1000)
         if n / 1000 == value and -FLOAT_EXACT_US < value < FLOAT_EXACT_US:
             return n

@@ -259,12 +259,21 @@ def _skip(it, ev: str, depth: int):
 # ---------------------------------------------------------------------------- values
 
 
+#: A ``ts`` / ``dur`` of this many µs or more is past int64 nanoseconds whatever the time base:
+#: :func:`to_ns` answers ±``BEYOND_US * 1000`` for it (the ingest then skips the event, counted)
+#: instead of computing ``1e308 * 1000`` (a float overflow) or a Decimal's thousand-digit integer.
+BEYOND_US = 10**19
+
+
 def to_ns(value: Any) -> int:
-    """µs (int or decimal) → int ns, rounded half to even; ``ValueError`` for anything else."""
+    """µs (int or decimal) → int ns, rounded half to even; ``ValueError`` for anything else.
+    A magnitude of :data:`BEYOND_US` or more gives ±``BEYOND_US * 1000`` (past int64 either way)."""
     t = type(value)
     if t is int:
         return value * 1000
     if (t is Decimal and value.is_finite()) or (t is float and math.isfinite(value)):
+        if not -BEYOND_US < value < BEYOND_US:
+            return BEYOND_US * 1000 if value > 0 else -BEYOND_US * 1000
         return round(value * 1000)
     raise ValueError(value)
 

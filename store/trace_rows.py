@@ -15,6 +15,7 @@ The ingest provides the attributes these methods read and update: ``events_total
 
 from __future__ import annotations
 
+import math
 import operator
 from decimal import Decimal
 from typing import Any
@@ -64,15 +65,53 @@ def _check_floats(obj: dict, chunk: Chunk) -> None:
 
 def _huge_float(value: Any) -> bool:
     """Whether a float of magnitude >= 2**63 is in ``value``: orjson reads integers below -2**63
-    or above 2**64 - 1 as floats, which the exact readers keep as integers."""
-    kind = type(value)
-    if kind is float:
-        return not -_TWO_63 < value < _TWO_63
-    if kind is dict:
-        return any(_huge_float(v) for v in value.values())
-    if kind is list:
-        return any(_huge_float(v) for v in value)
+    or above 2**64 - 1 as floats, which the exact readers keep as integers. Walked with a list,
+    not recursion: args nested hundreds deep are data, not a RecursionError."""
+    todo = [value]
+    pop, push = todo.pop, todo.extend
+    while todo:
+        item = pop()
+        kind = type(item)
+        if kind is float:
+            if not -_TWO_63 < item < _TWO_63:
+                return True
+        elif kind is dict:
+            push(item.values())
+        elif kind is list:
+            push(item)
     return False
+
+
+#: Numbers of a ``[memory]`` event that the measured-memory reader turns into integers.
+_MEMORY_NUMBERS = ("Bytes", "Total Allocated", "Total Reserved")
+
+
+def _memory_args_ok(args: Any) -> bool:
+    """Whether a ``[memory]`` event's args can be read as measured memory: an object whose
+    ``Bytes``, ``Total Allocated`` and ``Total Reserved`` (each optional; ``Bytes`` may be null)
+    are finite numbers or integer text. Anything else is skipped (``skipped_bad_memory``)."""
+    if args is None:
+        return True
+    if type(args) is not dict:
+        return False
+    for key in _MEMORY_NUMBERS:
+        if key not in args:
+            continue
+        value = args[key]
+        kind = type(value)
+        if kind is int or kind is bool or (value is None and key == "Bytes"):
+            continue
+        if kind is float or kind is Decimal:
+            if not math.isfinite(float(value)):
+                return False
+            continue
+        if kind is not str:
+            return False
+        try:
+            int(value)
+        except ValueError:
+            return False
+    return True
 
 
 def _wide_int_args(args: dict, st) -> bytes | None:
@@ -136,6 +175,9 @@ class EventRows:
         if not (INT64_MIN <= ts_ns <= INT64_MAX and INT64_MIN <= end_ns <= INT64_MAX):
             return self._skip("skipped_bad_ts", index, "has a 'ts' or 'dur' beyond int64 nanoseconds")
         args = obj.get("args")
+        if obj.get("name") == "[memory]" and not _memory_args_ok(args):
+            return self._skip("skipped_bad_memory", index, "is a [memory] event whose Bytes / Total Allocated / "
+                                                           "Total Reserved is not a number")
         corr = None
         args_json = None
         if args is not None:
@@ -207,8 +249,11 @@ class EventRows:
                     ts, dur, name, cat, pid, tid, args = map(obj.get, _FIELD_NAMES)
                 kind = type(ts)
                 if kind is float:
-                    t = round(ts * 1000)
-                    if t / 1000 != ts or not -lim < ts < lim:
+                    if -lim < ts < lim:  # round(1e308 * 1000) would overflow: ns() says Inexact
+                        t = round(ts * 1000)
+                        if t / 1000 != ts:
+                            t = ns(ts)
+                    else:
                         t = ns(ts)
                 elif kind is int:
                     t = ts * 1000
@@ -218,15 +263,19 @@ class EventRows:
                 if ph == "X":
                     kind = type(dur)
                     if kind is float:
-                        d = round(dur * 1000)
-                        if d / 1000 != dur or not -lim < dur < lim:
+                        if -lim < dur < lim:  # round(1e308 * 1000) would overflow: ns() says Inexact
+                            d = round(dur * 1000)
+                            if d / 1000 != dur:
+                                d = ns(dur)
+                        else:
                             d = ns(dur)
                     elif kind is int:
                         d = dur * 1000
                     else:
                         t = None
                 if t is not None and base is not None and type(name) is str and (cat is None or type(cat) is str) \
-                        and (args is None or type(args) is dict):
+                        and (args is None or type(args) is dict) \
+                        and (name != "[memory]" or _memory_args_ok(args)):
                     t += base
                     e = t + d
                     if INT64_MIN <= t <= INT64_MAX and INT64_MIN <= e <= INT64_MAX:

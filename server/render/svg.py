@@ -25,15 +25,16 @@ What the frontend can rely on in the output:
   carries (``palette.py``), the heaviest :data:`HEAVY_EDGES` are red; ``<g id="legend">`` says
   the scale. Edges have no labels.
 
-Every string from user code passes through :func:`_text` (control characters dropped, long
-strings truncated as ``…[total_len=N]``) and is XML-escaped as text or attribute.
+Every string from user code passes through :func:`_text` (control characters and the characters
+XML forbids dropped, long strings truncated as ``…[total_len=N]``: ``xmltext.py``) and is
+XML-escaped as text or attribute; the finished document is :func:`~.xmltext.xml_safe` too, so a
+name holding NUL or U+FFFF never makes an SVG that does not parse.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -57,14 +58,15 @@ from graphdeck.server.render.palette import (
     hash_slots,
     heat,
 )
+from graphdeck.server.render.xmltext import MAX_TEXT_CHARS, XML_FORBIDDEN, xml_safe  # noqa: F401 - re-exported
+from graphdeck.server.render.xmltext import attr as _attr
+from graphdeck.server.render.xmltext import clean as _text
 from graphdeck.server.views import CATEGORIES, GraphView
 
 #: Above this many visible items no layout is attempted; the k-hop fallback is drawn instead.
 MAX_VISIBLE_ITEMS = 6000
 #: Default wall-clock budget for one render before the fallback view is answered.
 DEFAULT_TIMEOUT_S = 10.0
-#: Longest piece of user text drawn on a node before it is truncated.
-MAX_TEXT_CHARS = 60
 #: How many of the heaviest edges are highlighted.
 HEAVY_EDGES = 5
 #: Hops around the focus node in the fallback view, and the most nodes it draws.
@@ -95,7 +97,6 @@ _DTYPE_SHORT = {
     "int16": "i16", "short": "i16", "int8": "i8", "uint8": "u8", "bool": "b8",
     "complex64": "c64", "complex128": "c128", "float8_e4m3fn": "f8e4m3fn", "float8_e5m2": "f8e5m2",
 }
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _NOTE_MARK = 'class="graph note"'
 
 
@@ -157,7 +158,7 @@ def render_graph_svg(
     edges_at = lay.cluster_edges(prep, opened)
     root = lay.layout_cluster(prep, (), opened, edges_at, writer.node_lines, writer.collapsed_size,
                               layout_cache, graph_key or _view_digest(view))
-    return writer.document(view, root)
+    return xml_safe(writer.document(view, root))
 
 
 def fallback_svg(view: GraphView, centre: str | None, why: str) -> str:
@@ -183,12 +184,16 @@ def fallback_svg(view: GraphView, centre: str | None, why: str) -> str:
     svg = render_graph_svg(sub, max_depth=99, marks={centre: "linked"}, max_items=10**9)
     note = (f"{why}: showing the neighbourhood of {centre} ({len(keep)} nodes); "
             "collapse clusters or filter to see more")
-    return svg.replace('<g id="graph0"', f'<text class="fallback-note" x="4" y="-6" font-size="11" '
-                       f'fill="#a00">{_esc(_text(note, limit=300))}</text>\n<g id="graph0"', 1)
+    return xml_safe(svg.replace('<g id="graph0"', f'<text class="fallback-note" x="4" y="-6" font-size="11" '
+                                f'fill="#a00">{_esc(_text(note, limit=300))}</text>\n<g id="graph0"', 1))
 
 
 def _view_digest(view: GraphView) -> str:
-    return hashlib.sha256(view.model_dump_json().encode()).hexdigest()
+    try:
+        text = view.model_dump_json()
+    except ValueError:  # a lone surrogate in a name (pydantic's serialisation error is a ValueError)
+        text = json.dumps(view.model_dump(), ensure_ascii=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class _Writer:
@@ -290,7 +295,7 @@ class _Writer:
             '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
             f'<svg xmlns="http://www.w3.org/2000/svg" width="100%" height="100%" viewBox="0 -16 {width:.1f} {height + 16:.1f}" '
             f'class="graphdeck-graph" data-graph-id="{view.graph_id}" data-visible-nodes="{visible}" '
-            f'data-open-clusters="{_esc(opened, quote=True)}" font-family="Helvetica,Arial,sans-serif" font-size="10">\n'
+            f'data-open-clusters="{_attr(opened)}" font-family="Helvetica,Arial,sans-serif" font-size="10">\n'
             '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="5" markerHeight="5" '
             'orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" fill="context-stroke"/></marker></defs>\n'
             f'<title>{_esc(_text(view.name, limit=200))}</title>\n'
@@ -458,17 +463,13 @@ def _fade(classes: list[str]) -> str:
     return ' opacity="0.25"' if "faded" in classes else ""
 
 
-def _attr(value: str) -> str:
-    return _esc(_CONTROL.sub("", value), quote=True)
-
-
 def _short_dtype(name: str) -> str:
     return _DTYPE_SHORT.get(name, name)
 
 
 def note_svg(message: str) -> str:
     """A one-line SVG note (used instead of a layout that cannot be made)."""
-    text = _esc(_CONTROL.sub("", message), quote=True)
+    text = _esc(XML_FORBIDDEN.sub("", message), quote=True)
     width = max(200, 7 * len(message) + 20)
     return (
         '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
@@ -495,18 +496,6 @@ def tensor_label(shape: Any, dtype: str | None) -> str:
     return f"{short}{shape}"
 
 
-def _text(value: str, *, limit: int = MAX_TEXT_CHARS, newlines: bool = False) -> str:
-    """User text made printable and short: control characters dropped (XML 1.0 forbids them),
-    tabs to spaces, newlines to ``⏎`` unless ``newlines`` (tooltips), long text cut as
-    ``…[total_len=N]``. Escaping happens on output."""
-    clean = _CONTROL.sub("", str(value)).replace("\r", "").replace("\t", " ")
-    if not newlines:
-        clean = clean.replace("\n", " \u23ce ")
-    if len(clean) > limit:
-        clean = f"{clean[: limit - 20]}…[total_len={len(clean)}]"
-    return clean
-
-
 class SvgCache:
     """Rendered SVGs keyed by graph key + view state, least recently used first out; renders run
     on a worker thread with a deadline (NOTE: [Render deadline]).
@@ -524,6 +513,14 @@ class SvgCache:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graphdeck-layout")
         self._preps: OrderedDict[str, lay.Prepared] = OrderedDict()
+        self.layouts = lay.LayoutCache()
+
+    def clear(self) -> None:
+        """Forget every render, view and layout (a deleted run's graph ids may be reused)."""
+        with self._lock:
+            self._entries.clear()
+            self._preps.clear()
+            self._size = 0
         self.layouts = lay.LayoutCache()
 
     def lookup(self, graph_key: str, state: dict) -> str | None:

@@ -8,8 +8,10 @@ the legend toggles a category; colours come from a qualitative palette (see
 :func:`category_colors`). Times are milliseconds since ``start_ns`` (the trace's first event by
 default).
 
-User strings (event names, categories, thread names) only ever travel as data (``y``, ``text``,
-``customdata``, trace names); the ``hovertemplate`` is a constant, so a name cannot add markup.
+User strings (event names, categories, thread names, the title) only ever travel as data (``y``,
+``text``, ``customdata``, trace names); the ``hovertemplate`` is a constant. Plotly still reads
+that text as its pseudo-HTML (``<a href>`` became a clickable external link), so every user
+string is escaped for it first (:func:`~graphdeck.server.render.xmltext.plotly_text`).
 Hover names the row through ``text`` (the full row label; ``textposition="none"`` keeps it off
 the bar) because ``%{y}`` would give the short tick text.
 
@@ -35,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from graphdeck.server.render.palette import hash_slots
+from graphdeck.server.render.xmltext import plotly_text
 
 #: Kineto categories of events that run on a GPU stream (current and 2021 spellings).
 GPU_CATEGORIES = frozenset(
@@ -159,7 +162,7 @@ def _lanes(events: list[Mapping], process_labels: Mapping[str, str], thread_name
             thread = thread[len(f"thread {tid} (") : -1] if thread.endswith(")") else thread
         if thread and not is_gpu:
             label = _short(f"{label} ({thread})")
-        labels[(full_pid, tid)] = label
+        labels[(full_pid, tid)] = plotly_text(label)
 
     def order(key: tuple[str, str]) -> tuple:
         rank, pid = split_rank_pid(key[0])
@@ -264,7 +267,7 @@ def timeline_figure(
     for e, depth in zip(event_list, depths):
         cat = e.get("cat") or "(none)"
         pid, tid = str(e["pid"]), str(e["tid"])
-        name = _short(str(e.get("name") or ""))
+        name = plotly_text(_short(str(e.get("name") or "")))
         start_ms = round((int(e["ts_ns"]) - origin) / 1e6, 6)
         if e.get("ph") == "X":
             folded += depth >= MAX_DEPTH_ROWS
@@ -273,11 +276,11 @@ def timeline_figure(
             b["y"].append(rows[(pid, tid, min(depth, MAX_DEPTH_ROWS - 1))])
             b["base"].append(start_ms)
             b["x"].append(round(dur_ns / 1e6, 6))
-            b["customdata"].append([name, cat, round(dur_ns / 1e3, 3)])
+            b["customdata"].append([name, plotly_text(cat), round(dur_ns / 1e3, 3)])
         else:
             instants["y"].append(rows[(pid, tid, 0)])
             instants["x"].append(start_ms)
-            instants["customdata"].append([name, cat])
+            instants["customdata"].append([name, plotly_text(cat)])
     colors = category_colors(bars)
     # NOTE: [Plain figure dicts] The figure is built as the plain JSON Plotly.js reads rather than
     # through plotly.graph_objects: validating and serialising 2000 bars there took ~0.5 s, which
@@ -286,7 +289,7 @@ def timeline_figure(
     for cat in sorted(bars):
         b = bars[cat]
         data.append({
-            "type": "bar", "name": _short(cat), "orientation": "h", "y": b["y"], "base": b["base"], "x": b["x"],
+            "type": "bar", "name": plotly_text(_short(cat)), "orientation": "h", "y": b["y"], "base": b["base"], "x": b["x"],
             "customdata": b["customdata"], "text": b["y"], "textposition": "none", "hovertemplate": HOVER_BAR,
             "marker": {"color": colors[cat], "line": {"width": 0}},
         })
@@ -297,7 +300,7 @@ def timeline_figure(
             "marker": {"symbol": "line-ns-open", "size": 12, "color": "#444"},
         })
     shown = sum(len(b["x"]) for b in bars.values())
-    heading = title or "Trace timeline"
+    heading = plotly_text(title) if title else "Trace timeline"
     if total_events is not None and total_events > shown:
         heading += f" — showing the {shown} longest of {total_events} events"
     if folded:

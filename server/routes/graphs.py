@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, aliased
 from graphdeck.analysis.graphdiff import diff_views
 from graphdeck.analysis.overlays import OVERLAY_KINDS, graph_overlay
 from graphdeck.errors import UsageError
-from graphdeck.server.deps import find_graph, get_session, get_svg_cache, resolve_graph, resolve_node
+from graphdeck.server.deps import MAX_ID, find_graph, get_session, get_svg_cache, resolve_graph, resolve_node
 from graphdeck.server.render.filters import compile_patterns
 from graphdeck.server.render.model_explorer import model_explorer_graph, model_explorer_node_data
 from graphdeck.server.render.svg import SvgCache
@@ -112,7 +112,8 @@ class ViewParams:
                                         "name): matches and paths between them kept, the rest faded"),
         node: str | None = Query(None, description="a node whose clusters are opened (the selection)"),
         overlay: str | None = Query(None, description="one of " + ", ".join(OVERLAY_KINDS)),
-        diff_against: int | None = Query(None, description="mark nodes added/removed/changed against this graph"),
+        diff_against: int | None = Query(None, ge=-MAX_ID - 1, le=MAX_ID,
+                                         description="mark nodes added/removed/changed against this graph"),
     ):
         self.state = {"max_depth": max_depth, "expand": sorted(set(expand)), "collapse": sorted(set(collapse)),
                       "filter_by_op": list(filter_by_op), "focus": node, "overlay": overlay,
@@ -164,7 +165,7 @@ def get_overlay(kind: str, graph: Graph = Depends(resolve_graph), session: Sessi
 
 
 @router.get("/api/graphs/{graph_id}/diff/{other_id}")
-def get_diff(other_id: int, graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
+def get_diff(other_id: int = Path(ge=-MAX_ID - 1, le=MAX_ID), graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
     """Graph diff of this graph (A) against ``other_id`` (B): pairs, added, removed, changed."""
     other = find_graph(session, other_id)
     return diff_views(graph_view(session, graph.id), graph_view(session, other.id)).model_dump()

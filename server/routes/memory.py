@@ -3,7 +3,8 @@ estimates, and measured memory from a trace's ``[memory]`` events."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.memory import (
@@ -14,7 +15,7 @@ from graphdeck.analysis.memory import (
     measured_from_trace,
     step_memory,
 )
-from graphdeck.server.deps import get_session, resolve_graph
+from graphdeck.server.deps import MAX_ID, get_session, resolve_graph
 from graphdeck.store.schema import Graph
 
 router = APIRouter(tags=["memory"])
@@ -57,7 +58,22 @@ def get_whatif(graph: Graph = Depends(resolve_graph), session: Session = Depends
 
 
 @router.get("/api/traces/{trace_id}/memory")
-def get_trace_memory(trace_id: int, session: Session = Depends(get_session)) -> dict:
+def get_trace_memory(trace_id: int = Path(le=MAX_ID, ge=-MAX_ID - 1), session: Session = Depends(get_session)) -> dict:
     """Measured memory over time per device from the trace's ``[memory]`` events (``ts_ns``,
-    ``total_allocated_bytes``, peak). 404 when the trace has none."""
-    return measured_from_trace(session, trace_id)
+    ``total_allocated_bytes``, peak). 404 when the trace has none, or is still being written
+    (status ``ingesting``: its writer may have died; the server sweeps such traces at start).
+    422 when its ``[memory]`` events hold non-numbers (ingested before the ingest skipped them)."""
+    from graphdeck.errors import CheckFailed, NotFoundError
+    from graphdeck.store.schema import Trace
+
+    status = session.scalar(select(Trace.status).where(Trace.id == trace_id))
+    if status is None:
+        raise NotFoundError(f"trace {trace_id} not found", resource="trace", id=trace_id)
+    if status == "ingesting":
+        raise NotFoundError(f"trace {trace_id} is not complete (status 'ingesting': still being written, or its "
+                            "writer died)", resource="trace", id=trace_id)
+    try:
+        return measured_from_trace(session, trace_id)
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        raise CheckFailed(f"trace {trace_id}'s [memory] events hold values that are not numbers ({exc}); "
+                          "upload the trace again: the ingest now skips such events and counts them") from exc

@@ -1,17 +1,52 @@
-"""Run routes: the list of runs, one run with its ranks, graphs, traces and DDP partitions."""
+"""Run routes: the list of runs, one run with its ranks, graphs, traces and DDP partitions, and
+deleting a run (``DELETE /api/runs/{run_id}``: a write, so it needs a write token when the server
+has write tokens, see :mod:`graphdeck.server.auth`).
+
+A run whose name holds ``/`` is reached with the name URL-encoded (NOTE: [Run names with '/'] in
+:mod:`graphdeck.server.deps`). When the app starts, traces whose ingest died are swept in the
+background (NOTE: [Stale ingests] in :mod:`graphdeck.store.db`).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
+from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
-from graphdeck.server.deps import get_session, resolve_run
+from graphdeck.server.deps import RunPathRoute, find_run, get_engine, get_session, rank_query, resolve_run
 from graphdeck.store.schema import Graph, Partition, Rank, Run, Trace
 
-router = APIRouter(tags=["runs"])
+log = logging.getLogger(__name__)
+
+
+def _sweep(engine) -> None:
+    from graphdeck.store.db import sweep_stale_traces
+
+    try:
+        swept = sweep_stale_traces(engine)
+        if swept:
+            log.warning("removed %d trace(s) whose ingest died: ids %s", len(swept), swept)
+    except Exception:  # noqa: BLE001 - a sweep that fails leaves the rows hidden, as before
+        log.exception("sweeping stale trace ingests failed")
+
+
+@asynccontextmanager
+async def _lifespan(app):
+    """At start: sweep traces left ``ingesting`` by a dead writer, on a thread (it waits out a probe)."""
+    engine = getattr(app.state, "engine", None)
+    if engine is not None:
+        app.state.stale_sweep = threading.Thread(target=_sweep, args=(engine,), name="graphdeck-sweep", daemon=True)
+        app.state.stale_sweep.start()
+    yield
+
+
+router = APIRouter(tags=["runs"], route_class=RunPathRoute, lifespan=_lifespan)
 
 GRAPH_FIELDS = ("id", "rank", "ordinal", "kind", "name", "compile_id", "frame_name", "num_nodes", "parent_id",
                 "partition_index", "compile_time_s", "break_reason", "structural_hash", "backend")
@@ -74,8 +109,30 @@ def get_ranks(run: Run = Depends(resolve_run), session: Session = Depends(get_se
             session.scalars(select(Rank).where(Rank.run_id == run.id).order_by(Rank.rank))]
 
 
+@router.delete("/api/runs/{run_id}")
+async def delete_run(request: Request, run_id: str, engine=Depends(get_engine)) -> dict:
+    """Delete the run (by id, or by name) and every row of it: ranks, parameters, graphs with
+    their nodes and edges, partitions, compile records, gradient evidence, traces with their
+    events; the upload markers naming it go too, so the same file can be uploaded again.
+    Answers ``{"ok": true, "run_id", "run_name", "rows": {table: deleted}}``; 404 for no such run."""
+    from graphdeck.store.db import delete_run as delete_rows
+
+    def work() -> dict:
+        lock = getattr(request.app.state, "merge_lock", None) or threading.Lock()  # not amid an upload's merge
+        with lock, Session(engine) as session:
+            target = find_run(session, run_id).id
+            session.rollback()
+            return delete_rows(engine, target)
+
+    result = await run_in_threadpool(work)
+    cache = getattr(request.app.state, "svg_cache", None)
+    if cache is not None:  # a deleted graph's id may be given to a new graph
+        cache.clear()
+    return {"ok": True, **result}
+
+
 @router.get("/api/runs/{run_id}/graphs")
 def get_graphs(run: Run = Depends(resolve_run), session: Session = Depends(get_session),
-               rank: int | None = Query(None, description="only this rank"),
+               rank: int | None = Depends(rank_query),
                kind: str | None = Query(None, description="dynamo, ddp_partition, aot_forward, aot_backward, aot_inference")) -> list[dict]:
     return _graphs(session, run, rank, kind)
