@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
 
 STATUSES = ("OK", "NO_GRAD", "NOT_IN_GRAPH", "DEAD_END", "FROZEN", "BUFFER", "UNKNOWN")
 FAILING = frozenset({"NO_GRAD", "NOT_IN_GRAPH", "DEAD_END"})
+
+_XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 DDP_UNUSED_ERROR = "Expected to have finished reduction in the prior iteration before starting a new one"
 
@@ -348,6 +351,10 @@ class GradReport:
             fails += len(self.errors)
         root.set("tests", str(total))
         root.set("failures", str(fails))
+        for el in root.iter():  # characters XML 1.0 forbids (NUL, U+FFFF, lone surrogates) dropped
+            el.text = _XML_FORBIDDEN.sub("", el.text) if el.text else el.text
+            for k, v in el.attrib.items():
+                el.attrib[k] = _XML_FORBIDDEN.sub("", v)
         ET.indent(root)
         return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 

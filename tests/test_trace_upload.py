@@ -180,6 +180,6 @@ def test_timeline_figure_is_pure_and_names_lanes():
         "same events, same figure"
     assert fig["layout"]["yaxis"]["categoryarray"] == ["CPU pid 42 / tid 7 (python)", "GPU 0 / stream 7", "global"]
     bar = next(t for t in fig["data"] if t["name"] == "cpu_op")
-    assert (bar["base"], bar["x"], bar["customdata"]) == ([0.0], [0.005], [["<b>aten::mm</b>", "cpu_op", 5.0]]), \
-        "start 0 ms, 5 µs = 0.005 ms; the name stays data, the template stays constant"
+    assert (bar["base"], bar["x"], bar["customdata"]) == ([0.0], [0.005], [["&lt;b&gt;aten::mm&lt;/b&gt;", "cpu_op", 5.0]]), \
+        "start 0 ms, 5 µs = 0.005 ms; the name stays data (escaped: Plotly reads it as markup), the template constant"
     assert bar["hovertemplate"] == HOVER_BAR
