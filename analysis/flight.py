@@ -26,6 +26,7 @@ The join to compile records is :mod:`graphdeck.analysis.hangs`. Pure: reads the 
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 from collections import defaultdict
@@ -161,18 +162,23 @@ class _RankDump:
         sigs = norm["sigs"]
         gsig = [sig_ids.setdefault(json.dumps(s, separators=(",", ":")), len(sig_ids)) for s in sigs]
         self.p2p = [str(s[0]).endswith(_P2P) for s in sigs]
-        self.by_group: dict[str, dict[int, list]] = defaultdict(dict)
+        self.by_group: dict[str, dict[int, list]] = {}
         self.desc: dict[str, str] = {}
-        for i, (pg, seq, _p2p, sig, *_rest) in enumerate(norm["entries"]):
-            if self.p2p[sig]:
+        for name, desc in pgs:
+            self.desc.setdefault(name, desc)
+        tables = [self.by_group.setdefault(name, {}) for name, _desc in pgs]
+        p2p = self.p2p
+        for i, e in enumerate(norm["entries"]):  # the hot loop: 2,000 entries a rank
+            sig = e[3]
+            if p2p[sig]:
                 continue
-            name = pgs[pg][0]
-            self.desc.setdefault(name, pgs[pg][1])
-            slot = self.by_group[name].get(seq)
+            table = tables[e[0]]
+            slot = table.get(e[1])
             if slot is None:
-                self.by_group[name][seq] = [gsig[sig], i]
+                table[e[1]] = [gsig[sig], i]
             else:  # coalesced: one sequence id, several ops
                 slot[0] = (slot[0], gsig[sig]) if not isinstance(slot[0], tuple) else (*slot[0], gsig[sig])
+        self.by_group = {k: v for k, v in self.by_group.items() if v}
 
     def ref(self, i: int | None) -> EntryRef | None:
         if i is None:
@@ -207,6 +213,16 @@ def load_dumps(session: Session, run_id: int) -> dict[int, dict]:
 
 def flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None = None) -> FlightReport | None:
     """The first mismatch per process group, or None when the run has no FR dump."""
+    enabled = gc.isenabled()
+    gc.disable()  # ~10^5 new lists per rank, none cyclic: collections would cost more than the work
+    try:
+        return _flight_report(session, run_id, dumps)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None) -> FlightReport | None:
     dumps = dumps if dumps is not None else load_dumps(session, run_id)
     if not dumps:
         return None

@@ -33,6 +33,7 @@ same rank or the run already holds a dump for that rank.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import io
 import json
@@ -191,7 +192,19 @@ def normalise(dump: dict, source: str) -> dict:
 
 
 def _parse_file(path: str) -> tuple[str, int | None, str | None, str | None, int, int]:
-    """Worker: ``(path, rank, stored payload JSON | None, skip reason | None, entries, drops)``."""
+    """Worker: ``(path, rank, stored payload JSON | None, skip reason | None, entries, drops)``.
+    The garbage collector is off meanwhile: a dump is ~10^5 new containers, none of them cyclic,
+    and the collections they would trigger cost more than reading them (torch's loader does so too)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_file_gc_off(path)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _parse_file_gc_off(path: str) -> tuple[str, int | None, str | None, str | None, int, int]:
     p = Path(path)
     try:
         if p.stat().st_size == 0:

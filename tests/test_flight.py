@@ -209,3 +209,21 @@ def test_schedule_record_dropped_on_import_is_incomplete_never_agree(job, tmp_pa
     proc = _cli("check-ranks", str(store), "--run", "tt")
     assert proc.returncode == 3 and "OK: all ranks agree" not in proc.stdout
     assert "INCOMPLETE" in proc.stdout.splitlines()[-1]
+
+
+def test_a_graph_record_with_a_bad_md5_is_named_with_its_kind_and_compile(job, tmp_path):
+    out, _ = job
+    logs = tmp_path / "logs"
+    shutil.copytree(out / "trace", logs)
+    rank1 = next(p for p in logs.iterdir() if "rank_1" in p.name)
+    lines = rank1.read_text().splitlines(keepends=True)
+    at = next(i for i, t in enumerate(lines) if '"dynamo_output_graph"' in t
+              and '"frame_id": 1, "frame_compile_id": 1' in t)
+    lines[at + 1] = lines[at + 1].replace("\t", "\tX", 1)  # its first payload line: the md5 no longer matches
+    rank1.write_text("".join(lines))
+    store = tmp_path / "md5.db"
+    assert _cli("import", str(logs), "--store", str(store), "--run", "m").returncode == 0
+    rep = _report(store, "m")
+    assert f"rank 1: compile record dropped on import: line {at + 1}: dynamo_output_graph compile 1/1: md5_mismatch" \
+        in rep.missing_evidence, rep.missing_evidence
+    assert rep.verdict == "FAIL", "the recompile still shows (its compile metrics were kept): FAIL, evidence listed"
