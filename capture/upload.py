@@ -9,7 +9,9 @@ sha256, chunk size), PUT the chunks the server says are missing, each with its s
 complete. Every step is idempotent, so on a dropped connection, a 5xx, a 429/503 or a server
 restart the client waits (exponential backoff with jitter, capped) and asks the server what it
 already has; an answer that cannot change by retrying (4xx: bad token, too large, a bad file)
-raises at once. The token is ``token`` or ``$GRAPHDECK_TOKEN``, sent as ``Authorization: Bearer``.
+raises at once. The token is ``token`` or ``$GRAPHDECK_TOKEN``, sent as ``Authorization: Bearer``;
+every request carries ``X-Graphdeck-Client: 1`` (the server refuses writes without it or a
+token: a web page could send those).
 
 A store is snapshotted with ``VACUUM INTO`` (one self-contained file, consistent even while a
 WAL is open) and gzip-compressed before it is sent.
@@ -41,6 +43,8 @@ from graphdeck.errors import (
 )
 
 TOKEN_ENV = "GRAPHDECK_TOKEN"
+#: Sent on every request: the server takes writes only from clients that send it (or a token).
+CLIENT_HEADER = "X-Graphdeck-Client"
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 _ERRORS = {400: BadInputError, 401: UsageError, 403: UsageError, 404: NotFoundError, 409: ConflictError,
@@ -59,7 +63,10 @@ class Uploader:
                  max_backoff_s: float = 20.0, timeout_s: float = 600.0, log: Callable[[str], None] | None = None):
         self.url = url.rstrip("/")
         token = token if token is not None else os.environ.get(TOKEN_ENV)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # The server refuses writes a web page could send (graphdeck.server.auth, NOTE: [No simple writes]).
+        headers = {CLIENT_HEADER: "1"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         self.client = httpx.Client(base_url=self.url, headers=headers,
                                    timeout=httpx.Timeout(timeout_s, connect=10.0))
         self.attempts, self.backoff_s, self.max_backoff_s = attempts, backoff_s, max_backoff_s

@@ -16,6 +16,18 @@ from ``GRAPHDECK_WRITE_TOKENS`` and ``GRAPHDECK_READ_TOKENS``, comma-separated):
   authorises a write (no cross-site request can write).
 * Tokens are compared with :func:`hmac.compare_digest` against every configured token (no early
   exit on the first match), as bytes.
+* **Cross-site writes** (NOTE: [No simple writes]): a write (to a route that takes it) must be a
+  request no page on another site can send: one with ``X-Graphdeck-Client: <any>`` (graphdeck's
+  CLI and capture send ``1``), a bearer token, a method other than ``POST``, or a
+  ``Content-Type`` outside the three a form can send (``application/json`` and
+  ``application/gzip`` are fine; no ``Content-Type``, ``text/plain``,
+  ``multipart/form-data`` and ``application/x-www-form-urlencoded`` are not) → else 403 naming
+  the header. A write whose ``Origin`` is not this server's ``Host`` (``null`` included), or
+  whose ``Sec-Fetch-Site`` is ``cross-site`` / ``same-site``, is a 403 whatever it carries.
+* **Body cap**: a write's body is capped at ``Settings.max_upload_bytes`` plus
+  :data:`BODY_ENVELOPE_BYTES` (multipart framing): a larger ``Content-Length`` is a 413 before
+  anything is read, and a body without one is counted as it arrives and refused (413) as soon as
+  it passes the cap, so no route reads, spools or stores more than that.
 
 Errors are the app's one error shape, ``{"ok": false, "error": ..., "status": ...}``.
 """
@@ -29,7 +41,9 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from http.cookies import SimpleCookie
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
+
+from fastapi.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +55,15 @@ DATA_DIR_ENV = "GRAPHDECK_DATA_DIR"
 #: Paths readable without a token even when reads need one (the page and its assets hold no data).
 PUBLIC_READ_PREFIXES = ("/static/",)
 PUBLIC_READ_PATHS = frozenset({"/", "/api/health"})
+#: The header graphdeck's own clients send on every write (any value; they send ``1``).
+CLIENT_HEADER = "X-Graphdeck-Client"
+#: Content types a page may send to another origin without a CORS preflight (the Fetch standard's
+#: CORS-safelisted ``Content-Type`` values), compared by MIME essence.
+SIMPLE_CONTENT_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"})
+#: ``Sec-Fetch-Site`` values of a request a page on another origin made (ports do not make a site).
+CROSS_SITE = frozenset({"cross-site", "same-site"})
+#: Room over ``max_upload_bytes`` for a write's body (multipart boundaries and part headers).
+BODY_ENVELOPE_BYTES = 1 << 20
 
 
 def tokens_from_env(environ: Mapping[str, str] | None = None) -> dict[str, tuple[str, ...]]:
@@ -138,6 +161,7 @@ class TokenAuthMiddleware:
         self.app = app
         self.write_tokens = tuple(settings.write_tokens)
         self.read_tokens = tuple(settings.read_tokens)
+        self.body_cap = int(settings.max_upload_bytes) + BODY_ENVELOPE_BYTES
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -146,6 +170,14 @@ class TokenAuthMiddleware:
         method = scope.get("method", "GET").upper()
         path = scope.get("path", "/")
         denial = self._check(method, path, headers, (scope.get("client") or (None, None))[0])
+        if denial is None and method not in SAFE_METHODS and _has_route(scope):
+            denial = cross_site_denial(method, headers)
+        if denial is None and method not in SAFE_METHODS:
+            length = headers.get("content-length", "")
+            if length.isdigit() and int(length) > self.body_cap:
+                denial = (413, f"a request body of {length} bytes is larger than this server's {self.body_cap}-byte "
+                               "limit (max_upload_bytes plus room for multipart framing)", {})
+            receive = _capped(receive, self.body_cap)
         if denial is not None:
             status, message, extra = denial
             return await _send_error(send, status, message, extra)
@@ -180,6 +212,98 @@ class TokenAuthMiddleware:
         if not token_matches(token, self.read_tokens + self.write_tokens):
             return (403, "the token is not a read or write token of this server", {})
         return None
+
+
+def cross_site_denial(method: str, headers: Mapping[str, str]):
+    """``None`` when a write could not have been sent by a page on another origin, else
+    ``(403, message, {})``; ``headers`` keyed in lower case.
+
+    NOTE: [No simple writes] With no write tokens a loopback client may write, and a browser on
+    this machine is a loopback client: any page it shows (another origin, another port of
+    localhost) could POST a form or a ``fetch(..., {mode: "no-cors"})`` here, and that request
+    does not need CORS to be *sent* — only to read the answer. What such a page cannot send
+    without a CORS preflight (which this server never grants: it has no CORS headers) is a
+    "non-simple" request: a method other than GET/HEAD/POST, a header outside the safelist
+    (``X-Graphdeck-Client``, ``Authorization``), or a ``Content-Type`` other than the three a form
+    can send (a ``no-cors`` fetch silently drops any other, so no ``Content-Type`` is as simple as
+    ``text/plain``). So every write must be non-simple; the ``Origin`` / ``Sec-Fetch-Site``
+    checks catch what browsers announce on top.
+    """
+    origin = headers.get("origin")
+    if origin is not None and not _same_origin(origin, headers):
+        return (403, f"a write from a page of another origin ({origin[:200]}) is refused: this server "
+                     f"({headers.get('host', '?')[:200]}) takes writes only from its own clients", {})
+    if headers.get("sec-fetch-site", "").lower() in CROSS_SITE:
+        return (403, "a write a page of another site made (Sec-Fetch-Site: "
+                     f"{headers['sec-fetch-site'][:40]}) is refused", {})
+    if method != "POST" or headers.get(CLIENT_HEADER.lower()) or "authorization" in headers:
+        return None
+    content_type = headers.get("content-type")
+    essence = (content_type or "").split(";", 1)[0].strip().lower()
+    if content_type is not None and essence not in SIMPLE_CONTENT_TYPES:
+        return None
+    what = f"Content-Type {essence!r}" if content_type is not None else "no Content-Type"
+    return (403, f"this write ({what}, no {CLIENT_HEADER} header) is a request any web page could send, so it "
+                 f"is refused: send the header '{CLIENT_HEADER}: 1' (graphdeck's CLI and capture do)", {})
+
+
+def _same_origin(origin: str, headers: Mapping[str, str]) -> bool:
+    """Whether ``origin`` (scheme://host[:port]) names the host and port this request was sent to
+    (its ``Host``, or the ``X-Forwarded-Host`` a proxy in front of the server set); ``null`` never."""
+    try:
+        o = urlsplit(origin.strip())
+        default = {"http": 80, "https": 443}.get(o.scheme.lower())
+        want = (o.hostname, o.port or default)
+        if not o.hostname or not default:
+            return False
+        for name in ("host", "x-forwarded-host"):
+            value = headers.get(name, "").split(",", 1)[0].strip()
+            if value:
+                h = urlsplit("//" + value)
+                if (h.hostname, h.port or default) == want:
+                    return True
+    except ValueError:  # a malformed Origin or Host (bad port, bad brackets) is no match
+        return False
+    return False
+
+
+def _has_route(scope) -> bool:
+    """Whether a route of the app takes this method and path (else the router answers 404/405 and
+    nothing is written, so the cross-site rule stays out of the way of those answers)."""
+    from starlette.routing import Match
+
+    router = getattr(scope.get("app"), "router", None)
+    try:
+        return router is None or any(route.matches(scope)[0] == Match.FULL for route in router.routes)
+    except Exception:  # noqa: BLE001 - a router this check cannot ask: the rule applies
+        return True
+
+
+class BodyTooLarge(HTTPException):
+    """413 raised from ``receive`` as a write's body passes the cap: an ``HTTPException``, so
+    FastAPI lets it out of a form parse (any other error there becomes a bare 400) and the app
+    renders it in its error shape."""
+
+    def __init__(self, cap: int):
+        super().__init__(413, f"the request body is larger than this server's {cap}-byte limit (max_upload_bytes "
+                              "plus room for multipart framing); nothing of it was kept")
+
+
+def _capped(receive, cap: int):
+    """``receive`` counting ``http.request`` body bytes, raising :class:`BodyTooLarge` on the
+    message that passes ``cap`` (before its bytes reach the app)."""
+    seen = 0
+
+    async def wrapped():
+        nonlocal seen
+        message = await receive()
+        if message.get("type") == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > cap:
+                raise BodyTooLarge(cap)
+        return message
+
+    return wrapped
 
 
 async def _send_error(send, status: int, message: str, extra: dict[str, str]) -> None:

@@ -4,8 +4,11 @@
 * ``GET /api/traces/{trace_id}/timeline?limit=20000``: :func:`timeline_figure` of the ``limit``
   longest ``X`` events plus the instants (same cap).
 * ``POST /api/runs/{run_name}/traces?rank=N&strict=false``: a multipart upload (field ``file``)
-  or a raw body (``?name=`` names it) streamed to a spooled temp file under
-  ``settings.max_upload_bytes`` (else 413), then :func:`~graphdeck.store.traces.ingest_trace`.
+  or a raw body (``?name=`` names it), streamed as it arrives (:func:`receive_multipart`; memory
+  is one network read plus the spool's 8 MiB) to a spooled temp file, every byte counted against
+  ``settings.max_upload_bytes``: 413 the moment it passes, nothing kept; then
+  :func:`~graphdeck.store.traces.ingest_trace`, which reads the file in constant memory. A write
+  needs ``X-Graphdeck-Client`` or a non-form body type (:mod:`graphdeck.server.auth`).
   201 ``{"ok": true, "trace_id", "run_id", "rank", "status", "num_events", "stats"}``; a
   truncated trace answers 400 with ``stats``, ``kept`` and (when kept) ``trace_id`` and
   ``num_events``, rendered by the app's one error handler.
@@ -14,7 +17,8 @@
 from __future__ import annotations
 
 import tempfile
-from typing import Any
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from sqlalchemy import func, select
@@ -121,39 +125,73 @@ def get_timeline(
 # ---------------------------------------------------------------------------- upload
 
 
-class _Spool:
-    """A size-capped spooled temp file the upload streams into."""
+class UploadBudget:
+    """The bytes an upload may still write: :meth:`take` is called before each write and raises
+    413 as soon as the total passes ``cap_bytes``, so at most ``cap_bytes`` are ever written."""
 
     def __init__(self, cap_bytes: int):
         self.cap_bytes = cap_bytes
         self.size_bytes = 0
+
+    def take(self, n: int) -> None:
+        self.size_bytes += n
+        if self.size_bytes > self.cap_bytes:
+            raise PayloadTooLargeError(f"upload is larger than the {self.cap_bytes}-byte limit; nothing of it was "
+                                       "kept", limit_bytes=self.cap_bytes)
+
+
+class _Spool:
+    """A size-capped spooled temp file the upload streams into (memory up to
+    :data:`SPOOL_MEMORY_BYTES`, then an unnamed temp file)."""
+
+    def __init__(self, cap_bytes: int):
+        self.budget = UploadBudget(cap_bytes)
         self.file = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)
 
+    @property
+    def size_bytes(self) -> int:
+        return self.budget.size_bytes
+
     def write(self, data: bytes) -> None:
-        self.size_bytes += len(data)
-        if self.size_bytes > self.cap_bytes:
-            raise PayloadTooLargeError(
-                f"upload is larger than the {self.cap_bytes}-byte limit", limit_bytes=self.cap_bytes
-            )
+        self.budget.take(len(data))
         self.file.write(data)
 
 
-async def _receive_multipart(request: Request, spool: _Spool, content_type: str) -> str | None:
-    """Stream the multipart part named ``file`` into ``spool``; returns its file name."""
+#: Longest header block of one multipart part (its name, file name and type fit in far less).
+MAX_PART_HEADER_BYTES = 16 * 1024
+
+
+async def receive_multipart(request: Request, budget: UploadBudget, field: str,
+                            open_part: Callable[[str | None], BinaryIO], *, max_parts: int | None = 1) -> list[tuple]:
+    """Stream the multipart parts named ``field`` of ``request`` as they arrive, each into
+    ``open_part(file name)`` (a writable binary file; it may raise to refuse the part), every
+    byte counted by ``budget`` before it is written; other parts are skipped, and parts past
+    ``max_parts`` (``None``: no limit) too. Memory stays at one network read whatever the size.
+    Returns ``[(file name, file), ...]`` in order.
+
+    Raises:
+        BadInputError: no boundary, a part header over :data:`MAX_PART_HEADER_BYTES`, no part
+            named ``field``.
+        PayloadTooLargeError: the parts' bytes passed ``budget`` (the caller drops its files).
+    """
     from python_multipart.multipart import MultipartParser, parse_options_header
 
-    _, params = parse_options_header(content_type)
+    _, params = parse_options_header(request.headers.get("content-type", ""))
     boundary = params.get(b"boundary")
     if not boundary:
         raise BadInputError("multipart upload without a boundary")
-    state: dict[str, Any] = {"field": b"", "value": b"", "headers": {}, "in_file": False, "seen": False,
-                             "filename": None, "error": None}
+    want = field.encode()
+    parts: list[tuple] = []
+    state: dict[str, Any] = {"field": b"", "value": b"", "headers": {}, "header_bytes": 0, "out": None,
+                             "error": None}
 
-    def on_header_field(data, start, end):
-        state["field"] += data[start:end]
-
-    def on_header_value(data, start, end):
-        state["value"] += data[start:end]
+    def header_bytes(data, start, end, key):
+        state["header_bytes"] += end - start
+        if state["header_bytes"] > MAX_PART_HEADER_BYTES:
+            state["error"] = state["error"] or BadInputError(
+                f"a multipart part's headers are longer than {MAX_PART_HEADER_BYTES} bytes")
+            return
+        state[key] += data[start:end]
 
     def on_header_end():
         state["headers"][state["field"].lower()] = state["value"]
@@ -161,32 +199,34 @@ async def _receive_multipart(request: Request, spool: _Spool, content_type: str)
 
     def on_headers_finished():
         _, disp = parse_options_header(state["headers"].get(b"content-disposition", b""))
-        state["in_file"] = disp.get(b"name") == b"file" and not state["seen"]
-        if state["in_file"]:
-            state["seen"] = True
+        state["headers"], state["header_bytes"], state["out"] = {}, 0, None
+        if disp.get(b"name") == want and (max_parts is None or len(parts) < max_parts) and state["error"] is None:
             raw_name = disp.get(b"filename")
-            state["filename"] = raw_name.decode("utf-8", "replace") if raw_name else None
-        state["headers"] = {}
+            filename = raw_name.decode("utf-8", "replace") if raw_name else None
+            state["out"] = open_part(filename)
+            parts.append((filename, state["out"]))
 
     def on_part_data(data, start, end):
-        if state["in_file"] and state["error"] is None:
+        if state["out"] is not None and state["error"] is None:
             try:
-                spool.write(data[start:end])
+                budget.take(end - start)
+                state["out"].write(data[start:end])
             except PayloadTooLargeError as exc:
                 state["error"] = exc
 
     parser = MultipartParser(boundary, {
-        "on_header_field": on_header_field, "on_header_value": on_header_value, "on_header_end": on_header_end,
-        "on_headers_finished": on_headers_finished, "on_part_data": on_part_data,
+        "on_header_field": lambda d, a, b: header_bytes(d, a, b, "field"),
+        "on_header_value": lambda d, a, b: header_bytes(d, a, b, "value"),
+        "on_header_end": on_header_end, "on_headers_finished": on_headers_finished, "on_part_data": on_part_data,
     })
     async for chunk in request.stream():
         parser.write(chunk)
         if state["error"] is not None:
             raise state["error"]
     parser.finalize()
-    if not state["seen"]:
-        raise BadInputError("the upload has no multipart field named 'file'")
-    return state["filename"]
+    if not parts:
+        raise BadInputError(f"the upload has no multipart field named {field!r}")
+    return parts
 
 
 def _check_gzip_bomb(spool: _Spool, settings: Any) -> None:
@@ -239,7 +279,7 @@ async def upload_trace(
     try:
         content_type = request.headers.get("content-type", "")
         if content_type.lower().startswith("multipart/"):
-            filename = await _receive_multipart(request, spool, content_type)
+            [(filename, _)] = await receive_multipart(request, spool.budget, "file", lambda _name: spool.file)
         else:
             filename = None
             async for chunk in request.stream():
