@@ -130,9 +130,11 @@ def is_loopback(host: str | None) -> bool:
     if not host:
         return False
     try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
         return False
+    mapped = getattr(addr, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is 127.0.0.1
+    return (mapped or addr).is_loopback
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:

@@ -110,7 +110,8 @@ def test_no_tokens_keeps_loopback_writes_and_refuses_other_hosts(store):
     app = create_app(Settings(store=store))
     trace = b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]}'
     with LiveServer(store) as srv:  # a loopback client, as today
-        r = httpx.post(f"{srv.url}/api/runs/local/traces", params={"rank": 0}, content=trace)
+        r = httpx.post(f"{srv.url}/api/runs/local/traces", params={"rank": 0}, content=trace,
+                       headers={"X-Graphdeck-Client": "1"})
         assert r.status_code == 201, r.text
     remote = TestClient(app, client=("10.1.2.3", 40000), raise_server_exceptions=False)
     with remote:
@@ -136,3 +137,11 @@ def test_tokens_and_data_dir_from_env():
     assert auth.WRITE_TOKENS_ENV in auth.warn_if_exposed("0.0.0.0", Settings(store="x.db"))
     assert "secret-a" not in repr(Settings(store="x.db", write_tokens=("secret-a",))), \
         "tokens stay out of the settings' repr (logs)"
+
+
+def test_ipv4_mapped_loopback_is_loopback():
+    """``::ffff:127.0.0.1`` (a dual-stack socket's view of 127.0.0.1) is loopback (issue 18)."""
+    from graphdeck.server.auth import is_loopback
+
+    assert is_loopback("::ffff:127.0.0.1") and is_loopback("127.0.0.1") and is_loopback("::1")
+    assert not is_loopback("::ffff:10.0.0.1") and not is_loopback("10.0.0.1") and not is_loopback(None)

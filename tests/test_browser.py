@@ -56,6 +56,7 @@ def uploaded_trace(base_url: str) -> dict:
             f"{base_url}/api/runs/{RUN_NAME}/traces",
             params={"rank": 0},
             files={"file": (trace.name, fh, "application/gzip")},
+            headers={"X-Graphdeck-Client": "1"},
             timeout=60,
         )
     assert res.status_code in (200, 201), f"trace upload answered {res.status_code}: {res.text[:500]}"

@@ -269,7 +269,8 @@ def test_upload_into_a_full_store_is_507_and_leaves_no_trace(tmp_path, monkeypat
         with pytest.raises(StoreFullError) as info:
             upload_trace(srv.url, trace_file, run="full", rank=0, attempts=2, backoff_s=0.1)
         assert "store is full" in str(info.value), str(info.value)
-        one_shot = httpx.post(f"{srv.url}/api/runs/q2/traces?rank=0", content=trace_file.read_bytes(), timeout=300)
+        one_shot = httpx.post(f"{srv.url}/api/runs/q2/traces?rank=0", content=trace_file.read_bytes(), timeout=300,
+                              headers={"X-Graphdeck-Client": "1"})
         assert one_shot.status_code == 507, one_shot.text[:500]
         runs = httpx.get(f"{srv.url}/api/runs", timeout=60).json()
     assert all(r["num_traces"] == 0 for r in runs if r["name"] == "full"), runs

@@ -27,6 +27,7 @@ from tests.conftest import LiveServer, shared_path
 
 GEN = ("data", "torch_trace", "generated_torch2.13_cpu_gloo")
 INPUTS = ("data", "torch_trace", "tlparse_tests", "inputs")
+CLIENT = {"X-Graphdeck-Client": "1"}  # graphdeck's clients send it: the server refuses writes a web page could send
 
 
 def _report(engine, name):
@@ -214,7 +215,7 @@ def test_cli_and_upload_share_one_path(tmp_path):
     assert bad.returncode == 2 and "no TORCH_TRACE log" in bad.stderr
     with LiveServer(store) as srv:
         files = [("files", (p.name, p.read_bytes(), "text/plain")) for p in sorted(folder.glob("*.log"))]
-        r = httpx.post(f"{srv.url}/api/runs/up/torch-trace", files=files, timeout=120)
+        r = httpx.post(f"{srv.url}/api/runs/up/torch-trace", files=files, headers=CLIENT, timeout=120)
         assert r.status_code == 201, r.text
         body = r.json()
         assert body["ranks"] == [0, 1] and body["dropped"] == 0
@@ -228,7 +229,8 @@ def test_cli_and_upload_share_one_path(tmp_path):
         assert "def call(" in ev["payload"] or "kernel" in ev["payload"]
         kern = httpx.get(f"{srv.url}/api/graphs/{ev['graph_id']}/kernels").json()
         assert kern["kernels"], "output code's graph has kernel links"
-        empty = httpx.post(f"{srv.url}/api/runs/e/torch-trace", files=[("files", ("x.log", b"", "text/plain"))])
+        empty = httpx.post(f"{srv.url}/api/runs/e/torch-trace", files=[("files", ("x.log", b"", "text/plain"))],
+                           headers=CLIENT)
         assert empty.status_code == 400 and empty.json()["ok"] is False
 
 
@@ -294,7 +296,7 @@ def test_plain_text_recompile_reasons(tmp_path):
 def test_upload_over_the_cap_is_413(tmp_path):
     log = sorted(shared_path(*GEN, "detach").glob("*rank_0*.log"))[0]
     with LiveServer(tmp_path / "u.db", max_upload_bytes=100_000) as srv:
-        r = httpx.post(f"{srv.url}/api/runs/big/torch-trace", files=[("files", (log.name, log.read_bytes()))],
+        r = httpx.post(f"{srv.url}/api/runs/big/torch-trace", files=[("files", (log.name, log.read_bytes()))], headers=CLIENT,
                        timeout=60)
         assert r.status_code == 413 and r.json()["status"] == 413
         assert httpx.get(f"{srv.url}/api/runs/big").status_code == 404, "nothing stored"
@@ -366,9 +368,10 @@ def test_strict_upload_is_400_with_counters(tmp_path):
     log = _corrupt_copy(tmp_path)
     with LiveServer(tmp_path / "st.db") as srv:
         files = [("files", (log.name, log.read_bytes()))]
-        r = httpx.post(f"{srv.url}/api/runs/st/torch-trace", params={"strict": "true"}, files=files, timeout=120)
+        r = httpx.post(f"{srv.url}/api/runs/st/torch-trace", params={"strict": "true"}, files=files, headers=CLIENT,
+                       timeout=120)
         body = r.json()
         assert r.status_code == 400 and body["ok"] is False and "dropped records" in body["error"], body
         assert body["stats"]["records"] > 0, "the counters up to the first drop come with the error"
-        ok = httpx.post(f"{srv.url}/api/runs/st/torch-trace", files=files, timeout=120).json()
+        ok = httpx.post(f"{srv.url}/api/runs/st/torch-trace", files=files, headers=CLIENT, timeout=120).json()
         assert ok["dropped"] == 4 and ok["stats"]["bad_json"] == 1, "lenient: kept, with the counters"

@@ -19,6 +19,7 @@ from tests.conftest import LiveServer, shared_path
 SAMPLED_RANK0 = "hta/trace_filter/sampled_rank-0.json.gz"
 NO_DIST_INFO = "hta/distributed_info_unavailable/distributed_info_not_found.json.gz"
 LEGACY_SMALL = "kineto/tb_plugin_test_gpu_metrics_input.json"
+CLIENT = {"X-Graphdeck-Client": "1"}  # graphdeck's clients send it: the server refuses writes a web page could send
 
 
 def trace_file(rel: str) -> Path:
@@ -35,7 +36,7 @@ def store(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(store):
-    with LiveServer(store) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+    with LiveServer(store) as server, httpx.Client(base_url=server.url, headers=CLIENT, timeout=60) as c:
         yield c
 
 
@@ -152,7 +153,8 @@ def test_upload_over_the_cap_is_413(store, tmp_path):
     small = tmp_path / "small.db"
     open_engine(small).dispose()
     data = trace_file(SAMPLED_RANK0).read_bytes()
-    with LiveServer(small, max_upload_bytes=10_000) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+    with LiveServer(small, max_upload_bytes=10_000) as server, \
+            httpx.Client(base_url=server.url, headers=CLIENT, timeout=60) as c:
         res = c.post("/api/runs/big/traces", files={"file": ("a.json.gz", data)})
         assert res.status_code == 413 and res.json()["status"] == 413, res.text
 

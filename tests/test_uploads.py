@@ -19,6 +19,7 @@ from tests.conftest import LiveServer
 
 TOKEN = "upload-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CLIENT = {"X-Graphdeck-Client": "1"}  # graphdeck's clients send it: the server refuses writes a web page could send
 TRACE_GZ = Path(__file__).parent / "data" / "gpt2_inductor" / "gpt2_rank0.pt.trace.json.gz"
 KiB = 1024
 
@@ -133,13 +134,13 @@ def test_bundle_merges_every_row_once(server, captured_store, tmp_path):
 
 
 def test_sizes_are_capped_with_413(tmp_path):
-    with LiveServer(tmp_path / "s.db", max_upload_bytes=100 * KiB) as srv, httpx.Client(base_url=srv.url) as c:
+    with LiveServer(tmp_path / "s.db", max_upload_bytes=100 * KiB) as srv, httpx.Client(base_url=srv.url, headers=CLIENT) as c:
         data = TRACE_GZ.read_bytes()
         r = create(c, data)
         assert r.status_code == 413 and "102400-byte limit" in r.json()["error"], r.text
         r = c.post("/api/runs/x/traces", content=data)
         assert r.status_code == 413, "the one-shot trace upload has the same cap"
-    with LiveServer(tmp_path / "s2.db", max_upload_bytes=2**60) as srv, httpx.Client(base_url=srv.url) as c:
+    with LiveServer(tmp_path / "s2.db", max_upload_bytes=2**60) as srv, httpx.Client(base_url=srv.url, headers=CLIENT) as c:
         spec = {"kind": "bundle", "run": "big", "size_bytes": 100_000 * 2**26, "sha256": "0" * 64, "chunk_bytes": 2**26}
         r = c.post("/api/uploads", json=spec)
         assert r.status_code == 507 and "bytes free" in r.json()["error"], "no room on the upload disk: 507, said so"
@@ -152,7 +153,7 @@ def _bomb(inflated_bytes: int) -> bytes:
 
 def test_gzip_bombs_are_refused_with_413(tmp_path):
     with LiveServer(tmp_path / "s.db", max_decompressed_bytes=4 * 1024 * KiB) as srv, \
-            httpx.Client(base_url=srv.url) as c:
+            httpx.Client(base_url=srv.url, headers=CLIENT) as c:
         bomb = _bomb(8 * 1024 * KiB)
         uid = create(c, bomb, chunk_bytes=len(bomb)).json()["id"]
         put(c, uid, 0, bomb)
@@ -163,7 +164,7 @@ def test_gzip_bombs_are_refused_with_413(tmp_path):
         r = c.post("/api/runs/x/traces", content=bomb)
         assert r.status_code == 413 and "decompressed bytes" in r.json()["error"], "the one-shot route too"
         assert c.get("/api/runs").json() == [], "nothing of a bomb is stored"
-    with LiveServer(tmp_path / "s2.db") as srv, httpx.Client(base_url=srv.url) as c:
+    with LiveServer(tmp_path / "s2.db") as srv, httpx.Client(base_url=srv.url, headers=CLIENT) as c:
         bomb = _bomb(100 * 1024 * KiB)  # ~100 KiB that inflate 1000x: over the default 200x ratio
         uid = create(c, bomb, chunk_bytes=len(bomb)).json()["id"]
         put(c, uid, 0, bomb)

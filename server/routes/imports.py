@@ -1,8 +1,9 @@
 """TORCH_TRACE import over HTTP, and the per-rank compile index it feeds.
 
 * ``POST /api/runs/{run_name}/torch-trace?strict=false``: multipart upload of one or more logs
-  (field ``files``; each part's file name is kept, so ``…rank_<r>….log`` gives the rank), capped
-  at ``settings.max_upload_bytes`` in total (else 413), then
+  (field ``files``; each part's file name is kept, so ``…rank_<r>….log`` gives the rank), streamed
+  to disk part by part and capped at ``settings.max_upload_bytes`` in total while it is read
+  (413 as soon as it passes; nothing kept), then
   :func:`~graphdeck.store.torch_trace.import_torch_trace` — the CLI's ``graphdeck import`` code
   path. 201 ``{"ok": true, "run_id", "run_name", "ranks", "stats", "dropped", "files",
   "skipped_files"}``.
@@ -23,19 +24,21 @@ import shutil
 import tempfile
 from pathlib import Path as FsPath
 
-from fastapi import APIRouter, Depends, Path, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, Path, Query, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from graphdeck.analysis.compile_index import compile_index
 from graphdeck.errors import BadInputError, NotFoundError, PayloadTooLargeError
+from graphdeck.server.auth import BODY_ENVELOPE_BYTES
 from graphdeck.server.deps import get_engine, get_session, get_settings, resolve_graph, resolve_run
+from graphdeck.server.routes.traces import UploadBudget, receive_multipart
 from graphdeck.store.schema import CompileEvent, Graph, KernelNode, Rank, Run
 from graphdeck.store.torch_trace import import_torch_trace
 
 router = APIRouter(tags=["imports"])
 DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
-COPY_CHUNK_BYTES = 1 << 20
 
 
 def _safe_name(name: str | None, i: int) -> str:
@@ -44,32 +47,47 @@ def _safe_name(name: str | None, i: int) -> str:
     return base if base.endswith((".log", ".txt")) else base + ".log"
 
 
-@router.post("/api/runs/{run_name}/torch-trace", status_code=201)
-def upload_torch_trace(request: Request, files: list[UploadFile], run_name: str = Path(..., max_length=200),
-                       strict: bool = Query(False, description="fail, keeping nothing, on any dropped record"),
-                       settings=Depends(get_settings), engine=Depends(get_engine)) -> dict:
-    """Import uploaded TORCH_TRACE logs as run ``run_name`` (see the module docstring)."""
+#: Most log files one upload may carry (a rank each; more is a 400).
+MAX_FILES = 4096
+_FILES_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["files"],
+    "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"}}}}}}}}
+
+
+@router.post("/api/runs/{run_name}/torch-trace", status_code=201, openapi_extra=_FILES_BODY)
+async def upload_torch_trace(request: Request, run_name: str = Path(..., max_length=200),
+                             strict: bool = Query(False, description="fail, keeping nothing, on any dropped record"),
+                             settings=Depends(get_settings), engine=Depends(get_engine)) -> dict:
+    """Import uploaded TORCH_TRACE logs as run ``run_name`` (see the module docstring). The parts
+    stream to files of a private temp folder as they arrive, every byte counted against the cap
+    (413 the moment it passes; the folder is removed), so memory stays flat whatever the size."""
     cap = int(getattr(settings, "max_upload_bytes", DEFAULT_MAX_UPLOAD_BYTES))
     length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > cap:
+    if length and length.isdigit() and int(length) > cap + BODY_ENVELOPE_BYTES:
         raise PayloadTooLargeError(f"upload of {length} bytes is larger than the {cap}-byte limit", limit_bytes=cap)
-    if not files:
-        raise BadInputError("no files uploaded (multipart field 'files')")
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise BadInputError("send the logs as multipart/form-data, one part per file in the field 'files'")
     tmp = FsPath(tempfile.mkdtemp(prefix="graphdeck-tt-"))
+    opened: list = []
+
+    def open_part(filename: str | None):
+        i = len(opened)
+        if i >= MAX_FILES:
+            raise BadInputError(f"at most {MAX_FILES} files per upload")
+        target = tmp / _safe_name(filename, i)
+        while target.exists():
+            target = tmp / f"{i}_{target.name}"
+        opened.append(open(target, "xb"))
+        return opened[-1]
+
     try:
-        total = 0
-        for i, up in enumerate(files):
-            target = tmp / _safe_name(up.filename, i)
-            if target.exists():
-                target = tmp / f"{i}_{target.name}"
-            with open(target, "wb") as out:
-                while chunk := up.file.read(COPY_CHUNK_BYTES):
-                    total += len(chunk)
-                    if total > cap:
-                        raise PayloadTooLargeError(f"upload is larger than the {cap}-byte limit", limit_bytes=cap)
-                    out.write(chunk)
-        result = import_torch_trace(engine, tmp, run_name=run_name, strict=strict)
+        await receive_multipart(request, UploadBudget(cap), "files", open_part, max_parts=None)
+        for f in opened:
+            f.close()
+        result = await run_in_threadpool(import_torch_trace, engine, tmp, run_name=run_name, strict=strict)
     finally:
+        for f in opened:
+            f.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return {"ok": True, **result.to_dict()}
 
