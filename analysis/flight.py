@@ -93,7 +93,7 @@ class GroupMismatch:
     not_reached: list[int]
     no_dump: list[int]
     kind: str  # "missing" (a rank has no entry there) | "op" | "sizes"
-    issued: dict[int, EntryRef]  # per reached rank: its entry at seq
+    issued: dict[int, EntryRef]  # per reached rank (the first 8): its entry at seq
     instead: dict[int, EntryRef | None]  # per not-reached rank: its entry at seq (another op), or None
     last_completed: dict[int, EntryRef | None]
     doing: dict[int, EntryRef | None]  # latest entry of any group
@@ -104,9 +104,11 @@ class GroupMismatch:
     primary: bool = True  # some rank skipped it (or nothing says otherwise)
 
     def headline(self) -> str:
+        reached = (f"{len(self.reached)} ranks (every member but {self.not_reached + self.no_dump})"
+                   if len(self.reached) > 16 else f"ranks {self.reached}")
         return (("" if self.primary else "(consequence) ")
                 + f"group {self.group} ({self.desc}): first mismatch at collective #{self.seq} {self.op} "
-                f"{self.sizes}: reached by ranks {self.reached}, not by ranks {self.not_reached}"
+                f"{self.sizes}: reached by {reached}, not by ranks {self.not_reached}"
                 + (f"; no dump from ranks {self.no_dump}" if self.no_dump else ""))
 
 
@@ -130,7 +132,7 @@ class FlightReport:
             out.append(f"  no Flight Recorder dump from ranks {self.no_dump}")
         for m in self.mismatches:
             out.append(f"HANG {m.headline()}")
-            for r, e in m.issued.items():
+            for r, e in list(m.issued.items())[:2]:  # the others' entries are the same collective
                 out.append(f"    rank {r} issued it{' inside a compiled graph' if e.compiled else ''}"
                            f"{' at ' + e.line if e.line else ''} ({e.state}{', retired' if e.retired else ', pending'})")
             for r in m.not_reached:
@@ -325,7 +327,7 @@ def _group_mismatch(g: str, members: list[int], rd: dict[int, _RankDump]) -> Gro
         m = GroupMismatch(group=g, desc=rd[reached[0]].desc.get(g, ""), seq=q, op=ref.op, sizes=ref.sizes,
                           members=members, reached=sorted(reached), not_reached=not_reached, no_dump=no_dump,
                           kind=kind, issued={}, instead={}, last_completed={}, doing={})
-        for r in m.reached:
+        for r in m.reached[:8]:  # the collective as the first reached ranks recorded it (same op, sizes)
             m.issued[r] = rd[r].ref(seqmaps[r][q][1])
         for r in not_reached:
             s = seqmaps[r]

@@ -339,6 +339,21 @@ def check_ranks(store: str, run_name: str, fmt: str, output: str | None) -> None
     sys.exit({"OK": 0, "FAIL": 1, "INCOMPLETE": 3}[report.verdict])
 
 
+def _is_kineto(path: str) -> bool:
+    """A Kineto / Chrome trace by its first bytes (``traceEvents`` or ``schemaVersion`` near the start)."""
+    import gzip
+
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+        if head[:2] == b"\x1f\x8b":
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(4096)
+    except (OSError, EOFError):
+        return False
+    return head.lstrip()[:1] == b"{" and (b'"traceEvents"' in head or b'"schemaVersion"' in head)
+
+
 def _find_run(session, run_name: str, store: str):
     """The run named ``run_name`` (or with that id); NotFoundError otherwise."""
     from sqlalchemy import select
@@ -552,15 +567,18 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
 @click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped record.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when it is a terminal).")
 def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, progress: bool | None) -> None:
-    """Import TORCH_TRACE compile logs (one per rank) and Flight Recorder dumps (pickle or JSON, any
-    file names; graphdeck.store.fr_import) — files or directories — as run RUN."""
+    """Import TORCH_TRACE compile logs (one per rank), Flight Recorder dumps (pickle or JSON, any
+    file names; graphdeck.store.fr_import) and Kineto traces (by content) of one job — files or
+    directories — as run RUN."""
     from graphdeck.store.db import open_engine
     from graphdeck.store.fr_import import discover, import_flight_dumps, sniff
     from graphdeck.store.torch_trace import import_torch_trace
 
     try:
-        fr_files = [f for f in discover(paths) if sniff(f)]
-        logs = [p for p in paths if Path(p).is_dir() or str(Path(p)) not in {str(Path(f)) for f in fr_files}]
+        found = discover(paths)
+        fr_files = [f for f in found if sniff(f)]
+        kineto = [f for f in found if f not in fr_files and _is_kineto(f)]  # profiler traces of the same run
+        logs = [p for p in paths if Path(p).is_dir() or str(Path(p)) not in {str(Path(f)) for f in fr_files + kineto}]
         fr = import_flight_dumps(open_engine(store), [], run_name=run_name, strict=strict, files=fr_files) \
             if fr_files else None
         if fr is not None:
@@ -572,9 +590,18 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
             result = import_torch_trace(open_engine(store), logs, run_name=run_name, strict=strict,
                                         progress=sys.stderr.isatty() if progress is None else progress) if logs else None
         except BadInputError as exc:
-            if fr is None or "no TORCH_TRACE log" not in exc.message:
+            if (fr is None and not kineto) or "no TORCH_TRACE log" not in exc.message:
                 raise
             result = None
+        for f in kineto:
+            from graphdeck.store.traces import ingest_trace
+
+            t = ingest_trace(open_engine(store), f, run_name=run_name, strict=strict)
+            click.echo(f"Kineto trace {Path(f).name}: rank {t.rank}, {t.num_events} events, status {t.status}")
+        if kineto:
+            from graphdeck.analysis.trace_map import link_kernels
+
+            link_kernels(open_engine(store), t.run_id)
     except GraphdeckError as exc:
         if exc.details.get("stats"):
             click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)

@@ -80,6 +80,8 @@ def sniff(path: str | Path) -> bool:
         return False
     if head[:1] == b"\x80":
         return True
+    if any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')):
+        return False  # a Kineto / Chrome trace
     return head.lstrip()[:1] == b"{" and any(k in head for k in (b'"entries"', b'"comm_lib_version"', b'"pg_config"'))
 
 

@@ -129,3 +129,22 @@ def test_fr_trace_cannot_read_these_gloo_dumps_and_we_can(tmp_path):
     assert proc.returncode != 0 and "KeyError" in proc.stderr
     res = import_flight_dumps(open_engine(tmp_path / "s.db"), d, run_name="r")
     assert res.ranks == [0, 1] and len(_report(tmp_path / "s.db", "r").flight.mismatches) == 4
+
+
+def test_import_takes_dumps_and_kineto_traces_of_one_run_together(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    shutil.copy(DATA / "fr_dump_0", d / "fr_dump_0")
+    shutil.copy(DATA / "fr_dump_1", d / "fr_dump_1")
+    shutil.copy(DATA.parent / "ddp_h200x2" / "ddp_rank0.pt.trace.json.gz", d / "profile.json.gz")
+    store = tmp_path / "s.db"
+    proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "import", str(d), "--store", str(store), "--run",
+                           "both"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Flight Recorder: ranks [0, 1], 20 entries, 0 dropped" in proc.stdout
+    assert "Kineto trace profile.json.gz: rank 0" in proc.stdout
+    from graphdeck.store.schema import Trace
+
+    with Session(open_engine(store, read_only=True)) as s:
+        assert [t.rank for t in s.scalars(select(Trace))] == [0]
+    assert len(_report(store, "both").flight.mismatches) == 4
