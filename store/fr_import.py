@@ -45,7 +45,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -279,8 +279,8 @@ def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = 
                         files: list[str] | None = None, workers: int | None = None) -> FlightImport:
     """Store the FR dumps found at ``paths`` (files or folders; other files are skipped, named)
     as run ``run_name`` (created if missing). ``files``: an already discovered list."""
-    from graphdeck.store.db import get_or_create_rank, get_or_create_run
-    from graphdeck.store.schema import CompileEvent
+    from graphdeck.store.db import get_or_create_run
+    from graphdeck.store.schema import CompileEvent, Rank
 
     files = files if files is not None else discover([paths] if isinstance(paths, (str, Path)) else paths)
     parsed = parse_files(files, workers)
@@ -308,17 +308,23 @@ def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = 
             raise UsageError(f"run {run_name!r} already has Flight Recorder dumps for rank(s) {clash}")
         result = FlightImport(run_id=run.id, skipped=skipped)
         members: set[int] = set()
+        existing = set(s.scalars(select(Rank.rank).where(Rank.run_id == run.id)))
+        new = [{"run_id": run.id, "rank": r, "world_size": 1, "meta_json": "{}"} for r in sorted(by_rank)
+               if r not in existing]
+        if new:  # one statement each for the ranks and the dumps (1,024 ranks: ~1 s saved)
+            s.execute(insert(Rank), new)
+        first = min(by_rank)
+        rows = []
         for path, rank, payload, _why, n, d in sorted(found, key=lambda x: x[1]):
-            get_or_create_rank(s, run, rank, world_size=1)
-            meta = {"file": Path(path).name, "entries": n, "dropped": d}
-            s.add(CompileEvent(run_id=run.id, rank=rank, name=EVENT_NAME, compile_id=None,
-                               metadata_json=json.dumps(meta), payload=payload))
+            rows.append({"run_id": run.id, "rank": rank, "name": EVENT_NAME, "compile_id": None, "payload": payload,
+                         "metadata_json": json.dumps({"file": Path(path).name, "entries": n, "dropped": d})})
             result.entries += n
             result.dropped += d
-            if d or rank == min(by_rank):  # membership is the same in every dump; read it once
+            if d or rank == first:  # membership is the same in every dump; read it once
                 norm = json.loads(payload)
                 result.dropped_records += norm["dropped"]
                 members |= members_of(norm["pg_config"])
+        s.execute(insert(CompileEvent), rows)
         result.ranks = sorted(by_rank)
         result.missing_ranks = sorted(members - set(by_rank))
         if (run.world_size or 0) < max(len(members), max(by_rank) + 1):
