@@ -129,6 +129,10 @@ class IngestResult:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
+#: Interned-string ids an ingest keeps in memory before it forgets them (bounded memory).
+STRING_IDS_MAX = 200_000
+
+
 def ingest_trace(
     engine: Engine,
     source: str | os.PathLike | BinaryIO,
@@ -422,6 +426,10 @@ class _Ingest(EventRows):
             self.writer = EventWriter(self.engine, self.trace_id, self.string_ids)
         self.writer.write(self.batch, self.new_strings, self.unresolved)
         self.batch, self.new_strings, self.unresolved = [], set(), []
+        if len(self.string_ids) > STRING_IDS_MAX:
+            # A trace of ever-new names (a unique name per event) would grow this cache, and the
+            # per-batch copy of it, with the trace: forget it; later names are looked up again.
+            self.string_ids.clear()
 
     def _stats(self, truncated: bool, rank_source: str) -> dict[str, Any]:
         stats: dict[str, Any] = {
