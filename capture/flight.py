@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import warnings
+import weakref
 
 DEFAULT_BUFFER = 2000
 ENV = "TORCH_FR_BUFFER_SIZE"
@@ -52,18 +53,8 @@ class FlightDumps:
         self.size = enable()
         self._lock = threading.Lock()
         self._last: int | None = None  # entries count + last record id of the last dump written
-        self._prev_hook = sys.excepthook
-        sys.excepthook = self._excepthook
-        self._prev_term = None
-        try:
-            if threading.current_thread() is threading.main_thread() and \
-                    signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-                self._prev_term = signal.signal(signal.SIGTERM, self._on_term)
-        except (ValueError, OSError):  # not the main thread / no signals here
-            pass
-        import atexit
-
-        atexit.register(self.write, "exit")
+        _LIVE.add(self)
+        _install_hooks()
 
     @classmethod
     def start(cls, agent) -> FlightDumps | None:
@@ -102,24 +93,44 @@ class FlightDumps:
             self._last = key
             return True
 
-    def _excepthook(self, tp, value, tb):
-        self.write("exception")
-        (self._prev_hook or sys.__excepthook__)(tp, value, tb)
 
-    def _on_term(self, signum, frame):
-        self.write("sigterm")
+
+# One excepthook, one SIGTERM handler and one exit hook for the process, installed by the first
+# agent; they dump every live agent's rank (weakly held: an agent nobody uses is collected).
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_HOOKS: dict = {}
+
+
+def _write_all(reason: str) -> None:
+    for fd in list(_LIVE):
+        fd.write(reason)
+
+
+def _install_hooks() -> None:
+    if _HOOKS:
+        return
+    prev_hook = sys.excepthook
+
+    def excepthook(tp, value, tb):
+        _write_all("exception")
+        (prev_hook or sys.__excepthook__)(tp, value, tb)
+
+    def on_term(signum, frame):
+        _write_all("sigterm")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    def detach(self) -> None:
-        """Put back the previous excepthook and SIGTERM handler (after close)."""
-        if sys.excepthook == self._excepthook:
-            sys.excepthook = self._prev_hook
-        try:
-            if self._prev_term is not None and signal.getsignal(signal.SIGTERM) == self._on_term:
-                signal.signal(signal.SIGTERM, self._prev_term)
-        except (ValueError, OSError):
-            pass
+    sys.excepthook = _HOOKS["excepthook"] = excepthook
+    try:  # only where no handler was set (torchrun stops the other ranks with SIGTERM when one fails)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, on_term)
+            _HOOKS["sigterm"] = on_term
+    except (ValueError, OSError):  # not the main thread / no signals here
+        pass
+    import atexit
+
+    atexit.register(_write_all, "exit")
 
 
 __all__ = ["DEFAULT_BUFFER", "ENV", "FlightDumps", "dump_now", "enable"]
