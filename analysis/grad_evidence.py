@@ -272,6 +272,16 @@ def apply_evidence(rows: list[ParamRow], ev: Evidence) -> None:
             row.notes.append(f"accumulated more than once in one backward at step(s) {_fmt_steps(tl, 'multi')}")
 
 
+def mark_unobserved_ranks(rows: list[ParamRow], ev: Evidence) -> None:
+    """A rank with neither a compiled graph nor run-time evidence (an eager rank killed before it
+    wrote any): the graph analysis' NOT_IN_GRAPH means nothing there, so its rows are UNKNOWN."""
+    for row in rows:
+        if row.rank in ev.by_rank or row.rank in ev.graph_ranks or row.status != "NOT_IN_GRAPH":
+            continue
+        row.status, row.cut, row.fix = "UNKNOWN", None, None
+        row.reason = "nothing was observed on this rank: no compiled graph and no run-time gradient evidence"
+
+
 def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unused: bool | None,
                       fsdp: bool) -> list[Finding]:
     """Rank divergence, DDP's reduction error and "marked ready twice", from the evidence."""

@@ -404,6 +404,7 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         ev, world_size=run.world_size, ranks=ranks, params_known=had_params, expected_params=bool(expected_params))
     if ev:
         GE.apply_evidence(report.rows, ev)
+        GE.mark_unobserved_ranks(report.rows, ev)
     watched = list(ev.watch.values())
     ddp = ddp or any(w.get("ddp") for w in watched)
     fsdp = any(w.get("fsdp2") for w in watched)
@@ -417,7 +418,7 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         if f is not None:
             report.findings.append(f)
     if len(ranks) > 1 and not (ev and set(ranks) <= set(ev.by_rank)):
-        report.findings += divergence_findings([r for r in report.rows if r.status != "BUFFER"], ddp=ddp,
+        report.findings += divergence_findings([r for r in report.rows if r.status not in ("BUFFER", "UNKNOWN")], ddp=ddp,
                                                find_unused=bool(find_unused), compiled=True)
     if ev:
         report.findings += GE.evidence_findings([r for r in report.rows if not r.allowed], ev, ddp=ddp,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 from typing import Any
@@ -584,16 +585,19 @@ def _graph_arg_example(node: torch.fx.Node) -> Any:
         return None
 
 
-def _flush_at_exit(ref) -> None:
-    """At interpreter exit: what :meth:`Agent.close` writes, for a job that never called it."""
+def _flush_at_exit(ref, closed: bool | None = None) -> None:
+    """At interpreter exit (or SIGTERM, ``closed=False``): what :meth:`Agent.close` writes, for a
+    job that never called it. ``closed`` None: finished unless an uncaught exception ended it."""
     agent = ref()
     if agent is None:
         return
+    if closed is None:
+        closed = getattr(sys, "last_value", None) is None
     try:
         agent.flush_events()
         agent.record_comm_groups()
         if agent._evidence is not None:
-            agent._evidence.flush(closed=True)
+            agent._evidence.flush(closed=closed)
     except Exception:  # noqa: BLE001 - never fail the interpreter's exit
         pass
 

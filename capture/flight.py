@@ -117,6 +117,10 @@ def _install_hooks() -> None:
 
     def on_term(signum, frame):
         _write_all("sigterm")
+        from graphdeck.capture.agent import _flush_at_exit
+
+        for fd in list(_LIVE):  # the rest of what close() writes (compile records, gradient evidence)
+            _flush_at_exit(weakref.ref(fd.agent), closed=False)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
