@@ -121,6 +121,10 @@ class FlightReport:
     dropped: list[str]
     mismatches: list[GroupMismatch]
     groups_agree: list[str]
+    # group -> rank -> collectives recorded completed or retired (point-to-point left out); group -> desc.
+    # Filled by :func:`count_completed` only where a prediction is checked (analysis.predicted).
+    completed: dict[str, dict[int, int]] = field(default_factory=dict)
+    descs: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -255,6 +259,18 @@ def _flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None)
     _causes(report.mismatches, rd)
     report.mismatches.sort(key=lambda m: (not m.primary, m.group))
     return report
+
+
+def count_completed(session: Session, run_id: int, report: FlightReport) -> None:
+    """Fill ``report.completed`` and ``report.descs`` from the run's dumps (read again: only runs
+    whose prediction is checked pay for it, not every Flight Recorder report)."""
+    dumps = load_dumps(session, run_id)
+    for r, d in dumps.items():
+        x = _RankDump(r, d, {})
+        ents = x.norm["entries"]
+        for g, table in x.by_group.items():
+            report.completed.setdefault(g, {})[r] = sum(1 for v in table.values() if ents[v[1]][4] == 2 or ents[v[1]][5])
+            report.descs.setdefault(g, x.desc.get(g, ""))
 
 
 def _causes(mismatches: list[GroupMismatch], rd: dict[int, _RankDump]) -> None:

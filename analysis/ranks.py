@@ -12,7 +12,9 @@ rank and answers, before that hang:
 * **groups**: ranks with identical compile sequences; for each group other than the reference
   (the group holding the lowest rank), the first compile that differs and — when both sides have
   a graph there — the first differing node, with its source line and module path;
-* **collective schedule** per rank: the collectives the graphs issue in order (functional
+* **collective schedule** per rank: the collectives the graphs that run in steady state issue in
+  order — per frame its latest compile, a graph replaced by a recompile adding none (NOTE:
+  [Recompiles replace graphs]); each collective names its compile id — (functional
   collectives ``_c10d_functional.*`` and ``torch.distributed`` calls: kind, process group, output
   bytes), Inductor's ``inductor_collective_schedule`` where it was imported, and DDP's bucket
   all-reduces (one per bucket, in bucket order); the first position where ranks disagree is a
@@ -178,6 +180,7 @@ class RankReport:
     shard_shapes: list[ShardShapes] = field(default_factory=list)
     flight: FlightReport | None = None  # Flight Recorder's first mismatches, joined (analysis.hangs)
     missing_evidence: list[str] = field(default_factory=list)  # dropped records, ranks without a dump
+    predictions: list = field(default_factory=list)  # PredictionCheck per group (analysis.predicted)
 
     @property
     def ok(self) -> bool:
@@ -209,6 +212,7 @@ class RankReport:
             "verdict": self.verdict,
             "flight": self.flight.to_dict() if self.flight else None,
             "missing_evidence": self.missing_evidence,
+            "predictions": [p.to_dict() for p in self.predictions],
         }
 
     def to_json(self) -> str:
@@ -220,8 +224,12 @@ class RankReport:
         for r in self.ranks:
             seq = self.sequences.get(r, [])
             failed = sum(1 for e in seq if e.failed)
+            segs = schedule_segments(self.schedules.get(r, []))
             lines.append(f"  rank {r}: {len(seq)} compiles ({failed} failed), "
-                         f"{len(self.schedules.get(r, []))} collectives")
+                         f"{len(self.schedules.get(r, []))} collectives"
+                         + (" (" + ", ".join(f"{s['count']} from " + (f"compile {s['compile_id']}" if s["compile_id"]
+                                                                      else s["source"]) for s in segs) + ")"
+                            if segs else ""))
         for d in self.divergences:
             lines.append(f"DIVERGED ranks {d.ranks} vs {d.reference_ranks}: {d.message}")
             for side, ref in (("reference", d.reference_node), ("diverging", d.node)):
@@ -235,6 +243,9 @@ class RankReport:
         for n in self.notes:
             lines.append(f"note: {n}")
         lines += self.flight.lines() if self.flight else []
+        if self.predictions:
+            lines.append("Predicted vs recorded, per process group:")
+            lines += [f"  {p.line()}" for p in self.predictions]
         lines += [f"MISSING EVIDENCE: {x}" for x in self.missing_evidence]
         lines.append({"OK": "OK: all ranks agree", "FAIL": "FAIL: ranks diverge",
                       "INCOMPLETE": f"INCOMPLETE: {len(self.missing_evidence)} piece(s) of evidence missing"}[self.verdict])
@@ -309,6 +320,9 @@ def rank_report(session: Session, run: Run) -> RankReport:
     from graphdeck.analysis.hangs import hang_section  # Flight Recorder + missing evidence
 
     report.flight, report.missing_evidence = hang_section(session, report)
+    from graphdeck.analysis.predicted import prediction_checks
+
+    report.predictions = prediction_checks(session, report)
     _timing_findings(session, report)
     return report
 
@@ -642,7 +656,7 @@ def collective_schedule(session: Session, run_id: int, rank: int,
     target_ids = collective_target_ids(session)
     chosen: list[tuple[CompileEntry, list[int]]] = []
     hash_of = {gid: h for entry in sequence for _k, h, gid in entry.graphs}
-    for entry in sequence:
+    for entry in steady_state(sequence, {cid for cid, payload in inductor.items() if payload}):
         graph_ids: list[int] = []
         for tier in EXECUTED_TIERS:
             graph_ids = [gid for kind, _h, gid in entry.graphs if kind in tier]
@@ -704,13 +718,71 @@ def collective_schedule(session: Session, run_id: int, rank: int,
     if record.get("ddp") or record.get("fsdp"):
         out += _recorded_collectives(record)
     else:  # no record of the reducer (an older capture): DDPOptimizer's graph buckets stand in
+        replaced = {gid for e in sequence for _k, _h, gid in e.graphs} - {gid for e, _ids in chosen
+                                                                           for _k, _h, gid in e.graphs}
         for p in session.scalars(select(Partition).where(Partition.run_id == run_id, Partition.rank == rank)
                                  .order_by(Partition.parent_graph_id, Partition.index)):
+            if p.parent_graph_id in replaced:  # a graph a recompile replaced: its buckets do not run
+                continue
             out.append(Collective(index=len(out), kind="all_reduce", group="ddp", size_bytes=p.size_bytes,
                                   shape=None, dtype=None, source="ddp_bucket", graph_id=p.graph_id,
                                   node=f"DDP bucket {p.index} ({len(_json(p.params_json) or [])} params)"))
     for i, c in enumerate(out):
         c.index = i
+    return out
+
+
+def frame_of(compile_id: str | None) -> str | None:
+    """The frame a compile id belongs to: ``"1"`` for ``"1/0"``, ``"1/2_1"``; ``"!0:1"`` for
+    compiled autograd's ``"!0/1/0"``; None for a compile without an id."""
+    if not compile_id or "/" not in compile_id:
+        return None
+    return compile_id.rsplit("/", 1)[0]
+
+
+def steady_state(sequence: list[CompileEntry], scheduled: frozenset[str] | set[str] = frozenset()
+                 ) -> list[CompileEntry]:
+    """The compiles whose graphs run in steady state (NOTE: [Recompiles replace graphs]): per
+    frame, its latest compile that did not fail and has graphs (or, in ``scheduled``, an imported
+    Inductor collective schedule), at the place of the frame's first compile."""
+    latest: dict[str, CompileEntry] = {}
+    for e in sequence:
+        f = frame_of(e.compile_id)
+        if f is not None and e.failed is None and (e.graphs or e.compile_id in scheduled):
+            latest[f] = e
+    out, seen = [], set()
+    for e in sequence:
+        f = frame_of(e.compile_id)
+        if f is None:
+            out.append(e)
+        elif f not in seen and f in latest:
+            seen.add(f)
+            out.append(latest[f])
+    return out
+
+
+# NOTE: [Recompiles replace graphs]
+# A frame compiled again on a rank (compile ids F/0, F/1, ...) runs the graph of its latest
+# compile from then on; the earlier graph is not run again (a guard that fails once keeps failing
+# for the inputs of the steady state), so it does not add collectives. The predicted schedule
+# takes each frame's latest compile that produced graphs (a failed compile ran nothing), in the
+# order of the frames' first compiles; each predicted collective names its compile id, so the
+# report says which compile a segment comes from. A rank that recompiled into a graph with the
+# same collectives agrees with the ranks that did not; one whose new graph lacks a collective is
+# a predicted hang at that collective.
+
+
+def schedule_segments(schedule: list[Collective]) -> list[dict]:
+    """Consecutive runs of one source: ``{"compile_id", "source", "first", "count"}``."""
+    out: list[dict] = []
+    for c in schedule:
+        key = (c.compile_id, c.source if c.compile_id is None else "graph")
+        if out and (out[-1]["compile_id"], out[-1]["_key"]) == key:
+            out[-1]["count"] += 1
+            continue
+        out.append({"compile_id": c.compile_id, "source": c.source, "_key": key[1], "first": c.index, "count": 1})
+    for seg in out:
+        seg.pop("_key")
     return out
 
 

@@ -78,7 +78,8 @@ function scheduleTable(report) {
   const hangAt = report.collective_mismatches.length ? report.collective_mismatches[0].index : -1;
   const cell = (c) => (c ? h("td", {title: c.line || ""},
     code(c.kind), c.group != null ? ` pg ${c.group}` : "", c.size_bytes != null ? ` ${c.size_bytes} B` : "",
-    c.node ? h("div", {class: "small muted"}, c.node) : null) : h("td", {class: "muted"}, "—"));
+    c.node ? h("div", {class: "small muted"}, c.node) : null,
+    c.compile_id ? h("div", {class: "small muted"}, `compile ${c.compile_id}`) : null) : h("td", {class: "muted"}, "—"));
   const rows = [];
   for (let i = 0; i < longest; i++) {
     rows.push(h("tr", {class: i === hangAt ? "hang" : "", "data-index": i},
@@ -87,6 +88,22 @@ function scheduleTable(report) {
   return rows.length
     ? table("collective-schedule", ["#", ...ranks.map((r) => `rank ${r}`)], rows)
     : h("p", {class: "muted"}, "No collectives in the captured graphs, no recorded DDP or FSDP2 collectives and no DDP buckets.");
+}
+
+// Predicted vs recorded per process group (analysis/predicted.py): the schedule the graphs
+// predict next to the Flight Recorder's record, and whether the prediction held.
+const OUTCOME_CLASS = {"held": "status-OK", "held in part": "status-partial", "did not hold": "status-NO_GRAD",
+  "not predicted": "status-NOT_IN_GRAPH", "unchecked": "status-FROZEN"};
+
+function predictionTable(report) {
+  const checks = report.predictions || [];
+  if (!checks.length) return null;
+  const rows = checks.map((p) => h("tr", {"data-testid": "prediction", "data-group": p.group},
+    h("td", {}, p.group, p.desc ? h("span", {class: "muted"}, ` (${p.desc})`) : null),
+    h("td", {}, p.predicted), h("td", {}, p.recorded),
+    h("td", {}, badge(p.outcome, `status ${OUTCOME_CLASS[p.outcome] || ""}`))));
+  return [h("h2", {}, "Predicted vs recorded"),
+    table("predicted-vs-recorded", ["Process group", "Predicted (graphs)", "Recorded (Flight Recorder)", "Prediction"], rows)];
 }
 
 function sequenceTable(report) {
@@ -122,6 +139,7 @@ export async function renderRanks(page, match) {
       badge("predicted hang", "status status-NO_GRAD"), " ", m.message)),
     scheduleTable(report),
     flightSection(report),
+    predictionTable(report),
     h("h2", {}, "Compile sequence per rank"),
     sequenceTable(report)));
 }

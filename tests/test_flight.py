@@ -227,3 +227,28 @@ def test_a_graph_record_with_a_bad_md5_is_named_with_its_kind_and_compile(job, t
     assert f"rank 1: compile record dropped on import: line {at + 1}: dynamo_output_graph compile 1/1: md5_mismatch" \
         in rep.missing_evidence, rep.missing_evidence
     assert rep.verdict == "FAIL", "the recompile still shows (its compile metrics were kept): FAIL, evidence listed"
+
+
+def test_predictions_checked_against_the_record(job):
+    """Item 3: rank 1 recompiled frame ``mlp_step`` into a graph without the all-reduce; the
+    predicted schedule runs that latest compile on rank 1 (not both), so it predicts rank 1 skips
+    the ``mlp`` all-reduce — and the record shows rank 1 never reached it: the prediction held.
+    The Python-branch groups issue no collective from a compiled graph: not predicted."""
+    out, _ = job
+    rep = _report(out / "s.db")
+    (m,) = rep.collective_mismatches
+    assert [v["ranks"] for v in m.variants] == [[0], [1]] and m.variants[1]["collective"] is None
+    assert m.variants[0]["collective"]["compile_id"] == "1/0"
+    assert rep.schedules[1] == [], "rank 1 runs compile 1/1 (no all_reduce), not 1/0 and 1/1"
+    by = {p.desc: p for p in rep.predictions}
+    mlp = by["mlp"]
+    assert (mlp.outcome, mlp.predicted_skipping, mlp.recorded_not_reached) == ("held", [1], [1])
+    assert mlp.predicted_segments[0] == [{"compile_id": "1/0", "source": "graph", "count": len(rep.schedules[0])}]
+    line = mlp.line()
+    assert line.startswith(f"group {mlp.group} (mlp): predicted: ranks [1] skip all_reduce #0 of the step "
+                           "(ranks [0] issue it from compile 1/0; ranks [1] run compile 1/1 of that frame)")
+    assert line.endswith("— recorded: ranks [1] never reached gloo:all_reduce #3 of group mlp: held")
+    assert by["loss_sync"].outcome == "not predicted" and by["opt_sync"].outcome == "not predicted"
+    text = rep.to_text()
+    assert "Predicted vs recorded, per process group:" in text and f"  {line}" in text
+    assert rep.to_dict()["predictions"][[p.desc for p in rep.predictions].index("mlp")]["outcome"] == "held"
