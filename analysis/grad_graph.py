@@ -249,7 +249,7 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
             seen_backward_fact = True
             target = g.parent_id if g.kind == "ddp_partition" else g.id
             dead[target].update(meta.get("outputs_without_grad") or [])
-    if not seen_backward_fact and graphs and not ev:
+    if not seen_backward_fact and graphs and not ev and not ev.off:
         report.notes.append("no backward was observed by the capture: outputs unused by the loss (DEAD_END) "
                             "cannot be told from graphs alone; eager mode can")
 

@@ -61,6 +61,10 @@ def compiled_autograd_active() -> bool:
                                     or getattr(ca, "in_compiled_autograd_region", False)))
 
 
+CA_OFF = ("compiled autograd ran the backward as a compiled graph: the capture's gradient hooks stand down under "
+          "it, so which gradient arrived was not observed for those passes")
+
+
 def compiled_autograd_ran() -> bool:
     """Whether compiled autograd captured a backward graph in this process."""
     try:
@@ -378,6 +382,9 @@ class GradEvidence:
         if self._failed:
             return
         try:
+            if compiled_autograd_ran():  # said at once: a job ended by os._exit runs no flush
+                self._off(CA_OFF)
+                return
             self._fwd_gen += 1
             outs = out if isinstance(out, (list, tuple)) else [out]
             groups: dict = {}
@@ -593,8 +600,7 @@ class GradEvidence:
         the current row's extent. Never raises."""
         try:
             if not self._failed and compiled_autograd_ran():
-                self._off("compiled autograd ran the backward as a compiled graph: the capture's gradient hooks "
-                          "stand down under it, so which gradient arrived was not observed for those passes")
+                self._off(CA_OFF)
             with self._lock:
                 if self._win is not None:
                     w = self._win
