@@ -222,3 +222,26 @@ def test_combine_renumbers_rank0_reports_and_bad_output_path_is_usage(tmp_path):
     _train(store, "ok", compiled=False, steps=1, skip_step=None)
     res = CliRunner().invoke(cli, ["check-grads", str(store), "--run", "ok", "-o", str(tmp_path / "no" / "x.txt")])
     assert res.exit_code == 2 and "cannot write the report" in res.output, res.output
+
+
+JOB_CA_EXIT = """
+import os, sys, torch
+from graphdeck.capture import Agent
+m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+agent = Agent(store=sys.argv[1], run="ca")
+agent.watch(m)
+f = torch.compile(m, backend=agent.backend("aot_eager"))
+for i in range(3):
+    loss = f(torch.randn(2, 4)).sum()
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager", fullgraph=True)):
+        loss.backward()
+os._exit(0)
+"""
+
+
+def test_compiled_autograd_job_ended_by_os_exit_says_why_nothing_was_observed(tmp_path):
+    store = tmp_path / "s.db"
+    run_python(JOB_CA_EXIT, str(store))
+    rep = validate_backward(store, "ca")
+    assert rep.verdict == "INCOMPLETE", rep.to_text()
+    assert any("compiled autograd" in g for g in rep.gaps), rep.gaps
