@@ -325,6 +325,7 @@ class FileBuilder:
     # ----------------------------------------------------------------------------------- graphs
     def _graph(self, ctx: _Compile, rec: Record, kind: str) -> _Stored | None:
         md5 = rec.envelope.get("has_payload")
+        md5 = md5 if isinstance(md5, str) else None  # a hostile envelope may hold any JSON there
         if kind == "inductor_post_grad" and md5:
             if md5 in ctx.post_grad_md5:
                 self.counts["duplicate_post_grad"] += 1
@@ -407,6 +408,7 @@ class FileBuilder:
         )).inserted_primary_key[0]
         self.ordinal += 1
         md5 = rec.envelope.get("has_payload")
+        md5 = md5 if isinstance(md5, str) else None
         key = ("rows", md5, tuple(sorted(bind.items())), tuple(sorted((x[2] or "", x[3] or "") for x in io)))
         cached = self.cache.get(key) if md5 else None
         if cached is None:
