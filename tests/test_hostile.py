@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graphdeck.capture.upload import upload_store
@@ -268,6 +268,9 @@ def torch_trace_text(draw) -> str:
 
 @PROPS
 @given(st.one_of(torch_trace_text(), st.text(max_size=400)))
+@example('V1129 10:00:00.000000 123 torch/_logging/structured.py:22] {}\n'
+         'V1129 10:00:00.000000 123 torch/_logging/structured.py:22] {"dynamo_output_graph": null, '
+         '"has_payload": [null]}\n\t0')  # a has_payload that is a list (TypeError before 47bb6a0)
 def test_torch_trace_import_takes_any_text(text):
     from graphdeck.store.torch_trace import import_torch_trace
 
