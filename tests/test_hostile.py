@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from hypothesis import example, HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from graphdeck.capture.upload import upload_store
