@@ -456,10 +456,12 @@ def ddp_unused_finding(rows: list[ParamRow]) -> Finding | None:
                         "DistributedDataParallel(..., find_unused_parameters=True)"))
 
 
-def combine(reports: list[GradReport], *, run: str | None = None, ddp: bool = True) -> GradReport:
+def combine(reports: list[GradReport], *, run: str | None = None, ddp: bool = True,
+            labels: list[str] | None = None) -> GradReport:
     """One report over several ranks' eager reports (each rank validates its own batch): rows and
     findings concatenated, rank-divergence findings added. Reports that all claim the same single
-    rank (eager mode without a process group says rank 0) are renumbered in list order, with a note."""
+    rank (eager mode without a process group says rank 0) are renumbered in list order, with a note
+    naming each report by ``labels`` (the CLI's ``--combine`` files) when given."""
     ranks = [rep.ranks for rep in reports]
     renumber = len(reports) > 1 and all(len(r) == 1 for r in ranks) and len({r[0] for r in ranks}) == 1
     if renumber:  # eager reports made without a process group all say rank 0: number them in order
@@ -471,6 +473,9 @@ def combine(reports: list[GradReport], *, run: str | None = None, ddp: bool = Tr
     out = GradReport(mode=reports[0].mode if reports else "eager", run=run or (reports[0].run if reports else ""),
                      rows=rows, findings=findings, notes=[n for rep in reports for n in rep.notes])
     if renumber:
-        out.notes.append(f"every report said rank {ranks[0][0]}: ranks numbered in the order given (0..{len(reports) - 1})")
+        order = (", ".join(f"{name} -> {k}" for k, name in enumerate(labels)) if labels
+                 else f"0..{len(reports) - 1}")
+        out.notes.append(f"every report said rank {ranks[0][0]}: ranks numbered by "
+                         f"{'--combine' if labels else 'list'} order ({order})")
     out.findings += divergence_findings(rows, ddp=ddp)
     return out

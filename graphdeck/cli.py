@@ -280,12 +280,7 @@ def _combined_report(files: tuple[str, ...], allow: tuple[str, ...], conflicting
             reports.append(GradReport.from_json(Path(f).read_text()))
         except (OSError, ValueError) as exc:
             raise UsageError(f"--combine {f}: not a readable check-grads JSON report ({exc})") from None
-    ranks = [rep.ranks for rep in reports]
-    renumber = len(reports) > 1 and all(len(r) == 1 for r in ranks) and len({r[0] for r in ranks}) == 1
-    out = combine(reports)  # renumbers reports that all say the same rank, in file order
-    if renumber:
-        out.notes[-1] = (f"every report said rank {ranks[0][0]}: ranks numbered by --combine order ("
-                         + ", ".join(f"{f} -> {k}" for k, f in enumerate(files)) + ")")
+    out = combine(reports, labels=list(files))  # renumbers reports that all say the same rank, in file order
     return out.apply_allow(sorted(set(allow) | {p for rep in reports for p in rep.allow}))
 
 
@@ -341,16 +336,9 @@ def check_ranks(store: str, run_name: str, fmt: str, output: str | None) -> None
 
 def _is_kineto(path: str) -> bool:
     """A Kineto / Chrome trace by its first bytes (``traceEvents`` or ``schemaVersion`` near the start)."""
-    import gzip
+    from graphdeck.store.fr_import import file_head
 
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-        if head[:2] == b"\x1f\x8b":
-            with gzip.open(path, "rb") as fh:
-                head = fh.read(4096)
-    except (OSError, EOFError):
-        return False
+    head = file_head(path)
     return head.lstrip()[:1] == b"{" and (b'"traceEvents"' in head or b'"schemaVersion"' in head)
 
 

@@ -66,18 +66,24 @@ class _NoClasses(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused class {module}.{name} in a Flight Recorder dump")
 
 
+def file_head(path: str | Path, size: int = 4096) -> bytes:
+    """The first ``size`` bytes of ``path``, inflated when it is gzipped; ``b""`` when unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(size)
+        if head[:2] == b"\x1f\x8b":
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(size)
+    except (OSError, EOFError):
+        return b""
+    return head
+
+
 def sniff(path: str | Path) -> bool:
     """Whether the file looks like an FR dump by its first bytes: a pickle (``0x80``), or JSON
     naming ``entries``/``comm_lib_version``/``pg_config`` near its start (gzipped or not); cheap,
     so folders of Kineto traces and logs are not parsed."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-        if head[:2] == b"\x1f\x8b":
-            with gzip.open(path, "rb") as fh:
-                head = fh.read(4096)
-    except (OSError, EOFError):
-        return False
+    head = file_head(path)
     if head[:1] == b"\x80":
         return True
     if any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')):
