@@ -94,27 +94,39 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def _add_docs(app: FastAPI) -> None:
-    """``/docs``: Swagger UI from the ``swagger-ui-bundle`` package's files (no CDN), falling back
-    to FastAPI's CDN-hosted page when that package is not installed."""
+    """``/docs``: Swagger UI 5 from the ``swagger-ui-py`` package's static files (no CDN: the
+    dashboard works offline). FastAPI emits OpenAPI 3.1, which Swagger UI reads from version 5 on
+    (the 4.x of ``swagger-ui-bundle`` showed "Unable to render this definition"). Without the
+    package, ``/docs`` says which package to install instead of loading a page that cannot render."""
     from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import PlainTextResponse
 
-    try:
-        import swagger_ui_bundle
-    except ImportError:
-        swagger_dir = None
-    else:
-        swagger_dir = Path(swagger_ui_bundle.swagger_ui_path)
-    if swagger_dir is not None and (swagger_dir / "swagger-ui-bundle.js").exists():
+    swagger_dir = swagger_ui_dir()
+
+    if swagger_dir is not None:
         app.mount("/static/swagger", StaticFiles(directory=swagger_dir), name="swagger")
-        urls = {"swagger_js_url": "/static/swagger/swagger-ui-bundle.js",
-                "swagger_css_url": "/static/swagger/swagger-ui.css",
-                "swagger_favicon_url": "/static/swagger/favicon-32x32.png"}
-    else:
-        urls = {}
 
     @app.get("/docs", include_in_schema=False)
     def docs():
-        return get_swagger_ui_html(openapi_url=app.openapi_url, title="graphdeck API", **urls)
+        if swagger_dir is None:
+            return PlainTextResponse("API docs need the swagger-ui-py package (pip install swagger-ui-py); "
+                                     f"the schema itself is at {app.openapi_url}", status_code=503)
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title="graphdeck API",
+                                   swagger_js_url="/static/swagger/swagger-ui-bundle.js",
+                                   swagger_css_url="/static/swagger/swagger-ui.css",
+                                   swagger_favicon_url="/static/swagger/favicon-32x32.png")
+
+
+def swagger_ui_dir() -> Path | None:
+    """The folder of Swagger UI's built files shipped by ``swagger-ui-py`` (``swagger_ui/static``),
+    or None when that package (or a Swagger UI 5 in it) is missing."""
+    try:
+        import swagger_ui
+    except ImportError:
+        return None
+    folder = Path(swagger_ui.__file__).parent / "static"
+    bundle = folder / "swagger-ui-bundle.js"
+    return folder if bundle.exists() else None
 
 
 def serve(store: str | Path, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning",
