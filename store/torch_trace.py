@@ -52,7 +52,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -166,8 +166,27 @@ def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = F
     with Session(engine) as s, s.begin():
         run = s.get(Run, run_id)
         ranks = s.scalars(select(Rank.rank).where(Rank.run_id == run_id)).all()
-        run.world_size = max(run.world_size or 0, len(ranks))
+        # a log names no world size: the ranks imported (and the highest rank) bound it from below
+        run.world_size = max(run.world_size or 0, len(ranks), max(ranks, default=-1) + 1)
+        s.execute(update(Rank).where(Rank.run_id == run_id, Rank.world_size < run.world_size)
+                  .values(world_size=run.world_size))
     return result
+
+
+def torch_version_of(payload: str) -> str:
+    """The version string of a ``torch_version`` artifact: its JSON ``{"pytorch_version": "2.13.0+cpu",
+    "commit": ...}`` (torch 2.9+), else the payload's first line (older logs wrote the bare string);
+    at most 64 characters."""
+    text = payload.strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict) and isinstance(obj.get("pytorch_version"), str):
+        return obj["pytorch_version"][:64]
+    if isinstance(obj, str):
+        return obj[:64]
+    return (text.splitlines() or [""])[0][:64]
 
 
 def _plan_rank(path: Path) -> tuple[int, int | None, int | None]:
@@ -217,7 +236,7 @@ def _import_file(engine: Engine, run_id: int, path: Path, rank: int, env_rank: i
                 stats.add("unknown_kind:" + rec.kind)
             _maybe_fail(strict, path, stats)
             if rec.name == "torch_version" and rec.payload:
-                row.torch_version = rec.payload.strip()[:64]
+                row.torch_version = torch_version_of(rec.payload)
             builder.add(rec, reader.resolve_stack)
             since_commit += 1
             if since_commit >= COMMIT_EVERY_RECORDS:
