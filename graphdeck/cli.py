@@ -488,14 +488,19 @@ def replay_cmd(run_name: str, graph_id: int, store: str, workers: int, strategy:
 @click.option("--run", "run_name", required=True, help="Run name (created if missing).")
 @click.option("--rank", type=int, default=None, help="Rank, when the trace does not say.")
 @click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped event.")
-def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | None, strict: bool) -> None:
-    """Stream a Kineto trace (.json or .json.gz) into the store (the upload API's code path)."""
+@click.option("--replace", is_flag=True,
+              help="The run holds the same file (same bytes) already: replace that trace instead of refusing.")
+@click.option("--json", "as_json", is_flag=True, help="Print every counter of the ingest as JSON.")
+def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | None, strict: bool, replace: bool,
+                     as_json: bool) -> None:
+    """Stream a Kineto trace (.json or .json.gz) into the store (the upload API's code path).
+    The same file twice into one run is refused (exit 2) unless ``--replace``."""
     from sqlalchemy.orm import Session
     from tqdm import tqdm
 
     from graphdeck.store.db import open_engine, undo_new_run_on_error
     from graphdeck.store.schema import Trace
-    from graphdeck.store.traces import ingest_trace
+    from graphdeck.store.traces import ingest_trace, summary_line
 
     try:
         engine = open_engine(_store_arg(store))
@@ -506,7 +511,8 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
     try:
         with undo_new_run_on_error(engine, run_name):  # a failed ingest leaves no empty run behind
             result = ingest_trace(engine, trace_file, run_name=run_name, rank=rank, strict=strict,
-                                  progress=lambda n: bar.update(n - bar.n))
+                                  progress=lambda n: bar.update(n - bar.n),
+                                  duplicate="replace" if replace else "refuse")
     except GraphdeckError as exc:
         bar.close()
         if exc.details.get("kept") and exc.details.get("trace_id") is not None:
@@ -519,9 +525,10 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
             from graphdeck.analysis.trace_map import link_kernels
 
             link_kernels(engine, run_id)
-            click.echo(f"trace {exc.details['trace_id']}: rank {trace_rank}, {exc.details.get('num_events')} "
-                       f"events stored, status truncated")
-            click.echo(json.dumps(exc.details.get("stats") or {}, indent=2, default=str))
+            click.echo(f"trace {exc.details['trace_id']}: rank {trace_rank}, status truncated: "
+                       + summary_line(exc.details.get("stats") or {}))
+            if as_json:
+                click.echo(json.dumps(exc.details.get("stats") or {}, indent=2, default=str))
             return
         if exc.details.get("stats"):
             click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)
@@ -532,9 +539,8 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
 
     link_kernels(engine, result.run_id)
     kernels = (result.stats or {}).get("gpu_kernels")
-    click.echo(f"trace {result.trace_id}: rank {result.rank}, {result.num_events} events stored of "
-               f"{(result.stats or {}).get('events_total', result.num_events)} read"
-               + (f", {kernels} GPU kernels" if kernels is not None else "") + f", status {result.status}")
+    click.echo(f"trace {result.trace_id}: rank {result.rank}, status {result.status}: " + summary_line(result.stats or {})
+               + (f"; {kernels} GPU kernels" if kernels is not None else ""))
     if result.status in ("ok", "truncated"):
         from graphdeck.analysis.trace_map import map_trace
 
@@ -544,7 +550,8 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
             by = ", ".join(f"{n} {src}" for src, n in sorted(m.sources.items()))
             click.echo(f"{m.mapped_ns / m.kernel_ns:.1%} of its GPU kernel time maps to graph nodes"
                        + (f" ({by} kernels)" if by else " (no capture of this run/rank links kernels to nodes)"))
-    click.echo(json.dumps(result.stats, indent=2, default=str))
+    if as_json:
+        click.echo(json.dumps(result.stats, indent=2, default=str))
 
 
 @main.command("import")

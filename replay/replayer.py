@@ -109,10 +109,12 @@ class TraceReplayer:
                 Run.name == self.run, Trace.name == name, Trace.status.in_(("ok", "truncated"))).order_by(Trace.id.desc()))
 
     def _ingest(self, path: Path, rank: int | None) -> int:
-        from graphdeck.errors import TruncatedInputError
+        from graphdeck.errors import ConflictError, TruncatedInputError
 
         try:
             return ingest_trace(self.engine, path, run_name=self.run, rank=rank).trace_id
+        except ConflictError as exc:  # the store holds these bytes already: replay that trace
+            return exc.details["trace_id"]
         except TruncatedInputError as exc:  # the events before the cut are kept: replay those
             if exc.details.get("kept"):
                 return exc.details["trace_id"]

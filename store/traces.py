@@ -143,6 +143,7 @@ def ingest_trace(
     strict: bool = False,
     batch_size: int = 5000,
     progress=None,
+    duplicate: str = "refuse",
 ) -> IngestResult:
     """Stream one Kineto / Chrome trace into the store as a :class:`Trace` of run ``run_name``.
 
@@ -160,6 +161,10 @@ def ingest_trace(
         batch_size: events per write transaction.
         progress: called with the number of bytes read from the file so far after each batch
             (the CLI draws a progress bar with it).
+        duplicate: the run already holds a trace of the same bytes (SHA-256, kept as
+            ``content_sha256`` in the trace's meta): ``"refuse"`` (ConflictError, 409),
+            ``"replace"`` (the older trace is deleted once this one is stored) or ``"allow"``
+            (:mod:`graphdeck.store.trace_dedupe`).
 
     Returns:
         :class:`IngestResult`; ``stats`` counts ``events_total`` (items of ``traceEvents``),
@@ -167,16 +172,33 @@ def ingest_trace(
 
     Raises:
         BadInputError, TruncatedInputError: see the module docstring.
+        ConflictError: ``duplicate="refuse"`` and the run holds these bytes already.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         with open(path, "rb") as fh:
-            return _run(fh, engine, run_name, rank, name or path.name, path.name, strict, batch_size, progress)
+            return _deduped(fh, engine, run_name, rank, name or path.name, path.name, strict, batch_size, progress,
+                            duplicate)
     file_name = getattr(source, "name", None)
     file_name = Path(file_name).name if isinstance(file_name, str) else None
-    return _run(source, engine, run_name, rank, name or file_name or "trace", file_name, strict, batch_size, progress)
+    return _deduped(source, engine, run_name, rank, name or file_name or "trace", file_name, strict, batch_size,
+                    progress, duplicate)
+
+
+def _deduped(fh, engine, run_name, rank, name, file_name, strict, batch_size, progress, duplicate) -> IngestResult:
+    from graphdeck.store.trace_dedupe import check_duplicate, record_digest
+
+    sha, replaces = check_duplicate(engine, run_name, fh, duplicate)
+    try:
+        result = _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progress)
+    except TruncatedInputError as exc:
+        if exc.details.get("kept") and exc.details.get("trace_id") is not None:
+            record_digest(engine, exc.details["trace_id"], sha, replaces)
+        raise
+    record_digest(engine, result.trace_id, sha, replaces)
+    return result
 
 
 class _NeedsRepair(Exception):
@@ -218,6 +240,30 @@ def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progre
     except _NeedsRepair:
         fh.seek(start)
         return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress, repair=True).run(fh)
+
+
+def summary_line(stats: dict) -> str:
+    """One line saying what an ingest kept, what it read but does not store by design (metadata,
+    flows, counters, begin/end pairs: per phase) and what it dropped or repaired (only non-zero
+    counters), from :class:`IngestResult` ``stats``; e.g. ``kept 9,308 events (X 9,000, i 308); not
+    stored by design: 4,932 (M 120, f 2,406, s 2,406); dropped: none``."""
+    by_ph = stats.get("by_ph") or {}
+    kept = {ph: n for ph, n in by_ph.items() if ph in STORED_PH and n}
+    other = {ph: n for ph, n in by_ph.items() if ph not in STORED_PH and n}
+
+    def parts(d: dict) -> str:
+        return ", ".join(f"{ph} {n:,}" for ph, n in sorted(d.items()))
+
+    line = f"kept {stats.get('stored', sum(kept.values())):,} events" + (f" ({parts(kept)})" if kept else "")
+    if other:
+        line += f"; not stored by design (metadata, flows, counters…): {sum(other.values()):,} ({parts(other)})"
+    problems = {k: v for k, v in stats.items() if isinstance(v, int) and v and k not in (
+        "events_total", "stored", "bytes_file", "bytes_json", "gpu_kernels") and (
+        k.startswith(("skipped_", "repaired_", "corrupt")) or k in (
+            "truncated", "trailing_garbage", "missing_dur", "args_truncated", "big_int_as_string", "meta_dropped",
+            "base_time_not_applied"))}
+    line += "; dropped/changed: " + (", ".join(f"{k} {v:,}" for k, v in sorted(problems.items())) if problems else "none")
+    return line
 
 
 # ---------------------------------------------------------------------------- rank

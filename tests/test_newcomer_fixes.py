@@ -30,3 +30,48 @@ def test_torch_version_artifact_forms():
     assert torch_version_of('{\n"pytorch_version": "2.9.1+cu128",\n"commit": "abc"\n}') == "2.9.1+cu128"
     assert torch_version_of("2.4.0\n") == "2.4.0"
     assert torch_version_of('"2.5.0"') == "2.5.0"
+
+
+HTA_TRACE = ("data", "traces", "hta", "trace_filter", "sampled_rank-0.json.gz")
+
+
+def test_the_same_trace_twice_is_refused_or_replaced_by_content(tmp_path):
+    """Item 7: a second ingest of the same file silently added a second trace for that rank."""
+    import pytest
+
+    from graphdeck.errors import ConflictError
+    from graphdeck.store.schema import Trace
+    from graphdeck.store.traces import ingest_trace
+
+    path = shared_path(*HTA_TRACE)
+    engine = open_engine(tmp_path / "s.db")
+    first = ingest_trace(engine, path, run_name="r")
+    with pytest.raises(ConflictError, match=rf"already holds this trace .* as trace #{first.trace_id} of rank 0"):
+        ingest_trace(engine, path, run_name="r")
+    with open(path, "rb") as fh:  # an upload's file object: the same bytes are the same trace
+        with pytest.raises(ConflictError):
+            ingest_trace(engine, fh, run_name="r")
+    again = ingest_trace(engine, path, run_name="r", duplicate="replace")
+    with Session(engine) as s:
+        assert s.scalars(select(Trace.id)).all() == [again.trace_id], "the older copy is gone, the new one kept"
+    other = ingest_trace(engine, path, run_name="another run")  # another run may hold it
+    assert other.trace_id != again.trace_id
+
+
+def test_ingest_trace_prints_one_summary_line(tmp_path):
+    """Item 8: a 30-key JSON of mostly-zero counters and "N events stored of M read" (read as loss)."""
+    from click.testing import CliRunner
+
+    from graphdeck.cli import main
+
+    path = shared_path(*HTA_TRACE)
+    res = CliRunner().invoke(main, ["ingest-trace", "--store", str(tmp_path / "s.db"), "--run", "r", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "kept 4,811 events (X 4,811); not stored by design (metadata, flows, counters…): 44 (M 44); " \
+           "dropped/changed: none" in res.output
+    assert "{" not in res.output and "skipped_not_object" not in res.output
+    res = CliRunner().invoke(main, ["ingest-trace", "--store", str(tmp_path / "s.db"), "--run", "r", str(path)])
+    assert res.exit_code == 2 and "already holds this trace" in res.output
+    res = CliRunner().invoke(main, ["ingest-trace", "--store", str(tmp_path / "s.db"), "--run", "r", "--replace",
+                                    "--json", str(path)])
+    assert res.exit_code == 0 and '"skipped_not_object": 0' in res.output
