@@ -51,6 +51,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.replay",
     "graphdeck.server.routes.executor",
     "graphdeck.server.routes.uploads",
+    "graphdeck.server.routes.parallel_map",
 )
 
 

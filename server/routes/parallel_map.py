@@ -1,0 +1,488 @@
+"""The parallel map of a run (issue 20): pipeline stage → TP group → ranks, DP/FSDP replicas
+stacked, each rank with status badges from the other checks. ``GET /api/runs/{run_id}/parallel-map``.
+
+NOTE: [Parallel map]
+The grid comes from the run's layout records (:mod:`graphdeck.analysis.layout`): one block per
+pipeline stage (one block when there is no pipeline); in a block, a column per coordinate on the
+sharding dimensions (``RunLayout.sharding_dims()``: tp, cp, ep, ...) and a row per coordinate on
+the remaining, data-parallel dimensions (dp, dp_shard, ...). Each rank gets one state per check:
+
+* ``diverged`` — the per-mesh-dimension rank check (:mod:`graphdeck.analysis.mesh_ranks` where
+  installed; else compile sequences compared within each set of ``replica_peers`` only, a
+  difference confirmed with device indices removed, as ``check-ranks`` does): ``ok`` | ``diverged``;
+* ``grad`` — run-time gradient evidence (``grad_steps``, :mod:`graphdeck.analysis.grad_evidence`):
+  ``missing`` when a parameter got no gradient (or an all-zero one from a skipped output) at a
+  fully observed step;
+* ``straggler`` — traces of two or more ranks matched (:func:`~graphdeck.analysis.
+  trace_collectives.align_and_match`'s ``timing``): ``straggler`` for the rank the others waited for;
+* ``hang`` — Flight Recorder's first mismatch per group (:mod:`graphdeck.analysis.flight`):
+  ``hang`` for a rank that did not reach a collective its peers issued, ``waiting`` for a rank
+  blocked in it;
+* ``layout`` — ``missing`` for a rank without a layout record (its cell is placed from the
+  other ranks' meshes).
+
+Every check also has ``unknown``: a check that cannot run (no traces, no dumps, no evidence, an
+error) says ``unknown`` with the reason, never ``ok``. Ranks with the same states share a *kind*
+(``kinds`` lists them once; ``ranks.kind[r]`` indexes it), and in a block with more than
+:data:`MERGE_ROWS_ABOVE` rows, consecutive rows whose cells have the same kinds are merged into
+one row naming the range, so a 1,024-rank map stays one picture (``?expand=true`` keeps every
+row). Per-rank text (``details``) is sent only for ranks whose state is not the check's default.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Depends, Query
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from graphdeck.server.deps import RunPathRoute, get_session, resolve_run
+from graphdeck.store.schema import CompileEvent, Graph, Rank, Run
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["ranks"], route_class=RunPathRoute)
+
+#: A block with more rows than this merges consecutive rows of identical cells.
+MERGE_ROWS_ABOVE = 8
+#: The checks, in badge order: key → (label, what ran, page that shows it in full).
+CHECKS: dict[str, tuple[str, str]] = {
+    "diverged": ("diverged", "ranks"),
+    "grad": ("missing gradient", "grads"),
+    "straggler": ("straggler", "timeline"),
+    "hang": ("hang", "ranks"),
+    "layout": ("layout record", None),
+}
+EMPTY_HINT = ("Capture the job with graphdeck's Agent on a DeviceMesh job (agent.watch(model) after "
+              "init_device_mesh / fully_shard / parallelize_module / a pipeline stage): each rank then "
+              "records its parallel layout as soon as it is known.")
+
+
+@dataclass
+class Badge:
+    """One check's states: ``states[rank]`` where it differs from ``default`` (``"ok"`` or
+    ``"unknown"``), ``details[rank]`` the text for such a rank; ``ran`` false when the check could
+    not run at all (every rank then ``unknown``); ``message`` says what was read or why not."""
+
+    key: str
+    ran: bool
+    message: str
+    default: str = "ok"
+    states: dict[int, str] = field(default_factory=dict)
+    details: dict[int, str] = field(default_factory=dict)
+
+    def set(self, rank: int, state: str, detail: str | None = None) -> None:
+        self.states[rank] = state
+        if detail:
+            self.details[rank] = detail
+
+    def state(self, rank: int) -> str:
+        return self.states.get(rank, self.default)
+
+
+def _unknown(key: str, why: str) -> Badge:
+    return Badge(key, ran=False, message=why, default="unknown")
+
+
+@router.get("/api/runs/{run_id}/parallel-map")
+def run_parallel_map(run: Run = Depends(resolve_run), session: Session = Depends(get_session),
+                     expand: bool = Query(False, description="one row per replica: no merging of identical rows")
+                     ) -> dict:
+    """The grid of ranks (stage → sharding-dim columns → data-parallel rows) with per-rank badge
+    states (see NOTE: [Parallel map]). A run without layout records answers ``has_layout: false``
+    with a ``message`` and a ``hint`` (what to capture), not an error."""
+    return parallel_map(session, run, expand=expand)
+
+
+def parallel_map(session: Session, run: Run, *, expand: bool = False) -> dict:
+    """The map of ``run`` as JSON (shape in the module docstring and :func:`run_parallel_map`).
+
+    Keys: ``run_id``, ``run``, ``world_size``, ``has_layout``; with a layout: ``dims``
+    (``{"stage": "pp" | None, "rows": [...], "cols": [...]}``), ``meshes`` (key, shape, dim
+    names, device type; no rank tensor), ``checks`` (per check: key, label, ran, message, link,
+    counts per state), ``kinds`` (distinct ``{check: state}``), ``ranks`` (``kind``, ``host``,
+    ``device``: lists indexed by rank, ``host``/``device`` indexing ``hosts``/``devices``),
+    ``details`` (rank → check → text), ``stages`` (blocks: ``stage``, ``label``, ``cols``
+    labels, ``rows``: ``label``, ``count``, ``cells``: ``{"ranks": [...], "kind": k}`` or null),
+    ``unplaced`` (ranks no mesh or stage places) and ``notes``. Never raises for odd records: a
+    check that fails is ``unknown`` with its error named.
+    """
+    from graphdeck.analysis.layout import load_layout
+
+    out = {"run_id": run.id, "run": run.name, "world_size": run.world_size}
+    layout = load_layout(session, run.id)
+    if layout is None:
+        return {**out, "has_layout": False,
+                "message": f"run {run.name!r} has no parallel layout record: no rank recorded a DeviceMesh, "
+                           "DTensor placement, FSDP2 group or pipeline stage.",
+                "hint": EMPTY_HINT}
+    ws = layout.world_size
+    everyone = list(range(ws))
+    badges = [_run_check(key, session, run, layout) for key in CHECKS]
+    kinds: list[dict] = []
+    kind_index: dict[tuple, int] = {}
+    rank_kind: list[int] = []
+    for r in everyone:
+        sig = tuple(b.state(r) for b in badges)
+        if sig not in kind_index:
+            kind_index[sig] = len(kinds)
+            kinds.append(dict(zip(CHECKS, sig)))
+        rank_kind.append(kind_index[sig])
+    details: dict[str, dict] = {}
+    for b in badges:
+        for r, text in b.details.items():
+            if 0 <= r < ws:
+                details.setdefault(str(r), {})[b.key] = text
+    hosts, host_of = _hosts(session, run.id, ws)
+    devices, device_of = _devices(layout, ws)
+    checks = []
+    for b in badges:
+        label, page = CHECKS[b.key]
+        counts = Counter(b.state(r) for r in everyone)
+        checks.append({"key": b.key, "label": label, "ran": b.ran, "message": b.message,
+                       "default": b.default, "link": f"#/runs/{run.id}/{page}" if page else None,
+                       "counts": dict(sorted(counts.items()))})
+    grid = _grid(layout, rank_kind, expand)
+    return {**out, "world_size": ws, "has_layout": True, "dims": grid["dims"],
+            "meshes": [{k: m.get(k) for k in ("key", "shape", "dim_names", "device_type")} for m in layout.meshes],
+            "checks": checks, "kinds": kinds,
+            "ranks": {"kind": rank_kind, "host": host_of, "device": device_of},
+            "hosts": hosts, "devices": devices, "details": details,
+            "stages": grid["stages"], "unplaced": grid["unplaced"], "notes": grid["notes"]}
+
+
+# ---------------------------------------------------------------------------------------- grid
+
+def _label(dims: list[str], key: tuple) -> str:
+    return " · ".join(f"{d} {'?' if v is None else v}" for d, v in zip(dims, key))
+
+
+def _grid(layout, rank_kind: list[int], expand: bool) -> dict:
+    """Blocks per stage; columns by sharding-dim coordinate; rows by data-parallel coordinate."""
+    from graphdeck.analysis.layout import PP_DIMS
+
+    ws = layout.world_size
+    col_dims = list(layout.sharding_dims())
+    row_dims = [d for d in layout.dim_names() if d not in col_dims and d not in PP_DIMS]
+    pipeline = layout.has_pipeline()
+    stage_dim = next((d for d in layout.dim_names() if d in PP_DIMS), "pp" if pipeline else None)
+    blocks: dict[object, dict[tuple, dict[tuple, list[int]]]] = {}
+    unplaced: list[int] = []
+    for r in range(ws):
+        c = layout.coord(r)
+        stage = layout.stage_of(r) if pipeline else 0
+        if not c and not (col_dims or row_dims) and stage is None:
+            unplaced.append(r)
+            continue
+        if (col_dims or row_dims) and not any(d in c for d in col_dims + row_dims) and stage is None:
+            unplaced.append(r)
+            continue
+        row = tuple(c.get(d) for d in row_dims)
+        col = tuple(c.get(d) for d in col_dims)
+        blocks.setdefault(stage, {}).setdefault(row, {}).setdefault(col, []).append(r)
+    notes = []
+    stages = []
+    order = sorted(blocks, key=lambda s: (s is None, s if isinstance(s, int) else 0))
+    for stage in order:
+        rows = blocks[stage]
+        cols = sorted({col for cells in rows.values() for col in cells}, key=_sort_key)
+        out_rows = []
+        for row in sorted(rows, key=_sort_key):
+            cells = rows[row]
+            depth = max(len(v) for v in cells.values())  # >1: ranks the coordinates do not tell apart
+            for i in range(depth):
+                label = _label(row_dims, row)
+                picked = {col: cells[col][i] for col in cols if col in cells and i < len(cells[col])}
+                if depth > 1:
+                    label = (label + " · " if label else "") + "rank " + ",".join(str(r) for r in picked.values())
+                out_rows.append({"label": label, "count": 1,
+                                 "cells": [None if col not in picked else {"ranks": [picked[col]],
+                                                                           "kind": rank_kind[picked[col]]}
+                                           for col in cols]})
+        if not expand and len(out_rows) > MERGE_ROWS_ABOVE:
+            out_rows = _merge_rows(out_rows)
+        n = sum(len(v) for cells in rows.values() for v in cells.values())
+        if not pipeline:
+            label = "one program (no pipeline stages)"
+        elif stage is None:
+            label = "stage unknown"
+        else:
+            label = f"stage {stage}"
+        stages.append({"stage": stage, "label": label, "ranks": n,
+                       "cols": [_label(col_dims, col) if col_dims else "" for col in cols], "rows": out_rows})
+    if unplaced:
+        notes.append(f"{len(unplaced)} rank(s) are in no recorded mesh and no pipeline stage: {_ranges(unplaced)}")
+    return {"dims": {"stage": stage_dim, "rows": row_dims, "cols": col_dims}, "stages": stages,
+            "unplaced": unplaced, "notes": notes}
+
+
+def _sort_key(key: tuple) -> tuple:
+    return tuple((v is None, v if isinstance(v, int) else 0) for v in key)
+
+
+def _merge_rows(rows: list[dict]) -> list[dict]:
+    """Consecutive rows whose cells have the same kinds (and holes) become one row: its cells
+    list every merged rank, its label names the first and last row and the count."""
+    out: list[dict] = []
+    sig = lambda row: tuple(None if c is None else c["kind"] for c in row["cells"])  # noqa: E731
+    for row in rows:
+        prev = out[-1] if out else None
+        if prev is not None and sig(prev) == sig(row):
+            prev["count"] += 1
+            prev["last"] = row["label"]
+            for c, add in zip(prev["cells"], row["cells"]):
+                if c is not None:
+                    c["ranks"].extend(add["ranks"])
+        else:
+            out.append({**row, "cells": [None if c is None else {"ranks": list(c["ranks"]), "kind": c["kind"]}
+                                         for c in row["cells"]]})
+    for row in out:
+        last = row.pop("last", None)
+        if last is not None:
+            row["label"] = f"{row['label']} … {last} ({row['count']} rows)"
+    return out
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2, 5"``."""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(parts)
+
+
+def _hosts(session: Session, run_id: int, ws: int) -> tuple[list[str], list[int | None]]:
+    names: list[str] = []
+    index: dict[str, int] = {}
+    of: list[int | None] = [None] * ws
+    for rank, host in session.execute(select(Rank.rank, Rank.hostname).where(Rank.run_id == run_id)):
+        if host is None or not 0 <= rank < ws:
+            continue
+        if host not in index:
+            index[host] = len(names)
+            names.append(host)
+        of[rank] = index[host]
+    return names, of
+
+
+def _devices(layout, ws: int) -> tuple[list[str], list[int | None]]:
+    """Per rank: its record's ``device`` where recorded, else the device type of the first mesh
+    holding it."""
+    import numpy as np
+
+    names: list[str] = []
+    index: dict[str, int] = {}
+    of: list[int | None] = [None] * ws
+
+    def put(rank: int, name) -> None:
+        if name is None or of[rank] is not None:
+            return
+        name = str(name)
+        if name not in index:
+            index[name] = len(names)
+            names.append(name)
+        of[rank] = index[name]
+
+    for r, rec in layout.records.items():
+        if 0 <= r < ws and isinstance(rec, dict):
+            put(r, rec.get("device"))
+    for m in layout.meshes:
+        for r in np.asarray(m["ranks"], dtype=np.int64).ravel().tolist():
+            if 0 <= r < ws:
+                put(r, m.get("device_type"))
+    return names, of
+
+
+# ---------------------------------------------------------------------------------------- checks
+
+def _run_check(key: str, session: Session, run: Run, layout) -> Badge:
+    """One check's badge; any failure is an ``unknown`` badge naming the error (never ``ok``)."""
+    try:
+        return {"diverged": _diverged, "grad": _grad, "straggler": _straggler, "hang": _hang,
+                "layout": _layout_records}[key](session, run, layout)
+    except Exception as exc:  # noqa: BLE001 - a check that cannot run is unknown, and the map still draws
+        log.exception("parallel map: the %s check failed on run %s", key, run.id)
+        session.rollback()
+        return _unknown(key, f"the check could not run: {type(exc).__name__}: {exc}")
+
+
+def _layout_records(_session: Session, _run: Run, layout) -> Badge:
+    b = Badge("layout", ran=True, message=f"{len(layout.ranks)} of {layout.world_size} ranks wrote a layout record")
+    for r in layout.missing_ranks:
+        b.set(r, "missing", "no layout record from this rank: its place is read from the other ranks' meshes")
+    return b
+
+
+def _diverged(session: Session, run: Run, layout) -> Badge:
+    """The per-mesh-dimension rank check where installed, else the replica-peer comparison."""
+    try:
+        from graphdeck.analysis import mesh_ranks
+    except ModuleNotFoundError as exc:
+        if exc.name != "graphdeck.analysis.mesh_ranks":
+            raise
+        mesh_ranks = None
+    if mesh_ranks is not None and hasattr(mesh_ranks, "diverged_ranks"):
+        return _diverged_mesh(session, run, layout, mesh_ranks)
+    return _diverged_replicas(session, run, layout)
+
+
+def _diverged_mesh(session: Session, run: Run, layout, mesh_ranks) -> Badge:
+    """From ``mesh_ranks.diverged_ranks(session, run, layout)``: ``{rank: text}`` of diverging
+    ranks, ``{rank: why}`` of ranks it could not compare, and its one-line verdict."""
+    diverged, unknown, message = mesh_ranks.diverged_ranks(session, run, layout)
+    b = Badge("diverged", ran=True, message=message)
+    for r, why in unknown.items():
+        b.set(int(r), "unknown", why)
+    for r, text in diverged.items():
+        b.set(int(r), "diverged", text)
+    return b
+
+
+def _diverged_replicas(session: Session, run: Run, layout) -> Badge:
+    """Compile sequences compared within each set of replica peers (same stage, same shard
+    position): graphs' structural hashes by ordinal and failed compiles; a set that differs is
+    compared again through :func:`~graphdeck.analysis.ranks.compile_sequence` with device indices
+    removed (as ``check-ranks`` does), and ranks outside the set's most common sequence (ties: the
+    lowest rank's) diverge. Ranks of different stages or shard positions are not compared here."""
+    from graphdeck.analysis.ranks import compile_sequence
+    from graphdeck.analysis.ranks import _neutralise_device_indices as neutralise
+
+    seqs: dict[int, list] = {}
+    for r, cid, kind, digest in session.execute(
+            select(Graph.rank, Graph.compile_id, Graph.kind, Graph.structural_hash)
+            .where(Graph.run_id == run.id).order_by(Graph.rank, Graph.ordinal)):
+        seqs.setdefault(r, []).append((cid, kind, digest))
+    recorded = dict(session.execute(
+        select(CompileEvent.rank, func.count()).where(CompileEvent.run_id == run.id,
+                                                      CompileEvent.name == "compilation_metrics")
+        .group_by(CompileEvent.rank)).all())
+    b = Badge("diverged", ran=True, message="")
+    for r in range(layout.world_size):
+        if r not in seqs and not recorded.get(r):
+            b.set(r, "unknown", "no compiled graph and no compile record on this rank")
+    compared = 0
+    for peers in layout.replica_peers():
+        known = [r for r in peers if b.state(r) != "unknown"]
+        if len(known) < 2:
+            continue
+        compared += 1
+        if len({tuple(seqs.get(r, ())) for r in known}) == 1 and len({recorded.get(r, 0) for r in known}) == 1:
+            continue
+        full = {r: compile_sequence(session, run.id, r) for r in known}
+        neutralise(session, full)
+        by_sig: dict[tuple, list[int]] = {}
+        for r in known:
+            by_sig.setdefault(tuple(e.signature() for e in full[r]), []).append(r)
+        if len(by_sig) == 1:
+            continue
+        ref_sig, ref = max(by_sig.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
+        for sig, ranks in by_sig.items():
+            if sig is ref_sig:
+                continue
+            at = next((i for i, (x, y) in enumerate(zip(sig, ref_sig)) if x != y), min(len(sig), len(ref_sig)))
+            cid = full[ranks[0]][at].compile_id if at < len(full[ranks[0]]) else None
+            for r in ranks:
+                b.set(r, "diverged", f"its compile sequence differs from its replica peers {_ranges(ref)} "
+                                     f"(same stage and shard position) at compile "
+                                     f"{cid or f'#{at} (missing here)'}; see check-ranks")
+    n = sum(1 for s in b.states.values() if s == "diverged")
+    b.message = (f"compile sequences compared within {compared} replica set(s) (same stage and shard position); "
+                 f"{n} rank(s) diverge. Ranks of other stages or shard positions are not compared here "
+                 "(the per-mesh-dimension check is not installed)")
+    return b
+
+
+def _grad(session: Session, run: Run, layout) -> Badge:
+    """Run-time gradient evidence: a parameter with no gradient (or an all-zero one) at a fully
+    observed step makes the rank ``missing``; a rank without evidence is ``unknown``."""
+    from graphdeck.analysis.grad_evidence import load
+
+    ev = load(session, run.id)
+    if not ev:
+        why = "; ".join(f"rank {r}: {t}" for r, t in sorted(ev.off.items())[:4])
+        return _unknown("grad", "no run-time gradient evidence (grad_steps) in this run"
+                        + (f" ({why})" if why else ": capture with graphdeck's Agent to record it"))
+    b = Badge("grad", ran=True, message="")
+    for r in range(layout.world_size):
+        segs = ev.by_rank.get(r)
+        if not segs:
+            b.set(r, "unknown", ev.off.get(r) or "no gradient evidence from this rank")
+            continue
+        for seg in segs:
+            st = seg.state if isinstance(seg.state, dict) else {}
+            none = [] if st.get("partial") else [str(x) for x in st.get("none") or []]
+            zero = [str(x) for x in st.get("zero") or []]
+            if none or zero:
+                parts = []
+                if none:
+                    parts.append(f"no gradient for {len(none)} parameter(s) ({', '.join(none[:3])}"
+                                 f"{', …' if len(none) > 3 else ''})")
+                if zero:
+                    parts.append(f"an all-zero gradient for {len(zero)} ({', '.join(zero[:3])}"
+                                 f"{', …' if len(zero) > 3 else ''})")
+                b.set(r, "missing", f"from step {seg.first}: " + "; ".join(parts) + "; see check-grads")
+                break
+    n = sum(1 for s in b.states.values() if s == "missing")
+    b.message = f"gradient evidence of {len(ev.by_rank)} rank(s): {n} with a parameter that got no gradient"
+    return b
+
+
+def _straggler(session: Session, run: Run, layout) -> Badge:
+    """Traces of two or more ranks matched; the rank the others waited for is the straggler."""
+    from graphdeck.analysis.trace_collectives import align_and_match, run_traces
+
+    traces = run_traces(session, run.id)
+    if len(traces) < 2:
+        return _unknown("straggler", "needs Kineto traces of two or more ranks; "
+                        + (f"only rank {next(iter(traces))} has one" if traces else "the run has none"))
+    timing = align_and_match(session, run.id, traces=traces)["timing"]
+    b = Badge("straggler", ran=True, message=timing.get("message")
+              or f"traces of {len(traces)} ranks matched: no rank kept the others waiting")
+    timed = {int(r) for r in timing.get("ranks") or {}}
+    for r in range(layout.world_size):
+        if r not in timed:
+            b.set(r, "unknown", "no trace from this rank" if r not in traces else "no matched collective in its trace")
+    if timing.get("straggler") is not None:
+        b.set(int(timing["straggler"]), "straggler", timing.get("message"))
+    return b
+
+
+def _hang(session: Session, run: Run, layout) -> Badge:
+    """Flight Recorder's first mismatch per process group: ``hang`` for a rank that skipped a
+    collective its peers issued, ``waiting`` for a rank blocked in it (or in a consequence)."""
+    from graphdeck.analysis.flight import flight_report
+    from graphdeck.store.fr_import import EVENT_NAME
+
+    if not session.scalar(select(func.count()).select_from(CompileEvent).where(
+            CompileEvent.run_id == run.id, CompileEvent.name == EVENT_NAME)):
+        return _unknown("hang", "no Flight Recorder dump in this run (TORCH_FR_BUFFER_SIZE on the job, "
+                        "then `graphdeck import` of the dumps)")
+    fr = flight_report(session, run.id)
+    if fr is None:
+        return _unknown("hang", "the run's Flight Recorder dumps could not be read")
+    b = Badge("hang", ran=True, message=(f"Flight Recorder dumps of {len(fr.ranks)} rank(s): "
+                                         + (f"{len(fr.mismatches)} group(s) with a first mismatch"
+                                            if fr.mismatches else "every group's collectives match")))
+    dumped = set(fr.ranks)
+    for r in range(layout.world_size):
+        if r not in dumped:
+            b.set(r, "unknown", "no Flight Recorder dump from this rank")
+    for m in fr.mismatches:
+        what = f"collective #{m.seq} {m.op} of group {m.group}" + (f" ({m.desc})" if m.desc else "")
+        for r in m.not_reached:
+            doing = m.doing.get(r)
+            if m.primary and m.cause.get(r) != "waiting":
+                b.set(r, "hang", f"did not reach {what}, which ranks {_ranges(sorted(m.reached))} issued"
+                                 + (f"; went on to {doing.describe()}" if doing is not None else ""))
+            elif b.state(r) != "hang":
+                b.set(r, "waiting", f"blocked before {what}" + (f" in {doing.describe()}" if doing is not None else ""))
+        for r in m.reached:
+            if b.state(r) not in ("hang",):
+                b.set(r, "waiting", f"waiting in {what}: ranks {_ranges(sorted(m.not_reached))} never reached it")
+    return b
