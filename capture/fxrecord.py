@@ -230,6 +230,11 @@ def record_graph(gm: torch.fx.GraphModule) -> GraphRecord:
             rec.meta["recompute"] = str(node.meta["recompute"])
         if node.meta.get("original_aten") is not None:
             rec.meta["original_aten"] = str(node.meta["original_aten"])
+        if node.meta.get("ac_graph_id") is not None:  # which checkpointed region (NOTE: [Graph regions])
+            rec.meta["ac_graph_id"] = str(node.meta["ac_graph_id"])
+        body = _hop_body(gm, node)
+        if body is not None:
+            rec.meta["body"] = body
         nodes.append(rec)
         target = "" if node.op == "placeholder" else rec.target
         consts = _ADDRESS.sub("", json.dumps([rec.args, rec.kwargs], default=str, sort_keys=True))
@@ -248,6 +253,38 @@ def record_graph(gm: torch.fx.GraphModule) -> GraphRecord:
     except Exception:
         code = str(gm.graph)
     return GraphRecord(nodes=nodes, edges=edges, code=code, structural_hash=hasher.hexdigest()[:32])
+
+
+#: How many body op names a higher-order node's ``meta["body"]`` keeps.
+BODY_OPS_KEPT = 12
+
+
+def _hop_body(gm: torch.fx.GraphModule, node: torch.fx.Node) -> dict | None:
+    """For a higher-order op whose first argument is a ``get_attr`` of a subgraph (Dynamo's
+    ``tag_activation_checkpoint(wrap_body_0, ...)``, ``wrap_with_autocast(..., wrap_body_0, ...)``):
+    ``{"name": attr, "module": the body nodes' common module path ("layers/1"), "nodes": call
+    count, "ops": first short targets}``, else None. The body itself is not stored as nodes."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+        return None
+    attr = next((a.target for a in node.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"), None)
+    try:
+        sub = getattr(gm, attr) if isinstance(attr, str) else None
+    except AttributeError:
+        sub = None
+    if not isinstance(sub, torch.fx.GraphModule):
+        return None
+    calls = [n for n in sub.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    paths = [s[-1][0] for s in (_stack_of(n) for n in calls) if s]
+    common = paths[0].split("/") if paths else []
+    for p in paths[1:]:
+        parts = p.split("/")
+        k = 0
+        while k < min(len(common), len(parts)) and common[k] == parts[k]:
+            k += 1
+        common = common[:k]
+    ops = [str(getattr(n.target, "__name__", n.target)).removesuffix(".default") for n in calls]
+    return {"name": attr, "module": "/".join(p for p in common if p), "nodes": len(calls),
+            "ops": [o[:ARG_REPR_LIMIT] for o in ops[:BODY_OPS_KEPT]]}
 
 
 def output_args(gm: torch.fx.GraphModule) -> list[Any]:
