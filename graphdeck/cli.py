@@ -50,6 +50,9 @@ def demo(store: str, run_name: str, nproc: int, backend: str, steps: int, serve:
     """Train a small GPT-2 on NPROC gloo ranks under DDP + torch.compile with capture, then serve it."""
     t0 = time.perf_counter()
     store_path = _store_arg(store)
+    if serve and not port_free(host, port):  # found out now, not after minutes of training
+        taken, port = port, port_free(host, 0)
+        click.echo(f"[graphdeck] port {taken} on {host} is taken: the dashboard will use port {port}")
     if "://" not in store_path:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{store_path}{suffix}").unlink(missing_ok=True)
@@ -73,9 +76,26 @@ def demo(store: str, run_name: str, nproc: int, backend: str, steps: int, serve:
     if serve:
         from graphdeck.server.app import serve as serve_app
 
-        serve_app(store_path, host=host, port=port, announce=lambda: click.echo(
-            f"[graphdeck] dashboard: http://{host}:{port}/#/runs/{run_name}  "
-            f"(ready {time.perf_counter() - t0:.1f}s after start; Ctrl-C stops)"))
+        try:
+            serve_app(store_path, host=host, port=port, announce=lambda: click.echo(
+                f"[graphdeck] dashboard: http://{host}:{port}/#/runs/{run_name}  "
+                f"(ready {time.perf_counter() - t0:.1f}s after start; Ctrl-C stops)"))
+        except (OSError, SystemExit) as exc:  # the port was taken meanwhile: what was captured is kept
+            click.echo(f"error: could not serve on {host}:{port} ({exc}); the run is stored — serve it with:\n"
+                       f"  graphdeck serve {store_path} --port <free port>", err=True)
+            sys.exit(1)
+
+
+def port_free(host: str, port: int) -> int:
+    """``port`` (or, for 0, a port the OS picks) when a server can bind ``host:port`` now, else 0."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.bind((host, port))
+            return sock.getsockname()[1]
+    except OSError:
+        return 0
 
 
 def _refuse_existing_run(store_url: str, run_name: str) -> None:
@@ -137,8 +157,11 @@ def _print_summary(store_path: Path, run_name: str) -> None:
 @click.option("--upload-ttl-s", type=click.FloatRange(min=1), default=None,
               help="Unfinished/finished uploads untouched this long are swept from the data dir "
                    "[$GRAPHDECK_UPLOAD_TTL_S; default 604800 = 7 days].")
+@click.option("--create", is_flag=True, help="Create an empty SQLite store when STORE does not exist "
+                                             "(without it, a missing file is an error: a mistyped name).")
 def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_bytes: int | None,
-          max_decompressed_bytes: int | None, max_decompress_ratio: float | None, upload_ttl_s: float | None) -> None:
+          max_decompressed_bytes: int | None, max_decompress_ratio: float | None, upload_ttl_s: float | None,
+          create: bool) -> None:
     """Serve the dashboard and API over STORE (a SQLite file or a PostgreSQL URL; $GRAPHDECK_STORE).
 
     \b
@@ -155,11 +178,16 @@ def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_byt
     """
     from graphdeck.server.app import serve as serve_app
 
+    store_path = _store_arg(store)
+    if "://" not in store_path and not Path(store_path).exists() and not create:
+        from graphdeck.errors import UsageError
+
+        _fail(UsageError(f"no store at {store_path}: check the path (or pass --create to serve a new, empty store)"))
     given = {"data_dir": data_dir, "max_upload_bytes": max_upload_bytes,
              "max_decompressed_bytes": max_decompressed_bytes, "max_decompress_ratio": max_decompress_ratio,
              "upload_ttl_s": upload_ttl_s}
     try:
-        serve_app(_store_arg(store), host=host, port=port, **{k: v for k, v in given.items() if v is not None},
+        serve_app(store_path, host=host, port=port, **{k: v for k, v in given.items() if v is not None},
                   announce=lambda: click.echo(f"[graphdeck] dashboard: http://{host}:{port}/"))
     except GraphdeckError as exc:  # e.g. a store written by a newer graphdeck: refuse to start
         _fail(exc)

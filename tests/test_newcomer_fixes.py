@@ -75,3 +75,30 @@ def test_ingest_trace_prints_one_summary_line(tmp_path):
     res = CliRunner().invoke(main, ["ingest-trace", "--store", str(tmp_path / "s.db"), "--run", "r", "--replace",
                                     "--json", str(path)])
     assert res.exit_code == 0 and '"skipped_not_object": 0' in res.output
+
+
+def test_serving_a_missing_store_is_an_error_unless_create(tmp_path):
+    """Item 6: ``graphdeck serve mistyped.db`` created an empty store and served ``[]``."""
+    from click.testing import CliRunner
+
+    from graphdeck.cli import main
+
+    missing = tmp_path / "mistyped.db"
+    res = CliRunner().invoke(main, ["serve", str(missing)])
+    assert res.exit_code == 2 and f"no store at {missing}" in res.output and "--create" in res.output
+    assert not missing.exists(), "nothing is created by a mistyped name"
+
+
+def test_demo_finds_a_taken_port_before_training():
+    """Item 5: the demo trained for minutes, then failed on ``address already in use``."""
+    import socket
+
+    from graphdeck.cli import port_free
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        taken = sock.getsockname()[1]
+        assert port_free("127.0.0.1", taken) == 0
+        other = port_free("127.0.0.1", 0)
+        assert other and other != taken

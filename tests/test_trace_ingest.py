@@ -195,14 +195,14 @@ def test_rank_without_distributed_info(engine, tmp_path):
     r = ingest_trace(engine, path, run_name="r", rank=5)
     assert (r.rank, r.stats["rank_source"]) == (5, "argument"), "no distributedInfo: the rank argument"
     assert r.num_events == 2467
-    r = ingest_trace(engine, path, run_name="r")
+    r = ingest_trace(engine, path, run_name="r2")  # the same bytes again in "r" would be refused (a duplicate)
     assert (r.rank, r.stats["rank_source"]) == (0, "default"), "no argument, no rank in the name: rank 0"
     renamed = tmp_path / "job_rank_3.trace.json.gz"
     shutil.copy(path, renamed)
-    r = ingest_trace(engine, renamed, run_name="r")
+    r = ingest_trace(engine, renamed, run_name="r3")
     assert (r.rank, r.stats["rank_source"]) == (3, "filename"), "rank parsed from 'rank_3' in the file name"
     with open(path, "rb") as fh:
-        r = ingest_trace(engine, fh, run_name="r", name="upload-rank7.json.gz")
+        r = ingest_trace(engine, fh, run_name="r4", name="upload-rank7.json.gz")
     assert (r.rank, r.stats["rank_source"]) == (7, "filename"), "a file object: rank from the name argument"
     r = ingest_trace(engine, trace_file(NO_RANK), run_name="r", rank=2)
     assert (r.rank, r.stats["rank_source"]) == (2, "argument"), "distributedInfo without a rank: the argument"

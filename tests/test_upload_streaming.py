@@ -58,7 +58,7 @@ class ServerProcess:
         args = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
         self.log = open(work / "server.log", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "graphdeck.cli", "serve", str(work / "s.db"),
-                                      "--port", str(self.port), *args], env=env, stdout=self.log, stderr=self.log)
+                                      "--create", "--port", str(self.port), *args], env=env, stdout=self.log, stderr=self.log)
 
     def __enter__(self) -> ServerProcess:
         deadline = time.monotonic() + 60

@@ -398,7 +398,7 @@ def test_serve_takes_the_upload_limits_from_env_and_options(tmp_path):
         auth.settings_from_env({"GRAPHDECK_MAX_UPLOAD_BYTES": "-1"})
     port = free_port()
     env = dict(os.environ, GRAPHDECK_MAX_UPLOAD_BYTES="1000", GRAPHDECK_WRITE_TOKENS=TOKEN)
-    proc = subprocess.Popen([sys.executable, "-m", "graphdeck.cli", "serve", str(tmp_path / "s.db"), "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "graphdeck.cli", "serve", str(tmp_path / "s.db"), "--create", "--port",
                              str(port), "--max-decompressed-bytes", "5000"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
