@@ -1,6 +1,6 @@
 // graphdeck dashboard: a hash-routed page over the JSON API served by graphdeck.server.
 //
-// Pages: #/runs, #/runs/<id>, #/runs/<id>/ranks, #/graphs/<id>/memory, #/graphs/<id>[?node=<fx node name>], #/traces/<id>.
+// Pages: #/runs, #/runs/<id>, #/runs/<id>/ranks, #/runs/<id>/map, #/graphs/<id>/memory, #/graphs/<id>[?node=<fx node name>], #/traces/<id>.
 //
 // Modules (ES modules, no build step):
 //   app.js      this router
@@ -11,6 +11,7 @@
 //   compare.js  two graphs side by side: diff marks, forward/backward seq_nr links
 //   graph.js    the graph page: node search and selection, long-edge stubs, node details, related graphs
 //   viewer.js   the graph page's SVG viewer: safe import, pan/zoom, the initial view
+//   map.js      the parallel map (#/runs/<id>/map): stage → TP group → replicas, per-rank badges
 //   trace.js    the trace page: Plotly timeline (zoom fetches the window), analyses and ingest stats
 //   replay.js   trace replay (cursor over the timeline, the running kernel's graph node lit) and
 //               the multi-rank timeline of a run
@@ -23,6 +24,7 @@ import {$app, ApiError, errorBox, h} from "./common.js";
 import {renderCompare} from "./compare.js";
 import {renderGraph} from "./graph.js";
 import {renderGrads} from "./grads.js";
+import {renderMap} from "./map.js";
 import {renderMemory} from "./memory.js";
 import {renderRanks} from "./ranks.js";
 import {renderRun, renderRuns} from "./run.js";
@@ -34,6 +36,7 @@ const routes = [
   [/^\/runs\/([^/]+)$/, renderRun], // a run's id or its name
   [/^\/runs\/([^/]+)\/ranks$/, renderRanks], // cross-rank consistency
   [/^\/runs\/([^/]+)\/grads$/, renderGrads], // gradient-path report (?status=&rank=)
+  [/^\/runs\/([^/]+)\/map$/, renderMap], // parallel map: stages, TP groups, replicas, badges
   [/^\/graphs\/(\d+)$/, renderGraph],
   [/^\/graphs\/(\d+)\/memory$/, renderMemory], // graph-derived memory, measured beside it
   [/^\/compare\/(\d+)\/(\d+)$/, renderCompare], // two graphs side by side (diff, fwd/bwd)

@@ -104,7 +104,8 @@ def parallel_map(session: Session, run: Run, *, expand: bool = False) -> dict:
     names, device type; no rank tensor), ``checks`` (per check: key, label, ran, message, link,
     counts per state), ``kinds`` (distinct ``{check: state}``), ``ranks`` (``kind``, ``host``,
     ``device``: lists indexed by rank, ``host``/``device`` indexing ``hosts``/``devices``),
-    ``details`` (rank → check → text), ``stages`` (blocks: ``stage``, ``label``, ``cols``
+    ``details`` (``[{"check", "text", "ranks"}]``: why a rank has a state other than its
+    check's default, ranks sharing a text in one entry), ``stages`` (blocks: ``stage``, ``label``, ``cols``
     labels, ``rows``: ``label``, ``count``, ``cells``: ``{"ranks": [...], "kind": k}`` or null),
     ``unplaced`` (ranks no mesh or stage places) and ``notes``. Never raises for odd records: a
     check that fails is ``unknown`` with its error named.
@@ -130,11 +131,13 @@ def parallel_map(session: Session, run: Run, *, expand: bool = False) -> dict:
             kind_index[sig] = len(kinds)
             kinds.append(dict(zip(CHECKS, sig)))
         rank_kind.append(kind_index[sig])
-    details: dict[str, dict] = {}
+    details = []  # one entry per (check, text): ranks sharing a reason share its entry
     for b in badges:
-        for r, text in b.details.items():
+        by_text: dict[str, list[int]] = {}
+        for r, text in sorted(b.details.items()):
             if 0 <= r < ws:
-                details.setdefault(str(r), {})[b.key] = text
+                by_text.setdefault(text, []).append(r)
+        details += [{"check": b.key, "text": text, "ranks": ranks} for text, ranks in by_text.items()]
     hosts, host_of = _hosts(session, run.id, ws)
     devices, device_of = _devices(layout, ws)
     checks = []
@@ -321,8 +324,10 @@ def _layout_records(_session: Session, _run: Run, layout) -> Badge:
 
 def _diverged(session: Session, run: Run, layout) -> Badge:
     """The per-mesh-dimension rank check where installed, else the replica-peer comparison."""
+    import importlib
+
     try:
-        from graphdeck.analysis import mesh_ranks
+        mesh_ranks = importlib.import_module("graphdeck.analysis.mesh_ranks")
     except ModuleNotFoundError as exc:
         if exc.name != "graphdeck.analysis.mesh_ranks":
             raise
@@ -366,6 +371,8 @@ def _diverged_replicas(session: Session, run: Run, layout) -> Badge:
     for r in range(layout.world_size):
         if r not in seqs and not recorded.get(r):
             b.set(r, "unknown", "no compiled graph and no compile record on this rank")
+    if all(b.state(r) == "unknown" for r in range(layout.world_size)):
+        return _unknown("diverged", "no rank has a compiled graph or a compile record: nothing to compare")
     compared = 0
     for peers in layout.replica_peers():
         known = [r for r in peers if b.state(r) != "unknown"]
