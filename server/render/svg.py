@@ -45,6 +45,7 @@ from typing import Any
 from graphdeck.analysis.overlays import Overlay
 from graphdeck.server.render import layout as lay
 from graphdeck.server.render.filters import compile_patterns, filter_nodes, neighbourhood
+from graphdeck.server.render.regions import open_region_svg, region_attrs, region_map
 from graphdeck.server.render.palette import (
     EDGE_BINS,
     EDGE_HEAVY,
@@ -178,9 +179,10 @@ def fallback_svg(view: GraphView, centre: str | None, why: str) -> str:
         if len(keep) > FALLBACK_MAX_NODES:
             order = {n.id: n.idx for n in view.nodes}
             keep = set(sorted(keep - {centre}, key=order.__getitem__)[: FALLBACK_MAX_NODES - 1]) | {centre}
-    sub = GraphView.model_construct(graph_id=view.graph_id, name=view.name, kind=view.kind,
-                                    nodes=[n for n in view.nodes if n.id in keep],
-                                    edges=[e for e in view.edges if e.src in keep and e.dst in keep])
+    sub = type(view).model_construct(graph_id=view.graph_id, name=view.name, kind=view.kind,
+                                     nodes=[n for n in view.nodes if n.id in keep],
+                                     edges=[e for e in view.edges if e.src in keep and e.dst in keep],
+                                     **({"regions": view.regions} if hasattr(view, "regions") else {}))
     svg = render_graph_svg(sub, max_depth=99, marks={centre: "linked"}, max_items=10**9)
     note = (f"{why}: showing the neighbourhood of {centre} ({len(keep)} nodes); "
             "collapse clusters or filter to see more")
@@ -212,6 +214,7 @@ class _Writer:
         self._totals: dict[int, dict] = {}
         self._sums: dict | None = None
         self._kept_names = matched | on_path
+        self.regions = region_map(prep.view)  # cluster path -> region box (render/regions.py)
 
     # ---------------------------------------------------------------- sizes (used by the layout)
     def node_lines(self, node) -> list[str]:
@@ -237,7 +240,8 @@ class _Writer:
         hits = self._count(path, self.matched) if self.filtering else 0
         if hits:
             facts.append(f"{hits} match")
-        return [_text("\u25b8 " + path[-1]), " · ".join(facts)]
+        region = self.regions.get(path)
+        return [_text("\u25b8 " + (region.label if region else path[-1])), " · ".join(facts)]
 
     def collapsed_size(self, path) -> tuple[float, float]:
         lines = self.collapsed_lines(path)
@@ -310,7 +314,10 @@ class _Writer:
             self._collect_edges(sub, ox + x, oy + y, child, acc)
 
     def _cluster(self, box, ox, oy, path):
-        if path:
+        region = self.regions.get(path)
+        if region is not None:
+            self.out.append(open_region_svg(region, self.prep.clusters[path], "/".join(path), ox, oy, box.w, box.h))
+        elif path:
             c = self.prep.clusters[path]
             depth_fill = _CLUSTER_FILLS[(len(path) - 1) % 2]
             self.out.append(
@@ -330,6 +337,9 @@ class _Writer:
         c = self.prep.clusters[path]
         lines = self.collapsed_lines(path)
         classes = ["cluster", "collapsed"]
+        region = self.regions.get(path)
+        if region is not None:
+            classes += ["region", f"region-{region.kind}"]
         if self.filtering:
             classes.append("has-match" if self._count(path, self.matched) else
                            "on-path" if self._count(path, self.on_path) else "faded")
@@ -340,7 +350,8 @@ class _Writer:
         ink = ' fill="#fff"' if fill in _DARK_FILLS else ""
         self.out.append(
             f'<g id="cluster-{c.key}" class="{" ".join(classes)}" data-path="{_attr("/".join(path))}" '
-            f'data-nodes="{c.total_nodes}" data-param-bytes="{c.param_bytes}"{_fade(classes)}>'
+            f'data-nodes="{c.total_nodes}" data-param-bytes="{c.param_bytes}"{_fade(classes)}'
+            f'{region_attrs(region, _attr) if region else ""}>'
             f'<title>{_esc(_text("/".join(path), limit=400))} ({c.total_nodes} nodes; click to expand)</title>'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="4" fill="{fill}" stroke="#5a6690" stroke-width="1.5"/>'
             f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{w - 6:.1f}" height="{h - 6:.1f}" rx="3" fill="none" stroke="#5a6690" stroke-width="0.5"/>'

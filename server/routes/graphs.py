@@ -16,6 +16,7 @@ from graphdeck.errors import UsageError
 from graphdeck.server.deps import MAX_ID, find_graph, get_session, get_svg_cache, resolve_graph, resolve_node
 from graphdeck.server.render.filters import compile_patterns
 from graphdeck.server.render.model_explorer import model_explorer_graph, model_explorer_node_data
+from graphdeck.server.render.regions import with_regions
 from graphdeck.server.render.svg import SvgCache
 from graphdeck.server.routes.runs import GRAPH_FIELDS, pick
 from graphdeck.server.views import graph_view, loads_json
@@ -131,13 +132,13 @@ def render_view_svg(session: Session, graph: Graph, cache: SvgCache, params: Vie
         hit = cache.lookup(graph_key(graph), state)
         if hit is not None:
             return hit
-    view = cache.view(graph_key(graph), lambda: graph_view(session, graph.id))
+    view = cache.view(graph_key(graph), lambda: with_regions(session, graph.id, graph_view(session, graph.id)))
     extra = {}
     if state["overlay"]:
         extra["overlay"] = graph_overlay(session, graph.id, state["overlay"])
     if state["diff_against"] is not None:
         other_row = find_graph(session, state["diff_against"])
-        other = cache.view(graph_key(other_row), lambda: graph_view(session, other_row.id))
+        other = cache.view(graph_key(other_row), lambda: with_regions(session, other_row.id, graph_view(session, other_row.id)))
         extra["marks"] = diff_views(view, other).marks_a()
     if not cacheable:
         state = {**state, "uncached": object()}
@@ -156,6 +157,14 @@ def get_svg(graph: Graph = Depends(resolve_graph), session: Session = Depends(ge
     svg = render_view_svg(session, graph, cache, params)
     headers = {"Content-Disposition": f'attachment; filename="graph-{graph.id}.svg"'} if download else None
     return Response(svg, media_type="image/svg+xml", headers=headers)
+
+
+@router.get("/api/graphs/{graph_id}/regions")
+def get_regions(graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
+    """Activation-checkpoint and autocast regions drawn as boxes (``server/render/regions.py``):
+    ``{"regions": [{"kind", "label", "path" (the box's data-path in the SVG), "nodes", "detail"}]}``."""
+    view = with_regions(session, graph.id, graph_view(session, graph.id))
+    return {"regions": [r.model_dump() for r in getattr(view, "regions", [])]}
 
 
 @router.get("/api/graphs/{graph_id}/overlays/{kind}")
