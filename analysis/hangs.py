@@ -16,10 +16,25 @@ For each rank that did not reach a group's first mismatched collective, :func:`e
 
 :func:`hang_section` returns ``(FlightReport | None, missing evidence lines)`` for
 ``check-ranks``; it never raises on odd data (a run without FR dumps gives ``(None, [...])``).
+It also marks the compile divergences that cannot hang the job (NOTE: [Recompiles that cannot
+hang]) and names, as missing evidence, the frames whose live compiles cannot be told (NOTE:
+[Live compiles] in :mod:`graphdeck.analysis.predicted`).
+
+# NOTE: [Recompiles that cannot hang]
+A rank that recompiled where the others did not (a size, dtype or value guard) diverges in its
+compile sequence, but a job hangs only when the ranks' *collectives* differ. A divergence is
+marked ``harmless`` — a warning naming the recompiles and their guards, not a failure — when
+every compile id that differs is a recompile (``F/c``, ``c > 0``: a frame's first compile that
+differs is a different program) that did not fail and whose collectives are known (it has
+graphs, or its ``compilation_metrics`` say ``graph_op_count`` 0); the predicted collective
+schedules agree (no predicted mismatch, no frame whose live compiles are uncertain); and, where
+the run holds Flight Recorder dumps, no process group's recorded collectives mismatch.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
@@ -34,11 +49,88 @@ if TYPE_CHECKING:
 
 def hang_section(session: Session, report: RankReport) -> tuple[FlightReport | None, list[str]]:
     """FR first mismatches (with their explanation) and missing evidence for ``report``'s run."""
+    from graphdeck.analysis.predicted import uncertain_frames
+
     fr = flight_report(session, report.run_id)
     if fr is not None:
         for m in fr.mismatches:
             explain(session, report, m)
-    return fr, missing_evidence(session, report.run_id, fr)
+    uncertain = uncertain_frames(session, report)
+    settle_recompiles(session, report, fr, {(f.rank, f.frame) for f in uncertain})
+    return fr, missing_evidence(session, report.run_id, fr) + [f.missing() for f in uncertain]
+
+
+_RECOMPILE = re.compile(r"/(\d+)(?:_\d+)?$")
+
+
+def _recompile_number(cid: str | None) -> int | None:
+    """``c`` of compile id ``F/c`` (``F/c_a`` retries too), None for an id that is no compile id."""
+    m = _RECOMPILE.search(cid or "")
+    return int(m.group(1)) if m else None
+
+
+def _op_count(session: Session, run_id: int, rank: int, cid: str) -> int | None:
+    """``graph_op_count`` of the compile's ``compilation_metrics`` record, None when unrecorded."""
+    for (meta,) in session.execute(select(CompileEvent.metadata_json).where(
+            CompileEvent.run_id == run_id, CompileEvent.rank == rank, CompileEvent.compile_id == cid,
+            CompileEvent.name == "compilation_metrics")):
+        try:
+            m = json.loads(meta or "{}")
+        except ValueError:
+            continue
+        m = m.get("compilation_metrics", m) if isinstance(m, dict) else {}
+        if isinstance(m, dict) and isinstance(m.get("graph_op_count"), int):
+            return m["graph_op_count"]
+    return None
+
+
+def settle_recompiles(session: Session, report: RankReport, fr: FlightReport | None,
+                      uncertain: set[tuple[int, str]]) -> None:
+    """Set ``harmless`` on each divergence of ``report`` that cannot hang the job (NOTE:
+    [Recompiles that cannot hang]); leaves the others alone."""
+    if report.collective_mismatches or (fr is not None and fr.mismatches):
+        return
+    from graphdeck.analysis.ranks import frame_of
+
+    for d in report.divergences:
+        ref, div = d.reference_ranks[0], d.ranks[0]
+        a = {e.compile_id: e for e in report.sequences.get(ref, [])}
+        b = {e.compile_id: e for e in report.sequences.get(div, [])}
+        named: list[str] = []
+        for cid in sorted(set(a) | set(b), key=lambda c: [int(x) for x in re.findall(r"\d+", c)]):
+            ea, eb = a.get(cid), b.get(cid)
+            if ea is not None and eb is not None and ea.signature() == eb.signature():
+                continue
+            if not _recompile_number(cid) or any(e is not None and e.failed for e in (ea, eb)):
+                break  # a frame's first compile differs, or a compile failed: a different program
+            if any((r, frame_of(cid)) in uncertain for r in (*d.ranks, *d.reference_ranks)):
+                break
+            sides = []
+            for e, ranks, rank in ((ea, d.reference_ranks, ref), (eb, d.ranks, div)):
+                if e is None:
+                    continue
+                if not e.graphs and _op_count(session, report.run_id, rank, cid) != 0:
+                    break  # its collectives are unknown
+                sides.append((e, ranks))
+            else:
+                e, ranks = sides[0] if len(sides) == 1 else (sides[1][0], d.ranks + d.reference_ranks)
+                named.append(f"frame {e.frame or frame_of(cid)} compile {cid} on ranks {sorted(ranks)}"
+                             + (f" (guard: {e.recompile_reason})" if e.recompile_reason else "")
+                             + ("" if e.graphs else " (no graph ops)"))
+                continue
+            break
+        else:
+            if not named:
+                continue
+            n = {len(s) for s in report.schedules.values()}
+            text = (f"recompiles only: {'; '.join(named)}. The collective schedules agree — predicted: every rank "
+                    f"issues the same {n.pop() if len(n) == 1 else '?'} collective(s) a step")
+            if fr is not None:
+                text += (f"; recorded: the Flight Recorder dumps of ranks {fr.ranks} hold no mismatched collective "
+                         f"({len(fr.groups_agree)} process group(s) agree)")
+            else:
+                text += "; no Flight Recorder dump to check it against"
+            d.harmless = text + " — so no hang is expected from these recompiles"
 
 
 def _functions(m: GroupMismatch, r: int) -> set[str]:

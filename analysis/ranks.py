@@ -124,6 +124,9 @@ class Divergence:
     reference_node: NodeRef | None = None
     node: NodeRef | None = None
     recompile_reason: str | None = None
+    # why it cannot make the job hang (a recompile whose collective schedules agree), set by
+    # analysis.hangs; such a divergence is a warning, not a failure
+    harmless: str | None = None
 
 
 @dataclass
@@ -192,7 +195,8 @@ class RankReport:
     def verdict(self) -> str:
         """FAIL (ranks diverge or a recorded collective mismatches), INCOMPLETE (nothing found, but
         evidence is missing: never "agree"), else OK."""
-        if self.divergences or self.collective_mismatches or (self.flight and self.flight.mismatches):
+        if (any(not d.harmless for d in self.divergences) or self.collective_mismatches
+                or (self.flight and self.flight.mismatches)):
             return "FAIL"
         return "INCOMPLETE" if self.missing_evidence else "OK"
 
@@ -231,7 +235,8 @@ class RankReport:
                                                                       else s["source"]) for s in segs) + ")"
                             if segs else ""))
         for d in self.divergences:
-            lines.append(f"DIVERGED ranks {d.ranks} vs {d.reference_ranks}: {d.message}")
+            lines.append(f"{'WARN' if d.harmless else 'DIVERGED'} ranks {d.ranks} vs {d.reference_ranks}: {d.message}"
+                         + (f"\n    {d.harmless}" if d.harmless else ""))
             for side, ref in (("reference", d.reference_node), ("diverging", d.node)):
                 if ref is not None:
                     lines.append(f"    {side}: {ref.name} = {ref.target} {ref.shape or ''} {ref.dtype or ''}"
@@ -247,7 +252,9 @@ class RankReport:
             lines.append("Predicted vs recorded, per process group:")
             lines += [f"  {p.line()}" for p in self.predictions]
         lines += [f"MISSING EVIDENCE: {x}" for x in self.missing_evidence]
-        lines.append({"OK": "OK: all ranks agree", "FAIL": "FAIL: ranks diverge",
+        warned = sum(1 for d in self.divergences if d.harmless)
+        lines.append({"OK": f"OK: the collective schedules agree ({warned} warning(s) above)" if warned
+                      else "OK: all ranks agree", "FAIL": "FAIL: ranks diverge",
                       "INCOMPLETE": f"INCOMPLETE: {len(self.missing_evidence)} piece(s) of evidence missing"}[self.verdict])
         return "\n".join(lines)
 
@@ -260,7 +267,8 @@ class RankReport:
         for r in self.ranks:
             for what in ("compile sequence", "collective schedule"):
                 case = TestCase(f"rank {r} {what}", classname=f"graphdeck.ranks.{self.run}")
-                problems = ([d.message for d in self.divergences if r in d.ranks] if what == "compile sequence"
+                problems = ([d.message for d in self.divergences if r in d.ranks and not d.harmless]
+                            if what == "compile sequence"
                             else [m.message for m in self.collective_mismatches
                                   if any(r in v["ranks"] for v in m.variants[1:])])
                 if problems:
@@ -656,7 +664,9 @@ def collective_schedule(session: Session, run_id: int, rank: int,
     target_ids = collective_target_ids(session)
     chosen: list[tuple[CompileEntry, list[int]]] = []
     hash_of = {gid: h for entry in sequence for _k, h, gid in entry.graphs}
-    for entry in steady_state(sequence, {cid for cid, payload in inductor.items() if payload}):
+    from graphdeck.analysis.predicted import live_compiles  # NOTE: [Live compiles]
+
+    for entry in live_compiles(session, run_id, rank, sequence, {cid for cid, p in inductor.items() if p})[0]:
         graph_ids: list[int] = []
         for tier in EXECUTED_TIERS:
             graph_ids = [gid for kind, _h, gid in entry.graphs if kind in tier]
@@ -762,6 +772,8 @@ def steady_state(sequence: list[CompileEntry], scheduled: frozenset[str] | set[s
 
 
 # NOTE: [Recompiles replace graphs]
+# (Which older compiles still run — replaced, live, or uncertain — is NOTE: [Live compiles] in
+# analysis/predicted.py; the rule below is its default when a recompile supersedes a graph.)
 # A frame compiled again on a rank (compile ids F/0, F/1, ...) runs the graph of its latest
 # compile from then on; the earlier graph is not run again (a guard that fails once keeps failing
 # for the inputs of the steady state), so it does not add collectives. The predicted schedule
