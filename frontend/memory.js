@@ -77,7 +77,9 @@ async function measured(graph, curve, host) {
   const traces = (run.traces || []).filter((t) => t.rank === graph.rank);
   for (const t of traces) {
     let series;
-    try { series = await api(`/api/traces/${t.id}/memory`); } catch { continue; }
+    // if_any: a trace without [memory] events answers {} rather than a 404 in the console
+    try { series = await api(`/api/traces/${t.id}/memory?if_any=true`); } catch { continue; }
+    if (!series || !Object.keys(series).length) continue;
     const [dev, s] = Object.entries(series).sort((a, b) => b[1].peak_bytes - a[1].peak_bytes)[0];
     const Plotly = await loadPlotly();
     const div = h("div", {id: "memory-measured", class: "plot"});

@@ -102,3 +102,20 @@ def test_demo_finds_a_taken_port_before_training():
         assert port_free("127.0.0.1", taken) == 0
         other = port_free("127.0.0.1", 0)
         assert other and other != taken
+
+
+def test_a_bad_filter_pattern_is_a_400_without_re2_noise_on_stderr(tmp_path):
+    """Item 15: RE2 wrote ``absl::InitializeLog()`` warnings and ``re2.cc`` errors to the server log."""
+    from tests.conftest import run_python
+
+    proc = run_python("""
+import sys
+from graphdeck.errors import UsageError
+from graphdeck.server.render.filters import compile_patterns
+try:
+    compile_patterns(["(unclosed"])
+except UsageError as exc:
+    print("usage:", exc)
+""")
+    assert "usage: filter_by_op '(unclosed' is not a valid regular expression" in proc.stdout
+    assert "re2.cc" not in proc.stderr and "absl" not in proc.stderr, proc.stderr

@@ -29,6 +29,15 @@ from graphdeck.server.views import GraphView, short_target
 MAX_PATTERN_CHARS = 500
 
 
+def _re2_options():
+    """RE2 options that keep a bad pattern's parse error out of the server log: RE2 writes it to
+    stderr through absl (with an ``absl::InitializeLog()`` warning) unless ``log_errors`` is off;
+    the error still reaches the caller as a 400 naming the pattern."""
+    options = _re2.Options()
+    options.log_errors = False
+    return options
+
+
 def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern]:
     """Compile ``patterns`` (empty strings skipped).
 
@@ -43,7 +52,7 @@ def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern]:
         if len(text) > MAX_PATTERN_CHARS:
             raise UsageError(f"filter_by_op pattern is {len(text)} characters (limit {MAX_PATTERN_CHARS})")
         try:
-            out.append(_re2.compile(text) if _re2 is not None else re.compile(text))
+            out.append(_re2.compile(text, _re2_options()) if _re2 is not None else re.compile(text))
         except re.error as exc:
             raise UsageError(f"filter_by_op {text!r} is not a valid regular expression: {exc}") from exc
         except Exception as exc:  # re2's error: Python syntax RE2 lacks (backreferences, lookaround)

@@ -58,11 +58,14 @@ def get_whatif(graph: Graph = Depends(resolve_graph), session: Session = Depends
 
 
 @router.get("/api/traces/{trace_id}/memory")
-def get_trace_memory(trace_id: int = Path(le=MAX_ID, ge=-MAX_ID - 1), session: Session = Depends(get_session)) -> dict:
+def get_trace_memory(trace_id: int = Path(le=MAX_ID, ge=-MAX_ID - 1), session: Session = Depends(get_session),
+                     if_any: bool = Query(False, description="answer {} (200) instead of 404 when the trace has no "
+                                                              "[memory] events: a page probing every trace")) -> dict:
     """Measured memory over time per device from the trace's ``[memory]`` events (``ts_ns``,
-    ``total_allocated_bytes``, peak). 404 when the trace has none, or is still being written
-    (status ``ingesting``: its writer may have died; the server sweeps such traces at start).
-    422 when its ``[memory]`` events hold non-numbers (ingested before the ingest skipped them)."""
+    ``total_allocated_bytes``, peak). 404 when the trace has none (``if_any=true``: ``{}``), or is
+    still being written (status ``ingesting``: its writer may have died; the server sweeps such
+    traces at start). 422 when its ``[memory]`` events hold non-numbers (ingested before the ingest
+    skipped them)."""
     from graphdeck.errors import CheckFailed, NotFoundError
     from graphdeck.store.schema import Trace
 
@@ -74,6 +77,10 @@ def get_trace_memory(trace_id: int = Path(le=MAX_ID, ge=-MAX_ID - 1), session: S
                             "writer died)", resource="trace", id=trace_id)
     try:
         return measured_from_trace(session, trace_id)
+    except NotFoundError:
+        if if_any:
+            return {}
+        raise
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
         raise CheckFailed(f"trace {trace_id}'s [memory] events hold values that are not numbers ({exc}); "
                           "upload the trace again: the ingest now skips such events and counts them") from exc
