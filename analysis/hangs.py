@@ -33,7 +33,9 @@ the run holds Flight Recorder dumps, no process group's recorded collectives mis
 
 from __future__ import annotations
 
+import ast
 import json
+import linecache
 import re
 from typing import TYPE_CHECKING
 
@@ -195,6 +197,11 @@ def _recompile_text(session: Session, report: RankReport, d: Divergence, side: l
             continue
         out.append(f"its new graph {gid_new} issues no {kind} where ranks {other}' graph {gid_old} does: node {name}"
                    f"{' at ' + src if src else ''}")
+        m = _FRAME.match(src or "")
+        found = branch_in_source(m.group(1), int(m.group(2)), None) if m else None
+        if found:
+            out.append(f"the branch: {m.group(1)}:{found[0]} in {m.group(3)}: `{found[1]}` holds that {kind}; the "
+                       "recompiled graph was traced the other way (its guard above)")
         return out
     a, b, change = first_node_difference(session, gid_old, gid_new)
     if change == "removed" and a is not None:
@@ -230,6 +237,84 @@ def _collective_nodes(session: Session, graph_id: int) -> list[tuple[str, str, s
         return f"{fr[-1][0]}:{fr[-1][1]} in {fr[-1][2]}" if fr else None
 
     return [(n, ids[t], user_line(st)) for n, t, st in rows]
+
+
+_FRAME = re.compile(r"^(.*):(\d+) in (.*)$")
+_BRANCHES = (ast.If, ast.While, ast.For, ast.AsyncFor, ast.Try, ast.Match, ast.IfExp)
+
+
+def _user_frames(stack: list[str]) -> list[tuple[str, int, str]]:
+    """``(file, line, function)`` of the user frames of an FR stack (innermost first there),
+    outermost first."""
+    from graphdeck.analysis.flight import LIBRARY_FRAMES
+
+    out = []
+    for f in reversed(stack):
+        m = _FRAME.match(f)
+        if m and not any(x in f for x in LIBRARY_FRAMES):
+            out.append((m.group(1), int(m.group(2)), m.group(3)))
+    return out
+
+
+def _arm(node: ast.AST, line: int) -> str | None:
+    """Which part of compound statement ``node`` holds ``line``: "test", a branch arm, or None."""
+    if not (node.lineno <= line <= (node.end_lineno or node.lineno)):
+        return None
+    for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+        part = getattr(node, name, None)
+        if isinstance(part, list) and part:
+            for i, x in enumerate(part):
+                if x.lineno <= line <= (x.end_lineno or x.lineno):
+                    return f"{name}{i if name in ('handlers', 'cases') else ''}"
+        elif isinstance(part, ast.AST) and part.lineno <= line <= (part.end_lineno or part.lineno):
+            return name
+    return "test"
+
+
+def branch_in_source(file: str, line_a: int, line_b: int | None) -> tuple[int, str] | None:
+    """``(line, text)`` of the innermost branch (``if``/``while``/``for``/``try``/``match``) of
+    Python source ``file`` that puts ``line_a`` and ``line_b`` on different sides (one inside an
+    arm the other is not in); with ``line_b`` None, the innermost branch enclosing ``line_a``.
+    Read with :mod:`linecache`; None when the file is not readable Python or no branch does."""
+    if not file.endswith(".py"):
+        return None
+    source = "".join(linecache.getlines(file))
+    if not source:
+        return None
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if not isinstance(node, _BRANCHES):
+            continue
+        a = _arm(node, line_a)
+        if a is None or a == "test":
+            continue
+        if line_b is not None and _arm(node, line_b) == a:
+            continue
+        if best is None or node.lineno >= best.lineno:
+            best = node
+    if best is None:
+        return None
+    return best.lineno, linecache.getline(file, best.lineno).strip()
+
+
+def branch_between(stack_a: list[str], stack_b: list[str]) -> str | None:
+    """The source branch that sent two ranks different ways: the innermost user frame their FR
+    stacks share (same file and function, outermost first) where their lines differ, and there
+    the branch that separates the two lines (:func:`branch_in_source`); as
+    ``"file:line in fn: `if ...:`"``, None when the stacks do not say (no stacks, e.g. JSON
+    dumps) or the source is not readable here."""
+    fa, fb = _user_frames(stack_a), _user_frames(stack_b)
+    for (file, la, fn), (file_b, lb, fn_b) in zip(fa, fb):
+        if (file, fn) != (file_b, fn_b):
+            return None
+        if la != lb:
+            found = branch_in_source(file, la, lb)
+            return f"{file}:{found[0]} in {fn}: `{found[1]}`" if found else None
+    return None
 
 
 def explain(session: Session, report: RankReport, m: GroupMismatch) -> None:
@@ -277,6 +362,13 @@ def explain(session: Session, report: RankReport, m: GroupMismatch) -> None:
                     why.append(f"it is issued from non-compiled code at {issued.line or '?'} on ranks {m.reached}; "
                                f"rank {r} went on to {inst.describe() if inst else 'no collective'}"
                                " — a data-dependent branch in Python code outside the graphs")
+                    branch = branch_between(issued.stack, inst.stack) if inst is not None else None
+                    why.append(f"the branch: {branch}" if branch else
+                               "the branch's line cannot be found: " + ("the dumps hold no stacks (JSON dumps)"
+                                                                       if not issued.stack or inst is None
+                                                                       or not inst.stack else
+                                                                       "the stacks part in no shared frame whose "
+                                                                       "source is readable here"))
             nb = {k: v for k, v in breaks.items() if v}
             if nb:
                 why.append("graph breaks recorded: " + ", ".join(f"rank {k}: {v}" for k, v in sorted(nb.items()))

@@ -418,10 +418,14 @@ def _coll_text(colls: list[tuple]) -> str:
 
 
 def uncertain_frames(session: Session, report: RankReport) -> list[FrameCompiles]:
-    """Per rank of ``report``, the frames whose live compiles cannot be told (missing evidence)."""
-    out = []
+    """Per rank of ``report``, the frames whose live compiles cannot be told (missing evidence);
+    none for a run of one rank (no other rank's collectives to disagree with)."""
+    out: list[FrameCompiles] = []
+    if len(report.ranks) < 2:
+        return out
     for r in report.ranks:
-        _entries, frames = live_compiles(session, report.run_id, r, report.sequences.get(r, []), _scheduled(session, report.run_id, r))
+        _entries, frames = live_compiles(session, report.run_id, r, report.sequences.get(r, []),
+                                         _scheduled(session, report.run_id, r))
         out += [f for f in frames if f.uncertain]
     return out
 

@@ -43,7 +43,7 @@ def report_of(store: Path, run: str):
 
 def test_recompile_on_one_rank_only(rank_store):
     rep = report_of(rank_store, "dynshape")
-    assert not rep.ok
+    assert rep.ok, "a recompile whose collectives agree is a warning (NOTE: [Recompiles that cannot hang])"
     assert rep.groups == [[0], [1]]
     assert [e.compile_id for e in rep.sequences[0]] == ["0/0"]
     assert [e.compile_id for e in rep.sequences[1]] == ["0/0", "0/1"]
@@ -51,6 +51,7 @@ def test_recompile_on_one_rank_only(rank_store):
     assert d.what == "extra compile" and d.ranks == [1] and d.reference_ranks == [0]
     assert d.compile_id == "0/1"
     assert "size mismatch at index 0" in d.recompile_reason and "expected 4, actual 6" in d.recompile_reason
+    assert d.harmless and "compile 0/1 on ranks [1]" in d.harmless and "no hang is expected" in d.harmless
 
 
 def test_branch_by_rank_names_node_line_and_predicts_hang(rank_store):
@@ -127,7 +128,7 @@ def test_cli_exit_codes_and_formats(rank_store, tmp_path):
     body = json.loads(bad.stdout)
     assert body["ok"] is False and body["collective_mismatches"][0]["index"] == 1
     out = tmp_path / "ranks.xml"
-    assert cli("--run", "dynshape", "--format", "junit", "-o", str(out)).returncode == 1
+    assert cli("--run", "branch", "--format", "junit", "-o", str(out)).returncode == 1
     from junitparser import JUnitXml
 
     cases = {c.name: c for suite in JUnitXml.fromfile(str(out)) for c in suite}
@@ -142,7 +143,8 @@ def test_api_and_counterparts(rank_store):
 
     with LiveServer(rank_store) as srv:
         rep = httpx.get(f"{srv.url}/api/runs/dynshape/rank-consistency").json()
-        assert rep["ok"] is False and rep["groups"] == [[0], [1]]
+        assert rep["ok"] is True and rep["groups"] == [[0], [1]]  # rank 1's recompile: a warning
+        assert "no hang is expected" in rep["divergences"][0]["harmless"]
         seq1 = rep["sequences"]["1"]
         recompiled = next(e for e in seq1 if e["compile_id"] == "0/1")
         forward = next(gid for kind, _h, gid in recompiled["graphs"] if kind == "aot_forward")
