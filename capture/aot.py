@@ -61,9 +61,15 @@ def shadow_trace(gm: torch.fx.GraphModule, example_inputs: list[Any], *, inner: 
         decompositions = select_decomp_table()
 
     fake_mode = detect_fake_mode(example_inputs)
+    context = TracingContext(fake_mode) if fake_mode is not None else None
+    current = TracingContext.try_get()
+    if context is not None and current is not None:
+        # Dynamo's fakification cache (NOTE: [Tensor Fakification and Symbol Caching] in torch):
+        # without it, tracing tensor-subclass inputs (DTensor parameters under tensor
+        # parallelism) recursed without end in proxy_tensor's lazy proxies.
+        context.tensor_to_context = current.tensor_to_context
     try:
-        with functorch_config.patch(force_non_lazy_backward_lowering=True), \
-                tracing(TracingContext(fake_mode) if fake_mode is not None else None):
+        with functorch_config.patch(force_non_lazy_backward_lowering=True), tracing(context):
             aot_module_simplified(
                 gm, list(example_inputs), fw_compiler=keep("forward"), bw_compiler=keep("backward"),
                 inference_compiler=keep("inference"), partition_fn=partition_fn,
@@ -90,14 +96,26 @@ def _uses_min_cut(inner: str) -> bool:
     return False
 
 
+#: The inner tensor of a tensor-subclass input that stands for it (DTensor's local shard).
+SUBCLASS_DATA_ATTRS = ("_local_tensor",)
+
+
 def input_index(desc: Any) -> int | None:
-    """``PlainAOTInput(idx=3)`` → 3 (the Dynamo graph's 4th placeholder); others → ``None``."""
+    """``PlainAOTInput(idx=3)`` → 3 (the Dynamo graph's 4th placeholder); a DTensor input's local
+    tensor (``SubclassGetAttrAOTInput(base=PlainAOTInput(idx=3), attr='_local_tensor')``) → 3
+    too; others → ``None``."""
+    if type(desc).__name__ == "SubclassGetAttrAOTInput" and getattr(desc, "attr", None) in SUBCLASS_DATA_ATTRS:
+        desc = getattr(desc, "base", None)
     idx = getattr(desc, "idx", None)
     return idx if isinstance(idx, int) and type(desc).__name__ == "PlainAOTInput" else None
 
 
 def grad_of(desc: Any) -> Any:
-    """``GradAOTOutput(grad_of=X)`` → ``X``; other descriptors → ``None``."""
+    """``GradAOTOutput(grad_of=X)`` → ``X`` (also under a DTensor gradient's local tensor,
+    ``SubclassGetAttrAOTOutput(base=GradAOTOutput(...), attr='_local_tensor')``); other
+    descriptors → ``None``."""
+    if type(desc).__name__ == "SubclassGetAttrAOTOutput" and getattr(desc, "attr", None) in SUBCLASS_DATA_ATTRS:
+        desc = getattr(desc, "base", None)
     if type(desc).__name__ == "GradAOTOutput":
         return getattr(desc, "grad_of", None)
     return None
