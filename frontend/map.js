@@ -39,12 +39,13 @@ function rankRanges(ranks, max = 6) {
 
 function legend(map) {
   const items = map.checks.map((c) => {
-    const counts = Object.entries(c.counts).map(([state, n]) => `${n} ${state}`).join(", ");
-    const status = c.ran ? badge("checked", "status status-ok") : badge("unknown", "status status-FROZEN");
+    const counts = c.pending ? "" : Object.entries(c.counts).map(([state, n]) => `${n} ${state}`).join(", ");
+    const status = c.pending ? badge("checking…", "status status-partial")
+      : c.ran ? badge("checked", "status status-ok") : badge("unknown", "status status-FROZEN");
     return h("li", {"data-testid": "map-check", "data-check": c.key},
       h("strong", {}, c.label), " ", status, " ", h("span", {class: "muted"}, counts),
       c.link ? [" · ", h("a", {href: c.link}, "details")] : null,
-      h("div", {class: "small"}, c.message));
+      c.pending ? null : h("div", {class: "small"}, c.message));
   });
   return h("ul", {class: "map-checks", "data-testid": "map-checks"}, items);
 }
@@ -103,18 +104,37 @@ function meshLine(map) {
     map.dims.stage ? ` · ${plural(map.stages.length, "pipeline stage")}` : "");
 }
 
-export async function renderMap(page, match) {
-  const map = await api(`/api/runs/${encodeURIComponent(decodeURIComponent(match[1]))}/parallel-map`);
+// The checks answered at once; the others (check-ranks, Flight Recorder, traces) can take seconds
+// on a large run, so the map is drawn with these first and redrawn when every check has answered.
+const FAST_CHECKS = "layout,grad";
+
+export async function renderMap(page, match, query) {
+  const expand = query && query.get("expand") === "1"; // every replica row, none merged
+  const base = `/api/runs/${encodeURIComponent(decodeURIComponent(match[1]))}/parallel-map?expand=${expand}`;
+  const first = await api(`${base}&checks=${FAST_CHECKS}`);
   if (!page.alive()) return;
-  setCrumbs([["Runs", "#/runs"], [map.run, `#/runs/${map.run_id}`], ["parallel map", null]]);
+  setCrumbs([["Runs", "#/runs"], [first.run, `#/runs/${first.run_id}`], ["parallel map", null]]);
   const app = document.getElementById("app");
-  if (!map.has_layout) {
+  if (!first.has_layout) {
     app.replaceChildren(h("section", {class: "map-page"},
-      h("h1", {}, `Parallel map — ${map.run}`),
+      h("h1", {}, `Parallel map — ${first.run}`),
       h("div", {class: "empty", "data-testid": "map-empty"},
-        h("p", {}, map.message), h("p", {}, map.hint))));
+        h("p", {}, first.message), h("p", {}, first.hint))));
     return;
   }
+  app.replaceChildren(mapPage(first, expand, false));
+  let full;
+  try {
+    full = await api(base);
+  } catch (err) {
+    if (page.alive()) app.querySelector(".map-checks")?.after(h("p", {class: "error", "data-testid": "map-checks-failed"},
+      `The other checks could not be answered: ${err.message}`));
+    return;
+  }
+  if (page.alive()) app.replaceChildren(mapPage(full, expand, true));
+}
+
+function mapPage(map, expand, complete) {
   const why = new Map(); // rank -> {check: text}
   for (const d of map.details) {
     for (const r of d.ranks) {
@@ -122,16 +142,19 @@ export async function renderMap(page, match) {
       why.get(r)[d.check] = d.text;
     }
   }
-  app.replaceChildren(h("section", {class: "map-page"},
+  return h("section", {class: "map-page", "data-complete": complete ? "true" : null},
     h("h1", {}, `Parallel map — ${map.run}`),
     meshLine(map),
     h("p", {class: "muted small"}, "Rows: ", map.dims.stage ? "pipeline stages, then " : "",
       map.dims.rows.length ? `data-parallel replicas (${map.dims.rows.join(", ")})` : "one row per stage",
       "; columns: ", map.dims.cols.length ? `position on ${map.dims.cols.join(", ")}` : "one column",
-      ". Hover a rank for its coordinates and the reason for each badge."),
+      ". Hover a rank for its coordinates and the reason for each badge. ",
+      map.stages.some((s) => s.rows.some((r) => r.count > 1)) || expand
+        ? h("a", {href: `#/runs/${map.run_id}/map${expand ? "" : "?expand=1"}`, "data-testid": "map-expand"},
+          expand ? "merge identical replica rows" : "show every replica row") : null),
     legend(map),
     map.notes.map((n) => h("p", {class: "muted"}, n)),
     h("div", {class: "map-stages", "data-testid": "parallel-map"}, map.stages.map((s) => stageBlock(map, s, why))),
     map.unplaced.length ? h("p", {class: "muted", "data-testid": "map-unplaced"},
-      `Not placed by any mesh or stage: ranks ${rankRanges(map.unplaced, 20)}`) : null));
+      `Not placed by any mesh or stage: ranks ${rankRanges(map.unplaced, 20)}`) : null);
 }

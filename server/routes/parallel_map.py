@@ -7,9 +7,9 @@ pipeline stage (one block when there is no pipeline); in a block, a column per c
 sharding dimensions (``RunLayout.sharding_dims()``: tp, cp, ep, ...) and a row per coordinate on
 the remaining, data-parallel dimensions (dp, dp_shard, ...). Each rank gets one state per check:
 
-* ``diverged`` — the per-mesh-dimension rank check (:mod:`graphdeck.analysis.mesh_ranks` where
-  installed; else compile sequences compared within each set of ``replica_peers`` only, a
-  difference confirmed with device indices removed, as ``check-ranks`` does): ``ok`` | ``diverged``;
+* ``diverged`` — ``check-ranks``' report (:func:`graphdeck.analysis.ranks.rank_report`), which
+  compares ranks per mesh dimension (:mod:`graphdeck.analysis.mesh_ranks`): the diverging side of
+  a compile divergence or of a collective-schedule mismatch: ``ok`` | ``diverged``;
 * ``grad`` — run-time gradient evidence (``grad_steps``, :mod:`graphdeck.analysis.grad_evidence`):
   ``missing`` when a parameter got no gradient (or an all-zero one from a skipped output) at a
   fully observed step;
@@ -39,8 +39,9 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from graphdeck.errors import BadInputError
 from graphdeck.server.deps import RunPathRoute, get_session, resolve_run
-from graphdeck.store.schema import CompileEvent, Graph, Rank, Run
+from graphdeck.store.schema import CompileEvent, Rank, Run
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["ranks"], route_class=RunPathRoute)
@@ -88,27 +89,39 @@ def _unknown(key: str, why: str) -> Badge:
 
 @router.get("/api/runs/{run_id}/parallel-map")
 def run_parallel_map(run: Run = Depends(resolve_run), session: Session = Depends(get_session),
-                     expand: bool = Query(False, description="one row per replica: no merging of identical rows")
-                     ) -> dict:
+                     expand: bool = Query(False, description="one row per replica: no merging of identical rows"),
+                     checks: str | None = Query(None, description="comma-separated checks to run (default: all of "
+                                                + ", ".join(CHECKS) + "); the others are answered as not run",
+                                                max_length=200)) -> dict:
     """The grid of ranks (stage → sharding-dim columns → data-parallel rows) with per-rank badge
     states (see NOTE: [Parallel map]). A run without layout records answers ``has_layout: false``
-    with a ``message`` and a ``hint`` (what to capture), not an error."""
-    return parallel_map(session, run, expand=expand)
+    with a ``message`` and a ``hint`` (what to capture), not an error. ``?checks=layout,grad``
+    answers fast (the dashboard draws that first, then asks for every check). An unknown check
+    name is a 400 naming it."""
+    wanted = None
+    if checks is not None:
+        wanted = [c.strip() for c in checks.split(",") if c.strip()]
+        bad = [c for c in wanted if c not in CHECKS]
+        if bad:
+            raise BadInputError(f"unknown check {bad[0]!r} in ?checks=: known checks are {', '.join(CHECKS)}")
+    return parallel_map(session, run, expand=expand, checks=wanted)
 
 
-def parallel_map(session: Session, run: Run, *, expand: bool = False) -> dict:
+def parallel_map(session: Session, run: Run, *, expand: bool = False, checks: list[str] | None = None) -> dict:
     """The map of ``run`` as JSON (shape in the module docstring and :func:`run_parallel_map`).
 
+    ``checks``: the checks to run (None: all of :data:`CHECKS`); a check left out is answered
+    ``pending: true`` and ``unknown`` for every rank.
     Keys: ``run_id``, ``run``, ``world_size``, ``has_layout``; with a layout: ``dims``
     (``{"stage": "pp" | None, "rows": [...], "cols": [...]}``), ``meshes`` (key, shape, dim
-    names, device type; no rank tensor), ``checks`` (per check: key, label, ran, message, link,
-    counts per state), ``kinds`` (distinct ``{check: state}``), ``ranks`` (``kind``, ``host``,
+    names, device type; no rank tensor), ``checks`` (per check: key, label, ran, pending, message,
+    link, counts per state), ``kinds`` (distinct ``{check: state}``), ``ranks`` (``kind``, ``host``,
     ``device``: lists indexed by rank, ``host``/``device`` indexing ``hosts``/``devices``),
     ``details`` (``[{"check", "text", "ranks"}]``: why a rank has a state other than its
-    check's default, ranks sharing a text in one entry), ``stages`` (blocks: ``stage``, ``label``, ``cols``
-    labels, ``rows``: ``label``, ``count``, ``cells``: ``{"ranks": [...], "kind": k}`` or null),
-    ``unplaced`` (ranks no mesh or stage places) and ``notes``. Never raises for odd records: a
-    check that fails is ``unknown`` with its error named.
+    check's default, ranks sharing a text in one entry), ``stages`` (blocks: ``stage``, ``label``,
+    ``cols`` labels, ``rows``: ``label``, ``count``, ``cells``: ``{"ranks": [...], "kind": k}`` or
+    null), ``unplaced`` (ranks no mesh or stage places) and ``notes``. Never raises for odd
+    records: a check that fails is ``unknown`` with its error named.
     """
     from graphdeck.analysis.layout import load_layout
 
@@ -121,7 +134,10 @@ def parallel_map(session: Session, run: Run, *, expand: bool = False) -> dict:
                 "hint": EMPTY_HINT}
     ws = layout.world_size
     everyone = list(range(ws))
-    badges = [_run_check(key, session, run, layout) for key in CHECKS]
+    ctx = _Context(session, run, layout)
+    badges = [_run_check(key, ctx) if checks is None or key in checks
+              else _unknown(key, "not run in this request (see ?checks=)") for key in CHECKS]
+    pending = {b.key for b in badges if checks is not None and b.key not in checks}
     kinds: list[dict] = []
     kind_index: dict[tuple, int] = {}
     rank_kind: list[int] = []
@@ -140,17 +156,17 @@ def parallel_map(session: Session, run: Run, *, expand: bool = False) -> dict:
         details += [{"check": b.key, "text": text, "ranks": ranks} for text, ranks in by_text.items()]
     hosts, host_of = _hosts(session, run.id, ws)
     devices, device_of = _devices(layout, ws)
-    checks = []
+    listed = []
     for b in badges:
         label, page = CHECKS[b.key]
         counts = Counter(b.state(r) for r in everyone)
-        checks.append({"key": b.key, "label": label, "ran": b.ran, "message": b.message,
+        listed.append({"key": b.key, "label": label, "ran": b.ran, "pending": b.key in pending, "message": b.message,
                        "default": b.default, "link": f"#/runs/{run.id}/{page}" if page else None,
                        "counts": dict(sorted(counts.items()))})
     grid = _grid(layout, rank_kind, expand)
     return {**out, "world_size": ws, "has_layout": True, "dims": grid["dims"],
             "meshes": [{k: m.get(k) for k in ("key", "shape", "dim_names", "device_type")} for m in layout.meshes],
-            "checks": checks, "kinds": kinds,
+            "checks": listed, "kinds": kinds,
             "ranks": {"kind": rank_kind, "host": host_of, "device": device_of},
             "hosts": hosts, "devices": devices, "details": details,
             "stages": grid["stages"], "unplaced": grid["unplaced"], "notes": grid["notes"]}
@@ -304,113 +320,82 @@ def _devices(layout, ws: int) -> tuple[list[str], list[int | None]]:
 
 # ---------------------------------------------------------------------------------------- checks
 
-def _run_check(key: str, session: Session, run: Run, layout) -> Badge:
+class _Context:
+    """What the checks share: the run, its layout, and ``check-ranks``' report, computed once."""
+
+    def __init__(self, session: Session, run: Run, layout):
+        self.session, self.run, self.layout = session, run, layout
+        self._report = None
+
+    def rank_report(self):
+        """``check-ranks``' report (:func:`graphdeck.analysis.ranks.rank_report`), which compares
+        ranks per mesh dimension when :mod:`graphdeck.analysis.mesh_ranks` is installed; None
+        without it (a report comparing every rank with every other would call pipeline stages
+        diverged)."""
+        import importlib.util
+
+        if importlib.util.find_spec("graphdeck.analysis.mesh_ranks") is None:
+            return None
+        if self._report is None:
+            from graphdeck.analysis.ranks import rank_report
+
+            self._report = rank_report(self.session, self.run)
+        return self._report
+
+
+def _run_check(key: str, ctx: _Context) -> Badge:
     """One check's badge; any failure is an ``unknown`` badge naming the error (never ``ok``)."""
     try:
         return {"diverged": _diverged, "grad": _grad, "straggler": _straggler, "hang": _hang,
-                "layout": _layout_records}[key](session, run, layout)
+                "layout": _layout_records}[key](ctx)
     except Exception as exc:  # noqa: BLE001 - a check that cannot run is unknown, and the map still draws
-        log.exception("parallel map: the %s check failed on run %s", key, run.id)
-        session.rollback()
+        log.exception("parallel map: the %s check failed on run %s", key, ctx.run.id)
+        ctx.session.rollback()
         return _unknown(key, f"the check could not run: {type(exc).__name__}: {exc}")
 
 
-def _layout_records(_session: Session, _run: Run, layout) -> Badge:
+def _layout_records(ctx: _Context) -> Badge:
+    layout = ctx.layout
     b = Badge("layout", ran=True, message=f"{len(layout.ranks)} of {layout.world_size} ranks wrote a layout record")
     for r in layout.missing_ranks:
         b.set(r, "missing", "no layout record from this rank: its place is read from the other ranks' meshes")
     return b
 
 
-def _diverged(session: Session, run: Run, layout) -> Badge:
-    """The per-mesh-dimension rank check where installed, else the replica-peer comparison."""
-    import importlib
-
-    try:
-        mesh_ranks = importlib.import_module("graphdeck.analysis.mesh_ranks")
-    except ModuleNotFoundError as exc:
-        if exc.name != "graphdeck.analysis.mesh_ranks":
-            raise
-        mesh_ranks = None
-    if mesh_ranks is not None and hasattr(mesh_ranks, "diverged_ranks"):
-        return _diverged_mesh(session, run, layout, mesh_ranks)
-    return _diverged_replicas(session, run, layout)
-
-
-def _diverged_mesh(session: Session, run: Run, layout, mesh_ranks) -> Badge:
-    """From ``mesh_ranks.diverged_ranks(session, run, layout)``: ``{rank: text}`` of diverging
-    ranks, ``{rank: why}`` of ranks it could not compare, and its one-line verdict."""
-    diverged, unknown, message = mesh_ranks.diverged_ranks(session, run, layout)
-    b = Badge("diverged", ran=True, message=message)
-    for r, why in unknown.items():
-        b.set(int(r), "unknown", why)
-    for r, text in diverged.items():
-        b.set(int(r), "diverged", text)
-    return b
-
-
-def _diverged_replicas(session: Session, run: Run, layout) -> Badge:
-    """Compile sequences compared within each set of replica peers (same stage, same shard
-    position): graphs' structural hashes by ordinal and failed compiles; a set that differs is
-    compared again through :func:`~graphdeck.analysis.ranks.compile_sequence` with device indices
-    removed (as ``check-ranks`` does), and ranks outside the set's most common sequence (ties: the
-    lowest rank's) diverge. Ranks of different stages or shard positions are not compared here."""
-    from graphdeck.analysis.ranks import compile_sequence
-    from graphdeck.analysis.ranks import _neutralise_device_indices as neutralise
-
-    seqs: dict[int, list] = {}
-    for r, cid, kind, digest in session.execute(
-            select(Graph.rank, Graph.compile_id, Graph.kind, Graph.structural_hash)
-            .where(Graph.run_id == run.id).order_by(Graph.rank, Graph.ordinal)):
-        seqs.setdefault(r, []).append((cid, kind, digest))
-    recorded = dict(session.execute(
-        select(CompileEvent.rank, func.count()).where(CompileEvent.run_id == run.id,
-                                                      CompileEvent.name == "compilation_metrics")
-        .group_by(CompileEvent.rank)).all())
-    b = Badge("diverged", ran=True, message="")
-    for r in range(layout.world_size):
-        if r not in seqs and not recorded.get(r):
-            b.set(r, "unknown", "no compiled graph and no compile record on this rank")
-    if all(b.state(r) == "unknown" for r in range(layout.world_size)):
+def _diverged(ctx: _Context) -> Badge:
+    """``check-ranks`` per mesh dimension: the diverging side of each compile divergence and of
+    each collective-schedule mismatch; ranks with no compiled graph and no compile record are
+    unknown."""
+    report = ctx.rank_report()
+    if report is None:
+        return _unknown("diverged", "the per-mesh-dimension rank check (graphdeck.analysis.mesh_ranks) "
+                        "is not installed: ranks of different stages cannot be told apart from diverged ones")
+    b = Badge("diverged", ran=True, message=f"check-ranks per mesh dimension: {report.verdict}; "
+              f"{len(report.divergences)} compile divergence(s), "
+              f"{len(report.collective_mismatches)} collective-schedule mismatch(es)")
+    for r in range(ctx.layout.world_size):
+        if not report.sequences.get(r):
+            b.set(r, "unknown", "no compiled graph and no compile record from this rank")
+    for d in report.divergences:
+        for r in d.ranks:
+            b.set(r, "diverged", d.message)
+    for m in report.collective_mismatches:
+        for v in m.variants[1:]:
+            for r in v.get("ranks") or []:
+                if b.state(r) != "diverged":
+                    b.set(r, "diverged", m.message)
+    if all(b.state(r) == "unknown" for r in range(ctx.layout.world_size)):
         return _unknown("diverged", "no rank has a compiled graph or a compile record: nothing to compare")
-    compared = 0
-    for peers in layout.replica_peers():
-        known = [r for r in peers if b.state(r) != "unknown"]
-        if len(known) < 2:
-            continue
-        compared += 1
-        if len({tuple(seqs.get(r, ())) for r in known}) == 1 and len({recorded.get(r, 0) for r in known}) == 1:
-            continue
-        full = {r: compile_sequence(session, run.id, r) for r in known}
-        neutralise(session, full)
-        by_sig: dict[tuple, list[int]] = {}
-        for r in known:
-            by_sig.setdefault(tuple(e.signature() for e in full[r]), []).append(r)
-        if len(by_sig) == 1:
-            continue
-        ref_sig, ref = max(by_sig.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
-        for sig, ranks in by_sig.items():
-            if sig is ref_sig:
-                continue
-            at = next((i for i, (x, y) in enumerate(zip(sig, ref_sig)) if x != y), min(len(sig), len(ref_sig)))
-            cid = full[ranks[0]][at].compile_id if at < len(full[ranks[0]]) else None
-            for r in ranks:
-                b.set(r, "diverged", f"its compile sequence differs from its replica peers {_ranges(ref)} "
-                                     f"(same stage and shard position) at compile "
-                                     f"{cid or f'#{at} (missing here)'}; see check-ranks")
-    n = sum(1 for s in b.states.values() if s == "diverged")
-    b.message = (f"compile sequences compared within {compared} replica set(s) (same stage and shard position); "
-                 f"{n} rank(s) diverge. Ranks of other stages or shard positions are not compared here "
-                 "(the per-mesh-dimension check is not installed)")
     return b
 
 
-def _grad(session: Session, run: Run, layout) -> Badge:
+def _grad(ctx: _Context) -> Badge:
     """Run-time gradient evidence: a parameter with no gradient (or an all-zero one) at a fully
     observed step makes the rank ``missing``; a rank without evidence is ``unknown``."""
     from graphdeck.analysis.grad_evidence import load
 
-    ev = load(session, run.id)
+    layout = ctx.layout
+    ev = load(ctx.session, ctx.run.id)
     if not ev:
         why = "; ".join(f"rank {r}: {t}" for r, t in sorted(ev.off.items())[:4])
         return _unknown("grad", "no run-time gradient evidence (grad_steps) in this run"
@@ -440,10 +425,11 @@ def _grad(session: Session, run: Run, layout) -> Badge:
     return b
 
 
-def _straggler(session: Session, run: Run, layout) -> Badge:
+def _straggler(ctx: _Context) -> Badge:
     """Traces of two or more ranks matched; the rank the others waited for is the straggler."""
     from graphdeck.analysis.trace_collectives import align_and_match, run_traces
 
+    session, run, layout = ctx.session, ctx.run, ctx.layout
     traces = run_traces(session, run.id)
     if len(traces) < 2:
         return _unknown("straggler", "needs Kineto traces of two or more ranks; "
@@ -460,17 +446,19 @@ def _straggler(session: Session, run: Run, layout) -> Badge:
     return b
 
 
-def _hang(session: Session, run: Run, layout) -> Badge:
+def _hang(ctx: _Context) -> Badge:
     """Flight Recorder's first mismatch per process group: ``hang`` for a rank that skipped a
     collective its peers issued, ``waiting`` for a rank blocked in it (or in a consequence)."""
     from graphdeck.analysis.flight import flight_report
     from graphdeck.store.fr_import import EVENT_NAME
 
+    session, run, layout = ctx.session, ctx.run, ctx.layout
     if not session.scalar(select(func.count()).select_from(CompileEvent).where(
             CompileEvent.run_id == run.id, CompileEvent.name == EVENT_NAME)):
         return _unknown("hang", "no Flight Recorder dump in this run (TORCH_FR_BUFFER_SIZE on the job, "
                         "then `graphdeck import` of the dumps)")
-    fr = flight_report(session, run.id)
+    report = ctx.rank_report()  # it read the dumps already (and explained the mismatches)
+    fr = report.flight if report is not None else flight_report(session, run.id)
     if fr is None:
         return _unknown("hang", "the run's Flight Recorder dumps could not be read")
     b = Badge("hang", ran=True, message=(f"Flight Recorder dumps of {len(fr.ranks)} rank(s): "
