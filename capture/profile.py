@@ -6,6 +6,7 @@ import gzip
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -59,10 +60,10 @@ def stored_profile(agent, *, wait_steps: int, warmup_steps: int, active_steps: i
     if unknown:
         raise UsageError(f"torch.profiler.profile takes no option {', '.join(map(repr, unknown))}")
     options = {"activities": activities, "record_shapes": True, "with_stack": False, **profiler_options}
-    return torch.profiler.profile(
-        schedule=torch.profiler.schedule(wait=wait_steps, warmup=warmup_steps, active=active_steps, repeat=1),
-        on_trace_ready=on_trace_ready, **options,
-    )
+    with warnings.catch_warnings():  # no warm-up is the caller's explicit choice, not a surprise to print
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+        schedule = torch.profiler.schedule(wait=wait_steps, warmup=warmup_steps, active=active_steps, repeat=1)
+    return torch.profiler.profile(schedule=schedule, on_trace_ready=on_trace_ready, **options)
 
 
 def _keep_gzipped(src: str, dest: Path) -> None:

@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     from graphdeck.capture import Agent
 
     t0 = time.perf_counter()
+    _quiet_dynamo_record_function()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -106,6 +107,19 @@ def main(argv: list[str] | None = None) -> None:
               f"capture overhead {agent.capture_time_s:.2f}s on rank 0; "
               f"{'uploaded to ' + args.upload_url if args.upload_url else 'store ' + args.store}", flush=True)
     dist.destroy_process_group()
+
+
+def _quiet_dynamo_record_function() -> None:
+    """Drop Dynamo's "Profiler record function … will be ignored" warning from this demo's output:
+    it is printed once per rank because DDP's forward opens a ``record_function`` that Dynamo does
+    not trace, which is expected here and tells a reader of the demo nothing."""
+    import logging
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "Profiler record function" not in record.getMessage()
+
+    for name in ("torch._dynamo.variables.ctx_manager", "torch._dynamo.variables.torch"):  # where Dynamo logs it
+        logging.getLogger(name).addFilter(keep)
 
 
 def _upload(url: str, store: str, run_name: str, rank: int) -> None:
