@@ -61,6 +61,9 @@ def demo(store: str, run_name: str, nproc: int, backend: str, steps: int, serve:
     env = dict(os.environ)
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
+    # Kineto prints "USDT: … profiler_start/stop" per rank and step on CPU; its levels end at 5 (USDT),
+    # so 6 quiets it for this demo only (a user's own KINETO_LOG_LEVEL wins; the trace is checked on ingest).
+    env.setdefault("KINETO_LOG_LEVEL", "6")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "graphdeck.demo", "--store", str(store_path), "--run-name", run_name,
            "--backend", backend, "--steps", str(steps)]
