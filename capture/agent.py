@@ -130,6 +130,9 @@ class Agent:
 
         self._comm = CommGroupWatch()  # DDP buckets / FSDP2 groups (NOTE: [Communication groups])
         self._comm_written: str | None = None
+        from graphdeck.capture.layout import LayoutWatch
+
+        self._layout = LayoutWatch()  # meshes, placements, pipeline (NOTE: [Capturing the parallel layout])
         from torch._logging._internal import trace_log
 
         trace_log.addHandler(self._handler)
@@ -181,7 +184,28 @@ class Agent:
             self._fqn_by_tensor.setdefault(id(t), fqn)
         if self._writer is not None or _dist_ready():
             self._write_params()
+        self.record_layout()
         return model
+
+    def watch_pipeline(self, obj: Any) -> Any:
+        """Record a ``torch.distributed.pipelining`` schedule or stage (or a ``DeviceMesh``) in
+        this rank's parallel layout now, and return it unchanged. Needed only for stages whose
+        module is not compiled through this agent's backend (NOTE: [Capturing the parallel layout])."""
+        try:
+            self._layout.note(obj)
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            warnings.warn(f"graphdeck: could not note {type(obj).__name__}: {type(exc).__name__}: {exc}")
+        self.record_layout()
+        return obj
+
+    def record_layout(self) -> bool:
+        """Write this rank's parallel layout and communication groups when they changed since
+        the last write (once torch.distributed is up or the store is open). Never raises."""
+        wrote = False
+        if self._writer is not None or _dist_ready():
+            wrote = self._layout.write(lambda: self.writer, self._models)
+        self.record_comm_groups()  # FSDP2 groups as soon as known: a job that dies keeps them
+        return wrote
 
     def _write_params(self) -> None:
         named: dict[str, tuple[str, torch.Tensor]] = {}
@@ -288,6 +312,14 @@ class Agent:
         from graphdeck.capture.comm_groups import active_ddp
 
         self._comm.note_ddp(active_ddp())
+        try:  # a pipeline stage/schedule on the stack, FSDP2/TP applied after watch()
+            self._layout.note_stack()
+            from torch._guards import CompileContext
+
+            self._layout.note_autocast(compile_context(), str(CompileContext.current_compile_id() or "") or None)
+            self.record_layout()
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            warnings.warn(f"graphdeck: could not record the parallel layout: {type(exc).__name__}: {exc}")
         pending = None
         try:
             pending = self._record_dynamo(gm, example_inputs, inner_name)
@@ -539,7 +571,7 @@ class Agent:
 
         try:
             self.flush_events()
-            self.record_comm_groups()
+            self.record_layout()
             from graphdeck.capture.process_groups import write_record
 
             write_record(self.writer)  # process groups and their timeouts (NOTE: [Compile skew])
@@ -595,7 +627,7 @@ def _flush_at_exit(ref, closed: bool | None = None) -> None:
         closed = getattr(sys, "last_value", None) is None
     try:
         agent.flush_events()
-        agent.record_comm_groups()
+        agent.record_layout()
         if agent._evidence is not None:
             agent._evidence.flush(closed=closed)
     except Exception:  # noqa: BLE001 - never fail the interpreter's exit
