@@ -1,7 +1,7 @@
 """Per-node overlays of a stored graph: a separate model keyed by FX node name (``../shared/STYLE.md``).
 
 An :class:`Overlay` holds one value per node — output bytes, time from a trace, or a partition
-(DDP bucket index, rank) — and says its unit and whether it is categorical. The graph view draws
+(DDP bucket, FSDP2 group, collective's mesh dimension, pipeline stage, rank) — and says its unit and whether it is categorical. The graph view draws
 numeric overlays as a heat colour and categorical ones by a hashed palette slot; Model Explorer
 export writes them as node data. Nothing here draws.
 """
@@ -35,6 +35,8 @@ class Overlay(BaseModel):
     categorical: bool = False
     values: dict[str, float | int | str] = Field(default_factory=dict)
     note: str | None = Field(default=None, description="why values are missing, when they are")
+    label: str | None = Field(default=None, description="what the overlay says of the whole graph, e.g. "
+                              "'pipeline stage 1 of 2 (ScheduleGPipe, 4 microbatches)'")
     aggregate: Literal["sum", "max"] = Field(
         default="sum", description="how a collapsed cluster combines its nodes' values: 'sum' for amounts each "
         "node adds (time, bytes produced), 'max' for a level each node reaches (live bytes)")
@@ -49,8 +51,14 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
     * ``comm``: ns per node of the communication kernels (DDP all-reduce, FSDP2 all-gather /
       reduce-scatter) that carry the node's parameter or gradient (``node_time_ns(...,
       part="comm")``, NOTE: [Collectives to graph nodes]); ``time`` counts computation only.
-    * ``partition``: the DDP bucket index: for a graph DDPOptimizer split, each node's bucket by
-      name in the bucket graphs; for a bucket's own graphs (and their AOT graphs) that bucket.
+    * ``partition``: the parallel part each node belongs to (NOTE: [Partition overlay] in
+      ``analysis/parallel_overlay.py``), first that applies: the mesh dimension of a collective
+      (``"tp collective"``: DTensor's ``_c10d_functional`` ops, by their process group); the
+      FSDP2 group whose parameters the node reads (``"fsdp blocks.0"``); the DDP bucket (for a
+      graph DDPOptimizer split, each node's bucket by name in the bucket graphs; for a bucket's
+      own graphs and their AOT graphs, that bucket); the pipeline stage boundary
+      (``"stage 1 input"`` / ``"stage 1 output"``) and stage (``"stage 1"``), with ``label``
+      naming the graph's stage.
     * ``rank``: the graph's rank, on every node (for comparing ranks side by side).
     * ``memory``: live bytes right after each node allocated its output, from the graph-derived
       liveness (:func:`graphdeck.analysis.memory.graph_memory`); a cluster shows its nodes'
@@ -105,6 +113,25 @@ def _comm(session: Session, graph_id: int) -> Overlay:
 
 
 def _partition(session: Session, graph: Graph, names: list[str]) -> Overlay:
+    from graphdeck.analysis.parallel_overlay import parallel_partition
+
+    par = parallel_partition(session, graph)
+    ddp = _ddp_buckets(session, graph, names)
+    values = dict(par.values)
+    for name, value in ddp.items():  # DDP buckets come before pipeline stages, after collectives / FSDP2
+        if name not in values or values[name].startswith("stage "):
+            values[name] = value
+    notes = list(par.notes)
+    ordered = {n: values[n] for n in names if n in values}
+    note = "; ".join(notes) if notes else None
+    if not ordered:
+        note = "this graph is not a DDP bucket and was not split; no FSDP2 group, collective or pipeline stage " \
+               "was recorded for it" + (f" ({note})" if note else "")
+    return Overlay(kind="partition", categorical=True, values=ordered, note=note, label=par.label)
+
+
+def _ddp_buckets(session: Session, graph: Graph, names: list[str]) -> dict[str, str]:
+    """Node → ``"bucket <i>"``: DDPOptimizer's split of this graph, or the bucket it is."""
     buckets = session.execute(select(Partition.index, Partition.graph_id)
                               .where(Partition.parent_graph_id == graph.id).order_by(Partition.index)).all()
     values: dict[str, str] = {}
@@ -115,14 +142,12 @@ def _partition(session: Session, graph: Graph, names: list[str]) -> Overlay:
                                                             Node.op != "output")):
             values.setdefault(name, f"bucket {index}")
     if values:
-        return Overlay(kind="partition", categorical=True, values={n: values[n] for n in names if n in values})
+        return values
     index, at = graph.partition_index, graph
     while index is None and at.parent_id is not None:
         at = session.get(Graph, at.parent_id)
         index = at.partition_index
-    if index is None:
-        return Overlay(kind="partition", categorical=True, note="this graph is not a DDP bucket and was not split")
-    return Overlay(kind="partition", categorical=True, values=dict.fromkeys(names, f"bucket {index}"))
+    return {} if index is None else dict.fromkeys(names, f"bucket {index}")
 
 
 def _time(session: Session, graph_id: int) -> Overlay:

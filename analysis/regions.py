@@ -76,6 +76,7 @@ class _Row:
     meta: dict
     module: str | None
     tag: str | None
+    fqn: str | None = None
 
 
 def _loads(text: str | None, default):
@@ -105,10 +106,10 @@ def graph_regions(session: Session, graph_id: int) -> list[Region]:
         raise NotFoundError(f"graph {graph_id} not found", resource="graph", id=graph_id)
     target, module = aliased(InternedString), aliased(InternedString)
     rows = [
-        _Row(idx, name, op, tgt or "", _args(args), _loads(meta, {}), (mod or "").strip("/") or None, tag)
-        for idx, name, op, tgt, args, meta, mod, tag in session.execute(
+        _Row(idx, name, op, tgt or "", _args(args), _loads(meta, {}), (mod or "").strip("/") or None, tag, fqn)
+        for idx, name, op, tgt, args, meta, mod, tag, fqn in session.execute(
             select(Node.idx, Node.name, Node.op, target.value, Node.args_json, Node.meta_json, module.value,
-                   Node.partitioner_tag)
+                   Node.partitioner_tag, Node.param_fqn)
             .join(target, Node.target_id == target.id).outerjoin(module, Node.module_path_id == module.id)
             .where(Node.graph_id == graph_id).order_by(Node.idx))
     ]
@@ -116,11 +117,12 @@ def graph_regions(session: Session, graph_id: int) -> list[Region]:
 
 
 def find_regions(rows: list, kind: str) -> list[Region]:
-    """:func:`graph_regions` on rows with ``idx, name, op, target, args, meta, module, tag``
+    """:func:`graph_regions` on rows with ``idx, name, op, target, args, meta, module, tag, fqn``
     (graph order) of a graph of ``kind`` (``dynamo``, ``aot_forward``, ``aot_backward``, ...)."""
-    out = _autocast(rows) + _hop_regions(rows)
+    by_name = {r.name: r for r in rows}
+    out = _autocast(rows) + _hop_regions(rows, by_name)
     if kind in ("aot_forward", "aot_backward", "aot_joint", "aot_inference"):
-        out += _recompute(rows, backward=kind == "aot_backward")
+        out += _recompute(rows, by_name, backward=kind == "aot_backward")
     order = {r.name: r.idx for r in rows}
     return sorted(out, key=lambda r: (-len(r.nodes), min((order[n] for n in r.nodes), default=0)))
 
@@ -168,12 +170,11 @@ def _autocast(rows: list) -> list[Region]:
     return out
 
 
-def _hop_regions(rows: list) -> list[Region]:
+def _hop_regions(rows: list, by_name: dict) -> list[Region]:
     users: dict[str, list[str]] = {}
     for r in rows:
         if _short(r.target) in ("getitem",) and r.args and _ref(r.args[0]):
             users.setdefault(_ref(r.args[0]), []).append(r.name)
-    by_name = {r.name: r for r in rows}
     out = []
     for r in rows:
         short = _short(r.target)
@@ -190,7 +191,7 @@ def _hop_regions(rows: list) -> list[Region]:
             label = _autocast_label(r.args)
             out.append(Region("autocast", label, nodes, module, detail))
         else:
-            where = module.replace("/", ".") if module else (body.get("name") or (attrs[0] if attrs else r.name))
+            where = (_model_path(module, [r], by_name) or module or body.get("name") or (attrs[0] if attrs else r.name))
             out.append(Region("activation_checkpoint", f"activation checkpoint: {where}", nodes, module, detail))
     return out
 
@@ -208,7 +209,37 @@ def _common_module(rows: list) -> str | None:
     return "/".join(common) or None
 
 
-def _recompute(rows: list, backward: bool) -> list[Region]:
+_WRAPPERS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module", "__dict__", "_modules"})
+
+
+def _model_path(module: str | None, members: list, by_name: dict) -> str | None:
+    """The region's module as a dotted path in the model (``"blocks.1"``): the graph-relative
+    ``module`` (``"a/b"``; a graph compiled per block has paths relative to the block) located in
+    the names of the parameters the region's nodes read, wrapper segments
+    (``_checkpoint_wrapped_module``, ...) dropped; the relative path when no parameter is read."""
+    rel = [p for p in (module or "").split("/") if p and p not in _WRAPPERS]
+    fqns = []
+    for m in members:
+        for a in m.args:
+            src = by_name.get(_ref(a)) if _ref(a) else None
+            if src is not None and src.fqn:
+                fqns.append([p for p in src.fqn.split(".") if p not in _WRAPPERS][:-1])
+    for parts in fqns if rel else []:
+        for i in range(len(parts) - len(rel) + 1):
+            if parts[i:i + len(rel)] == rel:
+                return ".".join(parts[:i + len(rel)]) or None
+    if fqns and not rel:
+        common = fqns[0]
+        for p in fqns[1:]:
+            k = 0
+            while k < min(len(common), len(p)) and common[k] == p[k]:
+                k += 1
+            common = common[:k]
+        return ".".join(common) or None
+    return ".".join(rel) or None
+
+
+def _recompute(rows: list, by_name: dict, backward: bool) -> list[Region]:
     groups: dict[str, list] = {}
     for r in rows:
         if r.op in _SKIP_OPS:
@@ -223,8 +254,8 @@ def _recompute(rows: list, backward: bool) -> list[Region]:
             groups.setdefault("", []).append(r)
     out = []
     for ac, members in groups.items():
-        module = _common_module(members)
-        where = f": {module.replace('/', '.')}" if module else ""
+        module = _model_path(_common_module(members), members, by_name)
+        where = f": {module}" if module else ""
         if backward:
             label = f"activation checkpoint (recomputed){where}"
             detail = (f"{len(members)} forward ops of checkpointed region {ac} run again in the backward "

@@ -36,11 +36,14 @@ _KEY_RE = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
 
 
 def module_path_from_fqn(path: str) -> str:
-    """``"L['self']._modules['h']['0'].attn"`` → ``"h/0/attn"``; DDP's ``module.`` root kept."""
+    """``"L['self']._modules['h']['0'].attn"`` → ``"h/0/attn"``, ``"L['self'].__dict__['_modules']['m']"``
+    → ``"m"``; DDP's ``module.`` root kept."""
     text = _ROOT_RE.sub("", path)
     text = text.replace("._modules", "").replace("._parameters", "").replace("._buffers", "")
     text = _KEY_RE.sub(lambda m: "." + m.group(1), text)
-    parts = [p for p in text.split(".") if p and p not in ("self",)]
+    # "__dict__['_modules']" (Dynamo's spelling inside checkpoint_wrapper): attribute names no
+    # submodule can have (nn.Module.add_module refuses existing attributes)
+    parts = [p for p in text.split(".") if p and p not in ("self", "__dict__", "_modules")]
     return "/".join(parts)
 
 

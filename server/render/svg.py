@@ -464,6 +464,8 @@ class _Writer:
                 what += ": " + ", ".join(self.cat_fill)
             else:
                 what += ": no values" + (f" ({self.overlay.note})" if self.overlay.note else "")
+            if self.overlay.label:
+                what = f"{self.overlay.label} · {what}"
             parts.append(f'<text x="4" y="{y:.1f}" class="overlay-legend">{_esc(_text(what, limit=300))}</text>')
             height = 52.0
         parts.append("</g>\n")
