@@ -58,12 +58,17 @@ const code = (text) => h("code", {}, fmt(text));
 const num = (v) => h("td", {class: "num"}, fmt(v));
 const graphLink = (id, label) => h("a", {href: `#/graphs/${id}`}, label ?? `#${id}`);
 
-/** A <table id=... data-testid=...> with a header row; `rows` are <tr> elements. */
-function table(id, headers, rows, cls = "") {
+/** A <table id=... data-testid=...> with a header row; `rows` are <tr> elements.
+ * `opts.caption`: what the table shows (a <caption>); `opts.empty`: why it can be empty — a table
+ * without rows says so in its footer ("No rows: <why>") instead of standing as bare headers. */
+function table(id, headers, rows, cls = "", opts = {}) {
   const numeric = rows.length ? [...rows[0].children].map((td) => td.classList.contains("num")) : [];
-  return h("table", {id, "data-testid": id, class: `data ${cls}`},
+  return h("table", {id, "data-testid": id, class: `data ${cls}${rows.length ? "" : " empty"}`},
+    opts.caption ? h("caption", {}, opts.caption) : null,
     h("thead", {}, h("tr", {}, headers.map((x, i) => h("th", {class: numeric[i] ? "num" : null}, x)))),
-    h("tbody", {}, rows));
+    h("tbody", {}, rows),
+    rows.length ? null : h("tfoot", {}, h("tr", {}, h("td", {colspan: headers.length, class: "muted",
+      "data-testid": `${id}-empty`}, `No rows: ${opts.empty || "nothing to show"}`))));
 }
 
 /** Key/value pairs as a <dl>; rows with blank values are left out unless `keepBlank`. */

@@ -172,7 +172,8 @@ export async function renderRunTimeline(page, m) {
   const meta = fig.layout?.meta || {};
   offsets.replaceChildren(table("offsets-table", ["rank", "trace", "clock offset (µs)", "method", "matched collectives"],
     Object.entries(meta.offsets || {}).map(([r, o]) => tr([r, h("a", {href: `#/traces/${meta.traces[r]}`}, `#${meta.traces[r]}`),
-      (o.offset_ns / 1e3).toFixed(3), o.method, fmt(o.matched)]))));
+      (o.offset_ns / 1e3).toFixed(3), o.method, fmt(o.matched)])), "",
+    {caption: "How each rank's clock was aligned to rank 0's", empty: "no rank has a stored trace"}));
   plot.replaceChildren();
   await Plotly.newPlot(plot, fig.data, {autosize: true, ...fig.layout}, {responsive: true, displaylogo: false});
   let pending = 0;
@@ -198,14 +199,21 @@ export async function renderRunTimeline(page, m) {
         ...ranks.map((r) => `rank ${r} wait / transfer ms`)],
       shown.map((x) => tr([fmt(x.group), fmt(x.kind), fmt(x.seq), fmt(x.step), `rank ${x.last_rank}`,
         (x.spread_ns / 1e6).toFixed(3),
-        ...ranks.map((r) => (x.ranks[r] ? `${(x.ranks[r].wait_ns / 1e6).toFixed(3)} / ${(x.ranks[r].transfer_ns / 1e6).toFixed(3)}` : "—"))]))),
+        ...ranks.map((r) => (x.ranks[r] ? `${(x.ranks[r].wait_ns / 1e6).toFixed(3)} / ${(x.ranks[r].transfer_ns / 1e6).toFixed(3)}` : "—"))])), "",
+      {caption: "Each collective matched across ranks: who arrived last, and each rank's wait vs. transfer time",
+       empty: "no collective matched across ranks: it needs the traces of two or more ranks holding communication "
+         + "kernels (NCCL) or CPU-side collective ops (gloo:*) of the same process group"}),
       table("step-times-table", ["rank", ...Object.values(c.step_times)[0]?.map((st) => `step ${fmt(st.step)} CPU / GPU ms`) ?? []],
         Object.entries(c.step_times).map(([r, sts]) => tr([`rank ${r}`, ...sts.map((st) =>
-          `${((st.cpu_dur_ns ?? 0) / 1e6).toFixed(3)} / ${((st.gpu_span_ns ?? 0) / 1e6).toFixed(3)}`)]))),
+          `${((st.cpu_dur_ns ?? 0) / 1e6).toFixed(3)} / ${((st.gpu_span_ns ?? 0) / 1e6).toFixed(3)}`)])), "",
+        {caption: "Each rank's profiled steps: CPU time / GPU span",
+         empty: "no rank's trace has ProfilerStep#N events"}),
       table("stragglers-table", ["step", "collectives", "lateness per rank (ms)", "arrived last (count)", "straggler"],
         c.stragglers.map((s) => tr([fmt(s.step), fmt(s.collectives),
           Object.entries(s.lateness_ns).map(([r, ns]) => `r${r}: ${(ns / 1e6).toFixed(3)}`).join(", "),
-          Object.entries(s.last_count).map(([r, n]) => `r${r}: ${n}`).join(", "), fmt(s.straggler)]))));
+          Object.entries(s.last_count).map(([r, n]) => `r${r}: ${n}`).join(", "), fmt(s.straggler)])), "",
+        {caption: "Per step: how late each rank arrived at its collectives, and the rank that held the others up",
+         empty: "no step with collectives matched across ranks, so no rank can be called late"}));
   } catch (err) {
     colls.replaceChildren(errorBox(err));
   }
