@@ -104,9 +104,9 @@ function meshLine(map) {
     map.dims.stage ? ` · ${plural(map.stages.length, "pipeline stage")}` : "");
 }
 
-// The checks answered at once; the others (check-ranks, Flight Recorder, traces) can take seconds
+// The check answered at once; the others (check-ranks, check-grads, Flight Recorder, traces) can take seconds
 // on a large run, so the map is drawn with these first and redrawn when every check has answered.
-const FAST_CHECKS = "layout,grad";
+const FAST_CHECKS = "layout";
 
 export async function renderMap(page, match, query) {
   const expand = query && query.get("expand") === "1"; // every replica row, none merged

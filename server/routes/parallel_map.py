@@ -10,9 +10,9 @@ the remaining, data-parallel dimensions (dp, dp_shard, ...). Each rank gets one 
 * ``diverged`` — ``check-ranks``' report (:func:`graphdeck.analysis.ranks.rank_report`), which
   compares ranks per mesh dimension (:mod:`graphdeck.analysis.mesh_ranks`): the diverging side of
   a compile divergence or of a collective-schedule mismatch: ``ok`` | ``diverged``;
-* ``grad`` — run-time gradient evidence (``grad_steps``, :mod:`graphdeck.analysis.grad_evidence`):
-  ``missing`` when a parameter got no gradient (or an all-zero one from a skipped output) at a
-  fully observed step;
+* ``grad`` — run-time gradient evidence (``grad_steps``, :mod:`graphdeck.analysis.grad_evidence`)
+  when every rank recorded it, else ``check-grads``' report: ``missing`` when a parameter got no
+  gradient (or has no gradient path);
 * ``straggler`` — traces of two or more ranks matched (:func:`~graphdeck.analysis.
   trace_collectives.align_and_match`'s ``timing``): ``straggler`` for the rank the others waited for;
 * ``hang`` — Flight Recorder's first mismatch per group (:mod:`graphdeck.analysis.flight`):
@@ -390,38 +390,65 @@ def _diverged(ctx: _Context) -> Badge:
 
 
 def _grad(ctx: _Context) -> Badge:
-    """Run-time gradient evidence: a parameter with no gradient (or an all-zero one) at a fully
-    observed step makes the rank ``missing``; a rank without evidence is ``unknown``."""
+    """Missing gradients per rank: from run-time gradient evidence when every rank recorded it
+    (cheap: a parameter with no gradient, or an all-zero one, at a fully observed step), else
+    from ``check-grads``' report (:func:`graphdeck.analysis.gradients.gradient_report`: graph
+    analysis joined with whatever evidence there is). A rank neither covers is ``unknown``."""
     from graphdeck.analysis.grad_evidence import load
 
     layout = ctx.layout
     ev = load(ctx.session, ctx.run.id)
-    if not ev:
-        why = "; ".join(f"rank {r}: {t}" for r, t in sorted(ev.off.items())[:4])
-        return _unknown("grad", "no run-time gradient evidence (grad_steps) in this run"
-                        + (f" ({why})" if why else ": capture with graphdeck's Agent to record it"))
+    if not all(ev.by_rank.get(r) for r in range(layout.world_size)):
+        return _grad_report(ctx)
     b = Badge("grad", ran=True, message="")
     for r in range(layout.world_size):
-        segs = ev.by_rank.get(r)
-        if not segs:
-            b.set(r, "unknown", ev.off.get(r) or "no gradient evidence from this rank")
-            continue
-        for seg in segs:
+        for seg in ev.by_rank[r]:
             st = seg.state if isinstance(seg.state, dict) else {}
             none = [] if st.get("partial") else [str(x) for x in st.get("none") or []]
             zero = [str(x) for x in st.get("zero") or []]
             if none or zero:
                 parts = []
                 if none:
-                    parts.append(f"no gradient for {len(none)} parameter(s) ({', '.join(none[:3])}"
-                                 f"{', …' if len(none) > 3 else ''})")
+                    parts.append(f"no gradient for {len(none)} parameter(s) ({_some(none)})")
                 if zero:
-                    parts.append(f"an all-zero gradient for {len(zero)} ({', '.join(zero[:3])}"
-                                 f"{', …' if len(zero) > 3 else ''})")
+                    parts.append(f"an all-zero gradient for {len(zero)} ({_some(zero)})")
                 b.set(r, "missing", f"from step {seg.first}: " + "; ".join(parts) + "; see check-grads")
                 break
     n = sum(1 for s in b.states.values() if s == "missing")
-    b.message = f"gradient evidence of {len(ev.by_rank)} rank(s): {n} with a parameter that got no gradient"
+    b.message = f"run-time gradient evidence of every rank: {n} rank(s) with a parameter that got no gradient"
+    return b
+
+
+def _some(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (", …" if len(names) > n else "")
+
+
+def _grad_report(ctx: _Context) -> Badge:
+    """``check-grads``: a rank with a failing parameter row (NO_GRAD, NOT_IN_GRAPH, DEAD_END, not
+    allowed) is ``missing``; one with no row, or only UNKNOWN rows, is ``unknown``."""
+    from graphdeck.analysis.gradients import gradient_report
+
+    report = gradient_report(ctx.session, ctx.run)
+    rows: dict[int, list] = {}
+    for row in report.rows:
+        rows.setdefault(row.rank, []).append(row)
+    if not rows:
+        return _unknown("grad", "check-grads found no parameter of any rank (no captured backward graph, "
+                        "no parameter list and no gradient evidence)")
+    b = Badge("grad", ran=True, message=f"check-grads: {report.verdict}; {len(report.failures)} failing parameter "
+              f"row(s) on {len({r.rank for r in report.failures})} rank(s)")
+    for r in range(ctx.layout.world_size):
+        mine = rows.get(r) or []
+        failing = [x for x in mine if x.failing]
+        if failing:
+            first = failing[0]
+            b.set(r, "missing", f"{len(failing)} parameter(s) without a gradient path "
+                                f"({_some([f'{x.fqn} {x.status}' for x in failing])})"
+                                + (f": {first.reason}" if first.reason else "") + "; see check-grads")
+        elif not mine:
+            b.set(r, "unknown", "check-grads has no parameter of this rank")
+        elif all(x.status == "UNKNOWN" for x in mine):
+            b.set(r, "unknown", "check-grads could not tell for any parameter of this rank")
     return b
 
 
