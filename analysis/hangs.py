@@ -317,6 +317,24 @@ def branch_between(stack_a: list[str], stack_b: list[str]) -> str | None:
     return None
 
 
+def _python_branch(m: GroupMismatch, r: int, issued) -> list[str]:
+    """A collective issued outside the graphs (by its stack) that rank ``r`` skipped: where it is
+    issued, what ``r`` went on to, and the branch between the two (:func:`branch_between`)."""
+    inst = m.instead.get(r) or m.doing.get(r)
+    out = [f"it is issued from non-compiled code at {issued.line or '?'} on ranks {m.reached}; "
+           f"rank {r} went on to {inst.describe() if inst else 'no collective'}"
+           " — a data-dependent branch in Python code outside the graphs"]
+    branch = branch_between(issued.stack, inst.stack) if inst is not None else None
+    if branch:
+        out.append(f"the branch: {branch}")
+    elif not issued.stack or inst is None or not inst.stack:
+        out.append("the branch's line cannot be found: the dumps hold no stacks for it (JSON dumps have none)")
+    else:
+        out.append("the branch's line cannot be found: the stacks part in no shared frame whose source is "
+                   "readable here")
+    return out
+
+
 def explain(session: Session, report: RankReport, m: GroupMismatch) -> None:
     """Fill ``m.why`` for every rank that did not reach ``m``'s collective."""
     breaks = dict(session.execute(select(CompileEvent.rank, func.count()).where(
@@ -346,29 +364,17 @@ def explain(session: Session, report: RankReport, m: GroupMismatch) -> None:
             if not has_compiles:
                 why.append("no compile records for this run: import the ranks' TORCH_TRACE logs (or capture "
                            "with the agent) to join the hang to the graphs")
+            elif report.divergences:
+                why.append(f"the compiles of ranks {m.reached} and rank {r} differ only in frames these stacks do "
+                           "not pass through, so no compile explains this")
             else:
-                n = len(report.sequences.get(r, []))
-                if report.divergences:
-                    why.append(f"the compiles of ranks {m.reached} and rank {r} differ only in frames these stacks do "
-                               "not pass through, so no compile explains this")
-                else:
-                    why.append(f"the graphs agree: ranks {m.reached} and rank {r} compiled the same {n} graph(s) in "
-                               "the same order, so no compile explains this")
-                if issued is not None and issued.compiled:
-                    why.append(f"the collective is issued inside a compiled graph ({issued.line or 'no user frame'}); "
-                               "look at the graphs' inputs on rank " + str(r))
-                elif issued is not None:
-                    inst = m.instead.get(r) or m.doing.get(r)
-                    why.append(f"it is issued from non-compiled code at {issued.line or '?'} on ranks {m.reached}; "
-                               f"rank {r} went on to {inst.describe() if inst else 'no collective'}"
-                               " — a data-dependent branch in Python code outside the graphs")
-                    branch = branch_between(issued.stack, inst.stack) if inst is not None else None
-                    why.append(f"the branch: {branch}" if branch else
-                               "the branch's line cannot be found: " + ("the dumps hold no stacks (JSON dumps)"
-                                                                       if not issued.stack or inst is None
-                                                                       or not inst.stack else
-                                                                       "the stacks part in no shared frame whose "
-                                                                       "source is readable here"))
+                why.append(f"the graphs agree: ranks {m.reached} and rank {r} compiled the same "
+                           f"{len(report.sequences.get(r, []))} graph(s) in the same order, so no compile explains this")
+            if issued is not None and issued.compiled:
+                why.append(f"the collective is issued inside a compiled graph ({issued.line or 'no user frame'}); "
+                           "look at the graphs' inputs on rank " + str(r))
+            elif issued is not None:
+                why += _python_branch(m, r, issued)
             nb = {k: v for k, v in breaks.items() if v}
             if nb:
                 why.append("graph breaks recorded: " + ", ".join(f"rank {k}: {v}" for k, v in sorted(nb.items()))

@@ -13,7 +13,8 @@ function verdict(report) {
   const groups = report.groups.map((g) => `[${g.join(", ")}]`).join(" ");
   return h("p", {class: "verdict", "data-testid": "rank-verdict"},
     h("strong", {class: report.ok ? "verdict-ok" : "verdict-bad"},
-      report.ok ? "all ranks agree" : report.verdict === "INCOMPLETE" ? "incomplete: evidence missing" : "ranks diverge"),
+      report.ok ? (report.divergences.some((d) => d.harmless) ? "collective schedules agree (warnings below)"
+        : "all ranks agree") : report.verdict === "INCOMPLETE" ? "incomplete: evidence missing" : "ranks diverge"),
     `   ${report.ranks.length} ranks; groups by compile sequence: ${groups}`);
 }
 
@@ -30,14 +31,15 @@ function divergenceItem(d) {
   const diff = d.reference_graph_id && d.graph_id
     ? h("a", {href: `#/compare/${d.reference_graph_id}/${d.graph_id}`, class: "diff-link"}, "side-by-side diff") : null;
   return h("li", {class: "divergence", "data-testid": "divergence"},
-    badge(d.what, "status status-NO_GRAD"), " ",
+    d.harmless ? badge(`${d.what} (no hang)`, "status status-partial") : badge(d.what, "status status-NO_GRAD"), " ",
     h("span", {}, `ranks [${d.ranks.join(", ")}] vs [${d.reference_ranks.join(", ")}]: ${d.message}`),
     h("div", {class: "small"},
       d.reference_graph_id ? ["graphs ", graphLink(d.reference_graph_id), " vs ", graphLink(d.graph_id)] : null,
       diff ? [" · ", diff] : null),
     nodeLine(`ranks [${d.reference_ranks.join(", ")}]`, d.reference_node),
     nodeLine(`ranks [${d.ranks.join(", ")}]`, d.node),
-    d.recompile_reason ? h("div", {class: "small"}, badge("recompile", "tag"), " ", d.recompile_reason) : null);
+    d.recompile_reason ? h("div", {class: "small"}, badge("recompile", "tag"), " ", d.recompile_reason) : null,
+    d.harmless ? h("div", {class: "small", "data-testid": "harmless"}, d.harmless) : null);
 }
 
 // FSDP's uneven shards (a graph equal on every rank but for dim 0 of its shard shapes): a note,
@@ -50,24 +52,43 @@ function shardItem(x) {
     h("div", {class: "small muted"}, x.message));
 }
 
-// The recorded half (Flight Recorder dumps): per process group the first mismatched collective,
-// who reached it, what each other rank did instead, and why (the compile records joined).
+// The recorded half (Flight Recorder dumps): per process group the first mismatched collective
+// (group, sequence id, op), the ranks that reached it and those that did not — each with what it
+// did instead and why (the compile records joined, the branch that sent it another way).
+function frRef(e) {
+  return e ? `${e.op} #${e.seq} of group ${e.group}${e.line ? ` at ${e.line}` : ""}` : "nothing";
+}
+
+function frMismatch(m) {
+  const issued = Object.entries(m.issued || {})[0];
+  return h("div", {class: "hang-note", "data-testid": "recorded-hang", "data-group": m.group},
+    badge(m.primary ? "hang" : "consequence", "status status-NO_GRAD"), " ",
+    h("span", {"data-testid": "fr-group"}, `group ${m.group}${m.desc ? ` (${m.desc})` : ""}`), ": first mismatch at ",
+    h("span", {"data-testid": "fr-seq"}, `collective #${m.seq}`), ` ${m.op || ""} `,
+    h("span", {"data-testid": "fr-reached"}, `reached by ranks [${m.reached.join(", ")}]`), ", ",
+    h("span", {"data-testid": "fr-not-reached"}, `not by ranks [${m.not_reached.join(", ")}]`),
+    m.no_dump.length ? h("span", {class: "muted"}, `; no dump from ranks [${m.no_dump.join(", ")}]`) : null,
+    issued ? h("div", {class: "small muted"}, `rank ${issued[0]} issued it`
+      + `${issued[1].compiled ? " inside a compiled graph" : ""}${issued[1].line ? ` at ${issued[1].line}` : ""}`) : null,
+    h("ul", {}, m.not_reached.map((r) => {
+      const key = String(r);
+      const waiting = m.cause[key] === "waiting";
+      return h("li", {"data-testid": "fr-rank", "data-rank": key},
+        h("strong", {}, `rank ${r}`), waiting ? " (waiting in an earlier collective)" : " (skipped it)",
+        `: last completed ${frRef(m.last_completed[key])}; ${waiting ? "waiting in" : "went on to"} ${frRef(m.doing[key])}`,
+        (m.why[key] || []).map((w) => h("div", {class: "small", "data-testid": "fr-why"}, w)));
+    })));
+}
+
 function flightSection(report) {
   const fr = report.flight;
   const missing = (report.missing_evidence || []).map((x) => h("li", {"data-testid": "missing-evidence"}, x));
   if (!fr) return missing.length ? h("ul", {class: "missing-evidence"}, missing) : null;
-  const ref = (e) => (e ? `${e.op} #${e.seq} of group ${e.group}${e.line ? ` at ${e.line}` : ""}` : "nothing");
   return [h("h2", {}, "Recorded collectives (Flight Recorder)"),
-    h("p", {class: "muted"}, `dumps from ranks [${fr.ranks.join(", ")}], ${fr.entries} entries; `
-      + `${fr.groups_agree.length} group(s) agree`),
-    fr.mismatches.map((m) => h("div", {class: "hang-note", "data-testid": "recorded-hang"},
-      badge(m.primary ? "hang" : "consequence", "status status-NO_GRAD"), " ",
-      `group ${m.group} (${m.desc}): collective #${m.seq} ${m.op} reached by ranks [${m.reached.join(", ")}], `
-        + `not by ranks [${m.not_reached.join(", ")}]`,
-      h("ul", {}, m.not_reached.map((r) => h("li", {},
-        `rank ${r}: last completed ${ref(m.last_completed[String(r)])}; `
-          + `${m.cause[String(r)] === "waiting" ? "waiting in" : "went on to"} ${ref(m.doing[String(r)])}`,
-        (m.why[String(r)] || []).map((w) => h("div", {class: "small"}, w))))))),
+    h("p", {class: "muted", "data-testid": "fr-summary"}, `dumps from ranks [${fr.ranks.join(", ")}], ${fr.entries} entries; `
+      + `${fr.groups_agree.length} group(s) agree, ${fr.mismatches.length} mismatched`
+      + (fr.no_dump.length ? `; no dump from ranks [${fr.no_dump.join(", ")}]` : "")),
+    fr.mismatches.map(frMismatch),
     missing.length ? h("ul", {class: "missing-evidence"}, missing) : null];
 }
 
