@@ -154,7 +154,9 @@ export async function renderReplay(page, m, query) {
   // its SVG takes to load would be skipped as frames.
   const firstGraph = frames.find((f) => f.graph_id != null)?.graph_id;
   if (firstGraph != null && svgs.has(firstGraph)) await svgs.get(firstGraph).catch(() => null);
-  if (page.alive() && query.get("autoplay") !== "0") setPlaying(true);
+  // Opens paused on the first frame (a page that starts moving by itself loses the reader);
+  // ?autoplay=1 starts playing once the first graph is drawn.
+  if (page.alive() && query.get("autoplay") === "1") setPlaying(true);
 }
 
 /** #/runs/<id>/timeline: every rank on one aligned axis; zooming fetches the window. */

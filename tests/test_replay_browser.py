@@ -53,6 +53,12 @@ def test_cursor_moves_and_the_running_kernels_node_lights_up(page, base_url):
     frame = int(status.get_attribute("data-frame"))
     x1 = page.evaluate(CURSOR_X)
     assert x1 > x0, f"the cursor moved right while playing ({x0} -> {x1} ms) to frame {frame}"
+    for _ in range(200):  # a busy host pauses on any frame: step on to one whose kernel maps to a node
+        if status.get_attribute("data-node-idx"):
+            break
+        frame += 1
+        page.locator("#replay-slider").fill(str(frame))
+        page.wait_for_function("(f) => document.getElementById('replay-status').dataset.frame === String(f)", arg=frame)
     want = status.get_attribute("data-node-idx")
     assert want, f"frame {frame}'s kernel maps to a graph node"
     page.wait_for_function(
@@ -62,11 +68,17 @@ def test_cursor_moves_and_the_running_kernels_node_lights_up(page, base_url):
     assert lit.get_attribute("id") == f"node-{want}"
     node_name = page.locator("#replay-node").text_content()
     assert lit.get_attribute("data-name") == node_name, "the lit <g> is the node the status line names"
+    box, host = lit.bounding_box(), page.locator("#replay-graph").bounding_box()
+    assert box and host and box["x"] + box["width"] > host["x"] and box["x"] < host["x"] + host["width"] \
+        and box["y"] + box["height"] > host["y"] and box["y"] < host["y"] + host["height"], \
+        f"the lit node is inside the visible graph area (issue 24.10): {box} vs {host}"
     page.screenshot(path="/tmp/graphdeck-replay.png", full_page=True)
 
 
 def test_slider_jumps_to_a_frame_and_moves_the_cursor(page, base_url):
-    page.goto(f"{base_url}/#/traces/1/replay?step_interval_ms=10&autoplay=0")
+    page.goto(f"{base_url}/#/traces/1/replay?step_interval_ms=10")  # opens paused (issue 24.10)
+    page.wait_for_selector("#replay-graph svg g.replay-active", state="attached")
+    assert page.locator("#replay-status").get_attribute("data-frame") == "0", "no autoplay on open"
     page.wait_for_function("() => document.getElementById('replay-timeline')?.layout?.shapes?.length > 0")
     page.locator("#replay-slider").fill("300")
     page.wait_for_function("() => document.getElementById('replay-status').dataset.frame === '300'")
