@@ -217,17 +217,17 @@ def _model_path(module: str | None, members: list, by_name: dict) -> str | None:
     ``module`` (``"a/b"``; a graph compiled per block has paths relative to the block) located in
     the names of the parameters the region's nodes read, wrapper segments
     (``_checkpoint_wrapped_module``, ...) dropped; the relative path when no parameter is read."""
-    rel = [p for p in (module or "").split("/") if p and p not in _WRAPPERS]
+    rel = "/".join(p for p in (module or "").split("/") if p and p not in _WRAPPERS)
     fqns = []
     for m in members:
         for a in m.args:
             src = by_name.get(_ref(a)) if _ref(a) else None
             if src is not None and src.fqn:
                 fqns.append([p for p in src.fqn.split(".") if p not in _WRAPPERS][:-1])
-    for parts in fqns if rel else []:
-        for i in range(len(parts) - len(rel) + 1):
-            if parts[i:i + len(rel)] == rel:
-                return ".".join(parts[:i + len(rel)]) or None
+    for parts in fqns if rel else []:  # "/"- and "."-joined parts align char by char
+        at = ("/" + "/".join(parts) + "/").find("/" + rel + "/")
+        if at >= 0:
+            return ".".join(parts)[: at + len(rel)] or None
     if fqns and not rel:
         common = fqns[0]
         for p in fqns[1:]:
@@ -236,7 +236,7 @@ def _model_path(module: str | None, members: list, by_name: dict) -> str | None:
                 k += 1
             common = common[:k]
         return ".".join(common) or None
-    return ".".join(rel) or None
+    return rel.replace("/", ".") or None
 
 
 def _recompute(rows: list, by_name: dict, backward: bool) -> list[Region]:

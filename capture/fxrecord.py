@@ -35,10 +35,20 @@ _ROOT_RE = re.compile(r"^(?:L|G)\[['\"][^'\"]+['\"]\]")
 _KEY_RE = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
 
 
+_GETATTR_RE = re.compile(r"^getattr\((.*), (['\"])(.*?)\2\)(.*)$")
+
+
+def _unwrap_getattr(text: str) -> str:
+    """``"getattr(L['self'], 'a b')"`` (Dynamo's source of a module whose name is no identifier)
+    → ``"L['self']['a b']"``; nested getattr calls too."""
+    m = _GETATTR_RE.match(text)
+    return f"{_unwrap_getattr(m.group(1))}[{m.group(2)}{m.group(3)}{m.group(2)}]{m.group(4)}" if m else text
+
+
 def module_path_from_fqn(path: str) -> str:
     """``"L['self']._modules['h']['0'].attn"`` → ``"h/0/attn"``, ``"L['self'].__dict__['_modules']['m']"``
     → ``"m"``; DDP's ``module.`` root kept."""
-    text = _ROOT_RE.sub("", path)
+    text = _ROOT_RE.sub("", _unwrap_getattr(path))
     text = text.replace("._modules", "").replace("._parameters", "").replace("._buffers", "")
     text = _KEY_RE.sub(lambda m: "." + m.group(1), text)
     # "__dict__['_modules']" (Dynamo's spelling inside checkpoint_wrapper): attribute names no
