@@ -283,8 +283,10 @@ def mark_unobserved_ranks(rows: list[ParamRow], ev: Evidence) -> None:
 
 
 def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unused: bool | None,
-                      fsdp: bool) -> list[Finding]:
-    """Rank divergence, DDP's reduction error and "marked ready twice", from the evidence."""
+                      fsdp) -> list[Finding]:
+    """Rank divergence, DDP's reduction error and "marked ready twice", from the evidence.
+    ``fsdp``: truthy under FSDP2 — a :class:`graphdeck.analysis.grad_mesh.Wrapping` (its groups name
+    the reduce-scatter) or a bool (NOTE: [Wrapper words])."""
     out: list[Finding] = []
     by_fqn: dict[str, list[ParamRow]] = defaultdict(list)
     for r in rows:
@@ -326,11 +328,11 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
                    "nothing for that head) so every rank's gradient is the real one")
         elif fsdp:
             hang = True
-            msg += ("under FSDP2 the group's reduce-scatter is issued only on the ranks whose gradient arrived: the "
-                    "collectives do not match (size mismatch or a hang at the first backward); FSDP2 has no "
-                    "find_unused_parameters")
-            fix = ("make every rank use the parameter in the loss (add 0 * out.sum() for the skipped term), or move "
-                   "the rank-dependent module outside fully_shard")
+            from graphdeck.analysis.grad_mesh import fsdp2_consequence, fsdp2_fix
+
+            group = fsdp.group_of(params[0]) if hasattr(fsdp, "group_of") else None
+            msg += fsdp2_consequence(", ".join(params), list(bad), group)
+            fix = fsdp2_fix(params)
         elif ddp and find_unused:
             msg += ("find_unused_parameters=True makes DDP all-reduce zeros for it on those ranks: the job runs, but "
                     "the ranks train different models")

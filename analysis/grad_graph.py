@@ -407,22 +407,26 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         GE.mark_unobserved_ranks(report.rows, ev)
     watched = list(ev.watch.values())
     ddp = ddp or any(w.get("ddp") for w in watched)
-    fsdp = any(w.get("fsdp2") for w in watched)
+    from graphdeck.analysis.grad_mesh import mesh_findings, wrapping
+
+    wrap = wrapping(session, run.id, watched)  # FSDP2 groups, layout (NOTE: [Wrapper words])
+    fsdp = wrap.fsdp2
     find_unused = ddp_find_unused(session, run.id) if ddp else None
     if find_unused is None and any("find_unused_parameters" in w for w in watched):
         find_unused = all(w.get("find_unused_parameters") for w in watched if "find_unused_parameters" in w)
     # Ranks without run-time evidence are judged from the graphs; the others from what arrived.
     graph_rows = [r for r in report.rows if r.rank not in ev.by_rank and not r.allowed]
-    if ddp and not find_unused and graph_rows:  # find_unused_parameters=True: DDP marks unused ones ready
+    if ddp and not fsdp and not find_unused and graph_rows:  # find_unused_parameters=True: DDP marks unused ones ready
         f = ddp_unused_finding(graph_rows)
         if f is not None:
             report.findings.append(f)
     if len(ranks) > 1 and not (ev and set(ranks) <= set(ev.by_rank)):
         report.findings += divergence_findings([r for r in report.rows if r.status not in ("BUFFER", "UNKNOWN")], ddp=ddp,
-                                               find_unused=bool(find_unused), compiled=True)
+                                               find_unused=bool(find_unused), compiled=True, fsdp=wrap)
     if ev:
         report.findings += GE.evidence_findings([r for r in report.rows if not r.allowed], ev, ddp=ddp,
-                                                find_unused=find_unused, fsdp=fsdp)
+                                                find_unused=find_unused, fsdp=wrap if fsdp else False)
+    report.findings += mesh_findings(session, run.id, report.rows, wrap)  # TP Partial, PP cut
     for gid, lg in sorted(loaded.items()):
         report.findings += _intermediate_outputs(lg, strings)
     from graphdeck.analysis.grad_compiles import compile_findings

@@ -372,7 +372,7 @@ def _coverage_lines(cov: dict) -> list[str]:
 
 
 def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = False,
-                        compiled: bool = False) -> list[Finding]:
+                        compiled: bool = False, fsdp=None) -> list[Finding]:
     """Parameters whose status differs between ranks. Under DDP (or any data-parallel all-reduce
     of gradients) the ranks then all-reduce different sets of buckets: the first backward hangs
     (``PREDICTED_HANG``). Under DDP with ``find_unused_parameters=True`` (``find_unused``) DDP
@@ -381,7 +381,9 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
     ranks whose only trouble is ``DEAD_END`` get a zero-filled gradient from the compiled backward:
     the collectives match, no hang (``RANK_DIVERGENCE``: those ranks silently contribute zeros). Sources: the first use on the
     ranks where it is read, else the cut. The rows of such a parameter on the ranks without a
-    gradient get the finding's fix (their own, "remove or freeze it", would miss the cause)."""
+    gradient get the finding's fix (their own, "remove or freeze it", would miss the cause).
+    ``fsdp``: a :class:`graphdeck.analysis.grad_mesh.Wrapping` with FSDP2 groups — the
+    consequence and fix are then FSDP2's (NOTE: [Wrapper words]: the group's reduce-scatter)."""
     by_fqn: dict[str, list[ParamRow]] = defaultdict(list)
     for r in rows:
         by_fqn[r.fqn].append(r)
@@ -403,6 +405,10 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
             # collectives match, nothing hangs (issue 17).
             consequence = (f"its compiled backward fills a zero gradient on rank(s) {without} (the output is unused "
                            "there), so no collective is left unmatched: those ranks silently contribute zeros")
+        elif fsdp is not None and fsdp.fsdp2:
+            from graphdeck.analysis.grad_mesh import fsdp2_consequence
+
+            consequence = fsdp2_consequence(fqn, without, fsdp.group_of(fqn))
         elif ddp and find_unused:
             consequence = ("find_unused_parameters=True makes DDP all-reduce zeros for it on rank(s) "
                            f"{without}, so the job runs, but the ranks compute different models and its averaged "
@@ -415,8 +421,14 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
                    f"({', '.join(f'rank {k}: {v}' for k, v in per_rank.items())}); " + consequence)
         if branch:
             message += f"; the use depends on the branch at {branch}"
-        fix = ("make the branch that uses it take the same path on every rank (or touch the parameter on every "
-               "rank, e.g. add 0 * p.sum())")
+        fsdp2 = fsdp is not None and fsdp.fsdp2 and not zero_filled
+        if fsdp2:
+            from graphdeck.analysis.grad_mesh import fsdp2_fix
+
+            fix = fsdp2_fix([fqn])
+        else:
+            fix = ("make the branch that uses it take the same path on every rank (or touch the parameter on every "
+                   "rank, e.g. add 0 * p.sum())")
         for r in group:  # the row's own fix (remove, freeze, eager mode) would miss the cause
             if r.status != "OK":
                 r.fix = f"it gets a gradient on rank(s) {with_grad} but not here: {fix}"
@@ -424,7 +436,8 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
                            severity="error",
                            message=message, params=[fqn], ranks=per_rank,
                            source=branch.split(": ", 1)[0] if branch else (_short_source(src) if src else None),
-                           fix=fix if (ddp and find_unused) or zero_filled else fix + ", or use find_unused_parameters=True"))
+                           fix=fix if (ddp and find_unused) or zero_filled or fsdp2
+                           else fix + ", or use find_unused_parameters=True"))
     return out
 
 

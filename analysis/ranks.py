@@ -305,29 +305,36 @@ def rank_report(session: Session, run: Run) -> RankReport:
 
     _neutralise_device_indices(session, sequences)
     differ_in_structure: set[frozenset] = set()  # hash pairs already compared, so not compared twice
+    from graphdeck.analysis import mesh_ranks  # peers per mesh dimension (it reads this module's helpers)
+    from graphdeck.analysis.layout import load_layout
     from graphdeck.analysis.shard_shapes import absorb_shard_shapes  # it reads this module's helpers
 
-    report.shard_shapes = absorb_shard_shapes(session, run.id, ranks, sequences, differ_in_structure)
-    report.notes.extend(x.message for x in report.shard_shapes)
-    by_sig: dict[tuple, list[int]] = defaultdict(list)
-    for r in ranks:
-        by_sig[tuple(e.signature() for e in sequences[r])].append(r)
-    report.groups = sorted(by_sig.values(), key=lambda g: g[0])
-    if report.groups:
-        ref = report.groups[0]
-        for group in report.groups[1:]:
-            d = _first_divergence(session, sequences[ref[0]], sequences[group[0]], ref, group, ranks,
-                                  differ_in_structure)
-            if d is not None:
-                report.divergences.append(d)
+    layout = load_layout(session, run.id)  # None: every rank must run the same program (as before)
+    if layout is not None:
+        mesh_ranks.compare_compiles(session, report, layout, differ_in_structure)
+    else:
+        report.shard_shapes = absorb_shard_shapes(session, run.id, ranks, sequences, differ_in_structure)
+        report.notes.extend(x.message for x in report.shard_shapes)
+        by_sig: dict[tuple, list[int]] = defaultdict(list)
+        for r in ranks:
+            by_sig[tuple(e.signature() for e in sequences[r])].append(r)
+        report.groups = sorted(by_sig.values(), key=lambda g: g[0])
+        if report.groups:
+            ref = report.groups[0]
+            for group in report.groups[1:]:
+                d = _first_divergence(session, sequences[ref[0]], sequences[group[0]], ref, group, ranks,
+                                      differ_in_structure)
+                if d is not None:
+                    report.divergences.append(d)
+    mesh_ranks.explain_divergences(session, report)
 
     report.schedules = {r: collective_schedule(session, run.id, r, sequences[r]) for r in ranks}
-    mismatch = _schedule_mismatch(report.schedules)
-    if mismatch is not None:
-        report.collective_mismatches.append(mismatch)
+    report.collective_mismatches, schedule_notes, schedule_gaps = mesh_ranks.compare_schedules(session, report, layout)
+    report.notes += schedule_notes
     from graphdeck.analysis.hangs import hang_section  # Flight Recorder + missing evidence
 
     report.flight, report.missing_evidence = hang_section(session, report)
+    report.missing_evidence += schedule_gaps + mesh_ranks.layout_gaps(layout, ranks)
     from graphdeck.analysis.predicted import prediction_checks
 
     report.predictions = prediction_checks(session, report)

@@ -1,0 +1,248 @@
+"""Checks per mesh dimension (issue 20, item 3): check-ranks compares only ranks that must run
+the same program, explains tensor-parallel shard shapes by the placements, compares collective
+schedules per process group; check-grads speaks FSDP2 / TP / PP.
+
+Two kinds of material: a store captured in one process (real ``torch.compile`` through the
+agent, each "rank" a fresh Dynamo state with ``RANK`` set) to which the tests add parallel
+layout records through the record format (the declared seam, built with
+``tests.nd_fixtures.layout_record``); and the real torchrun jobs of ``tests/nd_fixtures.py``
+(slow).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.grad_mesh import Wrapping, pp_cut_findings, tp_partial_findings
+from graphdeck.analysis.grad_report import ParamRow, divergence_findings
+from graphdeck.analysis.layout import build_layout
+from graphdeck.analysis.mesh_ranks import compare_schedules
+from graphdeck.analysis.ranks import Collective, RankReport, rank_report
+from graphdeck.store.db import open_engine
+from graphdeck.store.schema import CompileEvent, Run
+from tests.conftest import REPO, run_python
+from tests.nd_fixtures import layout_record, nd_fsdp_tp_store, nd_pipeline_cut_store, nd_pipeline_store  # noqa: F401
+
+# Each "rank" compiles in a fresh Dynamo state (compile ids restart at 0/0), captured as RANK=r.
+#  run "stages": rank 0 compiles pipeline stage 0 (linear, relu), rank 1 stage 1 (linear, tanh).
+#  run "tp": both ranks compile x @ w, w the rank's local piece of a [8, 5] weight sharded on
+#  dim 1 over 2 tensor-parallel ranks: [8, 3] on rank 0, [8, 2] on rank 1.
+CAPTURE = r"""
+import os, sys, torch
+from graphdeck.capture import Agent
+store = sys.argv[1]
+torch.manual_seed(0)
+
+class Stage0(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return torch.relu(self.lin(x))
+
+class Stage1(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(8, 4)
+    def forward(self, x):
+        return torch.tanh(self.head(x)).sum()
+
+class Row(torch.nn.Module):
+    def __init__(self, cols):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, cols))
+    def forward(self, x):
+        return torch.tanh(x @ self.w).sum()
+
+for run, make in (("stages", lambda r: Stage0() if r == 0 else Stage1()), ("tp", lambda r: Row(3 - r))):
+    for rank in (0, 1):
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), "2"
+        torch._dynamo.reset()
+        agent = Agent(store=store, run=run)
+        model = agent.watch(make(rank))
+        out = torch.compile(model, backend=agent.backend("aot_eager"))(torch.randn(4, 8))
+        out.sum().backward()
+        agent.close()
+"""
+
+TP_PARAM = {"fqn": "w", "global_shape": [8, 5], "placements": ["Shard(1)"]}
+
+
+@pytest.fixture(scope="module")
+def mesh_store(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("mesh") / "mesh.db"
+    run_python(CAPTURE, str(path), env={"OMP_NUM_THREADS": "1"})
+    return path
+
+
+def with_layout(src: Path, dst: Path, run: str, records: dict[int, dict]) -> Path:
+    """A copy of store ``src`` with ``graphdeck_parallel_layout`` records added to ``run`` (copied
+    through SQLite's backup API: the store may be in WAL mode)."""
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
+    engine = open_engine(dst)
+    with Session(engine) as s:
+        run_id = s.scalars(select(Run.id).where(Run.name == run)).one()
+        for rank, payload in records.items():
+            s.add(CompileEvent(run_id=run_id, rank=rank, name="graphdeck_parallel_layout", compile_id=None,
+                               metadata_json="{}", payload=json.dumps(payload)))
+        s.commit()
+    engine.dispose()
+    return dst
+
+
+def report_of(store: Path, run: str) -> RankReport:
+    with Session(open_engine(store, read_only=True)) as s:
+        return rank_report(s, s.scalars(select(Run).where(Run.name == run)).one())
+
+
+def check_ranks_cli(store: Path, run: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("graphdeck")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "graphdeck.cli"]
+    return subprocess.run([*cmd, "check-ranks", str(store), "--run", run], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+
+
+def pipeline_records(ranks=(0, 1)) -> dict[int, dict]:
+    return {r: layout_record(r, mesh_shape=None, world_size=2,
+                             pipeline={"stage_index": r, "num_stages": 2, "stage_ranks": [0, 1]}) for r in ranks}
+
+
+# ------------------------------------------------------------------------ check-ranks, captured graphs
+
+@pytest.mark.slow
+def test_pipeline_stages_are_not_a_divergence(mesh_store, tmp_path):
+    """Without a layout every rank must run the same program: the two stages diverge (as before).
+    With the pipeline recorded, they are compared with nobody: a note, and the ranks agree."""
+    before = report_of(mesh_store, "stages")
+    assert before.verdict == "FAIL" and before.divergences[0].what == "graph differs"
+
+    store = with_layout(mesh_store, tmp_path / "pp.db", "stages", pipeline_records())
+    rep = report_of(store, "stages")
+    assert rep.verdict == "OK", [d.message for d in rep.divergences] + rep.missing_evidence
+    assert rep.groups == [[0], [1]] and not rep.divergences
+    assert any("stages run different programs by design" in n for n in rep.notes), rep.notes
+    assert any("stage 0: [0]; stage 1: [1]" in n for n in rep.notes), rep.notes
+    proc = check_ranks_cli(store, "stages")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "stages run different programs by design" in proc.stdout and "OK: all ranks agree" in proc.stdout
+
+    # Rank 1's record is missing: its stage is unknown, it is compared with nobody, and the
+    # verdict is INCOMPLETE (never "agree").
+    store = with_layout(mesh_store, tmp_path / "pp1.db", "stages", pipeline_records((0,)))
+    rep = report_of(store, "stages")
+    assert rep.verdict == "INCOMPLETE" and not rep.divergences
+    assert any("rank(s) [1]: no parallel layout record" in m for m in rep.missing_evidence), rep.missing_evidence
+    proc = check_ranks_cli(store, "stages")
+    assert proc.returncode == 3 and "compared with nobody" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_tp_shard_shapes_explained_by_placements_are_a_note(mesh_store, tmp_path):
+    """x @ w with w [8, 3] on rank 0 and [8, 2] on rank 1: outside dim 0, so no uneven FSDP
+    split — a divergence without a layout. Recorded as Shard(1) of [8, 5] on mesh dim "tp":
+    tensor-parallel peers whose shapes the placements explain, a note. The same shapes on a
+    data-parallel dim (replicas) or a record that does not give these shapes still diverge."""
+    before = report_of(mesh_store, "tp")
+    assert before.verdict == "FAIL" and before.divergences[0].what == "shapes differ"
+
+    tp = {r: layout_record(r, mesh_shape=(2,), dim_names=("tp",), params=[TP_PARAM]) for r in (0, 1)}
+    assert [p["local_shape"] for rec in tp.values() for p in rec["params"]] == [[8, 3], [8, 2]]
+    rep = report_of(with_layout(mesh_store, tmp_path / "tp.db", "tp", tp), "tp")
+    assert rep.verdict == "OK", [d.message for d in rep.divergences]
+    assert rep.groups == [[0, 1]]
+    (note,) = [n for n in rep.notes if "tensor-parallel peers holding" in n]
+    assert "w [8, 3] vs [8, 2]" in note and "a note, not a divergence" in note and "(tp=1)" in note
+
+    dp = {r: layout_record(r, mesh_shape=(2,), dim_names=("dp",), params=[TP_PARAM]) for r in (0, 1)}
+    rep = report_of(with_layout(mesh_store, tmp_path / "dp.db", "tp", dp), "tp")
+    (d,) = rep.divergences
+    assert d.what == "shapes differ" and "replicas" in d.message and "must agree on shapes exactly" in d.message
+
+    wrong = {r: layout_record(r, mesh_shape=(2,), dim_names=("tp",),
+                              params=[dict(TP_PARAM, global_shape=[8, 6])]) for r in (0, 1)}  # [8, 3] both
+    rep = report_of(with_layout(mesh_store, tmp_path / "wrong.db", "tp", wrong), "tp")
+    assert rep.verdict == "FAIL" and rep.divergences[0].what == "shapes differ"
+
+
+# ------------------------------------------------------------------------ collective schedules per group
+
+def _coll(kind: str, group: str, size: int) -> Collective:
+    return Collective(index=0, kind=kind, group=group, size_bytes=size, shape=None, dtype="float32", source="graph")
+
+
+def test_collective_schedules_are_compared_per_process_group(tmp_path):
+    """2 x 2 dp x tp: ranks 0, 1 all-reduce on their tp group, ranks 2, 3 on theirs. Compared as
+    whole schedules the group names differ (a false hang); per process group they agree. A size
+    that differs within one tp group is a mismatch naming that group and its members."""
+    records = {r: layout_record(r) for r in range(4)}
+    layout = build_layout(records)
+    tp_of = {r: next(g["name"] for g in records[r]["meshes"][0]["dim_groups"] if g["dim"] == "tp") for r in range(4)}
+
+    def report(sizes):
+        schedules = {r: [_coll("all_reduce", tp_of[r], sizes[r]), _coll("all_gather", "fsdp_dp", 64)]
+                     for r in range(4)}
+        for r, sch in schedules.items():
+            for i, c in enumerate(sch):
+                c.index = i
+        return RankReport(run_id=1, run="x", ranks=[0, 1, 2, 3], groups=[], sequences={}, divergences=[],
+                          schedules=schedules, collective_mismatches=[])
+
+    with Session(open_engine(tmp_path / "empty.db")) as s:
+        flat, _notes, _gaps = compare_schedules(s, report([1024] * 4), None)
+        assert len(flat) == 1, "whole schedules: the tp groups' names differ"
+        mismatches, notes, gaps = compare_schedules(s, report([1024] * 4), layout)
+        assert mismatches == [] and gaps == []
+        assert f"{tp_of[0]} (1 group)" in notes[0] and f"{tp_of[2]} (1 group)" in notes[0]
+        mismatches, _n, _g = compare_schedules(s, report([1024, 1024, 1024, 2048]), layout)
+    (m,) = mismatches
+    assert m.message.startswith(f"process group {tp_of[2]} (ranks [2, 3]): its collective #0 differs")
+    assert "2048 bytes" in m.message and m.index == 0
+
+
+# ------------------------------------------------------------------------ check-grads words
+
+def test_fsdp2_divergence_speaks_fsdp2():
+    rows = [ParamRow(rank=0, fqn="expert_b.weight", status="NOT_IN_GRAPH"),
+            ParamRow(rank=1, fqn="expert_b.weight", status="OK", paths=1)]
+    wrap = Wrapping(fsdp2=True, fsdp_groups=[{"module": "", "params": ["inp.weight", "expert_b.weight"]}])
+    (f,) = divergence_findings(rows, ddp=False, compiled=True, fsdp=wrap)
+    assert f.kind == "PREDICTED_HANG"
+    assert "reduce-scatter then has a different input size on each rank" in f.message
+    assert "the root fully_shard group (2 parameters)" in f.message and "silent gradient corruption on NCCL" in f.message
+    assert "0 * p.sum()" in f.fix and "its own fully_shard group" in f.fix
+    assert "find_unused" not in f.message + f.fix + rows[0].fix
+    (ddp,) = divergence_findings(rows, ddp=True, compiled=True)
+    assert "find_unused_parameters=True" in ddp.fix  # DDP keeps its own words
+
+
+def test_tp_partial_placement_is_a_finding():
+    params = [{"fqn": "mlp.w2.bias", "global_shape": [32], "placements": ["Replicate()", "Partial(sum)"]},
+              {"fqn": "mlp.w1.weight", "global_shape": [64, 32], "placements": ["Shard(0)", "Shard(0)"]}]
+    layout = build_layout({r: layout_record(r, params=params) for r in range(4)})
+    (f,) = tp_partial_findings(layout)
+    assert f.kind == "TP_PARTIAL_GRAD" and f.params == ["mlp.w2.bias"] and f.ranks == [0, 1, 2, 3]
+    assert "Partial on mesh dim tp" in f.message and "nothing reduces it" in f.message
+    assert "[[0, 1], [2, 3]]" in f.message and "Replicate()" in f.fix
+
+
+def test_pipeline_stage_without_gradients_is_a_cut_boundary(tmp_path):
+    layout = build_layout(pipeline_records())
+    rows = [ParamRow(rank=0, fqn="lin.weight", status="NO_GRAD"), ParamRow(rank=0, fqn="lin.bias", status="NO_GRAD"),
+            ParamRow(rank=1, fqn="head.weight", status="OK", paths=1)]
+    with Session(open_engine(tmp_path / "empty.db")) as s:
+        (f,) = pp_cut_findings(s, 1, rows, layout)
+        assert f.kind == "PP_BACKWARD_CUT" and f.params == ["lin.bias", "lin.weight"]
+        assert "pipeline stage 0 (rank(s) [0]) gets no gradient" in f.message
+        assert "cut at the boundary between stage 0 and stage 1" in f.message
+        rows[0].status = rows[1].status = "OK"
+        assert pp_cut_findings(s, 1, rows, layout) == []
+        assert pp_cut_findings(s, 1, rows, None) == []

@@ -1,0 +1,84 @@
+"""Case N5 (``shared/cases/compile-and-ranks.md``; pytorch/pytorch#158719): FSDP2 parameters used
+differently on each rank, answered in FSDP2's words.
+
+One real torchrun job (``tests/programs/n5_fsdp2_experts.py``, 2 gloo ranks): ``inp``,
+``expert_a``, ``expert_b``, ``out`` under one ``fully_shard`` group, compiled; rank 0 routes no
+token to ``expert_b``, rank 1 does. The job dies in the first backward (the group's
+reduce-scatter sizes differ). ``graphdeck check-grads`` and ``graphdeck check-ranks`` are run on
+its store as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+PROGRAM = REPO / "tests" / "programs" / "n5_fsdp2_experts.py"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def n5(tmp_path_factory) -> dict:
+    store = tmp_path_factory.mktemp("n5") / "n5.db"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          str(PROGRAM), str(store)], capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    return {"store": store, "job": job, "grads": graphdeck("check-grads", store), "ranks": graphdeck("check-ranks", store)}
+
+
+def graphdeck(command: str, store: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("graphdeck")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "graphdeck.cli"]
+    return subprocess.run([*cmd, command, str(store), "--run", "n5"], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+
+
+def branch_line() -> int:
+    return next(i for i, t in enumerate(PROGRAM.read_text().splitlines(), 1) if "N5_BRANCH" in t)
+
+
+def test_the_job_dies_in_the_first_backward(n5):
+    job = n5["job"]
+    assert job.returncode != 0, "the reduce-scatter sizes differ: the job must fail"
+    out = job.stdout + job.stderr
+    assert "Received data size doesn't match expected size" in out or "Connection reset" in out, out[-3000:]
+
+
+def test_check_grads_speaks_fsdp2(n5):
+    res = n5["grads"]
+    out = res.stdout
+    assert res.returncode == 1, out + res.stderr
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("NOT_IN_GRAPH", "OK "))]
+    assert ["NOT_IN_GRAPH", "rank", "0", "expert_b.weight"] in rows and ["NOT_IN_GRAPH", "rank", "0", "expert_b.bias"] in rows
+    assert not any(r[2] == "1" for r in rows), "expert_b.* is OK on rank 1"
+    # The consequence in FSDP2's words, with the branch's source line.
+    finding = next(ln for ln in out.splitlines() if "PREDICTED_HANG" in ln and "expert_b.weight" in ln)
+    assert "gradient on rank(s) [1] but not on rank(s) [0]" in finding
+    assert "the root fully_shard group (8 parameters)" in finding
+    assert "post-backward reduce-scatter then has a different input size on each rank" in finding
+    assert "Received data size doesn't match expected size" in finding and "silent gradient corruption on NCCL" in finding
+    assert f"n5_fsdp2_experts.py:{branch_line()}: if use_b:" in finding
+    # The fixes FSDP2 has; DDP's words nowhere.
+    assert "touch every parameter on every rank (add 0 * p.sum()" in out
+    assert "put expert_b in its own fully_shard group(s) and make the routing rank-consistent" in out
+    assert "find_unused_parameters" not in out and "all-reduce" not in out and "DDP" not in out
+
+
+def test_check_ranks_diverge_at_compile_0_0_on_expert_b(n5):
+    res = n5["ranks"]
+    out = res.stdout
+    assert res.returncode == 1, out + res.stderr
+    (diverged,) = [ln for ln in out.splitlines() if ln.startswith("DIVERGED")]
+    assert diverged.startswith("DIVERGED ranks [1] vs [0]: compile 0/0: dynamo graph differs")
+    assert "only the graph of ranks [1] reads expert_b.bias, expert_b.weight" in diverged
+    assert f"the branch at n5_fsdp2_experts.py:{branch_line()}: if use_b:" in diverged
+    assert "post-backward reduce-scatter then has a different input size on each rank" in diverged
+    assert "rank(s) [0] lack their gradients" in diverged
+    assert "find_unused_parameters" not in out
+    assert "FAIL: ranks diverge" in out
