@@ -52,6 +52,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.executor",
     "graphdeck.server.routes.uploads",
     "graphdeck.server.routes.parallel_map",
+    "graphdeck.server.routes.layout",
 )
 
 
