@@ -170,7 +170,7 @@ function readSvg(svg, byName) {
   return {gByName, fxNodes: fx.map(([, g]) => g), edgesByEnd};
 }
 
-const OVERLAYS = [["", "op category"], ["bytes", "output bytes"], ["time", "time (trace)"], ["comm", "communication (trace)"], ["partition", "DDP bucket"], ["rank", "rank"],
+const OVERLAYS = [["", "op category"], ["bytes", "output bytes"], ["time", "time (trace)"], ["comm", "communication (trace)"], ["partition", "partition (DDP, FSDP2, TP, PP)"], ["rank", "rank"],
   ["memory", "live bytes (memory)"], ["stage", "pipeline stage (executor)"]];
 
 export async function renderGraph(page, m, query) {
@@ -228,9 +228,11 @@ export async function renderGraph(page, m, query) {
 
   /** A node not drawn (in a collapsed cluster): ask the server to open its clusters, keep them in the URL. */
   async function reveal(name) {
-    // a cluster closed by hand that holds the node opens again (collapse wins over the focus)
+    // a cluster closed by hand that holds the node opens again (collapse wins over the focus);
+    // region boxes (paths with a ⟨label⟩ segment, server/render/regions.py) are not module paths:
+    // any closed one may hold the node, so they open too
     const path = byName.get(name)?.module_path || "";
-    const kept = st.collapse.filter((p) => !(path === p || path.startsWith(`${p}/`)));
+    const kept = st.collapse.filter((p) => !(path === p || path.startsWith(`${p}/`)) && !p.includes("\u27e8"));
     const text = await api(svgUrl(id, {...st, collapse: kept}, name), {text: true});
     if (!page.alive()) return false;
     const doc = new DOMParser().parseFromString(text, "image/svg+xml");
@@ -368,6 +370,11 @@ export async function renderGraph(page, m, query) {
     h("details", {class: "fold"}, h("summary", {}, "Inputs and outputs"), io),
     graph.code ? h("details", {class: "fold"}, h("summary", {}, "Graph code"), h("pre", {class: "code", id: "graph-code"}, graph.code)) : null));
   draw(svgText);
+  // the graph's place in the parallel layout (pipeline stage), from the partition overlay
+  api(`/api/graphs/${id}/overlays/partition`).then((ov) => {
+    const summary = $app.querySelector(".graph-page .summary");
+    if (ov && ov.label && summary && page.alive()) summary.append(" · ", h("span", {id: "graph-stage", class: "tag"}, ov.label));
+  }, () => {});
   page.update = async (q) => {
     const next = viewState(q);
     if (!sameState(next, st)) {

@@ -8,6 +8,7 @@ groups, pipeline stages).
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
@@ -64,8 +65,14 @@ def regions_store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(regions_store):
-    with LiveServer(regions_store) as live, httpx.Client(base_url=live.url, timeout=60) as c:
+def server(regions_store):
+    with LiveServer(regions_store) as live:
+        yield live.url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server, timeout=60) as c:
         yield c
 
 
@@ -176,6 +183,32 @@ def test_aot_backward_boxes_the_recomputed_ops(client, graphs):
     assert all("recomputed" in classes[n] for n in rec["nodes"])
     assert any(label.startswith("activation checkpoint (recomputed): <script>") for label in regions)
     assert client.get("/api/graphs/999999/regions").status_code == 404
+
+
+@pytest.mark.browser
+def test_region_box_in_the_browser_closes_and_opens_for_a_hidden_node(browser, server, graphs):
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.on("dialog", lambda d: (problems.append(f"a script ran: {d.message}"), d.dismiss()))
+    page.goto(f"{server}/#/graphs/{graphs['dynamo']}?depth=99")
+    box = page.locator('#graph-svg g.cluster.open.region[data-label="autocast cpu bfloat16"]')
+    box.wait_for()
+    path = box.get_attribute("data-path")
+    assert "autocast cpu bfloat16" in box.text_content()
+    assert page.locator('#graph-svg g.cluster.region[data-region="activation_checkpoint"]').count() == 2
+    box.locator("text").dispatch_event("click")  # the label closes the box, the URL keeps it
+    page.locator(f'#graph-svg g.cluster.collapsed.region[data-path="{path}"]').wait_for()
+    assert page.locator('#graph-svg g.node[data-name="linear_1"]').count() == 0
+    assert path in parse_qs(urlparse(page.url.replace("#/", "/", 1)).query).get("collapse", [])
+    page.fill("#node-search", "linear_1")
+    page.press("#node-search", "Enter")
+    page.locator('#graph-svg g.node.selected[data-name="linear_1"]').wait_for()  # the box opened again
+    context.close()
+    assert not problems, problems
 
 
 # ---------------------------------------------------------------------------- N-D parallel stores
