@@ -82,6 +82,9 @@ def test_branch_case_names_group_collective_rank_and_line(job):
     why = " ".join(m.why[1])
     assert "data-dependent branch" in why and f"flight_job.py:{BRANCH_LINE}" in why
     assert "recompile" not in why, "phase 2's recompile is another frame: it does not explain this"
+    # the branch itself: the innermost frame both stacks share (main) parts at lines 67 / 68; the
+    # `if` that separates them, read from the source (issue 19: name the branch, not only the line)
+    assert f"the branch: {JOB}:{BRANCH_LINE - 1} in main: `if loss.item() > 0:" in why, why
     text = rep.to_text()
     assert f"HANG group {m.group} (loss_sync): first mismatch at collective #3" in text
 
@@ -95,6 +98,26 @@ def test_recompile_case_names_the_recompile_and_the_missing_all_reduce(job):
     assert "ranks [1] recompiled frame mlp_step" in why
     assert "size mismatch at index 0. expected 4, actual 5" in why
     assert re.search(rf"issues no all_reduce .* at .*flight_job.py:{MLP_LINE} in mlp_step", why), why
+    assert f"the branch: {JOB}:{MLP_LINE - 1} in mlp_step: `if y.shape[0] % 2 == 0:" in why, why
+
+
+def test_branch_between_stacks_and_source(tmp_path):
+    """The branch finder on its own: lines on two sides of an if/else, in a loop, none shared."""
+    from graphdeck.analysis.hangs import branch_between, branch_in_source
+
+    src = tmp_path / "prog.py"
+    src.write_text("def f(x):\n    for i in range(3):\n        if x > i:\n            a()\n        else:\n"
+                   "            b()\n        c()\n")
+    assert branch_in_source(str(src), 4, 6) == (3, "if x > i:")  # if vs else arm
+    assert branch_in_source(str(src), 4, 7) == (3, "if x > i:")  # inside vs after
+    assert branch_in_source(str(src), 7, 7) is None
+    assert branch_in_source(str(src), 4, None) == (3, "if x > i:")
+    assert branch_in_source(str(tmp_path / "missing.py"), 4, 6) is None
+    lib = "/usr/lib/python3/site-packages/torch/distributed/c10d.py:10 in all_reduce"
+    a = [lib, f"{src}:4 in f", f"{src}:20 in <module>"]
+    b = [lib, f"{src}:6 in f", f"{src}:20 in <module>"]
+    assert branch_between(a, b) == f"{src}:3 in f: `if x > i:`"
+    assert branch_between([], b) is None and branch_between(a, [lib, f"{src}:9 in g"]) is None
 
 
 def test_the_other_groups_are_consequences(job):
@@ -249,6 +272,10 @@ def test_predictions_checked_against_the_record(job):
                            "(ranks [0] issue it from compile 1/0; ranks [1] run compile 1/1 of that frame)")
     assert line.endswith("— recorded: ranks [1] never reached gloo:all_reduce #3 of group mlp: held")
     assert by["loss_sync"].outcome == "not predicted" and by["opt_sync"].outcome == "not predicted"
+    # rank 1's 1/0 (4 rows, all_reduce) stays in Dynamo's cache beside the static 1/1 (5 rows): the
+    # compile records cannot tell whether 4-row batches come back — named, not guessed
+    assert any(x.startswith("rank 1 frame mlp_step") and "whether compile 1/0 still runs cannot be told" in x
+               for x in rep.missing_evidence), rep.missing_evidence
     text = rep.to_text()
     assert "Predicted vs recorded, per process group:" in text and f"  {line}" in text
     assert rep.to_dict()["predictions"][[p.desc for p in rep.predictions].index("mlp")]["outcome"] == "held"
