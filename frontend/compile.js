@@ -156,7 +156,8 @@ function indexRow(e) {
     h("td", {}, badge(e.status, STATUS_CLASS[e.status] || "tag")),
     h("td", {class: "num"}, fmtSeconds(e.compile_time_s)),
     h("td", {class: "reason"}, reasons),
-    h("td", {class: "graphs"}, graphs, e.output_code.map(outputCodePanel), recordsPanel(e.records)));
+    h("td", {class: "graphs"}, graphs, e.output_code.map((o) => outputCodePanel(o, e.graphs.find((g) => g.id === o.graph_id))),
+      recordsPanel(e.records)));
 }
 
 /** "from <file>", and a warning when the file name and the envelopes disagree on the rank. */

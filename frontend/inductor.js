@@ -33,12 +33,28 @@ function nodeList(graphId, nodes) {
  * A collapsed <details> "Inductor output code": on first open it fetches the record's code and
  * the kernel → node links of its graph. `out`: {event_id, graph_id, chars} from the compile index.
  */
-export function outputCodePanel(out) {
+export function outputCodePanel(out, graph = null) {
   let loaded = false;
-  const body = h("div", {class: "output-code-body"}, h("p", {class: "loading"}, "Loading…"));
+  const body = h("div", {class: "output-code-body", "data-testid": `output-code-body-${out.event_id}`},
+    h("p", {class: "loading"}, "Loading…"));
+  // Named after its graph: a compile id with several graphs has several panels (issue 24.12).
+  const label = graph ? `${fmt(graph.name)} #${graph.id}` : out.graph_id != null ? `graph #${out.graph_id}` : null;
   const details = h("details", {class: "output-code", "data-testid": `output-code-${out.event_id}`},
-    h("summary", {}, "output code", h("span", {class: "muted small"}, ` ${fmt(out.chars)} chars`)), body);
+    h("summary", {}, "output code", label ? [" of ", h("code", {}, label)] : null,
+      h("span", {class: "muted small"}, ` ${fmt(out.chars)} chars`)));
+  let codeRow = null;
   details.addEventListener("toggle", async () => {
+    // In a table the code gets a full-width row of its own under the compile's row (a cell is too
+    // narrow for it); elsewhere it opens in place.
+    const row = details.closest("tr");
+    if (row && details.open) {
+      codeRow = codeRow || h("tr", {class: "code-row"}, h("td", {colspan: String(row.children.length)}, body));
+      row.after(codeRow);
+    } else if (row && codeRow) {
+      codeRow.remove();
+    } else if (!row && body.parentNode !== details) {
+      details.append(body);
+    }
     if (!details.open || loaded) return;
     loaded = true;
     try {

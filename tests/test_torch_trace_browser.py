@@ -72,9 +72,14 @@ def test_compile_index_page(server, browser):
     row = page.locator('[data-testid="compile-index-rank-0"] tr[data-compile-id="4/0"]')
     assert "forward (ddp_trace.py:13)" in row.inner_text()
     panel = row.locator("details.output-code").first
+    summaries = row.locator("details.output-code summary").all_inner_texts()
+    assert all(" of " in t and "#" in t for t in summaries), f"each output code names its graph: {summaries}"
+    assert len(set(summaries)) == len(summaries), summaries
     panel.locator("summary").click()
-    page.wait_for_selector("details.output-code[open] .kernel-links")
-    link = panel.locator(".kernel-links a.node-link").first
+    page.wait_for_selector("tr.code-row .kernel-links")
+    code_row = page.locator("tr.code-row").first
+    assert code_row.bounding_box()["width"] > 0.8 * row.bounding_box()["width"], "the code gets the table's width"
+    link = code_row.locator(".kernel-links a.node-link").first
     href = link.get_attribute("href")
     assert href.startswith("#/graphs/") and "?node=" in href, "a kernel's node opens the graph view on it"
     graph_link = row.locator(".index-graph a").first
@@ -82,6 +87,18 @@ def test_compile_index_page(server, browser):
     page.wait_for_url("**/#/graphs/*")
     page.screenshot(path="/tmp/graphdeck-compile-index.png")
     assert not errors, errors
+
+
+def test_imported_run_page_fits_a_1440_px_window(server, browser):
+    """Issue 24.12: imported run pages were wider than a 1440-px window."""
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.goto(f"{server.url}/#/runs/detach")
+    page.wait_for_selector('[data-testid="compile-index-rank-1"] tr[data-compile-id="4/0"]')
+    page.locator("details.output-code summary").first.click()
+    page.wait_for_selector("tr.code-row pre.output-code-text")
+    widths = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+    assert widths[0] <= widths[1], f"the page scrolls sideways: {widths[0]} px wide in a {widths[1]} px window"
+    page.close()
 
 
 def test_log_text_is_escaped(server, browser):
