@@ -340,6 +340,9 @@ def rebuild(stored: StoredGraph, *, device: str = "cpu", seed: int = 0, ports: b
 
     dev = torch.device(device)
     use_ports = dev.type != "cpu" if ports is None else ports
+    from graphdeck.replay.placement import check_device
+
+    check_device(stored, str(dev), ports=use_ports)  # NOTE: [Device-only ops]
     graph = torch.fx.Graph()
     env: dict[str, Any] = {}
     attrs: dict[str, Any] = {}
@@ -559,21 +562,32 @@ def recorded_node_ns(session: Session, graph_id: int, exclude: set[int]) -> tupl
 
 
 def execute_graph(engine, graph_id: int, *, device: str = "cpu", iters: int = 3, warmup: int = 1,
-                  seed: int = 0, ingest: bool = True, trace_dir: str | None = None) -> ExecutorResult:
+                  seed: int = 0, ingest: bool = True, trace_dir: str | None = None,
+                  microbatch_size: int | None = None) -> ExecutorResult:
     """Rebuild graph ``graph_id``, run it ``iters`` times on ``device`` under the profiler with
     node ranges, ingest the trace as trace ``executor graph <id>`` of the graph's run and rank,
     and compare per-node times with the recorded trace where one maps onto the graph.
+    ``microbatch_size`` other than the captured batch runs the graph rebatched
+    (:func:`graphdeck.replay.rebatch.rebatch`); its trace is ``executor graph <id> batch <b>``
+    and has no ratio (the recorded times are of another batch size).
 
     Returns :class:`ExecutorResult` (times are means per iteration, ns). Raises BadInputError
-    (a node cannot be rebuilt), NotFoundError (no such graph).
+    (a node cannot be rebuilt or has no kernel on ``device``), UsageError (the graph cannot take
+    ``microbatch_size``), NotFoundError (no such graph).
     """
     import torch
 
     from graphdeck.replay.synth import synth_inputs
     from graphdeck.store.traces import ingest_trace
 
+    from graphdeck.replay.rebatch import rebatch
+
     with Session(engine) as session:
         stored = load_stored_graph(session, graph_id)
+    full = stored
+    if microbatch_size is not None:
+        stored = rebatch(stored, microbatch_size)
+    name = f"executor graph {graph_id}" + ("" if stored is full else f" batch {microbatch_size}")
     rebuilt = rebuild(stored, device=device, seed=seed)
     inputs = synth_inputs(stored, device=device, seed=seed)
     timed = instrument(rebuilt.gm, graph_id)
@@ -585,14 +599,13 @@ def execute_graph(engine, graph_id: int, *, device: str = "cpu", iters: int = 3,
         if not ingest:
             return result
         set_trace_rank(path, stored.rank)
-        ing = ingest_trace(engine, path, run_name=stored.run_name, rank=stored.rank,
-                           name=f"executor graph {graph_id}")
+        ing = ingest_trace(engine, path, run_name=stored.run_name, rank=stored.rank, name=name)
     result.trace_id = ing.trace_id
     with Session(engine) as session:
         cpu, gpu = node_times_from_trace(session, ing.trace_id, graph_id)
         result.node_cpu_ns, result.node_gpu_ns = cpu, gpu
         mine = result.node_gpu_ns or result.node_cpu_ns
-        rec_id, rec = recorded_node_ns(session, graph_id, exclude={ing.trace_id})
+        rec_id, rec = recorded_node_ns(session, graph_id, exclude={ing.trace_id}) if stored is full else (None, {})
     result.recorded_trace_id = rec_id
     result.ratio = {k: round(mine[k] / v, 4) for k, v in rec.items() if v and k in mine}
     return result

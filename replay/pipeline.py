@@ -10,12 +10,14 @@ stage boundaries travel: point-to-point ``isend``/``irecv`` batched per microbat
 boundaries in name order.
 
 # NOTE: [Microbatches of a static graph]
-A captured graph has its shapes baked in (``view(x, [2, 16, 96])``), so a microbatch is one
-execution of the whole graph at its recorded batch size, with its own synthetic inputs; the
-pipeline streams ``microbatches`` of them (GPipe-style fill and drain: stage ``s`` starts
-microbatch ``m`` as soon as its inputs from earlier stages arrive, while sends are in flight).
-``microbatch_size``, when given, must equal the recorded batch size (dim 0 of the first
-placeholder); anything else is refused rather than silently re-shaped.
+A microbatch is one execution of the whole graph with its own synthetic inputs, at the recorded
+batch size, or at ``microbatch_size`` rows when given: the graph is then rebatched (its batch
+inputs resized, every shape re-propagated; NOTE: [Rebatching a static graph] in
+:mod:`graphdeck.replay.rebatch`), and refused, naming the node, when a shape baked into it
+(``view(x, [2, 16, 96])``) fixes the batch size. The pipeline streams ``microbatches`` of them
+(GPipe-style fill and drain: stage ``s`` starts microbatch ``m`` as soon as its inputs from
+earlier stages arrive, while sends are in flight). The stage cut is planned on the recorded
+graph; its boundaries carry the rebatched shapes.
 
 Timing: each worker records, per microbatch, the wall interval (``time.time_ns``, comparable
 across processes of one host) of its stage's compute. Busy time per stage is their sum; the
@@ -276,18 +278,21 @@ def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "la
     from graphdeck.replay.partition import plan_for_graph
     from graphdeck.store.traces import ingest_trace
 
+    from graphdeck.replay.rebatch import rebatch
+
     if microbatches < 1:
         raise UsageError(f"need at least one microbatch, got {microbatches}")
-    backend = backend or ("nccl" if device == "cuda" else "gloo")
-    if backend not in ("gloo", "nccl"):
-        raise UsageError(f"backend {backend!r}: one of gloo, nccl")
-    if backend == "nccl" and device != "cuda":
-        raise UsageError("backend nccl needs --device cuda")
+    backend = check_backend(backend, device, workers)
     with Session(engine) as session:
         stored = load_stored_graph(session, graph_id)
         if plan is None:
             plan = plan_for_graph(session, graph_id, workers, strategy)
-    _check_microbatch(stored, microbatch_size)
+    if microbatch_size is not None:
+        stored = rebatch(stored, microbatch_size)
+        by_name = stored.by_name()
+        for st in plan.stages:  # a boundary is one object in its sender's and its receiver's lists
+            for b in st.send:
+                b.shape, b.size_bytes = by_name[b.name].shape, by_name[b.name].size_bytes or 0
     workers = len(plan.stages)
     with tempfile.TemporaryDirectory() as out_dir:
         payload = {"stored": stored, "plan": plan, "out_dir": out_dir, "backend": backend, "microbatches": microbatches,
@@ -327,47 +332,79 @@ def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "la
     return result
 
 
-def _check_microbatch(stored, microbatch_size: int | None) -> None:
-    if microbatch_size is None:
-        return
-    first = next((n for n in stored.nodes if n.op == "placeholder" and isinstance(n.shape, list) and n.shape
-                  and not isinstance(n.shape[0], list)), None)
-    recorded = first.shape[0] if first else None
-    if recorded != microbatch_size:
-        raise UsageError(f"--microbatch-size {microbatch_size}: graph {stored.id} was captured with batch size "
-                         f"{recorded} and its shapes are static; a microbatch is one run at that size "
-                         "(use --microbatches to stream more)")
+def check_backend(backend: str | None, device: str, workers: int) -> str:
+    """The backend a run of ``workers`` on ``device`` uses (default gloo on CPU, nccl on CUDA).
+    Raises UsageError: an unknown backend, nccl without CUDA on this machine or without
+    ``--device cuda``, more CUDA workers than devices."""
+    import torch
+
+    backend = backend or ("nccl" if device == "cuda" else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise UsageError(f"backend {backend!r}: one of gloo, nccl")
+    cuda = torch.cuda.is_available()
+    if backend == "nccl" and not cuda:
+        raise UsageError("communication backend nccl needs CUDA devices and this machine has none "
+                         f"(torch.cuda.is_available() is False; torch {torch.__version__}): use gloo")
+    if backend == "nccl" and device != "cuda":
+        raise UsageError("communication backend nccl moves CUDA tensors: it needs --device cuda (or use gloo)")
+    if device == "cuda" and not cuda:
+        raise UsageError(f"--device cuda: this machine has no CUDA device (torch {torch.__version__}); use --device cpu")
+    if device == "cuda" and workers > torch.cuda.device_count():
+        raise UsageError(f"{workers} workers on --device cuda need {workers} GPUs (one each); this machine has "
+                         f"{torch.cuda.device_count()}")
+    return backend
 
 
 def replay(engine, graph_id: int, *, workers: int = 1, strategy: str = "layerwise", microbatches: int = 4,
            microbatch_size: int | None = None, backend: str | None = None, device: str = "cpu", seed: int = 0,
-           iters: int = 3) -> dict:
+           iters: int = 3, heterogeneous_fusion: bool | None = None) -> dict:
     """What ``graphdeck replay`` does: one worker → a profiled executor run of the graph (trace
     ``executor graph <id>``, per-node times, ratio to a recorded trace); K workers → the stage
     plan and a pipeline run (per-worker traces, busy time per stage, bubble fraction). ``auto``
-    without a trace that maps onto the graph first runs the one-worker executor to measure.
-    Returns a JSON-able summary. Raises as :func:`run_pipeline` / :func:`execute_graph`."""
-    from graphdeck.replay.executor import execute_graph
-    from graphdeck.replay.partition import plan_for_graph
+    without a trace that maps onto the graph first runs the one-worker executor to measure (at the
+    recorded batch). ``microbatch_size``: NOTE: [Microbatches of a static graph];
+    ``heterogeneous_fusion``: NOTE: [Heterogeneous fusion] in :mod:`graphdeck.replay.config`.
+    Everything that can be refused (backend, device, microbatch size, fusion, device-only ops) is
+    checked before anything runs.
 
+    Returns a JSON-able summary (``batch``: captured and replayed batch size; ``heterogeneous_fusion``
+    when set). Raises as :func:`run_pipeline` / :func:`execute_graph`."""
+    from graphdeck.replay.executor import execute_graph, load_stored_graph, recorded_node_ns
+    from graphdeck.replay.partition import plan_for_graph
+    from graphdeck.replay.placement import check_device, heterogeneous_fusion as fusion
+    from graphdeck.replay.rebatch import captured_batch, rebatch
+
+    if workers < 1:
+        raise UsageError(f"need at least one worker, got {workers}")
+    if workers > 1:
+        backend = check_backend(backend, device, workers)
+    elif backend == "nccl" or device == "cuda":
+        check_backend(backend, device, 1)
     out: dict = {"graph_id": graph_id, "workers": workers, "device": device}
     with Session(engine) as session:
-        from graphdeck.replay.executor import load_stored_graph
-
-        _check_microbatch(load_stored_graph(session, graph_id), microbatch_size)
+        stored = load_stored_graph(session, graph_id)
+    check_device(stored, device, ports=device != "cpu")
+    fusion(stored, heterogeneous_fusion, device)  # refusals first; segments with stages below
+    captured = captured_batch(stored)
+    if microbatch_size is not None:
+        rebatch(stored, microbatch_size)
+    out["batch"] = {"captured": captured, "replayed": microbatch_size or captured}
+    plan = None
     if workers == 1 or strategy == "auto":
         with Session(engine) as session:
-            from graphdeck.replay.executor import recorded_node_ns
-
             has_times = recorded_node_ns(session, graph_id, exclude=set())[0] is not None
         if workers == 1 or not has_times:
-            res = execute_graph(engine, graph_id, device=device, iters=iters, seed=seed)
+            res = execute_graph(engine, graph_id, device=device, iters=iters, seed=seed,
+                                microbatch_size=microbatch_size if workers == 1 else None)
             out["executor"] = res.to_dict()
     if workers > 1:
         with Session(engine) as session:
             plan = plan_for_graph(session, graph_id, workers, strategy)
         result = run_pipeline(engine, graph_id, workers=workers, strategy=strategy, microbatches=microbatches,
-                              backend=backend, device=device, seed=seed, plan=plan)
+                              microbatch_size=microbatch_size, backend=backend, device=device, seed=seed, plan=plan)
         out["plan"] = plan.to_dict()
         out["pipeline"] = result.summary()
+    if heterogeneous_fusion is not None:
+        out["heterogeneous_fusion"] = fusion(stored, heterogeneous_fusion, device,
+                                             plan.assignment if plan else {n.name: 0 for n in stored.nodes})
     return out

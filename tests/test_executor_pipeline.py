@@ -55,5 +55,6 @@ def test_cli_replay(store):
     out = json.loads(proc.stdout)
     assert out["pipeline"]["backend"] == "gloo" and len(out["plan"]["stages"]) == 2
     assert out["plan"]["time_balance"] is not None, "auto balances measured node times"
-    with pytest.raises(UsageError, match="captured with batch size 2 and its shapes are static"):
+    with pytest.raises(UsageError, match=r"node 'view_2' \(aten.view.default\) fixes the batch size .* captured "
+                                         "batch size 2 as a literal"):
         replay(open_engine(store), graph_ids(store)["aot_forward"], microbatch_size=5)
