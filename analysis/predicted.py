@@ -145,7 +145,9 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
         elif pm is None:
             n = len(next(iter(scheds.values())))
             check.predicted = (f"no hang: every rank issues the same {n} collective(s) a step ("
-                               + "; ".join(f"rank {r}: {_seg_text(segs[r])}" for r in ranks) + ")")
+                               + "; ".join(f"rank {r}: {_seg_text(segs[r])}" for r in ranks) + ")"
+                               + (" — a frame with several live graphs counts each once (NOTE: [Live compiles])"
+                                  if _several_live(scheds) else ""))
         else:
             check.predicted_hang = True
             issued = next(v for v in pm.variants if v["collective"] is not None)
@@ -194,6 +196,20 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             check.outcome = "held"
         out.append(check)
     return out
+
+
+def _several_live(scheds: dict[int, list[Collective]]) -> bool:
+    """Whether some rank's schedule holds collectives of two compiles of one frame."""
+    from graphdeck.analysis.ranks import frame_of
+
+    for sch in scheds.values():
+        per_frame: dict[str, set[str]] = {}
+        for c in sch:
+            if c.compile_id and frame_of(c.compile_id):
+                per_frame.setdefault(frame_of(c.compile_id), set()).add(c.compile_id)
+        if any(len(v) > 1 for v in per_frame.values()):
+            return True
+    return False
 
 
 def _copy(c: Collective, index: int) -> Collective:

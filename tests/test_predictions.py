@@ -175,6 +175,8 @@ def test_a_recompile_that_adds_a_cache_entry_counts_both_graphs(live_store):
         (fc,) = frames[r]
         assert fc.counted == ["0/0", "0/1"] and "profiler trace shows it running" in fc.live["0/0"]
     assert rep.verdict == "OK" and not rep.missing_evidence, rep.to_text()
+    (check,) = rep.predictions
+    assert "a frame with several live graphs counts each once" in check.predicted and check.outcome == "held"
 
 
 def test_without_a_trace_it_cannot_be_told_and_says_so(live_store):
