@@ -21,6 +21,11 @@ dump, and TORCH_TRACE records the importer dropped (``ranks.meta_json["dropped_r
 unless check-ranks never reads that kind (:data:`NOT_EVIDENCE`).
 Any of it makes ``check-ranks`` say INCOMPLETE, never that the ranks agree.
 
+Speed (NOTE: [FR compare by index]): ranks are compared by their dumps' indexes
+(:func:`graphdeck.store.fr_import.seq_index`, stored with each dump): ranks whose sequence of a
+group is the same form one class, compared once; only the dumps of ranks a mismatch shows are
+decoded. 1,024 ranks × 2,000 entries: ~0.3 s instead of ~1.8 s (bench/bench_flight.py).
+
 The join to compile records is :mod:`graphdeck.analysis.hangs`. Pure: reads the store.
 """
 
@@ -35,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.store.fr_import import EVENT_NAME, members_of
+from graphdeck.store.fr_import import EVENT_NAME, INDEX_VERSION, members_of, seq_index
 from graphdeck.store.schema import CompileEvent, Rank
 
 try:  # the stored payloads are large on big jobs: the faster parser where installed
@@ -217,10 +222,54 @@ def load_dumps(session: Session, run_id: int) -> dict[int, dict]:
     return out
 
 
+class _Dumps(dict):
+    """rank → :class:`_RankDump`, each decoded from its stored payload on first use (a report
+    shows a few ranks' entries; the comparison itself reads only the indexes)."""
+
+    def __init__(self, session: Session, event_ids: dict[int, int], decoded: dict[int, dict],
+                 sig_ids: dict[str, int]):
+        super().__init__()
+        self.session, self.event_ids, self.decoded, self.sig_ids = session, event_ids, decoded, sig_ids
+
+    def __missing__(self, rank: int) -> _RankDump:
+        norm = self.decoded.get(rank)
+        if norm is None:
+            norm = _loads(self.session.scalar(select(CompileEvent.payload)
+                                              .where(CompileEvent.id == self.event_ids[rank])))
+        x = self[rank] = _RankDump(rank, norm, self.sig_ids)
+        return x
+
+
+def _indexes(session: Session, run_id: int) -> tuple[dict[int, dict], dict[int, int], dict[int, dict]]:
+    """``(rank → seq_index, rank → event id, rank → decoded payload)`` of each rank's latest dump.
+    The importer stores the index in ``metadata_json``; a record without it (written by the
+    capture, or by an older importer) is decoded and indexed here (its payload kept)."""
+    rows = session.execute(select(CompileEvent.rank, CompileEvent.id, CompileEvent.metadata_json)
+                           .where(CompileEvent.run_id == run_id, CompileEvent.name == EVENT_NAME)
+                           .order_by(CompileEvent.id)).all()
+    latest = {r: (i, m) for r, i, m in rows}
+    index, ids, decoded = {}, {}, {}
+    for r, (i, meta) in latest.items():
+        try:
+            x = _loads(meta or "{}").get("fr_index")
+        except (ValueError, AttributeError):
+            x = None
+        if not isinstance(x, dict) or x.get("v") != INDEX_VERSION:
+            try:
+                norm = _loads(session.scalar(select(CompileEvent.payload).where(CompileEvent.id == i)) or "")
+                x = seq_index(norm)
+            except (ValueError, TypeError, KeyError, IndexError):
+                continue  # an unreadable payload: not a dump
+            decoded[r] = norm
+        index[r], ids[r] = x, i
+    return index, ids, decoded
+
+
 def flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None = None) -> FlightReport | None:
-    """The first mismatch per process group, or None when the run has no FR dump."""
+    """The first mismatch per process group, or None when the run has no FR dump. ``dumps``
+    (rank → decoded payload, as :func:`load_dumps` gives): use these instead of the store's."""
     enabled = gc.isenabled()
-    gc.disable()  # ~10^5 new lists per rank, none cyclic: collections would cost more than the work
+    gc.disable()  # many new lists per rank, none cyclic: collections would cost more than the work
     try:
         return _flight_report(session, run_id, dumps)
     finally:
@@ -228,30 +277,113 @@ def flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None =
             gc.enable()
 
 
+class _Classes:
+    """Ranks whose recorded sequence of a group is the same, found by their indexes: each
+    distinct sequence is decoded and compared once, however many ranks hold it."""
+
+    def __init__(self, index: dict[int, dict], sig_ids: dict[str, int]):
+        self.index = index
+        self.gsig: dict[int, tuple] = {}  # rank → its signatures' global ids
+        tables: dict[str, tuple] = {}
+        for r, x in index.items():
+            sigs = x.get("sigs") or []
+            key = json.dumps(sigs, separators=(",", ":"))
+            if key not in tables:
+                tables[key] = tuple(sig_ids.setdefault(json.dumps(sg, separators=(",", ":")), len(sig_ids))
+                                    for sg in sigs)
+            self.gsig[r] = tables[key]
+
+    def rows(self, g: str, have: list[int]) -> tuple[int, dict[tuple, list[int]]] | None:
+        """``(start, row → ranks)``: a row gives each id's signature (a global id, a tuple of them
+        for a coalesced id, None where the rank has no entry) from ``start`` — the latest first id
+        any rank holds — to the last id any rank holds. None when no rank has an entry in ``g``."""
+        by_key: dict[tuple, list[int]] = defaultdict(list)
+        for r in have:
+            ent = self.index[r]["groups"].get(g)
+            by_key[(self.gsig[r], None) if ent is None else (self.gsig[r], *ent[1:4], _frozen(ent[4]))].append(r)
+        decoded = {k: _decode(k) for k in by_key}
+        spans = [(v[0], v[1]) for v in decoded.values() if v is not None]
+        if not spans:
+            return None
+        start, end = max(f for f, _l in spans), max(la for _f, la in spans)
+        out: dict[tuple, list[int]] = defaultdict(list)
+        for k, ranks in by_key.items():
+            v = decoded[k]
+            if v is None or v[1] < start:
+                row = (None,) * (end - start + 1)
+            else:
+                first, last, codes = v
+                row = tuple(codes[start - first:]) + (None,) * (end - last)
+            out[row] += ranks
+        return start, out
+
+
+def _frozen(codes: list) -> tuple:
+    t = tuple(codes)
+    try:
+        hash(t)
+    except TypeError:  # coalesced ids (lists), or sparse [seq, code] pairs
+        t = tuple(tuple(_frozen(c)) if isinstance(c, list) else c for c in codes)
+    return t
+
+
+def _decode(k: tuple) -> tuple[int, int, list] | None:
+    """``(first, last, global signature per id first..last)`` of a class key, None for no entries."""
+    if k[1] is None:
+        return None
+    gsig, first, last, dense, codes = k
+
+    def one(c):
+        return None if c is None else gsig[c] if c.__class__ is int else tuple(gsig[x] for x in c)
+
+    if not dense:
+        at = {q: one(c) for q, c in codes}
+        return first, last, [at.get(q) for q in range(first, last + 1)]
+    try:
+        return first, last, list(map(gsig.__getitem__, codes))
+    except TypeError:  # None or a coalesced id among them
+        return first, last, [one(c) for c in codes]
+
+
 def _flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None) -> FlightReport | None:
-    dumps = dumps if dumps is not None else load_dumps(session, run_id)
-    if not dumps:
+    if dumps is not None:
+        index = {r: seq_index(d) for r, d in dumps.items()}
+        ids: dict[int, int] = {}
+    else:
+        index, ids, dumps = _indexes(session, run_id)
+    if not index:
         return None
     sig_ids: dict[str, int] = {}
-    ranks = sorted(dumps)
-    rd = {r: _RankDump(r, dumps[r], sig_ids) for r in ranks}
+    ranks = sorted(index)
+    classes = _Classes(index, sig_ids)
+    rd = _Dumps(session, ids, dumps, sig_ids)
     cfg_members: dict[str, set[int]] = {}
     everyone: set[int] = set(ranks)
+    parsed: dict[str, set[int]] = {}  # the same "ranks" text in every dump: read once
     for r in ranks:
-        for name, cfg in (dumps[r].get("pg_config") or {}).items():
-            m = members_of({name: cfg})
+        for name, cfg in (index[r].get("pg_config") or {}).items():
+            text = cfg.get("ranks") if isinstance(cfg, dict) else None
+            m = parsed.get(text) if isinstance(text, str) else None
+            if m is None:
+                m = members_of({name: cfg})
+                if isinstance(text, str):
+                    parsed[text] = m
             if m:
                 cfg_members.setdefault(str(name), set()).update(m)
                 everyone |= m
     world = set(session.scalars(select(Rank.rank).where(Rank.run_id == run_id))) | everyone
     report = FlightReport(ranks=ranks, members=sorted(world), no_dump=sorted(world - set(ranks)),
-                          entries=sum(len(d["entries"]) for d in dumps.values()),
-                          dropped=[x for r in ranks for x in dumps[r].get("dropped") or []],
+                          entries=sum(x.get("n", 0) for x in index.values()),
+                          dropped=[d for r in ranks if index[r].get("d") for d in rd[r].norm.get("dropped") or []],
                           mismatches=[], groups_agree=[])
-    groups = sorted({g for x in rd.values() for g in x.by_group})
+    ops = {}  # global signature id → op
+    for r in ranks:
+        for sg, gid in zip(index[r].get("sigs") or [], classes.gsig[r]):
+            ops.setdefault(gid, str(sg[0]))
+    groups = sorted({g for x in index.values() for g in x["groups"]})
     for g in groups:
         members = sorted(cfg_members.get(g) or world)
-        m = _group_mismatch(g, members, rd)
+        m = _group_mismatch(g, members, rd, classes, ops)
         if m is None:
             report.groups_agree.append(g)
         else:
@@ -262,15 +394,13 @@ def _flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None)
 
 
 def count_completed(session: Session, run_id: int, report: FlightReport) -> None:
-    """Fill ``report.completed`` and ``report.descs`` from the run's dumps (read again: only runs
-    whose prediction is checked pay for it, not every Flight Recorder report)."""
-    dumps = load_dumps(session, run_id)
-    for r, d in dumps.items():
-        x = _RankDump(r, d, {})
-        ents = x.norm["entries"]
-        for g, table in x.by_group.items():
-            report.completed.setdefault(g, {})[r] = sum(1 for v in table.values() if ents[v[1]][4] == 2 or ents[v[1]][5])
-            report.descs.setdefault(g, x.desc.get(g, ""))
+    """Fill ``report.completed`` and ``report.descs`` from the run's dump indexes (read again:
+    only runs whose prediction is checked pay for it, not every Flight Recorder report)."""
+    index, _ids, _decoded = _indexes(session, run_id)
+    for r, x in index.items():
+        for g, (desc, _first, _last, _dense, _codes, done) in x["groups"].items():
+            report.completed.setdefault(g, {})[r] = done
+            report.descs.setdefault(g, desc)
 
 
 def _causes(mismatches: list[GroupMismatch], rd: dict[int, _RankDump]) -> None:
@@ -311,42 +441,47 @@ def _causes(mismatches: list[GroupMismatch], rd: dict[int, _RankDump]) -> None:
         m.primary = not m.not_reached or any(c == "skipped" for c in m.cause.values())
 
 
-def _group_mismatch(g: str, members: list[int], rd: dict[int, _RankDump]) -> GroupMismatch | None:
-    have = [r for r in members if r in rd]
-    seqmaps = {r: rd[r].by_group.get(g, {}) for r in have}
-    nonempty = [s for s in seqmaps.values() if s]
-    if not nonempty:
+def _group_mismatch(g: str, members: list[int], rd: dict[int, _RankDump], classes: _Classes,
+                    ops: dict[int, str]) -> GroupMismatch | None:
+    """Group ``g``'s first mismatch among ``members`` (module docstring), or None when they agree.
+    Distinct sequences are compared (``classes``, from the dumps' indexes; ``ops``: global
+    signature id → op), not every rank's; ``rd`` decodes only the ranks the mismatch shows."""
+    have = [r for r in members if r in classes.index]
+    found = classes.rows(g, have)
+    if found is None:
         return None
-    start = max(min(s) for s in nonempty)
-    end = max(max(s) for s in nonempty)
-    rows = {r: tuple(s[q][0] if q in s else None for q in range(start, end + 1)) for r, s in seqmaps.items()}
-    no_dump = [r for r in members if r not in rd]
-    if len(set(rows.values())) <= 1:  # a member without a dump is missing evidence, not a mismatch
+    start, rows = found
+    no_dump = [r for r in members if r not in classes.index]
+    if len(rows) <= 1:  # a member without a dump is missing evidence, not a mismatch
         return None
-    for k, q in enumerate(range(start, end + 1)):
-        variants: dict = defaultdict(list)
-        for r in have:
-            variants[rows[r][k]].append(r)
-        if len(variants) == 1:
+    row_list = list(rows.items())
+    for k in range(len(row_list[0][0])):
+        if len({row[k] for row, _rs in row_list}) == 1:
             continue
-        real = [(key, rs) for key, rs in variants.items() if key is not None]
+        variants: dict = defaultdict(list)
+        for row, rs in row_list:
+            variants[row[k]] += rs
+        real = [(key, sorted(rs)) for key, rs in variants.items() if key is not None]
         if not real:
             continue
         ref_key, reached = sorted(real, key=lambda kv: (-len(kv[1]), kv[1][0]))[0]
-        not_reached = sorted(r for r in have if rows[r][k] != ref_key)
+        not_reached = sorted(r for key, rs in variants.items() if key != ref_key for r in rs)
         if not not_reached:
             continue
-        ref = rd[reached[0]].ref(seqmaps[reached[0]][q][1])
-        kind = "missing" if any(rows[r][k] is None for r in not_reached) else "op"
-        if kind == "op" and all(rd[r].ref(seqmaps[r][q][1]).op == ref.op for r in not_reached):
+        q = start + k
+        seqmap = rd[reached[0]].by_group.get(g, {})
+        ref = rd[reached[0]].ref(seqmap[q][1])
+        kind = "missing" if None in variants else "op"
+        first_op = {key: ops.get(key if key.__class__ is int else key[0]) for key in variants if key is not None}
+        if kind == "op" and all(op == ref.op for op in first_op.values()):
             kind = "sizes"
         m = GroupMismatch(group=g, desc=rd[reached[0]].desc.get(g, ""), seq=q, op=ref.op, sizes=ref.sizes,
-                          members=members, reached=sorted(reached), not_reached=not_reached, no_dump=no_dump,
+                          members=members, reached=reached, not_reached=not_reached, no_dump=no_dump,
                           kind=kind, issued={}, instead={}, last_completed={}, doing={})
         for r in m.reached[:8]:  # the collective as the first reached ranks recorded it (same op, sizes)
-            m.issued[r] = rd[r].ref(seqmaps[r][q][1])
+            m.issued[r] = rd[r].ref(rd[r].by_group[g][q][1])
         for r in not_reached:
-            s = seqmaps[r]
+            s = rd[r].by_group.get(g, {})
             m.instead[r] = rd[r].ref(s[q][1]) if q in s else None
             done = [p for p in s if p < q and rd[r].norm["entries"][s[p][1]][5]]
             m.last_completed[r] = rd[r].ref(s[max(done)][1]) if done else None

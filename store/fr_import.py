@@ -18,8 +18,11 @@ Stored form (:func:`normalise`): one ``compile_events`` row per rank, ``name`` =
 :data:`EVENT_NAME`, ``payload`` = JSON ``{"version", "pg_config", "pg_status", "source",
 "pgs": [[name, desc]], "sigs": [[op, in_sizes, out_sizes, dtypes]], "stacks": [["file:line in
 fn", ...]], "entries": [[pg, seq, p2p_seq, sig, state, retired, record_id, stack, t_ns]],
-"dropped": [why, ...]}`` (indices into the tables; a stack of -1 is none). Pickles are read with
-an unpickler that refuses every class, so a dump cannot run code.
+"dropped": [why, ...]}`` (indices into the tables; a stack of -1 is none), and ``metadata_json``
+= ``{"file", "entries", "dropped", "fr_index": seq_index(...)}``: per group, the signature of each
+sequence id — what check-ranks compares, so it decodes only the payloads its report shows
+(rows without ``fr_index``, from the capture or older stores, are indexed on read). Pickles are
+read with an unpickler that refuses every class, so a dump cannot run code.
 
 Lenient and counted: a file that is not an FR dump is skipped with its reason; an entry that
 lacks its op, sequence id or group is dropped, counted and *named* in ``dropped`` (file, index,
@@ -43,6 +46,7 @@ import pickle
 import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from itertools import compress, repeat
 from pathlib import Path
 
 from sqlalchemy import insert, select
@@ -134,14 +138,103 @@ def frame_text(f) -> str | None:
     return f"{f.get('filename')}:{f.get('line')} in {f.get('name')}"
 
 
+_FIELDS = operator.itemgetter("record_id", "profiling_name", "collective_seq_id", "process_group", "input_sizes",
+                              "output_sizes", "input_dtypes", "output_dtypes", "p2p_seq_id", "state", "retired",
+                              "time_created_ns")
+_STATE_IX = {s: i for i, s in enumerate(STATES)}
+_P2P = ("send", "recv")
+
+
 def normalise(dump: dict, source: str) -> dict:
     """The stored form of one rank's dump (see the module docstring); drops named in ``dropped``.
 
     # NOTE: [FR normalise speed]
-    # torch's dump pickles share frame dicts between entries (memoised), so stacks are
-    # interned by the identities of their frame dicts first and rendered once each; sizes and
-    # dtypes by their ``str``. A 2,000-entry dump normalises in a few ms.
+    # A 2,000-entry dump normalises in ~2 ms (unpickling it takes ~3 ms). Where every entry has
+    # every field with the right types (torch 2.9-2.13 write them all), the columns are taken
+    # with C-level map/zip (:func:`_columns`); only signatures and stacks need a Python loop, and
+    # there an entry is first compared (list ==, identity first) with the last one of the same
+    # op and group — ring buffers repeat a few collectives — before its sizes are rendered with
+    # ``str`` and its frames interned by the identities of their dicts (torch's pickles share
+    # frame dicts between entries). Any odd entry sends the whole dump down the per-entry path
+    # (:func:`_normalise_slow`), which names each dropped entry. Both give the same form.
     """
+    ents = dump.get("entries") or []
+    cols = _columns(ents) if ents else None
+    if cols is None:
+        cols = _normalise_slow(ents, source)
+    return {"version": str(dump.get("version")), "pg_config": dump.get("pg_config") or {},
+            "pg_status": dump.get("pg_status") or {}, "source": source, **cols}
+
+
+def _columns(ents: list) -> dict | None:
+    """The fast path of :func:`normalise`: None unless every entry is a dict with every field,
+    ``profiling_name`` a str, ``collective_seq_id`` an int and ``process_group`` a pair."""
+    if set(map(type, ents)) != {dict}:
+        return None
+    try:
+        rows = list(map(_FIELDS, ents))
+    except KeyError:
+        return None
+    rid, op, seq, pg, ins, outs, idt, odt, p2p, state, retired, t_ns = zip(*rows)
+    if set(map(type, op)) != {str} or set(map(type, seq)) != {int}:
+        return None
+    kinds = set(map(type, pg))
+    if kinds == {list}:  # JSON
+        pg = tuple(map(tuple, pg))
+    elif kinds != {tuple}:
+        return None
+    if set(map(len, pg)) != {2}:
+        return None
+    pgs: dict[tuple, int] = {}
+    pg_ix = {p: pgs.setdefault((str(p[0]), str(p[1])), len(pgs)) for p in dict.fromkeys(pg)}
+    pgi = list(map(pg_ix.__getitem__, pg))
+    sigs: dict[tuple, int] = {}
+    sig_rows: list[list] = []
+    stacks: dict[tuple, int] = {}
+    by_ids: dict[tuple, int] = {}
+    last_sig: dict[tuple, tuple] = {}
+    last_st: dict[tuple, tuple] = {}
+    sig_col: list[int] = []
+    st_col: list[int] = []
+    for o, p, a, b, c, d, fr in zip(op, pgi, ins, outs, idt, odt, map(dict.get, ents, repeat("frames"))):
+        key = (o, p)
+        k = (a, b, c, d)
+        hit = last_sig.get(key)
+        if hit is not None and hit[0] == k:
+            sig_col.append(hit[1])
+        else:
+            sk = (o, str(a), str(b), str(c), str(d))
+            si = sigs.get(sk)
+            if si is None:
+                si = sigs[sk] = len(sigs)
+                sig_rows.append([o, a, b, (c or []) + (d or [])])
+            last_sig[key] = (k, si)
+            sig_col.append(si)
+        if not fr:
+            st_col.append(-1)
+            continue
+        hit = last_st.get(key)
+        if hit is not None and hit[0] == fr:
+            st_col.append(hit[1])
+            continue
+        ik = tuple(map(id, fr))
+        st = by_ids.get(ik, -2)
+        if st == -2:
+            text = tuple(t for t in map(frame_text, fr) if t)
+            st = stacks.setdefault(text, len(stacks)) if text else -1
+            by_ids[ik] = st
+        last_st[key] = (fr, st)
+        st_col.append(st)
+    if set(map(type, rid)) != {int}:
+        rid = [x if x.__class__ is int else i for i, x in enumerate(rid)]
+    entries = list(map(list, zip(pgi, seq, [x or 0 for x in p2p], sig_col, map(_STATE_IX.get, state, repeat(-1)),
+                                 [1 if x else 0 for x in retired], rid, st_col, [x or 0 for x in t_ns])))
+    return {"pgs": [list(k) for k in pgs], "sigs": sig_rows, "stacks": [list(s) for s in stacks],
+            "entries": entries, "dropped": []}
+
+
+def _normalise_slow(ents: list, source: str) -> dict:
+    """Entry by entry: drops an entry without its op, sequence id or group, naming it."""
     pgs: dict[tuple, int] = {}
     sigs: dict[tuple, int] = {}
     sig_rows: list[list] = []
@@ -149,13 +242,9 @@ def normalise(dump: dict, source: str) -> dict:
     by_ids: dict[tuple, int] = {}
     entries: list[list] = []
     dropped: list[str] = []
-    state_ix = {s: i for i, s in enumerate(STATES)}
-    fields = operator.itemgetter("record_id", "profiling_name", "collective_seq_id", "process_group", "input_sizes",
-                                 "output_sizes", "input_dtypes", "output_dtypes", "p2p_seq_id", "state", "retired",
-                                 "time_created_ns")
-    for i, e in enumerate(dump.get("entries") or []):
-        try:  # the fast path: every field there (torch 2.9-2.13 write them all)
-            rid, op, seq, pg, ins, outs, idt, odt, p2p, state, retired, t_ns = fields(e)
+    for i, e in enumerate(ents):
+        try:
+            rid, op, seq, pg, ins, outs, idt, odt, p2p, state, retired, t_ns = _FIELDS(e)
         except (KeyError, TypeError):
             if not isinstance(e, dict):
                 dropped.append(f"{source} entry #{i} (record_id None): not a mapping")
@@ -170,12 +259,7 @@ def normalise(dump: dict, source: str) -> dict:
                    if not isinstance(seq, int) else "no process_group")
             dropped.append(f"{source} entry #{i} (record_id {rid}): {why}")
             continue
-        pgi = pgs.get(pg) if pg.__class__ is tuple else None  # a tuple (pickle) or a list (JSON)
-        if pgi is None:
-            pgk = (str(pg[0]), str(pg[1]))
-            pgi = pgs.setdefault(pgk, len(pgs))
-            if pg.__class__ is tuple:
-                pgs[pg] = pgi
+        pgi = pgs.setdefault((str(pg[0]), str(pg[1])), len(pgs))
         sk = (op, str(ins), str(outs), str(idt), str(odt))
         si = sigs.get(sk)
         if si is None:
@@ -190,17 +274,87 @@ def normalise(dump: dict, source: str) -> dict:
                 text = tuple(t for t in map(frame_text, frames) if t)
                 st = stacks.setdefault(text, len(stacks)) if text else -1
                 by_ids[ik] = st
-        entries.append([pgi, seq, p2p or 0, si, state_ix.get(state, -1), 1 if retired else 0,
+        entries.append([pgi, seq, p2p or 0, si, _STATE_IX.get(state, -1), 1 if retired else 0,
                         rid if rid.__class__ is int else i, st, t_ns or 0])
-    names = {v: k for k, v in pgs.items() if isinstance(k[0], str) and isinstance(k[1], str)}
-    return {"version": str(dump.get("version")), "pg_config": dump.get("pg_config") or {},
-            "pg_status": dump.get("pg_status") or {}, "source": source,
-            "pgs": [list(names[i]) for i in range(len(names))], "sigs": sig_rows,
-            "stacks": [list(s) for s in stacks], "entries": entries, "dropped": dropped}
+    return {"pgs": [list(k) for k in pgs], "sigs": sig_rows, "stacks": [list(s) for s in stacks],
+            "entries": entries, "dropped": dropped}
 
 
-def _parse_file(path: str) -> tuple[str, int | None, str | None, str | None, int, int]:
-    """Worker: ``(path, rank, stored payload JSON | None, skip reason | None, entries, drops)``.
+#: Version of the per-rank index below; an index of another version is recomputed on read.
+INDEX_VERSION = 1
+
+
+def seq_index(norm: dict) -> dict:
+    """What the first-mismatch analysis compares, per rank, without the entries: ``{"v",
+    "n": entries, "d": dropped, "sigs": norm's sigs, "pg_config", "groups": {group name: [desc,
+    first seq, last seq, dense, codes, done]}}``. Per group (point-to-point ops left out),
+    ``codes`` gives each collective sequence id's signature (index into ``sigs``; a list for a
+    coalesced id, null for an id the rank has no entry for): dense (``dense`` 1) one code per id
+    from ``first`` to ``last``, else ``[seq, code]`` pairs. ``done``: ids whose first entry is
+    completed or retired. Stored in the dump's ``metadata_json`` (``fr_index``) by the importer,
+    so check-ranks compares ranks by these lists and decodes only the dumps its report shows."""
+    sigs, ents = norm["sigs"], norm["entries"]
+    p2p = [str(s[0]).endswith(_P2P) for s in sigs]
+    names = [str(n) for n, _d in norm["pgs"]]
+    desc: dict[str, str] = {}
+    for n, d in norm["pgs"]:
+        desc.setdefault(str(n), d)
+    groups = None if any(p2p) or len(set(names)) < len(names) else _index_fast(ents, names, desc)
+    if groups is None:
+        groups = _index_slow(ents, names, desc, p2p)
+    return {"v": INDEX_VERSION, "n": len(ents), "d": len(norm["dropped"]), "sigs": sigs,
+            "pg_config": norm.get("pg_config") or {}, "groups": groups}
+
+
+def _index_fast(ents: list, names: list[str], desc: dict) -> dict | None:
+    """:func:`seq_index`'s groups with C-level filters (compress), where each group's ids run
+    one by one in entry order — no gap, no coalesced id (the common case); else None."""
+    if not ents:
+        return {}
+    pg, seq, _p2p, sig, state, retired = list(zip(*ents))[:6]
+    done = list(map(operator.or_, map((2).__eq__, state), retired))
+    groups = {}
+    for p, name in enumerate(names):
+        mask = list(map(p.__eq__, pg))
+        qs = list(compress(seq, mask))
+        if not qs:
+            continue
+        if qs != list(range(qs[0], qs[0] + len(qs))):
+            return None
+        groups[name] = [desc.get(name, ""), qs[0], qs[-1], 1, list(compress(sig, mask)), sum(compress(done, mask))]
+    return groups
+
+
+def _index_slow(ents: list, names: list[str], desc: dict, p2p: list[bool]) -> dict:
+    tables: dict[str, dict] = {n: {} for n in names}
+    per = [tables[n] for n in names]
+    for i, e in enumerate(ents):
+        sig = e[3]
+        if p2p[sig]:
+            continue
+        table = per[e[0]]
+        slot = table.get(e[1])
+        if slot is None:
+            table[e[1]] = [sig, i]
+        else:  # coalesced: one sequence id, several ops
+            slot.append(sig)
+    groups = {}
+    for name, table in tables.items():
+        if not table:
+            continue
+        codes = {q: (v[0] if len(v) == 2 else [v[0], *v[2:]]) for q, v in table.items()}
+        first, last = min(table), max(table)
+        dense = last - first + 1 <= 2 * len(table) + 64
+        done = sum(1 for v in table.values() if ents[v[1]][4] == 2 or ents[v[1]][5])
+        groups[name] = [desc.get(name, ""), first, last, 1 if dense else 0,
+                        [codes.get(q) for q in range(first, last + 1)] if dense
+                        else [[q, codes[q]] for q in sorted(table)], done]
+    return groups
+
+
+def _parse_file(path: str) -> tuple:
+    """Worker: ``(path, rank, stored payload JSON | None, skip reason | None, entries, drops,
+    metadata JSON (file, counts, :func:`seq_index`) | None, dropped entries named)``.
     The garbage collector is off meanwhile: a dump is ~10^5 new containers, none of them cyclic,
     and the collections they would trigger cost more than reading them (torch's loader does so too)."""
     enabled = gc.isenabled()
@@ -212,26 +366,32 @@ def _parse_file(path: str) -> tuple[str, int | None, str | None, str | None, int
             gc.enable()
 
 
-def _parse_file_gc_off(path: str) -> tuple[str, int | None, str | None, str | None, int, int]:
+def _parse_file_gc_off(path: str) -> tuple:
     p = Path(path)
     try:
         if p.stat().st_size == 0:
-            return path, None, None, "empty", 0, 0
+            return _skip(path, "empty")
         if p.stat().st_size > MAX_DUMP_BYTES:
-            return path, None, None, "too large for a dump", 0, 0
+            return _skip(path, "too large for a dump")
         dump, fmt = load_bytes(p.read_bytes())
     except OSError as exc:
-        return path, None, None, f"unreadable: {exc}", 0, 0
+        return _skip(path, f"unreadable: {exc}")
     if dump is None:
-        return path, None, None, fmt, 0, 0
+        return _skip(path, fmt)
     if not dump["entries"] and not dump.get("pg_config"):
-        return path, None, None, "empty Flight Recorder dump (no entries, no groups)", 0, 0
+        return _skip(path, "empty Flight Recorder dump (no entries, no groups)")
     rank = rank_of(dump, p.name)
     if rank is None:
-        return path, None, None, "FR dump without a rank (no 'rank' key, no digits ending its name)", 0, 0
+        return _skip(path, "FR dump without a rank (no 'rank' key, no digits ending its name)")
     norm = normalise(dump, p.name)
     norm["format"] = fmt
-    return path, rank, _dumps(norm), None, len(norm["entries"]), len(norm["dropped"])
+    n, d = len(norm["entries"]), len(norm["dropped"])
+    meta = {"file": p.name, "entries": n, "dropped": d, "fr_index": seq_index(norm)}
+    return path, rank, _dumps(norm), None, n, d, _dumps(meta), norm["dropped"]
+
+
+def _skip(path: str, why: str) -> tuple:
+    return path, None, None, why, 0, 0, None, []
 
 
 def _dumps(obj) -> str:
@@ -290,7 +450,7 @@ def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = 
 
     files = files if files is not None else discover([paths] if isinstance(paths, (str, Path)) else paths)
     parsed = parse_files(files, workers)
-    skipped = [f"{Path(p).name}: {why}" for p, _r, _pl, why, _n, _d in parsed if why]
+    skipped = [f"{Path(x[0]).name}: {x[3]}" for x in parsed if x[3]]
     found = [x for x in parsed if x[2] is not None]
     if not found:
         raise BadInputError("no Flight Recorder dump found" + (f" (skipped: {'; '.join(skipped[:10])})" if skipped
@@ -321,15 +481,14 @@ def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = 
             s.execute(insert(Rank), new)
         first = min(by_rank)
         rows = []
-        for path, rank, payload, _why, n, d in sorted(found, key=lambda x: x[1]):
+        for _path, rank, payload, _why, n, d, meta, named in sorted(found, key=lambda x: x[1]):
             rows.append({"run_id": run.id, "rank": rank, "name": EVENT_NAME, "compile_id": None, "payload": payload,
-                         "metadata_json": json.dumps({"file": Path(path).name, "entries": n, "dropped": d})})
+                         "metadata_json": meta})
             result.entries += n
             result.dropped += d
+            result.dropped_records += named
             if d or rank == first:  # membership is the same in every dump; read it once
-                norm = json.loads(payload)
-                result.dropped_records += norm["dropped"]
-                members |= members_of(norm["pg_config"])
+                members |= members_of(json.loads(meta)["fr_index"]["pg_config"])
         s.execute(insert(CompileEvent), rows)
         result.ranks = sorted(by_rank)
         result.missing_ranks = sorted(members - set(by_rank))
