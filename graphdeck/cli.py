@@ -392,13 +392,17 @@ def _find_run(session, run_name: str, store: str):
 @click.argument("run_name")
 @click.argument("graph_id", type=int)
 @click.option("--store", default=DEFAULT_STORE, show_default=True)
-@click.option("--step", is_flag=True, help="The graph's forward then backward graph (one training step).")
+@click.option("--scope", type=click.Choice(["step", "graph"]), default=None,
+              help="step: the graph's forward then backward graph (one training step; the default, as on the "
+                   "memory page, falling back to the graph alone when it has no forward/backward pair); "
+                   "graph: this graph alone.")
+@click.option("--step", is_flag=True, hidden=True, help="Same as --scope step (kept for old scripts).")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Holders (and saved activations) to list at the peak.")
 @click.option("--checkpoint", "checkpoint_module", default=None, help="Estimate checkpointing this module path.")
 @click.option("--dtype", default=None, help="Estimate activations stored in this dtype (e.g. bfloat16).")
-def memory_cmd(run_name: str, graph_id: int, store: str, step: bool, top: int, checkpoint_module: str | None,
-               dtype: str | None) -> None:
+def memory_cmd(run_name: str, graph_id: int, store: str, scope: str | None, step: bool, top: int,
+               checkpoint_module: str | None, dtype: str | None) -> None:
     """Graph-derived memory of GRAPH_ID (of run RUN_NAME): the peak, where it occurs and its top
     holders by module path; optionally a checkpointing or dtype what-if for its step."""
     from sqlalchemy.orm import Session
@@ -420,8 +424,17 @@ def memory_cmd(run_name: str, graph_id: int, store: str, step: bool, top: int, c
             graph = s.get(Graph, graph_id)
             if graph is None or graph.run_id != run.id:
                 raise NotFoundError(f"graph {graph_id} not found in run {run.name!r}")
-            if step or checkpoint_module or dtype:
-                fw, bw = forward_backward_pair(s, graph_id)
+            asked_step = step or scope == "step" or bool(checkpoint_module or dtype)
+            pair = None
+            if scope != "graph":
+                try:
+                    pair = forward_backward_pair(s, graph_id)
+                except NotFoundError:
+                    if asked_step:
+                        raise
+                    click.echo(f"(graph {graph_id} has no forward/backward pair: this graph alone)")
+            if pair is not None:
+                fw, bw = pair
                 # The what-ifs first: a bad --checkpoint or --dtype fails before any report is printed.
                 estimates = ([checkpoint_estimate(s, fw, bw, checkpoint_module)] if checkpoint_module else []) + \
                     ([dtype_estimate(s, fw, bw, dtype)] if dtype else [])
@@ -452,8 +465,16 @@ def memory_cmd(run_name: str, graph_id: int, store: str, step: bool, top: int, c
         _fail(exc)
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB"
+def _mib(n: int | float | None) -> str:
+    """Bytes in the largest binary unit that keeps the figure ≥ 1 (``512 B``, ``10.0 KiB``, ``3.25 MiB``),
+    as the dashboard prints them (common.js fmtBytes)."""
+    if n is None:
+        return "—"
+    n = float(n)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
 
 
 @main.command("replay")

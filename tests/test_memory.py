@@ -173,6 +173,14 @@ def test_cli_and_api(chain_store):
         bad = subprocess.run([sys.executable, "-m", "graphdeck.cli", "memory", "chain", str(gid), "--store",
                               str(chain_store), *args], capture_output=True, text=True)
         assert bad.returncode == 2 and not bad.stdout and args[1] in bad.stderr, (args, bad.stdout, bad.stderr)
+    # Issue 24.14: the CLI's default is the memory page's (the step), and small holders are not "0.00 MiB".
+    plain = subprocess.run([sys.executable, "-m", "graphdeck.cli", "memory", "chain", str(gid), "--store",
+                            str(chain_store)], capture_output=True, text=True)
+    assert plain.returncode == 0 and plain.stdout.startswith("step (forward"), plain.stdout[:200]
+    assert "0.00 MiB" not in plain.stdout and ("KiB" in plain.stdout or " B " in plain.stdout), plain.stdout
+    alone = subprocess.run([sys.executable, "-m", "graphdeck.cli", "memory", "chain", str(gid), "--store",
+                            str(chain_store), "--scope", "graph"], capture_output=True, text=True)
+    assert alone.returncode == 0 and alone.stdout.startswith(f"graph {gid} "), alone.stdout[:200]
     bad = subprocess.run([sys.executable, "-m", "graphdeck.cli", "memory", "chain", "99999", "--store",
                           str(chain_store)], capture_output=True, text=True)
     assert bad.returncode == 2 and "99999" in bad.stderr
