@@ -58,21 +58,21 @@ def run_torchrun(program: str, nproc: int, store: Path, *args: str, check: bool 
 @pytest.fixture(scope="session")
 def nd_fsdp_tp_store(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("nd_fsdp_tp") / "nd.db"
-    run_torchrun("nd_fsdp_tp.py", 4, path, "--run", RUN_FSDP_TP)
+    run_torchrun("nd_fsdp_tp.py", 4, path, "--run-name", RUN_FSDP_TP)
     return path
 
 
 @pytest.fixture(scope="session")
 def nd_pipeline_store(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("nd_pipeline") / "nd.db"
-    run_torchrun("nd_pipeline.py", 2, path, "--run", RUN_PIPELINE)
+    run_torchrun("nd_pipeline.py", 2, path, "--run-name", RUN_PIPELINE)
     return path
 
 
 @pytest.fixture(scope="session")
 def nd_pipeline_cut_store(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("nd_pipeline_cut") / "nd.db"
-    run_torchrun("nd_pipeline.py", 2, path, "--run", RUN_PIPELINE_CUT, "--cut-backward")
+    run_torchrun("nd_pipeline.py", 2, path, "--run-name", RUN_PIPELINE_CUT, "--cut-backward")
     return path
 
 

@@ -5,10 +5,23 @@ from __future__ import annotations
 
 import json
 
+import httpx
+import pytest
+
 from graphdeck.analysis.layout import EVENT_NAME, build_layout, load_layout
 from graphdeck.capture.writer import StoreWriter
 from graphdeck.store.db import open_engine, session_factory
-from tests.nd_fixtures import fsdp_tp_records, layout_record
+from tests.conftest import LiveServer
+from tests.nd_fixtures import (  # noqa: F401 - fixtures
+    RUN_FSDP_TP,
+    RUN_PIPELINE,
+    fsdp_tp_records,
+    layout_record,
+    nd_fsdp_tp_store,
+    nd_pipeline_store,
+    pairs,
+    run_torchrun,
+)
 
 
 def _store(tmp_path, records: dict[int, dict], world_size: int, run: str = "r") -> tuple[str, int]:
@@ -122,3 +135,126 @@ def test_last_record_wins_and_bad_records(tmp_path):
     assert _load(path, other.run_id) is None
     for x in (w, w1, other):
         x.engine.dispose()
+
+
+# ---------------------------------------------------------------------------- real captures
+
+def _run_layout(store, run_name: str):
+    from sqlalchemy import select
+
+    from graphdeck.store.schema import Run
+
+    engine = open_engine(store, read_only=True)
+    try:
+        with session_factory(engine)() as s:
+            run_id = s.scalar(select(Run.id).where(Run.name == run_name))
+            assert run_id is not None, f"no run {run_name!r} in {store}"
+            return run_id, load_layout(s, run_id)
+    finally:
+        engine.dispose()
+
+
+def _event_ranks(store, run_id: int, name: str) -> list[int]:
+    from sqlalchemy import text
+
+    engine = open_engine(store, read_only=True)
+    try:
+        with engine.connect() as c:
+            return sorted({r for (r,) in c.execute(text("SELECT rank FROM compile_events WHERE run_id = :r AND name = :n"),
+                                                   {"r": run_id, "n": name})})
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.slow
+def test_fsdp_tp_layout_is_captured(nd_fsdp_tp_store):  # noqa: F811
+    run_id, lay = _run_layout(nd_fsdp_tp_store, RUN_FSDP_TP)
+    assert lay.world_size == 4 and lay.ranks == [0, 1, 2, 3] and lay.missing_ranks == []
+    assert [(m["shape"], m["dim_names"], m["ranks"]) for m in lay.meshes] == [([2, 2], ["dp", "tp"], [[0, 1], [2, 3]])]
+    for r in range(4):
+        rec = lay.records[r]
+        assert rec["rank"] == r and rec["world_size"] == 4 and rec["pipeline"] is None
+        assert lay.coord(r) == {"dp": r // 2, "tp": r % 2} and rec["meshes"][0]["coord"] == [r // 2, r % 2]
+        groups = {g["dim"]: g for g in rec["meshes"][0]["dim_groups"]}
+        assert groups["dp"]["ranks"] == [r % 2, r % 2 + 2] and groups["tp"]["ranks"] == [r - r % 2, r - r % 2 + 1]
+        assert groups["dp"]["name"] and groups["tp"]["name"] and groups["dp"]["name"] != groups["tp"]["name"]
+        # FSDP2 shards dim 0 over dp (strided, as FSDP2 does over a TP-sharded dim); TP: colwise Shard(0), rowwise Shard(1)
+        for block in ("blocks.0.", "blocks.1._checkpoint_wrapped_module."):
+            w1, w2 = lay.param(block + "w1.weight", r), lay.param(block + "w2.weight", r)
+            assert w1["mesh_dims"] == ["dp", "tp"] and w1["global_shape"] == [64, 32] and w1["local_shape"] == [16, 32]
+            assert w1["placements"][0] in ("Shard(0)", "_StridedShard(0, sf=2)") and w1["placements"][1] == "Shard(0)"
+            assert w2["placements"] == ["Shard(0)", "Shard(1)"] and w2["local_shape"] == [16, 32]
+            assert lay.placements(block + "w2.bias", r) == ["Shard(0)", "Replicate()"]
+        assert lay.placements("embed.weight", r) == ["Shard(0)"] and lay.param("embed.weight", r)["mesh_dims"] == ["dp"]
+        fsdp = {g["module"]: g for g in rec["fsdp_groups"]}
+        assert set(fsdp) == {"", "blocks.0", "blocks.1"}
+        assert all(g["mesh_dims"] == ["dp"] and g["mesh"] == "mesh0" for g in fsdp.values())
+        assert fsdp["blocks.0"]["params"] == ["blocks.0.w1.weight", "blocks.0.w1.bias", "blocks.0.w2.weight",
+                                              "blocks.0.w2.bias"]
+        assert fsdp["blocks.0"]["reshard_after_forward"] is True and fsdp[""]["reshard_after_forward"] is False
+        assert {(t["module"], t["style"], t["mesh_dim"]) for t in rec["tp"]} == {
+            ("blocks.0.w1", "ColwiseParallel", "tp"), ("blocks.0.w2", "RowwiseParallel", "tp"),
+            ("blocks.1._checkpoint_wrapped_module.w1", "ColwiseParallel", "tp"),
+            ("blocks.1._checkpoint_wrapped_module.w2", "RowwiseParallel", "tp")}
+        assert {"kind": "activation_checkpoint", "module": "blocks.1", "how": "checkpoint_wrapper"} in rec["regions"]
+    assert lay.program_peers() == [[0, 1, 2, 3]] and lay.replica_peers() == [[0, 2], [1, 3]]
+    assert lay.dim_groups("tp") == [[0, 1], [2, 3]] and lay.dim_groups("dp") == [[0, 2], [1, 3]]
+    assert all(lay.explains_shape("blocks.0.w1.weight", a, b) for a, b in pairs(range(4)))
+    # the FSDP2 groups record too, written at the first compile (not only at close)
+    assert _event_ranks(nd_fsdp_tp_store, run_id, "graphdeck_comm_groups") == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+def test_pipeline_layout_is_captured(nd_pipeline_store):  # noqa: F811
+    _run_id, lay = _run_layout(nd_pipeline_store, RUN_PIPELINE)
+    assert lay.world_size == 2 and lay.ranks == [0, 1] and lay.meshes == []
+    for r in (0, 1):
+        pipe = lay.records[r]["pipeline"]
+        assert (pipe["stage_index"], pipe["num_stages"], pipe["stage_ranks"]) == (r, 2, [0, 1])
+        assert pipe["schedule"] == "ScheduleGPipe" and pipe["n_microbatches"] == 4 and pipe["group"]
+        assert lay.stage_of(r) == r and lay.coord(r) == {"pp": r}
+    assert lay.records[0]["pipeline"]["params"] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert lay.records[1]["pipeline"]["params"] == ["fc3.weight", "fc3.bias", "head.weight", "head.bias"]
+    assert lay.program_peers() == [[0], [1]] and lay.dim_groups("pp") == [[0, 1]]
+    assert lay.to_dict()["stages"] == {"0": 0, "1": 1}
+
+
+@pytest.fixture(scope="module")
+def died_store(tmp_path_factory):
+    """One rank of nd_fsdp_tp.py (a 1 x 1 mesh) that ends with os._exit after its first step."""
+    path = tmp_path_factory.mktemp("nd_died") / "died.db"
+    proc = run_torchrun("nd_fsdp_tp.py", 1, path, "--run-name", "died", "--dp", "1", "--tp", "1", "--die")
+    assert proc.returncode == 0
+    return path
+
+
+@pytest.mark.slow
+def test_a_job_that_dies_keeps_its_layout(died_store):
+    run_id, lay = _run_layout(died_store, "died")
+    # close() never ran (it writes the process groups); the layout and FSDP2 groups were written before
+    assert _event_ranks(died_store, run_id, "graphdeck_process_groups") == []
+    assert lay is not None and lay.ranks == [0] and lay.meshes[0]["dim_names"] == ["dp", "tp"]
+    rec = lay.records[0]
+    assert {g["module"] for g in rec["fsdp_groups"]} == {"", "blocks.0", "blocks.1"}
+    assert lay.placements("blocks.0.w2.weight", 0) == ["Shard(0)", "Shard(1)"]
+    assert _event_ranks(died_store, run_id, "graphdeck_comm_groups") == [0]
+
+
+@pytest.mark.slow
+def test_layout_api(nd_fsdp_tp_store, died_store):  # noqa: F811
+    with LiveServer(nd_fsdp_tp_store) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        resp = client.get(f"/api/runs/{RUN_FSDP_TP}/layout")
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["world_size"] == 4 and body["missing_ranks"] == [] and body["replica_peers"] == [[0, 2], [1, 3]]
+        assert body["coords"]["3"] == {"dp": 1, "tp": 1} and body["dim_groups"]["tp"] == [[0, 1], [2, 3]]
+        assert body["records"]["1"]["params"][0]["placements"] == ["Shard(0)"]
+        missing = client.get("/api/runs/no-such-run/layout")
+        assert missing.status_code == 404 and missing.json()["ok"] is False
+    w = StoreWriter(died_store, "no-layout", 0, 1)  # a run whose ranks recorded no layout
+    w.engine.dispose()
+    with LiveServer(died_store) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        resp = client.get("/api/runs/no-layout/layout")
+        body = resp.json()
+        assert resp.status_code == 404 and body["ok"] is False and "no parallel layout" in body["error"]
+        assert client.get("/api/runs/died/layout").json()["ranks"] == [0]

@@ -2,7 +2,7 @@
 
 Run under torchrun (4 ranks by default: a 2 x 2 ``("dp", "tp")`` mesh)::
 
-    torchrun --standalone --nproc-per-node 4 tests/programs/nd_fsdp_tp.py STORE [--run NAME]
+    torchrun --standalone --nproc-per-node 4 tests/programs/nd_fsdp_tp.py STORE [--run-name NAME]
         [--dp 2 --tp 2] [--steps 3] [--die]
 
 The model: an input projection, two MLP blocks ``blocks.{0,1}`` (``w1``: Linear(32, 64) under
@@ -25,7 +25,7 @@ import os
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("store")
-    ap.add_argument("--run", default="nd_fsdp_tp")
+    ap.add_argument("--run-name", default="nd_fsdp_tp")
     ap.add_argument("--dp", type=int, default=2)
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
@@ -68,7 +68,7 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (args.dp, args.tp), mesh_dim_names=("dp", "tp"))
-    agent = Agent(store=args.store, run=args.run)
+    agent = Agent(store=args.store, run=args.run_name)
     model = Model()
     model.blocks[1] = checkpoint_wrapper(model.blocks[1])
     model = agent.watch(model)  # before parallelising: the layout is recorded again once it changes

@@ -2,7 +2,7 @@
 
 Run under torchrun (one stage per rank)::
 
-    torchrun --standalone --nproc-per-node 2 tests/programs/nd_pipeline.py STORE [--run NAME]
+    torchrun --standalone --nproc-per-node 2 tests/programs/nd_pipeline.py STORE [--run-name NAME]
         [--schedule gpipe|1f1b] [--microbatches 4] [--steps 2] [--cut-backward] [--die]
 
 Stage 0: ``Linear(16, 32)``, ReLU, ``Linear(32, 32)``; stage 1: ``Linear(32, 32)``, ReLU,
@@ -27,7 +27,7 @@ import os
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("store")
-    ap.add_argument("--run", default="nd_pipeline")
+    ap.add_argument("--run-name", default="nd_pipeline")
     ap.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2)
@@ -68,7 +68,7 @@ def main() -> None:
     assert world == 2, "two stages, one per rank"
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    agent = Agent(store=args.store, run=args.run)
+    agent = Agent(store=args.store, run=args.run_name)
     module = Stage0() if rank == 0 else Stage1(args.cut_backward)
     agent.watch(module)
     compiled = torch.compile(module, backend=agent.backend("aot_eager"))
