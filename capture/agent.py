@@ -88,6 +88,9 @@ class _CompileEventHandler(logging.Handler):
                 return
         if name is None:
             return
+        if isinstance(meta.get("dynamo_start"), dict):  # frames name their file by an interned id
+            meta = {**meta, "dynamo_start": {**meta["dynamo_start"],
+                                             "stack": _resolve_filenames(meta["dynamo_start"].get("stack"))}}
         cid = None
         if "frame_id" in meta:
             cid = f"{meta.get('frame_id')}/{meta.get('frame_compile_id')}"
@@ -104,6 +107,19 @@ class _CompileEventHandler(logging.Handler):
         self.sink.append({"name": name, "compile_id": cid, "metadata": meta, "payload": payload})
         if self.on_record is not None:
             self.on_record()
+
+
+def _resolve_filenames(stack: Any) -> Any:
+    """Stack frames with ``"filename": <id>`` replaced by the path: torch interns file names
+    (``torch._logging.structured.intern_string``) and logs each once as a ``str`` record, which
+    this handler does not keep (and never sees when the name was interned before it listened)."""
+    if not isinstance(stack, list):
+        return stack
+    from torch._logging.structured import INTERN_TABLE
+
+    names = {i: s for s, i in INTERN_TABLE.items()}
+    return [{**f, "filename": names.get(f["filename"], f["filename"])}
+            if isinstance(f, dict) and isinstance(f.get("filename"), int) else f for f in stack]
 
 
 class Agent:
