@@ -534,14 +534,20 @@ def replay_cmd(ctx: click.Context, run_name: str, graph_id: int, store: str, con
     ex = out.get("executor")
     if ex:
         times = ex["node_gpu_ns"] or ex["node_cpu_ns"]
+        recorded = (f"compared with recorded trace {ex['recorded_trace_id']}" if ex.get("recorded_trace_id") is not None
+                    else "no recorded trace of this run maps onto the graph: nothing to compare with")
         click.echo(f"executor: trace {ex['trace_id']}, {len(times)} nodes timed on {device} "
-                   f"(mean of {ex['iters']} runs; recorded trace {ex['recorded_trace_id']})")
+                   f"(mean of {ex['iters']} runs; {recorded})")
         for name, ns in sorted(times.items(), key=lambda kv: -kv[1])[:10]:
             ratio = ex["ratio"].get(name)
             click.echo(f"  {name:<40s} {ns / 1e3:>10.1f} us" + (f"  x{ratio:.2f} vs recorded" if ratio else ""))
     if "pipeline" in out:
         p, plan = out["pipeline"], out["plan"]
-        click.echo(f"plan {plan['strategy']}: {len(plan['stages'])} stages, balance {plan['balance']}")
+        cost = {"layerwise": "compute nodes", "memory_aware": "input bytes", "auto": "measured node time"}.get(
+            plan["strategy"], "cost")
+        click.echo(f"plan {plan['strategy']}: {len(plan['stages'])} stages; balance {plan['balance']:.2f} = the "
+                   f"largest stage's {cost} / the mean stage's (1.00 is even)"
+                   + (f"; by estimated time {plan['time_balance']:.2f}" if plan.get("time_balance") else ""))
         for st, busy in zip(plan["stages"], p["busy_ns"]):
             click.echo(f"  stage {st['index']}: {st['compute_nodes']} nodes, params {_mib(st['param_bytes'])}, "
                        f"activations {_mib(st['activation_bytes'])}, sends {len(st['send'])}, busy {busy / 1e6:.1f} ms")

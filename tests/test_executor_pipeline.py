@@ -55,6 +55,12 @@ def test_cli_replay(store):
     out = json.loads(proc.stdout)
     assert out["pipeline"]["backend"] == "gloo" and len(out["plan"]["stages"]) == 2
     assert out["plan"]["time_balance"] is not None, "auto balances measured node times"
+    text = subprocess.run(cmd + ["--workers", "2", "--strategy", "layerwise", "--microbatches", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr[-3000:]
+    # Issue 24.14: "recorded trace None" and a bare "balance 1.2184" said nothing to a reader.
+    assert "recorded trace None" not in text.stdout
+    assert "= the largest stage's compute nodes / the mean stage's (1.00 is even)" in text.stdout, text.stdout
     with pytest.raises(UsageError, match=r"node 'view_2' \(aten.view.default\) fixes the batch size .* captured "
                                          "batch size 2 as a literal"):
         replay(open_engine(store), graph_ids(store)["aot_forward"], microbatch_size=5)
