@@ -98,12 +98,19 @@ export function cutLink(cut) {
     `show the cut in graph #${cut.graph_id}`);
 }
 
+/** Whether a cut's op only repeats its kind ("detach" / "aten.detach.default" under kind "detach"):
+ * then the chip says it once, not "cut: detach detach at …" (issue 24.14). */
+function sameAsKind(op, kind) {
+  const short = String(op).replace(/^(aten|torch|prims)\./, "").replace(/\.(default|Tensor)$/, "");
+  return short === String(kind) || String(op) === String(kind);
+}
+
 function cutCell(p) {
   const c = p.cut;
   return h("td", {class: "reason"},
     isBlank(p.reason) ? "" : fmt(p.reason),
     c && c.kind && c.kind !== "not_read" ? h("div", {class: "cut"}, h("span", {class: "muted"}, "cut: "),
-      h("code", {class: "chip"}, fmt(c.kind)), " ", c.op ? code(c.op) : null,
+      h("code", {class: "chip"}, fmt(c.kind)), " ", c.op && !sameAsKind(c.op, c.kind) ? code(c.op) : null,
       c.source ? [" at ", h("code", {title: c.code || ""}, fmt(c.source))] : null,
       c.module_path ? [" in ", h("code", {}, fmt(c.module_path))] : null) : null,
     c && c.code ? h("pre", {class: "cut-code"}, c.code) : null,

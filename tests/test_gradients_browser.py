@@ -45,6 +45,8 @@ def test_gradient_page_filters_and_links_to_the_cut(page, base_url):  # noqa: F8
     assert rows.count() == 2 and set(rows.locator("td:nth-child(2) code").all_inner_texts()) >= {"blk2.weight", "blk2.bias"}
     assert "status=NO_GRAD" in page.evaluate("location.hash"), "the filter is kept in the URL"
     assert C.line_of("G5-cut") in rows.first.inner_text(), "the row names the detach's source line"
+    cut = rows.first.locator("div.cut").inner_text()
+    assert cut.startswith("cut: detach") and "detach detach" not in cut, f"the op is not repeated (issue 24.14): {cut}"
     page.select_option("#grad-rank", "0")
     assert visible_rows(page).count() == 2 and "rank=0" in page.evaluate("location.hash")
     page.goto(f"{base_url}/#/runs/g5/grads?status=OK")
