@@ -367,8 +367,8 @@ def replay(engine, graph_id: int, *, workers: int = 1, strategy: str = "layerwis
     Everything that can be refused (backend, device, microbatch size, fusion, device-only ops) is
     checked before anything runs.
 
-    Returns a JSON-able summary (``batch``: captured and replayed batch size; ``heterogeneous_fusion``
-    when set). Raises as :func:`run_pipeline` / :func:`execute_graph`."""
+    Returns a JSON-able summary (``batch``: captured and replayed batch size; ``recorded_devices``;
+    ``heterogeneous_fusion`` when set). Raises as :func:`run_pipeline` / :func:`execute_graph`."""
     from graphdeck.replay.executor import execute_graph, load_stored_graph, recorded_node_ns
     from graphdeck.replay.partition import plan_for_graph
     from graphdeck.replay.placement import check_device, heterogeneous_fusion as fusion
@@ -389,6 +389,7 @@ def replay(engine, graph_id: int, *, workers: int = 1, strategy: str = "layerwis
     if microbatch_size is not None:
         rebatch(stored, microbatch_size)
     out["batch"] = {"captured": captured, "replayed": microbatch_size or captured}
+    out["recorded_devices"] = sorted({n.device for n in stored.nodes if n.device})  # device args map to `device`
     plan = None
     if workers == 1 or strategy == "auto":
         with Session(engine) as session:

@@ -2,9 +2,11 @@
 
 # NOTE: [Rebatching a static graph]
 A captured graph's shapes are those of the captured batch. The *captured batch size* ``B`` is
-dim 0 of the graph's first data input (a tensor placeholder not bound to a parameter); the
-*batch inputs* are the data inputs whose dim 0 is ``B`` (a backward graph's saved activations and
-tangents included). To run the graph on microbatches of ``b`` rows, the batch inputs get dim 0 =
+dim 0 of the graph's first data input (a tensor placeholder not bound to a parameter) whose dim 0
+is above 1; the *batch inputs* are the data inputs whose dim 0 is ``B`` (a backward graph's saved
+activations and tangents included). An input saved with the batch flattened into dim 0
+(``[B*S, H]``) is not resized (a multiple of ``B`` may as well be a feature size); a node that
+then fails names it. To run the graph on microbatches of ``b`` rows, the batch inputs get dim 0 =
 ``b`` (same dim order as recorded, i.e. the recorded stride order), SymInt inputs whose recorded
 value is ``B`` (a dynamic batch size) get ``b``, everything else keeps its recorded shape, and the
 rebuilt graph is re-run on ``meta`` tensors (no data, no kernels: shape propagation through the
@@ -36,9 +38,13 @@ def data_inputs(stored) -> list:
 
 
 def captured_batch(stored) -> int | None:
-    """Dim 0 of the first data input (NOTE: [Rebatching a static graph]); None when there is none."""
-    first = data_inputs(stored)
-    return first[0].shape[0] if first else None
+    """The captured batch size (NOTE: [Rebatching a static graph]): dim 0 of the first data input
+    whose dim 0 is above 1 (a ``[1, S]`` position-ids buffer is not the batch); 1 when every data
+    input has dim 0 of 1; None when there is no data input."""
+    dims = [n.shape[0] for n in data_inputs(stored)]
+    if not dims:
+        return None
+    return next((d for d in dims if d > 1), 1)
 
 
 def _literals(value: Any, out: list) -> None:
@@ -174,9 +180,15 @@ def _fixing_message(stored, by_name: dict, failed: str, captured: int, batch: in
                     if by_name.get(a) is not None and by_name[a].op.startswith("call_")
                     and _has_literal(by_name[a], captured)), None)
     if culprit is None:
+        kept = [f"{a} {by_name[a].shape}" for a in _ancestors(by_name, failed)
+                if by_name.get(a) is not None and by_name[a].op == "placeholder" and not by_name[a].param_fqn
+                and _flat_shape(by_name[a].shape) and by_name[a].shape[0] != captured
+                and by_name[a].shape[0] % captured == 0]
+        hint = (f"; inputs it reads that kept their recorded shape and may hold the batch flattened into dim 0: "
+                f"{', '.join(kept[:4])}" if kept else "")
         return (f"microbatch size {batch}: graph {stored.id} cannot run at batch {batch}: node {failed!r} fails "
                 f"({reason}); no node before it holds the captured batch size {captured} as a literal, so the "
-                "failing node's own shapes fix the batch size")
+                f"failing node's own static shapes fix the batch size{hint}")
     c = by_name[culprit]
     where = "" if culprit == failed else f"; node {failed!r} then fails: {reason}"
     return (f"microbatch size {batch}: node {culprit!r} ({c.target}) fixes the batch size of graph {stored.id}: "
