@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.store.fr_import import EVENT_NAME, INDEX_VERSION, members_of, seq_index
+from graphdeck.store.fr_import import EVENT_NAME, INDEX_VERSION, members_of, seq_index, unpack_codes
 from graphdeck.store.schema import CompileEvent, Rank
 
 try:  # the stored payloads are large on big jobs: the faster parser where installed
@@ -254,7 +254,8 @@ def _indexes(session: Session, run_id: int) -> tuple[dict[int, dict], dict[int, 
             x = _loads(meta or "{}").get("fr_index")
         except (ValueError, AttributeError):
             x = None
-        if not isinstance(x, dict) or x.get("v") != INDEX_VERSION:
+        if not (isinstance(x, dict) and x.get("v") == INDEX_VERSION and isinstance(x.get("groups"), dict)
+                and all(isinstance(g, list) and len(g) == 6 and isinstance(g[4], str) for g in x["groups"].values())):
             try:
                 norm = _loads(session.scalar(select(CompileEvent.payload).where(CompileEvent.id == i)) or "")
                 x = seq_index(norm)
@@ -300,7 +301,7 @@ class _Classes:
         by_key: dict[tuple, list[int]] = defaultdict(list)
         for r in have:
             ent = self.index[r]["groups"].get(g)
-            by_key[(self.gsig[r], None) if ent is None else (self.gsig[r], *ent[1:4], _frozen(ent[4]))].append(r)
+            by_key[(self.gsig[r], None) if ent is None else (self.gsig[r], *ent[1:5])].append(r)
         decoded = {k: _decode(k) for k in by_key}
         spans = [(v[0], v[1]) for v in decoded.values() if v is not None]
         if not spans:
@@ -318,20 +319,12 @@ class _Classes:
         return start, out
 
 
-def _frozen(codes: list) -> tuple:
-    t = tuple(codes)
-    try:
-        hash(t)
-    except TypeError:  # coalesced ids (lists), or sparse [seq, code] pairs
-        t = tuple(tuple(_frozen(c)) if isinstance(c, list) else c for c in codes)
-    return t
-
-
 def _decode(k: tuple) -> tuple[int, int, list] | None:
     """``(first, last, global signature per id first..last)`` of a class key, None for no entries."""
     if k[1] is None:
         return None
-    gsig, first, last, dense, codes = k
+    gsig, first, last, dense, packed = k
+    codes = unpack_codes(packed)
 
     def one(c):
         return None if c is None else gsig[c] if c.__class__ is int else tuple(gsig[x] for x in c)
@@ -359,15 +352,12 @@ def _flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None)
     rd = _Dumps(session, ids, dumps, sig_ids)
     cfg_members: dict[str, set[int]] = {}
     everyone: set[int] = set(ranks)
-    parsed: dict[str, set[int]] = {}  # the same "ranks" text in every dump: read once
+    by_pgc: dict = {}  # the same pg_config (by digest) in every dump, as a rule: read once
     for r in ranks:
-        for name, cfg in (index[r].get("pg_config") or {}).items():
-            text = cfg.get("ranks") if isinstance(cfg, dict) else None
-            m = parsed.get(text) if isinstance(text, str) else None
-            if m is None:
-                m = members_of({name: cfg})
-                if isinstance(text, str):
-                    parsed[text] = m
+        by_pgc.setdefault(index[r].get("pgc"), r)
+    for r in by_pgc.values():
+        for name, cfg in (rd[r].norm.get("pg_config") or {}).items():
+            m = members_of({name: cfg})
             if m:
                 cfg_members.setdefault(str(name), set()).update(m)
                 everyone |= m
