@@ -1,0 +1,103 @@
+"""check-compile's report as text (for people) and JUnit XML (for CI systems; junitparser),
+from a :class:`~graphdeck.analysis.compile_health.CompileHealth`."""
+
+from __future__ import annotations
+
+from graphdeck.analysis.compile_health import CompileHealth, FrameBudget
+
+CACHE_NAMES = {"fx_graph": "FX graph cache", "fx_graph_remote": "FX graph cache (remote)",
+               "aot_autograd": "AOTAutograd cache", "aot_autograd_remote": "AOTAutograd cache (remote)"}
+
+
+def _frame_lines(f: FrameBudget, indent: str = "  ") -> list[str]:
+    state = ("LIMIT HIT: later calls run eagerly" if f.limit_hit
+             else "will hit the limit at this rate" if f.will_hit_limit else "")
+    ranks = f" (ranks {', '.join(map(str, f.ranks))})" if len(f.ranks) > 1 else ""
+    out = [f"{indent}{f.frame}{ranks}: {f.used} of {f.limit} compiles used, {f.recompiles} recompile(s)"
+           + (f" — {state}" if state else "") + f"; limit {f.limit_source}"]
+    if f.classes:
+        out.append(f"{indent}  budget spent on: " + ", ".join(f"{k} ({n})" for k, n in f.classes.items()))
+    for g in f.guards[:5]:
+        out.append(f"{indent}  guard {'STORM ' if g['storm'] else ''}x{g['count']} [{g['class']}]: {g['example']}")
+    for s in f.steps[:12]:
+        out.append(f"{indent}  {s['compile_id']}: {s['failed_guard']}"
+                   + (f" (+{s['guards_failed'] - 1} more)" if s["guards_failed"] > 1 else ""))
+    if f.hint:
+        out.append(f"{indent}  hint: {f.hint}")
+    return out
+
+
+def to_text(h: CompileHealth) -> str:
+    """Verdict first, then totals, then each rank's times and caches and missing evidence."""
+    s = h.summary()
+    lines = [f"check-compile {h.run}: {h.verdict}"]
+    lines += [f"FAIL: {x}" for x in h.findings]
+    lines += [f"INCOMPLETE: {x}" for x in h.missing_evidence]
+    lines.append(f"graph breaks: {s['graph_breaks']} distinct in user code ({s['graph_break_records']} record(s); "
+                 f"{s['library_breaks']} inside torch/stdlib, not counted)")
+    for b in h.breaks:
+        where = "library" if b.library else "user code"
+        lines.append(f"  {b.source_line or '?'} [{b.reason_class}, {where}] x{b.count} on rank(s) "
+                     f"{', '.join(map(str, b.ranks))}: {b.headline}")
+        lines.append(f"    user frame: {b.user_frame or '?'}; compiled frames: {', '.join(b.frames) or '?'}"
+                     + (" — Dynamo skipped the frame (falls back to eager)" if b.eager_fallback else ""))
+        if not b.library:
+            lines.append(f"    hint: {b.hint}")
+    lines.append(f"recompiles: {s['recompiles']} over {s['frames']} frame(s); most in one frame: "
+                 f"{s['max_recompiles_per_frame']}")
+    for f in h.frames:
+        if f.recompiles or f.limit_hit:
+            lines += _frame_lines(f)
+    lines.append(f"eager fallbacks and failed compiles: {len(h.fallbacks)}")
+    for x in h.fallbacks:
+        first = (x.reason.strip().splitlines() or [""])[0]
+        lines.append(f"  rank {x.rank} {x.compile_id} {x.frame}: {x.kind} ({x.fail_type}): {first[:200]}")
+    restarts = [(r, x) for r, rh in h.ranks.items() for x in rh.restarts]
+    lines.append(f"restarts: {len(restarts)}")
+    for r, x in restarts[:20]:
+        lines.append(f"  rank {r} {x['compile_id']}: {(x['reason'].strip().splitlines() or [''])[0][:200]}")
+    lines.append("compile time and caches per rank:")
+    for r, rh in h.ranks.items():
+        st = rh.stats
+        caches = ", ".join(f"{CACHE_NAMES[k]} {v['hit']} hit / {v['miss']} miss" for k, v in st.cache.items()
+                           if v["hit"] or v["miss"] or v["bypass"]) or "no cache counts"
+        lines.append(f"  rank {r}: {st.compiles} compile(s), {st.compile_s:.2f} s; {caches} ({st.cache_source})")
+    ct = h.spread.get("compile_s")
+    if ct and ct.get("spread") is not None:
+        lines.append(f"  spread: compile time {ct['spread']:.2f} s (rank {ct['min_rank']} {ct['min']:.2f} s .. "
+                     f"rank {ct['max_rank']} {ct['max']:.2f} s)")
+    for k, v in h.spread.items():
+        if k.endswith("_hit_rate") and v.get("spread") is not None:
+            lines.append(f"  spread: {CACHE_NAMES[k[:-9]]} hit rate {v['min']:.0%} .. {v['max']:.0%}")
+    return "\n".join(lines)
+
+
+def to_junit(h: CompileHealth) -> str:
+    """One test case per gate (graph breaks, recompiles of each frame, eager fallbacks) and one
+    for the recorded evidence; a passed threshold is a failure, missing evidence too (type
+    ``incomplete``), an unchecked gate passes with its numbers in ``system-out``."""
+    from junitparser import Failure, JUnitXml, TestCase, TestSuite
+
+    cls = f"graphdeck.compile.{h.run}"
+    suite = TestSuite(f"graphdeck check-compile {h.run}")
+    th = h.thresholds
+
+    def case(name: str, problems: list[str], out: str, ftype: str = "threshold") -> None:
+        c = TestCase(name, classname=cls)
+        if problems:
+            c.result = [Failure("; ".join(problems), ftype)]
+        c.system_out = out
+        suite.add_testcase(c)
+
+    case("graph breaks", [x for x in h.findings if "--max-graph-breaks" in x],
+         "\n".join(f"{b.source_line} [{b.reason_class}] x{b.count}: {b.headline}" for b in h.user_breaks) or "none")
+    for f in h.frames:
+        case(f"recompiles {f.frame}", [x for x in h.findings if x.startswith(f"frame {f.frame}:")],
+             "\n".join(_frame_lines(f, "")))
+    case("eager fallbacks", [x for x in h.findings if "fell back to eager" in x] if th.fail_on_eager_fallback else [],
+         "\n".join(f"rank {x.rank} {x.compile_id} {x.frame}: {x.kind}" for x in h.fallbacks) or "none")
+    case("recorded evidence", h.missing_evidence, f"{len(h.ranks)} rank(s) with compile records", "incomplete")
+    xml = JUnitXml()
+    xml.add_testsuite(suite)
+    got = xml.tostring()
+    return got.decode() if isinstance(got, bytes) else got
