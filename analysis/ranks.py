@@ -743,7 +743,8 @@ def collective_schedule(session: Session, run_id: int, rank: int,
                 continue
             out.append(Collective(index=len(out), kind="all_reduce", group="ddp", size_bytes=p.size_bytes,
                                   shape=None, dtype=None, source="ddp_bucket", graph_id=p.graph_id,
-                                  node=f"DDP bucket {p.index} ({len(_json(p.params_json) or [])} params)"))
+                                  node=f"DDPOptimizer split {p.index} ({len(_json(p.params_json) or [])} params; "
+                                       "stands in for the reducer's bucket)"))
     for i, c in enumerate(out):
         c.index = i
     return out

@@ -7,7 +7,7 @@
 // by side, the first mismatching position marked as the predicted hang; each rank's compile
 // sequence. All text from the store goes through h() (textContent), never markup.
 
-import {badge, code, fmt, graphLink, h, num, setCrumbs, table, api} from "./common.js";
+import {badge, code, fmt, fmtBytes, graphLink, h, num, setCrumbs, table, api} from "./common.js";
 
 function verdict(report) {
   const groups = report.groups.map((g) => `[${g.join(", ")}]`).join(" ");
@@ -98,7 +98,7 @@ function scheduleTable(report) {
   const longest = Math.max(0, ...schedules.map((s) => s.length));
   const hangAt = report.collective_mismatches.length ? report.collective_mismatches[0].index : -1;
   const cell = (c) => (c ? h("td", {title: c.line || ""},
-    code(c.kind), c.group != null ? ` pg ${c.group}` : "", c.size_bytes != null ? ` ${c.size_bytes} B` : "",
+    code(c.kind), c.group != null ? ` pg ${c.group}` : "", c.size_bytes != null ? ` ${fmtBytes(c.size_bytes)}` : "",
     c.node ? h("div", {class: "small muted"}, c.node) : null,
     c.compile_id ? h("div", {class: "small muted"}, `compile ${c.compile_id}`) : null) : h("td", {class: "muted"}, "—"));
   const rows = [];

@@ -64,7 +64,7 @@ function graphRow(g, depth, partByGraph) {
   const part = partByGraph.get(g.id);
   const relation = [];
   if (g.kind === "ddp_partition" || g.partition_index != null) {
-    relation.push(badge(`bucket ${fmt(g.partition_index ?? part?.index)}`, "tag"));
+    relation.push(badge(`DDPOptimizer split ${fmt(g.partition_index ?? part?.index)}`, "tag"));
     if (part) relation.push(` ${fmtBytes(part.size_bytes)} · ${plural((part.params || []).length, "param")}`);
   }
   if (g.parent_id != null) relation.push(h("span", {class: "muted"}, " of "), graphLink(g.parent_id));
@@ -128,8 +128,12 @@ function rankSection(rank, graphs, traces, parts, compileEvents) {
       ? table(`graphs-rank-${rank}`, ["Ord.", "Kind", "Name", "Compile id", "Nodes", "Parent / partition",
         "Compile", "Break reason"], graphRows, "graphs-table")
       : h("p", {class: "empty"}, "No graphs captured on this rank."),
-    parts.length ? [h("h3", {}, "DDP buckets"),
-      table(`buckets-rank-${rank}`, ["Bucket", "Size", "Params", "Parameters", "Graph"], bucketRows)] : null,
+    parts.length ? [h("h3", {}, "DDPOptimizer splits (compile time)"),
+      h("p", {class: "small muted", "data-testid": `buckets-note-${rank}`}, "DDPOptimizer cuts the Dynamo graph where "
+        + "DDP's bucket_cap_mb would close a bucket and numbers the pieces in graph order. The reducer's own all-reduce "
+        + "buckets (the ranks page's collective schedule: \"DDP reducer bucket N\") are numbered by the reducer, in "
+        + "gradient-ready order; the two numberings need not match."),
+      table(`buckets-rank-${rank}`, ["Split", "Size", "Params", "Parameters", "Graph"], bucketRows)] : null,
     traces.length ? [h("h3", {}, "Traces"),
       table(`traces-rank-${rank}`, ["Name", "Status", "Events", ""], traceRows)] : null);
 }

@@ -45,3 +45,29 @@ def test_empty_tables_say_why_and_every_table_has_a_caption(browser, server, cap
         assert page.locator(f"#{tid} caption").inner_text().strip(), f"{tid} is captioned"
     assert "two or more ranks" in page.get_by_test_id("collectives-table-empty").inner_text()
     page.close()
+
+
+def test_ddp_split_and_reducer_numberings_are_told_apart_and_bytes_are_readable(browser, tmp_path):
+    """Item 14: two "bucket N" numberings (DDPOptimizer's split and the reducer's) without saying
+    which is which, and raw bytes (``1055744 B``) on the ranks page."""
+    import gzip
+
+    data = Path(__file__).parent / "data" / "ddp_h200x2"
+    store = tmp_path / "ddp.db"
+    with gzip.open(data / "ddp.db.gz") as src, open(store, "wb") as dst:
+        dst.write(src.read())
+    with LiveServer(store) as srv:
+        page = browser.new_page(viewport={"width": 1440, "height": 900})
+        page.goto(f"{srv.url}/#/runs/ddp")
+        page.wait_for_selector("#buckets-rank-0")
+        assert "DDPOptimizer split" in page.locator("#graphs-rank-0").inner_text()
+        note = page.get_by_test_id("buckets-note-0").inner_text()
+        assert "reducer" in note and "need not match" in note
+        page.goto(f"{srv.url}/#/runs/ddp/ranks")
+        page.wait_for_selector("#collective-schedule")
+        text = page.locator("#collective-schedule").inner_text()
+        assert "DDP reducer bucket" in text or "DDPOptimizer split" in text, text[:500]
+        import re
+
+        assert not re.search(r"\d{4,} B\b", text), f"bytes in a readable unit: {re.findall(r'[0-9]{4,} B', text)[:3]}"
+        page.close()
