@@ -53,6 +53,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.uploads",
     "graphdeck.server.routes.parallel_map",
     "graphdeck.server.routes.layout",
+    "graphdeck.server.routes.compile_health",
 )
 
 
