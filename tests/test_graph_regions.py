@@ -217,7 +217,8 @@ def test_region_box_in_the_browser_closes_and_opens_for_a_hidden_node(browser, s
 @pytest.mark.slow
 def test_partition_overlay_labels_tp_collectives_and_fsdp2_groups(nd_fsdp_tp_store):  # noqa: F811
     with LiveServer(nd_fsdp_tp_store) as live, httpx.Client(base_url=live.url, timeout=60) as c:
-        rows = c.get("/api/runs/nd_fsdp_tp").json()["graphs"]
+        run = c.get("/api/runs/nd_fsdp_tp").json()
+        rows, layout = run["graphs"], c.get(f"/api/runs/{run['id']}/layout").json()
         aot = [g for g in rows if g["kind"] in ("aot_forward", "aot_backward")]
         assert {g["rank"] for g in aot} == {0, 1, 2, 3}, "every rank has its AOT graphs"
         seen_tp = seen_fsdp = 0
@@ -227,6 +228,12 @@ def test_partition_overlay_labels_tp_collectives_and_fsdp2_groups(nd_fsdp_tp_sto
             comm = [n for n, v in nodes.items() if (v["target"] or "").startswith("_c10d_functional.")]
             assert comm, f"DTensor's collectives are on graph {g['id']}"
             assert all(ov["values"].get(n) == "tp collective" for n in comm), (g["id"], ov)
+            record = layout["records"][str(g["rank"])]
+            tp_group = next(d["name"] for m in record["meshes"] for d in m["dim_groups"] if d["dim"] == "tp")
+            groups = {next(a for a in reversed(c.get(f"/api/graphs/{g['id']}/nodes/{n}").json()["args"])
+                           if isinstance(a, str)) for n in comm if not nodes[n]["target"].startswith(
+                               "_c10d_functional.wait_tensor")}
+            assert groups == {tp_group}, "labelled by the layout's process group of the tp dimension"
             seen_tp += len(comm)
             fsdp = {n: v for n, v in ov["values"].items() if v.startswith("fsdp ")}
             params = [n for n, v in nodes.items() if v["param_fqn"]]
@@ -263,3 +270,48 @@ def test_partition_overlay_labels_pipeline_stage_graphs(nd_pipeline_store):  # n
                 assert all("Tangent" in (nodes[n]["desc"] or "") for n in boundary), "the gradient from the next stage"
             svg = c.get(f"/api/graphs/{g['id']}/svg", params={"overlay": "partition"}).text
             assert f"pipeline stage {stage} of 2" in svg
+
+
+# ---------------------------------------------------------------------------- pure parts
+
+
+def test_group_dims_prefer_the_ranks_layout_then_others_then_mesh_names():
+    from graphdeck.analysis.layout import build_layout
+    from graphdeck.analysis.parallel_overlay import group_dims, norm_fqn
+    from tests.nd_fixtures import layout_record
+
+    layout = build_layout({r: layout_record(r) for r in (0, 1)}, 4)
+    dims = group_dims(layout, 1, {"groups": [{"name": "7", "desc": "mesh_cp"}, {"name": "pg_tp_0_1", "desc": "x"}]})
+    assert dims["pg_tp_0_1"] == "tp" and dims["pg_dp_0_2"] == "dp" and dims["pg_dp_1_3"] == "dp"
+    assert dims["7"] == "cp", "a DeviceMesh's group description names its dimension when no layout does"
+    assert group_dims(None, 0, {}) == {}
+    assert norm_fqn("blocks.1._checkpoint_wrapped_module.w1.weight") == "blocks.1.w1.weight"
+
+
+def test_nested_regions_are_boxes_inside_boxes():
+    from graphdeck.analysis.regions import Region
+    from graphdeck.server.render.regions import apply_regions
+    from graphdeck.server.render.svg import render_graph_svg
+    from graphdeck.server.views import GraphView, ViewEdge, ViewNode
+
+    def node(i, name, ns, op="call_function"):
+        return ViewNode(id=name, idx=i, label=name, op=op, target=f"aten.{name}.default", category="other",
+                        namespace=ns)
+
+    view = GraphView(graph_id=1, name="g", kind="aot_forward", nodes=[
+        node(0, "x", None, "placeholder"), node(1, "a", "blk"), node(2, "b", "blk/inner"), node(3, "c", "blk/inner"),
+        node(4, "d", None), node(5, "output", None, "output")],
+        edges=[ViewEdge(src=s, dst=d) for s, d in (("x", "a"), ("a", "b"), ("b", "c"), ("c", "d"), ("d", "output"))])
+    outer = Region("autocast", f"autocast {EVIL}", ["a", "b", "c", "d"])
+    inner = Region("activation_checkpoint", "activation checkpoint: blk.inner", ["b", "c"])
+    twin = Region("activation_checkpoint", "activation checkpoint: blk.inner", ["d"])
+    out = apply_regions(view, [outer, inner, twin])
+    paths = {r.label + str(i): r.path for i, r in enumerate(out.regions)}
+    seg = "\u27e8autocast <script>alert(1)<\u2215script>\u27e9"
+    assert paths[f"autocast {EVIL}0"] == seg
+    assert paths["activation checkpoint: blk.inner1"] == f"{seg}/blk/\u27e8activation checkpoint: blk.inner\u27e9"
+    assert paths["activation checkpoint: blk.inner2"].startswith(seg + "/"), "inside the autocast box"
+    assert {n.id: n.namespace for n in out.nodes}["output"] is None
+    svg = render_graph_svg(out, max_depth=99)
+    assert "<script>" not in svg and svg.count('class="cluster open region') == 3
+    assert ET.fromstring(svg.encode()).find(f".//{SVG}g[@data-region='autocast']").get("data-label") == f"autocast {EVIL}"
