@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, aliased
 
 from graphdeck.errors import NotFoundError
@@ -105,6 +105,8 @@ def graph_regions(session: Session, graph_id: int) -> list[Region]:
     if graph is None:
         raise NotFoundError(f"graph {graph_id} not found", resource="graph", id=graph_id)
     target, module = aliased(InternedString), aliased(InternedString)
+    if not _may_have_regions(session, graph_id):
+        return []
     rows = [
         _Row(idx, name, op, tgt or "", _args(args), _loads(meta, {}), (mod or "").strip("/") or None, tag, fqn)
         for idx, name, op, tgt, args, meta, mod, tag, fqn in session.execute(
@@ -114,6 +116,19 @@ def graph_regions(session: Session, graph_id: int) -> list[Region]:
             .where(Node.graph_id == graph_id).order_by(Node.idx))
     ]
     return find_regions(rows, graph.kind)
+
+
+def _may_have_regions(session: Session, graph_id: int) -> bool:
+    """One indexed pass in SQL before any row is parsed: an autocast or checkpoint target, or
+    a recompute tag (most graphs have neither)."""
+    target = aliased(InternedString)
+    hit = session.execute(
+        select(Node.idx).join(target, Node.target_id == target.id)
+        .where(Node.graph_id == graph_id, or_(target.value.like("%autocast%"), target.value.like("%checkpoint%"),
+                                             Node.meta_json.like('%"recompute"%'),
+                                             Node.meta_json.like('%"ac_graph_id"%')))
+        .limit(1)).first()
+    return hit is not None
 
 
 def find_regions(rows: list, kind: str) -> list[Region]:

@@ -20,6 +20,8 @@ What the frontend can rely on in the output:
   a collapsed one is ``<g id="cluster-<k>" class="cluster collapsed" data-path="a/b"
   data-nodes="N">`` whose text says its node count, parameter bytes and overlay value (the sum
   of its nodes' values, or their maximum for an overlay whose ``aggregate`` is ``"max"``);
+  a region box (``regions.py``) is such a cluster with classes ``region region-<kind>`` and
+  ``data-region`` / ``data-label``;
 * edge ``k`` is ``<g id="edge-<k>" class="edge [heavy]" data-src=… data-dst=… data-bytes=…>``
   where an end is a node name or ``cluster:<path>``; width and colour follow the bytes it
   carries (``palette.py``), the heaviest :data:`HEAVY_EDGES` are red; ``<g id="legend">`` says
