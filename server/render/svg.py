@@ -47,7 +47,6 @@ from typing import Any
 from graphdeck.analysis.overlays import Overlay
 from graphdeck.server.render import layout as lay
 from graphdeck.server.render.filters import compile_patterns, filter_nodes, neighbourhood
-from graphdeck.server.render.regions import open_region_svg, region_attrs, region_map
 from graphdeck.server.render.palette import (
     EDGE_BINS,
     EDGE_HEAVY,
@@ -61,6 +60,7 @@ from graphdeck.server.render.palette import (
     hash_slots,
     heat,
 )
+from graphdeck.server.render.regions import open_region_svg, region_attrs, region_map
 from graphdeck.server.render.xmltext import MAX_TEXT_CHARS, XML_FORBIDDEN, xml_safe  # noqa: F401 - re-exported
 from graphdeck.server.render.xmltext import attr as _attr
 from graphdeck.server.render.xmltext import clean as _text
