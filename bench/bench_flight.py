@@ -5,14 +5,17 @@
    all-reduce of an 8×8 tensor and a broadcast of 4 floats on the default group: 2,400
    collectives per rank, so each rank's dump is a full, wrapped 2,000-entry ring buffer with
    real stacks (eager and compiled). Dumped with ``_dump_fr_trace()``.
-2. Generated from those: 1,024 per-rank pickles (rank r gets the real dump of rank r % 2, its
-   ``pg_config`` naming the 1,024 ranks for each group so ``fr_trace`` can read it); rank
+2. Generated from those: 1,024 per-rank pickles, protocol 2 like torch's own (rank r gets the
+   real dump of rank r % 2, its ``pg_config`` naming the 1,024 ranks for each group so
+   ``fr_trace`` can read it); rank
    :data:`DIVERGENT` skips one all-reduce of the default group near the end (its later sequence
    ids shift down by one, so at that id it holds a broadcast).
 3. Timed, :data:`REPEATS` times: ``import_flight_dumps`` into a fresh SQLite store (parsing in
    worker processes) and ``rank_report`` (what ``graphdeck check-ranks`` runs: FR first mismatch
-   per group + the join + missing evidence) — wall and CPU seconds (this process and its
-   workers), median and spread; the first mismatch found is checked.
+   per group + the join + missing evidence, and its per-rank compile/schedule comparison) — wall
+   and CPU seconds (this process and its workers), median and spread, the load average before
+   and after each run; ``flight_report`` (the FR part) is timed once more alone; the first
+   mismatch found is checked.
 4. ``python -m torch.distributed.flight_recorder.fr_trace`` on the same folder, once, with a
    time limit: wall and CPU seconds, and whether it names the same first mismatch.
 
@@ -98,7 +101,7 @@ def generate(real: list[dict], folder: Path, ranks: int) -> tuple[str, int]:
                 ents.append(e)
             d["entries"] = ents
         with open(folder / f"fr_{r}", "wb") as fh:
-            pickle.dump(d, fh)
+            pickle.dump(d, fh, protocol=2)  # what torch writes: protocol 2, no frames
     return default, skip
 
 
@@ -112,6 +115,7 @@ def ours(folder: Path, tmp: Path, i: int):
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
+    from graphdeck.analysis.flight import flight_report
     from graphdeck.analysis.ranks import rank_report
     from graphdeck.store.db import open_engine
     from graphdeck.store.fr_import import import_flight_dumps
@@ -124,8 +128,12 @@ def ours(folder: Path, tmp: Path, i: int):
     with Session(engine) as s:
         rep = rank_report(s, s.scalar(select(Run).where(Run.name == "bench")))
     t2, c2 = time.perf_counter(), cpu_s()
+    with Session(engine) as s:  # the Flight Recorder part of check-ranks alone (timed once more)
+        fr = flight_report(s, s.scalar(select(Run.id).where(Run.name == "bench")))
+    t3 = time.perf_counter()
     engine.dispose()
-    return res, rep, (t1 - t0, c1 - c0, t2 - t1, c2 - c1)
+    assert fr.mismatches[0].headline() == rep.flight.mismatches[0].headline()
+    return res, rep, (t1 - t0, c1 - c0, t2 - t1, c2 - c1, t3 - t2)
 
 
 def fr_trace(folder: Path, tmp: Path, limit: int) -> tuple[float, float, str, str]:
@@ -159,14 +167,17 @@ def main() -> None:
               f"rank {divergent(args.ranks)} skips group {group} #{seq}")
         runs = []
         for i in range(args.repeats):
+            load0 = os.getloadavg()[0]
             res, rep, times = ours(folder, tmp, i)
             runs.append(times)
             m = rep.flight.mismatches[0]
             print(f"run {i}: import {times[0]:.2f} s wall / {times[1]:.2f} s CPU, check-ranks {times[2]:.2f} s wall / "
-                  f"{times[3]:.2f} s CPU; {res.entries} entries; first mismatch: {m.headline()}")
+                  f"{times[3]:.2f} s CPU (of which the FR analysis alone: {times[4]:.2f} s wall); "
+                  f"{res.entries} entries; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; "
+                  f"first mismatch: {m.headline()}")
             assert (m.group, m.seq, m.not_reached) == (group, seq, [divergent(args.ranks)]), m.headline()
-        wall = [a + c for a, _b, c, _d in runs]
-        cpu = [b + d for _a, b, _c, d in runs]
+        wall = [t[0] + t[2] for t in runs]
+        cpu = [t[1] + t[3] for t in runs]
         fw, fc, status, text = fr_trace(folder, tmp, args.fr_trace_limit)
         hit = re.search(r"sequence number: (\d+)[^\n]*\n(?:[^\n]*\n){0,2}group info: (\w+)", text)
         same = bool(hit) and (int(hit.group(1)), hit.group(2)) == (seq, group)

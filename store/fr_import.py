@@ -110,7 +110,9 @@ def load_bytes(data: bytes) -> tuple[dict | None, str]:
     try:
         if data[:1] == b"\x80":
             # a buffered reader: the unpickler then peeks whole chunks instead of reading each
-            # opcode of these frameless protocol-2 pickles through a Python call (7x faster)
+            # opcode of torch's frameless protocol-2 pickles through a Python call (3x faster than
+            # a bare BytesIO on a 2,000-entry dump: 3.4 vs 10.8 ms; as fast as pickle.loads, which
+            # cannot refuse classes; protocol 4+ pickles, framed, read alike either way)
             reader = io.BufferedReader(io.BytesIO(data), buffer_size=min(max(len(data), 8192), 16 << 20))
             obj, fmt = _NoClasses(reader).load(), "pickle"
         elif head[:1] == b"{":
@@ -457,7 +459,8 @@ def parse_files(files: list[str], workers: int | None = None) -> list[tuple]:
     if len(files) < PARALLEL_FROM or workers <= 1:
         return [_parse_file(f) for f in files]
     with ProcessPoolExecutor(max_workers=workers) as ex:
-        return list(ex.map(_parse_file, files, chunksize=max(1, len(files) // (workers * 4))))
+        # small chunks: the last ones finish together (a 128-dump chunk left to one worker costs ~0.7 s)
+        return list(ex.map(_parse_file, files, chunksize=max(1, min(16, len(files) // (workers * 4)))))
 
 
 def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = False,
