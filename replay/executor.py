@@ -331,7 +331,10 @@ def rebuild(stored: StoredGraph, *, device: str = "cpu", seed: int = 0, ports: b
     ``device`` is not the CPU) swaps CPU-only kernels for portable equivalents (NOTE: [Device ports]).
 
     Raises:
-        BadInputError: naming the node that cannot be rebuilt (NOTE: [Rebuilding a stored graph]).
+        BadInputError: naming the node that cannot be rebuilt (NOTE: [Rebuilding a stored graph]),
+            or the first node whose op has no kernel for ``device`` (NOTE: [Device-only ops] in
+            :mod:`graphdeck.replay.placement`).
+        UsageError: ``device`` is CUDA and this machine has none.
     """
     import torch
     import torch.fx
@@ -577,10 +580,9 @@ def execute_graph(engine, graph_id: int, *, device: str = "cpu", iters: int = 3,
     """
     import torch
 
+    from graphdeck.replay.rebatch import rebatch
     from graphdeck.replay.synth import synth_inputs
     from graphdeck.store.traces import ingest_trace
-
-    from graphdeck.replay.rebatch import rebatch
 
     with Session(engine) as session:
         stored = load_stored_graph(session, graph_id)

@@ -276,9 +276,8 @@ def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "la
     """
     from graphdeck.replay.executor import load_stored_graph, set_trace_rank
     from graphdeck.replay.partition import plan_for_graph
-    from graphdeck.store.traces import ingest_trace
-
     from graphdeck.replay.rebatch import rebatch
+    from graphdeck.store.traces import ingest_trace
 
     if microbatches < 1:
         raise UsageError(f"need at least one microbatch, got {microbatches}")
@@ -371,7 +370,8 @@ def replay(engine, graph_id: int, *, workers: int = 1, strategy: str = "layerwis
     ``heterogeneous_fusion`` when set). Raises as :func:`run_pipeline` / :func:`execute_graph`."""
     from graphdeck.replay.executor import execute_graph, load_stored_graph, recorded_node_ns
     from graphdeck.replay.partition import plan_for_graph
-    from graphdeck.replay.placement import check_device, heterogeneous_fusion as fusion
+    from graphdeck.replay.placement import check_device
+    from graphdeck.replay.placement import heterogeneous_fusion as fusion
     from graphdeck.replay.rebatch import captured_batch, rebatch
 
     if workers < 1:
