@@ -31,8 +31,12 @@ def _is_collective(target: str) -> bool:
         any(w in target for w in COLLECTIVE_WORDS) and not _is_wait(target)
 
 
-def collective_findings(session: Session, run_id: int, rows: list[ParamRow]) -> list[Finding]:
-    """Findings for the graphs of ``run_id`` holding collectives; sets ``reduced`` on ``rows``."""
+def collective_findings(session: Session, run_id: int, rows: list[ParamRow], wrap=None) -> list[Finding]:
+    """Findings for the graphs of ``run_id`` holding collectives; sets ``reduced`` on ``rows``.
+    ``wrap`` (:class:`graphdeck.analysis.grad_mesh.Wrapping`): parameters of an FSDP2 group are
+    reduce-scattered by FSDP2 after the backward, outside the graph, so they need no in-graph
+    reduction; a reduction on a process group the parallel layout names as a tensor-parallel
+    (non-data-parallel) mesh dimension's is no gradient reduction (NOTE: [Wrapper words])."""
     ids = dict(session.connection().execute(select(InternedString.id, InternedString.value).where(or_(
         *[InternedString.value.contains(w) for w in (*COLLECTIVE_WORDS, "wait_tensor", "getitem")]))).all())
     if not any(_is_collective(v) for v in ids.values()):
@@ -46,7 +50,7 @@ def collective_findings(session: Session, run_id: int, rows: list[ParamRow]) -> 
     row_by = {(r.rank, a): r for r in rows for a in r.aliases}
     for gid in hits:
         g = session.get(Graph, gid)
-        findings += _graph_findings(session, g, ids, row_by)
+        findings += _graph_findings(session, g, ids, row_by, wrap)
     return findings
 
 
@@ -106,7 +110,17 @@ class _Arrays:
 
 
 
-def _graph_findings(session: Session, g: Graph, ids: dict[int, str], row_by: dict) -> list[Finding]:
+def _non_dp_groups(wrap) -> set[str]:
+    """Process group names of the layout's mesh dimensions that are not data parallel."""
+    layout = getattr(wrap, "layout", None)
+    if layout is None:
+        return set()
+    dp = layout.dp_dims()
+    return {str(gr["name"]) for rec in layout.records.values() for m in rec.get("meshes") or [] if isinstance(m, dict)
+            for gr in m.get("dim_groups") or [] if isinstance(gr, dict) and gr.get("name") and gr.get("dim") not in dp}
+
+
+def _graph_findings(session: Session, g: Graph, ids: dict[int, str], row_by: dict, wrap=None) -> list[Finding]:
     import numpy as np
 
     arr = _Arrays(session, g.id)
@@ -140,15 +154,26 @@ def _graph_findings(session: Session, g: Graph, ids: dict[int, str], row_by: dic
                                     "it is never completed"),
                            fix="wait on every functional collective's result (torch.ops._c10d_functional."
                                "wait_tensor, or use the AsyncCollectiveTensor it returns) before using it"))
+    tp_groups = _non_dp_groups(wrap)
+    if g.kind == "aot_backward" and is_reduce.any() and tp_groups:
+        from graphdeck.analysis.ranks import group_of
+
+        for idx, args in session.execute(select(Node.idx, Node.args_json).where(
+                Node.graph_id == g.id, Node.idx.in_(np.nonzero(is_reduce)[0].tolist()))):
+            if group_of(args) in tp_groups:  # a tensor-parallel reduction, not the data-parallel one
+                is_reduce[idx] = False
     if g.kind == "aot_backward" and is_reduce.any():
-        out += _grad_reduction(session, g, arr, is_reduce, src, dst, row_by)
+        skip = {p for grp in getattr(wrap, "fsdp_groups", None) or [] for p in grp.get("params") or []}
+        out += _grad_reduction(session, g, arr, is_reduce, src, dst, row_by, skip=skip)
     return out
 
 
-def _grad_reduction(session, g, arr: _Arrays, is_reduce, src, dst, row_by, levels: int = 4) -> list[Finding]:
+def _grad_reduction(session, g, arr: _Arrays, is_reduce, src, dst, row_by, levels: int = 4,
+                    skip: set[str] = frozenset()) -> list[Finding]:
     """Each gradient output of a backward graph that reduces gradients in-graph: does an
     ``all_reduce``/``reduce_scatter`` lie on its path? ``near[k]``: a reduction within ``k``
-    steps back (vectorised over the edges); deeper ones are walked one by one."""
+    steps back (vectorised over the edges); deeper ones are walked one by one. Parameters in
+    ``skip`` (FSDP2's, reduced after the backward) are not required to."""
     from graphdeck.analysis.grad_graph import fetch
 
     by_name = arr.by_name
@@ -162,7 +187,7 @@ def _grad_reduction(session, g, arr: _Arrays, is_reduce, src, dst, row_by, level
     missing = defaultdict(list)
     for fqn, node_name in grads:
         start = by_name.get(node_name)
-        if start is None:
+        if start is None or fqn in skip:
             continue
         reduced = bool(near[start]) or _walk_back(arr, start, is_reduce)
         row = row_by.get((g.rank, fqn))

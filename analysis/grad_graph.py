@@ -436,7 +436,7 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
     report.findings += node_findings(session, run.id, flow_of, strings, report.rows)  # dangling outputs, flags
     from graphdeck.analysis.grad_collectives import collective_findings
 
-    report.findings += collective_findings(session, run.id, report.rows)
+    report.findings += collective_findings(session, run.id, report.rows, wrap)
     return report
 
 

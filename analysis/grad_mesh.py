@@ -164,10 +164,12 @@ _DETACH = re.compile(r"(?:^|\.)(detach|detach_|alias)(?:\.default)?$")
 
 
 def pp_cut_findings(session: Session, run_id: int, rows: list[ParamRow], layout) -> list[Finding]:
-    """Pipeline stage boundaries where the backward path is cut (NOTE: [Wrapper words]): a stage
-    whose ranks get no gradient for any of their parameters while a later stage's ranks get
-    theirs. Names the ``detach`` that cuts it when a graph of the stage or of the next stage
-    detaches a non-parameter input or its output."""
+    """Pipeline stage boundaries where the backward path is cut (NOTE: [Wrapper words]), found
+    two ways: a later stage's compiled backward returns no gradient for its stage input (the
+    ``aot_backward`` graph's gradient output of a non-parameter input has none), or a stage's
+    ranks get no gradient for any of their parameters while a later stage's get theirs. Names
+    the ``detach`` that cuts it when a graph of the stage or of the next stage detaches a
+    non-parameter input or its output. One finding per boundary."""
     if layout is None or not layout.has_pipeline():
         return []
     stage_ranks: dict[int, list[int]] = {}
@@ -187,28 +189,52 @@ def pp_cut_findings(session: Session, run_id: int, rows: list[ParamRow], layout)
         bad = [row for row in rs if row.status in FAILING]
         return "none" if len(bad) == len(rs) else ("ok" if not bad else "mixed")
 
-    out: list[Finding] = []
     stages = sorted(stage_ranks)
+    cuts: dict[int, str] = {}  # earlier stage -> how the cut was seen
+    for prev, s in zip(stages, stages[1:]):
+        dropped = _input_without_grad(session, run_id, stage_ranks[s])
+        if dropped:
+            cuts[prev] = (f"stage {s}'s compiled backward (graph {dropped[0]}) returns no gradient for its stage "
+                          f"input{' ' + dropped[1] if dropped[1] else ''}")
     for s in stages:
         later = [t for t in stages if t > s and state(t) in ("ok", "mixed")]
-        if state(s) != "none" or not later:
-            continue
+        if s not in cuts and state(s) == "none" and later:
+            cuts[s] = (f"stage {s} gets no gradient for any of its parameters while stage {later[0]} (rank(s) "
+                       f"{stage_ranks[later[0]]}) gets its own")
+    out: list[Finding] = []
+    for s, seen in sorted(cuts.items()):
         nxt = min(t for t in stages if t > s)
         params = sorted({row.fqn for r in stage_ranks[s] for row in by_rank.get(r, [])})
         where = _cut_site(session, run_id, stage_ranks[s], stage_ranks.get(nxt, []), rows)
         shown = ", ".join(params[:6]) + (f" and {len(params) - 6} more" if len(params) > 6 else "")
         out.append(Finding(
             kind="PP_BACKWARD_CUT", severity="error", params=params,
-            ranks={r: "no gradient" for r in stage_ranks[s]},
-            message=(f"pipeline stage {s} (rank(s) {stage_ranks[s]}) gets no gradient for any of its parameters "
-                     f"({shown}) while stage {later[0]} (rank(s) {stage_ranks[later[0]]}) gets its own: the backward "
-                     f"path is cut at the boundary between stage {s} and stage {nxt} — stage {nxt} sends no gradient "
-                     f"for its input back to stage {s}" + (f"; cut by {where[0]}" if where else "")),
+            ranks={r: "no gradient through the pipeline" for r in stage_ranks[s]},
+            message=(f"pipeline stage boundary {s} → {nxt} (rank(s) {stage_ranks[s]} → {stage_ranks.get(nxt, [])}): "
+                     f"the backward path is cut — {seen}, so stage {s} receives no real gradient for its output and "
+                     f"its parameters ({shown or 'none recorded'}) do not train (the schedule sends back none or "
+                     "zeros)" + (f"; cut by {where[0]}" if where else "")),
             source=where[1] if where else None,
             fix=(f"do not detach the stage input of stage {nxt} or the output of stage {s} (no .detach(), .data or "
                  "torch.no_grad() between them): the pipeline schedule sends the gradient of the stage input back "
                  "to the previous stage")))
     return out
+
+
+def _input_without_grad(session: Session, run_id: int, ranks: list[int]) -> tuple[int, str | None] | None:
+    """``(graph id, node)`` of an ``aot_backward`` graph of ``ranks`` whose gradient output for a
+    non-parameter input (the stage input of a non-first stage) holds no gradient."""
+    from graphdeck.store.schema import GraphIO
+
+    row = session.execute(
+        select(GraphIO.graph_id, GraphIO.position).join(Graph, Graph.id == GraphIO.graph_id)
+        .where(Graph.run_id == run_id, Graph.rank.in_(ranks), Graph.kind == "aot_backward",
+               GraphIO.direction == "grad", GraphIO.param_fqn.is_(None), GraphIO.has_grad.is_not(None),
+               GraphIO.has_grad.is_(False))
+        .order_by(Graph.rank, Graph.ordinal, GraphIO.position).limit(1)).first()
+    if row is None:
+        return None
+    return row[0], f"(gradient output #{row[1]})"
 
 
 def _cut_site(session: Session, run_id: int, ranks_before: list[int], ranks_after: list[int],

@@ -85,6 +85,7 @@ def compare_compiles(session: Session, report: RankReport, layout: RunLayout,
     sets = [s for s in sets if s] + [[r] for r in report.ranks if r not in placed]
     sets.sort(key=lambda s: s[0])
     sequences = report.sequences
+    _neutralise_group_names(session, sequences, layout, sets)
     for peers in sets:
         if len(peers) > 1:
             found = absorb_shard_shapes(session, report.run_id, peers, sequences, differ_in_structure)
@@ -104,6 +105,67 @@ def compare_compiles(session: Session, report: RankReport, layout: RunLayout,
         report.groups += [sorted(g) for g in merged]
     report.groups.sort(key=lambda g: g[0])
     report.notes += _peer_notes(report, layout, sets)
+
+
+# NOTE: [Process group names in graphs]
+# A functional collective names its process group in the graph (``all_reduce(x, "sum", "3")``).
+# Ranks of different groups of one mesh dimension (tp group [0, 1] is "3", tp group [2, 3] is
+# "4") run the same program with another name there, so their graphs' structural hashes
+# differ. Among program peers, a graph whose hash some peer lacks is re-hashed from its nodes
+# with each group name the layout records replaced by its mesh dimension (and device indices
+# removed, NOTE: [Rank-local device indices]); graphs equal up to the group of a dimension then
+# compare equal.
+_JSON_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def _neutralise_group_names(session: Session, sequences: dict[int, list[CompileEntry]], layout: RunLayout,
+                            sets: list[list[int]]) -> None:
+    dims = _group_dims(layout)
+    if not dims:
+        return
+    for peers in sets:
+        if len(peers) < 2:
+            continue
+        holders: dict[str | None, set[int]] = defaultdict(set)
+        for r in peers:
+            for e in sequences[r]:
+                for _k, h, _gid in e.graphs:
+                    holders[h].add(r)
+        for r in peers:
+            for e in sequences[r]:
+                if any(len(holders[h]) < len(peers) for _k, h, _gid in e.graphs):
+                    e.graphs = [(k, _group_neutral_hash(session, gid, dims) if len(holders[h]) < len(peers) else h,
+                                 gid) for k, h, gid in e.graphs]
+
+
+def _group_dims(layout: RunLayout) -> dict[str, str]:
+    """Process group name → ``"@<mesh dims>:<dim>"``, from every record's mesh dimension groups."""
+    out: dict[str, str] = {}
+    for rec in layout.records.values():
+        for m in rec.get("meshes") or []:
+            if not isinstance(m, dict):
+                continue
+            for g in m.get("dim_groups") or []:
+                if isinstance(g, dict) and g.get("name") and g.get("dim"):
+                    out.setdefault(str(g["name"]), f"@{','.join(map(str, m.get('dim_names') or []))}:{g['dim']}")
+    return out
+
+
+def _group_neutral_hash(session: Session, graph_id: int, dims: dict[str, str]) -> str:
+    import hashlib
+
+    from graphdeck.analysis.ranks import _device_neutral
+
+    def sub(m: re.Match) -> str:
+        return f'"{dims[m.group(1)]}"' if m.group(1) in dims else m.group(0)
+
+    h = hashlib.sha256()
+    rows = session.execute(select(Node.op, Node.target_id, Node.shape_json, Node.dtype, Node.stride_json,
+                                  Node.args_json).where(Node.graph_id == graph_id).order_by(Node.idx))
+    for op, target_id, shape, dtype, stride, args in rows:
+        h.update(f"{op}|{target_id if op != 'placeholder' else ''}|{shape}|{dtype}|{stride}|"
+                 f"{_JSON_STRING.sub(sub, _device_neutral(args))};".encode())
+    return "mn:" + h.hexdigest()[:32]
 
 
 def _compare_group(session: Session, report: RankReport, layout: RunLayout, ref: list[int], group: list[int],
