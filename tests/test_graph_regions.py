@@ -315,3 +315,40 @@ def test_nested_regions_are_boxes_inside_boxes():
     svg = render_graph_svg(out, max_depth=99)
     assert "<script>" not in svg and svg.count('class="cluster open region') == 3
     assert ET.fromstring(svg.encode()).find(f".//{SVG}g[@data-region='autocast']").get("data-label") == f"autocast {EVIL}"
+
+
+def test_partition_overlay_on_recorded_fsdp2_and_ddp_stores(tmp_path):
+    """The H200 stores (tests/data): FSDP2 groups from the communication-group record (no layout
+    record: captured before it existed), DDP buckets as before."""
+    import gzip
+    from pathlib import Path
+
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.overlays import graph_overlay
+    from graphdeck.store.db import open_engine
+
+    data = Path(__file__).parent / "data"
+    for name, src in (("fsdp2", data / "fsdp2_h200x2" / "fsdp2.db.gz"), ("ddp", data / "ddp_h200x2" / "ddp.db.gz")):
+        path = tmp_path / f"{name}.db"
+        with gzip.open(src) as fin, open(path, "wb") as fout:
+            fout.write(fin.read())
+        engine = open_engine(path, read_only=True)
+        with Session(engine) as s:
+            if name == "fsdp2":
+                fwd = s.execute(text("SELECT id FROM graphs WHERE kind = 'aot_forward' ORDER BY id")).scalars().all()
+                assert fwd
+                for gid in fwd:
+                    ov = graph_overlay(s, gid, "partition")
+                    params = dict(s.execute(text("SELECT name, param_fqn FROM nodes WHERE graph_id = :g AND "
+                                                 "param_fqn IS NOT NULL"), {"g": gid}).all())
+                    want = {n: "fsdp " + (".".join(f.split(".")[:3]) if f.startswith("transformer.h.") else "(root)")
+                            for n, f in params.items()}
+                    assert params and all(ov.values[n] == w for n, w in want.items()), ov
+                    assert "FSDP2 group" in ov.note and ov.label is None
+            else:
+                split = s.execute(text("SELECT DISTINCT parent_graph_id FROM partitions")).scalar()
+                values = set(graph_overlay(s, split, "partition").values.values())
+                assert {"bucket 0", "bucket 1"} <= values and not any(v.startswith(("fsdp", "stage")) for v in values)
+        engine.dispose()
