@@ -14,8 +14,9 @@ artifacts; texts read by :mod:`graphdeck.analysis.compile_rules`):
   used vs the ``recompile_limit`` in force (read from the records' ``dynamo_config``, else
   torch's default 8, said as assumed), the guard that failed at each recompile, the same guard
   failing again and again (a storm: 3 or more times), the classes (shape, grad mode, dtype,
-  Python value, ...) that consumed the budget, and a hint. A frame whose recompiles come from a
-  Python value or from shapes and that has not hit the limit yet is projected to hit it;
+  Python value, ...) that consumed the budget, and a hint. A frame that has not hit the limit yet
+  is projected to hit it when a Python value is specialised (every new value is a new graph;
+  limits up to 64) or when a shape guard storms and half the budget is spent;
 * frames that fell back to eager (recompile limit hit, a graph break Dynamo could not handle,
   a failed compile) and restarts;
 * compile time and cache hits/misses per rank (Inductor FX graph cache and AOTAutograd cache,
@@ -59,6 +60,8 @@ except ImportError:  # pragma: no cover
 #: torch._dynamo.config.recompile_limit's default (torch 2.13; ``cache_size_limit`` before 2.6).
 DEFAULT_RECOMPILE_LIMIT = 8
 STORM_MIN = 3
+#: A frame specialising on a Python value is projected to hit a limit up to this size.
+PROJECT_LIMIT_MAX = 64
 CACHE_ARTIFACTS = {"fx_graph_cache_hit": ("fx_graph", "hit"), "fx_graph_cache_miss": ("fx_graph", "miss"),
                    "fx_graph_cache_bypass": ("fx_graph", "bypass"),
                    "aotautograd_cache_hit": ("aot_autograd", "hit"), "aotautograd_cache_miss": ("aot_autograd", "miss"),
@@ -374,9 +377,9 @@ def _budget(rank: int, fid: str, label: str, file, items: list, limit: int, limi
     f.classes = dict(classes.most_common())
     if classes:
         f.hint = "; ".join(f"{k}: {GUARD_HINTS[k]}" for k in f.classes)
-        growing = {"shape", "python value"} & set(f.classes)
-        f.will_hit_limit = not f.limit_hit and bool(growing) and any(g["storm"] or g["class"] == "python value"
-                                                                     for g in f.guards)
+        value = "python value" in f.classes and f.limit <= PROJECT_LIMIT_MAX  # a new value, a new graph
+        shapes = any(g["storm"] and g["class"] == "shape" for g in f.guards) and f.limit - f.used <= f.used
+        f.will_hit_limit = not f.limit_hit and (value or shapes)
     return f
 
 

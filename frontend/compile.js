@@ -111,7 +111,7 @@ function rankRecords(rank, events, graphs) {
  * `graphs`: the run's graphs (to link a frame to the graph it produced).
  */
 export function compileRecords(events, graphs, runId) {
-  const index = runId == null ? [] : [compileIndex(runId)];
+  const index = runId == null ? [] : [compileHealth(runId), compileIndex(runId)];
   if (!events.length) return [...index, h("p", {class: "empty"}, "No compile records in this run.")];
   const ranks = [...new Set(events.map((e) => e.rank))].sort((a, b) => a - b);
   return [...index, h("h3", {}, "Frame compile metrics"),
@@ -194,5 +194,106 @@ function compileIndex(runId) {
     box.replaceChildren(h("h3", {}, "Compile index (per rank)"),
       ...(ranks.length ? ranks.map((r) => indexRank(r, idx.ranks[String(r)], (idx.rank_sources || {})[String(r)])) : [h("p", {class: "empty"}, "No compiles.")]));
   }).catch((err) => box.replaceChildren(h("h3", {}, "Compile index (per rank)"), errorBox(err)));
+  return box;
+}
+
+// ---------------------------------------------------------------- compile health (issue 21)
+// The check-compile report from GET /api/runs/<id>/compile-health (NOTE: [Compile health] in
+// graphdeck/analysis/compile_health.py): verdict, graph breaks by reason and source line with a
+// hint, recompile budgets per frame, eager fallbacks, compile time and caches per rank. Every
+// text here (reasons, guards, file names) comes from the user's program: it goes in through h().
+
+const VERDICT_CLASS = {PASS: "status-OK", FAIL: "status-NO_GRAD", INCOMPLETE: "tag"};
+const CACHE_LABELS = [["fx_graph", "FX graph cache"], ["aot_autograd", "AOTAutograd cache"],
+  ["fx_graph_remote", "FX graph (remote)"], ["aot_autograd_remote", "AOTAutograd (remote)"]];
+const pct = (v) => (isBlank(v) ? "—" : `${Math.round(v * 100)}%`);
+
+function breakRow(b) {
+  return h("tr", {class: b.library ? "muted" : null, "data-source-line": b.source_line},
+    h("td", {}, code(b.source_line), b.library ? [" ", badge("torch/stdlib", "tag")] : null),
+    h("td", {}, badge(b.reason_class, "tag"), " ", b.headline),
+    num(b.count), h("td", {}, (b.ranks || []).join(", ")),
+    h("td", {class: "frame"}, h("div", {}, "user frame ", code(b.user_frame)),
+      h("div", {class: "muted small"}, "compiled in ", (b.frames || []).join(", ")),
+      b.eager_fallback ? h("div", {}, badge("frame skipped → eager", "status-NO_GRAD")) : null),
+    h("td", {class: "hint"}, b.library ? "DDP/torch-internal break: not counted" : b.hint));
+}
+
+function budgetCell(f) {
+  const state = f.limit_hit ? badge("limit hit → eager", "status-NO_GRAD")
+    : f.will_hit_limit ? badge("will hit the limit", "tag") : null;
+  return h("td", {}, h("meter", {min: 0, max: f.limit, value: Math.min(f.used, f.limit), title: f.limit_source}),
+    ` ${f.used} of ${f.limit} `, state, h("div", {class: "muted small"}, `limit ${f.limit_source}`));
+}
+
+function frameRow(f) {
+  const guards = (f.guards || []).slice(0, 4).map((g) => h("div", {class: "guard"},
+    g.storm ? [badge(`storm ×${g.count}`, "status-NO_GRAD"), " "] : `×${g.count} `, badge(g.class, "tag"), " ",
+    code(g.example)));
+  return h("tr", {"data-frame": f.frame, class: f.limit_hit ? "index-failed" : null},
+    h("td", {class: "frame"}, code(f.frame), (f.ranks || []).length > 1 ? h("div", {class: "muted small"},
+      `ranks ${f.ranks.join(", ")}`) : null),
+    budgetCell(f), num(f.recompiles),
+    h("td", {}, Object.entries(f.classes || {}).map(([k, n]) => [badge(`${k} ×${n}`, "tag"), " "])),
+    h("td", {class: "reason"}, guards),
+    h("td", {class: "hint"}, fmt(f.hint)));
+}
+
+function rankStatsRow(r) {
+  const st = r.stats || {};
+  const caches = CACHE_LABELS.map(([k]) => {
+    const c = (st.cache || {})[k] || {};
+    return h("td", {class: "num"}, c.hit || c.miss || c.bypass ? `${c.hit} / ${c.miss}` : "—");
+  });
+  return h("tr", {}, num(r.rank), num(st.compiles), h("td", {class: "num"}, fmtSeconds(st.compile_s)),
+    caches, h("td", {class: "muted small"}, fmt(st.cache_source)));
+}
+
+function healthBody(rep) {
+  const s = rep.summary || {};
+  const frames = (rep.frames || []).filter((f) => f.recompiles || f.limit_hit);
+  const ranks = Object.values(rep.ranks || {}).sort((a, b) => a.rank - b.rank);
+  const spread = rep.spread || {};
+  const ct = spread.compile_s;
+  return [
+    h("p", {class: "summary"}, badge(rep.verdict, VERDICT_CLASS[rep.verdict] || "tag"), " ",
+      [plural(s.graph_breaks || 0, "distinct graph break") + " in user code",
+        plural(s.recompiles || 0, "recompile") + ` over ${plural(s.frames || 0, "frame")}`,
+        (s.limit_hit || []).length ? `recompile limit hit in ${(s.limit_hit || []).join(", ")}` : null,
+        plural(s.eager_fallbacks || 0, "eager fallback"), plural(s.restarts || 0, "restart")]
+        .filter(Boolean).join(" · ")),
+    (rep.findings || []).length ? h("ul", {class: "findings", "data-testid": "compile-health-findings"},
+      rep.findings.map((x) => h("li", {}, badge("FAIL", "status-NO_GRAD"), " ", x))) : null,
+    (rep.missing_evidence || []).length ? h("ul", {class: "missing", "data-testid": "compile-health-missing"},
+      rep.missing_evidence.map((x) => h("li", {}, badge("INCOMPLETE", "tag"), " ", x))) : null,
+    table("compile-health-breaks", ["Source line", "Reason", "Count", "Ranks", "Frames", "Hint"],
+      (rep.breaks || []).map(breakRow), "compile-table",
+      {caption: "Graph breaks, grouped by reason class and source line", empty: "no graph break was recorded"}),
+    table("compile-health-frames", ["Frame", "Compiles used / recompile limit", "Recompiles", "Budget spent on",
+      "Failed guards", "Hint"], frames.map(frameRow), "compile-table",
+    {caption: "Recompiles per frame (code object)", empty: "no frame recompiled"}),
+    table("compile-health-fallbacks", ["Rank", "Compile id", "Frame", "Why", "Reason"],
+      (rep.fallbacks || []).map((x) => h("tr", {}, num(x.rank), h("td", {}, code(x.compile_id)),
+        h("td", {}, code(x.frame)), h("td", {}, badge(x.kind, "status-NO_GRAD")),
+        h("td", {class: "reason"}, reasonDetails(fmt(x.fail_type), x.reason)))), "compile-table",
+      {caption: "Frames that fell back to eager and failed compiles", empty: "every compile succeeded"}),
+    table("compile-health-ranks", ["Rank", "Compiles", "Compile time", ...CACHE_LABELS.map(([, l]) => `${l} hit / miss`),
+      "Cache counts from"], ranks.map(rankStatsRow), "compile-table",
+    {caption: "Compile time and caches per rank", empty: "no rank has compile records"}),
+    ct && ct.spread != null ? h("p", {class: "small", "data-testid": "compile-health-spread"},
+      `Spread across ranks: compile time ${fmtSeconds(ct.spread)} (rank ${ct.min_rank} ${fmtSeconds(ct.min)} … `
+      + `rank ${ct.max_rank} ${fmtSeconds(ct.max)})`,
+      CACHE_LABELS.filter(([k]) => spread[`${k}_hit_rate`]?.spread != null).map(([k, l]) =>
+        `; ${l} hit rate ${pct(spread[`${k}_hit_rate`].min)} … ${pct(spread[`${k}_hit_rate`].max)}`)) : null];
+}
+
+/** The compile-health block: filled when its request answers; an error stays inside the block. */
+function compileHealth(runId) {
+  const title = () => h("h3", {}, "Compile health");
+  const box = h("div", {class: "compile-health", id: "compile-health", "data-testid": "compile-health"},
+    title(), h("p", {class: "loading"}, "Loading…"));
+  api(`/api/runs/${encodeURIComponent(runId)}/compile-health`)
+    .then((rep) => box.replaceChildren(title(), ...healthBody(rep)))
+    .catch((err) => box.replaceChildren(title(), errorBox(err)));
   return box;
 }

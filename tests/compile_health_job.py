@@ -1,0 +1,97 @@
+"""Jobs for tests/test_compile_health.py, captured by the graphdeck Agent (aot_eager), one store:
+
+* run ``shapes``: ``post_orthogonalize`` compiled and called on each parameter of a model whose
+  nine parameters have nine shapes (a Muon-style per-parameter step): compiles 0/0 … 0/7 on the
+  shape guard, the 9th hits the recompile limit (8) and runs eagerly;
+* run ``n8`` (case N8 of ../shared/cases/compile-and-ranks.md, one process instead of DDP on 2
+  ranks: the diagnosis is per frame): each layer counts ``n = int((x > 0).sum().item())``, the
+  top-level forward also logs ``loss.item()``;
+* run ``shapes-fullgraph``: the same loop under ``fullgraph=True``; the 9th compile raises and the
+  job dies with ``os._exit`` (no ``close()``, no atexit): what the store holds was written as the
+  records arrived.
+
+Usage: ``python tests/compile_health_job.py STORE`` (exit 17 after the fullgraph failure).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.nn as nn
+
+from graphdeck.capture import Agent
+
+SHAPES = 9
+
+
+class Shapes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ws = nn.ParameterList(nn.Parameter(torch.randn(4 + i, 3)) for i in range(SHAPES))
+
+
+def post_orthogonalize(p):
+    g = p @ p.T
+    return (g / g.norm()).sum()
+
+
+def shapes(store: str, run: str, fullgraph: bool) -> None:
+    torch._dynamo.reset()
+    agent = Agent(store=store, run=run)
+    model = Shapes()
+    step = torch.compile(post_orthogonalize, backend=agent.backend("aot_eager"), fullgraph=fullgraph)
+    try:
+        for p in model.parameters():
+            step(p.detach())
+    except Exception as exc:  # the 9th compile under fullgraph=True
+        print(f"job raised: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+        os._exit(17)  # dies here: no close(), no atexit flush
+    agent.close()
+
+
+class Layer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        n = int((x > 0).sum().item())
+        return torch.tanh(self.lin(x)) * (n / x.numel())
+
+
+class N8(nn.Module):
+    def __init__(self, d=16, depth=4):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(d) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        loss = x.pow(2).mean()
+        self.logged = {"loss": loss.item()}
+        return loss
+
+
+def n8(store: str, steps: int = 3) -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    agent = Agent(store=store, run="n8")
+    model = agent.watch(N8())
+    compiled = torch.compile(model, backend=agent.backend("aot_eager"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        compiled(torch.randn(64, 16, generator=gen)).backward()
+        opt.step()
+        opt.zero_grad()
+    agent.close()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    shapes(sys.argv[1], "shapes", fullgraph=False)
+    n8(sys.argv[1])
+    shapes(sys.argv[1], "shapes-fullgraph", fullgraph=True)
+    sys.exit(0)  # not reached: the fullgraph run raises

@@ -1,0 +1,312 @@
+"""check-compile (issue 21 item 1): graph breaks, recompile budgets, eager fallbacks, caches.
+
+Real captures (tests/compile_health_job.py, one subprocess, aot_eager through the Agent): a
+function compiled in a loop over nine parameter shapes (8 of 8 compiles, the shape guard, the
+limit hit; and under ``fullgraph=True`` a job that dies at the 9th compile), and case N8 of
+../shared/cases/compile-and-ranks.md in one process (the brief's DDP job on 2 ranks runs the
+same frames on each rank; the diagnosis is per frame). The shared TORCH_TRACE logs are checked
+against tlparse's own counts; the API over HTTP and the run page's panel in Chromium.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.compile_health import Thresholds, compile_health
+from graphdeck.analysis.compile_index import compile_index
+from graphdeck.cli import main as cli
+from graphdeck.store.db import get_or_create_rank, open_engine
+from graphdeck.store.schema import Run
+from graphdeck.store.torch_trace import import_torch_trace
+from graphdeck.store.torch_trace_log import discover
+from tests.conftest import LiveServer, shared_path
+
+JOB = Path(__file__).with_name("compile_health_job.py")
+HOSTILE = '<img src=x onerror="window.__pwned=1">'
+
+
+def _line_of(text: str) -> int:
+    return next(i for i, ln in enumerate(JOB.read_text().splitlines(), 1) if ln.strip().startswith(text))
+
+
+def check(store, run: str, *args: str):
+    return CliRunner().invoke(cli, ["check-compile", str(store), "--run", run, *args])
+
+
+def health(store, run: str, **th):
+    with Session(open_engine(store, read_only=True)) as s:
+        return compile_health(s, s.scalar(select(Run).where(Run.name == run)), Thresholds(**th))
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """The three captured runs (shapes, n8, shapes-fullgraph) in one store, and the job's process."""
+    store = tmp_path_factory.mktemp("ch") / "job.db"
+    proc = subprocess.run([sys.executable, str(JOB), str(store)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    return store, proc
+
+
+# ------------------------------------------------------------------ (a) nine shapes, one frame
+@pytest.mark.slow
+def test_shape_loop_spends_the_budget(job, tmp_path):
+    store, _ = job
+    frame = f"post_orthogonalize (compile_health_job.py:{_line_of('def post_orthogonalize')})"
+    res = check(store, "shapes")
+    assert res.exit_code == 0, res.output  # no gate asked for: a report, PASS
+    assert f"{frame}: 8 of 8 compiles used, 8 recompile(s) — LIMIT HIT" in res.output
+    assert "guard STORM x8 [shape]: tensor 'p' size mismatch at index 0" in res.output
+    assert "0/8: tensor 'p' size mismatch at index 0. expected 11, actual 12" in res.output
+    assert "mark_dynamic" in res.output and "force_parameter_static_shapes=False" in res.output
+    assert "limit recorded (dynamo_config.recompile_limit" in res.output
+    assert f"rank 0 0/8 {frame}: recompile limit" in res.output
+
+    junit = tmp_path / "j.xml"
+    res = check(store, "shapes", "--max-recompiles-per-frame", "4", "--junit", str(junit))
+    assert res.exit_code == 1, res.output
+    assert res.output.startswith("check-compile shapes: FAIL")
+    assert f"FAIL: frame {frame}: 8 recompile(s) > --max-recompiles-per-frame 4" in res.output
+    # (e) the JUnit file parses; the frame's case failed, the other gates passed
+    from junitparser import Failure, JUnitXml
+
+    cases = {c.name: c for suite in JUnitXml.fromfile(str(junit)) for c in suite}
+    assert any(isinstance(r, Failure) for r in cases[f"recompiles {frame}"].result)
+    assert not cases["graph breaks"].result and not cases["recorded evidence"].result
+    assert check(store, "shapes", "--max-recompiles-per-frame", "8").exit_code == 0
+    assert check(store, "shapes", "--fail-on-eager-fallback").exit_code == 1
+
+    # frame labels keep their file (they read "post_orthogonalize (1:35)": torch's interned file id)
+    with Session(open_engine(store, read_only=True)) as s:
+        index = compile_index(s, s.scalar(select(Run).where(Run.name == "shapes")))
+    assert {e["frame"] for e in index[0]} - {None} == {frame}  # 0/8 never started: no dynamo_start
+
+
+@pytest.mark.slow
+def test_fullgraph_failure_is_recorded_although_the_job_died(job):
+    store, proc = job
+    assert proc.returncode == 17, proc.stderr[-3000:]
+    assert "job raised: FailOnRecompileLimitHit" in proc.stderr
+    h = health(store, "shapes-fullgraph", max_recompiles_per_frame=4)
+    (f,) = h.frames
+    assert (f.used, f.limit, f.recompiles, f.limit_hit) == (8, 8, 8, True)
+    (fb,) = h.fallbacks
+    assert (fb.compile_id, fb.kind, fb.fail_type) == ("0/8", "recompile limit", "FailOnRecompileLimitHit")
+    assert h.verdict == "FAIL" and not h.missing_evidence
+
+
+# ------------------------------------------------------------------ (b) case N8
+@pytest.mark.slow
+def test_n8_item_in_compiled_forward(job):
+    store, _ = job
+    h = health(store, "n8", max_graph_breaks=0)
+    item_line = _line_of("n = int((x > 0).sum().item())")
+    defs = [i for i, ln in enumerate(JOB.read_text().splitlines(), 1) if "def forward(self, x):" in ln]
+    layer_forward, net_forward = (f"forward (compile_health_job.py:{n})" for n in defs)  # Layer, N8
+    # each layer breaks at the .item() line; the top-level frame could not handle it: eager
+    (b,) = h.user_breaks
+    assert (b.reason_class, b.source_line) == ("scalar output", f"compile_health_job.py:{item_line}")
+    assert b.count >= 2 and b.eager_fallback and layer_forward in b.frames and net_forward in b.frames
+    assert "capture_scalar_outputs=True" in b.hint and "keep the value a tensor" in b.hint
+    assert "move logging .item()" in b.hint
+    assert [(x.frame, x.kind) for x in h.fallbacks] == [(net_forward, "graph break not handled")]
+    # the resume frame recompiles on requires_grad (layer 0 vs later) and on the value of n
+    resume = next(f for f in h.frames if f.frame.startswith(f"torch_dynamo_resume_in_forward_at_{item_line} "))
+    assert resume.frame.endswith(f"(compile_health_job.py:{item_line})")
+    assert {"grad mode", "python value"} <= set(resume.classes)
+    value = next(g for g in resume.guards if g["class"] == "python value")
+    assert re.fullmatch(r"___stack\d+ == \d+", value["example"]), value
+    assert resume.will_hit_limit and not resume.limit_hit
+    assert "keep it a tensor" in resume.hint
+    assert h.verdict == "FAIL" and "--max-graph-breaks 0" in h.findings[0]
+    text = check(store, "n8").output
+    assert f"compile_health_job.py:{item_line} [scalar output, user code]" in text
+    assert "will hit the limit at this rate" in text
+
+
+# ------------------------------------------------------------------ (c) shared logs vs tlparse
+CORPUS = ["generated_torch2.13_cpu_gloo/graphbreak", "generated_torch2.13_cpu_gloo/unused",
+          "tlparse_tests/inputs/multi_rank_logs", "tlparse_tests/inputs/collectives_parity",
+          "tlparse_tests/inputs/comp_failure.log"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    store = tmp_path_factory.mktemp("chc") / "c.db"
+    engine = open_engine(store)
+    results = {rel: import_torch_trace(engine, shared_path("data", "torch_trace", *rel.split("/")), run_name=rel)
+               for rel in CORPUS}
+    return store, results
+
+
+@pytest.mark.parametrize("rel", CORPUS)
+def test_counts_agree_with_tlparse(rel, corpus, tmp_path):
+    from tests.test_torch_trace_tlparse import _tlparse, tlparse_facts
+
+    exe = _tlparse()
+    store, results = corpus
+    h = health(store, rel)
+    files, _ = discover([shared_path("data", "torch_trace", *rel.split("/"))])
+    assert len(files) == len(results[rel].files)
+    for i, log in enumerate(files):
+        rank = results[rel].files[i]["rank"]
+        want = tlparse_facts(exe, log, tmp_path / f"tl{i}")
+        got = h.ranks[rank]
+        assert sum(b.count for b in got.breaks) == sum(want["graph_breaks"].values()), f"rank {rank}: breaks"
+        assert {s["compile_id"] for f in got.frames for s in f.steps} == {c for c, _ in want["recompiles"]}
+        kinds = Counter(t for _c, t, _r in want["failures"].elements())
+        assert len(got.restarts) == kinds.pop("RestartAnalysis", 0), f"rank {rank}: restarts"
+        assert len(got.fallbacks) == sum(kinds.values()), f"rank {rank}: failures"
+    assert h.verdict == "PASS", h.missing_evidence
+
+
+def test_shared_log_diagnoses(corpus):
+    store, _ = corpus
+    gb = health(store, "generated_torch2.13_cpu_gloo/graphbreak", max_graph_breaks=0)
+    (b,) = gb.user_breaks  # print() at the generator's line 17; DDP's own breaks are library ones
+    assert (b.source_line, b.reason_class, b.ranks, b.count) == ("ddp_trace.py:17", "logging", [0, 1], 2)
+    assert {x.source_line for x in gb.breaks if x.library} == {"distributed.py:1757", "contextlib.py:105"}
+    assert gb.verdict == "FAIL"
+    mr = health(store, "tlparse_tests/inputs/multi_rank_logs")
+    (f,) = [f for f in mr.frames if f.recompiles]
+    assert (f.recompiles, f.ranks, f.limit, f.classes) == (14, [1, 3], 1_000_000, {"shape": 14})
+    assert f.guards[0]["storm"] and not f.will_hit_limit  # 15 of a million: no projection
+    assert {(x.rank, x.kind) for x in mr.fallbacks} == {(0, "compile error"), (2, "compile error")}
+    assert mr.ranks[1].stats.cache["fx_graph"] == {"hit": 10, "miss": 5, "bypass": 0}
+    assert mr.spread["fx_graph_hit_rate"]["spread"] == pytest.approx(1 / 3)
+
+
+# ------------------------------------------------------------------ missing evidence, bad input
+def _record(envelope: dict, payload: str | None = None) -> str:
+    if payload is not None:
+        envelope = {**envelope, "has_payload": hashlib.md5(payload.encode()).hexdigest()}
+    line = "V1129 07:15:42.515000 18880 torch/_logging/structured.py:1] " + json.dumps(envelope)
+    if payload is not None:
+        line += "\n" + "\n".join("\t" + x for x in payload.split("\n"))
+    return line + "\n"
+
+
+def hostile_log(path: Path, *, finished: bool = True) -> Path:
+    """One frame named with HTML: a graph break, a recompile and a failed compile whose texts
+    carry it; without ``finished`` the log ends after the second compile's dynamo_start."""
+    def cid(n):
+        return {"frame_id": 0, "frame_compile_id": n, "attempt": 0}
+    text = (_record({"str": [f"/job/{HOSTILE}.py", 0]})
+            + _record({"dynamo_start": {"stack": [{"line": 3, "name": HOSTILE, "filename": 0}]}, **cid(0)})
+            + _record({"artifact": {"name": "dynamo_graph_break_reason", "encoding": "string"}, **cid(0)},
+                      f"Graph break in user code at /job/m.py:3\nGraph Break Reason: {HOSTILE}")
+            + _record({"compilation_metrics": {"entire_frame_compile_time_s": 0.5, "graph_op_count": 1}, **cid(0)})
+            + _record({"artifact": {"name": "recompile_reasons", "encoding": "json"}, **cid(1)},
+                      json.dumps([f"0/0: L['n'] == 3  # {HOSTILE}"]))
+            + _record({"dynamo_start": {"stack": [{"line": 3, "name": HOSTILE, "filename": 0}]}, **cid(1)}))
+    if finished:
+        text += _record({"compilation_metrics": {"fail_type": HOSTILE, "fail_reason": HOSTILE}, **cid(1)})
+    path.write_text(text)
+    return path
+
+
+def test_missing_evidence_is_incomplete(tmp_path):
+    store = tmp_path / "s.db"
+    engine = open_engine(store)
+    import_torch_trace(engine, hostile_log(tmp_path / "dedicated_log_torch_trace_rank_0_a.log", finished=False),
+                       run_name="died", strict=True)
+    res = check(store, "died")
+    assert res.exit_code == 3, res.output
+    assert "INCOMPLETE: rank 0: compile 0/1 started (dynamo_start) but has no compilation_metrics" in res.output
+    assert check(store, "died", "--allow-incomplete").exit_code == 0
+    import_torch_trace(engine, hostile_log(tmp_path / "dedicated_log_torch_trace_rank_0_b.log"), run_name="two",
+                       strict=True)
+    with Session(engine) as s, s.begin():  # rank 1 of the run recorded nothing
+        get_or_create_rank(s, s.scalar(select(Run).where(Run.name == "two")), 1, world_size=2)
+    res = check(store, "two")
+    assert res.exit_code == 3 and "INCOMPLETE: rank 1: no compile records" in res.output, res.output
+    assert check(store, "two", "--fail-on-eager-fallback").exit_code == 1  # a failure outranks missing evidence
+
+
+def test_bad_input_exits_2(tmp_path):
+    store = tmp_path / "s.db"
+    import_torch_trace(open_engine(store), hostile_log(tmp_path / "dedicated_log_torch_trace_rank_0_a.log"),
+                       run_name="r")
+    assert check(store, "nope").exit_code == 2 and "run 'nope' not found" in check(store, "nope").output
+    assert check(store, "r", "--max-graph-breaks", "-1").exit_code == 2
+    assert check(tmp_path / "missing.db", "r").exit_code == 2
+    with pytest.raises(ValueError, match="max_graph_breaks"):
+        Thresholds(max_graph_breaks=-1)
+
+
+# ------------------------------------------------------------------ (d) API and the run page panel
+@pytest.fixture(scope="module")
+def server(job, tmp_path_factory):
+    pytest.importorskip("uvicorn")
+    store, _ = job
+    log = hostile_log(tmp_path_factory.mktemp("chs") / "dedicated_log_torch_trace_rank_0_h.log")
+    import_torch_trace(open_engine(store), log, run_name="hostile", strict=True)
+    with LiveServer(store) as srv:
+        yield srv
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+@pytest.mark.slow
+def test_api(server):
+    status, rep = _get(f"{server.url}/api/runs/shapes/compile-health")
+    assert status == 200 and rep["verdict"] == "PASS" and rep["summary"]["max_recompiles_per_frame"] == 8
+    assert rep["frames"][0]["used"] == 8 and rep["frames"][0]["limit"] == 8
+    status, rep = _get(f"{server.url}/api/runs/shapes/compile-health?max_recompiles_per_frame=4")
+    assert status == 200 and rep["verdict"] == "FAIL" and "--max-recompiles-per-frame 4" in rep["findings"][0]
+    assert _get(f"{server.url}/api/runs/nope/compile-health")[0] == 404
+    assert _get(f"{server.url}/api/runs/shapes/compile-health?max_graph_breaks=-1")[0] == 422
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_panel(server, browser):
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{server.url}/#/runs/n8")
+    panel = page.locator('[data-testid="compile-health"]')
+    panel.locator("#compile-health-breaks tbody tr").first.wait_for(timeout=30000)
+    item_line = _line_of("n = int((x > 0).sum().item())")
+    row = panel.locator(f'#compile-health-breaks tr[data-source-line="compile_health_job.py:{item_line}"]')
+    assert "scalar output" in row.inner_text() and "capture_scalar_outputs" in row.inner_text()
+    frame_row = panel.locator("#compile-health-frames tbody tr").first
+    assert f"torch_dynamo_resume_in_forward_at_{item_line}" in frame_row.inner_text()
+    assert "will hit the limit" in frame_row.inner_text()
+    assert "graph break not handled" in panel.locator("#compile-health-fallbacks").inner_text()
+    # the panel sits above the compile index
+    top = page.evaluate("""() => [...document.querySelectorAll('[data-testid=compile-health],[data-testid=compile-index]')]
+                           .map((e) => e.dataset.testid)""")
+    assert top[:2] == ["compile-health", "compile-index"]
+
+    page.goto(f"{server.url}/#/runs/shapes")
+    page.locator('#compile-health-frames tbody tr').first.wait_for(timeout=30000)
+    assert "8 of 8" in page.locator('#compile-health-frames').inner_text()
+    assert "limit hit" in page.locator('#compile-health-frames').inner_text()
+
+    page.goto(f"{server.url}/#/runs/hostile")
+    page.locator("#compile-health-fallbacks tbody tr").first.wait_for(timeout=30000)
+    assert HOSTILE in panel.inner_text()  # shown as text
+    assert page.evaluate("() => window.__pwned") is None
+    assert page.locator('[data-testid="compile-health"] img').count() == 0
+    assert not errors, errors
+    page.close()
