@@ -37,15 +37,16 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.compile_index import _reasons
 from graphdeck.analysis.compile_rules import (
     GUARD_HINTS,
     failure_kind,
     frame_label,
     guard_class,
     guard_key,
+    guard_source,
     guard_text,
     parse_break,
+    split_reasons,
 )
 from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import CompileEvent, Rank, Run
@@ -295,7 +296,7 @@ def _rank_health(rank: int, events: list) -> tuple[int, RankHealth, list[str]]:
                     h.restarts.append({"compile_id": cid, "reason": str(why)[:2000]})
         elif name == "recompile_reasons" and key:
             c = compiles.setdefault(key[:2], {})
-            c.setdefault("reasons", []).extend(str(x) for x in _reasons(payload) if str(x).strip())
+            c.setdefault("reasons", []).extend(split_reasons(payload))
         elif name == "dynamo_graph_break_reason":
             info = parse_break(payload or "")
             g = breaks.get((info["reason_class"], info["source_line"]))
@@ -342,6 +343,13 @@ def _rank_health(rank: int, events: list) -> tuple[int, RankHealth, list[str]]:
     for fid, items in by_frame.items():
         h.frames.append(_budget(rank, fid, labels.get(fid, f"frame {fid}"), files.get(fid), items,
                                 limit if limit is not None else DEFAULT_RECOMPILE_LIMIT, limit_src))
+    scalar_lines = {g.source_line for g in h.breaks if g.reason_class == "scalar output"}
+    for f in h.frames:  # a constant specialised from an .item() result: N8
+        lines = sorted({g["source_line"] for g in f.guards if g["class"] == "python value"} & scalar_lines)
+        if lines:
+            f.hint = (f"the specialised value comes from Tensor.item() at {', '.join(lines)}: set "
+                      "torch._dynamo.config.capture_scalar_outputs=True (no constant, no guard) or keep the count "
+                      "a tensor; " + (f.hint or ""))
     h.frames.sort(key=lambda f: (-f.recompiles, f.frame))
     return rank, h, missing
 
@@ -365,11 +373,12 @@ def _budget(rank: int, fid: str, label: str, file, items: list, limit: int, limi
         step_classes = sorted({guard_class(r) for r in reasons})
         classes.update(step_classes)
         f.steps.append({"compile_id": c.get("cid") or f"{fid}/{n}", "failed_guard": guard_text(reasons[0]),
+                        "source_line": guard_source(reasons[0]),
                         "class": guard_class(reasons[0]), "classes": step_classes, "guards_failed": len(reasons),
                         "refused": refused})
-        for key in dict.fromkeys(guard_key(r) for r in reasons):
-            g = guards.setdefault(key, {"guard": key, "class": guard_class(key), "count": 0,
-                                        "example": next(guard_text(r) for r in reasons if guard_key(r) == key)})
+        for key, r in {guard_key(r): r for r in reversed(reasons)}.items():
+            g = guards.setdefault(key, {"guard": key, "class": guard_class(r), "count": 0, "example": guard_text(r),
+                                        "source_line": guard_source(r)})
             g["count"] += 1
     for g in guards.values():
         g["storm"] = g["count"] >= STORM_MIN

@@ -18,7 +18,8 @@ def _frame_lines(f: FrameBudget, indent: str = "  ") -> list[str]:
     if f.classes:
         out.append(f"{indent}  budget spent on: " + ", ".join(f"{k} ({n})" for k, n in f.classes.items()))
     for g in f.guards[:5]:
-        out.append(f"{indent}  guard {'STORM ' if g['storm'] else ''}x{g['count']} [{g['class']}]: {g['example']}")
+        out.append(f"{indent}  guard {'STORM ' if g['storm'] else ''}x{g['count']} [{g['class']}]: {g['example']}"
+                   + (f"  (from {g['source_line']})" if g.get("source_line") else ""))
     for s in f.steps[:12]:
         out.append(f"{indent}  {s['compile_id']}: {s['failed_guard']}"
                    + (f" (+{s['guards_failed'] - 1} more)" if s["guards_failed"] > 1 else ""))
@@ -44,7 +45,7 @@ def to_text(h: CompileHealth) -> str:
         if not b.library:
             lines.append(f"    hint: {b.hint}")
     lines.append(f"recompiles: {s['recompiles']} over {s['frames']} frame(s); most in one frame: "
-                 f"{s['max_recompiles_per_frame']}")
+                 f"{s['max_recompiles_per_frame']} (torch records the first failing guard of each cache entry)")
     for f in h.frames:
         if f.recompiles or f.limit_hit:
             lines += _frame_lines(f)

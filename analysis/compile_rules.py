@@ -21,6 +21,7 @@ Pure functions of text; no store access.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -141,6 +142,40 @@ def guard_text(reason: str) -> str:
     """A recompile reason without its ``"0/3: "`` prefix and its trailing source comment."""
     first = (reason or "").strip().splitlines()[0] if (reason or "").strip() else ""
     return _COMMENT_RE.sub("", _CID_PREFIX_RE.sub("", first)).strip()
+
+
+_GUARD_SRC_RE = re.compile(r"#\s*(.*?)\s+#\s*(\S+?):(\d+) in (\S+)")
+_REASON_START_RE = re.compile(r"^\s*!?\d+/\d+(?:_\d+)?: ")
+
+
+def split_reasons(payload: str | None) -> list[str]:
+    """A ``recompile_reasons`` payload as one string per guard failure: a JSON list (torch ≤ 2.9,
+    and 2.13 from the second recompile on), else plain text where each failure starts with its
+    compile id (``0/0: ...``) and may go on over lines (``User stack trace:`` and its frames)."""
+    text = (payload or "").strip()
+    try:
+        got = json.loads(text or "[]")
+    except ValueError:
+        got = None
+    if isinstance(got, list):
+        return [str(x) for x in got if str(x).strip()]
+    if isinstance(got, str):
+        return [got]
+    out: list[str] = []
+    for ln in text.splitlines():
+        if _REASON_START_RE.match(ln) or not out:
+            out.append(ln)
+        else:
+            out[-1] += "\n" + ln
+    return [x for x in out if x.strip()]
+
+
+def guard_source(reason: str) -> str | None:
+    """``"file.py:47"``: the user line a guard came from, when its text names it
+    (``self.num_iter == 0  # self.num_iter += 1  # .../m.py:47 in forward``)."""
+    first = (reason or "").strip().splitlines()[0] if (reason or "").strip() else ""
+    m = _GUARD_SRC_RE.search(first)
+    return f"{short_path(m.group(2))}:{m.group(3)}" if m else None
 
 
 def guard_key(reason: str) -> str:

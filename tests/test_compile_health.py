@@ -34,6 +34,7 @@ from graphdeck.store.schema import Run
 from graphdeck.store.torch_trace import import_torch_trace
 from graphdeck.store.torch_trace_log import discover
 from tests.conftest import LiveServer, shared_path
+from tests.test_gradients_n1 import n1_store  # noqa: F401 - the N1 capture, a fixture
 
 JOB = Path(__file__).with_name("compile_health_job.py")
 HOSTILE = '<img src=x onerror="window.__pwned=1">'
@@ -130,11 +131,31 @@ def test_n8_item_in_compiled_forward(job):
     value = next(g for g in resume.guards if g["class"] == "python value")
     assert re.fullmatch(r"___stack\d+ == \d+", value["example"]), value
     assert resume.will_hit_limit and not resume.limit_hit
-    assert "keep it a tensor" in resume.hint
+    assert f"comes from Tensor.item() at compile_health_job.py:{item_line}" in resume.hint
+    assert "capture_scalar_outputs=True" in resume.hint and "keep the count a tensor" in resume.hint
     assert h.verdict == "FAIL" and "--max-graph-breaks 0" in h.findings[0]
     text = check(store, "n8").output
     assert f"compile_health_job.py:{item_line} [scalar output, user code]" in text
     assert "will hit the limit at this rate" in text
+
+
+# ------------------------------------------------------------------ case N1: check-grads' job
+@pytest.mark.slow
+def test_n1_view_matches_check_grads(n1_store):
+    """The N1 capture of tests/test_gradients_n1.py (check-grads answers it): one frame, 0/0 … 0/7
+    on the ``num_iter`` guard (its line named), 0/8 refused by the recompile limit (8), eager
+    after. torch records the first failing guard of each cache entry, so the ``requires_grad``
+    guard on layer2 (checked after ``num_iter``) does not appear among the recorded reasons."""
+    h = health(n1_store[0], "n1", max_recompiles_per_frame=7)
+    (f,) = h.frames
+    n1 = Path(__file__).with_name("test_gradients_n1.py").read_text().splitlines()
+    assert f.frame == f"forward (test_gradients_n1.py:{n1.index('    def forward(self, x):') + 1})"
+    assert (f.used, f.limit, f.limit_hit, f.classes) == (8, 8, True, {"python value": 8})
+    assert [s["compile_id"] for s in f.steps] == [f"0/{i}" for i in range(1, 9)]
+    (g,) = f.guards
+    assert g["storm"] and g["source_line"] == f"test_gradients_n1.py:{n1.index('        self.num_iter += 1') + 1}"
+    assert [(x.compile_id, x.kind) for x in h.fallbacks] == [("0/8", "recompile limit")]
+    assert h.verdict == "FAIL"
 
 
 # ------------------------------------------------------------------ (c) shared logs vs tlparse
