@@ -8,7 +8,7 @@ sequences, so equal graphs pair up even when a graph break inserted graphs betwe
 graphs left in a differing stretch pair up by position (a *structure change*, with its first
 differing node from the aligned node lists: op, target, shape, dtype, arguments — module path and
 source line named) and the rest are *new* or *removed* graphs. AOT graphs whose Dynamo parent
-changed are not reported again.
+changed (AOT graphs, DDP buckets, Inductor's graphs) are not reported again.
 
 Findings (each with ``links``: the graph ids of both runs, so a page links both graph views):
 
@@ -137,8 +137,10 @@ def diff_runs(sa: Session, run_a: Run, sb: Session, run_b: Run, gates: Gates | N
     from graphdeck.analysis.run_diff_parts import (compile_findings, grad_findings, memory_findings,
                                                    rank_findings, structure_findings)
 
-    compile_ids = compile_findings(sa, run_a, sb, run_b, out, add)
     joins = {r: join_graphs(sa, run_a.id, sb, run_b.id, r) for r in sorted(ranks_a & ranks_b)}
+    partner = {(1, b): a for j in joins.values() for a, b, _ in j["pairs"]}
+    partner.update({(0, a): b for j in joins.values() for a, b, _ in j["pairs"]})
+    compile_ids = compile_findings(sa, run_a, sb, run_b, out, add, partner)
     out.graphs = {str(r): j["counts"] for r, j in joins.items()}
     regressions = _timing(sa, run_a, sb, run_b, sorted(ranks_a & ranks_b), out, add, top_nodes)
     structure_ids = structure_findings(sa, sb, joins, out, add, compile_ids, regressions)

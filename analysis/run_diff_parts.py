@@ -20,7 +20,8 @@ AOT = ("aot_forward", "aot_backward", "aot_inference")
 # ---------------------------------------------------------------------------- compile records
 
 
-def compile_findings(sa: Session, run_a: Run, sb: Session, run_b: Run, out, add) -> dict[int, list[int]]:
+def compile_findings(sa: Session, run_a: Run, sb: Session, run_b: Run, out, add,
+                     partner: dict[tuple[int, int], int]) -> dict[int, list[int]]:
     """New / removed user-code graph breaks (by reason class and source line) and new recompiles
     (per frame: more recompiles in B, the guards failing only in B). Returns ``{rank: [finding
     ids]}`` of new breaks and recompiles, for ``follows_from``."""
@@ -40,7 +41,7 @@ def compile_findings(sa: Session, run_a: Run, sb: Session, run_b: Run, out, add)
     for k, g in user_b.items():
         if k in user_a:
             continue
-        links = [{"a": None, "b": cids_b.get((r, c))} for r in g.ranks[:1] for c in g.compile_ids if cids_b.get((r, c))]
+        links = [{"a": partner.get((1, gid)), "b": gid} for gid in _break_graphs(g, cids_b)]
         f = add("new_graph_break", f"new graph break at {g.source_line or '(no source line)'}: {g.headline}",
                 ranks=g.ranks, links=links,
                 detail={"reason_class": g.reason_class, "source_line": g.source_line, "hint": g.hint,
@@ -52,8 +53,7 @@ def compile_findings(sa: Session, run_a: Run, sb: Session, run_b: Run, out, add)
         if k not in user_b:
             add("removed_graph_break", f"graph break gone from {g.source_line or '(no source line)'}: {g.headline}",
                 ranks=g.ranks, improvement=True,
-                links=[{"a": cids_a.get((r, c)), "b": None} for r in g.ranks[:1] for c in g.compile_ids
-                       if cids_a.get((r, c))],
+                links=[{"a": gid, "b": partner.get((0, gid))} for gid in _break_graphs(g, cids_a)],
                 detail={"reason_class": g.reason_class, "source_line": g.source_line})
     frames_a = {f.frame: f for f in ha.frames}
     for fb in hb.frames:
@@ -76,6 +76,17 @@ def compile_findings(sa: Session, run_a: Run, sb: Session, run_b: Run, out, add)
             add("fewer_recompiles", f"frame {fa.frame} recompiles {after} time(s), was {fa.recompiles}",
                 ranks=fa.ranks, improvement=True, detail={"frame": fa.frame, "before": fa.recompiles, "after": after})
     return by_rank
+
+
+def _break_graphs(g, cids: dict[tuple[int, str], int]) -> list[int]:
+    """Dynamo graphs of a break group's compiles (``"rank:compile id"``), first rank only."""
+    out = []
+    for item in g.compile_ids:
+        r, _, cid = item.partition(":")
+        gid = cids.get((int(r), cid)) if r.isdigit() else None
+        if gid is not None and (not out or int(r) == g.ranks[0]):
+            out.append(gid)
+    return out[:4]
 
 
 def _dynamo_by_cid(s: Session, run_id: int) -> dict[tuple[int, str], int]:
@@ -114,7 +125,8 @@ def _describe(ref) -> str:
 def structure_findings(sa: Session, sb: Session, joins: dict, out, add, compile_ids: dict[int, list[int]],
                        regressions: dict[tuple[int, int], int]) -> dict[int, list[int]]:
     """``structure_changed`` / ``new_graph`` / ``removed_graph`` findings, merged over ranks when
-    identical; returns ``{rank: [finding ids]}``."""
+    identical; a graph whose parent (the Dynamo graph it was split or traced from) is itself
+    changed, new or removed is not reported again. Returns ``{rank: [finding ids]}``."""
     groups: dict[tuple, dict] = {}
     for r, j in joins.items():
         ra, rb = j["rows_a"], j["rows_b"]
@@ -127,24 +139,24 @@ def structure_findings(sa: Session, sb: Session, joins: dict, out, add, compile_
 
         items = []
         for a, b, how in j["pairs"]:
-            if how != "changed" or (ra[a][0] in AOT and ra[a][3] in touched_a and rb[b][3] in touched_b):
+            if how != "changed" or (ra[a][3] in touched_a and rb[b][3] in touched_b):
                 continue
             na, nb, change = first_difference(sa, a, sb, b)
             where = _describe(nb if nb is not None else na)
-            msg = (f"{rb[b][0]} graph {rb[b][5]} ({rb[b][4] or '?'}) changed: first {change or 'difference'} node "
+            msg = (f"{rb[b][0]} graph '{rb[b][5]}' ({rb[b][4] or '?'}) changed: first {change or 'difference'} node "
                    f"{where}")
             items.append(("structure_changed", msg, {"a": a, "b": b, "node_a": na and na.name, "node_b": nb and nb.name},
                           {"change": change, "node_a": na and na.__dict__, "node_b": nb and nb.__dict__,
                            "kind": rb[b][0]}, regressed(0, a, ra) + regressed(1, b, rb)))
         for b in j["added"]:
-            if rb[b][0] in AOT and rb[b][3] in touched_b:
+            if rb[b][3] in touched_b:
                 continue
-            items.append(("new_graph", f"new {rb[b][0]} graph {rb[b][5]} ({rb[b][4] or '?'})", {"a": None, "b": b},
+            items.append(("new_graph", f"new {rb[b][0]} graph '{rb[b][5]}' ({rb[b][4] or '?'})", {"a": None, "b": b},
                           {"kind": rb[b][0], "compile_id": rb[b][2]}, regressed(1, b, rb)))
         for a in j["removed"]:
-            if ra[a][0] in AOT and ra[a][3] in touched_a:
+            if ra[a][3] in touched_a:
                 continue
-            items.append(("removed_graph", f"{ra[a][0]} graph {ra[a][5]} ({ra[a][4] or '?'}) is gone", {"a": a, "b": None},
+            items.append(("removed_graph", f"{ra[a][0]} graph '{ra[a][5]}' ({ra[a][4] or '?'}) is gone", {"a": a, "b": None},
                           {"kind": ra[a][0], "compile_id": ra[a][2]}, regressed(0, a, ra)))
         for kind, msg, link, detail, follows in items:
             g = groups.setdefault((kind, msg), {"ranks": [], "links": [], "detail": detail, "follows": set()})

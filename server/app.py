@@ -54,6 +54,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.parallel_map",
     "graphdeck.server.routes.layout",
     "graphdeck.server.routes.compile_health",
+    "graphdeck.server.routes.diff",
 )
 
 
