@@ -283,6 +283,7 @@ def _rank_health(rank: int, events: list) -> tuple[int, RankHealth, list[str]]:
                         if isinstance(v, int):
                             metric_cache = True
                             h.stats.cache[what + suffix][kind] += v
+            h.stats.compiles += name == "compilation_metrics"
             if name == "compilation_metrics" and key:
                 c = compiles.setdefault(key[:2], {})
                 c["metrics"] = body
@@ -325,7 +326,7 @@ def _rank_health(rank: int, events: list) -> tuple[int, RankHealth, list[str]]:
     for g in breaks.values():
         g.frames = list(dict.fromkeys(labels.get(f, f"frame {f}") for f in g.frames))
     h.breaks = sorted(breaks.values(), key=lambda g: (g.library, -g.count, g.source_line or ""))
-    h.stats.compiles = sum(1 for k, c in compiles.items() if "metrics" in c or c.get("started"))
+    h.stats.compiles += sum(1 for c in compiles.values() if c.get("started") and "metrics" not in c)
     missing = [f"rank {rank}: compile {fid}/{n} started (dynamo_start) but has no compilation_metrics record "
                "(the job died mid-compile, or the record was lost)"
                for (fid, n), c in sorted(compiles.items()) if c.get("started") and "metrics" not in c
