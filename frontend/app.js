@@ -1,6 +1,7 @@
 // graphdeck dashboard: a hash-routed page over the JSON API served by graphdeck.server.
 //
-// Pages: #/runs, #/runs/<id>, #/runs/<id>/ranks, #/runs/<id>/map, #/graphs/<id>/memory, #/graphs/<id>[?node=<fx node name>], #/traces/<id>.
+// Pages: #/runs, #/runs/<id>, #/runs/<id>/ranks, #/runs/<id>/map, #/graphs/<id>/memory, #/graphs/<id>[?node=<fx node name>], #/traces/<id>,
+// #/diff?a=<run>&b=<run>.
 //
 // Modules (ES modules, no build step):
 //   app.js      this router
@@ -9,6 +10,7 @@
 //   grads.js    the gradient-path report: its page (#/runs/<id>/grads) and the run page's section
 //   compile.js  the run page's compile records (frame compile metrics, graph-break reasons)
 //   compare.js  two graphs side by side: diff marks, forward/backward seq_nr links
+//   diff.js     run B against run A (#/diff?a=&b=): findings of diff-runs, each linking both runs' graphs
 //   graph.js    the graph page: node search and selection, long-edge stubs, node details, related graphs
 //   viewer.js   the graph page's SVG viewer: safe import, pan/zoom, the initial view
 //   map.js      the parallel map (#/runs/<id>/map): stage → TP group → replicas, per-rank badges
@@ -22,6 +24,7 @@
 
 import {$app, ApiError, errorBox, h} from "./common.js";
 import {renderCompare} from "./compare.js";
+import {renderDiff} from "./diff.js";
 import {renderGraph} from "./graph.js";
 import {renderGrads} from "./grads.js";
 import {renderMap} from "./map.js";
@@ -43,6 +46,7 @@ const routes = [
   [/^\/traces\/(\d+)$/, renderTrace],
   [/^\/traces\/(\d+)\/replay$/, renderReplay], // ?step=&step_interval_ms=&highlight=
   [/^\/runs\/([^/]+)\/timeline$/, renderRunTimeline], // every rank on one aligned axis
+  [/^\/diff$/, renderDiff], // run B against run A (?a=&b=): diff-runs' findings, both runs' graphs linked
 ];
 
 let current = null; // the page on screen: {path, alive(), update?(query)}
