@@ -245,7 +245,9 @@ class FileBuilder:
             meta["dynamo_start"] = {**rec.body, "stack": stack}
             if stack:
                 last = stack[-1]
-                where = f"{os.path.basename(str(last.get('filename')))}:{last.get('line')}"
+                file = last.get("filename")  # an id left unresolved (its str record missing) is not a file name
+                file = f"<file #{file}>" if isinstance(file, int) else os.path.basename(str(file))
+                where = f"{file}:{last.get('line')}"
                 ctx.frame_name = f"{last.get('name')} ({where})"
         graph_id = None
         if graph_kind is not None and rec.payload:

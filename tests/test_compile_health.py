@@ -30,7 +30,7 @@ from graphdeck.analysis.compile_health import Thresholds, compile_health
 from graphdeck.analysis.compile_index import compile_index
 from graphdeck.cli import main as cli
 from graphdeck.store.db import get_or_create_rank, open_engine
-from graphdeck.store.schema import Run
+from graphdeck.store.schema import Graph, Run
 from graphdeck.store.torch_trace import import_torch_trace
 from graphdeck.store.torch_trace_log import discover
 from tests.conftest import LiveServer, shared_path
@@ -237,6 +237,26 @@ def hostile_log(path: Path, *, finished: bool = True) -> Path:
         text += _record({"compilation_metrics": {"fail_type": HOSTILE, "fail_reason": HOSTILE}, **cid(1)})
     path.write_text(text)
     return path
+
+
+def test_frame_label_keeps_its_file(tmp_path):
+    """A ``dynamo_start`` naming its file by an interned id whose ``str`` record is missing: the
+    import labels it ``<file #1>`` (not ``(1:13)``), check-compile takes the file from the
+    compile's ``compilation_metrics``."""
+    cid = {"frame_id": 0, "frame_compile_id": 0, "attempt": 0}
+    graph = ('class GraphModule(torch.nn.Module):\n    def forward(self, L_x_: "f32[4][1]cpu"):\n'
+             '        l_x_ = L_x_\n        y: "f32[4][1]cpu" = l_x_.relu();  l_x_ = None\n        return (y,)\n')
+    log = tmp_path / "dedicated_log_torch_trace_rank_0_a.log"
+    log.write_text(_record({"dynamo_start": {"stack": [{"line": 13, "name": "post_orthogonalize", "filename": 1}]},
+                            **cid})
+                   + _record({"dynamo_output_graph": {}, **cid}, graph)
+                   + _record({"compilation_metrics": {"co_name": "post_orthogonalize", "co_filename": "/job/muon.py",
+                                                      "co_firstlineno": 13}, **cid}))
+    engine = open_engine(tmp_path / "s.db")
+    import_torch_trace(engine, log, run_name="r", strict=True)
+    with Session(engine) as s:
+        assert s.scalar(select(Graph.frame_name)) == "post_orthogonalize (<file #1>:13)"
+    assert [f.frame for f in health(tmp_path / "s.db", "r").frames] == ["post_orthogonalize (muon.py:13)"]
 
 
 def test_missing_evidence_is_incomplete(tmp_path):
