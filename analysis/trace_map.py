@@ -182,6 +182,12 @@ class KernelMapping:
     ``comm_node_ns``: the part of ``node_ns`` that communication kernels gave (NOTE: [Collectives
     to graph nodes]), ``comm_param_ns`` the same time by parameter fqn, and ``comm_label`` GPU
     event id → what the collective carries (``all_reduce of DDP reducer bucket 3 (12 params)``).
+
+    For a CPU trace (no GPU kernel; NOTE: [CPU trace mapping]) ``device`` is ``"cpu"``, the
+    "kernels" are the ops and C++ kernels run inside compiled ranges (``cpu_units``, by start),
+    ``kernel_ns`` their summed time (the compiled regions' CPU time), ``how`` says per mapped
+    unit how it was matched, ``region_ns`` is the compiled ranges' wall time and ``directions``
+    gives ``{"forward"|"backward": {"units_ns", "mapped_ns", "units", "mapped"}}``.
     """
 
     trace_id: int
@@ -194,6 +200,11 @@ class KernelMapping:
     comm_node_ns: dict[tuple[int, str], int] = field(default_factory=dict)
     comm_param_ns: dict[str, int] = field(default_factory=dict)
     comm_label: dict[int, str] = field(default_factory=dict)
+    device: str = "gpu"
+    cpu_units: list = field(default_factory=list)
+    how: dict[int, str] = field(default_factory=dict)
+    region_ns: int = 0
+    directions: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def mapped_fraction(self) -> float | None:
@@ -303,6 +314,22 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
         region = next((m.group(1) for e in reversed(chain[:at]) if (m := _REGION.match(e.name))), None)
         wrapper_ev[chain[at].id] = (chain[at], region)
         wrappers[chain[at].id].append((k, chain[at + 1] if at + 1 < len(chain) else None))
+    _map_wrappers(session, trace, tables, wrappers, wrapper_ev, out, unmapped, sources)
+    if not out.kernel_ns and not comm_kernels:  # a CPU trace (NOTE: [CPU trace mapping])
+        from graphdeck.analysis.cpu_trace_map import map_cpu_trace
+
+        map_cpu_trace(session, trace, events, tables, out, unmapped, sources)
+    _map_comm(session, trace, comm_kernels, out, unmapped, sources)
+    out.unmapped = dict(unmapped.most_common())
+    out.sources = dict(sources)
+    return out
+
+
+def _map_wrappers(session: Session, trace: Trace, tables: dict[int, dict], wrappers: dict[int, list[tuple[Ev, Ev | None]]],
+                  wrapper_ev: dict[int, tuple[Ev, str | None]], out: KernelMapping, unmapped: Counter,
+                  sources: Counter) -> None:
+    """Map the kernels of each wrapper call (``wrapper id → [(kernel, call)]``) through the kernel
+    tables (NOTE: [Kernel to node mapping]); GPU kernels and CPU units alike."""
     twins = _twins(session, trace.run_id, trace.rank, set(tables)) if wrappers else {}
     turns: Counter = Counter()
     for wid, items in sorted(wrappers.items(), key=lambda kv: (wrapper_ev[kv[0]][0].ts, kv[0])):
@@ -343,10 +370,6 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
             for j, node in enumerate(nodes):
                 key = (gid, node)
                 out.node_ns[key] = out.node_ns.get(key, 0) + share + (rest if j == 0 else 0)
-    _map_comm(session, trace, comm_kernels, out, unmapped, sources)
-    out.unmapped = dict(unmapped.most_common())
-    out.sources = dict(sources)
-    return out
 
 
 def _map_comm(session: Session, trace: Trace, kernels: list[Ev], out: KernelMapping, unmapped: Counter,
