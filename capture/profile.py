@@ -66,6 +66,22 @@ def stored_profile(agent, *, wait_steps: int, warmup_steps: int, active_steps: i
     return torch.profiler.profile(schedule=schedule, on_trace_ready=on_trace_ready, **options)
 
 
+def enable_cpu_kernel_profile() -> bool:
+    """Make Inductor's generated C++ kernels visible to the profiler
+    (``torch._inductor.config.cpp.enable_kernel_profile``: each kernel opens a ``RecordFunction``
+    named ``graph_<n>_<kernel>``; NOTE: [CPU trace mapping]) unless the user set the option
+    (``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE`` or in code). Returns whether it is on
+    afterwards. Never raises: a torch without the option keeps its default."""
+    try:
+        from torch._inductor import config
+
+        if os.environ.get("TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE") is None and config._is_default("cpp.enable_kernel_profile"):
+            config.cpp.enable_kernel_profile = True
+        return bool(config.cpp.enable_kernel_profile)
+    except Exception:  # noqa: BLE001 - capture never breaks training
+        return False
+
+
 def _keep_gzipped(src: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as fin, gzip.open(dest, "wb", compresslevel=6) as fout:
