@@ -317,6 +317,9 @@ class Agent:
             from graphdeck.capture.provenance import enable_provenance
 
             enable_provenance()
+            from graphdeck.capture.profile import enable_cpu_kernel_profile
+
+            enable_cpu_kernel_profile()  # C++ kernels in CPU traces (NOTE: [CPU trace mapping])
 
         graphdeck_backend.__name__ = f"graphdeck_{inner if isinstance(inner, str) else 'custom'}"
         return graphdeck_backend
