@@ -402,7 +402,8 @@ class GradEvidence:
                     fqns = tuple(self.agent._live_name(t) for t in params)
                     if len(self._fqn_cache) < 4096:
                         self._fqn_cache[key] = fqns
-            call = (info, fqns, threading.get_ident(), user_frames(sys._getframe(1), depth=2))
+            leaves = tuple(t for t in params if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf)[:4]
+            call = (info, fqns, threading.get_ident(), user_frames(sys._getframe(1), depth=2), leaves)
             for fn, items in groups.items():
                 fn.register_prehook(partial(self._on_output_grads, call, items))
         except Exception as exc:  # noqa: BLE001
@@ -412,9 +413,11 @@ class GradEvidence:
         if compiled_autograd_active():
             return None
         try:
-            info, fqns, thread, site = call
+            info, fqns, thread, site, leaves = call
             with self._lock:
                 t = _task_id()
+                if leaves and not self._accumulates(t, leaves):
+                    return None  # torch.autograd.grad / backward(inputs=...) not reaching parameters
                 w = self._window_for(t)
                 seen = w.outputs.setdefault(info.key, {})
                 dead = False
@@ -432,6 +435,39 @@ class GradEvidence:
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
         return None
+
+    def _accumulates(self, task: int, leaves: tuple) -> bool:
+        """Whether autograd task ``task`` (running now) accumulates into any of ``leaves``.
+
+        # NOTE: [Backward passes that fill no .grad]
+        # ``torch.autograd.grad`` (e.g. torch.distributed.pipelining's backward metadata inference
+        # on its first step, gradient penalties) and ``backward(inputs=...)`` without the
+        # parameters run a compiled graph's backward but accumulate into no parameter: counted,
+        # such a pass would report every parameter as getting no gradient. The engine tells
+        # whether a leaf's AccumulateGrad node runs in the current task
+        # (``torch._C._will_engine_execute_node``; under autograd.grad it raises for a leaf it
+        # captures instead: no accumulation either). Asked once per task.
+        """
+        cache = self.__dict__.setdefault("_accum_by_task", {})
+        if task in cache:
+            return cache[task]
+        if len(cache) > 64:
+            cache.clear()
+        from torch.autograd.graph import get_gradient_edge
+
+        result = False
+        for leaf in leaves:
+            try:
+                if torch._C._will_engine_execute_node(get_gradient_edge(leaf).node):
+                    result = True
+                    break
+            except RuntimeError:  # autograd.grad capturing this leaf: nothing accumulates
+                continue
+            except Exception:  # noqa: BLE001 - an engine that cannot tell: count the pass, as before
+                result = True
+                break
+        cache[task] = result
+        return result
 
     # ------------------------------------------------------------------ windows -> rows
     def _fsdp2(self) -> bool:
