@@ -838,7 +838,9 @@ def stack_cmd(data_dir: str, store: str | None, host: str, port: int, pg_port: i
         _fail(exc)
     sys.exit(code)
 
-from graphdeck.cli_compile import check_compile as _check_compile; main.add_command(_check_compile)  # noqa: E402,E702
+from graphdeck.cli_compile import check_compile as _check_compile  # noqa: E402 - check-compile (issue 21)
+
+main.add_command(_check_compile)
 from graphdeck.cli_diff import diff_runs_cmd as _diff_runs; main.add_command(_diff_runs)  # noqa: E402,E702
 
 if __name__ == "__main__":
