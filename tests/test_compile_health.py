@@ -141,7 +141,7 @@ def test_n8_item_in_compiled_forward(job):
 
 # ------------------------------------------------------------------ case N1: check-grads' job
 @pytest.mark.slow
-def test_n1_view_matches_check_grads(n1_store):
+def test_n1_view_matches_check_grads(n1_store):  # noqa: F811 - the fixture imported above
     """The N1 capture of tests/test_gradients_n1.py (check-grads answers it): one frame, 0/0 … 0/7
     on the ``num_iter`` guard (its line named), 0/8 refused by the recompile limit (8), eager
     after. torch records the first failing guard of each cache entry, so the ``requires_grad``
