@@ -179,6 +179,11 @@ def hotspots(data: TraceData, top: int = 10) -> dict:
             if end is None or e.end > end:
                 end, prev = e.end, e
     gaps.sort(key=lambda g: (-g[0], g[1].ts))
+    if not by_stream and data.mapping.device == "cpu":  # a CPU trace: gaps between a compiled region's ops
+        from graphdeck.analysis.cpu_trace_map import cpu_gaps
+
+        return {"gaps": cpu_gaps(data.mapping, data.label, top), "launch_delays": [], "overlapping": 0,
+                "device": "cpu", "launch_delays_reason": "a CPU trace: ops run where they are called, no launch waits"}
     delays = []
     for k in data.kernels:
         link = data.links.get(k.id)
@@ -254,5 +259,6 @@ def analyze_trace(session: Session, trace_id: int, rule: CommRule | None = None,
         "overlap": overlap(data, rule),
         "mapping": {"kernel_ns": m.kernel_ns, "mapped_ns": m.mapped_ns, "mapped_fraction": m.mapped_fraction,
                     "unmapped_top": [{"kernel": n, "kernel_ns": ns} for n, ns in list(m.unmapped.items())[:top]],
-                    "sources": m.sources},
+                    "sources": m.sources, "device": m.device, "region_ns": m.region_ns,
+                    "directions": m.directions},
     }

@@ -127,14 +127,19 @@ function analysisView(a) {
     h("h3", {}, "Largest gaps on a stream"),
     table("gaps-table", ["gap ms", "stream", "after", "before"],
       a.hotspots.gaps.map((g) => row([ms(g.gap_ns), fmt(g.stream), fmt(g.after), fmt(g.before)])), "",
-      {caption: "The longest idle gaps between consecutive kernels of one GPU stream",
+      {caption: a.hotspots.device === "cpu" ? "The longest gaps between consecutive ops of one compiled region (CPU thread)"
+        : "The longest idle gaps between consecutive kernels of one GPU stream",
        empty: "no GPU stream with two or more kernels in this trace (gaps are measured between kernels)"}),
     h("h3", {}, "Longest launch delays"),
     table("delays-table", ["delay ms", "kernel / node"], a.hotspots.launch_delays.map((d) => row([ms(d.delay_ns), fmt(d.node)])), "",
       {caption: "Kernels that started longest after their CPU-side launch",
-       empty: "no kernel launch linked to its kernel in this trace (needs GPU kernels and their cudaLaunchKernel events)"}),
+       empty: a.hotspots.launch_delays_reason || "no kernel launch linked to its kernel in this trace (needs GPU kernels and their cudaLaunchKernel events)"}),
     h("p", {id: "mapping-summary", class: "muted"},
-      `Kernel time mapped to graph nodes: ${pct(a.mapping.mapped_fraction)} (${ms(a.mapping.mapped_ns)} of ${ms(a.mapping.kernel_ns)} ms).`),
+      a.mapping.device === "cpu"
+        ? `CPU time of compiled regions mapped to graph nodes: ${pct(a.mapping.mapped_fraction)} (${ms(a.mapping.mapped_ns)} of ${ms(a.mapping.kernel_ns)} ms; `
+          + Object.entries(a.mapping.directions || {}).map(([d, x]) => `${d} ${pct(x.region_ns ? x.mapped_ns / x.region_ns : null)}`).join(", ")
+          + "; an op's time includes the dispatch before it)."
+        : `Kernel time mapped to graph nodes: ${pct(a.mapping.mapped_fraction)} (${ms(a.mapping.mapped_ns)} of ${ms(a.mapping.kernel_ns)} ms).`),
   ];
 }
 

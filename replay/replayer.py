@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 import webbrowser
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,10 @@ from graphdeck.store.traces import ingest_trace
 class ReplayPlan:
     """What :meth:`TraceReplayer.replay` prepared: ``url`` (path of the dashboard's replay page;
     absolute when a server was started), ``step``, ``step_interval_ms``, ``frames`` (see
-    :class:`graphdeck.replay.frames.ReplayFrames`), ``duration_ms`` (frames × interval)."""
+    :class:`graphdeck.replay.frames.ReplayFrames`), ``duration_ms`` (frames × interval),
+    ``source`` (``gpu`` kernels, or ``cpu`` ops/kernels of compiled regions in a CPU trace),
+    ``highlights`` (per pattern: frames matched and how) and ``warnings`` (patterns that matched
+    nothing; also issued as Python warnings)."""
 
     trace_id: int
     url: str
@@ -58,6 +62,9 @@ class ReplayPlan:
     step_interval_ms: float
     highlight_ops: list[str]
     frames: list[dict] = field(default_factory=list)
+    source: str = "gpu"
+    highlights: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def duration_ms(self) -> float:
@@ -125,7 +132,7 @@ class TraceReplayer:
     def replay(self, step_interval_ms: float = 10, highlight_ops=None, *, step: int | None = None,
                serve: bool = False, open_browser: bool = False, port: int = 0) -> ReplayPlan:
         """Prepare the replay of ``step`` (default the first ``ProfilerStep``): one frame per
-        kernel, ``step_interval_ms`` apart, frames matching ``highlight_ops`` (names or regexes)
+        kernel (per op / C++ kernel of a compiled region in a CPU trace), ``step_interval_ms`` apart, frames matching ``highlight_ops`` (names or regexes)
         marked. With ``serve=True`` the dashboard is started on 127.0.0.1 (a daemon thread;
         ``port`` 0 picks a free one) and ``url`` is absolute; ``open_browser`` opens it."""
         if step_interval_ms <= 0:
@@ -141,7 +148,10 @@ class TraceReplayer:
             url = self._serve(port) + url
             if open_browser:
                 webbrowser.open(url)
-        return ReplayPlan(self.trace_id, url, frames.step, step_interval_ms, highlight, frames.frames)
+        for w in frames.warnings:
+            warnings.warn(w, stacklevel=2)
+        return ReplayPlan(self.trace_id, url, frames.step, step_interval_ms, highlight, frames.frames, frames.source,
+                          frames.highlights, frames.warnings)
 
     def _serve(self, port: int) -> str:
         import socket

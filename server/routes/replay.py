@@ -11,7 +11,8 @@ per-trace analyses, collectives across ranks, and replay frames.
   comm/compute overlap, kernel → node coverage (``comm`` adds communication-kernel patterns).
 * ``GET /api/runs/{run_id}/collectives?comm=REGEX``: collectives matched across ranks, offsets,
   stragglers.
-* ``GET /api/traces/{trace_id}/replay?step=&highlight=``: the frames of a replay.
+* ``GET /api/traces/{trace_id}/replay?step=&highlight=``: the frames of a replay (GPU kernels, or
+  a CPU trace's compiled-region ops and C++ kernels), with how each highlight matched.
 * ``GET /api/graphs/{graph_id}/node-times?trace_id=``: GPU ns per FX node of the graph.
 
 Times in answers are ns as decimal strings where they are absolute (past 2**53), ms floats
@@ -166,14 +167,17 @@ def get_collectives(comm: list[str] | None = Query(None, description="extra comm
 
 @router.get("/api/traces/{trace_id}/replay")
 def get_replay(step: int | None = Query(None, description="ProfilerStep number (default: the first)"),
-               highlight: list[str] | None = Query(None, description="op / kernel / node names or regexes"),
+               highlight: list[str] | None = Query(None, description="op families (matmul), op / kernel / node names or regexes"),
                trace: Trace = Depends(resolve_trace), session: Session = Depends(get_session)) -> dict:
-    """The frames of a replay: the step's kernels in time order with their graph nodes."""
+    """The frames of a replay: the step's kernels (in a CPU trace, the ops and C++ kernels of its
+    compiled regions) in time order with their graph nodes; ``highlights`` says how each
+    highlight matched and ``warnings`` names the ones that matched nothing."""
     return replay_frames(session, trace.id, step=step, highlight_ops=highlight).as_dict()
 
 
 @router.get("/api/graphs/{graph_id}/node-times")
 def get_node_times(trace_id: int | None = Query(None, description="default: the newest trace of the graph's rank"),
                    graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
-    """GPU kernel ns per FX node name (``graphdeck.analysis.trace_map.node_time_ns``)."""
+    """Kernel ns per FX node name (GPU kernels, or a CPU trace's ops and C++ kernels with their
+    dispatch; ``graphdeck.analysis.trace_map.node_time_ns``)."""
     return {"graph_id": graph.id, "trace_id": trace_id, "node_ns": node_time_ns(session, graph.id, trace_id)}
