@@ -1,7 +1,8 @@
 // graphdeck dashboard: trace replay (#/traces/<id>/replay?step=&step_interval_ms=&highlight=) and
 // the multi-rank timeline of a run (#/runs/<id>/timeline).
 //
-// Replay: frame i is the i-th GPU kernel of the step (GET /api/traces/<id>/replay); a cursor line
+// Replay: frame i is the i-th GPU kernel of the step (GET /api/traces/<id>/replay) — in a CPU trace
+// (rp.source "cpu") the i-th ATen op / C++ kernel of a compiled region; a cursor line
 // moves over the step's timeline (GET /api/traces/<id>/window) and the graph of the kernel's node
 // is drawn from GET /api/graphs/<gid>/svg, where `<g id="node-<idx>">` gets the class
 // `replay-active`. Playback advances one frame per step_interval_ms (requestAnimationFrame,
@@ -42,10 +43,15 @@ export async function renderReplay(page, m, query) {
   const stopAt = h("input", {type: "checkbox", id: "replay-stop-at-highlight"});
   const stepSel = h("select", {id: "replay-step"}, rp.steps.map((s) => h("option", {value: String(s), selected: s === rp.step}, `step ${s}`)));
   const nHigh = frames.filter((f) => f.highlight).length;
+  const unit = rp.source === "cpu" ? "CPU ops/kernels of compiled regions" : "kernels";
+  const howHigh = (rp.highlights || []).filter((x) => x.frames).map((x) => `${x.pattern} by ${x.how}`).join("; ");
+  const warnings = (rp.warnings || []).map((w) => h("p", {class: "warning replay-warning", role: "alert"}, w));
   $app.replaceChildren(h("section", {class: "replay-page"},
     h("h1", {}, "Replay · ", fmt(trace.name)),
-    h("p", {class: "muted"}, `${frames.length} kernels in step ${fmt(rp.step)}; one frame every ${intervalMs} ms`,
-      highlight.length ? ` · ${nHigh} match ${highlight.join(", ")}` : "", rp.truncated ? " · cut to the first frames" : ""),
+    h("p", {class: "muted", id: "replay-summary"}, `${frames.length} ${unit} in step ${fmt(rp.step)}; one frame every ${intervalMs} ms`,
+      highlight.length ? ` · ${nHigh} match ${highlight.join(", ")}` : "", howHigh ? ` (${howHigh})` : "",
+      rp.truncated ? " · cut to the first frames" : ""),
+    ...warnings,
     h("div", {class: "replay-controls"}, playBtn, " ", slider, " ", stepSel, " ",
       h("label", {}, stopAt, " stop at highlighted")),
     status, timeline, graphHost));
@@ -53,7 +59,11 @@ export async function renderReplay(page, m, query) {
     const q = new URLSearchParams(query); q.set("step", stepSel.value);
     location.hash = `#/traces/${id}/replay?${q}`;
   });
-  if (!frames.length) { status.textContent = "This step launched no GPU kernel."; return; }
+  if (!frames.length) {
+    status.textContent = rp.source === "cpu" ? "This step ran no op inside a compiled region."
+      : "This step launched no GPU kernel, and no op of a compiled region was found on the CPU.";
+    return;
+  }
 
   let Plotly;
   try {
@@ -117,6 +127,7 @@ export async function renderReplay(page, m, query) {
       h("strong", {}, `frame ${i + 1}/${frames.length}`), ` · ${f.t_ms.toFixed(3)} ms · `,
       h("code", {}, f.kernel), f.op ? " ← " : null, f.op ? h("code", {}, f.op) : null,
       " · node ", f.node ? h("code", {id: "replay-node"}, f.node) : h("span", {class: "muted"}, "not mapped"),
+      f.node && f.how ? h("span", {class: "muted small"}, ` (${f.how})`) : null,
       f.highlight ? h("span", {class: "badge"}, "highlighted") : null].filter((x) => x != null));
     if (Plotly && timeline.layout) {
       const k = cursorIndex(), x = offMs + f.t_ms;
