@@ -217,6 +217,17 @@ def test_pipeline_layout_is_captured(nd_pipeline_store):  # noqa: F811
     assert lay.records[1]["pipeline"]["params"] == ["fc3.weight", "fc3.bias", "head.weight", "head.bias"]
     assert lay.program_peers() == [[0], [1]] and lay.dim_groups("pp") == [[0, 1]]
     assert lay.to_dict()["stages"] == {"0": 0, "1": 1}
+    # pipelining's backward metadata inference (torch.autograd.grad on the first step) is no backward
+    # pass that left the stage's parameters without gradients (NOTE: [Backward passes that fill no .grad])
+    from sqlalchemy import text
+
+    engine = open_engine(nd_pipeline_store, read_only=True)
+    with engine.connect() as c:
+        rows = c.execute(text("SELECT rank, n_backward, state_json FROM grad_steps WHERE run_id = :r"),
+                         {"r": _run_id}).all()
+    engine.dispose()
+    assert {r for r, _, _ in rows} == {0, 1} and all(not json.loads(s)["none"] for _, _, s in rows), rows
+    assert all(sum(n for r, n, _ in rows if r == k) == 8 for k in (0, 1))  # 2 steps x 4 microbatches
 
 
 @pytest.fixture(scope="module")
