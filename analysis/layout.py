@@ -60,7 +60,9 @@ DP_DIMS = frozenset({"dp", "ddp", "fsdp", "hsdp", "dp_shard", "dp_replicate", "d
                      "replicate", "shard", "data", "data_parallel"})
 #: Mesh dimension names read as pipeline parallel (the coordinate is the stage).
 PP_DIMS = frozenset({"pp", "pipeline", "pipe", "stage", "pipeline_parallel"})
-_SHARD = re.compile(r"^_?(?:Strided)?Shard\(\s*(?:dim=)?(-?\d+)")
+#: ``Shard(0)``, ``_StridedShard(0, sf=2)`` (the capture's spelling) and torch 2.13's ``str()``:
+#: ``S(0)``, ``_S(0, 2)``.
+_SHARD = re.compile(r"^(?:_StridedShard|Shard|_S|S)\(\s*(?:dim=)?(-?\d+)")
 
 
 @dataclass
@@ -70,7 +72,9 @@ class RunLayout:
     ``world_size``: the largest of the records' and the run's world size; ``ranks``: ranks with a
     record; ``missing_ranks``: ranks ``0 .. world_size-1`` without one (an evidence gap: a verdict
     about them is INCOMPLETE); ``meshes``: merged global meshes ``{"key", "device_type", "shape",
-    "dim_names", "ranks"}`` (keys ``mesh0``, ``mesh1``, ... in order of first appearance);
+    "dim_names", "ranks"}`` (keys ``mesh0``, ``mesh1``, ... in order of first appearance; a
+    flattened sub-mesh such as ``mesh._flatten("dp_cp")`` appears once per group of its ranks,
+    marked ``"flattened": True``);
     ``records``: rank → its (last) payload.
     """
 
@@ -249,7 +253,7 @@ class RunLayout:
                 m = _SHARD.match(str(pl))
                 if not m:
                     continue
-                if str(pl).startswith("_Strided"):
+                if str(pl).startswith("_S"):  # _StridedShard: its chunks interleave with another dim's
                     return None
                 d = int(m.group(1)) % len(shape)
                 n, i = sizes[dim], c[dim]
@@ -348,8 +352,11 @@ def build_layout(records: dict[int, dict], world_size: int | None = None) -> Run
                 key = f"mesh{len(meshes)}"
                 index[ident] = key
                 arr = np.asarray(m["ranks"], dtype=np.int64)
-                meshes.append({"key": key, "device_type": m.get("device_type"), "shape": list(arr.shape),
-                               "dim_names": [str(d) for d in m["dim_names"]], "ranks": arr.tolist()})
+                merged = {"key": key, "device_type": m.get("device_type"), "shape": list(arr.shape),
+                          "dim_names": [str(d) for d in m["dim_names"]], "ranks": arr.tolist()}
+                if m.get("flattened_from"):  # a flattened sub-mesh (one per group of its ranks)
+                    merged["flattened"] = True
+                meshes.append(merged)
                 ws = max(ws, int(arr.max()) + 1 if arr.size else 0)
             mesh_key[(rank, str(m.get("key")))] = index[ident]
     ranks = sorted(records)

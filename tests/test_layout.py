@@ -269,3 +269,31 @@ def test_layout_api(nd_fsdp_tp_store, died_store):  # noqa: F811
         body = resp.json()
         assert resp.status_code == 404 and body["ok"] is False and "no parallel layout" in body["error"]
         assert client.get("/api/runs/died/layout").json()["ranks"] == [0]
+
+
+WATCH_PIPELINE_SCRIPT = r"""
+import os, sys, datetime, torch, torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from graphdeck.capture import Agent
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+agent = Agent(store=sys.argv[1], run="explicit")
+module = agent.watch(torch.nn.Linear(4, 4))   # no mesh, no DTensor yet: nothing to record
+stage = PipelineStage(module, stage_index=0, num_stages=1, device=torch.device("cpu"))
+schedule = Schedule1F1B(stage, n_microbatches=2, loss_fn=lambda out, target: (out - target).square().mean())
+assert agent.watch_pipeline(schedule) is schedule
+os._exit(0)   # no compile, no close(): the explicit call alone wrote the layout
+"""
+
+
+def test_watch_pipeline_records_an_uncompiled_stage(tmp_path):
+    from tests.conftest import free_port, run_python
+
+    store = tmp_path / "explicit.db"
+    run_python(WATCH_PIPELINE_SCRIPT, str(store), str(free_port()))
+    run_id, lay = _run_layout(store, "explicit")
+    pipe = lay.records[0]["pipeline"]
+    assert (pipe["stage_index"], pipe["num_stages"], pipe["stage_ranks"]) == (0, 1, [0])
+    assert pipe["schedule"] == "Schedule1F1B" and pipe["n_microbatches"] == 2 and pipe["params"] == ["weight", "bias"]
+    assert lay.program_peers() == [[0]] and lay.stage_of(0) == 0
+    assert _event_ranks(store, run_id, EVENT_NAME) == [0]
