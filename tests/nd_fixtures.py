@@ -7,12 +7,14 @@ Fixtures (session-scoped, each job runs once per test session; tests using them 
     from tests.nd_fixtures import nd_pipeline_store, nd_pipeline_cut_store  # noqa: F401
 
 - ``nd_fsdp_tp_store``: run ``nd_fsdp_tp`` of ``tests/programs/nd_fsdp_tp.py`` — 4 gloo ranks, a
-  2 x 2 ``("dp", "tp")`` mesh, an MLP block with ``ColwiseParallel`` / ``RowwiseParallel`` on
-  ``tp`` and ``fully_shard`` on ``dp``, compiled with ``aot_eager``, 3 steps.
+  2 x 2 ``("dp", "tp")`` mesh, two MLP blocks (``blocks.0``, and ``blocks.1`` in a
+  ``checkpoint_wrapper``: parameters ``blocks.1._checkpoint_wrapped_module.w1.weight``, ...) with
+  ``ColwiseParallel`` / ``RowwiseParallel`` on ``tp`` and ``fully_shard`` on ``dp`` (per block and
+  at the root), compiled with ``aot_eager``, 3 steps.
 - ``nd_pipeline_store``: run ``nd_pipeline`` of ``tests/programs/nd_pipeline.py`` — 2 gloo
   ranks, 2 stages, ``PipelineStage`` + ``ScheduleGPipe`` (4 microbatches), each stage compiled.
 - ``nd_pipeline_cut_store``: run ``nd_pipeline_cut``: the same with ``--cut-backward`` (stage 1
-  detaches its input: stage 0 receives no gradient, its parameters get none).
+  detaches its input: stage 0 receives a zero gradient, its parameters all-zero ones).
 
 Each returns the SQLite store's :class:`~pathlib.Path` (one run in it, named as above).
 
