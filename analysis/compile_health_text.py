@@ -31,7 +31,10 @@ def _frame_lines(f: FrameBudget, indent: str = "  ") -> list[str]:
 def to_text(h: CompileHealth) -> str:
     """Verdict first, then totals, then each rank's times and caches and missing evidence."""
     s = h.summary()
-    lines = [f"check-compile {h.run}: {h.verdict}"]
+    th = h.thresholds
+    gated = th.max_graph_breaks is not None or th.max_recompiles_per_frame is not None or th.fail_on_eager_fallback
+    lines = [f"check-compile {h.run}: {h.verdict}" + ("" if gated or h.verdict != "PASS"
+                                                       else " (no threshold given: a report only)")]
     lines += [f"FAIL: {x}" for x in h.findings]
     lines += [f"INCOMPLETE: {x}" for x in h.missing_evidence]
     lines.append(f"graph breaks: {s['graph_breaks']} distinct in user code ({s['graph_break_records']} record(s); "

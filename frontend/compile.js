@@ -213,7 +213,7 @@ function breakRow(b) {
     h("td", {}, code(b.source_line), b.library ? [" ", badge("torch/stdlib", "tag")] : null),
     h("td", {}, badge(b.reason_class, "tag"), " ", b.headline),
     num(b.count), h("td", {}, (b.ranks || []).join(", ")),
-    h("td", {class: "frame"}, h("div", {}, "user frame ", code(b.user_frame)),
+    h("td", {}, h("div", {}, "user frame ", code(b.user_frame)),
       h("div", {class: "muted small"}, "compiled in ", (b.frames || []).join(", ")),
       b.eager_fallback ? h("div", {}, badge("frame skipped → eager", "status-NO_GRAD")) : null),
     h("td", {class: "hint"}, b.library ? "DDP/torch-internal break: not counted" : b.hint));
@@ -231,11 +231,14 @@ function frameRow(f) {
     g.storm ? [badge(`storm ×${g.count}`, "status-NO_GRAD"), " "] : `×${g.count} `, badge(g.class, "tag"), " ",
     code(g.example)));
   return h("tr", {"data-frame": f.frame, class: f.limit_hit ? "index-failed" : null},
-    h("td", {class: "frame"}, code(f.frame), (f.ranks || []).length > 1 ? h("div", {class: "muted small"},
+    h("td", {}, code(f.frame), (f.ranks || []).length > 1 ? h("div", {class: "muted small"},
       `ranks ${f.ranks.join(", ")}`) : null),
     budgetCell(f), num(f.recompiles),
     h("td", {}, Object.entries(f.classes || {}).map(([k, n]) => [badge(`${k} ×${n}`, "tag"), " "])),
-    h("td", {class: "reason"}, guards),
+    h("td", {class: "reason"}, guards, (f.steps || []).length ? h("details", {class: "reason-details"},
+      h("summary", {}, `the guard that failed at each of ${plural(f.steps.length, "recompile")}`),
+      h("ol", {class: "small"}, f.steps.map((st) => h("li", {}, code(st.compile_id), " ", st.failed_guard,
+        st.source_line ? h("span", {class: "muted"}, ` (${st.source_line})`) : null)))) : null),
     h("td", {class: "hint"}, fmt(f.hint)));
 }
 
@@ -249,6 +252,15 @@ function rankStatsRow(r) {
     caches, h("td", {class: "muted small"}, fmt(st.cache_source)));
 }
 
+/** PASS only when a gate was checked; with none (the page asks for none) the report is a report. */
+function verdictBadge(rep) {
+  const th = rep.thresholds || {};
+  const gated = !isBlank(th.max_graph_breaks) || !isBlank(th.max_recompiles_per_frame) || th.fail_on_eager_fallback;
+  return rep.verdict === "PASS" && !gated
+    ? h("span", {title: "no threshold given: see check-compile's --max-* flags"}, badge("report · no gates", "tag"))
+    : badge(rep.verdict, VERDICT_CLASS[rep.verdict] || "tag");
+}
+
 function healthBody(rep) {
   const s = rep.summary || {};
   const frames = (rep.frames || []).filter((f) => f.recompiles || f.limit_hit);
@@ -256,7 +268,7 @@ function healthBody(rep) {
   const spread = rep.spread || {};
   const ct = spread.compile_s;
   return [
-    h("p", {class: "summary"}, badge(rep.verdict, VERDICT_CLASS[rep.verdict] || "tag"), " ",
+    h("p", {class: "summary"}, verdictBadge(rep), " ",
       [plural(s.graph_breaks || 0, "distinct graph break") + " in user code",
         plural(s.recompiles || 0, "recompile") + ` over ${plural(s.frames || 0, "frame")}`,
         (s.limit_hit || []).length ? `recompile limit hit in ${(s.limit_hit || []).join(", ")}` : null,
@@ -267,18 +279,18 @@ function healthBody(rep) {
     (rep.missing_evidence || []).length ? h("ul", {class: "missing", "data-testid": "compile-health-missing"},
       rep.missing_evidence.map((x) => h("li", {}, badge("INCOMPLETE", "tag"), " ", x))) : null,
     table("compile-health-breaks", ["Source line", "Reason", "Count", "Ranks", "Frames", "Hint"],
-      (rep.breaks || []).map(breakRow), "compile-table",
+      (rep.breaks || []).map(breakRow), "compile-health-table",
       {caption: "Graph breaks, grouped by reason class and source line", empty: "no graph break was recorded"}),
     table("compile-health-frames", ["Frame", "Compiles used / recompile limit", "Recompiles", "Budget spent on",
-      "Failed guards", "Hint"], frames.map(frameRow), "compile-table",
+      "Failed guards", "Hint"], frames.map(frameRow), "compile-health-table",
     {caption: "Recompiles per frame (code object)", empty: "no frame recompiled"}),
     table("compile-health-fallbacks", ["Rank", "Compile id", "Frame", "Why", "Reason"],
       (rep.fallbacks || []).map((x) => h("tr", {}, num(x.rank), h("td", {}, code(x.compile_id)),
         h("td", {}, code(x.frame)), h("td", {}, badge(x.kind, "status-NO_GRAD")),
-        h("td", {class: "reason"}, reasonDetails(fmt(x.fail_type), x.reason)))), "compile-table",
+        h("td", {class: "reason"}, reasonDetails(fmt(x.fail_type), x.reason)))), "compile-health-table",
       {caption: "Frames that fell back to eager and failed compiles", empty: "every compile succeeded"}),
     table("compile-health-ranks", ["Rank", "Compiles", "Compile time", ...CACHE_LABELS.map(([, l]) => `${l} hit / miss`),
-      "Cache counts from"], ranks.map(rankStatsRow), "compile-table",
+      "Cache counts from"], ranks.map(rankStatsRow), "compile-health-table",
     {caption: "Compile time and caches per rank", empty: "no rank has compile records"}),
     ct && ct.spread != null ? h("p", {class: "small", "data-testid": "compile-health-spread"},
       `Spread across ranks: compile time ${fmtSeconds(ct.spread)} (rank ${ct.min_rank} ${fmtSeconds(ct.min)} … `
@@ -293,7 +305,7 @@ function compileHealth(runId) {
   const box = h("div", {class: "compile-health", id: "compile-health", "data-testid": "compile-health"},
     title(), h("p", {class: "loading"}, "Loading…"));
   api(`/api/runs/${encodeURIComponent(runId)}/compile-health`)
-    .then((rep) => box.replaceChildren(title(), ...healthBody(rep)))
+    .then((rep) => box.replaceChildren(title(), ...healthBody(rep).filter(Boolean)))
     .catch((err) => box.replaceChildren(title(), errorBox(err)));
   return box;
 }
