@@ -18,9 +18,10 @@ Findings (each with ``links``: the graph ids of both runs, so a page links both 
   that failed only in run B;
 * ``structure_changed`` / ``new_graph`` / ``removed_graph``;
 * ``node_regression``: nodes slower beyond the noise floor (NOTE: [Noise floor] in
-  :mod:`graphdeck.analysis.run_diff_times`), one finding per module and phase (its nodes listed,
-  over all ranks where it regressed); ``module_regression``: a module whose summed time regressed
-  while none of its nodes did alone;
+  :mod:`graphdeck.analysis.run_diff_times`), one finding per module (forward and backward nodes
+  listed, over all ranks where they regressed); ``module_regression``: a module whose summed time
+  regressed while none of its nodes did alone (it follows from the rank's node regressions when
+  there are any, NOTE: [Interference]);
 * ``peak_memory`` / ``saved_activations``: the largest graph-derived step peak
   (:func:`graphdeck.analysis.memory.step_memory` over each forward/backward pair) and the bytes
   saved for backward (summed over the rank's pairs), per rank, when they changed;
@@ -205,7 +206,7 @@ def _timing(sa, run_a, sb, run_b, ranks, out: RunDiff, add, top_nodes: int) -> d
     side 0 = A, 1 = B) holding a regressed node."""
     g = out.gates
     missing, by_group, module_rows = [], defaultdict(list), []
-    unknown_spread = []
+    unknown_spread, drifts = [], []
     for r in ranks:
         ta, tb = rank_times(sa, run_a.id, r), rank_times(sb, run_b.id, r)
         for side, t in (("A", ta), ("B", tb)):
@@ -217,21 +218,26 @@ def _timing(sa, run_a, sb, run_b, ranks, out: RunDiff, add, top_nodes: int) -> d
             unknown_spread.append(f"rank {r}: {min(ta.steps, tb.steps)} profiled step(s) in one run: no step-to-step "
                                   "spread, so no noise floor")
         cmp = compare_rank(ta, tb, k=g.noise_k, min_ns=g.min_regression_ns)
+        if not 1 / 1.5 <= cmp["drift"] <= 1.5:
+            drifts.append(f"rank {r}: run B's nodes are x{cmp['drift']:g} run A's overall (median over "
+                          f"{cmp['drift_nodes']} nodes: machine load, clock or a change slowing every node); "
+                          "nodes are judged relative to it")
         regressed = [n for n in cmp["nodes"] if n["regression"]]
         for n in regressed:
             by_group[n["module"]].append((r, n))
         for m in cmp["modules"]:
             if m["regression"]:
                 module_rows.append((r, m))
-        out.timing[str(r)] = {"source_a": ta.source, "source_b": tb.source, "trace_a": ta.trace_id,
+        out.timing[str(r)] = {"drift": cmp["drift"], "drift_nodes": cmp["drift_nodes"],
+                              "source_a": ta.source, "source_b": tb.source, "trace_a": ta.trace_id,
                               "trace_b": tb.trace_id, "steps_a": ta.steps, "steps_b": tb.steps,
                               "nodes": cmp["nodes"][:top_nodes] + [n for n in regressed if n not in cmp["nodes"][:top_nodes]],
                               "modules": cmp["modules"]}
     why = "; ".join(missing + unknown_spread)
     out.sections["timing"] = ({"status": "INCOMPLETE", "why": why or "no rank in both runs"}
                               if why or not out.timing else
-                              {"status": "compared", "why": f"noise floor: {g.noise_k:g} x step-to-step spread, at least "
-                               f"{g.min_regression_ns} ns"})
+                              {"status": "compared", "why": f"noise floor: {g.noise_k:g} x run A's step-to-step spread, at least "
+                               f"{g.min_regression_ns} ns" + "".join(f"; {d}" for d in drifts)})
     graph_finding: dict[tuple[int, int], int] = {}
     regressed_modules: dict[int, set[str]] = defaultdict(set)
     for module, items in sorted(by_group.items()):
@@ -239,25 +245,36 @@ def _timing(sa, run_a, sb, run_b, ranks, out: RunDiff, add, top_nodes: int) -> d
         names = sorted({(n["phase"], n["b_node"]) for _, n in items})
         f = add("node_regression",
                 f"module {module or '(top level)'} slower: {worst['phase']} {worst['target']} ({worst['b_node']}) "
-                f"{worst['a_ns']} -> {worst['b_ns']} ns per step (+{worst['pct']}%)"
+                f"{worst['a_ns']} -> {worst['b_ns']} ns per step (+{worst['pct']}%"
+                + (f", +{worst['pct_adjusted']}% after the run's drift)" if worst["pct_adjusted"] != worst["pct"] else ")")
                 + (f", {len(names) - 1} more node(s)" if len(names) > 1 else ""),
                 ranks=[r for r, _ in items],
                 links=[{"a": n["a_graph"], "b": n["b_graph"], "node_a": n["a_node"], "node_b": n["b_node"]} for _, n in items],
-                detail={"module": module, "phases": sorted({n["phase"] for _, n in items}), "max_pct": max((n["pct"] or 0) for _, n in items),
+                detail={"module": module, "phases": sorted({n["phase"] for _, n in items}),
+                        "max_pct": max((n["pct_adjusted"] or 0) for _, n in items),
                         "delta_ns": sum(n["delta_ns"] for _, n in items), "source": worst["source"],
                         "nodes": [{"rank": r, **{k: n[k] for k in ("phase", "target", "a_node", "b_node", "a_ns", "b_ns", "delta_ns",
-                                                                  "pct", "floor_ns", "a_graph", "b_graph")}}
+                                                                  "pct", "pct_adjusted", "floor_ns", "a_graph", "b_graph")}}
                                   for r, n in items]})
         for r, n in items:
             graph_finding[(0, n["a_graph"])] = graph_finding[(1, n["b_graph"])] = f.id
             regressed_modules[r].add(module)
+    by_rank = defaultdict(set)
+    for f in out.findings:
+        if f.kind == "node_regression":
+            by_rank.update({r: by_rank[r] | {f.id} for r in f.ranks})
     for r, m in module_rows:
         inside = [x for x in regressed_modules[r] if x == m["module"] or x.startswith(m["module"] + ".") or not m["module"]]
         if inside:
             continue
+        # NOTE: [Interference] No node of the module is beyond the floor alone; when other nodes of
+        # the rank regressed, their cache and memory-bandwidth pressure may explain the sum, so it
+        # is listed as following from them rather than as a change of its own.
         add("module_regression", f"module {m['module'] or '(top level)'} slower in sum on rank {r}: {m['a_ns']} -> "
-            f"{m['b_ns']} ns per step (+{m['pct']}%), no single node beyond the noise floor", ranks=[r],
-            detail={"module": m["module"], "max_pct": m["pct"] or 0, "delta_ns": m["delta_ns"], "floor_ns": m["floor_ns"]})
+            f"{m['b_ns']} ns per step (+{m['pct']}%), no single node beyond the noise floor"
+            + ("; other nodes of this rank regressed (interference?)" if by_rank[r] else ""), ranks=[r],
+            detail={"module": m["module"], "max_pct": m["pct_adjusted"] or 0, "delta_ns": m["delta_ns"], "floor_ns": m["floor_ns"]},
+            follows_from=by_rank[r])
     return graph_finding
 
 

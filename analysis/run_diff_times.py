@@ -25,11 +25,23 @@ node still pairs with itself when a graph break moves it into another graph.
 
 # NOTE: [Noise floor]
 Per node (and per module: the sum over its nodes and its sub-modules' nodes) each run gives one
-time per step; ``median`` is its typical value and ``spread`` its robust standard deviation
-(1.4826 × the median absolute deviation). A difference ``median_b - median_a`` is a regression
-only when it exceeds both ``k × max(spread_a, spread_b)`` and ``min_ns`` (defaults 3 and
-50 µs): step-to-step noise and timer granularity never count. With fewer than 2 steps on a side
-the spread is unknown and nothing is called a regression (the timing verdict is INCOMPLETE).
+time per step. Run A, the baseline, sets the noise: its ``spread`` is the robust standard
+deviation of its steps (1.4826 × the median absolute deviation) and the floor is
+``max(k × spread_A, min_ns)`` (defaults 3 and 50 µs). A node regressed when the lower quartile of
+run B's steps exceeds run A's median by more than the floor: three quarters of B's steps are
+slower beyond A's step-to-step noise and timer granularity, so one slow step, or a run B that is
+merely noisier, is no regression (its median moving by less than the floor never is). ``faster``
+mirrors it (B's upper quartile below A's median by more than the floor). With fewer than 2 steps
+in a run the spread is unknown and nothing is called a regression (the timing verdict is
+INCOMPLETE).
+
+# NOTE: [Drift]
+Step-to-step spread does not see a whole run going slower (another job on the machine, a
+different clock or device): every node then moves together. The drift is the median, over the
+nodes of at least 5 µs in run A, of (median B / median A); run B's steps are divided by it before
+they are judged, so a node regresses *relative to the rest of its run*. The drift itself is
+reported per rank (the timing section says it when it passes ×1.5 either way); a change that
+slows every node alike shows there, not as a node regression.
 """
 
 from __future__ import annotations
@@ -49,6 +61,8 @@ from graphdeck.store.schema import Graph, InternedString, Node, Trace
 AOT_PHASE = {"aot_forward": "forward", "aot_backward": "backward", "aot_inference": "inference"}
 DEFAULT_K = 3.0
 DEFAULT_MIN_NS = 50_000
+DRIFT_MIN_NS = 5_000
+DRIFT_MIN_NODES = 5
 _REGION = re.compile(r"^Torch-Compiled Region: (\S+)")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
@@ -281,24 +295,49 @@ def _stats(xs: list[int]) -> tuple[float, float | None]:
     return med, 1.4826 * float(statistics.median([abs(x - med) for x in xs]))
 
 
-def judge(a: list[int], b: list[int], k: float, min_ns: int) -> dict:
-    """One comparison (NOTE: [Noise floor]): medians, spreads, delta, pct, noise floor and
-    ``regression`` (True / False / None when the spread is unknown)."""
+def _quartiles(xs: list[int]) -> tuple[float, float]:
+    if len(xs) < 2:
+        return float(xs[0]), float(xs[0])
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def judge(a: list[int], b: list[int], k: float, min_ns: int, scale: float = 1.0) -> dict:
+    """One comparison (NOTE: [Noise floor]): medians, spreads, delta, pct, floor and ``regression``
+    / ``faster`` (True / False; None when a run has fewer than 2 steps), judged on run B's steps
+    divided by ``scale`` (the run-wide drift, NOTE: [Drift]); ``pct_adjusted`` is after it."""
     ma, sa = _stats(a)
     mb, sb = _stats(b)
     delta = mb - ma
-    noise = None if sa is None or sb is None else k * max(sa, sb)
-    floor = None if noise is None else max(noise, float(min_ns))
-    reg = None if floor is None else delta > floor
+    floor = None if sa is None or sb is None else max(k * sa, float(min_ns))
+    q1, q3 = _quartiles(b) if b else (0.0, 0.0)
+    q1, q3, adj = q1 / scale, q3 / scale, mb / scale
     return {"a_ns": round(ma), "b_ns": round(mb), "delta_ns": round(delta),
             "pct": round(100.0 * delta / ma, 1) if ma else None,
-            "noise_ns": None if noise is None else round(noise), "floor_ns": None if floor is None else round(floor),
-            "regression": reg, "faster": None if floor is None else -delta > floor,
+            "pct_adjusted": round(100.0 * (adj - ma) / ma, 1) if ma else None,
+            "spread_a_ns": None if sa is None else round(sa), "spread_b_ns": None if sb is None else round(sb),
+            "floor_ns": None if floor is None else round(floor),
+            "regression": None if floor is None else q1 - ma > floor,
+            "faster": None if floor is None else ma - q3 > floor,
             "a_steps": list(a), "b_steps": list(b)}
 
 
+def drift(a: RankTimes, b: RankTimes, min_ns: int = DRIFT_MIN_NS) -> tuple[float, int]:
+    """NOTE: [Drift]: the median over nodes of (median B / median A), for nodes of at least
+    ``min_ns`` in run A; 1.0 with fewer than ``DRIFT_MIN_NODES`` such nodes. Returns (ratio, nodes)."""
+    ratios = []
+    for key in a.per_key.keys() & b.per_key.keys():
+        ma, mb = statistics.median(a.per_key[key]), statistics.median(b.per_key[key])
+        if ma >= min_ns and mb > 0:
+            ratios.append(mb / ma)
+    if len(ratios) < DRIFT_MIN_NODES:
+        return 1.0, len(ratios)
+    return float(statistics.median(ratios)), len(ratios)
+
+
 def compare_rank(a: RankTimes, b: RankTimes, *, k: float = DEFAULT_K, min_ns: int = DEFAULT_MIN_NS) -> dict:
-    """Nodes and modules of one rank compared: ``{"nodes": [...], "modules": [...]}``, each row
+    """Nodes and modules of one rank compared: ``{"nodes": [...], "modules": [...], "drift": ratio,
+    "drift_nodes": n}`` (NOTE: [Drift]), each row
     :func:`judge`'s dict plus where it is (``module``, ``target``, ``phase``, graph ids and node
     names of both runs); nodes of one run only are left out (the structure diff reports them)."""
     nodes, mods_a, mods_b = [], defaultdict(lambda: [0] * a.steps), defaultdict(lambda: [0] * b.steps)
@@ -310,17 +349,18 @@ def compare_rank(a: RankTimes, b: RankTimes, *, k: float = DEFAULT_K, min_ns: in
                 acc = mods[p]
                 for i, ns in enumerate(per):
                     acc[i] += ns
+    scale, used = drift(a, b)
     for key in a.per_key.keys() & b.per_key.keys():
-        row = judge(a.per_key[key], b.per_key[key], k, min_ns)
+        row = judge(a.per_key[key], b.per_key[key], k, min_ns, scale)
         ia, ib = a.info[key], b.info[key]
         row.update(phase=key[0], module=key[1], target=key[2], occurrence=key[3], a_graph=ia.graph_id, a_node=ia.node,
                    b_graph=ib.graph_id, b_node=ib.node, source=ib.source or ia.source)
         nodes.append(row)
     modules = []
     for path in mods_a.keys() & mods_b.keys():
-        row = judge(mods_a[path], mods_b[path], k, min_ns)
+        row = judge(mods_a[path], mods_b[path], k, min_ns, scale)
         row["module"] = path
         modules.append(row)
     nodes.sort(key=lambda r: -r["delta_ns"])
     modules.sort(key=lambda r: (r["module"].count(".") if r["module"] else -1, r["module"]))
-    return {"nodes": nodes, "modules": modules}
+    return {"nodes": nodes, "modules": modules, "drift": round(scale, 3), "drift_nodes": used}

@@ -29,7 +29,7 @@ DEFAULT_MIN_NS = 50_000  # graphdeck.analysis.run_diff_times.DEFAULT_MIN_NS
 @click.option("--min-regression-ns", type=click.IntRange(min=0), default=DEFAULT_MIN_NS, show_default=True,
               help="A node-time difference below this many ns per step is never a regression.")
 @click.option("--noise-k", type=click.FloatRange(min=0), default=DEFAULT_NOISE_K, show_default=True,
-              help="A regression must exceed K x the larger step-to-step spread of the two runs.")
+              help="A regression must exceed K x run A's step-to-step spread (3/4 of run B's steps beyond it).")
 @click.option("--max-peak-memory-increase-pct", type=click.FloatRange(min=0), default=None,
               help="Fail when a rank's graph-derived step peak grew by more than P percent.")
 @click.option("--fail-on-new-divergence", is_flag=True, help="Fail on a rank divergence run A does not have.")
