@@ -1,0 +1,184 @@
+"""CPU traces on graph nodes (issue 23 item 1; NOTE: [CPU trace mapping] in analysis/cpu_trace_map.py).
+
+Inputs are real jobs: the main job's training code (``graphdeck.demo``: GPT-2, DDP with
+``bucket_cap_mb=1``, torch.compile through the capture agent, ``Agent.profile``) on 2 gloo ranks
+under torchrun with ``aot_eager`` and 1 block (the cheapest job with DDP buckets and both ranks),
+served by the real app over HTTP; one small Inductor model compiled with g++ (slow); the replay
+page in Chromium.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.trace_map import map_trace
+from graphdeck.store.db import open_engine
+from graphdeck.store.schema import Graph, Run, Trace
+from tests.conftest import LiveServer, run_python
+
+RUN = "cpu"
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory) -> Path:
+    """2 gloo ranks of the demo's training code, aot_eager, 1 GPT-2 block, 3 steps (1 profiled)."""
+    store = tmp_path_factory.mktemp("cpu_demo") / "demo.db"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "graphdeck.demo", "--store", str(store), "--run-name", RUN, "--backend", "aot_eager",
+           "--steps", "3", "--layers", "1", "--batch", "2", "--seq", "32"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1", KINETO_LOG_LEVEL="6")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return store
+
+
+@pytest.fixture(scope="module")
+def server(demo_store):
+    with LiveServer(demo_store) as srv:
+        yield srv
+
+
+def _traces(store: Path) -> dict[int, int]:
+    with Session(open_engine(store, read_only=True)) as s:
+        run = s.scalar(select(Run).where(Run.name == RUN))
+        return dict(s.execute(select(Trace.rank, Trace.id).where(Trace.run_id == run.id)).all())
+
+
+@pytest.mark.slow
+def test_each_ranks_compiled_region_cpu_time_maps_to_nodes_forward_and_backward(demo_store):
+    traces = _traces(demo_store)
+    assert sorted(traces) == [0, 1]
+    with Session(open_engine(demo_store, read_only=True)) as s:
+        for rank, tid in traces.items():
+            m = map_trace(s, tid)
+            assert m.device == "cpu", "no GPU kernel: the CPU ops of compiled regions are the units"
+            assert m.kernel_ns == m.region_ns > 0
+            assert m.mapped_fraction >= 0.9, (rank, m.mapped_fraction, list(m.unmapped.items())[:5])
+            assert set(m.directions) == {"forward", "backward"}
+            for d, x in m.directions.items():
+                assert x["mapped_ns"] >= 0.9 * x["region_ns"], (rank, d, x)
+                assert x["mapped_units_ns"] >= 0.9 * x["units_ns"], (rank, d, x)
+            assert sum(m.node_ns.values()) == m.mapped_ns, "node times add up to the mapped time"
+            kinds = {s.get(Graph, g).kind for g, _ in m.node_ns}
+            assert kinds == {"aot_forward", "aot_backward"}, kinds
+            graphs = {g for g, _ in m.node_ns}
+            assert all(s.get(Graph, g).rank == rank for g in graphs), "a rank's ops map to its own graphs"
+            assert len({g for g in graphs if s.get(Graph, g).kind == "aot_forward"}) >= 2, \
+                "DDPOptimizer's buckets: each CompiledFunction of a region maps to its own bucket's graph"
+            assert set(m.how.values()) <= {"aot_eager name+order", "aot_eager order"}
+            assert list(m.how.values()).count("aot_eager name+order") >= 0.9 * len(m.how)
+
+
+@pytest.mark.slow
+def test_time_overlay_and_analysis_over_http(demo_store, server):
+    tid = _traces(demo_store)[0]
+    with Session(open_engine(demo_store, read_only=True)) as s:
+        fwd = s.scalars(select(Graph.id).join(Trace, Trace.run_id == Graph.run_id).where(
+            Trace.id == tid, Graph.rank == 0, Graph.kind == "aot_forward").order_by(Graph.id)).first()
+    ov = httpx.get(f"{server.url}/api/graphs/{fwd}/overlays/time", timeout=60).json()
+    assert ov["unit"] == "ns" and len(ov["values"]) >= 10 and all(v > 0 for v in ov["values"].values()), ov
+    a = httpx.get(f"{server.url}/api/traces/{tid}/analysis", timeout=120).json()
+    assert a["mapping"]["device"] == "cpu" and a["mapping"]["mapped_fraction"] >= 0.9
+    assert a["hotspots"]["gaps"] and all("CPU thread" in g["stream"] for g in a["hotspots"]["gaps"])
+    assert a["hotspots"]["gaps"][0]["gap_ns"] >= a["hotspots"]["gaps"][-1]["gap_ns"] > 0
+    assert not a["hotspots"]["launch_delays"] and "CPU trace" in a["hotspots"]["launch_delays_reason"]
+
+
+@pytest.mark.slow
+def test_replay_over_http_has_cpu_frames_with_nodes_and_says_how_highlights_matched(demo_store, server):
+    tid = _traces(demo_store)[1]
+    rp = httpx.get(f"{server.url}/api/traces/{tid}/replay", params={"highlight": "matmul"}, timeout=120).json()
+    assert rp["source"] == "cpu" and len(rp["frames"]) >= 50
+    with_node = [f for f in rp["frames"] if f["node_idx"] is not None]
+    assert len(with_node) >= 0.9 * len(rp["frames"]) and all(f["graph_id"] and f["how"] for f in with_node)
+    assert [f["t_ms"] for f in rp["frames"]] == sorted(f["t_ms"] for f in rp["frames"])
+    lit = [f for f in rp["frames"] if f["highlight"]]
+    assert {f["kernel"] for f in lit} >= {"aten::mm", "aten::addmm"}, {f["kernel"] for f in lit}
+    (hl,) = rp["highlights"]
+    assert hl["frames"] == len(lit) and "op family 'matmul'" in hl["how"] and "addmm" in hl["how"], hl
+    assert not rp["warnings"]
+    other = httpx.get(f"{server.url}/api/traces/{tid}/replay", params={"highlight": ["MatMul", "no_such_op"]},
+                      timeout=120).json()
+    assert sum(f["highlight"] for f in other["frames"]) == len(lit), "MatMul is matmul"
+    assert len(other["warnings"]) == 1 and "'no_such_op' matches no op" in other["warnings"][0]
+    bad = httpx.get(f"{server.url}/api/traces/{tid}/replay", params={"highlight": "mm("}, timeout=60)
+    assert bad.status_code == 400 and "not a regular expression" in bad.text
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_replay_page_lights_nodes_frame_by_frame_on_the_cpu_trace(demo_store, server, browser):
+    problems: list[str] = []
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    tid = _traces(demo_store)[0]
+    page.goto(f"{server.url}/#/traces/{tid}/replay?step_interval_ms=20&highlight=matmul&highlight=nosuchop")
+    page.wait_for_selector("#replay-graph svg g.replay-active", state="attached")
+    summary = page.locator("#replay-summary").text_content()
+    assert "CPU ops/kernels of compiled regions" in summary and "op family" in summary, summary
+    assert "nosuchop" in page.locator(".replay-warning").text_content()
+    status, seen = page.locator("#replay-status"), []
+    for frame in range(0, 12):
+        page.locator("#replay-slider").fill(str(frame))
+        page.wait_for_function("(f) => document.getElementById('replay-status').dataset.frame === String(f)", arg=frame)
+        want = status.get_attribute("data-node-idx")
+        if not want:
+            continue
+        page.wait_for_function(
+            "(idx) => document.querySelector('#replay-graph svg g.replay-active')?.id === 'node-' + idx", arg=want)
+        assert page.locator("#replay-graph svg g.replay-active").count() == 1
+        assert page.locator("#replay-graph svg g.replay-active").get_attribute("data-name") == \
+            page.locator("#replay-node").text_content()
+        seen.append(want)
+    assert len(set(seen)) >= 8, f"frame by frame, different nodes light up: {seen}"
+    page.close()
+    assert not problems, problems
+
+
+INDUCTOR_SCRIPT = r"""
+import sys, torch
+from graphdeck.capture import Agent
+store = sys.argv[1]
+torch.manual_seed(0)
+agent = Agent(store=store, run="ind")
+model = agent.watch(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                        torch.nn.Linear(32, 4)))
+compiled = torch.compile(model, backend=agent.backend("inductor"))
+with agent.profile(wait_steps=1, warmup_steps=0, active_steps=1) as prof:
+    for step in range(3):
+        compiled(torch.randn(8, 16)).square().mean().backward()
+        prof.step()
+agent.close()
+"""
+
+
+@pytest.mark.slow
+def test_inductor_cpp_kernels_map_to_nodes(tmp_path):
+    store = tmp_path / "ind.db"
+    run_python(INDUCTOR_SCRIPT, str(store), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+                                                 "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    with Session(open_engine(store, read_only=True)) as s:
+        (tid,) = s.scalars(select(Trace.id)).all()
+        m = map_trace(s, tid)
+        assert m.device == "cpu"
+        kernels = [u for u in m.cpu_units if u.name.startswith("cpp_")]
+        assert kernels and all(u.ev.name.startswith("graph_") for u in kernels), \
+            "cpp.enable_kernel_profile was turned on by the agent: C++ kernels are profiler events"
+        assert all(u.ev.id in m.by_kernel for u in kernels), [u.ev.name for u in kernels if u.ev.id not in m.by_kernel]
+        assert {u.direction for u in kernels} == {"forward", "backward"}
+        assert any(u.name in ("aten::mm", "aten::addmm") and u.ev.id in m.by_kernel for u in m.cpu_units), \
+            "extern matmul calls map too"
+        assert all(h.startswith("inductor provenance") for h in m.how.values())
+        for d, x in m.directions.items():
+            assert x["mapped_units_ns"] >= 0.9 * x["units_ns"], (d, x)
+        kinds = {s.get(Graph, g).kind for g, _ in m.node_ns}
+        assert kinds == {"aot_forward", "aot_backward"}
