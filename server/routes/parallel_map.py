@@ -435,8 +435,11 @@ def _grad_report(ctx: _Context) -> Badge:
     if not rows:
         return _unknown("grad", "check-grads found no parameter of any rank (no captured backward graph, "
                         "no parameter list and no gradient evidence)")
+    gaps = report.gaps
     b = Badge("grad", ran=True, message=f"check-grads: {report.verdict}; {len(report.failures)} failing parameter "
-              f"row(s) on {len({r.rank for r in report.failures})} rank(s)")
+              f"row(s) on {len({r.rank for r in report.failures})} rank(s)"
+              + (f"; evidence missing: {gaps[0]}" + (f" (+{len(gaps) - 1} more)" if len(gaps) > 1 else "")
+                 if gaps else ""))
     for r in range(ctx.layout.world_size):
         mine = rows.get(r) or []
         failing = [x for x in mine if x.failing]
