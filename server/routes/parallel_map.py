@@ -48,17 +48,17 @@ router = APIRouter(tags=["ranks"], route_class=RunPathRoute)
 
 #: A block with more rows than this merges consecutive rows of identical cells.
 MERGE_ROWS_ABOVE = 8
-#: The checks, in badge order: key → (label, what ran, page that shows it in full).
-CHECKS: dict[str, tuple[str, str]] = {
+#: The checks, in badge order: key → (label, the run's dashboard page that shows it in full).
+CHECKS: dict[str, tuple[str, str | None]] = {
     "diverged": ("diverged", "ranks"),
     "grad": ("missing gradient", "grads"),
     "straggler": ("straggler", "timeline"),
     "hang": ("hang", "ranks"),
     "layout": ("layout record", None),
 }
-EMPTY_HINT = ("Capture the job with graphdeck's Agent on a DeviceMesh job (agent.watch(model) after "
-              "init_device_mesh / fully_shard / parallelize_module / a pipeline stage): each rank then "
-              "records its parallel layout as soon as it is known.")
+EMPTY_HINT = ("Capture the job with graphdeck's Agent (agent.watch(model) on every rank of a DeviceMesh job: "
+              "init_device_mesh, fully_shard, parallelize_module, a pipeline stage): each rank then records "
+              "its parallel layout as soon as it is known, so a job that dies still has it.")
 
 
 @dataclass
