@@ -125,6 +125,14 @@ class _Loaded:
                                        | {i for i in range(n) for u in users[i][:-1] if u in outputs})
 
 
+def _imported(session: Session, run_id: int) -> bool:
+    """Whether every rank of the run came from an imported log (``ranks.meta_json`` source)."""
+    from graphdeck.store.schema import Rank
+
+    metas = session.scalars(select(Rank.meta_json).where(Rank.run_id == run_id)).all()
+    return bool(metas) and all('"source": "torch_trace"' in (m or "") for m in metas)
+
+
 def _eager_fallbacks(session: Session, run_id: int) -> dict[int, list[str]]:
     """Frames whose compile failed, by rank (``compilation_metrics`` records with a
     ``fail_type``: Dynamo gave up on the frame and ran it eagerly), as
@@ -250,8 +258,16 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
             target = g.parent_id if g.kind == "ddp_partition" else g.id
             dead[target].update(meta.get("outputs_without_grad") or [])
     if not seen_backward_fact and graphs and not ev and not ev.off:
-        report.notes.append("no backward was observed by the capture: outputs unused by the loss (DEAD_END) "
-                            "cannot be told from graphs alone; eager mode can")
+        # A note must be true of the run it is on (issue 24.1): say what is missing, and why.
+        n_bw = sum(1 for g in graphs if g.kind == "aot_backward")
+        imported = _imported(session, run.id)
+        what = ("this run was imported from compile logs: they hold the compiled graphs"
+                + (f" ({n_bw} backward)" if n_bw else "") + " but not which outputs got a gradient at run time"
+                if imported else
+                f"the capture compiled {n_bw} backward graph(s) but recorded no run-time gradient facts"
+                if n_bw else "no backward graph was compiled and no run-time gradient facts were recorded")
+        report.notes.append(f"{what}: outputs unused by the loss (DEAD_END) cannot be told from graphs alone; "
+                            "eager mode (--model) or a capture with Agent.watch(model) can")
 
     eager_frames = _eager_fallbacks(session, run.id)
     observed = _grads_observed(session, run.id)
@@ -416,8 +432,8 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         find_unused = all(w.get("find_unused_parameters") for w in watched if "find_unused_parameters" in w)
     # Ranks without run-time evidence are judged from the graphs; the others from what arrived.
     graph_rows = [r for r in report.rows if r.rank not in ev.by_rank and not r.allowed]
-    if ddp and not fsdp and not find_unused and graph_rows:  # find_unused_parameters=True: DDP marks unused ones ready
-        f = ddp_unused_finding(graph_rows)
+    if ddp and not fsdp and find_unused is not True and graph_rows:  # True: DDP marks unused ones ready
+        f = ddp_unused_finding(graph_rows, find_unused)  # None: the record does not say which options ran
         if f is not None:
             report.findings.append(f)
     if len(ranks) > 1 and not (ev and set(ranks) <= set(ev.by_rank)):

@@ -451,9 +451,11 @@ def _short_source(frame_line: str) -> str:
     return f"{m.group(1)}:{m.group(2)}" + (f" ({m.group(3)})" if m.group(3) else "")
 
 
-def ddp_unused_finding(rows: list[ParamRow]) -> Finding | None:
-    """Under DDP (``find_unused_parameters=False``) parameters that get no gradient make the next
-    iteration raise DDP's 'Expected to have finished reduction …' on every rank."""
+def ddp_unused_finding(rows: list[ParamRow], find_unused: bool | None = False) -> Finding | None:
+    """Parameters that get no gradient on every rank under DDP. ``find_unused=False`` (known):
+    the next iteration raises DDP's 'Expected to have finished reduction …' on every rank
+    (``DDP_UNUSED_ERROR``). ``None`` (the record does not say which DDP options ran, e.g. an
+    imported log): what happens under each setting, asserting neither (``DDP_UNUSED_DEPENDS``)."""
     by_fqn: dict[str, list[ParamRow]] = defaultdict(list)
     for r in rows:
         by_fqn[r.fqn].append(r)
@@ -462,11 +464,20 @@ def ddp_unused_finding(rows: list[ParamRow]) -> Finding | None:
                      if all(r.status in ("NOT_IN_GRAPH", "NO_GRAD") and not r.allowed for r in group))
     if not missing:
         return None
+    fix = (f"remove or freeze {', '.join(missing)} (requires_grad_(False)), or wrap with "
+           "DistributedDataParallel(..., find_unused_parameters=True)")
+    if find_unused is None:
+        return Finding(kind="DDP_UNUSED_DEPENDS", severity="warning", params=missing,
+                       message=(f"{', '.join(missing)} get no gradient on every rank, and the record does not say "
+                                "which DDP options ran: with find_unused_parameters=False (DDP's default) the next "
+                                f"iteration raises '{DDP_UNUSED_ERROR}…' on every rank; with "
+                                "find_unused_parameters=True DDP marks them ready and the job runs (they are never "
+                                "trained)"),
+                       fix=fix)
     return Finding(kind="DDP_UNUSED_ERROR", severity="error", params=missing,
                    message=(f"under DDP with find_unused_parameters=False the next iteration raises "
                             f"'{DDP_UNUSED_ERROR}…' on every rank: {', '.join(missing)} get no gradient"),
-                   fix=(f"remove or freeze {', '.join(missing)} (requires_grad_(False)), or wrap with "
-                        "DistributedDataParallel(..., find_unused_parameters=True)"))
+                   fix=fix)
 
 
 def combine(reports: list[GradReport], *, run: str | None = None, ddp: bool = True,
