@@ -412,7 +412,9 @@ def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None, *
     ``trace_id`` defaults to the newest trace of the graph's run and rank with status ``ok`` or
     ``truncated``. For a ``dynamo`` graph (or a DDP bucket's ``ddp_partition`` graph) the compute
     times of its AOT graphs' nodes are summed onto their pre-grad nodes
-    (``kernel_nodes.pre_grad_node``). Nodes without kernel time are
+    (``kernel_nodes.pre_grad_node``; in a CPU trace without them, by source line: NOTE: [Pre-grad
+    nodes by source line], also through the buckets of a graph DDPOptimizer split).
+    Nodes without kernel time are
     absent; an empty dict when no trace or no mapping exists.
 
     Raises:
@@ -446,8 +448,45 @@ def node_time_ns(session: Session, graph_id: int, trace_id: int | None = None, *
         return dict(sorted(out.items()))
     children = set(session.scalars(select(Graph.id).where(Graph.parent_id == graph_id)))
     pre = _pre_grad_names(session, graph, children)
+    by_line = {}
+    if mapping.device == "cpu":  # the AOT graphs of the buckets of a graph DDPOptimizer split count too
+        children |= set(session.scalars(select(Graph.id).where(Graph.parent_id.in_(
+            select(Graph.id).where(Graph.parent_id == graph_id, Graph.kind == "ddp_partition")))))
+        by_line = _pre_grad_by_line(session, graph_id, children - {g for g, _ in pre})
     for (gid, node), ns in compute.items():  # communication is on the placeholders (above)
+        if gid not in children:
+            continue
         p = pre.get((gid, node))
-        if gid in children and p:
+        if p:
             out[p] = out.get(p, 0) + ns
+        elif (gid, node) in by_line:  # NOTE: [Pre-grad nodes by source line]
+            targets = by_line[(gid, node)]
+            share, rest = divmod(ns, len(targets))
+            for j, t in enumerate(targets):
+                out[t] = out.get(t, 0) + share + (rest if j == 0 else 0)
     return dict(sorted(out.items()))
+
+
+def _pre_grad_by_line(session: Session, graph_id: int, children: set[int]) -> dict[tuple[int, str], list[str]]:
+    """(AOT child graph id, node) → the nodes of graph ``graph_id`` with the same ``stack_trace``
+    (and module path, when that narrows it), for children without provenance rows.
+
+    # NOTE: [Pre-grad nodes by source line]
+    ``aot_eager`` leaves no Inductor provenance (``kernel_nodes.pre_grad_node``); AOT tracing
+    copies each Dynamo node's ``stack_trace`` (and ``nn_module_stack``) to the ATen nodes it
+    decomposes into, and a backward node carries its forward op's. So an AOT node's time goes
+    to the Dynamo nodes of its source line, split evenly when a line made several nodes."""
+    if not children:
+        return {}
+    mine: dict[int, list[tuple[str, int | None]]] = defaultdict(list)
+    for name, st, mp in session.execute(select(Node.name, Node.stack_trace_id, Node.module_path_id).where(
+            Node.graph_id == graph_id, Node.op == "call_function", Node.stack_trace_id.is_not(None))):
+        mine[st].append((name, mp))
+    out: dict[tuple[int, str], list[str]] = {}
+    for gid, name, st, mp in session.execute(select(Node.graph_id, Node.name, Node.stack_trace_id, Node.module_path_id)
+                                             .where(Node.graph_id.in_(children), Node.op == "call_function")):
+        cands = mine.get(st)
+        if cands:
+            narrowed = [n for n, m in cands if m == mp] or [n for n, _ in cands]
+            out[(gid, name)] = narrowed
+    return out
