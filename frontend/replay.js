@@ -180,6 +180,16 @@ export async function renderRunTimeline(page, m) {
   const colls = h("div", {id: "collectives"});
   $app.replaceChildren(h("section", {}, h("h1", {}, `${run}: ranks on one time axis`), offsets, plot,
     h("h2", {}, "Collectives and stragglers"), colls));
+  // Download for Perfetto: GET /api/runs/{id}/export-trace?ranks= (server/routes/export.py).
+  const exportRanks = h("input", {id: "export-ranks", placeholder: "all, or 0,2-5", size: 14, "aria-label": "ranks to export"});
+  const exportLink = h("a", {id: "export-trace", class: "button", href: `${base}/export-trace`, download: "",
+    title: "One Chrome-trace file of the chosen ranks, clocks aligned, collectives linked: open it in ui.perfetto.dev"},
+  "Download for Perfetto");
+  exportRanks.addEventListener("input", () => {
+    const v = exportRanks.value.trim();
+    exportLink.href = `${base}/export-trace${v ? `?ranks=${encodeURIComponent(v)}` : ""}`;
+  });
+  offsets.before(h("p", {id: "export-trace-bar"}, exportLink, " ranks: ", exportRanks));
   const [Plotly, fig] = await Promise.all([loadPlotly(), api(`${base}/timeline`)]);
   if (!page.alive()) return;
   const meta = fig.layout?.meta || {};

@@ -55,6 +55,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.layout",
     "graphdeck.server.routes.compile_health",
     "graphdeck.server.routes.diff",
+    "graphdeck.server.routes.export",
 )
 
 
