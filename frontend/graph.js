@@ -170,6 +170,75 @@ function readSvg(svg, byName) {
   return {gByName, fxNodes: fx.map(([, g]) => g), edgesByEnd};
 }
 
+/**
+ * Move the render's legend (op colours, edge bytes, the overlay's line: "no values: …") out of
+ * the graph's SVG into `into`, a part of the page that stays in view whatever the pan and zoom;
+ * the fallback note too. Returns the SVG units the legend took at the top of the drawing.
+ */
+function moveLegend(svg, into) {
+  into.replaceChildren();
+  const legend = svg.querySelector("#legend");
+  const notes = [...svg.querySelectorAll(".overlay-legend, .fallback-note")].map((t) => {
+    t.remove();
+    return h("p", {class: t.classList.contains("fallback-note") ? "overlay-note fallback" : "overlay-note",
+      "data-testid": "overlay-note"}, t.textContent);
+  });
+  if (!legend) { into.append(...notes); return 0; }
+  const height = Number(svg.dataset.legendH) || 34;
+  legend.remove();
+  const box = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  box.setAttribute("class", "legend-svg");
+  box.setAttribute("height", "34");
+  box.setAttribute("width", "100%");
+  box.setAttribute("font-family", "Helvetica,Arial,sans-serif");
+  box.append(legend);
+  into.append(box, ...notes);
+  return height + 12;
+}
+
+/** Node labels wider than their box (the font is wider than the layout's estimate) end in "…";
+ * the node's <title> keeps the full text (a hover shows it). */
+function fitLabels(svg) {
+  for (const g of svg.querySelectorAll("g.node")) {
+    const rect = g.querySelector("rect");
+    if (!rect) continue;
+    const room = rect.width.baseVal.value - 6;
+    for (const t of g.querySelectorAll(":scope > text")) {
+      const full = t.textContent;
+      if (!(t.getComputedTextLength() > room)) continue;
+      let n = full.length;
+      while (n > 1 && t.getComputedTextLength() > room) { n = Math.floor(n * 0.9); t.textContent = `${full.slice(0, n)}\u2026`; }
+      const title = g.querySelector(":scope > title");
+      if (title && !title.textContent.includes(full.replace(/\u2026$/, ""))) title.textContent = `${full}\n${title.textContent}`;
+    }
+  }
+}
+
+/** A selected node: class `selected` and a halo around its box (visible at any zoom). */
+function markSelected(g) {
+  g.classList.add("selected");
+  const r = g.querySelector("rect");
+  if (!r) return;
+  const halo = document.createElementNS("http://www.w3.org/2000/svg", "rect");
+  const [x, y, w, hh] = ["x", "y", "width", "height"].map((a) => Number(r.getAttribute(a)));
+  for (const [k, v] of Object.entries({x: x - 5, y: y - 5, width: w + 10, height: hh + 10, rx: 6, class: "selection-halo",
+    fill: "none", stroke: "#e8590c", "stroke-width": 3, "vector-effect": "non-scaling-stroke", "pointer-events": "none"})) {
+    halo.setAttribute(k, String(v));
+  }
+  g.prepend(halo);
+}
+
+/** The toolbar's line about what is drawn; with a filter, how many nodes match it. */
+function statusText(svg, st, drawnNodes, total) {
+  const visible = svg.dataset.visibleNodes ?? drawnNodes;
+  const drawn = `${visible} of ${total} nodes drawn`;
+  if (!st.filter.length || svg.dataset.matches === undefined) return drawn;
+  const matches = Number(svg.dataset.matches), onPath = Number(svg.dataset.onPath || 0);
+  const what = st.filter.join("|");
+  if (!matches) return `no node matches ${what} · ${drawn}`;
+  return `${matches} node${matches === 1 ? "" : "s"} match ${what} (${matches + onPath} with the paths between them) · ${drawn}, the rest faded`;
+}
+
 const OVERLAYS = [["", "op category"], ["bytes", "output bytes"], ["time", "time (trace)"], ["comm", "communication (trace)"], ["partition", "partition (DDP, FSDP2, TP, PP)"], ["rank", "rank"],
   ["memory", "live bytes (memory)"], ["stage", "pipeline stage (executor)"]];
 
@@ -198,7 +267,8 @@ export async function renderGraph(page, m, query) {
     [["", "depth: auto"], ...[0, 1, 2, 3, 4, 5, 99].map((d) => [String(d), d === 99 ? "depth: all" : `depth: ${d}`])]
       .map(([v, label]) => h("option", {value: v, selected: (st.depth ?? "") === v}, label)));
   const results = h("ul", {id: "search-results", "data-testid": "search-results", class: "results", hidden: true});
-  const status = h("span", {id: "view-status", class: "muted hint"});
+  const status = h("span", {id: "view-status", "data-testid": "view-status", class: "muted hint"});
+  const legendHost = h("div", {id: "graph-legend", "data-testid": "graph-legend", class: "graph-legend"});
   const exportSvg = h("a", {id: "export-svg", href: svgUrl(id, st, null, {download: "1"}), download: `graph-${id}.svg`}, "SVG");
   const viewer = {zoom: () => {}, fit: () => {}, centerOn: () => {}, justDragged: () => false};
   const button = (bid, label, title, fn) => h("button", {type: "button", id: bid, title, onclick: fn}, label);
@@ -216,10 +286,11 @@ export async function renderGraph(page, m, query) {
     svg = importSvg(text);
     ({gByName, edgesByEnd} = readSvg(svg, byName));
     const fxNodes = [...gByName.values()];
+    const legendH = moveLegend(svg, legendHost);
     host.replaceChildren(svg);
-    Object.assign(viewer, makeViewer(svg, host, fxNodes));
-    const visible = svg.dataset.visibleNodes;
-    status.textContent = `${visible ?? gByName.size} of ${nodes.length} nodes drawn`;
+    fitLabels(svg);
+    Object.assign(viewer, makeViewer(svg, host, fxNodes, {trimTop: legendH}));
+    status.textContent = statusText(svg, st, gByName.size, nodes.length);
     exportSvg.href = svgUrl(id, st, null, {download: "1"});
   }
 
@@ -261,6 +332,7 @@ export async function renderGraph(page, m, query) {
   async function select(name, {center = true} = {}) {
     closeResults();
     for (const el of host.querySelectorAll(".selected, .related")) el.classList.remove("selected", "related");
+    host.querySelectorAll(".selection-halo").forEach((el) => el.remove());
     selected = name && byName.has(name) ? name : null;
     const token = ++selectToken;
     if (!selected) {
@@ -270,7 +342,7 @@ export async function renderGraph(page, m, query) {
     }
     const g = gByName.get(selected);
     if (!g) { if (await reveal(selected)) return; }
-    if (g) { g.classList.add("selected"); if (center) viewer.centerOn(g); }
+    if (g) { markSelected(g); if (center) viewer.zoomTo(g); }
     (edgesByEnd.get(selected) || []).forEach((e) => e.classList.add("related"));
     const node = byName.get(selected);
     details.replaceChildren(...nodeDetails(node, null, selectNode));
@@ -364,7 +436,7 @@ export async function renderGraph(page, m, query) {
             " · compare with #", compare, " · ",
             h("a", {href: `#/graphs/${id}/memory`, id: "memory-link"}, "memory")),
           status),
-        results, host),
+        legendHost, results, host),
       details),
     h("h2", {}, "Related graphs"), relatedGraphs(page, graph),
     h("details", {class: "fold"}, h("summary", {}, "Inputs and outputs"), io),

@@ -3,19 +3,20 @@
 //
 // NOTE: [Initial view]
 // A graph whose whole drawing is readable (labels are 10 units tall, so at ≥ 0.7× they stay about
-// 7 px or more) opens fitted. A larger one (GPT-2 AOT backward graphs are ~4,600 units wide, mostly
-// cluster boxes at the top) opens at 1× on the region where the graph starts: each of the first few
-// FX nodes (by idx, which is FX graph order) is tried as the centre of a host-sized window clamped
-// to the drawing, and the window holding the most FX nodes wins (the earliest on a tie). So the
-// first view always shows real nodes, and the "fit" button still shows everything.
+// 7 px or more) opens fitted. A larger one (GPT-2 AOT backward graphs are ~4,600 units wide) opens
+// at 1× on the graph's top (where an FX graph starts: its inputs, the first ops), horizontally on
+// the host-sized window holding the most nodes of that top band (the leftmost on a tie). So the
+// first view shows real nodes from the start of the graph, and the "fit" button still shows
+// everything. The legend and overlay notes are not in the SVG's view: graph.js moves them into
+// the page above it.
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 /** Fit the whole graph when that draws it at least this large (screen px per SVG unit). */
 const READABLE_FIT_SCALE = 0.7;
 /** Otherwise open at this scale, on the graph's first nodes. */
 const HOME_SCALE = 1;
-/** How many of the first FX nodes are tried as the centre of the first view. */
-const HOME_CANDIDATES = 12;
+/** Selecting a node zooms in to at least this scale (screen px per SVG unit). */
+const SELECT_SCALE = 1;
 
 /** Parse the server's SVG render and import it into this document; throws unless the root is <svg>. */
 export function importSvg(text) {
@@ -39,10 +40,11 @@ function clampInto(v, size, lo, span) {
 
 /**
  * Pan (drag) and zoom (wheel, buttons) `svg` inside `host` by editing its viewBox.
- * `firstNodes`: the FX nodes' <g> elements in FX graph order (see NOTE: [Initial view]).
- * → {zoom(factor, clientX?, clientY?), fit(), centerOn(el), justDragged()}
+ * `firstNodes`: the FX nodes' <g> elements in FX graph order (see NOTE: [Initial view]);
+ * `options.trimTop`: SVG units at the top of the viewBox left out of every view (a legend moved out).
+ * → {zoom(factor, clientX?, clientY?), fit(), centerOn(el), zoomTo(el), justDragged()}
  */
-export function makeViewer(svg, host, firstNodes = []) {
+export function makeViewer(svg, host, firstNodes = [], options = {}) {
   const vbAttr = (svg.getAttribute("viewBox") || "").trim().split(/[\s,]+/).map(Number);
   const base = vbAttr.length === 4 && vbAttr.every(Number.isFinite) && vbAttr[2] > 0
     ? {x: vbAttr[0], y: vbAttr[1], w: vbAttr[2], h: vbAttr[3]}
@@ -84,22 +86,38 @@ export function makeViewer(svg, host, firstNodes = []) {
     const scale = Math.min(r.width / base.w, r.height / base.h);
     if (!(scale < READABLE_FIT_SCALE) || !firstNodes.length) { fit(); return; }
     const w = r.width / HOME_SCALE, hgt = r.height / HOME_SCALE;
-    const frame = (cx, cy) => ({x: clampInto(cx - w / 2, w, base.x, base.w), y: clampInto(cy - hgt / 2, hgt, base.y, base.h), w, h: hgt});
     vb = {...base};
     apply(); // measure node centres in SVG units against the whole drawing
     const centres = firstNodes.map((g) => {
       const b = g.getBoundingClientRect();
       return toSvg(b.left + b.width / 2, b.top + b.height / 2);
     });
-    const inside = (p, box) => p.x >= box.x && p.x <= box.x + box.w && p.y >= box.y && p.y <= box.y + box.h;
-    let best = frame(base.x + base.w / 2, base.y), bestCount = -1;
-    for (const c of centres.slice(0, HOME_CANDIDATES)) {
-      const box = frame(c.x, c.y);
-      const count = centres.reduce((n, p) => n + (inside(p, box) ? 1 : 0), 0);
-      if (count > bestCount) { best = box; bestCount = count; }
+    const top = Math.min(...centres.map((p) => p.y));
+    const y = hgt >= base.h ? base.y : clampInto(top - 40, hgt, base.y, base.h); // top-aligned when it all fits
+    const band = centres.filter((p) => p.y >= y && p.y <= y + hgt).map((p) => p.x).sort((a, b) => a - b);
+    let bestX = band.length ? band[0] : base.x, bestCount = -1;
+    for (let i = 0, j = 0; i < band.length; i++) { // sliding window over the band's x positions
+      while (band[j] < band[i] + w - 40 && j < band.length) j++;
+      if (j - i > bestCount) { bestCount = j - i; bestX = band[i]; }
     }
-    vb = best;
+    vb = {x: clampInto(bestX - 40, w, base.x, base.w), y, w, h: hgt};
     apply();
+  }
+  /** Show `el` readable: zoomed to at least SELECT_SCALE and centred when the view is smaller, else
+   * centred only when it is not already in view. */
+  function zoomTo(el) {
+    const scale = svg.getScreenCTM()?.a || 1;
+    if (scale >= SELECT_SCALE) { centerOn(el); return; }
+    const r = el.getBoundingClientRect(), hr = host.getBoundingClientRect();
+    const p = toSvg(r.left + r.width / 2, r.top + r.height / 2);
+    const w = hr.width / SELECT_SCALE, hgt = hr.height / SELECT_SCALE;
+    vb = {x: p.x - w / 2, y: p.y - hgt / 2, w, h: hgt};
+    apply();
+  }
+  /** Move the top of the view down by `dy` SVG units and shorten it (the legend moved out of the SVG). */
+  function trimTop(dy) {
+    if (!(dy > 0) || dy >= base.h) return;
+    base.y += dy; base.h -= dy;
   }
 
   let drag = null; // {x, y, id, moved}
@@ -129,6 +147,7 @@ export function makeViewer(svg, host, firstNodes = []) {
     e.preventDefault();
     zoom(Math.exp(-e.deltaY * (e.deltaMode === 1 ? 0.05 : 0.0015)), e.clientX, e.clientY);
   }, {passive: false});
+  trimTop(options.trimTop || 0);
   home();
-  return {zoom, fit, centerOn, justDragged: () => performance.now() - dragEnded_ms < 250};
+  return {zoom, fit, centerOn, zoomTo, justDragged: () => performance.now() - dragEnded_ms < 250};
 }

@@ -177,12 +177,13 @@ def test_user_text_is_escaped_and_reads_back_exactly():
     assert f"\u25be {QUOTES}" in labels and "\u25be {x|y}" in labels
 
 
-def test_long_user_text_is_truncated_with_its_length():
+def test_long_user_text_is_ellipsized_with_the_full_text_in_its_title():
     long_name = "m" * 500
     view = GraphView(graph_id=1, name="g", kind="dynamo", edges=[],
                      nodes=[node(0, long_name, "call_function", f"aten.{long_name}.default")])
     (g,) = groups(parse(render_graph_svg(view)), "node")
-    assert texts(g)[0].endswith("…[total_len=500]") and len(texts(g)[0]) < 80
+    assert texts(g)[0] == "m" * 39 + "…", "issue 24.9: a long label ends in … inside its box"
+    assert g.find(f"{SVG}title").text.startswith(long_name + "\n"), "the full label shows on hover"
 
 
 def test_filter_keeps_matches_and_paths_between_them_and_fades_the_rest():
@@ -345,7 +346,9 @@ def test_category_colours_are_distinct_and_fixed():
 def test_tensor_label():
     assert tensor_label([8, 64], "torch.float32") == "f32[8, 64]"
     assert tensor_label(["s0", 64], "torch.bfloat16") == "bf16[s0, 64]"
-    assert tensor_label([[8, 64], [8]], "torch.float32") == "f32[8, 64] (+1 more)"
+    assert tensor_label([[8, 64], [8]], "torch.float32") == "f32[8, 64], [8]"
+    assert tensor_label([[8, 512, 768]] * 3, "torch.float32") == "f32[8, 512, 768] \u00d73", "equal shapes: one and how many"
+    assert "total_len" not in tensor_label([[8, 12, 512, 64]] * 2 + [[8, 12], [], None], "torch.float32")
     assert tensor_label([], "torch.int64") == "i64[]"
     assert tensor_label(None, None) == ""
 

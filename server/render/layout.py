@@ -25,6 +25,7 @@ activations from 12 blocks into one ``output`` node are 12 edges, not 300.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ LABEL_H = 16.0
 UNIT = 46.0  # igraph's x unit
 DUMMY_W = 6.0
 MAX_LABEL_CHARS = 40
+#: More members than this and no edge between any two: laid out as a grid (``_grid``).
+GRID_MIN = 12
 
 
 @dataclass
@@ -232,6 +235,21 @@ def _layers(n: int, edges: list[tuple[int, int]]) -> list[int]:
     return layer
 
 
+def _grid(sizes: list[tuple[float, float]]) -> tuple[list, list, float, float]:
+    """Members without any edge between them (the parameters' boxes of an optimizer step) in rows
+    of about ``sqrt(3 n)``, in member order, instead of one layer thousands of px wide."""
+    cols = max(1, math.ceil(math.sqrt(3 * len(sizes))))
+    corners, x, y, row_h, width = [], 0.0, 0.0, 0.0, 0.0
+    for i, (w, h) in enumerate(sizes):
+        if i and i % cols == 0:
+            x, y, row_h = 0.0, y + row_h + VGAP, 0.0
+        corners.append((x, y))
+        x += w + HGAP
+        row_h = max(row_h, h)
+        width = max(width, x - HGAP)
+    return corners, [], width, y + row_h
+
+
 def layered(sizes: list[tuple[float, float]], edges: list[tuple[int, int]]) -> tuple[list, list, float, float]:
     """Lay out members ``0..n-1`` (sizes ``(w, h)``) top to bottom.
 
@@ -242,6 +260,8 @@ def layered(sizes: list[tuple[float, float]], edges: list[tuple[int, int]]) -> t
     n = len(sizes)
     if n == 0:
         return [], [], 0.0, 0.0
+    if not edges and n > GRID_MIN:
+        return _grid(sizes)
     layer = _layers(n, edges)
     g = igraph.Graph(n=n, edges=[(u, v) for u, v in edges if layer[u] != layer[v]], directed=True)
     kept = [(u, v) for u, v in edges if layer[u] != layer[v]]

@@ -47,6 +47,7 @@ from typing import Any
 from graphdeck.analysis.overlays import Overlay
 from graphdeck.server.render import layout as lay
 from graphdeck.server.render.filters import compile_patterns, filter_nodes, neighbourhood
+from graphdeck.server.render.labels import ellipsize, short_dtype, tensor_label  # noqa: F401 - tensor_label re-exported
 from graphdeck.server.render.palette import (
     EDGE_BINS,
     EDGE_HEAVY,
@@ -70,6 +71,8 @@ from graphdeck.server.views import CATEGORIES, GraphView
 MAX_VISIBLE_ITEMS = 6000
 #: Default wall-clock budget for one render before the fallback view is answered.
 DEFAULT_TIMEOUT_S = 10.0
+#: Arrowhead size in drawing units (1 unit is 1 screen px at 1x zoom; a node is 20-30 units tall).
+ARROW_PX = 7.0
 #: How many of the heaviest edges are highlighted.
 HEAVY_EDGES = 5
 #: Hops around the focus node in the fallback view, and the most nodes it draws.
@@ -94,12 +97,6 @@ def _category_colors(categories: tuple[str, ...]) -> dict[str, str]:
 _OP_CATEGORIES = tuple(c for c in CATEGORIES if c not in ("placeholder", "get_attr", "output"))
 CATEGORY_COLORS: dict[str, str] = _category_colors(_OP_CATEGORIES)
 
-_DTYPE_SHORT = {
-    "float32": "f32", "float": "f32", "float16": "f16", "half": "f16", "bfloat16": "bf16",
-    "float64": "f64", "double": "f64", "int64": "i64", "long": "i64", "int32": "i32", "int": "i32",
-    "int16": "i16", "short": "i16", "int8": "i8", "uint8": "u8", "bool": "b8",
-    "complex64": "c64", "complex128": "c128", "float8_e4m3fn": "f8e4m3fn", "float8_e5m2": "f8e5m2",
-}
 _NOTE_MARK = 'class="graph note"'
 
 
@@ -212,6 +209,7 @@ class _Writer:
         cats = sorted({str(v) for v in overlay.values.values()}) if overlay is not None and overlay.categorical else []
         self.cat_fill = {c: QUALITATIVE[s] for c, s in hash_slots(cats, len(QUALITATIVE)).items()}
         self.out: list[str] = []
+        self.back: list[str] = []  # open cluster boxes (drawn under the edges)
         self.edge_k = 0
         self._totals: dict[int, dict] = {}
         self._sums: dict | None = None
@@ -223,12 +221,12 @@ class _Writer:
         head = node.param_fqn if node.op == "placeholder" and node.param_fqn else node.label
         if node.recomputed:
             head = "\u21bb " + head
-        lines = [_text(head)]
+        lines = [ellipsize(_text(head, limit=400))]
         tensor = tensor_label(node.shape, node.dtype)
         if node.dtype_change:
-            tensor = f"{_short_dtype(node.dtype_change.split(chr(0x2192))[0])}\u2192{tensor}"
+            tensor = f"{short_dtype(node.dtype_change.split(chr(0x2192))[0])}\u2192{tensor}"
         if tensor:
-            lines.append(_text(tensor))
+            lines.append(ellipsize(_text(tensor, limit=400)))
         return lines
 
     def collapsed_lines(self, path) -> list[str]:
@@ -287,12 +285,15 @@ class _Writer:
         heavy = {id(e) for e in sorted((e for e in all_edges if e[2] > 0), key=lambda e: -e[2])[:HEAVY_EDGES]}
         legend, legend_h = self._legend(max_bytes)
         self._cluster(root, 0.0, legend_h, ())
+        boxes_and_nodes, self.out = self.out, []
         for e in all_edges:
             if id(e) not in heavy:
                 self._edge(e, max_bytes, False, legend_h)
         for e in all_edges:
             if id(e) in heavy:
                 self._edge(e, max_bytes, True, legend_h)
+        # open cluster boxes, then edges, then nodes and collapsed boxes: no edge is drawn over a node
+        self.out = self.back + self.out + boxes_and_nodes
         width = max(root.w, 520.0)
         height = root.h + legend_h
         opened = "|".join("/".join(p) for p in sorted(self.opened) if p)
@@ -301,9 +302,11 @@ class _Writer:
             '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
             f'<svg xmlns="http://www.w3.org/2000/svg" width="100%" height="100%" viewBox="0 -16 {width:.1f} {height + 16:.1f}" '
             f'class="graphdeck-graph" data-graph-id="{view.graph_id}" data-visible-nodes="{visible}" '
+            f'data-matches="{len(self.matched)}" data-on-path="{len(self.on_path)}" data-legend-h="{legend_h:g}" '
             f'data-open-clusters="{_attr(opened)}" font-family="Helvetica,Arial,sans-serif" font-size="10">\n'
-            '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="5" markerHeight="5" '
-            'orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" fill="context-stroke"/></marker></defs>\n'
+            # arrowheads in drawing units (not stroke widths): as big as the drawing at any zoom
+            '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerUnits="userSpaceOnUse" '
+            f'markerWidth="{ARROW_PX:g}" markerHeight="{ARROW_PX:g}" orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" fill="context-stroke"/></marker></defs>\n'
             f'<title>{_esc(_text(view.name, limit=200))}</title>\n'
         )
         return head + legend + '<g id="graph0" class="graph">\n' + "".join(self.out) + "</g>\n</svg>\n"
@@ -318,11 +321,11 @@ class _Writer:
     def _cluster(self, box, ox, oy, path):
         region = self.regions.get(path)
         if region is not None:
-            self.out.append(open_region_svg(region, self.prep.clusters[path], "/".join(path), ox, oy, box.w, box.h))
+            self.back.append(open_region_svg(region, self.prep.clusters[path], "/".join(path), ox, oy, box.w, box.h))
         elif path:
             c = self.prep.clusters[path]
             depth_fill = _CLUSTER_FILLS[(len(path) - 1) % 2]
-            self.out.append(
+            self.back.append(
                 f'<g id="cluster-{c.key}" class="cluster open" data-path="{_attr("/".join(path))}" data-nodes="{c.total_nodes}">'
                 f'<title>{_esc(_text("/".join(path), limit=400))} ({c.total_nodes} nodes; click to collapse)</title>'
                 f'<rect x="{ox:.1f}" y="{oy:.1f}" width="{box.w:.1f}" height="{box.h:.1f}" rx="6" fill="{depth_fill}" stroke="#b0b0c0"/>'
@@ -383,7 +386,8 @@ class _Writer:
         fill = self._fill(node)
         lines = self.node_lines(node)
         rx = 10 if node.op in ("placeholder", "get_attr") else 3
-        title = f"{node.id}\n{node.target}" + (f"\nmodule {node.namespace} (from its {node.namespace_from})" if node.namespace_from else "")
+        head = node.param_fqn if node.op == "placeholder" and node.param_fqn else node.label
+        title = (f"{head}\n" if lines[0].endswith("\u2026") else "") + f"{node.id}\n{node.target}" + (f"\nmodule {node.namespace} (from its {node.namespace_from})" if node.namespace_from else "")
         if self.overlay is not None and node.id in self.overlay.values:
             v = self.overlay.values[node.id]
             title += f"\n{self.overlay.kind}: " + (fmt_ns(v) if self.overlay.unit == "ns" else fmt_bytes(v) if self.overlay.unit == "bytes" else str(v))
@@ -395,7 +399,7 @@ class _Writer:
                         for i, (t, ty) in enumerate(zip(lines, text_y)))
         self.out.append(
             f'<g id="node-{node.idx}" class="{" ".join(classes)}" data-name="{_attr(node.id)}"{_fade(classes)}>'
-            f'<title>{_esc(_text(title, limit=600, newlines=True))}</title>'
+            f'<title>{_esc(_text(title, limit=2000, newlines=True))}</title>'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="{rx}" fill="{fill}" stroke="{stroke}" stroke-width="{sw:g}"{dash}/>'
             f'{texts}</g>\n')
 
@@ -478,10 +482,6 @@ def _fade(classes: list[str]) -> str:
     return ' opacity="0.25"' if "faded" in classes else ""
 
 
-def _short_dtype(name: str) -> str:
-    return _DTYPE_SHORT.get(name, name)
-
-
 def note_svg(message: str) -> str:
     """A one-line SVG note (used instead of a layout that cannot be made)."""
     text = _esc(XML_FORBIDDEN.sub("", message), quote=True)
@@ -492,23 +492,6 @@ def note_svg(message: str) -> str:
         f'<g id="graph0" {_NOTE_MARK}><text x="10" y="25" font-family="Helvetica" font-size="12">{text}</text></g>\n'
         "</svg>\n"
     )
-
-
-def tensor_label(shape: Any, dtype: str | None) -> str:
-    """``([8, 64], 'torch.float32')`` → ``'f32[8, 64]'``; a tuple of shapes shows the first and
-    how many more: ``'f32[8, 64] (+1 more)'``; no shape and no dtype → ``''``."""
-    short = ""
-    if dtype:
-        name = dtype.removeprefix("torch.")
-        short = _DTYPE_SHORT.get(name, name)
-    if shape is None:
-        return short
-    if isinstance(shape, list) and shape and all(isinstance(s, list) for s in shape):
-        more = f" (+{len(shape) - 1} more)" if len(shape) > 1 else ""
-        return f"{short}[{', '.join(map(str, shape[0]))}]{more}"
-    if isinstance(shape, list):
-        return f"{short}[{', '.join(map(str, shape))}]"
-    return f"{short}{shape}"
 
 
 class SvgCache:

@@ -15,6 +15,7 @@ from graphdeck.analysis.overlays import OVERLAY_KINDS, graph_overlay
 from graphdeck.errors import UsageError
 from graphdeck.server.deps import MAX_ID, find_graph, get_session, get_svg_cache, resolve_graph, resolve_node
 from graphdeck.server.render.filters import compile_patterns
+from graphdeck.server.render.flat import with_flat_clusters
 from graphdeck.server.render.model_explorer import model_explorer_graph, model_explorer_node_data
 from graphdeck.server.render.regions import with_regions
 from graphdeck.server.render.svg import SvgCache
@@ -124,6 +125,12 @@ class ViewParams:
         compile_patterns(filter_by_op)
 
 
+def drawn_view(session: Session, graph_id: int):
+    """The view the SVG draws: regions as boxes (``render/regions.py``), a big flat graph clustered
+    by parameter or stack frame (``render/flat.py``)."""
+    return with_flat_clusters(session, graph_id, with_regions(session, graph_id, graph_view(session, graph_id)))
+
+
 def render_view_svg(session: Session, graph: Graph, cache: SvgCache, params: ViewParams) -> str:
     """The SVG of ``graph`` in the view state ``params``, through the app's caches."""
     state = params.state
@@ -132,13 +139,13 @@ def render_view_svg(session: Session, graph: Graph, cache: SvgCache, params: Vie
         hit = cache.lookup(graph_key(graph), state)
         if hit is not None:
             return hit
-    view = cache.view(graph_key(graph), lambda: with_regions(session, graph.id, graph_view(session, graph.id)))
+    view = cache.view(graph_key(graph), lambda: drawn_view(session, graph.id))
     extra = {}
     if state["overlay"]:
         extra["overlay"] = graph_overlay(session, graph.id, state["overlay"])
     if state["diff_against"] is not None:
         other_row = find_graph(session, state["diff_against"])
-        other = cache.view(graph_key(other_row), lambda: with_regions(session, other_row.id, graph_view(session, other_row.id)))
+        other = cache.view(graph_key(other_row), lambda: drawn_view(session, other_row.id))
         extra["marks"] = diff_views(view, other).marks_a()
     if not cacheable:
         state = {**state, "uncached": object()}
