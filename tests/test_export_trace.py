@@ -1,0 +1,264 @@
+"""``graphdeck export-trace`` and ``GET /api/runs/{id}/export-trace`` (issue 26 item 3; NOTE: [Trace
+export] in analysis/trace_export.py) on real multi-rank stores: the 2 x H200 DDP run of
+tests/data/ddp_h200x2 (GPT-2 under Inductor, both ranks' Kineto traces ingested and the kernel →
+node links rebuilt, as tests/test_h200x2.py does) and HTA's sampled 2-rank NCCL traces from
+../shared/data/traces (no graphs). The file is checked structurally against the Trace Event
+Format (required fields per phase, metadata, flow pairs bound to enclosing slices) and ingested
+again: the same events per rank at their aligned times."""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import io
+import shutil
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.trace_collectives import align_and_match
+from graphdeck.analysis.trace_export import CHUNK_BYTES, iter_export, parse_ranks, plan_export
+from graphdeck.analysis.trace_map import link_kernels, map_trace
+from graphdeck.cli import main
+from graphdeck.errors import UsageError
+from graphdeck.store.db import open_engine
+from graphdeck.store.traces import ingest_trace
+from tests.conftest import LiveServer, shared_path
+
+DATA = Path(__file__).parent / "data" / "ddp_h200x2"
+HTA = ("data", "traces", "hta", "trace_filter")
+NUMBER = (int, float)
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory) -> dict:
+    """The DDP store, its full export (CLI) and the events per rank of the original traces."""
+    tmp = tmp_path_factory.mktemp("ddp_export")
+    path = tmp / "ddp.db"
+    with gzip.open(DATA / "ddp.db.gz") as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    engine = open_engine(path)
+    for rank in (0, 1):
+        ingest_trace(engine, DATA / f"ddp_rank{rank}.pt.trace.json.gz", run_name="ddp", strict=True)
+    link_kernels(engine, 1)
+    out = tmp / "all.trace.json.gz"
+    res = CliRunner().invoke(main, ["export-trace", str(path), "--run", "ddp", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    with Session(engine) as s:
+        aligned = align_and_match(s, 1)
+        traces = dict(s.execute(text("SELECT rank, id FROM traces ORDER BY rank")).all())
+        mapped = {r: len(map_trace(s, t).by_kernel) for r, t in traces.items()}
+    engine.dispose()
+    return {"store": path, "tmp": tmp, "file": out, "doc": orjson.loads(gzip.open(out).read()), "cli": res.output,
+            "aligned": aligned, "traces": traces, "mapped": mapped, "original": _stored_events(path, traces)}
+
+
+def _stored_events(store: Path, traces: dict[int, int]) -> dict[int, Counter]:
+    """rank (or pid) → Counter of (ph, name, ts_ns, dur_ns) of the stored events."""
+    engine = open_engine(store, read_only=True)
+    out = {}
+    with engine.connect() as c:
+        for key, tid in traces.items():
+            out[key] = Counter(c.execute(text(
+                "SELECT e.ph, n.value, e.ts_ns, e.dur_ns FROM trace_events e JOIN strings n ON n.id = e.name_id "
+                "WHERE e.trace_id = :t"), {"t": tid}).all())
+    engine.dispose()
+    return out
+
+
+def validate_trace_events(doc: dict) -> dict:
+    """Structural check of a Chrome Trace Event Format document (JSON Object Format); returns
+    counts per phase. Fails the test on the first violation."""
+    assert isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list)
+    phases: Counter = Counter()
+    slices: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    named_procs, named_threads, lanes, flows = {}, set(), set(), defaultdict(list)
+    for ev in doc["traceEvents"]:
+        ph = ev.get("ph")
+        phases[ph] += 1
+        assert ph in ("X", "i", "M", "s", "f"), ev
+        assert isinstance(ev.get("pid"), int) and isinstance(ev.get("tid"), int), ev
+        assert isinstance(ev.get("name"), str) and ev["name"], ev
+        if ph == "M":
+            assert ev["name"] in ("process_name", "process_sort_index", "thread_name", "thread_sort_index"), ev
+            assert isinstance(ev.get("args"), dict), ev
+            if ev["name"] == "process_name":
+                named_procs[ev["pid"]] = ev["args"]["name"]
+            if ev["name"] == "thread_name":
+                assert isinstance(ev["args"]["name"], str) and ev["args"]["name"]
+                named_threads.add((ev["pid"], ev["tid"]))
+            continue
+        assert isinstance(ev.get("ts"), NUMBER) and not isinstance(ev["ts"], bool), ev
+        if "args" in ev:
+            assert isinstance(ev["args"], dict), ev
+        if ph == "X":
+            assert isinstance(ev.get("dur"), NUMBER) and ev["dur"] >= 0, ev
+            slices[(ev["pid"], ev["tid"])].append((ev["ts"], ev["ts"] + ev["dur"]))
+        elif ph == "i":
+            assert ev.get("s", "t") in ("g", "p", "t"), ev
+        else:
+            assert isinstance(ev.get("id"), int) and isinstance(ev.get("cat"), str), ev
+            if ph == "f":
+                assert ev.get("bp") == "e", ev
+            flows[ev["id"]].append(ev)
+        lanes.add((ev["pid"], ev["tid"]))
+    assert lanes <= named_threads, f"lanes without thread_name: {sorted(lanes - named_threads)[:5]}"
+    assert {p for p, _ in lanes} <= set(named_procs)
+    for pid, name in named_procs.items():
+        assert name == f"rank {pid}"
+    starts = {k: sorted(v) for k, v in slices.items()}
+    for fid, pair in flows.items():
+        assert sorted(e["ph"] for e in pair) == ["f", "s"], (fid, pair)
+        assert pair[0]["pid"] != pair[1]["pid"], pair  # across ranks
+        for e in pair:  # bound to a slice enclosing its ts on its own thread
+            lane = starts[(e["pid"], e["tid"])]
+            i = bisect.bisect_right(lane, (e["ts"], float("inf")))
+            assert any(s <= e["ts"] <= t for s, t in lane[max(0, i - 50):i]), e
+    return {"phases": phases, "flows": len(flows), "ranks": sorted(named_procs)}
+
+
+def _events_by_pid(store: Path) -> dict[int, Counter]:
+    engine = open_engine(store, read_only=True)
+    with engine.connect() as c:
+        rows = c.execute(text("SELECT e.pid, e.ph, n.value, e.ts_ns, e.dur_ns FROM trace_events e "
+                              "JOIN strings n ON n.id = e.name_id")).all()
+    engine.dispose()
+    out: dict[int, Counter] = defaultdict(Counter)
+    for pid, ph, name, ts, dur in rows:
+        out[int(pid)][(ph, name, ts, dur)] += 1
+    return out
+
+
+def test_export_is_valid_trace_event_format(ddp):
+    doc = ddp["doc"]
+    got = validate_trace_events(doc)
+    assert got["ranks"] == [0, 1]
+    n_orig = sum(sum(c.values()) for c in ddp["original"].values())
+    assert got["phases"]["X"] + got["phases"]["i"] == n_orig
+    # One flow per matched collective from the rank that arrived last to the one that waited.
+    matched = [c for c in ddp["aligned"]["collectives"] if len(c["ranks"]) == 2]
+    assert got["flows"] == len(matched) == doc["graphdeck"]["collectives_linked"] == 70
+    assert "70 collectives linked by 70 flows" in ddp["cli"]
+    # Offsets are the run timeline's (align_and_match's).
+    for r, o in ddp["aligned"]["offsets"].items():
+        assert doc["graphdeck"]["offsets"][str(r)]["offset_ns"] == o["offset_ns"]
+        assert doc["graphdeck"]["offsets"][str(r)]["method"] == o["method"]
+
+
+def test_reingest_gives_the_same_events_per_rank_at_aligned_times(ddp):
+    store = ddp["tmp"] / "again.db"
+    res = ingest_trace(open_engine(store), ddp["file"], run_name="again", strict=True)
+    assert res.status == "ok" and res.stats["skipped_bad_event"] == 0
+    again = _events_by_pid(store)
+    assert sorted(again) == [0, 1]
+    for r, orig in ddp["original"].items():
+        off = ddp["aligned"]["offsets"][r]["offset_ns"]
+        shifted = Counter({(ph, name, ts - off, dur): n for (ph, name, ts, dur), n in orig.items()})
+        assert sum(again[r].values()) == sum(orig.values()), r
+        assert Counter(n for _, n, _, _ in again[r].elements()) == Counter(n for _, n, _, _ in orig.elements()), r
+        assert again[r] == shifted, (r, list((again[r] - shifted).items())[:3])
+
+
+def test_node_names_modules_and_source_lines_in_args(ddp):
+    per_rank: Counter = Counter()
+    labels = 0
+    for ev in ddp["doc"]["traceEvents"]:
+        args = ev.get("args") or {}
+        if "fx_nodes" in args:
+            per_rank[ev["pid"]] += 1
+            assert isinstance(args["fx_graph"], int) and all(isinstance(n, str) for n in args["fx_nodes"])
+            assert ev["ph"] == "X" and ev.get("cat") == "kernel"
+            if "source" in args:
+                assert len(args["source"]) == len(args["fx_nodes"])
+        if ev.get("name", "").startswith("nccl") and "collective" in args:
+            labels += 1
+            assert "fx_nodes" in args  # the parameters' nodes the bucket carries
+    assert dict(per_rank) == ddp["mapped"], (per_rank, ddp["mapped"])
+    kernels = [e for e in ddp["doc"]["traceEvents"] if "source" in (e.get("args") or {})]
+    assert len(kernels) > 1000 and any("modeling_gpt2.py:" in s for e in kernels for s in e["args"]["source"] if s)
+    assert any(m for e in kernels for m in e["args"].get("nn_modules", []) if m and m.startswith("transformer"))
+    assert labels == 140  # 70 DDP bucket all-reduces per rank
+
+
+def test_ranks_filter_and_bad_ranks(ddp):
+    out = ddp["tmp"] / "r1.trace.json"
+    res = CliRunner().invoke(main, ["export-trace", str(ddp["store"]), "--run", "ddp", "--ranks", "1", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = orjson.loads(out.read_bytes())
+    got = validate_trace_events(doc)
+    assert got["ranks"] == [1] and got["flows"] == 0
+    assert got["phases"]["X"] + got["phases"]["i"] == sum(ddp["original"][1].values())
+    # The same clock as the whole run's export: offsets come from the reference rank either way.
+    assert doc["graphdeck"]["offsets"]["1"] == ddp["doc"]["graphdeck"]["offsets"]["1"]
+    for bad, named in (("1,3-4", "3-4"), ("0,x", "'x'"), ("5-2", "'5-2'"), ("7", "7")):
+        res = CliRunner().invoke(main, ["export-trace", str(ddp["store"]), "--run", "ddp", "--ranks", bad,
+                                        "-o", str(ddp["tmp"] / "bad.json")])
+        assert res.exit_code == 2 and named in res.output, (bad, res.output)
+        assert not (ddp["tmp"] / "bad.json").exists()
+    res = CliRunner().invoke(main, ["export-trace", str(ddp["store"]), "--run", "nope"])
+    assert res.exit_code == 2 and "nope" in res.output
+    assert parse_ranks("0-2, 5", range(8)) == [0, 1, 2, 5] and parse_ranks("all", [3, 1]) == [1, 3]
+    with pytest.raises(UsageError, match="ranks with one: 0-1"):
+        parse_ranks("2", [0, 1])
+
+
+def test_streamed_in_bounded_chunks(ddp):
+    """The writer hands over ~1 MiB pieces rank by rank, never the whole file at once."""
+    engine = open_engine(ddp["store"], read_only=True)
+    with Session(engine) as s:
+        plan = plan_export(s, 1)
+        sizes = [len(c) for c in iter_export(s, plan)]
+    engine.dispose()
+    assert len(sizes) > 10 and max(sizes) < CHUNK_BYTES + 1_000_000
+    assert sum(sizes) == len(gzip.open(ddp["file"]).read())
+
+
+def test_api_streams_the_download_and_names_bad_ranks(ddp):
+    with LiveServer(ddp["store"]) as srv, httpx.Client(base_url=srv.url, timeout=60) as client:
+        with client.stream("GET", "/api/runs/ddp/export-trace") as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"] == "application/gzip"
+            assert 'filename="ddp.trace.json.gz"' in resp.headers["content-disposition"]
+            assert "content-length" not in resp.headers  # streamed (chunked), not built whole first
+            body = b"".join(resp.iter_raw())
+        doc = orjson.loads(gzip.open(io.BytesIO(body)).read())
+        assert doc["traceEvents"] == ddp["doc"]["traceEvents"]
+        resp = client.get("/api/runs/1/export-trace", params={"ranks": "0", "gzip": "false"})
+        assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
+        assert validate_trace_events(resp.json())["ranks"] == [0]
+        for bad, named in (("0,3-4", "3-4"), ("zero", "'zero'")):
+            resp = client.get("/api/runs/ddp/export-trace", params={"ranks": bad})
+            assert resp.status_code == 400 and named in resp.json()["error"], resp.text
+        assert client.get("/api/runs/nope/export-trace").status_code == 404
+
+
+def test_hta_two_rank_nccl_traces(tmp_path):
+    """HTA's sampled NCCL job (ranks 0 and 1 of 128, no graphs): valid, linked, re-ingests alike."""
+    files = [shared_path(*HTA, f"sampled_rank-{r}.json.gz") for r in (0, 1)]
+    store = tmp_path / "hta.db"
+    engine = open_engine(store)
+    for f in files:
+        ingest_trace(engine, f, run_name="hta")
+    with Session(engine) as s:
+        aligned = align_and_match(s, 1)
+        traces = dict(s.execute(text("SELECT rank, id FROM traces ORDER BY rank")).all())
+    engine.dispose()
+    out = tmp_path / "hta.trace.json.gz"
+    res = CliRunner().invoke(main, ["export-trace", str(store), "--run", "hta", "--ranks", "0-1", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = orjson.loads(gzip.open(out).read())
+    got = validate_trace_events(doc)
+    assert got["ranks"] == [0, 1]
+    assert got["flows"] == sum(1 for c in aligned["collectives"] if len(c["ranks"]) == 2) > 0
+    again = tmp_path / "again.db"
+    ingest_trace(open_engine(again), out, run_name="again", strict=True)
+    by_pid, orig = _events_by_pid(again), _stored_events(store, traces)
+    for r in (0, 1):
+        off = aligned["offsets"][r]["offset_ns"]
+        assert by_pid[r] == Counter({(ph, n, ts - off, d): k for (ph, n, ts, d), k in orig[r].items()}), r
