@@ -27,7 +27,8 @@ cells); the renderer's main-thread task time (CDP ``Performance.getMetrics`` ``T
 from the page's own clock the time from the first answer's last byte to the drawn picture (layout
 forced), and from the full answer's to the complete one (see :func:`bench_browser`).
 
-    python bench/bench_layout.py [--source STORE] [--repeats 3] [--browser] [--keep DIR]
+    python bench/bench_layout.py [--source STORE] [--repeats 3] [--full-repeats 3] [--no-check]
+                                 [--browser] [--keep DIR [--reuse]]
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ def fmt(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} ({min(xs):.3f}–{max(xs):.3f})"
 
 
-def bench_analysis(store: Path, repeats: int) -> dict:
+def bench_analysis(store: Path, repeats: int, full_repeats: int, check: bool = True) -> dict:
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.layout import load_layout
@@ -214,21 +215,25 @@ def bench_analysis(store: Path, repeats: int) -> dict:
         return (len(lay.program_peers()), len(lay.replica_peers()), {d: len(lay.dim_groups(d)) for d in DIMS})
 
     results = {}
-    for label, fn in [
-        ("load_layout", lambda s, run: load_layout(s, run.id).world_size),
-        ("load_layout + program_peers, replica_peers, dim_groups", peers),
+    for label, fn, n in [
+        ("load_layout", lambda s, run: load_layout(s, run.id).world_size, repeats),
+        ("load_layout + program_peers, replica_peers, dim_groups", peers, repeats),
         ("map, first picture (parallel_map checks=layout)",
-         lambda s, run: len(json.dumps(parallel_map(s, run, checks=["layout"])))),
-        ("rank_report = check-ranks per mesh dimension", lambda s, run: rank_report(s, run).verdict),
-        ("map, every check (parallel_map)", lambda s, run: parallel_map(s, run)),
+         lambda s, run: len(json.dumps(parallel_map(s, run, checks=["layout"]))), repeats),
+        ("rank_report = check-ranks per mesh dimension", lambda s, run: rank_report(s, run).verdict,
+         repeats if check else 0),
+        ("map, every check (parallel_map)", lambda s, run: parallel_map(s, run), full_repeats),
     ]:
-        cpu, wall, out = timed(in_session(fn), repeats)
+        if not n:
+            continue
+        cpu, wall, out = timed(in_session(fn), n)
         results[label] = (cpu, wall, out)
         print(f"{label}: CPU {fmt(cpu)} s, wall {fmt(wall)} s", flush=True)
     full = results["map, every check (parallel_map)"][2]
     print("  full map:", len(json.dumps(full)), "bytes;", [(c["key"], c["counts"], c["message"][:160]) for c in full["checks"]])
     print("  peer sets:", results["load_layout + program_peers, replica_peers, dim_groups"][2])
-    print("  rank_report verdict:", results["rank_report = check-ranks per mesh dimension"][2], flush=True)
+    if check:
+        print("  rank_report verdict:", results["rank_report = check-ranks per mesh dimension"][2], flush=True)
     return full
 
 
@@ -304,25 +309,34 @@ def main() -> None:
     ap.add_argument("--source", type=Path, help="a store holding a captured nd_fsdp_tp run (default: capture one)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--browser", action="store_true", help="also time the page in Chromium")
+    ap.add_argument("--full-repeats", type=int, default=3,
+                    help="repeats of the map with every check (minutes each at 1,024 ranks on 2 CPUs)")
+    ap.add_argument("--no-check", action="store_true", help="do not time rank_report on its own")
     ap.add_argument("--keep", type=Path, help="write the stores here and keep them")
+    ap.add_argument("--reuse", action="store_true", help="reuse --keep's generated store when it exists")
     args = ap.parse_args()
     if args.repeats < 3:
         ap.error("--repeats must be at least 3 (a spread, not one time)")
+    if args.full_repeats < 1:
+        ap.error("--full-repeats must be at least 1")
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench_layout_"))
     work.mkdir(parents=True, exist_ok=True)
     source = args.source
-    if source is None:
+    big = work / "bench_1024.db"
+    if args.reuse and big.exists():
+        source = big  # not captured again, not generalised again
+    elif source is None:
         source = work / "nd_fsdp_tp.db"
         t0 = time.perf_counter()
         capture(source)
         print(f"captured the 4-rank FSDP2 x TP job in {time.perf_counter() - t0:.1f} s", flush=True)
-    big = work / "bench_1024.db"
-    big.unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    generalise(source, big)
-    print(f"generalised to {MESH} = 1,024 ranks in {time.perf_counter() - t0:.1f} s "
-          f"({big.stat().st_size / 2**20:.1f} MiB)", flush=True)
-    full = bench_analysis(big, args.repeats)
+    if source != big:
+        big.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        generalise(source, big)
+        print(f"generalised to {MESH} = 1,024 ranks in {time.perf_counter() - t0:.1f} s "
+              f"({big.stat().st_size / 2**20:.1f} MiB)", flush=True)
+    full = bench_analysis(big, args.repeats, args.full_repeats, check=not args.no_check)
     if args.browser:
         bench_browser(big, args.repeats, expand=False, full=full)
         bench_browser(big, args.repeats, expand=True, full=full)
