@@ -56,6 +56,7 @@ OPTIONAL_ROUTERS = (
     "graphdeck.server.routes.compile_health",
     "graphdeck.server.routes.diff",
     "graphdeck.server.routes.export",
+    "graphdeck.server.routes.summary",
 )
 
 

@@ -1,0 +1,433 @@
+"""The run overview (issue 23 item 2): every check's verdict with a count and a link, then the
+slowest ranks and steps — one document for the run page, ``GET /api/runs/{id}/summary`` and
+``graphdeck summary RUN``, so a CI log and the page say the same.
+
+# NOTE: [Run overview]
+Each check is the library call behind its own CLI command and page, run here unchanged:
+
+* ``gradients`` — :func:`graphdeck.analysis.gradients.gradient_report` (``check-grads --run``):
+  PASS / FAIL / INCOMPLETE as the report says; count = parameters that get no gradient (distinct
+  names, any rank) plus error findings. Link: the gradient page (``#/runs/<id>/grads``).
+* ``ranks`` — :func:`graphdeck.analysis.ranks.rank_report` (``check-ranks``): OK is read as PASS;
+  count = harmful divergences + collective-schedule mismatches + Flight Recorder mismatches.
+  Link: ``#/runs/<id>/ranks``.
+* ``compile`` — :func:`graphdeck.analysis.compile_health.compile_health` with no gates (as
+  ``check-compile`` without ``--max-*`` flags: PASS means "no evidence missing", said so in the
+  headline); count = distinct graph breaks in user code (FAIL: gates passed). Link: the run
+  page's compile-health panel (``#/runs/<id>?section=compile-health``).
+* ``traces`` — trace coverage: per rank, the share of its newest usable trace's kernel time (GPU)
+  or compiled-region CPU time (CPU traces) that :func:`graphdeck.analysis.trace_map.map_trace`
+  maps to graph nodes. PASS when every rank with graphs has a trace mapped at least
+  :data:`MIN_COVERAGE`; otherwise INCOMPLETE (time the overlays cannot attribute is missing
+  evidence, not a fault of the job) — never FAIL. Count = ranks without a trace or under the bar.
+  Link: the lowest rank's trace page.
+* ``layout`` — the parallel layout (:func:`graphdeck.analysis.layout.load_layout`) when any rank
+  recorded one: PASS when every rank did, INCOMPLETE naming those that did not
+  (:func:`graphdeck.analysis.mesh_ranks.layout_gaps`); ``N/A`` (neutral, not green) without any
+  record. Peers are compared per mesh dimension by ``check-ranks``. Link: ``#/runs/<id>/map``.
+
+Defensive: a check that raises is reported as ``ERROR`` with the exception's text (never PASS),
+and the session is rolled back so the next check reads normally. Each check has a time budget
+(:data:`BUDGETS_S`, seconds): ``elapsed_s`` and ``budget_s`` are reported, a check that ran over is
+noted, and the per-rank trace loop stops at its budget (the ranks left are INCOMPLETE).
+
+The run's verdict and exit code: FAIL (1) when any check fails; else INCOMPLETE (3) when any is
+INCOMPLETE or ERROR; else PASS (0). ``N/A`` counts for nothing.
+
+Slowest (:func:`slowest`): step times per rank from each trace's ``ProfilerStep#N`` ranges
+(:func:`graphdeck.analysis.trace_analysis.step_times`; the CPU range, else the GPU span of its
+kernels), through :func:`graphdeck.analysis.trace_collectives.align_and_match` when two or more
+ranks have traces (which also names the straggler the others waited for).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.store.schema import Graph, Rank, Run, Trace
+
+log = logging.getLogger(__name__)
+
+#: Check keys in their canonical order.
+CHECKS = ("gradients", "ranks", "compile", "traces", "layout")
+#: Time budget per check, seconds (``slowest`` is the step-time section).
+BUDGETS_S = {"gradients": 30.0, "ranks": 30.0, "compile": 15.0, "traces": 30.0, "layout": 5.0, "slowest": 30.0}
+#: Trace coverage bar: the share of a rank's kernel / compiled-region CPU time mapped to graph nodes.
+MIN_COVERAGE = 0.9
+#: Verdicts, worst first (the overview lists checks in this order); ``N/A``: the check has nothing to check.
+SEVERITY = ("FAIL", "ERROR", "INCOMPLETE", "PASS", "N/A")
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}
+TOP_STEPS = 5
+
+
+@dataclass
+class CheckSummary:
+    """One check's line. ``verdict``: PASS | FAIL | INCOMPLETE | ERROR | N/A; ``native_verdict``:
+    what the check's own report says (``OK`` for check-ranks); ``count`` of ``count_label``
+    (``None`` when the check did not run); ``headline``: one sentence; ``reasons``: the first
+    findings / missing-evidence lines (at most 5, ``more`` says how many were left out);
+    ``link``: the dashboard route with the details; ``command``: the CLI command giving the full
+    report; ``api``: its JSON route; ``elapsed_s`` / ``budget_s`` in seconds; ``error``: the
+    exception text for ERROR; ``detail``: check-specific data (per-rank coverage, ...)."""
+
+    key: str
+    title: str
+    verdict: str
+    count: int | None
+    count_label: str
+    headline: str
+    link: str
+    command: str
+    api: str | None
+    native_verdict: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    more: int = 0
+    elapsed_s: float = 0.0
+    budget_s: float = 0.0
+    over_budget: bool = False
+    error: str | None = None
+    detail: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        """The CLI's line: ``VERDICT  key  count label — headline``."""
+        count = "" if self.count is None else f"{self.count} {self.count_label} — "
+        return f"{self.verdict:<10} {self.key:<9} {count}{self.headline}"
+
+
+@dataclass
+class RunSummary:
+    """The overview of one run: ``checks`` worst first (FAIL, ERROR, INCOMPLETE, PASS, N/A; within
+    a verdict in :data:`CHECKS` order), ``slowest`` (see :func:`slowest`), ``elapsed_s``."""
+
+    run_id: int
+    run: str
+    world_size: int | None
+    ranks: list[int]
+    checks: list[CheckSummary]
+    slowest: dict
+    elapsed_s: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        verdicts = {c.verdict for c in self.checks}
+        if "FAIL" in verdicts:
+            return "FAIL"
+        return "INCOMPLETE" if verdicts & {"INCOMPLETE", "ERROR"} else "PASS"
+
+    @property
+    def exit_code(self) -> int:
+        """0 PASS, 1 FAIL, 3 INCOMPLETE (some check lacks evidence or raised, none failed)."""
+        return EXIT_CODES[self.verdict]
+
+    def to_dict(self) -> dict:
+        counts = {v: sum(1 for c in self.checks if c.verdict == v) for v in SEVERITY}
+        return {"run_id": self.run_id, "run": self.run, "world_size": self.world_size, "ranks": self.ranks,
+                "verdict": self.verdict, "exit_code": self.exit_code, "counts": counts,
+                "checks": [asdict(c) for c in self.checks], "slowest": self.slowest,
+                "elapsed_s": round(self.elapsed_s, 3), "budgets_s": BUDGETS_S}
+
+    def to_text(self, store: str | None = None) -> str:
+        """One line per check, worst first, then the slowest steps and the exit code."""
+        where = f" in {store}" if store else ""
+        lines = [f"graphdeck summary {self.run}{where}: {self.verdict}"]
+        for c in self.checks:
+            lines.append(c.line())
+            lines += [f"{'':21}{r}" for r in c.reasons[:2]]
+        s = self.slowest
+        if s.get("steps"):
+            lines.append("slowest steps: " + ", ".join(
+                f"rank {x['rank']} step {x['step'] if x['step'] is not None else '?'} {x['dur_ns'] / 1e6:.1f} ms"
+                for x in s["steps"][:3]))
+        if s.get("straggler_message"):
+            lines.append(s["straggler_message"])
+        elif s.get("reason"):
+            lines.append(f"slowest steps: {s['reason']}")
+        lines.append(f"exit {self.exit_code} ({self.verdict})")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the checks
+
+
+def _reasons(c: CheckSummary, lines: list[str], limit: int = 5) -> CheckSummary:
+    lines = [str(x) for x in lines if x]
+    c.reasons, c.more = lines[:limit], max(0, len(lines) - limit)
+    return c
+
+
+def _names(items: list[str], limit: int = 4) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def check_gradients(session: Session, run: Run, deadline: float) -> CheckSummary:
+    from graphdeck.analysis.gradients import gradient_report
+
+    rep = gradient_report(session, run)
+    failing: dict[str, set] = {}
+    for row in rep.failures:
+        failing.setdefault(row.fqn, set()).add(row.status)
+    statuses = sorted({s for v in failing.values() for s in v})
+    link = f"#/runs/{run.id}/grads" + (f"?status={statuses[0]}" if len(statuses) == 1 else "")
+    c = CheckSummary("gradients", "Gradient paths", rep.verdict, len(failing) + len(rep.errors),
+                     "failing parameter(s)" if not rep.errors else "failing parameter(s) and error finding(s)", "",
+                     link, f"graphdeck check-grads STORE --run {run.name}", f"/api/runs/{run.id}/gradients",
+                     native_verdict=rep.verdict)
+    names = sorted(failing)
+    checked = sorted({r.fqn for r in rep.rows if r.status != "BUFFER"})
+    if rep.verdict == "FAIL":
+        parts = []
+        if names:
+            parts.append(f"{_names(names)} get no gradient ({', '.join(statuses)})")
+        if rep.errors:
+            parts.append(f"{len(rep.errors)} error finding(s): {rep.errors[0].kind}")
+        c.headline = "; ".join(parts)
+    elif rep.verdict == "INCOMPLETE":
+        c.headline = f"no failing parameter among {len(checked)}, but the evidence does not cover the run"
+    else:
+        c.headline = f"all {len(checked)} parameters get a gradient on every rank"
+    first = [f"{r.fqn} (rank {r.rank}): {r.reason}" for r in rep.failures][:2]
+    c.detail = {"summary": rep.to_dict().get("summary"), "failing": names, "statuses": statuses}
+    return _reasons(c, first + [f.message for f in rep.errors] + [f"INCOMPLETE: {g}" for g in rep.gaps])
+
+
+def check_ranks(session: Session, run: Run, deadline: float) -> CheckSummary:
+    from graphdeck.analysis.ranks import rank_report
+
+    rep = rank_report(session, run)
+    harmful = [d for d in rep.divergences if not d.harmless]
+    flight = list(rep.flight.mismatches) if rep.flight else []
+    n = len(harmful) + len(rep.collective_mismatches) + len(flight)
+    verdict = {"OK": "PASS"}.get(rep.verdict, rep.verdict)
+    c = CheckSummary("ranks", "Rank consistency", verdict, n, "mismatch(es)", "", f"#/runs/{run.id}/ranks",
+                     f"graphdeck check-ranks STORE --run {run.name}", f"/api/runs/{run.id}/rank-consistency",
+                     native_verdict=rep.verdict)
+    lines = [f"ranks {d.ranks} vs {d.reference_ranks}: {d.message}" for d in harmful]
+    lines += [m.message for m in rep.collective_mismatches]
+    lines += [f"Flight Recorder: group {m.desc or m.group} collective #{m.seq}: ranks {m.not_reached} did not "
+              f"reach {m.op or 'it'} ({m.kind})" for m in flight]
+    if n:
+        c.headline = lines[0]
+    elif len(rep.ranks) < 2:
+        c.headline = f"{len(rep.ranks)} rank: nothing to compare"
+    elif verdict == "INCOMPLETE":
+        c.headline = f"{len(rep.ranks)} ranks show no difference, but evidence is missing"
+    else:
+        c.headline = (f"{len(rep.ranks)} ranks agree: compile sequences and collective schedules"
+                      + (f" ({len(rep.groups)} program groups)" if len(rep.groups) > 1 else ""))
+    c.detail = {"ranks": rep.ranks, "groups": rep.groups}
+    return _reasons(c, (lines[1:] if n else []) + [f"INCOMPLETE: {m}" for m in rep.missing_evidence])
+
+
+def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
+    from graphdeck.analysis.compile_health import compile_health
+
+    rep = compile_health(session, run)
+    s = rep.summary()
+    c = CheckSummary("compile", "Compile health", rep.verdict, len(rep.findings) if rep.findings else s["graph_breaks"],
+                     "gate(s) failed" if rep.findings else "graph break(s) in user code", "",
+                     f"#/runs/{run.id}?section=compile-health", f"graphdeck check-compile STORE --run {run.name}",
+                     f"/api/runs/{run.id}/compile-health", native_verdict=rep.verdict)
+    c.headline = ((f"{s['graph_breaks']} graph break(s) in user code, " if rep.findings else "")
+                  + f"{s['recompiles']} recompile(s), "
+                  f"{s['eager_fallbacks']} eager fallback(s), {s['restarts']} restart(s)"
+                  + (f"; recompile limit hit in {_names(s['limit_hit'], 2)}" if s["limit_hit"] else "")
+                  + ("" if rep.findings else " (no gates set: check-compile --max-* makes them fail)"))
+    c.detail = {"summary": s}
+    return _reasons(c, rep.findings + [f"INCOMPLETE: {m}" for m in rep.missing_evidence])
+
+
+def check_traces(session: Session, run: Run, deadline: float) -> CheckSummary:
+    from graphdeck.analysis.trace_collectives import run_traces
+    from graphdeck.analysis.trace_map import map_trace
+
+    traces = run_traces(session, run.id)
+    statuses = dict(session.execute(select(Trace.rank, Trace.status).where(Trace.run_id == run.id)).all())
+    with_graphs = sorted(set(session.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct())))
+    missing = [r for r in with_graphs if r not in traces]
+    c = CheckSummary("traces", "Trace coverage", "INCOMPLETE", None, "rank(s) without a trace or under "
+                     f"{MIN_COVERAGE:.0%}", "", f"#/runs/{run.id}/timeline", "graphdeck ingest-trace / "
+                     "GET /api/traces/{id}/analysis", None)
+    if not traces:
+        unusable = sorted(r for r, st in statuses.items() if st not in ("ok", "truncated"))
+        c.count = len(with_graphs)
+        c.link = f"#/runs/{run.id}"
+        c.headline = ("no trace recorded: time cannot be put on graph nodes (profile with Agent.profile, or "
+                      "graphdeck ingest-trace)" + (f"; rank(s) {unusable}: trace not usable ({statuses[unusable[0]]})"
+                                                   if unusable else ""))
+        return c
+    per_rank, lines, skipped = [], [], []
+    for rank, tid in sorted(traces.items()):
+        if time.perf_counter() > deadline:
+            skipped.append(rank)
+            continue
+        m = map_trace(session, tid)
+        frac = m.mapped_fraction
+        per_rank.append({"rank": rank, "trace_id": tid, "device": m.device, "status": statuses.get(rank),
+                         "total_ns": m.kernel_ns, "mapped_ns": m.mapped_ns, "fraction": frac,
+                         "link": f"#/traces/{tid}"})
+        what = "kernel time" if m.device == "gpu" else "compiled-region CPU time"
+        if frac is None:
+            lines.append(f"rank {rank}: its trace has no {what} to map")
+        elif frac < MIN_COVERAGE:
+            top = next(iter(m.unmapped), None)
+            lines.append(f"rank {rank}: {frac:.1%} of its {what} mapped to graph nodes (under {MIN_COVERAGE:.0%})"
+                         + (f"; largest unmapped: {top}" if top else ""))
+        if statuses.get(rank) == "truncated":
+            lines.append(f"rank {rank}: its trace file ended early (truncated)")
+    if missing:
+        lines.insert(0, f"rank(s) {_names([str(r) for r in missing], 8)} have graphs but no usable trace")
+    if skipped:
+        lines.append(f"rank(s) {_names([str(r) for r in skipped], 8)} not mapped: the {BUDGETS_S['traces']:.0f} s "
+                     "budget was spent")
+    short = {p["rank"] for p in per_rank if p["fraction"] is None or p["fraction"] < MIN_COVERAGE
+             or p["status"] == "truncated"}
+    c.count = len(short | set(missing) | set(skipped))
+    c.verdict = "INCOMPLETE" if c.count else "PASS"
+    fracs = [p for p in per_rank if p["fraction"] is not None]
+    worst = min(fracs, key=lambda p: p["fraction"], default=None)
+    what = "kernel time" if per_rank and per_rank[0]["device"] == "gpu" else "compiled-region CPU time"
+    c.headline = (f"{worst['fraction']:.1%} of {what} mapped to graph nodes on the lowest rank ({worst['rank']}); "
+                  + ", ".join(f"rank {p['rank']} {p['fraction']:.1%}" for p in fracs[:8])
+                  if worst else f"no {what} to map in {len(per_rank)} trace(s)")
+    if worst:
+        c.link = worst["link"]
+    c.detail = {"ranks": per_rank, "min_coverage": MIN_COVERAGE}
+    return _reasons(c, lines)
+
+
+def check_layout(session: Session, run: Run, deadline: float) -> CheckSummary:
+    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.mesh_ranks import layout_gaps
+
+    layout = load_layout(session, run.id)
+    c = CheckSummary("layout", "Parallel layout", "N/A", None, "rank(s) without a layout record", "",
+                     f"#/runs/{run.id}/map", f"graphdeck check-ranks STORE --run {run.name}",
+                     f"/api/runs/{run.id}/layout")
+    if layout is None:
+        c.headline = "no parallel layout recorded (no device mesh, DTensor, FSDP2 group or pipeline stage)"
+        return c
+    ranks = _run_ranks(session, run.id)
+    gaps = layout_gaps(layout, ranks)
+    meshes = [f"{'×'.join(m['dim_names'])} ({'×'.join(map(str, m['shape']))})" for m in layout.meshes
+              if not m.get("flattened")]
+    c.count = len(layout.missing_ranks)
+    c.verdict = "INCOMPLETE" if gaps else "PASS"
+    c.headline = ((f"mesh {', '.join(meshes)}; " if meshes else "")
+                  + (f"{len(layout.ranks)} of {layout.world_size} ranks recorded their layout" if gaps
+                     else f"every rank ({layout.world_size}) recorded its layout")
+                  + (f"; pipeline of {len({layout.stage_of(r) for r in layout.ranks} - {None})} stages"
+                     if layout.has_pipeline() else "") + "; peers compared per mesh dimension by check-ranks")
+    c.detail = {"meshes": meshes, "missing_ranks": layout.missing_ranks}
+    return _reasons(c, [f"INCOMPLETE: {g}" for g in gaps])
+
+
+_CHECKERS = {"gradients": check_gradients, "ranks": check_ranks, "compile": check_compile,
+             "traces": check_traces, "layout": check_layout}
+_TITLES = {"gradients": "Gradient paths", "ranks": "Rank consistency", "compile": "Compile health",
+           "traces": "Trace coverage", "layout": "Parallel layout"}
+
+
+def _run_ranks(session: Session, run_id: int) -> list[int]:
+    return sorted(set(session.scalars(select(Rank.rank).where(Rank.run_id == run_id)))
+                  | set(session.scalars(select(Graph.rank).where(Graph.run_id == run_id).distinct())))
+
+
+def _guarded(key: str, session: Session, run: Run, budget_s: float) -> CheckSummary:
+    """Run one check; an exception becomes an ERROR line (the session rolled back)."""
+    t0 = time.perf_counter()
+    try:
+        c = _CHECKERS[key](session, run, t0 + budget_s)
+    except Exception as exc:  # noqa: BLE001 - any failure of a check is reported, never taken as a pass
+        log.exception("summary: check %s of run %s raised", key, run.name)
+        session.rollback()
+        c = CheckSummary(key, _TITLES[key], "ERROR", None, "", f"the check raised {type(exc).__name__}: {exc}"[:500],
+                         f"#/runs/{run.id}", "", None, error=f"{type(exc).__name__}: {exc}"[:2000])
+    c.elapsed_s = round(time.perf_counter() - t0, 3)
+    c.budget_s = budget_s
+    if c.elapsed_s > budget_s:
+        c.over_budget = True
+        c.reasons.append(f"took {c.elapsed_s:.1f} s, over its {budget_s:.0f} s budget")
+    return c
+
+
+# ---------------------------------------------------------------------------- slowest steps
+
+
+def slowest(session: Session, run: Run, budget_s: float = BUDGETS_S["slowest"], top: int = TOP_STEPS) -> dict:
+    """The slowest steps and ranks from the run's traces.
+
+    Returns ``{"available": bool, "reason": str | None, "steps": [{"rank", "step", "dur_ns",
+    "source": "cpu" | "gpu", "trace_id", "link"}] (the ``top`` longest, longest first),
+    "ranks": [{"rank", "steps", "median_ns", "max_ns", "total_ns"}] (slowest median first),
+    "straggler": rank | None, "straggler_message": str | None, "link", "elapsed_s", "budget_s"}``;
+    durations in ns: the ``ProfilerStep#N`` CPU range, else the GPU span of the step's kernels. A
+    failure reading the traces gives ``available`` False with the reason (never an empty "no slow step")."""
+    from graphdeck.analysis.trace_analysis import TraceData, step_times
+    from graphdeck.analysis.trace_collectives import align_and_match, run_traces
+
+    t0 = time.perf_counter()
+    out: dict = {"available": False, "reason": None, "steps": [], "ranks": [], "straggler": None,
+                 "straggler_message": None, "link": f"#/runs/{run.id}/timeline", "budget_s": budget_s}
+    try:
+        traces = run_traces(session, run.id)
+        if not traces:
+            out["reason"] = "no usable trace in this run"
+            return out
+        if len(traces) > 1:
+            aligned = align_and_match(session, run.id, None, traces)
+            per_rank = aligned["step_times"]
+            timing = aligned.get("timing") or {}
+            out["straggler"], out["straggler_message"] = timing.get("straggler"), timing.get("message")
+        else:
+            (rank, tid), = traces.items()
+            per_rank = {rank: step_times(TraceData(session, tid))}
+    except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        log.exception("summary: step times of run %s", run.name)
+        session.rollback()
+        out["reason"] = f"step times could not be read: {type(exc).__name__}: {exc}"[:500]
+        return out
+    finally:
+        out["elapsed_s"] = round(time.perf_counter() - t0, 3)
+    steps, ranks = [], []
+    for rank, entries in sorted(per_rank.items()):
+        durs = []
+        for e in entries:
+            dur, src = (e["cpu_dur_ns"], "cpu") if e.get("cpu_dur_ns") is not None else (e.get("gpu_span_ns"), "gpu")
+            if dur is None:
+                continue
+            durs.append(dur)
+            tid = traces[rank]
+            steps.append({"rank": rank, "step": e["step"], "dur_ns": dur, "source": src, "trace_id": tid,
+                          "link": f"#/traces/{tid}/replay" + (f"?step={e['step']}" if e["step"] is not None else "")})
+        if durs:
+            ranks.append({"rank": rank, "steps": len(durs), "median_ns": int(statistics.median(durs)),
+                          "max_ns": max(durs), "total_ns": sum(durs), "link": f"#/traces/{traces[rank]}"})
+    steps.sort(key=lambda x: (-x["dur_ns"], x["rank"]))
+    ranks.sort(key=lambda x: (-x["median_ns"], x["rank"]))
+    out.update(available=bool(steps), steps=steps[:top], ranks=ranks,
+               reason=None if steps else "the traces have no timed step (no ProfilerStep range, no kernel)")
+    if out["elapsed_s"] > budget_s:
+        out["over_budget"] = f"took {out['elapsed_s']:.1f} s, over its {budget_s:.0f} s budget"
+    return out
+
+
+# ---------------------------------------------------------------------------- the overview
+
+
+def run_summary(session: Session, run: Run, *, budgets_s: dict[str, float] | None = None) -> RunSummary:
+    """Every check of ``run`` and its slowest steps (NOTE: [Run overview]). ``budgets_s``
+    overrides :data:`BUDGETS_S` per key. Raises nothing for a check's failure (it becomes an
+    ERROR line); NotFoundError only through the caller's run lookup."""
+    budgets = {**BUDGETS_S, **(budgets_s or {})}
+    t0 = time.perf_counter()
+    checks = [_guarded(k, session, run, budgets[k]) for k in CHECKS]
+    checks.sort(key=lambda c: (SEVERITY.index(c.verdict), CHECKS.index(c.key)))
+    slow = slowest(session, run, budgets["slowest"])
+    return RunSummary(run.id, run.name, run.world_size, _run_ranks(session, run.id), checks, slow,
+                      time.perf_counter() - t0)
