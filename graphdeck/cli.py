@@ -842,6 +842,7 @@ from graphdeck.cli_compile import check_compile as _check_compile  # noqa: E402 
 
 main.add_command(_check_compile)
 from graphdeck.cli_diff import diff_runs_cmd as _diff_runs; main.add_command(_diff_runs)  # noqa: E402,E702
+from graphdeck.cli_summary import summary_cmd as _summary; main.add_command(_summary)  # noqa: E402,E702
 from graphdeck.cli_export import export_trace_cmd as _export_trace; main.add_command(_export_trace)  # noqa: E402,E702
 
 if __name__ == "__main__":

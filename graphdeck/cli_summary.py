@@ -1,0 +1,45 @@
+"""``graphdeck summary RUN``: the run overview as one line per check (issue 23 item 2; NOTE:
+[Run overview] in graphdeck/analysis/summary.py), the same document as the run page's overview
+and ``GET /api/runs/{id}/summary``. Added to ``graphdeck.cli.main`` by the line at the end of
+graphdeck/cli.py; graphdeck.cli is imported only inside the command."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from graphdeck.errors import GraphdeckError
+
+DEFAULT_STORE = "graphdeck.db"  # graphdeck.cli.DEFAULT_STORE
+
+
+@click.command("summary")
+@click.argument("run_name", metavar="RUN")
+@click.option("--store", default=DEFAULT_STORE, show_default=True, envvar="GRAPHDECK_STORE",
+              help="SQLite file or PostgreSQL URL [$GRAPHDECK_STORE].")
+@click.option("--json", "as_json", is_flag=True, help="The JSON document of GET /api/runs/{id}/summary.")
+def summary_cmd(run_name: str, store: str, as_json: bool) -> None:
+    """One line per check of RUN (name or id): gradient paths (check-grads), rank consistency
+    (check-ranks), compile health (check-compile, no gates), trace coverage (share of kernel /
+    compiled-region CPU time mapped to graph nodes per rank), the parallel layout when one was
+    recorded; worst first, then the slowest steps. A check that raises is an ERROR line, never a
+    pass. Exit 0 all pass, 1 any FAIL, 3 any INCOMPLETE or ERROR (and none FAIL), 2 bad input
+    (no such store or run)."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.summary import run_summary
+    from graphdeck.cli import _find_run, _store_arg
+    from graphdeck.store.db import display_url, open_engine
+
+    store = _store_arg(store)
+    try:
+        engine = open_engine(store, read_only=True)
+        with Session(engine) as s:
+            report = run_summary(s, _find_run(s, run_name, display_url(store)))
+    except GraphdeckError as exc:  # the store or run cannot be read: bad input, not a failed check
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(report.to_dict(), indent=1, default=str) if as_json else report.to_text(display_url(store)))
+    sys.exit(report.exit_code)
