@@ -32,6 +32,9 @@ Matching, ``how`` per unit:
   name (``difflib.SequenceMatcher``): equal blocks pair by order (``name+order``); where both
   sides have ops between two equal blocks and the names differ, they pair by order
   (``order``). Node ``seq_nr`` is not needed inside a range: the ops run in graph order.
+* An ``aten::zeros`` at the top of a backward range is autograd materializing the zero gradient
+  of an output nobody used: it goes to the backward graph's ``tangents_<i>`` placeholder of
+  its shape (``materialized zero gradient``).
 * Inductor (``provenance``): each wrapper call's units are looked up in the kernel tables of
   :mod:`graphdeck.analysis.trace_map` (NOTE: [Kernel to node mapping]) exactly as GPU kernels
   are, the k-th call named N to the k-th row group named N.
@@ -270,6 +273,11 @@ def map_cpu_trace(session: Session, trace, events: list[Ev], tables: dict[int, d
         out.how[kid] = how
         out.node_ns[(gid, node)] = out.node_ns.get((gid, node), 0) + by_id[kid].ev.dur
         sources[how] += 1
+    for kid, (gid, node, how) in _materialized_zeros(session, units, out.by_kernel).items():
+        out.by_kernel[kid] = (gid, [node])
+        out.how[kid] = how
+        out.node_ns[(gid, node)] = out.node_ns.get((gid, node), 0) + by_id[kid].ev.dur
+        sources[how] += 1
     # A unit's CPU time: its own duration plus the dispatch gap since the previous unit of its
     # range ended (the Python that called it); a range's prologue and epilogue stay unmapped.
     disp: dict[int, int] = {}
@@ -297,6 +305,46 @@ def map_cpu_trace(session: Session, trace, events: list[Ev], tables: dict[int, d
         else:
             unmapped[u.name] += u.ev.dur
     out.directions = {k: dict(v) for k, v in sorted(dirs.items())}
+
+
+def _materialized_zeros(session: Session, units: list[Unit], by_kernel: dict) -> dict[int, tuple[int, str, str]]:
+    """An ``aten::zeros`` at the top of a backward range, outside the graph's ops, is autograd
+    materializing the zero gradient of a compiled function's output nobody used (an
+    ``autograd.Function`` materializes grads by default): it becomes that backward graph's
+    ``tangents_<i>`` placeholder of the same shape (the op's first argument), when there is one."""
+    graph_of: dict[int, int] = {}
+    for u in units:
+        if u.ev.id in by_kernel:
+            graph_of.setdefault(u.root.id, by_kernel[u.ev.id][0])
+    todo = [u for u in units if u.name == "aten::zeros" and u.direction == "backward"
+            and u.ev.id not in by_kernel and u.root.id in graph_of]
+    if not todo:
+        return {}
+    sizes: dict[int, list] = {}
+    for eid, args in session.execute(text("SELECT id, args_json FROM trace_events WHERE id IN ("
+                                          + ",".join(str(int(u.ev.id)) for u in todo) + ")")):
+        try:
+            sizes[eid] = json.loads(json.loads(args or "{}").get("Concrete Inputs", [""])[0])
+        except (ValueError, TypeError, IndexError, AttributeError):
+            continue
+    tangents: dict[int, list[tuple[str, list]]] = defaultdict(list)
+    for gid, name, shape in session.execute(select(Node.graph_id, Node.name, Node.shape_json).where(
+            Node.graph_id.in_(set(graph_of.values())), Node.op == "placeholder", Node.name.like("tangents%"))
+            .order_by(Node.graph_id, Node.idx)):
+        try:
+            tangents[gid].append((name, json.loads(shape or "null")))
+        except ValueError:
+            continue
+    out: dict[int, tuple[int, str, str]] = {}
+    used: set[tuple[int, int, str]] = set()
+    for u in todo:
+        gid = graph_of[u.root.id]
+        for name, shape in tangents.get(gid, ()):
+            if shape == sizes.get(u.ev.id) and (u.root.id, gid, name) not in used:
+                used.add((u.root.id, gid, name))
+                out[u.ev.id] = (gid, name, "materialized zero gradient -> tangent of the same shape")
+                break
+    return out
 
 
 def cpu_gaps(mapping, label, top: int = 10) -> list[dict]:

@@ -118,14 +118,19 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             by_key[(rank, cid)].append(data)
     # Inductor's live table grows over a process's compiles, so a later snapshot repeats earlier
     # kernels: those are skipped, per rank (ranks compile the same kernels, each its own).
-    seen: set[tuple[int, str, tuple[str, ...]]] = set()
+    # Only the entries of an earlier snapshot this one contains whole are repeats: two graphs'
+    # own tables can share an entry (DDP buckets: "aten._scaled_dot_product...:5" on the node of
+    # the same name in each bucket), which each graph keeps.
+    earlier: dict[int, list[set[tuple[str, tuple[str, ...]]]]] = defaultdict(list)
     rows: list[dict] = []
     for (rank, cid), tables in by_key.items():
         candidates = [g for g in graphs if g.rank == rank and g.compile_id == cid and g.kind in AOT_KINDS]
         for table in tables:
             stats["tables"] += 1
-            fresh = [(k, tuple(v)) for k, v in table.items() if (rank, k, tuple(v)) not in seen]
-            seen.update((rank, k, v) for k, v in fresh)
+            items = {(k, tuple(v)) for k, v in table.items()}
+            repeated = set().union(*(e for e in earlier[rank] if e <= items))
+            earlier[rank].append(items)
+            fresh = [(k, tuple(v)) for k, v in table.items() if (k, tuple(v)) not in repeated]
             if not fresh:
                 stats["tables_repeated"] += 1
                 continue
