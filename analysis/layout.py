@@ -47,7 +47,6 @@ import math
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -91,6 +90,8 @@ class RunLayout:
         """``{dim name: index}`` of ``rank`` across all meshes it belongs to (the first mesh wins
         a name two meshes share), plus ``"pp"``: its stage when a pipeline is recorded and no mesh
         has a pipeline dimension. ``{}`` when nothing places the rank."""
+        import numpy as np  # here, not at import: check-ranks on a run without a layout never needs it
+
         out: dict[str, int] = {}
         for mesh in self.meshes:
             arr = np.asarray(mesh["ranks"], dtype=np.int64)
@@ -205,6 +206,8 @@ class RunLayout:
         """The groups of ranks along mesh dimension ``dim`` (ranks varying on ``dim``, every other
         coordinate fixed), over every mesh that has it; for ``"pp"`` with no such mesh dimension,
         the recorded pipelines' ``stage_ranks``. ``[]`` for an unknown dimension."""
+        import numpy as np
+
         seen: list[list[int]] = []
         for m in self.meshes:
             if dim not in m["dim_names"]:
@@ -325,6 +328,8 @@ class RunLayout:
 
 
 def _valid_mesh(m) -> bool:
+    import numpy as np
+
     try:
         arr = np.asarray(m["ranks"], dtype=np.int64)
         return (isinstance(m.get("dim_names"), list) and arr.ndim == len(m["dim_names"]) >= 1
@@ -337,6 +342,8 @@ def build_layout(records: dict[int, dict], world_size: int | None = None) -> Run
     """A :class:`RunLayout` from payloads (rank → payload dict, the stored record's JSON);
     ``world_size`` (the run's) is a lower bound on the layout's world size. Malformed meshes
     are left out. Used by :func:`load_layout` and by tests and generators of large layouts."""
+    import numpy as np
+
     ws = max([int(world_size or 0), len(records)]
              + [int(p["world_size"]) for p in records.values() if isinstance(p.get("world_size"), int)]
              + [r + 1 for r in records])

@@ -419,6 +419,7 @@ class FileBuilder:
                 if d == "grad" and value and fqn and "." in fqn:
                     seeds.setdefault(value, "/".join(fqn.split(".")[:-1]))
             paths = module_paths(text, seeds)
+            self.intern.many(x for n in text.nodes for x in (n.target, paths.get(n.name), n.stack_trace))  # batched
             nodes = [(n.idx, n.name[:300], n.op, self.intern(n.target),
                       json.dumps({"args": n.args, "kwargs": n.kwargs}, default=str),
                       None if n.shape is None else json.dumps(n.shape), n.dtype,
