@@ -45,7 +45,7 @@ export async function renderReplay(page, m, query) {
   const nHigh = frames.filter((f) => f.highlight).length;
   const unit = rp.source === "cpu" ? "CPU ops/kernels of compiled regions" : "kernels";
   const howHigh = (rp.highlights || []).filter((x) => x.frames).map((x) => `${x.pattern} by ${x.how}`).join("; ");
-  const warnings = (rp.warnings || []).map((w) => h("p", {class: "warning replay-warning", role: "alert"}, w));
+  const warnings = (rp.warnings || []).map((w) => h("p", {class: "warning replay-warning", role: "alert", style: "color:#9a3412"}, w));
   $app.replaceChildren(h("section", {class: "replay-page"},
     h("h1", {}, "Replay · ", fmt(trace.name)),
     h("p", {class: "muted", id: "replay-summary"}, `${frames.length} ${unit} in step ${fmt(rp.step)}; one frame every ${intervalMs} ms`,
