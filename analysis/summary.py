@@ -72,8 +72,8 @@ class CheckSummary:
     what the check's own report says (``OK`` for check-ranks); ``count`` of ``count_label``
     (``None`` when the check did not run); ``headline``: one sentence; ``reasons``: the first
     findings / missing-evidence lines (at most 5, ``more`` says how many were left out);
-    ``link``: the dashboard route with the details; ``command``: the CLI command giving the full
-    report; ``api``: its JSON route; ``elapsed_s`` / ``budget_s`` in seconds; ``error``: the
+    ``link``: the dashboard route with the details (None: nothing to open); ``command``: the CLI
+    command giving the full report (or gathering the missing evidence); ``api``: its JSON route; ``elapsed_s`` / ``budget_s`` in seconds; ``error``: the
     exception text for ERROR; ``detail``: check-specific data (per-rank coverage, ...)."""
 
     key: str
@@ -82,7 +82,7 @@ class CheckSummary:
     count: int | None
     count_label: str
     headline: str
-    link: str
+    link: str | None
     command: str
     api: str | None
     native_verdict: str | None = None
@@ -251,12 +251,12 @@ def check_traces(session: Session, run: Run, deadline: float) -> CheckSummary:
     with_graphs = sorted(set(session.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct())))
     missing = [r for r in with_graphs if r not in traces]
     c = CheckSummary("traces", "Trace coverage", "INCOMPLETE", None, "rank(s) without a trace or under "
-                     f"{MIN_COVERAGE:.0%}", "", f"#/runs/{run.id}/timeline", "graphdeck ingest-trace / "
-                     "GET /api/traces/{id}/analysis", None)
+                     f"{MIN_COVERAGE:.0%}", "", f"#/runs/{run.id}/timeline", "", None)
     if not traces:
         unusable = sorted(r for r, st in statuses.items() if st not in ("ok", "truncated"))
         c.count = len(with_graphs)
-        c.link = f"#/runs/{run.id}"
+        c.link = None  # nothing to open
+        c.command = f"graphdeck ingest-trace TRACE.json --store STORE --run {run.name} --rank N"
         c.headline = ("no trace recorded: time cannot be put on graph nodes (profile with Agent.profile, or "
                       "graphdeck ingest-trace)" + (f"; rank(s) {unusable}: trace not usable ({statuses[unusable[0]]})"
                                                    if unusable else ""))
@@ -296,7 +296,7 @@ def check_traces(session: Session, run: Run, deadline: float) -> CheckSummary:
                   + ", ".join(f"rank {p['rank']} {p['fraction']:.1%}" for p in fracs[:8])
                   if worst else f"no {what} to map in {len(per_rank)} trace(s)")
     if worst:
-        c.link = worst["link"]
+        c.link, c.api = worst["link"], f"/api/traces/{worst['trace_id']}/analysis"
     c.detail = {"ranks": per_rank, "min_coverage": MIN_COVERAGE}
     return _reasons(c, lines)
 

@@ -3,11 +3,12 @@
 // gradient-path report.
 
 import {
-  $app, api, badge, code, fmt, fmtBytes, fmtDate, fmtSeconds, graphLink, h, isBlank, joinComma, jumpButton,
+  $app, api, badge, code, fmt, fmtBytes, fmtDate, fmtSeconds, graphLink, h, isBlank, joinComma,
   kindBadge, num, plural, setCrumbs, statusBadge, table,
 } from "./common.js";
 import {compileRecords} from "./compile.js";
 import {gradientReport} from "./grads.js";
+import {runOverview} from "./overview.js";
 
 
 // ---------------------------------------------------------------- runs list
@@ -100,7 +101,7 @@ function breakSummary(rank, graphs, events) {
   if (!total) return ["no graph breaks"];
   const kinds = [[zeroOp, "0-op frames"], [inGraph, "frames with a graph"], [onGraphs, "Dynamo graphs"]].filter(([n]) => n);
   const why = kinds.length === 1 ? kinds[0][1] : kinds.map(([n, what]) => `${n} in ${what}`).join(", ");
-  const see = records.length ? ["; ", jumpButton("see compile records", `[data-testid="graph-breaks-rank-${rank}"]`)] : null;
+  const see = records.length ? ["; ", revealButton("see compile records", `graph-breaks-rank-${rank}`)] : null;
   return [plural(total, "graph break"), ` (${why}`, see, ")"];
 }
 
@@ -122,7 +123,7 @@ function rankSection(rank, graphs, traces, parts, compileEvents) {
   const traceRows = traces.map((t) => h("tr", {},
     h("td", {}, h("a", {href: `#/traces/${t.id}`}, fmt(t.name))), h("td", {}, statusBadge(t.status)),
     num(t.num_events), h("td", {}, h("a", {href: `#/traces/${t.id}`}, "timeline →"))));
-  return h("section", {class: "rank", "data-testid": `rank-${rank}`},
+  return h("section", {class: "rank", id: `rank-section-${rank}`, "data-testid": `rank-${rank}`},
     h("h2", {}, `Rank ${rank}`), h("p", {class: "summary", "data-testid": `rank-summary-${rank}`}, summary),
     graphs.length
       ? table(`graphs-rank-${rank}`, ["Ord.", "Kind", "Name", "Compile id", "Nodes", "Parent / partition",
@@ -154,7 +155,35 @@ function lateSection(page, {id, title, what, request, render, missingId}) {
   return [box, done];
 }
 
-export async function renderRun(page, m) {
+// The run page's details (ranks and graphs, compile records, gradient paths) sit in <details>
+// blocks, closed by default under the overview. `?details=open` opens them all; `?section=<id>`
+// opens the block holding element <id> (or the block <id>) and scrolls to it — the overview's
+// links (compile health: `?section=compile-health`) and the jump buttons use it.
+const SECTION_BLOCK = {"compile-records": "details-compile", "compile-health": "details-compile",
+  "compile-index": "details-compile", "grad-section": "details-grads", "grad-report": "details-grads",
+  "ranks-table": "details-ranks"};
+
+function detailsBlock(id, summary, content) {
+  return h("details", {class: "run-details", id, "data-testid": id},
+    h("summary", {}, summary), h("div", {class: "run-details-body"}, content));
+}
+
+/** Open the details block of `target` (an element id or a block id) and scroll to it. */
+function reveal(target) {
+  const el = document.getElementById(target) || document.querySelector(`[data-testid="${CSS.escape(target)}"]`);
+  const block = el?.closest("details.run-details") || document.getElementById(SECTION_BLOCK[target] || target);
+  if (block && block.tagName === "DETAILS") block.open = true;
+  (el || block)?.scrollIntoView({block: "start"});
+}
+
+/** In-page jump that opens the closed block first (a #fragment link would be taken by the router). */
+const revealButton = (label, target) => h("button", {type: "button", class: "link", onclick: () => reveal(target)}, label);
+
+function setAllDetails(open) {
+  document.querySelectorAll("details.run-details").forEach((d) => { d.open = open; });
+}
+
+export async function renderRun(page, m, query = new URLSearchParams()) {
   const run = await api(`/api/runs/${encodeURIComponent(decodeURIComponent(m[1]))}`);
   if (!page.alive()) return;
   setCrumbs([["Runs", "#/runs"], [fmt(run.name)]]);
@@ -173,22 +202,42 @@ export async function renderRun(page, m) {
   const [gradBox, gradDone] = lateSection(page, {id: "grad-section", title: "Gradient paths",
     what: "gradient-path report", request: api(`/api/runs/${run.id}/gradients`), missingId: "grad-report-missing",
     render: (report) => runGradients(report, run)});
+  const [overviewBox, overviewDone] = runOverview(page, run);
   const of = (list, r) => list.filter((x) => x.rank === r);
+  const toggle = h("button", {type: "button", class: "link", id: "details-open-all", "data-testid": "details-open-all",
+    onclick: () => {
+      const open = ![...document.querySelectorAll("details.run-details")].every((d) => d.open);
+      setAllDetails(open);
+    }}, "open / close all");
   $app.replaceChildren(h("section", {},
     h("h1", {}, fmt(run.name)),
     h("p", {class: "summary"}, `world size ${fmt(run.world_size)} · ${plural(graphs.length, "graph")} · ${plural(traces.length, "trace")}`
       + ` · created ${fmtDate(run.created_at)}`),
     h("nav", {class: "jump", "aria-label": "sections"}, "Jump to: ",
-      joinComma([...ranks.map((r) => jumpButton(`rank ${r}`, `[data-testid="rank-${r}"]`)),
-        jumpButton("compile records", "#compile-records"), jumpButton("gradient paths", "#grad-section"),
+      joinComma([...ranks.map((r) => revealButton(`rank ${r}`, `rank-section-${r}`)),
+        revealButton("compile records", "compile-records"), revealButton("gradient paths", "grad-section"),
         h("a", {href: `#/runs/${run.id}/ranks`, "data-testid": "rank-consistency-link"}, "rank consistency"),
         h("a", {href: `#/runs/${run.id}/map`, "data-testid": "parallel-map-link"}, "parallel map"),
         h("a", {href: `#/diff?a=${run.id}`, "data-testid": "diff-link"}, "compare with…")])),
-    rankInfo.length ? table("ranks-table", ["Rank", "World size", "Host", "PID", "Backend", "torch"], rankRows) : null,
-    ranks.map((r) => rankSection(r, of(graphs, r), of(traces, r), of(parts, r).sort((a, b) => a.index - b.index),
-      compileEvents)),
-    compileBox, gradBox));
-  await Promise.all([compileDone, gradDone]);
+    overviewBox,
+    h("h2", {class: "details-heading"}, "Details ", h("span", {class: "small muted"}, "(closed: click to open; "), toggle,
+      h("span", {class: "small muted"}, ")")),
+    detailsBlock("details-ranks", `Ranks and graphs — ${plural(ranks.length, "rank")} · ${plural(graphs.length, "graph")}`
+      + ` · ${plural(parts.length, "DDP split")} · ${plural(traces.length, "trace")}`, [
+      rankInfo.length ? table("ranks-table", ["Rank", "World size", "Host", "PID", "Backend", "torch"], rankRows) : null,
+      ranks.map((r) => rankSection(r, of(graphs, r), of(traces, r), of(parts, r).sort((a, b) => a.index - b.index),
+        compileEvents))]),
+    detailsBlock("details-compile", "Compile records — compile health, the compile index, frame metrics and graph breaks",
+      compileBox),
+    detailsBlock("details-grads", "Gradient paths — every parameter on every rank", gradBox)));
+  const apply = (q) => {
+    if (q.get("details") === "open") setAllDetails(true);
+    if (q.get("section")) reveal(q.get("section"));
+  };
+  page.update = (q) => apply(q);
+  apply(query);
+  await Promise.all([compileDone, gradDone, overviewDone]);
+  if (page.alive() && query.get("section")) reveal(query.get("section")); // its element may have come late
 }
 
 /** The run page's gradient section: the report (grads.js) and a link to its own page. */
