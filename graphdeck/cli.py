@@ -625,7 +625,8 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
             m = map_trace(s, result.trace_id)
         if m.kernel_ns:
             by = ", ".join(f"{n} {src}" for src, n in sorted(m.sources.items()))
-            click.echo(f"{m.mapped_ns / m.kernel_ns:.1%} of its GPU kernel time maps to graph nodes"
+            what = "CPU time of compiled regions" if m.device == "cpu" else "GPU kernel time"
+            click.echo(f"{m.mapped_ns / m.kernel_ns:.1%} of its {what} maps to graph nodes"
                        + (f" ({by} kernels)" if by else " (no capture of this run/rank links kernels to nodes)"))
     if as_json:
         click.echo(json.dumps(result.stats, indent=2, default=str))
