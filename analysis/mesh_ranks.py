@@ -131,11 +131,21 @@ def _neutralise_group_names(session: Session, sequences: dict[int, list[CompileE
             for e in sequences[r]:
                 for _k, h, _gid in e.graphs:
                     holders[h].add(r)
+        # Graphs of one structural hash have the same nodes and arguments: re-hash one of each.
+        cache: dict[str | None, str] = {}
+
+        def neutral(h: str | None, gid: int) -> str:
+            if h is None:
+                return _group_neutral_hash(session, gid, dims)
+            if h not in cache:
+                cache[h] = _group_neutral_hash(session, gid, dims)
+            return cache[h]
+
         for r in peers:
             for e in sequences[r]:
                 if any(len(holders[h]) < len(peers) for _k, h, _gid in e.graphs):
-                    e.graphs = [(k, _group_neutral_hash(session, gid, dims) if len(holders[h]) < len(peers) else h,
-                                 gid) for k, h, gid in e.graphs]
+                    e.graphs = [(k, neutral(h, gid) if len(holders[h]) < len(peers) else h, gid)
+                                for k, h, gid in e.graphs]
 
 
 def _group_dims(layout: RunLayout) -> dict[str, str]:

@@ -329,7 +329,9 @@ def rank_report(session: Session, run: Run) -> RankReport:
                     report.divergences.append(d)
     mesh_ranks.explain_divergences(session, report)
 
-    report.schedules = {r: [] if r in bare else collective_schedule(session, run.id, r, sequences[r]) for r in ranks}
+    shared: dict = {}  # target ids and collective nodes per stored hash, read once for every rank
+    report.schedules = {r: [] if r in bare else collective_schedule(session, run.id, r, sequences[r], shared)
+                        for r in ranks}
     report.collective_mismatches, schedule_notes, schedule_gaps = mesh_ranks.compare_schedules(session, report, layout)
     report.notes += schedule_notes
     from graphdeck.analysis.hangs import hang_section  # Flight Recorder + missing evidence
@@ -409,10 +411,19 @@ def _neutralise_device_indices(session: Session, sequences: dict[int, list[Compi
         for e in seq:
             for _k, h, _gid in e.graphs:
                 holders[h].add(r)
+    cache: dict[str, str] = {}  # one structural hash: the same nodes, re-hashed once
+
+    def neutral(h: str | None, gid: int) -> str:
+        if h is None:
+            return _device_neutral_hash(session, gid)
+        if h not in cache:
+            cache[h] = _device_neutral_hash(session, gid)
+        return cache[h]
+
     for seq in sequences.values():
         for e in seq:
             if any(len(holders[h]) < len(sequences) for _k, h, _gid in e.graphs):
-                e.graphs = [(k, _device_neutral_hash(session, gid) if len(holders[h]) < len(sequences) else h, gid)
+                e.graphs = [(k, neutral(h, gid) if len(holders[h]) < len(sequences) else h, gid)
                             for k, h, gid in e.graphs]
 
 
@@ -670,11 +681,13 @@ def collective_target_ids(session: Session) -> dict[int, str]:
 
 
 def collective_schedule(session: Session, run_id: int, rank: int,
-                        sequence: list[CompileEntry] | None = None) -> list[Collective]:
+                        sequence: list[CompileEntry] | None = None, cache: dict | None = None) -> list[Collective]:
     """Collectives ``rank`` issues, in compile order then graph order (see :data:`EXECUTED_TIERS`),
     then Inductor's imported schedules for compiles without graphs, then the data-parallel
     collectives: DDP's reducer buckets and FSDP2's groups as the capture recorded them (else
-    DDPOptimizer's graph buckets, for stores without that record)."""
+    DDPOptimizer's graph buckets, for stores without that record). ``cache``: a dict shared by
+    the calls of one report (the collective target ids; each stored structural hash's collective
+    nodes, read once for all ranks)."""
     sequence = sequence if sequence is not None else compile_sequence(session, run_id, rank)
     out: list[Collective] = []
     stack = aliased(InternedString)
@@ -684,9 +697,17 @@ def collective_schedule(session: Session, run_id: int, rank: int,
                CompileEvent.name == "inductor_collective_schedule"))}
     # One query per rank: only nodes whose interned target names a collective (a few string ids),
     # so the cost does not grow with the number of ordinary nodes.
-    target_ids = collective_target_ids(session)
+    cache = {} if cache is None else cache
+    if "target_ids" not in cache:
+        cache["target_ids"] = collective_target_ids(session)
+        cache["stored_hash"] = dict(session.execute(select(Graph.id, Graph.structural_hash)
+                                                    .where(Graph.run_id == run_id)).all())
+        cache["rows"] = {}  # stored structural hash -> collective node rows (same hash: same nodes)
+    target_ids, stored_hash, cached_rows = cache["target_ids"], cache["stored_hash"], cache["rows"]
     chosen: list[tuple[CompileEntry, list[int]]] = []
-    hash_of = {gid: h for entry in sequence for _k, h, gid in entry.graphs}
+    # The stored hash (a report's sequences may hold neutralised ones: graphs equal up to a device
+    # index or a process group name, whose collectives still differ in those).
+    hash_of = {gid: stored_hash.get(gid) or h for entry in sequence for _k, h, gid in entry.graphs}
     from graphdeck.analysis.predicted import live_compiles  # NOTE: [Live compiles]
 
     for entry in live_compiles(session, run_id, rank, sequence, {cid for cid, p in inductor.items() if p})[0]:
@@ -705,7 +726,10 @@ def collective_schedule(session: Session, run_id: int, rank: int,
         for gid in ids:
             h = hash_of.get(gid)
             rep_of[gid] = first_with_hash.setdefault(h, gid) if h else gid
-    reps = sorted(set(rep_of.values()))
+    for rep in set(rep_of.values()):
+        if stored_hash.get(rep) in cached_rows:
+            by_graph[rep] = cached_rows[stored_hash[rep]]
+    reps = sorted(set(rep_of.values()) - set(by_graph))
     if target_ids and reps:
         for chunk_start in range(0, len(reps), 500):
             chunk = reps[chunk_start:chunk_start + 500]
@@ -718,6 +742,9 @@ def collective_schedule(session: Session, run_id: int, rank: int,
                 by_graph[row.graph_id].append(row)
         for rows in by_graph.values():
             rows.sort(key=lambda r: r.idx)
+        for rep in reps:
+            if stored_hash.get(rep):
+                cached_rows[stored_hash[rep]] = by_graph.get(rep, [])
     for entry, graph_ids in chosen:
         from_graph = [
             Collective(index=0, kind=target_ids[row.target_id], group=group_of(row.args_json),
