@@ -135,8 +135,13 @@ def diff_runs(sa: Session, run_a: Run, sb: Session, run_b: Run, gates: Gates | N
     if ranks_a != ranks_b:
         out.sections["ranks"] = {"status": "INCOMPLETE", "why": f"run A has ranks {sorted(ranks_a)}, run B "
                                  f"{sorted(ranks_b)}: ranks of one run only are not compared"}
-    from graphdeck.analysis.run_diff_parts import (compile_findings, grad_findings, memory_findings,
-                                                   rank_findings, structure_findings)
+    from graphdeck.analysis.run_diff_parts import (
+        compile_findings,
+        grad_findings,
+        memory_findings,
+        rank_findings,
+        structure_findings,
+    )
 
     joins = {r: join_graphs(sa, run_a.id, sb, run_b.id, r) for r in sorted(ranks_a & ranks_b)}
     partner = {(1, b): a for j in joins.values() for a, b, _ in j["pairs"]}
@@ -217,7 +222,7 @@ def _timing(sa, run_a, sb, run_b, ranks, out: RunDiff, add, top_nodes: int) -> d
         if ta.steps < 2 or tb.steps < 2:
             unknown_spread.append(f"rank {r}: {min(ta.steps, tb.steps)} profiled step(s) in one run: no step-to-step "
                                   "spread, so no noise floor")
-        cmp = compare_rank(ta, tb, k=g.noise_k, min_ns=g.min_regression_ns)
+        cmp = compare_rank(ta, tb, k=g.noise_k, min_ns=g.min_regression_ns, top=top_nodes)
         if not 1 / 1.5 <= cmp["drift"] <= 1.5:
             drifts.append(f"rank {r}: run B's nodes are x{cmp['drift']:g} run A's overall (median over "
                           f"{cmp['drift_nodes']} nodes: machine load, clock or a change slowing every node); "
@@ -231,7 +236,7 @@ def _timing(sa, run_a, sb, run_b, ranks, out: RunDiff, add, top_nodes: int) -> d
         out.timing[str(r)] = {"drift": cmp["drift"], "drift_nodes": cmp["drift_nodes"],
                               "source_a": ta.source, "source_b": tb.source, "trace_a": ta.trace_id,
                               "trace_b": tb.trace_id, "steps_a": ta.steps, "steps_b": tb.steps,
-                              "nodes": cmp["nodes"][:top_nodes] + [n for n in regressed if n not in cmp["nodes"][:top_nodes]],
+                              "nodes": cmp["nodes"],
                               "modules": cmp["modules"]}
     why = "; ".join(missing + unknown_spread)
     out.sections["timing"] = ({"status": "INCOMPLETE", "why": why or "no rank in both runs"}

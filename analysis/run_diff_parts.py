@@ -236,9 +236,39 @@ def memory_findings(sa, run_a, sb, run_b, ranks, out, add, structure_ids: dict[i
 # ---------------------------------------------------------------------------- ranks and gradients
 
 
+def _uniform(s: Session, run: Run) -> bool:
+    """True when nothing can diverge across the run's ranks: every rank compiled the same
+    sequence (compile ids, graph kinds and structural hashes, failures), has the same DDP
+    buckets, and the run has neither a parallel layout (ranks that differ by design) nor Flight
+    Recorder dumps (recorded collectives to compare). Then :func:`rank_report` (which also reads
+    every trace for timing) is not needed to know it finds no divergence."""
+    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.ranks import compile_sequence
+    from graphdeck.store.fr_import import EVENT_NAME
+    from graphdeck.store.schema import CompileEvent, Partition
+
+    ranks = sorted(set(s.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct())))
+    if len(ranks) < 2:
+        return True
+    if s.scalar(select(CompileEvent.id).where(CompileEvent.run_id == run.id, CompileEvent.name == EVENT_NAME).limit(1)):
+        return False
+    if load_layout(s, run.id) is not None:
+        return False
+    sigs = {tuple(e.signature()[1:] for e in compile_sequence(s, run.id, r)) for r in ranks}
+    if len(sigs) != 1:
+        return False
+    buckets = defaultdict(list)
+    for r, i, size in s.execute(select(Partition.rank, Partition.index, Partition.size_bytes)
+                                .where(Partition.run_id == run.id).order_by(Partition.rank, Partition.index)):
+        buckets[r].append((i, size))
+    return len({tuple(buckets.get(r, [])) for r in ranks}) == 1
+
+
 def _divergences(s: Session, run: Run) -> dict[tuple, dict]:
     from graphdeck.analysis.ranks import rank_report
 
+    if _uniform(s, run):
+        return {}
     rep = rank_report(s, run)
     got = {}
     for d in rep.divergences:

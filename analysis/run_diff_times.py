@@ -47,15 +47,16 @@ slows every node alike shows there, not as a node regression.
 from __future__ import annotations
 
 import difflib
+import json
 import re
-import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, aliased
+import numpy as np
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
 
-from graphdeck.analysis.trace_data import CPU_RANGE_CATS, Ev, load_events
+from graphdeck.analysis.trace_data import CPU_RANGE_CATS, GPU_KERNEL_CATS, Ev
 from graphdeck.store.schema import Graph, InternedString, Node, Trace
 
 AOT_PHASE = {"aot_forward": "forward", "aot_backward": "backward", "aot_inference": "inference"}
@@ -67,14 +68,14 @@ _REGION = re.compile(r"^Torch-Compiled Region: (\S+)")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeInfo:
     graph_id: int
     node: str
     module: str  # "blocks.1.big" ("" at the top level)
     target: str
     phase: str
-    source: str | None = None
+    source: str | int | None = None  # user source line (a stack-trace string id until resolved)
 
 
 @dataclass
@@ -99,39 +100,78 @@ def _op_name(target: str) -> str:
     return f"{parts[0]}::{parts[1]}" if len(parts) >= 2 and parts[0] in ("aten", "prims") else target
 
 
-def _source(stack: str | None) -> str | None:
-    from graphdeck.analysis.ranks import source_line
-
-    return source_line(stack)
-
-
 def rank_nodes(session: Session, run_id: int, rank: int) -> tuple[dict[int, list[tuple]], dict[tuple[int, str], tuple], dict]:
     """AOT graphs of one rank: ``{graph_id: [(node name, op name), ...] aten nodes in order}``,
-    ``{(graph_id, node): key}`` (NOTE: [Node time per step]) and ``{key: NodeInfo}``."""
-    target, module, stack = aliased(InternedString), aliased(InternedString), aliased(InternedString)
+    ``{(graph_id, node): key}`` (NOTE: [Node time per step]) and ``{key: NodeInfo}`` (``source``
+    filled in by :func:`_sources` for the nodes that have times)."""
     rows = session.execute(
-        select(Graph.id, Graph.kind, Node.name, Node.op, target.value, module.value, stack.value)
-        .join(Node, Node.graph_id == Graph.id).join(target, target.id == Node.target_id)
-        .outerjoin(module, module.id == Node.module_path_id).outerjoin(stack, stack.id == Node.stack_trace_id)
-        .where(Graph.run_id == run_id, Graph.rank == rank, Graph.kind.in_(tuple(AOT_PHASE)))
+        select(Graph.id, Graph.kind, Node.name, Node.target_id, Node.module_path_id, Node.stack_trace_id)
+        .join(Node, Node.graph_id == Graph.id)
+        .where(Graph.run_id == run_id, Graph.rank == rank, Graph.kind.in_(tuple(AOT_PHASE)),
+               Node.op == "call_function")
         .order_by(Graph.ordinal, Graph.id, Node.idx)).all()
+    strings = _strings(session, {r[3] for r in rows} | {r[4] for r in rows if r[4] is not None})
     seq: dict[int, list[tuple]] = defaultdict(list)
     key_of: dict[tuple[int, str], tuple] = {}
     info: dict[tuple, NodeInfo] = {}
     occ: Counter = Counter()
-    for gid, kind, name, op, tgt, mod, st in rows:
-        if op != "call_function":
-            continue
+    op_names: dict[str, str] = {}
+    for gid, kind, name, tgt_id, mod_id, st in rows:
+        tgt, mod = strings[tgt_id], strings.get(mod_id)
         phase = AOT_PHASE[kind]
-        path = (mod or "").replace("/", ".")
+        path = mod.replace("/", ".") if mod else ""
         base = (phase, path, tgt)
-        key = (*base, occ[base])
-        occ[base] += 1
+        n = occ[base]
+        occ[base] = n + 1
+        key = (phase, path, tgt, n)
         key_of[(gid, name)] = key
-        info[key] = NodeInfo(gid, name, path, tgt, phase, _source(st))
+        info[key] = NodeInfo(gid, name, path, tgt, phase, st)
         if tgt.startswith(("aten.", "prims.")):
-            seq[gid].append((name, _op_name(tgt)))
+            op = op_names.get(tgt)
+            if op is None:
+                op = op_names[tgt] = _op_name(tgt)
+            seq[gid].append((name, op))
     return dict(seq), key_of, info
+
+
+def _strings(session: Session, ids: set[int]) -> dict[int, str]:
+    """Interned strings by id (one query per 20,000 ids)."""
+    ids_l, out = sorted(ids), {}
+    for i in range(0, len(ids_l), 20_000):
+        out.update(session.execute(select(InternedString.id, InternedString.value)
+                                   .where(InternedString.id.in_(ids_l[i:i + 20_000]))).all())
+    return out
+
+
+def _sources(session: Session, infos: list[NodeInfo]) -> None:
+    """Replace each info's stack-trace string id (``source``) by its user source line; stack traces
+    are interned, so each distinct one is read and parsed once."""
+    from graphdeck.analysis.ranks import source_line
+
+    ids = {i.source for i in infos if isinstance(i.source, int)}
+    text = dict(session.execute(select(InternedString.id, InternedString.value).where(InternedString.id.in_(ids)))
+                .all()) if ids else {}
+    line = {k: source_line(v) for k, v in text.items()}
+    for i in infos:
+        i.source = line.get(i.source) if isinstance(i.source, int) else i.source
+
+
+_EVENTS_SQL = text(
+    "SELECT e.id, e.name_id, e.cat_id, e.ts_ns, e.dur_ns, e.pid, e.tid, e.correlation FROM trace_events e "
+    "WHERE e.trace_id = :tid AND e.ph = 'X' ORDER BY e.ts_ns, e.dur_ns DESC, e.id")
+_ARGS_SQL = text("SELECT e.id, e.args_json FROM trace_events e JOIN strings n ON n.id = e.name_id "
+                 "WHERE e.trace_id = :tid AND n.value IN ('CompiledFunction', 'CompiledFunctionBackward')")
+
+
+def _load(session: Session, trace_id: int) -> list[tuple]:
+    """The trace's ``X`` events as rows of :class:`Ev`'s fields (id, name, cat, ts, dur, pid, tid,
+    correlation, args), by start and, at one start, longest first; arguments kept only for the
+    compiled-function ranges (their ``Sequence number``). One batch; names are read once per
+    distinct string, not joined per event."""
+    rows = session.execute(_EVENTS_SQL, {"tid": trace_id}).fetchall()
+    names = _strings(session, {r[1] for r in rows} | {r[2] for r in rows if r[2] is not None})
+    args = dict(session.execute(_ARGS_SQL, {"tid": trace_id}).fetchall())
+    return [(r[0], names[r[1]], names.get(r[2], ""), r[3], r[4], r[5], r[6], r[7], args.get(r[0])) for r in rows]
 
 
 def rank_times(session: Session, run_id: int, rank: int) -> RankTimes:
@@ -149,35 +189,46 @@ def rank_times(session: Session, run_id: int, rank: int) -> RankTimes:
     if not key_of:
         out.missing = f"rank {rank}: no AOTAutograd graph stored to map trace {trace[0]} onto"
         return out
-    events = load_events(session, trace[0], with_args=True)
-    starts = sorted((e.ts, int(m.group(1))) for e in events if (m := _STEP.match(e.name)))
-    out.steps = max(1, len(starts))
-    bounds = [s for s, _ in starts]
-    acc: dict[tuple, list[int]] = {}
+    events = _load(session, trace[0])
+    bounds = np.array(sorted(e[3] for e in events if _STEP.match(e[1])), dtype=np.int64)
+    out.steps = max(1, len(bounds))
+    index: dict[tuple, int] = {}
+    hits: tuple[list[int], list[int], list[int]] = ([], [], [])  # key index, ts, ns
 
-    def add(key: tuple, ts: int, ns: int) -> None:
-        import bisect
-
-        i = max(0, bisect.bisect_right(bounds, ts) - 1) if bounds else 0
-        if bounds and ts < bounds[0]:
-            return  # before the first profiled step
-        acc.setdefault(key, [0] * out.steps)[i] += ns
+    def add(keys: list[tuple], ts: list[int], ns: list[int]) -> None:
+        """Time ``ns[j]`` of node ``keys[j]`` that started at ``ts[j]``."""
+        get = index.get
+        for key in keys:
+            i = get(key)
+            if i is None:
+                i = index[key] = len(index)
+            hits[0].append(i)
+        hits[1].extend(ts)
+        hits[2].extend(ns)
 
     if not _gpu_times(session, trace[0], events, key_of, add, out):
         _cpu_times(session, run_id, rank, events, seqs, key_of, add, out)
-    out.per_key = acc
-    out.info = {k: info[k] for k in acc}
-    if not acc:
+    acc = np.zeros((len(index), out.steps), dtype=np.int64)
+    if hits[0]:
+        keys_i, ts, ns = (np.asarray(x, dtype=np.int64) for x in hits)
+        step = np.searchsorted(bounds, ts, side="right") - 1 if len(bounds) else np.zeros(len(ts), dtype=np.int64)
+        keep = step >= 0  # before the first profiled step: not counted
+        np.add.at(acc, (keys_i[keep], step[keep]), ns[keep])
+    out.per_key = {key: acc[i].tolist() for key, i in index.items()}
+    out.info = {k: info[k] for k in out.per_key}
+    _sources(session, list(out.info.values()))
+    if not out.per_key:
         out.missing = (f"rank {rank}: trace {trace[0]} holds no kernel or compiled-function op that maps onto "
                        "the rank's graphs")
     return out
 
 
-def _gpu_times(session, trace_id, events, key_of, add, out: RankTimes) -> bool:
-    if not any(e.cat in ("kernel", "Kernel") for e in events):
+def _gpu_times(session, trace_id, rows, key_of, add, out: RankTimes) -> bool:
+    if not any(e[2] in GPU_KERNEL_CATS for e in rows):
         return False
     from graphdeck.analysis.trace_map import map_trace
 
+    events = [Ev(*e) for e in rows]
     mapping = map_trace(session, trace_id, events)
     if not mapping.by_kernel:
         return False
@@ -190,29 +241,35 @@ def _gpu_times(session, trace_id, events, key_of, add, out: RankTimes) -> bool:
         for j, node in enumerate(nodes):
             key = key_of.get((gid, node))
             if key is not None:
-                add(key, k.ts, share + (rest if j == 0 else 0))
+                add([key], [k.ts], [share + (rest if j == 0 else 0)])
                 out.mapped_calls += 1
     out.source = "gpu kernels"
     return True
 
 
-def _children(events: list[Ev]) -> dict[int, list[Ev]]:
-    """Direct children (CPU ranges on the same thread) of every range, by event id."""
-    kids: dict[int, list[Ev]] = defaultdict(list)
-    by_thread: dict[tuple, list[Ev]] = defaultdict(list)
-    for e in events:
-        if e.cat in CPU_RANGE_CATS:
-            by_thread[(e.pid, e.tid)].append(e)
-    for evs in by_thread.values():
-        evs.sort(key=lambda e: (e.ts, -e.dur))
-        stack: list[Ev] = []
-        for e in evs:
-            while stack and stack[-1].end <= e.ts:
-                stack.pop()
-            if stack:
-                kids[stack[-1].id].append(e)
-            stack.append(e)
+def _children(rows: list[tuple]) -> dict[int, list[tuple]]:
+    """Direct children (CPU ranges on the same thread) of every CPU range that is not an ``aten::``
+    op, by event id; ``rows`` as :func:`_load` orders them (start, then longest first)."""
+    kids: dict[int, list[tuple]] = defaultdict(list)
+    stacks: dict[tuple, list[tuple]] = defaultdict(list)
+    for e in rows:
+        if e[2] not in CPU_RANGE_CATS:
+            continue
+        stack = stacks[(e[5], e[6])]
+        ts = e[3]
+        while stack and stack[-1][3] + stack[-1][4] <= ts:
+            stack.pop()
+        if stack and not stack[-1][1].startswith("aten::"):
+            kids[stack[-1][0]].append(e)
+        stack.append(e)
     return kids
+
+
+def _seq_nr(e: tuple):
+    try:
+        return json.loads(e[8]).get("Sequence number") if e[8] else None
+    except (ValueError, AttributeError):
+        return None
 
 
 def _cpu_times(session, run_id, rank, events, seqs, key_of, add, out: RankTimes) -> None:
@@ -233,7 +290,7 @@ def _cpu_times(session, run_id, rank, events, seqs, key_of, add, out: RankTimes)
     work: list[tuple[int, list[Ev]]] = []
     backward_calls: list[Ev] = []
     for e in events:
-        m = _REGION.match(e.name)
+        m = _REGION.match(e[1])
         if m:
             cid = m.group(1)
             calls = [c for c in _descendants_named(kids, e, "CompiledFunction")]
@@ -241,126 +298,162 @@ def _cpu_times(session, run_id, rank, events, seqs, key_of, add, out: RankTimes)
                 fwds = by_cid.get(("aot_forward", cid), [])
                 for k, call in enumerate(calls):
                     if k < len(fwds):
-                        work.append((fwds[k], kids.get(call.id, [])))
-                        fwd_seq[call.arg("Sequence number")] = fwds[k]
+                        work.append((fwds[k], kids.get(call[0], [])))
+                        fwd_seq[_seq_nr(call)] = fwds[k]
                     else:
                         out.unmapped_calls += 1
             elif (inf := by_cid.get(("aot_inference", cid))):
-                work.append((inf[0], [c for c in kids.get(e.id, []) if c.name.startswith("aten::")]))
-        elif e.name == "CompiledFunctionBackward":
+                work.append((inf[0], [c for c in kids.get(e[0], []) if c[1].startswith("aten::")]))
+        elif e[1] == "CompiledFunctionBackward":
             backward_calls.append(e)
     for e in backward_calls:
-        fwd = fwd_seq.get(e.arg("Sequence number"))
+        fwd = fwd_seq.get(_seq_nr(e))
         bwd = backward_of.get(fwd) if fwd is not None else None
         if bwd is None:
             out.unmapped_calls += 1
             continue
-        work.append((bwd, kids.get(e.id, [])))
+        work.append((bwd, kids.get(e[0], [])))
     for gid, children in work:
-        nodes = seqs.get(gid, [])
-        names = tuple(c.name for c in children)
-        pairs = aligned.get((gid, names))
-        if pairs is None:
-            pairs = [None] * len(names)
+        names = tuple(c[1] for c in children)
+        got = aligned.get((gid, names))
+        if got is None:  # (child positions, their node keys), once per graph and op sequence
+            nodes = seqs.get(gid, [])
+            pos, keys = [], []
             sm = difflib.SequenceMatcher(None, [op for _, op in nodes], list(names), autojunk=False)
             for a, b, size in sm.get_matching_blocks():
                 for i in range(size):
-                    pairs[b + i] = a + i
-            aligned[(gid, names)] = pairs
+                    pos.append(b + i)
+                    keys.append(key_of[(gid, nodes[a + i][0])])
+            got = aligned[(gid, names)] = (pos, keys)
         out.mapped_calls += 1
-        for c, at in zip(children, pairs):
-            if at is not None:
-                add(key_of[(gid, nodes[at][0])], c.ts, c.dur)
+        pos, keys = got
+        add(keys, [children[i][3] for i in pos], [children[i][4] for i in pos])
 
 
-def _descendants_named(kids: dict[int, list[Ev]], root: Ev, name: str) -> list[Ev]:
-    out, todo = [], list(kids.get(root.id, []))
+def _descendants_named(kids: dict[int, list[tuple]], root: tuple, name: str) -> list[tuple]:
+    out, todo = [], list(kids.get(root[0], []))
     while todo:
         e = todo.pop(0)
-        if e.name == name:
+        if e[1] == name:
             out.append(e)
-        elif not e.name.startswith("aten::"):
-            todo.extend(kids.get(e.id, []))
-    return sorted(out, key=lambda e: e.ts)
+        elif not e[1].startswith("aten::"):
+            todo.extend(kids.get(e[0], []))
+    return sorted(out, key=lambda e: e[3])
 
 
 # ---------------------------------------------------------------------------- comparison
 
 
-def _stats(xs: list[int]) -> tuple[float, float | None]:
-    """(median, robust spread) in ns; spread None with fewer than 2 values."""
-    med = float(statistics.median(xs)) if xs else 0.0
-    if len(xs) < 2:
-        return med, None
-    return med, 1.4826 * float(statistics.median([abs(x - med) for x in xs]))
+def judge(a: list[int], b: list[int], k: float = DEFAULT_K, min_ns: int = DEFAULT_MIN_NS, scale: float = 1.0) -> dict:
+    """One comparison (NOTE: [Noise floor]) of a node's ns per step in run A (``a``) and run B
+    (``b``): medians ``a_ns``/``b_ns``, ``delta_ns``, ``pct`` (and ``pct_adjusted``, after dividing B
+    by ``scale``, the drift of NOTE: [Drift]), spreads, ``floor_ns`` and ``regression`` / ``faster``
+    (True / False; None when a run has fewer than 2 steps).
+
+    >>> judge([100_000] * 4, [400_000] * 4)["regression"], judge([100_000, 101_000], [100_500] * 2)["regression"]
+    (True, False)
+    """
+    j = _judge_many(np.asarray([a], dtype=np.float64), np.asarray([b], dtype=np.float64), k, min_ns, scale)
+    return _row(j, 0, a, b)
 
 
-def _quartiles(xs: list[int]) -> tuple[float, float]:
-    if len(xs) < 2:
-        return float(xs[0]), float(xs[0])
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[0], q[2]
+def _matrix(per: dict[tuple, list[int]], keys: list[tuple], steps: int) -> np.ndarray:
+    return np.array([per[k] for k in keys], dtype=np.float64).reshape(len(keys), steps)
 
 
-def judge(a: list[int], b: list[int], k: float, min_ns: int, scale: float = 1.0) -> dict:
-    """One comparison (NOTE: [Noise floor]): medians, spreads, delta, pct, floor and ``regression``
-    / ``faster`` (True / False; None when a run has fewer than 2 steps), judged on run B's steps
-    divided by ``scale`` (the run-wide drift, NOTE: [Drift]); ``pct_adjusted`` is after it."""
-    ma, sa = _stats(a)
-    mb, sb = _stats(b)
-    delta = mb - ma
-    floor = None if sa is None or sb is None else max(k * sa, float(min_ns))
-    q1, q3 = _quartiles(b) if b else (0.0, 0.0)
-    q1, q3, adj = q1 / scale, q3 / scale, mb / scale
-    return {"a_ns": round(ma), "b_ns": round(mb), "delta_ns": round(delta),
-            "pct": round(100.0 * delta / ma, 1) if ma else None,
-            "pct_adjusted": round(100.0 * (adj - ma) / ma, 1) if ma else None,
-            "spread_a_ns": None if sa is None else round(sa), "spread_b_ns": None if sb is None else round(sb),
-            "floor_ns": None if floor is None else round(floor),
-            "regression": None if floor is None else q1 - ma > floor,
-            "faster": None if floor is None else ma - q3 > floor,
-            "a_steps": list(a), "b_steps": list(b)}
+def _judge_many(a: np.ndarray, b: np.ndarray, k: float, min_ns: int, scale: float) -> dict[str, np.ndarray]:
+    """:func:`judge` over rows of (keys × steps) matrices at once."""
+    ma, mb = np.median(a, axis=1), np.median(b, axis=1)
+    if a.shape[1] < 2 or b.shape[1] < 2:
+        nan = np.full(len(ma), np.nan)
+        sa = sb = nan
+    else:
+        sa = 1.4826 * np.median(np.abs(a - ma[:, None]), axis=1)
+        sb = 1.4826 * np.median(np.abs(b - mb[:, None]), axis=1)
+    q1, q3 = np.percentile(b, [25, 75], axis=1) if b.shape[1] else (mb, mb)
+    floor = np.maximum(k * sa, float(min_ns))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"ma": ma, "mb": mb, "sa": sa, "sb": sb, "floor": floor, "reg": (q1 / scale - ma) > floor,
+                "fast": (ma - q3 / scale) > floor, "pct": np.where(ma > 0, 100.0 * (mb - ma) / ma, np.nan),
+                "pct_adj": np.where(ma > 0, 100.0 * (mb / scale - ma) / ma, np.nan)}
 
 
-def drift(a: RankTimes, b: RankTimes, min_ns: int = DRIFT_MIN_NS) -> tuple[float, int]:
+def _row(j: dict, i: int, a_steps: list[int], b_steps: list[int]) -> dict:
+    def num(x):
+        return None if np.isnan(x) else round(float(x), 1)
+
+    known = not np.isnan(j["sa"][i]) and not np.isnan(j["sb"][i])
+    return {"a_ns": round(float(j["ma"][i])), "b_ns": round(float(j["mb"][i])),
+            "delta_ns": round(float(j["mb"][i] - j["ma"][i])), "pct": num(j["pct"][i]),
+            "pct_adjusted": num(j["pct_adj"][i]), "spread_a_ns": None if not known else round(float(j["sa"][i])),
+            "spread_b_ns": None if not known else round(float(j["sb"][i])),
+            "floor_ns": None if not known else round(float(j["floor"][i])),
+            "regression": bool(j["reg"][i]) if known else None, "faster": bool(j["fast"][i]) if known else None,
+            "a_steps": list(a_steps), "b_steps": list(b_steps)}
+
+
+def drift(a: RankTimes, b: RankTimes, keys: list[tuple] | None = None, min_ns: int = DRIFT_MIN_NS) -> tuple[float, int]:
     """NOTE: [Drift]: the median over nodes of (median B / median A), for nodes of at least
     ``min_ns`` in run A; 1.0 with fewer than ``DRIFT_MIN_NODES`` such nodes. Returns (ratio, nodes)."""
-    ratios = []
-    for key in a.per_key.keys() & b.per_key.keys():
-        ma, mb = statistics.median(a.per_key[key]), statistics.median(b.per_key[key])
-        if ma >= min_ns and mb > 0:
-            ratios.append(mb / ma)
-    if len(ratios) < DRIFT_MIN_NODES:
-        return 1.0, len(ratios)
-    return float(statistics.median(ratios)), len(ratios)
+    keys = keys if keys is not None else sorted(a.per_key.keys() & b.per_key.keys())
+    if not keys:
+        return 1.0, 0
+    ma = np.median(_matrix(a.per_key, keys, a.steps), axis=1)
+    mb = np.median(_matrix(b.per_key, keys, b.steps), axis=1)
+    ok = (ma >= min_ns) & (mb > 0)
+    if int(ok.sum()) < DRIFT_MIN_NODES:
+        return 1.0, int(ok.sum())
+    return float(np.median(mb[ok] / ma[ok])), int(ok.sum())
 
 
-def compare_rank(a: RankTimes, b: RankTimes, *, k: float = DEFAULT_K, min_ns: int = DEFAULT_MIN_NS) -> dict:
+def _module_sums(t: RankTimes) -> dict[str, list[int]]:
+    """Per module path (and ``""``: everything) the summed ns per step of its nodes and its
+    sub-modules' nodes."""
+    keys = list(t.per_key)
+    if not keys:
+        return {}
+    x = _matrix(t.per_key, keys, t.steps)
+    prefix: dict[str, int] = {}
+    rows, cols = [], []
+    for i, key in enumerate(keys):
+        parts = key[1].split(".") if key[1] else []
+        for p in [""] + [".".join(parts[:n]) for n in range(1, len(parts) + 1)]:
+            rows.append(i)
+            cols.append(prefix.setdefault(p, len(prefix)))
+    sums = np.zeros((len(prefix), t.steps))
+    np.add.at(sums, np.asarray(cols), x[np.asarray(rows)])
+    return {p: sums[j].astype(np.int64).tolist() for p, j in prefix.items()}
+
+
+def compare_rank(a: RankTimes, b: RankTimes, *, k: float = DEFAULT_K, min_ns: int = DEFAULT_MIN_NS,
+                 top: int = 30) -> dict:
     """Nodes and modules of one rank compared: ``{"nodes": [...], "modules": [...], "drift": ratio,
-    "drift_nodes": n}`` (NOTE: [Drift]), each row
-    :func:`judge`'s dict plus where it is (``module``, ``target``, ``phase``, graph ids and node
+    "drift_nodes": n}`` (NOTE: [Drift]). ``nodes``: the ``top`` nodes by added ns plus every
+    regressed node, largest first; ``modules``: every module (and ``""``, the whole rank). Each row
+    is :func:`judge`'s dict plus where it is (``module``, ``target``, ``phase``, graph ids and node
     names of both runs); nodes of one run only are left out (the structure diff reports them)."""
-    nodes, mods_a, mods_b = [], defaultdict(lambda: [0] * a.steps), defaultdict(lambda: [0] * b.steps)
-    for times, mods in ((a, mods_a), (b, mods_b)):
-        for key, per in times.per_key.items():
-            path = key[1]
-            prefixes = [""] + [".".join(path.split(".")[:i]) for i in range(1, len(path.split(".")) + 1)] if path else [""]
-            for p in prefixes:
-                acc = mods[p]
-                for i, ns in enumerate(per):
-                    acc[i] += ns
-    scale, used = drift(a, b)
-    for key in a.per_key.keys() & b.per_key.keys():
-        row = judge(a.per_key[key], b.per_key[key], k, min_ns, scale)
-        ia, ib = a.info[key], b.info[key]
-        row.update(phase=key[0], module=key[1], target=key[2], occurrence=key[3], a_graph=ia.graph_id, a_node=ia.node,
-                   b_graph=ib.graph_id, b_node=ib.node, source=ib.source or ia.source)
-        nodes.append(row)
+    keys = sorted(a.per_key.keys() & b.per_key.keys())
+    scale, used = drift(a, b, keys)
+    nodes = []
+    if keys:
+        j = _judge_many(_matrix(a.per_key, keys, a.steps), _matrix(b.per_key, keys, b.steps), k, min_ns, scale)
+        delta = j["mb"] - j["ma"]
+        order = np.argsort(-delta, kind="stable")
+        pick = list(order[:top]) + [i for i in order[top:] if j["reg"][i]]
+        for i in pick:
+            key = keys[i]
+            row = _row(j, i, a.per_key[key], b.per_key[key])
+            ia, ib = a.info[key], b.info[key]
+            row.update(phase=key[0], module=key[1], target=key[2], occurrence=key[3], a_graph=ia.graph_id,
+                       a_node=ia.node, b_graph=ib.graph_id, b_node=ib.node, source=ib.source or ia.source)
+            nodes.append(row)
+    mods_a, mods_b = _module_sums(a), _module_sums(b)
+    paths = sorted(mods_a.keys() & mods_b.keys(), key=lambda p: (p.count(".") if p else -1, p))
     modules = []
-    for path in mods_a.keys() & mods_b.keys():
-        row = judge(mods_a[path], mods_b[path], k, min_ns, scale)
-        row["module"] = path
-        modules.append(row)
-    nodes.sort(key=lambda r: -r["delta_ns"])
-    modules.sort(key=lambda r: (r["module"].count(".") if r["module"] else -1, r["module"]))
+    if paths:
+        j = _judge_many(_matrix(mods_a, paths, a.steps), _matrix(mods_b, paths, b.steps), k, min_ns, scale)
+        for i, path in enumerate(paths):
+            row = _row(j, i, mods_a[path], mods_b[path])
+            row["module"] = path
+            modules.append(row)
     return {"nodes": nodes, "modules": modules, "drift": round(scale, 3), "drift_nodes": used}
