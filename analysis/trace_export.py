@@ -57,6 +57,37 @@ _INSTANTS = ("SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.pid, e.tid
              "WHERE e.trace_id = :tid AND e.ph != 'X' ORDER BY e.ts_ns, e.id")
 
 
+#: What :func:`~graphdeck.analysis.trace_collectives.rank_collectives` reads of a trace: kernels,
+#: the CPU-side collective candidates (NOTE: [CPU-side collectives]) and the profiler steps.
+_COLL_SQL = ("SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.dur_ns, e.pid, e.tid, e.correlation, "
+             "e.args_json FROM trace_events e JOIN strings n ON n.id = e.name_id "
+             "LEFT JOIN strings c ON c.id = e.cat_id WHERE e.trace_id = :tid AND e.ph = 'X' AND ("
+             "c.value IN ({cats}) OR n.value LIKE 'gloo:%' OR n.value LIKE 'mpi:%' OR n.value LIKE 'ucc:%' "
+             "OR n.value = 'record_param_comms' OR n.value LIKE 'c10d::%' OR n.value LIKE 'ProfilerStep#%') "
+             "ORDER BY e.ts_ns, e.id")
+
+
+class _CollectiveData(TraceData):
+    """A :class:`TraceData` holding only what ``rank_collectives`` reads (see ``_COLL_SQL``):
+    the same collectives, keys, starts and ends from a fraction of the events. Launch links are
+    absent, so a kernel's ``step`` is told by its own start (the offsets never read it)."""
+
+    def __init__(self, session: Session, trace_id: int):  # noqa: D107 - no super(): it would load every event
+        from graphdeck.analysis.trace_data import GPU_CATS, GPU_KERNEL_CATS, Ev
+        from graphdeck.analysis.trace_links import link_gpu_events
+
+        cats = sorted(GPU_KERNEL_CATS)
+        sql = _COLL_SQL.format(cats=",".join(f":c{i}" for i in range(len(cats))))
+        rows = session.execute(text(sql), {"tid": trace_id, **{f"c{i}": c for i, c in enumerate(cats)}})
+        self.trace_id = trace_id
+        self.events = [Ev(*row) for row in rows]
+        self.links = link_gpu_events(self.events)
+        self.gpu = [e for e in self.events if e.cat in GPU_CATS]
+        self.kernels = [e for e in self.gpu if e.cat in GPU_KERNEL_CATS]
+        self._session = session
+        self._mapping = None
+
+
 def parse_ranks(spec: str | None, available: Iterable[int]) -> list[int]:
     """``"0,2-5"`` → ``[0, 2, 3, 4, 5]`` (sorted, unique); ``None``, ``""`` or ``"all"`` → every
     rank in ``available``.
@@ -143,7 +174,7 @@ def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = N
     ref = min(traces)
     per_rank: dict[int, list[dict]] = {}
     for r in sorted({ref, *chosen}):
-        data = TraceData(session, traces[r])
+        data = _CollectiveData(session, traces[r])
         per_rank[r] = [{"key": c["key"], "start_ns": c["start_ns"], "end_ns": c["end_ns"], "kernel": c["kernel"],
                         "kind": c["kind"]}
                        for c in rank_collectives(data, rule)]
