@@ -329,7 +329,7 @@ def test_panel(server, browser):
     page = browser.new_page(viewport={"width": 1440, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(f"{server.url}/#/runs/n8")
+    page.goto(f"{server.url}/#/runs/n8?details=open")
     panel = page.locator('[data-testid="compile-health"]')
     panel.locator("#compile-health-breaks tbody tr").first.wait_for(timeout=30000)
     item_line = _line_of("n = int((x > 0).sum().item())")
@@ -344,12 +344,12 @@ def test_panel(server, browser):
                            .map((e) => e.dataset.testid)""")
     assert top[:2] == ["compile-health", "compile-index"]
 
-    page.goto(f"{server.url}/#/runs/shapes")
+    page.goto(f"{server.url}/#/runs/shapes?details=open")
     page.locator('#compile-health-frames tbody tr').first.wait_for(timeout=30000)
     assert "8 of 8" in page.locator('#compile-health-frames').inner_text()
     assert "limit hit" in page.locator('#compile-health-frames').inner_text()
 
-    page.goto(f"{server.url}/#/runs/hostile")
+    page.goto(f"{server.url}/#/runs/hostile?details=open")
     page.locator("#compile-health-fallbacks tbody tr").first.wait_for(timeout=30000)
     assert HOSTILE in panel.inner_text()  # shown as text
     assert page.evaluate("() => window.__pwned") is None

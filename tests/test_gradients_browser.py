@@ -75,7 +75,7 @@ def test_gradient_page_filters_and_links_to_the_cut(page, base_url):  # noqa: F8
 
 
 def test_run_page_section_links_to_the_gradient_page(page, base_url):  # noqa: F811
-    page.goto(f"{base_url}/#/runs/g5")
+    page.goto(f"{base_url}/#/runs/g5?details=open")
     page.locator("#grad-report").wait_for()
     assert page.locator("#grad-report tbody tr").count() == 9
     page.locator("#grad-page-link").click()

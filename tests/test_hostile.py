@@ -140,7 +140,7 @@ def test_markup_in_names_is_escaped_in_svg_and_page(server, captured_store, tmp_
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     try:
-        page.goto(f"{server.url}/#/runs/{run_id}")
+        page.goto(f"{server.url}/#/runs/{run_id}?details=open")
         page.wait_for_selector(f"text={graphs[0]['name'][:20]}", timeout=20_000)
         page.goto(f"{server.url}/#/graphs/{graphs[0]['id']}")
         page.wait_for_timeout(1500)

@@ -58,7 +58,7 @@ def test_ddp_split_and_reducer_numberings_are_told_apart_and_bytes_are_readable(
         dst.write(src.read())
     with LiveServer(store) as srv:
         page = browser.new_page(viewport={"width": 1440, "height": 900})
-        page.goto(f"{srv.url}/#/runs/ddp")
+        page.goto(f"{srv.url}/#/runs/ddp?details=open")
         page.wait_for_selector("#buckets-rank-0")
         assert "DDPOptimizer split" in page.locator("#graphs-rank-0").inner_text()
         note = page.get_by_test_id("buckets-note-0").inner_text()

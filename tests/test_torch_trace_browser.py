@@ -66,7 +66,7 @@ def test_compile_index_page(server, browser):
     page = browser.new_page(viewport={"width": 1440, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(f"{server.url}/#/runs/detach")
+    page.goto(f"{server.url}/#/runs/detach?details=open")
     for rank in (0, 1):
         page.wait_for_selector(f'[data-testid="compile-index-rank-{rank}"] tr[data-compile-id="4/0"]')
     row = page.locator('[data-testid="compile-index-rank-0"] tr[data-compile-id="4/0"]')
@@ -92,7 +92,7 @@ def test_compile_index_page(server, browser):
 def test_imported_run_page_fits_a_1440_px_window(server, browser):
     """Issue 24.12: imported run pages were wider than a 1440-px window."""
     page = browser.new_page(viewport={"width": 1440, "height": 900})
-    page.goto(f"{server.url}/#/runs/detach")
+    page.goto(f"{server.url}/#/runs/detach?details=open")
     page.wait_for_selector('[data-testid="compile-index-rank-1"] tr[data-compile-id="4/0"]')
     page.locator("details.output-code summary").first.click()
     page.wait_for_selector("tr.code-row pre.output-code-text")
@@ -103,7 +103,7 @@ def test_imported_run_page_fits_a_1440_px_window(server, browser):
 
 def test_log_text_is_escaped(server, browser):
     page = browser.new_page()
-    page.goto(f"{server.url}/#/runs/hostile")
+    page.goto(f"{server.url}/#/runs/hostile?details=open")
     row = page.wait_for_selector('[data-testid="compile-index-rank-0"] tr[data-compile-id="0/0"]')
     assert HOSTILE in row.inner_text(), "the reason and frame name are shown as text"
     assert page.locator('[data-testid="compile-index"] img').count() == 0, "no element made from log text"
@@ -113,7 +113,7 @@ def test_log_text_is_escaped(server, browser):
 def test_rank_mismatch_shown(server, browser):
     """multi_rank_runtime/: the rank-5 file's records say rank 1; the page says so on rank 5."""
     page = browser.new_page()
-    page.goto(f"{server.url}/#/runs/mismatch")
+    page.goto(f"{server.url}/#/runs/mismatch?details=open")
     block = page.wait_for_selector('[data-testid="compile-index-rank-5"] [data-testid="rank-source"]')
     assert "rank mismatch" in block.inner_text() and "rank 1" in block.inner_text()
     ok = page.wait_for_selector('[data-testid="compile-index-rank-0"] [data-testid="rank-source"]')
@@ -125,7 +125,7 @@ def test_compile_records_open(server, browser):
     """Each compile lists its records (guards, metrics, artifacts) like tlparse's per-compile
     artifact list; opening one shows its payload."""
     page = browser.new_page()
-    page.goto(f"{server.url}/#/runs/detach")
+    page.goto(f"{server.url}/#/runs/detach?details=open")
     row = page.wait_for_selector('[data-testid="compile-index-rank-0"] tr[data-compile-id="4/0"]')
     lists = row.query_selector('[data-testid="compile-records-list"]')
     lists.query_selector("summary").click()
