@@ -259,3 +259,35 @@ def test_page_gradient_failure_is_first_with_the_link_to_the_grads_page(server, 
     page.locator(".graphs-table").first.wait_for(state="visible")
     assert page.locator("details.run-details:not([open])").count() == 0
     page.close()
+
+
+def test_layout_line_when_a_layout_was_recorded(tmp_path):
+    """Layout records written through the capture's writer for a 2x2 dp x tp job; rank 3's is
+    missing (it died before ``watch``): INCOMPLETE naming it, then PASS once it is there."""
+    from graphdeck.analysis.layout import EVENT_NAME
+    from graphdeck.capture.writer import StoreWriter
+    from tests.nd_fixtures import fsdp_tp_records
+
+    path = tmp_path / "layout.db"
+    recs = fsdp_tp_records()
+
+    def write(rank):
+        w = StoreWriter(str(path), "mesh", rank, 4)
+        w.write_compile_events([{"name": EVENT_NAME, "compile_id": None, "metadata": {}, "payload": json.dumps(recs[rank])}])
+        w.engine.dispose()
+
+    def layout_line():
+        with Session(open_engine(path, read_only=True)) as s:
+            rep = S.run_summary(s, s.scalar(select(Run).where(Run.name == "mesh")))
+        return next(c for c in rep.checks if c.key == "layout"), rep
+
+    for rank in (0, 1, 2):
+        write(rank)
+    line, rep = layout_line()
+    assert line.verdict == "INCOMPLETE" and line.count == 1 and line.detail["missing_ranks"] == [3]
+    assert "dp×tp (2×2)" in line.headline and line.link == f"#/runs/{rep.run_id}/map"
+    assert any("rank(s) [3]" in r for r in line.reasons), line.reasons
+    assert rep.exit_code in (1, 3)
+    write(3)
+    line, _ = layout_line()
+    assert line.verdict == "PASS" and line.count == 0 and "every rank (4)" in line.headline
