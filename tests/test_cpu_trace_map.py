@@ -29,11 +29,13 @@ RUN = "cpu"
 
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory) -> Path:
-    """2 gloo ranks of the demo's training code, aot_eager, 1 GPT-2 block, 3 steps (1 profiled)."""
+    """2 gloo ranks of the demo's training code, aot_eager, 1 GPT-2 block (the demo's batch and
+    sequence: with tinier tensors Python dispatch dominates and a busy host's preemptions move the
+    wall-time share by several points), 3 steps (1 profiled)."""
     store = tmp_path_factory.mktemp("cpu_demo") / "demo.db"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "-m", "graphdeck.demo", "--store", str(store), "--run-name", RUN, "--backend", "aot_eager",
-           "--steps", "3", "--layers", "1", "--batch", "2", "--seq", "32"]
+           "--steps", "3", "--layers", "1"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1", KINETO_LOG_LEVEL="6")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -65,7 +67,7 @@ def test_each_ranks_compiled_region_cpu_time_maps_to_nodes_forward_and_backward(
             assert set(m.directions) == {"forward", "backward"}
             for d, x in m.directions.items():
                 assert x["mapped_ns"] >= 0.9 * x["region_ns"], (rank, d, x)
-                assert x["mapped_units_ns"] >= 0.9 * x["units_ns"], (rank, d, x)
+                assert x["mapped_units_ns"] >= 0.95 * x["units_ns"], (rank, d, x)
             assert sum(m.node_ns.values()) == m.mapped_ns, "node times add up to the mapped time"
             kinds = {s.get(Graph, g).kind for g, _ in m.node_ns}
             assert kinds == {"aot_forward", "aot_backward"}, kinds
