@@ -34,6 +34,8 @@ listed first), so the per-node times add up to the mapped kernel time exactly. C
 kernels outside any wrapper call (DDP's all-reduces, FSDP2's all-gathers and reduce-scatters)
 go to the nodes of the parameters they carry (NOTE: [Collectives to graph nodes]). Other kernels
 outside a wrapper call, or whose call is not in the table, are unmapped and counted as such.
+A trace without GPU kernels maps its CPU side instead: the ATen ops and C++ kernels run inside
+compiled ranges (NOTE: [CPU trace mapping] in :mod:`graphdeck.analysis.cpu_trace_map`).
 """
 
 from __future__ import annotations
