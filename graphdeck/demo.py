@@ -8,7 +8,9 @@ Run it under torchrun (``graphdeck demo`` does that for you)::
 Each rank: seeds, builds ``GPT2LMHeadModel(GPT2Config(n_layer=2, ...))``, wraps it in DDP
 (``bucket_cap_mb=1`` so DDPOptimizer splits the graph into buckets), compiles it with the
 graphdeck backend around ``--backend`` (Inductor by default), trains ``--steps`` steps of
-next-token prediction on random tokens, and profiles two steps after compilation.
+next-token prediction on random tokens, and profiles two steps after compilation. With Inductor
+the agent's backend turns on ``torch._inductor.config.cpp.enable_kernel_profile`` (unless it was
+set), so the CPU trace shows each C++ kernel and maps it to graph nodes (NOTE: [CPU trace mapping]).
 """
 
 from __future__ import annotations
