@@ -262,3 +262,25 @@ def test_hta_two_rank_nccl_traces(tmp_path):
     for r in (0, 1):
         off = aligned["offsets"][r]["offset_ns"]
         assert by_pid[r] == Counter({(ph, n, ts - off, d): k for (ph, n, ts, d), k in orig[r].items()}), r
+
+
+@pytest.mark.browser
+def test_download_button_on_the_run_timeline(ddp, browser, tmp_path):
+    """The run timeline's "Download for Perfetto" link, ranks typed in, downloads that export."""
+    with LiveServer(ddp["store"]) as srv:
+        page = browser.new_page()
+        page.set_default_timeout(60_000)
+        page.goto(f"{srv.url}/#/runs/ddp/timeline")
+        link = page.locator("#export-trace")
+        link.wait_for()
+        assert link.get_attribute("href") == "/api/runs/ddp/export-trace"
+        page.fill("#export-ranks", "1")
+        assert link.get_attribute("href") == "/api/runs/ddp/export-trace?ranks=1"
+        with page.expect_download() as got:
+            link.click()
+        path = tmp_path / "dl.json.gz"
+        got.value.save_as(path)
+        assert got.value.suggested_filename == "ddp.trace.json.gz"
+        page.close()
+    doc = orjson.loads(gzip.open(path).read())
+    assert validate_trace_events(doc)["ranks"] == [1]
