@@ -33,10 +33,11 @@ def test_empty_tables_say_why_and_every_table_has_a_caption(browser, server, cap
     page.goto(f"{server.url}/#/traces/{_trace_id(captured_store)}")
     page.wait_for_selector("#gpu-table", timeout=30_000)
     for tid in ("gpu-table", "gaps-table", "delays-table"):
-        assert page.locator(f"#{tid} tbody tr").count() == 0, "a CPU-only trace has no GPU rows"
-        why = page.get_by_test_id(f"{tid}-empty").inner_text()
-        assert why.startswith("No rows: ") and len(why) > 30, why
         assert page.locator(f"#{tid} caption").inner_text().strip(), f"{tid} is captioned"
+        if page.locator(f"#{tid} tbody tr").count() == 0:  # CPU gaps between a compiled region's ops may exist
+            why = page.get_by_test_id(f"{tid}-empty").inner_text()
+            assert why.startswith("No rows: ") and len(why) > 30, why
+    assert page.locator("#gpu-table tbody tr").count() == 0, "a CPU-only trace has no GPU rows"
     assert "CPU-only" in page.get_by_test_id("gpu-table-empty").inner_text()
     assert page.locator("#steps-table caption").count() == 1
     page.goto(f"{server.url}/#/runs/tiny/timeline")
