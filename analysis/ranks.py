@@ -298,7 +298,8 @@ def rank_report(session: Session, run: Run) -> RankReport:
                    | set(session.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct()))
                    | set(session.scalars(select(CompileEvent.rank).where(CompileEvent.run_id == run.id).distinct())))
     bare = _bare_ranks(session, run.id, ranks)
-    sequences = {r: [] if r in bare else compile_sequence(session, run.id, r) for r in ranks}
+    read = compile_sequences(session, run.id, [r for r in ranks if r not in bare])
+    sequences = {r: read.get(r, []) for r in ranks}
     report = RankReport(run_id=run.id, run=run.name, ranks=ranks, groups=[], sequences=sequences,
                         divergences=[], schedules={}, collective_mismatches=[])
     if len(ranks) < 2:
@@ -429,6 +430,39 @@ def _neutralise_device_indices(session: Session, sequences: dict[int, list[Compi
 
 def compile_sequence(session: Session, run_id: int, rank: int) -> list[CompileEntry]:
     """Every compile id of ``rank`` in order of first appearance, with its graphs and outcome."""
+    return compile_sequences(session, run_id, [rank])[rank]
+
+
+def compile_sequences(session: Session, run_id: int, ranks: list[int]) -> dict[int, list[CompileEntry]]:
+    """:func:`compile_sequence` of each of ``ranks``, read with two queries for all of them (a
+    1,024-rank run is not 2,048 round trips). Only compile records with a compile id are read, and
+    only the metadata and payload the sequence uses (``compilation_metrics``'s, ``recompile_reasons``')."""
+    from sqlalchemy import case
+
+    want = set(ranks)
+    graphs: dict[int, list] = defaultdict(list)
+    events: dict[int, list] = defaultdict(list)
+    rank_filter = Graph.rank.in_(ranks) if len(want) <= 500 else Graph.rank.is_not(None)
+    for g in session.execute(
+            select(Graph.rank, Graph.id, Graph.ordinal, Graph.kind, Graph.compile_id, Graph.structural_hash,
+                   Graph.frame_name).where(Graph.run_id == run_id, rank_filter).order_by(Graph.rank, Graph.ordinal)):
+        if g.rank in want:
+            graphs[g.rank].append(g)
+    ev_filter = CompileEvent.rank.in_(ranks) if len(want) <= 500 else CompileEvent.rank.is_not(None)
+    for ev in session.execute(
+            select(CompileEvent.rank, CompileEvent.id, CompileEvent.name, CompileEvent.compile_id,
+                   case((CompileEvent.name == "compilation_metrics", CompileEvent.metadata_json),
+                        else_=None).label("metadata_json"),
+                   case((CompileEvent.name == "recompile_reasons", CompileEvent.payload), else_=None).label("payload"))
+            .where(CompileEvent.run_id == run_id, CompileEvent.compile_id.is_not(None), ev_filter)
+            .order_by(CompileEvent.rank, CompileEvent.id)):
+        if ev.rank in want:
+            events[ev.rank].append(ev)
+    return {r: _sequence_of(graphs.get(r, []), events.get(r, [])) for r in ranks}
+
+
+def _sequence_of(graphs: list, events: list) -> list[CompileEntry]:
+    """One rank's compile sequence from its graph rows (by ordinal) and compile records (by id)."""
     entries: dict[str, CompileEntry] = {}
     order: list[tuple[int, int, str]] = []  # (source order, tie, compile id) — graphs by ordinal
 
@@ -438,13 +472,6 @@ def compile_sequence(session: Session, run_id: int, rank: int) -> list[CompileEn
             order.append((*pos, cid))
         return entries[cid]
 
-    graphs = session.execute(
-        select(Graph.id, Graph.ordinal, Graph.kind, Graph.compile_id, Graph.structural_hash, Graph.frame_name)
-        .where(Graph.run_id == run_id, Graph.rank == rank).order_by(Graph.ordinal)).all()
-    events = session.execute(
-        select(CompileEvent.id, CompileEvent.name, CompileEvent.compile_id, CompileEvent.metadata_json,
-               CompileEvent.payload)
-        .where(CompileEvent.run_id == run_id, CompileEvent.rank == rank).order_by(CompileEvent.id)).all()
     # Compile ids in log order: compile records first appear before their graphs in both capture
     # and import, but a store may hold graphs only; order by the earliest mention of either kind.
     first_event: dict[str, int] = {}
