@@ -121,6 +121,9 @@ def load_bytes(data: bytes) -> tuple[dict | None, str]:
             return None, "neither pickle nor JSON"
     except Exception as exc:  # noqa: BLE001 - any parse failure is a skipped file, named
         return None, f"unreadable {fmt or 'file'}: {type(exc).__name__}: {str(exc)[:120]}"
+    if isinstance(obj, dict) and "version" in obj and "entries" not in obj and (
+            isinstance(obj.get("pg_config"), dict) or isinstance(obj.get("pg_status"), dict)):
+        obj["entries"] = []  # torch's JSON writer leaves 'entries' out of an empty ring buffer (2.7-2.13)
     if not isinstance(obj, dict) or not isinstance(obj.get("entries"), list) or "version" not in obj:
         return None, "not a Flight Recorder dump (no 'entries'/'version')"
     return obj, fmt
