@@ -4,8 +4,8 @@ graphdeck/analysis/run_diff.py).
 
 # NOTE: [Node time per step]
 A node's time is read from the newest ``ok``/``truncated`` trace of each rank, split into steps by
-the profiler's ``ProfilerStep#N`` ranges (a step runs from its range's start to the next one's;
-a trace without them is one step, and then no spread can be measured):
+the profiler's host-side ``ProfilerStep#N`` ranges (a step runs from its range's start to the next
+one's; a trace without them is one step, and then no spread can be measured):
 
 * GPU kernels mapped to FX nodes by :func:`graphdeck.analysis.trace_map.map_trace` (Inductor's
   provenance, NOTE: [Kernel to node mapping]), each counted in the step its kernel starts in;
@@ -190,7 +190,9 @@ def rank_times(session: Session, run_id: int, rank: int) -> RankTimes:
         out.missing = f"rank {rank}: no AOTAutograd graph stored to map trace {trace[0]} onto"
         return out
     events = _load(session, trace[0])
-    bounds = np.array(sorted(e[3] for e in events if _STEP.match(e[1])), dtype=np.int64)
+    # Host-side step ranges only: Kineto repeats ProfilerStep#N on the GPU timeline
+    # (gpu_user_annotation), which would split every step in two.
+    bounds = np.array(sorted({e[3] for e in events if e[2] in CPU_RANGE_CATS and _STEP.match(e[1])}), dtype=np.int64)
     out.steps = max(1, len(bounds))
     index: dict[tuple, int] = {}
     hits: tuple[list[int], list[int], list[int]] = ([], [], [])  # key index, ts, ns

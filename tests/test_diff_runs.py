@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from graphdeck.cli import main as cli
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, Run
-from tests.conftest import IN_CI, LiveServer, run_python, shared_path
+from tests.conftest import IN_CI, REPO, LiveServer, run_python, shared_path
 
 CHANGED = 'changed<img src=x onerror="window.__xss=1">'
 BREAK_LINE = 31  # the torch._dynamo.graph_break() line of PROGRAM (the file is written as given)
@@ -296,3 +296,61 @@ def test_imported_logs_ddp_vs_graphbreak_agree_with_tlparse(trace_stores, tmp_pa
     res = CliRunner().invoke(cli, ["diff-runs", str(one), "ddp", "graphbreak", "--max-node-regression-pct", "10",
                                    "--allow-incomplete"])
     assert res.exit_code == 0, res.output
+
+
+# ---------------------------------------------------------------------------- GPU kernels (stored H200 traces)
+
+
+@pytest.fixture(scope="module")
+def h200_stores(tmp_path_factory):
+    """The 2 x H200 DDP GPT-2 run of tests/data/ddp_h200x2 (Inductor, 5 profiled steps; see its
+    README.md), unpacked into two stores as tests/test_h200x2.py does. In the second, every forward
+    memory-efficient attention kernel (``fmha_cutlassF_...``, which
+    ``aten::_scaled_dot_product_efficient_attention`` launches) is made 5x longer: a data change
+    standing in for a slower attention kernel (no GPU here)."""
+    import gzip
+    import sqlite3
+
+    from graphdeck.analysis.trace_map import link_kernels
+    from graphdeck.store.traces import ingest_trace
+
+    data = REPO / "tests" / "data" / "ddp_h200x2"
+    out = []
+    for name in ("same", "slow"):
+        path = tmp_path_factory.mktemp("h200") / f"{name}.db"
+        with gzip.open(data / "ddp.db.gz") as src, open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        engine = open_engine(path)
+        for rank in (0, 1):
+            ingest_trace(engine, data / f"ddp_rank{rank}.pt.trace.json.gz", run_name="ddp", strict=True)
+        link_kernels(engine, 1)
+        engine.dispose()
+        out.append(path)
+    with sqlite3.connect(out[1]) as con:
+        con.execute("UPDATE trace_events SET dur_ns = dur_ns * 5 WHERE name_id IN (SELECT id FROM strings WHERE "
+                    "value LIKE 'fmha_cutlassF_%') AND cat_id IN (SELECT id FROM strings WHERE value = 'kernel')")
+    return out
+
+
+@pytest.mark.slow
+def test_gpu_kernel_times_across_two_stores(h200_stores):
+    same, slow = h200_stores
+    code, rep, out = cli_json(str(same), "ddp", "ddp", "--store-b", str(same))
+    assert code == 2 and "same run" in out  # the same run of the same store
+    code, rep, out = cli_json(str(same), "ddp", "ddp", "--store-b", str(same.parent / "missing.db"))
+    assert code == 2, out  # a missing second store
+    # A copy of the run: nothing, though every node was compared from the GPU kernels.
+    copy = h200_stores[0].parent / "copy.db"
+    shutil.copyfile(same, copy)
+    code, rep, out = cli_json(str(same), "ddp", "ddp", "--store-b", str(copy), "--max-node-regression-pct", "10")
+    assert code == 0 and rep["findings"] == [] and rep["verdict"] == "PASS", out
+    for r in ("0", "1"):
+        t = rep["timing"][r]
+        assert t["source_a"] == "gpu kernels" and t["steps_a"] == t["steps_b"] == 5 and t["drift"] == 1.0
+    # Attention 5x slower: node regressions at the attention op, in every layer, on both ranks.
+    code, rep, out = cli_json(str(same), "ddp", "ddp", "--store-b", str(slow), "--max-node-regression-pct", "10")
+    assert code == 1 and rep["failures"][0].startswith("--max-node-regression-pct"), out
+    assert {f["kind"] for f in rep["findings"]} == {"node_regression"}, out
+    targets = {n["target"] for f in rep["findings"] for n in f["detail"]["nodes"]}
+    assert targets == {"aten._scaled_dot_product_efficient_attention.default"}, targets
+    assert all(f["ranks"] == [0, 1] for f in rep["findings"]) and len(rep["findings"]) >= 2
