@@ -63,9 +63,12 @@ def compile_findings(sa: Session, run_a: Run, sb: Session, run_b: Run, out, add,
             continue
         old = {x["guard"] for x in (fa.guards if fa else [])}
         new_guards = [x for x in fb.guards if x["guard"] not in old]
+        r0 = fb.ranks[0] if fb.ranks else 0
+        gids = [cids_b.get((r0, st.get("compile_id"))) for st in fb.steps]
         f = add("new_recompiles", f"frame {fb.frame} recompiles {fb.recompiles} time(s), was {before}"
                 + (f"; failing guard: {new_guards[0]['guard']}" if new_guards else ""),
-                ranks=fb.ranks, detail={"frame": fb.frame, "before": before, "after": fb.recompiles,
+                ranks=fb.ranks, links=[{"a": partner.get((1, g)), "b": g} for g in gids if g is not None][:4],
+                detail={"frame": fb.frame, "before": before, "after": fb.recompiles,
                                         "added": fb.recompiles - before, "new_guards": new_guards,
                                         "limit": fb.limit, "limit_hit": fb.limit_hit, "hint": fb.hint})
         for r in fb.ranks:
@@ -296,15 +299,17 @@ def rank_findings(sa, run_a, sb, run_b, out, add) -> None:
     out.sections["ranks_check"] = {"status": "compared", "why": f"{len(da)} / {len(db)} divergence(s) in A / B"}
 
 
-def _grads(s: Session, run: Run) -> dict[tuple, str]:
+def _grads(s: Session, run: Run) -> dict[tuple, tuple]:
     from graphdeck.analysis.gradients import validate_backward
 
     rep = validate_backward(s.get_bind(), run.name)
-    got = {("finding", f.kind, tuple(sorted(f.params)), f.source): f.message for f in rep.findings
-           if f.severity == "error" and not f.allowed}
+    got = {("finding", f.kind, tuple(sorted(f.params)), f.source): (f.message, f.graph_id, f.node)
+           for f in rep.findings if f.severity == "error" and not f.allowed}
     for row in rep.rows:
         if row.failing:
-            got.setdefault(("param", row.fqn, row.status), f"{row.fqn}: {row.status}")
+            cut = getattr(row, "cut", None)
+            got.setdefault(("param", row.fqn, row.status), (f"{row.fqn}: {row.status}", getattr(cut, "graph_id", None),
+                                                            getattr(cut, "node", None)))
     return got
 
 
@@ -314,7 +319,8 @@ def grad_findings(sa, run_a, sb, run_b, out, add) -> None:
     except GraphdeckError as exc:
         out.sections["grads"] = {"status": "INCOMPLETE", "why": exc.message}
         return
-    for k, msg in gb.items():
+    for k, (msg, gid, node) in gb.items():
         if k not in ga:
-            add("new_grad_finding", f"gradient path, run B only: {msg}", detail={"key": list(map(str, k))})
+            add("new_grad_finding", f"gradient path, run B only: {msg}", detail={"key": list(map(str, k))},
+                links=[{"a": None, "b": gid, "node_b": node}] if gid is not None else [])
     out.sections["grads"] = {"status": "compared", "why": f"{len(ga)} / {len(gb)} gradient finding(s) in A / B"}
