@@ -419,6 +419,10 @@ def _grad(ctx: _Context) -> Badge:
     return b
 
 
+def _clip(text: str, n: int = 240) -> str:
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
 def _some(names: list[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + (", …" if len(names) > n else "")
 
@@ -438,7 +442,7 @@ def _grad_report(ctx: _Context) -> Badge:
     gaps = report.gaps
     b = Badge("grad", ran=True, message=f"check-grads: {report.verdict}; {len(report.failures)} failing parameter "
               f"row(s) on {len({r.rank for r in report.failures})} rank(s)"
-              + (f"; evidence missing: {gaps[0]}" + (f" (+{len(gaps) - 1} more)" if len(gaps) > 1 else "")
+              + (f"; evidence missing: {_clip(gaps[0])}" + (f" (+{len(gaps) - 1} more)" if len(gaps) > 1 else "")
                  if gaps else ""))
     for r in range(ctx.layout.world_size):
         mine = rows.get(r) or []
