@@ -1,9 +1,10 @@
 """TORCH_TRACE import: time and peak memory of ``graphdeck import`` vs the anchor, tlparse, on
 the same logs, run in the same command.
 
-Both run as child processes under GNU ``/usr/bin/time -f "%e %M"`` (wall seconds, peak RSS in
-KiB), each into a fresh output (a new SQLite store / a new tlparse folder); the median of
-``--repeat`` runs is reported with the ratio graphdeck / tlparse. tlparse gets ``--all-ranks-html``
+Both run as child processes under GNU ``/usr/bin/time -f "%e %U %S %M"`` (wall seconds, user and
+system CPU seconds, peak RSS in KiB), each into a fresh output (a new SQLite store / a new tlparse
+folder); the median of ``--repeat`` runs is reported with the ratio graphdeck / tlparse, for wall
+time and for CPU time (user + system: on a shared host wall time is mostly other users' load). tlparse gets ``--all-ranks-html``
 on rank folders (as the issue's reference numbers) and its defaults on single logs.
 
 Inputs: the multi-rank logs of ``../shared/data/torch_trace`` and one large single log, made by
@@ -56,16 +57,16 @@ while size() < target:
 """
 
 
-def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of ``cmd`` as GNU time reports them."""
-    out = subprocess.run(["/usr/bin/time", "-f", "%e %M", *cmd], capture_output=True, text=True, env=env)
+def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS MiB, CPU seconds = user + system) of ``cmd`` as GNU time reports them."""
+    out = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", *cmd], capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed: {out.stderr[-2000:]}")
-    wall, rss_kib = out.stderr.strip().splitlines()[-1].split()
-    return float(wall), int(rss_kib) / 1024
+    wall, user, system, rss_kib = out.stderr.strip().splitlines()[-1].split()
+    return float(wall), int(rss_kib) / 1024, float(user) + float(system)
 
 
-def run_graphdeck(path: Path, tmp: Path) -> tuple[float, float]:
+def run_graphdeck(path: Path, tmp: Path) -> tuple[float, float, float]:
     store = tmp / "bench.db"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{store}{suffix}").unlink(missing_ok=True)
@@ -73,7 +74,7 @@ def run_graphdeck(path: Path, tmp: Path) -> tuple[float, float]:
                   "--no-progress"])
 
 
-def run_tlparse(path: Path, tmp: Path) -> tuple[float, float]:
+def run_tlparse(path: Path, tmp: Path) -> tuple[float, float, float]:
     out = tmp / "tl_out"
     shutil.rmtree(out, ignore_errors=True)
     extra = ["--all-ranks-html"] if path.is_dir() else []
@@ -112,13 +113,14 @@ def main() -> None:
     ap.add_argument("--make-big", action="store_true", help="generate the large single log first")
     ap.add_argument("--big-mb", type=int, default=100, help="size of the large log to generate, MiB")
     ap.add_argument("--big", type=Path, default=None, help="use this large log instead of the cached one")
+    ap.add_argument("--small-only", action="store_true", help="only the multi-rank logs (no large log)")
     args = ap.parse_args()
     if shutil.which("tlparse") is None:
         sys.exit("tlparse is not installed (pip install tlparse)")
     if args.make_big:
         make_big(args.big_mb)
     inputs = dict(MULTI)
-    big = args.big or big_log()
+    big = None if args.small_only else args.big or big_log()
     tmp = Path(tempfile.mkdtemp(prefix="gd-bench-import-"))
     if big is not None:
         inputs[f"big 25% ({big.stat().st_size * 0.25 / 2**20:.0f} MiB)"] = prefix_copy(big, 0.25, tmp / "b25.log")
@@ -127,6 +129,7 @@ def main() -> None:
     else:
         print("no large log: run with --make-big first", file=sys.stderr)
     print(f"{'input':34s} {'graphdeck s':>11s} {'tlparse s':>9s} {'time x':>7s} "
+          f"{'gd CPU s':>8s} {'tl CPU s':>8s} {'CPU x':>6s} "
           f"{'graphdeck MiB':>13s} {'tlparse MiB':>11s} {'mem x':>6s}")
     try:
         for label, path in inputs.items():
@@ -135,7 +138,9 @@ def main() -> None:
             t = [run_tlparse(path, tmp) for _ in range(n)]
             gw, gm = statistics.median(x[0] for x in g), statistics.median(x[1] for x in g)
             tw, tm = statistics.median(x[0] for x in t), statistics.median(x[1] for x in t)
-            print(f"{label:34s} {gw:11.2f} {tw:9.2f} {gw / tw:7.2f} {gm:13.0f} {tm:11.0f} {gm / tm:6.2f}", flush=True)
+            gc, tc = statistics.median(x[2] for x in g), statistics.median(x[2] for x in t)
+            print(f"{label:34s} {gw:11.2f} {tw:9.2f} {gw / tw:7.2f} {gc:8.2f} {tc:8.2f} {gc / tc:6.2f} "
+                  f"{gm:13.0f} {tm:11.0f} {gm / tm:6.2f}", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
