@@ -45,6 +45,8 @@ from sqlalchemy.orm import Session
 
 from graphdeck.analysis.trace_analysis import CommRule, TraceData
 from graphdeck.analysis.trace_collectives import rank_collectives, run_traces
+from graphdeck.analysis.trace_data import load_events
+from graphdeck.analysis.trace_map import map_trace
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import InternedString, Node, Run, Trace
 
@@ -279,11 +281,11 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     off, origin = plan.offsets[rank]["offset_ns"], plan.origin_ns
     trace = session.get(Trace, tid)
     meta = _loads_args(trace.meta_json)
-    data = TraceData(session, tid)
-    mapping = data.mapping
+    events = load_events(session, tid)  # with args; map_trace links GPU events to launches itself
+    mapping = map_trace(session, tid, events)
     info = _node_info(session, {g for g, _ in mapping.by_kernel.values()})
     instants = session.execute(text(_INSTANTS), {"tid": tid}).all()
-    lanes = sorted({(e.pid, e.tid) for e in data.events} | {(row[4], row[5]) for row in instants}, key=_lane_key)
+    lanes = sorted({(e.pid, e.tid) for e in events} | {(row[4], row[5]) for row in instants}, key=_lane_key)
     lane_tid = {lane: i + 1 for i, lane in enumerate(lanes)}
     names = _lane_names(meta, lanes)
     yield _dumps({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
@@ -294,7 +296,7 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     mine = {(p[0], p[2]): key for key, parts in plan.collectives.items() if (p := parts.get(rank))}
     where: dict[tuple, tuple[int, int]] = {}  # collective key -> (aligned start ns, tid) of its slice here
     stats = plan.stats
-    for e in data.events:
+    for e in events:
         args = _loads_args(e.args)
         got = mapping.by_kernel.get(e.id)
         if got is not None:
@@ -321,7 +323,7 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
             ev["args"] = args
         stats["X"] += 1
         yield _dumps(ev)
-    del data, mapping
+    del events, mapping
     for _id, name, cat, ts, pid, tid_, raw in instants:
         ev = {"ph": "i", "s": "t", "name": name, "ts": _us(ts - off - origin), "pid": rank, "tid": lane_tid[(pid, tid_)]}
         if cat:
