@@ -263,9 +263,11 @@ def map_cpu_trace(session: Session, trace, events: list[Ev], tables: dict[int, d
         wrapper_ev[u.wrapper.id] = (u.wrapper, region.get(u.root.id))
         wrappers[u.wrapper.id].append((ev, ev))
     inductor_unmapped: Counter = Counter()
-    _map_wrappers(session, trace, tables, wrappers, wrapper_ev, out, inductor_unmapped, sources)
-    for kid in out.by_kernel:
-        out.how[kid] = "inductor provenance (kernel name + call order)"
+    row_source: dict[int, str] = {}
+    _map_wrappers(session, trace, tables, wrappers, wrapper_ev, out, inductor_unmapped, sources, row_source)
+    for kid, src in row_source.items():
+        out.how[kid] = ("inductor provenance by stack trace (kernel name + call order; NOTE: [Kernels by stack trace])"
+                        if src.endswith("stack_trace") else "inductor provenance (kernel name + call order)")
     # aot_eager: op names and order against the AOT graphs
     by_id = {u.ev.id: u for u in units}
     for kid, (gid, node, how) in map_aot_eager(session, trace.run_id, trace.rank, units, roots, region).items():

@@ -58,6 +58,7 @@ from graphdeck.store.schema import CompileEvent, Graph, GraphIO, InternedString,
 
 AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
 TABLE_EVENTS = ("graphdeck_kernel_post_grad_nodes", "inductor_provenance_tracking_node_mappings")
+STACKS_EVENT = "inductor_provenance_tracking_kernel_stack_traces"
 WRAPPER_PREFIX = "## Call CompiledFxGraph"
 _REGION = re.compile(r"^Torch-Compiled Region: (\S+)")
 
@@ -85,7 +86,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     with Session(engine) as s:
         events = s.execute(
             select(CompileEvent.rank, CompileEvent.compile_id, CompileEvent.name, CompileEvent.payload)
-            .where(CompileEvent.run_id == run_id, CompileEvent.name.in_(TABLE_EVENTS))
+            .where(CompileEvent.run_id == run_id, CompileEvent.name.in_((*TABLE_EVENTS, STACKS_EVENT)))
             .order_by(CompileEvent.id)
         ).all()
         graphs = s.execute(
@@ -101,23 +102,37 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             names_by_graph[gid].add(name)
             if op == "call_function" and target.split(".")[:2] in (["aten", "mm"], ["aten", "addmm"], ["aten", "bmm"]):
                 matmuls[gid].append(name)
-    # Prefer the live-table snapshot; use the artifact's cppCodeToPost only where no snapshot came.
-    by_key: dict[tuple[int, str | None], list[dict[str, list[str]]]] = defaultdict(list)
-    have_snapshot = {(r, c) for r, c, n, _ in events if n == TABLE_EVENTS[0]}
-    post_to_pre: dict[tuple[int, str | None], dict[str, list[str]]] = defaultdict(dict)
+    # Prefer the live-table snapshots; use the artifacts' cppCodeToPost only where no non-empty
+    # snapshot came; where an artifact's is empty too (an FX graph cache hit of a lazily compiled
+    # backward), the kernel stack traces that follow it (NOTE: [Kernels by stack trace]).
+    by_key: dict[tuple[int, str | None], list[tuple[dict, str]]] = defaultdict(list)
+    parsed = []
     for rank, cid, name, payload in events:
         try:
             data = json.loads(payload or "{}")
         except ValueError:
             stats["tables_unreadable"] += 1
             continue
+        if isinstance(data, dict):
+            parsed.append(((rank, cid), name, data))
+    have_snapshot = {key for key, name, data in parsed if name == TABLE_EVENTS[0] and data}
+    post_to_pre: dict[tuple[int, str | None], dict[str, list[str]]] = defaultdict(dict)
+    need_stacks: set[tuple[int, str | None]] = set()
+    for key, name, data in parsed:
         if name == TABLE_EVENTS[1]:
-            post_to_pre[(rank, cid)].update(data.get("postToPre") or {})
-            if (rank, cid) in have_snapshot:
+            post_to_pre[key].update(data.get("postToPre") or {})
+            if key in have_snapshot:
                 continue
-            data = data.get("cppCodeToPost") or {}
-        if isinstance(data, dict) and data:
-            by_key[(rank, cid)].append(data)
+            if data.get("cppCodeToPost"):
+                by_key[key].append((data["cppCodeToPost"], "table"))
+            else:
+                need_stacks.add(key)
+        elif name == TABLE_EVENTS[0] and data:
+            by_key[key].append((data, "table"))
+        elif name == STACKS_EVENT and key in need_stacks and data:
+            need_stacks.discard(key)
+            by_key[key].append((data, "stacks"))
+    stacks_of = _node_stacks(engine, run_id) if any(k == "stacks" for ts in by_key.values() for _, k in ts) else {}
     # Inductor's live table grows over a process's compiles, so a later snapshot repeats earlier
     # kernels: those are skipped, per rank (ranks compile the same kernels, each its own).
     # Only the entries of an earlier snapshot this one contains whole are repeats: two graphs'
@@ -127,17 +142,21 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     rows: list[dict] = []
     for (rank, cid), tables in by_key.items():
         candidates = [g for g in graphs if g.rank == rank and g.compile_id == cid and g.kind in AOT_KINDS]
-        for table in tables:
+        for table, kind in tables:
             stats["tables"] += 1
-            items = {(k, tuple(v)) for k, v in table.items()}
+            items = {(kind, k, tuple(v)) for k, v in table.items()}
             repeated = set().union(*(e for e in earlier[rank] if e <= items))
             earlier[rank].append(items)
-            fresh = [(k, tuple(v)) for k, v in table.items() if (k, tuple(v)) not in repeated]
+            fresh = [(k, tuple(v)) for k, v in table.items() if (kind, k, tuple(v)) not in repeated]
             if not fresh:
                 stats["tables_repeated"] += 1
                 continue
-            best = max(candidates, default=None,
-                       key=lambda g: sum(n in names_by_graph[g.id] for _, nodes in fresh for n in nodes))
+            if kind == "stacks":
+                best, fresh = _by_stacks(fresh, candidates, stacks_of)
+                stats["tables_by_stack_trace"] += 1
+            else:
+                best = max(candidates, default=None,
+                           key=lambda g: sum(n in names_by_graph[g.id] for _, nodes in fresh for n in nodes))
             if best is None:
                 stats["tables_without_graph"] += 1
                 continue
@@ -151,7 +170,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
                 stats["calls"] += 1
                 name = trace_call_name(base)
                 for node in nodes:
-                    source = "inductor_provenance_v2"
+                    source = "inductor_provenance_v2" if kind != "stacks" else "inductor_provenance_v2_stack_trace"
                     pre = post_to_pre[(rank, cid)].get(node) or []
                     if node not in known:
                         stats["nodes_not_in_graph"] += 1
@@ -173,6 +192,46 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             s.execute(KernelNode.__table__.insert(), rows)
     stats["rows"] = len(rows)
     return dict(stats)
+
+
+def _node_stacks(engine: Engine, run_id: int) -> dict[int, list[tuple[str, str]]]:
+    """AOT graph id → ``(node name, stack_trace)`` of its call_function nodes, in graph order."""
+    out: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    with Session(engine) as s:
+        for gid, name, st in s.execute(
+                select(Node.graph_id, Node.name, InternedString.value)
+                .join(Graph, Graph.id == Node.graph_id).join(InternedString, InternedString.id == Node.stack_trace_id)
+                .where(Graph.run_id == run_id, Graph.kind.in_(AOT_KINDS), Node.op == "call_function")
+                .order_by(Node.graph_id, Node.idx)):
+            out[gid].append((name, st))
+    return out
+
+
+def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stacks_of: dict[int, list[tuple[str, str]]]):
+    """A kernel-stack-traces table (``"name:handle" → [stack trace, ...]``) as node names of the
+    candidate graph it fits best.
+
+    # NOTE: [Kernels by stack trace]
+    On an FX graph cache hit Inductor re-emits its cached artifacts but generates no kernel, so
+    the live-table snapshot is empty, and a backward compiled lazily has an empty
+    ``cppCodeToPost``; its ``..._kernel_stack_traces`` artifact still lists, per kernel call, the
+    stack traces of the post-grad nodes it computes. A kernel then computes the call_function
+    nodes of the graph whose ``stack_trace`` is among them (every node of those source lines:
+    coarser than the node table, rows tagged ``inductor_provenance_v2_stack_trace``). A backward
+    node carries its forward op's stack trace, so a backward graph is preferred to a forward one
+    (its table came without a node table: the lazily compiled backward), then the graph
+    (DDPOptimizer's bucket) that resolves the most calls."""
+    def resolve(gid):
+        nodes = stacks_of.get(gid, [])
+        out = []
+        for key, traces in fresh:
+            want = set(traces)
+            out.append((key, tuple(n for n, st in nodes if st in want)))
+        return out
+
+    best = max(candidates, default=None,
+               key=lambda g: (g.kind == "aot_backward", sum(1 for _, ns in resolve(g.id) if ns)))
+    return best, ([(k, ns) for k, ns in resolve(best.id) if ns] if best is not None else [])
 
 
 # ---------------------------------------------------------------------------- reading
@@ -334,9 +393,10 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
 
 def _map_wrappers(session: Session, trace: Trace, tables: dict[int, dict], wrappers: dict[int, list[tuple[Ev, Ev | None]]],
                   wrapper_ev: dict[int, tuple[Ev, str | None]], out: KernelMapping, unmapped: Counter,
-                  sources: Counter) -> None:
+                  sources: Counter, how: dict[int, str] | None = None) -> None:
     """Map the kernels of each wrapper call (``wrapper id → [(kernel, call)]``) through the kernel
-    tables (NOTE: [Kernel to node mapping]); GPU kernels and CPU units alike."""
+    tables (NOTE: [Kernel to node mapping]); GPU kernels and CPU units alike. ``how``, when
+    given, gets each mapped kernel's row source."""
     twins = _twins(session, trace.run_id, trace.rank, set(tables)) if wrappers else {}
     turns: Counter = Counter()
     for wid, items in sorted(wrappers.items(), key=lambda kv: (wrapper_ev[kv[0]][0].ts, kv[0])):
@@ -373,6 +433,8 @@ def _map_wrappers(session: Session, trace: Trace, tables: dict[int, dict], wrapp
             out.by_kernel[k.id] = (gid, list(nodes))
             out.mapped_ns += k.dur
             sources[source] += 1
+            if how is not None:
+                how[k.id] = source
             share, rest = divmod(k.dur, len(nodes))
             for j, node in enumerate(nodes):
                 key = (gid, node)

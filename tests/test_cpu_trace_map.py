@@ -192,3 +192,16 @@ def test_inductor_cpp_kernels_map_to_nodes(tmp_path):
             assert x["mapped_units_ns"] >= 0.9 * x["units_ns"], (d, x)
         kinds = {s.get(Graph, g).kind for g, _ in m.node_ns}
         assert kinds == {"aot_forward", "aot_backward"}
+    # The same job again on the warm FX graph cache: Inductor generates nothing, the backward's
+    # node table is empty, and its kernels map through their stack traces (NOTE: [Kernels by stack trace]).
+    warm = tmp_path / "warm.db"
+    run_python(INDUCTOR_SCRIPT, str(warm), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+                                                "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    with Session(open_engine(warm, read_only=True)) as s:
+        (tid,) = s.scalars(select(Trace.id)).all()
+        m = map_trace(s, tid)
+        kernels = [u for u in m.cpu_units if u.name.startswith("cpp_")]
+        assert kernels and all(u.ev.id in m.by_kernel for u in kernels), \
+            [u.ev.name for u in kernels if u.ev.id not in m.by_kernel]
+        assert any("by stack trace" in m.how[u.ev.id] for u in kernels if u.direction == "backward")
+        assert {s.get(Graph, g).kind for g, _ in m.node_ns} == {"aot_forward", "aot_backward"}
