@@ -1,6 +1,7 @@
 """The parallel map page (#/runs/<run>/map, issue 20 item 2) in a real browser (Debian Chromium via
 Playwright) over the real app, reading a real SQLite store: a copy of the real FSDP2 x TP 4-rank
-torchrun job (``nd_fsdp_tp``, a 2 x 2 dp x tp mesh) plus runs whose layout records are written
+torchrun job (``nd_fsdp_tp``, a 2 x 2 dp x tp mesh), the real 2-stage pipeline whose stage 1 cuts
+the backward (``nd_pipeline_cut``), plus runs whose layout records are written
 the way the capture writes them (``tests.nd_fixtures.layout_record``): a 2-stage pipeline, a run
 without any layout record, a mesh whose dimension name is markup, and a 1,024-rank
 8 pp x 16 dp x 8 tp job with one rank that wrote no record.
@@ -16,7 +17,13 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.nd_fixtures import RUN_FSDP_TP, layout_record, nd_fsdp_tp_store  # noqa: F401  (fixture)
+from tests.nd_fixtures import (  # noqa: F401  (nd_*_store: fixtures)
+    RUN_FSDP_TP,
+    RUN_PIPELINE_CUT,
+    layout_record,
+    nd_fsdp_tp_store,
+    nd_pipeline_cut_store,
+)
 from tests.test_browser import page  # noqa: F401  (fixture: a page failing on console errors; Chromium from conftest)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -160,3 +167,22 @@ def test_1024_ranks_stay_one_picture(page, base_url):  # noqa: F811
     page.get_by_test_id("map-expand").click()
     page.wait_for_function("document.querySelectorAll('[data-testid=map-cell]').length === 1024")
     assert len(grid(page, 3)) == 16, "every replica row once expanded"
+
+
+@pytest.fixture(scope="module")
+def cut_url(nd_pipeline_cut_store):  # noqa: F811
+    with LiveServer(nd_pipeline_cut_store) as server:
+        yield server.url
+
+
+def test_pipeline_stage_cut_from_the_backward_has_a_missing_gradient_badge(page, cut_url):  # noqa: F811
+    """The real job: stage 1 detaches its input, so stage 0 (rank 0) receives no gradient —
+    check-grads' PP_BACKWARD_CUT on rank 0; the two stages are not diverged."""
+    open_map(page, cut_url, RUN_PIPELINE_CUT)
+    assert page.get_by_test_id("map-stage").count() == 2
+    stage0 = page.locator('[data-ranks="0"]')
+    assert stage0.locator('.mbadge[data-check="grad"]').inner_text() == "no grad"
+    assert "PP_BACKWARD_CUT" in stage0.get_attribute("title")
+    assert page.locator('[data-ranks="1"] .mbadge[data-check="grad"]').count() == 0
+    assert page.locator('.mbadge[data-check="diverged"]').count() == 0, "stages run different programs by design"
+    page.screenshot(path="/tmp/graphdeck-map-pipeline-cut.png", full_page=True)

@@ -10,9 +10,9 @@ the remaining, data-parallel dimensions (dp, dp_shard, ...). Each rank gets one 
 * ``diverged`` — ``check-ranks``' report (:func:`graphdeck.analysis.ranks.rank_report`), which
   compares ranks per mesh dimension (:mod:`graphdeck.analysis.mesh_ranks`): the diverging side of
   a compile divergence or of a collective-schedule mismatch: ``ok`` | ``diverged``;
-* ``grad`` — run-time gradient evidence (``grad_steps``, :mod:`graphdeck.analysis.grad_evidence`)
-  when every rank recorded it, else ``check-grads``' report: ``missing`` when a parameter got no
-  gradient (or has no gradient path);
+* ``grad`` — ``check-grads``' report (graph analysis and run-time evidence): ``missing`` for a
+  rank with a parameter without a gradient path or named by an error finding (a pipeline stage
+  that receives no gradient);
 * ``straggler`` — traces of two or more ranks matched (:func:`~graphdeck.analysis.
   trace_collectives.align_and_match`'s ``timing``): ``straggler`` for the rank the others waited for;
 * ``hang`` — Flight Recorder's first mismatch per group (:mod:`graphdeck.analysis.flight`):
@@ -390,46 +390,13 @@ def _diverged(ctx: _Context) -> Badge:
 
 
 def _grad(ctx: _Context) -> Badge:
-    """Missing gradients per rank: from run-time gradient evidence when every rank recorded it
-    (cheap: a parameter with no gradient, or an all-zero one, at a fully observed step), else
-    from ``check-grads``' report (:func:`graphdeck.analysis.gradients.gradient_report`: graph
-    analysis joined with whatever evidence there is). A rank neither covers is ``unknown``."""
-    from graphdeck.analysis.grad_evidence import load
-
-    layout = ctx.layout
-    ev = load(ctx.session, ctx.run.id)
-    if not all(ev.by_rank.get(r) for r in range(layout.world_size)):
-        return _grad_report(ctx)
-    b = Badge("grad", ran=True, message="")
-    for r in range(layout.world_size):
-        for seg in ev.by_rank[r]:
-            st = seg.state if isinstance(seg.state, dict) else {}
-            none = [] if st.get("partial") else [str(x) for x in st.get("none") or []]
-            zero = [str(x) for x in st.get("zero") or []]
-            if none or zero:
-                parts = []
-                if none:
-                    parts.append(f"no gradient for {len(none)} parameter(s) ({_some(none)})")
-                if zero:
-                    parts.append(f"an all-zero gradient for {len(zero)} ({_some(zero)})")
-                b.set(r, "missing", f"from step {seg.first}: " + "; ".join(parts) + "; see check-grads")
-                break
-    n = sum(1 for s in b.states.values() if s == "missing")
-    b.message = f"run-time gradient evidence of every rank: {n} rank(s) with a parameter that got no gradient"
-    return b
-
-
-def _clip(text: str, n: int = 240) -> str:
-    return text if len(text) <= n else text[:n - 1] + "…"
-
-
-def _some(names: list[str], n: int = 3) -> str:
-    return ", ".join(names[:n]) + (", …" if len(names) > n else "")
-
-
-def _grad_report(ctx: _Context) -> Badge:
-    """``check-grads``: a rank with a failing parameter row (NO_GRAD, NOT_IN_GRAPH, DEAD_END, not
-    allowed) is ``missing``; one with no row, or only UNKNOWN rows, is ``unknown``."""
+    """``check-grads`` (:func:`graphdeck.analysis.gradients.gradient_report`: graph analysis
+    joined with the run-time evidence): a rank with a failing parameter row (NO_GRAD,
+    NOT_IN_GRAPH, DEAD_END, not allowed) or named by an error finding (a pipeline stage that
+    receives no gradient, a gradient never reduced, ...) is ``missing``; one with no row, or only
+    UNKNOWN rows, is ``unknown``. Findings that are the other badges' (rank divergence, predicted
+    hang) are left to them. Run-time evidence alone is not enough: a pipeline stage whose
+    backward is cut still shows every parameter with a gradient (pipelining's own)."""
     from graphdeck.analysis.gradients import gradient_report
 
     report = gradient_report(ctx.session, ctx.run)
@@ -441,7 +408,7 @@ def _grad_report(ctx: _Context) -> Badge:
                         "no parameter list and no gradient evidence)")
     gaps = report.gaps
     b = Badge("grad", ran=True, message=f"check-grads: {report.verdict}; {len(report.failures)} failing parameter "
-              f"row(s) on {len({r.rank for r in report.failures})} rank(s)"
+              f"row(s), {len(report.errors)} error finding(s)"
               + (f"; evidence missing: {_clip(gaps[0])}" + (f" (+{len(gaps) - 1} more)" if len(gaps) > 1 else "")
                  if gaps else ""))
     for r in range(ctx.layout.world_size):
@@ -456,7 +423,25 @@ def _grad_report(ctx: _Context) -> Badge:
             b.set(r, "unknown", "check-grads has no parameter of this rank")
         elif all(x.status == "UNKNOWN" for x in mine):
             b.set(r, "unknown", "check-grads could not tell for any parameter of this rank")
+    for f in report.errors:
+        if f.kind in ("RANK_DIVERGENCE", "PREDICTED_HANG"):
+            continue
+        for r in (f.ranks if isinstance(f.ranks, (dict, list)) else []):
+            try:
+                r = int(r)
+            except (TypeError, ValueError):
+                continue
+            if 0 <= r < ctx.layout.world_size and b.state(r) != "missing":
+                b.set(r, "missing", f"{f.kind}: {_clip(f.message)}; see check-grads")
     return b
+
+
+def _clip(text: str, n: int = 240) -> str:
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def _some(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (", …" if len(names) > n else "")
 
 
 def _straggler(ctx: _Context) -> Badge:
