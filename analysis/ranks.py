@@ -718,19 +718,13 @@ def collective_schedule(session: Session, run_id: int, rank: int,
     sequence = sequence if sequence is not None else compile_sequence(session, run_id, rank)
     out: list[Collective] = []
     stack = aliased(InternedString)
-    inductor = {ev.compile_id: ev.payload for ev in session.execute(
-        select(CompileEvent.compile_id, CompileEvent.payload)
-        .where(CompileEvent.run_id == run_id, CompileEvent.rank == rank,
-               CompileEvent.name == "inductor_collective_schedule"))}
     # One query per rank: only nodes whose interned target names a collective (a few string ids),
     # so the cost does not grow with the number of ordinary nodes.
     cache = {} if cache is None else cache
     if "target_ids" not in cache:
-        cache["target_ids"] = collective_target_ids(session)
-        cache["stored_hash"] = dict(session.execute(select(Graph.id, Graph.structural_hash)
-                                                    .where(Graph.run_id == run_id)).all())
-        cache["rows"] = {}  # stored structural hash -> collective node rows (same hash: same nodes)
+        _fill_schedule_cache(session, run_id, cache)
     target_ids, stored_hash, cached_rows = cache["target_ids"], cache["stored_hash"], cache["rows"]
+    inductor = cache["inductor"].get(rank, {})
     chosen: list[tuple[CompileEntry, list[int]]] = []
     # The stored hash (a report's sequences may hold neutralised ones: graphs equal up to a device
     # index or a process group name, whose collectives still differ in those).
@@ -799,16 +793,13 @@ def collective_schedule(session: Session, run_id: int, rank: int,
                                           compile_id=entry.compile_id))
         else:
             out.extend(from_graph)
-    from graphdeck.analysis.comm_map import load_record
-
-    record = load_record(session, run_id, rank) or {}
+    record = cache["records"].get(rank) or {}
     if record.get("ddp") or record.get("fsdp"):
         out += _recorded_collectives(record)
     else:  # no record of the reducer (an older capture): DDPOptimizer's graph buckets stand in
         replaced = {gid for e in sequence for _k, _h, gid in e.graphs} - {gid for e, _ids in chosen
                                                                            for _k, _h, gid in e.graphs}
-        for p in session.scalars(select(Partition).where(Partition.run_id == run_id, Partition.rank == rank)
-                                 .order_by(Partition.parent_graph_id, Partition.index)):
+        for p in cache["partitions"].get(rank, []):
             if p.parent_graph_id in replaced:  # a graph a recompile replaced: its buckets do not run
                 continue
             out.append(Collective(index=len(out), kind="all_reduce", group="ddp", size_bytes=p.size_bytes,
@@ -818,6 +809,35 @@ def collective_schedule(session: Session, run_id: int, rank: int,
     for i, c in enumerate(out):
         c.index = i
     return out
+
+
+def _fill_schedule_cache(session: Session, run_id: int, cache: dict) -> None:
+    """What :func:`collective_schedule` reads per rank, read once for every rank of the run: the
+    collective target ids, each graph's stored hash, Inductor's imported collective schedules,
+    the newest readable ``graphdeck_comm_groups`` record of each rank (as
+    :func:`graphdeck.analysis.comm_map.load_record` reads it) and DDPOptimizer's partitions."""
+    from graphdeck.analysis.comm_map import EVENT_NAME as COMM_GROUPS
+
+    cache["target_ids"] = collective_target_ids(session)
+    cache["stored_hash"] = dict(session.execute(select(Graph.id, Graph.structural_hash)
+                                                .where(Graph.run_id == run_id)).all())
+    cache["rows"] = {}  # stored structural hash -> collective node rows (same hash: same nodes)
+    cache["inductor"] = defaultdict(dict)
+    cache["records"] = {}
+    for rank, name, cid, payload in session.execute(
+            select(CompileEvent.rank, CompileEvent.name, CompileEvent.compile_id, CompileEvent.payload)
+            .where(CompileEvent.run_id == run_id,
+                   CompileEvent.name.in_(["inductor_collective_schedule", COMM_GROUPS]))
+            .order_by(CompileEvent.id)):
+        if name == COMM_GROUPS:  # the newest row wins, readable or not (load_record's rule)
+            data = _json(payload)
+            cache["records"][rank] = data if isinstance(data, dict) and payload else None
+        else:
+            cache["inductor"][rank][cid] = payload
+    cache["partitions"] = defaultdict(list)
+    for p in session.scalars(select(Partition).where(Partition.run_id == run_id)
+                             .order_by(Partition.rank, Partition.parent_graph_id, Partition.index)):
+        cache["partitions"][p.rank].append(p)
 
 
 def frame_of(compile_id: str | None) -> str | None:
