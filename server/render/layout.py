@@ -263,11 +263,26 @@ def layered(sizes: list[tuple[float, float]], edges: list[tuple[int, int]]) -> t
     if not edges and n > GRID_MIN:
         return _grid(sizes)
     layer = _layers(n, edges)
-    g = igraph.Graph(n=n, edges=[(u, v) for u, v in edges if layer[u] != layer[v]], directed=True)
-    kept = [(u, v) for u, v in edges if layer[u] != layer[v]]
-    lay = g.layout_sugiyama(layers=layer, hgap=1, vgap=1, maxiter=30)
-    coords = lay.coords[:n]
-    routing = lay.edge_routing
+    # NOTE: [Edge routes]: a long edge is a chain of our own dummy vertices, one per layer it
+    # passes (igraph's own edge_routing misses layers for edges against the layering); igraph
+    # orders every layer with them. Through a layer an edge then runs straight down its dummy's
+    # column (kept clear of the boxes), slanting only across the gaps between layers, where no box
+    # is: so it never cuts through a box beside it, however tall.
+    chain, vlayer, dummies = [], list(layer), {}
+    for k, (u, v) in enumerate(edges):
+        if layer[u] == layer[v]:
+            continue
+        a, b = (u, v) if layer[u] < layer[v] else (v, u)
+        prev, ds = a, []
+        for lv in range(layer[a] + 1, layer[b]):
+            ds.append(len(vlayer))
+            vlayer.append(lv)
+            chain.append((prev, ds[-1]))
+            prev = ds[-1]
+        chain.append((prev, b))
+        dummies[k] = ds
+    g = igraph.Graph(n=len(vlayer), edges=chain, directed=True)
+    coords = g.layout_sugiyama(layers=vlayer, hgap=1, vgap=1, maxiter=30).coords
     nlayers = max(layer) + 1
     layer_h = [0.0] * nlayers
     for m in range(n):
@@ -275,50 +290,47 @@ def layered(sizes: list[tuple[float, float]], edges: list[tuple[int, int]]) -> t
     top = [0.0] * nlayers
     for lv in range(1, nlayers):
         top[lv] = top[lv - 1] + layer_h[lv - 1] + VGAP
-    # per layer: (igraph x, width, kind, ref) sorted by x; pushed right so widths never overlap
+    bottom = [top[lv] + layer_h[lv] for lv in range(nlayers)]
+    # per layer: (igraph x, width, kind, vertex) sorted by x; pushed right so widths never overlap
     rows: dict[int, list] = defaultdict(list)
-    for m in range(n):
-        rows[layer[m]].append((coords[m][0], sizes[m][0], 0, m))
-    for e, points in enumerate(routing):
-        for j, (x, y) in enumerate(points):
-            rows[round(y)].append((x, DUMMY_W, 1, (e, j)))
+    for m, lv in enumerate(vlayer):
+        rows[lv].append((coords[m][0], sizes[m][0], 0, m) if m < n else (coords[m][0], DUMMY_W, 1, m))
     left: dict = {}
     min_left = float("inf")
     for lv, row in rows.items():
-        row.sort(key=lambda r: (r[0], r[2], str(r[3])))
+        row.sort(key=lambda r: (r[0], r[2], r[3]))
         edge_right = -float("inf")
-        for x, w, kind, ref in row:
+        for x, w, kind, m in row:
             x0 = max(x * UNIT - w / 2, edge_right + (HGAP if kind == 0 else 2))
-            left[(kind, ref)] = x0
+            left[m] = x0
             edge_right = x0 + w
             min_left = min(min_left, x0)
     shift = -min_left
     corners = []
     width = 0.0
     for m in range(n):
-        x0 = left[(0, m)] + shift
+        x0 = left[m] + shift
         y0 = top[layer[m]]  # top-aligned: a tall open cluster must not push its layer-mates down
         corners.append((x0, y0))
         width = max(width, x0 + sizes[m][0])
+    for m in range(n, len(vlayer)):
+        width = max(width, left[m] + shift + DUMMY_W)
     height = top[-1] + layer_h[-1]
-    paths = {}
-    for e, (u, v) in enumerate(kept):
-        mids = [(left[(1, (e, j))] + shift + DUMMY_W / 2, top[round(y)] + layer_h[round(y)] / 2)
-                for j, (_x, y) in enumerate(routing[e])]
-        paths[(u, v)] = mids
     points = []
-    for u, v in edges:
+    for k, (u, v) in enumerate(edges):
         (ux, uy), (vx, vy) = corners[u], corners[v]
         uw, uh = sizes[u]
         vw, vh = sizes[v]
-        mids = paths.get((u, v), [])
-        if layer[u] < layer[v]:
-            pts = [(ux + uw / 2, uy + uh)] + mids + [(vx + vw / 2, vy)]
-        elif layer[u] > layer[v]:
-            pts = [(ux + uw / 2, uy)] + mids[::-1] + [(vx + vw / 2, vy + vh)]
-        else:  # same layer: side to side
-            pts = [(ux + uw, uy + uh / 2), (vx, vy + vh / 2)] if ux < vx else [(ux, uy + uh / 2), (vx + vw, vy + vh / 2)]
-        points.append(pts)
+        if layer[u] == layer[v]:  # same layer: side to side
+            points.append([(ux + uw, uy + uh / 2), (vx, vy + vh / 2)] if ux < vx else [(ux, uy + uh / 2), (vx + vw, vy + vh / 2)])
+            continue
+        (a, ax, ay, aw, ah), (b, bx, by, bw, _bh) = sorted(((u, ux, uy, uw, uh), (v, vx, vy, vw, vh)), key=lambda t: layer[t[0]])
+        down = [(ax + aw / 2, ay + ah)] + ([(ax + aw / 2, bottom[layer[a]])] if ay + ah < bottom[layer[a]] else [])
+        for d in dummies[k]:
+            x = left[d] + shift + DUMMY_W / 2
+            down += [(x, top[vlayer[d]]), (x, bottom[vlayer[d]])]
+        down.append((bx + bw / 2, by))
+        points.append(down if a == u else down[::-1])  # an edge against the layering is drawn from its lower end up
     return corners, points, width, height
 
 
