@@ -12,7 +12,8 @@ the open clusters below it, so expanding one block re-lays out only the block an
 Graphviz ``dot`` (2.43) needs ~1 s for 500 nodes and minutes past 2,000, and fails on forward and
 backward nodes sharing clusters; a layout per open cluster keeps every layout small, and each is
 computed by igraph's Sugiyama layout (``Graph.layout_sugiyama``, C: longest-path layers given here,
-barycenter crossing reduction, dummy vertices for long edges). igraph places unit-width vertices;
+barycenter crossing reduction; long edges are chains of dummy vertices made here, NOTE: [Edge
+routes] in :func:`layered`). igraph places unit-width vertices;
 widths are applied here by pushing each layer's boxes right in igraph's order (order, and so the
 crossings, are igraph's). Numbers in ``bench/RESULTS.md``.
 
@@ -254,8 +255,10 @@ def layered(sizes: list[tuple[float, float]], edges: list[tuple[int, int]]) -> t
     """Lay out members ``0..n-1`` (sizes ``(w, h)``) top to bottom.
 
     Layers from :func:`_layers` (from the edges alone, not graph order: placeholders sit at the top
-    of every FX graph); igraph orders each layer (barycenter) and routes long edges.
-    Returns (top-left corner per member, points per edge, width, height).
+    of every FX graph); igraph orders each layer (barycenter), long edges pass through dummy
+    vertices (NOTE: [Edge routes]); members without any edge form a grid (:func:`_grid`).
+    Returns (top-left corner per member, points per edge from its source to its destination,
+    width, height).
     """
     n = len(sizes)
     if n == 0:

@@ -10,7 +10,12 @@ cached), so the cost follows the view, not the graph.
 What the frontend can rely on in the output:
 
 * the root ``<svg>`` has ``width="100%" height="100%"``, a ``viewBox`` (pan/zoom) and
-  ``data-visible-nodes``, ``data-open-clusters`` (``|``-separated paths);
+  ``data-visible-nodes``, ``data-open-clusters`` (``|``-separated paths), ``data-matches`` /
+  ``data-on-path`` (how many nodes the filter matched / keeps on paths between matches) and
+  ``data-legend-h`` (drawing units the legend takes at the top);
+* paint order: open cluster boxes, then edges, then nodes and collapsed boxes, so no edge is drawn
+  over a node; arrowheads are sized in drawing units (:data:`ARROW_PX`), not stroke widths;
+* labels longer than 40 characters end in ``…`` (``labels.py``), the ``<title>`` has the full text;
 * node ``idx`` is ``<g id="node-<idx>" class="node cat-<category> …" data-name="<FX name>">``
   with a ``<title>`` (name and target); extra classes: ``collective``, ``recomputed``,
   ``dtype-change``, ``match`` / ``on-path`` / ``faded`` (filter), ``diff-added`` /
