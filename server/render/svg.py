@@ -77,7 +77,7 @@ MAX_VISIBLE_ITEMS = 6000
 #: Default wall-clock budget for one render before the fallback view is answered.
 DEFAULT_TIMEOUT_S = 10.0
 #: Arrowhead size in drawing units (1 unit is 1 screen px at 1x zoom; a node is 20-30 units tall).
-ARROW_PX = 7.0
+ARROW_PX = 10.0
 #: How many of the heaviest edges are highlighted.
 HEAVY_EDGES = 5
 #: Hops around the focus node in the fallback view, and the most nodes it draws.
