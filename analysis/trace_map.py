@@ -50,6 +50,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.comm_map import map_collectives
+from graphdeck.analysis.kernel_source_nodes import output_code_table
 from graphdeck.analysis.trace_analysis import CommRule
 from graphdeck.analysis.trace_data import GPU_KERNEL_CATS, Ev, load_events
 from graphdeck.analysis.trace_links import link_gpu_events
@@ -59,6 +60,7 @@ from graphdeck.store.schema import CompileEvent, Graph, GraphIO, InternedString,
 AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
 TABLE_EVENTS = ("graphdeck_kernel_post_grad_nodes", "inductor_provenance_tracking_node_mappings")
 STACKS_EVENT = "inductor_provenance_tracking_kernel_stack_traces"
+OUTPUT_CODE_EVENT = "inductor_output_code"
 WRAPPER_PREFIX = "## Call CompiledFxGraph"
 _REGION = re.compile(r"^Torch-Compiled Region: (\S+)")
 
@@ -86,7 +88,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     with Session(engine) as s:
         events = s.execute(
             select(CompileEvent.rank, CompileEvent.compile_id, CompileEvent.name, CompileEvent.payload)
-            .where(CompileEvent.run_id == run_id, CompileEvent.name.in_((*TABLE_EVENTS, STACKS_EVENT)))
+            .where(CompileEvent.run_id == run_id, CompileEvent.name.in_((*TABLE_EVENTS, STACKS_EVENT, OUTPUT_CODE_EVENT)))
             .order_by(CompileEvent.id)
         ).all()
         graphs = s.execute(
@@ -108,6 +110,9 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     by_key: dict[tuple[int, str | None], list[tuple[dict, str]]] = defaultdict(list)
     parsed = []
     for rank, cid, name, payload in events:
+        if name == OUTPUT_CODE_EVENT:
+            parsed.append(((rank, cid), name, {"code": payload or ""}))
+            continue
         try:
             data = json.loads(payload or "{}")
         except ValueError:
@@ -118,13 +123,19 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     have_snapshot = {key for key, name, data in parsed if name == TABLE_EVENTS[0] and data}
     post_to_pre: dict[tuple[int, str | None], dict[str, list[str]]] = defaultdict(dict)
     need_stacks: set[tuple[int, str | None]] = set()
+    last_code: dict[tuple[int, str | None], str] = {}  # NOTE: [Kernels by output code]
     for key, name, data in parsed:
-        if name == TABLE_EVENTS[1]:
+        if name == OUTPUT_CODE_EVENT:
+            last_code[key] = data.get("code") or ""
+        elif name == TABLE_EVENTS[1]:
             post_to_pre[key].update(data.get("postToPre") or {})
             if key in have_snapshot:
                 continue
             if data.get("cppCodeToPost"):
                 by_key[key].append((data["cppCodeToPost"], "table"))
+            elif table := output_code_table(last_code.pop(key, "")):
+                by_key[key].append((table, "output_code"))
+                stats["tables_by_output_code"] += 1
             else:
                 need_stacks.add(key)
         elif name == TABLE_EVENTS[0] and data:
@@ -170,7 +181,8 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
                 stats["calls"] += 1
                 name = trace_call_name(base)
                 for node in nodes:
-                    source = "inductor_provenance_v2" if kind != "stacks" else "inductor_provenance_v2_stack_trace"
+                    source = {"stacks": "inductor_provenance_v2_stack_trace",
+                              "output_code": "inductor_provenance_v2_output_code"}.get(kind, "inductor_provenance_v2")
                     pre = post_to_pre[(rank, cid)].get(node) or []
                     if node not in known:
                         stats["nodes_not_in_graph"] += 1

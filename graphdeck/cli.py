@@ -628,8 +628,56 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
             what = "CPU time of compiled regions" if m.device == "cpu" else "GPU kernel time"
             click.echo(f"{m.mapped_ns / m.kernel_ns:.1%} of its {what} maps to graph nodes"
                        + (f" ({by} kernels)" if by else " (no capture of this run/rank links kernels to nodes)"))
+            from graphdeck.analysis.kernel_source_nodes import coverage_warning
+
+            if (low := coverage_warning(m)) is not None:
+                click.echo(f"warning: {low}", err=True)
     if as_json:
         click.echo(json.dumps(result.stats, indent=2, default=str))
+
+
+@main.command("memory-snapshot")
+@click.argument("snapshot", type=click.Path(exists=True, dir_okay=False))
+@click.option("--store", default=DEFAULT_STORE, show_default=True, help="Store holding the run's compile records.")
+@click.option("--run", "run_name", default=None, help="Run whose Inductor output code names the graphs (optional).")
+@click.option("--device", type=int, default=0, show_default=True, help="CUDA device index in the snapshot.")
+@click.option("--top", type=int, default=10, show_default=True, help="Places to list at the peak.")
+def memory_snapshot_cmd(snapshot: str, store: str, run_name: str | None, device: int, top: int) -> None:
+    """Replay a CUDA memory snapshot pickle (torch.cuda.memory._dump_snapshot) and print its
+    measured peak and who holds the bytes then, on the run's graph nodes where Inductor code
+    allocated them (graphdeck.analysis.memory_measured)."""
+    from graphdeck.errors import UsageError
+
+    from graphdeck.analysis.memory_measured import load_snapshot, measure, output_code_files
+
+    try:
+        snap = load_snapshot(snapshot)
+        code = {}
+        if run_name is not None:
+            from sqlalchemy import select
+            from sqlalchemy.orm import Session
+
+            from graphdeck.store.db import open_engine
+            from graphdeck.store.schema import Run
+
+            engine = open_engine(_store_arg(store))
+            with Session(engine) as s:
+                run_id = s.scalar(select(Run.id).where(Run.name == run_name))
+            if run_id is None:
+                raise UsageError(f"no run named {run_name!r} in {store}")
+            code = output_code_files(engine, run_id)
+        m = measure(snap, code, device=device)
+    except GraphdeckError as exc:
+        _fail(exc)
+    mib = 2 ** 20
+    click.echo(f"device {m.device}: measured peak {m.peak_bytes / mib:,.1f} MiB ({m.baseline_bytes / mib:,.1f} MiB "
+               f"allocated before the history); {m.attributed} of {m.allocations} allocations on graph nodes")
+    click.echo("at the peak: " + ", ".join(f"{k} {v / mib:,.1f} MiB" for k, v in
+                                           sorted(m.by_category_bytes.items(), key=lambda kv: -kv[1])))
+    for size, where in m.at_peak[:top]:
+        label = (f"graph {where[1]}: {', '.join(where[2][:6]) or '(no source nodes)'}" if where[0] == "graph"
+                 else where[0])
+        click.echo(f"  {size / mib:10,.1f} MiB  {label}")
 
 
 @main.command("import")

@@ -1,0 +1,240 @@
+"""GPU truth (issue 22): one captured GPT-2 run's artifacts, and what the capture costs on a GPU.
+
+GPT-2 (``transformers``, random weights, ``--layers`` blocks, 768 wide, eager attention) trained
+with fused AdamW (``foreach`` on CPU) under ``torch.compile`` (Inductor) and bf16 autocast.
+
+``artifact OUT``: one run captured as a user would: ``Agent.watch`` + ``backend=agent.backend(...)``,
+``TORCH_TRACE`` on (set by the caller), two warm-up steps, then ``agent.profile`` over two active
+steps with CUDA memory history recording (``torch.cuda.memory._record_memory_history``) around
+them. Written to OUT: ``gpt2.db.gz`` (the store, WAL folded), ``gpt2_rank0.pt.trace.json.gz``
+(Kineto), ``snapshot.pickle.gz`` (``torch.cuda.memory._snapshot()`` after the recorded steps),
+``info.json`` (versions, ``max_memory_allocated`` over the recorded steps in bytes, step ms).
+
+``once --mode plain|captured``: one fresh process (the caller gives it a fresh Inductor and Triton
+cache): the first step's wall seconds (Dynamo + Inductor compile + the step, synchronised) and
+the steady steps' times (CUDA events, ms), printed as one JSON line.
+
+``bench``: ``--runs`` × (plain, captured) ``once`` processes, alternating (order reversed in odd
+runs), each with fresh ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR``; prints per-run figures
+and the captured/plain ratios of compile time and steady step (medians, min–max spread).
+
+    TORCH_TRACE=/tmp/tt python bench/bench_gpu_truth.py artifact OUT --layers 6
+    python bench/bench_gpu_truth.py bench --layers 6 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def build(layers: int, device: str, seed: int = 0):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(n_layer=layers, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
+                     attn_implementation="eager")
+    model = GPT2LMHeadModel(cfg).to(device)
+    model.config.use_cache = False
+    return model
+
+
+def setup(args, captured: bool, store: Path | None):
+    """(step function, agent or None)."""
+    import torch
+
+    device = args.device
+    model = build(args.layers, device)
+    agent = None
+    if captured:
+        from graphdeck.capture import Agent
+
+        agent = Agent(store=store, run="gpt2")
+        agent.watch(model)
+        compiled = torch.compile(model, backend=agent.backend(args.backend))
+    else:
+        compiled = torch.compile(model, backend=args.backend)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device == "cuda" else {"foreach": True}))
+    batch = torch.randint(0, 50257, (args.batch, args.seq), device=device,
+                          generator=torch.Generator(device=device).manual_seed(0))
+    dtype = torch.bfloat16
+
+    def step():
+        with torch.autocast(device_type=device, dtype=dtype):
+            loss = compiled(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step, agent
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_steps(step, n: int, device: str) -> list[float]:
+    import torch
+
+    out = []
+    for _ in range(n):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            step()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def once(args) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-truth-"))
+    step, agent = setup(args, args.mode == "captured", tmp / "s.db")
+    sync(args.device)
+    t0 = time.perf_counter()
+    step()
+    sync(args.device)
+    compile_s = time.perf_counter() - t0
+    timed_steps(step, 3, args.device)
+    ms = timed_steps(step, args.steps, args.device)
+    if agent is not None:
+        agent.close()
+    print("RESULT " + json.dumps({"mode": args.mode, "compile_s": compile_s, "step_ms": ms}), flush=True)
+
+
+def bench(args) -> None:
+    results: dict[str, list[dict]] = {"plain": [], "captured": []}
+    for r in range(args.runs):
+        order = ["plain", "captured"] if r % 2 == 0 else ["captured", "plain"]
+        for mode in order:
+            tmp = tempfile.mkdtemp(prefix="gpu-truth-cache-")
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor", "TRITON_CACHE_DIR": f"{tmp}/triton"}
+            env.pop("TORCH_TRACE", None)
+            cmd = [sys.executable, __file__, "once", "--mode", mode, "--layers", str(args.layers), "--device",
+                   args.device, "--backend", args.backend, "--batch", str(args.batch), "--seq", str(args.seq),
+                   "--steps", str(args.steps)]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                print(out.stdout[-2000:], out.stderr[-4000:], flush=True)
+                raise SystemExit(f"{mode} run {r} failed")
+            res = json.loads(line[7:])
+            results[mode].append(res)
+            print(f"[bench] run {r} {mode}: first step {res['compile_s']:.2f} s, steady median "
+                  f"{statistics.median(res['step_ms']):.3f} ms (min {min(res['step_ms']):.3f}, "
+                  f"max {max(res['step_ms']):.3f})", flush=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+    cp = [x["compile_s"] for x in results["plain"]]
+    cc = [x["compile_s"] for x in results["captured"]]
+    sp = [statistics.median(x["step_ms"]) for x in results["plain"]]
+    sc = [statistics.median(x["step_ms"]) for x in results["captured"]]
+    summary = {
+        "compile_plain_s": cp, "compile_captured_s": cc, "step_plain_ms": sp, "step_captured_ms": sc,
+        "compile_ratio_median": statistics.median(cc) / statistics.median(cp),
+        "compile_ratio_per_run": [c / p for c, p in zip(cc, cp)],
+        "step_ratio_median": statistics.median(sc) / statistics.median(sp),
+        "step_ratio_per_run": [c / p for c, p in zip(sc, sp)],
+    }
+    print("[bench] SUMMARY " + json.dumps(summary), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": results, "summary": summary}, indent=1))
+
+
+def artifact(args) -> None:
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-truth-art-"))
+    store = tmp / "gpt2.db"
+    step, agent = setup(args, True, store)
+    cuda = args.device == "cuda"
+    t0 = time.perf_counter()
+    step()
+    sync(args.device)
+    first = time.perf_counter() - t0
+    step()
+    sync(args.device)
+    prof = agent.profile(wait_steps=0, warmup_steps=1, active_steps=2, trace_dir=str(tmp))
+    info = {"torch": torch.__version__, "first_step_s": first, "layers": args.layers, "batch": args.batch,
+            "seq": args.seq, "backend": args.backend}
+    if cuda:
+        import inspect
+
+        import triton
+
+        info.update(device_name=torch.cuda.get_device_name(), triton=triton.__version__)
+        kw = {"max_entries": 200000, "stacks": "python", "context": "all"}
+        params = inspect.signature(torch.cuda.memory._record_memory_history).parameters
+        if "compile_context" in params:
+            kw["compile_context"] = True
+        info["record_kwargs"] = kw
+        torch.cuda.memory._record_memory_history(**kw)
+        torch.cuda.reset_peak_memory_stats()
+        info["allocated_before_bytes"] = torch.cuda.memory_allocated()
+    ms = []
+    with prof:
+        for _ in range(3):
+            ms += timed_steps(step, 1, args.device)
+            prof.step()
+    if cuda:
+        info["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        info["max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        info["allocated_after_bytes"] = torch.cuda.memory_allocated()
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        import pickle
+
+        with gzip.open(out / "snapshot.pickle.gz", "wb", compresslevel=9) as f:
+            pickle.dump(snap, f)
+    info["step_ms"] = ms
+    agent.close()
+    con = sqlite3.connect(store)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    with open(store, "rb") as fin, gzip.open(out / "gpt2.db.gz", "wb", compresslevel=9) as fout:
+        shutil.copyfileobj(fin, fout)
+    for p in tmp.glob("*.pt.trace.json.gz"):
+        shutil.copy(p, out / p.name)
+    (out / "info.json").write_text(json.dumps(info, indent=1))
+    print("[artifact] " + json.dumps(info)[:2000], flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["artifact", "once", "bench"])
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--mode", default="plain", choices=["plain", "captured"])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--backend", default="inductor")
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    {"artifact": artifact, "once": once, "bench": bench}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
