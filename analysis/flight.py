@@ -278,6 +278,29 @@ def flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None =
             gc.enable()
 
 
+#: Collectives whose tensors exist on one side only at the root: a scatter's inputs live on its
+#: source rank, a gather's outputs on its destination; the others hold none there.
+_ROOT_INPUTS, _ROOT_OUTPUTS = ("scatter",), ("gather",)
+
+
+def comparable(sig: list) -> list:
+    """What ranks must agree on in a signature ``[op, input_sizes, output_sizes, dtypes]`` (the
+    stored form, dtypes = inputs' then outputs'): all of it, except the root-only side of a scatter
+    (inputs) or a gather (outputs), which the other ranks record empty — comparing it would make
+    every scatter a mismatch between its source and the rest."""
+    try:
+        op, ins, outs, dtypes = sig
+    except (TypeError, ValueError):
+        return sig
+    kind = str(op).rsplit(":", 1)[-1]
+    n_in = len(ins) if isinstance(ins, list) else 0
+    if kind in _ROOT_INPUTS and isinstance(dtypes, list):
+        return [op, None, outs, dtypes[n_in:]]
+    if kind in _ROOT_OUTPUTS and isinstance(dtypes, list):
+        return [op, ins, None, dtypes[:n_in]]
+    return sig
+
+
 class _Classes:
     """Ranks whose recorded sequence of a group is the same, found by their indexes: each
     distinct sequence is decoded and compared once, however many ranks hold it."""
@@ -290,8 +313,8 @@ class _Classes:
             sigs = x.get("sigs") or []
             key = json.dumps(sigs, separators=(",", ":"))
             if key not in tables:
-                tables[key] = tuple(sig_ids.setdefault(json.dumps(sg, separators=(",", ":")), len(sig_ids))
-                                    for sg in sigs)
+                tables[key] = tuple(sig_ids.setdefault(json.dumps(comparable(sg), separators=(",", ":")),
+                                                       len(sig_ids)) for sg in sigs)
             self.gsig[r] = tables[key]
 
     def rows(self, g: str, have: list[int]) -> tuple[int, dict[tuple, list[int]]] | None:
@@ -371,8 +394,11 @@ def _flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None)
         for sg, gid in zip(index[r].get("sigs") or [], classes.gsig[r]):
             ops.setdefault(gid, str(sg[0]))
     groups = sorted({g for x in index.values() for g in x["groups"]})
+    recorded = recorded_members(session, run_id) if any(g not in cfg_members for g in groups) else {}
     for g in groups:
-        members = sorted(cfg_members.get(g) or world)
+        # gloo's pg_config names only the default group: a mesh dimension's group takes its members
+        # from the capture's process-group / layout records, never the whole world (a false hang).
+        members = sorted(cfg_members.get(g) or recorded.get(g) or world)
         m = _group_mismatch(g, members, rd, classes, ops)
         if m is None:
             report.groups_agree.append(g)
@@ -429,6 +455,31 @@ def _causes(mismatches: list[GroupMismatch], rd: dict[int, _RankDump]) -> None:
                 ah = a.norm["entries"][prev_h[1]][6]
                 m.cause[r] = "skipped" if ag < ah else "waiting"
         m.primary = not m.not_reached or any(c == "skipped" for c in m.cause.values())
+
+
+#: Capture records that name process groups and their members (capture/process_groups.py, capture/layout.py).
+PG_RECORDS = ("graphdeck_process_groups", "graphdeck_parallel_layout")
+
+
+def recorded_members(session: Session, run_id: int) -> dict[str, set[int]]:
+    """Process-group name → member ranks from the capture's ``graphdeck_process_groups`` records
+    (``{"groups": [{"name", "ranks"}]}``) and layout records (``meshes[].dim_groups[]``), the union
+    over every rank's records; empty when the run has none (an imported log, older captures)."""
+    out: dict[str, set[int]] = defaultdict(set)
+    rows = session.execute(select(CompileEvent.name, CompileEvent.payload).where(
+        CompileEvent.run_id == run_id, CompileEvent.name.in_(PG_RECORDS)))
+    for name, payload in rows:
+        try:
+            data = json.loads(payload or "{}")
+        except ValueError:
+            continue
+        groups = (data.get("groups") or []) if name == PG_RECORDS[0] else [
+            dg for mesh in data.get("meshes") or [] for dg in mesh.get("dim_groups") or []]
+        for grp in groups:
+            ranks = grp.get("ranks") if isinstance(grp, dict) else None
+            if grp.get("name") is not None and isinstance(ranks, list) and ranks:
+                out[str(grp["name"])].update(r for r in ranks if isinstance(r, int))
+    return dict(out)
 
 
 def _group_mismatch(g: str, members: list[int], rd: dict[int, _RankDump], classes: _Classes,

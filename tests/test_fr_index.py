@@ -113,3 +113,18 @@ def test_variants_report_the_same_from_index_and_payloads(tmp_path):
         (tmp_path / str(k)).mkdir()
         indexed, from_payloads = _flight(_import(tmp_path / str(k), {0: base, 1: v, 2: copy.deepcopy(base)}))
         assert indexed == from_payloads and bool(indexed["mismatches"]) == (k != 1), k  # p2p is not aligned
+
+
+def test_a_scatter_is_compared_on_what_every_rank_holds():
+    """A scatter's inputs live on its source rank only (the others record none), a gather's outputs
+    on its destination: comparing those sides made every scatter of the FSDP2 x TP job a mismatch."""
+    from graphdeck.analysis.flight import comparable
+
+    src = ["gloo:scatter", [[2, 32, 32]], [[32, 32]], ["Float", "Float"]]
+    other = ["gloo:scatter", [], [[32, 32]], ["Float"]]
+    assert comparable(src) == comparable(other)
+    assert comparable(["gloo:scatter", [], [[16, 32]], ["Float"]]) != comparable(other)
+    dst = ["nccl:gather", [[8]], [[8], [8]], ["Float", "Float", "Float"]]
+    assert comparable(dst) == comparable(["nccl:gather", [[8]], [], ["Float"]])
+    ar = ["gloo:all_reduce", [[8]], [[8]], ["Float", "Float"]]
+    assert comparable(ar) == ar

@@ -112,9 +112,6 @@ def test_fsdp_tp_job_is_a_2x2_grid_of_dp_replicas_and_tp_positions(page, base_ur
     assert not straggler["ran"] and straggler["counts"] == {"unknown": 4}, "no traces: unknown, never ok"
 
 
-@pytest.mark.xfail(strict=True, reason="Flight Recorder side (analysis/flight.py): gloo's pg_config lists only the "
-                   "default group, so each mesh dimension's group is compared over the whole world (a false hang), "
-                   "as in tests/test_mesh_checks.py::test_fsdp_tp_check_ranks_verdict_ok")
 def test_fsdp_tp_job_has_no_hang_badge(base_url):
     api = httpx.get(f"{base_url}/api/runs/{RUN_FSDP_TP}/parallel-map", params={"checks": "hang"}, timeout=60).json()
     hang = next(c for c in api["checks"] if c["key"] == "hang")

@@ -279,9 +279,6 @@ def test_fsdp_tp_ranks_agree_per_mesh_dimension(nd_fsdp_tp_store):  # noqa: F811
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="Flight Recorder side (analysis/flight.py): gloo's pg_config lists only the "
-                   "default group, so each mesh dimension's group is compared over the whole world (a false hang); "
-                   "the members are in the layout's dim_groups / graphdeck_process_groups")
 def test_fsdp_tp_check_ranks_verdict_ok(nd_fsdp_tp_store):  # noqa: F811
     proc = check_ranks_cli(nd_fsdp_tp_store, RUN_FSDP_TP)
     assert proc.returncode == 0 and "OK: all ranks agree" in proc.stdout, proc.stdout[-3000:]
