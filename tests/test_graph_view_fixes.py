@@ -25,7 +25,6 @@ from tests.conftest import IN_CI, LiveServer
 from tests.test_browser import TIMEOUT_MS
 from tests.trace_helpers import GPT2_DIR, _upgrade
 
-pytestmark = pytest.mark.browser
 GPT2_DB = GPT2_DIR / "gpt2.db.gz"
 
 
@@ -77,6 +76,7 @@ def host_rect(pg) -> dict:
     return pg.eval_on_selector("#graph-svg", "e => e.getBoundingClientRect().toJSON()")
 
 
+@pytest.mark.browser
 def test_edges_are_drawn_under_nodes_and_arrowheads_keep_a_drawing_size(page, server, graphs):
     open_graph(page, server, graphs["aot_backward"]["id"])
     order = page.evaluate("""() => {
@@ -99,6 +99,7 @@ def test_edges_are_drawn_under_nodes_and_arrowheads_keep_a_drawing_size(page, se
         f"at fit an arrowhead is smaller than a node box, never a huge triangle: {sizes}"
 
 
+@pytest.mark.browser
 def test_a_node_selected_at_fit_is_zoomed_to_and_marked(page, server, graphs):
     gid = graphs["aot_backward"]["id"]
     open_graph(page, server, gid)
@@ -115,6 +116,7 @@ def test_a_node_selected_at_fit_is_zoomed_to_and_marked(page, server, graphs):
         and box["bottom"] <= host["bottom"], "and it is in view"
 
 
+@pytest.mark.browser
 def test_backward_graph_opens_at_its_top_with_legend_and_overlay_note_in_the_page(page, server, graphs):
     gid = graphs["aot_backward"]["id"]
     open_graph(page, server, gid, "overlay=comm")
@@ -134,6 +136,7 @@ def test_backward_graph_opens_at_its_top_with_legend_and_overlay_note_in_the_pag
     assert top["host_top"] <= top["node_top"] <= top["host_top"] + 120, f"opens at the graph's top: {top}"
 
 
+@pytest.mark.browser
 def test_long_op_names_stay_in_their_boxes_with_the_full_name_on_hover(page, server, graphs):
     gid = graphs["aot_backward"]["id"]
     name = next(n["name"] for n in httpx.get(f"{server}/api/graphs/{gid}/nodes", timeout=30).json()
@@ -151,6 +154,7 @@ def test_long_op_names_stay_in_their_boxes_with_the_full_name_on_hover(page, ser
     assert label.endswith("\u2026") and "_scaled_dot_product_efficient_attention_backward" in title
 
 
+@pytest.mark.browser
 def test_a_list_of_shapes_is_printed_as_shapes(page, server, graphs):
     gid = graphs["aot_forward"]["id"]
     open_graph(page, server, gid, "node=split")
@@ -161,6 +165,7 @@ def test_a_list_of_shapes_is_printed_as_shapes(page, server, graphs):
     assert not [t for t in drawn if "total_len" in t or "[[" in t], "never a raw, truncated repr of a list"
 
 
+@pytest.mark.browser
 def test_a_filter_says_how_many_nodes_match(page, server, graphs):
     gid = graphs["aot_forward"]["id"]
     nodes = httpx.get(f"{server}/api/graphs/{gid}/nodes", timeout=30).json()
@@ -176,6 +181,7 @@ def test_a_filter_says_how_many_nodes_match(page, server, graphs):
         "each match is marked, drawn or counted on its collapsed box"
 
 
+@pytest.mark.browser
 def test_optimizer_step_opens_clustered_by_parameter_with_at_most_500_items(page, server, graphs):
     step = graphs["aot_inference"]
     assert step["num_nodes"] > 4000
@@ -224,3 +230,63 @@ def test_edges_never_cut_through_a_box_and_cross_less(server, graphs):
                     cut.append((g.get("data-src"), g.get("data-dst"), name))
                     break
     assert not cut, f"edges drawn through boxes: {cut[:5]}"
+
+
+# ---------------------------------------------------------------------------- flat graphs, no browser
+
+def _flat_view(n_params: int, extra_ops: int = 0):
+    """A synthetic optimizer step: params p<i> and grads g<i>, ``_foreach_add(ps, gs)``, one
+    getitem per element and a copy_ back into each param (plus ``extra_ops`` loose ops)."""
+    from graphdeck.server.views import GraphView, ViewEdge, ViewNode
+
+    nodes, edges, calls, k = [], [], {}, 0
+
+    def add(name, op, target, args=(), label=None):
+        nonlocal k
+        nodes.append(ViewNode(id=name, idx=k, label=label or target.split(".")[-2 if "." in target else -1],
+                              op=op, target=target, category="other"))
+        calls[name] = list(args)
+        for a in args:
+            for ref in (a if isinstance(a, list) else [a]):
+                if isinstance(ref, dict):
+                    edges.append(ViewEdge(src=ref["node"], dst=name, size_bytes=4))
+        k += 1
+
+    add("x", "placeholder", "x", label="x")
+    for i in range(n_params):
+        add(f"p{i}", "placeholder", f"p{i}", label=f"p{i}")
+        add(f"g{i}", "placeholder", f"g{i}", label=f"g{i}")
+    add("_foreach_add", "call_function", "aten._foreach_add.List",
+        [[{"node": f"p{i}"} for i in range(n_params)], [{"node": f"g{i}"} for i in range(n_params)]])
+    for i in range(n_params):
+        add(f"getitem_{i}", "call_function", "_operator.getitem", [{"node": "_foreach_add"}, i], label="getitem")
+        add(f"copy__{i}", "call_function", "aten.copy_.default", [{"node": f"p{i}"}, {"node": f"getitem_{i}"}])
+    for j in range(extra_ops):
+        add(f"relu_{j}", "call_function", "aten.relu.default", [{"node": f"relu_{j - 1}" if j else "x"}])
+    add("output", "output", "output", [[{"node": f"copy__{i}"} for i in range(n_params)]], label="output")
+    return GraphView(graph_id=1, name="step", kind="aot_inference", nodes=nodes, edges=edges), calls
+
+
+def test_flat_graph_is_clustered_by_the_parameter_each_op_reads_or_writes():
+    from graphdeck.server.render.flat import cluster_flat, is_flat
+    from graphdeck.server.render.svg import render_graph_svg
+
+    view, calls = _flat_view(120)
+    assert is_flat(view)
+    out = cluster_flat(view, calls, {})
+    ns = {n.id: n.namespace for n in out.nodes}
+    assert ns["p7"] == ns["g7"] == ns["getitem_7"] == ns["copy__7"] == "param_group/p7", \
+        "the i-th elements of a foreach's lists, getitem(F, i) and the copy_ into the param are one parameter"
+    assert ns["_foreach_add"] is None and ns["output"] is None, "an op reading every parameter stays shared"
+    svg = render_graph_svg(out)
+    assert svg.count('<g id="node-') + svg.count('class="cluster collapsed') <= 130
+
+
+def test_flat_graph_without_lists_is_clustered_by_stack_frame():
+    from graphdeck.server.render.flat import cluster_flat
+
+    view, calls = _flat_view(2, extra_ops=500)
+    stacks = {f"relu_{j}": f'File "/x/model.py", line {10 + j % 3}, in step\n    y = x.relu()' for j in range(500)}
+    out = cluster_flat(view, calls, stacks)
+    frames = {n.namespace for n in out.nodes if n.id.startswith("relu_")}
+    assert frames == {"frame model.py:10 step", "frame model.py:11 step", "frame model.py:12 step"}

@@ -13,9 +13,10 @@ parameter they read or write, found from the graph's own structure (union-find o
 * the ``i``-th elements of the list arguments of one call (``_foreach_add(exp_avgs, grads)``)
   belong to the same parameter, and so does ``getitem(F, i)`` with the ``i``-th elements of the
   lists ``F`` took;
-* then, in graph order, any other op whose inputs lie in one group joins it (``copy_(param,
-  getitem_k)``); an op reading several groups (the ``_foreach_*`` ops themselves, a global norm)
-  is *shared* and stays outside every group.
+* then, in graph order, any other op that reads exactly one of those groups joins it
+  (``copy_(param, getitem_k)``, ``mul(getitem_k, lr)``: ``lr`` stays where it is); an op reading
+  several groups (the ``_foreach_*`` ops themselves, a global norm) is *shared* and stays
+  outside every group, and so does an op reading none.
 
 A group of two or more nodes becomes the cluster ``param_group <g>/<name>`` where ``<name>`` is,
 in this order: the ``param_fqn`` of one of its placeholders; the parameter Dynamo's source name
@@ -128,16 +129,13 @@ def param_groups(view: GraphView, calls: dict[str, list]) -> dict[str, str]:
             for lst in lists_of.get(src[0] if src else "", []):
                 if 0 <= args[1] < len(lst):
                     groups.union(lst[args[1]], n.id)
-    for n in view.nodes:  # other ops join the one group they read
+    seeded = {groups.find(name) for name in groups.parent}  # groups the list arguments made
+    for n in view.nodes:  # other ops join the one such group they read (other inputs stay where they are)
         if n.id in shared or n.id in groups.parent or ops[n.id] in _PLACED:
             continue
-        roots = {groups.find(r) for r in _refs(calls.get(n.id) or []) if r in ops}
-        if not roots or roots & shared or sum(1 for r in roots if groups.size(r) > 1) > 1:
-            continue
-        into = max(roots, key=groups.size)
-        for r in roots:
-            groups.union(into, r)
-        groups.union(into, n.id)
+        roots = {groups.find(r) for r in _refs(calls.get(n.id) or []) if r in groups.parent}
+        if len(roots & seeded) == 1 and not roots & shared:
+            groups.union(next(iter(roots & seeded)), n.id)
     out: dict[str, list[str]] = {}
     for name in groups.parent:
         if name in ops and name not in shared:
