@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from graphdeck.analysis.trace_map import map_trace
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, Run, Trace
-from tests.conftest import LiveServer, run_python
+from tests.conftest import LiveServer
 
 RUN = "cpu"
 
@@ -160,8 +160,17 @@ from graphdeck.capture import Agent
 store = sys.argv[1]
 torch.manual_seed(0)
 agent = Agent(store=store, run="ind")
-model = agent.watch(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
-                                        torch.nn.Linear(32, 4)))
+class Net(torch.nn.Module):  # user code: its lines are the nodes' stack traces
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.ln, self.fc2 = torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.fc1(x))
+        h = self.ln(h)
+        return self.fc2(h)
+
+model = agent.watch(Net())
 compiled = torch.compile(model, backend=agent.backend("inductor"))
 with agent.profile(wait_steps=1, warmup_steps=0, active_steps=1) as prof:
     for step in range(3):
@@ -171,11 +180,19 @@ agent.close()
 """
 
 
+def _run_file(script: Path, store: Path, cache: Path) -> None:
+    """Run ``script`` as a file (``python -c`` code has no stack traces for the nodes)."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    proc = subprocess.run([sys.executable, str(script), str(store)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+
+
 @pytest.mark.slow
 def test_inductor_cpp_kernels_map_to_nodes(tmp_path):
+    script = tmp_path / "net.py"
+    script.write_text(INDUCTOR_SCRIPT)
     store = tmp_path / "ind.db"
-    run_python(INDUCTOR_SCRIPT, str(store), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
-                                                 "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    _run_file(script, store, tmp_path / "cache")
     with Session(open_engine(store, read_only=True)) as s:
         (tid,) = s.scalars(select(Trace.id)).all()
         m = map_trace(s, tid)
@@ -193,10 +210,10 @@ def test_inductor_cpp_kernels_map_to_nodes(tmp_path):
         kinds = {s.get(Graph, g).kind for g, _ in m.node_ns}
         assert kinds == {"aot_forward", "aot_backward"}
     # The same job again on the warm FX graph cache: Inductor generates nothing, the backward's
-    # node table is empty, and its kernels map through their stack traces (NOTE: [Kernels by stack trace]).
+    # node table is empty, and its kernels map through their stack traces (NOTE: [Kernels by stack
+    # trace]; the model is user code so that its nodes have stack traces).
     warm = tmp_path / "warm.db"
-    run_python(INDUCTOR_SCRIPT, str(warm), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
-                                                "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    _run_file(script, warm, tmp_path / "cache")
     with Session(open_engine(warm, read_only=True)) as s:
         (tid,) = s.scalars(select(Trace.id)).all()
         m = map_trace(s, tid)
