@@ -150,6 +150,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     # own tables can share an entry (DDP buckets: "aten._scaled_dot_product...:5" on the node of
     # the same name in each bucket), which each graph keeps.
     earlier: dict[int, list[set[tuple[str, tuple[str, ...]]]]] = defaultdict(list)
+    assigned: set[int] = set()
     rows: list[dict] = []
     for (rank, cid), tables in by_key.items():
         candidates = [g for g in graphs if g.rank == rank and g.compile_id == cid and g.kind in AOT_KINDS]
@@ -163,7 +164,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
                 stats["tables_repeated"] += 1
                 continue
             if kind == "stacks":
-                best, fresh = _by_stacks(fresh, candidates, stacks_of)
+                best, fresh = _by_stacks(fresh, candidates, stacks_of, assigned)
                 stats["tables_by_stack_trace"] += 1
             else:
                 best = max(candidates, default=None,
@@ -171,6 +172,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             if best is None:
                 stats["tables_without_graph"] += 1
                 continue
+            assigned.add(best.id)
             known = names_by_graph[best.id]
             claimed = {n for _, nodes in fresh for n in nodes if n in known}
             spare = [n for n in matmuls[best.id] if n not in claimed]
@@ -219,7 +221,8 @@ def _node_stacks(engine: Engine, run_id: int) -> dict[int, list[tuple[str, str]]
     return out
 
 
-def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stacks_of: dict[int, list[tuple[str, str]]]):
+def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stacks_of: dict[int, list[tuple[str, str]]],
+               assigned: set[int]):
     """A kernel-stack-traces table (``"name:handle" → [stack trace, ...]``) as node names of the
     candidate graph it fits best.
 
@@ -232,7 +235,8 @@ def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stack
     coarser than the node table, rows tagged ``inductor_provenance_v2_stack_trace``). A backward
     node carries its forward op's stack trace, so a backward graph is preferred to a forward one
     (its table came without a node table: the lazily compiled backward), then the graph
-    (DDPOptimizer's bucket) that resolves the most calls."""
+    (DDPOptimizer's bucket) without a table yet that resolves at least half the calls (buckets of
+    identical blocks have the same source lines), then the one that resolves the most."""
     def resolve(gid):
         nodes = stacks_of.get(gid, [])
         out = []
@@ -241,8 +245,12 @@ def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stack
             out.append((key, tuple(n for n, st in nodes if st in want)))
         return out
 
+    def n_resolved(gid):
+        return sum(1 for _, ns in resolve(gid) if ns)
+
     best = max(candidates, default=None,
-               key=lambda g: (g.kind == "aot_backward", sum(1 for _, ns in resolve(g.id) if ns)))
+               key=lambda g: (g.kind == "aot_backward", g.id not in assigned and n_resolved(g.id) * 2 >= len(fresh),
+                              n_resolved(g.id)))
     return best, ([(k, ns) for k, ns in resolve(best.id) if ns] if best is not None else [])
 
 
