@@ -40,7 +40,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: Bumped whenever a table or column changes, together with a new Alembic revision named after it
 #: (``store/migrations/versions/000N_*.py``, revision ``"000N"``); stored in ``store_meta`` and in
 #: ``alembic_version``, checked on open (:mod:`graphdeck.store.migrate`). 2: ``kernel_nodes.call_index``. 3: ``grad_steps``.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _now() -> _dt.datetime:
@@ -224,6 +224,9 @@ class CompileEvent(Base):
     """A structured compile record (the same records TORCH_TRACE logs), e.g. ``compilation_metrics``."""
 
     __tablename__ = "compile_events"
+    # Checks read one rank's records of a kind (layout, process groups, FR dumps): 1,024 ranks ×
+    # a few queries each scanned the run's rows without it (bench/bench_layout.py: 76 → 17 CPU s).
+    __table_args__ = (Index("ix_compile_events_run_rank_name", "run_id", "rank", "name"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     rank: Mapped[int] = mapped_column(Integer)
