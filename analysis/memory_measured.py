@@ -15,8 +15,9 @@ recorded history are the live blocks now minus the history's net change.
 
 Attribution: Inductor's wrapper runs as a Python file named in the TORCH_TRACE / capture record
 ``inductor_output_code`` (``metadata_json.inductor_output_code.filename``); an allocation whose
-innermost frame lies in such a file is attributed to that code's graph and to the post-grad
-nodes of the kernel call the line feeds: an ``empty_strided_*`` line → the next
+innermost frame lies in such a file is attributed to that code's graph (the post-grad graph id
+the record names) and to the nodes the source-node comment of the kernel call the line feeds
+names (AOT names in a backward, mostly Dynamo names in a forward): an ``empty_strided_*`` line → the next
 ``# Topologically Sorted Source Nodes`` comment below it (the call that writes the buffer), any
 other line → the nearest one above it (NOTE: [Kernels by output code]). Other allocations are
 classed by their frames: ``optimizer`` (``torch/optim``), ``autograd`` (gradient accumulation
