@@ -82,9 +82,18 @@ def _task_id() -> int:
         return -1
 
 
+def _frame(n: int):
+    """``sys._getframe(n)``, or None when the stack is shallower: a hook called by autograd's
+    device thread (CUDA backward) has only a frame or two of Python above it."""
+    try:
+        return sys._getframe(n + 1)
+    except ValueError:
+        return None
+
+
 def _nested(limit: int = 400) -> bool:
     """Whether the caller runs inside an autograd Function's backward (a reentrant backward)."""
-    f = sys._getframe(2)
+    f = _frame(2)
     while f is not None and limit:
         code = f.f_code
         if code.co_name == "apply" and code.co_filename.endswith(os.path.join("autograd", "function.py")):
@@ -129,7 +138,7 @@ def _checkpoint_site(module_name=None, limit: int = 200) -> str | None:
     """The checkpointed function whose nested backward is running (reentrant checkpointing keeps
     it as ``ctx.run_function``), as ``"qualname (file.py:LINE)"``; a module as
     ``"name (Class.forward at file.py:LINE)"`` (``module_name(module) -> fqn | None``)."""
-    f = sys._getframe(2)
+    f = _frame(2)
     while f is not None and limit:
         if f.f_code.co_name == "backward" and "checkpoint" in f.f_code.co_filename:
             fn = getattr(f.f_locals.get("ctx"), "run_function", None)
