@@ -1,7 +1,7 @@
 # One image for the dashboard server and the multi-rank demo job (docker-compose.yml).
 FROM python:3.11-slim
-# graphviz: the graph view's layout (dot); g++: Inductor's CPU code generation in the demo.
-RUN apt-get update && apt-get install -y --no-install-recommends graphviz g++ \
+# g++: Inductor's CPU code generation in the demo (the graph view's layout is igraph's: no graphviz).
+RUN apt-get update && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md /app/

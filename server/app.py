@@ -39,9 +39,8 @@ from graphdeck.store.db import open_engine
 
 log = logging.getLogger(__name__)
 
-#: Routers of other resources, each included when its module is installed (so the app runs
-#: while they are being written); any other import error propagates.
-OPTIONAL_ROUTERS = (
+#: The API's routers by resource (each module has a ``router``), all part of the package.
+ROUTERS = (
     "graphdeck.server.routes.traces",
     "graphdeck.server.routes.validation",
     "graphdeck.server.routes.compile",
@@ -87,10 +86,8 @@ def create_app(settings: Settings) -> FastAPI:
     _add_error_handlers(app)
     app.include_router(runs.router)
     app.include_router(graphs.router)
-    for module_name in OPTIONAL_ROUTERS:
-        router = _optional_router(module_name)
-        if router is not None:
-            app.include_router(router)
+    for module_name in ROUTERS:
+        app.include_router(importlib.import_module(module_name).router)
     frontend_dir = settings.frontend_dir or _package_dir("graphdeck.frontend")
     if frontend_dir is None:
         raise NotFoundError("the graphdeck.frontend package is not installed")
@@ -186,22 +183,6 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def unexpected_error(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}", 500), status_code=500)
-
-
-def _optional_router(module_name: str):
-    """``module.router``, or ``None`` when the module itself is not installed yet.
-
-    Only the module's own absence is forgiven; an ImportError raised inside it (a missing
-    dependency, a typo) propagates.
-    """
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        log.info("%s not installed; its routes are not served", module_name)
-        return None
-    return module.router
 
 
 def _package_dir(package: str) -> Path | None:
