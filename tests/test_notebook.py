@@ -1,4 +1,4 @@
-"""The notebook API (``graphdeck.open``, issue 23 item 4): README's example runs as written, and its
+"""The notebook API (``graphdeck.open``, issue 23 item 4): docs/notebook.md's example runs as written, and its
 reports give the verdicts the CLI gives on the same run."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import pytest
 
 import graphdeck
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "notebook.md"
 
 
 def _example() -> str:
     text = README.read_text()
     m = re.search(r"<!-- notebook-example:[^>]*-->\n```python\n(.*?)```", text, re.S)
-    assert m, "README holds the notebook example"
+    assert m, "docs/notebook.md holds the notebook example"
     return m.group(1)
 
 
@@ -29,7 +29,7 @@ def test_readme_notebook_example_runs_and_agrees_with_the_cli(captured_store):
     out = io.StringIO()
     scope: dict = {}
     with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the documented example itself
+        exec(compile(code, "docs/notebook.md", "exec"), scope)  # noqa: S102 - the documented example itself
     grads, ranks = scope["grads"], scope["ranks"]
     cli = {}
     for cmd in ("check-grads", "check-ranks"):
