@@ -646,9 +646,8 @@ def memory_snapshot_cmd(snapshot: str, store: str, run_name: str | None, device:
     """Replay a CUDA memory snapshot pickle (torch.cuda.memory._dump_snapshot) and print its
     measured peak and who holds the bytes then, on the run's graph nodes where Inductor code
     allocated them (graphdeck.analysis.memory_measured)."""
-    from graphdeck.errors import UsageError
-
     from graphdeck.analysis.memory_measured import load_snapshot, measure, output_code_files
+    from graphdeck.errors import UsageError
 
     try:
         snap = load_snapshot(snapshot)
@@ -887,12 +886,15 @@ def stack_cmd(data_dir: str, store: str | None, host: str, port: int, pg_port: i
         _fail(exc)
     sys.exit(code)
 
-from graphdeck.cli_compile import check_compile as _check_compile  # noqa: E402 - check-compile (issue 21)
 
-main.add_command(_check_compile)
-from graphdeck.cli_diff import diff_runs_cmd as _diff_runs; main.add_command(_diff_runs)  # noqa: E402,E702
-from graphdeck.cli_summary import summary_cmd as _summary; main.add_command(_summary)  # noqa: E402,E702
-from graphdeck.cli_export import export_trace_cmd as _export_trace; main.add_command(_export_trace)  # noqa: E402,E702
+# Commands defined in their own modules (each imports what it needs when run).
+from graphdeck.cli_compile import check_compile as _check_compile  # noqa: E402
+from graphdeck.cli_diff import diff_runs_cmd as _diff_runs  # noqa: E402
+from graphdeck.cli_export import export_trace_cmd as _export_trace  # noqa: E402
+from graphdeck.cli_summary import summary_cmd as _summary  # noqa: E402
+
+for _command in (_check_compile, _diff_runs, _summary, _export_trace):
+    main.add_command(_command)
 
 if __name__ == "__main__":
     main()
