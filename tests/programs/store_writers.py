@@ -69,8 +69,10 @@ def rank_main(store: str, rank: int, world: int, n_graphs: int, barrier, errors,
         if trace:
             from graphdeck.store.traces import ingest_trace
 
+            # Every rank ingests the same file as its own trace: the same bytes on purpose, so the
+            # run's duplicate check (store/trace_dedupe.py) is told to allow them.
             ingest_trace(writer.engine, trace, run_name="writers", rank=rank, name=f"rank{rank}_{os.path.basename(trace)}",
-                         strict=True)
+                         strict=True, duplicate="allow")
     except Exception:  # noqa: BLE001 - reported to the parent, which fails the run
         errors.append(f"rank {rank}: {traceback.format_exc()}")
         sys.exit(1)
