@@ -686,7 +686,9 @@ def memory_snapshot_cmd(snapshot: str, store: str, run_name: str | None, device:
 @click.option("--run", "run_name", required=True, help="Run name (created if missing).")
 @click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped record.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when it is a terminal).")
-def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, progress: bool | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Also print every counter of the TORCH_TRACE import as JSON.")
+def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, progress: bool | None,
+               as_json: bool) -> None:
     """Import TORCH_TRACE compile logs (one per rank), Flight Recorder dumps (pickle or JSON, any
     file names; graphdeck.store.fr_import) and Kineto traces (by content) of one job — files or
     directories — as run RUN."""
@@ -738,7 +740,13 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
                        f"envelopes say rank {f['envelope_rank']} (stored as rank {f['rank']})", err=True)
     for name in result.skipped_files:
         click.echo(f"  skipped {name}", err=True)
-    click.echo(json.dumps(st, indent=2, default=str))
+    # Only what went wrong beyond the summary line; every counter with --json (issue 24.8's fault).
+    problems = {k: v for k, v in st.items() if isinstance(v, int) and v and k.startswith(
+        ("bad_", "dropped", "unknown", "truncated", "other_rank", "orphan", "unparsed", "checksum"))}
+    if problems:
+        click.echo("  " + ", ".join(f"{k} {v:,}" for k, v in sorted(problems.items())))
+    if as_json:
+        click.echo(json.dumps(st, indent=2, default=str))
 
 
 @main.command("upload")
