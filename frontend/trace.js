@@ -33,6 +33,34 @@ function statsView(stats, id) {
   return defList(entries.map(([k, v]) => [k, statValue(v)]), {id, class: "kv panel"}, true);
 }
 
+const META_LABEL = {start_ns: "start", end_ns: "end", duration_ms: "duration", num_events: "events stored"};
+
+/** A trace field as a reader wants it: times as UTC dates, durations in ms, counts grouped. */
+function metaValue(k, v) {
+  if (v === null || v === undefined) return "—";
+  if ((k === "start_ns" || k === "end_ns") && /^-?\d+$/.test(String(v))) {
+    const ns = BigInt(String(v));
+    const date = new Date(Number(ns / 1000000n));
+    // a trace without a Unix time base counts from its own origin: show the raw ns then
+    return ns > 10n ** 17n ? h("span", {title: `${v} ns`}, date.toISOString().replace("T", " ").replace("Z", " UTC"))
+      : `${Number(ns).toLocaleString("en-US")} ns`;
+  }
+  if (k === "duration_ms" && typeof v === "number") return `${v.toFixed(3)} ms`;
+  if (typeof v === "number") return v.toLocaleString("en-US");
+  return typeof v === "object" ? code(JSON.stringify(v)) : v;
+}
+
+/** The ingest's counters: the non-zero ones (what was kept and what went wrong), all on demand. */
+function ingestStats(stats) {
+  const st = stats || {};
+  const shown = Object.entries(st).filter(([, v]) => typeof v === "object" ? v && Object.keys(v).length
+    : !(v === 0 || v === null || v === "" || v === false));
+  return h("div", {}, shown.length ? defList(shown.map(([k, v]) => [k, statValue(v)]), {id: "trace-stats", class: "kv panel"}, true)
+    : h("p", {class: "muted", id: "trace-stats"}, "none"),
+  h("details", {class: "fold"}, h("summary", {}, `all ${Object.keys(st).length} counters (zeros included)`),
+    statsView(st, "trace-stats-all")));
+}
+
 /**
  * Why a trace with status "truncated" is short: the file ended (or turned invalid) part-way and
  * the events parsed before the cut were kept (store/traces.py). Names the counters that say so.
@@ -69,13 +97,13 @@ export async function renderTrace(page, m) {
     h("h1", {}, fmt(trace.name), " ", statusBadge(trace.status)),
     trace.status === "truncated" ? truncatedBanner(trace) : null,
     defList(Object.entries(trace).filter(([k]) => !skip.has(k))
-      .map(([k, v]) => [k, typeof v === "object" && v !== null ? code(JSON.stringify(v)) : v]), {id: "trace-meta"}),
+      .map(([k, v]) => [META_LABEL[k] || k, metaValue(k, v)]), {id: "trace-meta"}),
     h("p", {class: "trace-links"}, h("a", {href: `#/traces/${id}/replay`, id: "replay-link"}, "Replay a step"), " · ",
       h("a", {href: `#/runs/${encodeURIComponent(trace.run_name ?? trace.run_id)}/timeline`, id: "run-timeline-link"},
         "All ranks on one time axis")),
     h("h2", {}, "Timeline"), timeline,
     h("h2", {}, "Analysis"), analysis,
-    h("h2", {}, "Ingest stats"), statsView(trace.stats, "trace-stats"),
+    h("h2", {}, "Ingest stats"), ingestStats(trace.stats),
     h("details", {class: "fold"}, h("summary", {}, "Trace metadata"), statsView(trace.meta, "trace-info"))));
   api(`/api/traces/${id}/analysis`).then((a) => { if (page.alive()) analysis.replaceChildren(...analysisView(a)); },
     (err) => { if (page.alive()) analysis.replaceChildren(errorBox(err)); });

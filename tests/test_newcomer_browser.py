@@ -38,6 +38,13 @@ def test_empty_tables_say_why_and_every_table_has_a_caption(browser, server, cap
             why = page.get_by_test_id(f"{tid}-empty").inner_text()
             assert why.startswith("No rows: ") and len(why) > 30, why
     assert page.locator("#gpu-table tbody tr").count() == 0, "a CPU-only trace has no GPU rows"
+    # The newcomer re-run: raw int64 ns and a grid of ~30 zero counters on the trace page.
+    import re
+
+    meta = page.locator("#trace-meta").inner_text()
+    assert not re.search(r"\d{16,}", meta) and " ms" in meta, meta
+    stats = page.locator("#trace-stats").inner_text()
+    assert "skipped_bad_ts" not in stats and "repaired_utf8" not in stats, stats
     assert "CPU-only" in page.get_by_test_id("gpu-table-empty").inner_text()
     assert page.locator("#steps-table caption").count() == 1
     page.goto(f"{server.url}/#/runs/tiny/timeline")
