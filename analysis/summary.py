@@ -180,6 +180,13 @@ def check_gradients(session: Session, run: Run, deadline: float) -> CheckSummary
                      native_verdict=rep.verdict)
     names = sorted(failing)
     checked = sorted({r.fqn for r in rep.rows if r.status != "BUFFER"})
+    if rep.verdict == "FAIL" and not names and {f.kind for f in rep.errors} == {"NOTHING_CHECKED"}:
+        # A run with nothing to check (a trace alone, logs without parameters): the evidence is
+        # missing, not a parameter failing — INCOMPLETE here; check-grads still refuses to pass it.
+        c.verdict, c.count, c.count_label = "INCOMPLETE", 0, "parameter(s) checked"
+        c.headline = "nothing to check: the run holds no parameter records (capture it with Agent.watch(model))"
+        c.detail = {"summary": rep.to_dict().get("summary"), "failing": [], "statuses": []}
+        return _reasons(c, [f.message for f in rep.errors])
     if rep.verdict == "FAIL":
         parts = []
         if names:

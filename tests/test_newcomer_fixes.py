@@ -119,3 +119,17 @@ except UsageError as exc:
 """)
     assert "usage: filter_by_op '(unclosed' is not a valid regular expression" in proc.stdout
     assert "re2.cc" not in proc.stderr and "absl" not in proc.stderr, proc.stderr
+
+
+def test_a_trace_only_run_is_incomplete_not_failing_in_the_summary(tmp_path):
+    """Newcomer re-run: a run holding one ingested trace showed "FAIL … 1 failing parameter(s) and
+    error finding(s)" on the overview: nothing was checked, which is missing evidence."""
+    from graphdeck.analysis.summary import run_summary
+    from graphdeck.store.traces import ingest_trace
+
+    engine = open_engine(tmp_path / "s.db")
+    ingest_trace(engine, shared_path(*HTA_TRACE), run_name="hta")
+    with Session(engine) as s:
+        rep = run_summary(s, s.scalars(select(Run)).one())
+    grads = next(c for c in rep.checks if c.key == "gradients")
+    assert grads.verdict == "INCOMPLETE" and "nothing to check" in grads.headline, grads
