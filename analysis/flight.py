@@ -544,9 +544,12 @@ def missing_evidence(session: Session, run_id: int, report: FlightReport | None 
     for rank, meta in session.execute(select(Rank.rank, Rank.meta_json).where(Rank.run_id == run_id)
                                       .order_by(Rank.rank)):
         try:
-            named = json.loads(meta or "{}").get("dropped_records") or []
+            data = json.loads(meta or "{}")
+            named = data.get("dropped_records") or []
+            broken = data.get("broken_flight_dumps") or []
         except (ValueError, AttributeError):
             continue
+        out += [f"rank {rank}: Flight Recorder dump unreadable: {d}" for d in broken]
         out += [f"rank {rank}: compile record dropped on import: {d}" for d in named
                 if not ((m := _DROP_RE.match(d)) and m.group(1) in NOT_EVIDENCE)]
     return out

@@ -490,6 +490,18 @@ def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = 
     drops = sum(x[5] for x in found)
     if strict and drops:
         raise BadInputError(f"strict import: {drops} Flight Recorder entries dropped")
+    # A file that looks like a dump but cannot be read (cut, corrupt) is a rank's lost evidence,
+    # not just a skipped file: its rank (from the name) is kept as a member without a dump, and
+    # the failure is stored for check-ranks' missing evidence (never "all ranks agree").
+    broken: dict[int | None, list[str]] = {}
+    for path, _r, _pl, why, *_rest in parsed:
+        if why and why.startswith(("unreadable", "bad gzip")):
+            name = Path(path).name
+            r = rank_of({}, name)
+            broken.setdefault(None if r in by_rank else r, []).append(f"{name}: {why}")
+    if strict and broken:
+        raise BadInputError("strict import: unreadable Flight Recorder dump(s): "
+                            + "; ".join(x for v in broken.values() for x in v))
     with Session(engine) as s, s.begin():
         run = get_or_create_run(s, run_name, meta={"source": "flight_recorder"})
         have = set(s.scalars(select(CompileEvent.rank).where(CompileEvent.run_id == run.id,
@@ -500,11 +512,19 @@ def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = 
         result = FlightImport(run_id=run.id, skipped=skipped)
         members: set[int] = set()
         existing = set(s.scalars(select(Rank.rank).where(Rank.run_id == run.id)))
-        new = [{"run_id": run.id, "rank": r, "world_size": 1, "meta_json": "{}"} for r in sorted(by_rank)
-               if r not in existing]
+        first = min(by_rank)
+        lost = {(r if r is not None else first): v for r, v in broken.items()}
+        new = [{"run_id": run.id, "rank": r, "world_size": 1,
+                "meta_json": json.dumps({"broken_flight_dumps": lost[r]}) if r in lost else "{}"}
+               for r in sorted(set(by_rank) | set(lost)) if r not in existing]
+        for r in sorted(set(lost) & existing):  # a rank the run knew already: add to its meta
+            row = s.scalar(select(Rank).where(Rank.run_id == run.id, Rank.rank == r))
+            meta = json.loads(row.meta_json or "{}")
+            meta["broken_flight_dumps"] = (meta.get("broken_flight_dumps") or []) + lost[r]
+            row.meta_json = json.dumps(meta)
+        result.dropped_records += [f"unreadable dump {x}" for v in lost.values() for x in v]
         if new:  # one statement each for the ranks and the dumps (1,024 ranks: ~1 s saved)
             s.execute(insert(Rank), new)
-        first = min(by_rank)
         rows = []
         for _path, rank, payload, _why, n, d, meta, named, pg_config in sorted(found, key=lambda x: x[1]):
             rows.append({"run_id": run.id, "rank": rank, "name": EVENT_NAME, "compile_id": None, "payload": payload,
@@ -517,8 +537,10 @@ def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = 
         s.execute(insert(CompileEvent), rows)
         result.ranks = sorted(by_rank)
         result.missing_ranks = sorted(members - set(by_rank))
-        if (run.world_size or 0) < max(len(members), max(by_rank) + 1):
-            run.world_size = max(len(members), max(by_rank) + 1)
+        top = max(set(by_rank) | set(lost))
+        result.missing_ranks = sorted((members | set(lost)) - set(by_rank))
+        if (run.world_size or 0) < max(len(members), top + 1):
+            run.world_size = max(len(members), top + 1)
     return result
 
 

@@ -148,3 +148,29 @@ def test_import_takes_dumps_and_kineto_traces_of_one_run_together(tmp_path):
     with Session(open_engine(store, read_only=True)) as s:
         assert [t.rank for t in s.scalars(select(Trace))] == [0]
     assert len(_report(store, "both").flight.mismatches) == 4
+
+
+def test_a_cut_dump_beside_a_good_one_is_missing_evidence_never_agreement(tmp_path):
+    """A fresh user's check: rank 1's dump cut at 3,000 bytes beside rank 0's good one was skipped
+    without a word and check-ranks said "OK: all ranks agree" (exit 0)."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from graphdeck.cli import main
+
+    src = Path(__file__).parent / "data" / "flight"
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    shutil.copy(src / "fr_dump_0", folder / "fr_dump_0")
+    (folder / "fr_dump_1").write_bytes((src / "fr_dump_1").read_bytes()[:3000])
+    store = str(tmp_path / "s.db")
+    res = CliRunner().invoke(main, ["import", str(folder), "--store", store, "--run", "cut", "--no-progress"])
+    assert res.exit_code == 0 and "no dump from ranks [1]" in res.output, res.output
+    assert "unreadable dump fr_dump_1" in res.output, res.output
+    res = CliRunner().invoke(main, ["check-ranks", store, "--run", "cut"])
+    assert res.exit_code == 3, res.output
+    assert "rank 1: Flight Recorder dump unreadable: fr_dump_1" in res.output and "agree" not in res.output.splitlines()[-1]
+    strict = CliRunner().invoke(main, ["import", str(folder), "--store", str(tmp_path / "t.db"), "--run", "cut",
+                                       "--strict", "--no-progress"])
+    assert strict.exit_code == 2 and "unreadable Flight Recorder dump(s): fr_dump_1" in strict.output, strict.output
