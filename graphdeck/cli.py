@@ -714,6 +714,8 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
         except BadInputError as exc:
             if (fr is None and not kineto) or "no TORCH_TRACE log" not in exc.message:
                 raise
+            if exc.details.get("skipped_files") or "skipped" in exc.message:  # say what else was given
+                click.echo(f"  other files: {exc.message}", err=True)
             result = None
         for f in kineto:
             from graphdeck.store.traces import ingest_trace

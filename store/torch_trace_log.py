@@ -260,8 +260,12 @@ def discover(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
                     skipped.append(f"{c.name}: {why}")
                 else:
                     files.append(c)
-        else:
-            files.append(p)
+        else:  # a file named on the command line is checked too: a README is not a rank-0 log
+            why = _not_a_log(p) if p.is_file() else None
+            if why:
+                skipped.append(f"{p.name}: {why}")
+            else:
+                files.append(p)
     return files, skipped
 
 

@@ -174,3 +174,24 @@ def test_a_cut_dump_beside_a_good_one_is_missing_evidence_never_agreement(tmp_pa
     strict = CliRunner().invoke(main, ["import", str(folder), "--store", str(tmp_path / "t.db"), "--run", "cut",
                                        "--strict", "--no-progress"])
     assert strict.exit_code == 2 and "unreadable Flight Recorder dump(s): fr_dump_1" in strict.output, strict.output
+
+
+def test_a_readme_named_beside_dumps_is_no_rank_0_log(tmp_path):
+    """A fresh user's check: a README.md given with the dumps was read as rank 0's TORCH_TRACE log
+    (27 bad lines dropped) and check-ranks still said the ranks agree."""
+    import sqlite3
+
+    from click.testing import CliRunner
+
+    from graphdeck.cli import main
+
+    d = Path(__file__).parent / "data" / "flight_torch2.11"
+    store = str(tmp_path / "s.db")
+    res = CliRunner().invoke(main, ["import", str(d / "gloo_ws2_pickle_0"), str(d / "gloo_ws2_pickle_1"),
+                                    str(d / "README.md"), "--store", store, "--run", "g", "--no-progress"])
+    assert res.exit_code == 0 and "README.md: not a TORCH_TRACE log" in res.output, res.output
+    con = sqlite3.connect(store)
+    try:
+        assert con.execute("select count(*) from compile_events where name != 'flight_recorder'").fetchone()[0] == 0
+    finally:
+        con.close()
