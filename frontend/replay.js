@@ -152,6 +152,8 @@ export async function renderReplay(page, m, query) {
   function setPlaying(on) {
     playing = on;
     playBtn.textContent = on ? "Pause" : "Play";
+    // While playing, centring is throttled (every 250 ms): on pause, bring the lit node into view.
+    if (!on && activeEl) viewer?.centerOn?.(activeEl);
     if (on) {
       if (current >= frames.length - 1) show(0);
       startT = performance.now(); startFrame = current;
