@@ -31,6 +31,7 @@ Pure: reads rows, returns data; nothing here draws (``server/render/regions.py``
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 
 from sqlalchemy import or_, select
@@ -212,16 +213,11 @@ def _hop_regions(rows: list, by_name: dict) -> list[Region]:
 
 
 def _common_module(rows: list) -> str | None:
+    """The module path every row's module lies under (part by part), or None."""
     paths = [r.module.split("/") for r in rows if r.module]
     if not paths:
         return None
-    common = paths[0]
-    for p in paths[1:]:
-        k = 0
-        while k < min(len(common), len(p)) and common[k] == p[k]:
-            k += 1
-        common = common[:k]
-    return "/".join(common) or None
+    return "/".join(os.path.commonprefix(paths)) or None
 
 
 _WRAPPERS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module", "__dict__", "_modules"})
@@ -244,13 +240,7 @@ def _model_path(module: str | None, members: list, by_name: dict) -> str | None:
         if at >= 0:
             return ".".join(parts)[: at + len(rel)] or None
     if fqns and not rel:
-        common = fqns[0]
-        for p in fqns[1:]:
-            k = 0
-            while k < min(len(common), len(p)) and common[k] == p[k]:
-                k += 1
-            common = common[:k]
-        return ".".join(common) or None
+        return ".".join(os.path.commonprefix(fqns)) or None
     return rel.replace("/", ".") or None
 
 

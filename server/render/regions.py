@@ -21,6 +21,7 @@ at its body's module path. The segment is the label in angle brackets (``/`` rep
 
 from __future__ import annotations
 
+import os
 from html import escape as _esc
 
 from pydantic import BaseModel, Field
@@ -72,17 +73,6 @@ def _split(ns: str | None) -> tuple[str, ...]:
     return tuple(p for p in (ns or "").split("/") if p)
 
 
-def _common(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
-    if not paths:
-        return ()
-    common = paths[0]
-    for p in paths[1:]:
-        k = 0
-        while k < min(len(common), len(p)) and common[k] == p[k]:
-            k += 1
-        common = common[:k]
-    return common
-
 
 def apply_regions(view: GraphView, regions: list[Region]) -> RegionView:
     """``view`` with each region's nodes moved into a region cluster (NOTE: [Region clusters]);
@@ -105,7 +95,7 @@ def apply_regions(view: GraphView, regions: list[Region]) -> RegionView:
         marks = set(r.markers)
         counted = ([n for n in members if ops[n] not in _PLACED and n not in marks]
                    or [n for n in members if ops[n] not in _PLACED] or members)
-        prefix = _common([path[n] for n in counted])
+        prefix = tuple(os.path.commonprefix([path[n] for n in counted]))
         inside = {n for n in path if path[n][: len(prefix)] == prefix and ops[n] not in _PLACED}
         wrap = bool(prefix) and prefix not in region_segments and inside <= set(members)
         at = prefix[:-1] if wrap else prefix
