@@ -283,7 +283,7 @@ def live_compiles(session: Session, run_id: int, rank: int, sequence: list[Compi
     without a frame id kept where they are; failed compiles and compiles without graphs — or,
     in ``scheduled``, an imported Inductor collective schedule — left out), and for every frame
     with several such compiles how each older one was classed (NOTE: [Live compiles])."""
-    from graphdeck.analysis.ranks import frame_of
+    from graphdeck.analysis.ranks import at_first_compile, frame_of
 
     per_frame: dict[str, list[CompileEntry]] = {}
     for e in sequence:
@@ -306,15 +306,7 @@ def live_compiles(session: Session, run_id: int, rank: int, sequence: list[Compi
         fc.counted = [x.compile_id for x in counted[f]]
         if len(entries) > 1:
             frames.append(fc)
-    out, seen = [], set()
-    for e in sequence:
-        f = frame_of(e.compile_id)
-        if f is None:
-            out.append(e)
-        elif f not in seen and f in counted:
-            seen.add(f)
-            out.extend(counted[f])
-    return out, frames
+    return at_first_compile(sequence, counted), frames
 
 
 class _Evidence:

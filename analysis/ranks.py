@@ -858,14 +858,20 @@ def steady_state(sequence: list[CompileEntry], scheduled: frozenset[str] | set[s
         f = frame_of(e.compile_id)
         if f is not None and e.failed is None and (e.graphs or e.compile_id in scheduled):
             latest[f] = e
+    return at_first_compile(sequence, {f: [e] for f, e in latest.items()})
+
+
+def at_first_compile(sequence: list, chosen: dict[str, list]) -> list:
+    """``sequence`` with each frame's compiles replaced by ``chosen[frame]`` at the place of the
+    frame's first compile (a frame not in ``chosen`` left out; entries without a frame id kept)."""
     out, seen = [], set()
     for e in sequence:
         f = frame_of(e.compile_id)
         if f is None:
             out.append(e)
-        elif f not in seen and f in latest:
+        elif f not in seen and f in chosen:
             seen.add(f)
-            out.append(latest[f])
+            out.extend(chosen[f])
     return out
 
 
