@@ -72,6 +72,26 @@ def is_sqlite(path_or_url: str | os.PathLike) -> bool:
     return store_url(path_or_url).startswith("sqlite")
 
 
+def _wal(cur) -> None:
+    """``PRAGMA journal_mode=WAL``, waiting for a rank that is creating the same new store: that
+    switch can answer "database is locked" at once, without SQLite's busy handler (two torchrun
+    ranks opening one fresh store). WAL is kept by the file, so a store already in WAL skips it."""
+    import sqlite3
+    import time
+
+    if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+        return
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _sqlite_pragmas(read_only: bool, max_bytes: int | None):
     def on_connect(dbapi_conn, _record):
         cur = dbapi_conn.cursor()
@@ -79,7 +99,7 @@ def _sqlite_pragmas(read_only: bool, max_bytes: int | None):
         if read_only:
             cur.execute("PRAGMA query_only=1")
         else:
-            cur.execute("PRAGMA journal_mode=WAL")
+            _wal(cur)
             cur.execute("PRAGMA synchronous=NORMAL")
             if max_bytes:
                 page_size = cur.execute("PRAGMA page_size").fetchone()[0]
