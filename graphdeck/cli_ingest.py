@@ -1,0 +1,227 @@
+"""Getting data into a store: ``graphdeck ingest-trace``, ``import``, ``upload``, and
+``delete-run`` to take a run out again. Added to ``graphdeck.cli.main`` by the block at the end
+of graphdeck/cli.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _is_kineto, _store_arg
+from graphdeck.errors import BadInputError, GraphdeckError
+
+
+@click.command("ingest-trace")
+@click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--store", default=DEFAULT_STORE, show_default=True,
+              help="Store to write: a SQLite file or a PostgreSQL URL.")
+@click.option("--run", "run_name", required=True, help="Run name (created if missing).")
+@click.option("--rank", type=int, default=None, help="Rank, when the trace does not say.")
+@click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped event.")
+@click.option("--replace", is_flag=True,
+              help="The run holds the same file (same bytes) already: replace that trace instead of refusing.")
+@click.option("--json", "as_json", is_flag=True, help="Print every counter of the ingest as JSON.")
+def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | None, strict: bool, replace: bool,
+                     as_json: bool) -> None:
+    """Stream a Kineto trace (.json or .json.gz) into the store (the upload API's code path).
+    The same file twice into one run is refused (exit 2) unless ``--replace``."""
+    from sqlalchemy.orm import Session
+    from tqdm import tqdm
+
+    from graphdeck.store.db import open_engine, undo_new_run_on_error
+    from graphdeck.store.schema import Trace
+    from graphdeck.store.traces import ingest_trace, summary_line
+
+    try:
+        engine = open_engine(_store_arg(store))
+    except GraphdeckError as exc:  # not a store, or one of a newer schema
+        _fail(exc)
+    bar = tqdm(total=os.path.getsize(trace_file), unit="B", unit_scale=True, desc="ingest", file=sys.stderr,
+               disable=None)
+    try:
+        with undo_new_run_on_error(engine, run_name):  # a failed ingest leaves no empty run behind
+            result = ingest_trace(engine, trace_file, run_name=run_name, rank=rank, strict=strict,
+                                  progress=lambda n: bar.update(n - bar.n),
+                                  duplicate="replace" if replace else "refuse")
+    except GraphdeckError as exc:
+        bar.close()
+        if exc.details.get("kept") and exc.details.get("trace_id") is not None:
+            # Not strict and the file is cut: the events before the cut are stored (status
+            # 'truncated'); that is what was asked, so it is a warning with the summary, exit 0.
+            click.echo(f"warning: {exc}", err=True)
+            with Session(engine) as s:
+                trace = s.get(Trace, exc.details["trace_id"])
+                run_id, trace_rank = trace.run_id, trace.rank
+            from graphdeck.analysis.trace_map import link_kernels
+
+            link_kernels(engine, run_id)
+            click.echo(f"trace {exc.details['trace_id']}: rank {trace_rank}, status truncated: "
+                       + summary_line(exc.details.get("stats") or {}))
+            if as_json:
+                click.echo(json.dumps(exc.details.get("stats") or {}, indent=2, default=str))
+            return
+        if exc.details.get("stats"):
+            click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)
+        _fail(exc)
+    bar.update(bar.total - bar.n)
+    bar.close()
+    from graphdeck.analysis.trace_map import link_kernels  # kernel -> FX node links of the run
+
+    link_kernels(engine, result.run_id)
+    kernels = (result.stats or {}).get("gpu_kernels")
+    click.echo(f"trace {result.trace_id}: rank {result.rank}, status {result.status}: " + summary_line(result.stats or {})
+               + (f"; {kernels} GPU kernels" if kernels is not None else ""))
+    if result.status in ("ok", "truncated"):
+        from graphdeck.analysis.trace_map import map_trace
+
+        with Session(engine) as s:
+            m = map_trace(s, result.trace_id)
+        if m.kernel_ns:
+            by = ", ".join(f"{n} {src}" for src, n in sorted(m.sources.items()))
+            what = "CPU time of compiled regions" if m.device == "cpu" else "GPU kernel time"
+            click.echo(f"{m.mapped_ns / m.kernel_ns:.1%} of its {what} maps to graph nodes"
+                       + (f" ({by} kernels)" if by else " (no capture of this run/rank links kernels to nodes)"))
+            from graphdeck.analysis.kernel_source_nodes import coverage_warning
+
+            if (low := coverage_warning(m)) is not None:
+                click.echo(f"warning: {low}", err=True)
+    if as_json:
+        click.echo(json.dumps(result.stats, indent=2, default=str))
+
+
+@click.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--store", default=DEFAULT_STORE, show_default=True,
+              help="Store to write: a SQLite file or a PostgreSQL URL.")
+@click.option("--run", "run_name", required=True, help="Run name (created if missing).")
+@click.option("--strict", is_flag=True, help="Fail, keeping nothing, on any dropped record.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when it is a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Also print every counter of the TORCH_TRACE import as JSON.")
+def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, progress: bool | None,
+               as_json: bool) -> None:
+    """Import TORCH_TRACE compile logs (one per rank), Flight Recorder dumps (pickle or JSON, any
+    file names; graphdeck.store.fr_import) and Kineto traces (by content) of one job — files or
+    directories — as run RUN."""
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.fr_import import discover, import_flight_dumps, sniff
+    from graphdeck.store.torch_trace import import_torch_trace
+
+    try:
+        found = discover(paths)
+        fr_files = [f for f in found if sniff(f)]
+        kineto = [f for f in found if f not in fr_files and _is_kineto(f)]  # profiler traces of the same run
+        logs = [p for p in paths if Path(p).is_dir() or str(Path(p)) not in {str(Path(f)) for f in fr_files + kineto}]
+        fr = import_flight_dumps(open_engine(store), [], run_name=run_name, strict=strict, files=fr_files) \
+            if fr_files else None
+        if fr is not None:
+            click.echo(f"Flight Recorder: ranks {fr.ranks}, {fr.entries} entries, {fr.dropped} dropped"
+                       + (f"; no dump from ranks {fr.missing_ranks}" if fr.missing_ranks else ""))
+            for d in fr.dropped_records[:20]:
+                click.echo(f"  dropped {d}", err=True)
+        try:
+            result = import_torch_trace(open_engine(store), logs, run_name=run_name, strict=strict,
+                                        progress=sys.stderr.isatty() if progress is None else progress) if logs else None
+        except BadInputError as exc:
+            if (fr is None and not kineto) or "no TORCH_TRACE log" not in exc.message:
+                raise
+            if exc.details.get("skipped_files") or "skipped" in exc.message:  # say what else was given
+                click.echo(f"  other files: {exc.message}", err=True)
+            result = None
+        for f in kineto:
+            from graphdeck.store.traces import ingest_trace
+
+            t = ingest_trace(open_engine(store), f, run_name=run_name, strict=strict)
+            click.echo(f"Kineto trace {Path(f).name}: rank {t.rank}, {t.num_events} events, status {t.status}")
+        if kineto:
+            from graphdeck.analysis.trace_map import link_kernels
+
+            link_kernels(open_engine(store), t.run_id)
+    except GraphdeckError as exc:
+        if exc.details.get("stats"):
+            click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)
+        _fail(exc)
+    if result is None:
+        return
+    st = result.stats
+    click.echo(f"run {result.run_name} (id {result.run_id}): ranks {result.ranks}; {st.get('graphs', 0)} graphs, "
+               f"{st.get('nodes', 0)} nodes, {st.get('compile_events', 0)} compile events, "
+               f"{st.get('kernel_nodes', 0)} kernel links; {result.dropped} dropped")
+    for f in result.files:
+        if f["rank_mismatch"]:
+            click.echo(f"  warning: {Path(f['path']).name}: file name says rank {f['file_rank']}, "
+                       f"envelopes say rank {f['envelope_rank']} (stored as rank {f['rank']})", err=True)
+    for name in result.skipped_files:
+        click.echo(f"  skipped {name}", err=True)
+    # Only what went wrong beyond the summary line; every counter with --json (issue 24.8's fault).
+    problems = {k: v for k, v in st.items() if isinstance(v, int) and v and k.startswith(
+        ("bad_", "dropped", "unknown", "truncated", "other_rank", "orphan", "unparsed", "checksum"))}
+    if problems:
+        click.echo("  " + ", ".join(f"{k} {v:,}" for k, v in sorted(problems.items())))
+    if as_json:
+        click.echo(json.dumps(st, indent=2, default=str))
+
+
+@click.command("upload")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--url", required=True, help="graphdeck server, e.g. http://dash:8765.")
+@click.option("--run", "run_name", required=True, help="Run to add to on the server (created if missing).")
+@click.option("--rank", type=int, default=None, help="Rank, when a trace does not say.")
+@click.option("--kind", type=click.Choice(["auto", "trace", "bundle"]), default="auto", show_default=True,
+              help="bundle: a SQLite capture store; trace: a Kineto .json/.json.gz; auto: by the file's magic bytes.")
+@click.option("--token", default=None, help="Write token (default: $GRAPHDECK_TOKEN).")
+@click.option("--chunk-mb", default=8, show_default=True, help="Chunk size in MiB.")
+@click.option("--strict", is_flag=True, help="Trace: fail, keeping nothing, on any dropped event.")
+def upload_cmd(file: str, url: str, run_name: str, rank: int | None, kind: str, token: str | None, chunk_mb: int,
+               strict: bool) -> None:
+    """Upload FILE (a capture store or a trace) to a graphdeck server, resuming after failures."""
+    from graphdeck.capture.upload import upload_store, upload_trace
+
+    if kind == "auto":
+        with open(file, "rb") as f:
+            kind = "bundle" if f.read(16) == b"SQLite format 3\x00" else "trace"
+    log = lambda msg: click.echo(f"[graphdeck upload] {msg}", err=True)  # noqa: E731
+    kw = {"run": run_name, "rank": rank, "token": token, "chunk_bytes": chunk_mb * 1024 * 1024, "log": log}
+    try:
+        if kind == "bundle":
+            status = upload_store(url, file, **kw)
+        else:
+            status = upload_trace(url, file, strict=strict, **kw)
+    except GraphdeckError as exc:
+        _fail(exc)
+    result = status["result"] or {}
+    again = " (already uploaded before)" if result.get("already_merged") else ""
+    click.echo(f"uploaded {Path(file).name} as {kind} {status['id']} to run {result.get('run_name')!r} "
+               f"(id {result.get('run_id')}){again}")
+    click.echo(json.dumps(result, indent=2, default=str))
+
+
+@click.command("delete-run")
+@click.argument("store")
+@click.option("--run", "run_name", required=True, help="Name of the run to delete (or its id).")
+def delete_run_cmd(store: str, run_name: str) -> None:
+    """Delete run RUN and every row of it from STORE (SQLite file or PostgreSQL URL): graphs, nodes,
+    traces and their events, parameters, compile records; exit 2 when STORE has no such run."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.errors import NotFoundError
+    from graphdeck.store.db import delete_run, display_url, open_engine
+
+    path = _store_arg(store)
+    try:
+        if "://" not in path and not Path(path).exists():
+            raise NotFoundError(f"store {store} does not exist")
+        engine = open_engine(path, create=False)
+        try:
+            with Session(engine) as s:
+                run_id = _find_run(s, run_name, display_url(path)).id
+            result = delete_run(engine, run_id)
+        finally:
+            engine.dispose()
+    except GraphdeckError as exc:
+        _fail(exc)
+    rows = ", ".join(f"{n} {table}" for table, n in sorted(result["rows"].items())) or "no rows"
+    click.echo(f"deleted run {result['run_name']!r} (id {result['run_id']}) from {display_url(path)}: {rows}")

@@ -1,0 +1,92 @@
+"""``graphdeck replay``: re-run a stored graph (one profiled worker or a pipeline of stages).
+Added to ``graphdeck.cli.main`` by the block at the end of graphdeck/cli.py."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _mib
+from graphdeck.errors import GraphdeckError
+
+
+@click.command("replay")
+@click.argument("run_name")
+@click.argument("graph_id", type=int)
+@click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store (read, and traces written).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help='Executor config JSON {"executor": {"num_workers", "graph_partition_strategy", '
+                   '"pipeline_microbatch_size", "communication_backend", "enable_heterogeneous_fusion"}}; '
+                   "a flag given on the command line overrides the file, the file overrides the defaults.")
+@click.option("--workers", default=1, show_default=True, help="Pipeline stages, one worker process each.")
+@click.option("--strategy", type=click.Choice(["layerwise", "memory_aware", "auto"]), default="layerwise",
+              show_default=True, help="How the graph is cut into stages.")
+@click.option("--microbatches", default=4, show_default=True, help="Microbatches streamed through the pipeline.")
+@click.option("--microbatch-size", type=click.IntRange(min=1), default=None,
+              help="Rows per microbatch (default: the captured batch); refused, naming the node, when a static "
+                   "shape in the graph fixes the batch size.")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default=None, help="Default: gloo on CPU, nccl on CUDA.")
+@click.option("--heterogeneous-fusion/--no-heterogeneous-fusion", "heterogeneous_fusion", default=None,
+              help="Run the CPU- and GPU-placed segments of a mixed graph fused on --device (refused, with the "
+                   "reason, on a graph recorded on one device type).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True, help="Where nodes run.")
+@click.option("--iters", default=3, show_default=True, help="Profiled iterations of a one-worker run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole summary as JSON.")
+@click.pass_context
+def replay_cmd(ctx: click.Context, run_name: str, graph_id: int, store: str, config_path: str | None, workers: int,
+               strategy: str, microbatches: int, microbatch_size: int | None, backend: str | None,
+               heterogeneous_fusion: bool | None, device: str, iters: int, as_json: bool) -> None:
+    """Re-run stored graph GRAPH_ID of RUN_NAME with synthetic inputs: one worker under the profiler
+    (a trace mapped onto its nodes), or split into stages pipelined over --workers processes."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.errors import NotFoundError
+    from graphdeck.replay.config import load_config, merge
+    from graphdeck.replay.pipeline import replay
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.schema import Graph
+
+    try:
+        settings = {"workers": workers, "strategy": strategy, "microbatch_size": microbatch_size, "backend": backend,
+                    "heterogeneous_fusion": heterogeneous_fusion}
+        if config_path:  # flags on the command line > the file > defaults
+            given = {k for k in settings if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+            settings = merge(load_config(config_path), settings, given)
+        engine = open_engine(store, create=False)
+        with Session(engine) as s:
+            run = _find_run(s, run_name, store)
+            graph = s.get(Graph, graph_id)
+            if graph is None or graph.run_id != run.id:
+                raise NotFoundError(f"graph {graph_id} not found in run {run.name!r}")
+        out = replay(engine, graph_id, microbatches=microbatches, device=device, iters=iters, **settings)
+    except GraphdeckError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(out, indent=2, default=str))
+        return
+    ex = out.get("executor")
+    if ex:
+        times = ex["node_gpu_ns"] or ex["node_cpu_ns"]
+        recorded = (f"compared with recorded trace {ex['recorded_trace_id']}" if ex.get("recorded_trace_id") is not None
+                    else "no recorded trace of this run maps onto the graph: nothing to compare with")
+        click.echo(f"executor: trace {ex['trace_id']}, {len(times)} nodes timed on {device} "
+                   f"(mean of {ex['iters']} runs; {recorded})")
+        for name, ns in sorted(times.items(), key=lambda kv: -kv[1])[:10]:
+            ratio = ex["ratio"].get(name)
+            click.echo(f"  {name:<40s} {ns / 1e3:>10.1f} us" + (f"  x{ratio:.2f} vs recorded" if ratio else ""))
+    if "pipeline" in out:
+        p, plan = out["pipeline"], out["plan"]
+        cost = {"layerwise": "compute nodes", "memory_aware": "input bytes", "auto": "measured node time"}.get(
+            plan["strategy"], "cost")
+        click.echo(f"plan {plan['strategy']}: {len(plan['stages'])} stages; balance {plan['balance']:.2f} = the "
+                   f"largest stage's {cost} / the mean stage's (1.00 is even)"
+                   + (f"; by estimated time {plan['time_balance']:.2f}" if plan.get("time_balance") else ""))
+        for st, busy in zip(plan["stages"], p["busy_ns"]):
+            click.echo(f"  stage {st['index']}: {st['compute_nodes']} nodes, params {_mib(st['param_bytes'])}, "
+                       f"activations {_mib(st['activation_bytes'])}, sends {len(st['send'])}, busy {busy / 1e6:.1f} ms")
+        click.echo(f"pipeline ({p['backend']}, {p['microbatches']} microbatches of {out['batch']['replayed']} rows): "
+                   f"makespan {p['makespan_ns'] / 1e6:.1f} ms, bubble {p['bubble_fraction']:.1%}, traces {p['trace_ids']}")
+    for seg in (out.get("heterogeneous_fusion") or {}).get("segments", []):
+        click.echo(f"  fused on {device}: {seg['device_type']} segment {seg['first']}..{seg['last']} "
+                   f"({seg['nodes']} nodes) in stage(s) {seg['stages']}")
