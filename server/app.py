@@ -56,6 +56,7 @@ ROUTERS = (
     "graphdeck.server.routes.diff",
     "graphdeck.server.routes.export",
     "graphdeck.server.routes.summary",
+    "graphdeck.server.routes.heatmap",
 )
 
 
