@@ -211,7 +211,10 @@ def rank_timing(matched: dict, min_wait_fraction: float = 0.2) -> dict:
     out["straggler"] = straggler
     s = per[straggler]
     parts = []
-    for r in others:
+    shown = others if len(others) <= 8 else sorted(others, key=lambda r: (-per[r]["wait_ns"], r))[:3]
+    if len(shown) < len(others):  # a 1,024-rank run: the most-waiting ranks, and the rest summed
+        parts.append(f"{len(others)} ranks waited {_t(waited)} for it in all (of {_t(inside)} in collectives)")
+    for r in shown:
         p = per[r]
         by_op = sorted(p["wait_by_op_ns"].items(), key=lambda kv: (-kv[1], kv[0]))
         op = ", ".join(f"{_t(w)} inside {name} ({p['ops'][name]}x)" for name, w in by_op if w)

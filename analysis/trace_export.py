@@ -43,8 +43,8 @@ import orjson
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.trace_analysis import CommRule, TraceData
-from graphdeck.analysis.trace_collectives import rank_collectives, run_traces
+from graphdeck.analysis.trace_analysis import CommRule
+from graphdeck.analysis.trace_collectives import run_traces, trace_indexes
 from graphdeck.analysis.trace_data import load_events
 from graphdeck.analysis.trace_map import map_trace
 from graphdeck.errors import NotFoundError, UsageError
@@ -57,37 +57,6 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _INSTANTS = ("SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.pid, e.tid, e.args_json "
              "FROM trace_events e JOIN strings n ON n.id = e.name_id LEFT JOIN strings c ON c.id = e.cat_id "
              "WHERE e.trace_id = :tid AND e.ph != 'X' ORDER BY e.ts_ns, e.id")
-
-
-#: What :func:`~graphdeck.analysis.trace_collectives.rank_collectives` reads of a trace: kernels,
-#: the CPU-side collective candidates (NOTE: [CPU-side collectives]) and the profiler steps.
-_COLL_SQL = ("SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.dur_ns, e.pid, e.tid, e.correlation, "
-             "e.args_json FROM trace_events e JOIN strings n ON n.id = e.name_id "
-             "LEFT JOIN strings c ON c.id = e.cat_id WHERE e.trace_id = :tid AND e.ph = 'X' AND ("
-             "c.value IN ({cats}) OR n.value LIKE 'gloo:%' OR n.value LIKE 'mpi:%' OR n.value LIKE 'ucc:%' "
-             "OR n.value = 'record_param_comms' OR n.value LIKE 'c10d::%' OR n.value LIKE 'ProfilerStep#%') "
-             "ORDER BY e.ts_ns, e.id")
-
-
-class _CollectiveData(TraceData):
-    """A :class:`TraceData` holding only what ``rank_collectives`` reads (see ``_COLL_SQL``):
-    the same collectives, keys, starts and ends from a fraction of the events. Launch links are
-    absent, so a kernel's ``step`` is told by its own start (the offsets never read it)."""
-
-    def __init__(self, session: Session, trace_id: int):  # noqa: D107 - no super(): it would load every event
-        from graphdeck.analysis.trace_data import GPU_CATS, GPU_KERNEL_CATS, Ev
-        from graphdeck.analysis.trace_links import link_gpu_events
-
-        cats = sorted(GPU_KERNEL_CATS)
-        sql = _COLL_SQL.format(cats=",".join(f":c{i}" for i in range(len(cats))))
-        rows = session.execute(text(sql), {"tid": trace_id, **{f"c{i}": c for i, c in enumerate(cats)}})
-        self.trace_id = trace_id
-        self.events = [Ev(*row) for row in rows]
-        self.links = link_gpu_events(self.events)
-        self.gpu = [e for e in self.events if e.cat in GPU_CATS]
-        self.kernels = [e for e in self.gpu if e.cat in GPU_KERNEL_CATS]
-        self._session = session
-        self._mapping = None
 
 
 def parse_ranks(spec: str | None, available: Iterable[int]) -> list[int]:
@@ -175,12 +144,9 @@ def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = N
         ",".join(map(str, ranks)) or None, traces)
     ref = min(traces)
     per_rank: dict[int, list[dict]] = {}
-    for r in sorted({ref, *chosen}):
-        data = _CollectiveData(session, traces[r])
+    for r, colls, _steps in trace_indexes(session, {r: traces[r] for r in {ref, *chosen}}, rule):
         per_rank[r] = [{"key": c["key"], "start_ns": c["start_ns"], "end_ns": c["end_ns"], "kernel": c["kernel"],
-                        "kind": c["kind"]}
-                       for c in rank_collectives(data, rule)]
-        del data
+                        "kind": c["kind"]} for c in colls]
     offsets = _offsets(per_rank, ref, chosen, len(traces))
     starts = session.execute(select(Trace.rank, Trace.start_ns).where(Trace.id.in_([traces[r] for r in chosen]))).all()
     origin = min((s - offsets[r]["offset_ns"] for r, s in starts if s is not None), default=0)

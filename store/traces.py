@@ -242,6 +242,28 @@ def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progre
         return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress, repair=True).run(fh)
 
 
+def _keep_collective_index(engine: Engine, trace_id: int, stats: dict) -> None:
+    """The trace's collectives and step times, computed once here (in the ingesting process) and
+    kept in its ``stats_json`` (NOTE: [Collective index] in graphdeck.analysis.trace_collectives).
+    Best effort: without it, the analyses read the events instead."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.trace_collectives import INDEX_KEY, build_index
+
+    try:
+        with Session(engine) as s:
+            index = build_index(s, trace_id)
+        text = json.dumps({**stats, INDEX_KEY: index}, separators=(",", ":"))
+
+        def write():
+            with write_session(engine) as s:
+                s.execute(update(Trace).where(Trace.id == trace_id).values(stats_json=text))
+
+        retrying(write)
+    except Exception:  # noqa: BLE001 - the trace is stored; only the shortcut is missing
+        log.exception("trace %s: could not keep its collective index", trace_id)
+
+
 def summary_line(stats: dict) -> str:
     """One line saying what an ingest kept, what it read but does not store by design (metadata,
     flows, counters, begin/end pairs: per phase) and what it dropped or repaired (only non-zero
@@ -542,6 +564,7 @@ class _Ingest(EventRows):
                 )
 
         retrying(finish)
+        _keep_collective_index(self.engine, trace_id, stats)
         self.stats = stats
         return IngestResult(trace_id, self.run_id, rank, status, self.stored, stats)
 

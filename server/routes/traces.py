@@ -70,7 +70,7 @@ def trace_summary(trace: Trace, run: Run | None) -> dict:
         "end_ns": trace.end_ns,
         "duration_ms": duration_ms,
         "created_at": trace.created_at.isoformat() if trace.created_at else None,
-        "stats": loads_json(trace.stats_json, {}),
+        "stats": {k: v for k, v in loads_json(trace.stats_json, {}).items() if k != "collective_index"},
         "meta": loads_json(trace.meta_json, {}),
     }
 
