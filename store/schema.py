@@ -16,7 +16,8 @@ Layout::
           ├─ compile_events  (structured compile records: metrics, graph-break reasons)
           ├─ grad_steps      (run-time gradient evidence: which parameter got a gradient, per step)
           ├─ kernel_nodes    (generated kernel name -> FX node it computes: Inductor provenance, ...)
-          └─ traces ── trace_events
+          └─ traces ─┬─ trace_events
+                     └─ node_time_sets ── node_times  (per-node time of one trace, written at ingest)
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: Bumped whenever a table or column changes, together with a new Alembic revision named after it
 #: (``store/migrations/versions/000N_*.py``, revision ``"000N"``); stored in ``store_meta`` and in
 #: ``alembic_version``, checked on open (:mod:`graphdeck.store.migrate`). 2: ``kernel_nodes.call_index``. 3: ``grad_steps``.
-SCHEMA_VERSION = 4
+#: 4: an index on ``compile_events``. 5: ``node_time_sets`` / ``node_times``.
+SCHEMA_VERSION = 5
 
 
 def _now() -> _dt.datetime:
@@ -328,3 +330,57 @@ class TraceEvent(Base):
     tid: Mapped[str] = mapped_column(String(64))
     correlation: Mapped[int | None] = mapped_column(BigInteger)
     args_json: Mapped[str | None] = mapped_column(Text)
+
+
+class NodeTimeSet(Base):
+    """One mapping of one trace's events onto FX nodes (NOTE: [Node-time table] in
+    :mod:`graphdeck.store.node_times`), written when the trace is ingested; its rows are
+    :class:`NodeTime`.
+
+    ``method`` names the mapper and its version (``"run_diff/1"``: GPU kernels by provenance, else
+    the CPU ops of compiled functions; :mod:`graphdeck.analysis.run_diff_times`); ``source`` what it
+    read (``gpu kernels`` | ``cpu ops of compiled functions``; NULL when nothing mapped, ``missing``
+    then says why). ``steps``: profiled steps (``ProfilerStep#N`` ranges; 1 when the trace has
+    none). ``mapped_calls`` / ``unmapped_calls``: compiled-function calls or kernels placed / not.
+    The state of the rank's graphs it was computed against, to tell a stale set (graphs or kernel
+    links stored after the trace): ``graphs_count`` AOT graphs of the trace's run and rank, the
+    newest being ``last_graph_id``, and ``kernel_nodes_count`` kernel links of that rank.
+    """
+
+    __tablename__ = "node_time_sets"
+    __table_args__ = (UniqueConstraint("trace_id", "method"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trace_id: Mapped[int] = mapped_column(ForeignKey("traces.id", ondelete="CASCADE"))
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    method: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str | None] = mapped_column(String(64))
+    steps: Mapped[int] = mapped_column(Integer, default=1)
+    mapped_calls: Mapped[int] = mapped_column(Integer, default=0)
+    unmapped_calls: Mapped[int] = mapped_column(Integer, default=0)
+    missing: Mapped[str | None] = mapped_column(Text)
+    graphs_count: Mapped[int] = mapped_column(Integer, default=0)
+    last_graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="SET NULL"))
+    kernel_nodes_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class NodeTime(Base):
+    """The time one trace spent in one FX node (a row of a :class:`NodeTimeSet`).
+
+    ``total_ns``: summed over the whole trace (before the first profiled step too), over
+    ``count`` timed calls (kernels or ops; a fused kernel's time is split evenly over its nodes);
+    ``steps_ns_json``: ``[ns, ...]`` one int per profiled step (``NodeTimeSet.steps`` long;
+    time before the first step is in ``total_ns`` only). One row per node rather than per
+    (node, step): a step column would make as many rows as the trace has events.
+    """
+
+    __tablename__ = "node_times"
+    __table_args__ = (Index("ix_node_times_set", "set_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    set_id: Mapped[int] = mapped_column(ForeignKey("node_time_sets.id", ondelete="CASCADE"))
+    graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"), index=True)
+    node_name: Mapped[str] = mapped_column(String(300))
+    total_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    count: Mapped[int] = mapped_column(Integer, default=0)
+    steps_ns_json: Mapped[str] = mapped_column(Text, default="[]")
