@@ -272,8 +272,12 @@ class KernelMapping:
     For a CPU trace (no GPU kernel; NOTE: [CPU trace mapping]) ``device`` is ``"cpu"``, the
     "kernels" are the ops and C++ kernels run inside compiled ranges (``cpu_units``, by start),
     ``kernel_ns`` their summed time (the compiled regions' CPU time), ``how`` says per mapped
-    unit how it was matched, ``region_ns`` is the compiled ranges' wall time and ``directions``
-    gives ``{"forward"|"backward": {"units_ns", "mapped_ns", "units", "mapped"}}``.
+    unit how it was matched, ``region_ns`` is the compiled ranges' wall time (``kernel_ns`` too) and
+    ``directions`` gives ``{"forward"|"backward": {"region_ns", "units_ns", "mapped_units_ns",
+    "mapped_ns", "prologue_ns", "dispatch_ns", "epilogue_ns", "wrapper_ops_ns", "units",
+    "mapped"}}``; ``overhead_ns`` is the part of ``node_ns`` that is no op of the node's own (the
+    dispatch / wrapper code before it, a range's epilogue on its output node; NOTE: [Overhead] in
+    cpu_trace_map.py).
     """
 
     trace_id: int
@@ -291,6 +295,7 @@ class KernelMapping:
     how: dict[int, str] = field(default_factory=dict)
     region_ns: int = 0
     directions: dict[str, dict[str, int]] = field(default_factory=dict)
+    overhead_ns: dict[tuple[int, str], int] = field(default_factory=dict)
 
     @property
     def mapped_fraction(self) -> float | None:
