@@ -64,6 +64,11 @@ MIN_COVERAGE = 0.9
 SEVERITY = ("FAIL", "ERROR", "INCOMPLETE", "PASS", "N/A")
 EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}
 TOP_STEPS = 5
+#: Ranks listed in ``slowest["ranks"]`` (the slowest first; ``ranks_total`` counts them all): a
+#: 1,024-rank run's page shows the rank heatmap, not 1,024 rows.
+TOP_RANKS = 10
+#: What :func:`run_check` answers: a check, or the slowest steps.
+PARTS = (*CHECKS, "slowest")
 
 
 @dataclass
@@ -371,12 +376,14 @@ def slowest(session: Session, run: Run, budget_s: float = BUDGETS_S["slowest"], 
 
     Returns ``{"available": bool, "reason": str | None, "steps": [{"rank", "step", "dur_ns",
     "source": "cpu" | "gpu", "trace_id", "link"}] (the ``top`` longest, longest first),
-    "ranks": [{"rank", "steps", "median_ns", "max_ns", "total_ns"}] (slowest median first),
+    "ranks": [{"rank", "steps", "median_ns", "max_ns", "total_ns"}] (slowest median first, the
+    first :data:`TOP_RANKS`), "ranks_total": ranks with a timed step,
     "straggler": rank | None, "straggler_message": str | None, "link", "elapsed_s", "budget_s"}``;
     durations in ns: the ``ProfilerStep#N`` CPU range, else the GPU span of the step's kernels. A
     failure reading the traces gives ``available`` False with the reason (never an empty "no slow step")."""
+    from graphdeck.analysis.heatmap import matched_run
     from graphdeck.analysis.trace_analysis import TraceData, step_times
-    from graphdeck.analysis.trace_collectives import align_and_match, run_traces
+    from graphdeck.analysis.trace_collectives import run_traces
 
     t0 = time.perf_counter()
     out: dict = {"available": False, "reason": None, "steps": [], "ranks": [], "straggler": None,
@@ -387,7 +394,7 @@ def slowest(session: Session, run: Run, budget_s: float = BUDGETS_S["slowest"], 
             out["reason"] = "no usable trace in this run"
             return out
         if len(traces) > 1:
-            aligned = align_and_match(session, run.id, None, traces)
+            traces, aligned = matched_run(session, run.id)  # shared with the rank heatmap
             per_rank = aligned["step_times"]
             timing = aligned.get("timing") or {}
             out["straggler"], out["straggler_message"] = timing.get("straggler"), timing.get("message")
@@ -417,7 +424,7 @@ def slowest(session: Session, run: Run, budget_s: float = BUDGETS_S["slowest"], 
                           "max_ns": max(durs), "total_ns": sum(durs), "link": f"#/traces/{traces[rank]}"})
     steps.sort(key=lambda x: (-x["dur_ns"], x["rank"]))
     ranks.sort(key=lambda x: (-x["median_ns"], x["rank"]))
-    out.update(available=bool(steps), steps=steps[:top], ranks=ranks,
+    out.update(available=bool(steps), steps=steps[:top], ranks=ranks[:TOP_RANKS], ranks_total=len(ranks),
                reason=None if steps else "the traces have no timed step (no ProfilerStep range, no kernel)")
     if out["elapsed_s"] > budget_s:
         out["over_budget"] = f"took {out['elapsed_s']:.1f} s, over its {budget_s:.0f} s budget"
@@ -438,3 +445,22 @@ def run_summary(session: Session, run: Run, *, budgets_s: dict[str, float] | Non
     slow = slowest(session, run, budgets["slowest"])
     return RunSummary(run.id, run.name, run.world_size, _run_ranks(session, run.id), checks, slow,
                       time.perf_counter() - t0)
+
+
+def run_check(session: Session, run: Run, part: str, *, budgets_s: dict[str, float] | None = None) -> dict:
+    """One part of the overview, for a page that draws each as it arrives: a check of
+    :data:`CHECKS` (its :class:`CheckSummary` as a dict, run as :func:`run_summary` runs it: an
+    exception is an ERROR line) or ``"slowest"`` (:func:`slowest`'s dict). The run's verdict is
+    :attr:`RunSummary.verdict` over the checks' verdicts.
+
+    Raises:
+        BadInputError: ``part`` is not one of :data:`PARTS` (HTTP 400).
+    """
+    from graphdeck.errors import BadInputError
+
+    if part not in PARTS:
+        raise BadInputError(f"unknown overview part {part!r}: use one of {', '.join(PARTS)}")
+    budgets = {**BUDGETS_S, **(budgets_s or {})}
+    if part == "slowest":
+        return slowest(session, run, budgets["slowest"])
+    return asdict(_guarded(part, session, run, budgets[part]))

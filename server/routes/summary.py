@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.summary import run_summary
+from graphdeck.analysis.summary import run_check, run_summary
 from graphdeck.server.deps import RunPathRoute, get_session, resolve_run
 from graphdeck.store.schema import Run
 
@@ -26,3 +26,12 @@ def get_run_summary(run: Run = Depends(resolve_run), session: Session = Depends(
     (median step ns) from the traces, with the straggler when ranks were matched. 404 for an
     unknown run."""
     return run_summary(session, run).to_dict()
+
+
+@router.get("/api/runs/{run_id}/summary/{part}")
+def get_run_summary_part(part: str, run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
+    """One part of the summary, so the run page draws each check as it arrives instead of waiting
+    for the slowest: ``part`` is a check (``gradients``, ``ranks``, ``compile``, ``traces``,
+    ``layout``: one entry of ``checks`` above) or ``slowest``. 400 naming the parts for another
+    ``part``; 404 for an unknown run."""
+    return run_check(session, run, part)
