@@ -1,15 +1,24 @@
 """The rank heatmap of a run (issue 26 item 2; NOTE: [Rank heatmap] in
 graphdeck/analysis/heatmap.py): ranks × steps or ranks × collectives as one matrix, for the pages
-that list ranks."""
+that list ranks; the compact run index a large run's page opens with, and one rank's page (the
+heatmap's drill-down)."""
 
 from __future__ import annotations
 
+import json
+
 from fastapi import APIRouter, Depends, Query
+from fastapi import Path as PathParam
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.heatmap import MAX_COLUMNS, rank_heatmap
-from graphdeck.server.deps import RunPathRoute, get_session, resolve_run
-from graphdeck.store.schema import Run
+from graphdeck.analysis.heatmap import MAX_COLUMNS, rank_heatmap, run_ranks
+from graphdeck.errors import NotFoundError
+from graphdeck.server.deps import MAX_RANK, RunPathRoute, get_session, resolve_run
+from graphdeck.server.routes.runs import RANK_FIELDS, TRACE_FIELDS, pick
+from graphdeck.server.routes.runs import _graphs as graph_rows
+from graphdeck.server.routes.runs import run_summary as run_header
+from graphdeck.store.schema import Graph, Partition, Rank, Run, Trace
 
 router = APIRouter(tags=["runs"], route_class=RunPathRoute)
 
@@ -25,3 +34,43 @@ def get_heatmap(run: Run = Depends(resolve_run), session: Session = Depends(get_
     ``trace_ids`` per rank for drilling down. 400 for an unknown metric or axis, or ``step_time``
     per collective; 404 for an unknown run."""
     return rank_heatmap(session, run, metric, axis, max_columns)
+
+
+@router.get("/api/runs/{run_id}/rank-index")
+def get_rank_index(run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
+    """The run's header (as ``GET /api/runs/{id}`` without its lists) and, per rank of
+    ``ranks`` (every rank the run knows, ascending), counts: ``graphs``, ``traces`` (complete or
+    truncated), ``partitions`` — what a large run's page needs before its heatmap, in a few
+    kilobytes instead of every graph of every rank. 404 for an unknown run."""
+    ranks = run_ranks(session, run)
+
+    def per_rank(model, *where) -> list[int]:
+        got = dict(session.execute(select(model.rank, func.count()).where(model.run_id == run.id, *where)
+                                   .group_by(model.rank)).all())
+        return [got.get(r, 0) for r in ranks]
+
+    return {**run_header(session, run), "meta": json.loads(run.meta_json or "{}"), "ranks": ranks,
+            "graphs": per_rank(Graph), "traces": per_rank(Trace, Trace.status != "ingesting"),
+            "partitions": per_rank(Partition)}
+
+
+@router.get("/api/runs/{run_id}/ranks/{rank}")
+def get_one_rank(rank: int = PathParam(ge=0, le=MAX_RANK), run: Run = Depends(resolve_run),
+                 session: Session = Depends(get_session)) -> dict:
+    """One rank of the run (the heatmap's drill-down): ``record`` (its rank record, or None),
+    ``graphs``, ``traces`` (complete or truncated) and ``partitions``, shaped as in
+    ``GET /api/runs/{id}``, plus the run's header under ``run``. 404 for a rank the run does not
+    know (outside its world size, no record, graph or trace)."""
+    if rank not in run_ranks(session, run):
+        raise NotFoundError(f"run {run.name!r} has no rank {rank}", resource="rank", id=rank)
+    record = session.scalar(select(Rank).where(Rank.run_id == run.id, Rank.rank == rank))
+    traces = session.scalars(select(Trace).where(Trace.run_id == run.id, Trace.rank == rank,
+                                                 Trace.status != "ingesting").order_by(Trace.id)).all()
+    parts = session.scalars(select(Partition).where(Partition.run_id == run.id, Partition.rank == rank)
+                            .order_by(Partition.parent_graph_id, Partition.index)).all()
+    return {"run": run_header(session, run), "rank": rank,
+            "record": pick(record, RANK_FIELDS) if record else None,
+            "graphs": graph_rows(session, run, rank), "traces": [pick(t, TRACE_FIELDS) for t in traces],
+            "partitions": [{"rank": p.rank, "kind": p.kind, "index": p.index, "size_bytes": p.size_bytes,
+                            "params": json.loads(p.params_json), "graph_id": p.graph_id,
+                            "parent_graph_id": p.parent_graph_id} for p in parts]}
