@@ -17,9 +17,9 @@ still runs every compiled graph inside profiler ranges that say which graph runs
 The *units* of a range are what it runs: for Inductor, the direct children of each wrapper call
 (kernels with the ``graph_<n>_`` prefix removed, extern ``aten::`` calls, allocations); for
 ``aot_eager``, the top-level ATen ops in the range (an ATen op not nested in another one).
-*Compiled-region CPU time* is the summed duration of the units; ``mapped_ns`` the part of it
-mapped to nodes, ``region_ns`` the ranges' own wall time (units cover the rest minus Python
-dispatch between ops).
+*Compiled-region CPU time* is the ranges' own wall time (``region_ns``, = ``kernel_ns``);
+``mapped_ns`` the part of it given to nodes: the units' own time plus the time around them
+(NOTE: [Overhead]). ``units_ns`` / ``mapped_units_ns`` are the units' own time alone.
 
 Matching, ``how`` per unit:
 
@@ -38,6 +38,29 @@ Matching, ``how`` per unit:
 * Inductor (``provenance``): each wrapper call's units are looked up in the kernel tables of
   :mod:`graphdeck.analysis.trace_map` (NOTE: [Kernel to node mapping]) exactly as GPU kernels
   are, the k-th call named N to the k-th row group named N.
+
+# NOTE: [Overhead]
+A compiled range is more than its ops: Python dispatch between ATen ops (``aot_eager``), the
+generated wrapper code between C++ kernels (Inductor's ``call()``: buffer allocation,
+``reinterpret_tensor``), AOT's runtime wrapper before the graph (inputs) and after it (outputs:
+``aten::detach`` of saved tensors that are views, ``aten::_unsafe_view`` of outputs that are views
+of intermediates, ``save_for_backward``; ``torch/_functorch/_aot_autograd/runtime_wrappers.py``),
+and on a busy host the thread's descheduling anywhere in it (a trace cannot tell that apart).
+Given to nodes, labelled, never mixed into an op's own time:
+
+* ``dispatch``: the gap before a mapped unit since the previous unit of its range ended → the
+  node whose op follows (its launch / wrapper overhead);
+* ``prologue``: from the range's start to its first unit, when that unit is mapped → its node;
+* ``wrapper_ops``: units after the graph's last mapped op that are not the graph's (Inductor:
+  outside the wrapper call; ``aot_eager``: left over once the graph's nodes ran out) → the graph's
+  ``output`` node (``how`` = :data:`WRAPPER_OP_HOW`);
+* ``epilogue``: the gaps before those wrapper ops and from the last unit to the range's end → the
+  ``output`` node.
+
+Each is a ``<kind>_ns`` key of ``KernelMapping.directions`` (``wrapper_ops_ns`` is part of
+``mapped_units_ns``), and ``KernelMapping.overhead_ns[(graph, node)]`` is the part of
+``node_ns`` that is overhead. What stays unmapped: ranges whose graph was not found, units no node
+matched in the middle of a range and the gaps before them, a prologue before an unmatched unit.
 """
 
 from __future__ import annotations
@@ -58,6 +81,10 @@ FWD, BWD = "CompiledFunction", "CompiledFunctionBackward"
 WRAPPER_PREFIX = "## Call CompiledFxGraph"
 _REGION = re.compile(r"^Torch-Compiled Region: (\S+)")
 _KERNEL_PREFIX = re.compile(r"^graph_\d+_")
+#: How a runtime wrapper op after the graph is matched (NOTE: [Overhead]).
+WRAPPER_OP_HOW = "runtime wrapper op after the graph (its outputs) -> output node"
+#: The kinds of a compiled range's time outside its ops, each a ``<kind>_ns`` key of ``directions``.
+OVERHEAD_KINDS = ("prologue", "dispatch", "epilogue")
 #: Categories of host events that nest (ops, record_function ranges, Inductor's C++ kernels).
 HOST_CATS = frozenset({"cpu_op", "Operator", "user_annotation", "gpu_user_annotation"})
 
@@ -269,29 +296,22 @@ def map_cpu_trace(session: Session, trace, events: list[Ev], tables: dict[int, d
         out.how[kid] = ("inductor provenance by stack trace (kernel name + call order; NOTE: [Kernels by stack trace])"
                         if src.endswith("stack_trace") else "inductor provenance (kernel name + call order)")
     # aot_eager: op names and order against the AOT graphs
-    by_id = {u.ev.id: u for u in units}
     for kid, (gid, node, how) in map_aot_eager(session, trace.run_id, trace.rank, units, roots, region).items():
         out.by_kernel[kid] = (gid, [node])
         out.how[kid] = how
-        out.node_ns[(gid, node)] = out.node_ns.get((gid, node), 0) + by_id[kid].ev.dur
         sources[how] += 1
     for kid, (gid, node, how) in _materialized_zeros(session, units, out.by_kernel).items():
         out.by_kernel[kid] = (gid, [node])
         out.how[kid] = how
-        out.node_ns[(gid, node)] = out.node_ns.get((gid, node), 0) + by_id[kid].ev.dur
         sources[how] += 1
-    # A unit's CPU time: its own duration plus the dispatch gap since the previous unit of its
-    # range ended (the Python that called it); a range's prologue and epilogue stay unmapped.
-    disp: dict[int, int] = {}
-    last_end: dict[int, int] = {}
-    for u in units:
-        if u.root.id in last_end:
-            disp[u.ev.id] = max(0, u.ev.ts - last_end[u.root.id])
-        last_end[u.root.id] = max(last_end.get(u.root.id, 0), u.ev.end)
-    for kid, (gid, nodes) in out.by_kernel.items():
-        if disp.get(kid):
-            out.node_ns[(gid, nodes[0])] = out.node_ns.get((gid, nodes[0]), 0) + disp[kid]
-    out.kernel_ns, out.mapped_ns = out.region_ns, 0
+    outputs = _output_nodes(session, {gid for gid, _ in out.by_kernel.values()})
+    for kid, (gid, node, how) in _wrapper_ops(units, out.by_kernel, outputs).items():
+        out.by_kernel[kid] = (gid, [node])
+        out.how[kid] = how
+        sources[how] += 1
+    # Each unit's own time goes to its node (an Inductor kernel's was split over its nodes by
+    # _map_wrappers); the time around them to the node whose op follows or, after the graph's
+    # last op, to its output node, kept apart in overhead_ns and by kind (NOTE: [Overhead]).
     dirs: dict[str, Counter] = defaultdict(Counter)
     for r in roots:
         dirs["backward" if r.name == BWD else "forward"]["region_ns"] += r.dur
@@ -299,14 +319,82 @@ def map_cpu_trace(session: Session, trace, events: list[Ev], tables: dict[int, d
         d = dirs[u.direction]
         d["units"] += 1
         d["units_ns"] += u.ev.dur
-        if u.ev.id in out.by_kernel:
-            d["mapped"] += 1
-            d["mapped_units_ns"] += u.ev.dur
-            d["mapped_ns"] += u.ev.dur + disp.get(u.ev.id, 0)
-            out.mapped_ns += u.ev.dur + disp.get(u.ev.id, 0)
-        else:
+        if u.ev.id not in out.by_kernel:
             unmapped[u.name] += u.ev.dur
+            continue
+        d["mapped"] += 1
+        d["mapped_units_ns"] += u.ev.dur
+        gid, nodes = out.by_kernel[u.ev.id]
+        if u.wrapper is None:
+            out.node_ns[(gid, nodes[0])] = out.node_ns.get((gid, nodes[0]), 0) + u.ev.dur
+        if out.how[u.ev.id] == WRAPPER_OP_HOW:
+            d["wrapper_ops_ns"] += u.ev.dur
+            out.overhead_ns[(gid, nodes[0])] = out.overhead_ns.get((gid, nodes[0]), 0) + u.ev.dur
+    for u, kind, key, ns in _overhead(units, out.by_kernel, outputs):
+        out.node_ns[key] = out.node_ns.get(key, 0) + ns
+        out.overhead_ns[key] = out.overhead_ns.get(key, 0) + ns
+        dirs[u.direction][f"{kind}_ns"] += ns
+    for d in dirs.values():
+        d["mapped_ns"] = d["mapped_units_ns"] + sum(d[f"{k}_ns"] for k in OVERHEAD_KINDS)
+    out.kernel_ns = out.region_ns
+    out.mapped_ns = sum(d["mapped_ns"] for d in dirs.values())
     out.directions = {k: dict(v) for k, v in sorted(dirs.items())}
+
+
+def _output_nodes(session: Session, gids: set[int]) -> dict[int, str]:
+    """graph id → the name of its ``output`` node."""
+    if not gids:
+        return {}
+    return dict(session.execute(select(Node.graph_id, Node.name).where(
+        Node.graph_id.in_(gids), Node.op == "output")).all())
+
+
+def _by_root(units: list[Unit]) -> dict[int, list[Unit]]:
+    out: dict[int, list[Unit]] = defaultdict(list)
+    for u in units:  # units are sorted by start
+        out[u.root.id].append(u)
+    return out
+
+
+def _wrapper_ops(units: list[Unit], by_kernel: dict, outputs: dict[int, str]) -> dict[int, tuple[int, str, str]]:
+    """Unit id → ``(graph_id, output node, WRAPPER_OP_HOW)`` for the ops a compiled range runs after
+    its graph's last mapped op and outside the graph (NOTE: [Overhead]): for Inductor, ops outside
+    the wrapper call; for ``aot_eager``, ops the alignment left over once the graph's nodes ran out
+    (``aten::detach`` / ``aten::_unsafe_view``: AOT's runtime wrapper handling the outputs)."""
+    out: dict[int, tuple[int, str, str]] = {}
+    for mine in _by_root(units).values():
+        last = max((i for i, u in enumerate(mine) if u.ev.id in by_kernel), default=None)
+        if last is None:
+            continue
+        gid = by_kernel[mine[last].ev.id][0]
+        inductor = any(u.wrapper is not None for u in mine)
+        for u in mine[last + 1:]:
+            if gid in outputs and not (inductor and u.wrapper is not None):
+                out[u.ev.id] = (gid, outputs[gid], WRAPPER_OP_HOW)
+    return out
+
+
+def _overhead(units: list[Unit], by_kernel: dict, outputs: dict[int, str]):
+    """``(unit, kind, (graph_id, node), ns)`` for the time of each compiled range outside its
+    units (NOTE: [Overhead]); ranges with no mapped unit give nothing."""
+    for mine in _by_root(units).values():
+        mapped = [u for u in mine if u.ev.id in by_kernel]
+        if not mapped:
+            continue
+        root = mine[0].root
+        cursor, after_graph = root.ts, False
+        for u in mine:
+            gap = max(0, u.ev.ts - cursor)
+            if u.ev.id in by_kernel:
+                gid, nodes = by_kernel[u.ev.id]
+                after_graph = after_graph or nodes[0] == outputs.get(gid)
+                kind = "epilogue" if after_graph else ("prologue" if cursor == root.ts else "dispatch")
+                if gap:
+                    yield u, kind, (gid, nodes[0]), gap
+            cursor = max(cursor, u.ev.end)
+        gid = by_kernel[mapped[-1].ev.id][0]
+        if root.end > cursor and gid in outputs:
+            yield mapped[-1], "epilogue", (gid, outputs[gid]), root.end - cursor
 
 
 def _materialized_zeros(session: Session, units: list[Unit], by_kernel: dict) -> dict[int, tuple[int, str, str]]:

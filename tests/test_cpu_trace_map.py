@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.cpu_trace_map import OVERHEAD_KINDS, WRAPPER_OP_HOW
 from graphdeck.analysis.trace_map import map_trace
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, Run, Trace
@@ -63,16 +64,24 @@ def test_each_ranks_compiled_region_cpu_time_maps_to_nodes_forward_and_backward(
             m = map_trace(s, tid)
             assert m.device == "cpu", "no GPU kernel: the CPU ops of compiled regions are the units"
             assert m.kernel_ns == m.region_ns > 0
-            # The ops' own time is the region's CPU time proper: >= 95% of it maps. The wall-time
-            # share (ops + the dispatch before each) is 95-99% on an idle host; a loaded host's
-            # preemptions inside a region's prologue/epilogue (no node's) lower it — 79.5% in one full
-            # suite run on 2 busy cores — so the wall share is only a sanity bound here (the measured
-            # figures on a fresh demo store are in the issue's closing note); the ops' share is the test.
-            assert m.mapped_fraction >= 0.6, (rank, m.mapped_fraction, list(m.unmapped.items())[:5])
+            # The must-show: >= 90% of each rank's compiled-region time (the ranges' wall time) on
+            # nodes, forward and backward. The ops' own time is >= 95% of the ops'; the time around
+            # them (dispatch, wrapper code, the runtime wrapper's epilogue and, on a loaded host,
+            # descheduling) is given to nodes as labelled overhead (NOTE: [Overhead]).
+            assert m.mapped_fraction >= 0.9, (rank, m.mapped_fraction, list(m.unmapped.items())[:5])
             assert set(m.directions) == {"forward", "backward"}
             for d, x in m.directions.items():
-                assert x["mapped_ns"] >= 0.6 * x["region_ns"], (rank, d, x)
+                assert x["mapped_ns"] >= 0.9 * x["region_ns"], (rank, d, x)
                 assert x["mapped_units_ns"] >= 0.95 * x["units_ns"], (rank, d, x)
+                assert x["mapped_ns"] == x["mapped_units_ns"] + sum(x.get(f"{k}_ns", 0) for k in OVERHEAD_KINDS)
+                assert x["mapped_ns"] <= x["region_ns"], "nothing is counted twice"
+            kinds_ns = sum(x.get(f"{k}_ns", 0) for x in m.directions.values() for k in (*OVERHEAD_KINDS, "wrapper_ops"))
+            assert sum(m.overhead_ns.values()) == kinds_ns > 0, "overhead is labelled apart, never hidden in ops"
+            assert all(0 < ns <= m.node_ns[key] for key, ns in m.overhead_ns.items())
+            wrapper_ops = [u for u in m.cpu_units if m.how.get(u.ev.id) == WRAPPER_OP_HOW]
+            assert wrapper_ops and {u.name for u in wrapper_ops} <= {"aten::detach", "aten::_unsafe_view"}
+            assert all(u.direction == "forward" and m.by_kernel[u.ev.id][1] == ["output"] for u in wrapper_ops), \
+                "AOT's runtime wrapper ops after the forward graph go to its output node"
             assert sum(m.node_ns.values()) == m.mapped_ns, "node times add up to the mapped time"
             kinds = {s.get(Graph, g).kind for g, _ in m.node_ns}
             assert kinds == {"aot_forward", "aot_backward"}, kinds
@@ -80,7 +89,7 @@ def test_each_ranks_compiled_region_cpu_time_maps_to_nodes_forward_and_backward(
             assert all(s.get(Graph, g).rank == rank for g in graphs), "a rank's ops map to its own graphs"
             assert len({g for g in graphs if s.get(Graph, g).kind == "aot_forward"}) >= 2, \
                 "DDPOptimizer's buckets: each CompiledFunction of a region maps to its own bucket's graph"
-            assert set(m.how.values()) <= {"aot_eager name+order", "aot_eager order",
+            assert set(m.how.values()) <= {"aot_eager name+order", "aot_eager order", WRAPPER_OP_HOW,
                                            "materialized zero gradient -> tangent of the same shape"}
             assert list(m.how.values()).count("aot_eager name+order") >= 0.9 * len(m.how)
 
@@ -101,7 +110,8 @@ def test_time_overlay_and_analysis_over_http(demo_store, server):
     assert len(whole["values"]) >= 20, "the Dynamo graph DDPOptimizer split gets its buckets' AOT times by source line"
     assert 0.6 * mapped <= sum(whole["values"].values()) <= mapped, "most AOT time finds its source line"
     a = httpx.get(f"{server.url}/api/traces/{tid}/analysis", timeout=120).json()
-    assert a["mapping"]["device"] == "cpu" and a["mapping"]["mapped_fraction"] >= 0.6
+    assert a["mapping"]["device"] == "cpu" and a["mapping"]["mapped_fraction"] >= 0.9
+    assert all("epilogue_ns" in x and "dispatch_ns" in x for x in a["mapping"]["directions"].values())
     assert a["hotspots"]["gaps"] and all("CPU thread" in g["stream"] for g in a["hotspots"]["gaps"])
     assert a["hotspots"]["gaps"][0]["gap_ns"] >= a["hotspots"]["gaps"][-1]["gap_ns"] > 0
     assert not a["hotspots"]["launch_delays"] and "CPU trace" in a["hotspots"]["launch_delays_reason"]
@@ -209,9 +219,11 @@ def test_inductor_cpp_kernels_map_to_nodes(tmp_path):
         assert {u.direction for u in kernels} == {"forward", "backward"}
         assert any(u.name in ("aten::mm", "aten::addmm") and u.ev.id in m.by_kernel for u in m.cpu_units), \
             "extern matmul calls map too"
-        assert all(h.startswith(("inductor provenance", "materialized zero")) for h in m.how.values())
+        assert all(h.startswith(("inductor provenance", "materialized zero")) or h == WRAPPER_OP_HOW
+                   for h in m.how.values())
         for d, x in m.directions.items():
             assert x["mapped_units_ns"] >= 0.9 * x["units_ns"], (d, x)
+            assert x["mapped_ns"] >= 0.9 * x["region_ns"], (d, x)
         kinds = {s.get(Graph, g).kind for g, _ in m.node_ns}
         assert kinds == {"aot_forward", "aot_backward"}
     # The same job again on the warm FX graph cache: Inductor generates nothing, the backward's
