@@ -206,17 +206,29 @@ def join_graphs(sa: Session, run_a: int, sb: Session, run_b: int, rank: int) -> 
 # ---------------------------------------------------------------------------- timing
 
 
+def _times_from(sources: dict[bool, list[str]]) -> str:
+    """Where the node times came from (NOTE: [Node-time table] in graphdeck/store/node_times.py)."""
+    table, events = len(sources[True]), sources[False]
+    if not events:
+        return f"; node times of {table} trace(s) from the table written at ingest" if table else ""
+    return (f"; node times of {len(events)} trace(s) mapped from their events, {table} from the table written at "
+            f"ingest (first reason: {events[0].removeprefix('trace events (').removesuffix(')')})")
+
+
 def _timing(sa, run_a, sb, run_b, ranks, out: RunDiff, add, top_nodes: int) -> dict[tuple[int, int], int]:
     """Node-time findings; returns ``{(side, graph id): finding id}`` for graphs (of either run,
     side 0 = A, 1 = B) holding a regressed node."""
     g = out.gates
     missing, by_group, module_rows = [], defaultdict(list), []
     unknown_spread, drifts = [], []
+    sources: dict[bool, list[str]] = {True: [], False: []}  # node times from the ingest table / the events
     for r in ranks:
         ta, tb = rank_times(sa, run_a.id, r), rank_times(sb, run_b.id, r)
         for side, t in (("A", ta), ("B", tb)):
             if t.missing:
                 missing.append(f"run {side}: {t.missing}")
+            if t.times_from:
+                sources[t.times_from == "node-time table"].append(t.times_from)
         if ta.missing or tb.missing:
             continue
         if ta.steps < 2 or tb.steps < 2:
@@ -236,13 +248,14 @@ def _timing(sa, run_a, sb, run_b, ranks, out: RunDiff, add, top_nodes: int) -> d
         out.timing[str(r)] = {"drift": cmp["drift"], "drift_nodes": cmp["drift_nodes"],
                               "source_a": ta.source, "source_b": tb.source, "trace_a": ta.trace_id,
                               "trace_b": tb.trace_id, "steps_a": ta.steps, "steps_b": tb.steps,
+                              "times_a": ta.times_from, "times_b": tb.times_from,
                               "nodes": cmp["nodes"],
                               "modules": cmp["modules"]}
     why = "; ".join(missing + unknown_spread)
     out.sections["timing"] = ({"status": "INCOMPLETE", "why": why or "no rank in both runs"}
                               if why or not out.timing else
                               {"status": "compared", "why": f"noise floor: {g.noise_k:g} x run A's step-to-step spread, at least "
-                               f"{g.min_regression_ns} ns" + "".join(f"; {d}" for d in drifts)})
+                               f"{g.min_regression_ns} ns" + "".join(f"; {d}" for d in drifts) + _times_from(sources)})
     graph_finding: dict[tuple[int, int], int] = {}
     regressed_modules: dict[int, set[str]] = defaultdict(set)
     for module, items in sorted(by_group.items()):

@@ -19,6 +19,10 @@ one's; a trace without them is one step, and then no spread can be measured):
   child's inclusive time is its node's. Regions without a ``CompiledFunction`` (inference) map
   their ``aten::`` children onto the compile's ``aot_inference`` graph.
 
+The ingest does this mapping once per trace and keeps it (NOTE: [Node-time table] in
+:mod:`graphdeck.store.node_times`: :func:`trace_node_times` is what it stores); :func:`rank_times`
+reads that table and maps the events itself only when a trace has no valid set there.
+
 A node is named across runs by ``(phase, module path, op target, occurrence)``: the k-th node
 with that op in that module among the rank's AOT graphs of that phase, in capture order. So a
 node still pairs with itself when a graph break moves it into another graph.
@@ -92,6 +96,7 @@ class RankTimes:
     mapped_calls: int = 0
     unmapped_calls: int = 0
     missing: str | None = None
+    times_from: str | None = None  # "node-time table" | "trace events (why the table was not used)"
 
 
 def _op_name(target: str) -> str:
@@ -104,32 +109,33 @@ def rank_nodes(session: Session, run_id: int, rank: int) -> tuple[dict[int, list
     """AOT graphs of one rank: ``{graph_id: [(node name, op name), ...] aten nodes in order}``,
     ``{(graph_id, node): key}`` (NOTE: [Node time per step]) and ``{key: NodeInfo}`` (``source``
     filled in by :func:`_sources` for the nodes that have times)."""
-    rows = session.execute(
+    rows = session.connection().execute(  # Core rows: the ORM's row processing cost more than the query
         select(Graph.id, Graph.kind, Node.name, Node.target_id, Node.module_path_id, Node.stack_trace_id)
         .join(Node, Node.graph_id == Graph.id)
         .where(Graph.run_id == run_id, Graph.rank == rank, Graph.kind.in_(tuple(AOT_PHASE)),
                Node.op == "call_function")
         .order_by(Graph.ordinal, Graph.id, Node.idx)).all()
     strings = _strings(session, {r[3] for r in rows} | {r[4] for r in rows if r[4] is not None})
+    paths = {i: v.replace("/", ".") for i, v in strings.items()}
     seq: dict[int, list[tuple]] = defaultdict(list)
     key_of: dict[tuple[int, str], tuple] = {}
     info: dict[tuple, NodeInfo] = {}
     occ: Counter = Counter()
-    op_names: dict[str, str] = {}
+    op_names: dict[str, str | None] = {}
     for gid, kind, name, tgt_id, mod_id, st in rows:
-        tgt, mod = strings[tgt_id], strings.get(mod_id)
+        tgt = strings[tgt_id]
         phase = AOT_PHASE[kind]
-        path = mod.replace("/", ".") if mod else ""
+        path = paths[mod_id] if mod_id is not None and strings[mod_id] else ""
         base = (phase, path, tgt)
         n = occ[base]
         occ[base] = n + 1
         key = (phase, path, tgt, n)
         key_of[(gid, name)] = key
         info[key] = NodeInfo(gid, name, path, tgt, phase, st)
-        if tgt.startswith(("aten.", "prims.")):
-            op = op_names.get(tgt)
-            if op is None:
-                op = op_names[tgt] = _op_name(tgt)
+        op = op_names.get(tgt, 0)
+        if op == 0:
+            op = op_names[tgt] = _op_name(tgt) if tgt.startswith(("aten.", "prims.")) else None
+        if op is not None:
             seq[gid].append((name, op))
     return dict(seq), key_of, info
 
@@ -138,8 +144,8 @@ def _strings(session: Session, ids: set[int]) -> dict[int, str]:
     """Interned strings by id (one query per 20,000 ids)."""
     ids_l, out = sorted(ids), {}
     for i in range(0, len(ids_l), 20_000):
-        out.update(session.execute(select(InternedString.id, InternedString.value)
-                                   .where(InternedString.id.in_(ids_l[i:i + 20_000]))).all())
+        out.update(session.connection().execute(select(InternedString.id, InternedString.value)
+                                                .where(InternedString.id.in_(ids_l[i:i + 20_000]))).all())
     return out
 
 
@@ -176,7 +182,11 @@ def _load(session: Session, trace_id: int) -> list[tuple]:
 
 def rank_times(session: Session, run_id: int, rank: int) -> RankTimes:
     """Node times per step of one rank (NOTE: [Node time per step]); never raises for missing data:
-    ``missing`` says what is missing instead."""
+    ``missing`` says what is missing instead. Read from the node-time table written at ingest
+    (NOTE: [Node-time table] in :mod:`graphdeck.store.node_times`), else mapped from the trace's
+    events here; ``times_from`` says which, and why."""
+    from graphdeck.store import node_times
+
     out = RankTimes(rank)
     trace = session.execute(select(Trace.id, Trace.status).where(
         Trace.run_id == run_id, Trace.rank == rank, Trace.status.in_(("ok", "truncated")))
@@ -189,34 +199,19 @@ def rank_times(session: Session, run_id: int, rank: int) -> RankTimes:
     if not key_of:
         out.missing = f"rank {rank}: no AOTAutograd graph stored to map trace {trace[0]} onto"
         return out
-    events = _load(session, trace[0])
-    # Host-side step ranges only: Kineto repeats ProfilerStep#N on the GPU timeline
-    # (gpu_user_annotation), which would split every step in two.
-    bounds = np.array(sorted({e[3] for e in events if e[2] in CPU_RANGE_CATS and _STEP.match(e[1])}), dtype=np.int64)
-    out.steps = max(1, len(bounds))
-    index: dict[tuple, int] = {}
-    hits: tuple[list[int], list[int], list[int]] = ([], [], [])  # key index, ts, ns
-
-    def add(keys: list[tuple], ts: list[int], ns: list[int]) -> None:
-        """Time ``ns[j]`` of node ``keys[j]`` that started at ``ts[j]``."""
-        get = index.get
-        for key in keys:
-            i = get(key)
-            if i is None:
-                i = index[key] = len(index)
-            hits[0].append(i)
-        hits[1].extend(ts)
-        hits[2].extend(ns)
-
-    if not _gpu_times(session, trace[0], events, key_of, add, out):
-        _cpu_times(session, run_id, rank, events, seqs, key_of, add, out)
-    acc = np.zeros((len(index), out.steps), dtype=np.int64)
-    if hits[0]:
-        keys_i, ts, ns = (np.asarray(x, dtype=np.int64) for x in hits)
-        step = np.searchsorted(bounds, ts, side="right") - 1 if len(bounds) else np.zeros(len(ts), dtype=np.int64)
-        keep = step >= 0  # before the first profiled step: not counted
-        np.add.at(acc, (keys_i[keep], step[keep]), ns[keep])
-    out.per_key = {key: acc[i].tolist() for key, i in index.items()}
+    times, why = node_times.load(session, trace[0], run_id, rank)
+    if times is None:
+        times = trace_node_times(session, run_id, rank, trace[0], (seqs, key_of))
+        out.times_from = f"trace events ({why})"
+    else:
+        out.times_from = "node-time table"
+    out.steps, out.source = times.steps, times.source
+    out.mapped_calls, out.unmapped_calls = times.mapped_calls, times.unmapped_calls
+    rows = times.step_ns.tolist()
+    for (gid, node), row in zip(times.nodes, rows):
+        key = key_of.get((gid, node))
+        if key is not None:
+            out.per_key[key] = row
     out.info = {k: info[k] for k in out.per_key}
     _sources(session, list(out.info.values()))
     if not out.per_key:
@@ -225,7 +220,57 @@ def rank_times(session: Session, run_id: int, rank: int) -> RankTimes:
     return out
 
 
-def _gpu_times(session, trace_id, rows, key_of, add, out: RankTimes) -> bool:
+def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, nodes: tuple | None = None):
+    """Map trace ``trace_id``'s events onto the AOT graphs of run ``run_id``'s rank ``rank``
+    (NOTE: [Node time per step]): a :class:`graphdeck.store.node_times.TraceNodeTimes` with one
+    row per (graph id, node) that any timed call reached, its ns per profiled step, total ns
+    (before the first step too) and call count. ``nodes``: :func:`rank_nodes`' first two results,
+    when the caller has them. What :func:`graphdeck.store.node_times.record` stores at ingest."""
+    from graphdeck.store.node_times import TraceNodeTimes
+
+    out = TraceNodeTimes(trace_id)
+    seqs, key_of = nodes if nodes is not None else rank_nodes(session, run_id, rank)[:2]
+    if not key_of:
+        out.missing = f"rank {rank}: no AOTAutograd graph stored to map trace {trace_id} onto"
+        return out
+    events = _load(session, trace_id)
+    # Host-side step ranges only: Kineto repeats ProfilerStep#N on the GPU timeline
+    # (gpu_user_annotation), which would split every step in two.
+    bounds = np.array(sorted({e[3] for e in events if e[2] in CPU_RANGE_CATS and _STEP.match(e[1])}), dtype=np.int64)
+    out.steps = max(1, len(bounds))
+    index: dict[tuple[int, str], int] = {}
+    hits: tuple[list[int], list[int], list[int]] = ([], [], [])  # node index, ts, ns
+
+    def add(where: list[tuple[int, str]], ts: list[int], ns: list[int]) -> None:
+        """Time ``ns[j]`` of node ``where[j]`` (graph id, name) that started at ``ts[j]``."""
+        get = index.get
+        for node in where:
+            i = get(node)
+            if i is None:
+                i = index[node] = len(index)
+            hits[0].append(i)
+        hits[1].extend(ts)
+        hits[2].extend(ns)
+
+    if not _gpu_times(session, trace_id, events, key_of, add, out):
+        _cpu_times(session, run_id, rank, events, seqs, add, out)
+    n = len(index)
+    acc = np.zeros((n, out.steps + 1), dtype=np.int64)  # column 0: before the first profiled step
+    count = np.zeros(n, dtype=np.int64)
+    if hits[0]:
+        idx, ts, ns = (np.asarray(x, dtype=np.int64) for x in hits)
+        step = np.searchsorted(bounds, ts, side="right") - 1 if len(bounds) else np.zeros(len(ts), dtype=np.int64)
+        np.add.at(acc, (idx, np.maximum(step, -1) + 1), ns)
+        np.add.at(count, idx, 1)
+    out.nodes = list(index)
+    out.step_ns, out.total_ns, out.count = acc[:, 1:], acc.sum(axis=1), count
+    if not n:
+        out.missing = (f"rank {rank}: trace {trace_id} holds no kernel or compiled-function op that maps onto "
+                       "the rank's graphs")
+    return out
+
+
+def _gpu_times(session, trace_id, rows, key_of, add, out) -> bool:
     if not any(e[2] in GPU_KERNEL_CATS for e in rows):
         return False
     from graphdeck.analysis.trace_map import map_trace
@@ -241,9 +286,8 @@ def _gpu_times(session, trace_id, rows, key_of, add, out: RankTimes) -> bool:
             continue
         share, rest = divmod(k.dur, len(nodes))
         for j, node in enumerate(nodes):
-            key = key_of.get((gid, node))
-            if key is not None:
-                add([key], [k.ts], [share + (rest if j == 0 else 0)])
+            if (gid, node) in key_of:
+                add([(gid, node)], [k.ts], [share + (rest if j == 0 else 0)])
                 out.mapped_calls += 1
     out.source = "gpu kernels"
     return True
@@ -274,7 +318,7 @@ def _seq_nr(e: tuple):
         return None
 
 
-def _cpu_times(session, run_id, rank, events, seqs, key_of, add, out: RankTimes) -> None:
+def _cpu_times(session, run_id, rank, events, seqs, add, out) -> None:
     out.source = "cpu ops of compiled functions"
     graphs = session.execute(select(Graph.id, Graph.kind, Graph.compile_id, Graph.parent_id).where(
         Graph.run_id == run_id, Graph.rank == rank, Graph.kind.in_(tuple(AOT_PHASE)))
@@ -325,7 +369,7 @@ def _cpu_times(session, run_id, rank, events, seqs, key_of, add, out: RankTimes)
             for a, b, size in sm.get_matching_blocks():
                 for i in range(size):
                     pos.append(b + i)
-                    keys.append(key_of[(gid, nodes[a + i][0])])
+                    keys.append((gid, nodes[a + i][0]))
             got = aligned[(gid, names)] = (pos, keys)
         out.mapped_calls += 1
         pos, keys = got
@@ -394,36 +438,44 @@ def _row(j: dict, i: int, a_steps: list[int], b_steps: list[int]) -> dict:
             "a_steps": list(a_steps), "b_steps": list(b_steps)}
 
 
-def drift(a: RankTimes, b: RankTimes, keys: list[tuple] | None = None, min_ns: int = DRIFT_MIN_NS) -> tuple[float, int]:
+def drift(a: RankTimes, b: RankTimes, keys: list[tuple] | None = None, min_ns: int = DRIFT_MIN_NS,
+          xa: np.ndarray | None = None, xb: np.ndarray | None = None) -> tuple[float, int]:
     """NOTE: [Drift]: the median over nodes of (median B / median A), for nodes of at least
-    ``min_ns`` in run A; 1.0 with fewer than ``DRIFT_MIN_NODES`` such nodes. Returns (ratio, nodes)."""
+    ``min_ns`` in run A; 1.0 with fewer than ``DRIFT_MIN_NODES`` such nodes. Returns (ratio, nodes).
+    ``xa`` / ``xb``: the runs' (keys × steps) matrices, when the caller has them."""
     keys = keys if keys is not None else sorted(a.per_key.keys() & b.per_key.keys())
     if not keys:
         return 1.0, 0
-    ma = np.median(_matrix(a.per_key, keys, a.steps), axis=1)
-    mb = np.median(_matrix(b.per_key, keys, b.steps), axis=1)
+    ma = np.median(xa if xa is not None else _matrix(a.per_key, keys, a.steps), axis=1)
+    mb = np.median(xb if xb is not None else _matrix(b.per_key, keys, b.steps), axis=1)
     ok = (ma >= min_ns) & (mb > 0)
     if int(ok.sum()) < DRIFT_MIN_NODES:
         return 1.0, int(ok.sum())
     return float(np.median(mb[ok] / ma[ok])), int(ok.sum())
 
 
-def _module_sums(t: RankTimes) -> dict[str, list[int]]:
+def _module_sums(t: RankTimes, keys: list[tuple] | None = None, x: np.ndarray | None = None) -> dict[str, list[int]]:
     """Per module path (and ``""``: everything) the summed ns per step of its nodes and its
-    sub-modules' nodes."""
-    keys = list(t.per_key)
+    sub-modules' nodes. ``x``: ``t``'s (keys × steps) matrix of ``keys``, when the caller has it."""
+    if keys is None:
+        keys = list(t.per_key)
     if not keys:
         return {}
-    x = _matrix(t.per_key, keys, t.steps)
+    if x is None:
+        x = _matrix(t.per_key, keys, t.steps)
+    own: dict[str, int] = {}  # each node to its own module first, then each module to its prefixes
+    at = np.fromiter((own.setdefault(key[1], len(own)) for key in keys), dtype=np.int64, count=len(keys))
+    by_path = np.zeros((len(own), t.steps))
+    np.add.at(by_path, at, x)
     prefix: dict[str, int] = {}
     rows, cols = [], []
-    for i, key in enumerate(keys):
-        parts = key[1].split(".") if key[1] else []
+    for path, i in own.items():
+        parts = path.split(".") if path else []
         for p in [""] + [".".join(parts[:n]) for n in range(1, len(parts) + 1)]:
             rows.append(i)
             cols.append(prefix.setdefault(p, len(prefix)))
     sums = np.zeros((len(prefix), t.steps))
-    np.add.at(sums, np.asarray(cols), x[np.asarray(rows)])
+    np.add.at(sums, np.asarray(cols), by_path[np.asarray(rows)])
     return {p: sums[j].astype(np.int64).tolist() for p, j in prefix.items()}
 
 
@@ -435,10 +487,11 @@ def compare_rank(a: RankTimes, b: RankTimes, *, k: float = DEFAULT_K, min_ns: in
     is :func:`judge`'s dict plus where it is (``module``, ``target``, ``phase``, graph ids and node
     names of both runs); nodes of one run only are left out (the structure diff reports them)."""
     keys = sorted(a.per_key.keys() & b.per_key.keys())
-    scale, used = drift(a, b, keys)
+    xa, xb = _matrix(a.per_key, keys, a.steps), _matrix(b.per_key, keys, b.steps)
+    scale, used = drift(a, b, keys, xa=xa, xb=xb)
     nodes = []
     if keys:
-        j = _judge_many(_matrix(a.per_key, keys, a.steps), _matrix(b.per_key, keys, b.steps), k, min_ns, scale)
+        j = _judge_many(xa, xb, k, min_ns, scale)
         delta = j["mb"] - j["ma"]
         order = np.argsort(-delta, kind="stable")
         pick = list(order[:top]) + [i for i in order[top:] if j["reg"][i]]

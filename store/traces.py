@@ -565,6 +565,9 @@ class _Ingest(EventRows):
 
         retrying(finish)
         _keep_collective_index(self.engine, trace_id, stats)
+        from graphdeck.store.node_times import record as keep_node_times  # NOTE: [Node-time table]
+
+        keep_node_times(self.engine, trace_id)  # best effort, like the collective index
         self.stats = stats
         return IngestResult(trace_id, self.run_id, rank, status, self.stored, stats)
 

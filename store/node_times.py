@@ -1,0 +1,154 @@
+"""Per-trace node times: written when a trace is ingested, read by ``diff-runs`` instead of the events.
+
+# NOTE: [Node-time table]
+Mapping a trace's events onto FX nodes (NOTE: [Node time per step] in
+:mod:`graphdeck.analysis.run_diff_times`) reads every event of the trace: ~0.25 s CPU for a trace of
+24k events, 4.2 of the 4.5 s of a diff of two 8-rank runs (bench/RESULTS.md). The ingest does it
+once, right after the trace is stored (:func:`record`, called by
+:func:`graphdeck.store.traces.ingest_trace`), and keeps the result as one :class:`NodeTimeSet`
+per (trace, ``method``) with one :class:`NodeTime` row per node that ran: graph id and node name,
+``total_ns`` and ``count`` over the whole trace and ``steps_ns_json`` (ns per profiled step).
+Other per-node consumers (the ``time`` overlay) read ``total_ns``; a mapper of its own writes its
+rows under another ``method``.
+
+A set is the mapping of the trace against the rank's graphs *as they were then*. Graphs or kernel
+links stored after the trace (an import that brings the trace first, ``link_kernels`` after a
+live capture's ingest, a merge into a run that already had rows) can change it, so each set
+records the rank's state (AOT graphs: how many and the newest id; kernel links: how many) and
+:func:`load` refuses a set whose rank has moved on. A refused or absent set — a store written
+before schema 5, a trace ingested by an older graphdeck, an ingest whose mapping failed — is not an
+error: the reader maps the events as before and says so (``RankTimes.times_from``). The verdicts
+are the same either way; only the time differs.
+
+Shapes and units: ``steps_ns_json`` is a JSON list of ``NodeTimeSet.steps`` ints (ns); ``total_ns``
+int ns (time before the first profiled step included); ``count`` int calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy import delete, func, insert, inspect, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from graphdeck.store.schema import Graph, KernelNode, NodeTime, NodeTimeSet, Trace
+
+log = logging.getLogger(__name__)
+
+#: The mapper of :mod:`graphdeck.analysis.run_diff_times` and its version: bump it when that
+#: mapping changes, so sets written by an older graphdeck are recomputed rather than trusted.
+METHOD = "run_diff/1"
+AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
+
+
+@dataclass
+class TraceNodeTimes:
+    """One trace's node times. ``nodes[i]`` = (graph id, node name) has ``step_ns[i]`` (int64 ns,
+    ``steps`` long), ``total_ns[i]`` and ``count[i]``; ``missing`` says why nothing mapped."""
+
+    trace_id: int
+    steps: int = 1
+    source: str | None = None
+    mapped_calls: int = 0
+    unmapped_calls: int = 0
+    missing: str | None = None
+    nodes: list[tuple[int, str]] = field(default_factory=list)
+    step_ns: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int64))
+    total_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    count: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def rank_state(session: Session, run_id: int, rank: int) -> tuple[int, int | None, int]:
+    """``(AOT graphs of the rank, newest such graph id or None, kernel links of the rank)``: what a
+    set's mapping depended on."""
+    n, last = session.execute(select(func.count(Graph.id), func.max(Graph.id)).where(
+        Graph.run_id == run_id, Graph.rank == rank, Graph.kind.in_(AOT_KINDS))).one()
+    links = session.scalar(select(func.count(KernelNode.id)).where(KernelNode.run_id == run_id,
+                                                                   KernelNode.rank == rank))
+    return int(n), last, int(links or 0)
+
+
+def has_table(session: Session) -> bool:
+    """Whether the store has the node-time tables (schema 5 on; an older store opened read-only
+    has not: ``graphdeck.store.migrate.OPTIONAL_TABLES``)."""
+    return inspect(session.connection()).has_table(NodeTimeSet.__tablename__)
+
+
+def load(session: Session, trace_id: int, run_id: int, rank: int,
+         method: str = METHOD) -> tuple[TraceNodeTimes | None, str | None]:
+    """The stored node times of trace ``trace_id`` (of run ``run_id``, rank ``rank``): ``(times,
+    None)``, or ``(None, why)`` when there is no set to trust (NOTE: [Node-time table]); never
+    raises for a missing or stale set."""
+    if not has_table(session):
+        return None, "the store predates the node-time table (schema < 5)"
+    head = session.execute(select(NodeTimeSet).where(NodeTimeSet.trace_id == trace_id,
+                                                     NodeTimeSet.method == method)).scalar_one_or_none()
+    if head is None:
+        return None, f"trace {trace_id} was stored without node times (ingested before they were kept)"
+    if (head.graphs_count, head.last_graph_id, head.kernel_nodes_count) != rank_state(session, run_id, rank):
+        return None, f"rank {rank}'s graphs or kernel links changed after trace {trace_id} was ingested"
+    rows = session.execute(select(NodeTime.graph_id, NodeTime.node_name, NodeTime.total_ns, NodeTime.count,
+                                  NodeTime.steps_ns_json).where(NodeTime.set_id == head.id)
+                           .order_by(NodeTime.id)).all()
+    out = TraceNodeTimes(trace_id, steps=head.steps, source=head.source, mapped_calls=head.mapped_calls,
+                         unmapped_calls=head.unmapped_calls, missing=head.missing)
+    out.nodes = [(r[0], r[1]) for r in rows]
+    out.total_ns = np.fromiter((r[2] for r in rows), dtype=np.int64, count=len(rows))
+    out.count = np.fromiter((r[3] for r in rows), dtype=np.int64, count=len(rows))
+    if rows:
+        out.step_ns = np.array(json.loads("[" + ",".join(r[4] for r in rows) + "]"), dtype=np.int64)
+    else:
+        out.step_ns = np.zeros((0, head.steps), dtype=np.int64)
+    if out.step_ns.shape != (len(rows), head.steps):
+        return None, f"trace {trace_id}'s stored node times are malformed"
+    return out, None
+
+
+def store(session: Session, run_id: int, rank: int, times: TraceNodeTimes,
+          state: tuple[int, int | None, int], method: str = METHOD) -> int:
+    """Write ``times`` as the set of ``(times.trace_id, method)``, replacing an older one, in the
+    caller's transaction; ``state`` is :func:`rank_state` read *before* the mapping. Returns the
+    set's id."""
+    session.execute(delete(NodeTimeSet).where(NodeTimeSet.trace_id == times.trace_id, NodeTimeSet.method == method))
+    head = NodeTimeSet(trace_id=times.trace_id, run_id=run_id, rank=rank, method=method, source=times.source,
+                       steps=times.steps, mapped_calls=times.mapped_calls, unmapped_calls=times.unmapped_calls,
+                       missing=times.missing and times.missing[:2000], graphs_count=state[0],
+                       last_graph_id=state[1], kernel_nodes_count=state[2])
+    session.add(head)
+    session.flush()
+    if times.nodes:
+        steps = times.step_ns.tolist()
+        session.execute(insert(NodeTime), [
+            {"set_id": head.id, "graph_id": g, "node_name": n, "total_ns": int(t), "count": int(c),
+             "steps_ns_json": json.dumps(s, separators=(",", ":"))}
+            for (g, n), t, c, s in zip(times.nodes, times.total_ns.tolist(), times.count.tolist(), steps)])
+    return head.id
+
+
+def record(engine: Engine, trace_id: int) -> int | None:
+    """Map trace ``trace_id`` onto its rank's graphs and store the result (NOTE: [Node-time
+    table]); returns the set's id. Best effort, for the ingest: any failure is logged and gives
+    None (readers then map the events themselves)."""
+    from graphdeck.analysis.run_diff_times import trace_node_times
+    from graphdeck.store.db import retrying, write_session
+
+    try:
+        with Session(engine) as s:
+            if not has_table(s):
+                return None
+            run_id, rank = s.execute(select(Trace.run_id, Trace.rank).where(Trace.id == trace_id)).one()
+            state = rank_state(s, run_id, rank)  # before the mapping: a graph added meanwhile makes it stale
+            times = trace_node_times(s, run_id, rank, trace_id)
+
+        def write() -> int:
+            with write_session(engine) as s:
+                return store(s, run_id, rank, times, state)
+
+        return retrying(write)
+    except Exception:  # noqa: BLE001 - the trace is stored; only the shortcut is missing
+        log.exception("trace %s: could not keep its node times", trace_id)
+        return None
