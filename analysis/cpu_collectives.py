@@ -26,6 +26,7 @@ waiting for a later rank, the rest of each profiled step (compute), and names th
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 
@@ -117,14 +118,18 @@ def cpu_collectives(data, has_comm_kernels: bool = False) -> list[dict]:
     seq: Counter = Counter()
     out = []
     for e, _source, kind in sorted(picked, key=lambda p: (p[0].ts, p[0].id)):
-        name = e.args_dict().get("Process Group Name") if e.args else None
+        args = e.args_dict() if e.args else {}
+        name = args.get("Process Group Name")
+        dims = args.get("Input Dims")  # the first input's element count: told apart by trace_collectives
+        first = dims[0] if isinstance(dims, list) and dims and isinstance(dims[0], list) else None
+        nelems = math.prod(first) if first and all(isinstance(d, int) for d in first) else None
         group = str(name) if name is not None else (only or "?")
         ident = (group, "cpu") if group != "?" else (group, "cpu", kind)
         n = seq[ident]
         seq[ident] += 1
         step = next((num for s, t, num in steps if s <= e.ts < t), None)
         out.append({"key": (*ident, n), "group": group, "kind": kind, "seq": n, "start_ns": e.ts, "end_ns": e.end,
-                    "dur_ns": e.dur, "kernel": e.name, "step": step, "where": "cpu"})
+                    "dur_ns": e.dur, "kernel": e.name, "step": step, "where": "cpu", "nelems": nelems})
     return out
 
 
