@@ -1,12 +1,14 @@
 // graphdeck dashboard: a hash-routed page over the JSON API served by graphdeck.server.
 //
-// Pages: #/runs, #/runs/<id>, #/runs/<id>/ranks, #/runs/<id>/map, #/graphs/<id>/memory, #/graphs/<id>[?node=<fx node name>], #/traces/<id>,
+// Pages: #/runs, #/runs/<id>, #/runs/<id>/rank/<r>, #/runs/<id>/ranks, #/runs/<id>/map, #/graphs/<id>/memory, #/graphs/<id>[?node=<fx node name>], #/traces/<id>,
 // #/diff?a=<run>&b=<run>.
 //
 // Modules (ES modules, no build step):
 //   app.js      this router
 //   common.js   DOM and formatting helpers, the JSON API, breadcrumbs (see NOTE: [Untrusted text])
 //   run.js      the runs list, the run page and its gradient-path report
+//   overview.js the run page's overview: each check drawn as it answers
+//   heatmap.js  the rank heatmap (a large run's ranks in one canvas) and one rank's page
 //   grads.js    the gradient-path report: its page (#/runs/<id>/grads) and the run page's section
 //   compile.js  the run page's compile records (frame compile metrics, graph-break reasons)
 //   compare.js  two graphs side by side: diff marks, forward/backward seq_nr links
@@ -30,7 +32,8 @@ import {renderGrads} from "./grads.js";
 import {renderMap} from "./map.js";
 import {renderMemory} from "./memory.js";
 import {renderRanks} from "./ranks.js";
-import {renderRun, renderRuns} from "./run.js";
+import {rankSection, renderRun, renderRuns} from "./run.js";
+import {renderRankPage} from "./heatmap.js";
 import {renderReplay, renderRunTimeline} from "./replay.js";
 import {renderTrace} from "./trace.js";
 
@@ -38,6 +41,7 @@ const routes = [
   [/^\/runs\/?$/, renderRuns],
   [/^\/runs\/([^/]+)$/, renderRun], // a run's id or its name
   [/^\/runs\/([^/]+)\/ranks$/, renderRanks], // cross-rank consistency
+  [/^\/runs\/([^/]+)\/rank\/(\d+)$/, (page, m, q) => renderRankPage(page, m, q, rankSection)], // one rank (?step=)
   [/^\/runs\/([^/]+)\/grads$/, renderGrads], // gradient-path report (?status=&rank=)
   [/^\/runs\/([^/]+)\/map$/, renderMap], // parallel map: stages, TP groups, replicas, badges
   [/^\/graphs\/(\d+)$/, renderGraph],

@@ -1,12 +1,22 @@
 // graphdeck dashboard: the run page's overview (issue 23 item 2) — every check's verdict with a
-// count and a link, worst first, then the slowest steps and ranks. It draws GET
-// /api/runs/<id>/summary as is (NOTE: [Run overview] in graphdeck/analysis/summary.py), the
-// document `graphdeck summary RUN` prints, so the page and a CI log say the same.
+// count and a link, worst first, then the slowest steps and ranks. It draws the document of GET
+// /api/runs/<id>/summary (NOTE: [Run overview] in graphdeck/analysis/summary.py), the one
+// `graphdeck summary RUN` prints, so the page and a CI log say the same — fetched in parts
+// (GET /api/runs/<id>/summary/<check>, issue 26 item 2): each check is drawn as it answers, the
+// cheap ones at once, so a 1,024-rank run's page never waits for its slowest check; the run's
+// verdict line comes once every check has answered.
 //
 // Verdicts: PASS (green), FAIL (red), INCOMPLETE (amber: evidence missing), ERROR (the check
 // raised: never green), N/A (grey: nothing to check, e.g. no parallel layout recorded).
 
 import {api, badge, fmt, h, isBlank, plural, table} from "./common.js";
+
+/** Check keys in the order the overview asks for them (analysis/summary.py CHECKS). */
+export const CHECKS = ["gradients", "ranks", "compile", "traces", "layout"];
+const TITLES = {gradients: "Gradient paths", ranks: "Rank consistency", compile: "Compile health",
+  traces: "Trace coverage", layout: "Parallel layout"};
+/** Worst first, as RunSummary orders its checks. */
+const SEVERITY = ["FAIL", "ERROR", "INCOMPLETE", "PASS", "N/A"];
 
 const VERDICT_CLASS = {PASS: "ov-pass", FAIL: "ov-fail", INCOMPLETE: "ov-incomplete", ERROR: "ov-error", "N/A": "ov-na"};
 const WORDS = {PASS: "pass", FAIL: "fail", INCOMPLETE: "incomplete", ERROR: "raised an error", "N/A": "not applicable"};
@@ -58,48 +68,90 @@ function slowestPart(s, runId) {
     s.straggler_message ? h("p", {class: "small", "data-testid": "overview-straggler"}, fmt(s.straggler_message)) : null,
     h("div", {class: "ov-tables"},
       table("overview-slowest-steps", ["Rank", "Step", "Duration", "Measured as", ""], stepRows, "compact"),
-      table("overview-slowest-ranks", ["Rank", "Steps", "Median step", "Longest", "Total", ""], rankRows, "compact")),
+      table("overview-slowest-ranks", ["Rank", "Steps", "Median step", "Longest", "Total", ""], rankRows, "compact",
+        {caption: (s.ranks_total || 0) > s.ranks.length
+          ? `the ${s.ranks.length} slowest of ${s.ranks_total} ranks: the rank heatmap shows them all` : null})),
     h("p", {class: "small"}, h("a", {href: s.link || `#/runs/${runId}/timeline`, "data-testid": "overview-timeline-link"},
       "all ranks on one timeline →"))];
 }
 
-/** The overview's content for a summary document. */
-export function overviewContent(sum) {
-  const checks = sum.checks || [];
-  const counts = Object.entries(sum.counts || {}).filter(([, n]) => n)
+/** The run's verdict from its checks' verdicts (RunSummary.verdict): FAIL, else INCOMPLETE when any
+ *  is INCOMPLETE or ERROR, else PASS; N/A counts for nothing. → [verdict, exit code] */
+export function runVerdict(verdicts) {
+  if (verdicts.includes("FAIL")) return ["FAIL", 1];
+  return verdicts.some((v) => v === "INCOMPLETE" || v === "ERROR") ? ["INCOMPLETE", 3] : ["PASS", 0];
+}
+
+/** The verdict line once every check has answered. */
+function verdictLine(run, checks, elapsed) {
+  const [verdict, exit] = runVerdict(checks.map((c) => c.verdict));
+  const counts = SEVERITY.map((v) => [v, checks.filter((c) => c.verdict === v).length]).filter(([, n]) => n)
     .map(([v, n]) => `${n} ${WORDS[v] || v}`).join(", ");
-  return [
-    h("p", {class: "ov-verdict-line", "data-testid": "overview-verdict", "data-verdict": sum.verdict},
-      verdictBadge(sum.verdict), " ",
-      h("span", {}, `${plural(checks.length, "check")}: ${counts}`),
-      h("span", {class: "muted small"}, ` · \`graphdeck summary ${sum.run}\` exits ${sum.exit_code}`
-        + ` · computed in ${Number(sum.elapsed_s).toFixed(1)} s`)),
-    h("ol", {class: "ov-checks", "data-testid": "overview-checks"}, checks.map(checkItem)),
-    slowestPart(sum.slowest, sum.run_id),
-  ];
+  return h("p", {class: "ov-verdict-line", "data-testid": "overview-verdict", "data-verdict": verdict},
+    verdictBadge(verdict), " ", h("span", {}, `${plural(checks.length, "check")}: ${counts}`),
+    h("span", {class: "muted small"}, ` · \`graphdeck summary ${run.name}\` exits ${exit}`
+      + ` · checks took ${elapsed.toFixed(1)} s`));
+}
+
+/** A check not answered yet: its title and a pending mark (never a verdict colour). */
+function pendingItem(key) {
+  return h("li", {class: "ov-check ov-pending", "data-testid": "overview-check", "data-check": key, "data-verdict": "pending"},
+    h("div", {class: "ov-line"}, badge("…", "ov-verdict ov-pending-badge"), h("strong", {class: "ov-title"}, TITLES[key]),
+      h("span", {class: "ov-headline muted"}, " — running…")));
+}
+
+/** A part whose request failed: ERROR (never a pass), with the server's message. */
+function failedCheck(key, run, err) {
+  return {key, title: TITLES[key], verdict: "ERROR", count: null, count_label: "", headline:
+    `the check could not be computed: ${err.message}`, link: null, command: `graphdeck summary ${run.name}`,
+  reasons: [], more: 0, elapsed_s: 0, budget_s: 0, over_budget: false, error: err.message, requestFailed: true};
 }
 
 /**
- * The overview section, drawn now with a loading line and filled when the summary answers;
- * a failed request says so in the section (never an empty, healthy-looking overview).
- * → [section element, promise settled once drawn]
+ * The overview section, drawn now: a pending line per check, each replaced by its verdict as its
+ * part answers (cheap checks first), sorted worst first and given the run's verdict line once all
+ * have answered; then the slowest steps and ranks. A failed part is an ERROR line, never a pass.
+ * → [section element, promise settled once every part is drawn]
  */
 export function runOverview(page, run) {
   const title = h("h2", {}, "Overview");
+  const line = h("p", {class: "loading", "data-testid": "overview-progress"},
+    `Running the checks (gradients, ranks, compile health, trace coverage, layout): 0 of ${CHECKS.length} answered…`);
+  const list = h("ol", {class: "ov-checks", "data-testid": "overview-checks"}, CHECKS.map(pendingItem));
+  const slow = h("div", {class: "ov-slowest"}, h("h3", {}, "Slowest steps and ranks"),
+    h("p", {class: "loading"}, "Reading step times…"));
   const box = h("section", {id: "run-overview", "data-testid": "run-overview", class: "run-overview", "data-state": "loading"},
-    title, h("p", {class: "loading"}, "Running the checks (gradients, ranks, compile health, trace coverage, layout)…"));
-  const done = api(`/api/runs/${run.id}/summary`).then(
-    (sum) => {
+    title, line, list, slow);
+  const t0 = performance.now();
+  const got = new Map();
+  const parts = CHECKS.map((key) => api(`/api/runs/${run.id}/summary/${key}`).catch((err) => failedCheck(key, run, err))
+    .then((c) => {
       if (!page.alive()) return;
-      box.replaceChildren(title, ...overviewContent(sum).flat().filter(Boolean));
-      box.dataset.state = "done";
-      box.dataset.verdict = sum.verdict;
-    },
+      got.set(key, c);
+      list.querySelector(`[data-check="${key}"]`)?.replaceWith(checkItem(c));
+      if (got.size < CHECKS.length) {
+        line.textContent = `Running the checks: ${got.size} of ${CHECKS.length} answered…`;
+        return;
+      }
+      const checks = CHECKS.map((k) => got.get(k))
+        .sort((a, b) => SEVERITY.indexOf(a.verdict) - SEVERITY.indexOf(b.verdict) || CHECKS.indexOf(a.key) - CHECKS.indexOf(b.key));
+      list.replaceChildren(...checks.map(checkItem));
+      const elapsed = checks.reduce((sum, c) => sum + Number(c.elapsed_s || 0), 0);
+      line.replaceWith(verdictLine(run, checks, elapsed));
+      box.dataset.verdict = runVerdict(checks.map((c) => c.verdict))[0];
+    }));
+  const slowest = api(`/api/runs/${run.id}/summary/slowest`).then(
+    (s) => { if (page.alive()) slow.replaceChildren(...slowestPart(s, run.id).flat().filter(Boolean)); },
     (err) => {
-      if (!page.alive()) return;
-      box.replaceChildren(title, h("p", {class: "error", role: "alert", "data-testid": "overview-error"},
-        `The overview could not be computed: ${err.message}`));
-      box.dataset.state = "error";
+      if (page.alive()) {
+        slow.replaceChildren(h("h3", {}, "Slowest steps and ranks"), h("p", {class: "error", role: "alert",
+          "data-testid": "overview-error"}, `The step times could not be read: ${err.message}`));
+      }
     });
+  const done = Promise.all([...parts, slowest]).then(() => {
+    if (!page.alive()) return;
+    box.dataset.state = [...got.values()].some((c) => c.requestFailed) ? "error" : "done";
+    box.dataset.ms = String(Math.round(performance.now() - t0));
+  });
   return [box, done];
 }

@@ -8,7 +8,12 @@ import {
 } from "./common.js";
 import {compileRecords} from "./compile.js";
 import {gradientReport} from "./grads.js";
+import {rankHeatmap} from "./heatmap.js";
 import {runOverview} from "./overview.js";
+
+/** More ranks than this: the run page shows the rank heatmap instead of a section per rank, and
+ *  loads compile records and gradient paths when their block is opened (issue 26 item 2). */
+export const SMALL_RUN = 8;
 
 
 // ---------------------------------------------------------------- runs list
@@ -105,7 +110,7 @@ function breakSummary(rank, graphs, events) {
   return [plural(total, "graph break"), ` (${why}`, see, ")"];
 }
 
-function rankSection(rank, graphs, traces, parts, compileEvents) {
+export function rankSection(rank, graphs, traces, parts, compileEvents) {
   const partByGraph = new Map(parts.filter((p) => p.graph_id != null).map((p) => [p.graph_id, p]));
   const dynamo = graphs.filter((g) => g.kind === "dynamo");
   const ddp = graphs.filter((g) => g.kind === "ddp_partition").length;
@@ -184,7 +189,11 @@ function setAllDetails(open) {
 }
 
 export async function renderRun(page, m, query = new URLSearchParams()) {
-  const run = await api(`/api/runs/${encodeURIComponent(decodeURIComponent(m[1]))}`);
+  const key = encodeURIComponent(decodeURIComponent(m[1]));
+  const index = await api(`/api/runs/${key}/rank-index`); // a few kB whatever the run's size
+  if (!page.alive()) return;
+  if (index.ranks.length > SMALL_RUN) return renderLargeRun(page, index, query);
+  const run = await api(`/api/runs/${key}`);
   if (!page.alive()) return;
   setCrumbs([["Runs", "#/runs"], [fmt(run.name)]]);
   const graphs = run.graphs || [], traces = run.traces || [], parts = run.partitions || [];
@@ -246,3 +255,95 @@ function runGradients(report, run) {
     h("span", {class: "muted"}, " (filters in the URL, one link per cut)")), ...gradientReport(report)];
 }
 
+
+// ---------------------------------------------------------------- a large run's page
+
+/**
+ * A details block whose content is requested when it is first opened: `load()` → [box, done]
+ * (a lateSection). → [details element, start() → promise settled once drawn]
+ */
+function lazyDetails(id, summary, what, load) {
+  let started = null;
+  const body = h("div", {class: "run-details-body"},
+    h("p", {class: "muted small"}, `Loaded when opened: the ${what} of every rank of a large run take a while.`));
+  const block = h("details", {class: "run-details", id, "data-testid": id, "data-lazy": "pending"},
+    h("summary", {}, summary), body);
+  const start = () => {
+    if (!started) {
+      const [box, done] = load();
+      body.replaceChildren(box);
+      block.dataset.lazy = "started";
+      started = done;
+    }
+    return started;
+  };
+  block.addEventListener("toggle", () => { if (block.open) start(); });
+  return [block, start];
+}
+
+/**
+ * The run page of a run with more than SMALL_RUN ranks (from GET /api/runs/<id>/rank-index, a
+ * few kB): header, the overview (each check drawn as it answers), the rank heatmap (a click opens
+ * a rank's page, as does "open rank"), then compile records and gradient paths, requested only
+ * when opened. Nothing here waits for the slow checks.
+ */
+async function renderLargeRun(page, idx, query) {
+  const run = idx;
+  setCrumbs([["Runs", "#/runs"], [fmt(run.name)]]);
+  const n = idx.ranks.length;
+  const traced = idx.traces.filter((x) => x > 0).length;
+  const withGraphs = idx.graphs.filter((x) => x > 0).length;
+  const [overviewBox, overviewDone] = runOverview(page, run);
+  const [heatBox, heatDone] = rankHeatmap(page, run.id);
+  const first = idx.ranks[0];
+  const [compileBlock, startCompile] = lazyDetails("details-compile",
+    `Compile records — compile health, the compile index; frame metrics and graph breaks of rank ${first}`,
+    "compile records", () => lateSection(page, {id: "compile-records", title: "Compile records", what: "compile records",
+      missingId: "compile-records-missing",
+      request: Promise.all([api(`/api/runs/${run.id}/compile-events?rank=${first}`), api(`/api/runs/${run.id}/graphs?rank=${first}`)]),
+      render: ([events, graphs]) => [h("p", {class: "small muted"}, `Frame compile metrics of rank ${first}; each other `
+        + "rank's are on its page (click it in the heatmap)."), ...compileRecords(events, graphs, run.id)]}));
+  const [gradBlock, startGrads] = lazyDetails("details-grads", "Gradient paths — every parameter on every rank",
+    "gradient paths", () => lateSection(page, {id: "grad-section", title: "Gradient paths", what: "gradient-path report",
+      request: api(`/api/runs/${run.id}/gradients`), missingId: "grad-report-missing",
+      render: (report) => runGradients(report, run)}));
+  const lazy = {"details-compile": startCompile, "details-grads": startGrads};
+  const rankInput = h("input", {type: "number", min: 0, step: 1, style: "width: 6em", "data-testid": "open-rank-input",
+    "aria-label": "rank to open"});
+  const openRank = h("form", {class: "inline", "data-testid": "open-rank", onsubmit: (ev) => {
+    ev.preventDefault();
+    if (rankInput.value !== "") location.hash = `#/runs/${run.id}/rank/${Number(rankInput.value)}`;
+  }}, " · open rank ", rankInput, h("button", {type: "submit"}, "go"));
+  $app.replaceChildren(h("section", {"data-testid": "large-run", "data-ranks": n},
+    h("h1", {}, fmt(run.name)),
+    h("p", {class: "summary"}, `world size ${fmt(run.world_size)} · ${plural(n, "rank")} (${withGraphs} with graphs, `
+      + `${traced} with a trace) · ${plural(run.num_graphs, "graph")} · ${plural(run.num_traces, "trace")}`
+      + ` · created ${fmtDate(run.created_at)}`),
+    h("nav", {class: "jump", "aria-label": "sections"}, "Jump to: ",
+      joinComma([revealButton("rank heatmap", "rank-heatmap-section"),
+        revealButton("compile records", "details-compile"), revealButton("gradient paths", "details-grads"),
+        h("a", {href: `#/runs/${run.id}/ranks`, "data-testid": "rank-consistency-link"}, "rank consistency"),
+        h("a", {href: `#/runs/${run.id}/map`, "data-testid": "parallel-map-link"}, "parallel map"),
+        h("a", {href: `#/runs/${run.id}/timeline`}, "timeline"),
+        h("a", {href: `#/diff?a=${run.id}`, "data-testid": "diff-link"}, "compare with…")]), openRank),
+    overviewBox,
+    h("section", {id: "rank-heatmap-section", "data-testid": "rank-heatmap-section"},
+      h("h2", {}, `Ranks — ${plural(n, "rank")}`),
+      h("p", {class: "small muted"}, "One row per rank, one column per profiled step (or matched collective). "
+        + "Hover a cell for its value, click it to open that rank: its traces, graphs and DDP splits."),
+      heatBox),
+    h("h2", {class: "details-heading"}, "Details ", h("span", {class: "small muted"}, "(closed: click to open)")),
+    compileBlock, gradBlock));
+  const apply = (q) => {
+    if (q.get("details") === "open") Object.values(lazy).forEach((start) => start());
+    if (q.get("details") === "open") setAllDetails(true);
+    const target = q.get("section");
+    if (!target) return;
+    reveal(target);
+    const start = lazy[SECTION_BLOCK[target] || target];
+    if (start) start().then(() => { if (page.alive()) reveal(target); });
+  };
+  page.update = (q) => apply(q);
+  apply(query);
+  await Promise.all([overviewDone, heatDone]);
+}
