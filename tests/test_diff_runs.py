@@ -178,6 +178,69 @@ def test_same_code_reports_nothing_beyond_the_noise_floor(diff_store):
     assert rep["sections"]["timing"]["status"] == "compared" and rep["graphs"]["0"]["same"] == 3
     nodes = rep["timing"]["0"]["nodes"]
     assert nodes and all(n["floor_ns"] >= 50_000 and not n["regression"] for n in nodes)
+    # The node times were read from the table the ingest wrote, not from the events.
+    assert rep["timing"]["0"]["times_a"] == rep["timing"]["0"]["times_b"] == "node-time table"
+    assert "from the table written at ingest" in rep["sections"]["timing"]["why"]
+
+
+def _same_report(got: dict, want: dict) -> None:
+    """Everything but where the node times came from is equal."""
+    def strip(rep):
+        rep = json.loads(json.dumps(rep))
+        rep["sections"]["timing"]["why"] = rep["sections"]["timing"]["why"].split("; node times of")[0]
+        for row in rep["timing"].values():
+            row.pop("times_a"), row.pop("times_b")
+        return rep
+
+    assert strip(got) == strip(want)
+
+
+@pytest.mark.slow
+def test_without_a_valid_node_time_table_the_events_give_the_same_diff(diff_store, tmp_path):
+    """NOTE: [Node-time table]: a store written before schema 5 (here: the same store migrated
+    down to 0004 by Alembic, read-only as the CLI reads it) and a table made stale by a kernel link
+    stored after the trace are mapped from the events again: the same findings, said so."""
+    import sqlite3
+
+    from graphdeck.store import migrate
+    from graphdeck.store.db import store_url
+
+    with sqlite3.connect(diff_store) as con:  # one set per trace (3 runs x 1 rank), 8 profiled steps
+        sets = con.execute("SELECT steps, source, mapped_calls > 0 FROM node_time_sets").fetchall()
+        assert sets == [(8, "cpu ops of compiled functions", 1)] * 3, sets
+        rows = con.execute("SELECT total_ns, count, steps_ns_json FROM node_times").fetchall()
+    assert rows and all(sum(json.loads(st)) <= total and n >= 1 for total, n, st in rows)
+    args = ("base", CHANGED, "--max-new-graph-breaks", "0")
+    code, want, out = cli_json(str(diff_store), *args)
+    assert code == 1 and {r["times_a"] for r in want["timing"].values()} == {"node-time table"}, out
+
+    old = tmp_path / "old.db"
+    shutil.copyfile(diff_store, old)
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    engine = create_engine(store_url(old))
+    with engine.begin() as conn:
+        command.downgrade(migrate.alembic_config(conn), "0004")
+    engine.dispose()
+    with sqlite3.connect(old) as con:
+        assert not con.execute("SELECT name FROM sqlite_master WHERE name = 'node_times'").fetchall()
+    code, got, out = cli_json(str(old), *args)
+    assert code == 1, out
+    _same_report(got, want)
+    assert "predates the node-time table" in got["sections"]["timing"]["why"], got["sections"]["timing"]
+
+    stale = tmp_path / "stale.db"
+    shutil.copyfile(diff_store, stale)
+    with sqlite3.connect(stale) as con:
+        run_id = con.execute("SELECT id FROM runs WHERE name = 'base'").fetchone()[0]
+        con.execute("INSERT INTO kernel_nodes (run_id, rank, kernel_name, node_name, source) "
+                    "VALUES (?, 0, 'late_kernel', 'mm', 'seq_nr')", (run_id,))
+    code, got, out = cli_json(str(stale), *args)
+    assert code == 1, out
+    _same_report(got, want)
+    assert got["timing"]["0"]["times_a"].startswith("trace events (rank 0's graphs or kernel links changed")
+    assert got["timing"]["0"]["times_b"] == "node-time table"
 
 
 @pytest.mark.slow
@@ -329,6 +392,8 @@ def h200_stores(tmp_path_factory):
     with sqlite3.connect(out[1]) as con:
         con.execute("UPDATE trace_events SET dur_ns = dur_ns * 5 WHERE name_id IN (SELECT id FROM strings WHERE "
                     "value LIKE 'fmha_cutlassF_%') AND cat_id IN (SELECT id FROM strings WHERE value = 'kernel')")
+        # The events were edited behind the ingest's back: the node times it kept are not theirs.
+        con.execute("DELETE FROM node_time_sets")
     return out
 
 
