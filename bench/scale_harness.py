@@ -224,24 +224,41 @@ def _is_comm(e: dict) -> bool:
     return name.startswith(("gloo:", "mpi:", "ucc:"))
 
 
-def resize(doc: dict, events_per_rank: int | None, seed: int) -> dict:
-    """``doc`` with about ``events_per_rank`` ``X`` events (module docstring); the same ``doc``
-    when None."""
+def span_us(doc: dict) -> float:
+    """First start to last end of ``doc``'s ``X`` events, plus 1 ms (µs): one repetition's length."""
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    return max(e["ts"] + e.get("dur", 0) for e in xs) - min(e["ts"] for e in xs) + 1000.0
+
+
+def resize(doc: dict, events_per_rank: int | None, seed: int, repeat: int | None = None,
+           span: float | None = None) -> dict:
+    """``doc`` with about ``events_per_rank`` ``X`` events (module docstring): its profiled steps
+    repeated ``repeat`` times (default: as many as reach ``events_per_rank``), then sampled down
+    to ``events_per_rank`` keeping every collective, collective launch and step. The same ``doc``
+    when both are None."""
+    n0 = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X")
+    if repeat is None and events_per_rank and events_per_rank > n0:
+        repeat = math.ceil(events_per_rank / n0)
+    if repeat and repeat > 1:  # ``span``: the same shift on every source rank (their ends stay matched)
+        doc = _repeat(doc, repeat, span or span_us(doc))
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    if events_per_rank and events_per_rank < len(xs):
+        doc = _sample(doc, xs, events_per_rank, seed)
+    return doc
+
+
+def _sample(doc: dict, xs: list[dict], n: int, seed: int) -> dict:
+    comm_corr = {e.get("args", {}).get("correlation") for e in xs if _is_comm(e)} - {None}
+    keep = {id(e) for e in xs if _is_comm(e) or e["name"].startswith("ProfilerStep#")
+            or (e.get("args", {}).get("correlation") in comm_corr)}
+    rest = [e for e in xs if id(e) not in keep]
+    keep |= {id(e) for e in random.Random(seed).sample(rest, max(0, min(len(rest), n - len(keep))))}
+    return {**doc, "traceEvents": [e for e in doc["traceEvents"] if e.get("ph") in ("M", "i") or id(e) in keep]}
+
+
+def _repeat(doc: dict, copies: int, span: float) -> dict:
     evs = doc["traceEvents"]
     xs = [e for e in evs if e.get("ph") == "X"]
-    if not events_per_rank or events_per_rank == len(xs):
-        return doc
-    if events_per_rank < len(xs):
-        comm_corr = {e.get("args", {}).get("correlation") for e in xs if _is_comm(e)} - {None}
-        keep_ids = {id(e) for e in xs if _is_comm(e) or e["name"].startswith("ProfilerStep#")
-                    or (e.get("args", {}).get("correlation") in comm_corr)}
-        rest = [e for e in xs if id(e) not in keep_ids]
-        rng = random.Random(seed)
-        keep_ids |= {id(e) for e in rng.sample(rest, max(0, min(len(rest), events_per_rank - len(keep_ids))))}
-        return {**doc, "traceEvents": [e for e in evs if e.get("ph") in ("M", "i") or id(e) in keep_ids]}
-    copies = math.ceil(events_per_rank / len(xs))
-    t0 = min(e["ts"] for e in xs)
-    span = max(e["ts"] + e.get("dur", 0) for e in xs) - t0 + 1000.0
     steps = sorted({int(e["name"][13:]) for e in xs if e["name"].startswith("ProfilerStep#")})
     n_steps = (steps[-1] - steps[0] + 1) if steps else 0
     out = list(evs)
@@ -249,7 +266,7 @@ def resize(doc: dict, events_per_rank: int | None, seed: int) -> dict:
         for e in evs:
             if e.get("ph") not in ("X", "i"):
                 continue  # flows and metadata once
-            c = {**e, "ts": e["ts"] + j * span}
+            c = {**e, "ts": round(e["ts"] + j * span, 3)}
             if c["name"].startswith("ProfilerStep#"):
                 c["name"] = f"ProfilerStep#{int(c['name'][13:]) + j * n_steps}"
             args = c.get("args")
@@ -261,6 +278,12 @@ def resize(doc: dict, events_per_rank: int | None, seed: int) -> dict:
                 c["args"] = args
             out.append(c)
     return {**doc, "traceEvents": out}
+
+
+def source_docs(docs: list[dict], events_per_rank: int | None, seed: int, repeat: int | None = None) -> list[dict]:
+    """The source ranks' documents resized alike (:func:`resize`, one repetition span for all)."""
+    span = max(span_us(d) for d in docs)
+    return [resize(d, events_per_rank, seed + i, repeat, span) for i, d in enumerate(docs)]
 
 
 @dataclass
@@ -318,10 +341,11 @@ def rank_doc(doc: dict, rank: int, plan: _Plan, transfer: list[float] | None = N
         if "ts" not in e:
             out.append(e)
             continue
-        c = {**e, "ts": e["ts"] + off}
+        c = {**e, "ts": round(e["ts"] + off, 3)}  # Kineto writes µs with 3 decimals (ns)
         got = span.get(id(e))
         if got is not None:
-            i, c["ts"], c["dur"] = got
+            i, ts, dur = got
+            c["ts"], c["dur"] = round(ts, 3), round(dur, 3)
             if rank == plan.divergent and i == plan.diverge_seq:
                 args = dict(c.get("args") or {})
                 if isinstance(args.get("In msg nelems"), int):
@@ -340,12 +364,13 @@ def rank_doc(doc: dict, rank: int, plan: _Plan, transfer: list[float] | None = N
 _W: dict = {}
 
 
-def _init_worker(store: str, source: str, events_per_rank: int | None, seed: int, plan: _Plan, work: str) -> None:
+def _init_worker(store: str, source: str, events_per_rank: int | None, repeat: int | None, seed: int, plan: _Plan,
+                 work: str) -> None:
     from graphdeck.store.db import open_engine
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     docs = cpu_source_docs() if source == "cpu" else gpu_source_docs()
-    docs = [resize(d, events_per_rank, seed + i) for i, d in enumerate(docs)]
+    docs = source_docs(docs, events_per_rank, seed, repeat)
     _W.update(engine=open_engine(store), docs=docs, transfer=transfer_times(docs), plan=plan, work=Path(work))
 
 
@@ -368,7 +393,8 @@ def _ingest_rank(args: tuple[int, str]) -> tuple[int, float, float, int]:
 
 
 def make_scale_run(store_url: str, n_ranks: int, seed: int = 0, *, traces: str = "gpu",
-                   events_per_rank: int | None = None, workers: int = 2, run_name: str = "scale",
+                   events_per_rank: int | None = None, repeat: int | None = None, workers: int = 2,
+                   run_name: str = "scale",
                    straggler: int | None = None, divergent: int | None = None, diverge_seq: int = 5,
                    missing: int | None = None, delay_us: float = 3000.0, jitter_us: float = 200.0,
                    clock_skew_us: float = 5000.0, work_dir: str | os.PathLike | None = None) -> ScaleRun:
@@ -421,7 +447,7 @@ def make_scale_run(store_url: str, n_ranks: int, seed: int = 0, *, traces: str =
     ranks = [r for r in range(n_ranks) if r != missing]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
-                             initargs=(store_url, traces, events_per_rank, seed, plan, str(work))) as pool:
+                             initargs=(store_url, traces, events_per_rank, repeat, seed, plan, str(work))) as pool:
         results = sorted(pool.map(_ingest_rank, [(r, run_name) for r in ranks], chunksize=1))
     ingest_wall = time.perf_counter() - t0
     from graphdeck.analysis.trace_map import link_kernels
