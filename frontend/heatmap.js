@@ -12,6 +12,23 @@
 
 import {$app, api, badge, fmt, h, plural, setCrumbs, statusBadge} from "./common.js";
 
+/** More ranks than this: pages draw the rank heatmap, or group ranks, instead of a row or a
+ *  column per rank (small runs keep their tables). */
+export const SMALL_RUN = 8;
+
+/** Sorted ranks as compact text: "0-127", "0, 8, 16-19", cut after `limit` pieces ("… (N ranks)"). */
+export function rankRanges(ranks, limit = 6) {
+  const rs = [...ranks].map(Number).sort((a, b) => a - b), parts = [];
+  for (let i = 0; i < rs.length;) {
+    let j = i;
+    while (j + 1 < rs.length && rs[j + 1] === rs[j] + 1) j++;
+    parts.push(j > i ? `${rs[i]}-${rs[j]}` : String(rs[i]));
+    i = j + 1;
+  }
+  const shown = parts.slice(0, limit).join(", ");
+  return parts.length > limit ? `${shown}, … (${rs.length} ranks)` : shown;
+}
+
 export const METRICS = {
   step_time: {label: "step time", axes: ["steps"]},
   lateness: {label: "lateness (arrival after the first rank)", axes: ["steps", "collectives"]},

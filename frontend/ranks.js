@@ -8,9 +8,30 @@
 // sequence. All text from the store goes through h() (textContent), never markup.
 
 import {badge, code, fmt, fmtBytes, graphLink, h, num, setCrumbs, table, api} from "./common.js";
+import {SMALL_RUN, rankHeatmap, rankRanges} from "./heatmap.js";
+
+/** A schedule entry without what differs per rank by construction (its graph's id, its group's
+ *  name): ranks whose entries are equal but for those run the same collectives. */
+const sameWork = ({graph_id, group, ...rest}) => rest; // eslint-disable-line no-unused-vars
+
+/** Ranks whose schedules run the same collectives, in order of their first rank: [[ranks],
+ *  schedule of the first, groups differ?]. A large run's schedule table gets a column per group. */
+function sameSchedules(report) {
+  const groups = new Map();
+  for (const r of report.ranks) {
+    const sched = report.schedules[String(r)] || [];
+    const key = JSON.stringify(sched.map(sameWork));
+    if (!groups.has(key)) groups.set(key, [[], sched, new Set()]);
+    const g = groups.get(key);
+    g[0].push(r);
+    g[2].add(JSON.stringify(sched.map((c) => c.group)));
+  }
+  return [...groups.values()].map(([rs, sched, pgs]) => [rs, sched, pgs.size > 1]);
+}
 
 function verdict(report) {
-  const groups = report.groups.map((g) => `[${g.join(", ")}]`).join(" ");
+  const groups = report.ranks.length > SMALL_RUN ? report.groups.map((g) => `[${rankRanges(g, 3)}]`).join(" ")
+    : report.groups.map((g) => `[${g.join(", ")}]`).join(" ");
   return h("p", {class: "verdict", "data-testid": "rank-verdict"},
     h("strong", {class: report.ok ? "verdict-ok" : "verdict-bad"},
       report.ok ? (report.divergences.some((d) => d.harmless) ? "collective schedules agree (warnings below)"
@@ -93,21 +114,26 @@ function flightSection(report) {
 }
 
 function scheduleTable(report) {
-  const ranks = report.ranks;
-  const schedules = ranks.map((r) => report.schedules[String(r)] || []);
+  const large = report.ranks.length > SMALL_RUN;
+  // A large run: one column per distinct schedule, headed by its ranks.
+  const cols = large ? sameSchedules(report) : report.ranks.map((r) => [[r], report.schedules[String(r)] || [], false]);
+  const ranks = cols.map(([rs]) => rs);
+  const schedules = cols.map(([, s]) => s);
+  const perRankGroups = cols.map(([, , differ]) => differ);
   const longest = Math.max(0, ...schedules.map((s) => s.length));
   const hangAt = report.collective_mismatches.length ? report.collective_mismatches[0].index : -1;
-  const cell = (c) => (c ? h("td", {title: c.line || ""},
-    code(c.kind), c.group != null ? ` pg ${c.group}` : "", c.size_bytes != null ? ` ${fmtBytes(c.size_bytes)}` : "",
+  const cell = (c, j) => (c ? h("td", {title: c.line || ""},
+    code(c.kind), c.group != null ? ` pg ${c.group}${perRankGroups[j] ? ` (rank ${ranks[j][0]}'s; these ranks are in different groups)` : ""}` : "", c.size_bytes != null ? ` ${fmtBytes(c.size_bytes)}` : "",
     c.node ? h("div", {class: "small muted"}, c.node) : null,
     c.compile_id ? h("div", {class: "small muted"}, `compile ${c.compile_id}`) : null) : h("td", {class: "muted"}, "—"));
   const rows = [];
   for (let i = 0; i < longest; i++) {
     rows.push(h("tr", {class: i === hangAt ? "hang" : "", "data-index": i},
-      num(i), ...schedules.map((s) => cell(s[i]))));
+      num(i), ...schedules.map((s, j) => cell(s[i], j))));
   }
   return rows.length
-    ? table("collective-schedule", ["#", ...ranks.map((r) => `rank ${r}`)], rows)
+    ? table("collective-schedule", ["#", ...ranks.map((rs) => (large ? `ranks ${rankRanges(rs)}` : `rank ${rs[0]}`))], rows, "",
+      {caption: large ? `${report.ranks.length} ranks: one column per distinct schedule (${cols.length})` : null})
     : h("p", {class: "muted"}, "No collectives in the captured graphs, no recorded DDP or FSDP2 collectives and no DDP buckets.");
 }
 
@@ -129,10 +155,15 @@ function predictionTable(report) {
 
 function sequenceTable(report) {
   const rows = [];
-  for (const r of report.ranks) {
-    for (const e of report.sequences[String(r)] || []) {
+  const large = report.ranks.length > SMALL_RUN;
+  // A large run: one block per group of identical compile sequences (the report's groups).
+  const blocks = large ? report.groups.map((g) => [g, report.sequences[String(g[0])] || []])
+    : report.ranks.map((r) => [[r], report.sequences[String(r)] || []]);
+  for (const [rs, seq] of blocks) {
+    const r = rs[0];
+    for (const e of seq) {
       rows.push(h("tr", {"data-rank": r},
-        num(r), h("td", {}, code(e.compile_id)), h("td", {}, fmt(e.frame)),
+        large ? h("td", {"data-ranks": rs.length}, rankRanges(rs)) : num(r), h("td", {}, code(e.compile_id)), h("td", {}, fmt(e.frame)),
         h("td", {}, e.graphs.map(([kind, hash, id], i) => [i ? " " : "", graphLink(id, kind),
           h("span", {class: "muted small"}, ` ${String(hash || "").slice(0, 8)}`)])),
         h("td", {}, e.failed ? badge("failed", "status-NO_GRAD") : "", e.failed ? ` ${e.failed}` : ""),
@@ -146,6 +177,9 @@ export async function renderRanks(page, match) {
   const report = await api(`/api/runs/${encodeURIComponent(match[1])}/rank-consistency`);
   if (!page.alive()) return;
   setCrumbs([["Runs", "#/runs"], [report.run, `#/runs/${report.run_id}`], ["rank consistency", null]]);
+  // A large run: its traces' collectives as the rank heatmap (finding per collective).
+  const large = report.ranks.length > SMALL_RUN;
+  const [heatBox] = large ? rankHeatmap(page, report.run_id, {metric: "finding", axis: "collectives"}) : [null];
   document.getElementById("app").replaceChildren(h("section", {class: "ranks-page"},
     h("h1", {}, `Rank consistency — ${report.run}`),
     verdict(report),
@@ -161,6 +195,7 @@ export async function renderRanks(page, match) {
     scheduleTable(report),
     flightSection(report),
     predictionTable(report),
-    h("h2", {}, "Compile sequence per rank"),
+    large ? [h("h2", {}, "Recorded collectives per rank (traces)"), heatBox] : null,
+    h("h2", {}, large ? "Compile sequence per group of ranks" : "Compile sequence per rank"),
     sequenceTable(report)));
 }

@@ -10,6 +10,7 @@
 // (kernel, op, node names) goes through textContent (common.js h()).
 
 import {$app, api, errorBox, fmt, h, setCrumbs, table} from "./common.js";
+import {SMALL_RUN, rankHeatmap} from "./heatmap.js";
 import {loadPlotly} from "./trace.js";
 import {importSvg, makeViewer} from "./viewer.js";
 
@@ -192,13 +193,32 @@ export async function renderRunTimeline(page, m) {
     exportLink.href = `${base}/export-trace${v ? `?ranks=${encodeURIComponent(v)}` : ""}`;
   });
   offsets.before(h("p", {id: "export-trace-bar"}, exportLink, " ranks: ", exportRanks));
+  // A large run (issue 26 item 2): stragglers, waits and step times as rank heatmaps drawn at once,
+  // not tables with a column per rank (the full /collectives answer is not fetched).
+  const index = await api(`${base}/rank-index`);
+  if (!page.alive()) return;
+  const large = index.ranks.length > SMALL_RUN;
+  if (large) {
+    const maps = [["lateness", "collectives", "Lateness at each matched collective (arrival after the first rank)"],
+      ["lateness", "steps", "Lateness per step (summed over the step's collectives): the straggler is the dark row"],
+      ["wait", "collectives", "Time each rank waited for its peers inside each collective"],
+      ["step_time", "steps", "Step time per rank"]];
+    colls.replaceChildren(...maps.flatMap(([metric, axis, what]) => [h("h3", {}, what),
+      rankHeatmap(page, index.id, {metric, axis})[0]]));
+  }
   const [Plotly, fig] = await Promise.all([loadPlotly(), api(`${base}/timeline`)]);
   if (!page.alive()) return;
   const meta = fig.layout?.meta || {};
+  // A large run's offsets: the largest 20 (by size), the rest counted.
+  const allOffsets = Object.entries(meta.offsets || {});
+  const shownOffsets = large ? [...allOffsets].sort(([, a], [, b]) => Math.abs(b.offset_ns) - Math.abs(a.offset_ns)).slice(0, 20)
+    : allOffsets;
   offsets.replaceChildren(table("offsets-table", ["rank", "trace", "clock offset (µs)", "method", "matched collectives"],
-    Object.entries(meta.offsets || {}).map(([r, o]) => tr([r, h("a", {href: `#/traces/${meta.traces[r]}`}, `#${meta.traces[r]}`),
+    shownOffsets.map(([r, o]) => tr([r, h("a", {href: `#/traces/${meta.traces[r]}`}, `#${meta.traces[r]}`),
       (o.offset_ns / 1e3).toFixed(3), o.method, fmt(o.matched)])), "",
-    {caption: "How each rank's clock was aligned to rank 0's", empty: "no rank has a stored trace"}));
+    {caption: large && allOffsets.length > shownOffsets.length
+      ? `The ${shownOffsets.length} largest of ${allOffsets.length} clock offsets against the reference rank's`
+      : "How each rank's clock was aligned to rank 0's", empty: "no rank has a stored trace"}));
   plot.replaceChildren();
   await Plotly.newPlot(plot, fig.data, {autosize: true, ...fig.layout}, {responsive: true, displaylogo: false});
   let pending = 0;
@@ -212,6 +232,7 @@ export async function renderRunTimeline(page, m) {
     await Plotly.react(plot, next.data, {autosize: true, ...next.layout}, {responsive: true, displaylogo: false});
     plot.dataset.window = JSON.stringify(next.layout.meta.window_ms);
   });
+  if (large) return;
   try {
     const c = await api(`${base}/collectives`);
     if (!page.alive()) return;

@@ -8,12 +8,8 @@ import {
 } from "./common.js";
 import {compileRecords} from "./compile.js";
 import {gradientReport} from "./grads.js";
-import {rankHeatmap} from "./heatmap.js";
+import {SMALL_RUN, rankHeatmap} from "./heatmap.js";
 import {runOverview} from "./overview.js";
-
-/** More ranks than this: the run page shows the rank heatmap instead of a section per rank, and
- *  loads compile records and gradient paths when their block is opened (issue 26 item 2). */
-export const SMALL_RUN = 8;
 
 
 // ---------------------------------------------------------------- runs list
@@ -192,6 +188,8 @@ export async function renderRun(page, m, query = new URLSearchParams()) {
   const key = encodeURIComponent(decodeURIComponent(m[1]));
   const index = await api(`/api/runs/${key}/rank-index`); // a few kB whatever the run's size
   if (!page.alive()) return;
+  // More than SMALL_RUN ranks: the rank heatmap instead of a section per rank, compile records and
+  // gradient paths loaded when their block is opened (issue 26 item 2).
   if (index.ranks.length > SMALL_RUN) return renderLargeRun(page, index, query);
   const run = await api(`/api/runs/${key}`);
   if (!page.alive()) return;
