@@ -123,6 +123,7 @@ class ExportPlan:
     last: dict[tuple, int] = field(default_factory=dict)
     kinds: dict[tuple, str] = field(default_factory=dict)
     stats: dict = field(default_factory=lambda: defaultdict(int))
+    frames: dict = field(default_factory=dict)  # interned stack id -> file:line (NOTE: [Trace export])
 
 
 def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = None,
@@ -208,21 +209,28 @@ def _loads_args(raw: str | None) -> dict:
     return value if isinstance(value, dict) else {"args": value}
 
 
-def _node_info(session: Session, graph_ids: set[int]) -> dict[tuple[int, str], tuple[str | None, str | None]]:
-    """(graph id, node name) → (module path, ``file:line`` of the innermost frame of its stack)."""
+def _node_info(session: Session, graph_ids: set[int],
+               frames: dict | None = None) -> dict[tuple[int, str], tuple[str | None, str | None]]:
+    """(graph id, node name) → (module path, ``file:line`` of the innermost frame of its stack).
+    ``frames``: interned stack id → that ``file:line``, kept across the ranks of one export."""
     if not graph_ids:
         return {}
+    frames = {} if frames is None else frames
     mod = InternedString.__table__.alias("m")
     stack = InternedString.__table__.alias("st")
     out = {}
     ids = sorted(graph_ids)
     for i in range(0, len(ids), 500):
-        q = (select(Node.graph_id, Node.name, mod.c.value, stack.c.value)
-             .outerjoin(mod, mod.c.id == Node.module_path_id).outerjoin(stack, stack.c.id == Node.stack_trace_id)
-             .where(Node.graph_id.in_(ids[i:i + 500])))
-        for gid, name, module, trace in session.execute(q):
-            frames = _FRAME.findall(trace or "")
-            out[(gid, name)] = (module, f"{frames[-1][0]}:{frames[-1][1]}" if frames else None)
+        q = (select(Node.graph_id, Node.name, mod.c.value, Node.stack_trace_id)
+             .outerjoin(mod, mod.c.id == Node.module_path_id).where(Node.graph_id.in_(ids[i:i + 500])))
+        rows = session.execute(q).fetchall()
+        new = {sid for *_x, sid in rows if sid is not None and sid not in frames}
+        for sid, trace in (session.execute(select(stack.c.id, stack.c.value).where(stack.c.id.in_(sorted(new))))
+                           if new else ()):
+            found = _FRAME.findall(trace or "")
+            frames[sid] = f"{found[-1][0]}:{found[-1][1]}" if found else None
+        for gid, name, module, sid in rows:
+            out[(gid, name)] = (module, frames.get(sid))
     return out
 
 
@@ -249,7 +257,7 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     meta = _loads_args(trace.meta_json)
     events = load_events(session, tid)  # with args; map_trace links GPU events to launches itself
     mapping = map_trace(session, tid, events)
-    info = _node_info(session, {g for g, _ in mapping.by_kernel.values()})
+    info = _node_info(session, {g for g, _ in mapping.by_kernel.values()}, plan.frames)
     instants = session.execute(text(_INSTANTS), {"tid": tid}).all()
     lanes = sorted({(e.pid, e.tid) for e in events} | {(row[4], row[5]) for row in instants}, key=_lane_key)
     lane_tid = {lane: i + 1 for i, lane in enumerate(lanes)}
@@ -262,33 +270,52 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     mine = {(p[0], p[2]): key for key, parts in plan.collectives.items() if (p := parts.get(rank))}
     where: dict[tuple, tuple[int, int]] = {}  # collective key -> (aligned start ns, tid) of its slice here
     stats = plan.stats
+    by_kernel, comm_label = mapping.by_kernel, mapping.comm_label
+    head: dict[tuple, bytes] = {}  # (name, cat, lane) -> b'{"ph":"X","name":...,' prefix pieces
+    shift = off + origin
+    buf: list[bytes] = []
+    n_x = 0
     for e in events:
-        args = _loads_args(e.args)
-        got = mapping.by_kernel.get(e.id)
-        if got is not None:
-            gid, nodes = got
-            args["fx_graph"] = gid
-            args["fx_nodes"] = nodes
-            found = [info.get((gid, n), (None, None)) for n in nodes]
-            if any(m for m, _ in found):
-                args["nn_modules"] = [m for m, _ in found]
-            if any(s for _, s in found):
-                args["source"] = [s for _, s in found]
-            stats["events_with_nodes"] += 1
-        label = mapping.comm_label.get(e.id)
-        if label:
-            args["collective"] = label
         t = lane_tid[(e.pid, e.tid)]
         key = mine.get((e.ts, e.name))
         if key is not None and key not in where:
             where[key] = (e.ts - off, t)
-        ev = {"ph": "X", "name": e.name, "ts": _us(e.ts - off - origin), "dur": _us(e.dur), "pid": rank, "tid": t}
-        if e.cat:
-            ev["cat"] = e.cat
-        if args:
-            ev["args"] = args
-        stats["X"] += 1
-        yield _dumps(ev)
+        hk = (e.name, e.cat, t)
+        pre = head.get(hk)
+        if pre is None:
+            cat = b',"cat":' + orjson.dumps(e.cat) if e.cat else b""
+            pre = head[hk] = (b'{"ph":"X","name":' + orjson.dumps(e.name) + b',"ts":',
+                              b',"pid":' + str(rank).encode() + b',"tid":' + str(t).encode() + cat)
+        raw = e.args
+        got = by_kernel.get(e.id)
+        label = comm_label.get(e.id)
+        if got is None and not label and (not raw or (raw[0] == "{" and raw[-1] == "}" and "NaN" not in raw
+                                                     and "Infinity" not in raw)):
+            # NOTE: [Export fast path] the stored args are the ingest's own compact JSON: written as they are
+            tail = b"}" if not raw or raw == "{}" else b',"args":' + raw.encode() + b"}"
+        else:
+            args = _loads_args(raw)
+            if got is not None:
+                gid, nodes = got
+                args["fx_graph"] = gid
+                args["fx_nodes"] = nodes
+                found = [info.get((gid, n), (None, None)) for n in nodes]
+                if any(m for m, _ in found):
+                    args["nn_modules"] = [m for m, _ in found]
+                if any(s for _, s in found):
+                    args["source"] = [s for _, s in found]
+                stats["events_with_nodes"] += 1
+            if label:
+                args["collective"] = label
+            tail = (b',"args":' + _dumps(args) + b"}") if args else b"}"
+        buf.append(pre[0] + orjson.dumps(_us(e.ts - shift)) + b',"dur":' + orjson.dumps(_us(e.dur)) + pre[1] + tail)
+        n_x += 1
+        if len(buf) >= 2048:
+            yield b",".join(buf)
+            buf = []
+    if buf:
+        yield b",".join(buf)
+    stats["X"] += n_x
     del events, mapping
     for _id, name, cat, ts, pid, tid_, raw in instants:
         ev = {"ph": "i", "s": "t", "name": name, "ts": _us(ts - off - origin), "pid": rank, "tid": lane_tid[(pid, tid_)]}
