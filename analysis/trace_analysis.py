@@ -97,6 +97,8 @@ class TraceData:
         got = self.mapping.by_kernel.get(k.id)
         if got is not None:
             return f"{got[1][0]} (graph {got[0]})"
+        if k.id in self.mapping.optimizer_kernels:  # NOTE: [Optimizer step kernels]
+            return f"optimizer step {self.mapping.optimizer_kernels[k.id]}"
         link = self.links.get(k.id)
         if link is not None and link.op is not None:
             return link.op.name
@@ -239,7 +241,9 @@ def analyze_trace(session: Session, trace_id: int, rule: CommRule | None = None,
     """All per-trace analyses as one JSON-ready dict: ``distributed`` (rank, process groups:
     :func:`~graphdeck.analysis.trace_collectives.process_groups`), ``steps``, ``gpu``, ``hotspots``,
     ``overlap`` and ``mapping`` (kernel → node coverage: ``kernel_ns``, ``mapped_ns``,
-    ``mapped_fraction``, the largest unmapped kernels)."""
+    ``mapped_fraction``, the largest unmapped kernels, ``optimizer``: kernel time of eager
+    optimizer steps, ``warning``: the low-coverage warning or ``None``)."""
+    from graphdeck.analysis.kernel_source_nodes import coverage_warning
     from graphdeck.analysis.trace_collectives import process_groups
     from graphdeck.store.schema import Trace
 
@@ -260,5 +264,7 @@ def analyze_trace(session: Session, trace_id: int, rule: CommRule | None = None,
         "mapping": {"kernel_ns": m.kernel_ns, "mapped_ns": m.mapped_ns, "mapped_fraction": m.mapped_fraction,
                     "unmapped_top": [{"kernel": n, "kernel_ns": ns} for n, ns in list(m.unmapped.items())[:top]],
                     "sources": m.sources, "device": m.device, "region_ns": m.region_ns,
-                    "directions": m.directions},
+                    "directions": m.directions,
+                    "optimizer": [{"step": st, "kernel_ns": ns} for st, ns in m.optimizer_ns.items()],
+                    "warning": coverage_warning(m)},
     }

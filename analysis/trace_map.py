@@ -34,6 +34,14 @@ listed first), so the per-node times add up to the mapped kernel time exactly. C
 kernels outside any wrapper call (DDP's all-reduces, FSDP2's all-gathers and reduce-scatters)
 go to the nodes of the parameters they carry (NOTE: [Collectives to graph nodes]). Other kernels
 outside a wrapper call, or whose call is not in the table, are unmapped and counted as such.
+
+# NOTE: [Optimizer step kernels]
+An eager optimizer (fused or foreach AdamW: ``multi_tensor_apply_kernel<...FusedAdamMathFunctor>``,
+~8% of a GPT-2 step on an H200) runs in no graph. ``torch.optim`` wraps each ``step()`` in a
+profiler range ``Optimizer.step#<Class>.step``; a kernel launched inside it and outside any
+wrapper call maps to that optimizer step as a whole (``KernelMapping.optimizer_ns``, source
+``optimizer step``): it counts as mapped, on no node. A compiled optimizer step runs its graph's
+wrapper call, so its kernels map to that graph's nodes as any other.
 A trace without GPU kernels maps its CPU side instead: the ATen ops and C++ kernels run inside
 compiled ranges (NOTE: [CPU trace mapping] in :mod:`graphdeck.analysis.cpu_trace_map`).
 """
@@ -62,6 +70,8 @@ TABLE_EVENTS = ("graphdeck_kernel_post_grad_nodes", "inductor_provenance_trackin
 STACKS_EVENT = "inductor_provenance_tracking_kernel_stack_traces"
 OUTPUT_CODE_EVENT = "inductor_output_code"
 WRAPPER_PREFIX = "## Call CompiledFxGraph"
+OPTIMIZER_PREFIX = "Optimizer.step#"  # torch.optim's profiler range: "Optimizer.step#AdamW.step"
+OPTIMIZER_SOURCE = "optimizer step"
 _REGION = re.compile(r"^Torch-Compiled Region: (\S+)")
 
 
@@ -269,6 +279,10 @@ class KernelMapping:
     to graph nodes]), ``comm_param_ns`` the same time by parameter fqn, and ``comm_label`` GPU
     event id → what the collective carries (``all_reduce of DDP reducer bucket 3 (12 params)``).
 
+    ``optimizer_ns``: optimizer step (``AdamW.step``) → ns of the kernels launched under it outside
+    any compiled graph, ``optimizer_kernels`` GPU event id → that step (NOTE: [Optimizer step
+    kernels]); counted in ``mapped_ns``, source ``optimizer step``, not in ``by_kernel``/``node_ns``.
+
     For a CPU trace (no GPU kernel; NOTE: [CPU trace mapping]) ``device`` is ``"cpu"``, the
     "kernels" are the ops and C++ kernels run inside compiled ranges (``cpu_units``, by start),
     ``kernel_ns`` their summed time (the compiled regions' CPU time), ``how`` says per mapped
@@ -295,6 +309,8 @@ class KernelMapping:
     how: dict[int, str] = field(default_factory=dict)
     region_ns: int = 0
     directions: dict[str, dict[str, int]] = field(default_factory=dict)
+    optimizer_ns: dict[str, int] = field(default_factory=dict)
+    optimizer_kernels: dict[int, str] = field(default_factory=dict)
     overhead_ns: dict[tuple[int, str], int] = field(default_factory=dict)
 
     @property
@@ -399,6 +415,12 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
         if at is None or not tables:
             if comm.is_comm(k.name):
                 comm_kernels.append(k)
+            elif (step := next((e.name for e in chain if e.name.startswith(OPTIMIZER_PREFIX)), None)) is not None:
+                label = step[len(OPTIMIZER_PREFIX):] or step  # NOTE: [Optimizer step kernels]
+                out.optimizer_kernels[k.id] = label
+                out.optimizer_ns[label] = out.optimizer_ns.get(label, 0) + k.dur
+                out.mapped_ns += k.dur
+                sources[OPTIMIZER_SOURCE] += 1
             else:
                 unmapped[k.name] += k.dur
             continue

@@ -167,7 +167,11 @@ function analysisView(a) {
         ? `CPU time of compiled regions mapped to graph nodes: ${pct(a.mapping.mapped_fraction)} (${ms(a.mapping.mapped_ns)} of ${ms(a.mapping.kernel_ns)} ms; `
           + Object.entries(a.mapping.directions || {}).map(([d, x]) => `${d} ${pct(x.region_ns ? x.mapped_ns / x.region_ns : null)}`).join(", ")
           + "; an op's time includes the dispatch before it)."
-        : `Kernel time mapped to graph nodes: ${pct(a.mapping.mapped_fraction)} (${ms(a.mapping.mapped_ns)} of ${ms(a.mapping.kernel_ns)} ms).`),
+        : `Kernel time mapped to graph nodes: ${pct(a.mapping.mapped_fraction)} (${ms(a.mapping.mapped_ns)} of ${ms(a.mapping.kernel_ns)} ms`
+          + (a.mapping.optimizer || []).map((o) => `; optimizer step ${o.step}: ${ms(o.kernel_ns)} ms`).join("") + ")."),
+    // Below 90% mapped: the warning ingest-trace prints, with the largest unmapped kernels.
+    ...(a.mapping.warning ? [h("div", {class: "warn-banner", role: "note", id: "mapping-warning", "data-testid": "mapping-warning"},
+      h("strong", {}, "Low kernel → node coverage: "), a.mapping.warning)] : []),
   ];
 }
 
