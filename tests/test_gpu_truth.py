@@ -137,8 +137,9 @@ def low_coverage(imported, tmp_path_factory):
     output code]): ~47% of the kernel time maps."""
     store, _ = imported
     path = tmp_path_factory.mktemp("gpu-truth-low") / "low.db"
-    shutil.copy(store, path)
-    con = sqlite3.connect(path)
+    src, con = sqlite3.connect(store), sqlite3.connect(path)
+    src.backup(con)  # the WAL's pages too
+    src.close()
     con.execute("DELETE FROM kernel_nodes WHERE source = 'inductor_provenance_v2_output_code'")
     con.commit()
     con.close()
