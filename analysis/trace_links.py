@@ -55,7 +55,8 @@ def link_gpu_events(events: list[Ev]) -> dict[int, Link]:
             per_thread[(e.pid, e.tid)].append(e)
         elif e.cat in CPU_RANGE_CATS:
             per_thread[(e.pid, e.tid)].append(e)
-    chains = _chains(per_thread)
+    gpu_corr = {g.corr for g in gpu if g.corr is not None}
+    chains = _chains(per_thread, gpu_corr)
     links: dict[int, Link] = {}
     for g in gpu:
         rt = runtime_by_corr.get(g.corr) if g.corr is not None else None
@@ -65,17 +66,23 @@ def link_gpu_events(events: list[Ev]) -> dict[int, Link]:
     return links
 
 
-def _chains(per_thread: dict[tuple[str, str], list[Ev]]) -> dict[int, tuple[Ev, ...]]:
+def _chains(per_thread: dict[tuple[str, str], list[Ev]], wanted: set[int]) -> dict[int, tuple[Ev, ...]]:
+    """Launch call id → its enclosing spans, for the launch calls whose correlation is in
+    ``wanted`` (those a GPU event points at; the others are skipped)."""
     chains: dict[int, tuple[Ev, ...]] = {}
     for items in per_thread.values():
         # spans before launch calls at the same start and length: a span can enclose a launch
         items.sort(key=lambda e: (e.ts, -e.dur, e.cat in RUNTIME_CATS, e.id))
-        stack: list[Ev] = []
+        stack: list[tuple[int, int, Ev]] = []  # (start, end, span), ns
         for e in items:
-            while stack and stack[-1].end <= e.ts and not (stack[-1].end == e.ts and stack[-1].dur == 0):
+            ts, dur = e.ts, e.dur
+            # pop the spans that ended before this start (one of zero length ending here stays open)
+            while stack and (stack[-1][1] < ts or (stack[-1][1] == ts and stack[-1][2].dur != 0)):
                 stack.pop()
             if e.cat in RUNTIME_CATS:
-                chains[e.id] = tuple(s for s in stack if s.ts <= e.ts and s.end >= e.end)
+                if e.corr in wanted:
+                    end = ts + dur
+                    chains[e.id] = tuple(s for s_ts, s_end, s in stack if s_ts <= ts and s_end >= end)
             else:
-                stack.append(e)
+                stack.append((ts, ts + dur, e))
     return chains
