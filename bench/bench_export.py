@@ -10,7 +10,7 @@ it measures the export alone. Each export runs as a child process under GNU ``/u
 
 Usage::
 
-    python bench/bench_export.py --ranks 2 16 64 [--repeat 3]
+    python bench/bench_export.py --ranks 2 16 64 [--repeat 3] [--copies 2]
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "ddp_h200x2"
 
 
-def make_store(path: Path, n: int, seed: int = 0) -> int:
-    """The DDP store grown to ``n`` ranks (see the module docstring); returns its event count."""
+def make_store(path: Path, n: int, seed: int = 0, copies: int = 1) -> int:
+    """The DDP store grown to ``n`` ranks (see the module docstring); returns its event count.
+    ``copies`` > 1: each rank's events repeated that many times, copy j shifted by j times the
+    longest trace's span plus 1 ms (the same shift on every rank, so collectives still match)."""
     from sqlalchemy import text
 
     from graphdeck.analysis.trace_map import link_kernels
@@ -61,7 +63,25 @@ def make_store(path: Path, n: int, seed: int = 0) -> int:
                            "pre_grad_node, source, call_index) SELECT run_id, :r, compile_id, graph_id, kernel_name, "
                            "node_name, pre_grad_node, source, call_index FROM kernel_nodes WHERE run_id = 1 AND rank = :o"),
                       {"r": r, "o": r % 2})
+        if copies > 1:
+            span = c.execute(text("SELECT MAX(end_ns - start_ns) FROM traces")).scalar() + 1_000_000
+            for j in range(1, copies):
+                c.execute(text("INSERT INTO trace_events (trace_id, ph, name_id, cat_id, ts_ns, dur_ns, pid, tid, "
+                               "correlation, args_json) SELECT trace_id, ph, name_id, cat_id, ts_ns + :s, dur_ns, pid, "
+                               "tid, correlation + :k, args_json FROM trace_events WHERE ts_ns < "
+                               "(SELECT start_ns FROM traces WHERE id = trace_id) + :span"),
+                          {"s": j * span, "k": j * 10_000_000, "span": span})
+            c.execute(text("UPDATE traces SET end_ns = end_ns + :s, num_events = (SELECT COUNT(*) FROM trace_events "
+                           "WHERE trace_id = traces.id)"), {"s": (copies - 1) * span})
         events = c.execute(text("SELECT COUNT(*) FROM trace_events")).scalar()
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.trace_collectives import store_index
+
+    with Session(engine) as s:  # each copy's collective index, as its ingest would have kept it
+        for tid in s.execute(text("SELECT id FROM traces ORDER BY id")).scalars().all():
+            store_index(s, tid)
+        s.commit()
     engine.dispose()
     return events
 
@@ -81,11 +101,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 16, 64], help="rank counts to export")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--copies", type=int, default=1, help="each rank's events repeated (2: ~50k events a rank)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gd-bench-export-"))
     try:
         store = tmp / "ddp.db"
-        events = make_store(store, max(args.ranks))
+        events = make_store(store, max(args.ranks), copies=args.copies)
         print(f"store: {max(args.ranks)} ranks, {events:,} events")
         print(f"{'ranks':>5s} {'events':>10s} {'CPU s med':>9s} {'min-max':>11s} {'wall s':>7s} {'peak MiB':>8s} "
               f"{'events/CPU s':>12s} {'MB gz':>6s}")
