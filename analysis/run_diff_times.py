@@ -84,19 +84,31 @@ class NodeInfo:
 
 @dataclass
 class RankTimes:
-    """One rank's node times: ``per_key[key]`` = ns per step (``steps`` long, 0 where the node did
-    not run), ``info[key]`` where the node is. ``missing`` says why there are none."""
+    """One rank's node times: row ``i`` of ``matrix`` (int64 ns, ``len(keys)`` × ``steps``, 0
+    where the node did not run in a step) is node ``keys[i]``; ``info[key]`` says where the node
+    is. ``missing`` says why there are none."""
 
     rank: int
     trace_id: int | None = None
     steps: int = 0
     source: str | None = None  # "gpu kernels" | "cpu ops of compiled functions"
-    per_key: dict[tuple, list[int]] = field(default_factory=dict)
+    keys: list[tuple] = field(default_factory=list)
+    matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     info: dict[tuple, NodeInfo] = field(default_factory=dict)
     mapped_calls: int = 0
     unmapped_calls: int = 0
     missing: str | None = None
     times_from: str | None = None  # "node-time table" | "trace events (why the table was not used)"
+
+    @property
+    def per_key(self) -> dict[tuple, list[int]]:
+        """``{key: ns per step}``."""
+        return dict(zip(self.keys, self.matrix.tolist()))
+
+    def rows(self, keys: list[tuple]) -> np.ndarray:
+        """The float64 (len(keys) × steps) matrix of ``keys`` (each one of :attr:`keys`)."""
+        at = {k: i for i, k in enumerate(self.keys)}
+        return self.matrix[np.fromiter((at[k] for k in keys), dtype=np.int64, count=len(keys))].astype(np.float64)
 
 
 def _op_name(target: str) -> str:
@@ -207,14 +219,12 @@ def rank_times(session: Session, run_id: int, rank: int) -> RankTimes:
         out.times_from = "node-time table"
     out.steps, out.source = times.steps, times.source
     out.mapped_calls, out.unmapped_calls = times.mapped_calls, times.unmapped_calls
-    rows = times.step_ns.tolist()
-    for (gid, node), row in zip(times.nodes, rows):
-        key = key_of.get((gid, node))
-        if key is not None:
-            out.per_key[key] = row
-    out.info = {k: info[k] for k in out.per_key}
+    keep = [i for i, node in enumerate(times.nodes) if node in key_of]
+    out.keys = [key_of[times.nodes[i]] for i in keep]
+    out.matrix = times.step_ns[keep] if keep else np.zeros((0, times.steps), dtype=np.int64)
+    out.info = {k: info[k] for k in out.keys}
     _sources(session, list(out.info.values()))
-    if not out.per_key:
+    if not out.keys:
         out.missing = (f"rank {rank}: trace {trace[0]} holds no kernel or compiled-function op that maps onto "
                        "the rank's graphs")
     return out
@@ -403,10 +413,6 @@ def judge(a: list[int], b: list[int], k: float = DEFAULT_K, min_ns: int = DEFAUL
     return _row(j, 0, a, b)
 
 
-def _matrix(per: dict[tuple, list[int]], keys: list[tuple], steps: int) -> np.ndarray:
-    return np.array([per[k] for k in keys], dtype=np.float64).reshape(len(keys), steps)
-
-
 def _judge_many(a: np.ndarray, b: np.ndarray, k: float, min_ns: int, scale: float) -> dict[str, np.ndarray]:
     """:func:`judge` over rows of (keys × steps) matrices at once."""
     ma, mb = np.median(a, axis=1), np.median(b, axis=1)
@@ -443,30 +449,26 @@ def drift(a: RankTimes, b: RankTimes, keys: list[tuple] | None = None, min_ns: i
     """NOTE: [Drift]: the median over nodes of (median B / median A), for nodes of at least
     ``min_ns`` in run A; 1.0 with fewer than ``DRIFT_MIN_NODES`` such nodes. Returns (ratio, nodes).
     ``xa`` / ``xb``: the runs' (keys × steps) matrices, when the caller has them."""
-    keys = keys if keys is not None else sorted(a.per_key.keys() & b.per_key.keys())
+    keys = keys if keys is not None else sorted(set(a.keys) & set(b.keys))
     if not keys:
         return 1.0, 0
-    ma = np.median(xa if xa is not None else _matrix(a.per_key, keys, a.steps), axis=1)
-    mb = np.median(xb if xb is not None else _matrix(b.per_key, keys, b.steps), axis=1)
+    ma = np.median(xa if xa is not None else a.rows(keys), axis=1)
+    mb = np.median(xb if xb is not None else b.rows(keys), axis=1)
     ok = (ma >= min_ns) & (mb > 0)
     if int(ok.sum()) < DRIFT_MIN_NODES:
         return 1.0, int(ok.sum())
     return float(np.median(mb[ok] / ma[ok])), int(ok.sum())
 
 
-def _module_sums(t: RankTimes, keys: list[tuple] | None = None, x: np.ndarray | None = None) -> dict[str, list[int]]:
+def _module_sums(t: RankTimes) -> dict[str, np.ndarray]:
     """Per module path (and ``""``: everything) the summed ns per step of its nodes and its
-    sub-modules' nodes. ``x``: ``t``'s (keys × steps) matrix of ``keys``, when the caller has it."""
-    if keys is None:
-        keys = list(t.per_key)
-    if not keys:
+    sub-modules' nodes (float64 rows)."""
+    if not t.keys:
         return {}
-    if x is None:
-        x = _matrix(t.per_key, keys, t.steps)
     own: dict[str, int] = {}  # each node to its own module first, then each module to its prefixes
-    at = np.fromiter((own.setdefault(key[1], len(own)) for key in keys), dtype=np.int64, count=len(keys))
+    at = np.fromiter((own.setdefault(key[1], len(own)) for key in t.keys), dtype=np.int64, count=len(t.keys))
     by_path = np.zeros((len(own), t.steps))
-    np.add.at(by_path, at, x)
+    np.add.at(by_path, at, t.matrix.astype(np.float64))
     prefix: dict[str, int] = {}
     rows, cols = [], []
     for path, i in own.items():
@@ -476,7 +478,7 @@ def _module_sums(t: RankTimes, keys: list[tuple] | None = None, x: np.ndarray | 
             cols.append(prefix.setdefault(p, len(prefix)))
     sums = np.zeros((len(prefix), t.steps))
     np.add.at(sums, np.asarray(cols), by_path[np.asarray(rows)])
-    return {p: sums[j].astype(np.int64).tolist() for p, j in prefix.items()}
+    return {p: sums[j] for p, j in prefix.items()}
 
 
 def compare_rank(a: RankTimes, b: RankTimes, *, k: float = DEFAULT_K, min_ns: int = DEFAULT_MIN_NS,
@@ -486,8 +488,8 @@ def compare_rank(a: RankTimes, b: RankTimes, *, k: float = DEFAULT_K, min_ns: in
     regressed node, largest first; ``modules``: every module (and ``""``, the whole rank). Each row
     is :func:`judge`'s dict plus where it is (``module``, ``target``, ``phase``, graph ids and node
     names of both runs); nodes of one run only are left out (the structure diff reports them)."""
-    keys = sorted(a.per_key.keys() & b.per_key.keys())
-    xa, xb = _matrix(a.per_key, keys, a.steps), _matrix(b.per_key, keys, b.steps)
+    keys = sorted(set(a.keys) & set(b.keys))
+    xa, xb = a.rows(keys), b.rows(keys)
     scale, used = drift(a, b, keys, xa=xa, xb=xb)
     nodes = []
     if keys:
@@ -497,7 +499,7 @@ def compare_rank(a: RankTimes, b: RankTimes, *, k: float = DEFAULT_K, min_ns: in
         pick = list(order[:top]) + [i for i in order[top:] if j["reg"][i]]
         for i in pick:
             key = keys[i]
-            row = _row(j, i, a.per_key[key], b.per_key[key])
+            row = _row(j, i, xa[i].astype(np.int64).tolist(), xb[i].astype(np.int64).tolist())
             ia, ib = a.info[key], b.info[key]
             row.update(phase=key[0], module=key[1], target=key[2], occurrence=key[3], a_graph=ia.graph_id,
                        a_node=ia.node, b_graph=ib.graph_id, b_node=ib.node, source=ib.source or ia.source)
@@ -506,9 +508,11 @@ def compare_rank(a: RankTimes, b: RankTimes, *, k: float = DEFAULT_K, min_ns: in
     paths = sorted(mods_a.keys() & mods_b.keys(), key=lambda p: (p.count(".") if p else -1, p))
     modules = []
     if paths:
-        j = _judge_many(_matrix(mods_a, paths, a.steps), _matrix(mods_b, paths, b.steps), k, min_ns, scale)
+        ma = np.array([mods_a[p] for p in paths]).reshape(len(paths), a.steps)
+        mb = np.array([mods_b[p] for p in paths]).reshape(len(paths), b.steps)
+        j = _judge_many(ma, mb, k, min_ns, scale)
         for i, path in enumerate(paths):
-            row = _row(j, i, mods_a[path], mods_b[path])
+            row = _row(j, i, ma[i].astype(np.int64).tolist(), mb[i].astype(np.int64).tolist())
             row["module"] = path
             modules.append(row)
     return {"nodes": nodes, "modules": modules, "drift": round(scale, 3), "drift_nodes": used}

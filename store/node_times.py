@@ -78,11 +78,11 @@ def has_table(session: Session) -> bool:
     return inspect(session.connection()).has_table(NodeTimeSet.__tablename__)
 
 
-def load(session: Session, trace_id: int, run_id: int, rank: int,
-         method: str = METHOD) -> tuple[TraceNodeTimes | None, str | None]:
-    """The stored node times of trace ``trace_id`` (of run ``run_id``, rank ``rank``): ``(times,
-    None)``, or ``(None, why)`` when there is no set to trust (NOTE: [Node-time table]); never
-    raises for a missing or stale set."""
+def valid_set(session: Session, trace_id: int, run_id: int, rank: int,
+              method: str = METHOD) -> tuple[NodeTimeSet | None, str | None]:
+    """The node-time set of trace ``trace_id`` (of run ``run_id``, rank ``rank``) if it can be
+    trusted: ``(set, None)``, else ``(None, why)`` (NOTE: [Node-time table]); never raises for a
+    missing or stale set."""
     if not has_table(session):
         return None, "the store predates the node-time table (schema < 5)"
     head = session.execute(select(NodeTimeSet).where(NodeTimeSet.trace_id == trace_id,
@@ -91,7 +91,18 @@ def load(session: Session, trace_id: int, run_id: int, rank: int,
         return None, f"trace {trace_id} was stored without node times (ingested before they were kept)"
     if (head.graphs_count, head.last_graph_id, head.kernel_nodes_count) != rank_state(session, run_id, rank):
         return None, f"rank {rank}'s graphs or kernel links changed after trace {trace_id} was ingested"
-    rows = session.execute(select(NodeTime.graph_id, NodeTime.node_name, NodeTime.total_ns, NodeTime.count,
+    return head, None
+
+
+def load(session: Session, trace_id: int, run_id: int, rank: int,
+         method: str = METHOD) -> tuple[TraceNodeTimes | None, str | None]:
+    """The stored node times of trace ``trace_id`` (of run ``run_id``, rank ``rank``) by (graph id,
+    node name): ``(times, None)``, or ``(None, why)`` when there is no set to trust (:func:`valid_set`);
+    never raises for a missing or stale set."""
+    head, why = valid_set(session, trace_id, run_id, rank, method)
+    if head is None:
+        return None, why
+    rows = session.connection().execute(select(NodeTime.graph_id, NodeTime.node_name, NodeTime.total_ns, NodeTime.count,
                                   NodeTime.steps_ns_json).where(NodeTime.set_id == head.id)
                            .order_by(NodeTime.id)).all()
     out = TraceNodeTimes(trace_id, steps=head.steps, source=head.source, mapped_calls=head.mapped_calls,
