@@ -101,7 +101,10 @@ def test_hta_sampled_rank0_counts_rank_and_meta(engine):
     meta = json.loads(t.meta_json)
     assert meta["distributedInfo"]["world_size"] == 128, "distributedInfo kept in meta_json"
     assert meta["ts_clock"] == "trace", "no baseTimeNanoseconds: ts_ns is on the trace's own clock"
-    assert t.num_events == r.num_events and json.loads(t.stats_json) == r.stats
+    kept = json.loads(t.stats_json)
+    index = kept.pop("collective_index")  # NOTE: [Collective index]: kept beside the ingest's counters
+    assert t.num_events == r.num_events and kept == r.stats
+    assert index["v"] == 1 and len(index["collectives"]) > 0 and index["steps"]
     with Session(engine) as s:
         run = s.get(Run, r.run_id)
         assert (run.name, run.world_size) == ("job", 128), "the run takes the trace's world size"
