@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # graphdeck from this checkout when run as a script
 DATA = ROOT / "tests" / "data" / "ddp_h200x2"
 
 
