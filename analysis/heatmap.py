@@ -15,7 +15,8 @@ stragglers as the run timeline, ``check-ranks`` and the overview. Metrics (every
   stragglers leave them out; per collective they are shown, the column flagged ``suspect``.
 * ``finding`` (categorical, :data:`FINDINGS`): ``ok``; ``late`` (arrived last at the collective,
   or the step's straggler); ``suspect`` (the match is suspect); ``diverged`` (the rank's collective
-  at this match is another op than the others': AllReduce where they run ReduceScatter);
+  at this match is another op, or moves another element count, than most ranks': the matching's
+  ``divergent`` list, or AllReduce where the others run ReduceScatter);
   ``absent`` (the rank has a trace but no entry here while other ranks have one: a skipped
   collective or a missing step, what a hang looks like).
 
@@ -51,11 +52,13 @@ FINDINGS = (
     {"code": 0, "key": "ok", "label": "took part, nothing found"},
     {"code": 1, "key": "late", "label": "arrived last / the step's straggler"},
     {"code": 2, "key": "suspect", "label": "suspect match (not one collective, or clocks off)"},
-    {"code": 3, "key": "diverged", "label": "another op than the other ranks at this collective"},
+    {"code": 3, "key": "diverged", "label": "another op or element count than most ranks at this collective"},
     {"code": 4, "key": "absent", "label": "traced, but no entry here while other ranks have one"},
 )
 _CODE = {f["key"]: f["code"] for f in FINDINGS}
 MAX_COLUMNS = 256
+#: Divergent ranks listed with the matrix (the first by rank; the cells mark them all).
+DIVERGENT_LISTED = 64
 #: Runs whose matched traces are kept in memory (per process).
 CACHE_RUNS = 2
 #: A run's world size above this is not expanded into rows (a bogus value must not make 2**31 rows).
@@ -131,6 +134,7 @@ def _columns_steps(matched: dict, metric: str, ranks: list[int]) -> tuple[list[d
         for r, v in c["ranks"].items():
             wait_by.setdefault(c["step"], {}).setdefault(r, 0)
             wait_by[c["step"]][r] += v["wait_ns"]
+    diverged = {(d["rank"], d.get("step")) for d in matched.get("divergent") or []}
     steps = sorted({e["step"] for es in steps_by_rank.values() for e in es} | set(lateness), key=_step_key)
     cols = [{"label": f"step {s}" if s is not None else "outside steps", "step": s} for s in steps]
     rows: dict[int, list] = {}
@@ -149,7 +153,7 @@ def _columns_steps(matched: dict, metric: str, ranks: list[int]) -> tuple[list[d
                 row.append(wait_by.get(s, {}).get(r))
             else:
                 took_part = s in mine or (late is not None and r in late["lateness_ns"])
-                row.append(_CODE["absent"] if not took_part
+                row.append(_CODE["absent"] if not took_part else _CODE["diverged"] if (r, s) in diverged
                            else _CODE["late"] if late is not None and late["straggler"] == r else _CODE["ok"])
         rows[r] = row
     return cols, rows
@@ -159,6 +163,7 @@ def _columns_collectives(matched: dict, metric: str, ranks: list[int]) -> tuple[
     colls = matched["collectives"]
     traced = set(matched["step_times"])
     cols, by_rank = [], {r: [] for r in ranks if r in traced}
+    diverged = {(d["rank"], str(d["group"]), d["seq"]) for d in matched.get("divergent") or []}
     for i, c in enumerate(colls):
         parts = c["ranks"]
         ops = {r: _op(v.get("kernel"), c["kind"]) for r, v in parts.items()}
@@ -174,7 +179,7 @@ def _columns_collectives(matched: dict, metric: str, ranks: list[int]) -> tuple[
                 row.append(v["wait_ns"] if v else None)
             elif v is None:
                 row.append(_CODE["absent"])
-            elif ops[r] != common:
+            elif ops[r] != common or (r, str(c["group"]), c["seq"]) in diverged:
                 row.append(_CODE["diverged"])
             elif c["suspect"]:
                 row.append(_CODE["suspect"])
@@ -223,8 +228,10 @@ def rank_heatmap(session: Session, run: Run, metric: str = "step_time", axis: st
     per row, "columns": [{"label", "step", ...}] (collectives: ``index``, ``group``, ``kind``,
     ``seq``, ``suspect``; binned: ``last_index``, ``count``, ``steps``), "values": [[int | None]]
     (one list per row, one value per column: ns, or a finding code), "findings": FINDINGS,
-    "scale": {"min", "max", "p99"} (ns, None for findings or no value), "binned": collectives per
-    column, "straggler": rank | None, "straggler_message", "counts": {"ranks", "traced",
+    "scale": {"min", "max", "p99", "median"} (ns, None for findings or no value), "binned": collectives
+    per column, "straggler": rank | None, "straggler_message", "divergent": the matching's divergent
+    ranks (``rank``, ``group``, ``seq``, ``step``, ``kind``, ``nelems``, ``expected_*``; the first
+    :data:`DIVERGENT_LISTED`), "counts": {"ranks", "traced",
     "no_trace"}, "reason": why the matrix is empty (None otherwise), "elapsed_s"}``.
 
     Raises:
@@ -247,13 +254,16 @@ def rank_heatmap(session: Session, run: Run, metric: str = "step_time", axis: st
            "row_state": ["trace" if r in traces else "no_trace" for r in ranks],
            "trace_ids": [traces.get(r) for r in ranks], "columns": [], "values": [[] for _ in ranks],
            "findings": list(FINDINGS), "scale": {"min": None, "max": None, "p99": None}, "binned": 1,
-           "straggler": None, "straggler_message": None, "reason": None,
+           "straggler": None, "straggler_message": None, "divergent": [], "reason": None,
            "counts": {"ranks": len(ranks), "traced": len(traces), "no_trace": len(ranks) - len(traces)}}
     if matched is None:
         out["reason"] = "no usable trace in this run: nothing is measured per rank (ingest each rank's trace)"
     else:
         timing = matched.get("timing") or {}
         out["straggler"], out["straggler_message"] = timing.get("straggler"), timing.get("message")
+        out["divergent"] = [{k: d.get(k) for k in ("rank", "group", "seq", "step", "kind", "nelems", "expected_kind",
+                                                   "expected_nelems", "agreeing_ranks", "count", "expected_count")}
+                            for d in (matched.get("divergent") or [])[:DIVERGENT_LISTED]]
         if axis == "steps":
             cols, rows = _columns_steps(matched, metric, ranks)
         else:

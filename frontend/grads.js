@@ -11,6 +11,7 @@
 // Every string from the report is user text and goes through h() (NOTE: [Untrusted text]).
 
 import {$app, api, code, fmt, graphLink, h, isBlank, num, setCrumbs, statusBadge, table} from "./common.js";
+import {SMALL_RUN, compactRanks, mergeRankLines, statusHeatmap} from "./heatmap.js";
 
 export const GRAD_STATUSES = ["OK", "NO_GRAD", "NOT_IN_GRAPH", "DEAD_END", "FROZEN", "BUFFER", "UNKNOWN"];
 const FAILING = new Set(["NO_GRAD", "NOT_IN_GRAPH", "DEAD_END"]);
@@ -22,6 +23,30 @@ const VERDICTS = {
   INCOMPLETE: ["verdict-incomplete", "INCOMPLETE · the run-time evidence does not cover the run"],
 };
 const stepText = (a, b) => `${a}–${b}`;
+/** Status colours of the large-run heatmap (failing: reds and purple; never a green for missing). */
+const STATUS_RGB = {OK: [161, 217, 155], NO_GRAD: [215, 25, 28], NOT_IN_GRAPH: [165, 0, 38], DEAD_END: [84, 39, 143],
+  FROZEN: [158, 202, 225], BUFFER: [189, 189, 189], UNKNOWN: [253, 174, 97]};
+/** A large run's table lists at most this many rows at once (pick a rank or a status for others). */
+const LARGE_ROWS = 300;
+
+/** Ranks × parameters coloured by status, for a run of more than SMALL_RUN ranks; a rank without
+ *  rows is "no records" (missing evidence); a click filters the table to that rank. */
+function statusPicture(params, runId, ranks) {
+  const fqns = [...new Set(params.map((p) => p.fqn))].sort();
+  const col = new Map(fqns.map((f, i) => [f, i]));
+  const row = new Map(ranks.map((r, i) => [r, i]));
+  const code = new Map(GRAD_STATUSES.map((st, i) => [st, i]));
+  const values = ranks.map(() => fqns.map(() => null));
+  for (const p of params) {
+    const i = row.get(p.rank), j = col.get(p.fqn), v = code.get(p.status) ?? code.get("UNKNOWN");
+    values[i][j] = values[i][j] === null ? v : Math.max(values[i][j], v); // several storages: the later status kept
+  }
+  const seen = new Set(params.map((p) => p.rank));
+  return statusHeatmap({run_id: runId, ranks, row_state: ranks.map((r) => (seen.has(r) ? "trace" : "no_trace")),
+    columns: fqns.map((f) => ({label: f})), values,
+    findings: GRAD_STATUSES.map((st) => ({key: st, label: st.toLowerCase().replace(/_/g, " "), rgb: STATUS_RGB[st]}))},
+  (r) => `#/runs/${runId}/grads?rank=${ranks[r]}`, {missing: "no parameter records", testid: "grad-heatmap"});
+}
 
 /** The verdict from `report.verdict` (older reports: from `ok`); INCOMPLETE is never green. */
 function verdictOf(report) {
@@ -48,10 +73,10 @@ function coverageBox(report) {
     h("div", {}, h("span", {class: "muted"}, "parameter list: "), fmt(cov.parameter_list)),
     steps.length ? h("div", {class: "step-legend muted small"}, "steps: ", [...STEP_STATES].map((st) =>
       [h("span", {class: `seg seg-${st}`}), ` ${st} `])) : null,
-    (cov.notes || []).length ? h("ul", {class: "notes muted"}, cov.notes.map((n) => h("li", {}, fmt(n)))) : null,
+    (cov.notes || []).length ? h("ul", {class: "notes muted"}, mergeRankLines(cov.notes).map((n) => h("li", {}, fmt(compactRanks(n))))) : null,
     gaps.length ? h("div", {}, h("strong", {class: "verdict-incomplete"},
       report.allow_incomplete ? "not seen (allowed):" : "incomplete:"),
-    h("ul", {id: "grad-incomplete"}, gaps.map((g) => h("li", {}, fmt(g))))) : null);
+    h("ul", {id: "grad-incomplete"}, mergeRankLines(gaps).map((g) => h("li", {}, fmt(compactRanks(g)))))) : null);
 }
 
 /** One rank's steps as a bar, a block per [first, last, state] segment, placed on the run's steps `range`. */
@@ -145,7 +170,12 @@ export function gradientReport(report, {initial = {}, onFilter = null} = {}) {
     Object.entries(summary).filter(([, n]) => n).flatMap(([s, n]) => [statusBadge(s), ` ${n}   `]),
     report.mode ? h("span", {class: "muted"}, `${report.mode} mode`) : null);
   const findings = report.findings || [];
-  const rows = params.map((p) => {
+  const ranks = [...new Set(params.map((p) => p.rank))].sort((a, b) => a - b);
+  // A large run: rows are built for what the filters show (failing rows until a rank or status is
+  // picked), at most LARGE_ROWS at once; the heatmap above shows every rank and parameter.
+  const heatRanks = [...new Set([...(report.ranks || []), ...ranks])].map(Number).sort((a, b) => a - b);
+  const large = heatRanks.length > SMALL_RUN;
+  const rowFor = (p) => {
     const hay = [p.rank, p.fqn, p.status, p.reason, ...(p.aliases || [])].join(" ").toLowerCase();
     const tensor = [isBlank(p.shape) ? null : fmt(p.shape), p.dtype].filter(Boolean).join(" ");
     const links = (label, ids) => (ids && ids.length ? h("div", {}, h("span", {class: "muted"}, label),
@@ -158,19 +188,31 @@ export function gradientReport(report, {initial = {}, onFilter = null} = {}) {
     h("td", {}, statusBadge(p.status), p.allowed ? h("div", {class: "muted small"}, "allowed") : null),
     stepsCell(p, range), num(p.paths), num(p.bucket), cutCell(p),
     h("td", {class: "graph-links"}, links("read by", p.graphs), links("grad from", p.grad_graphs)));
-  });
+  };
+  const rows = large ? [] : params.map(rowFor);
   const count = h("span", {class: "muted", id: "grad-count"});
   const text = h("input", {type: "search", id: "grad-filter", placeholder: "filter parameters…",
     "aria-label": "filter the gradient report"});
   const status = h("select", {id: "grad-status", "aria-label": "status"}, h("option", {value: ""}, "all statuses"),
     GRAD_STATUSES.map((s) => h("option", {value: s}, s)));
-  const ranks = [...new Set(params.map((p) => p.rank))].sort((a, b) => a - b);
   const rank = h("select", {id: "grad-rank", "aria-label": "rank"}, h("option", {value: ""}, "all ranks"),
     ranks.map((r) => h("option", {value: String(r)}, `rank ${r}`)));
   if (initial.status) status.value = initial.status;
   if (initial.rank != null && initial.rank !== "") rank.value = String(initial.rank);
   const apply = (notify) => {
     const q = text.value.trim().toLowerCase(), want = status.value, wantRank = rank.value;
+    if (large) {
+      const picked = want || wantRank || q;
+      const match = params.filter((p) => (!want || p.status === want) && (!wantRank || String(p.rank) === wantRank)
+        && (!q || [p.rank, p.fqn, p.status, p.reason, ...(p.aliases || [])].join(" ").toLowerCase().includes(q))
+        && (picked || p.failing));
+      grid.tBodies[0].replaceChildren(...match.slice(0, LARGE_ROWS).map(rowFor));
+      if (grid.tFoot) grid.tFoot.hidden = match.length > 0;
+      count.textContent = `${Math.min(match.length, LARGE_ROWS)} of ${match.length} ${picked ? "matching" : "failing"} rows`
+        + ` (${params.length} in all, ${ranks.length} ranks)${picked ? "" : ": pick a rank (or click it in the heatmap) or a status for the others"}`;
+      if (notify && onFilter) onFilter(want, wantRank);
+      return;
+    }
     let shown = 0;
     for (const tr of rows) {
       tr.hidden = !((!q || tr.dataset.hay.includes(q)) && (!want || tr.dataset.status === want)
@@ -183,12 +225,16 @@ export function gradientReport(report, {initial = {}, onFilter = null} = {}) {
   text.addEventListener("input", () => apply(false));
   status.addEventListener("change", () => apply(true));
   rank.addEventListener("change", () => apply(true));
+  const grid = table("grad-report", ["Rank", "Parameter", "Status", "Steps", "Paths", "Bucket", "Cut / reason", "Graphs"], rows,
+    "", large ? {empty: "none of the rows the filters pick (no failing parameter, unless a rank or status is picked)"} : {});
   apply(false);
   const view = [summaryLine, coverageBox(report),
     findings.length ? h("ul", {class: "problems", id: "grad-findings"}, findings.map(findingItem)) : null,
-    (report.notes || []).length ? h("ul", {class: "notes muted", id: "grad-notes"}, report.notes.map((n) => h("li", {}, fmt(n)))) : null,
+    (report.notes || []).length ? h("ul", {class: "notes muted", id: "grad-notes"},
+      (large ? mergeRankLines(report.notes).map(compactRanks) : report.notes).map((n) => h("li", {}, fmt(n)))) : null,
+    large && report.run_id != null ? statusPicture(params, report.run_id, heatRanks) : null,
     h("div", {class: "toolbar"}, text, status, rank, count),
-    table("grad-report", ["Rank", "Parameter", "Status", "Steps", "Paths", "Bucket", "Cut / reason", "Graphs"], rows)];
+    grid];
   view.setFilters = (s, r) => { status.value = s || ""; rank.value = r || ""; apply(false); };
   return view;
 }

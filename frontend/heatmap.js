@@ -29,6 +29,24 @@ export function rankRanges(ranks, limit = 6) {
   return parts.length > limit ? `${shown}, … (${rs.length} ranks)` : shown;
 }
 
+/** Long rank lists inside a message ("[0, 1, 2, …, 1023]") written as ranges ("[0-1023]"). */
+export function compactRanks(text) {
+  return String(text ?? "").replace(/\[(\d+(?:, \d+){8,})\]/g, (_, list) => `[${rankRanges(list.split(", "), 8)}]`);
+}
+
+/** Messages that differ only by a leading "rank N: " merged: "ranks 0-1023: …" (order of first). */
+export function mergeRankLines(lines) {
+  const groups = new Map();
+  for (const line of lines) {
+    const m = /^rank (\d+): ([\s\S]*)$/.exec(String(line));
+    const key = m ? m[2] : String(line);
+    if (!groups.has(key)) groups.set(key, []);
+    if (m) groups.get(key).push(m[1]);
+  }
+  return [...groups].map(([text, ranks]) => (ranks.length > 1 ? `ranks ${rankRanges(ranks)}: ${text}`
+    : ranks.length ? `rank ${ranks[0]}: ${text}` : text));
+}
+
 export const METRICS = {
   step_time: {label: "step time", axes: ["steps"]},
   lateness: {label: "lateness (arrival after the first rank)", axes: ["steps", "collectives"]},
@@ -63,7 +81,7 @@ function scaleColour(t) {
 function cellColour(doc, row, value, lo, hi) {
   if (doc.row_state[row] === "no_trace") return null;
   if (value === null || value === undefined) return NO_VALUE;
-  if (doc.unit === "finding") return FINDING_RGB[doc.findings[value]?.key] || NO_VALUE;
+  if (doc.unit === "finding") return doc.findings[value]?.rgb || FINDING_RGB[doc.findings[value]?.key] || NO_VALUE;
   return scaleColour(hi > lo ? (Number(value) - lo) / (hi - lo) : 0);
 }
 
@@ -72,7 +90,7 @@ function legend(doc) {
   if (doc.unit === "finding") {
     for (const f of doc.findings) {
       items.push(h("li", {"data-testid": `heatmap-legend-${f.key}`},
-        h("span", {class: "hm-swatch", style: `background:${rgb(FINDING_RGB[f.key])}`}), ` ${f.key}: ${f.label}`));
+        h("span", {class: "hm-swatch", style: `background:${rgb(f.rgb || FINDING_RGB[f.key])}`}), ` ${f.key}: ${f.label}`));
     }
   } else {
     const s = doc.scale || {};
@@ -84,7 +102,7 @@ function legend(doc) {
     h("span", {class: "hm-swatch", style: `background:${rgb(NO_VALUE)}`}), " no value (not in this column)"));
   items.push(h("li", {"data-testid": "heatmap-legend-no-trace"},
     h("span", {class: "hm-swatch hm-no-trace"}),
-    ` no trace: missing evidence (${plural(doc.counts.no_trace, "rank")})`));
+    ` ${doc.missing || "no trace"}: missing evidence (${plural(doc.counts.no_trace, "rank")})`));
   return h("ul", {class: "hm-legend small", "data-testid": "heatmap-legend"}, items);
 }
 
@@ -136,10 +154,17 @@ function draw(doc, width) {
 }
 
 function valueText(doc, r, c) {
-  if (doc.row_state[r] === "no_trace") return "no trace: missing evidence";
+  if (doc.row_state[r] === "no_trace") return `${doc.missing || "no trace"}: missing evidence`;
   const v = doc.values[r]?.[c];
   if (v === null || v === undefined) return "no value";
-  return doc.unit === "finding" ? `${doc.findings[v]?.key}: ${doc.findings[v]?.label}` : fmtNs(v);
+  if (doc.unit !== "finding") return fmtNs(v);
+  const f = doc.findings[v] || {};
+  const d = f.key === "diverged" ? (doc.divergent || []).find((x) => x.rank === doc.ranks[r]) : null;
+  const what = (kind, n) => `${fmt(kind)}${n !== null && n !== undefined ? ` of ${n} elements` : ""}`;
+  return `${f.key}: ${f.label}` + (!d ? "" : d.count !== null && d.count !== undefined
+    ? ` (issued ${d.count} collectives of group ${fmt(d.group)}, most ranks ${d.expected_count})`
+    : ` (#${d.seq} of group ${fmt(d.group)}: ${what(d.kind, d.nelems)} where ${d.agreeing_ranks} ranks run `
+      + `${what(d.expected_kind, d.expected_nelems)})`);
 }
 
 /** Where a click on (rank row, column) leads: the rank's page, at the column's step. */
@@ -150,6 +175,54 @@ export function drillHref(doc, r, c) {
   if (col.index !== undefined) q.set("collective", col.index);
   const qs = q.toString();
   return `#/runs/${encodeURIComponent(doc.run_id)}/rank/${doc.ranks[r]}${qs ? `?${qs}` : ""}`;
+}
+
+/** Hover (the tip names rank, column and value) and click (`hrefOf(row, col)`) on a drawn canvas. */
+function interactive(canvas, doc, rh, cw, tip, hrefOf) {
+  const at = (ev) => {
+    const b = canvas.getBoundingClientRect();
+    const col = Math.floor((ev.clientX - b.left - GUTTER) / cw), row = Math.floor((ev.clientY - b.top - TOP) / rh);
+    return row >= 0 && row < doc.ranks.length && col >= 0 && col < doc.columns.length ? [row, col] : null;
+  };
+  canvas.addEventListener("mousemove", (ev) => {
+    const hit = at(ev);
+    if (!hit) { tip.hidden = true; return; }
+    const [r, col] = hit;
+    tip.textContent = `rank ${doc.ranks[r]} · ${doc.columns[col].label} · ${valueText(doc, r, col)}`;
+    tip.dataset.rank = doc.ranks[r];
+    tip.dataset.column = col;
+    const box = canvas.parentElement.getBoundingClientRect();
+    tip.style.left = `${ev.clientX - box.left + 12}px`;
+    tip.style.top = `${ev.clientY - box.top + 12}px`;
+    tip.hidden = false;
+  });
+  canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
+  canvas.addEventListener("click", (ev) => {
+    const hit = at(ev);
+    if (hit) location.hash = hrefOf(hit[0], hit[1]);
+  });
+}
+
+/**
+ * A categorical heatmap of a matrix the page already holds (the gradient report's status per rank
+ * and parameter): `doc` = {ranks, row_state ("no_trace" rows: `missing` label), columns: [{label}],
+ * values: [[code | null]], findings: [{key, label, rgb}]}; `hrefOf(row, col)` is where a click
+ * leads. → element
+ */
+export function statusHeatmap(doc, hrefOf, {missing = "no evidence", testid = "status-heatmap"} = {}) {
+  const full = {unit: "finding", counts: {ranks: doc.ranks.length,
+    no_trace: doc.row_state.filter((x) => x === "no_trace").length}, missing, ...doc};
+  const box = h("div", {class: "heatmap", "data-testid": testid});
+  const plot = h("div", {class: "hm-plot"}), tip = h("div", {class: "hm-tip", "data-testid": "heatmap-tip", hidden: true});
+  box.append(h("div", {class: "hm-wrap"}, plot, tip));
+  requestAnimationFrame(() => {
+    const {canvas, rh, cw} = draw(full, Math.max(320, (box.clientWidth || 1000) - 8));
+    plot.replaceChildren(canvas);
+    box.append(legend(full));
+    interactive(canvas, full, rh, cw, tip, hrefOf);
+    Object.assign(box.dataset, {state: "done", rows: full.ranks.length, cols: full.columns.length});
+  });
+  return box;
 }
 
 /**
@@ -192,27 +265,7 @@ export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps"} 
             `rank ${doc.straggler}`)] : "",
         doc.reason ? h("span", {"data-testid": "heatmap-reason"}, ` · ${doc.reason}`) : "",
         " · click a cell to open that rank");
-      const at = (ev) => {
-        const b = canvas.getBoundingClientRect();
-        const col = Math.floor((ev.clientX - b.left - GUTTER) / cw), row = Math.floor((ev.clientY - b.top - TOP) / rh);
-        return row >= 0 && row < doc.ranks.length && col >= 0 && col < doc.columns.length ? [row, col] : null;
-      };
-      canvas.addEventListener("mousemove", (ev) => {
-        const hit = at(ev);
-        if (!hit) { tip.hidden = true; return; }
-        const [r, col] = hit;
-        tip.textContent = `rank ${doc.ranks[r]} · ${doc.columns[col].label} · ${valueText(doc, r, col)}`;
-        tip.dataset.rank = doc.ranks[r];
-        tip.dataset.column = col;
-        tip.style.left = `${ev.clientX - canvas.parentElement.getBoundingClientRect().left + 12}px`;
-        tip.style.top = `${ev.clientY - canvas.parentElement.getBoundingClientRect().top + 12}px`;
-        tip.hidden = false;
-      });
-      canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
-      canvas.addEventListener("click", (ev) => {
-        const hit = at(ev);
-        if (hit) location.hash = drillHref(doc, hit[0], hit[1]);
-      });
+      interactive(canvas, doc, rh, cw, tip, (r, col) => drillHref(doc, r, col));
       Object.assign(box.dataset, {state: "done", rows: doc.ranks.length, cols: doc.columns.length,
         noTrace: c.no_trace});
     }, (err) => {
