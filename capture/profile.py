@@ -47,6 +47,9 @@ def stored_profile(agent, *, wait_steps: int, warmup_steps: int, active_steps: i
             result = ingest_trace(writer.engine, path, run_name=agent.run, rank=writer.rank,
                                   name=name or f"rank {writer.rank} profile")
             _link(agent, writer, result.run_id)
+            from graphdeck.store.node_times import refresh  # the links may have made the ingest's node times stale
+
+            refresh(writer.engine, result.trace_id)
             if trace_dir is not None:
                 _keep_gzipped(path, Path(trace_dir) / f"{agent.run}_rank{writer.rank}.pt.trace.json.gz")
         finally:

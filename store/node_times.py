@@ -163,3 +163,19 @@ def record(engine: Engine, trace_id: int) -> int | None:
     except Exception:  # noqa: BLE001 - the trace is stored; only the shortcut is missing
         log.exception("trace %s: could not keep its node times", trace_id)
         return None
+
+
+def refresh(engine: Engine, trace_id: int) -> int | None:
+    """:func:`record` again when trace ``trace_id``'s set is missing or stale (e.g. the capture
+    linked kernels to nodes after the ingest); the set's id, None when it could not be written.
+    Best effort: never raises."""
+    try:
+        with Session(engine) as s:
+            run_id, rank = s.execute(select(Trace.run_id, Trace.rank).where(Trace.id == trace_id)).one()
+            head, _why = valid_set(s, trace_id, run_id, rank)
+            if head is not None:
+                return head.id
+    except Exception:  # noqa: BLE001 - the caller (a capture) must not fail for a shortcut
+        log.exception("trace %s: could not check its node times", trace_id)
+        return None
+    return record(engine, trace_id)
