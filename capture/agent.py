@@ -58,7 +58,10 @@ KEPT_COMPILE_EVENTS = {"compilation_metrics", "bwd_compilation_metrics", "compil
                        "inductor_provenance_tracking_kernel_stack_traces"}
 PAYLOAD_LIMIT_CHARS = 200_000
 #: Records kept whole: kernel -> node links are read from them (graphdeck.analysis.trace_map).
-UNCUT_PAYLOADS = ("inductor_provenance_tracking_node_mappings",)
+UNCUT_PAYLOADS = ("inductor_provenance_tracking_node_mappings",
+                  # a warm FX-graph cache's backward maps by them (NOTE: [Kernels by stack trace]); cumulative
+                  # per process, 309k chars by the demo's third bucket, so a cut one was unreadable JSON
+                  "inductor_provenance_tracking_kernel_stack_traces")
 
 
 def _dist_info() -> tuple[int, int, str | None]:
