@@ -250,9 +250,10 @@ export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps"} 
     box.dataset.metric = m;
     box.dataset.axis = pickAxis.value;
     status.textContent = "Loading the rank heatmap…";
-    const width = Math.max(320, (box.clientWidth || document.body.clientWidth || 1000) - 8);
+    // Asked at once (before the overview's checks, which share the server); drawn once it answers.
     return api(`/api/runs/${encodeURIComponent(runId)}/heatmap?metric=${m}&axis=${pickAxis.value}`).then((doc) => {
       if (!page.alive() || mine !== generation) return;
+      const width = Math.max(320, (box.clientWidth || document.body.clientWidth || 1000) - 8);
       const {canvas, rh, cw} = draw(doc, width);
       plot.replaceChildren(canvas);
       legendBox.replaceChildren(legend(doc));
@@ -278,8 +279,7 @@ export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps"} 
   };
   pickMetric.addEventListener("change", load);
   pickAxis.addEventListener("change", load);
-  // Drawn once the box is in the page (its width is known then).
-  const done = new Promise((resolve) => requestAnimationFrame(() => resolve(load())));
+  const done = load(); // the answer comes after this task, which puts the box in the page
   return [box, done];
 }
 

@@ -291,8 +291,8 @@ async function renderLargeRun(page, idx, query) {
   const n = idx.ranks.length;
   const traced = idx.traces.filter((x) => x > 0).length;
   const withGraphs = idx.graphs.filter((x) => x > 0).length;
+  const [heatBox, heatDone] = rankHeatmap(page, run.id); // asked first: the picture the page opens with
   const [overviewBox, overviewDone] = runOverview(page, run);
-  const [heatBox, heatDone] = rankHeatmap(page, run.id);
   const first = idx.ranks[0];
   const [compileBlock, startCompile] = lazyDetails("details-compile",
     `Compile records — compile health, the compile index; frame metrics and graph breaks of rank ${first}`,
