@@ -10,7 +10,9 @@
   job dies with ``os._exit`` (no ``close()``, no atexit): what the store holds was written as the
   records arrived.
 
-Usage: ``python tests/compile_health_job.py STORE`` (exit 17 after the fullgraph failure).
+Usage: ``python tests/compile_health_job.py STORE`` (exit 17 after the fullgraph failure); and
+``torchrun --standalone --nproc-per-node 2 tests/compile_health_job.py STORE ddp``: run ``n8-ddp``,
+case N8 as written (``torch.compile(DDP(model))``, 2 gloo ranks).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import sys
 import torch
 import torch.nn as nn
 
-from graphdeck.capture import Agent
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as the other jobs
+
+from graphdeck.capture import Agent  # noqa: E402
 
 SHAPES = 9
 
@@ -89,8 +93,34 @@ def n8(store: str, steps: int = 3) -> None:
     agent.close()
 
 
+def n8_ddp(store: str, steps: int = 3) -> None:
+    """Case N8 as the case is written: ``torch.compile(DDP(model))`` on 2 gloo ranks (run
+    ``n8-ddp``; 60 s collective timeout, so a stuck rank ends the job)."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    torch.manual_seed(0)
+    agent = Agent(store=store, run="n8-ddp")
+    model = agent.watch(N8())
+    compiled = torch.compile(DDP(model), backend=agent.backend("aot_eager"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps):
+        compiled(torch.randn(64, 16, generator=gen)).backward()
+        opt.step()
+        opt.zero_grad()
+    agent.close()
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    if sys.argv[2:] == ["ddp"]:  # torchrun --standalone --nproc-per-node 2 tests/compile_health_job.py STORE ddp
+        n8_ddp(sys.argv[1])
+        sys.exit(0)
     shapes(sys.argv[1], "shapes", fullgraph=False)
     n8(sys.argv[1])
     shapes(sys.argv[1], "shapes-fullgraph", fullgraph=True)
