@@ -3,9 +3,9 @@
 * run ``shapes``: ``post_orthogonalize`` compiled and called on each parameter of a model whose
   nine parameters have nine shapes (a Muon-style per-parameter step): compiles 0/0 … 0/7 on the
   shape guard, the 9th hits the recompile limit (8) and runs eagerly;
-* run ``n8`` (case N8 of ../shared/cases/compile-and-ranks.md, one process instead of DDP on 2
-  ranks: the diagnosis is per frame): each layer counts ``n = int((x > 0).sum().item())``, the
-  top-level forward also logs ``loss.item()``;
+* run ``n8`` (case N8 of ../shared/cases/compile-and-ranks.md in one process; run ``n8-ddp``,
+  below, is the case as written, under DDP on 2 ranks): each layer counts
+  ``n = int((x > 0).sum().item())``, the top-level forward also logs ``loss.item()``;
 * run ``shapes-fullgraph``: the same loop under ``fullgraph=True``; the 9th compile raises and the
   job dies with ``os._exit`` (no ``close()``, no atexit): what the store holds was written as the
   records arrived.
