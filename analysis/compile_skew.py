@@ -34,7 +34,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from graphdeck.errors import NotFoundError
@@ -88,15 +88,6 @@ class CompileSkew:
         return d
 
 
-def _metrics(name: str, metadata_json: str | None) -> dict:
-    try:
-        meta = json.loads(metadata_json or "{}")
-    except ValueError:
-        return {}
-    inner = meta.get(name) if isinstance(meta, dict) else None
-    return inner if isinstance(inner, dict) else (meta if isinstance(meta, dict) else {})
-
-
 def _num(value) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
@@ -141,15 +132,20 @@ def _fr_first_ns(session: Session, run_id: int, rank: int, after_ns: int) -> tup
         return None
 
 
-def _trace_first(session: Session, run_id: int, rank: int, after_ns: int, compile_end_ns: int
-                 ) -> tuple[int, str, float] | None:
+def _newest_trace(session: Session, run_id: int, rank: int) -> int | None:
+    return session.scalar(select(Trace.id).where(Trace.run_id == run_id, Trace.rank == rank,
+                                                 Trace.status.in_(("ok", "truncated"))).order_by(Trace.id.desc()))
+
+
+def _trace_first(session: Session, run_id: int, rank: int, after_ns: int, compile_end_ns: int,
+                 trace_id: int | None = -1) -> tuple[int, str, float] | None:
     """``(start ns, name, duration s)`` of the rank's first traced collective starting after
-    ``after_ns``, when its newest usable trace began before ``compile_end_ns``."""
+    ``after_ns``, when its newest usable trace (``trace_id``; -1: look it up) began before
+    ``compile_end_ns``."""
     from graphdeck.analysis.trace_analysis import TraceData
     from graphdeck.analysis.trace_collectives import rank_collectives
 
-    tid = session.scalar(select(Trace.id).where(Trace.run_id == run_id, Trace.rank == rank,
-                                                Trace.status.in_(("ok", "truncated"))).order_by(Trace.id.desc()))
+    tid = _newest_trace(session, run_id, rank) if trace_id == -1 else trace_id
     if tid is None:
         return None
     data = TraceData(session, tid)
@@ -162,36 +158,109 @@ def _trace_first(session: Session, run_id: int, rank: int, after_ns: int, compil
     return c["start_ns"], f"{c['kernel']} #{c['seq']} of group {c['group']} (trace)", c["dur_ns"] / 1e9
 
 
+#: Fields of a compile record's metadata that :func:`rank_compiles` reads, in :func:`_parse_metrics` order.
+METRIC_FIELDS = ("compile_id", "duration_us", "entire_frame_compile_time_s", "start_time_us", "start_time",
+                 "fail_type", *(pattern.format(where=w, what=what) for pattern in _CACHE_FIELDS.values()
+                                for what in ("hit", "miss") for w in ("local", "remote")))
+
+
+def fields_sql(fields: tuple[str, ...]):
+    """SQL: the JSON array (text) of ``fields`` of a compile record's metadata, read from its
+    envelope (``{"<record name>": {...}}``) when it has one, else from its top level; NULL for
+    metadata that is not JSON to SQLite (:func:`raw_fields` reads those). Only these fields
+    leave SQLite: a record's metadata is ~40 KB of configs and stack traces."""
+    from sqlalchemy import case, literal
+
+    meta = CompileEvent.metadata_json
+    envelope = literal("$.") + CompileEvent.name
+    return case((func.json_valid(meta) == 1,
+                 case((func.json_type(meta, envelope) == "object",
+                       func.json_extract(meta, *(envelope + literal(f".{f}") for f in fields))),
+                      else_=func.json_extract(meta, *(f"$.{f}" for f in fields)))),
+                else_=None)
+
+
+def raw_fields(session: Session, rows: list[tuple[int, str]], fields: tuple[str, ...]) -> dict[int, list]:
+    """Row id → the values of ``fields`` for compile records ``rows`` (``(id, name)``) whose
+    metadata SQLite does not take as JSON (Python's json may: a NaN, say), read by Python."""
+    names = dict(rows)
+    out: dict[int, list] = {}
+    for start in range(0, len(rows), 500):
+        for row_id, text in session.execute(select(CompileEvent.id, CompileEvent.metadata_json).where(
+                CompileEvent.id.in_([r for r, _n in rows[start:start + 500]]))):
+            m = _metrics(names[row_id], text)
+            out[row_id] = [m.get(f) for f in fields]
+    return out
+
+
+def _metric_rows(session: Session, run_id: int, ranks: list[int] | None = None) -> dict[int, list[tuple]]:
+    """rank → its ``(name, compile id, key, values)`` compile records (:data:`METRIC_EVENTS`), in
+    id order: one query for the run (``ranks`` None) or for ``ranks``. ``values``: the record's
+    :data:`METRIC_FIELDS` (:func:`fields_sql`), None when unreadable; ``key``: equal for equal
+    values (the extracted text)."""
+    where = [CompileEvent.run_id == run_id, CompileEvent.name.in_(METRIC_EVENTS)]
+    if ranks is not None:
+        where.append(CompileEvent.rank.in_(ranks))
+    rows = session.connection().execute(
+        select(CompileEvent.rank, CompileEvent.id, CompileEvent.name, CompileEvent.compile_id,
+               fields_sql(METRIC_FIELDS), CompileEvent.metadata_json.is_not(None))
+        .where(*where).order_by(CompileEvent.id)).all()
+    unread = [(row_id, name) for _r, row_id, name, _c, text, present in rows if text is None and present]
+    fallback = raw_fields(session, unread, METRIC_FIELDS) if unread else {}
+    out: dict[int, list[tuple]] = {}
+    for rank, row_id, name, cid, text, _present in rows:
+        try:
+            values = json.loads(text) if text else fallback.get(row_id)
+        except ValueError:
+            values = None
+        out.setdefault(rank, []).append((name, cid, text if text else ("row", row_id),
+                                         values if isinstance(values, list) else None))
+    return out
+
+
+def _metrics(name: str, metadata_json: str | None) -> dict:
+    try:
+        meta = json.loads(metadata_json or "{}")
+    except ValueError:
+        return {}
+    inner = meta.get(name) if isinstance(meta, dict) else None
+    return inner if isinstance(inner, dict) else (meta if isinstance(meta, dict) else {})
+
+
 def rank_compiles(session: Session, run_id: int, rank: int) -> RankCompile:
     """One rank's compile times, caches and recompiles (NOTE: [Compile skew])."""
+    return _rank_compiles(session, run_id, rank, _metric_rows(session, run_id, [rank]).get(rank, []))
+
+
+def _rank_compiles(session: Session, run_id: int, rank: int, rows: list[tuple], *, has_dump: bool = True,
+                   trace_id: int | None = -1, parsed: dict | None = None) -> RankCompile:
+    """:func:`rank_compiles` from the rank's records ``rows`` (:func:`_metric_rows`). ``has_dump``
+    False / ``trace_id`` None: the caller knows the rank has no Flight Recorder dump / no usable
+    trace (not looked up). ``parsed``: a memo of parsed metadata shared by the ranks of one run."""
     out = RankCompile(rank=rank)
+    parsed = {} if parsed is None else parsed
     recs = []
-    for name, cid, meta_json in session.execute(
-            select(CompileEvent.name, CompileEvent.compile_id, CompileEvent.metadata_json)
-            .where(CompileEvent.run_id == run_id, CompileEvent.rank == rank, CompileEvent.name.in_(METRIC_EVENTS))
-            .order_by(CompileEvent.id)):
-        m = _metrics(name, meta_json)
-        cid = cid or m.get("compile_id")
-        dur = _num(m.get("duration_us")) / 1e6 or _num(m.get("entire_frame_compile_time_s"))
-        start_ns = int(_num(m.get("start_time_us")) * 1000) or int(_num(m.get("start_time")) * 1e9)
+    for name, cid, key, values in rows:
+        if key not in parsed:
+            parsed[key] = _parse_metrics(values)
+        m_cid, dur, start_ns, failed, cache = parsed[key]
+        cid = cid or m_cid
         recs.append((name, cid, dur, start_ns))
         out.records += 1
         out.compile_s += dur
-        if m.get("fail_type"):
-            out.failed += 1
-        for kind, pattern in _CACHE_FIELDS.items():
-            for what in ("hit", "miss"):
-                out.cache[kind][what] += sum(int(_num(m.get(pattern.format(where=w, what=what))))
-                                             for w in ("local", "remote"))
+        out.failed += failed
+        for kind, counts in cache.items():
+            for what, n in counts.items():
+                out.cache[kind][what] += n
     ids = [_CID.match(c or "") for n, c, _d, _s in recs if n == "compilation_metrics"]
     out.frames = len({m.group(1) for m in ids if m})
     out.recompiles = len({(m.group(1), m.group(2)) for m in ids if m and int(m.group(2)) > 0})
     starts = [s for _n, _c, _d, s in recs if s]
-    if starts:
+    if starts and (has_dump or trace_id is not None):
         t0 = min(starts)
         first_end = min(s + int(d * 1e9) for _n, _c, d, s in recs if s == t0)
-        fr = _fr_first_ns(session, run_id, rank, t0)
-        tr = _trace_first(session, run_id, rank, t0, first_end)
+        fr = _fr_first_ns(session, run_id, rank, t0) if has_dump else None
+        tr = _trace_first(session, run_id, rank, t0, first_end, trace_id) if trace_id is not None else None
         if fr or tr:
             t1, out.first_collective = (tr or fr)[:2]
             out.basis = "trace" if tr else "flight recorder"
@@ -203,19 +272,42 @@ def rank_compiles(session: Session, run_id: int, rank: int) -> RankCompile:
     return out
 
 
-def compile_skew(session: Session, run: Run, *, min_skew_s: float = 2.0, ratio: float = 1.5) -> CompileSkew:
+def _parse_metrics(values: list | None) -> tuple:
+    """``(compile id, duration s, start ns, failed 0/1, {cache kind: {"hit", "miss"}})`` of one
+    compile record from its :data:`METRIC_FIELDS` values (:func:`_metric_rows`)."""
+    m = dict(zip(METRIC_FIELDS, values)) if values else {}
+    dur = _num(m.get("duration_us")) / 1e6 or _num(m.get("entire_frame_compile_time_s"))
+    start_ns = int(_num(m.get("start_time_us")) * 1000) or int(_num(m.get("start_time")) * 1e9)
+    cache = {kind: {what: sum(int(_num(m.get(pattern.format(where=w, what=what)))) for w in ("local", "remote"))
+                    for what in ("hit", "miss")} for kind, pattern in _CACHE_FIELDS.items()}
+    return m.get("compile_id"), dur, start_ns, 1 if m.get("fail_type") else 0, cache
+
+
+def compile_skew(session: Session, run: Run, *, min_skew_s: float = 2.0, ratio: float = 1.5,
+                 records: dict[int, list[tuple]] | None = None) -> CompileSkew:
     """Compare the ranks of ``run`` at compile time (NOTE: [Compile skew]); ``finding`` is set
     when the slowest rank's compile before the first collective exceeds the fastest's by
     ``min_skew_s`` seconds and by the factor ``ratio``. Ranks without compile records are left
     out. Raises NotFoundError for ``run`` None (a run the caller did not find) and ValueError for
-    ``min_skew_s < 0`` or ``ratio < 1``."""
+    ``min_skew_s < 0`` or ``ratio < 1``. ``records``: the run's compile records as
+    :func:`_metric_rows` gives them, when the caller read them already (check-ranks reads them
+    with the compile sequences: :func:`graphdeck.analysis.ranks.compile_sequences`)."""
     if run is None:
         raise NotFoundError("compile_skew: no such run", resource="run", id=None)
     if min_skew_s < 0 or ratio < 1:
         raise ValueError(f"compile_skew: min_skew_s must be >= 0 and ratio >= 1 (got {min_skew_s}, {ratio})")
-    ranks = sorted(set(session.scalars(select(CompileEvent.rank).where(
-        CompileEvent.run_id == run.id, CompileEvent.name.in_(METRIC_EVENTS)).distinct())))
-    out = CompileSkew(run=run.name, ranks={r: rank_compiles(session, run.id, r) for r in ranks})
+    # Read for every rank at once (a 1,024-rank run is not thousands of per-rank queries): the
+    # compile records, which ranks hold a Flight Recorder dump, each rank's newest usable trace.
+    rows = _metric_rows(session, run.id) if records is None else records
+    ranks = sorted(rows)
+    dumps = set(session.scalars(select(CompileEvent.rank).where(
+        CompileEvent.run_id == run.id, CompileEvent.name == "flight_recorder").distinct()))
+    traces = dict(session.execute(select(Trace.rank, func.max(Trace.id)).where(
+        Trace.run_id == run.id, Trace.status.in_(("ok", "truncated"))).group_by(Trace.rank)).all())
+    parsed: dict = {}
+    out = CompileSkew(run=run.name, ranks={r: _rank_compiles(session, run.id, r, rows[r], has_dump=r in dumps,
+                                                             trace_id=traces.get(r), parsed=parsed)
+                                           for r in ranks})
     if len(ranks) < 2:
         return out
     key = {r: v.before_first_collective_s for r, v in out.ranks.items()}

@@ -36,22 +36,54 @@ def collective_findings(session: Session, run_id: int, rows: list[ParamRow], wra
     ``wrap`` (:class:`graphdeck.analysis.grad_mesh.Wrapping`): parameters of an FSDP2 group are
     reduce-scattered by FSDP2 after the backward, outside the graph, so they need no in-graph
     reduction; a reduction on a process group the parallel layout names as a tensor-parallel
-    (non-data-parallel) mesh dimension's is no gradient reduction (NOTE: [Wrapper words])."""
+    (non-data-parallel) mesh dimension's is no gradient reduction (NOTE: [Wrapper words]).
+
+    Graphs with one structural hash (same nodes, arguments and edges; the names of nodes aside)
+    are analysed once: a 1,024-rank run holds a few distinct graphs thousands of times."""
     ids = dict(session.connection().execute(select(InternedString.id, InternedString.value).where(or_(
         *[InternedString.value.contains(w) for w in (*COLLECTIVE_WORDS, "wait_tensor", "getitem")]))).all())
     if not any(_is_collective(v) for v in ids.values()):
         return []
     coll = [k for k, v in ids.items() if _is_collective(v) or _is_wait(v)]
     conn = session.connection()
-    graph_ids = conn.execute(select(Graph.id).where(Graph.run_id == run_id).order_by(Graph.id)).scalars().all()
-    hits = [gid for gid in graph_ids if conn.execute(select(Node.id).where(
-        Node.graph_id == gid, Node.target_id.in_(coll)).limit(1)).first() is not None]
+    graphs = conn.execute(select(Graph.id, Graph.rank, Graph.kind, Graph.structural_hash)
+                          .where(Graph.run_id == run_id).order_by(Graph.id)).all()
+    rep: dict[tuple, int] = {}  # (kind, hash) -> the first graph with it; a graph without a hash is its own
+    for g in graphs:
+        rep.setdefault((g.kind, g.structural_hash) if g.structural_hash else ("graph", g.id), g.id)
+    reps = sorted(set(rep.values()))
+    has_coll: set[int] = set()
+    for start in range(0, len(reps), 500):
+        has_coll.update(conn.execute(select(Node.graph_id).distinct().where(
+            Node.graph_id.in_(reps[start:start + 500]), Node.target_id.in_(coll))).scalars())
+    hits = [g for g in graphs if rep[(g.kind, g.structural_hash) if g.structural_hash else ("graph", g.id)]
+            in has_coll]
     findings: list[Finding] = []
     row_by = {(r.rank, a): r for r in rows for a in r.aliases}
-    for gid in hits:
-        g = session.get(Graph, gid)
-        findings += _graph_findings(session, g, ids, row_by, wrap)
+    shared: dict = {}
+    grads = _grads(session, [g.id for g in hits if g.kind == "aot_backward"])
+    for g in hits:
+        key = (g.kind, g.structural_hash) if g.structural_hash else ("graph", g.id)
+        findings += _graph_findings(session, g, ids, row_by, wrap, shared, key, rep[key], grads.get(g.id, []))
     return findings
+
+
+def _grads(session: Session, graph_ids: list[int]) -> dict[int, list[tuple[str, str, int]]]:
+    """graph id → ``(param fqn, node name, node position)`` of each gradient output (``graph_io``
+    rows with a gradient, in their order; a name no node of the graph has is left out)."""
+    from sqlalchemy import and_
+
+    from graphdeck.store.schema import GraphIO
+
+    out: dict[int, list[tuple[str, str, int]]] = defaultdict(list)
+    for start in range(0, len(graph_ids), 500):
+        for gid, fqn, name, idx in session.connection().execute(
+                select(GraphIO.graph_id, GraphIO.param_fqn, GraphIO.node_name, Node.idx)
+                .join(Node, and_(Node.graph_id == GraphIO.graph_id, Node.name == GraphIO.node_name))
+                .where(GraphIO.graph_id.in_(graph_ids[start:start + 500]), GraphIO.direction == "grad",
+                       GraphIO.has_grad.is_(True)).order_by(GraphIO.graph_id, GraphIO.id)):
+            out[gid].append((fqn, name, idx))
+    return out
 
 
 class _Arrays:
@@ -129,76 +161,102 @@ def _non_dp_groups(wrap) -> set[str]:
     return out
 
 
-def _graph_findings(session: Session, g: Graph, ids: dict[int, str], row_by: dict, wrap=None) -> list[Finding]:
-    import numpy as np
+class _Analysed:
+    """What one distinct graph (a structural hash) gives, by node position: its arrays, which
+    collectives are never waited on, and which nodes lie within reach of a gradient reduction."""
 
-    arr = _Arrays(session, g.id)
-    kind = {k: ("wait" if _is_wait(v) else "coll" if _is_collective(v) else "getitem" if "getitem" in v else "")
-            for k, v in ids.items()}
-    tid = arr.target_id
+    def __init__(self, session: Session, graph_id: int, kind_: str, ids: dict[int, str], wrap=None):
+        import numpy as np
 
-    def mask(kinds) -> np.ndarray:
-        keys = [k for k, v in kind.items() if v in kinds]
-        return np.isin(tid, np.array(keys or [-1]))
+        self.arr = arr = _Arrays(session, graph_id)
+        kind = {k: ("wait" if _is_wait(v) else "coll" if _is_collective(v) else "getitem" if "getitem" in v else "")
+                for k, v in ids.items()}
+        tid = arr.target_id
 
-    is_coll, is_wait, is_item = mask(("coll",)), mask(("wait",)), mask(("getitem",))
-    is_reduce = np.isin(tid, np.array([k for k, v in ids.items() if kind[k] == "coll"
-                                       and any(w in v for w in REDUCE_OPS)] or [-1]))
-    # Waited: a collective with a wait_tensor user, or a getitem user that has one (coalesced
-    # collectives return tuples). One vectorised pass over the edges per level.
-    src, dst = arr.src, arr.dst
-    waited = np.zeros(arr.n, dtype=bool)
-    waited[src[is_wait[dst]]] = True
-    item_waited = waited & is_item
-    waited[src[item_waited[dst]]] = True
-    unwaited = np.nonzero(is_coll & ~waited)[0].tolist()
+        def mask(kinds) -> np.ndarray:
+            keys = [k for k, v in kind.items() if v in kinds]
+            return np.isin(tid, np.array(keys or [-1]))
+
+        is_coll, is_wait, is_item = mask(("coll",)), mask(("wait",)), mask(("getitem",))
+        is_reduce = np.isin(tid, np.array([k for k, v in ids.items() if kind[k] == "coll"
+                                           and any(w in v for w in REDUCE_OPS)] or [-1]))
+        # Waited: a collective with a wait_tensor user, or a getitem user that has one (coalesced
+        # collectives return tuples). One vectorised pass over the edges per level.
+        src, dst = arr.src, arr.dst
+        waited = np.zeros(arr.n, dtype=bool)
+        waited[src[is_wait[dst]]] = True
+        item_waited = waited & is_item
+        waited[src[item_waited[dst]]] = True
+        self.unwaited = np.nonzero(is_coll & ~waited)[0].tolist()
+        self.unwaited_target = ids.get(int(tid[self.unwaited[0]]), "?") if self.unwaited else None
+        tp_groups = _non_dp_groups(wrap) if kind_ == "aot_backward" and is_reduce.any() else set()
+        if kind_ == "aot_backward" and is_reduce.any() and tp_groups:
+            from graphdeck.analysis.ranks import group_of
+
+            for idx, args in session.execute(select(Node.idx, Node.args_json).where(
+                    Node.graph_id == graph_id, Node.idx.in_(np.nonzero(is_reduce)[0].tolist()))):
+                if group_of(args) in tp_groups:  # a tensor-parallel reduction, not the data-parallel one
+                    is_reduce[idx] = False
+        self.is_reduce = is_reduce
+        self.reduces = kind_ == "aot_backward" and bool(is_reduce.any())
+        self.near = None
+        self.walked: dict[int, bool] = {}
+        if self.reduces:
+            near = is_reduce.copy()
+            for _ in range(4):  # a reduction within 4 steps back, vectorised over the edges
+                step = near.copy()
+                step[dst[near[src]]] = True
+                near = step
+            self.near = near
+
+    def reduced(self, start: int) -> bool:
+        """Whether a reduction lies on the path back from node position ``start``."""
+        if start not in self.walked:
+            self.walked[start] = bool(self.near[start]) or _walk_back(self.arr, start, self.is_reduce)
+        return self.walked[start]
+
+
+def _graph_findings(session: Session, g, ids: dict[int, str], row_by: dict, wrap=None, shared: dict | None = None,
+                    key=None, rep_id: int | None = None, grads: list | None = None) -> list[Finding]:
+    """Findings of graph ``g`` (``id``, ``rank``, ``kind``); ``shared``/``key``/``rep_id``: the
+    analysis of its distinct graph, kept across the graphs of one report (the representative
+    ``rep_id`` read once); ``grads``: its gradient outputs (:func:`_grads`)."""
+    shared = {} if shared is None else shared
+    key = key if key is not None else ("graph", g.id)
+    if key not in shared:
+        shared[key] = _Analysed(session, g.id if rep_id is None else rep_id, g.kind, ids, wrap)
+    an: _Analysed = shared[key]
     out: list[Finding] = []
-    if unwaited:
+    if an.unwaited:
+        arr = an.arr if rep_id in (None, g.id) else _Arrays(session, g.id)  # this graph's own node names
+        unwaited = an.unwaited
         bad = [arr.name(i) for i in unwaited[:8]]
         out.append(Finding(kind="COLLECTIVE_NOT_WAITED", severity="error", graph_id=g.id, node=bad[0],
                            ranks=[g.rank],
                            message=(f"rank {g.rank}, graph {g.id} ({g.kind}): {', '.join(bad)}"
-                                    f"{' …' if len(unwaited) > 8 else ''} ({ids.get(int(tid[unwaited[0]]), '?')}) never "
+                                    f"{' …' if len(unwaited) > 8 else ''} ({an.unwaited_target}) never "
                                     "reach a wait_tensor: the result is used before the collective completes, or "
                                     "it is never completed"),
                            fix="wait on every functional collective's result (torch.ops._c10d_functional."
                                "wait_tensor, or use the AsyncCollectiveTensor it returns) before using it"))
-    tp_groups = _non_dp_groups(wrap) if g.kind == "aot_backward" and is_reduce.any() else set()
-    if g.kind == "aot_backward" and is_reduce.any() and tp_groups:
-        from graphdeck.analysis.ranks import group_of
-
-        for idx, args in session.execute(select(Node.idx, Node.args_json).where(
-                Node.graph_id == g.id, Node.idx.in_(np.nonzero(is_reduce)[0].tolist()))):
-            if group_of(args) in tp_groups:  # a tensor-parallel reduction, not the data-parallel one
-                is_reduce[idx] = False
-    if g.kind == "aot_backward" and is_reduce.any():
+    if an.reduces:
         skip = {p for grp in getattr(wrap, "fsdp_groups", None) or [] for p in grp.get("params") or []}
-        out += _grad_reduction(session, g, arr, is_reduce, src, dst, row_by, skip=skip)
+        if grads is None:
+            grads = _grads(session, [g.id]).get(g.id, [])
+        out += _grad_reduction(g, an, grads, row_by, skip=skip)
     return out
 
 
-def _grad_reduction(session, g, arr: _Arrays, is_reduce, src, dst, row_by, levels: int = 4,
+def _grad_reduction(g, an: _Analysed, grads: list[tuple[str, str, int]], row_by: dict,
                     skip: set[str] = frozenset()) -> list[Finding]:
     """Each gradient output of a backward graph that reduces gradients in-graph: does an
-    ``all_reduce``/``reduce_scatter`` lie on its path? ``near[k]``: a reduction within ``k``
-    steps back (vectorised over the edges); deeper ones are walked one by one. Parameters in
+    ``all_reduce``/``reduce_scatter`` lie on its path (:meth:`_Analysed.reduced`)? Parameters in
     ``skip`` (FSDP2's, reduced after the backward) are not required to."""
-    from graphdeck.analysis.grad_graph import fetch
-
-    by_name = arr.by_name
-    grads = fetch(session, "SELECT param_fqn, node_name FROM graph_io WHERE graph_id = ? AND direction = 'grad' "
-                           "AND has_grad", (g.id,))
-    near = is_reduce.copy()
-    for _ in range(levels):
-        step = near.copy()
-        step[dst[near[src]]] = True
-        near = step
     missing = defaultdict(list)
-    for fqn, node_name in grads:
-        start = by_name.get(node_name)
-        if start is None or fqn in skip:
+    for fqn, node_name, start in grads:
+        if fqn in skip:
             continue
-        reduced = bool(near[start]) or _walk_back(arr, start, is_reduce)
+        reduced = an.reduced(start)
         row = row_by.get((g.rank, fqn))
         if row is not None:
             row.reduced = reduced if row.reduced is None else (row.reduced and reduced)

@@ -83,6 +83,35 @@ class RunLayout:
     meshes: list[dict]
     records: dict[int, dict]
     _mesh_key: dict[tuple[int, str], str] = field(default_factory=dict, repr=False)  # (rank, local key) -> global
+    # Answers computed once (a layout is read-only once built): the rank -> coordinate index, the
+    # peer sets, the data-parallel dims. 1,024 ranks ask for them thousands of times.
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def _cached(self, key, compute):
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def _mesh_coords(self) -> dict[int, dict[str, int]]:
+        """rank → ``{dim: index}`` over every mesh (first mesh wins a name; a rank listed twice in
+        one mesh: its first place in C order), computed for all ranks at once."""
+        def compute():
+            import numpy as np
+
+            out: dict[int, dict[str, int]] = {}
+            for mesh in self.meshes:
+                arr = np.asarray(mesh["ranks"], dtype=np.int64)
+                names = mesh["dim_names"]
+                seen: set[int] = set()
+                for idx, rank in zip(np.ndindex(*arr.shape), arr.reshape(-1).tolist()):
+                    if rank in seen:
+                        continue
+                    seen.add(rank)
+                    c = out.setdefault(rank, {})
+                    for name, i in zip(names, idx):
+                        c.setdefault(name, int(i))
+            return out
+        return self._cached("mesh_coords", compute)
 
     # ------------------------------------------------------------------ coordinates
 
@@ -90,15 +119,7 @@ class RunLayout:
         """``{dim name: index}`` of ``rank`` across all meshes it belongs to (the first mesh wins
         a name two meshes share), plus ``"pp"``: its stage when a pipeline is recorded and no mesh
         has a pipeline dimension. ``{}`` when nothing places the rank."""
-        import numpy as np  # here, not at import: check-ranks on a run without a layout never needs it
-
-        out: dict[str, int] = {}
-        for mesh in self.meshes:
-            arr = np.asarray(mesh["ranks"], dtype=np.int64)
-            where = np.argwhere(arr == rank)
-            if len(where):
-                for name, idx in zip(mesh["dim_names"], where[0].tolist()):
-                    out.setdefault(name, int(idx))
+        out: dict[str, int] = dict(self._mesh_coords().get(rank, {}))
         if not any(d in PP_DIMS for d in out):
             stage = self._record_stage(rank)
             if stage is not None:
@@ -145,6 +166,9 @@ class RunLayout:
         Without a pipeline: one set, ``0 .. world_size-1``. With one: one set per stage, over
         ``0 .. world_size-1``; a rank whose stage is unknown (no record, no pipeline mesh dim) is
         a set of its own, compared with nobody. Sets sorted by their first rank."""
+        return [list(x) for x in self._cached("program_peers", self._program_peers)]
+
+    def _program_peers(self) -> list[list[int]]:
         everyone = list(range(self.world_size))
         if not self.has_pipeline():
             return [everyone] if everyone else []
@@ -160,6 +184,9 @@ class RunLayout:
 
     def dp_dims(self) -> set[str]:
         """Mesh dimension names that are data parallel (FSDP2 groups' ``mesh_dims`` and DP names)."""
+        return set(self._cached("dp_dims", self._dp_dims))
+
+    def _dp_dims(self) -> set[str]:
         dims = {d for m in self.meshes for d in m["dim_names"] if d in DP_DIMS}
         for rec in self.records.values():
             for g in rec.get("fsdp_groups") or []:
@@ -170,6 +197,9 @@ class RunLayout:
     def sharding_dims(self) -> list[str]:
         """Mesh dimension names that shard a program's tensors (tp, cp, ep, ...): all but the
         data-parallel and pipeline ones, in mesh order."""
+        return list(self._cached("sharding_dims", self._sharding_dims))
+
+    def _sharding_dims(self) -> list[str]:
         dp = self.dp_dims()
         out: list[str] = []
         for m in self.meshes:
@@ -182,6 +212,9 @@ class RunLayout:
         """Sets of ranks that must agree on shapes exactly: same stage and same coordinate on
         every sharding dimension (DP/FSDP replicas). A rank whose coordinate on a sharding
         dimension is unknown is a set of its own. Sets sorted by their first rank."""
+        return [list(x) for x in self._cached("replica_peers", self._replica_peers)]
+
+    def _replica_peers(self) -> list[list[int]]:
         dims = self.sharding_dims()
         out: list[list[int]] = []
         for group in self.program_peers():
@@ -206,6 +239,9 @@ class RunLayout:
         """The groups of ranks along mesh dimension ``dim`` (ranks varying on ``dim``, every other
         coordinate fixed), over every mesh that has it; for ``"pp"`` with no such mesh dimension,
         the recorded pipelines' ``stage_ranks``. ``[]`` for an unknown dimension."""
+        return [list(x) for x in self._cached(("dim_groups", dim), lambda: self._dim_groups(dim))]
+
+    def _dim_groups(self, dim: str) -> list[list[int]]:
         import numpy as np
 
         seen: list[list[int]] = []
@@ -350,11 +386,21 @@ def build_layout(records: dict[int, dict], world_size: int | None = None) -> Run
     meshes: list[dict] = []
     index: dict[tuple, str] = {}
     mesh_key: dict[tuple[int, str], str] = {}
+    # Every rank's record holds the same global rank tensors (load_records shares one list per
+    # distinct tensor): each is checked and keyed once, by identity (the lists live in ``records``).
+    seen: dict[tuple, tuple[bool, str]] = {}
     for rank in sorted(records):
         for m in records[rank].get("meshes") or []:
-            if not isinstance(m, dict) or not _valid_mesh(m):
+            if not isinstance(m, dict):
                 continue
-            ident = (tuple(str(d) for d in m["dim_names"]), json.dumps(m["ranks"]))
+            memo_key = (id(m.get("ranks")), repr(m.get("dim_names")), repr(m.get("shape")))
+            if memo_key not in seen:
+                valid = _valid_mesh(m)
+                seen[memo_key] = (valid, json.dumps(m["ranks"]) if valid else "")
+            valid, ranks_text = seen[memo_key]
+            if not valid:
+                continue
+            ident = (tuple(str(d) for d in m["dim_names"]), ranks_text)
             if ident not in index:
                 key = f"mesh{len(meshes)}"
                 index[ident] = key
@@ -371,26 +417,79 @@ def build_layout(records: dict[int, dict], world_size: int | None = None) -> Run
                      meshes=meshes, records=dict(records), _mesh_key=mesh_key)
 
 
+#: A mesh's rank tensor in a record's JSON: nested lists of integers under ``"ranks"``.
+_RANKS_ARRAY = re.compile(r'"ranks":\s*(\[[-\d,\s\[\]]*\])')
+_MARK = "\x00graphdeck-ranks:"
+
+
+def _parse_record(text: str, arrays: dict[str, list]) -> object:
+    """``json.loads(text)``, with each mesh's ``"ranks"`` tensor parsed once per distinct text
+    (``arrays``, shared by the records of a run) and shared: every rank's record holds the whole
+    global mesh (1,024 ranks: a million integers parsed again per record otherwise). Only long
+    integer tensors under ``meshes[i]["ranks"]`` are shared; anything else is parsed as it is."""
+    found: list[str] = []
+
+    def cut(m: re.Match) -> str:
+        if len(m.group(1)) < 256:
+            return m.group(0)
+        found.append(m.group(1))
+        return f'"ranks": "\\u0000graphdeck-ranks:{len(found) - 1}"'
+
+    stripped = _RANKS_ARRAY.sub(cut, text)
+    if not found:
+        return json.loads(text)
+    data = json.loads(stripped)
+    restored = 0
+    for m in (data.get("meshes") if isinstance(data, dict) else None) or []:
+        v = m.get("ranks") if isinstance(m, dict) else None
+        if isinstance(v, str) and v.startswith(_MARK):
+            t = found[int(v[len(_MARK):])]
+            if t not in arrays:
+                arrays[t] = json.loads(t)
+            m["ranks"] = arrays[t]
+            restored += 1
+    return data if restored == len(found) else json.loads(text)  # a "ranks" elsewhere: as it is
+
+
 def load_records(session: Session, run_id: int) -> dict[int, dict]:
-    """rank → the payload of its last (highest id) readable ``graphdeck_parallel_layout`` row."""
+    """rank → the payload of its last (highest id) readable ``graphdeck_parallel_layout`` row
+    (ranks in the order of their first row). Older rows of a rank are not parsed."""
     out: dict[int, dict] = {}
-    rows = session.execute(select(CompileEvent.rank, CompileEvent.payload).where(
-        CompileEvent.run_id == run_id, CompileEvent.name == EVENT_NAME).order_by(CompileEvent.id))
-    for rank, payload in rows:
+    first: dict[int, int] = {}
+    arrays: dict[str, list] = {}
+    rows = session.connection().execute(select(CompileEvent.rank, CompileEvent.id, CompileEvent.payload).where(
+        CompileEvent.run_id == run_id, CompileEvent.name == EVENT_NAME).order_by(CompileEvent.id.desc()))
+    for rank, row_id, payload in rows:
+        rank = int(rank)
+        first[rank] = row_id
+        if rank in out:
+            continue
         try:
-            data = json.loads(payload or "")
+            data = _parse_record(payload or "", arrays)
         except ValueError:
             continue
         if isinstance(data, dict):
-            out[int(rank)] = data
-    return out
+            out[rank] = data
+    return {r: out[r] for r in sorted(out, key=first.__getitem__)}
 
 
 def load_layout(session: Session, run_id: int) -> RunLayout | None:
     """The run's :class:`RunLayout`, or None when no rank wrote a (readable) layout record.
-    The run's own ``world_size`` (when set) bounds the world size from below."""
-    records = load_records(session, run_id)
-    if not records:
-        return None
+    The run's own ``world_size`` (when set) bounds the world size from below.
+
+    Kept in ``session.info`` while the run's layout rows (newest id, count) and world size stay
+    the same, so the checks of one request (the map: check-ranks, check-grads, the grid) read
+    and parse 1,024 records once; the layout returned is shared: read it, do not change it."""
+    from sqlalchemy import func
+
+    newest, count = session.execute(select(func.max(CompileEvent.id), func.count()).where(
+        CompileEvent.run_id == run_id, CompileEvent.name == EVENT_NAME)).one()
     run = session.get(Run, run_id)
-    return build_layout(records, run.world_size if run is not None else None)
+    stamp = (newest, count, run.world_size if run is not None else None)
+    cache = session.info.setdefault("graphdeck.layout", {})
+    if run_id in cache and cache[run_id][0] == stamp:
+        return cache[run_id][1]
+    records = load_records(session, run_id) if count else {}
+    layout = build_layout(records, run.world_size if run is not None else None) if records else None
+    cache[run_id] = (stamp, layout)
+    return layout

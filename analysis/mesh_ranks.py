@@ -73,10 +73,10 @@ def _sets_text(sets: list[list[int]], limit: int = 8) -> str:
 
 
 def compare_compiles(session: Session, report: RankReport, layout: RunLayout,
-                     differ_in_structure: set[frozenset]) -> None:
+                     differ_in_structure: set[frozenset], keys=None) -> None:
     """Group ranks by compile sequence and find divergences among program peers only (NOTE:
     [Peers per mesh dimension]); fills ``report.groups``, ``divergences``, ``shard_shapes`` and
-    ``notes``."""
+    ``notes``. ``keys``: the report's node cache (:class:`~graphdeck.analysis.ranks.NodeKeys`)."""
     from graphdeck.analysis.shard_shapes import absorb_shard_shapes
 
     present = set(report.ranks)
@@ -85,7 +85,7 @@ def compare_compiles(session: Session, report: RankReport, layout: RunLayout,
     sets = [s for s in sets if s] + [[r] for r in report.ranks if r not in placed]
     sets.sort(key=lambda s: s[0])
     sequences = report.sequences
-    _neutralise_group_names(session, sequences, layout, sets)
+    _neutralise_group_names(session, sequences, layout, sets, keys)
     for peers in sets:
         if len(peers) > 1:
             found = absorb_shard_shapes(session, report.run_id, peers, sequences, differ_in_structure)
@@ -119,10 +119,17 @@ _JSON_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
 def _neutralise_group_names(session: Session, sequences: dict[int, list[CompileEntry]], layout: RunLayout,
-                            sets: list[list[int]]) -> None:
+                            sets: list[list[int]], keys=None) -> None:
+    """``keys``: the report's :class:`~graphdeck.analysis.ranks.NodeKeys` (one is made when None)."""
+    from graphdeck.analysis.ranks import NodeKeys
+
     dims = _group_dims(layout)
     if not dims:
         return
+    keys = keys or NodeKeys(session)
+    # Graphs of one structural hash have the same nodes and arguments: re-hash one of each (the
+    # result depends on the nodes only, so it is kept across peer sets).
+    cache: dict[str, str] = {}
     for peers in sets:
         if len(peers) < 2:
             continue
@@ -131,21 +138,28 @@ def _neutralise_group_names(session: Session, sequences: dict[int, list[CompileE
             for e in sequences[r]:
                 for _k, h, _gid in e.graphs:
                     holders[h].add(r)
-        # Graphs of one structural hash have the same nodes and arguments: re-hash one of each.
-        cache: dict[str | None, str] = {}
+        lacking = {h for h, rs in holders.items() if len(rs) < len(peers)}
+        if not lacking:
+            continue
+        todo: dict = {}  # one graph per hash to re-hash (every graph without a hash)
+        for r in peers:
+            for e in sequences[r]:
+                for _k, h, gid in e.graphs:
+                    if h in lacking and (h is None or h not in cache):
+                        todo.setdefault(h if h is not None else ("graph", gid), gid)
+        keys.read(todo.values())
 
         def neutral(h: str | None, gid: int) -> str:
             if h is None:
-                return _group_neutral_hash(session, gid, dims)
+                return _group_neutral_hash(session, gid, dims, keys)
             if h not in cache:
-                cache[h] = _group_neutral_hash(session, gid, dims)
+                cache[h] = _group_neutral_hash(session, gid, dims, keys)
             return cache[h]
 
         for r in peers:
             for e in sequences[r]:
-                if any(len(holders[h]) < len(peers) for _k, h, _gid in e.graphs):
-                    e.graphs = [(k, neutral(h, gid) if len(holders[h]) < len(peers) else h, gid)
-                                for k, h, gid in e.graphs]
+                if any(h in lacking for _k, h, _gid in e.graphs):
+                    e.graphs = [(k, neutral(h, gid) if h in lacking else h, gid) for k, h, gid in e.graphs]
 
 
 def _group_dims(layout: RunLayout) -> dict[str, str]:
@@ -161,20 +175,23 @@ def _group_dims(layout: RunLayout) -> dict[str, str]:
     return out
 
 
-def _group_neutral_hash(session: Session, graph_id: int, dims: dict[str, str]) -> str:
+def _group_neutral_hash(session: Session, graph_id: int, dims: dict[str, str], keys=None) -> str:
     import hashlib
 
-    from graphdeck.analysis.ranks import _device_neutral
+    from graphdeck.analysis.ranks import NodeKeys
 
     def sub(m: re.Match) -> str:
         return f'"{dims[m.group(1)]}"' if m.group(1) in dims else m.group(0)
 
+    keys = keys or NodeKeys(session)
+    # Arguments repeat across the graphs of a run (the same program in other groups): each
+    # distinct one is substituted once per name table.
+    memo = keys.memo.setdefault(("group names", id(dims)), {})
     h = hashlib.sha256()
-    rows = session.execute(select(Node.op, Node.target_id, Node.shape_json, Node.dtype, Node.stride_json,
-                                  Node.args_json).where(Node.graph_id == graph_id).order_by(Node.idx))
-    for op, target_id, shape, dtype, stride, args in rows:
-        h.update(f"{op}|{target_id if op != 'placeholder' else ''}|{shape}|{dtype}|{stride}|"
-                 f"{_JSON_STRING.sub(sub, _device_neutral(args))};".encode())
+    for op, target, shape, dtype, stride, args in keys[graph_id]:
+        if args not in memo:
+            memo[args] = _JSON_STRING.sub(sub, args)
+        h.update(f"{op}|{target}|{shape}|{dtype}|{stride}|{memo[args]};".encode())
     return "mn:" + h.hexdigest()[:32]
 
 

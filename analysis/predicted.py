@@ -431,16 +431,22 @@ def uncertain_frames(session: Session, report: RankReport) -> list[FrameCompiles
     out: list[FrameCompiles] = []
     if len(report.ranks) < 2:
         return out
+    scheduled = _scheduled(session, report.run_id)
     for r in report.ranks:
         _entries, frames = live_compiles(session, report.run_id, r, report.sequences.get(r, []),
-                                         _scheduled(session, report.run_id, r))
+                                         scheduled.get(r, set()))
         out += [f for f in frames if f.uncertain]
     return out
 
 
-def _scheduled(session: Session, run_id: int, rank: int) -> set[str]:
+def _scheduled(session: Session, run_id: int) -> dict[int, set[str]]:
+    """rank → compile ids with an imported Inductor collective schedule (one query for the run)."""
     from graphdeck.store.schema import CompileEvent
 
-    return {cid for cid, p in session.execute(select(CompileEvent.compile_id, CompileEvent.payload).where(
-        CompileEvent.run_id == run_id, CompileEvent.rank == rank,
-        CompileEvent.name == "inductor_collective_schedule")) if p}
+    out: dict[int, set[str]] = {}
+    for rank, cid, p in session.execute(select(CompileEvent.rank, CompileEvent.compile_id, CompileEvent.payload)
+                                        .where(CompileEvent.run_id == run_id,
+                                               CompileEvent.name == "inductor_collective_schedule")):
+        if p:
+            out.setdefault(rank, set()).add(cid)
+    return out

@@ -21,7 +21,7 @@ unknown): bench_flight.py measures Flight Recorder at 1,024 ranks.
 Timed, each ``--repeats`` times in a fresh session (CPU s from ``time.process_time``, wall s):
 ``load_layout``; the layout's peer sets (``program_peers``, ``replica_peers``, ``dim_groups``);
 the map's first picture (``parallel_map(checks=["layout"])``); ``rank_report`` (check-ranks,
-per mesh dimension); the full map (every check). Then the page in Chromium (``--browser``):
+per mesh dimension); ``gradient_report`` (check-grads); the full map (every check). Then the page in Chromium (``--browser``):
 per repeat a fresh page of ``#/runs/bench_1024/map`` (and ``?expand=1``, every replica row: 1,024
 cells); the renderer's main-thread task time (CDP ``Performance.getMetrics`` ``TaskDuration``), and
 from the page's own clock the time from the first answer's last byte to the drawn picture (layout
@@ -59,7 +59,9 @@ COPIED_EVENTS = ("compilation_metrics", "bwd_compilation_metrics", "dynamo_start
 
 def capture(store: Path) -> None:
     """The 4-rank FSDP2 x TP job, captured into ``store`` (run ``nd_fsdp_tp``)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    # The repository on the ranks' path too (an editable install's finder may point elsewhere).
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
            str(REPO / "tests" / "programs" / "nd_fsdp_tp.py"), str(store)]
     subprocess.run(cmd, check=True, env=env, cwd=REPO, capture_output=True, timeout=900)
@@ -196,6 +198,7 @@ def fmt(xs: list[float]) -> str:
 def bench_analysis(store: Path, repeats: int, full_repeats: int, check: bool = True) -> dict:
     from sqlalchemy.orm import Session
 
+    from graphdeck.analysis.gradients import gradient_report
     from graphdeck.analysis.layout import load_layout
     from graphdeck.analysis.ranks import rank_report
     from graphdeck.server.routes.parallel_map import parallel_map
@@ -222,6 +225,8 @@ def bench_analysis(store: Path, repeats: int, full_repeats: int, check: bool = T
          lambda s, run: len(json.dumps(parallel_map(s, run, checks=["layout"]))), repeats),
         ("rank_report = check-ranks per mesh dimension", lambda s, run: rank_report(s, run).verdict,
          repeats if check else 0),
+        ("gradient_report = check-grads (the map's missing-gradient badge)",
+         lambda s, run: gradient_report(s, run).verdict, repeats if check else 0),
         ("map, every check (parallel_map)", lambda s, run: parallel_map(s, run), full_repeats),
     ]:
         if not n:
@@ -233,7 +238,9 @@ def bench_analysis(store: Path, repeats: int, full_repeats: int, check: bool = T
     print("  full map:", len(json.dumps(full)), "bytes;", [(c["key"], c["counts"], c["message"][:160]) for c in full["checks"]])
     print("  peer sets:", results["load_layout + program_peers, replica_peers, dim_groups"][2])
     if check:
-        print("  rank_report verdict:", results["rank_report = check-ranks per mesh dimension"][2], flush=True)
+        print("  rank_report verdict:", results["rank_report = check-ranks per mesh dimension"][2],
+              "gradient_report verdict:", results["gradient_report = check-grads (the map's missing-gradient badge)"][2],
+              flush=True)
     return full
 
 
