@@ -166,7 +166,8 @@ function analysisView(a) {
       a.mapping.device === "cpu"
         ? `CPU time of compiled regions mapped to graph nodes: ${pct(a.mapping.mapped_fraction)} (${ms(a.mapping.mapped_ns)} of ${ms(a.mapping.kernel_ns)} ms; `
           + Object.entries(a.mapping.directions || {}).map(([d, x]) => `${d} ${pct(x.region_ns ? x.mapped_ns / x.region_ns : null)}`).join(", ")
-          + "; an op's time includes the dispatch before it)."
+          + `; ops' own time ${pct(a.mapping.kernel_ns ? Object.values(a.mapping.directions || {}).reduce((s, x) => s + (x.mapped_units_ns || 0) - (x.wrapper_ops_ns || 0), 0) / a.mapping.kernel_ns : null)}, `
+          + "the rest dispatch / wrapper code given to the node whose op follows and the runtime wrapper's epilogue to the output node)."
         : `Kernel time mapped to graph nodes: ${pct(a.mapping.mapped_fraction)} (${ms(a.mapping.mapped_ns)} of ${ms(a.mapping.kernel_ns)} ms`
           + (a.mapping.optimizer || []).map((o) => `; optimizer step ${o.step}: ${ms(o.kernel_ns)} ms`).join("") + ")."),
     // Below 90% mapped: the warning ingest-trace prints, with the largest unmapped kernels.
