@@ -89,7 +89,7 @@ def single_trace_rate(work: Path, events: int, repeat: int = 3) -> dict:
     return {"events": n, "cpu_s": cpu, "events_per_cpu_s": n / statistics.median(cpu)}
 
 
-def measure(url: str, kind: str, n: int, events: int, repeat: int, workers: int) -> dict:
+def measure(url: str, kind: str, n: int, events: int, repeat: int, workers: int, check_repeat: int | None = None) -> dict:
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.gradients import validate_backward
@@ -112,7 +112,7 @@ def measure(url: str, kind: str, n: int, events: int, repeat: int, workers: int)
     align_cpu, a = _timed(in_session(lambda s: align_and_match(s, run.run_id)), repeat)
     errors = {}
     try:
-        ranks_cpu, rep = _timed(in_session(lambda s: rank_report(s, s.get(Run, run.run_id))), repeat)
+        ranks_cpu, rep = _timed(in_session(lambda s: rank_report(s, s.get(Run, run.run_id))), check_repeat or repeat)
     except Exception as exc:  # noqa: BLE001 - recorded in the row, the other measurements go on
         ranks_cpu, rep, errors["check_ranks"] = [float("nan")], None, f"{type(exc).__name__}: {str(exc)[:300]}"
     try:
@@ -195,6 +195,7 @@ def main() -> None:
     ap.add_argument("--full-max", type=int, default=64, help="runs up to this many ranks get every event")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--check-repeat", type=int, default=None, help="repeats of check-ranks (default --repeat)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / ".cache" / "scale.jsonl")
     ap.add_argument("--plot", type=Path, default=ROOT / "bench" / "scale.png")
     ap.add_argument("--single", action="store_true", help="also measure one trace ingested alone")
@@ -223,7 +224,7 @@ def main() -> None:
                     from graphdeck.pg_local import create_database
 
                     url = create_database(pg if isinstance(pg, str) else pg.url, f"scale{n}_{os.getpid()}")
-                row = measure(url, kind, n, events, args.repeat, args.workers)
+                row = measure(url, kind, n, events, args.repeat, args.workers, args.check_repeat)
                 with open(args.out, "a") as fh:
                     fh.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
