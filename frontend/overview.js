@@ -114,9 +114,10 @@ function failedCheck(key, run, err) {
  * The overview section, drawn now: a pending line per check, each replaced by its verdict as its
  * part answers (cheap checks first), sorted worst first and given the run's verdict line once all
  * have answered; then the slowest steps and ranks. A failed part is an ERROR line, never a pass.
- * → [section element, promise settled once every part is drawn]
+ * `after` (a promise): ask nothing before it settles (at most 2 s), so a large run's heatmap is
+ * not slowed by the checks. → [section element, promise settled once every part is drawn]
  */
-export function runOverview(page, run) {
+export function runOverview(page, run, {after = null} = {}) {
   const title = h("h2", {}, "Overview");
   const line = h("p", {class: "loading", "data-testid": "overview-progress"},
     `Running the checks (gradients, ranks, compile health, trace coverage, layout): 0 of ${CHECKS.length} answered…`);
@@ -140,9 +141,11 @@ export function runOverview(page, run) {
       job.start().then(job.resolve, job.reject).finally(() => { running -= 1; next(); });
     }
   };
+  // `after`: a promise the first request waits for (a large run's heatmap, the page's picture).
+  const gate = after ? Promise.race([after.catch(() => null), new Promise((res) => setTimeout(res, 2000))]) : null;
   const queued = (key, start) => new Promise((resolve, reject) => {
     waiting.push({key, start, resolve, reject});
-    queueMicrotask(next);
+    if (gate) gate.then(next); else queueMicrotask(next);
   });
   const parts = CHECKS.map((key) => queued(key, () => api(`/api/runs/${run.id}/summary/${key}`))
     .catch((err) => failedCheck(key, run, err))

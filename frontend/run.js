@@ -291,8 +291,10 @@ async function renderLargeRun(page, idx, query) {
   const n = idx.ranks.length;
   const traced = idx.traces.filter((x) => x > 0).length;
   const withGraphs = idx.graphs.filter((x) => x > 0).length;
-  const [heatBox, heatDone] = rankHeatmap(page, run.id); // asked first: the picture the page opens with
-  const [overviewBox, overviewDone] = runOverview(page, run);
+  // The heatmap is asked first and the checks after it answers: it is the picture the page opens
+  // with, and the checks (Python, one interpreter on the server) would slow it down.
+  const [heatBox, heatDone] = rankHeatmap(page, run.id);
+  const [overviewBox, overviewDone] = runOverview(page, run, {after: heatDone});
   const first = idx.ranks[0];
   const [compileBlock, startCompile] = lazyDetails("details-compile",
     `Compile records — compile health, the compile index; frame metrics and graph breaks of rank ${first}`,
