@@ -111,7 +111,7 @@ def test_check_grads_over_64_ranks(scale64):
 def test_postgresql_store(pg_url):
     """The harness into PostgreSQL (records merged, traces ingested by 2 processes): the same
     findings from the same seed."""
-    run = make_scale_run(pg_url, 16, seed=26, traces="cpu", events_per_rank=EVENTS, workers=2)
+    run = make_scale_run(pg_url, 8, seed=26, traces="cpu", events_per_rank=EVENTS, workers=2)
     with Session(open_engine(pg_url)) as s:
         a = align_and_match(s, run.run_id)
     assert a["timing"]["straggler"] == run.straggler
