@@ -164,20 +164,40 @@ METRIC_FIELDS = ("compile_id", "duration_us", "entire_frame_compile_time_s", "st
                                 for what in ("hit", "miss") for w in ("local", "remote")))
 
 
-def fields_sql(fields: tuple[str, ...]):
+def fields_sql(fields: tuple[str, ...], sqlite: bool = True):
     """SQL: the JSON array (text) of ``fields`` of a compile record's metadata, read from its
     envelope (``{"<record name>": {...}}``) when it has one, else from its top level; NULL for
     metadata that is not JSON to SQLite (:func:`raw_fields` reads those). Only these fields
-    leave SQLite: a record's metadata is ~40 KB of configs and stack traces."""
+    leave SQLite: a record's metadata is ~40 KB of configs and stack traces. On another
+    database (``sqlite`` False): the metadata itself, for :func:`field_values` to read."""
     from sqlalchemy import case, literal
 
     meta = CompileEvent.metadata_json
+    if not sqlite:
+        return meta
     envelope = literal("$.") + CompileEvent.name
     return case((func.json_valid(meta) == 1,
                  case((func.json_type(meta, envelope) == "object",
                        func.json_extract(meta, *(envelope + literal(f".{f}") for f in fields))),
                       else_=func.json_extract(meta, *(f"$.{f}" for f in fields)))),
                 else_=None)
+
+
+def field_values(name: str, text: str | None, fields: tuple[str, ...], sqlite: bool = True) -> list | None:
+    """The values of ``fields`` from what :func:`fields_sql` selected (``text``) for a record
+    named ``name``; None when SQLite found no JSON there (see :func:`raw_fields`)."""
+    if not sqlite:
+        m = _metrics(name, text)
+        return [m.get(f) for f in fields]
+    try:
+        values = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return values if isinstance(values, list) and len(values) == len(fields) else None
+
+
+def is_sqlite(session: Session) -> bool:
+    return session.get_bind().dialect.name == "sqlite"
 
 
 def raw_fields(session: Session, rows: list[tuple[int, str]], fields: tuple[str, ...]) -> dict[int, list]:
@@ -201,20 +221,17 @@ def _metric_rows(session: Session, run_id: int, ranks: list[int] | None = None) 
     where = [CompileEvent.run_id == run_id, CompileEvent.name.in_(METRIC_EVENTS)]
     if ranks is not None:
         where.append(CompileEvent.rank.in_(ranks))
+    sqlite = is_sqlite(session)
     rows = session.connection().execute(
         select(CompileEvent.rank, CompileEvent.id, CompileEvent.name, CompileEvent.compile_id,
-               fields_sql(METRIC_FIELDS), CompileEvent.metadata_json.is_not(None))
+               fields_sql(METRIC_FIELDS, sqlite), CompileEvent.metadata_json.is_not(None))
         .where(*where).order_by(CompileEvent.id)).all()
     unread = [(row_id, name) for _r, row_id, name, _c, text, present in rows if text is None and present]
-    fallback = raw_fields(session, unread, METRIC_FIELDS) if unread else {}
+    fallback = raw_fields(session, unread, METRIC_FIELDS) if unread and sqlite else {}
     out: dict[int, list[tuple]] = {}
     for rank, row_id, name, cid, text, _present in rows:
-        try:
-            values = json.loads(text) if text else fallback.get(row_id)
-        except ValueError:
-            values = None
-        out.setdefault(rank, []).append((name, cid, text if text else ("row", row_id),
-                                         values if isinstance(values, list) else None))
+        values = field_values(name, text, METRIC_FIELDS, sqlite) if text else fallback.get(row_id)
+        out.setdefault(rank, []).append((name, cid, (name, text) if text else ("row", row_id), values))
     return out
 
 

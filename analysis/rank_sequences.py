@@ -166,7 +166,14 @@ def _read_events(session: Session, run_id: int, ranks: list[int],
     records into it (one read of the metadata for both)."""
     from sqlalchemy import case, or_
 
-    from graphdeck.analysis.compile_skew import METRIC_EVENTS, METRIC_FIELDS, fields_sql, raw_fields
+    from graphdeck.analysis.compile_skew import (
+        METRIC_EVENTS,
+        METRIC_FIELDS,
+        field_values,
+        fields_sql,
+        is_sqlite,
+        raw_fields,
+    )
 
     want = set(ranks)
     skew = metric_records is not None
@@ -177,26 +184,26 @@ def _read_events(session: Session, run_id: int, ranks: list[int],
                  else CompileEvent.compile_id.is_not(None))
     if not skew and len(want) <= 500:
         where.append(CompileEvent.rank.in_(ranks))
+    sqlite = is_sqlite(session)
     rows = session.connection().execute(
         select(CompileEvent.rank, CompileEvent.id, CompileEvent.name, CompileEvent.compile_id,
-               case((CompileEvent.name.in_(metric_names), fields_sql(fields)), else_=None),
+               case((CompileEvent.name.in_(metric_names), fields_sql(fields, sqlite)), else_=None),
                CompileEvent.metadata_json.is_not(None),
                case((CompileEvent.name == "recompile_reasons", CompileEvent.payload), else_=None))
         .where(*where).order_by(CompileEvent.rank, CompileEvent.id)).all()
     # Metadata SQLite does not take as JSON (a NaN, say): Python's json reads it (rare).
     unread = [(row_id, name) for _r, row_id, name, _c, text, present, _p in rows
               if text is None and present and name in metric_names]
-    fallback = raw_fields(session, unread, fields) if unread else {}
+    fallback = raw_fields(session, unread, fields) if unread and sqlite else {}
     events: dict[int, list[_Event]] = defaultdict(list)
     n = len(METRIC_FIELDS) if skew else 0
     for rank, row_id, name, cid, text, _present, payload in rows:
-        values = _json(text) if text else fallback.get(row_id)
-        values = values if isinstance(values, list) and len(values) == len(fields) else None
+        values = field_values(name, text, fields, sqlite) if text else fallback.get(row_id)
         if cid is not None and rank in want:
             events[rank].append(_Event(row_id, name, cid, values[n:] if values and name == "compilation_metrics"
                                        else None, payload))
         if skew and name in METRIC_EVENTS:
-            metric_records.setdefault(rank, []).append((name, cid, text if text else ("row", row_id),
+            metric_records.setdefault(rank, []).append((name, cid, (name, text) if text else ("row", row_id),
                                                         values[:n] if values else None))
     return events
 
