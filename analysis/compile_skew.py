@@ -197,6 +197,7 @@ def field_values(name: str, text: str | None, fields: tuple[str, ...], sqlite: b
 
 
 def is_sqlite(session: Session) -> bool:
+    """Whether the session's store is SQLite (``json_extract`` available to :func:`fields_sql`)."""
     return session.get_bind().dialect.name == "sqlite"
 
 
