@@ -241,6 +241,16 @@ def test_without_a_valid_node_time_table_the_events_give_the_same_diff(diff_stor
     _same_report(got, want)
     assert got["timing"]["0"]["times_a"].startswith("trace events (rank 0's graphs or kernel links changed")
     assert got["timing"]["0"]["times_b"] == "node-time table"
+    # What the capture does after linking kernels: the stale set is mapped again, and used.
+    from graphdeck.store.node_times import refresh
+
+    engine = open_engine(stale)
+    trace_a = got["timing"]["0"]["trace_a"]
+    assert refresh(engine, trace_a) is not None
+    engine.dispose()
+    code, again, out = cli_json(str(stale), *args)
+    assert code == 1 and again["timing"]["0"]["times_a"] == "node-time table", out
+    _same_report(again, want)
 
 
 @pytest.mark.slow
