@@ -331,8 +331,9 @@ def layout_gaps(layout: RunLayout | None, ranks: list[int]) -> list[str]:
     """Missing-evidence lines for ranks of the run without a parallel layout record."""
     if layout is None:
         return []
-    missing = [r for r in layout.missing_ranks if r in set(ranks)] or []
-    absent = [r for r in layout.missing_ranks if r not in set(ranks)]
+    present = set(ranks)
+    missing = [r for r in layout.missing_ranks if r in present]
+    absent = [r for r in layout.missing_ranks if r not in present]
     out = []
     if missing:
         out.append(f"rank(s) {_ranks_text(missing)}: no parallel layout record — their stage and mesh coordinates "

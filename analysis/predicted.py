@@ -62,13 +62,30 @@ class PredictionCheck:
         return asdict(self)
 
 
-def _bucket_group(session: Session, run_id: int, rank: int) -> str:
-    from graphdeck.analysis.comm_map import load_record
+def _bucket_groups(session: Session, run_id: int) -> dict[int, str]:
+    """rank → the process group of its DDP buckets, from its newest ``graphdeck_comm_groups``
+    record (as :func:`graphdeck.analysis.comm_map.load_record` reads it; one query for the run);
+    a rank without one is absent (the default group ``"0"``)."""
+    import json
 
-    for ddp in (load_record(session, run_id, rank) or {}).get("ddp") or []:
-        if ddp.get("process_group"):
-            return str(ddp["process_group"])
-    return "0"
+    from graphdeck.analysis.comm_map import EVENT_NAME
+    from graphdeck.store.schema import CompileEvent
+
+    newest: dict[int, str | None] = {}
+    for rank, payload in session.execute(select(CompileEvent.rank, CompileEvent.payload).where(
+            CompileEvent.run_id == run_id, CompileEvent.name == EVENT_NAME).order_by(CompileEvent.id)):
+        newest[rank] = payload
+    out: dict[int, str] = {}
+    for rank, payload in newest.items():
+        try:
+            data = json.loads(payload or "{}")
+        except ValueError:
+            continue
+        for ddp in (data.get("ddp") or []) if isinstance(data, dict) else []:
+            if ddp.get("process_group"):
+                out[rank] = str(ddp["process_group"])
+                break
+    return out
 
 
 def _group(c: Collective, bucket_group: str) -> str | None:
@@ -121,8 +138,9 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
         count_completed(session, report.run_id, fr)
     ranks = report.ranks
     per_group: dict[str, dict[int, list]] = {}
+    bucket_groups = _bucket_groups(session, report.run_id)
     for r in ranks:
-        bg = _bucket_group(session, report.run_id, r)
+        bg = bucket_groups.get(r, "0")
         for c in report.schedules.get(r, []):
             g = _group(c, bg)
             if g is not None:
