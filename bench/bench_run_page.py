@@ -4,11 +4,12 @@ in under 1 s").
 Per repeat a fresh page (new browser context) of ``#/runs/<run>`` on the real app (``LiveServer``,
 uvicorn in this process), timed three ways:
 
-* the page's own clock (``performance.now()`` from navigation start; a MutationObserver installed
-  before the page's scripts forces layout and stamps each moment): the page drawn (header,
-  overview with its pending checks, heatmap box), the rank heatmap drawn, each overview check
-  answered, every check answered; and "answer → drawn": from the last byte of
-  ``/rank-index`` to the drawn page, and of ``/heatmap`` to the drawn heatmap;
+* the page's own clock (``performance.now()`` from navigation start): the app's modules loaded
+  (DOMContentLoaded); the page drawn (header, overview with its pending checks, heatmap box; a
+  MutationObserver installed before the page's scripts forces layout and stamps it); the rank
+  heatmap drawn (heatmap.js's ``heatmap-drawn`` performance mark); each overview check answered,
+  every check answered; and "answer → drawn": from the last byte of ``/rank-index`` to the drawn
+  page, and of ``/heatmap`` to the drawn heatmap;
 * the renderer's main-thread task time (CDP ``Performance.getMetrics`` ``TaskDuration``, s) once the
   heatmap is drawn, and once every check has answered;
 * the server's CPU time (``time.process_time`` of this process, which runs the server) from
@@ -84,18 +85,23 @@ def bench(store: Path, run: str, repeats: int, timeout_s: float) -> dict:
                 return e.length ? e[0].responseEnd : null;
               };
               const hm = document.querySelector('[data-testid="rank-heatmap"]');
+              const mark = (name) => { const m = performance.getEntriesByName(name, "mark"); return m.length ? m[0].startTime : null; };
               return {...window.__t, index_end: end("/rank-index"), heatmap_end: end("/heatmap"),
+                      heatmap_answer: mark("heatmap-answer"), heatmap_drawn: mark("heatmap-drawn"),
+                      dcl: performance.getEntriesByType("navigation")[0].domContentLoadedEventEnd,
                       rows: hm ? Number(hm.dataset.rows) : null, cols: hm ? Number(hm.dataset.cols) : null,
                       no_trace: hm ? Number(hm.dataset.noTrace) : null,
                       resources: performance.getEntriesByType("resource").map((e) => [e.name.split("/api/")[1] || e.name.split("/").pop(),
                         Math.round(e.responseEnd), e.encodedBodySize])};
             }""")
             ctx.close()
-            row = {"repeat": i, "page_s": t["page"] / 1e3, "heatmap_s": (t.get("heatmap") or t.get("heatmap_error")) / 1e3,
+            drawn = t.get("heatmap_drawn") or t.get("heatmap") or t.get("heatmap_error")
+            row = {"repeat": i, "page_s": t["page"] / 1e3, "heatmap_s": drawn / 1e3, "scripts_s": t["dcl"] / 1e3,
+                   "heatmap_server_s": (t["heatmap_end"] - t["index_end"]) / 1e3 if t["heatmap_end"] and t["index_end"] else None,
                    "overview_s": t["overview"] / 1e3, "checks_s": {k: v / 1e3 for k, v in t["checks"].items()},
                    "index_to_page_s": (t["page"] - t["index_end"]) / 1e3 if t["index_end"] else None,
-                   "heatmap_answer_to_drawn_s": (t["heatmap"] - t["heatmap_end"]) / 1e3
-                   if t.get("heatmap") and t["heatmap_end"] else None,
+                   "heatmap_answer_to_drawn_s": (t["heatmap_drawn"] - t["heatmap_end"]) / 1e3
+                   if t.get("heatmap_drawn") and t["heatmap_end"] else None,
                    "task_first_s": task_first, "task_all_s": task_all, "server_cpu_first_s": cpu_first,
                    "server_cpu_all_s": cpu_all, "rows": t["rows"], "cols": t["cols"], "no_trace": t["no_trace"],
                    "heatmap_error": bool(t.get("heatmap_error")), "resources": t["resources"]}
@@ -122,7 +128,9 @@ def main() -> None:
     warm = rows[1:]  # the first page fills the server's caches
     print(f"\n{args.run}: {rows[0]['rows']} ranks x {rows[0]['cols']} columns ({rows[0]['no_trace']} without a trace); "
           f"{len(rows)} pages, the first with cold caches")
-    for label, key in (("navigation -> page drawn (header, overview pending, heatmap box)", "page_s"),
+    for label, key in (("navigation -> the app's 17 ES modules loaded (DOMContentLoaded)", "scripts_s"),
+                       ("navigation -> page drawn (header, overview pending, heatmap box)", "page_s"),
+                       ("rank-index answer -> heatmap answer (the heatmap request's round trip)", "heatmap_server_s"),
                        ("navigation -> rank heatmap drawn", "heatmap_s"),
                        ("rank-index answer -> page drawn", "index_to_page_s"),
                        ("heatmap answer -> heatmap drawn", "heatmap_answer_to_drawn_s"),

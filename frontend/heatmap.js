@@ -253,6 +253,7 @@ export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps"} 
     // Asked at once (before the overview's checks, which share the server); drawn once it answers.
     return api(`/api/runs/${encodeURIComponent(runId)}/heatmap?metric=${m}&axis=${pickAxis.value}`).then((doc) => {
       if (!page.alive() || mine !== generation) return;
+      performance.mark("heatmap-answer"); // bench/bench_run_page.py reads these marks
       const width = Math.max(320, (box.clientWidth || document.body.clientWidth || 1000) - 8);
       const {canvas, rh, cw} = draw(doc, width);
       plot.replaceChildren(canvas);
@@ -269,6 +270,7 @@ export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps"} 
       interactive(canvas, doc, rh, cw, tip, (r, col) => drillHref(doc, r, col));
       Object.assign(box.dataset, {state: "done", rows: doc.ranks.length, cols: doc.columns.length,
         noTrace: c.no_trace});
+      performance.mark("heatmap-drawn");
     }, (err) => {
       if (!page.alive() || mine !== generation) return;
       status.replaceChildren(h("span", {class: "error", role: "alert", "data-testid": "heatmap-error"},
