@@ -116,9 +116,12 @@ def once(args) -> None:
     compile_s = time.perf_counter() - t0
     timed_steps(step, 3, args.device)
     ms = timed_steps(step, args.steps, args.device)
+    capture_s = None
     if agent is not None:
+        capture_s = agent.capture_time_s
         agent.close()
-    print("RESULT " + json.dumps({"mode": args.mode, "compile_s": compile_s, "step_ms": ms}), flush=True)
+    print("RESULT " + json.dumps({"mode": args.mode, "compile_s": compile_s, "step_ms": ms, "capture_s": capture_s}),
+          flush=True)
 
 
 def bench(args) -> None:
@@ -141,8 +144,12 @@ def bench(args) -> None:
             results[mode].append(res)
             print(f"[bench] run {r} {mode}: first step {res['compile_s']:.2f} s, steady median "
                   f"{statistics.median(res['step_ms']):.3f} ms (min {min(res['step_ms']):.3f}, "
-                  f"max {max(res['step_ms']):.3f})", flush=True)
+                  f"max {max(res['step_ms']):.3f})"
+                  + (f", capture itself {res['capture_s']:.2f} s" if res.get("capture_s") is not None else ""),
+                  flush=True)
             shutil.rmtree(tmp, ignore_errors=True)
+            if args.json:  # written after every run: a run cut short by a time limit keeps what it had
+                Path(args.json).write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
     cp = [x["compile_s"] for x in results["plain"]]
     cc = [x["compile_s"] for x in results["captured"]]
     sp = [statistics.median(x["step_ms"]) for x in results["plain"]]
