@@ -25,32 +25,28 @@
 // `page.update(query)` to take a change of the ?query part without a full redraw.
 
 import {$app, ApiError, errorBox, h} from "./common.js";
-import {renderCompare} from "./compare.js";
-import {renderDiff} from "./diff.js";
-import {renderGraph} from "./graph.js";
-import {renderGrads} from "./grads.js";
-import {renderMap} from "./map.js";
-import {renderMemory} from "./memory.js";
-import {renderRanks} from "./ranks.js";
-import {rankSection, renderRun, renderRuns} from "./run.js";
-import {renderRankPage} from "./heatmap.js";
-import {renderReplay, renderRunTimeline} from "./replay.js";
-import {renderTrace} from "./trace.js";
+// Page modules are imported when their route is first opened (a run page loads run.js and what it
+// imports, not the graph viewer, Plotly's loader or the diff page): fewer requests before the
+// first picture of a large run (issue 26 item 2).
+const lazy = (file, name) => async (page, m, q) => (await import(file))[name](page, m, q);
 
 const routes = [
-  [/^\/runs\/?$/, renderRuns],
-  [/^\/runs\/([^/]+)$/, renderRun], // a run's id or its name
-  [/^\/runs\/([^/]+)\/ranks$/, renderRanks], // cross-rank consistency
-  [/^\/runs\/([^/]+)\/rank\/(\d+)$/, (page, m, q) => renderRankPage(page, m, q, rankSection)], // one rank (?step=)
-  [/^\/runs\/([^/]+)\/grads$/, renderGrads], // gradient-path report (?status=&rank=)
-  [/^\/runs\/([^/]+)\/map$/, renderMap], // parallel map: stages, TP groups, replicas, badges
-  [/^\/graphs\/(\d+)$/, renderGraph],
-  [/^\/graphs\/(\d+)\/memory$/, renderMemory], // graph-derived memory, measured beside it
-  [/^\/compare\/(\d+)\/(\d+)$/, renderCompare], // two graphs side by side (diff, fwd/bwd)
-  [/^\/traces\/(\d+)$/, renderTrace],
-  [/^\/traces\/(\d+)\/replay$/, renderReplay], // ?step=&step_interval_ms=&highlight=
-  [/^\/runs\/([^/]+)\/timeline$/, renderRunTimeline], // every rank on one aligned axis
-  [/^\/diff$/, renderDiff], // run B against run A (?a=&b=): diff-runs' findings, both runs' graphs linked
+  [/^\/runs\/?$/, lazy("./run.js", "renderRuns")],
+  [/^\/runs\/([^/]+)$/, lazy("./run.js", "renderRun")], // a run's id or its name
+  [/^\/runs\/([^/]+)\/ranks$/, lazy("./ranks.js", "renderRanks")], // cross-rank consistency
+  [/^\/runs\/([^/]+)\/rank\/(\d+)$/, async (page, m, q) => { // one rank (?step=): the heatmap's drill-down
+    const [{renderRankPage}, {rankSection}] = await Promise.all([import("./heatmap.js"), import("./run.js")]);
+    return renderRankPage(page, m, q, rankSection);
+  }],
+  [/^\/runs\/([^/]+)\/grads$/, lazy("./grads.js", "renderGrads")], // gradient-path report (?status=&rank=)
+  [/^\/runs\/([^/]+)\/map$/, lazy("./map.js", "renderMap")], // parallel map: stages, TP groups, replicas, badges
+  [/^\/graphs\/(\d+)$/, lazy("./graph.js", "renderGraph")],
+  [/^\/graphs\/(\d+)\/memory$/, lazy("./memory.js", "renderMemory")], // graph-derived memory, measured beside it
+  [/^\/compare\/(\d+)\/(\d+)$/, lazy("./compare.js", "renderCompare")], // two graphs side by side (diff, fwd/bwd)
+  [/^\/traces\/(\d+)$/, lazy("./trace.js", "renderTrace")],
+  [/^\/traces\/(\d+)\/replay$/, lazy("./replay.js", "renderReplay")], // ?step=&step_interval_ms=&highlight=
+  [/^\/runs\/([^/]+)\/timeline$/, lazy("./replay.js", "renderRunTimeline")], // every rank on one aligned axis
+  [/^\/diff$/, lazy("./diff.js", "renderDiff")], // run B against run A (?a=&b=): diff-runs' findings, both runs' graphs linked
 ];
 
 let current = null; // the page on screen: {path, alive(), update?(query)}
