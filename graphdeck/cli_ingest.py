@@ -112,9 +112,12 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
 
     try:
         found = discover(paths)
-        fr_files = [f for f in found if sniff(f)]
-        kineto = [f for f in found if f not in fr_files and _is_kineto(f)]  # profiler traces of the same run
-        logs = [p for p in paths if Path(p).is_dir() or str(Path(p)) not in {str(Path(f)) for f in fr_files + kineto}]
+        from graphdeck.analysis.memory_snapshot_import import import_snapshot, is_snapshot
+
+        snapshots = [f for f in found if is_snapshot(f)]  # CUDA memory snapshots (NOTE: [Snapshot import])
+        fr_files = [f for f in found if f not in snapshots and sniff(f)]
+        kineto = [f for f in found if f not in fr_files + snapshots and _is_kineto(f)]  # profiler traces of the same run
+        logs = [p for p in paths if Path(p).is_dir() or str(Path(p)) not in {str(Path(f)) for f in fr_files + kineto + snapshots}]
         fr = import_flight_dumps(open_engine(store), [], run_name=run_name, strict=strict, files=fr_files) \
             if fr_files else None
         if fr is not None:
@@ -126,7 +129,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
             result = import_torch_trace(open_engine(store), logs, run_name=run_name, strict=strict,
                                         progress=sys.stderr.isatty() if progress is None else progress) if logs else None
         except BadInputError as exc:
-            if (fr is None and not kineto) or "no TORCH_TRACE log" not in exc.message:
+            if (fr is None and not kineto and not snapshots) or "no TORCH_TRACE log" not in exc.message:
                 raise
             if exc.details.get("skipped_files") or "skipped" in exc.message:  # say what else was given
                 click.echo(f"  other files: {exc.message}", err=True)
@@ -140,6 +143,10 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
             from graphdeck.analysis.trace_map import link_kernels
 
             link_kernels(open_engine(store), t.run_id)
+        for f in snapshots:
+            m = import_snapshot(open_engine(store), f, run_name).measured
+            click.echo(f"CUDA memory snapshot {Path(f).name}: measured peak {m.peak_bytes / 2**20:,.1f} MiB, "
+                       f"{m.attributed} of {m.allocations} allocations on graph nodes")
     except GraphdeckError as exc:
         if exc.details.get("stats"):
             click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)

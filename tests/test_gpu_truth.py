@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.analysis.kernel_source_nodes import coverage_warning, output_code_table
 from graphdeck.analysis.memory_measured import load_snapshot, measure, output_code_files
+from graphdeck.analysis.memory_snapshot_import import is_snapshot
 from graphdeck.analysis.trace_map import map_trace
 from graphdeck.cli import main as cli
 from graphdeck.errors import UsageError
@@ -209,3 +210,75 @@ def test_snapshot_bad_input(tmp_path, data):
         measure({"segments": [], "device_traces": [[]]})
     res = CliRunner().invoke(cli, ["memory-snapshot", str(data / "info.json")])
     assert res.exit_code == 2 and "not a CUDA memory snapshot" in res.output
+
+
+def _cpu_made_snapshot(code: dict) -> tuple[dict, int, list[str]]:
+    """A snapshot with the structure ``torch.cuda.memory._snapshot()`` writes (NOTE: [Memory
+    snapshot format]), made here: 1 MiB live before the history, then two buffers allocated by
+    a backward's ``empty_strided`` lines (its output code file and line numbers, as CUDA frames
+    would name them) and an eager one, one of them freed. Returns it, the peak bytes and the
+    first buffer's nodes."""
+    from graphdeck.analysis.memory_measured import _nodes_at
+
+    path, (gid, _cid, lines) = next((p, v) for p, v in code.items() if any("empty_strided" in ln for ln in v[2]))
+    cands = [i + 1 for i, ln in enumerate(lines) if "empty_strided" in ln and _nodes_at(lines, i + 1)]
+    at = [cands[0], next(i for i in cands if _nodes_at(lines, i) != _nodes_at(lines, cands[0]))]
+    mib = 2 ** 20
+
+    def frame(line):
+        return [{"filename": path, "line": line, "name": "call"}, {"filename": "train.py", "line": 9, "name": "step"}]
+
+    trace = [
+        {"action": "alloc", "addr": 0x1000, "size": 4 * mib, "stream": 0, "time_us": 1, "frames": frame(at[0])},
+        {"action": "alloc", "addr": 0x2000, "size": 2 * mib, "stream": 0, "time_us": 2, "frames": frame(at[1])},
+        {"action": "alloc", "addr": 0x3000, "size": 1 * mib, "stream": 0, "time_us": 3,
+         "frames": [{"filename": "train.py", "line": 7, "name": "step"}]},
+        {"action": "free_requested", "addr": 0x2000, "size": 2 * mib, "stream": 0, "time_us": 4, "frames": []},
+        {"action": "free_completed", "addr": 0x2000, "size": 2 * mib, "stream": 0, "time_us": 5, "frames": []},
+    ]
+    blocks = [{"size": mib, "state": "active_allocated"}, {"size": 4 * mib, "state": "active_allocated"},
+              {"size": 2 * mib, "state": "inactive"}, {"size": mib, "state": "active_allocated"}]
+    snap = {"segments": [{"device": 0, "address": 0x0, "total_size": 8 * mib, "stream": 0, "segment_type": "large",
+                          "allocated_size": 6 * mib, "active_size": 6 * mib, "blocks": blocks}],
+            "device_traces": [trace], "allocator_settings": {}}
+    return snap, 8 * mib, _nodes_at(lines, at[0])
+
+
+def test_import_accepts_memory_snapshots(imported, data, tmp_path):
+    """``graphdeck import`` takes snapshot pickles beside the logs (NOTE: [Snapshot import]): the
+    H200's real one and one made here on the CPU; each is replayed, attributed to the run's
+    nodes through its output code, and kept as a ``graphdeck_memory_snapshot`` record."""
+    store, _ = imported
+    engine = open_engine(store)
+    with Session(engine) as s:
+        run_id = s.scalar(select(Run.id).where(Run.name == "gpt2"))
+    snap, peak, nodes = _cpu_made_snapshot(output_code_files(engine, run_id))
+    made = tmp_path / "rank3_cpu_made.pickle"
+    made.write_bytes(pickle.dumps(snap))
+    assert is_snapshot(made) and is_snapshot(data / "snapshot.pickle.gz")
+    fr = tmp_path / "fr.pickle"
+    fr.write_bytes(pickle.dumps({"version": "2.4", "pg_config": {}, "entries": []}))
+    assert not is_snapshot(fr) and not is_snapshot(data / "info.json")
+    res = CliRunner().invoke(cli, ["import", str(made), str(data / "snapshot.pickle.gz"), "--store", str(store),
+                                   "--run", "gpt2"])
+    assert res.exit_code == 0, res.output
+    assert "CUDA memory snapshot rank3_cpu_made.pickle: measured peak 8.0 MiB, 2 of 3 allocations" in res.output
+    assert "snapshot.pickle.gz: measured peak 4,025.9 MiB, 810 of 816 allocations on graph nodes" in res.output
+    con = sqlite3.connect(store)
+    rows = con.execute("SELECT rank, payload FROM compile_events WHERE name = 'graphdeck_memory_snapshot' "
+                       "ORDER BY id").fetchall()
+    con.close()
+    (rank, mine), (_, real) = [(r, json.loads(p)) for r, p in rows[-2:]]
+    assert rank == 3 and mine["peak_bytes"] == peak and mine["baseline_bytes"] == 2 ** 20
+    top = mine["at_peak"][0]
+    assert top["bytes"] == 4 * 2 ** 20 and top["category"] == "graph" and top["nodes"] == nodes and nodes
+    assert mine["by_category_bytes"]["eager"] == 2 ** 20
+    assert real["peak_bytes"] == measure(load_snapshot(data / "snapshot.pickle.gz"),
+                                         output_code_files(engine, run_id)).peak_bytes
+    # a snapshot alone makes its run; a broken one is a usage error (exit 2) naming the file
+    res = CliRunner().invoke(cli, ["import", str(made), "--store", str(tmp_path / "new.db"), "--run", "solo"])
+    assert res.exit_code == 0 and "2 of 3" not in res.output and "0 of 3 allocations" in res.output, res.output
+    bad = tmp_path / "cut.pickle"
+    bad.write_bytes(made.read_bytes()[:200])
+    res = CliRunner().invoke(cli, ["import", str(bad), "--store", str(tmp_path / "new.db"), "--run", "solo"])
+    assert res.exit_code == 2 and "cut.pickle" in res.output, res.output
