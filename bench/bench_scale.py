@@ -143,11 +143,11 @@ def _fmt(xs: list[float]) -> str:
 
 def report(rows: list[dict], single: dict | None, plot: Path | None) -> str:
     lines = ["| store | ranks | events / rank | events ingested | ingest CPU s | events / CPU s (per core) | "
-             "vs single trace | ingest wall s | align + match + stragglers CPU s | check-ranks CPU s | "
+             "single-trace rate ÷ this | ingest wall s | align + match + stragglers CPU s | check-ranks CPU s | "
              "check-grads CPU s | found | store MiB / rank |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in sorted(rows, key=lambda r: (r["store"], r["ranks"])):
-        ratio = f"{single['events_per_cpu_s'] / r['events_per_cpu_s']:.2f}× slower" if single else "—"
+        ratio = f"{single['events_per_cpu_s'] / r['events_per_cpu_s']:.2f}×" if single else "—"
         found = ("straggler, divergent, missing" if r["found_straggler"] and r["found_divergent"]
                  and r["missing_incomplete"] else "NOT ALL")
         lines.append(f"| {r['store']} | {r['ranks']:,} | {r['events_per_rank']:,} | {r['events']:,} | "
