@@ -9,8 +9,10 @@ Each class carries the HTTP status the server answers with and the exit code the
     │       ├── PayloadTooLargeError (413, exit 2)
     │       └── ConflictError (409, exit 2)       a request that contradicts stored state (upload chunks)
     ├── NotFoundError (404, exit 2)               run, rank, graph, node or trace not in the store
-    ├── StoreError (500, exit 1)                  store missing or of another schema version
-    │   ├── SchemaVersionError (500, exit 1)      store schema newer than this graphdeck, or not yet migrated
+    ├── StoreError (500, exit 1)                  the store cannot be used (server/database trouble)
+    │   ├── NotAStoreError (400, exit 2)          the path is not a graphdeck store (another file,
+    │   │                                         another SQLite database, a folder)
+    │   ├── SchemaVersionError (500, exit 2)      store schema newer than this graphdeck, or not yet migrated
     │   └── StoreFullError (507, exit 1)          disk full or the store's size quota reached
     └── CheckFailed (422, exit 1)                 a check (e.g. gradient paths) found problems
 
@@ -64,9 +66,21 @@ class StoreError(GraphdeckError):
     exit_code = 1
 
 
+class NotAStoreError(StoreError):
+    """The path given as a store is not a graphdeck store: not a database at all, a database
+    without graphdeck's tables, or a folder. Bad input (exit 2), so a CI gate never reads a
+    broken artifact as a failed check (exit 1)."""
+
+    status_code = 400
+    exit_code = 2
+
+
 class SchemaVersionError(StoreError):
     """The store's schema is newer than this graphdeck knows (``details``: ``store_version``,
-    ``known_version``), or older and a read-only open cannot migrate it."""
+    ``known_version``), or older and a read-only open cannot migrate it. Exit 2: the input cannot
+    be read by this graphdeck, which is not a check's failure."""
+
+    exit_code = 2
 
 
 class StoreFullError(StoreError):

@@ -38,7 +38,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from graphdeck.errors import BadInputError, GraphdeckError, NotFoundError, StoreError, StoreFullError, UsageError
+from graphdeck.errors import BadInputError, GraphdeckError, NotAStoreError, NotFoundError, StoreError, StoreFullError, UsageError
 from graphdeck.store.schema import InternedString, Rank, Run
 
 BUSY_TIMEOUT_MS = 60_000
@@ -237,8 +237,15 @@ def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, crea
         raise
     except (OperationalError, DBAPIError) as exc:
         engine.dispose()
-        raise StoreError(f"cannot open store {display_url(url)}: {exc.orig}") from exc
+        reason = str(exc.orig)
+        if any(m in reason for m in _NOT_A_STORE):  # SQLite's words for a file that is no database
+            raise NotAStoreError(f"not a graphdeck store: {display_url(url)}: {reason}") from exc
+        raise StoreError(f"cannot open store {display_url(url)}: {reason}") from exc
     return engine
+
+
+# sqlite3's messages (sqlite3.c: SQLITE_NOTADB, SQLITE_CANTOPEN) for a path that holds no database.
+_NOT_A_STORE = ("file is not a database", "unable to open database file")
 
 
 def create_private_file(path: str | os.PathLike) -> None:

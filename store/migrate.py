@@ -34,7 +34,7 @@ from pathlib import Path
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
 
-from graphdeck.errors import SchemaVersionError, StoreError
+from graphdeck.errors import NotAStoreError, SchemaVersionError, StoreError
 from graphdeck.store.schema import SCHEMA_VERSION, Base
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -128,7 +128,7 @@ def check(conn: Connection) -> str:
     that reads fine as it is).
 
     Raises:
-        StoreError: not a graphdeck store (no tables).
+        NotAStoreError: not a graphdeck store (no tables).
         SchemaVersionError: written by a newer graphdeck.
         SchemaVersionError: needs ``graphdeck db upgrade`` first.
     """
@@ -142,7 +142,7 @@ def check(conn: Connection) -> str:
     if rev is None:
         version = meta
         if version is None:
-            raise StoreError("not a graphdeck store: it has no store_meta table")
+            raise NotAStoreError("not a graphdeck store: it has no store_meta table")
         if version > SCHEMA_VERSION:
             raise _too_new(revision_of(version))
         if _head_columns_present(conn):
@@ -167,7 +167,7 @@ def prepare(engine: Engine, *, create: bool = True) -> str:
     at afterwards (the head). See the module docstring for the cases.
 
     Raises:
-        StoreError: the database holds tables but is not a graphdeck store.
+        NotAStoreError: the database holds tables but is not a graphdeck store.
         SchemaVersionError: the store comes from a newer graphdeck (nothing is changed).
     """
     with engine.connect() as conn:  # the common case, without a write lock or loading Alembic
@@ -194,7 +194,7 @@ def prepare(engine: Engine, *, create: bool = True) -> str:
             if version is None:
                 names = [n for n in inspect(conn).get_table_names() if n != "alembic_version"]
                 if names:
-                    raise StoreError(f"not a graphdeck store: it has tables {sorted(names)[:5]} but no store_meta")
+                    raise NotAStoreError(f"not a graphdeck store: it has tables {sorted(names)[:5]} but no store_meta")
                 if not create:
                     raise StoreError("the store is empty (create it by opening it read-write)")
                 Base.metadata.create_all(conn)

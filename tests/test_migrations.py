@@ -132,14 +132,14 @@ def test_server_and_cli_refuse_a_newer_store(tmp_path):
         create_app(Settings(store=store))
     proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "serve", str(store), "--port", "1"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, f"graphdeck serve exits 1 on a newer store: {proc.returncode} {proc.stderr}"
+    assert proc.returncode == 2, f"graphdeck serve exits 2 (bad input) on a newer store: {proc.returncode} {proc.stderr}"
     assert "schema version 99" in proc.stderr and f"schema version {SCHEMA_VERSION}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, f"a clear message, not a traceback: {proc.stderr}"
     assert "dashboard" not in proc.stdout, "no dashboard URL is announced for a refused store"
     trace = REPO / "tests/data/gpt2_inductor/gpt2_rank0.pt.trace.json.gz"
     proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "ingest-trace", str(trace), "--store", str(store),
                            "--run", "x"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "schema version 99" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "schema version 99" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_cli_db_upgrade(tmp_path):
@@ -188,7 +188,7 @@ def test_cli_db_errors_are_messages_and_current_reports_what_serve_acts_on(tmp_p
     r = runner.invoke(main, ["db", "current", store])
     assert r.exit_code == 0 and "schema_version 99" in r.output and "newer:" in r.output, r.output
     r = runner.invoke(main, ["db", "upgrade", store, "--revision", migrate.head_revision()])
-    assert r.exit_code == 1 and "error: store schema version 99" in r.output, r.output
+    assert r.exit_code == 2 and "error: store schema version 99" in r.output, r.output
     assert not any(isinstance(x, Exception) and not isinstance(x, SystemExit) for x in [r.exception]), r.exception
 
 

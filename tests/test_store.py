@@ -91,3 +91,30 @@ def test_read_only_engine_cannot_write(tmp_path):
             assert "readonly" in str(exc).lower() or "query_only" in str(exc).lower() or "read-only" in str(exc).lower()
         else:
             raise AssertionError("the server's engine is read-only (PRAGMA query_only)")
+
+
+def test_a_file_that_is_no_store_is_bad_input_for_every_gate(tmp_path):
+    """A CI gate given a broken artifact exits 2 (bad input) naming it, never 1 (a check FAILed)."""
+    import gzip
+    import sqlite3
+
+    from click.testing import CliRunner
+
+    from graphdeck.cli import main
+
+    files = {"text.db": b"hello\n", "random.db": bytes(range(256)) * 20, "empty.db": b"",
+             "store.db.gz": gzip.compress(b"SQLite format 3\0" + bytes(200))}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    other = sqlite3.connect(tmp_path / "other.db")
+    other.execute("CREATE TABLE t (a)")
+    other.commit()
+    other.close()
+    (tmp_path / "folder").mkdir()
+    runner = CliRunner()
+    for name in [*files, "other.db", "folder"]:
+        path = str(tmp_path / name)
+        for args in (["check-grads", path, "--run", "r"], ["check-ranks", path, "--run", "r"],
+                     ["check-compile", path, "--run", "r"], ["diff-runs", path, "a", "b"], ["summary", "r", "--store", path]):
+            r = runner.invoke(main, args)
+            assert r.exit_code == 2 and "not a graphdeck store" in r.output, (args, r.exit_code, r.output)
