@@ -81,12 +81,12 @@ def bench(store: Path, run: str, repeats: int, timeout_s: float) -> dict:
             task_all = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}["TaskDuration"]
             t = page.evaluate("""() => {
               const end = (part) => {
-                const e = performance.getEntriesByType("resource").filter((x) => x.name.includes(part));
+                const e = performance.getEntriesByType("resource").filter((x) => x.name.includes(`/api/`) && x.name.includes(part));
                 return e.length ? e[0].responseEnd : null;
               };
               const hm = document.querySelector('[data-testid="rank-heatmap"]');
               const mark = (name) => { const m = performance.getEntriesByName(name, "mark"); return m.length ? m[0].startTime : null; };
-              return {...window.__t, index_end: end("/rank-index"), heatmap_end: end("/heatmap"),
+              return {...window.__t, index_end: end("/rank-index"), heatmap_end: end("/heatmap?"),
                       heatmap_answer: mark("heatmap-answer"), heatmap_drawn: mark("heatmap-drawn"),
                       dcl: performance.getEntriesByType("navigation")[0].domContentLoadedEventEnd,
                       rows: hm ? Number(hm.dataset.rows) : null, cols: hm ? Number(hm.dataset.cols) : null,
@@ -128,7 +128,7 @@ def main() -> None:
     warm = rows[1:]  # the first page fills the server's caches
     print(f"\n{args.run}: {rows[0]['rows']} ranks x {rows[0]['cols']} columns ({rows[0]['no_trace']} without a trace); "
           f"{len(rows)} pages, the first with cold caches")
-    for label, key in (("navigation -> the app's 17 ES modules loaded (DOMContentLoaded)", "scripts_s"),
+    for label, key in (("navigation -> app.js and common.js loaded (DOMContentLoaded; the page modules load after)", "scripts_s"),
                        ("navigation -> page drawn (header, overview pending, heatmap box)", "page_s"),
                        ("rank-index answer -> heatmap answer (the heatmap request's round trip)", "heatmap_server_s"),
                        ("navigation -> rank heatmap drawn", "heatmap_s"),
