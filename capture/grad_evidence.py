@@ -284,7 +284,7 @@ class GradEvidence:
     # ------------------------------------------------------------------ setup
     def add_model(self, model: torch.nn.Module) -> None:
         """Hook every trainable parameter of ``model`` (tied weights once, under their first name)."""
-        for fqn, p in model.named_parameters(remove_duplicate=False):
+        for fqn, p in self.agent.named_tensors(model):
             if id(p) in self._index:
                 continue
             idx = len(self._params)
@@ -311,8 +311,8 @@ class GradEvidence:
     # only when what it is made of (:meth:`_state_inputs`: the parameters whose gradient changed,
     # the trainable ones among the rest, the compiled outputs seen) differs from the last
     # computed one; frame walks look each code object up once. Every backward is still observed
-    # and counted: on an H200 this took the evidence's CPU cost per step from ~0.75 ms (GPT-2 6
-    # layers, bench/RESULTS.md "GPU truth") to what that section now reports.
+    # and counted. This cut what a CPU profile shows; on an H200 (GPT-2 6 layers, bench/RESULTS.md
+    # "GPU truth") the evidence still costs ~0.77 ms CPU per launch-bound step, not yet located.
     def _set_steady(self, steady: bool) -> None:
         if steady == self._steady:
             return
@@ -366,7 +366,8 @@ class GradEvidence:
         for model in self.agent._models:
             for name, m in model.named_modules():
                 if m is module:
-                    return name or type(model).__name__
+                    prefix = self.agent._prefixes.get(id(model), "")
+                    return (prefix + name if name else prefix.rstrip(".")) or type(model).__name__
         return None
 
     @staticmethod
