@@ -27,7 +27,9 @@ questions from the same model. The model counts tensor bytes (``numel × itemsiz
 model the allocator's caching, rounding or fragmentation, nor workspace memory of kernels. Where
 the captured graphs are the graphs that run (eager execution of the partitioned graphs) the step
 peak and the checkpoint estimate equal the profiler's CPU measurement; Inductor fuses and reuses
-buffers, so its measured peaks are lower (17-27% on GPT-2; see bench/RESULTS.md "Memory view").
+buffers, so its measured peaks are lower (17-27% on GPT-2; see bench/RESULTS.md "Memory view"):
+for an Inductor run, :mod:`graphdeck.analysis.memory_inductor` models the step from the generated
+code's own buffers instead (NOTE: [Inductor buffer model]).
 
 The hot path works on column arrays (numpy) rather than one object per node: 100k-node graphs
 take about as long as fetching their rows.
