@@ -19,7 +19,7 @@ The first repeat starts with the server's caches empty (the heatmap's matching i
 repeats wait for every check to answer before the next page opens, so one page's slow checks do
 not run under the next page's timing. Medians and min–max over repeats.
 
-    python bench/bench_run_page.py --store STORE --run RUN [--repeats 3] [--timeout 600]
+    python bench/bench_run_page.py --store STORE --run RUN [--repeats 3] [--timeout 600] [--frontend DIR]
 
 Stores: ``bench/bench_layout.py``'s capture generalised to 1,024 ranks (no traces), and
 ``bench/scale_harness.py``'s N-rank runs with traces.
@@ -56,14 +56,32 @@ def stat(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} ({min(xs):.3f}–{max(xs):.3f})" if xs else "—"
 
 
-def bench(store: Path, run: str, repeats: int, timeout_s: float) -> dict:
+def _serve_frontend(server, frontend: Path) -> None:
+    """Serve the dashboard's files from ``frontend`` (e.g. an older commit's ``frontend/``, from
+    ``git archive``) instead of the package's, the API unchanged: the page before and after."""
+    from fastapi.staticfiles import StaticFiles
+
+    app = server.server.config.app
+    for i, route in enumerate(app.router.routes):
+        if getattr(route, "name", None) == "static":
+            route.app = StaticFiles(directory=str(frontend))
+            return
+    raise RuntimeError("no /static mount to replace")
+
+
+def bench(store: Path, run: str, repeats: int, timeout_s: float, frontend: Path | None = None) -> dict:
+    """Time ``repeats`` fresh pages (module docstring). With ``frontend`` (a dashboard without the
+    heatmap), a page counts as drawn at the overview box and nothing waits for a heatmap."""
     sys.path.insert(0, str(REPO))
     from playwright.sync_api import sync_playwright
 
     from tests.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer
 
     rows: list[dict] = []
+    first_picture = "window.__t.page" if frontend else "window.__t.heatmap || window.__t.heatmap_error"
     with LiveServer(store) as server, sync_playwright() as p:
+        if frontend:
+            _serve_frontend(server, frontend)
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         for i in range(repeats):
             ctx = browser.new_context(viewport={"width": 1440, "height": 900})
@@ -73,7 +91,7 @@ def bench(store: Path, run: str, repeats: int, timeout_s: float) -> dict:
             cdp.send("Performance.enable")
             c0 = time.process_time()
             page.goto(f"{server.url}/#/runs/{run}")
-            page.wait_for_function("window.__t.heatmap || window.__t.heatmap_error", timeout=timeout_s * 1000)
+            page.wait_for_function(first_picture, timeout=timeout_s * 1000)
             cpu_first = time.process_time() - c0
             task_first = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}["TaskDuration"]
             page.wait_for_function("window.__t.overview", timeout=timeout_s * 1000)
@@ -95,7 +113,7 @@ def bench(store: Path, run: str, repeats: int, timeout_s: float) -> dict:
                         Math.round(e.responseEnd), e.encodedBodySize])};
             }""")
             ctx.close()
-            drawn = t.get("heatmap_drawn") or t.get("heatmap") or t.get("heatmap_error")
+            drawn = t.get("heatmap_drawn") or t.get("heatmap") or t.get("heatmap_error") or t["page"]
             row = {"repeat": i, "page_s": t["page"] / 1e3, "heatmap_s": drawn / 1e3, "scripts_s": t["dcl"] / 1e3,
                    "heatmap_server_s": (t["heatmap_end"] - t["index_end"]) / 1e3 if t["heatmap_end"] and t["index_end"] else None,
                    "overview_s": t["overview"] / 1e3, "checks_s": {k: v / 1e3 for k, v in t["checks"].items()},
@@ -118,12 +136,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600, help="seconds to wait for each page's parts")
     ap.add_argument("--json", type=Path, help="write every repeat's numbers here")
+    ap.add_argument("--frontend", type=Path,
+                    help="serve the dashboard from this folder (e.g. `git archive e9b9e54 frontend | tar -x -C DIR`, "
+                         "the page before the heatmap) to compare")
     args = ap.parse_args()
     if args.repeats < 3:
         ap.error("--repeats must be at least 3 (a spread, not one time)")
     if not args.store.exists():
         ap.error(f"no store at {args.store}")
-    out = bench(args.store, args.run, args.repeats, args.timeout)
+    if args.frontend and not (args.frontend / "app.js").exists():
+        ap.error(f"no app.js in {args.frontend}")
+    out = bench(args.store, args.run, args.repeats, args.timeout, args.frontend)
     rows = out["rows"]
     warm = rows[1:]  # the first page fills the server's caches
     print(f"\n{args.run}: {rows[0]['rows']} ranks x {rows[0]['cols']} columns ({rows[0]['no_trace']} without a trace); "

@@ -197,7 +197,8 @@ export async function renderRunTimeline(page, m) {
   // not tables with a column per rank (the full /collectives answer is not fetched).
   const index = await api(`${base}/rank-index`);
   if (!page.alive()) return;
-  const large = index.ranks.length > SMALL_RUN;
+  // Large: more traced ranks than SMALL_RUN (the tables below have a column per traced rank).
+  const large = index.traces.filter((n) => n > 0).length > SMALL_RUN;
   if (large) {
     const maps = [["lateness", "collectives", "Lateness at each matched collective (arrival after the first rank)"],
       ["lateness", "steps", "Lateness per step (summed over the step's collectives): the straggler is the dark row"],
