@@ -115,17 +115,47 @@ def _param_state(seg: Segment, names: list[str]) -> str:
     return "ok"
 
 
+# NOTE: [Several backward passes in one step]
+# A row of the evidence is one or more backward passes with one state; an optimizer step that runs
+# several (gradient accumulation, one backward per model or per microbatch) whose states differ
+# gives several rows of that step. What the optimizer sees at the step is what they accumulated:
+# a gradient if any of them gave one. So a step's state combines its rows: ``multi`` (accumulated
+# twice in one backward: a finding of its own) first, then ``ok`` (a real gradient arrived), then
+# ``zero``, ``none``; ``frozen``/``unobserved`` only when nothing else was seen.
+_COMBINE_ORDER = ("multi", "ok", "zero", "none", "unobserved", "frozen")
+
+
+def _combine(a: str, b: str) -> str:
+    return a if _COMBINE_ORDER.index(a) <= _COMBINE_ORDER.index(b) else b
+
+
 def timeline(ev: Evidence, rank: int, names: list[str]) -> list[list]:
-    """``[[first, last, state], …]`` of one parameter (any of its tied ``names``) on ``rank``,
+    """``[[first, last, state], …]`` of one parameter (any of its tied ``names``) on ``rank``, one
+    state per step (rows of one step combined: NOTE: [Several backward passes in one step]),
     adjacent segments of one state merged."""
     out: list[list] = []
     for seg in ev.by_rank.get(rank, []):
         state = _param_state(seg, names)
-        if out and out[-1][2] == state and out[-1][1] >= seg.first - 1:
-            out[-1][1] = max(out[-1][1], seg.last)
+        first, last = seg.first, seg.last
+        if out and out[-1][1] >= first:  # this row shares step(s) with the previous one
+            pa, pb, ps = out.pop()
+            if pa < first:
+                out.append([pa, first - 1, ps])
+            both = min(pb, last)
+            out.append([first, both, _combine(ps, state)])
+            if pb > both:
+                out.append([both + 1, pb, ps])
+            first = both + 1
+            if first > last:
+                continue
+        out.append([first, last, state])
+    merged: list[list] = []
+    for a, b, st in out:
+        if merged and merged[-1][2] == st and merged[-1][1] >= a - 1:
+            merged[-1][1] = max(merged[-1][1], b)
         else:
-            out.append([seg.first, seg.last, state])
-    return out
+            merged.append([a, b, st])
+    return merged
 
 
 def strips(ev: Evidence, fqns: list[str]) -> dict[str, dict[int, list[list]]]:

@@ -141,6 +141,7 @@ class Agent:
         self._live_names: set[str] = set()
         self._grads_observed = False
         self._models: list[torch.nn.Module] = []
+        self._prefixes: dict[int, str] = {}  # id(model) -> name prefix (NOTE: [Several watched models])
         self._auto_params: dict[str, torch.Tensor] = {}  # parameters found in graphs, model not watched
         self._ddp_parents: dict[int, int] = {}  # id(unsplit gm) -> graphs.id
         self._events: list[dict] = []
@@ -183,7 +184,14 @@ class Agent:
         inner = getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
         if inner is not model:
             self._comm.note_ddp(model)
-        self._models.append(inner)
+        if not any(m is inner for m in self._models):  # watching a model again (e.g. wrapped) adds no names
+            taken = {name for m in self._models for name, _ in self.named_tensors(m)}
+            if any(name in taken for name, _ in self.named_tensors(inner)):
+                # NOTE: [Several watched models]: two watched models that both hold a ``w`` would
+                # share one name, so one's gradients would read as the other's. A later model whose
+                # names collide with an earlier one's is named ``<Class>[k].<name>`` (k: its watch order).
+                self._prefixes[id(inner)] = f"{type(inner).__name__}[{len(self._models)}]."
+            self._models.append(inner)
         self._watch_info.update(parallel_info(model))
         try:
             if self._watch_info.get("fsdp2"):  # NOTE: [Gradient evidence]: FSDP2 assigns, not accumulates
@@ -199,7 +207,7 @@ class Agent:
                 self._evidence.add_model(inner)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: no gradient evidence: {type(exc).__name__}: {exc}")
-        for fqn, t in list(inner.named_parameters(remove_duplicate=False)) + list(inner.named_buffers(remove_duplicate=False)):
+        for fqn, t in self.named_tensors(inner, buffers=True):
             self._fqn_by_tensor.setdefault(id(t), fqn)
         if self._writer is not None or _dist_ready():
             self._write_params()
@@ -226,13 +234,24 @@ class Agent:
         self.record_comm_groups()  # FSDP2 groups as soon as known: a job that dies keeps them
         return wrote
 
+    def named_tensors(self, model: torch.nn.Module, buffers: bool = False):
+        """``(name, tensor)`` of ``model``'s parameters (then buffers when ``buffers``), tied
+        weights under every name, named as the store names them: as ``named_parameters()`` gives
+        them, qualified ``<Class>[k].`` for a watched model whose names collide with an earlier
+        one's (NOTE: [Several watched models])."""
+        prefix = self._prefixes.get(id(model), "")
+        for fqn, t in model.named_parameters(remove_duplicate=False):
+            yield prefix + fqn, t
+        if buffers:
+            for fqn, t in model.named_buffers(remove_duplicate=False):
+                yield prefix + fqn, t
+
     def _write_params(self) -> None:
         named: dict[str, tuple[str, torch.Tensor]] = {}
         for model in self._models:
-            for fqn, t in model.named_parameters(remove_duplicate=False):
-                named[fqn] = ("parameter", t)
-            for fqn, t in model.named_buffers(remove_duplicate=False):
-                named[fqn] = ("buffer", t)
+            n_params = sum(1 for _ in model.named_parameters(remove_duplicate=False))
+            for i, (fqn, t) in enumerate(self.named_tensors(model, buffers=True)):
+                named[fqn] = ("parameter" if i < n_params else "buffer", t)
         for fqn, t in self._auto_params.items():
             named.setdefault(fqn, ("parameter", t))
         self.writer.write_params([_param_row(fqn, kind, t) for fqn, (kind, t) in named.items()])
@@ -258,9 +277,7 @@ class Agent:
         if fqn is None:
             live: dict[int, str] = {}
             for model in self._models:
-                for name, x in model.named_parameters(remove_duplicate=False):
-                    live.setdefault(id(x), name)
-                for name, x in model.named_buffers(remove_duplicate=False):
+                for name, x in self.named_tensors(model, buffers=True):
                     live.setdefault(id(x), name)
             self._live_fqn = live
             self._live_names = set(live.values())
@@ -510,7 +527,7 @@ class Agent:
             try:
                 with_grad, without_grad = [], []
                 for model in self._models:
-                    for fqn, p in model.named_parameters(remove_duplicate=False):
+                    for fqn, p in self.named_tensors(model):
                         if p.requires_grad:
                             (with_grad if p.grad is not None else without_grad).append(fqn)
                 self.writer.write_compile_events([{

@@ -88,6 +88,42 @@ def test_all_steps_healthy_passes_with_coverage(tmp_path):
     assert data["verdict"] == "PASS" and data["coverage"]["steps"]["0"]["backward_passes"] == 3
 
 
+class _W(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(n, n))
+
+
+def test_several_watched_models_and_accumulation_over_backward_passes(tmp_path):
+    """Three watched models that each hold a ``w`` (names qualified, none read as another's), one
+    backward per model and one optimizer step over all: a step's gradient is what its backward
+    passes accumulated (NOTE: [Several backward passes in one step]) — the third model skipped at
+    step 2 is NO_GRAD at step 2 only, the others OK."""
+    torch._dynamo.reset()
+    store = tmp_path / "s.db"
+    agent = Agent(store=store, run="three")
+    mods = [agent.watch(_W(n)) for n in (2, 3, 4)]
+    assert agent.watch(mods[0]) is mods[0]  # watching a model again adds no names
+    step_fn = torch.compile(lambda m, x: (x @ m.w).sum(), backend=agent.backend("aot_eager"), dynamic=False)
+    opt = torch.optim.SGD([m.w for m in mods], lr=0.01)
+    for step in range(4):
+        for k, m in enumerate(mods):
+            if k == 2 and step == 2:
+                continue
+            step_fn(m, torch.randn(3, m.w.shape[0])).backward()
+        opt.step()
+        opt.zero_grad()
+    agent.close()
+    rep = validate_backward(store, "three")
+    rows = {r.fqn: r for r in rep}
+    assert set(rows) == {"w", "_W[1].w", "_W[2].w"}, rep.to_text()
+    assert rows["w"].status == rows["_W[1].w"].status == "OK", rep.to_text()
+    assert rows["w"].steps == [[0, 3, "ok"]], rows["w"].steps
+    bad = rows["_W[2].w"]
+    assert bad.status == "NO_GRAD" and bad.steps == [[0, 1, "ok"], [2, 2, "none"], [3, 3, "ok"]], (bad.steps, rep.to_text())
+    assert "step(s) 2 " in bad.reason and rep.coverage["steps"][0]["backward_passes"] == 11, rep.to_text()
+
+
 JOB_DIES = """
 import os, sys, torch
 sys.path.insert(0, {repo!r})
