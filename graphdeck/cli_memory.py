@@ -101,7 +101,7 @@ def memory_snapshot_cmd(snapshot: str, store: str, run_name: str | None, device:
 
     try:
         snap = load_snapshot(snapshot)
-        code = {}
+        code, model = {}, None
         if run_name is not None:
             from sqlalchemy import select
             from sqlalchemy.orm import Session
@@ -115,6 +115,9 @@ def memory_snapshot_cmd(snapshot: str, store: str, run_name: str | None, device:
             if run_id is None:
                 raise UsageError(f"no run named {run_name!r} in {store}")
             code = output_code_files(engine, run_id)
+            from graphdeck.analysis.memory_inductor import inductor_step_memory
+
+            model = inductor_step_memory(engine, run_id)  # NOTE: [Inductor buffer model]
         m = measure(snap, code, device=device)
     except GraphdeckError as exc:
         _fail(exc)
@@ -127,3 +130,10 @@ def memory_snapshot_cmd(snapshot: str, store: str, run_name: str | None, device:
         label = (f"graph {where[1]}: {', '.join(where[2][:6]) or '(no source nodes)'}" if where[0] == "graph"
                  else where[0])
         click.echo(f"  {size / mib:10,.1f} MiB  {label}")
+    if model is not None:  # the graph-derived step from the Inductor code, beside the measured peak
+        rest = max(m.baseline_bytes - model.parameter_bytes, 0)
+        click.echo(f"graph-derived (Inductor code): step peak {model.peak_bytes / mib:,.1f} MiB with "
+                   f"{model.parameter_bytes / mib:,.1f} MiB parameters; + the {rest / mib:,.1f} MiB other than "
+                   f"parameters allocated before the history (optimizer state, anything eager) = "
+                   f"{(model.peak_bytes + rest) / mib:,.1f} MiB, {(model.peak_bytes + rest) / m.peak_bytes - 1:+.1%} "
+                   "vs measured")

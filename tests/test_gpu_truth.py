@@ -195,6 +195,8 @@ def test_snapshot_peak_matches_max_memory_allocated(data, imported):
     res = CliRunner().invoke(cli, ["memory-snapshot", str(data / "snapshot.pickle.gz"), "--store", str(store),
                                    "--run", "gpt2", "--top", "3"])
     assert res.exit_code == 0 and "measured peak 4,025.9 MiB" in res.output, res.output
+    # beside it, the graph-derived step from the Inductor code (NOTE: [Inductor buffer model])
+    assert "graph-derived (Inductor code): step peak 3,324.9 MiB with 312.5 MiB parameters" in res.output
 
 
 def test_snapshot_bad_input(tmp_path, data):
