@@ -259,14 +259,14 @@ export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps"} 
       plot.replaceChildren(canvas);
       legendBox.replaceChildren(legend(doc));
       const c = doc.counts;
-      status.replaceChildren(`${plural(c.ranks, "rank")} × ${plural(doc.columns.length, doc.axis === "steps" ? "step" : "column")}`,
+      status.replaceChildren(...[`${plural(c.ranks, "rank")} × ${plural(doc.columns.length, doc.axis === "steps" ? "step" : "column")}`,
         doc.binned > 1 ? ` (${doc.binned} collectives per column, the worst kept)` : "",
         ` · ${c.traced} with a trace`, c.no_trace ? ` · ${c.no_trace} without (missing evidence)` : "",
         doc.straggler !== null && doc.straggler !== undefined ? [" · straggler: ",
           h("a", {href: drillHref(doc, doc.ranks.indexOf(doc.straggler), -1), "data-testid": "heatmap-straggler"},
             `rank ${doc.straggler}`)] : "",
         doc.reason ? h("span", {"data-testid": "heatmap-reason"}, ` · ${doc.reason}`) : "",
-        " · click a cell to open that rank");
+        " · click a cell to open that rank"].flat());
       interactive(canvas, doc, rh, cw, tip, (r, col) => drillHref(doc, r, col));
       Object.assign(box.dataset, {state: "done", rows: doc.ranks.length, cols: doc.columns.length,
         noTrace: c.no_trace});

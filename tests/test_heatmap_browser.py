@@ -97,6 +97,7 @@ def test_large_run_page_draws_the_heatmap_and_drills_down(server, browser):
     box = page.get_by_test_id("rank-heatmap")
     assert (box.get_attribute("data-rows"), box.get_attribute("data-cols"), box.get_attribute("data-no-trace")) == ("128", "2", "126")
     assert "126 ranks" in page.get_by_test_id("heatmap-legend-no-trace").inner_text()
+    assert "http" not in page.get_by_test_id("heatmap-status").inner_text(), "links are elements, not text"
     traced, missing = _pixel(page, 1, 1), _pixel(page, 50, 0)
     assert traced[:3] != missing[:3] and missing[0] == missing[1] == missing[2], "no trace is grey, not a scale colour"
     assert "rank 1 · step 552 · " in _hover(page, 1, 1) and "ms" in _hover(page, 1, 1)
