@@ -24,7 +24,8 @@ artifacts; texts read by :mod:`graphdeck.analysis.compile_rules`):
 
 Verdict: FAIL when a threshold is passed; else INCOMPLETE when evidence is missing (a rank of the
 run without compile records, records dropped on import, a compile started and never finished);
-else PASS. Pure: reads the store, returns data.
+else WARN when no gate covers a hit recompile limit, an eager fallback or a failed compile; else
+PASS. Pure: reads the store, returns data.
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ class CompileHealth:
     missing_evidence: list[str]
     thresholds: Thresholds
     findings: list[str] = field(default_factory=list)  # threshold failures
+    warnings: list[str] = field(default_factory=list)  # what no gate was given for but a user must see
     verdict: str = "PASS"
 
     @property
@@ -467,4 +469,16 @@ def _verdict(h: CompileHealth) -> None:
     if th.fail_on_eager_fallback and h.fallbacks:
         h.findings.append(f"{len(h.fallbacks)} frame(s) fell back to eager: " + "; ".join(
             f"rank {x.rank} {x.compile_id} {x.frame}: {x.kind}" for x in h.fallbacks))
-    h.verdict = "FAIL" if h.findings else "INCOMPLETE" if h.missing_evidence else "PASS"
+    for f in h.frames:
+        if f.limit_hit:
+            h.warnings.append(f"frame {f.frame}: recompile limit hit ({f.used} of {f.limit} compiles used)")
+    raised = [x for x in h.fallbacks if "FailOnRecompile" in (x.fail_type or "")]
+    if raised:
+        h.warnings.append(f"{len(raised)} compile(s) raised to the job (fullgraph=True): " + "; ".join(
+            f"rank {x.rank} {x.compile_id} {x.frame}" for x in raised[:5]))
+    if len(h.fallbacks) > len(raised):
+        h.warnings.append(f"{len(h.fallbacks) - len(raised)} frame(s) fell back to eager or failed to compile")
+    # NOTE: [WARN is not PASS]: with no gate for them, a hit limit or a failed compile still is no
+    # PASS (the job ran eagerly or raised): WARN, exit 0; a gate (--max-*, --fail-on-*) makes it FAIL.
+    h.verdict = ("FAIL" if h.findings else "INCOMPLETE" if h.missing_evidence
+                 else "WARN" if h.warnings else "PASS")

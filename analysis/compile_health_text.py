@@ -9,8 +9,15 @@ CACHE_NAMES = {"fx_graph": "FX graph cache", "fx_graph_remote": "FX graph cache 
                "aot_autograd": "AOTAutograd cache", "aot_autograd_remote": "AOTAutograd cache (remote)"}
 
 
-def _frame_lines(f: FrameBudget, indent: str = "  ") -> list[str]:
-    state = ("LIMIT HIT: later calls run eagerly" if f.limit_hit
+def _raised(x) -> bool:
+    """A compile refused by the recompile limit that raised to the job (``fullgraph=True`` or the
+    ``fail_on_recompile`` stance) instead of running the frame eagerly."""
+    return "FailOnRecompile" in (x.fail_type or "")
+
+
+def _frame_lines(f: FrameBudget, indent: str = "  ", raised: bool = False) -> list[str]:
+    state = ("LIMIT HIT: the next compile raised to the job (fullgraph=True), nothing ran eagerly" if f.limit_hit and raised
+             else "LIMIT HIT: later calls run eagerly" if f.limit_hit
              else "will hit the limit at this rate" if f.will_hit_limit else "")
     ranks = f" (ranks {', '.join(map(str, f.ranks))})" if len(f.ranks) > 1 else ""
     out = [f"{indent}{f.frame}{ranks}: {f.used} of {f.limit} compiles used, {f.recompiles} recompile(s)"
@@ -23,6 +30,8 @@ def _frame_lines(f: FrameBudget, indent: str = "  ") -> list[str]:
     for s in f.steps[:12]:
         out.append(f"{indent}  {s['compile_id']}: {s['failed_guard']}"
                    + (f" (+{s['guards_failed'] - 1} more)" if s["guards_failed"] > 1 else ""))
+    if len(f.steps) > 12:
+        out.append(f"{indent}  … and {len(f.steps) - 12} more recompile(s) of this frame (all in --format json)")
     if f.hint:
         out.append(f"{indent}  hint: {f.hint}")
     return out
@@ -33,12 +42,13 @@ def to_text(h: CompileHealth) -> str:
     s = h.summary()
     th = h.thresholds
     gated = th.max_graph_breaks is not None or th.max_recompiles_per_frame is not None or th.fail_on_eager_fallback
-    lines = [f"check-compile {h.run}: {h.verdict}" + ("" if gated or h.verdict != "PASS"
-                                                       else " (no threshold given: a report only)")]
+    lines = [f"check-compile {h.run}: {h.verdict}" + ("" if gated or h.verdict not in ("PASS", "WARN")
+                                                       else " (no threshold given: a report; exit 0)")]
     lines += [f"FAIL: {x}" for x in h.findings]
+    lines += [f"WARN: {x}" for x in h.warnings]
     lines += [f"INCOMPLETE: {x}" for x in h.missing_evidence]
     lines.append(f"graph breaks: {s['graph_breaks']} distinct in user code ({s['graph_break_records']} record(s); "
-                 f"{s['library_breaks']} inside torch/stdlib, not counted)")
+                 f"{s['library_breaks']} distinct break(s) inside torch/stdlib, not counted)")
     for b in h.breaks:
         where = "library" if b.library else "user code"
         lines.append(f"  {b.source_line or '?'} [{b.reason_class}, {where}] x{b.count} on rank(s) "
@@ -49,13 +59,16 @@ def to_text(h: CompileHealth) -> str:
             lines.append(f"    hint: {b.hint}")
     lines.append(f"recompiles: {s['recompiles']} over {s['frames']} frame(s); most in one frame: "
                  f"{s['max_recompiles_per_frame']} (torch records the first failing guard of each cache entry)")
+    raised = {x.frame for x in h.fallbacks if _raised(x)}
     for f in h.frames:
         if f.recompiles or f.limit_hit:
-            lines += _frame_lines(f)
+            lines += _frame_lines(f, raised=f.frame in raised)
     lines.append(f"eager fallbacks and failed compiles: {len(h.fallbacks)}")
     for x in h.fallbacks:
         first = (x.reason.strip().splitlines() or [""])[0]
-        lines.append(f"  rank {x.rank} {x.compile_id} {x.frame}: {x.kind} ({x.fail_type}): {first[:200]}")
+        lines.append(f"  rank {x.rank} {x.compile_id} {x.frame}: {x.kind}"
+                     + (", raised to the job (fullgraph=True): not an eager fallback" if _raised(x) else "")
+                     + f" ({x.fail_type}): {first[:200]}")
     restarts = [(r, x) for r, rh in h.ranks.items() for x in rh.restarts]
     lines.append(f"restarts: {len(restarts)}")
     for r, x in restarts[:20]:
@@ -97,7 +110,7 @@ def to_junit(h: CompileHealth) -> str:
          "\n".join(f"{b.source_line} [{b.reason_class}] x{b.count}: {b.headline}" for b in h.user_breaks) or "none")
     for f in h.frames:
         case(f"recompiles {f.frame}", [x for x in h.findings if x.startswith(f"frame {f.frame}:")],
-             "\n".join(_frame_lines(f, "")))
+             "\n".join(_frame_lines(f, "", raised=any(_raised(x) and x.frame == f.frame for x in h.fallbacks))))
     case("eager fallbacks", [x for x in h.findings if "fell back to eager" in x] if th.fail_on_eager_fallback else [],
          "\n".join(f"rank {x.rank} {x.compile_id} {x.frame}: {x.kind}" for x in h.fallbacks) or "none")
     case("recorded evidence", h.missing_evidence, f"{len(h.ranks)} rank(s) with compile records", "incomplete")

@@ -332,4 +332,6 @@ def _verdict(out: RunDiff) -> None:
             incomplete.append(name)
     out.sections["gates"] = {"status": "checked", "why": ", ".join(c[0] for c in checks) or "no gate given",
                              "incomplete": incomplete}
-    out.verdict = "FAIL" if out.failures else "INCOMPLETE" if incomplete else "PASS"
+    # NOTE: [WARN is not PASS] (compile_health): findings that no gate covers are WARN, exit 0.
+    out.verdict = ("FAIL" if out.failures else "INCOMPLETE" if incomplete
+                   else "WARN" if out.roots else "PASS")

@@ -40,7 +40,11 @@ def to_text(d: RunDiff) -> str:
     gates = d.sections.get("gates", {})
     for name in gates.get("incomplete", []):
         lines.append(f"INCOMPLETE --{name}: the evidence it needs is missing")
-    lines.append(d.verdict)
+    if d.verdict == "WARN":
+        lines.append(f"WARN: {len(d.roots)} finding(s) and no gate covers them (exit 0; --max-new-graph-breaks, "
+                     "--max-node-regression-pct, … make them fail)")
+    else:
+        lines.append(d.verdict)
     return "\n".join(lines)
 
 

@@ -61,8 +61,8 @@ BUDGETS_S = {"gradients": 30.0, "ranks": 30.0, "compile": 15.0, "traces": 30.0, 
 #: Trace coverage bar: the share of a rank's kernel / compiled-region CPU time mapped to graph nodes.
 MIN_COVERAGE = 0.9
 #: Verdicts, worst first (the overview lists checks in this order); ``N/A``: the check has nothing to check.
-SEVERITY = ("FAIL", "ERROR", "INCOMPLETE", "PASS", "N/A")
-EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}
+SEVERITY = ("FAIL", "ERROR", "INCOMPLETE", "WARN", "PASS", "N/A")
+EXIT_CODES = {"PASS": 0, "WARN": 0, "FAIL": 1, "INCOMPLETE": 3}
 TOP_STEPS = 5
 #: Ranks listed in ``slowest["ranks"]`` (the slowest first; ``ranks_total`` counts them all): a
 #: 1,024-rank run's page shows the rank heatmap, not 1,024 rows.
@@ -123,7 +123,8 @@ class RunSummary:
         verdicts = {c.verdict for c in self.checks}
         if "FAIL" in verdicts:
             return "FAIL"
-        return "INCOMPLETE" if verdicts & {"INCOMPLETE", "ERROR"} else "PASS"
+        return ("INCOMPLETE" if verdicts & {"INCOMPLETE", "ERROR"} else "WARN" if "WARN" in verdicts
+                else "PASS")
 
     @property
     def exit_code(self) -> int:
@@ -251,7 +252,8 @@ def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
                   + (f"; recompile limit hit in {_names(s['limit_hit'], 2)}" if s["limit_hit"] else "")
                   + ("" if rep.findings else " (no gates set: check-compile --max-* makes them fail)"))
     c.detail = {"summary": s}
-    return _reasons(c, rep.findings + [f"INCOMPLETE: {m}" for m in rep.missing_evidence])
+    return _reasons(c, rep.findings + [f"INCOMPLETE: {m}" for m in rep.missing_evidence]
+                    + [f"WARN: {m}" for m in rep.warnings])
 
 
 def check_traces(session: Session, run: Run, deadline: float) -> CheckSummary:

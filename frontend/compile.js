@@ -203,7 +203,7 @@ function compileIndex(runId) {
 // hint, recompile budgets per frame, eager fallbacks, compile time and caches per rank. Every
 // text here (reasons, guards, file names) comes from the user's program: it goes in through h().
 
-const VERDICT_CLASS = {PASS: "status-OK", FAIL: "status-NO_GRAD", INCOMPLETE: "tag"};
+const VERDICT_CLASS = {PASS: "status-OK", FAIL: "status-NO_GRAD", INCOMPLETE: "tag", WARN: "ov-incomplete"};
 const CACHE_LABELS = [["fx_graph", "FX graph cache"], ["aot_autograd", "AOTAutograd cache"],
   ["fx_graph_remote", "FX graph (remote)"], ["aot_autograd_remote", "AOTAutograd (remote)"]];
 const pct = (v) => (isBlank(v) ? "—" : `${Math.round(v * 100)}%`);

@@ -105,7 +105,7 @@ export async function renderDiff(page, _match, query) {
   $app.replaceChildren(h("section", {},
     h("h1", {}, "Run ", code(report.run_a), " → ", code(report.run_b)),
     h("p", {class: "verdict", "data-testid": "diff-verdict"},
-      h("strong", {class: report.verdict === "PASS" ? "verdict-ok" : "verdict-bad"}, report.verdict),
+      h("strong", {class: report.verdict === "PASS" ? "verdict-ok" : report.verdict === "WARN" ? "verdict-warn" : "verdict-bad"}, report.verdict),
       `  ${roots.length} finding(s), ${rest.length} following from them, ${report.improvements.length} improvement(s)`),
     report.failures.length ? h("ul", {"data-testid": "diff-failures"}, report.failures.map((x) => h("li", {}, x))) : null,
     sections(report),

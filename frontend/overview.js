@@ -6,7 +6,8 @@
 // cheap ones at once, so a 1,024-rank run's page never waits for its slowest check; the run's
 // verdict line comes once every check has answered.
 //
-// Verdicts: PASS (green), FAIL (red), INCOMPLETE (amber: evidence missing), ERROR (the check
+// Verdicts: PASS (green), FAIL (red), INCOMPLETE (amber: evidence missing), WARN (orange: a finding
+// no gate covers, exit 0), ERROR (the check
 // raised: never green), N/A (grey: nothing to check, e.g. no parallel layout recorded).
 
 import {api, badge, fmt, h, isBlank, plural, table} from "./common.js";
@@ -19,10 +20,10 @@ const TITLES = {gradients: "Gradient paths", ranks: "Rank consistency", compile:
 const ASK_ORDER = ["layout", "slowest", "compile", "traces", "ranks", "gradients"];
 const PARALLEL = 2;
 /** Worst first, as RunSummary orders its checks. */
-const SEVERITY = ["FAIL", "ERROR", "INCOMPLETE", "PASS", "N/A"];
+const SEVERITY = ["FAIL", "ERROR", "INCOMPLETE", "WARN", "PASS", "N/A"];
 
-const VERDICT_CLASS = {PASS: "ov-pass", FAIL: "ov-fail", INCOMPLETE: "ov-incomplete", ERROR: "ov-error", "N/A": "ov-na"};
-const WORDS = {PASS: "pass", FAIL: "fail", INCOMPLETE: "incomplete", ERROR: "raised an error", "N/A": "not applicable"};
+const VERDICT_CLASS = {PASS: "ov-pass", FAIL: "ov-fail", INCOMPLETE: "ov-incomplete", WARN: "ov-warn", ERROR: "ov-error", "N/A": "ov-na"};
+const WORDS = {PASS: "pass", FAIL: "fail", INCOMPLETE: "incomplete", WARN: "warn (no gate)", ERROR: "raised an error", "N/A": "not applicable"};
 const ms = (ns) => (isBlank(ns) ? "—" : `${(Number(ns) / 1e6).toFixed(1)} ms`);
 const verdictBadge = (v, title) => {
   const b = badge(fmt(v), `ov-verdict ${VERDICT_CLASS[v] || "tag"}`);
@@ -79,10 +80,12 @@ function slowestPart(s, runId) {
 }
 
 /** The run's verdict from its checks' verdicts (RunSummary.verdict): FAIL, else INCOMPLETE when any
- *  is INCOMPLETE or ERROR, else PASS; N/A counts for nothing. → [verdict, exit code] */
+ *  is INCOMPLETE or ERROR, else WARN when any warns (exit 0), else PASS; N/A counts for nothing.
+ *  → [verdict, exit code] */
 export function runVerdict(verdicts) {
   if (verdicts.includes("FAIL")) return ["FAIL", 1];
-  return verdicts.some((v) => v === "INCOMPLETE" || v === "ERROR") ? ["INCOMPLETE", 3] : ["PASS", 0];
+  if (verdicts.some((v) => v === "INCOMPLETE" || v === "ERROR")) return ["INCOMPLETE", 3];
+  return verdicts.includes("WARN") ? ["WARN", 0] : ["PASS", 0];
 }
 
 /** The verdict line once every check has answered. */

@@ -34,9 +34,10 @@ DEFAULT_STORE = "graphdeck.db"  # graphdeck.cli.DEFAULT_STORE
 def check_compile(store: str, run_name: str, max_graph_breaks: int | None, max_recompiles_per_frame: int | None,
                   fail_on_eager_fallback: bool, fmt: str, junit_path: str | None, allow_incomplete: bool) -> None:
     """Graph breaks, recompile budgets, eager fallbacks, restarts, compile time and cache hits of a
-    run, per rank and in total. Exit 0 PASS, 1 FAIL (a threshold passed), 3 INCOMPLETE (nothing
+    run, per rank and in total. Exit 0 PASS or WARN (a hit recompile limit, an eager fallback or a
+    failed compile that no gate covers), 1 FAIL (a threshold passed), 3 INCOMPLETE (nothing
     failed but evidence is missing: a rank without compile records, records dropped on import, a
-    compile that never finished; --allow-incomplete makes it 0), 2 on usage errors."""
+    compile that never finished; --allow-incomplete makes it 0), 2 on usage errors or bad input."""
     import json
 
     from sqlalchemy.orm import Session
@@ -57,4 +58,4 @@ def check_compile(store: str, run_name: str, max_graph_breaks: int | None, max_r
     click.echo(to_text(report) if fmt == "text" else json.dumps(report.to_dict(), indent=1, default=str))
     if junit_path:
         Path(junit_path).write_text(to_junit(report))
-    sys.exit({"PASS": 0, "FAIL": 1, "INCOMPLETE": 0 if allow_incomplete else 3}[report.verdict])
+    sys.exit({"PASS": 0, "WARN": 0, "FAIL": 1, "INCOMPLETE": 0 if allow_incomplete else 3}[report.verdict])

@@ -46,7 +46,8 @@ def diff_runs_cmd(store: str, run_a: str, run_b: str, store_b: str | None, max_n
     """What changed from RUN_A to RUN_B (names or ids): new or removed graph breaks and recompiles,
     graphs whose structure changed (first differing node), node times per node and module beyond
     the step-to-step noise floor, graph-derived peak memory and saved activations, new rank
-    divergences and gradient findings. Exit 0 PASS, 1 FAIL (a gate passed), 3 INCOMPLETE (a
+    divergences and gradient findings. Exit 0 PASS (nothing found) or WARN (findings no gate
+    covers), 1 FAIL (a gate passed), 3 INCOMPLETE (a
     gate's evidence is missing, e.g. no trace in one run for --max-node-regression-pct;
     --allow-incomplete makes it 0), 2 on usage errors or bad input."""
     import json
@@ -81,4 +82,4 @@ def diff_runs_cmd(store: str, run_a: str, run_b: str, store_b: str | None, max_n
             Path(junit_path).write_text(to_junit(report))
         except OSError as exc:
             _fail(UsageError(f"cannot write JUnit XML to {junit_path}: {exc.strerror or exc}"))
-    sys.exit({"PASS": 0, "FAIL": 1, "INCOMPLETE": 0 if allow_incomplete else 3}[report.verdict])
+    sys.exit({"PASS": 0, "WARN": 0, "FAIL": 1, "INCOMPLETE": 0 if allow_incomplete else 3}[report.verdict])
