@@ -41,7 +41,10 @@ function legend(map) {
   const items = map.checks.map((c) => {
     const counts = c.pending ? "" : Object.entries(c.counts).map(([state, n]) => `${n} ${state}`).join(", ");
     const status = c.pending ? badge("checking…", "status status-partial")
-      : c.ran ? badge("checked", "status status-ok") : badge("unknown", "status status-FROZEN");
+      : !c.ran ? badge("unknown", "status status-FROZEN")
+      // Green only when the check's own verdict is PASS (or it has none): INCOMPLETE is not "checked · ok".
+      : c.verdict == null || c.verdict === "PASS" ? badge("checked", "status status-ok")
+      : badge(`checked · ${c.verdict}`, `status status-${c.verdict === "FAIL" ? "NO_GRAD" : "partial"}`);
     return h("li", {"data-testid": "map-check", "data-check": c.key},
       h("strong", {}, c.label), " ", status, " ", h("span", {class: "muted"}, counts),
       c.link ? [" · ", h("a", {href: c.link}, "details")] : null,

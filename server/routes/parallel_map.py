@@ -72,6 +72,7 @@ class Badge:
     message: str
     default: str = "ok"
     states: dict[int, str] = field(default_factory=dict)
+    verdict: str | None = None  # the check's own verdict where it has one (PASS/FAIL/INCOMPLETE)
     details: dict[int, str] = field(default_factory=dict)
 
     def set(self, rank: int, state: str, detail: str | None = None) -> None:
@@ -161,7 +162,7 @@ def parallel_map(session: Session, run: Run, *, expand: bool = False, checks: li
         label, page = CHECKS[b.key]
         counts = Counter(b.state(r) for r in everyone)
         listed.append({"key": b.key, "label": label, "ran": b.ran, "pending": b.key in pending, "message": b.message,
-                       "default": b.default, "link": f"#/runs/{run.id}/{page}" if page else None,
+                       "verdict": b.verdict, "default": b.default, "link": f"#/runs/{run.id}/{page}" if page else None,
                        "counts": dict(sorted(counts.items()))})
     grid = _grid(layout, rank_kind, expand)
     return {**out, "world_size": ws, "has_layout": True, "dims": grid["dims"],
@@ -407,7 +408,8 @@ def _grad(ctx: _Context) -> Badge:
         return _unknown("grad", "check-grads found no parameter of any rank (no captured backward graph, "
                         "no parameter list and no gradient evidence)")
     gaps = report.gaps
-    b = Badge("grad", ran=True, message=f"check-grads: {report.verdict}; {len(report.failures)} failing parameter "
+    b = Badge("grad", ran=True, verdict=report.verdict,
+              message=f"check-grads: {report.verdict}; {len(report.failures)} failing parameter "
               f"row(s), {len(report.errors)} error finding(s)"
               + (f"; evidence missing: {_clip(gaps[0])}" + (f" (+{len(gaps) - 1} more)" if len(gaps) > 1 else "")
                  if gaps else ""))
