@@ -2,7 +2,8 @@
 Flight Recorder dumps (stored by :mod:`graphdeck.store.fr_import` or the capture agent).
 
 Per process group (the entries' ``process_group`` name; members from the dumps' ``pg_config``,
-else every rank of the run), collectives are aligned by ``collective_seq_id`` from the latest
+else the capture's process-group / layout records (:func:`recorded_members`), else every rank
+of the run; ``FlightReport.group_members``), collectives are aligned by ``collective_seq_id`` from the latest
 first id every rank still holds (ring buffers forget the oldest entries); a sequence id's
 signature is the ``(profiling_name, input sizes, output sizes, dtypes)`` of its entries
 (coalesced ops share one id). The first id whose signature is not the same on every member —
@@ -24,7 +25,9 @@ Any of it makes ``check-ranks`` say INCOMPLETE, never that the ranks agree.
 Speed (NOTE: [FR compare by index]): ranks are compared by their dumps' indexes
 (:func:`graphdeck.store.fr_import.seq_index`, stored with each dump): ranks whose sequence of a
 group is the same form one class, compared once; only the dumps of ranks a mismatch shows are
-decoded. 1,024 ranks × 2,000 entries: ~0.3 s instead of ~1.8 s (bench/bench_flight.py).
+decoded. A group whose dumped members agree while a member has no dump is *incomplete*
+(``FlightReport.groups_incomplete``), never one that agrees: a rank that aborted inside the
+collective (gloo's "Received data size doesn't match") may write no dump. 1,024 ranks × 2,000 entries: ~0.3 s instead of ~1.8 s (bench/bench_flight.py).
 
 The join to compile records is :mod:`graphdeck.analysis.hangs`. Pure: reads the store.
 """
@@ -130,15 +133,26 @@ class FlightReport:
     # Filled by :func:`count_completed` only where a prediction is checked (analysis.predicted).
     completed: dict[str, dict[int, int]] = field(default_factory=dict)
     descs: dict[str, str] = field(default_factory=dict)
+    # group -> its members as compared (pg_config, else the capture's records, else every rank), and
+    # group -> members without a dump where the dumped members agree: not "agree", INCOMPLETE (the
+    # missing dump may hold the mismatch: a rank that aborted in the collective writes none).
+    group_members: dict[str, list[int]] = field(default_factory=dict)
+    groups_incomplete: dict[str, list[int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def lines(self) -> list[str]:
         out = [f"Flight Recorder: dumps from ranks {self.ranks}, {self.entries} entries; "
-               f"{len(self.groups_agree)} group(s) agree, {len(self.mismatches)} mismatched"]
+               f"{len(self.groups_agree)} group(s) agree, "
+               + (f"{len(self.groups_incomplete)} incomplete, " if self.groups_incomplete else "")
+               + f"{len(self.mismatches)} mismatched"]
         if self.no_dump:
             out.append(f"  no Flight Recorder dump from ranks {self.no_dump}")
+        for g, missing in self.groups_incomplete.items():
+            out.append(f"  INCOMPLETE group {g}{' (' + self.descs[g] + ')' if self.descs.get(g) else ''}: members "
+                       f"{missing} have no dump, so whether its collectives match cannot be told (the dumped "
+                       "members agree)")
         for m in self.mismatches:
             out.append(f"HANG {m.headline()}")
             for r, e in list(m.issued.items())[:2]:  # the others' entries are the same collective
@@ -399,9 +413,16 @@ def _flight_report(session: Session, run_id: int, dumps: dict[int, dict] | None)
         # gloo's pg_config names only the default group: a mesh dimension's group takes its members
         # from the capture's process-group / layout records, never the whole world (a false hang).
         members = sorted(cfg_members.get(g) or recorded.get(g) or world)
+        report.group_members[g] = members
         m = _group_mismatch(g, members, rd, classes, ops)
         if m is None:
-            report.groups_agree.append(g)
+            lacking = [r for r in members if r not in index]
+            if lacking:
+                report.groups_incomplete[g] = lacking
+                report.descs.setdefault(g, rd[next(r for r in members if r in index)].desc.get(g, "")
+                                        if any(r in index for r in members) else "")
+            else:
+                report.groups_agree.append(g)
         else:
             report.mismatches.append(m)
     _causes(report.mismatches, rd)

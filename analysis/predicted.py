@@ -52,7 +52,9 @@ class PredictionCheck:
     predicted_skipping: list[int] = field(default_factory=list)
     recorded_hang: bool = False
     recorded_not_reached: list[int] = field(default_factory=list)
-    recorded_completed: dict[int, int] = field(default_factory=dict)
+    recorded_completed: dict[int, int] = field(default_factory=dict)  # members with a dump only
+    members: list[int] = field(default_factory=list)  # the group's members the prediction compared
+    recorded_no_dump: list[int] = field(default_factory=list)  # members without a Flight Recorder dump
 
     def line(self) -> str:
         return f"group {self.group}{' (' + self.desc + ')' if self.desc else ''}: predicted: {self.predicted} " \
@@ -88,10 +90,81 @@ def _bucket_groups(session: Session, run_id: int) -> dict[int, str]:
     return out
 
 
-def _group(c: Collective, bucket_group: str) -> str | None:
-    if c.source in ("ddp_bucket", "fsdp_group"):
-        return bucket_group
+def _fsdp_groups(session: Session, run_id: int) -> dict[int, dict[str, str]]:
+    """rank → {FSDP2 group module → the process group its all-gathers / reduce-scatters use}, from
+    the rank's layout record (NOTE: [Parallel layout]): the group's shard dimension (the last of
+    its ``mesh_dims``, else its mesh's last dimension) and the rank's ``dim_groups`` entry of that
+    dimension. A rank without a record, or a group whose dimension's process group is not named,
+    is absent (its FSDP2 collectives' group is then unknown, not the default group)."""
+    from graphdeck.analysis.layout import load_records
+
+    out: dict[int, dict[str, str]] = {}
+    for rank, rec in load_records(session, run_id).items():
+        meshes = {m.get("key"): m for m in rec.get("meshes") or [] if isinstance(m, dict)}
+        for g in rec.get("fsdp_groups") or []:
+            if not isinstance(g, dict):
+                continue
+            mesh = meshes.get(g.get("mesh")) or {}
+            dims = list(g.get("mesh_dims") or []) or list(mesh.get("dim_names") or [])[-1:]
+            name = next((str(dg["name"]) for dg in mesh.get("dim_groups") or []
+                         if isinstance(dg, dict) and dims and dg.get("dim") == dims[-1] and dg.get("name") is not None),
+                        None)
+            if name is not None:
+                out.setdefault(rank, {})[str(g.get("module") or "")] = name
+    return out
+
+
+_FSDP_MODULE = re.compile(r"^FSDP2 group (.*) \(\d+ params\)$")
+
+
+def _group(c: Collective, rank: int, bucket_groups: dict[int, str], fsdp: dict[int, dict[str, str]],
+           has_layout: bool) -> str | None:
+    """The process group ``c`` of ``rank`` runs on (None: unknown). A DDP bucket: the group the
+    capture recorded for DDP, else the default ``"0"``; an FSDP2 group: its shard dimension's group
+    (:func:`_fsdp_groups`), else ``"0"`` when the run has no layout record (1-D FSDP2 over the world)."""
+    if c.source == "ddp_bucket":
+        return bucket_groups.get(rank, "0")
+    if c.source == "fsdp_group":
+        mine = fsdp.get(rank)
+        if mine:
+            m = _FSDP_MODULE.match(c.node or "")
+            module = m.group(1) if m else None
+            module = "" if module == "(root)" else module
+            if module in mine:
+                return mine[module]
+            names = set(mine.values())
+            return names.pop() if len(names) == 1 else None
+        return None if has_layout else "0"
     return c.group
+
+
+def _has_layout(session: Session, run_id: int) -> bool:
+    from graphdeck.analysis.layout import EVENT_NAME
+    from graphdeck.store.schema import CompileEvent
+
+    return session.scalar(select(CompileEvent.id).where(CompileEvent.run_id == run_id,
+                                                        CompileEvent.name == EVENT_NAME).limit(1)) is not None
+
+
+def group_members(session: Session, run_id: int, fr: FlightReport | None, ranks: list[int]) -> dict[str, list[int]]:
+    """Process-group name → member ranks: the Flight Recorder comparison's members (``pg_config``,
+    else the capture's records) where it has the group, else the capture's process-group / layout
+    records (:func:`graphdeck.analysis.flight.recorded_members`). A group named by neither is
+    absent (callers then take every rank, as without a layout). Ranks: ints, sorted."""
+    from graphdeck.analysis.flight import recorded_members
+
+    out = {g: sorted(m) for g, m in recorded_members(session, run_id).items()}
+    if fr is not None:
+        for g, m in fr.group_members.items():
+            if m and (g in out or set(m) != set(fr.members)):  # the whole world is FR's fallback, not a record
+                out[g] = sorted(m)
+    return out
+
+
+def _ranks_text(ranks: list[int], limit: int = 16) -> str:
+    if len(ranks) <= limit:
+        return str(list(ranks))
+    return f"[{', '.join(map(str, ranks[:limit // 2]))}, ... {ranks[-1]}] ({len(ranks)} ranks)"
 
 
 def _segments(sch: list[Collective]) -> list[dict]:
@@ -137,14 +210,22 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
     if not fr.completed:
         count_completed(session, report.run_id, fr)
     ranks = report.ranks
-    per_group: dict[str, dict[int, list]] = {}
+    issued: dict[str, dict[int, list]] = {}
     bucket_groups = _bucket_groups(session, report.run_id)
+    fsdp = _fsdp_groups(session, report.run_id)
+    has_layout = bool(fsdp) or _has_layout(session, report.run_id)
     for r in ranks:
-        bg = bucket_groups.get(r, "0")
         for c in report.schedules.get(r, []):
-            g = _group(c, bg)
+            g = _group(c, r, bucket_groups, fsdp, has_layout)
             if g is not None:
-                per_group.setdefault(g, {rr: [] for rr in ranks})[r].append(c)
+                issued.setdefault(g, {}).setdefault(r, []).append(c)
+    members = group_members(session, report.run_id, fr, ranks)
+    # NOTE: [Predictions per group's members]: a group's schedules are compared among its members
+    # only (as the Flight Recorder comparison and mesh_ranks do); a rank outside the group issues
+    # none of its collectives by design, never "skips" them. A member that issues none does.
+    per_group: dict[str, dict[int, list]] = {
+        g: {r: by_rank.get(r, []) for r in sorted(set(members.get(g, ranks)) & set(ranks) | set(by_rank))}
+        for g, by_rank in issued.items()}
     recorded_groups = set(fr.completed) | {m.group for m in fr.mismatches}
     mismatch_of: dict[str, GroupMismatch] = {m.group: m for m in fr.mismatches}
     out: list[PredictionCheck] = []
@@ -162,8 +243,8 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             check.predicted = "no compiled graph issues a collective of this group"
         elif pm is None:
             n = len(next(iter(scheds.values())))
-            check.predicted = (f"no hang: every rank issues the same {n} collective(s) a step ("
-                               + "; ".join(f"rank {r}: {_seg_text(segs[r])}" for r in ranks) + ")"
+            check.predicted = (f"no hang: every member issues the same {n} collective(s) a step ("
+                               + "; ".join(f"rank {r}: {_seg_text(segs[r])}" for r in sorted(segs)) + ")"
                                + (" — a frame with several live graphs counts each once (NOTE: [Live compiles])"
                                   if _several_live(scheds) else ""))
         else:
@@ -182,21 +263,30 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
                 check.predicted = (f"collective #{pm.index} of the step differs: " + "; ".join(
                     f"ranks {v['ranks']}: {v['collective']['kind']} from compile {v['collective']['compile_id']}"
                     for v in pm.variants))
-        # recorded
+        # recorded, among the group's members (a rank outside the group completes none of it)
         m = mismatch_of.get(g)
-        completed = fr.completed.get(g, {})
+        mine = sorted(set(members.get(g) or fr.group_members.get(g) or ranks))
+        check.members = mine
+        no_dump = [r for r in mine if r not in set(fr.ranks)]
+        completed = {r: n for r, n in fr.completed.get(g, {}).items() if r in mine}
         check.recorded_completed = dict(completed)
+        check.recorded_no_dump = no_dump
         if m is not None:
             check.recorded_hang = True
             check.recorded_not_reached = list(m.not_reached)
             check.recorded = (f"ranks {m.not_reached} never reached {m.op} #{m.seq} of group {desc or g}"
                               + ("" if m.primary else " (a consequence of another group's hang)"))
         elif g in recorded_groups:
-            counts = sorted({completed.get(r, 0) for r in fr.ranks})
+            dumped = [r for r in mine if r not in no_dump]
+            counts = sorted({completed.get(r, 0) for r in dumped}) or [0]
             n = counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-            check.recorded = f"all ranks completed {n} collectives of group {desc or g}"
+            check.recorded = (f"{'every member' if not no_dump else 'members'} {_ranks_text(dumped)} completed {n} "
+                              f"collectives of group {desc or g}")
         else:
             check.recorded = "the Flight Recorder holds no entry of this group"
+        if no_dump and m is None:
+            check.recorded += (f"; members {no_dump} have no Flight Recorder dump, so whether they issued them "
+                               "cannot be told")
         # outcome
         if g not in recorded_groups:
             check.outcome = "unchecked"
@@ -204,10 +294,12 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             same = (set(check.predicted_skipping) == set(m.not_reached) if check.predicted_skipping
                     else {frozenset(v["ranks"]) for v in pm.variants} >= {frozenset(m.not_reached)})
             check.outcome = "held" if same else "held in part"
-        elif check.predicted_hang:
-            check.outcome = "did not hold"
         elif m is not None:
             check.outcome = "not predicted"
+        elif no_dump:
+            check.outcome = "incomplete"  # a member without a dump: the record can neither confirm nor refute
+        elif check.predicted_hang:
+            check.outcome = "did not hold"
         elif not scheds:
             continue  # neither predicted nor a recorded hang: nothing to check
         else:
