@@ -107,7 +107,10 @@ function flightSection(report) {
   if (!fr) return missing.length ? h("ul", {class: "missing-evidence"}, missing) : null;
   return [h("h2", {}, "Recorded collectives (Flight Recorder)"),
     h("p", {class: "muted", "data-testid": "fr-summary"}, `dumps from ranks [${fr.ranks.join(", ")}], ${fr.entries} entries; `
-      + `${fr.groups_agree.length} group(s) agree, ${fr.mismatches.length} mismatched`
+      + `${fr.groups_agree.length} group(s) agree, `
+      + (Object.keys(fr.groups_incomplete || {}).length
+        ? `${Object.keys(fr.groups_incomplete).length} incomplete (a member without a dump: cannot be told), ` : "")
+      + `${fr.mismatches.length} mismatched`
       + (fr.no_dump.length ? `; no dump from ranks [${fr.no_dump.join(", ")}]` : "")),
     fr.mismatches.map(frMismatch),
     missing.length ? h("ul", {class: "missing-evidence"}, missing) : null];
@@ -140,7 +143,7 @@ function scheduleTable(report) {
 // Predicted vs recorded per process group (analysis/predicted.py): the schedule the graphs
 // predict next to the Flight Recorder's record, and whether the prediction held.
 const OUTCOME_CLASS = {"held": "status-OK", "held in part": "status-partial", "did not hold": "status-NO_GRAD",
-  "not predicted": "status-NOT_IN_GRAPH", "unchecked": "status-FROZEN"};
+  "not predicted": "status-NOT_IN_GRAPH", "unchecked": "status-FROZEN", "incomplete": "status-partial"};
 
 function predictionTable(report) {
   const checks = report.predictions || [];
