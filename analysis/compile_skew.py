@@ -142,16 +142,17 @@ def _trace_first(session: Session, run_id: int, rank: int, after_ns: int, compil
     """``(start ns, name, duration s)`` of the rank's first traced collective starting after
     ``after_ns``, when its newest usable trace (``trace_id``; -1: look it up) began before
     ``compile_end_ns``."""
-    from graphdeck.analysis.trace_analysis import TraceData
-    from graphdeck.analysis.trace_collectives import rank_collectives
+    from graphdeck.analysis.trace_collectives import trace_indexes
 
     tid = _newest_trace(session, run_id, rank) if trace_id == -1 else trace_id
     if tid is None:
         return None
-    data = TraceData(session, tid)
-    if not data.events or min(e.ts for e in data.events) > compile_end_ns:
+    start = session.scalar(select(Trace.start_ns).where(Trace.id == tid))
+    if start is None or start > compile_end_ns:
         return None
-    later = [c for c in rank_collectives(data) if c["start_ns"] >= after_ns]
+    # The collectives indexed at ingest (NOTE: [Collective index]), not every event of the trace.
+    _r, colls, _steps = next(trace_indexes(session, {rank: tid}))
+    later = [c for c in colls if c["start_ns"] >= after_ns]
     if not later:
         return None
     c = later[0]
