@@ -207,6 +207,16 @@ def pp_cut_findings(session: Session, run_id: int, rows: list[ParamRow], layout)
         params = sorted({row.fqn for r in stage_ranks[s] for row in by_rank.get(r, [])})
         where = _cut_site(session, run_id, stage_ranks[s], stage_ranks.get(nxt, []), rows)
         shown = ", ".join(params[:6]) + (f" and {len(params) - 6} more" if len(params) > 6 else "")
+        fix = (f"do not detach the stage input of stage {nxt} or the output of stage {s} (no .detach(), .data or "
+               "torch.no_grad() between them): the pipeline schedule sends the gradient of the stage input back "
+               "to the previous stage")
+        for r in stage_ranks[s]:  # the per-parameter rows say what the finding says (they do not train)
+            for row in by_rank.get(r, []):
+                if row.status not in FAILING:
+                    row.status, row.fix = "NO_GRAD", fix
+                    row.reason = (f"PP_BACKWARD_CUT: the backward path is cut at pipeline stage boundary {s} → {nxt} "
+                                  f"({seen}): the gradient this parameter receives is none or zeros, so it does "
+                                  "not train")
         out.append(Finding(
             kind="PP_BACKWARD_CUT", severity="error", params=params,
             ranks={r: "no gradient through the pipeline" for r in stage_ranks[s]},
@@ -214,10 +224,7 @@ def pp_cut_findings(session: Session, run_id: int, rows: list[ParamRow], layout)
                      f"the backward path is cut — {seen}, so stage {s} receives no real gradient for its output and "
                      f"its parameters ({shown or 'none recorded'}) do not train (the schedule sends back none or "
                      "zeros)" + (f"; cut by {where[0]}" if where else "")),
-            source=where[1] if where else None,
-            fix=(f"do not detach the stage input of stage {nxt} or the output of stage {s} (no .detach(), .data or "
-                 "torch.no_grad() between them): the pipeline schedule sends the gradient of the stage input back "
-                 "to the previous stage")))
+            source=where[1] if where else None, fix=fix))
     return out
 
 

@@ -316,7 +316,13 @@ def test_cut_pipeline_backward_is_reported_in_pp_words(nd_pipeline_cut_store):  
     line = next(i for i, t in enumerate(program.read_text().splitlines(), 1) if "x = x.detach()" in t)
     res = graphdeck("check-grads", nd_pipeline_cut_store, RUN_PIPELINE_CUT)
     assert res.returncode == 1, res.stdout
-    (finding,) = [ln for ln in res.stdout.splitlines() if "PP_BACKWARD_CUT" in ln]
+    (finding,) = [ln for ln in res.stdout.splitlines() if "PP_BACKWARD_CUT (error)" in ln]
+    # The per-parameter rows agree with the finding: stage 0's parameters do not train (not "OK").
+    rows = [ln.split()[:4] for ln in res.stdout.splitlines() if ln.strip().startswith(("OK ", "NO_GRAD "))]
+    for fqn in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+        assert ["NO_GRAD", "rank", "0", fqn] in rows and ["OK", "rank", "0", fqn] not in rows, rows
+    assert "PP_BACKWARD_CUT: the backward path is cut at pipeline stage boundary 0 → 1" in res.stdout
+    assert not any(r[0] == "NO_GRAD" and r[2] == "1" for r in rows), "stage 1 trains"
     assert "pipeline stage boundary 0 → 1 (rank(s) [0] → [1]): the backward path is cut" in finding
     assert "stage 1's compiled backward" in finding and "returns no gradient for its stage input" in finding
     assert "fc1.bias, fc1.weight, fc2.bias, fc2.weight" in finding
