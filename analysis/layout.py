@@ -32,7 +32,9 @@ Which ranks must agree:
   coordinate on a mesh dimension named like a pipeline dimension (``pp``).
 * ``replica_peers``: same stage and same coordinate on every sharding dimension — every mesh
   dimension that is neither a pipeline dimension nor a data-parallel one. Data-parallel
-  dimensions are those an FSDP2 group shards over (its ``mesh_dims``) and those named like
+  dimensions are those only FSDP2 groups shard over (their ``mesh_dims``, else their mesh's
+  dims: ``dim0`` of ``fully_shard``'s unnamed default mesh; a dim a TP style also uses is not
+  one) and those named like
   one (``dp``, ``dp_shard``, ``dp_replicate``, ``fsdp``, ``hsdp``, ``ddp``, ...). Replicas
   hold the same local shapes (up to FSDP2's uneven last shard, which the placements explain).
 
@@ -183,16 +185,47 @@ class RunLayout:
         return sorted(list(groups.values()) + alone, key=lambda g: g[0])
 
     def dp_dims(self) -> set[str]:
-        """Mesh dimension names that are data parallel (FSDP2 groups' ``mesh_dims`` and DP names)."""
+        """Mesh dimension names that are data parallel: those named like one (:data:`DP_DIMS`) and
+        those FSDP2 groups shard over (their ``mesh_dims``, else their mesh's dims — ``dim0`` of
+        ``fully_shard``'s default mesh) that no TP style uses."""
         return set(self._cached("dp_dims", self._dp_dims))
 
     def _dp_dims(self) -> set[str]:
+        # NOTE: [Unnamed meshes are data parallel when FSDP2 shards over them]
+        # ``fully_shard(model)`` without a mesh builds a 1-D mesh with no dimension names: the
+        # capture names its dim ``dim0`` and records the FSDP2 group's (and its parameters')
+        # ``mesh_dims`` as ``[]``. The group's dims are then read from its mesh (``mesh_dims_of``),
+        # so ``dim0`` is data parallel, not a sharding dim (it was: replicas [0] | [1]). A dim
+        # that a TP style also uses (a ``tp`` record's ``mesh_dim``) stays a sharding dim unless
+        # its name says data parallel: only dims FSDP2 alone shards over are read as DP.
         dims = {d for m in self.meshes for d in m["dim_names"] if d in DP_DIMS}
-        for rec in self.records.values():
+        tp_dims: set[str] = set()
+        for rank, rec in self.records.items():
+            for t in rec.get("tp") or []:
+                if isinstance(t, dict):
+                    d = t.get("mesh_dim")
+                    tp_dims.update([str(d)] if isinstance(d, str) else [str(x) for x in d or []]
+                                   if isinstance(d, list) else self.mesh_dims_of(rank, {"mesh": t.get("mesh")}))
+        for rank, rec in self.records.items():
             for g in rec.get("fsdp_groups") or []:
                 if isinstance(g, dict):
-                    dims.update(str(d) for d in g.get("mesh_dims") or [])
+                    dims.update(d for d in self.mesh_dims_of(rank, g) if d not in tp_dims)
         return dims
+
+    def mesh_dims_of(self, rank: int, row: dict) -> list[str]:
+        """The mesh dimension names of a record's FSDP2 group or parameter ``row`` (a dict with
+        ``"mesh"`` and ``"mesh_dims"``) on ``rank``: its ``mesh_dims`` when given, else — a mesh
+        built without dimension names, such as ``fully_shard``'s default 1-D mesh — the names the
+        capture gave the dims of its mesh (``dim0``, ...; :meth:`global_mesh_key` resolves the
+        rank-local key). ``[]`` when neither is known or the row is malformed."""
+        dims = row.get("mesh_dims") if isinstance(row, dict) else None
+        if isinstance(dims, list) and dims:
+            return [str(d) for d in dims]
+        key = self.global_mesh_key(rank, str(row.get("mesh"))) if isinstance(row, dict) else None
+        for m in self.meshes:
+            if m["key"] == key:
+                return list(m["dim_names"])
+        return []
 
     def sharding_dims(self) -> list[str]:
         """Mesh dimension names that shard a program's tensors (tp, cp, ep, ...): all but the
@@ -285,7 +318,7 @@ class RunLayout:
             return None
         try:
             shape = [int(s) for s in p["global_shape"]]
-            dims = list(p.get("mesh_dims") or [])
+            dims = self.mesh_dims_of(rank, p)
             sizes = self._dim_sizes()
             c = self.coord(rank)
             for dim, pl in zip(dims, p["placements"]):

@@ -91,6 +91,58 @@ def test_uneven_shard_is_explained():
     assert lay.explains_shape("w", 0, 1) and lay.expected_local_shape("w", 1) == [2, 3]
 
 
+#: Rank 0's layout record, as the capture wrote it, of ``fully_shard(model)`` with no mesh (2 gloo
+#: ranks, ``nn.Sequential(Linear(8, 16), ReLU, Linear(16, 4))``, compiled aot_eager through the agent):
+#: torch's default 1-D mesh has no dimension names, so the capture names its dim ``dim0`` and the
+#: FSDP2 group's and parameters' ``mesh_dims`` are ``[]``.
+FULLY_SHARD_NO_MESH_RANK0 = """{"fsdp_groups": [{"mesh": "mesh0", "mesh_dims": [], "module": "", "params": ["0.weight",
+"0.bias", "2.weight", "2.bias"], "reshard_after_forward": false}], "meshes": [{"coord": [0], "device_type": "cpu",
+"dim_groups": [{"desc": "default_pg", "dim": "dim0", "name": "0", "ranks": [0, 1]}], "dim_names": ["dim0"],
+"key": "mesh0", "ranks": [0, 1], "shape": [2]}], "params": [{"dtype": "float32", "fqn": "0.weight", "global_shape":
+[16, 8], "local_shape": [8, 8], "mesh": "mesh0", "mesh_dims": [], "placements": ["Shard(0)"]}, {"dtype": "float32",
+"fqn": "0.bias", "global_shape": [16], "local_shape": [8], "mesh": "mesh0", "mesh_dims": [], "placements":
+["Shard(0)"]}, {"dtype": "float32", "fqn": "2.weight", "global_shape": [4, 16], "local_shape": [2, 16], "mesh":
+"mesh0", "mesh_dims": [], "placements": ["Shard(0)"]}, {"dtype": "float32", "fqn": "2.bias", "global_shape": [4],
+"local_shape": [2], "mesh": "mesh0", "mesh_dims": [], "placements": ["Shard(0)"]}], "pipeline": null, "rank": 0,
+"regions": [], "tp": [], "version": 1, "world_size": 2}"""
+
+
+def _fully_shard_no_mesh_records() -> dict[int, dict]:
+    recs = {}
+    for rank in range(2):  # rank 1's record differs only in its rank and coordinate (shards are even)
+        rec = json.loads(FULLY_SHARD_NO_MESH_RANK0)
+        rec["rank"], rec["meshes"][0]["coord"] = rank, [rank]
+        recs[rank] = rec
+    return recs
+
+
+def test_fully_shard_default_mesh_is_data_parallel(tmp_path):
+    # fully_shard(model) with no mesh: its unnamed dim "dim0" is what FSDP2 shards over — data
+    # parallel, so both ranks are replicas (it was a sharding dim: replicas [0] | [1]).
+    path, run_id = _store(tmp_path, _fully_shard_no_mesh_records(), world_size=2)
+    lay = _load(path, run_id)
+    assert lay.dim_names() == ["dim0"] and lay.dp_dims() == {"dim0"} and lay.sharding_dims() == []
+    assert lay.program_peers() == [[0, 1]] and lay.replica_peers() == [[0, 1]]
+    assert lay.mesh_dims_of(1, lay.records[1]["fsdp_groups"][0]) == ["dim0"]
+    assert lay.expected_local_shape("2.weight", 1) == [2, 16] and lay.explains_shape("0.weight", 0, 1)
+    assert lay.to_dict()["dp_dims"] == ["dim0"] and lay.to_dict()["sharding_dims"] == []
+    # The same unnamed dim used by a TP style as well: not FSDP2's alone, so it shards programs.
+    recs = _fully_shard_no_mesh_records()
+    for rec in recs.values():
+        rec["tp"] = [{"module": "0", "style": "ColwiseParallel", "mesh": "mesh0", "mesh_dim": None}]
+    lay = build_layout(recs)
+    assert lay.dp_dims() == set() and lay.sharding_dims() == ["dim0"] and lay.replica_peers() == [[0], [1]]
+    # HSDP on dims named neither dp nor tp (fully_shard on a 2-D ("rep", "shd") sub-mesh) x TP on "t".
+    params = [{"fqn": "w", "global_shape": [8, 8], "placements": ["Replicate()", "Shard(0)", "Shard(1)"]}]
+    groups = [{"module": "", "params": ["w"], "mesh": "mesh0", "mesh_dims": ["rep", "shd"], "reshard_after_forward": True}]
+    tp = [{"module": "", "style": "RowwiseParallel", "mesh": "mesh0", "mesh_dim": "t"}]
+    recs = {r: layout_record(r, mesh_shape=(2, 2, 2), dim_names=("rep", "shd", "t"), params=params,
+                             fsdp_groups=groups, tp=tp) for r in range(8)}
+    lay = build_layout(recs)
+    assert lay.dp_dims() == {"rep", "shd"} and lay.sharding_dims() == ["t"]
+    assert lay.replica_peers() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
 def test_pipeline_stages_are_program_peers():
     # 4 ranks: 2 stages x 2 dp, no mesh dim for pp: the stage comes from the pipeline record.
     recs = {}
