@@ -129,7 +129,9 @@ def settle_recompiles(session: Session, report: RankReport, fr: FlightReport | N
                     f"issues the same {n.pop() if len(n) == 1 else '?'} collective(s) a step")
             if fr is not None:
                 text += (f"; recorded: the Flight Recorder dumps of ranks {fr.ranks} hold no mismatched collective "
-                         f"({len(fr.groups_agree)} process group(s) agree)")
+                         f"({len(fr.groups_agree)} process group(s) agree"
+                         + (f"; {len(fr.groups_incomplete)} cannot be told: ranks {fr.no_dump} wrote no dump"
+                            if fr.groups_incomplete else "") + ")")
             else:
                 text += "; no Flight Recorder dump to check it against"
             d.harmless = text + " — so no hang is expected from these recompiles"

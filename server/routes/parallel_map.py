@@ -17,7 +17,8 @@ the remaining, data-parallel dimensions (dp, dp_shard, ...). Each rank gets one 
   trace_collectives.align_and_match`'s ``timing``): ``straggler`` for the rank the others waited for;
 * ``hang`` — Flight Recorder's first mismatch per group (:mod:`graphdeck.analysis.flight`):
   ``hang`` for a rank that did not reach a collective its peers issued, ``waiting`` for a rank
-  blocked in it;
+  blocked in it; a rank without a dump, and the dumped members of a group it belongs to, are
+  ``unknown`` and the check's verdict INCOMPLETE (never "every group's collectives match");
 * ``layout`` — ``missing`` for a rank without a layout record (its cell is placed from the
   other ranks' meshes).
 
@@ -438,6 +439,26 @@ def _grad(ctx: _Context) -> Badge:
     return b
 
 
+#: Compile records only graphdeck's Agent writes: a run holding one was captured by it.
+_AGENT_RECORDS = ("graphdeck_parallel_layout", "graphdeck_process_groups", "graphdeck_comm_groups")
+
+
+def _no_dump_hint(session: Session, run_id: int) -> str:
+    """What is missing for a run without any Flight Recorder dump. The Agent turns the recorder on
+    itself (:mod:`graphdeck.capture.flight`), so for a run it captured, setting
+    ``TORCH_FR_BUFFER_SIZE`` is not the answer; for any other run it is, with an import."""
+    agent = session.scalar(select(func.count()).select_from(CompileEvent).where(
+        CompileEvent.run_id == run_id, CompileEvent.name.in_(_AGENT_RECORDS)))
+    if agent:
+        return ("graphdeck's Agent turns the Flight Recorder on (TORCH_FR_BUFFER_SIZE, unless the job set it) and "
+                "writes each rank's dump into the store when the job raises, is stopped (SIGTERM), exits or calls "
+                "agent.close(), but no rank of this run wrote one: no rank recorded a collective after the Agent was "
+                "made (make it before the first collective), the job set TORCH_FR_BUFFER_SIZE=0, or every rank was "
+                "killed (SIGKILL, out of memory) before it could write")
+    return ("the run was not captured by graphdeck's Agent (which records the dumps itself): set "
+            "TORCH_FR_BUFFER_SIZE and TORCH_FR_DUMP_TEMP_FILE on the job, then `graphdeck import` the dumps")
+
+
 def _clip(text: str, n: int = 240) -> str:
     return text if len(text) <= n else text[:n - 1] + "…"
 
@@ -476,19 +497,32 @@ def _hang(ctx: _Context) -> Badge:
     session, run, layout = ctx.session, ctx.run, ctx.layout
     if not session.scalar(select(func.count()).select_from(CompileEvent).where(
             CompileEvent.run_id == run.id, CompileEvent.name == EVENT_NAME)):
-        return _unknown("hang", "no Flight Recorder dump in this run (TORCH_FR_BUFFER_SIZE on the job, "
-                        "then `graphdeck import` of the dumps)")
+        return _unknown("hang", "no Flight Recorder dump in this run: " + _no_dump_hint(session, run.id))
     report = ctx.rank_report()  # it read the dumps already (and explained the mismatches)
     fr = report.flight if report is not None else flight_report(session, run.id)
     if fr is None:
         return _unknown("hang", "the run's Flight Recorder dumps could not be read")
-    b = Badge("hang", ran=True, message=(f"Flight Recorder dumps of {len(fr.ranks)} rank(s): "
-                                         + (f"{len(fr.mismatches)} group(s) with a first mismatch"
-                                            if fr.mismatches else "every group's collectives match")))
     dumped = set(fr.ranks)
-    for r in range(layout.world_size):
-        if r not in dumped:
+    lacking = sorted(set(fr.no_dump) | {r for r in range(layout.world_size) if r not in dumped})
+    incomplete = fr.groups_incomplete
+    parts = [f"{len(fr.mismatches)} group(s) with a first mismatch"] if fr.mismatches else []
+    if lacking:  # NOTE: a rank without a dump makes the comparison incomplete, never "match"
+        parts.append(f"INCOMPLETE: ranks {_ranges(lacking)} wrote no dump, so "
+                     + (f"whether the collectives of group(s) {', '.join(sorted(incomplete))} match cannot be told"
+                        if incomplete else "their collectives are unknown")
+                     + " (a rank that aborts inside a collective, or is killed, writes none)")
+    elif not fr.mismatches:
+        parts.append("every group's collectives match")
+    b = Badge("hang", ran=True, message=f"Flight Recorder dumps of {len(fr.ranks)} rank(s): " + "; ".join(parts),
+              verdict="FAIL" if fr.mismatches else "INCOMPLETE" if lacking else None)
+    for r in lacking:
+        if 0 <= r < layout.world_size:
             b.set(r, "unknown", "no Flight Recorder dump from this rank")
+    for g, missing in incomplete.items():
+        for r in fr.group_members.get(g, []):
+            if r in dumped and 0 <= r < layout.world_size:
+                b.set(r, "unknown", f"its group {g}" + (f" ({fr.descs[g]})" if fr.descs.get(g) else "")
+                      + f" cannot be compared: members {_ranges(missing)} wrote no Flight Recorder dump")
     for m in fr.mismatches:
         what = f"collective #{m.seq} {m.op} of group {m.group}" + (f" ({m.desc})" if m.desc else "")
         for r in m.not_reached:
