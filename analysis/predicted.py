@@ -3,10 +3,21 @@ schedule :mod:`graphdeck.analysis.ranks` predicts from the graphs next to what t
 Recorder dumps (:mod:`graphdeck.analysis.flight`) recorded, and whether the prediction held.
 
 Per group (a predicted collective's group is its ``group_name`` argument, which is the name the
-recorder gives the group; DDP's and FSDP's bucket collectives belong to the process group the
-capture recorded for them, else the default group ``"0"``):
+recorder gives the group; DDP's bucket collectives belong to the process group the capture
+recorded for DDP, else the default group ``"0"``; an FSDP2 group's all-gathers and
+reduce-scatters to its shard dimension's process group on each rank, from the layout record —
+``"0"`` only for a run without one):
 
-* **predicted**: each rank's collectives of that group in one step of the steady-state schedule
+# NOTE: [Predictions per group's members]
+# A group's schedules are compared among its MEMBERS only — the Flight Recorder comparison's
+# members (``pg_config``, else the capture's process-group / layout records), the same sets
+# mesh_ranks compares. On a 2 x 2 (dp, tp) mesh, tp group "3" is ranks [0, 1]: ranks 2 and 3
+# issue none of its collectives by design and never "skip" them (comparing every rank read as a
+# predicted hang that did not happen). The recorded side counts the members' dumps only; a member
+# without a dump makes the check ``incomplete`` (a rank that aborted inside the collective may
+# write none), never ``held``.
+
+* **predicted**: each member's collectives of that group in one step of the steady-state schedule
   (NOTE: [Recompiles replace graphs]), with the compile each comes from, and the first position
   where ranks differ — ranks that issue nothing there *skip* it (a predicted hang);
 * **recorded**: the group's first mismatched collective (its sequence id, the ranks that never
@@ -16,7 +27,8 @@ capture recorded for them, else the default group ``"0"``):
   predicted and one recorded, other ranks), ``did not hold`` (a hang predicted, every rank
   completed the group's collectives), ``not predicted`` (a recorded mismatch with no predicted
   one: for a group no compiled graph issues, its collectives come from code outside the graphs),
-  ``unchecked`` (the prediction names a group the record does not hold).
+  ``unchecked`` (the prediction names a group the record does not hold), ``incomplete`` (no
+  mismatch recorded, but a member of the group has no dump: neither confirmed nor refuted).
 
 Which compiles of a frame run (NOTE: [Live compiles]) is :func:`live_compiles`, which
 :func:`graphdeck.analysis.ranks.collective_schedule` calls for each rank.
@@ -296,12 +308,12 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             check.outcome = "held" if same else "held in part"
         elif m is not None:
             check.outcome = "not predicted"
+        elif not scheds:
+            continue  # neither predicted nor a recorded hang: nothing to check
         elif no_dump:
             check.outcome = "incomplete"  # a member without a dump: the record can neither confirm nor refute
         elif check.predicted_hang:
             check.outcome = "did not hold"
-        elif not scheds:
-            continue  # neither predicted nor a recorded hang: nothing to check
         else:
             check.outcome = "held"
         out.append(check)
