@@ -20,8 +20,8 @@ gives back each event at its aligned time to the ns.
   user frame); a collective's ``collective`` says what it carries (DDP bucket, FSDP group).
 * Clock offsets are those of :func:`~graphdeck.analysis.trace_collectives.align_and_match`
   (median of matched collectives' end differences against the run's lowest rank): computed
-  here from :func:`~graphdeck.analysis.trace_collectives.rank_collectives` of the chosen ranks
-  and the reference rank only, which gives the same numbers.
+  here from the collectives of the chosen ranks and the reference rank only (their collective
+  index, NOTE: [Collective index]), which gives the same numbers.
 * Each collective matched on two or more chosen ranks gets one flow per rank that waited: ``s``
   on the slice of the rank that arrived last, ``f`` (``bp: "e"``) on the waiting rank's slice,
   both at the slice's start (each binds to its enclosing slice), ``cat`` ``"collective"``.
@@ -291,7 +291,8 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
         label = comm_label.get(e.id)
         if got is None and not label and (not raw or (raw[0] == "{" and raw[-1] == "}" and "NaN" not in raw
                                                      and "Infinity" not in raw)):
-            # NOTE: [Export fast path] the stored args are the ingest's own compact JSON: written as they are
+            # No node link to add: the stored args are the ingest's own compact JSON, written as they
+            # are (parsing and dumping them was a third of the export's time); NaN/Infinity go the slow way
             tail = b"}" if not raw or raw == "{}" else b',"args":' + raw.encode() + b"}"
         else:
             args = _loads_args(raw)
