@@ -82,3 +82,30 @@ def test_check_ranks_diverge_at_compile_0_0_on_expert_b(n5):
     assert "rank(s) [0] lack their gradients" in diverged
     assert "find_unused_parameters" not in out
     assert "FAIL: ranks diverge" in out
+
+
+def test_a_rank_without_a_dump_makes_the_hang_check_incomplete(n5):
+    """Issue 20: rank 0 aborted in the reduce-scatter and wrote no Flight Recorder dump, so group
+    0's collectives cannot be told to match: check-ranks, its prediction table and the parallel
+    map's hang badge say INCOMPLETE, never "match" / "held" / ok."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from graphdeck.server.routes.parallel_map import parallel_map
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.schema import Run
+
+    out = n5["ranks"].stdout
+    assert "no Flight Recorder dump from ranks [0]" in out and "MISSING EVIDENCE: rank 0: no Flight Recorder dump" in out
+    assert "0 group(s) agree, 1 incomplete, 0 mismatched" in out, out
+    assert "INCOMPLETE group 0 (default_pg): members [0] have no dump" in out
+    (pred,) = [ln for ln in out.splitlines() if ln.strip().startswith("group 0 (default_pg): predicted")]
+    assert pred.endswith(": incomplete") and "members [0] have no Flight Recorder dump" in pred, pred
+    assert "— recorded: members [1] completed " in pred and "recorded: every member" not in pred
+    with Session(open_engine(n5["store"], read_only=True)) as s:
+        run = s.scalars(select(Run).where(Run.name == "n5")).one()
+        hang = next(c for c in parallel_map(s, run, checks=["hang"])["checks"] if c["key"] == "hang")
+    assert hang["ran"] and hang["verdict"] == "INCOMPLETE", hang
+    assert "every group's collectives match" not in hang["message"]
+    assert "INCOMPLETE: ranks 0 wrote no dump" in hang["message"], hang
+    assert hang["counts"] == {"unknown": 2}, "rank 0: no dump; rank 1: its group cannot be compared — neither ok"
