@@ -53,6 +53,7 @@ class Evidence:
     watch: dict[int, dict] = field(default_factory=dict)
     graph_ranks: set[int] = field(default_factory=set)  # ranks that stored a compiled graph
     off: dict[int, str] = field(default_factory=dict)  # rank -> why the capture observed nothing
+    backward_done: set[int] = field(default_factory=set)  # ranks with a graphdeck_grads_observed record
     imported: bool = False  # graphs from an imported TORCH_TRACE log (its parameters: what graphs read)
 
     def __bool__(self) -> bool:
@@ -89,6 +90,9 @@ def load(session: Session, run_id: int) -> Evidence:
             ev.watch[rank] = {}
         if ev.watch[rank].get("evidence_off"):
             ev.off[rank] = ev.watch[rank]["evidence_off"]
+    ev.backward_done = {r for (r,) in session.execute(text(
+        "SELECT DISTINCT rank FROM compile_events WHERE run_id = :r AND name = 'graphdeck_grads_observed'"),
+        {"r": run_id})}
     for rank, payload in session.execute(text(
             "SELECT rank, payload FROM compile_events WHERE run_id = :r AND name = 'graphdeck_evidence_off'"),
             {"r": run_id}):
@@ -214,10 +218,28 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
     if off:
         missing.append(f"no run-time gradient evidence on rank(s) {sorted(off)}: {next(iter(off.values()))}")
     no_ev = [r for r in no_ev if r not in off]
+    died = [r for r in no_ev if ev.watch.get(r, {}).get("evidence")]  # watched, evidence on, nothing recorded
+    if died:
+        # A compiled rank writes graphdeck_grads_observed at the end of its first backward: none, it never finished one.
+        ended = [r for r in died if r not in ev.backward_done and r in ev.graph_ranks]
+        missing.append(
+            f"no run-time gradient evidence on rank(s) {died}: the job was captured (Agent.watch(model) ran there, "
+            "evidence on) but "
+            + (f"rank(s) {ended} never finished a backward: the job died in (or before) its first backward, so no "
+               "step's gradients were observed" if ended else "no step's state was recorded (the job died before "
+               "its first optimizer step and did not reach close() or a normal exit, or never ran a backward)")
+            + "; the findings come from the compiled graphs alone")
+        no_ev = [r for r in no_ev if r not in died]
     if no_ev:
         missing.append(f"no run-time gradient evidence on rank(s) {no_ev}: which gradients arrived (or were "
                        "zero-filled by a compiled backward) at which step is unknown; capture the job with "
                        "graphdeck's Agent (agent.watch(model)) through at least one backward")
+    fsdp2 = sorted(r for r, segs in ev.by_rank.items() if any(seg.state.get("fsdp2") for seg in segs))
+    if fsdp2:  # NOTE: [FSDP2 evidence] (capture/grad_evidence.py)
+        cov["limits"] = [f"rank(s) {fsdp2} (FSDP2): gradients were read at each optimizer step (FSDP2 assigns them "
+                         "after its reduce-scatter), so a gradient zero-filled by a compiled backward, or one "
+                         "accumulated twice in a backward, cannot be told from a real one there"]
+        cov.setdefault("notes", []).extend(cov["limits"])
     for rank, segs in sorted(ev.by_rank.items()):
         for seg in segs:
             if seg.state.get("partial"):

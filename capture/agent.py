@@ -194,10 +194,8 @@ class Agent:
             self._models.append(inner)
         self._watch_info.update(parallel_info(model))
         try:
-            if self._watch_info.get("fsdp2"):  # NOTE: [Gradient evidence]: FSDP2 assigns, not accumulates
-                self._watch_info["evidence_off"] = ("FSDP2 assigns sharded gradients after its reduce-scatter instead "
-                                                    "of accumulating them: not observed by this capture")
-            elif os.environ.get("GRAPHDECK_GRAD_EVIDENCE", "1") == "0":
+            # Under FSDP2 the evidence reads .grad at each optimizer step (NOTE: [FSDP2 evidence]).
+            if os.environ.get("GRAPHDECK_GRAD_EVIDENCE", "1") == "0":
                 self._watch_info["evidence_off"] = "switched off (GRAPHDECK_GRAD_EVIDENCE=0)"
             elif self._evidence is None:
                 from graphdeck.capture.grad_evidence import GradEvidence

@@ -272,11 +272,15 @@ class GradEvidence:
         self._failed = False
         self._fqn_cache: dict[tuple, tuple] = {}
         self._sig: dict[int, tuple] = {}  # idx -> (weakref to .grad, its version) when last counted
-        self._opt_handle = None
+        self._opt_handle = self._pre_handle = None
+        self._fsdp_params: list | None = None  # [(fqn, parameter)] live under FSDP2 (NOTE: [FSDP2 evidence])
+        self._fsdp_sig: dict[str, tuple] = {}  # fqn -> (weak ref to .grad, its local version) at the last step
+        self._fsdp_rows = 0
         try:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
             self._opt_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+            self._pre_handle = register_optimizer_step_pre_hook(self._on_step_pre)
         except Exception:  # noqa: BLE001 - steps are then numbered by backward
             pass
         atexit.register(self._at_exit, weakref.ref(self))
@@ -380,6 +384,90 @@ class GradEvidence:
     def _on_optimizer_step(self, *_a, **_k) -> None:
         self._opt_steps += 1
 
+    # NOTE: [FSDP2 evidence]
+    # FSDP2 assigns each sharded parameter's ``.grad`` (a DTensor) after its reduce-scatter
+    # (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` ``foreach_reduce``), or adds
+    # into its local tensor when one is already there: ``register_post_accumulate_grad_hook``
+    # never fires. What arrived is read where the optimizer reads it: a global optimizer-step
+    # pre-hook looks, per watched trainable parameter (the live, sharded ones), at ``.grad``: None,
+    # or the same tensor at the same version (of its local shard) as at the previous step, is
+    # ``none``; else ``ok``. Nothing is synchronised or copied (``.grad`` and ``._version`` only).
+    # A backward after the last step is read once more at ``close()``/exit. Limits: zero-filled
+    # gradients (a compiled backward's zeros) and gradients accumulated twice cannot be told from
+    # real ones here (said in the state as ``"limits"``); steps are optimizer steps (a job that
+    # never steps gives its one read at exit); several optimizers read at each of their steps.
+    def _on_step_pre(self, *_a, **_k) -> None:
+        if self._failed:
+            return
+        try:
+            if self._fsdp is None:
+                self._fsdp = self._fsdp2()
+            if self._fsdp:
+                with self._lock:
+                    self._fsdp_step(self._opt_steps, at_exit=False, partial_=False)
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            self._fail(exc)
+
+    def _fsdp_step(self, step: int, at_exit: bool, partial_: bool) -> None:
+        """Read which watched trainable parameters hold a new ``.grad`` (NOTE: [FSDP2 evidence])
+        and write it as step ``step``'s ``grad_steps`` row; at exit, only when something is new
+        (``partial_``: the job is dying, perhaps inside that backward)."""
+        if self._fsdp_params is None:
+            self._fsdp_off_hooks()
+            self._fsdp_params = [(fqn, p) for model in self.agent._models for fqn, p in self.agent.named_tensors(model)]
+        sig, wref = self._fsdp_sig, weakref.ref
+        none, frozen, trainable, new = [], [], 0, False
+        for fqn, p in self._fsdp_params:
+            if not p.requires_grad:
+                frozen.append(fqn)
+                continue
+            trainable += 1
+            g = p.grad
+            if g is None:
+                sig.pop(fqn, None)
+                none.append(fqn)
+                continue
+            v = getattr(g, "_local_tensor", g)._version
+            prev = sig.get(fqn)
+            if prev is not None and prev[0]() is g and prev[1] == v:
+                none.append(fqn)  # the gradient of an earlier step, untouched since
+                continue
+            new = True
+            sig[fqn] = (wref(g), v)
+        if at_exit and not new:
+            return
+        state = {"trainable": trainable, "none": none, "zero": [], "multi": {}, "frozen": frozen, "unobserved": [],
+                 "fsdp2": True, "limits": ["zero", "multi"]}
+        if at_exit:
+            state["at_exit"] = True
+        if partial_:
+            state["partial"] = True
+        self._emit(step, "optimizer", state, {})
+        self._fsdp_rows += 1
+
+    def _fsdp_off_hooks(self) -> None:
+        """Under FSDP2 the per-parameter hooks never fire: take them off (nothing else changes)."""
+        for h in self._handles.values():
+            h.remove()
+        self._handles.clear()
+        self._hooked.clear()
+
+    def _emit(self, step: int, source: str, state: dict, sites: dict) -> None:
+        """Extend the current ``grad_steps`` row when ``state`` equals it, else write a new one."""
+        key = json.dumps(state, sort_keys=True)
+        row = self._row
+        if row is not None and row["key"] == key and row["source"] == source and row["last"] == step - 1:
+            row["last"], row["n"], row["dirty"] = step, row["n"] + 1, True
+            if row["n"] <= PERSIST_FIRST or time.monotonic() - self._last_persist > PERSIST_EVERY_S:
+                self._persist(row)
+            return
+        if row is not None:
+            self._persist(row, closed=True)
+        rid = self.agent.writer.write_grad_step(step_first=step, step_last=step, n_backward=1, step_source=source,
+                                                state={**state, "sites": sites})
+        self._row = {"id": rid, "key": key, "first": step, "last": step, "n": 1, "source": source, "dirty": False}
+        self._last_persist = time.monotonic()
+
     def note_forward(self) -> None:
         """A grad-enabled compiled forward ran (a window boundary when no optimizer steps)."""
         self._fwd_gen += 1
@@ -439,7 +527,7 @@ class GradEvidence:
         """After a grad-enabled call of a compiled graph (``params``: its arguments at
         ``info.positions``): put pre-hooks on its outputs' autograd nodes so the backward tells
         which outputs the loss used."""
-        if self._failed:
+        if self._failed or self._fsdp:
             return
         try:
             if compiled_autograd_ran():  # said at once: a job ended by os._exit runs no flush
@@ -632,9 +720,7 @@ class GradEvidence:
             self._fsdp = self._fsdp2()
             self._note_late_ddp()
         if self._fsdp:
-            self._off("FSDP2 assigns sharded gradients after its reduce-scatter instead of accumulating them, "
-                      "so which gradient arrived is not observed under FSDP2 by this capture")
-            return
+            return  # read at each optimizer step instead (NOTE: [FSDP2 evidence])
         self._remember_grads(w)
         by_opt = self._opt_steps > 0
         step = w.opt_at_open if by_opt else self._backwards
@@ -706,6 +792,10 @@ class GradEvidence:
                 if self._win is not None:
                     w = self._win
                     self._close(w, partial_=bool(w.pending))
+                if self._fsdp is None and self.agent._models:
+                    self._fsdp = self._fsdp2()
+                if self._fsdp and not self._failed:  # a backward after the last step (NOTE: [FSDP2 evidence])
+                    self._fsdp_step(self._opt_steps, at_exit=True, partial_=not closed)
                 if self._row is not None:
                     self._persist(self._row, closed=closed)
         except Exception as exc:  # noqa: BLE001
@@ -724,9 +814,11 @@ class GradEvidence:
 
     def close(self) -> None:
         self.flush(closed=True)
-        if self._opt_handle is not None:
-            self._opt_handle.remove()
-            self._opt_handle = None
+        for name in ("_opt_handle", "_pre_handle"):
+            h = getattr(self, name)
+            if h is not None:
+                h.remove()
+                setattr(self, name, None)
 
 
 def _thread_site(thread: int | None) -> str | None:

@@ -105,7 +105,9 @@ def test_fsdp_tp_job_is_a_2x2_grid_of_dp_replicas_and_tp_positions(page, base_ur
     layout = next(c for c in api["checks"] if c["key"] == "layout")
     assert layout["counts"] == {"ok": 4}
     grad = next(c for c in api["checks"] if c["key"] == "grad")
-    assert grad["ran"] and grad["counts"] == {"ok": 4}, grad
+    assert grad["ran"] and grad["counts"] == {"ok": 4} and grad["verdict"] == "PASS", grad  # FSDP2 evidence read
+    card = page.locator('[data-testid="map-check"][data-check="grad"] .status')
+    assert card.inner_text() == "checked" and "status-ok" in card.get_attribute("class")
     diverged = next(c for c in api["checks"] if c["key"] == "diverged")
     assert diverged["ran"] and diverged["counts"] == {"ok": 4}, diverged
     straggler = next(c for c in api["checks"] if c["key"] == "straggler")
@@ -182,4 +184,6 @@ def test_pipeline_stage_cut_from_the_backward_has_a_missing_gradient_badge(page,
     assert "PP_BACKWARD_CUT" in stage0.get_attribute("title")
     assert page.locator('[data-ranks="1"] .mbadge[data-check="grad"]').count() == 0
     assert page.locator('.mbadge[data-check="diverged"]').count() == 0, "stages run different programs by design"
+    card = page.locator('[data-testid="map-check"][data-check="grad"] .status')  # green only when PASS
+    assert card.inner_text() == "checked · FAIL" and "status-ok" not in card.get_attribute("class")
     page.screenshot(path="/tmp/graphdeck-map-pipeline-cut.png", full_page=True)

@@ -68,6 +68,9 @@ def test_check_grads_speaks_fsdp2(n5):
     assert "touch every parameter on every rank (add 0 * p.sum()" in out
     assert "put expert_b in its own fully_shard group(s) and make the routing rank-consistent" in out
     assert "find_unused_parameters" not in out and "all-reduce" not in out and "DDP" not in out
+    # The job was captured: evidence is missing because it died in its first backward, not for want of agent.watch.
+    assert "rank(s) [0, 1] never finished a backward: the job died in (or before) its first backward" in out
+    assert "capture the job with graphdeck's Agent" not in out
 
 
 def test_check_ranks_diverge_at_compile_0_0_on_expert_b(n5):
