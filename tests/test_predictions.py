@@ -106,7 +106,8 @@ def test_prediction_is_checked_against_the_flight_recorder(store):
     # each rank dumps at close(), the other's last all-reduce may still be in flight then
     assert counts[-1] - counts[0] <= 1 and counts[0] >= 15  # 3 steps x (1 + 4 buckets), DDP's start-up ones
     n = counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    assert f"recorded: all ranks completed {n} collectives of group default_pg: held" in rep.to_text()
+    assert f"recorded: every member [0, 1] completed {n} collectives of group default_pg: held" in rep.to_text()
+    assert check.members == [0, 1] and check.recorded_no_dump == []
     proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "check-ranks", str(store), "--run", "ddp_recompile",
                            "--format", "json"], capture_output=True, text=True, cwd=REPO, timeout=120)
     data = json.loads(proc.stdout)
@@ -124,7 +125,22 @@ def test_the_old_prediction_would_not_have_held(store, monkeypatch):
     (check,) = rep.predictions
     assert check.predicted_hang and not check.recorded_hang and check.outcome == "did not hold"
     assert check.line().startswith("group 0 (default_pg): predicted: collective #1 of the step differs")
-    assert "— recorded: all ranks completed" in check.line() and check.line().endswith(": did not hold")
+    assert "— recorded: every member [0, 1] completed" in check.line() and check.line().endswith(": did not hold")
+
+
+def test_no_dump_hint_says_what_is_missing(store):
+    """Issue 20: the Agent turns the Flight Recorder on itself, so for a run it captured the
+    parallel map's no-dump hint must not tell the user to set TORCH_FR_BUFFER_SIZE and import;
+    for a run it did not capture, it says how to record and import the dumps."""
+    from graphdeck.server.routes.parallel_map import _no_dump_hint
+
+    with Session(open_engine(store, read_only=True)) as s:
+        run_id = s.scalar(select(Run.id).where(Run.name == "ddp_recompile"))
+        agent = _no_dump_hint(s, run_id)
+        other = _no_dump_hint(s, run_id + 1000)  # a run id with no Agent record
+    assert agent.startswith("graphdeck's Agent turns the Flight Recorder on") and "graphdeck import" not in agent
+    assert "no rank recorded a collective after the Agent was made" in agent and "TORCH_FR_BUFFER_SIZE=0" in agent
+    assert "not captured by graphdeck's Agent" in other and "`graphdeck import` the dumps" in other
 
 
 @pytest.mark.browser
@@ -137,7 +153,7 @@ def test_page_shows_predicted_vs_recorded(store, browser):
         page.get_by_test_id("rank-consistency-link").click()
         page.wait_for_selector("[data-testid=prediction]")
         row = page.get_by_test_id("prediction").inner_text()
-        assert "default_pg" in row and "no hang" in row and "all ranks completed" in row and "held" in row
+        assert "default_pg" in row and "no hang" in row and "every member [0, 1] completed" in row and "held" in row
         assert page.locator("[data-testid=predicted-hang]").count() == 0
         assert "compile " in page.locator("#collective-schedule").inner_text()
         page.close()
