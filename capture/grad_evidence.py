@@ -402,6 +402,8 @@ class GradEvidence:
         try:
             if self._fsdp is None:
                 self._fsdp = self._fsdp2()
+                if not self._fsdp:
+                    self._note_late_ddp()  # as _close does when it first asks
             if self._fsdp:
                 with self._lock:
                     self._fsdp_step(self._opt_steps, at_exit=False, partial_=False)
@@ -792,8 +794,8 @@ class GradEvidence:
                 if self._win is not None:
                     w = self._win
                     self._close(w, partial_=bool(w.pending))
-                if self._fsdp is None and self.agent._models:
-                    self._fsdp = self._fsdp2()
+                if self._fsdp is None and self.agent._models and self._fsdp2():
+                    self._fsdp = True
                 if self._fsdp and not self._failed:  # a backward after the last step (NOTE: [FSDP2 evidence])
                     self._fsdp_step(self._opt_steps, at_exit=True, partial_=not closed)
                 if self._row is not None:
