@@ -442,7 +442,7 @@ def _spread(stats: list[RankStats]) -> dict:
 
 
 def _missing(session: Session, run: Run, with_records: set[int]) -> list[str]:
-    from graphdeck.analysis.flight import missing_evidence
+    from graphdeck.analysis.ranks.flight import missing_evidence
 
     out = []
     known = set(session.scalars(select(Rank.rank).where(Rank.run_id == run.id)))

@@ -46,7 +46,7 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
     """The ``kind`` overlay of stored graph ``graph_id``.
 
     * ``bytes``: each node's output bytes (``nodes.size_bytes``; symbolic shapes have none).
-    * ``time``: ns per node from ``graphdeck.analysis.trace_map.node_time_ns(session, graph_id)``
+    * ``time``: ns per node from ``graphdeck.analysis.traces.trace_map.node_time_ns(session, graph_id)``
       when that module is installed and maps this graph's kernels; else empty with a note.
     * ``comm``: ns per node of the communication kernels (DDP all-reduce, FSDP2 all-gather /
       reduce-scatter) that carry the node's parameter or gradient (``node_time_ns(...,
@@ -61,7 +61,7 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
       naming the graph's stage.
     * ``rank``: the graph's rank, on every node (for comparing ranks side by side).
     * ``memory``: live bytes right after each node allocated its output, from the graph-derived
-      liveness (:func:`graphdeck.analysis.memory.graph_memory`); a cluster shows its nodes'
+      liveness (:func:`graphdeck.analysis.memory.core.graph_memory`); a cluster shows its nodes'
       maximum (``aggregate="max"``: a running total summed over nodes means nothing).
     * ``stage``: the executor's pipeline stage of each node for 2 ``layerwise`` stages
       (:func:`graphdeck.replay.partition.plan_for_graph`; other K and strategies through
@@ -93,7 +93,7 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
         return Overlay(kind=kind, categorical=True, values={n: f"stage {k}" for n, k in plan.assignment.items()},
                        note="2 layerwise stages (graphdeck replay --workers K --strategy S for others)")
     if kind == "memory":
-        from graphdeck.analysis.memory import graph_memory
+        from graphdeck.analysis.memory.core import graph_memory
 
         curve = graph_memory(session, graph_id)
         return Overlay(kind=kind, unit="bytes", values=dict(zip(curve.nodes, curve.live_bytes)), aggregate="max",
@@ -104,7 +104,7 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
 
 
 def _comm(session: Session, graph_id: int) -> Overlay:
-    from graphdeck.analysis.trace_map import node_time_ns
+    from graphdeck.analysis.traces.trace_map import node_time_ns
 
     values = node_time_ns(session, graph_id, part="comm")
     return Overlay(kind="comm", unit="ns", values={k: float(v) for k, v in values.items()},
@@ -152,9 +152,9 @@ def _ddp_buckets(session: Session, graph: Graph, names: list[str]) -> dict[str, 
 
 def _time(session: Session, graph_id: int) -> Overlay:
     try:
-        from graphdeck.analysis.trace_map import node_time_ns
+        from graphdeck.analysis.traces.trace_map import node_time_ns
     except ImportError:
-        return Overlay(kind="time", unit="ns", note="no kernel-to-node mapping is installed (graphdeck.analysis.trace_map)")
+        return Overlay(kind="time", unit="ns", note="no kernel-to-node mapping is installed (graphdeck.analysis.traces.trace_map)")
     values = node_time_ns(session, graph_id) or {}
     note = None
     if not values:

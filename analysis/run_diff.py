@@ -23,12 +23,12 @@ Findings (each with ``links``: the graph ids of both runs, so a page links both 
   regressed while none of its nodes did alone (it follows from the rank's node regressions when
   there are any, NOTE: [Interference]);
 * ``peak_memory`` / ``saved_activations``: the largest graph-derived step peak
-  (:func:`graphdeck.analysis.memory.step_memory` over each forward/backward pair) and the bytes
+  (:func:`graphdeck.analysis.memory.core.step_memory` over each forward/backward pair) and the bytes
   saved for backward (summed over the rank's pairs), per rank, when they changed;
 * ``new_rank_divergence``: a divergence or collective mismatch of
-  :func:`graphdeck.analysis.ranks.rank_report` that run A does not have;
+  :func:`graphdeck.analysis.ranks.core.rank_report` that run A does not have;
 * ``new_grad_finding``: a gradient-path finding or failing parameter (graph-mode
-  :func:`graphdeck.analysis.gradients.validate_backward`) that run A does not have.
+  :func:`graphdeck.analysis.gradients.core.validate_backward`) that run A does not have.
 
 ``follows_from`` lists the ids of the findings a finding is a consequence of: a structure change,
 new or removed graph on a rank with a new graph break or recompile follows from it, and one

@@ -10,7 +10,7 @@ from collections import defaultdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks import _args_shape, _node_key, _node_rows, _ref
+from graphdeck.analysis.ranks.core import _args_shape, _node_key, _node_rows, _ref
 from graphdeck.errors import GraphdeckError
 from graphdeck.store.schema import Graph, Run
 
@@ -104,7 +104,7 @@ def _dynamo_by_cid(s: Session, run_id: int) -> dict[tuple[int, str], int]:
 
 
 def first_difference(sa: Session, ga: int, sb: Session, gb: int) -> tuple:
-    """:func:`graphdeck.analysis.ranks.first_node_difference` for graphs of two sessions: ``(node
+    """:func:`graphdeck.analysis.ranks.core.first_node_difference` for graphs of two sessions: ``(node
     of a, node of b, "added" | "removed" | "changed")`` or ``(None, None, None)``."""
     rows_a, rows_b = _node_rows(sa, ga), _node_rows(sb, gb)
     keys_a = [(*_node_key(r), _args_shape(r)) for r in rows_a]
@@ -181,7 +181,7 @@ def structure_findings(sa: Session, sb: Session, joins: dict, out, add, compile_
 
 
 def _rank_memory(s: Session, run_id: int, rank: int, cache: dict) -> dict | None:
-    from graphdeck.analysis.memory import step_memory
+    from graphdeck.analysis.memory.core import step_memory
 
     rows = s.execute(select(Graph.id, Graph.kind, Graph.parent_id, Graph.compile_id, Graph.structural_hash).where(
         Graph.run_id == run_id, Graph.rank == rank, Graph.kind.in_(("aot_forward", "aot_backward")))
@@ -206,7 +206,7 @@ def _rank_memory(s: Session, run_id: int, rank: int, cache: dict) -> dict | None
 
 def memory_findings(sa, run_a, sb, run_b, ranks, out, add, structure_ids: dict[int, list[int]]) -> None:
     """Per rank: the largest step peak over the forward/backward pairs and the saved bytes summed
-    over them (graph-derived, :func:`graphdeck.analysis.memory.step_memory`)."""
+    over them (graph-derived, :func:`graphdeck.analysis.memory.core.step_memory`)."""
     ca, cb, missing, groups = {}, {}, [], {}
     for r in ranks:
         try:
@@ -246,7 +246,7 @@ def _uniform(s: Session, run: Run) -> bool:
     Recorder dumps (recorded collectives to compare). Then :func:`rank_report` (which also reads
     every trace for timing) is not needed to know it finds no divergence."""
     from graphdeck.analysis.layout import load_layout
-    from graphdeck.analysis.ranks import compile_sequence
+    from graphdeck.analysis.ranks.core import compile_sequence
     from graphdeck.store.fr_import import EVENT_NAME
     from graphdeck.store.schema import CompileEvent, Partition
 
@@ -268,7 +268,7 @@ def _uniform(s: Session, run: Run) -> bool:
 
 
 def _divergences(s: Session, run: Run) -> dict[tuple, dict]:
-    from graphdeck.analysis.ranks import rank_report
+    from graphdeck.analysis.ranks.core import rank_report
 
     if _uniform(s, run):
         return {}
@@ -300,7 +300,7 @@ def rank_findings(sa, run_a, sb, run_b, out, add) -> None:
 
 
 def _grads(s: Session, run: Run) -> dict[tuple, tuple]:
-    from graphdeck.analysis.gradients import validate_backward
+    from graphdeck.analysis.gradients.core import validate_backward
 
     rep = validate_backward(s.get_bind(), run.name)
     got = {("finding", f.kind, tuple(sorted(f.params)), f.source): (f.message, f.graph_id, f.node)

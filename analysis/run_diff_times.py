@@ -7,7 +7,7 @@ A node's time is read from the newest ``ok``/``truncated`` trace of each rank, s
 the profiler's host-side ``ProfilerStep#N`` ranges (a step runs from its range's start to the next
 one's; a trace without them is one step, and then no spread can be measured):
 
-* GPU kernels mapped to FX nodes by :func:`graphdeck.analysis.trace_map.map_trace` (Inductor's
+* GPU kernels mapped to FX nodes by :func:`graphdeck.analysis.traces.trace_map.map_trace` (Inductor's
   provenance, NOTE: [Kernel to node mapping]), each counted in the step its kernel starts in;
 * else the CPU operators AOTAutograd's compiled function runs (``aot_eager`` and other
   backends that run the AOT graph op by op): the direct children of each ``CompiledFunction``
@@ -60,7 +60,7 @@ import numpy as np
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.trace_data import CPU_RANGE_CATS, GPU_KERNEL_CATS, Ev
+from graphdeck.analysis.traces.trace_data import CPU_RANGE_CATS, GPU_KERNEL_CATS, Ev
 from graphdeck.store.schema import Graph, InternedString, Node, Trace
 
 AOT_PHASE = {"aot_forward": "forward", "aot_backward": "backward", "aot_inference": "inference"}
@@ -164,7 +164,7 @@ def _strings(session: Session, ids: set[int]) -> dict[int, str]:
 def _sources(session: Session, infos: list[NodeInfo]) -> None:
     """Replace each info's stack-trace string id (``source``) by its user source line; stack traces
     are interned, so each distinct one is read and parsed once."""
-    from graphdeck.analysis.ranks import source_line
+    from graphdeck.analysis.ranks.core import source_line
 
     ids = {i.source for i in infos if isinstance(i.source, int)}
     text = dict(session.execute(select(InternedString.id, InternedString.value).where(InternedString.id.in_(ids)))
@@ -283,7 +283,7 @@ def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, no
 def _gpu_times(session, trace_id, rows, key_of, add, out) -> bool:
     if not any(e[2] in GPU_KERNEL_CATS for e in rows):
         return False
-    from graphdeck.analysis.trace_map import map_trace
+    from graphdeck.analysis.traces.trace_map import map_trace
 
     events = [Ev(*e) for e in rows]
     mapping = map_trace(session, trace_id, events)

@@ -5,10 +5,10 @@ slowest ranks and steps — one document for the run page, ``GET /api/runs/{id}/
 # NOTE: [Run overview]
 Each check is the library call behind its own CLI command and page, run here unchanged:
 
-* ``gradients`` — :func:`graphdeck.analysis.gradients.gradient_report` (``check-grads --run``):
+* ``gradients`` — :func:`graphdeck.analysis.gradients.core.gradient_report` (``check-grads --run``):
   PASS / FAIL / INCOMPLETE as the report says; count = parameters that get no gradient (distinct
   names, any rank) plus error findings. Link: the gradient page (``#/runs/<id>/grads``).
-* ``ranks`` — :func:`graphdeck.analysis.ranks.rank_report` (``check-ranks``): OK is read as PASS;
+* ``ranks`` — :func:`graphdeck.analysis.ranks.core.rank_report` (``check-ranks``): OK is read as PASS;
   count = harmful divergences + collective-schedule mismatches + Flight Recorder mismatches.
   Link: ``#/runs/<id>/ranks``.
 * ``compile`` — :func:`graphdeck.analysis.compile_health.compile_health` with no gates (as
@@ -16,14 +16,14 @@ Each check is the library call behind its own CLI command and page, run here unc
   headline); count = distinct graph breaks in user code (FAIL: gates passed). Link: the run
   page's compile-health panel (``#/runs/<id>?section=compile-health``).
 * ``traces`` — trace coverage: per rank, the share of its newest usable trace's kernel time (GPU)
-  or compiled-region CPU time (CPU traces) that :func:`graphdeck.analysis.trace_map.map_trace`
+  or compiled-region CPU time (CPU traces) that :func:`graphdeck.analysis.traces.trace_map.map_trace`
   maps to graph nodes. PASS when every rank with graphs has a trace mapped at least
   :data:`MIN_COVERAGE`; otherwise INCOMPLETE (time the overlays cannot attribute is missing
   evidence, not a fault of the job) — never FAIL. Count = ranks without a trace or under the bar.
   Link: the lowest rank's trace page.
 * ``layout`` — the parallel layout (:func:`graphdeck.analysis.layout.load_layout`) when any rank
   recorded one: PASS when every rank did, INCOMPLETE naming those that did not
-  (:func:`graphdeck.analysis.mesh_ranks.layout_gaps`); ``N/A`` (neutral, not green) without any
+  (:func:`graphdeck.analysis.ranks.mesh_ranks.layout_gaps`); ``N/A`` (neutral, not green) without any
   record. Peers are compared per mesh dimension by ``check-ranks``. Link: ``#/runs/<id>/map``.
 
 Defensive: a check that raises is reported as ``ERROR`` with the exception's text (never PASS),
@@ -35,8 +35,8 @@ The run's verdict and exit code: FAIL (1) when any check fails; else INCOMPLETE 
 INCOMPLETE or ERROR; else PASS (0). ``N/A`` counts for nothing.
 
 Slowest (:func:`slowest`): step times per rank from each trace's ``ProfilerStep#N`` ranges
-(:func:`graphdeck.analysis.trace_analysis.step_times`; the CPU range, else the GPU span of its
-kernels), through :func:`graphdeck.analysis.trace_collectives.align_and_match` when two or more
+(:func:`graphdeck.analysis.traces.trace_analysis.step_times`; the CPU range, else the GPU span of its
+kernels), through :func:`graphdeck.analysis.traces.trace_collectives.align_and_match` when two or more
 ranks have traces (which also names the straggler the others waited for).
 """
 
@@ -172,7 +172,7 @@ def _names(items: list[str], limit: int = 4) -> str:
 
 
 def check_gradients(session: Session, run: Run, deadline: float) -> CheckSummary:
-    from graphdeck.analysis.gradients import gradient_report
+    from graphdeck.analysis.gradients.core import gradient_report
 
     rep = gradient_report(session, run)
     failing: dict[str, set] = {}
@@ -210,7 +210,7 @@ def check_gradients(session: Session, run: Run, deadline: float) -> CheckSummary
 
 
 def check_ranks(session: Session, run: Run, deadline: float) -> CheckSummary:
-    from graphdeck.analysis.ranks import rank_report
+    from graphdeck.analysis.ranks.core import rank_report
 
     rep = rank_report(session, run)
     harmful = [d for d in rep.divergences if not d.harmless]
@@ -257,8 +257,8 @@ def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
 
 
 def check_traces(session: Session, run: Run, deadline: float) -> CheckSummary:
-    from graphdeck.analysis.trace_collectives import run_traces
-    from graphdeck.analysis.trace_map import map_trace
+    from graphdeck.analysis.traces.trace_collectives import run_traces
+    from graphdeck.analysis.traces.trace_map import map_trace
 
     traces = run_traces(session, run.id)
     statuses = dict(session.execute(select(Trace.rank, Trace.status).where(Trace.run_id == run.id)).all())
@@ -317,7 +317,7 @@ def check_traces(session: Session, run: Run, deadline: float) -> CheckSummary:
 
 def check_layout(session: Session, run: Run, deadline: float) -> CheckSummary:
     from graphdeck.analysis.layout import load_layout
-    from graphdeck.analysis.mesh_ranks import layout_gaps
+    from graphdeck.analysis.ranks.mesh_ranks import layout_gaps
 
     layout = load_layout(session, run.id)
     c = CheckSummary("layout", "Parallel layout", "N/A", None, "rank(s) without a layout record", "",
@@ -383,9 +383,9 @@ def slowest(session: Session, run: Run, budget_s: float = BUDGETS_S["slowest"], 
     "straggler": rank | None, "straggler_message": str | None, "link", "elapsed_s", "budget_s"}``;
     durations in ns: the ``ProfilerStep#N`` CPU range, else the GPU span of the step's kernels. A
     failure reading the traces gives ``available`` False with the reason (never an empty "no slow step")."""
-    from graphdeck.analysis.heatmap import matched_run
-    from graphdeck.analysis.trace_analysis import TraceData, step_times
-    from graphdeck.analysis.trace_collectives import run_traces
+    from graphdeck.analysis.ranks.heatmap import matched_run
+    from graphdeck.analysis.traces.trace_analysis import TraceData, step_times
+    from graphdeck.analysis.traces.trace_collectives import run_traces
 
     t0 = time.perf_counter()
     out: dict = {"available": False, "reason": None, "steps": [], "ranks": [], "straggler": None,

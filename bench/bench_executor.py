@@ -131,7 +131,7 @@ def cpu_bench(store: str, reps: int) -> dict:
         node_ns = res.node_cpu_ns  # the times the strategies cut with ...
         check_ns = execute_graph(engine, gid, iters=3).node_cpu_ns  # ... and a second run's, to judge them
         with Session(engine) as s:
-            from graphdeck.analysis.memory import graph_memory
+            from graphdeck.analysis.memory.core import graph_memory
 
             memory = graph_memory(s, gid)
         balance = {}

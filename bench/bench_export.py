@@ -36,7 +36,7 @@ def make_store(path: Path, n: int, seed: int = 0, copies: int = 1) -> int:
     longest trace's span plus 1 ms (the same shift on every rank, so collectives still match)."""
     from sqlalchemy import text
 
-    from graphdeck.analysis.trace_map import link_kernels
+    from graphdeck.analysis.traces.trace_map import link_kernels
     from graphdeck.store.db import open_engine
     from graphdeck.store.traces import ingest_trace
 
@@ -77,7 +77,7 @@ def make_store(path: Path, n: int, seed: int = 0, copies: int = 1) -> int:
         events = c.execute(text("SELECT COUNT(*) FROM trace_events")).scalar()
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.trace_collectives import store_index
+    from graphdeck.analysis.traces.trace_collectives import store_index
 
     with Session(engine) as s:  # each copy's collective index, as its ingest would have kept it
         for tid in s.execute(text("SELECT id FROM traces ORDER BY id")).scalars().all():

@@ -115,8 +115,8 @@ def ours(folder: Path, tmp: Path, i: int):
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.flight import flight_report
-    from graphdeck.analysis.ranks import rank_report
+    from graphdeck.analysis.ranks.core import rank_report
+    from graphdeck.analysis.ranks.flight import flight_report
     from graphdeck.store.db import open_engine
     from graphdeck.store.fr_import import import_flight_dumps
     from graphdeck.store.schema import Run

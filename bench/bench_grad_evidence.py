@@ -22,13 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
 
 
 def build(layers: int, device: str, seed: int = 0):

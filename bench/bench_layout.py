@@ -198,9 +198,9 @@ def fmt(xs: list[float]) -> str:
 def bench_analysis(store: Path, repeats: int, full_repeats: int, check: bool = True) -> dict:
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.gradients import gradient_report
+    from graphdeck.analysis.gradients.core import gradient_report
     from graphdeck.analysis.layout import load_layout
-    from graphdeck.analysis.ranks import rank_report
+    from graphdeck.analysis.ranks.core import rank_report
     from graphdeck.server.routes.parallel_map import parallel_map
     from graphdeck.store.db import open_engine
     from graphdeck.store.schema import Run

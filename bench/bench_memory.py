@@ -9,7 +9,7 @@ shared: wall time under load is not CPU time). Target: < 1 s.
 
     python bench/bench_memory.py [--layers 25000] [--repeat 5] [--keep STORE] [--against REV]
 
-``--against REV`` also times ``graph_memory`` as ``analysis/memory.py`` was at git revision REV,
+``--against REV`` also times ``graph_memory`` as ``analysis/memory/core.py`` was at git revision REV,
 interleaved with the current one (same load for both), and checks both give the same curve.
 """
 
@@ -30,7 +30,7 @@ import torch.fx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.memory import graph_memory
+from graphdeck.analysis.memory.core import graph_memory
 from graphdeck.capture.fxrecord import record_graph
 from graphdeck.capture.writer import StoreWriter
 from graphdeck.store.db import open_engine
@@ -55,9 +55,9 @@ def build(layers: int) -> torch.fx.GraphModule:
 
 
 def load_revision(rev: str, tmp: Path):
-    """``analysis/memory.py`` as of git revision ``rev``, imported as a separate module."""
+    """``analysis/memory/core.py`` as of git revision ``rev``, imported as a separate module."""
     repo = Path(__file__).resolve().parents[1]
-    src = subprocess.run(["git", "show", f"{rev}:analysis/memory.py"], cwd=repo, capture_output=True, text=True,
+    src = subprocess.run(["git", "show", f"{rev}:analysis/memory/core.py"], cwd=repo, capture_output=True, text=True,
                          check=True).stdout
     path = tmp / "memory_at_rev.py"
     path.write_text(src)
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=25000)
     ap.add_argument("--keep", type=Path, default=None, help="store path to write and reuse")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--against", default=None, help="git revision whose analysis/memory.py is timed too")
+    ap.add_argument("--against", default=None, help="git revision whose analysis/memory/core.py is timed too")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store = args.keep or Path(tmp) / "mem.db"

@@ -25,7 +25,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.memory import checkpoint_estimate, step_memory
+from graphdeck.analysis.memory.core import checkpoint_estimate, step_memory
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, Run
 

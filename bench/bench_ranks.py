@@ -27,7 +27,7 @@ import torch.fx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks import rank_report
+from graphdeck.analysis.ranks.core import rank_report
 from graphdeck.capture.fxrecord import record_graph
 from graphdeck.capture.writer import StoreWriter
 from graphdeck.store.db import open_engine

@@ -92,9 +92,9 @@ def single_trace_rate(work: Path, events: int, repeat: int = 3) -> dict:
 def measure(url: str, kind: str, n: int, events: int, repeat: int, workers: int, check_repeat: int | None = None) -> dict:
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.gradients import validate_backward
-    from graphdeck.analysis.ranks import rank_report
-    from graphdeck.analysis.trace_collectives import align_and_match
+    from graphdeck.analysis.gradients.core import validate_backward
+    from graphdeck.analysis.ranks.core import rank_report
+    from graphdeck.analysis.traces.trace_collectives import align_and_match
     from graphdeck.store.db import open_engine
     from graphdeck.store.schema import Run
 

@@ -44,25 +44,17 @@ from graphdeck.capture.compile_context import (
     parallel_info,
     under_ddp_optimizer,
 )
+from graphdeck.capture.compile_log import (  # noqa: F401 - KEPT_COMPILE_EVENTS, UNCUT_PAYLOADS: names of this module before
+    KEPT_COMPILE_EVENTS,
+    PAYLOAD_LIMIT_CHARS,
+    UNCUT_PAYLOADS,
+    _CompileEventHandler,
+)
 from graphdeck.capture.flight import FlightDumps
 from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, output_descs, record_graph
 from graphdeck.capture.writer import IOBinding, StoreWriter
 
 log = logging.getLogger("graphdeck.capture")
-
-#: Structured compile records (torch's TORCH_TRACE records) kept in ``compile_events``.
-KEPT_COMPILE_EVENTS = {"compilation_metrics", "bwd_compilation_metrics", "compilation_metrics_runtime",
-                       "bwd_compilation_metrics_runtime", "dynamo_graph_break_reason", "recompile_reasons",
-                       "dynamo_start", "optimize_ddp_split_graph",
-                       "inductor_provenance_tracking_node_mappings",
-                       "inductor_provenance_tracking_kernel_stack_traces"}
-PAYLOAD_LIMIT_CHARS = 200_000
-#: Records kept whole: kernel -> node links are read from them (graphdeck.analysis.trace_map).
-UNCUT_PAYLOADS = ("inductor_provenance_tracking_node_mappings",
-                  # a warm FX-graph cache's backward maps by them (NOTE: [Kernels by stack trace]); cumulative
-                  # per process, 309k chars by the demo's third bucket, so a cut one was unreadable JSON
-                  "inductor_provenance_tracking_kernel_stack_traces")
-
 
 def _dist_info() -> tuple[int, int, str | None]:
     import torch.distributed as dist
@@ -70,59 +62,6 @@ def _dist_info() -> tuple[int, int, str | None]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), None
-
-
-class _CompileEventHandler(logging.Handler):
-    """Keeps torch's structured compile records (the ones TORCH_TRACE writes) for the store."""
-
-    def __init__(self, sink: list[dict], on_record=None):
-        super().__init__(level=logging.DEBUG)
-        self.sink = sink
-        self.on_record = on_record  # called after each kept record (the agent writes it at once)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        meta = getattr(record, "metadata", None)
-        if not isinstance(meta, dict):
-            return
-        name = next((k for k in meta if k in KEPT_COMPILE_EVENTS), None)
-        if name is None and isinstance(meta.get("artifact"), dict):
-            name = meta["artifact"].get("name")
-            if name not in KEPT_COMPILE_EVENTS:
-                return
-        if name is None:
-            return
-        if isinstance(meta.get("dynamo_start"), dict):  # frames name their file by an interned id
-            meta = {**meta, "dynamo_start": {**meta["dynamo_start"],
-                                             "stack": _resolve_filenames(meta["dynamo_start"].get("stack"))}}
-        cid = None
-        if "frame_id" in meta:
-            cid = f"{meta.get('frame_id')}/{meta.get('frame_compile_id')}"
-        payload = getattr(record, "payload", None)
-        if name == "inductor_provenance_tracking_kernel_stack_traces":  # + the kernel -> node table
-            from graphdeck.capture.provenance import kernel_post_grad_nodes
-
-            extra = kernel_post_grad_nodes()
-            if extra is not None:
-                self.sink.append({"name": "graphdeck_kernel_post_grad_nodes", "compile_id": cid, "metadata": meta,
-                                  "payload": extra})
-        if isinstance(payload, str) and len(payload) > PAYLOAD_LIMIT_CHARS and name not in UNCUT_PAYLOADS:
-            payload = payload[:PAYLOAD_LIMIT_CHARS] + f"…[total_len={len(payload)}]"
-        self.sink.append({"name": name, "compile_id": cid, "metadata": meta, "payload": payload})
-        if self.on_record is not None:
-            self.on_record()
-
-
-def _resolve_filenames(stack: Any) -> Any:
-    """Stack frames with ``"filename": <id>`` replaced by the path: torch interns file names
-    (``torch._logging.structured.intern_string``) and logs each once as a ``str`` record, which
-    this handler does not keep (and never sees when the name was interned before it listened)."""
-    if not isinstance(stack, list):
-        return stack
-    from torch._logging.structured import INTERN_TABLE
-
-    names = {i: s for s, i in INTERN_TABLE.items()}
-    return [{**f, "filename": names.get(f["filename"], f["filename"])}
-            if isinstance(f, dict) and isinstance(f.get("filename"), int) else f for f in stack]
 
 
 class Agent:
@@ -253,7 +192,7 @@ class Agent:
         for fqn, t in self._auto_params.items():
             named.setdefault(fqn, ("parameter", t))
         self.writer.write_params([_param_row(fqn, kind, t) for fqn, (kind, t) in named.items()])
-        # Whether the list is the models' own (complete) or only what graphs read (analysis.grad_evidence).
+        # Whether the list is the models' own (complete) or only what graphs read (analysis.gradients.grad_evidence).
         self.writer.write_compile_events([{"name": "graphdeck_watch", "compile_id": None, "metadata": {},
                                            "payload": json.dumps({"params": len(named), "complete": bool(self._models),
                                                                   "evidence": self._evidence is not None,

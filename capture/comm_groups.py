@@ -19,7 +19,7 @@ compiled graph, so Inductor's provenance never names it. What it moves is known 
   ``ceil(dim0 / shards) * shards * prod(rest)`` elements: FSDP2 pads dim 0 to a multiple of the
   shard count), and one reduce-scatter takes their gradients, of the same element count.
 The record is a ``compile_events`` row named ``graphdeck_comm_groups`` (JSON payload, see
-:func:`comm_groups`); :mod:`graphdeck.analysis.comm_map` reads it.
+:func:`comm_groups`); :mod:`graphdeck.analysis.traces.comm_map` reads it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A ``graphdeck_process_groups`` compile record (JSON payload ``{"groups": [{"name", "desc",
 "backend", "ranks", "timeout_s"}]}``) written by the agent once the default group exists.
-:mod:`graphdeck.analysis.compile_skew` names the timeout a compile skew risks from it (NOTE:
+:mod:`graphdeck.analysis.ranks.compile_skew` names the timeout a compile skew risks from it (NOTE:
 [Compile skew]); without it, torch's default for the backend is assumed.
 """
 

@@ -1,7 +1,7 @@
 // graphdeck dashboard: the rank heatmap (issue 26 item 2) — where a page would list a row per
 // rank, a large run gets one picture: ranks × steps or ranks × collectives, coloured by step
 // time, lateness, wait or finding (GET /api/runs/<id>/heatmap; NOTE: [Rank heatmap] in
-// graphdeck/analysis/heatmap.py). Drawn on one <canvas> (a pixel block per cell, not a DOM
+// graphdeck/analysis/ranks/heatmap.py). Drawn on one <canvas> (a pixel block per cell, not a DOM
 // element per rank); hovering names rank, column and value; clicking opens that rank's page
 // (#/runs/<id>/rank/<r>?step=<s>), which this module also renders.
 //

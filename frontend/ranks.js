@@ -140,7 +140,7 @@ function scheduleTable(report) {
     : h("p", {class: "muted"}, "No collectives in the captured graphs, no recorded DDP or FSDP2 collectives and no DDP buckets.");
 }
 
-// Predicted vs recorded per process group (analysis/predicted.py): the schedule the graphs
+// Predicted vs recorded per process group (analysis/ranks/predicted.py): the schedule the graphs
 // predict next to the Flight Recorder's record, and whether the prediction held.
 const OUTCOME_CLASS = {"held": "status-OK", "held in part": "status-partial", "did not hold": "status-NO_GRAD",
   "not predicted": "status-NOT_IN_GRAPH", "unchecked": "status-FROZEN", "incomplete": "status-partial"};

@@ -33,7 +33,7 @@ def __getattr__(name: str):
     """``from graphdeck import validate_backward`` / ``graphdeck.open`` import the analysis (and
     torch, pandas) only when used."""
     if name == "validate_backward":
-        from graphdeck.analysis.gradients import validate_backward
+        from graphdeck.analysis.gradients.core import validate_backward
 
         return validate_backward
     if name == "open":  # graphdeck.open(store): the notebook API (graphdeck.notebook)

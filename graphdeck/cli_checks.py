@@ -58,7 +58,7 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
     step or parameter: see the report's "INCOMPLETE" lines; --allow-incomplete makes it 0), 2 on
     usage errors. Combined: --combine rank0.json --combine rank1.json (exit 2: a file unreadable).
     """
-    from graphdeck.analysis.gradients import validate_backward
+    from graphdeck.analysis.gradients.core import validate_backward
     from graphdeck.errors import UsageError
 
     fmt = "json" if as_json else fmt
@@ -72,7 +72,7 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
         if combine_files:
             report = _combined_report(combine_files, allow, model_ref or run_name)
         elif model_ref:
-            from graphdeck.analysis.grad_inputs import load_ref, parse_inputs
+            from graphdeck.analysis.gradients.grad_inputs import load_ref, parse_inputs
 
             if not input_specs:
                 raise UsageError("--model needs --inputs (e.g. --inputs float32[4,8])")
@@ -113,10 +113,10 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
 
 def _combined_report(files: tuple[str, ...], allow: tuple[str, ...], conflicting: str | None):
     """check-grads --combine: one report over per-rank JSON reports (``GradReport.from_json``,
-    ``analysis.grad_report.combine``). Reports that all claim the same single rank (eager mode
+    ``analysis.gradients.grad_report.combine``). Reports that all claim the same single rank (eager mode
     without a process group says rank 0) are numbered by file order, with a note. Raises
     ``UsageError`` for an unreadable file, one that is not a report, or --run/--model given too."""
-    from graphdeck.analysis.grad_report import GradReport, combine
+    from graphdeck.analysis.gradients.grad_report import GradReport, combine
     from graphdeck.errors import UsageError
 
     if conflicting:
@@ -135,7 +135,7 @@ def _numeric_context(store: str | None, run_name: str | None, inputs, autocast: 
                      autocast_device: str | None) -> tuple[dict, list[str]]:
     """check-grads --numeric: autocast/grad-mode keyword arguments from the flags and, with
     ``--context-from``, the context the capture recorded on the run's Dynamo graphs."""
-    from graphdeck.analysis.grad_numeric import caller_context, context_options
+    from graphdeck.analysis.gradients.grad_numeric import caller_context, context_options
 
     ctx = None
     if store:
@@ -164,7 +164,7 @@ def check_ranks(store: str, run_name: str, fmt: str, output: str | None) -> None
     agree, 2 on usage errors."""
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.ranks import rank_report
+    from graphdeck.analysis.ranks.core import rank_report
     from graphdeck.store.db import open_engine
 
     try:

@@ -1,5 +1,5 @@
 """``graphdeck export-trace``: one Chrome-trace JSON of a run's ranks, clocks aligned, for Perfetto
-(issue 26 item 3; NOTE: [Trace export] in graphdeck/analysis/trace_export.py). Added to
+(issue 26 item 3; NOTE: [Trace export] in graphdeck/analysis/traces/trace_export.py). Added to
 ``graphdeck.cli.main`` by the line at the end of graphdeck/cli.py; everything heavy is imported
 inside the command."""
 
@@ -34,8 +34,8 @@ def export_trace_cmd(store: str, run_name: str, ranks: str | None, output: str |
     Exit 2 on a bad --ranks (naming the ranks), an unknown run or store."""
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.trace_analysis import CommRule
-    from graphdeck.analysis.trace_export import export_trace
+    from graphdeck.analysis.traces.trace_analysis import CommRule
+    from graphdeck.analysis.traces.trace_export import export_trace
     from graphdeck.cli import _fail, _find_run, _store_arg
     from graphdeck.errors import UsageError
     from graphdeck.store.db import open_engine

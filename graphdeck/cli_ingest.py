@@ -56,7 +56,7 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
             with Session(engine) as s:
                 trace = s.get(Trace, exc.details["trace_id"])
                 run_id, trace_rank = trace.run_id, trace.rank
-            from graphdeck.analysis.trace_map import link_kernels
+            from graphdeck.analysis.traces.trace_map import link_kernels
 
             link_kernels(engine, run_id)
             click.echo(f"trace {exc.details['trace_id']}: rank {trace_rank}, status truncated: "
@@ -69,14 +69,14 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
         _fail(exc)
     bar.update(bar.total - bar.n)
     bar.close()
-    from graphdeck.analysis.trace_map import link_kernels  # kernel -> FX node links of the run
+    from graphdeck.analysis.traces.trace_map import link_kernels  # kernel -> FX node links of the run
 
     link_kernels(engine, result.run_id)
     kernels = (result.stats or {}).get("gpu_kernels")
     click.echo(f"trace {result.trace_id}: rank {result.rank}, status {result.status}: " + summary_line(result.stats or {})
                + (f"; {kernels} GPU kernels" if kernels is not None else ""))
     if result.status in ("ok", "truncated"):
-        from graphdeck.analysis.trace_map import map_trace
+        from graphdeck.analysis.traces.trace_map import map_trace
 
         with Session(engine) as s:
             m = map_trace(s, result.trace_id)
@@ -85,7 +85,7 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
             what = "CPU time of compiled regions" if m.device == "cpu" else "GPU kernel time"
             click.echo(f"{m.mapped_ns / m.kernel_ns:.1%} of its {what} maps to graph nodes"
                        + (f" ({by} kernels)" if by else " (no capture of this run/rank links kernels to nodes)"))
-            from graphdeck.analysis.kernel_source_nodes import coverage_warning
+            from graphdeck.analysis.traces.kernel_source_nodes import coverage_warning
 
             if (low := coverage_warning(m)) is not None:
                 click.echo(f"warning: {low}", err=True)
@@ -112,7 +112,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
 
     try:
         found = discover(paths)
-        from graphdeck.analysis.memory_snapshot_import import import_snapshot, is_snapshot
+        from graphdeck.analysis.memory.memory_snapshot_import import import_snapshot, is_snapshot
 
         snapshots = [f for f in found if is_snapshot(f)]  # CUDA memory snapshots (NOTE: [Snapshot import])
         fr_files = [f for f in found if f not in snapshots and sniff(f)]
@@ -140,7 +140,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
             t = ingest_trace(open_engine(store), f, run_name=run_name, strict=strict)
             click.echo(f"Kineto trace {Path(f).name}: rank {t.rank}, {t.num_events} events, status {t.status}")
         if kineto:
-            from graphdeck.analysis.trace_map import link_kernels
+            from graphdeck.analysis.traces.trace_map import link_kernels
 
             link_kernels(open_engine(store), t.run_id)
         for f in snapshots:

@@ -129,15 +129,15 @@ class RunHandle:
     def check_grads(self, **options):
         """The report ``graphdeck check-grads STORE --run NAME`` prints (``GradReport``: ``verdict``
         PASS/FAIL/INCOMPLETE, ``findings``, ``to_text()``/``to_json()``/``to_junit()``); ``options``
-        go to :func:`graphdeck.analysis.gradients.validate_backward` (``allow``, ``include_buffers``,
+        go to :func:`graphdeck.analysis.gradients.core.validate_backward` (``allow``, ``include_buffers``,
         ``expected_params``)."""
-        from graphdeck.analysis.gradients import validate_backward
+        from graphdeck.analysis.gradients.core import validate_backward
 
         return validate_backward(self.store.engine, self.name, **options)
 
     def check_ranks(self):
         """The report ``graphdeck check-ranks STORE --run NAME`` prints (``verdict`` OK/FAIL/INCOMPLETE)."""
-        from graphdeck.analysis.ranks import rank_report
+        from graphdeck.analysis.ranks.core import rank_report
         from graphdeck.store.schema import Run
 
         with Session(self.store.engine) as s:
@@ -161,7 +161,8 @@ class GraphHandle:
         ``target`` (``aten.mm.default``), ``module_path`` (``transformer/h/0/attn``), ``shape`` (list of
         ints or symbols, a list of lists for tuples), ``dtype``, ``device``, ``size_bytes``, ``seq_nr``
         (autograd sequence number), ``stack_trace``."""
-        from graphdeck.store.schema import InternedString as String, Node
+        from graphdeck.store.schema import InternedString as String
+        from graphdeck.store.schema import Node
 
         target, module, stack = aliased(String), aliased(String), aliased(String)
         q = (select(Node.idx, Node.name, Node.op, target.value, module.value, Node.shape_json, Node.dtype, Node.device,
@@ -220,7 +221,8 @@ class TraceHandle:
         ``dur_ns``, ``ph``, ``name``, ``cat``, ``pid``, ``tid``, ``correlation``, ``args`` (dict).
         ``window``: ``(t0_ms, t1_ms)`` since the trace's start, events overlapping it; ``limit``:
         the first rows only."""
-        from graphdeck.store.schema import InternedString as String, TraceEvent
+        from graphdeck.store.schema import InternedString as String
+        from graphdeck.store.schema import TraceEvent
 
         name, cat = aliased(String), aliased(String)
         q = (select(TraceEvent.ts_ns, TraceEvent.dur_ns, TraceEvent.ph, name.value, cat.value, TraceEvent.pid,

@@ -17,7 +17,7 @@ Strategies (the design notes' ``graph_partition_strategy``):
 - ``memory_aware``: balances input bytes (parameters, and a backward graph's saved activations;
   each counted at its first reader) plus
   activation bytes, counting each storage once at the node that allocates it — the tensors of
-  :func:`graphdeck.analysis.memory.graph_memory`'s liveness, so views cost nothing.
+  :func:`graphdeck.analysis.memory.core.graph_memory`'s liveness, so views cost nothing.
 - ``auto``: balances measured node time (ns) from a trace (an executor trace of the graph, else a
   compiled run's kernel mapping; :func:`graphdeck.replay.executor.recorded_node_ns`).
 
@@ -149,7 +149,7 @@ def partition(stored, k: int, strategy: str, *, node_ns: dict[str, int] | None =
     """Split ``stored`` (:class:`graphdeck.replay.executor.StoredGraph`) into ``k`` stages.
 
     ``node_ns``: measured time per node name (required for ``auto``; used for every strategy's
-    ``est_time_ns``). ``memory``: the graph's :class:`graphdeck.analysis.memory.MemoryCurve`
+    ``est_time_ns``). ``memory``: the graph's :class:`graphdeck.analysis.memory.core.MemoryCurve`
     (``memory_aware`` needs it; stage bytes use it when given).
     Raises UsageError for an unknown strategy, ``k < 1``, or ``auto`` without node times.
     """
@@ -161,7 +161,7 @@ def partition(stored, k: int, strategy: str, *, node_ns: dict[str, int] | None =
         raise UsageError("strategy 'auto' needs measured node times: no trace of this graph maps onto its nodes "
                          "(run the executor once, e.g. `graphdeck replay RUN GRAPH --workers 1`)")
     if strategy == "memory_aware" and memory is None:
-        raise UsageError("strategy 'memory_aware' needs the graph's liveness (analysis.memory.graph_memory)")
+        raise UsageError("strategy 'memory_aware' needs the graph's liveness (analysis.memory.core.graph_memory)")
     units, owner = _units(stored)
     nodes = stored.by_name()
     alloc = {t.name: t.size_bytes for t in memory.tensors if t.kind not in ("parameter", "input")} if memory else {}
@@ -261,7 +261,7 @@ def plan_for_graph(session, graph_id: int, k: int, strategy: str, *, trace_id: i
     """Load graph ``graph_id``, its liveness and (when a trace maps onto it) its node times, and
     partition it. ``trace_id`` picks the trace of node times (default: the newest that maps).
     Raises NotFoundError, UsageError (see :func:`partition`)."""
-    from graphdeck.analysis.memory import graph_memory
+    from graphdeck.analysis.memory.core import graph_memory
     from graphdeck.replay.executor import load_stored_graph, node_times_from_trace, recorded_node_ns
 
     stored = load_stored_graph(session, graph_id)

@@ -38,7 +38,15 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from graphdeck.errors import BadInputError, GraphdeckError, NotAStoreError, NotFoundError, StoreError, StoreFullError, UsageError
+from graphdeck.errors import (
+    BadInputError,
+    GraphdeckError,
+    NotAStoreError,
+    NotFoundError,
+    StoreError,
+    StoreFullError,
+    UsageError,
+)
 from graphdeck.store.schema import InternedString, Rank, Run
 
 BUSY_TIMEOUT_MS = 60_000

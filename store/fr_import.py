@@ -26,7 +26,7 @@ read with an unpickler that refuses every class, so a dump cannot run code.
 
 Lenient and counted: a file that is not an FR dump is skipped with its reason; an entry that
 lacks its op, sequence id or group is dropped, counted and *named* in ``dropped`` (file, index,
-record id, why) — :mod:`graphdeck.analysis.flight` turns any drop into missing evidence.
+record id, why) — :mod:`graphdeck.analysis.ranks.flight` turns any drop into missing evidence.
 
 Raises (``import_flight_dumps``): :class:`~graphdeck.errors.NotFoundError` for a path that does
 not exist, :class:`~graphdeck.errors.BadInputError` when no dump is among the paths or

@@ -104,7 +104,7 @@ def _graphdeck_version() -> str:
 
 
 #: Tables added after schema 2 that a reader of an older store may find absent (read as empty:
-#: ``graphdeck.analysis.grad_evidence.load`` looks before it queries; node times are computed from
+#: ``graphdeck.analysis.gradients.grad_evidence.load`` looks before it queries; node times are computed from
 #: the trace's events when ``node_time_sets`` is absent: ``graphdeck.store.node_times``).
 OPTIONAL_TABLES = frozenset({"grad_steps", "node_time_sets", "node_times"})
 

@@ -20,7 +20,7 @@ and writes one run:
   ``graph_io`` ``in`` bindings; AOT descriptors (``PlainAOTInput(idx=k)``,
   ``ParamAOTInput(target=...)``, ``GradAOTOutput(grad_of=...)``) carry them to the AOT graphs and
   bind each backward output to the gradient it is (``has_grad`` false for ``None``), which is
-  what :func:`graphdeck.analysis.gradients.gradient_report` reads.
+  what :func:`graphdeck.analysis.gradients.core.gradient_report` reads.
 * Every other record (guards, ``compilation_metrics``, graph-break and recompile reasons,
   ``inductor_output_code``, artifacts) → ``compile_events`` (payload kept up to 1 MB), with
   ``metadata_json.graph_id`` pointing at the graph an output code or provenance belongs to.
@@ -253,7 +253,7 @@ def _import_file(engine: Engine, run_id: int, path: Path, rank: int, env_rank: i
         builder.counts["params"] = len(builder.params)
         drops = {k: stats.counts[k] for k in DROP_KEYS if stats.counts.get(k)}
         row.meta_json = json.dumps({**meta, "records": stats.counts.get("records", 0), "dropped": drops,
-                                    "dropped_records": stats.dropped})  # named: analysis.flight.missing_evidence
+                                    "dropped_records": stats.dropped})  # named: analysis.ranks.flight.missing_evidence
         s.commit()
     if bar is not None:
         bar.update(reader.bytes_read - pos)

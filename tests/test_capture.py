@@ -10,7 +10,7 @@ import torch.nn as nn
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients import gradient_report
+from graphdeck.analysis.gradients.core import gradient_report
 from graphdeck.capture import Agent
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import CompileEvent, Graph, GraphIO, Node, Param, Run

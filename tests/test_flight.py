@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks import rank_report
+from graphdeck.analysis.ranks.core import rank_report
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import CompileEvent, Run
 
@@ -103,7 +103,7 @@ def test_recompile_case_names_the_recompile_and_the_missing_all_reduce(job):
 
 def test_branch_between_stacks_and_source(tmp_path):
     """The branch finder on its own: lines on two sides of an if/else, in a loop, none shared."""
-    from graphdeck.analysis.hangs import branch_between, branch_in_source
+    from graphdeck.analysis.ranks.hangs import branch_between, branch_in_source
 
     src = tmp_path / "prog.py"
     src.write_text("def f(x):\n    for i in range(3):\n        if x > i:\n            a()\n        else:\n"

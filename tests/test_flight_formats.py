@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks import rank_report
+from graphdeck.analysis.ranks.core import rank_report
 from graphdeck.store.db import open_engine
 from graphdeck.store.fr_import import import_flight_dumps, load_bytes
 from graphdeck.store.schema import CompileEvent, Run

@@ -1,5 +1,5 @@
 """Flight Recorder dumps in (store/fr_import.py) and the recorded half of the hang report
-(analysis/flight.py) on the real dumps of tests/flight_job.py kept in tests/data/flight/ (see its
+(analysis/ranks/flight.py) on the real dumps of tests/flight_job.py kept in tests/data/flight/ (see its
 README): pickle and JSON by content whatever their names, gzipped too, a record dropped and named
 (INCOMPLETE, never agree), a rank without a dump named, files that are no dump skipped with why."""
 
@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks import rank_report
+from graphdeck.analysis.ranks.core import rank_report
 from graphdeck.errors import BadInputError, UsageError
 from graphdeck.store.db import open_engine
 from graphdeck.store.fr_import import import_flight_dumps, load_bytes, sniff

@@ -1,5 +1,5 @@
 """The per-rank Flight Recorder index (store/fr_import.seq_index, NOTE: [FR compare by index] in
-analysis/flight.py) on the real dumps of tests/flight_job.py (tests/data/flight/): the report from
+analysis/ranks/flight.py) on the real dumps of tests/flight_job.py (tests/data/flight/): the report from
 the index equals the report from the payloads (a row without the index, as the capture and older
 stores write it, or with an index of another version, is indexed on read), and the fast paths of
 normalise and the index agree with their entry-by-entry paths on coalesced ids, p2p ops and gaps."""
@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.flight import flight_report, load_dumps
+from graphdeck.analysis.ranks.flight import flight_report, load_dumps
 from graphdeck.store.db import open_engine
 from graphdeck.store.fr_import import (
     _P2P,
@@ -118,7 +118,7 @@ def test_variants_report_the_same_from_index_and_payloads(tmp_path):
 def test_a_scatter_is_compared_on_what_every_rank_holds():
     """A scatter's inputs live on its source rank only (the others record none), a gather's outputs
     on its destination: comparing those sides made every scatter of the FSDP2 x TP job a mismatch."""
-    from graphdeck.analysis.flight import comparable
+    from graphdeck.analysis.ranks.flight import comparable
 
     src = ["gloo:scatter", [[2, 32, 32]], [[32, 32]], ["Float", "Float"]]
     other = ["gloo:scatter", [], [[32, 32]], ["Float"]]

@@ -247,7 +247,7 @@ def test_steady_mode_drops_the_hooks_and_still_sees_a_change(tmp_path):
 def test_combine_renumbers_rank0_reports_and_bad_output_path_is_usage(tmp_path):
     """Eager reports made without a process group all say rank 0: combine() numbers them in order
     (not "rank [0] but not rank [0]"); check-grads -o to an unwritable path exits 2, not 1."""
-    from graphdeck.analysis.grad_report import GradReport, ParamRow, combine
+    from graphdeck.analysis.gradients.grad_report import GradReport, ParamRow, combine
 
     a = GradReport(mode="eager", run="r", rows=[ParamRow(rank=0, fqn="w", status="OK", paths=1)])
     b = GradReport(mode="eager", run="r", rows=[ParamRow(rank=0, fqn="w", status="NO_GRAD")])

@@ -1,4 +1,4 @@
-"""The rank heatmap (issue 26 item 2; NOTE: [Rank heatmap] in analysis/heatmap.py) over HTTP and in
+"""The rank heatmap (issue 26 item 2; NOTE: [Rank heatmap] in analysis/ranks/heatmap.py) over HTTP and in
 Chromium: a large run's page draws its ranks as one canvas (not a section per rank), a rank
 without a trace is missing evidence (striped, "no trace"), hovering names rank / column / value,
 a click opens that rank's page, and strings from the traces stay text.

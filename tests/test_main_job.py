@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients import gradient_report
+from graphdeck.analysis.gradients.core import gradient_report
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import CompileEvent, Graph, Param, Partition, Rank, Run, Trace
 

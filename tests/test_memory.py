@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.memory import (
+from graphdeck.analysis.memory.core import (
     checkpoint_estimate,
     dtype_estimate,
     forward_backward_pair,
@@ -268,7 +268,7 @@ def test_cast_to_the_same_dtype_is_an_alias_and_a_real_cast_is_new(tmp_path):
 
 
 def test_dtype_aliases():
-    from graphdeck.analysis.memory import canonical_dtype
+    from graphdeck.analysis.memory.core import canonical_dtype
     from graphdeck.errors import UsageError
 
     assert [canonical_dtype(d) for d in ("bf16", "fp16", "half", "fp32", "float", "torch.bfloat16", "BFloat16")] == \
@@ -289,7 +289,7 @@ def test_op_name():
 def test_export_memory_timeline_raw_file():
     import gzip
 
-    from graphdeck.analysis.memory import read_memory_timeline_raw
+    from graphdeck.analysis.memory.core import read_memory_timeline_raw
 
     path = shared_path("data", "traces", "hta", "memory_analysis", "memory_timeline.raw.gz")
     got = read_memory_timeline_raw(path)
@@ -306,7 +306,7 @@ def test_export_memory_timeline_raw_file():
 
 
 def test_export_memory_timeline_raw_rejects_other_json(tmp_path):
-    from graphdeck.analysis.memory import read_memory_timeline_raw
+    from graphdeck.analysis.memory.core import read_memory_timeline_raw
     from graphdeck.errors import BadInputError
 
     bad = tmp_path / "x.json"

@@ -200,7 +200,7 @@ def test_store_older_by_optional_tables_reads_as_it_is(store_url):
     migrate.upgrade(engine, "0002")
     engine.dispose()
     reader = open_engine(store_url, read_only=True)
-    from graphdeck.analysis.gradients import gradient_report
+    from graphdeck.analysis.gradients.core import gradient_report
 
     with Session(reader) as s:
         run = s.scalar(select(Run))

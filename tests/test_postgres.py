@@ -116,7 +116,7 @@ def test_every_read_route_answers(served):
 def test_torch_trace_import_and_gradient_check(store_url):
     """TORCH_TRACE import (store/torch_trace_build's bulk inserts) and the gradient check's raw SQL
     give the same verdicts on both backends: detach/ cuts blk2's gradient on both ranks."""
-    from graphdeck.analysis.gradients import gradient_report
+    from graphdeck.analysis.gradients.core import gradient_report
     from graphdeck.store.torch_trace import import_torch_trace
     from tests.conftest import shared_path
 

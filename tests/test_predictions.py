@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import graphdeck.analysis.predicted as predicted_mod
-from graphdeck.analysis.ranks import rank_report
+import graphdeck.analysis.ranks.predicted as predicted_mod
+from graphdeck.analysis.ranks.core import rank_report
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run
 

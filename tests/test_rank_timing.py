@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.compile_skew import DEFAULT_TIMEOUT_S, compile_skew
-from graphdeck.analysis.cpu_collectives import cpu_collective_events, normalise_kind, rank_timing
-from graphdeck.analysis.trace_analysis import TraceData, overlap
-from graphdeck.analysis.trace_collectives import align_and_match, run_traces
+from graphdeck.analysis.ranks.compile_skew import DEFAULT_TIMEOUT_S, compile_skew
+from graphdeck.analysis.ranks.cpu_collectives import cpu_collective_events, normalise_kind, rank_timing
+from graphdeck.analysis.traces.trace_analysis import TraceData, overlap
+from graphdeck.analysis.traces.trace_collectives import align_and_match, run_traces
 from graphdeck.errors import NotFoundError
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks import collective_kind, rank_report, source_line
+from graphdeck.analysis.ranks.core import collective_kind, rank_report, source_line
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import CompileEvent, Run
 from tests.conftest import REPO, LiveServer
@@ -319,7 +319,7 @@ def test_fsdp2_uneven_shards_are_a_note_not_a_divergence(rank_store, tmp_path):
 def test_shape_difference_feeding_a_collective_diverges(rank_store):
     """5 rows on rank 0, 4 on rank 1 — what an uneven split of 9 rows gives — but all-reduced:
     a collective whose size differs by rank, so still a divergence (and a predicted hang)."""
-    from graphdeck.analysis.shard_shapes import shard_split
+    from graphdeck.analysis.ranks.shard_shapes import shard_split
 
     assert shard_split([5, 4]) == (9, 2)  # the sizes alone would pass as shards
     rep = report_of(rank_store, "collective_shape")
@@ -344,7 +344,7 @@ def test_shape_difference_outside_dim0_is_same_program_different_shapes(rank_sto
 
 
 def test_shard_split_rule():
-    from graphdeck.analysis.shard_shapes import ShapeDiff, chunk_sizes, classify, shard_split, tensor_shapes
+    from graphdeck.analysis.ranks.shard_shapes import ShapeDiff, chunk_sizes, classify, shard_split, tensor_shapes
 
     assert chunk_sizes(50257, 2) == [25129, 25128]
     assert chunk_sizes(9, 4) == [3, 3, 3, 0]  # torch.chunk gives 3 chunks; FSDP2 pads an empty one

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.scale_harness import make_scale_run  # noqa: E402
-from graphdeck.analysis.trace_collectives import align_and_match  # noqa: E402
+from graphdeck.analysis.traces.trace_collectives import align_and_match  # noqa: E402
 from graphdeck.store.db import open_engine  # noqa: E402
 from graphdeck.store.schema import Run  # noqa: E402
 
@@ -86,7 +86,7 @@ def test_the_rank_without_a_trace_is_incomplete_never_pass(scale64):
 
 
 def test_check_ranks_names_the_divergent_rank_and_the_missing_trace(scale64):
-    from graphdeck.analysis.ranks import rank_report
+    from graphdeck.analysis.ranks.core import rank_report
 
     run, engine, _a = scale64
     with Session(engine) as s:
@@ -100,7 +100,7 @@ def test_check_ranks_names_the_divergent_rank_and_the_missing_trace(scale64):
 
 
 def test_check_grads_over_64_ranks(scale64):
-    from graphdeck.analysis.gradients import validate_backward
+    from graphdeck.analysis.gradients.core import validate_backward
 
     run, engine, _a = scale64
     report = validate_backward(engine, run.run_name)

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients import gradient_report
+from graphdeck.analysis.gradients.core import gradient_report
 from graphdeck.errors import BadInputError, UsageError
 from graphdeck.store.db import open_engine
 from graphdeck.store.fx_text import parse_fx_text

@@ -47,7 +47,6 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from html import escape as _esc
-from typing import Any
 
 from graphdeck.analysis.overlays import Overlay
 from graphdeck.server.render import layout as lay

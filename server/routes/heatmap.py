@@ -1,5 +1,5 @@
 """The rank heatmap of a run (issue 26 item 2; NOTE: [Rank heatmap] in
-graphdeck/analysis/heatmap.py): ranks × steps or ranks × collectives as one matrix, for the pages
+graphdeck/analysis/ranks/heatmap.py): ranks × steps or ranks × collectives as one matrix, for the pages
 that list ranks; the compact run index a large run's page opens with, and one rank's page (the
 heatmap's drill-down)."""
 
@@ -12,7 +12,7 @@ from fastapi import Path as PathParam
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.heatmap import MAX_COLUMNS, rank_heatmap, run_ranks
+from graphdeck.analysis.ranks.heatmap import MAX_COLUMNS, rank_heatmap, run_ranks
 from graphdeck.errors import NotFoundError
 from graphdeck.server.deps import MAX_RANK, RunPathRoute, get_session, resolve_run
 from graphdeck.server.routes.runs import RANK_FIELDS, TRACE_FIELDS, pick

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.memory import (
+from graphdeck.analysis.memory.core import (
     checkpoint_estimate,
     dtype_estimate,
     forward_backward_pair,

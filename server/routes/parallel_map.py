@@ -7,15 +7,15 @@ pipeline stage (one block when there is no pipeline); in a block, a column per c
 sharding dimensions (``RunLayout.sharding_dims()``: tp, cp, ep, ...) and a row per coordinate on
 the remaining, data-parallel dimensions (dp, dp_shard, ...). Each rank gets one state per check:
 
-* ``diverged`` — ``check-ranks``' report (:func:`graphdeck.analysis.ranks.rank_report`), which
-  compares ranks per mesh dimension (:mod:`graphdeck.analysis.mesh_ranks`): the diverging side of
+* ``diverged`` — ``check-ranks``' report (:func:`graphdeck.analysis.ranks.core.rank_report`), which
+  compares ranks per mesh dimension (:mod:`graphdeck.analysis.ranks.mesh_ranks`): the diverging side of
   a compile divergence or of a collective-schedule mismatch: ``ok`` | ``diverged``;
 * ``grad`` — ``check-grads``' report (graph analysis and run-time evidence): ``missing`` for a
   rank with a parameter without a gradient path or named by an error finding (a pipeline stage
   that receives no gradient);
 * ``straggler`` — traces of two or more ranks matched (:func:`~graphdeck.analysis.
   trace_collectives.align_and_match`'s ``timing``): ``straggler`` for the rank the others waited for;
-* ``hang`` — Flight Recorder's first mismatch per group (:mod:`graphdeck.analysis.flight`):
+* ``hang`` — Flight Recorder's first mismatch per group (:mod:`graphdeck.analysis.ranks.flight`):
   ``hang`` for a rank that did not reach a collective its peers issued, ``waiting`` for a rank
   blocked in it; a rank without a dump, and the dumped members of a group it belongs to, are
   ``unknown`` and the check's verdict INCOMPLETE (never "every group's collectives match");
@@ -330,16 +330,16 @@ class _Context:
         self._report = None
 
     def rank_report(self):
-        """``check-ranks``' report (:func:`graphdeck.analysis.ranks.rank_report`), which compares
-        ranks per mesh dimension when :mod:`graphdeck.analysis.mesh_ranks` is installed; None
+        """``check-ranks``' report (:func:`graphdeck.analysis.ranks.core.rank_report`), which compares
+        ranks per mesh dimension when :mod:`graphdeck.analysis.ranks.mesh_ranks` is installed; None
         without it (a report comparing every rank with every other would call pipeline stages
         diverged)."""
         import importlib.util
 
-        if importlib.util.find_spec("graphdeck.analysis.mesh_ranks") is None:
+        if importlib.util.find_spec("graphdeck.analysis.ranks.mesh_ranks") is None:
             return None
         if self._report is None:
-            from graphdeck.analysis.ranks import rank_report
+            from graphdeck.analysis.ranks.core import rank_report
 
             self._report = rank_report(self.session, self.run)
         return self._report
@@ -370,7 +370,7 @@ def _diverged(ctx: _Context) -> Badge:
     unknown."""
     report = ctx.rank_report()
     if report is None:
-        return _unknown("diverged", "the per-mesh-dimension rank check (graphdeck.analysis.mesh_ranks) "
+        return _unknown("diverged", "the per-mesh-dimension rank check (graphdeck.analysis.ranks.mesh_ranks) "
                         "is not installed: ranks of different stages cannot be told apart from diverged ones")
     b = Badge("diverged", ran=True, message=f"check-ranks per mesh dimension: {report.verdict}; "
               f"{len(report.divergences)} compile divergence(s), "
@@ -392,14 +392,14 @@ def _diverged(ctx: _Context) -> Badge:
 
 
 def _grad(ctx: _Context) -> Badge:
-    """``check-grads`` (:func:`graphdeck.analysis.gradients.gradient_report`: graph analysis
+    """``check-grads`` (:func:`graphdeck.analysis.gradients.core.gradient_report`: graph analysis
     joined with the run-time evidence): a rank with a failing parameter row (NO_GRAD,
     NOT_IN_GRAPH, DEAD_END, not allowed) or named by an error finding (a pipeline stage that
     receives no gradient, a gradient never reduced, ...) is ``missing``; one with no row, or only
     UNKNOWN rows, is ``unknown``. Findings that are the other badges' (rank divergence, predicted
     hang) are left to them. Run-time evidence alone is not enough: a pipeline stage whose
     backward is cut still shows every parameter with a gradient (pipelining's own)."""
-    from graphdeck.analysis.gradients import gradient_report
+    from graphdeck.analysis.gradients.core import gradient_report
 
     report = gradient_report(ctx.session, ctx.run)
     rows: dict[int, list] = {}
@@ -469,7 +469,7 @@ def _some(names: list[str], n: int = 3) -> str:
 
 def _straggler(ctx: _Context) -> Badge:
     """Traces of two or more ranks matched; the rank the others waited for is the straggler."""
-    from graphdeck.analysis.trace_collectives import align_and_match, run_traces
+    from graphdeck.analysis.traces.trace_collectives import align_and_match, run_traces
 
     session, run, layout = ctx.session, ctx.run, ctx.layout
     traces = run_traces(session, run.id)
@@ -491,7 +491,7 @@ def _straggler(ctx: _Context) -> Badge:
 def _hang(ctx: _Context) -> Badge:
     """Flight Recorder's first mismatch per process group: ``hang`` for a rank that skipped a
     collective its peers issued, ``waiting`` for a rank blocked in it (or in a consequence)."""
-    from graphdeck.analysis.flight import flight_report
+    from graphdeck.analysis.ranks.flight import flight_report
     from graphdeck.store.fr_import import EVENT_NAME
 
     session, run, layout = ctx.session, ctx.run, ctx.layout

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks import compile_sequence, rank_report
+from graphdeck.analysis.ranks.core import compile_sequence, rank_report
 from graphdeck.server.deps import get_session, resolve_graph, resolve_run
 from graphdeck.store.schema import Graph, Run
 

@@ -1,0 +1,55 @@
+"""Memory: graph-derived liveness and what-ifs, measured series from traces and CUDA snapshots.
+
+Modules:
+
+* ``core`` (the former ``memory`` module): Memory from the graph: tensor lifetimes, the running live
+  total, the peak and who holds it.
+* ``memory_estimates``: What-if estimates over a training step's graph-derived memory (split from
+  :mod:`graphdeck.analysis.memory.core`, which re-exports them): activation…
+* ``memory_inductor``: Graph-derived memory of an Inductor run, from the buffers its generated code
+  allocates and frees.
+* ``memory_measured``: Measured memory: a CUDA memory snapshot replayed, its peak, and the bytes at
+  the peak put on the graph nodes whose generated code allocated them.
+* ``memory_snapshot_import``: CUDA memory snapshot pickles given to ``graphdeck import``: recognised
+  by content, replayed (:mod:`graphdeck.analysis.memory.memory_measured`), attributed…
+* ``memory_step``: One training step's graph-derived memory: a forward graph chained with its
+  backward graph (:func:`step_memory`), the pair found from either…
+* ``memory_trace``: Measured memory from profiler output (split from
+  :mod:`graphdeck.analysis.memory.core`, which re-exports it): a Kineto trace's ``[memory]`` events
+  and…
+
+The public names below are what the rest of graphdeck imports from these modules; each is
+loaded on first use (PEP 562), so importing one module of the package imports no other:
+``from graphdeck.analysis.memory import checkpoint_estimate``.
+"""
+
+from __future__ import annotations
+
+#: Public name → the module of this package that defines it.
+_PUBLIC = {
+    "checkpoint_estimate": "core",
+    "dtype_estimate": "core",
+    "forward_backward_pair": "core",
+    "graph_memory": "core",
+    "import_snapshot": "memory_snapshot_import",
+    "inductor_step_memory": "memory_inductor",
+    "is_snapshot": "memory_snapshot_import",
+    "load_snapshot": "memory_measured",
+    "measure": "memory_measured",
+    "measured_from_trace": "core",
+    "output_code_files": "memory_measured",
+    "step_memory": "core",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -1,0 +1,59 @@
+"""Cross-rank checks: graphs, predicted and recorded collectives (Flight Recorder), hangs, compile
+skew, rank heatmaps (``graphdeck check-ranks``).
+
+Modules:
+
+* ``compile_skew``: Rank skew at compile time: compile wall time, cache hits and recompiles compared
+  across ranks.
+* ``core`` (the former ``ranks`` module): Cross-rank consistency: do all ranks of a run compile the
+  same graphs and issue the same collectives in the same order?
+* ``cpu_collectives``: CPU-side collectives in Kineto traces (gloo and other CPU backends), and who
+  waited for whom.
+* ``flight``: The recorded half of a hang: each process group's first mismatched collective in the
+  ranks' Flight Recorder dumps (stored by…
+* ``hangs``: The hang report: Flight Recorder's first mismatch per process group
+  (:mod:`graphdeck.analysis.ranks.flight`) joined to the compile records that explain it.
+* ``heatmap``: Rank heatmaps (issue 26 item 2): one matrix of ranks × steps or ranks × collectives,
+  for the pages that would otherwise list a row, a lane or a table per rank.
+* ``mesh_ranks``: Cross-rank checks per mesh dimension: which ranks must agree, and on what (issue
+  20, item 3).
+* ``predicted``: Predictions checked against the record (issue 19, item 3): per process group, the
+  collective schedule :mod:`graphdeck.analysis.ranks.core` predicts from the…
+* ``rank_schedules``: The collective schedule each rank is predicted to issue, from its compiled
+  graphs and the capture's records (NOTE: [Recompiles replace graphs]), and the…
+* ``rank_sequences``: Per-rank compile sequences, read for many ranks at once, and the
+  device-neutral re-hash of graphs (NOTE: [Rank-local device indices]) — the inputs of…
+* ``rank_types``: The records :mod:`graphdeck.analysis.ranks.core` compares and reports: a rank's
+  compiles (:class:`CompileEntry`), the nodes it names (:class:`NodeRef`),…
+* ``shard_shapes``: Rank-dependent shapes in graphs that are otherwise the same program: FSDP's
+  uneven shards.
+
+The public names below are what the rest of graphdeck imports from these modules; each is
+loaded on first use (PEP 562), so importing one module of the package imports no other:
+``from graphdeck.analysis.ranks import MAX_COLUMNS``.
+"""
+
+from __future__ import annotations
+
+#: Public name → the module of this package that defines it.
+_PUBLIC = {
+    "MAX_COLUMNS": "heatmap",
+    "compile_sequence": "core",
+    "flight_report": "flight",
+    "rank_heatmap": "heatmap",
+    "rank_report": "core",
+    "run_ranks": "heatmap",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -1,0 +1,464 @@
+"""Cross-rank consistency: do all ranks of a run compile the same graphs and issue the same
+collectives in the same order?
+
+In SPMD training a rank whose graph differs (a data-dependent branch, another dynamic shape, a
+recompile on one rank only, a failed compile) issues a different collective sequence, and the job
+hangs in the first collective that does not match. This module reads what the store holds per
+rank and answers, before that hang:
+
+* **compile sequence** per rank: every compile id in order (from the captured or imported graphs
+  and the ``compilation_metrics`` records), each with the structural hash of each of its graphs,
+  its failure (``fail_type``/``fail_reason``) and its recompile reason;
+* **groups**: ranks with identical compile sequences; for each group other than the reference
+  (the group holding the lowest rank), the first compile that differs and — when both sides have
+  a graph there — the first differing node, with its source line and module path;
+* **collective schedule** per rank: the collectives the graphs that run in steady state issue in
+  order — per frame its latest compile, a graph replaced by a recompile adding none (NOTE:
+  [Recompiles replace graphs]); each collective names its compile id — (functional
+  collectives ``_c10d_functional.*`` and ``torch.distributed`` calls: kind, process group, output
+  bytes), Inductor's ``inductor_collective_schedule`` where it was imported, and DDP's bucket
+  all-reduces (one per bucket, in bucket order); the first position where ranks disagree is a
+  predicted hang, naming the collective and the ranks on each side;
+* **shape-only differences** (:mod:`graphdeck.analysis.ranks.shard_shapes`): graphs equal but for
+  tensor shapes are classified (NOTE: [Rank-dependent shard shapes]): FSDP's uneven shards
+  (dim 0, an even-then-remainder split, no collective involved) are a note and the ranks agree;
+  a shape difference feeding a collective, or any other one, is a divergence that says so.
+
+The structural hash is computed at capture or import time (see
+:func:`graphdeck.capture.fxrecord.record_graph`), so comparing ranks reads one row per graph and
+loads nodes only for the first differing pair.
+
+Where the parts live: the records in :mod:`~graphdeck.analysis.ranks.rank_types`, compile sequences
+and device-neutral re-hashing in :mod:`~graphdeck.analysis.ranks.rank_sequences`, collective schedules
+in :mod:`~graphdeck.analysis.ranks.rank_schedules`, the per-mesh-dimension comparison in
+:mod:`~graphdeck.analysis.ranks.mesh_ranks`; their public names are importable from here. At 1,024
+ranks every per-rank read is one query for all ranks, and each distinct graph (a structural hash)
+is read once.
+
+Pure: reads the store, returns data; the CLI and the server render it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, aliased
+
+# The records, the sequences and the schedules live in their own modules; their names stay
+# importable from here (callers and tests use ``graphdeck.analysis.ranks.core.X``).
+from graphdeck.analysis.ranks.rank_schedules import (  # noqa: F401
+    COLLECTIVE_KINDS,
+    EXECUTED_TIERS,
+    _fill_schedule_cache,
+    _recorded_collectives,
+    _schedule_mismatch,
+    at_first_compile,
+    collective_kind,
+    collective_schedule,
+    collective_schedules,
+    collective_target_ids,
+    frame_of,
+    group_of,
+    schedule_segments,
+    source_line,
+    steady_state,
+)
+from graphdeck.analysis.ranks.rank_sequences import (  # noqa: F401
+    NodeKeys,
+    _compile_order,
+    _device_neutral,
+    _device_neutral_hash,
+    _neutralise_device_indices,
+    _sequence_of,
+    compile_sequence,
+    compile_sequences,
+)
+from graphdeck.analysis.ranks.rank_types import (  # noqa: F401
+    Collective,
+    CollectiveMismatch,
+    CompileEntry,
+    Divergence,
+    NodeRef,
+    _json,
+)
+from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition, Rank, Run
+
+if TYPE_CHECKING:
+    from graphdeck.analysis.ranks.flight import FlightReport
+    from graphdeck.analysis.ranks.shard_shapes import ShardShapes
+
+#: Longest differing middle (nodes) that :func:`first_node_difference` aligns with difflib.
+ALIGN_LIMIT = 3000
+
+
+@dataclass
+class RankReport:
+    run_id: int
+    run: str
+    ranks: list[int]
+    groups: list[list[int]]
+    sequences: dict[int, list[CompileEntry]]
+    divergences: list[Divergence]
+    schedules: dict[int, list[Collective]]
+    collective_mismatches: list[CollectiveMismatch]
+    notes: list[str] = field(default_factory=list)
+    shard_shapes: list[ShardShapes] = field(default_factory=list)
+    flight: FlightReport | None = None  # Flight Recorder's first mismatches, joined (analysis.ranks.hangs)
+    missing_evidence: list[str] = field(default_factory=list)  # dropped records, ranks without a dump
+    predictions: list = field(default_factory=list)  # PredictionCheck per group (analysis.ranks.predicted)
+
+    @property
+    def ok(self) -> bool:
+        """True when every rank compiled the same sequence and issues the same collectives, the
+        recorded collectives match, and no evidence is missing."""
+        return self.verdict == "OK"
+
+    @property
+    def verdict(self) -> str:
+        """FAIL (ranks diverge or a recorded collective mismatches), INCOMPLETE (nothing found, but
+        evidence is missing: never "agree"), else OK."""
+        if (any(not d.harmless for d in self.divergences) or self.collective_mismatches
+                or (self.flight and self.flight.mismatches)):
+            return "FAIL"
+        return "INCOMPLETE" if self.missing_evidence else "OK"
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "run_id": self.run_id,
+            "run": self.run,
+            "ranks": self.ranks,
+            "groups": self.groups,
+            "sequences": {str(r): [asdict(e) for e in seq] for r, seq in self.sequences.items()},
+            "divergences": [asdict(d) for d in self.divergences],
+            "schedules": {str(r): [asdict(c) for c in sch] for r, sch in self.schedules.items()},
+            "collective_mismatches": [asdict(m) for m in self.collective_mismatches],
+            "shard_shapes": [asdict(x) for x in self.shard_shapes],
+            "notes": self.notes,
+            "verdict": self.verdict,
+            "flight": self.flight.to_dict() if self.flight else None,
+            "missing_evidence": self.missing_evidence,
+            "predictions": [p.to_dict() for p in self.predictions],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self) -> str:
+        lines = [f"run {self.run}: {len(self.ranks)} ranks {self.ranks}; "
+                 f"{len(self.groups)} group(s): " + " | ".join(",".join(map(str, g)) for g in self.groups)]
+        for r in self.ranks:
+            seq = self.sequences.get(r, [])
+            failed = sum(1 for e in seq if e.failed)
+            segs = schedule_segments(self.schedules.get(r, []))
+            lines.append(f"  rank {r}: {len(seq)} compiles ({failed} failed), "
+                         f"{len(self.schedules.get(r, []))} collectives"
+                         + (" (" + ", ".join(f"{s['count']} from " + (f"compile {s['compile_id']}" if s["compile_id"]
+                                                                      else s["source"]) for s in segs) + ")"
+                            if segs else ""))
+        for d in self.divergences:
+            lines.append(f"{'WARN' if d.harmless else 'DIVERGED'} ranks {d.ranks} vs {d.reference_ranks}: {d.message}"
+                         + (f"\n    {d.harmless}" if d.harmless else ""))
+            for side, ref in (("reference", d.reference_node), ("diverging", d.node)):
+                if ref is not None:
+                    lines.append(f"    {side}: {ref.name} = {ref.target} {ref.shape or ''} {ref.dtype or ''}"
+                                 f" [{ref.module_path or '-'}] {ref.source or ''}".rstrip())
+            if d.recompile_reason:
+                lines.append(f"    recompile reason: {d.recompile_reason}")
+        for m in self.collective_mismatches:
+            lines.append(f"PREDICTED HANG at collective #{m.index}: {m.message}")
+        for n in self.notes:
+            lines.append(f"note: {n}")
+        lines += self.flight.lines() if self.flight else []
+        if self.predictions:
+            lines.append("Predicted vs recorded, per process group:")
+            lines += [f"  {p.line()}" for p in self.predictions]
+        lines += [f"MISSING EVIDENCE: {x}" for x in self.missing_evidence]
+        warned = sum(1 for d in self.divergences if d.harmless)
+        lines.append({"OK": f"OK: the collective schedules agree ({warned} warning(s) above)" if warned
+                      else "OK: all ranks agree", "FAIL": "FAIL: ranks diverge",
+                      "INCOMPLETE": f"INCOMPLETE: {len(self.missing_evidence)} piece(s) of evidence missing"}[self.verdict])
+        return "\n".join(lines)
+
+    def to_junit(self) -> str:
+        """JUnit XML: one test case per rank (its compile sequence and its collective schedule);
+        shard-shape notes go to the compile-sequence cases' ``system-out`` (they pass)."""
+        from junitparser import Failure, JUnitXml, TestCase, TestSuite
+
+        suite = TestSuite(f"graphdeck check-ranks {self.run}")
+        for r in self.ranks:
+            for what in ("compile sequence", "collective schedule"):
+                case = TestCase(f"rank {r} {what}", classname=f"graphdeck.ranks.{self.run}")
+                problems = ([d.message for d in self.divergences if r in d.ranks and not d.harmless]
+                            if what == "compile sequence"
+                            else [m.message for m in self.collective_mismatches
+                                  if any(r in v["ranks"] for v in m.variants[1:])])
+                if problems:
+                    case.result = [Failure("; ".join(problems))]
+                elif what == "compile sequence" and self.shard_shapes:
+                    case.system_out = "\n".join(x.message for x in self.shard_shapes)
+                suite.add_testcase(case)
+        if self.missing_evidence or (self.flight and self.flight.mismatches):
+            case = TestCase("recorded evidence", classname=f"graphdeck.ranks.{self.run}")
+            case.result = [Failure("; ".join(self.missing_evidence + [m.headline() for m in
+                                                                       (self.flight.mismatches if self.flight else [])]))]
+            suite.add_testcase(case)
+        xml = JUnitXml()
+        xml.add_testsuite(suite)
+        return xml.tostring().decode() if isinstance(xml.tostring(), bytes) else xml.tostring()
+
+
+def rank_report(session: Session, run: Run) -> RankReport:
+    """Compare every rank of ``run``: compile sequences, first differing graph/node, collectives.
+
+    Graphs that differ only by FSDP's uneven shard shapes (NOTE: [Rank-dependent shard shapes])
+    are no divergence: they are listed in ``shard_shapes`` (and ``notes``) and the ranks group
+    together. Raises nothing for odd data: a run with one rank is trivially consistent (noted);
+    ranks with no graphs at all compare by their compile records.
+    """
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()  # many small objects per rank, few cycles: collections would cost more than the work
+    try:
+        return _rank_report(session, run)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _rank_report(session: Session, run: Run) -> RankReport:
+    ranks = sorted(set(session.scalars(select(Rank.rank).where(Rank.run_id == run.id)))
+                   | set(session.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct()))
+                   | set(session.scalars(select(CompileEvent.rank).where(CompileEvent.run_id == run.id).distinct())))
+    bare = _bare_ranks(session, run.id, ranks)
+    metric_records: dict[int, list[tuple]] = {}  # compile records for compile skew, read in the same pass
+    read = compile_sequences(session, run.id, [r for r in ranks if r not in bare], metric_records)
+    sequences = {r: read.get(r, []) for r in ranks}
+    report = RankReport(run_id=run.id, run=run.name, ranks=ranks, groups=[], sequences=sequences,
+                        divergences=[], schedules={}, collective_mismatches=[])
+    if len(ranks) < 2:
+        report.notes.append(f"run has {len(ranks)} rank(s): nothing to compare")
+
+    keys = NodeKeys(session)  # graphs' nodes read once for both neutral re-hashes
+    _neutralise_device_indices(session, sequences, keys)
+    differ_in_structure: set[frozenset] = set()  # hash pairs already compared, so not compared twice
+    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.ranks import mesh_ranks  # peers per mesh dimension (it reads this module's helpers)
+    from graphdeck.analysis.ranks.shard_shapes import absorb_shard_shapes  # it reads this module's helpers
+
+    layout = load_layout(session, run.id)  # None: every rank must run the same program (as before)
+    if layout is not None:
+        mesh_ranks.compare_compiles(session, report, layout, differ_in_structure, keys)
+    else:
+        report.shard_shapes = absorb_shard_shapes(session, run.id, ranks, sequences, differ_in_structure)
+        report.notes.extend(x.message for x in report.shard_shapes)
+        by_sig: dict[tuple, list[int]] = defaultdict(list)
+        for r in ranks:
+            by_sig[tuple(e.signature() for e in sequences[r])].append(r)
+        report.groups = sorted(by_sig.values(), key=lambda g: g[0])
+        if report.groups:
+            ref = report.groups[0]
+            for group in report.groups[1:]:
+                d = _first_divergence(session, sequences[ref[0]], sequences[group[0]], ref, group, ranks,
+                                      differ_in_structure)
+                if d is not None:
+                    report.divergences.append(d)
+    mesh_ranks.explain_divergences(session, report)
+
+    built = collective_schedules(session, run.id, {r: sequences[r] for r in ranks if r not in bare})
+    report.schedules = {r: built.get(r, []) for r in ranks}
+    report.collective_mismatches, schedule_notes, schedule_gaps = mesh_ranks.compare_schedules(session, report, layout)
+    report.notes += schedule_notes
+    from graphdeck.analysis.ranks.hangs import hang_section  # Flight Recorder + missing evidence
+
+    report.flight, report.missing_evidence = hang_section(session, report)
+    report.missing_evidence += schedule_gaps + mesh_ranks.layout_gaps(layout, ranks)
+    from graphdeck.analysis.ranks.predicted import prediction_checks
+
+    report.predictions = prediction_checks(session, report)
+    _timing_findings(session, report, metric_records)
+    return report
+
+
+def _bare_ranks(session: Session, run_id: int, ranks: list[int]) -> set[int]:
+    """Ranks with nothing :func:`compile_sequence` or :func:`collective_schedule` reads — no
+    graph, no compile record with a compile id, no DDP bucket, no comm-groups record (a rank
+    known only by its Flight Recorder dump): both are empty for them, found here with four
+    queries instead of several per rank (1,024 FR-only ranks: 3.3 -> 0.4 s CPU, bench_flight)."""
+    from graphdeck.analysis.traces.comm_map import EVENT_NAME as COMM_GROUPS
+
+    busy = set(session.scalars(select(Graph.rank).where(Graph.run_id == run_id).distinct()))
+    busy |= set(session.scalars(select(Partition.rank).where(Partition.run_id == run_id).distinct()))
+    busy |= set(session.scalars(select(CompileEvent.rank).where(
+        CompileEvent.run_id == run_id,
+        CompileEvent.compile_id.is_not(None) | (CompileEvent.name == COMM_GROUPS)).distinct()))
+    return set(ranks) - busy
+
+
+def _timing_findings(session: Session, report: RankReport, metric_records: dict | None = None) -> None:
+    """Compile skew (NOTE: [Compile skew]) and the traced straggler (NOTE: [CPU-side
+    collectives], kernels alike) added to ``report.notes`` with their numbers; they do not change
+    the verdict. Structured forms: :func:`graphdeck.analysis.ranks.compile_skew.compile_skew`,
+    :func:`graphdeck.analysis.ranks.cpu_collectives.rank_timing`."""
+    from graphdeck.analysis.ranks.compile_skew import compile_skew
+    from graphdeck.analysis.traces.trace_collectives import align_and_match, run_traces
+
+    skew = compile_skew(session, session.get(Run, report.run_id), records=metric_records)
+    traces = run_traces(session, report.run_id)
+    timing = align_and_match(session, report.run_id, traces=traces)["timing"] if len(traces) > 1 else {}
+    report.notes += [text for text in (skew.finding, timing.get("message")) if text]
+
+
+def _first_divergence(session: Session, ref_seq: list[CompileEntry], seq: list[CompileEntry],
+                      ref_ranks: list[int], ranks: list[int], world: list[int] | None = None,
+                      differ_in_structure: set[frozenset] = frozenset()) -> Divergence | None:
+    n = min(len(ref_seq), len(seq))
+    for i in range(n + 1):
+        a = ref_seq[i] if i < len(ref_seq) else None
+        b = seq[i] if i < len(seq) else None
+        if a is not None and b is not None and a.signature() == b.signature():
+            continue
+        if a is None and b is None:
+            return None
+        base = Divergence(ranks=ranks, reference_ranks=ref_ranks, position=i, what="", message="")
+        if a is None:
+            base.what, base.compile_id = "extra compile", b.compile_id
+            base.recompile_reason = b.recompile_reason
+            base.message = (f"ranks {ranks} compile {len(seq) - len(ref_seq)} more time(s) than ranks {ref_ranks};"
+                            f" first extra compile {b.compile_id}" + _fail_text(b))
+            return base
+        if b is None:
+            base.what, base.compile_id = "missing compile", a.compile_id
+            base.message = (f"ranks {ranks} stop after {len(seq)} compile(s); ranks {ref_ranks} go on with"
+                            f" compile {a.compile_id}" + _fail_text(a))
+            return base
+        base.compile_id = b.compile_id
+        base.recompile_reason = b.recompile_reason or a.recompile_reason
+        if a.compile_id != b.compile_id:
+            base.what = "compile sequence differs"
+            base.message = f"compile #{i}: ranks {ref_ranks} compile {a.compile_id}, ranks {ranks} compile {b.compile_id}"
+            return base
+        if (a.failed is None) != (b.failed is None):
+            base.what = "compile failed"
+            who, other, fail = (ranks, ref_ranks, b.failed) if b.failed else (ref_ranks, ranks, a.failed)
+            base.message = f"compile {a.compile_id} failed on ranks {who} ({fail}) but not on ranks {other}"
+            return base
+        base.what = "graph differs"
+        a_graphs, b_graphs = a.graphs, b.graphs
+        for j in range(max(len(a_graphs), len(b_graphs))):
+            ga = a_graphs[j] if j < len(a_graphs) else None
+            gb = b_graphs[j] if j < len(b_graphs) else None
+            if ga is not None and gb is not None and ga[:2] == gb[:2]:
+                continue
+            if ga is None or gb is None or ga[0] != gb[0]:
+                base.message = (f"compile {a.compile_id}: ranks {ref_ranks} produced graphs "
+                                f"{[g[0] for g in a_graphs]}, ranks {ranks} produced {[g[0] for g in b_graphs]}")
+                return base
+            base.kind, base.reference_graph_id, base.graph_id = ga[0], ga[2], gb[2]
+            from graphdeck.analysis.ranks.shard_shapes import shape_only_divergence
+
+            if shape_only_divergence(session, base, a.compile_id, ga, gb, world or [*ref_ranks, *ranks],
+                                     differ_in_structure):
+                return base
+            ref_node, node, change = first_node_difference(session, ga[2], gb[2])
+            base.reference_node, base.node = ref_node, node
+            at = ""
+            if change is not None:
+                shown = node or ref_node
+                where = {"added": f" only on ranks {ranks}", "removed": f" only on ranks {ref_ranks}",
+                         "changed": ""}[change]
+                at = (f"; first differing node{where}: {shown.name} ({shown.target}"
+                      f"{' ' + shown.shape if shown.shape else ''})"
+                      f"{' in ' + shown.module_path if shown.module_path else ''}"
+                      f"{' at ' + shown.source if shown.source else ''}")
+                if change == "changed" and ref_node.shape != node.shape:
+                    at += f"; shape {ref_node.shape} on ranks {ref_ranks} vs {node.shape} on ranks {ranks}"
+            base.message = f"compile {a.compile_id}: {ga[0]} graph differs{at}"
+            return base
+        base.message = f"compile {a.compile_id} differs"
+        return base
+    return None
+
+
+def _fail_text(e: CompileEntry) -> str:
+    out = f" (failed: {e.failed})" if e.failed else ""
+    if e.recompile_reason:
+        out += f" (recompile reason: {e.recompile_reason})"
+    return out
+
+
+def _node_rows(session: Session, graph_id: int) -> list:
+    target = aliased(InternedString)
+    module = aliased(InternedString)
+    stack = aliased(InternedString)
+    return session.execute(
+        select(Node.idx, Node.name, Node.op, target.value, Node.shape_json, Node.dtype, Node.stride_json,
+               module.value, stack.value, Node.args_json)
+        .join(target, target.id == Node.target_id)
+        .outerjoin(module, module.id == Node.module_path_id)
+        .outerjoin(stack, stack.id == Node.stack_trace_id)
+        .where(Node.graph_id == graph_id).order_by(Node.idx)).all()
+
+
+def _node_key(row) -> tuple:
+    # Placeholder targets are input names, not structure; everything else is compared as stored.
+    return (row[2], "" if row[2] == "placeholder" else row[3], row[4], row[5], row[6])
+
+
+def first_node_difference(session: Session, graph_a: int, graph_b: int
+                          ) -> tuple[NodeRef | None, NodeRef | None, str | None]:
+    """The first place (graph order) where two graphs' node lists differ, aligned as sequences of
+    (op, target, shape, dtype, stride, arguments with node names replaced) with :mod:`difflib`, so
+    one inserted node does not make every later node "differ". Returns ``(node of a, node of b,
+    change)`` with change ``"added"`` (only in b; node of a is None), ``"removed"`` (only in a) or
+    ``"changed"``; ``(None, None, None)`` when the lists agree."""
+    rows_a, rows_b = _node_rows(session, graph_a), _node_rows(session, graph_b)
+    keys_a = [(*_node_key(r), _args_shape(r)) for r in rows_a]
+    keys_b = [(*_node_key(r), _args_shape(r)) for r in rows_b]
+    # Equal prefix and suffix first (linear); align only the middle, whose size is what differs.
+    # SequenceMatcher is quadratic on graphs of repeated layers, so a middle past
+    # ALIGN_LIMIT nodes is reported as changed at its first node without alignment.
+    lo = 0
+    while lo < len(keys_a) and lo < len(keys_b) and keys_a[lo] == keys_b[lo]:
+        lo += 1
+    hi_a, hi_b = len(keys_a), len(keys_b)
+    while hi_a > lo and hi_b > lo and keys_a[hi_a - 1] == keys_b[hi_b - 1]:
+        hi_a, hi_b = hi_a - 1, hi_b - 1
+    if lo == hi_a and lo == hi_b:
+        return None, None, None
+    if lo == hi_a:
+        return None, _ref(graph_b, rows_b[lo]), "added"
+    if lo == hi_b:
+        return _ref(graph_a, rows_a[lo]), None, "removed"
+    if max(hi_a, hi_b) - lo > ALIGN_LIMIT:
+        return _ref(graph_a, rows_a[lo]), _ref(graph_b, rows_b[lo]), "changed"
+    matcher = difflib.SequenceMatcher(None, keys_a[lo:hi_a], keys_b[lo:hi_b], autojunk=False)
+    for tag, i1, _i2, j1, _j2 in matcher.get_opcodes():
+        i1, j1 = i1 + lo, j1 + lo
+        if tag == "equal":
+            continue
+        if tag == "insert":
+            return None, _ref(graph_b, rows_b[j1]), "added"
+        if tag == "delete":
+            return _ref(graph_a, rows_a[i1]), None, "removed"
+        return _ref(graph_a, rows_a[i1]), _ref(graph_b, rows_b[j1]), "changed"
+    return None, None, None
+
+
+def _args_shape(row, at: int = 9) -> str:
+    """Arguments (``row[at]``) with node names replaced by their position, so renamed nodes
+    compare equal."""
+    return re.sub(r'\{"node": "[^"]*"\}', "N", row[at] or "")
+
+
+def _ref(graph_id: int, row) -> NodeRef:
+    shape = row[4]
+    return NodeRef(graph_id=graph_id, idx=row[0], name=row[1], op=row[2], target=row[3],
+                   shape=shape, dtype=row[5], module_path=row[7], source=source_line(row[8]))

@@ -1,0 +1,104 @@
+"""Kernel → node tables read from Inductor's output code, and the low-coverage warning.
+
+# NOTE: [Kernels by output code]
+Some torch versions (2.11 seen on an H200) write an empty provenance mapping
+(``inductor_provenance_tracking_node_mappings`` = ``{"version": 2.0}``) for a lazily compiled
+backward graph, while its ``inductor_output_code`` still carries, before every kernel call in
+the wrapper's ``call()``, a comment ``# Topologically Sorted Source Nodes: [n1, n2, ...],
+Original ATen: [...]`` (the post-grad nodes the call computes; ``""`` where a node has no name,
+e.g. a matmul a post-grad pattern made) and, in recent versions, ``# [Provenance debug handles]
+<kernel>:<handle>``. :func:`output_code_table` turns those comments into the same
+``"<kernel>:<handle>" → [post-grad node, ...]`` table as the provenance artifact's
+``cppCodeToPost``, so :func:`graphdeck.analysis.traces.trace_map.link_kernels` maps such graphs'
+kernels by node name (rows tagged ``inductor_provenance_v2_output_code``) instead of by the
+coarser kernel stack traces. The comment names a node by its origin: a backward's nodes have the
+AOT backward graph's names (> 95% found there on the H200 log), a forward's mostly the Dynamo
+graph's (``position_ids``), which is why the table is used only where the mapping is empty. Format source: the generated wrapper code Inductor writes
+(``torch/_inductor/codegen/wrapper.py`` emits the comments; read, not copied).
+"""
+
+from __future__ import annotations
+
+import re
+
+_SOURCE = re.compile(r"^\s*# Topologically Sorted Source Nodes: \[(.*?)\](?:, Original ATen:|\s*$)")
+_HANDLE = re.compile(r"^\s*# \[Provenance debug handles\] (\S+:\d+)\s*$")
+# A kernel call in the wrapper: a Triton launch, an extern kernel, or an ATen fallback.
+_CALL = re.compile(r"^\s*(?:\w+ = )?(?:(\w+)\.run\(|(extern_kernels\.\w+)\(|(torch\.ops\.aten\.\w+\.\w+)\()")
+UNNAMED = "(unnamed)"
+MATMUL_CALLS = ("extern_kernels.mm", "extern_kernels.addmm", "extern_kernels.bmm")
+
+
+def output_code_table(code: str) -> dict[str, list[str]]:
+    """``"<kernel>:<handle>" → [post-grad node names]`` for each kernel call in the wrapper's
+    ``call()`` of one ``inductor_output_code`` payload (Python wrapper text), in call order.
+
+    Handles come from ``# [Provenance debug handles]`` comments where present, else count the
+    calls from 1 (the order Inductor numbers them). A call's nodes are those of the nearest
+    ``Topologically Sorted Source Nodes`` comment above it since the previous call; unnamed
+    entries become ``"(unnamed)"`` (listed first for an extern matmul call, so the matmul
+    fallback of ``link_kernels`` resolves it). Calls with no comment are left out. Returns ``{}``
+    for code without a ``def call(`` or without such comments; never raises on odd text."""
+    start = code.find("def call(")
+    if start < 0:
+        return {}
+    table: dict[str, list[str]] = {}
+    nodes: list[str] | None = None
+    handle: str | None = None
+    counter = 0
+    for line in code[start:].splitlines()[1:]:
+        if line.startswith(("def ", "class ", "if __name__")):
+            break
+        m = _SOURCE.match(line)
+        if m:
+            nodes = [n.strip() or UNNAMED for n in m.group(1).split(",")] if m.group(1).strip() else [UNNAMED]
+            continue
+        m = _HANDLE.match(line)
+        if m:
+            handle = m.group(1)
+            continue
+        m = _CALL.match(line)
+        if not m:
+            continue
+        name = m.group(1) or m.group(2) or m.group(3)
+        if name == "get_raw_stream":
+            continue
+        counter += 1
+        if nodes is not None:
+            key = handle if handle and handle.rpartition(":")[0] == name else f"{name}:{counter}"
+            if name in MATMUL_CALLS and UNNAMED in nodes:
+                nodes = [UNNAMED] + [n for n in nodes if n != UNNAMED]
+            table[key] = nodes
+        nodes, handle = None, None
+    return table
+
+
+def coverage_warning(mapping, *, threshold: float = 0.90, top: int = 5) -> str | None:
+    """A one-paragraph warning when ``mapping`` (a
+    :class:`graphdeck.analysis.traces.trace_map.KernelMapping`) maps less than ``threshold`` of its
+    kernel time to graph nodes, naming the ``top`` largest unmapped kernels with their share;
+    ``None`` when coverage is at or above it or the trace has no kernel time."""
+    frac = mapping.mapped_fraction
+    if frac is None or frac >= threshold:
+        return None
+    total = mapping.kernel_ns
+    grouped: dict[str, int] = {}
+    for name, ns in mapping.unmapped.items():
+        grouped[_short(name)] = grouped.get(_short(name), 0) + ns
+    worst = sorted(grouped.items(), key=lambda kv: -kv[1])[:top]
+    items = "; ".join(f"{name} {ns / total:.1%}" for name, ns in worst)
+    what = "CPU time of compiled regions" if getattr(mapping, "device", "gpu") == "cpu" else "kernel time"
+    return (f"only {frac:.1%} of the trace's {what} maps to graph nodes (below {threshold:.0%}); "
+            f"largest unmapped: {items}")
+
+
+def _short(name: str, limit: int = 80) -> str:
+    """A C++ template kernel name cut to its function name (namespaces dropped) and functor,
+    then to ``limit`` characters."""
+    if name.startswith("void "):
+        name = name[5:]
+    cut = name.find("<")
+    if cut > 0:
+        functor = re.search(r"(\w+Functor)\b", name)
+        name = name[:cut].rsplit("::", 1)[-1] + (f"<{functor.group(1)}>" if functor else "")
+    return name if len(name) <= limit else name[: limit - 1] + "…"

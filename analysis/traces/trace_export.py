@@ -1,0 +1,415 @@
+"""Export a run's traces as one Chrome Trace Event Format file, clocks aligned, for Perfetto.
+
+# NOTE: [Trace export]
+Output format: the JSON Object Format of Google's "Trace Event Format" document (the one
+``chrome://tracing`` and ui.perfetto.dev read): ``{"baseTimeNanoseconds", "displayTimeUnit",
+"traceEvents": [...], "graphdeck": {...}}``. Times are µs (floats, ns precision) since
+``baseTimeNanoseconds`` (the aligned start of the chosen ranks, ns since the Unix epoch, or on the
+traces' own clock), so a re-ingest into graphdeck (:func:`graphdeck.store.traces.ingest_trace`)
+gives back each event at its aligned time to the ns.
+
+* One process per rank: ``pid`` = the rank, ``process_name`` metadata ``"rank N"``,
+  ``process_sort_index`` N. Each of the rank's lanes (a stored ``pid``/``tid`` pair: a host
+  thread, a GPU stream) is one thread, ``tid`` 1, 2, ... in (pid, tid) order, named by
+  ``thread_name`` metadata after the trace's own process and thread names.
+* Every stored ``X`` and ``i`` event of the rank's newest usable trace (NOTE: [Rank clock
+  alignment]: :func:`~graphdeck.analysis.traces.trace_collectives.run_traces`), at ``ts - offset``,
+  with its stored args plus, where the kernel → node mapping (:func:`~graphdeck.analysis.
+  trace_map.map_trace`) links it: ``fx_graph`` (graph id), ``fx_nodes`` (node names),
+  ``nn_modules`` (their module paths) and ``source`` (``file:line`` of each node's innermost
+  user frame); a collective's ``collective`` says what it carries (DDP bucket, FSDP group).
+* Clock offsets are those of :func:`~graphdeck.analysis.traces.trace_collectives.align_and_match`
+  (median of matched collectives' end differences against the run's lowest rank): computed
+  here from the collectives of the chosen ranks and the reference rank only (their collective
+  index, NOTE: [Collective index]), which gives the same numbers.
+* Each collective matched on two or more chosen ranks gets one flow per rank that waited: ``s``
+  on the slice of the rank that arrived last, ``f`` (``bp: "e"``) on the waiting rank's slice,
+  both at the slice's start (each binds to its enclosing slice), ``cat`` ``"collective"``.
+
+Streaming: ranks are read one at a time (their events, links and mapping), written and dropped;
+what is kept across ranks is only each rank's collectives (key, start, end) and lane counts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import orjson
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from graphdeck.analysis.traces.trace_analysis import CommRule
+from graphdeck.analysis.traces.trace_collectives import run_traces, trace_indexes
+from graphdeck.analysis.traces.trace_data import load_events
+from graphdeck.analysis.traces.trace_map import map_trace
+from graphdeck.errors import NotFoundError, UsageError
+from graphdeck.store.schema import InternedString, Node, Run, Trace
+
+#: Bytes gathered before a chunk is handed to the writer / the HTTP response.
+CHUNK_BYTES = 1 << 20
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_INSTANTS = ("SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.pid, e.tid, e.args_json "
+             "FROM trace_events e JOIN strings n ON n.id = e.name_id LEFT JOIN strings c ON c.id = e.cat_id "
+             "WHERE e.trace_id = :tid AND e.ph != 'X' ORDER BY e.ts_ns, e.id")
+
+
+def parse_ranks(spec: str | None, available: Iterable[int]) -> list[int]:
+    """``"0,2-5"`` → ``[0, 2, 3, 4, 5]`` (sorted, unique); ``None``, ``""`` or ``"all"`` → every
+    rank in ``available``.
+
+    Raises:
+        UsageError: a part that is not ``N`` or ``N-M`` (M >= N), or ranks without a usable
+            trace in the run; the message names them and the ranks there are.
+    """
+    have = sorted(set(available))
+    if spec is None or spec.strip().lower() in ("", "all"):
+        return have
+    wanted: set[int] = set()
+    bad: list[str] = []
+    for part in spec.split(","):
+        m = _RANGE.match(part)
+        if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            bad.append(part.strip() or "(empty)")
+            continue
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi - lo > 1_000_000:
+            bad.append(part.strip())
+            continue
+        wanted.update(range(lo, hi + 1))
+    if bad:
+        raise UsageError(f"bad --ranks part(s) {', '.join(repr(b) for b in bad)}: use a list of ranks and ranges "
+                         f"such as 0,2-5", ranks=spec)
+    missing = sorted(wanted - set(have))
+    if missing:
+        raise UsageError(f"rank(s) {_spans(missing)} have no usable trace in this run (ranks with one: "
+                         f"{_spans(have) or 'none'})", missing=missing[:100])
+    return sorted(wanted)
+
+
+def _spans(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+@dataclass
+class ExportPlan:
+    """What an export writes, known before any event is: ``ranks`` (chosen, sorted), ``traces``
+    (rank → trace id), ``offsets`` (rank → ``{"offset_ns", "method", "matched"}``), ``origin_ns``
+    (aligned start: the file's ``baseTimeNanoseconds``), ``collectives`` (key → rank → ``(start_ns,
+    end_ns, name)`` on the rank's own clock, keys on 2+ chosen ranks) and ``last`` (key → the
+    rank that arrived last)."""
+
+    run_id: int
+    run_name: str
+    ranks: list[int]
+    traces: dict[int, int]
+    offsets: dict[int, dict]
+    origin_ns: int
+    collectives: dict[tuple, dict[int, tuple[int, int, str]]] = field(default_factory=dict)
+    last: dict[tuple, int] = field(default_factory=dict)
+    kinds: dict[tuple, str] = field(default_factory=dict)
+    stats: dict = field(default_factory=lambda: defaultdict(int))
+    frames: dict = field(default_factory=dict)  # interned stack id -> file:line (NOTE: [Trace export])
+
+
+def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = None,
+                rule: CommRule | None = None) -> ExportPlan:
+    """Choose the ranks, estimate their clock offsets and match their collectives (pass 1:
+    each rank's trace read once, one at a time).
+
+    Raises:
+        NotFoundError: no run ``run_id``, or it has no usable trace.
+        UsageError: ``ranks`` names ranks without a trace, or cannot be read (:func:`parse_ranks`).
+    """
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFoundError(f"run {run_id} not found", resource="run", id=run_id)
+    traces = run_traces(session, run_id)
+    if not traces:
+        raise NotFoundError(f"run {run.name!r} has no usable trace to export", resource="trace", id=run.name)
+    chosen = parse_ranks(ranks, traces) if not isinstance(ranks, list) else parse_ranks(
+        ",".join(map(str, ranks)) or None, traces)
+    ref = min(traces)
+    per_rank: dict[int, list[dict]] = {}
+    for r, colls, _steps in trace_indexes(session, {r: traces[r] for r in {ref, *chosen}}, rule):
+        per_rank[r] = [{"key": c["key"], "start_ns": c["start_ns"], "end_ns": c["end_ns"], "kernel": c["kernel"],
+                        "kind": c["kind"]} for c in colls]
+    offsets = _offsets(per_rank, ref, chosen, len(traces))
+    starts = session.execute(select(Trace.rank, Trace.start_ns).where(Trace.id.in_([traces[r] for r in chosen]))).all()
+    origin = min((s - offsets[r]["offset_ns"] for r, s in starts if s is not None), default=0)
+    plan = ExportPlan(run_id, run.name, chosen, {r: traces[r] for r in chosen}, offsets, origin)
+    by_key: dict[tuple, dict[int, tuple[int, int, str]]] = defaultdict(dict)
+    for r in chosen:
+        for c in per_rank[r]:
+            by_key[c["key"]][r] = (c["start_ns"], c["end_ns"], c["kernel"])
+            plan.kinds.setdefault(c["key"], c["kind"])
+    for key, parts in by_key.items():
+        if len(parts) > 1:
+            plan.collectives[key] = parts
+            arrive = {r: p[0] - offsets[r]["offset_ns"] for r, p in parts.items()}
+            plan.last[key] = max(sorted(arrive), key=lambda r: arrive[r])
+    return plan
+
+
+def _offsets(per_rank: dict[int, list[dict]], ref: int, chosen: list[int], n_traces: int) -> dict[int, dict]:
+    """Per chosen rank, ``align_and_match``'s offset: median of ``end_r - end_ref`` over the
+    collectives both hold (NOTE: [Rank clock alignment])."""
+    ref_end = {c["key"]: c["end_ns"] for c in per_rank[ref]}
+    shared = {c["key"] for r, colls in per_rank.items() if r != ref for c in colls if c["key"] in ref_end}
+    out = {}
+    for r in chosen:
+        diffs = [c["end_ns"] - ref_end[c["key"]] for c in per_rank[r] if c["key"] in ref_end] if r != ref else []
+        if n_traces == 1:
+            out[r] = {"offset_ns": 0, "method": "single rank", "matched": 0}
+        elif r == ref or not diffs:
+            out[r] = {"offset_ns": 0, "method": "reference" if r == ref else "base_time",
+                      "matched": len(shared) if r == ref else len(diffs)}
+        else:
+            out[r] = {"offset_ns": int(statistics.median(diffs)), "method": "collective_end_median",
+                      "matched": len(diffs)}
+    return out
+
+
+def _us(ns: int) -> float | int:
+    """ns → µs: an int when whole, else a float that reads back to the same ns."""
+    return ns // 1000 if ns % 1000 == 0 else ns / 1000
+
+
+def _dumps(obj: dict) -> bytes:
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # an int past 64 bits in stored args
+        return json.dumps(obj, default=str, separators=(",", ":")).encode()
+
+
+def _loads_args(raw: str | None) -> dict:
+    if not raw:
+        return {}
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {"args_json": raw}
+    return value if isinstance(value, dict) else {"args": value}
+
+
+def _node_info(session: Session, graph_ids: set[int],
+               frames: dict | None = None) -> dict[tuple[int, str], tuple[str | None, str | None]]:
+    """(graph id, node name) → (module path, ``file:line`` of the innermost frame of its stack).
+    ``frames``: interned stack id → that ``file:line``, kept across the ranks of one export."""
+    if not graph_ids:
+        return {}
+    frames = {} if frames is None else frames
+    mod = InternedString.__table__.alias("m")
+    stack = InternedString.__table__.alias("st")
+    out = {}
+    ids = sorted(graph_ids)
+    for i in range(0, len(ids), 500):
+        q = (select(Node.graph_id, Node.name, mod.c.value, Node.stack_trace_id)
+             .outerjoin(mod, mod.c.id == Node.module_path_id).where(Node.graph_id.in_(ids[i:i + 500])))
+        rows = session.execute(q).fetchall()
+        new = {sid for *_x, sid in rows if sid is not None and sid not in frames}
+        for sid, trace in (session.execute(select(stack.c.id, stack.c.value).where(stack.c.id.in_(sorted(new))))
+                           if new else ()):
+            found = _FRAME.findall(trace or "")
+            frames[sid] = f"{found[-1][0]}:{found[-1][1]}" if found else None
+        for gid, name, module, sid in rows:
+            out[(gid, name)] = (module, frames.get(sid))
+    return out
+
+
+def _lane_names(meta: dict, lanes: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    procs = {**(meta.get("process_names") or {}), **(meta.get("process_labels") or {})}
+    threads = meta.get("thread_names") or {}
+    out = {}
+    for pid, tid in lanes:
+        proc = procs.get(pid) or f"pid {pid}"
+        out[(pid, tid)] = f"{proc} / {threads.get(f'{pid}/{tid}') or f'thread {tid}'}"
+    return out
+
+
+def _lane_key(lane: tuple[str, str]) -> tuple:
+    return tuple((0, int(x), "") if x.lstrip("-").isdigit() else (1, 0, x) for x in lane)
+
+
+def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule | None,
+                 flow_ids: dict[tuple, int]) -> Iterator[bytes]:
+    """The encoded events of one rank: metadata, slices and instants, its flow ends."""
+    tid = plan.traces[rank]
+    off, origin = plan.offsets[rank]["offset_ns"], plan.origin_ns
+    trace = session.get(Trace, tid)
+    meta = _loads_args(trace.meta_json)
+    events = load_events(session, tid)  # with args; map_trace links GPU events to launches itself
+    mapping = map_trace(session, tid, events)
+    info = _node_info(session, {g for g, _ in mapping.by_kernel.values()}, plan.frames)
+    instants = session.execute(text(_INSTANTS), {"tid": tid}).all()
+    lanes = sorted({(e.pid, e.tid) for e in events} | {(row[4], row[5]) for row in instants}, key=_lane_key)
+    lane_tid = {lane: i + 1 for i, lane in enumerate(lanes)}
+    names = _lane_names(meta, lanes)
+    yield _dumps({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+    yield _dumps({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+    for lane, t in lane_tid.items():
+        yield _dumps({"ph": "M", "name": "thread_name", "pid": rank, "tid": t, "args": {"name": names[lane]}})
+        yield _dumps({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": t, "args": {"sort_index": t}})
+    mine = {(p[0], p[2]): key for key, parts in plan.collectives.items() if (p := parts.get(rank))}
+    where: dict[tuple, tuple[int, int]] = {}  # collective key -> (aligned start ns, tid) of its slice here
+    stats = plan.stats
+    by_kernel, comm_label = mapping.by_kernel, mapping.comm_label
+    head: dict[tuple, bytes] = {}  # (name, cat, lane) -> b'{"ph":"X","name":...,' prefix pieces
+    shift = off + origin
+    buf: list[bytes] = []
+    n_x = 0
+    for e in events:
+        t = lane_tid[(e.pid, e.tid)]
+        key = mine.get((e.ts, e.name))
+        if key is not None and key not in where:
+            where[key] = (e.ts - off, t)
+        hk = (e.name, e.cat, t)
+        pre = head.get(hk)
+        if pre is None:
+            cat = b',"cat":' + orjson.dumps(e.cat) if e.cat else b""
+            pre = head[hk] = (b'{"ph":"X","name":' + orjson.dumps(e.name) + b',"ts":',
+                              b',"pid":' + str(rank).encode() + b',"tid":' + str(t).encode() + cat)
+        raw = e.args
+        got = by_kernel.get(e.id)
+        label = comm_label.get(e.id)
+        if got is None and not label and (not raw or (raw[0] == "{" and raw[-1] == "}" and "NaN" not in raw
+                                                     and "Infinity" not in raw)):
+            # No node link to add: the stored args are the ingest's own compact JSON, written as they
+            # are (parsing and dumping them was a third of the export's time); NaN/Infinity go the slow way
+            tail = b"}" if not raw or raw == "{}" else b',"args":' + raw.encode() + b"}"
+        else:
+            args = _loads_args(raw)
+            if got is not None:
+                gid, nodes = got
+                args["fx_graph"] = gid
+                args["fx_nodes"] = nodes
+                found = [info.get((gid, n), (None, None)) for n in nodes]
+                if any(m for m, _ in found):
+                    args["nn_modules"] = [m for m, _ in found]
+                if any(s for _, s in found):
+                    args["source"] = [s for _, s in found]
+                stats["events_with_nodes"] += 1
+            if label:
+                args["collective"] = label
+            tail = (b',"args":' + _dumps(args) + b"}") if args else b"}"
+        buf.append(pre[0] + orjson.dumps(_us(e.ts - shift)) + b',"dur":' + orjson.dumps(_us(e.dur)) + pre[1] + tail)
+        n_x += 1
+        if len(buf) >= 2048:
+            yield b",".join(buf)
+            buf = []
+    if buf:
+        yield b",".join(buf)
+    stats["X"] += n_x
+    del events, mapping
+    for _id, name, cat, ts, pid, tid_, raw in instants:
+        ev = {"ph": "i", "s": "t", "name": name, "ts": _us(ts - off - origin), "pid": rank, "tid": lane_tid[(pid, tid_)]}
+        if cat:
+            ev["cat"] = cat
+        args = _loads_args(raw)
+        if args:
+            ev["args"] = args
+        stats["i"] += 1
+        yield _dumps(ev)
+    for key, (ts, t) in where.items():
+        last = plan.last[key]
+        name = f"{plan.kinds.get(key, 'collective')} (group {key[0]}) #{key[-1]}"
+        base = {"name": name, "cat": "collective", "pid": rank, "tid": t, "ts": _us(ts - origin)}
+        if rank == last:  # one flow start per waiting rank, ids shared with their ends
+            for r in sorted(plan.collectives[key]):
+                if r != rank:
+                    yield _dumps({**base, "ph": "s", "id": flow_ids[(key, r)],
+                                  "args": {"last_rank": rank, "to_rank": r}})
+                    stats["flows"] += 1
+        else:
+            yield _dumps({**base, "ph": "f", "bp": "e", "id": flow_ids[(key, rank)],
+                          "args": {"last_rank": last}})
+    missing = [k for k in mine.values() if k not in where]
+    stats["collective_slices_not_found"] += len(missing)
+
+
+def iter_export(session: Session, plan: ExportPlan, rule: CommRule | None = None) -> Iterator[bytes]:
+    """The export file's bytes (uncompressed JSON) in chunks of about :data:`CHUNK_BYTES`, rank
+    by rank (NOTE: [Trace export]). ``plan.stats`` counts what was written once it is exhausted.
+
+    A collective whose slice is not found on a rank (none in the stored events at its start)
+    loses its flow ends there; they are counted in ``stats["collective_slices_not_found"]``
+    (the flows of such a collective then may not pair: the caller sees the count)."""
+    ordered = sorted(plan.collectives)
+    flow_ids = {}
+    for key in ordered:
+        for r in sorted(plan.collectives[key]):
+            flow_ids[(key, r)] = len(flow_ids) + 1
+    head = {"baseTimeNanoseconds": plan.origin_ns, "displayTimeUnit": "ns"}
+    buf = [orjson.dumps(head)[:-1] + b',"traceEvents":[']
+    size, first = len(buf[0]), True
+    for rank in plan.ranks:
+        for chunk in _rank_events(session, plan, rank, rule, flow_ids):
+            if not first:
+                buf.append(b",")
+            first = False
+            buf.append(chunk)
+            size += len(chunk) + 1
+            if size >= CHUNK_BYTES:
+                yield b"".join(buf)
+                buf, size = [], 0
+    tail = {"run": plan.run_name, "run_id": plan.run_id, "ranks": plan.ranks,
+            "traces": {str(r): t for r, t in plan.traces.items()}, "origin_ns": str(plan.origin_ns),
+            "offsets": {str(r): plan.offsets[r] for r in plan.ranks}, "collectives_linked": len(plan.collectives),
+            "format": "Chrome Trace Event Format (JSON Object Format), times in us since baseTimeNanoseconds"}
+    buf.append(b'],"graphdeck":' + _dumps(tail) + b"}")
+    yield b"".join(buf)
+
+
+def export_trace(session: Session, run_id: int, out, ranks: str | list[int] | None = None,
+                 rule: CommRule | None = None) -> dict:
+    """Write the export of run ``run_id`` (``ranks``: all, or ``"0,2-5"``) to ``out`` (a path:
+    gzip when it ends in ``.gz``; or a binary file object). Returns ``{"ranks", "offsets",
+    "origin_ns", "collectives_linked", "bytes" (uncompressed), "X", "i", "flows",
+    "events_with_nodes", "collective_slices_not_found"}``.
+
+    Raises:
+        NotFoundError, UsageError: see :func:`plan_export`.
+    """
+    from pathlib import Path
+
+    plan = plan_export(session, run_id, ranks, rule)
+    total = 0
+    if isinstance(out, (str, Path)):
+        path = Path(out)
+        if path.suffix == ".gz":
+            try:
+                from isal import igzip as gz
+            except ImportError:  # pragma: no cover - isal is a dependency
+                import gzip as gz
+            fh = gz.open(path, "wb", compresslevel=3)
+        else:
+            fh = open(path, "wb")
+        with fh:
+            for chunk in iter_export(session, plan, rule):
+                fh.write(chunk)
+                total += len(chunk)
+    else:
+        for chunk in iter_export(session, plan, rule):
+            out.write(chunk)
+            total += len(chunk)
+    return {"ranks": plan.ranks, "offsets": plan.offsets, "origin_ns": plan.origin_ns,
+            "collectives_linked": len(plan.collectives), "bytes": total,
+            **{k: plan.stats.get(k, 0) for k in ("X", "i", "flows", "events_with_nodes", "collective_slices_not_found")}}
+
