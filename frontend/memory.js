@@ -5,7 +5,9 @@
 // A Plotly curve of live bytes over the node order with the peak marked; a click on the curve
 // opens that node in the graph view. Beside it: the top holders at the peak (by module path and
 // kind), saved activations per module, a what-if form (checkpoint a module / another dtype), and
-// the measured curve with the gap between the two peaks. Store text only through h().
+// the measured curve with the gap between the two peaks: from a CUDA memory snapshot record (GET
+// /api/graphs/<id>/memory/measured; its absence said as INCOMPLETE) and from a trace's [memory]
+// events. Store text only through h(); Plotly gets only fixed trace names.
 
 import {api, badge, code, errorBox, fmtBytes, h, num, setCrumbs, table} from "./common.js";
 import {loadPlotly} from "./trace.js";
@@ -98,6 +100,74 @@ async function measured(graph, curve, host) {
   host.replaceChildren(h("p", {class: "muted"}, "No trace of this rank has [memory] events (profile_memory=True)."));
 }
 
+// ---- Measured (CUDA memory snapshot) beside the graph-derived models: GET /api/graphs/<id>/memory/measured
+// (NOTE: [Measured beside derived]). A run without a snapshot record says so rather than nothing.
+const mib = (n) => (n === null || n === undefined ? "—"
+  : `${(n / 2 ** 20).toLocaleString("en-US", {minimumFractionDigits: 1, maximumFractionDigits: 1})} MiB`);
+const signedMib = (n) => (n === null || n === undefined ? "—" : `${n >= 0 ? "+" : "−"}${mib(Math.abs(n))}`);
+const pct = (p) => (p === null || p === undefined ? "—" : `${p >= 0 ? "+" : "−"}${Math.abs(p).toFixed(1)}%`);
+
+function peaksTable(m) {
+  return table("memory-peaks", ["Source", "Peak", "+ held outside the graphs", "Compared", "Gap vs measured", "Gap %"],
+    m.peaks.map((p) => h("tr", {"data-source": p.source}, h("td", {}, p.label), h("td", {class: "num"}, mib(p.peak_bytes)),
+      h("td", {class: "num"}, p.held_outside_bytes === null ? "—" : mib(p.held_outside_bytes)),
+      h("td", {class: "num"}, mib(p.compared_bytes)),
+      h("td", {class: "num"}, p.source === "measured" ? "" : signedMib(p.gap_bytes)),
+      h("td", {class: "num"}, p.source === "measured" ? "" : pct(p.gap_pct)))),
+    "", {caption: "Step peaks. Graphs hold the parameters, not what the job held outside them (optimizer state, "
+      + "eager buffers): a derived peak is compared with that added (the bytes allocated before the snapshot's "
+      + "history, less the parameters).", empty: "no graph-derived model for this graph"});
+}
+
+function modulesTable(m) {
+  return table("memory-modules", ["Module path", "Measured at its peak", "Graph-derived at its peak", "Gap"],
+    m.modules.map((x) => h("tr", {}, h("td", {}, code(x.module)), h("td", {class: "num"}, mib(x.measured_bytes)),
+      h("td", {class: "num"}, mib(x.derived_bytes)), h("td", {class: "num"}, signedMib(x.gap_bytes)))),
+    "", {caption: `Bytes live at each side's own peak per module (paths cut to ${m.depth} parts), parameters left `
+      + "out. Measured: every graph and eager code of the step; derived: this page's forward/backward pair.",
+    empty: "no per-module bytes (see the notes)"});
+}
+
+async function snapshotSection(id, host, page) {
+  const m = await api(`/api/graphs/${id}/memory/measured`);
+  if (!page.alive()) return;
+  const notes = m.notes.length ? h("ul", {class: "muted small", "data-testid": "memory-snapshot-notes"},
+    m.notes.map((n) => h("li", {}, n))) : null;
+  const title = h("h2", {}, "Measured (CUDA memory snapshot) beside graph-derived");
+  if (m.status !== "ok") {
+    host.replaceChildren(title, h("p", {class: "verdict-incomplete", "data-testid": "memory-snapshot-missing"},
+      badge("INCOMPLETE", "tag"), " ", m.message), peaksTable(m), notes);
+    return;
+  }
+  const s = m.snapshot;
+  const measuredPeak = m.peaks.find((p) => p.source === "measured");
+  const summary = h("p", {"data-testid": "memory-snapshot-summary"},
+    h("strong", {}, `measured peak ${mib(s.peak_bytes)}`), ` (snapshot `, code(s.file), `, rank ${s.rank}, device ${s.device}; `,
+    `${mib(s.baseline_bytes)} allocated before its history; ${s.attributed} of ${s.allocations} allocations on graph nodes). `,
+    m.peaks.filter((p) => p.source !== "measured").map((p) => `${p.source === "graph" ? "graph-derived" : "Inductor model"} `
+      + `${mib(p.compared_bytes)} (${pct(p.gap_pct)}). `));
+  const div = h("div", {id: "memory-snapshot-curve", class: "plot", "data-testid": "memory-snapshot-curve"});
+  host.replaceChildren(title, summary, div, peaksTable(m), h("h3", {}, "Per module at the peak"), modulesTable(m), notes);
+  if (!m.curve) { div.replaceChildren(h("p", {class: "muted"}, "No stored curve (see the notes).")); return; }
+  const Plotly = await loadPlotly();
+  if (!page.alive()) return;
+  const x = m.curve.t_us.map((t) => t / 1000);
+  const [x0, x1] = [x[0] ?? 0, x[x.length - 1] ?? 0];
+  const level = (p, name, dash) => ({x: [x0, x1], y: [p.compared_bytes, p.compared_bytes], mode: "lines", name,
+    line: {dash}, hovertemplate: `${name} %{y:,} bytes<extra></extra>`});
+  const traces = [{x, y: m.curve.bytes, mode: "lines", name: "measured (allocated)",
+    hovertemplate: "%{x:.1f} ms<br>%{y:,} bytes<extra></extra>"}];
+  for (const p of m.peaks) {
+    if (p.source === "graph") traces.push(level(p, "graph-derived step peak", "dash"));
+    if (p.source === "inductor") traces.push(level(p, "Inductor model step peak", "dot"));
+  }
+  traces.push({x: [x[m.curve.bytes.indexOf(Math.max(...m.curve.bytes))]], y: [measuredPeak.peak_bytes], mode: "markers",
+    name: "measured peak", marker: {size: 10, color: "#c0392b"}, hovertemplate: "measured peak %{y:,} bytes<extra></extra>"});
+  await Plotly.newPlot(div, traces, {height: 320, margin: {t: 10},
+    xaxis: {title: {text: "ms since the snapshot's first event"}}, yaxis: {title: {text: "allocated bytes"}}},
+  {displaylogo: false, responsive: true});
+}
+
 export async function renderMemory(page, match, query) {
   const id = Number(match[1]);
   const scope = query.get("scope") || "step";
@@ -113,6 +183,8 @@ export async function renderMemory(page, match, query) {
   setCrumbs([["Runs", "#/runs"], [graph.run_name, `#/runs/${graph.run_id}`], [graph.name, `#/graphs/${id}`], ["memory", null]]);
   const plot = h("div", {id: "memory-curve", class: "plot", "data-testid": "memory-curve"});
   const measuredBox = h("section", {id: "memory-measured-box"}, h("p", {class: "loading"}, "Looking for measured memory…"));
+  const snapshotBox = h("section", {id: "memory-snapshot-box", "data-testid": "memory-snapshot"},
+    h("p", {class: "loading"}, "Looking for a CUDA memory snapshot…"));
   const peak = nodeTarget(curve, curve.peak_index);
   document.getElementById("app").replaceChildren(h("section", {class: "memory-page"},
     h("h1", {}, `Memory — ${graph.name}`),
@@ -123,7 +195,7 @@ export async function renderMemory(page, match, query) {
     plot,
     h("h2", {}, "Top holders at the peak"), holdersTable(curve),
     h("h2", {}, "Saved activations by module"), savedTable(curve),
-    whatIf(id), measuredBox));
+    snapshotBox, whatIf(id), measuredBox));
   const Plotly = await loadPlotly();
   if (!page.alive()) return;
   const x = curve.live_bytes.map((_, i) => i);
@@ -141,5 +213,6 @@ export async function renderMemory(page, match, query) {
     const t = nodeTarget(curve, p.x);  // x is the node index on both traces (the peak marker has one point)
     location.hash = linkOf(t.gid, t.node);
   });
+  snapshotSection(id, snapshotBox, page).catch((err) => snapshotBox.replaceChildren(errorBox(err)));
   measured(graph, curve, measuredBox).catch((err) => measuredBox.replaceChildren(errorBox(err)));
 }

@@ -87,9 +87,12 @@ def import_snapshot(engine, path: str | Path, run_name: str, *, device: int = 0)
     m = measure(snap, output_code_files(engine, run_id), device=device)
     got = _RANK.search(Path(path).name)
     rank = int(got.group(1)) if got else 0
+    from graphdeck.analysis.memory.memory_compare import record_extras
+
+    payload = summary(m, path) | record_extras(engine, snap, m)  # curve, bytes per module (NOTE: [Measured beside derived])
     with write_session(engine) as s:
         row = CompileEvent(run_id=run_id, rank=rank, name=RECORD, compile_id=None,
-                           metadata_json=json.dumps({"file": str(path)}), payload=json.dumps(summary(m, path)))
+                           metadata_json=json.dumps({"file": str(path)}), payload=json.dumps(payload))
         s.add(row)
         s.flush()
         rid = row.id

@@ -1,5 +1,6 @@
 """Memory routes: graph-derived liveness of a graph or of a forward+backward step, what-if
-estimates, and measured memory from a trace's ``[memory]`` events."""
+estimates, and measured memory from a trace's ``[memory]`` events (a CUDA memory snapshot's: in
+:mod:`graphdeck.server.routes.memory_measured`, included here)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ from graphdeck.server.deps import MAX_ID, get_session, resolve_graph
 from graphdeck.store.schema import Graph
 
 router = APIRouter(tags=["memory"])
+
+
+def _include_measured() -> None:
+    from graphdeck.server.routes.memory_measured import router as measured
+
+    router.include_router(measured)  # /api/graphs/{id}/memory/measured: a CUDA memory snapshot beside the models
+
+
 
 
 @router.get("/api/graphs/{graph_id}/memory")
@@ -84,3 +93,6 @@ def get_trace_memory(trace_id: int = Path(le=MAX_ID, ge=-MAX_ID - 1), session: S
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
         raise CheckFailed(f"trace {trace_id}'s [memory] events hold values that are not numbers ({exc}); "
                           "upload the trace again: the ingest now skips such events and counts them") from exc
+
+
+_include_measured()
