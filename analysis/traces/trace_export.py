@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.analysis.traces.trace_analysis import CommRule
 from graphdeck.analysis.traces.trace_collectives import run_traces, trace_indexes
-from graphdeck.analysis.traces.trace_data import load_events
+from graphdeck.analysis.traces.trace_data import load_events_cached
 from graphdeck.analysis.traces.trace_map import map_trace
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import InternedString, Node, Run, Trace
@@ -124,6 +124,7 @@ class ExportPlan:
     kinds: dict[tuple, str] = field(default_factory=dict)
     stats: dict = field(default_factory=lambda: defaultdict(int))
     frames: dict = field(default_factory=dict)  # interned stack id -> file:line (NOTE: [Trace export])
+    strings: dict = field(default_factory=dict)  # interned string id -> value, kept across ranks
 
 
 def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = None,
@@ -255,7 +256,7 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     off, origin = plan.offsets[rank]["offset_ns"], plan.origin_ns
     trace = session.get(Trace, tid)
     meta = _loads_args(trace.meta_json)
-    events = load_events(session, tid)  # with args; map_trace links GPU events to launches itself
+    events = load_events_cached(session, tid, plan.strings)  # with args; map_trace links GPU events itself
     mapping = map_trace(session, tid, events)
     info = _node_info(session, {g for g, _ in mapping.by_kernel.values()}, plan.frames)
     instants = session.execute(text(_INSTANTS), {"tid": tid}).all()
@@ -267,35 +268,45 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     for lane, t in lane_tid.items():
         yield _dumps({"ph": "M", "name": "thread_name", "pid": rank, "tid": t, "args": {"name": names[lane]}})
         yield _dumps({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": t, "args": {"sort_index": t}})
-    mine = {(p[0], p[2]): key for key, parts in plan.collectives.items() if (p := parts.get(rank))}
+    mine: dict[int, dict[str, tuple]] = defaultdict(dict)  # start ns -> name -> collective key
+    for key, parts in plan.collectives.items():
+        if (p := parts.get(rank)) is not None:
+            mine[p[0]][p[2]] = key
+    n_mine = sum(len(v) for v in mine.values())
     where: dict[tuple, tuple[int, int]] = {}  # collective key -> (aligned start ns, tid) of its slice here
     stats = plan.stats
     by_kernel, comm_label = mapping.by_kernel, mapping.comm_label
-    head: dict[tuple, bytes] = {}  # (name, cat, lane) -> b'{"ph":"X","name":...,' prefix pieces
+    special = by_kernel.keys() | {k for k, v in comm_label.items() if v}  # events whose args get more
+    # (name, cat, pid, tid) -> (b'{"ph":"X","name":...,"ts":', b',"pid":..,"tid":..,"cat":..', lane)
+    head: dict[tuple, tuple[bytes, bytes, int]] = {}
     shift = off + origin
+    dumps = orjson.dumps
     buf: list[bytes] = []
+    append = buf.append
     n_x = 0
     for e in events:
-        t = lane_tid[(e.pid, e.tid)]
-        key = mine.get((e.ts, e.name))
-        if key is not None and key not in where:
-            where[key] = (e.ts - off, t)
-        hk = (e.name, e.cat, t)
+        hk = (e.name, e.cat, e.pid, e.tid)
         pre = head.get(hk)
         if pre is None:
-            cat = b',"cat":' + orjson.dumps(e.cat) if e.cat else b""
-            pre = head[hk] = (b'{"ph":"X","name":' + orjson.dumps(e.name) + b',"ts":',
-                              b',"pid":' + str(rank).encode() + b',"tid":' + str(t).encode() + cat)
+            t = lane_tid[(e.pid, e.tid)]
+            cat = b',"cat":' + dumps(e.cat) if e.cat else b""
+            pre = head[hk] = (b'{"ph":"X","name":' + dumps(e.name) + b',"ts":',
+                              b',"pid":' + str(rank).encode() + b',"tid":' + str(t).encode() + cat, t)
+        ts = e.ts
+        if ts in mine:
+            key = mine[ts].get(e.name)
+            if key is not None and key not in where:
+                where[key] = (ts - off, pre[2])
         raw = e.args
-        got = by_kernel.get(e.id)
-        label = comm_label.get(e.id)
-        if got is None and not label and (not raw or (raw[0] == "{" and raw[-1] == "}" and "NaN" not in raw
-                                                     and "Infinity" not in raw)):
+        if e.id not in special and (not raw or (raw[0] == "{" and raw[-1] == "}" and "NaN" not in raw
+                                                  and "Infinity" not in raw)):
             # No node link to add: the stored args are the ingest's own compact JSON, written as they
             # are (parsing and dumping them was a third of the export's time); NaN/Infinity go the slow way
             tail = b"}" if not raw or raw == "{}" else b',"args":' + raw.encode() + b"}"
         else:
             args = _loads_args(raw)
+            got = by_kernel.get(e.id)
+            label = comm_label.get(e.id)
             if got is not None:
                 gid, nodes = got
                 args["fx_graph"] = gid
@@ -309,11 +320,14 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
             if label:
                 args["collective"] = label
             tail = (b',"args":' + _dumps(args) + b"}") if args else b"}"
-        buf.append(pre[0] + orjson.dumps(_us(e.ts - shift)) + b',"dur":' + orjson.dumps(_us(e.dur)) + pre[1] + tail)
+        ts -= shift
+        dur = e.dur
+        append(b"".join((pre[0], dumps(ts // 1000 if ts % 1000 == 0 else ts / 1000), b',"dur":',
+                         dumps(dur // 1000 if dur % 1000 == 0 else dur / 1000), pre[1], tail)))
         n_x += 1
-        if len(buf) >= 2048:
+        if len(buf) >= 4096:
             yield b",".join(buf)
-            buf = []
+            buf.clear()
     if buf:
         yield b",".join(buf)
     stats["X"] += n_x
@@ -340,8 +354,7 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
         else:
             yield _dumps({**base, "ph": "f", "bp": "e", "id": flow_ids[(key, rank)],
                           "args": {"last_rank": last}})
-    missing = [k for k in mine.values() if k not in where]
-    stats["collective_slices_not_found"] += len(missing)
+    stats["collective_slices_not_found"] += n_mine - len(where)
 
 
 def iter_export(session: Session, plan: ExportPlan, rule: CommRule | None = None) -> Iterator[bytes]:
@@ -398,7 +411,7 @@ def export_trace(session: Session, run_id: int, out, ranks: str | list[int] | No
                 from isal import igzip as gz
             except ImportError:  # pragma: no cover - isal is a dependency
                 import gzip as gz
-            fh = gz.open(path, "wb", compresslevel=3)
+            fh = gz.open(path, "wb", compresslevel=1)  # ISA-L level 1: ~3x level 3, +5% size
         else:
             fh = open(path, "wb")
         with fh:
