@@ -136,7 +136,7 @@ async function snapshotSection(id, host, page) {
   const title = h("h2", {}, "Measured (CUDA memory snapshot) beside graph-derived");
   if (m.status !== "ok") {
     host.replaceChildren(title, h("p", {class: "verdict-incomplete", "data-testid": "memory-snapshot-missing"},
-      badge("INCOMPLETE", "tag"), " ", m.message), peaksTable(m), notes);
+      badge("INCOMPLETE", "tag"), " ", m.message), ...[peaksTable(m), notes].filter(Boolean));  // replaceChildren prints null
     return;
   }
   const s = m.snapshot;
@@ -147,24 +147,27 @@ async function snapshotSection(id, host, page) {
     m.peaks.filter((p) => p.source !== "measured").map((p) => `${p.source === "graph" ? "graph-derived" : "Inductor model"} `
       + `${mib(p.compared_bytes)} (${pct(p.gap_pct)}). `));
   const div = h("div", {id: "memory-snapshot-curve", class: "plot", "data-testid": "memory-snapshot-curve"});
-  host.replaceChildren(title, summary, div, peaksTable(m), h("h3", {}, "Per module at the peak"), modulesTable(m), notes);
+  host.replaceChildren(...[title, summary, div, peaksTable(m), h("h3", {}, "Per module at the peak"), modulesTable(m),
+    notes].filter(Boolean));
   if (!m.curve) { div.replaceChildren(h("p", {class: "muted"}, "No stored curve (see the notes).")); return; }
   const Plotly = await loadPlotly();
   if (!page.alive()) return;
   const x = m.curve.t_us.map((t) => t / 1000);
   const [x0, x1] = [x[0] ?? 0, x[x.length - 1] ?? 0];
-  const level = (p, name, dash) => ({x: [x0, x1], y: [p.compared_bytes, p.compared_bytes], mode: "lines", name,
-    line: {dash}, hovertemplate: `${name} %{y:,} bytes<extra></extra>`});
-  const traces = [{x, y: m.curve.bytes, mode: "lines", name: "measured (allocated)",
-    hovertemplate: "%{x:.1f} ms<br>%{y:,} bytes<extra></extra>"}];
+  const toMib = (b) => b / 2 ** 20;  // MiB on the axis: Plotly's SI ticks would write bytes as "4B"
+  const level = (p, name, dash) => ({x: [x0, x1], y: [toMib(p.compared_bytes), toMib(p.compared_bytes)], mode: "lines",
+    name, line: {dash}, hovertemplate: `${name} %{y:,.1f} MiB<extra></extra>`});
+  const traces = [{x, y: m.curve.bytes.map(toMib), mode: "lines", name: "measured (allocated)",
+    hovertemplate: "%{x:.1f} ms<br>%{y:,.1f} MiB<extra></extra>"}];
   for (const p of m.peaks) {
     if (p.source === "graph") traces.push(level(p, "graph-derived step peak", "dash"));
     if (p.source === "inductor") traces.push(level(p, "Inductor model step peak", "dot"));
   }
-  traces.push({x: [x[m.curve.bytes.indexOf(Math.max(...m.curve.bytes))]], y: [measuredPeak.peak_bytes], mode: "markers",
-    name: "measured peak", marker: {size: 10, color: "#c0392b"}, hovertemplate: "measured peak %{y:,} bytes<extra></extra>"});
+  traces.push({x: [x[m.curve.bytes.indexOf(Math.max(...m.curve.bytes))]], y: [toMib(measuredPeak.peak_bytes)],
+    mode: "markers", name: "measured peak", marker: {size: 10, color: "#c0392b"},
+    hovertemplate: "measured peak %{y:,.1f} MiB<extra></extra>"});
   await Plotly.newPlot(div, traces, {height: 320, margin: {t: 10},
-    xaxis: {title: {text: "ms since the snapshot's first event"}}, yaxis: {title: {text: "allocated bytes"}}},
+    xaxis: {title: {text: "ms since the snapshot's first event"}}, yaxis: {title: {text: "allocated MiB"}}},
   {displaylogo: false, responsive: true});
 }
 

@@ -157,7 +157,7 @@ def compare(session: Session, graph_id: int, *, depth: int = 3, top: int = 15) -
     from graphdeck.analysis.memory.memory_inductor import inductor_step_memory
     from graphdeck.analysis.memory.memory_step import forward_backward_pair, step_memory
     from graphdeck.errors import NotFoundError
-    from graphdeck.store.schema import CompileEvent
+    from graphdeck.store.schema import CompileEvent, Graph
 
     g = _graph(session, graph_id)
     notes: list[str] = []
@@ -196,6 +196,11 @@ def compare(session: Session, graph_id: int, *, depth: int = 3, top: int = 15) -
         curve = step_memory(session, fw, bw)
         derived("graph", f"graph-derived step (ATen graphs {fw} + {bw})", curve.peak_bytes,
                 int(curve.by_kind_at_peak.get("parameter", 0)))
+        pairs = session.scalars(select(Graph.compile_id).where(
+            Graph.run_id == g.run_id, Graph.rank == g.rank, Graph.kind == "aot_forward").distinct()).all()
+        if len(pairs) > 1:
+            notes.append(f"this rank ran {len(pairs)} compiled forward/backward pairs: the graph-derived step is this "
+                         "page's pair alone; the measured and Inductor figures cover the whole step")
     except NotFoundError as exc:
         notes.append(f"graph-derived step unavailable: {exc}")
     model = inductor_step_memory(session.connection(), g.run_id, g.rank)  # same transaction: no second writer
