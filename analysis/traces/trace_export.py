@@ -46,7 +46,7 @@ from sqlalchemy.orm import Session
 from graphdeck.analysis.traces.trace_analysis import CommRule
 from graphdeck.analysis.traces.trace_collectives import run_traces, trace_indexes
 from graphdeck.analysis.traces.trace_data import load_events_cached
-from graphdeck.analysis.traces.trace_map import map_trace
+from graphdeck.analysis.traces.export_map import kernel_links
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import InternedString, Node, Run, Trace
 
@@ -257,8 +257,8 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     trace = session.get(Trace, tid)
     meta = _loads_args(trace.meta_json)
     events = load_events_cached(session, tid, plan.strings)  # with args; map_trace links GPU events itself
-    mapping = map_trace(session, tid, events)
-    info = _node_info(session, {g for g, _ in mapping.by_kernel.values()}, plan.frames)
+    by_kernel, comm_label = kernel_links(session, tid, events)  # map_trace's, for less (NOTE: [Export kernel links])
+    info = _node_info(session, {g for g, _ in by_kernel.values()}, plan.frames)
     instants = session.execute(text(_INSTANTS), {"tid": tid}).all()
     lanes = sorted({(e.pid, e.tid) for e in events} | {(row[4], row[5]) for row in instants}, key=_lane_key)
     lane_tid = {lane: i + 1 for i, lane in enumerate(lanes)}
@@ -275,7 +275,6 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     n_mine = sum(len(v) for v in mine.values())
     where: dict[tuple, tuple[int, int]] = {}  # collective key -> (aligned start ns, tid) of its slice here
     stats = plan.stats
-    by_kernel, comm_label = mapping.by_kernel, mapping.comm_label
     special = by_kernel.keys() | {k for k, v in comm_label.items() if v}  # events whose args get more
     # (name, cat, pid, tid) -> (b'{"ph":"X","name":...,"ts":', b',"pid":..,"tid":..,"cat":..', lane)
     head: dict[tuple, tuple[bytes, bytes, int]] = {}
@@ -331,7 +330,7 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     if buf:
         yield b",".join(buf)
     stats["X"] += n_x
-    del events, mapping
+    del events, by_kernel, comm_label
     for _id, name, cat, ts, pid, tid_, raw in instants:
         ev = {"ph": "i", "s": "t", "name": name, "ts": _us(ts - off - origin), "pid": rank, "tid": lane_tid[(pid, tid_)]}
         if cat:
