@@ -22,7 +22,9 @@ from click.testing import CliRunner
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.traces.export_map import kernel_links
 from graphdeck.analysis.traces.trace_collectives import align_and_match
+from graphdeck.analysis.traces.trace_data import load_events
 from graphdeck.analysis.traces.trace_export import CHUNK_BYTES, iter_export, parse_ranks, plan_export
 from graphdeck.analysis.traces.trace_map import link_kernels, map_trace
 from graphdeck.cli import main
@@ -53,10 +55,14 @@ def ddp(tmp_path_factory) -> dict:
     with Session(engine) as s:
         aligned = align_and_match(s, 1)
         traces = dict(s.execute(text("SELECT rank, id FROM traces ORDER BY rank")).all())
-        mapped = {r: len(map_trace(s, t).by_kernel) for r, t in traces.items()}
+        full = {r: map_trace(s, t) for r, t in traces.items()}
+        mapped = {r: len(m.by_kernel) for r, m in full.items()}
+        links = {r: (list(m.by_kernel.items()), list(m.comm_label.items())) for r, m in full.items()}
+        fast = {r: tuple(list(d.items()) for d in kernel_links(s, t, load_events(s, t))) for r, t in traces.items()}
     engine.dispose()
     return {"store": path, "tmp": tmp, "file": out, "doc": orjson.loads(gzip.open(out).read()), "cli": res.output,
-            "aligned": aligned, "traces": traces, "mapped": mapped, "original": _stored_events(path, traces)}
+            "aligned": aligned, "traces": traces, "mapped": mapped, "original": _stored_events(path, traces),
+            "links": links, "fast_links": fast}
 
 
 def _stored_events(store: Path, traces: dict[int, int]) -> dict[int, Counter]:
@@ -186,6 +192,13 @@ def test_node_names_modules_and_source_lines_in_args(ddp):
     assert labels == 140  # 70 DDP bucket all-reduces per rank
 
 
+def test_export_kernel_links_are_map_traces(ddp):
+    """NOTE: [Export kernel links]: the export's cheaper links are map_trace's, key for key, in order."""
+    for r, (by_kernel, labels) in ddp["links"].items():
+        assert len(by_kernel) > 1000 and len(labels) == 70, r
+        assert ddp["fast_links"][r] == (by_kernel, labels), r
+
+
 def test_ranks_filter_and_bad_ranks(ddp):
     out = ddp["tmp"] / "r1.trace.json"
     res = CliRunner().invoke(main, ["export-trace", str(ddp["store"]), "--run", "ddp", "--ranks", "1", "-o", str(out)])
@@ -248,6 +261,10 @@ def test_hta_two_rank_nccl_traces(tmp_path):
     with Session(engine) as s:
         aligned = align_and_match(s, 1)
         traces = dict(s.execute(text("SELECT rank, id FROM traces ORDER BY rank")).all())
+        for t in traces.values():  # NOTE: [Export kernel links] on traces without graphs
+            m = map_trace(s, t)
+            got = kernel_links(s, t, load_events(s, t))
+            assert (list(got[0].items()), list(got[1].items())) == (list(m.by_kernel.items()), list(m.comm_label.items()))
     engine.dispose()
     out = tmp_path / "hta.trace.json.gz"
     res = CliRunner().invoke(main, ["export-trace", str(store), "--run", "hta", "--ranks", "0-1", "-o", str(out)])

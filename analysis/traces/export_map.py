@@ -24,7 +24,14 @@ from graphdeck.analysis.traces.trace_analysis import CommRule
 from graphdeck.analysis.traces.trace_data import CPU_RANGE_CATS, GPU_KERNEL_CATS, RUNTIME_CATS, Ev
 from graphdeck.analysis.traces.trace_links import _chains
 from graphdeck.analysis.traces.trace_map import (
-    _REGION, WRAPPER_PREFIX, KernelMapping, _map_comm, _map_wrappers, _tables, map_trace)
+    _REGION,
+    WRAPPER_PREFIX,
+    KernelMapping,
+    _map_comm,
+    _map_wrappers,
+    _tables,
+    map_trace,
+)
 from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import Trace
 

@@ -43,10 +43,10 @@ import orjson
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.traces.export_map import kernel_links
 from graphdeck.analysis.traces.trace_analysis import CommRule
 from graphdeck.analysis.traces.trace_collectives import run_traces, trace_indexes
 from graphdeck.analysis.traces.trace_data import load_events_cached
-from graphdeck.analysis.traces.export_map import kernel_links
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import InternedString, Node, Run, Trace
 
@@ -282,7 +282,8 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     dumps = orjson.dumps
     buf: list[bytes] = []
     append = buf.append
-    n_x = 0
+    durs: dict[int, bytes] = {}  # dur ns -> b',"dur":<us>'
+    node_extra: dict[tuple, tuple] = {}  # (graph id, *nodes) -> (nn_modules or None, source or None)
     for e in events:
         hk = (e.name, e.cat, e.pid, e.tid)
         pre = head.get(hk)
@@ -310,26 +311,31 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
                 gid, nodes = got
                 args["fx_graph"] = gid
                 args["fx_nodes"] = nodes
-                found = [info.get((gid, n), (None, None)) for n in nodes]
-                if any(m for m, _ in found):
-                    args["nn_modules"] = [m for m, _ in found]
-                if any(s for _, s in found):
-                    args["source"] = [s for _, s in found]
+                extra = node_extra.get((gid, *nodes))
+                if extra is None:
+                    found = [info.get((gid, n), (None, None)) for n in nodes]
+                    extra = node_extra[(gid, *nodes)] = ([m for m, _ in found] if any(m for m, _ in found) else None,
+                                                         [s for _, s in found] if any(s for _, s in found) else None)
+                if extra[0] is not None:
+                    args["nn_modules"] = list(extra[0])
+                if extra[1] is not None:
+                    args["source"] = list(extra[1])
                 stats["events_with_nodes"] += 1
             if label:
                 args["collective"] = label
             tail = (b',"args":' + _dumps(args) + b"}") if args else b"}"
         ts -= shift
-        dur = e.dur
-        append(b"".join((pre[0], dumps(ts // 1000 if ts % 1000 == 0 else ts / 1000), b',"dur":',
-                         dumps(dur // 1000 if dur % 1000 == 0 else dur / 1000), pre[1], tail)))
-        n_x += 1
+        db = durs.get(e.dur)
+        if db is None:
+            dur = e.dur
+            db = durs[dur] = b',"dur":' + dumps(dur // 1000 if dur % 1000 == 0 else dur / 1000)
+        append(b"".join((pre[0], dumps(ts // 1000 if ts % 1000 == 0 else ts / 1000), db, pre[1], tail)))
         if len(buf) >= 4096:
             yield b",".join(buf)
             buf.clear()
     if buf:
         yield b",".join(buf)
-    stats["X"] += n_x
+    stats["X"] += len(events)
     del events, by_kernel, comm_label
     for _id, name, cat, ts, pid, tid_, raw in instants:
         ev = {"ph": "i", "s": "t", "name": name, "ts": _us(ts - off - origin), "pid": rank, "tid": lane_tid[(pid, tid_)]}
