@@ -136,6 +136,11 @@ def load_events_cached(session: Session, trace_id: int, strings: dict[int | None
     finally:
         cur.close()
     strings.setdefault(None, "")
+    try:  # a warm cache (the next trace of a run) resolves every id
+        return [Ev(i, strings[n], strings[c], ts, dur, pid, tid_, corr, a)
+                for i, n, c, ts, dur, pid, tid_, corr, a in rows]
+    except KeyError:
+        pass
     need = {r[1] for r in rows if r[1] not in strings} | {r[2] for r in rows if r[2] not in strings}
     if need:
         ids = sorted(need)
