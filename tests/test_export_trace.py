@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from graphdeck.analysis.traces.export_map import kernel_links
 from graphdeck.analysis.traces.trace_collectives import align_and_match
 from graphdeck.analysis.traces.trace_data import load_events
-from graphdeck.analysis.traces.trace_export import CHUNK_BYTES, iter_export, parse_ranks, plan_export
+from graphdeck.analysis.traces.trace_export import CHUNK_BYTES, export_trace, iter_export, parse_ranks, plan_export
 from graphdeck.analysis.traces.trace_map import link_kernels, map_trace
 from graphdeck.cli import main
 from graphdeck.errors import UsageError
@@ -279,6 +279,23 @@ def test_hta_two_rank_nccl_traces(tmp_path):
     for r in (0, 1):
         off = aligned["offsets"][r]["offset_ns"]
         assert by_pid[r] == Counter({(ph, n, ts - off, d): k for (ph, n, ts, d), k in orig[r].items()}), r
+
+
+def test_postgresql_store_exports_the_same_events(tmp_path, pg_url):
+    """The export reads rows through the driver's cursor (NOTE: [Trace export]): a PostgreSQL store
+    of HTA's two ranks gives the same events as a SQLite one."""
+    files = [shared_path(*HTA, f"sampled_rank-{r}.json.gz") for r in (0, 1)]
+    docs = []
+    for url in (str(tmp_path / "hta.db"), pg_url):
+        engine = open_engine(url)
+        for f in files:
+            ingest_trace(engine, f, run_name="hta")
+        buf = io.BytesIO()
+        with Session(engine) as s:
+            export_trace(s, s.execute(text("SELECT id FROM runs WHERE name = 'hta'")).scalar(), buf)
+        engine.dispose()
+        docs.append(orjson.loads(buf.getvalue()))
+    assert docs[0]["traceEvents"] == docs[1]["traceEvents"] and len(docs[0]["traceEvents"]) > 1000
 
 
 @pytest.mark.browser

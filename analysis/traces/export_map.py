@@ -7,8 +7,9 @@ what a collective carries), for every rank it writes. :func:`kernel_links` gives
 dicts (the same keys, values and order) as ``map_trace`` on the same events, skipping what only the
 other results need: launch chains are built only for kernels (not memcpy/memset) and only on the
 threads of their launches, no ``Link`` objects or innermost operators are made, and the optimizer
-step / unmapped bookkeeping is left out. The table choice, twin graphs and collective mapping
-are ``trace_map``'s own functions, called as ``map_trace`` calls them. A trace where ``map_trace``
+step / unmapped bookkeeping and the per-node times are left out, and a wrapper call's table
+choice is kept per (region, call names), which repeat every step. The kernel tables, twin
+graphs and collective mapping are ``trace_map``'s own functions. A trace where ``map_trace``
 takes its CPU path (no kernel time and no communication kernel: NOTE: [CPU trace mapping]) is
 handed to ``map_trace`` whole. tests/test_export_trace.py checks the equality on the 2 x H200 DDP
 store and on HTA's NCCL traces.
@@ -28,8 +29,8 @@ from graphdeck.analysis.traces.trace_map import (
     WRAPPER_PREFIX,
     KernelMapping,
     _map_comm,
-    _map_wrappers,
     _tables,
+    _twins,
     map_trace,
 )
 from graphdeck.errors import NotFoundError
@@ -87,7 +88,50 @@ def kernel_links(session: Session, trace_id: int, events: list[Ev]) -> tuple[dic
         full = map_trace(session, trace_id, events)
         return full.by_kernel, full.comm_label
     out = KernelMapping(trace_id)
-    unmapped, sources = Counter(), Counter()
-    _map_wrappers(session, trace, tables, wrappers, wrapper_ev, out, unmapped, sources)
-    _map_comm(session, trace, comm_kernels, out, unmapped, sources)
+    _wrapper_links(session, trace, tables, wrappers, wrapper_ev, out.by_kernel)
+    _map_comm(session, trace, comm_kernels, out, Counter(), Counter())
     return out.by_kernel, out.comm_label
+
+
+def _wrapper_links(session: Session, trace: Trace, tables: dict[int, dict],
+                   wrappers: dict[int, list[tuple[Ev, Ev | None]]], wrapper_ev: dict[int, tuple[Ev, str | None]],
+                   by_kernel: dict[int, tuple[int, list[str]]]) -> None:
+    """``trace_map._map_wrappers``' ``by_kernel`` entries, in its order: the same table choice
+    (kept per (region, call names), which repeat every step), twins and call groups; no times."""
+    twins = _twins(session, trace.run_id, trace.rank, set(tables)) if wrappers else {}
+    turns: Counter = Counter()
+    chosen: dict[tuple, int] = {}
+    for wid, items in sorted(wrappers.items(), key=lambda kv: (wrapper_ev[kv[0]][0].ts, kv[0])):
+        _, region = wrapper_ev[wid]
+        calls: dict[int, Ev] = {}
+        for _, call in items:
+            if call is not None:
+                calls.setdefault(call.id, call)
+        ordered = sorted(calls.values(), key=lambda e: (e.ts, e.id))
+        names = Counter(c.name for c in ordered)
+        memo = (region, *sorted(names.items()))
+        gid = chosen.get(memo)
+        if gid is None:
+            pool = {g: t for g, t in tables.items() if region is None or t["compile_id"] == region} or tables
+            gid = chosen[memo] = max(sorted(pool), key=lambda g: sum(min(n, len(pool[g]["calls"].get(name, ())))
+                                                                     for name, n in names.items()))
+        table = tables[gid]["calls"]
+        if gid in twins:  # NOTE: [Twin graphs]
+            ring, rep = twins[gid], gid
+            gid = ring[turns[rep] % len(ring)]
+            turns[rep] += 1
+        seen: Counter = Counter()
+        call_nodes: dict[int, tuple[list[str], str] | None] = {}
+        for c in ordered:
+            group = table.get(c.name)
+            i = seen[c.name]
+            seen[c.name] += 1
+            call_nodes[c.id] = group[i] if group and i < len(group) else None
+        for k, call in items:
+            got = call_nodes.get(call.id) if call is not None else None
+            if not got:
+                continue
+            nodes = got[0]
+            if call.name.startswith("aten::"):
+                nodes = nodes[:1]
+            by_kernel[k.id] = (gid, list(nodes))
