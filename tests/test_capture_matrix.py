@@ -80,11 +80,17 @@ def test_what_was_captured_is_in_the_store(matrix, variant):
     evidence = _rows(store, "SELECT step_first, step_last, n_backward FROM grad_steps")
     if variant == "backend_name":
         return  # no watch(): no per-parameter evidence, the report says so (INCOMPLETE)
-    if variant in ("fsdp2", "compiled_autograd", "compiled_autograd_enable"):
+    if variant == "fsdp2":  # gradients read at each optimizer step (NOTE: [FSDP2 evidence]), the limit said
+        rep = validate_backward(store, variant)
+        assert evidence and rep.verdict == "PASS" and not rep.failures, rep.to_text()
+        assert any("FSDP2" in n and "cannot be told from a real one" in n for n in rep.coverage.get("notes", [])), \
+            rep.to_text()
+        return
+    if variant in ("compiled_autograd", "compiled_autograd_enable"):
         rep = validate_backward(store, variant)
         assert rep.verdict == "INCOMPLETE" or rep.failures, rep.to_text()
         why = " ".join(rep.gaps)
-        assert ("FSDP2" if variant == "fsdp2" else "compiled autograd") in why, why
+        assert "compiled autograd" in why, why
         return
     last = {"raises": 1, "os_exit": 1}.get(variant, 2)
     assert evidence and max(r[1] for r in evidence) == last, (variant, evidence)
