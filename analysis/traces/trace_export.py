@@ -48,7 +48,7 @@ from graphdeck.analysis.traces.trace_analysis import CommRule
 from graphdeck.analysis.traces.trace_collectives import run_traces, trace_indexes
 from graphdeck.analysis.traces.trace_data import load_events_cached
 from graphdeck.errors import NotFoundError, UsageError
-from graphdeck.store.schema import InternedString, Node, Run, Trace
+from graphdeck.store.schema import InternedString, Run, Trace
 
 #: Bytes gathered before a chunk is handed to the writer / the HTTP response.
 CHUNK_BYTES = 1 << 20
@@ -217,14 +217,20 @@ def _node_info(session: Session, graph_ids: set[int],
     if not graph_ids:
         return {}
     frames = {} if frames is None else frames
-    mod = InternedString.__table__.alias("m")
     stack = InternedString.__table__.alias("st")
     out = {}
     ids = sorted(graph_ids)
+    conn = session.connection()
+    p = "?" if conn.dialect.paramstyle == "qmark" else "%s"
     for i in range(0, len(ids), 500):
-        q = (select(Node.graph_id, Node.name, mod.c.value, Node.stack_trace_id)
-             .outerjoin(mod, mod.c.id == Node.module_path_id).where(Node.graph_id.in_(ids[i:i + 500])))
-        rows = session.execute(q).fetchall()
+        part = ids[i:i + 500]
+        cur = conn.connection.cursor()  # the driver's cursor: no per-row SQLAlchemy work
+        try:
+            cur.execute("SELECT n.graph_id, n.name, m.value, n.stack_trace_id FROM nodes n LEFT JOIN strings m "
+                        "ON m.id = n.module_path_id WHERE n.graph_id IN (" + ",".join([p] * len(part)) + ")", part)
+            rows = cur.fetchall()
+        finally:
+            cur.close()
         new = {sid for *_x, sid in rows if sid is not None and sid not in frames}
         for sid, trace in (session.execute(select(stack.c.id, stack.c.value).where(stack.c.id.in_(sorted(new))))
                            if new else ()):
