@@ -15,7 +15,8 @@ gives back each event at its aligned time to the ns.
 * Every stored ``X`` and ``i`` event of the rank's newest usable trace (NOTE: [Rank clock
   alignment]: :func:`~graphdeck.analysis.traces.trace_collectives.run_traces`), at ``ts - offset``,
   with its stored args plus, where the kernel → node mapping (:func:`~graphdeck.analysis.
-  trace_map.map_trace`) links it: ``fx_graph`` (graph id), ``fx_nodes`` (node names),
+  trace_map.map_trace`'s links, computed for less by :func:`~graphdeck.analysis.traces.export_map.
+  kernel_links`: NOTE: [Export kernel links]) links it: ``fx_graph`` (graph id), ``fx_nodes`` (node names),
   ``nn_modules`` (their module paths) and ``source`` (``file:line`` of each node's innermost
   user frame); a collective's ``collective`` says what it carries (DDP bucket, FSDP group).
 * Clock offsets are those of :func:`~graphdeck.analysis.traces.trace_collectives.align_and_match`
