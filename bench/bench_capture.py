@@ -7,12 +7,26 @@ steady-state steps after it, in three interleaved rounds. Steady state must be ~
 capture runs at compile time only.
 
     python bench/bench_capture.py [--inner aot_eager|inductor] [--layers 2] [--steps 10]
+
+``--isolated N``: the cold first step as a job sees it, N alternating plain/captured runs, each
+in a fresh process with a fresh ``TORCHINDUCTOR_CACHE_DIR`` (Inductor's and AOTAutograd's caches
+on, as by default, but empty). Reported per run: the first step's CPU seconds (the process and
+its children: Inductor's g++ runs in child processes) and, for captured runs, where the agent's
+own time goes: the shadow AOT trace (``capture/aot.py``), the rest of recording before the inner
+compile (layout, Dynamo graph), and writing the graphs after it (``Agent._finish``).
+
+    TORCHINDUCTOR_COMPILE_THREADS=1 python bench/bench_capture.py --inner inductor --layers 2 --isolated 3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,12 +49,111 @@ def steady_ms(compiled, tokens, steps: int) -> list[float]:
     return out
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children (user + system)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(holder: dict, key: str, fn):
+    """``fn`` wrapped so that its CPU seconds (this process only) add up in ``holder[key]``."""
+    def run(*a, **k):
+        t0 = time.process_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            holder[key] = holder.get(key, 0.0) + time.process_time() - t0
+    return run
+
+
+def once(inner: str, layers: int, mode: str) -> dict:
+    """One cold first step in this process (``mode`` plain, captured, or shadow: captured with
+    the shadow AOT trace for every graph, as before the graphs came from the inner compile);
+    a JSON-able dict."""
+    from graphdeck.capture import Agent
+    from graphdeck.capture import agent as agent_mod
+    from graphdeck.demo import build_model
+
+    torch.manual_seed(0)
+    model = build_model(n_layer=layers)
+    tokens = torch.randint(0, model.config.vocab_size, (4, 64))
+    phases: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        agent = None
+        if mode == "shadow":  # no graphs from the inner compile (NOTE: [Graphs from the inner compile])
+            agent_mod.recording_backend = lambda *a, **k: None
+        if mode != "plain":
+            agent_mod.shadow_trace = timed(phases, "shadow_aot_s", agent_mod.shadow_trace)
+            agent_mod.Agent._finish = timed(phases, "finish_write_s", agent_mod.Agent._finish)
+            from graphdeck.capture import aot as aot_mod
+
+            aot_mod.Handover.keep = timed(phases, "handover_copy_s", aot_mod.Handover.keep)
+            agent_mod.write_late_backward = timed(phases, "backward_write_s", agent_mod.write_late_backward)
+            agent = Agent(store=Path(tmp) / "bench.db", run="bench")
+            agent.watch(model)
+            backend = agent.backend(inner)
+        else:
+            backend = inner
+        compiled = torch.compile(model, backend=backend)
+        c0, w0 = cpu_s(), time.perf_counter()
+        compiled(input_ids=tokens, labels=tokens).loss.backward()
+        out = {"mode": mode, "first_step_cpu_s": cpu_s() - c0, "first_step_wall_s": time.perf_counter() - w0}
+        if agent is not None:
+            agent.close()
+            out.update(phases, capture_wall_s=agent.capture_time_s, graphs=len(agent.graph_ids))
+    return out
+
+
+def isolated(args) -> None:
+    rows = []
+    modes = ("plain", "captured", "shadow") if args.with_shadow else ("plain", "captured")
+    for i in range(args.isolated):
+        for mode in modes if i % 2 == 0 else modes[::-1]:
+            with tempfile.TemporaryDirectory() as cache:
+                env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=cache + "/triton")
+                res = subprocess.run([sys.executable, __file__, "--once", mode, "--inner", args.inner,
+                                      "--layers", str(args.layers)], env=env, capture_output=True, text=True)
+            if res.returncode != 0:
+                sys.exit(f"{mode} run failed:\n{res.stderr[-3000:]}")
+            row = json.loads(res.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+    def stat(mode, key):
+        vals = [r[key] for r in rows if r["mode"] == mode and key in r]
+        return statistics.median(vals), min(vals), max(vals)
+
+    plain = stat("plain", "first_step_cpu_s")
+    print(f"GPT-2 {args.layers} layers, inner={args.inner}, {args.isolated} runs each, fresh process + cache per run")
+    print(f"first step CPU s: plain {plain[0]:.2f} ({plain[1]:.2f}-{plain[2]:.2f})")
+    for mode in modes[1:]:
+        capt = stat(mode, "first_step_cpu_s")
+        print(f"{mode}: first step CPU s {capt[0]:.2f} ({capt[1]:.2f}-{capt[2]:.2f}): x{capt[0] / plain[0]:.3f} of plain")
+        for key in ("shadow_aot_s", "handover_copy_s", "finish_write_s", "backward_write_s", "capture_wall_s"):
+            if any(key in r for r in rows if r["mode"] == mode):
+                m, lo, hi = stat(mode, key)
+                print(f"  {key}: {m:.2f} ({lo:.2f}-{hi:.2f}) = {m / plain[0]:.1%} of plain")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inner", default="aot_eager")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--isolated", type=int, default=0, help="alternating fresh-process runs per mode")
+    parser.add_argument("--with-shadow", action="store_true",
+                        help="--isolated also runs the capture with the shadow trace for every graph (the old way)")
+    parser.add_argument("--once", choices=("plain", "captured", "shadow"), help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="write the per-run rows of --isolated here")
     args = parser.parse_args()
+    if args.once:
+        print(json.dumps(once(args.inner, args.layers, args.once)))
+        return
+    if args.isolated:
+        isolated(args)
+        return
 
     from graphdeck.capture import Agent
     from graphdeck.demo import build_model

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from graphdeck.capture.aot import grad_of, input_index, shadow_trace
+from graphdeck.capture.aot import Handover, recording_backend, shadow_trace, write_aot_graph, write_late_backward
 from graphdeck.capture.callwrap import BindingPlan, bind_at_run_time, child_rows, watch_output_grads
 from graphdeck.capture.compile_context import (
     compile_context,
@@ -51,7 +51,7 @@ from graphdeck.capture.compile_log import (  # noqa: F401 - KEPT_COMPILE_EVENTS,
     _CompileEventHandler,
 )
 from graphdeck.capture.flight import FlightDumps
-from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, output_descs, record_graph
+from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, record_graph
 from graphdeck.capture.writer import IOBinding, StoreWriter
 
 log = logging.getLogger("graphdeck.capture")
@@ -296,15 +296,26 @@ class Agent:
             self.record_layout()
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: could not record the parallel layout: {type(exc).__name__}: {exc}")
-        pending = None
+        pending, handover, recording = None, Handover(), None
+        try:  # NOTE: [Graphs from the inner compile]
+            recording = recording_backend(inner, inner_fn, handover) if isinstance(inner, str) else None
+        except Exception:  # noqa: BLE001 - an unknown torch layout: the shadow trace instead
+            recording = None
         try:
-            pending = self._record_dynamo(gm, example_inputs, inner_name)
+            pending = self._record_dynamo(gm, example_inputs, inner_name, shadow=recording is None)
         except Exception as exc:  # capture never breaks training
             warnings.warn(f"graphdeck: could not record a graph: {type(exc).__name__}: {exc}")
         self.capture_time_s += time.perf_counter() - t0
         t1 = time.perf_counter()
-        compiled = inner_fn(gm, example_inputs, **kwargs)
+        compiled = (recording or inner_fn)(gm, example_inputs, **kwargs)
         compile_time_s = time.perf_counter() - t1
+        if pending is not None and recording is not None:
+            t2 = time.perf_counter()
+            if handover.wants_shadow():  # a cache hit: no compiler ran
+                pending["aot"], pending["aot_source"] = shadow_trace(gm, example_inputs, inner=inner_name), "shadow"
+            else:
+                pending["aot"], pending["aot_source"], pending["handover"] = handover.graphs, "inner", handover
+            self.capture_time_s += time.perf_counter() - t2
         if pending is not None:
             try:
                 gid = self._finish(pending, compile_time_s)
@@ -334,7 +345,7 @@ class Agent:
                          tuple(p["param_by_node"].get(n) for n in names))
         return observe_calls(compiled, info, self._evidence)
 
-    def _record_dynamo(self, gm, example_inputs, inner_name):
+    def _record_dynamo(self, gm, example_inputs, inner_name, shadow: bool = True):
         from torch._guards import CompileContext
 
         cid = CompileContext.current_compile_id()
@@ -384,8 +395,9 @@ class Agent:
             name = f"graph {compile_id}" + (" (after graph break)" if frame_name and "resume_in" in frame_name else "")
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._learn_params(gm, param_by_node)
-        aot = shadow_trace(gm, example_inputs, inner=inner_name)
+        aot = shadow_trace(gm, example_inputs, inner=inner_name) if shadow else None
         return {"gm": gm, "kind": kind, "name": name, "compile_id": compile_id, "frame_name": frame_name,
+                "aot_source": "shadow" if shadow else None,
                 "break_reason": None if ddp is not None else break_reason, "parent_id": parent_id,
                 "partition_index": part_idx,
                 "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
@@ -397,6 +409,7 @@ class Agent:
         rec = record_graph(p["gm"])
         io = _input_bindings(p["gm"], p["param_by_node"])
         meta = {"aot_errors": p["aot"].errors} if p["aot"].errors else {}
+        meta["aot_source"] = p["aot_source"]  # "inner": the inner compile's graphs; "shadow": a second trace
         if p.get("ddp"):
             meta["ddp"] = True  # compiled under DDPOptimizer (a single bucket is not split)
         meta.update(p.get("context") or {})
@@ -413,32 +426,16 @@ class Agent:
         fqn_by_input = {i: p["param_by_node"].get(n.name) for i, n in enumerate(p["placeholders"])}
         plan = BindingPlan(dynamo_graph_id=gid, dynamo_rows=[
             (i, n.name) for i, n in enumerate(p["placeholders"]) if _graph_arg_is_param(n)])
-        aot = p["aot"]
+        aot, handover = p["aot"], p.get("handover")
         for kind, g in (("aot_forward", aot.forward), ("aot_backward", aot.backward), ("aot_inference", aot.inference)):
-            if g is None:
-                continue
-            ins, grads = [], []
-            for pos, n in enumerate(x for x in g.graph.nodes if x.op == "placeholder"):
-                k = input_index(n.meta.get("desc"))
-                if k is not None and k in fqn_by_input:
-                    ins.append((pos, n.name, k, str(n.meta.get("desc"))))
-            if kind == "aot_backward":
-                for pos, (val, desc) in enumerate(zip(output_args(g), output_descs(g))):
-                    k = input_index(grad_of(desc))
-                    if k is not None:
-                        grads.append((pos, val.name if isinstance(val, torch.fx.Node) else None, k,
-                                      isinstance(val, torch.fx.Node), str(desc)))
-            bind = {name: fqn_by_input[k] for _pos, name, k, _d in ins if fqn_by_input.get(k)}
-            bio = child_rows(ins, grads, fqn_by_input)
-            gid2 = writer.write_graph(
-                record_graph(g), kind=kind, name=f"{p['name']} · {kind.removeprefix('aot_')}",
-                compile_id=p["compile_id"], frame_name=p["frame_name"], parent_id=gid,
-                backend=f"graphdeck+{p['inner']}", io=bio, param_by_node=bind)
-            self.graph_ids.append(gid2)
-            plan.children.append((gid2, ins, grads))
+            if g is not None and not (kind == "aot_backward" and handover is not None):
+                write_aot_graph(self, p, gid, plan, fqn_by_input, kind, g)
         plan.positions = [i for i, n in enumerate(p["placeholders"]) if _graph_arg_is_param(n)]
         plan.recorded.add(tuple(fqn_by_input.get(i) for i in plan.positions))
         p["plan"] = plan
+        if handover is not None:  # the backward now, or when the first backward compiles it
+            handover.when_backward(lambda g: write_late_backward(self, p, gid, plan, fqn_by_input, g))
+            handover.release()
         self.flush_events()
         return gid
 

@@ -86,6 +86,13 @@ def test_inductor_warm_cache_records_the_same_graphs(tmp_path):
             cold, warm = graph_signature(s, ids["cold"], rank), graph_signature(s, ids["warm"], rank)
             assert cold and cold == warm, f"rank {rank}: warm run recorded {warm}, cold {cold}"
             assert Counter(k for _, k, _, _ in warm)["aot_backward"] >= 1
+            # The cold run's graphs came from Inductor's own compile, the warm run's from the
+            # shadow trace on a cache hit (NOTE: [Graphs from the inner compile]): the same graphs.
+            sources = {n: {json.loads(m).get("aot_source") for m in s.scalars(select(Graph.meta_json).where(
+                Graph.run_id == ids[n], Graph.rank == rank, Graph.kind.in_(("dynamo", "ddp_partition"))))} - {None}
+                for n in ("cold", "warm")}  # None: a DDP-split graph's unsplit parent
+            assert sources["cold"] == {"inner"}, "a cold compile hands its own graphs over, no shadow trace"
+            assert sources["warm"] <= {"inner", "shadow"}, sources
 
         def cache_hits(run_id):
             total = 0
