@@ -1,16 +1,17 @@
-"""Shadow AOTAutograd tracing: the forward/backward partition of a Dynamo graph, cache or not.
+"""The AOTAutograd forward/backward partition of a Dynamo graph, cache or not: taken from the
+inner backend's own compile (:class:`Handover`), else from a shadow trace.
 
 # NOTE: [Why a shadow trace]
 # Inductor's and AOTAutograd's caches (FX graph cache, AOTAutogradCache) skip the fw/bw compile
 # hooks on a warm second run, so a capture that listens to those hooks records nothing then.
-# Instead, when the backend receives a Dynamo graph we trace it once more with
-# ``aot_module_simplified`` and compilers that only keep the graphs they are handed. The
-# compiled result of that trace is thrown away (it is never run); the inner backend compiles
-# the same graph for real. The shadow uses the partitioner the inner backend uses (min-cut for
-# Inductor and, on current torch, ``aot_eager``; the default one otherwise) and, for Inductor,
-# Inductor's decompositions, so its forward/backward
-# split, saved tensors and recompute tags match what runs. Cost: one extra AOT trace per graph,
-# at compile time only.
+# When the inner compile handed no graph over (a cache hit; a backend whose compilers are not
+# known), we trace the Dynamo graph once more with ``aot_module_simplified`` and compilers that
+# only keep the graphs they are handed. The compiled result of that trace is thrown away (it is
+# never run). The shadow uses the partitioner the inner backend uses (Inductor's own partition
+# function, joint-graph passes included; min-cut for ``aot_eager`` on current torch; the default
+# one otherwise) and, for Inductor, Inductor's decompositions, so its forward/backward split,
+# saved tensors and recompute tags match what runs. Cost: one extra AOT trace per graph, at
+# compile time only (NOTE: [Graphs from the inner compile] for the cold compile, which pays none).
 """
 
 from __future__ import annotations
