@@ -82,7 +82,7 @@ def once(inner: str, layers: int, mode: str) -> dict:
         agent = None
         if mode == "shadow":  # no graphs from the inner compile (NOTE: [Graphs from the inner compile])
             agent_mod.recording_backend = lambda *a, **k: None
-        if mode != "plain":
+        if mode not in ("plain", "config"):
             agent_mod.shadow_trace = timed(phases, "shadow_aot_s", agent_mod.shadow_trace)
             agent_mod.Agent._finish = timed(phases, "finish_write_s", agent_mod.Agent._finish)
             from graphdeck.capture import aot as aot_mod
@@ -94,6 +94,12 @@ def once(inner: str, layers: int, mode: str) -> dict:
             backend = agent.backend(inner)
         else:
             backend = inner
+        if mode == "config" and inner == "inductor":  # plain, with the settings agent.backend makes
+            from graphdeck.capture.profile import enable_cpu_kernel_profile
+            from graphdeck.capture.provenance import enable_provenance
+
+            enable_provenance()
+            enable_cpu_kernel_profile()
         compiled = torch.compile(model, backend=backend)
         c0, w0 = cpu_s(), time.perf_counter()
         compiled(input_ids=tokens, labels=tokens).loss.backward()
@@ -145,7 +151,7 @@ def main() -> None:
     parser.add_argument("--isolated", type=int, default=0, help="alternating fresh-process runs per mode")
     parser.add_argument("--with-shadow", action="store_true",
                         help="--isolated also runs the capture with the shadow trace for every graph (the old way)")
-    parser.add_argument("--once", choices=("plain", "captured", "shadow"), help=argparse.SUPPRESS)
+    parser.add_argument("--once", choices=("plain", "captured", "shadow", "config"), help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the per-run rows of --isolated here")
     args = parser.parse_args()
     if args.once:
