@@ -10,6 +10,7 @@ page in Chromium.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -238,4 +239,9 @@ def test_inductor_cpp_kernels_map_to_nodes(tmp_path):
         assert kernels and all(u.ev.id in m.by_kernel for u in kernels), \
             [u.ev.name for u in kernels if u.ev.id not in m.by_kernel]
         assert any("by stack trace" in m.how[u.ev.id] for u in kernels if u.direction == "backward")
+        # An extern matmul shares its source line with the permutes/views around it: it maps to its
+        # own op's nodes, never to a permute (found by a newcomer on the demo's backward)
+        mms = [u for u in m.cpu_units if u.name in ("aten::mm", "aten::addmm") and u.ev.id in m.by_kernel]
+        assert mms and all(all(re.fullmatch(r"(add)?mm(_\d+)?", n) for n in m.by_kernel[u.ev.id][1]) for u in mms), \
+            [(u.name, m.by_kernel[u.ev.id][1]) for u in mms]
         assert {s.get(Graph, g).kind for g, _ in m.node_ns} == {"aot_forward", "aot_backward"}

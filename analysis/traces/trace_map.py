@@ -231,6 +231,20 @@ def _node_stacks(engine: Engine, run_id: int) -> dict[int, list[tuple[str, str]]
     return out
 
 
+def _same_op(key: str, nodes: tuple[str, ...]) -> tuple[str, ...]:
+    """Of the nodes sharing an extern kernel's source lines, those of its own op: the call
+    ``extern_kernels.mm:18`` / ``aten.randint.low_out:3`` computes the ``mm`` / ``randint`` nodes
+    (FX names a call_function node after its op: ``mm``, ``mm_3``), not the ``permute`` / ``view``
+    nodes written on the same line (a backward node carries its forward op's stack trace). Empty
+    for a generated (fused) kernel, or when no node's name is the op's."""
+    base = key.split(":", 1)[0]
+    if not base.startswith(("extern_kernels.", "aten.")):
+        return ()
+    op = base.split(".")[1]
+    pattern = re.compile(rf"{re.escape(op)}(_\d+)?")
+    return tuple(n for n in nodes if pattern.fullmatch(n))
+
+
 def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stacks_of: dict[int, list[tuple[str, str]]],
                assigned: set[int]):
     """A kernel-stack-traces table (``"name:handle" → [stack trace, ...]``) as node names of the
@@ -252,7 +266,8 @@ def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stack
         out = []
         for key, traces in fresh:
             want = set(traces)
-            out.append((key, tuple(n for n, st in nodes if st in want)))
+            found = tuple(n for n, st in nodes if st in want)
+            out.append((key, _same_op(key, found) or found))
         return out
 
     def n_resolved(gid):
