@@ -152,6 +152,15 @@ function analysisView(a) {
     h("h3", {}, "Communication / computation overlap"),
     h("p", {id: "overlap-summary"}, ov.ratio == null ? fmt(ov.reason) : `overlap ${pct(ov.ratio)} of ${ms(ov.comm_busy_ns)} ms communication`,
       ov.unclassified?.length ? ` · largest kernels not counted as communication: ${ov.unclassified.slice(0, 3).map((u) => u.kernel.slice(0, 60)).join("; ")}` : ""),
+    // CPU-side collectives (gloo…): the same overlap, with the compiled regions' ops as compute
+    a.overlap.cpu ? h("p", {id: "overlap-cpu", "data-testid": "overlap-cpu"},
+      a.overlap.cpu.trace.ratio == null ? "CPU collectives: none in a step"
+        : `CPU collectives (${fmt(a.overlap.cpu.trace.comm_ops)} ops, e.g. gloo:all_reduce on their own threads): `
+          + `overlap ${pct(a.overlap.cpu.trace.ratio)} of ${ms(a.overlap.cpu.trace.comm_busy_ns)} ms communication with `
+          + `${ms(a.overlap.cpu.trace.compute_busy_ns)} ms of compute`) : "",
+    a.overlap.cpu?.steps?.length ? table("overlap-cpu-table", ["step", "CPU collectives", "comm ms", "overlap ms", "overlap"],
+      a.overlap.cpu.steps.map((st) => row([fmt(st.step), fmt(st.comm_ops), ms(st.comm_busy_ns), ms(st.overlap_ns),
+        st.ratio == null ? "—" : pct(st.ratio)])), "", {caption: "Per ProfilerStep: CPU-side collectives against compute"}) : "",
     h("h3", {}, "Largest gaps on a stream"),
     table("gaps-table", ["gap ms", "stream", "after", "before"],
       a.hotspots.gaps.map((g) => row([ms(g.gap_ns), fmt(g.stream), fmt(g.after), fmt(g.before)])), "",

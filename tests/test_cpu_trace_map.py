@@ -166,6 +166,11 @@ def test_replay_page_lights_nodes_frame_by_frame_on_the_cpu_trace(demo_store, se
             page.locator("#replay-node").text_content()
         seen.append(want)
     assert len(set(seen)) >= 8, f"frame by frame, different nodes light up: {seen}"
+    # The trace page: gloo's all-reduces (CPU-side collectives) fill the overlap section
+    page.goto(f"{server.url}/#/traces/{tid}")
+    cpu = page.wait_for_selector("[data-testid=overlap-cpu]").text_content()
+    assert "CPU collectives" in cpu and "overlap" in cpu and "%" in cpu, cpu
+    assert page.locator("#overlap-cpu-table tbody tr").count() >= 1
     page.close()
     assert not problems, problems
 
