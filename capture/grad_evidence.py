@@ -293,17 +293,27 @@ class GradEvidence:
         """Extend the current ``grad_steps`` row when ``state`` equals it, else write a new one."""
         key = json.dumps(state, sort_keys=True)
         row = self._row
-        if row is not None and row["key"] == key and row["source"] == source and row["last"] == step - 1:
+        extend = row is not None and row["key"] == key and row["source"] == source and row["last"] == step - 1
+        self._record(step, source, key, state, sites, extend)
+
+    def _record(self, step: int, source: str, key: str, state: dict | None, sites: dict | None,
+                extend: bool) -> int | None:
+        """Move the current row's end to ``step`` (``extend``: written at once for its first
+        extensions, then every ``PERSIST_EVERY_S``), or close it and write a new row of ``state``;
+        returns the new row's id."""
+        row = self._row
+        if extend:
             row["last"], row["n"], row["dirty"] = step, row["n"] + 1, True
             if row["n"] <= PERSIST_FIRST or time.monotonic() - self._last_persist > PERSIST_EVERY_S:
                 self._persist(row)
-            return
+            return None
         if row is not None:
             self._persist(row, closed=True)
         rid = self.agent.writer.write_grad_step(step_first=step, step_last=step, n_backward=1, step_source=source,
                                                 state={**state, "sites": sites})
         self._row = {"id": rid, "key": key, "first": step, "last": step, "n": 1, "source": source, "dirty": False}
         self._last_persist = time.monotonic()
+        return rid
 
     def note_forward(self) -> None:
         """A grad-enabled compiled forward ran (a window boundary when no optimizer steps)."""
@@ -575,26 +585,16 @@ class GradEvidence:
                 state["partial"] = True
             key = json.dumps(state, sort_keys=True)
             self._last_inputs = inputs
-        writer = self.agent.writer
         same = row is not None and row["key"] == key
         self._same = self._same + 1 if same else 0
         if not same and self._steady:
             self._set_steady(False)  # a change: count accumulations again
         elif same and not self._steady and self._same >= STEADY_AFTER and w.outputs and not state["multi"]:
             self._set_steady(True)
-        if same and row["source"] == source:
-            row["last"], row["n"], row["dirty"] = step, row["n"] + 1, True
-            if row["n"] <= PERSIST_FIRST or time.monotonic() - self._last_persist > PERSIST_EVERY_S:
-                self._persist(row)
-            return
-        if row is not None:
-            self._persist(row, closed=True)
-        rid = writer.write_grad_step(step_first=step, step_last=step, n_backward=1, step_source=source,
-                                     state={**state, "sites": sites})
-        if source == "backward":
+        extend = same and row["source"] == source
+        rid = self._record(step, source, key, None if extend else state, None if extend else sites, extend)
+        if rid is not None and source == "backward":
             self._backward_rows.append(rid)
-        self._row = {"id": rid, "key": key, "first": step, "last": step, "n": 1, "source": source, "dirty": False}
-        self._last_persist = time.monotonic()
 
     def _persist(self, row: dict, closed: bool = False) -> None:
         self.agent.writer.extend_grad_step(row["id"], step_last=row["last"], n_backward=row["n"],

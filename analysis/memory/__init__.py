@@ -25,6 +25,8 @@ loaded on first use (PEP 562), so importing one module of the package imports no
 
 from __future__ import annotations
 
+from graphdeck.analysis import lazy_exports
+
 #: Public name → the module of this package that defines it.
 _PUBLIC = {
     "checkpoint_estimate": "core",
@@ -41,15 +43,4 @@ _PUBLIC = {
     "step_memory": "core",
 }
 __all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str):
-    if name in _PUBLIC:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC)

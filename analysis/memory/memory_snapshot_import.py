@@ -15,7 +15,6 @@ TORCH_TRACE logs of the same command are imported first, so their output code na
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from dataclasses import dataclass
@@ -32,14 +31,9 @@ def is_snapshot(path: str | Path, head_bytes: int = 4096) -> bool:
     """Whether ``path`` (gzipped or not) is a pickled CUDA memory snapshot, by its first bytes:
     a pickle (protocol ≥ 2, ``0x80``) naming ``segments`` and no Flight Recorder key. Never
     raises (an unreadable file is not one)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(head_bytes)
-        if head[:2] == b"\x1f\x8b":
-            with gzip.open(path, "rb") as fh:
-                head = fh.read(head_bytes)
-    except (OSError, EOFError):
-        return False
+    from graphdeck.store.fr_import import file_head
+
+    head = file_head(path, head_bytes)
     return head[:1] == b"\x80" and b"segments" in head and not any(k in head for k in _FR_KEYS)
 
 

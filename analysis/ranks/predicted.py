@@ -173,12 +173,6 @@ def group_members(session: Session, run_id: int, fr: FlightReport | None, ranks:
     return out
 
 
-def _ranks_text(ranks: list[int], limit: int = 16) -> str:
-    if len(ranks) <= limit:
-        return str(list(ranks))
-    return f"[{', '.join(map(str, ranks[:limit // 2]))}, ... {ranks[-1]}] ({len(ranks)} ranks)"
-
-
 def _segments(sch: list[Collective]) -> list[dict]:
     out: list[dict] = []
     for c in sch:
@@ -218,6 +212,7 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
     if not any(report.schedules.values()):
         return []  # nothing predicted (no graph issues a collective): nothing to check
     from graphdeck.analysis.ranks.flight import count_completed
+    from graphdeck.analysis.ranks.mesh_ranks import _ranks_text
 
     if not fr.completed:
         count_completed(session, report.run_id, fr)

@@ -30,8 +30,8 @@ from graphdeck.analysis.traces.trace_map import (
     KernelMapping,
     _map_comm,
     _tables,
-    _twins,
     map_trace,
+    wrapper_kernel_nodes,
 )
 from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import Trace
@@ -88,50 +88,8 @@ def kernel_links(session: Session, trace_id: int, events: list[Ev]) -> tuple[dic
         full = map_trace(session, trace_id, events)
         return full.by_kernel, full.comm_label
     out = KernelMapping(trace_id)
-    _wrapper_links(session, trace, tables, wrappers, wrapper_ev, out.by_kernel)
+    for k, gid, got in wrapper_kernel_nodes(session, trace, tables, wrappers, wrapper_ev):
+        if got:
+            out.by_kernel[k.id] = (gid, list(got[0]))
     _map_comm(session, trace, comm_kernels, out, Counter(), Counter())
     return out.by_kernel, out.comm_label
-
-
-def _wrapper_links(session: Session, trace: Trace, tables: dict[int, dict],
-                   wrappers: dict[int, list[tuple[Ev, Ev | None]]], wrapper_ev: dict[int, tuple[Ev, str | None]],
-                   by_kernel: dict[int, tuple[int, list[str]]]) -> None:
-    """``trace_map._map_wrappers``' ``by_kernel`` entries, in its order: the same table choice
-    (kept per (region, call names), which repeat every step), twins and call groups; no times."""
-    twins = _twins(session, trace.run_id, trace.rank, set(tables)) if wrappers else {}
-    turns: Counter = Counter()
-    chosen: dict[tuple, int] = {}
-    for wid, items in sorted(wrappers.items(), key=lambda kv: (wrapper_ev[kv[0]][0].ts, kv[0])):
-        _, region = wrapper_ev[wid]
-        calls: dict[int, Ev] = {}
-        for _, call in items:
-            if call is not None:
-                calls.setdefault(call.id, call)
-        ordered = sorted(calls.values(), key=lambda e: (e.ts, e.id))
-        names = Counter(c.name for c in ordered)
-        memo = (region, *sorted(names.items()))
-        gid = chosen.get(memo)
-        if gid is None:
-            pool = {g: t for g, t in tables.items() if region is None or t["compile_id"] == region} or tables
-            gid = chosen[memo] = max(sorted(pool), key=lambda g: sum(min(n, len(pool[g]["calls"].get(name, ())))
-                                                                     for name, n in names.items()))
-        table = tables[gid]["calls"]
-        if gid in twins:  # NOTE: [Twin graphs]
-            ring, rep = twins[gid], gid
-            gid = ring[turns[rep] % len(ring)]
-            turns[rep] += 1
-        seen: Counter = Counter()
-        call_nodes: dict[int, tuple[list[str], str] | None] = {}
-        for c in ordered:
-            group = table.get(c.name)
-            i = seen[c.name]
-            seen[c.name] += 1
-            call_nodes[c.id] = group[i] if group and i < len(group) else None
-        for k, call in items:
-            got = call_nodes.get(call.id) if call is not None else None
-            if not got:
-                continue
-            nodes = got[0]
-            if call.name.startswith("aten::"):
-                nodes = nodes[:1]
-            by_kernel[k.id] = (gid, list(nodes))

@@ -280,8 +280,8 @@ def _expected_ranks(session: Session, run_id: int) -> set[int]:
     return ranks
 
 
-def _spans(ranks: list[int]) -> str:
-    """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
+def rank_spans(ranks: list[int], sep: str = ",") -> str:
+    """Sorted ranks as runs: ``[0, 1, 2, 5]`` → ``"0-2,5"`` (``sep`` between runs)."""
     out, i = [], 0
     while i < len(ranks):
         j = i
@@ -289,7 +289,7 @@ def _spans(ranks: list[int]) -> str:
             j += 1
         out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
         i = j + 1
-    return ",".join(out)
+    return sep.join(out)
 
 
 def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
@@ -406,7 +406,7 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
         notes.append("diverged: " + "; ".join(_divergent_text(d) for d in divergent[:5])
                      + (f"; and {len(divergent) - 5} more ranks" if len(divergent) > 5 else ""))
     if missing:
-        notes.append(f"INCOMPLETE: rank(s) {_spans(missing)} of the run have no usable trace: their collectives, "
+        notes.append(f"INCOMPLETE: rank(s) {rank_spans(missing)} of the run have no usable trace: their collectives, "
                      f"lateness and waits are unknown (any of them may be the straggler)")
     timing["divergent"], timing["missing_ranks"], timing["verdict"] = divergent, missing, out["verdict"]
     if notes:

@@ -46,7 +46,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.analysis.traces.export_map import kernel_links
 from graphdeck.analysis.traces.trace_analysis import CommRule
-from graphdeck.analysis.traces.trace_collectives import run_traces, trace_indexes
+from graphdeck.analysis.traces.trace_collectives import rank_spans, run_traces, trace_indexes
 from graphdeck.analysis.traces.trace_data import load_events_cached
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import InternedString, Run, Trace
@@ -89,21 +89,9 @@ def parse_ranks(spec: str | None, available: Iterable[int]) -> list[int]:
                          f"such as 0,2-5", ranks=spec)
     missing = sorted(wanted - set(have))
     if missing:
-        raise UsageError(f"rank(s) {_spans(missing)} have no usable trace in this run (ranks with one: "
-                         f"{_spans(have) or 'none'})", missing=missing[:100])
+        raise UsageError(f"rank(s) {rank_spans(missing)} have no usable trace in this run (ranks with one: "
+                         f"{rank_spans(have) or 'none'})", missing=missing[:100])
     return sorted(wanted)
-
-
-def _spans(ranks: list[int]) -> str:
-    """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
-    out, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 @dataclass

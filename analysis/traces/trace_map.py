@@ -453,14 +453,17 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
     return out
 
 
-def _map_wrappers(session: Session, trace: Trace, tables: dict[int, dict], wrappers: dict[int, list[tuple[Ev, Ev | None]]],
-                  wrapper_ev: dict[int, tuple[Ev, str | None]], out: KernelMapping, unmapped: Counter,
-                  sources: Counter, how: dict[int, str] | None = None) -> None:
-    """Map the kernels of each wrapper call (``wrapper id → [(kernel, call)]``) through the kernel
-    tables (NOTE: [Kernel to node mapping]); GPU kernels and CPU units alike. ``how``, when
-    given, gets each mapped kernel's row source."""
+def wrapper_kernel_nodes(session: Session, trace: Trace, tables: dict[int, dict],
+                         wrappers: dict[int, list[tuple[Ev, Ev | None]]], wrapper_ev: dict[int, tuple[Ev, str | None]]):
+    """Yield ``(kernel, graph_id, (nodes, row source) or None)`` for the kernels of each wrapper
+    call (``wrapper id → [(kernel, call)]``) in wrapper order, through the kernel tables (NOTE:
+    [Kernel to node mapping]): the graph whose table fits the wrapper's calls best (kept per
+    (region, call names), which repeat every step), the turn among twin graphs, the k-th call of
+    a name → the k-th node group; an extern ``aten::`` call computes its origin node (listed
+    first). Shared by :func:`_map_wrappers` and export's kernel links."""
     twins = _twins(session, trace.run_id, trace.rank, set(tables)) if wrappers else {}
     turns: Counter = Counter()
+    chosen: dict[tuple, int] = {}
     for wid, items in sorted(wrappers.items(), key=lambda kv: (wrapper_ev[kv[0]][0].ts, kv[0])):
         _, region = wrapper_ev[wid]
         calls: dict[int, Ev] = {}
@@ -469,10 +472,13 @@ def _map_wrappers(session: Session, trace: Trace, tables: dict[int, dict], wrapp
                 calls.setdefault(call.id, call)
         ordered = sorted(calls.values(), key=lambda e: (e.ts, e.id))
         names = Counter(c.name for c in ordered)
-        pool = {g: t for g, t in tables.items() if region is None or t["compile_id"] == region} or tables
-        gid = max(sorted(pool), key=lambda g: sum(min(n, len(pool[g]["calls"].get(name, ())))
-                                                  for name, n in names.items()))
-        table = pool[gid]["calls"]
+        memo = (region, *sorted(names.items()))
+        gid = chosen.get(memo)
+        if gid is None:
+            pool = {g: t for g, t in tables.items() if region is None or t["compile_id"] == region} or tables
+            gid = chosen[memo] = max(sorted(pool), key=lambda g: sum(min(n, len(pool[g]["calls"].get(name, ())))
+                                                                     for name, n in names.items()))
+        table = tables[gid]["calls"]
         if gid in twins:  # NOTE: [Twin graphs]: the k-th call of the shared code runs the k-th twin
             ring, rep = twins[gid], gid
             gid = ring[turns[rep] % len(ring)]
@@ -486,21 +492,31 @@ def _map_wrappers(session: Session, trace: Trace, tables: dict[int, dict], wrapp
             call_nodes[c.id] = group[i] if group and i < len(group) else None
         for k, call in items:
             got = call_nodes.get(call.id) if call is not None else None
-            if not got:
-                unmapped[k.name] += k.dur
-                continue
-            nodes, source = got
-            if call.name.startswith("aten::"):  # an extern call computes its origin node (listed first)
-                nodes = nodes[:1]
-            out.by_kernel[k.id] = (gid, list(nodes))
-            out.mapped_ns += k.dur
-            sources[source] += 1
-            if how is not None:
-                how[k.id] = source
-            share, rest = divmod(k.dur, len(nodes))
-            for j, node in enumerate(nodes):
-                key = (gid, node)
-                out.node_ns[key] = out.node_ns.get(key, 0) + share + (rest if j == 0 else 0)
+            if got and call.name.startswith("aten::"):
+                got = (got[0][:1], got[1])
+            yield k, gid, got
+
+
+def _map_wrappers(session: Session, trace: Trace, tables: dict[int, dict], wrappers: dict[int, list[tuple[Ev, Ev | None]]],
+                  wrapper_ev: dict[int, tuple[Ev, str | None]], out: KernelMapping, unmapped: Counter,
+                  sources: Counter, how: dict[int, str] | None = None) -> None:
+    """Map the kernels of each wrapper call (``wrapper id → [(kernel, call)]``) through the kernel
+    tables (:func:`wrapper_kernel_nodes`); GPU kernels and CPU units alike. ``how``, when given,
+    gets each mapped kernel's row source."""
+    for k, gid, got in wrapper_kernel_nodes(session, trace, tables, wrappers, wrapper_ev):
+        if not got:
+            unmapped[k.name] += k.dur
+            continue
+        nodes, source = got
+        out.by_kernel[k.id] = (gid, list(nodes))
+        out.mapped_ns += k.dur
+        sources[source] += 1
+        if how is not None:
+            how[k.id] = source
+        share, rest = divmod(k.dur, len(nodes))
+        for j, node in enumerate(nodes):
+            key = (gid, node)
+            out.node_ns[key] = out.node_ns.get(key, 0) + share + (rest if j == 0 else 0)
 
 
 def _map_comm(session: Session, trace: Trace, kernels: list[Ev], out: KernelMapping, unmapped: Counter,

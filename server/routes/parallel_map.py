@@ -268,14 +268,9 @@ def _merge_rows(rows: list[dict]) -> list[dict]:
 
 def _ranges(ranks: list[int]) -> str:
     """``[0, 1, 2, 5]`` → ``"0-2, 5"``."""
-    parts, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            parts.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ", ".join(parts)
+    from graphdeck.analysis.traces.trace_collectives import rank_spans
+
+    return rank_spans(ranks, ", ")
 
 
 def _hosts(session: Session, run_id: int, ws: int) -> tuple[list[str], list[int | None]]:
