@@ -51,10 +51,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from pathlib import Path
-
-from sqlalchemy import insert, select
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING
 
 from graphdeck.errors import BadInputError, NotFoundError, UsageError
 
@@ -66,6 +63,8 @@ MAX_DUMP_BYTES = 512 << 20
 PARALLEL_FROM = 64
 _RANK_RE = re.compile(r"(\d+)$")
 _SUFFIXES = (".gz", ".json", ".pkl", ".pickle", ".bin")
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 
 class _NoClasses(pickle.Unpickler):
@@ -470,6 +469,9 @@ def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = 
                         files: list[str] | None = None, workers: int | None = None) -> FlightImport:
     """Store the FR dumps found at ``paths`` (files or folders; other files are skipped, named)
     as run ``run_name`` (created if missing). ``files``: an already discovered list."""
+    from sqlalchemy import insert, select  # here, so `graphdeck import` of logs alone never loads SQLAlchemy
+    from sqlalchemy.orm import Session
+
     from graphdeck.store.db import get_or_create_run
     from graphdeck.store.schema import CompileEvent, Rank
 
