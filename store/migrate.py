@@ -105,8 +105,9 @@ def _graphdeck_version() -> str:
 
 #: Tables added after schema 2 that a reader of an older store may find absent (read as empty:
 #: ``graphdeck.analysis.gradients.grad_evidence.load`` looks before it queries; node times are computed from
-#: the trace's events when ``node_time_sets`` is absent: ``graphdeck.store.node_times``).
-OPTIONAL_TABLES = frozenset({"grad_steps", "node_time_sets", "node_times"})
+#: the trace's events when ``node_time_sets`` is absent: ``graphdeck.store.node_times``; export-trace maps
+#: the events when ``trace_links`` is: ``graphdeck.analysis.traces.export_map``).
+OPTIONAL_TABLES = frozenset({"grad_steps", "node_time_sets", "node_times", "trace_links"})
 
 
 def _head_columns_present(conn: Connection) -> bool:
@@ -229,10 +230,7 @@ def _create_new(engine: Engine) -> bool:
     # the migrations' head is that revision), so later opens and upgrades see an ordinary
     # Alembic-stamped store.
     """
-    from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table
-
-    version_table = Table("alembic_version", MetaData(), Column("version_num", String(32), nullable=False),
-                          PrimaryKeyConstraint("version_num", name="alembic_version_pkc"))
+    version_table = _version_table()
     with engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE (see db.py); PostgreSQL: the advisory lock
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_LOCK_KEY})
@@ -244,6 +242,48 @@ def _create_new(engine: Engine) -> bool:
         version_table.create(conn)
         conn.execute(version_table.insert().values(version_num=revision_of(SCHEMA_VERSION)))
     return True
+
+
+def _version_table():
+    """Alembic's ``alembic_version`` table as its stamp creates it."""
+    from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table
+
+    return Table("alembic_version", MetaData(), Column("version_num", String(32), nullable=False),
+                 PrimaryKeyConstraint("version_num", name="alembic_version_pkc"))
+
+
+SQLITE_DDL_FILE = Path(__file__).resolve().parent / "sqlite_ddl.py"
+
+
+def render_sqlite_ddl() -> str:
+    """The text of ``store/sqlite_ddl.py`` (NOTE: [SQLite store without SQLAlchemy]): the
+    statements :func:`_create_new` runs on SQLite (``create_all``'s CREATE TABLE / CREATE INDEX in
+    its order, then Alembic's version table), compiled by SQLAlchemy's SQLite dialect from
+    :mod:`graphdeck.store.schema`, with the schema version, its revision, and each table's
+    column defaults (``"<now>"``: the current time)."""
+    import pprint
+
+    from sqlalchemy.dialects import sqlite
+    from sqlalchemy.schema import CreateIndex, CreateTable
+
+    dialect = sqlite.dialect()
+    ddl = []
+    for table in [*Base.metadata.sorted_tables, _version_table()]:
+        ddl.append(str(CreateTable(table).compile(dialect=dialect)).strip())
+        ddl.extend(str(CreateIndex(ix).compile(dialect=dialect)).strip()
+                   for ix in sorted(table.indexes, key=lambda ix: ix.name))
+    defaults = {}
+    for table in Base.metadata.sorted_tables:
+        cols = {c.name: ("<now>" if c.default.is_callable else c.default.arg)
+                for c in table.columns if c.default is not None and not c.primary_key}
+        if cols:
+            defaults[table.name] = cols
+    return (f'"""GENERATED from store/schema.py by `python -m graphdeck.store.migrate --write-sqlite-ddl`; do not edit\n'
+            "(tests/test_import_lite.py fails when it is stale). What a new SQLite store is made of when it is\n"
+            'created without SQLAlchemy: NOTE: [SQLite store without SQLAlchemy] in store/lite.py."""\n\n'
+            f"SCHEMA_VERSION = {SCHEMA_VERSION}\nREVISION = {revision_of(SCHEMA_VERSION)!r}\n"
+            f"DDL = {pprint.pformat(tuple(ddl), width=110)}\n"
+            f"DEFAULTS = {pprint.pformat(defaults, width=110)}\n")
 
 
 def describe(conn: Connection) -> dict:
@@ -312,3 +352,12 @@ def upgrade(engine: Engine, revision: str = "head") -> str:
         if rev is not None and rev.isdigit():
             conn.execute(text("UPDATE store_meta SET value = :v WHERE key = 'schema_version'"), {"v": str(int(rev))})
         return rev
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write-sqlite-ddl"]:
+        sys.exit("usage: python -m graphdeck.store.migrate --write-sqlite-ddl")
+    SQLITE_DDL_FILE.write_text(render_sqlite_ddl())
+    print(f"wrote {SQLITE_DDL_FILE}")

@@ -17,7 +17,8 @@ Layout::
           ├─ grad_steps      (run-time gradient evidence: which parameter got a gradient, per step)
           ├─ kernel_nodes    (generated kernel name -> FX node it computes: Inductor provenance, ...)
           └─ traces ─┬─ trace_events
-                     └─ node_time_sets ── node_times  (per-node time of one trace, written at ingest)
+                     ├─ node_time_sets ── node_times  (per-node time of one trace, written at ingest)
+                     └─ trace_links   (one trace's kernel → node links, written at ingest, read by export)
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: Bumped whenever a table or column changes, together with a new Alembic revision named after it
 #: (``store/migrations/versions/000N_*.py``, revision ``"000N"``); stored in ``store_meta`` and in
 #: ``alembic_version``, checked on open (:mod:`graphdeck.store.migrate`). 2: ``kernel_nodes.call_index``. 3: ``grad_steps``.
-#: 4: an index on ``compile_events``. 5: ``node_time_sets`` / ``node_times``.
-SCHEMA_VERSION = 5
+#: 4: an index on ``compile_events``. 5: ``node_time_sets`` / ``node_times``. 6: ``trace_links``.
+SCHEMA_VERSION = 6
 
 
 def _now() -> _dt.datetime:
@@ -384,3 +385,33 @@ class NodeTime(Base):
     total_ns: Mapped[int] = mapped_column(BigInteger, default=0)
     count: Mapped[int] = mapped_column(Integer, default=0)
     steps_ns_json: Mapped[str] = mapped_column(Text, default="[]")
+
+
+class TraceLinks(Base):
+    """One trace's kernel → FX node links, computed when the trace is ingested and read by
+    ``export-trace`` instead of mapping the events again (NOTE: [Stored kernel links] in
+    :mod:`graphdeck.analysis.traces.export_map`).
+
+    ``method``: the mapper and its version (``"export/1"``). ``links_json``: the links as compact
+    JSON (format in that NOTE). What they were computed against, to tell stale links: the rank's
+    graphs and kernel links (``graphs_count`` AOT graphs, the newest ``last_graph_id``,
+    ``kernel_nodes_count`` kernel links: as :class:`NodeTimeSet`) and the trace's ``X`` events
+    (``events_count`` of them, ids ``first_event_id`` .. ``last_event_id``; plain ints, not foreign
+    keys, so a copy of the row into another store with new event ids reads as stale).
+    """
+
+    __tablename__ = "trace_links"
+    __table_args__ = (UniqueConstraint("trace_id", "method"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trace_id: Mapped[int] = mapped_column(ForeignKey("traces.id", ondelete="CASCADE"))
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    method: Mapped[str] = mapped_column(String(64))
+    graphs_count: Mapped[int] = mapped_column(Integer, default=0)
+    last_graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="SET NULL"))
+    kernel_nodes_count: Mapped[int] = mapped_column(Integer, default=0)
+    events_count: Mapped[int] = mapped_column(Integer, default=0)
+    first_event_id: Mapped[int | None] = mapped_column(BigInteger)
+    last_event_id: Mapped[int | None] = mapped_column(BigInteger)
+    links_json: Mapped[str] = mapped_column(Text, default="{}")
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
