@@ -106,9 +106,13 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
     """Import TORCH_TRACE compile logs (one per rank), Flight Recorder dumps (pickle or JSON, any
     file names; graphdeck.store.fr_import) and Kineto traces (by content) of one job — files or
     directories — as run RUN."""
-    from graphdeck.store.db import open_engine
     from graphdeck.store.fr_import import discover, import_flight_dumps, sniff
     from graphdeck.store.torch_trace import import_torch_trace
+
+    def open_engine(url):  # SQLAlchemy only for what is not a TORCH_TRACE log (NOTE: [SQLite store without SQLAlchemy])
+        from graphdeck.store.db import open_engine
+
+        return open_engine(url)
 
     try:
         found = discover(paths)
@@ -126,7 +130,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
             for d in fr.dropped_records[:20]:
                 click.echo(f"  dropped {d}", err=True)
         try:
-            result = import_torch_trace(open_engine(store), logs, run_name=run_name, strict=strict,
+            result = import_torch_trace(store, logs, run_name=run_name, strict=strict,
                                         progress=sys.stderr.isatty() if progress is None else progress) if logs else None
         except BadInputError as exc:
             if (fr is None and not kineto and not snapshots) or "no TORCH_TRACE log" not in exc.message:

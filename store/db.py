@@ -26,7 +26,6 @@ traces whose ingest died (NOTE: [Stale ingests]).
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Iterator
@@ -44,28 +43,19 @@ from graphdeck.errors import (
     NotAStoreError,
     NotFoundError,
     StoreError,
-    StoreFullError,
     UsageError,
 )
+from graphdeck.store.lite import (  # noqa: F401 (re-exported: the store's sqlite3-only helpers live there)
+    BUSY_TIMEOUT_MS,
+    MAX_BYTES_ENV,
+    apply_pragmas,
+    create_private_file,
+    is_bad_value,
+    is_disk_full,
+    store_full_error,
+    store_url,
+)
 from graphdeck.store.schema import InternedString, Rank, Run
-
-BUSY_TIMEOUT_MS = 60_000
-#: Environment variable: a size quota in bytes for SQLite stores opened for writing (``PRAGMA
-#: max_page_count``); a write past it fails with :class:`StoreFullError`. Unset: no quota.
-MAX_BYTES_ENV = "GRAPHDECK_STORE_MAX_BYTES"
-
-
-def store_url(path_or_url: str | os.PathLike) -> str:
-    """``'runs.db'`` → ``'sqlite:////abs/runs.db'``; a URL with ``://`` is returned unchanged.
-
-    ``postgres://`` and ``postgresql://`` (libpq's spellings) become ``postgresql+psycopg://``."""
-    text = str(path_or_url)
-    if "://" in text:
-        for prefix in ("postgres://", "postgresql://"):
-            if text.startswith(prefix):
-                return "postgresql+psycopg://" + text[len(prefix):]
-        return text
-    return f"sqlite:///{Path(text).expanduser().resolve()}"
 
 
 def display_url(path_or_url: str | os.PathLike) -> str:
@@ -80,68 +70,15 @@ def is_sqlite(path_or_url: str | os.PathLike) -> bool:
     return store_url(path_or_url).startswith("sqlite")
 
 
-def _wal(cur) -> None:
-    """``PRAGMA journal_mode=WAL``, waiting for a rank that is creating the same new store: that
-    switch can answer "database is locked" at once, without SQLite's busy handler (two torchrun
-    ranks opening one fresh store). WAL is kept by the file, so a store already in WAL skips it."""
-    import sqlite3
-    import time
-
-    if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
-        return
-    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            cur.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 def _sqlite_pragmas(read_only: bool, max_bytes: int | None):
     def on_connect(dbapi_conn, _record):
-        cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        if read_only:
-            cur.execute("PRAGMA query_only=1")
-        else:
-            _wal(cur)
-            cur.execute("PRAGMA synchronous=NORMAL")
-            if max_bytes:
-                page_size = cur.execute("PRAGMA page_size").fetchone()[0]
-                cur.execute(f"PRAGMA max_page_count={max(1, math.ceil(max_bytes / page_size))}")
-        cur.execute("PRAGMA foreign_keys=ON")
-        cur.close()
+        apply_pragmas(dbapi_conn, read_only, max_bytes)
 
     return on_connect
 
 
 def _autocommit_driver(dbapi_conn, _record):
     dbapi_conn.isolation_level = None
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether a driver error means "no space": SQLite ``database or disk is full`` (also its
-    ``max_page_count`` quota), PostgreSQL SQLSTATE ``53100``, or ``ENOSPC``."""
-    orig = getattr(exc, "orig", exc)
-    if getattr(orig, "sqlstate", None) == "53100" or getattr(orig, "pgcode", None) == "53100":
-        return True
-    if getattr(orig, "sqlite_errorname", None) == "SQLITE_FULL":
-        return True
-    message = str(orig).lower()
-    return "database or disk is full" in message or "no space left on device" in message
-
-
-def store_full_error(exc: BaseException) -> StoreFullError:
-    """The :class:`StoreFullError` to raise for a driver error that :func:`is_disk_full` says is
-    "no space" (writers that talk to the driver directly raise it themselves)."""
-    return StoreFullError(
-        f"store is full (disk full or the store's size quota was reached): {getattr(exc, 'orig', exc)}; "
-        "the write was rolled back, nothing of it is stored",
-        cause="disk_full",
-    )
 
 
 def _translate_errors(context) -> None:
@@ -157,18 +94,6 @@ def _translate_errors(context) -> None:
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise BadInputError(f"the store cannot hold or compare a value{f' in {column}' if column else ''}: "
                             f"{message}", **({"column": column} if column else {})) from exc
-
-
-def is_bad_value(exc: BaseException) -> bool:
-    """Whether a driver error is about a value rather than the database: pysqlite's
-    ``OverflowError`` (an int past 64 bits) and ``DataError``; PostgreSQL SQLSTATE class 22
-    (data exception) and psycopg's own ``DataError`` (NUL in text, raised before sending)."""
-    if isinstance(exc, OverflowError):
-        return True
-    if not any(cls.__name__ == "DataError" for cls in type(exc).__mro__):  # sqlite3's, psycopg's and subclasses
-        return False
-    state = getattr(exc, "sqlstate", None)
-    return state is None or str(state).startswith("22")
 
 
 def _bad_value_column(context) -> str:
@@ -254,19 +179,6 @@ def open_engine(path_or_url: str | os.PathLike, *, read_only: bool = False, crea
 
 # sqlite3's messages (sqlite3.c: SQLITE_NOTADB, SQLITE_CANTOPEN) for a path that holds no database.
 _NOT_A_STORE = ("file is not a database", "unable to open database file")
-
-
-def create_private_file(path: str | os.PathLike) -> None:
-    """Create ``path`` empty with mode 0600 unless it exists (a symlink is not followed).
-
-    SQLite creates a database with 0644 and its ``-wal`` / ``-shm`` with the database's own
-    mode, so a store made by graphdeck was readable by every local user; created here first,
-    the store and its WAL files are the owner's only. An existing file keeps its mode."""
-    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        os.close(os.open(path, flags, 0o600))
-    except FileExistsError:
-        pass
 
 
 def _sqlite_engine(url: str, read_only: bool, max_bytes: int | None) -> Engine:

@@ -52,13 +52,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import delete, select, update
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
-
 from graphdeck.errors import BadInputError, NotFoundError, UsageError
-from graphdeck.store.db import get_or_create_rank, get_or_create_run
-from graphdeck.store.schema import CompileEvent, Graph, KernelNode, Param, Partition, Rank, Run
 from graphdeck.store.torch_trace_build import KNOWN_KINDS, FileBuilder, GraphCache
 from graphdeck.store.torch_trace_log import (
     GLOG_RE,
@@ -68,6 +62,7 @@ from graphdeck.store.torch_trace_log import (
     open_log,
     rank_from_filename,
 )
+from graphdeck.store.torch_trace_rows import RowWriter, open_writer
 
 #: Counters that are drops: any of them nonzero fails a strict import.
 DROP_KEYS = ("bad_line", "bad_json", "md5_mismatch", "truncated_payload", "no_kind", "other_rank",
@@ -102,12 +97,16 @@ class ImportResult:
                 "dropped": self.dropped, "files": self.files, "skipped_files": self.skipped_files}
 
 
-def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = False,
+def import_torch_trace(engine, paths, *, run_name: str, strict: bool = False,
                        progress: bool = False) -> ImportResult:
     """Import the TORCH_TRACE logs at ``paths`` (a file, a directory, or a list of them) as run
     ``run_name`` (created if missing; a rank it already holds is refused).
 
-    ``progress`` shows a tqdm bar over the bytes read (on stderr).
+    ``engine``: the store, a SQLAlchemy ``Engine`` or a path / URL. A SQLite path (the CLI's
+    case) is written with ``sqlite3`` alone when the store is new or current, without importing
+    SQLAlchemy (NOTE: [SQLite store without SQLAlchemy] in store/lite.py); other stores are
+    opened with :func:`graphdeck.store.db.open_engine`. ``progress`` shows a tqdm bar over the
+    bytes read (on stderr).
 
     Raises:
         NotFoundError: a path does not exist.
@@ -132,14 +131,30 @@ def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = F
     if same:
         raise UsageError("several logs resolve to the same rank (import them as separate runs): "
                          + "; ".join(f"rank {r}: {', '.join(n)}" for r, n in sorted(same.items())))
-    with Session(engine, expire_on_commit=False) as s, s.begin():
-        created_run = s.scalar(select(Run.id).where(Run.name == run_name)) is None
-        run = get_or_create_run(s, run_name, meta={"source": "torch_trace"})
-        taken = set(s.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct()))
+    w = open_writer(engine)
+    try:
+        return _import(w, plan, skipped, run_name, strict, progress)
+    finally:
+        w.close()
+
+
+def _import(w: RowWriter, plan: list, skipped: list[str], run_name: str, strict: bool, progress: bool) -> ImportResult:
+    files = [p[0] for p in plan]
+    w.begin()
+    try:
+        run_id = w.scalar("SELECT id FROM runs WHERE name = ?", (run_name,))
+        created_run = run_id is None
+        if created_run:
+            run_id = w.insert("runs", {"name": run_name, "world_size": None,
+                                       "meta_json": json.dumps({"source": "torch_trace"})})
+        taken = {r for (r,) in w.rows("SELECT DISTINCT rank FROM graphs WHERE run_id = ?", (run_id,))}
         clash = sorted(taken & {r for _, r, _, _ in plan})
         if clash:
             raise UsageError(f"run {run_name!r} already has rank(s) {clash}; import into another --run")
-        run_id = run.id
+        w.commit()
+    except BaseException:
+        w.rollback()
+        raise
     result = ImportResult(run_id=run_id, run_name=run_name, ranks=sorted({r for _, r, _, _ in plan}),
                           stats={}, skipped_files=skipped)
     total = Counter()
@@ -147,7 +162,7 @@ def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = F
     cache = GraphCache()
     try:
         for path, rank, file_rank, env_rank in plan:
-            counts = _import_file(engine, run_id, path, rank, env_rank, strict, bar, cache)
+            counts = _import_file(w, run_id, path, rank, env_rank, strict, bar, cache)
             total.update(counts)
             mismatch = file_rank is not None and env_rank is not None and env_rank != file_rank
             result.files.append({"path": str(path), "rank": rank, "file_rank": file_rank, "envelope_rank": env_rank,
@@ -155,7 +170,8 @@ def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = F
             if mismatch:
                 total["rank_mismatch_files"] += 1
     except BaseException:  # a strict drop, or anything unexpected (KeyboardInterrupt too): keep nothing
-        _discard(engine, run_id, result.ranks, drop_run=created_run)
+        w.rollback()
+        _discard(w, run_id, result.ranks, drop_run=created_run)
         raise
     finally:
         if bar is not None:
@@ -163,13 +179,14 @@ def import_torch_trace(engine: Engine, paths, *, run_name: str, strict: bool = F
     total["files"] = len(files)
     total["skipped_files"] = len(skipped)
     result.stats = dict(sorted(total.items()))
-    with Session(engine) as s, s.begin():
-        run = s.get(Run, run_id)
-        ranks = s.scalars(select(Rank.rank).where(Rank.run_id == run_id)).all()
-        # a log names no world size: the ranks imported (and the highest rank) bound it from below
-        run.world_size = max(run.world_size or 0, len(ranks), max(ranks, default=-1) + 1)
-        s.execute(update(Rank).where(Rank.run_id == run_id, Rank.world_size < run.world_size)
-                  .values(world_size=run.world_size))
+    w.begin()
+    ranks = [r for (r,) in w.rows("SELECT rank FROM ranks WHERE run_id = ?", (run_id,))]
+    # a log names no world size: the ranks imported (and the highest rank) bound it from below
+    world = max(w.scalar("SELECT world_size FROM runs WHERE id = ?", (run_id,)) or 0, len(ranks),
+                max(ranks, default=-1) + 1)
+    w.update("runs", run_id, {"world_size": world})
+    w.execute("UPDATE ranks SET world_size = ? WHERE run_id = ? AND world_size < ?", (world, run_id, world))
+    w.commit()
     return result
 
 
@@ -213,48 +230,50 @@ def _plan_rank(path: Path) -> tuple[int, int | None, int | None]:
     return rank, file_rank, env_rank
 
 
-def _import_file(engine: Engine, run_id: int, path: Path, rank: int, env_rank: int | None, strict: bool,
+def _import_file(w: RowWriter, run_id: int, path: Path, rank: int, env_rank: int | None, strict: bool,
                  bar, cache: GraphCache) -> Counter:
     stats = ReadStats()
     reader = LogReader(path, stats)
-    with Session(engine, expire_on_commit=False) as s:
-        s.begin()
-        run = s.get(Run, run_id)
-        meta = {"source": "torch_trace", "file": path.name}
-        if env_rank is not None and env_rank != rank:
-            meta.update(envelope_rank=env_rank, rank_mismatch=True)
-        row = get_or_create_rank(s, run, rank, world_size=1, meta_json=json.dumps(meta))
-        builder = FileBuilder(s, run_id, rank, cache=cache)
-        since_commit, pos = 0, 0
-        for rec in reader:
-            if rec.rank is not None and env_rank is not None and rec.rank != env_rank:
-                stats.add("other_rank")
-                _maybe_fail(strict, path, stats)
-                continue
-            if rec.kind not in KNOWN_KINDS:
-                stats.add("unknown_kind")
-                stats.add("unknown_kind:" + rec.kind)
+    w.begin()  # one transaction per COMMIT_EVERY_RECORDS records; on an error the caller rolls back
+    meta = {"source": "torch_trace", "file": path.name}
+    if env_rank is not None and env_rank != rank:
+        meta.update(envelope_rank=env_rank, rank_mismatch=True)
+    row_id = w.scalar("SELECT id FROM ranks WHERE run_id = ? AND rank = ?", (run_id, rank))
+    if row_id is None:
+        row_id = w.insert("ranks", {"run_id": run_id, "rank": rank, "world_size": 1,
+                                    "meta_json": json.dumps(meta)})
+    builder = FileBuilder(w, run_id, rank, cache=cache)
+    since_commit, pos = 0, 0
+    for rec in reader:
+        if rec.rank is not None and env_rank is not None and rec.rank != env_rank:
+            stats.add("other_rank")
             _maybe_fail(strict, path, stats)
-            if rec.name == "torch_version" and rec.payload:
-                row.torch_version = torch_version_of(rec.payload)
-            builder.add(rec, reader.resolve_stack)
-            since_commit += 1
-            if since_commit >= COMMIT_EVERY_RECORDS:
-                builder.flush_events()
-                s.commit()
-                s.begin()
-                since_commit = 0
-            if bar is not None and reader.bytes_read - pos > 1 << 20:
-                bar.update(reader.bytes_read - pos)
-                pos = reader.bytes_read
+            continue
+        if rec.kind not in KNOWN_KINDS:
+            stats.add("unknown_kind")
+            stats.add("unknown_kind:" + rec.kind)
         _maybe_fail(strict, path, stats)
-        builder.flush_events()
-        _write_params(s, run_id, rank, builder.params)
-        builder.counts["params"] = len(builder.params)
-        drops = {k: stats.counts[k] for k in DROP_KEYS if stats.counts.get(k)}
-        row.meta_json = json.dumps({**meta, "records": stats.counts.get("records", 0), "dropped": drops,
-                                    "dropped_records": stats.dropped})  # named: analysis.ranks.flight.missing_evidence
-        s.commit()
+        if rec.name == "torch_version" and rec.payload:
+            w.update("ranks", row_id, {"torch_version": torch_version_of(rec.payload)})
+        builder.add(rec, reader.resolve_stack)
+        since_commit += 1
+        if since_commit >= COMMIT_EVERY_RECORDS:
+            builder.flush_events()
+            w.commit()
+            w.begin()
+            since_commit = 0
+        if bar is not None and reader.bytes_read - pos > 1 << 20:
+            bar.update(reader.bytes_read - pos)
+            pos = reader.bytes_read
+    _maybe_fail(strict, path, stats)
+    builder.flush_events()
+    _write_params(w, run_id, rank, builder.params)
+    builder.counts["params"] = len(builder.params)
+    drops = {k: stats.counts[k] for k in DROP_KEYS if stats.counts.get(k)}
+    w.update("ranks", row_id, {"meta_json": json.dumps({**meta, "records": stats.counts.get("records", 0),
+                                                        "dropped": drops, "dropped_records": stats.dropped})})
+    # (dropped_records is named: analysis.ranks.flight.missing_evidence)
+    w.commit()
     if bar is not None:
         bar.update(reader.bytes_read - pos)
     counts = Counter(stats.counts)
@@ -271,23 +290,30 @@ def _maybe_fail(strict: bool, path: Path, stats: ReadStats) -> None:
                             + ", ".join(f"{k} {v}" for k, v in drops.items()), stats=dict(stats.counts))
 
 
-def _write_params(s: Session, run_id: int, rank: int, params: dict[str, dict]) -> None:
-    s.execute(delete(Param).where(Param.run_id == run_id, Param.rank == rank))
-    for p in params.values():
-        s.add(Param(run_id=run_id, rank=rank, fqn=p["fqn"][:500], kind=p["kind"], storage_key=p["fqn"][:64],
-                    shape_json=json.dumps(p["shape"] or []), dtype=p["dtype"], numel=p["numel"],
-                    size_bytes=p["size_bytes"], requires_grad=p["requires_grad"]))
+PARAM_COLS = ("run_id", "rank", "fqn", "kind", "storage_key", "shape_json", "dtype", "numel", "size_bytes",
+              "requires_grad")
 
 
-def _discard(engine: Engine, run_id: int, ranks: list[int], *, drop_run: bool) -> None:
-    """Remove what a failed (strict) import wrote."""
-    with Session(engine) as s, s.begin():
-        for table in (KernelNode, CompileEvent, Partition, Param):
-            s.execute(delete(table).where(table.run_id == run_id, table.rank.in_(ranks)))
-        s.execute(delete(Graph).where(Graph.run_id == run_id, Graph.rank.in_(ranks)))
-        s.execute(delete(Rank).where(Rank.run_id == run_id, Rank.rank.in_(ranks)))
+def _write_params(w: RowWriter, run_id: int, rank: int, params: dict[str, dict]) -> None:
+    w.execute("DELETE FROM params WHERE run_id = ? AND rank = ?", (run_id, rank))
+    w.insert_many("params", PARAM_COLS, [(run_id, rank, p["fqn"][:500], p["kind"], p["fqn"][:64],
+                                          json.dumps(p["shape"] or []), p["dtype"], p["numel"], p["size_bytes"],
+                                          p["requires_grad"]) for p in params.values()])
+
+
+def _discard(w: RowWriter, run_id: int, ranks: list[int], *, drop_run: bool) -> None:
+    """Remove what a failed (strict) import wrote (one transaction)."""
+    marks = ", ".join("?" * len(ranks))
+    w.begin()
+    try:
+        for table in ("kernel_nodes", "compile_events", "partitions", "params", "graphs", "ranks"):
+            w.execute(f"DELETE FROM {table} WHERE run_id = ? AND rank IN ({marks})", (run_id, *ranks))
         if drop_run:
-            s.execute(delete(Run).where(Run.id == run_id))
+            w.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+        w.commit()
+    except BaseException:
+        w.rollback()
+        raise
 
 
 def _progress(total_bytes: int):

@@ -2,8 +2,9 @@
 bindings, DDP partitions, compile events and kernel → node links.
 
 Used by :mod:`graphdeck.store.torch_trace` (the public entry); see its docstring for the whole
-mapping. Rows go in with SQLAlchemy Core ``insert`` in one session that the caller commits in
-batches, so memory stays bounded by one compile's graphs, not the file.
+mapping. Rows go in through a :class:`~graphdeck.store.torch_trace_rows.RowWriter` (``sqlite3`` or
+a SQLAlchemy connection) in transactions the caller commits in batches, so memory stays bounded
+by one compile's graphs, not the file.
 """
 
 from __future__ import annotations
@@ -14,10 +15,6 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sqlalchemy import insert, update
-from sqlalchemy.orm import Session
-
-from graphdeck.store.db import Interner
 from graphdeck.store.fx_text import (
     TextGraph,
     fqn_from_placeholder,
@@ -27,8 +24,8 @@ from graphdeck.store.fx_text import (
     parse_fx_text,
     placeholder_key,
 )
-from graphdeck.store.schema import CompileEvent, Edge, Graph, GraphIO, KernelNode, Node, Partition
 from graphdeck.store.torch_trace_log import Record
+from graphdeck.store.torch_trace_rows import RowWriter
 
 #: Record kinds (envelope keys) whose payload is an FX graph, and the graph kind each becomes.
 GRAPH_KINDS = {
@@ -70,6 +67,10 @@ NODE_COLS = ("graph_id", "idx", "name", "op", "target_id", "args_json", "shape_j
              "size_bytes", "module_path_id", "module_stack_json", "stack_trace_id", "seq_nr", "partitioner_tag", "desc",
              "param_fqn", "meta_json")
 EDGE_COLS = ("graph_id", "src_idx", "dst_idx", "arg_pos", "size_bytes")
+IO_COLS = ("graph_id", "direction", "position", "node_name", "param_fqn", "has_grad", "desc")
+EVENT_COLS = ("run_id", "rank", "name", "compile_id", "metadata_json", "payload")
+KERNEL_COLS = ("run_id", "rank", "compile_id", "graph_id", "kernel_name", "node_name", "pre_grad_node", "source",
+               "call_index")
 
 
 class GraphCache:
@@ -102,18 +103,6 @@ class GraphCache:
         while self._items and (len(self._items) > GRAPH_CACHE_ENTRIES or self._nodes > GRAPH_CACHE_NODES):
             _, (_, n) = self._items.popitem(last=False)
             self._nodes -= n
-
-
-def _insert_rows(conn, table, cols: tuple, rows: list[tuple]) -> None:
-    """executemany of tuples; on SQLite straight through the driver (SQLAlchemy's per-row
-    parameter processing costs more than the insert itself on 100k-node logs)."""
-    if not rows:
-        return
-    if conn.dialect.name == "sqlite":
-        sql = f"INSERT INTO {table.name} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-        conn.exec_driver_sql(sql, rows)
-    else:
-        conn.execute(table.insert(), [dict(zip(cols, r)) for r in rows])
 
 
 # NOTE: [Module paths of imported graphs] A printed graph carries no nn_module_stack, so the
@@ -204,19 +193,18 @@ class FileBuilder:
     bindings; the caller writes them at the end. ``counts`` are this file's stored-row counters.
     """
 
-    def __init__(self, session: Session, run_id: int, rank: int, ordinal: int = 0, cache: GraphCache | None = None):
-        self.session = session
+    def __init__(self, writer: RowWriter, run_id: int, rank: int, ordinal: int = 0, cache: GraphCache | None = None):
+        self.writer = writer
         self.cache = cache if cache is not None else GraphCache()
         self.run_id = run_id
         self.rank = rank
         self.ordinal = ordinal
-        self.intern = Interner(session)
         self.compiles: dict[str | None, _Compile] = {}
         self.tensors: dict[tuple, dict] = {}
         self.params: dict[str, dict] = {}
         self.break_reasons: dict[str, str] = {}  # "frame/compile" -> first graph-break reason
         self.counts: Counter = Counter()
-        self.events: list[dict] = []
+        self.events: list[tuple] = []  # compile_events rows (EVENT_COLS) not written yet
 
     # ----------------------------------------------------------------------------------- dispatch
     def add(self, rec: Record, resolve_stack) -> None:
@@ -269,9 +257,8 @@ class FileBuilder:
             self._metrics(ctx, rec.body)
         if graph_id is not None:
             meta["graph_id"] = graph_id
-        self.events.append({"run_id": self.run_id, "rank": self.rank, "name": str(name)[:100],
-                            "compile_id": rec.compile_id,
-                            "metadata_json": json.dumps(meta, default=str), "payload": _cap(payload)})
+        self.events.append((self.run_id, self.rank, str(name)[:100], rec.compile_id, json.dumps(meta, default=str),
+                            _cap(payload)))
         self.counts["compile_events"] += 1
 
     def _shrink_old_compiles(self) -> None:
@@ -396,18 +383,17 @@ class FileBuilder:
         return stored
 
     def _write_graph(self, kind, name, cid, frame_name, parent, part_idx, text: TextGraph, bind, io, rec) -> _Stored:
-        s = self.session
+        w = self.writer
         owner = {fqn: "/".join(fqn.split(".")[:-1]) or None for fqn in bind.values()}
         break_reason = self.break_reasons.get((cid or "").split("_")[0]) if kind == "dynamo" else None
-        conn = s.connection()
-        graph_id = conn.execute(Graph.__table__.insert().values(
+        graph_id = w.insert("graphs", dict(
             run_id=self.run_id, rank=self.rank, ordinal=self.ordinal, kind=kind, name=name[:300], compile_id=cid,
             frame_name=(frame_name or "")[:300] or None, parent_id=parent.graph_id if parent else None,
             partition_index=part_idx, num_nodes=len(text.nodes), structural_hash=text.structural_hash,
             backend="torch_trace", break_reason=break_reason, code=rec.payload,
             meta_json=json.dumps({"source": "torch_trace", "record": rec.name, "line": rec.line_no,
                                   "bad_statements": text.bad_statements}),
-        )).inserted_primary_key[0]
+        ))
         self.ordinal += 1
         md5 = rec.envelope.get("has_payload")
         md5 = md5 if isinstance(md5, str) else None
@@ -419,24 +405,22 @@ class FileBuilder:
                 if d == "grad" and value and fqn and "." in fqn:
                     seeds.setdefault(value, "/".join(fqn.split(".")[:-1]))
             paths = module_paths(text, seeds)
-            self.intern.many(x for n in text.nodes for x in (n.target, paths.get(n.name), n.stack_trace))  # batched
-            nodes = [(n.idx, n.name[:300], n.op, self.intern(n.target),
+            w.intern_many(x for n in text.nodes for x in (n.target, paths.get(n.name), n.stack_trace))  # batched
+            nodes = [(n.idx, n.name[:300], n.op, w.intern(n.target),
                       json.dumps({"args": n.args, "kwargs": n.kwargs}, default=str),
                       None if n.shape is None else json.dumps(n.shape), n.dtype,
                       None if n.stride is None else json.dumps(n.stride), n.device, n.size_bytes,
-                      self.intern(paths.get(n.name)), None,
-                      self.intern(n.stack_trace), None, None, n.desc, bind.get(n.name),
+                      w.intern(paths.get(n.name)), None,
+                      w.intern(n.stack_trace), None, None, n.desc, bind.get(n.name),
                       '{"module_path": "inferred"}' if n.name in paths and n.name not in bind else "{}")
                      for n in text.nodes]
             edges = [(e.src_idx, e.dst_idx, e.arg_pos, e.size_bytes) for e in text.edges]
             cached = (nodes, edges)
             if md5:
                 self.cache.put(key, cached, len(text.nodes))
-        _insert_rows(conn, Node.__table__, NODE_COLS, [(graph_id, *r) for r in cached[0]])
-        _insert_rows(conn, Edge.__table__, EDGE_COLS, [(graph_id, *r) for r in cached[1]])
-        if io:
-            _insert_rows(conn, GraphIO.__table__, ("graph_id", "direction", "position", "node_name", "param_fqn",
-                                                   "has_grad", "desc"), [(graph_id, *r) for r in io])
+        w.insert_many("nodes", NODE_COLS, [(graph_id, *r) for r in cached[0]])
+        w.insert_many("edges", EDGE_COLS, [(graph_id, *r) for r in cached[1]])
+        w.insert_many("graph_io", IO_COLS, [(graph_id, *r) for r in io])
         self.counts["graphs"] += 1
         self.counts["graphs_" + kind] += 1
         self.counts["nodes"] += len(text.nodes)
@@ -447,7 +431,7 @@ class FileBuilder:
     def _partition(self, ctx: _Compile, stored: _Stored, idx: int | None, bind: dict[str, str]) -> None:
         params = list(dict.fromkeys(bind.values()))
         size = sum(self.params.get(p, {}).get("size_bytes", 0) for p in params)
-        self.session.execute(insert(Partition).values(
+        self.writer.insert("partitions", dict(
             run_id=self.run_id, rank=self.rank, kind="ddp_bucket",
             parent_graph_id=ctx.dynamo.graph_id if ctx.dynamo else None, graph_id=stored.graph_id,
             index=idx if idx is not None else len(ctx.children), size_bytes=size, params_json=json.dumps(params)))
@@ -545,7 +529,6 @@ class FileBuilder:
         else:
             return
         rows = []
-        with_index = self._has_call_index()
         for kernel, nodes in kernels.items():
             base, _, handle = str(kernel).rpartition(":")
             if not base or not handle.isdigit():
@@ -556,35 +539,19 @@ class FileBuilder:
                 pre_name = pre[0] if isinstance(pre, list) and pre and isinstance(pre[0], str) else None
                 if pre_name is None and isinstance(pre, list) and pre and isinstance(pre[0], dict):
                     pre_name = pre[0].get("name")
-                rows.append({"run_id": self.run_id, "rank": self.rank, "compile_id": rec.compile_id,
-                             "graph_id": target.graph_id if target else None, "kernel_name": kname[:500],
-                             "node_name": str(node)[:300], "pre_grad_node": pre_name, "source": source,
-                             **({"call_index": int(handle) if handle else None} if with_index else {})})
-        if rows and with_index:
-            cols = tuple(rows[0])
-            _insert_rows(self.session.connection(), KernelNode.__table__, cols, [tuple(r.values()) for r in rows])
+                # call_index: the kernel call's debug handle (``cpp_fused_add_0:3`` -> 3)
+                rows.append((self.run_id, self.rank, rec.compile_id, target.graph_id if target else None, kname[:500],
+                             str(node)[:300], pre_name, source, int(handle) if handle else None))
+        if rows:
+            self.writer.insert_many("kernel_nodes", KERNEL_COLS, rows)
             self.counts["kernel_nodes"] += len(rows)
-        elif rows:
-            self.session.connection().execute(KernelNode.__table__.insert(), rows)
-            self.counts["kernel_nodes"] += len(rows)
-
-    def _has_call_index(self) -> bool:
-        """Whether ``kernel_nodes`` has the ``call_index`` column the trace mapping adds (the
-        kernel call's handle, ``cpp_fused_add_0:3`` → 3)."""
-        if not hasattr(self, "_call_index"):
-            from sqlalchemy import inspect
-
-            cols = {c["name"] for c in inspect(self.session.connection()).get_columns(KernelNode.__tablename__)}
-            self._call_index = "call_index" in cols
-        return self._call_index
 
     # ----------------------------------------------------------------------------------- metrics
     def _metrics(self, ctx: _Compile, body: dict) -> None:
         t = body.get("entire_frame_compile_time_s")
         if ctx.dynamo is not None and isinstance(t, (int, float)):
-            self.session.execute(update(Graph).where(Graph.id == ctx.dynamo.graph_id).values(compile_time_s=float(t)))
+            self.writer.update("graphs", ctx.dynamo.graph_id, {"compile_time_s": float(t)})
 
     def flush_events(self) -> None:
-        if self.events:
-            self.session.connection().execute(CompileEvent.__table__.insert(), self.events)
-            self.events = []
+        self.writer.insert_many("compile_events", EVENT_COLS, self.events)
+        self.events = []
