@@ -481,6 +481,8 @@ class GradEvidence:
         agent = self.agent
         if agent._watch_info.get("ddp"):
             return
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return  # no DDP without a process group; the heap walk below costs ~1-2 s of the first step
         import gc
 
         from graphdeck.capture.compile_context import parallel_info
