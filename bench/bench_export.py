@@ -4,13 +4,14 @@ Input: the 2 x H200 DDP store of tests/data/ddp_h200x2 (GPT-2 under Inductor, ~2
 70 NCCL all-reduces, kernel → node links rebuilt as tests/test_h200x2.py does), grown to N ranks
 inside SQLite: rank r is a copy of rank r % 2's trace (events, meta) shifted by ``r`` µs plus a
 seeded jitter of up to 50 µs, and of that rank's ``kernel_nodes`` rows, so every rank maps its
-kernels to the same graphs. This is not item 1's scale harness (no straggler, no divergence);
-it measures the export alone. Each export runs as a child process under GNU ``/usr/bin/time``
+kernels to the same graphs, then each trace's collective index and kernel → node links as its
+ingest keeps them (NOTE: [Stored kernel links]; ``--no-links``: without them). This is not item
+1's scale harness (no straggler, no divergence); it measures the export alone. Each export runs as a child process under GNU ``/usr/bin/time``
 (CPU = user + system, interpreter start included; peak RSS), writing ``.json.gz``.
 
 Usage::
 
-    python bench/bench_export.py --ranks 2 16 64 [--repeat 3] [--copies 2]
+    python bench/bench_export.py --ranks 2 16 64 [--repeat 3] [--copies 2] [--no-links]
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ sys.path.insert(0, str(ROOT))  # graphdeck from this checkout when run as a scri
 DATA = ROOT / "tests" / "data" / "ddp_h200x2"
 
 
-def make_store(path: Path, n: int, seed: int = 0, copies: int = 1) -> int:
+def make_store(path: Path, n: int, seed: int = 0, copies: int = 1, links: bool = True) -> int:
     """The DDP store grown to ``n`` ranks (see the module docstring); returns its event count.
     ``copies`` > 1: each rank's events repeated that many times, copy j shifted by j times the
-    longest trace's span plus 1 ms (the same shift on every rank, so collectives still match)."""
+    longest trace's span plus 1 ms (the same shift on every rank, so collectives still match).
+    ``links``: keep each trace's kernel → node links as its ingest does (``False``: a store written
+    by a graphdeck before schema 6, which export maps from the events)."""
     from sqlalchemy import text
 
     from graphdeck.analysis.traces.trace_map import link_kernels
@@ -80,9 +83,15 @@ def make_store(path: Path, n: int, seed: int = 0, copies: int = 1) -> int:
     from graphdeck.analysis.traces.trace_collectives import store_index
 
     with Session(engine) as s:  # each copy's collective index, as its ingest would have kept it
-        for tid in s.execute(text("SELECT id FROM traces ORDER BY id")).scalars().all():
+        traces = s.execute(text("SELECT id FROM traces ORDER BY id")).scalars().all()
+        for tid in traces:
             store_index(s, tid)
         s.commit()
+    if links:  # and its kernel → node links (NOTE: [Stored kernel links]), as an ingest after link_kernels keeps them
+        from graphdeck.analysis.traces.export_map import record_links
+
+        kept = sum(record_links(engine, tid) for tid in traces)
+        print(f"kernel links kept at ingest for {kept} of {len(traces)} traces")
     engine.dispose()
     return events
 
@@ -103,11 +112,13 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 16, 64], help="rank counts to export")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--copies", type=int, default=1, help="each rank's events repeated (2: ~50k events a rank)")
+    ap.add_argument("--no-links", action="store_true",
+                    help="no kernel links kept at ingest (an older store: export maps each rank's events)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gd-bench-export-"))
     try:
         store = tmp / "ddp.db"
-        events = make_store(store, max(args.ranks), copies=args.copies)
+        events = make_store(store, max(args.ranks), copies=args.copies, links=not args.no_links)
         print(f"store: {max(args.ranks)} ranks, {events:,} events")
         print(f"{'ranks':>5s} {'events':>10s} {'CPU s med':>9s} {'min-max':>11s} {'wall s':>7s} {'peak MiB':>8s} "
               f"{'events/CPU s':>12s} {'MB gz':>6s}")

@@ -50,6 +50,9 @@ def stored_profile(agent, *, wait_steps: int, warmup_steps: int, active_steps: i
             from graphdeck.store.node_times import refresh  # the links may have made the ingest's node times stale
 
             refresh(writer.engine, result.trace_id)
+            from graphdeck.analysis.traces.export_map import refresh_links  # and export's kept links
+
+            refresh_links(writer.engine, result.trace_id)
             if trace_dir is not None:
                 _keep_gzipped(path, Path(trace_dir) / f"{agent.run}_rank{writer.rank}.pt.trace.json.gz")
         finally:

@@ -568,6 +568,9 @@ class _Ingest(EventRows):
         from graphdeck.store.node_times import record as keep_node_times  # NOTE: [Node-time table]
 
         keep_node_times(self.engine, trace_id)  # best effort, like the collective index
+        from graphdeck.analysis.traces.export_map import record_links  # NOTE: [Stored kernel links]
+
+        record_links(self.engine, trace_id)  # best effort: export-trace maps the events without them
         self.stats = stats
         return IngestResult(trace_id, self.run_id, rank, status, self.stored, stats)
 

@@ -1,4 +1,5 @@
-"""The kernel → node links export-trace writes, computed with less work than a full mapping.
+"""The kernel → node links export-trace writes: kept at trace ingest, or computed with less work than
+a full mapping.
 
 # NOTE: [Export kernel links]
 ``graphdeck export-trace`` needs of :func:`graphdeck.analysis.traces.trace_map.map_trace` only
@@ -13,12 +14,37 @@ graphs and collective mapping are ``trace_map``'s own functions. A trace where `
 takes its CPU path (no kernel time and no communication kernel: NOTE: [CPU trace mapping]) is
 handed to ``map_trace`` whole. tests/test_export_trace.py checks the equality on the 2 x H200 DDP
 store and on HTA's NCCL traces.
+
+# NOTE: [Stored kernel links]
+The part of those links that costs (launch chains, wrapper calls → kernel tables: ~0.13 s CPU of
+a 50k-event rank, a quarter of its export) is computed once when the trace is ingested, in the
+ingesting process (:func:`record_links`, called by :func:`graphdeck.store.traces.ingest_trace`
+like the collective index), and kept as one ``trace_links`` row (:class:`graphdeck.store.schema.
+TraceLinks`). ``links_json`` is ``{"trace": trace id, "groups": [[graph id, [node, ...]], ...],
+"kernels": [event id deltas, ascending], "group": [index into groups, one per kernel],
+"comm": [event id deltas of the communication kernels no wrapper call launched]}``. Export
+(:func:`stored_links`) reads that row and maps only the communication kernels (``_map_comm``,
+a few hundred a trace), so the collective labels always follow the records of the export's time.
+
+Stale links are never used: the row records what they were computed against — the rank's AOT
+graphs and kernel links (:func:`graphdeck.store.node_times.rank_state`, as the node-time table
+does) and the trace's ``X`` events (count, first and last id) — and export recomputes them
+(:func:`kernel_links`) when any of these differ, when a graph id in them is not of the trace's
+run, or when the row's ``trace`` is another trace (a row copied by ``store/merge.py`` into a store
+where the ids moved), when the store has no ``trace_links`` table (schema < 6, a trace ingested
+by an older graphdeck), or when the trace takes ``map_trace``'s CPU path (no row is kept for it).
+A capture that links kernels after its own ingest refreshes the row (:func:`refresh_links`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, defaultdict
+from itertools import accumulate
 
+import orjson
+from sqlalchemy import delete, func, inspect, select
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.traces.trace_analysis import CommRule
@@ -34,19 +60,20 @@ from graphdeck.analysis.traces.trace_map import (
     wrapper_kernel_nodes,
 )
 from graphdeck.errors import NotFoundError
-from graphdeck.store.schema import Trace
+from graphdeck.store.schema import Graph, KernelNode, Trace, TraceLinks
+
+log = logging.getLogger(__name__)
+
+#: ``trace_links.method`` of the links below; bump it when the mapping changes, so rows written by an
+#: older graphdeck are recomputed rather than trusted.
+METHOD = "export/1"
+ByKernel = dict[int, tuple[int, list[str]]]
 
 
-def kernel_links(session: Session, trace_id: int, events: list[Ev]) -> tuple[dict[int, tuple[int, list[str]]],
-                                                                              dict[int, str]]:
-    """``(by_kernel, comm_label)`` of trace ``trace_id`` as :func:`~graphdeck.analysis.traces.
-    trace_map.map_trace` gives them (NOTE: [Export kernel links]). ``events``: the trace's ``X``
-    events ordered by start (:func:`~graphdeck.analysis.traces.trace_data.load_events`).
-
-    Raises NotFoundError when the trace does not exist."""
-    trace = session.get(Trace, trace_id)
-    if trace is None:
-        raise NotFoundError(f"trace {trace_id} not found", resource="trace", id=trace_id)
+def _compute(session: Session, trace: Trace, events: list[Ev]) -> tuple[ByKernel, list[Ev], bool]:
+    """``(by_kernel of the kernels wrapper calls launched, communication kernels launched by
+    none, cpu_path)`` of ``trace`` (NOTE: [Export kernel links]); ``cpu_path``: ``map_trace`` would
+    take its CPU path (the first two are then empty)."""
     runtime_by_corr: dict[int, Ev] = {}
     per_thread: dict[tuple[str, str], list[Ev]] = defaultdict(list)
     kernels: list[Ev] = []
@@ -85,11 +112,178 @@ def kernel_links(session: Session, trace_id: int, events: list[Ev]) -> tuple[dic
         wrapper_ev[chain[at].id] = (chain[at], region)
         wrappers[chain[at].id].append((k, chain[at + 1] if at + 1 < len(chain) else None))
     if not kernel_ns and not comm_kernels:  # map_trace's CPU path (NOTE: [CPU trace mapping])
-        full = map_trace(session, trace_id, events)
-        return full.by_kernel, full.comm_label
-    out = KernelMapping(trace_id)
+        return {}, [], True
+    by_kernel: ByKernel = {}
     for k, gid, got in wrapper_kernel_nodes(session, trace, tables, wrappers, wrapper_ev):
         if got:
-            out.by_kernel[k.id] = (gid, list(got[0]))
+            by_kernel[k.id] = (gid, list(got[0]))
+    return by_kernel, comm_kernels, False
+
+
+def with_comm(session: Session, trace: Trace, by_kernel: ByKernel, comm_kernels: list[Ev]) -> tuple[ByKernel, dict[int, str]]:
+    """``(by_kernel, comm_label)``: ``by_kernel`` (updated in place) plus the communication kernels
+    ``comm_kernels`` mapped onto the nodes of the parameters they carry (``trace_map._map_comm``)."""
+    out = KernelMapping(trace.id)
+    out.by_kernel = by_kernel
     _map_comm(session, trace, comm_kernels, out, Counter(), Counter())
     return out.by_kernel, out.comm_label
+
+
+def kernel_links(session: Session, trace_id: int, events: list[Ev]) -> tuple[ByKernel, dict[int, str]]:
+    """``(by_kernel, comm_label)`` of trace ``trace_id`` as :func:`~graphdeck.analysis.traces.
+    trace_map.map_trace` gives them (NOTE: [Export kernel links]), computed from the events.
+    ``events``: the trace's ``X`` events ordered by start (:func:`~graphdeck.analysis.traces.
+    trace_data.load_events`).
+
+    Raises NotFoundError when the trace does not exist."""
+    trace = session.get(Trace, trace_id)
+    if trace is None:
+        raise NotFoundError(f"trace {trace_id} not found", resource="trace", id=trace_id)
+    by_kernel, comm_kernels, cpu_path = _compute(session, trace, events)
+    if cpu_path:
+        full = map_trace(session, trace_id, events)
+        return full.by_kernel, full.comm_label
+    return with_comm(session, trace, by_kernel, comm_kernels)
+
+
+def _deltas(ids: list[int]) -> list[int]:
+    return [b - a for a, b in zip([0, *ids], ids)]
+
+
+def encode(trace_id: int, by_kernel: ByKernel, comm_kernels: list[Ev]) -> str:
+    """``links_json`` of a ``trace_links`` row (NOTE: [Stored kernel links])."""
+    groups: dict[tuple, int] = {}
+    ids = sorted(by_kernel)
+    group = [groups.setdefault((by_kernel[i][0], *by_kernel[i][1]), len(groups)) for i in ids]
+    return orjson.dumps({"trace": trace_id, "groups": [[g[0], list(g[1:])] for g in groups], "kernels": _deltas(ids),
+                         "group": group, "comm": _deltas(sorted(k.id for k in comm_kernels))}).decode()
+
+
+def decode(raw: str) -> tuple[int, ByKernel, list[int]]:
+    """``(trace id, by_kernel, communication kernel ids)`` of a ``links_json`` (NOTE: [Stored kernel
+    links]); the node lists of one group are one list object."""
+    doc = orjson.loads(raw)
+    groups = [(g[0], g[1]) for g in doc["groups"]]
+    by_kernel = dict(zip(accumulate(doc["kernels"]), [groups[i] for i in doc["group"]]))
+    return doc["trace"], by_kernel, list(accumulate(doc["comm"]))
+
+
+AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
+
+
+def rank_states(session: Session, run_id: int, rank: int | None = None) -> dict[int, tuple[int, int | None, int]]:
+    """rank → ``(AOT graphs of the rank, newest such graph id or None, kernel links of the rank)``
+    of run ``run_id`` (every rank with either, or only ``rank``): what links were computed against;
+    :func:`graphdeck.store.node_times.rank_state` for all ranks in two grouped queries (and without
+    importing numpy)."""
+    g = select(Graph.rank, func.count(Graph.id), func.max(Graph.id)).where(Graph.run_id == run_id,
+                                                                           Graph.kind.in_(AOT_KINDS))
+    k = select(KernelNode.rank, func.count(KernelNode.id)).where(KernelNode.run_id == run_id)
+    if rank is not None:
+        g, k = g.where(Graph.rank == rank), k.where(KernelNode.rank == rank)
+    out: dict[int, tuple[int, int | None, int]] = defaultdict(lambda: (0, None, 0))
+    for r, n, last in session.execute(g.group_by(Graph.rank)):
+        out[r] = (int(n), last, 0)
+    for r, n in session.execute(k.group_by(KernelNode.rank)):
+        out[r] = (*out[r][:2], int(n))
+    return out
+
+
+def has_table(session: Session) -> bool:
+    """Whether the store has ``trace_links`` (schema 6 on; an older store opened read-only has not)."""
+    return inspect(session.connection()).has_table(TraceLinks.__tablename__)
+
+
+def _fingerprint(events: list[Ev]) -> tuple[int, int | None, int | None]:
+    if not events:
+        return 0, None, None
+    ids = [e.id for e in events]
+    return len(ids), min(ids), max(ids)
+
+
+def record_links(engine: Engine, trace_id: int) -> bool:
+    """Compute trace ``trace_id``'s links and keep them as its ``trace_links`` row, replacing an
+    older one (NOTE: [Stored kernel links]); whether a row was written (none for a trace on
+    ``map_trace``'s CPU path: an older row is then removed). Best effort, for the ingest: any
+    failure is logged and gives False (export then maps the events itself)."""
+    from graphdeck.analysis.traces.trace_data import load_events
+    from graphdeck.store.db import retrying, write_session
+
+    try:
+        with Session(engine) as s:
+            if not has_table(s):
+                return False
+            trace = s.get(Trace, trace_id)
+            state = rank_states(s, trace.run_id, trace.rank)[trace.rank]  # before the mapping: a graph added meanwhile makes it stale
+            events = load_events(s, trace_id, with_args=False)
+            by_kernel, comm_kernels, cpu_path = _compute(s, trace, events)
+            run_id, rank = trace.run_id, trace.rank
+        count, first, last = _fingerprint(events)
+        del events
+        row = None if cpu_path else dict(
+            trace_id=trace_id, run_id=run_id, rank=rank, method=METHOD, graphs_count=state[0],
+            last_graph_id=state[1], kernel_nodes_count=state[2], events_count=count, first_event_id=first,
+            last_event_id=last, links_json=encode(trace_id, by_kernel, comm_kernels))
+
+        def write() -> None:
+            with write_session(engine) as s:
+                s.execute(delete(TraceLinks).where(TraceLinks.trace_id == trace_id, TraceLinks.method == METHOD))
+                if row is not None:
+                    s.add(TraceLinks(**row))
+
+        retrying(write)
+        return row is not None
+    except Exception:  # noqa: BLE001 - the trace is stored; only the shortcut is missing
+        log.exception("trace %s: could not keep its kernel links", trace_id)
+        return False
+
+
+def refresh_links(engine: Engine, trace_id: int) -> bool:
+    """:func:`record_links` again when trace ``trace_id``'s row is missing or its rank's graphs or
+    kernel links moved on (a capture links kernels after ingesting its trace). Whether a current
+    row is there afterwards. Best effort: never raises."""
+    try:
+        with Session(engine) as s:
+            if not has_table(s):
+                return False
+            head = s.execute(select(TraceLinks).where(TraceLinks.trace_id == trace_id,
+                                                      TraceLinks.method == METHOD)).scalar_one_or_none()
+            if head is not None and (head.graphs_count, head.last_graph_id, head.kernel_nodes_count) == \
+                    rank_states(s, head.run_id, head.rank)[head.rank]:
+                return True
+    except Exception:  # noqa: BLE001 - the caller (a capture) must not fail for a shortcut
+        log.exception("trace %s: could not check its kernel links", trace_id)
+        return False
+    return record_links(engine, trace_id)
+
+
+def stored_links(session: Session, trace: Trace, events_count: int, first_event_id: int | None,
+                 last_event_id: int | None, states: dict | None = None) -> tuple[ByKernel, list[int]] | tuple[None, str]:
+    """Trace ``trace``'s kept links if they can be trusted (NOTE: [Stored kernel links]):
+    ``(by_kernel of the kernels wrapper calls launched, ids of the communication kernels to map)``,
+    else ``(None, why)``. ``events_count``, ``first_event_id``, ``last_event_id``: of the trace's
+    ``X`` events as the caller read them; ``states``: :func:`rank_states` of the trace's run, when
+    the caller reads many of its traces. Never raises for a missing or stale row."""
+    if not has_table(session):
+        return None, "the store predates trace_links (schema < 6)"
+    head = session.execute(select(TraceLinks).where(TraceLinks.trace_id == trace.id,
+                                                    TraceLinks.method == METHOD)).scalar_one_or_none()
+    if head is None:
+        return None, f"trace {trace.id} has no kept links (ingested before they were kept, or a CPU trace)"
+    if (head.events_count, head.first_event_id, head.last_event_id) != (events_count, first_event_id, last_event_id):
+        return None, f"trace {trace.id}'s events are not those its links were computed on"
+    state = (states if states is not None else rank_states(session, trace.run_id, trace.rank))[trace.rank]
+    if (head.graphs_count, head.last_graph_id, head.kernel_nodes_count) != state:
+        return None, f"rank {trace.rank}'s graphs or kernel links changed after trace {trace.id}'s links were kept"
+    try:
+        was, by_kernel, comm = decode(head.links_json)
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
+        return None, f"trace {trace.id}'s kept links are malformed"
+    if was != trace.id:
+        return None, f"trace {trace.id}'s kept links were computed for trace {was}"
+    gids = sorted({g for g, _ in by_kernel.values()})
+    for i in range(0, len(gids), 500):
+        part = gids[i:i + 500]
+        if session.scalar(select(func.count(Graph.id)).where(Graph.run_id == trace.run_id, Graph.id.in_(part))) != len(part):
+            return None, f"trace {trace.id}'s kept links name graphs of another run"
+    return by_kernel, comm

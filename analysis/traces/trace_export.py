@@ -39,15 +39,17 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter
 
 import orjson
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.export_map import kernel_links
+from graphdeck.analysis.traces.export_map import kernel_links, rank_states, stored_links, with_comm
 from graphdeck.analysis.traces.trace_analysis import CommRule
 from graphdeck.analysis.traces.trace_collectives import rank_spans, run_traces, trace_indexes
-from graphdeck.analysis.traces.trace_data import load_events_cached
+from graphdeck.analysis.traces.trace_data import Ev
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import InternedString, Run, Trace
 
@@ -58,6 +60,8 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _INSTANTS = ("SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.pid, e.tid, e.args_json "
              "FROM trace_events e JOIN strings n ON n.id = e.name_id LEFT JOIN strings c ON c.id = e.cat_id "
              "WHERE e.trace_id = :tid AND e.ph != 'X' ORDER BY e.ts_ns, e.id")
+_ROWS = ("SELECT id, name_id, cat_id, ts_ns, dur_ns, pid, tid, correlation, args_json FROM trace_events "
+         "WHERE trace_id = {p} AND ph = 'X' ORDER BY ts_ns, id")
 
 
 def parse_ranks(spec: str | None, available: Iterable[int]) -> list[int]:
@@ -114,6 +118,7 @@ class ExportPlan:
     stats: dict = field(default_factory=lambda: defaultdict(int))
     frames: dict = field(default_factory=dict)  # interned stack id -> file:line (NOTE: [Trace export])
     strings: dict = field(default_factory=dict)  # interned string id -> value, kept across ranks
+    states: dict | None = None  # rank -> what kept links were computed against (NOTE: [Stored kernel links])
 
 
 def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = None,
@@ -244,6 +249,46 @@ def _lane_key(lane: tuple[str, str]) -> tuple:
     return tuple((0, int(x), "") if x.lstrip("-").isdigit() else (1, 0, x) for x in lane)
 
 
+def _rows(session: Session, trace_id: int, strings: dict) -> tuple[list[tuple], dict]:
+    """The trace's ``X`` events as the driver's rows ``(id, name id, cat id, ts_ns, dur_ns, pid, tid,
+    correlation, args_json)`` ordered by start (``trace_data.load_events``' order), and ``strings``
+    (interned id → value, ``None`` → ``""``; kept across the ranks of one export) holding every name
+    and category id of them."""
+    conn = session.connection()
+    cur = conn.connection.cursor()  # the driver's cursor: no per-row SQLAlchemy work, no string join
+    try:
+        cur.execute(_ROWS.format(p="?" if conn.dialect.paramstyle == "qmark" else "%s"), (trace_id,))
+        rows = cur.fetchall()
+    finally:
+        cur.close()
+    strings.setdefault(None, "")
+    need = sorted((set(map(itemgetter(1), rows)) | set(map(itemgetter(2), rows))) - strings.keys())
+    for i in range(0, len(need), 500):
+        part = need[i:i + 500]
+        strings.update(session.execute(select(InternedString.id, InternedString.value)
+                                       .where(InternedString.id.in_(part))).all())
+    return rows, strings
+
+
+def _links(session: Session, trace: Trace, rows: list[tuple], strings: dict, plan: ExportPlan):
+    """``(by_kernel, comm_label)`` of the trace (NOTE: [Export kernel links]): its links kept at
+    ingest plus its communication kernels mapped now (NOTE: [Stored kernel links]), else computed
+    from ``rows`` (:func:`_rows`)."""
+    ids = list(map(itemgetter(0), rows))
+    if plan.states is None:
+        plan.states = rank_states(session, plan.run_id)
+    got, comm = stored_links(session, trace, len(ids), min(ids, default=None), max(ids, default=None), plan.states)
+    if got is not None:
+        plan.stats["ranks_links_kept"] += 1
+        kernels = [Ev(i, strings[n], strings[c], ts, dur, pid, tid, corr, a)
+                   for i, n, c, ts, dur, pid, tid, corr, a in compress(rows, map(set(comm).__contains__, ids))]
+        return with_comm(session, trace, got, kernels)
+    del ids
+    plan.stats["ranks_links_computed"] += 1
+    events = [Ev(i, strings[n], strings[c], ts, dur, pid, tid, corr, a) for i, n, c, ts, dur, pid, tid, corr, a in rows]
+    return kernel_links(session, trace.id, events)
+
+
 def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule | None,
                  flow_ids: dict[tuple, int]) -> Iterator[bytes]:
     """The encoded events of one rank: metadata, slices and instants, its flow ends."""
@@ -251,11 +296,11 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     off, origin = plan.offsets[rank]["offset_ns"], plan.origin_ns
     trace = session.get(Trace, tid)
     meta = _loads_args(trace.meta_json)
-    events = load_events_cached(session, tid, plan.strings)  # with args; map_trace links GPU events itself
-    by_kernel, comm_label = kernel_links(session, tid, events)  # map_trace's, for less (NOTE: [Export kernel links])
+    rows, strings = _rows(session, tid, plan.strings)  # (id, name id, cat id, ts, dur, pid, tid, corr, args)
+    by_kernel, comm_label = _links(session, trace, rows, strings, plan)
     info = _node_info(session, {g for g, _ in by_kernel.values()}, plan.frames)
     instants = session.execute(text(_INSTANTS), {"tid": tid}).all()
-    lanes = sorted({(e.pid, e.tid) for e in events} | {(row[4], row[5]) for row in instants}, key=_lane_key)
+    lanes = sorted(set(map(itemgetter(5, 6), rows)) | {(row[4], row[5]) for row in instants}, key=_lane_key)
     lane_tid = {lane: i + 1 for i, lane in enumerate(lanes)}
     names = _lane_names(meta, lanes)
     yield _dumps({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
@@ -271,7 +316,7 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     where: dict[tuple, tuple[int, int]] = {}  # collective key -> (aligned start ns, tid) of its slice here
     stats = plan.stats
     special = by_kernel.keys() | {k for k, v in comm_label.items() if v}  # events whose args get more
-    # (name, cat, pid, tid) -> (b'{"ph":"X","name":...,"ts":', b',"pid":..,"tid":..,"cat":..', lane)
+    # (name id, cat id, pid, tid) -> (b'{"ph":"X","name":...,"ts":', b',"pid":..,"tid":..,"cat":..', lane)
     head: dict[tuple, tuple[bytes, bytes, int]] = {}
     shift = off + origin
     dumps = orjson.dumps
@@ -279,29 +324,28 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     append = buf.append
     durs: dict[int, bytes] = {}  # dur ns -> b',"dur":<us>'
     node_extra: dict[tuple, tuple] = {}  # (graph id, *nodes) -> (nn_modules or None, source or None)
-    for e in events:
-        hk = (e.name, e.cat, e.pid, e.tid)
+    for eid, name_id, cat_id, ts, dur, pid, etid, _corr, raw in rows:
+        hk = (name_id, cat_id, pid, etid)
         pre = head.get(hk)
         if pre is None:
-            t = lane_tid[(e.pid, e.tid)]
-            cat = b',"cat":' + dumps(e.cat) if e.cat else b""
-            pre = head[hk] = (b'{"ph":"X","name":' + dumps(e.name) + b',"ts":',
+            t = lane_tid[(pid, etid)]
+            cat = strings[cat_id]
+            cat = b',"cat":' + dumps(cat) if cat else b""
+            pre = head[hk] = (b'{"ph":"X","name":' + dumps(strings[name_id]) + b',"ts":',
                               b',"pid":' + str(rank).encode() + b',"tid":' + str(t).encode() + cat, t)
-        ts = e.ts
         if ts in mine:
-            key = mine[ts].get(e.name)
+            key = mine[ts].get(strings[name_id])
             if key is not None and key not in where:
                 where[key] = (ts - off, pre[2])
-        raw = e.args
-        if e.id not in special and (not raw or (raw[0] == "{" and raw[-1] == "}" and "NaN" not in raw
-                                                  and "Infinity" not in raw)):
+        if eid not in special and (not raw or (raw[0] == "{" and raw[-1] == "}" and "NaN" not in raw
+                                              and "Infinity" not in raw)):
             # No node link to add: the stored args are the ingest's own compact JSON, written as they
             # are (parsing and dumping them was a third of the export's time); NaN/Infinity go the slow way
             tail = b"}" if not raw or raw == "{}" else b',"args":' + raw.encode() + b"}"
         else:
             args = _loads_args(raw)
-            got = by_kernel.get(e.id)
-            label = comm_label.get(e.id)
+            got = by_kernel.get(eid)
+            label = comm_label.get(eid)
             if got is not None:
                 gid, nodes = got
                 args["fx_graph"] = gid
@@ -320,9 +364,8 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
                 args["collective"] = label
             tail = (b',"args":' + _dumps(args) + b"}") if args else b"}"
         ts -= shift
-        db = durs.get(e.dur)
+        db = durs.get(dur)
         if db is None:
-            dur = e.dur
             db = durs[dur] = b',"dur":' + dumps(dur // 1000 if dur % 1000 == 0 else dur / 1000)
         append(b"".join((pre[0], dumps(ts // 1000 if ts % 1000 == 0 else ts / 1000), db, pre[1], tail)))
         if len(buf) >= 4096:
@@ -330,8 +373,8 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
             buf.clear()
     if buf:
         yield b",".join(buf)
-    stats["X"] += len(events)
-    del events, by_kernel, comm_label
+    stats["X"] += len(rows)
+    del rows, by_kernel, comm_label
     for _id, name, cat, ts, pid, tid_, raw in instants:
         ev = {"ph": "i", "s": "t", "name": name, "ts": _us(ts - off - origin), "pid": rank, "tid": lane_tid[(pid, tid_)]}
         if cat:
@@ -424,5 +467,6 @@ def export_trace(session: Session, run_id: int, out, ranks: str | list[int] | No
             total += len(chunk)
     return {"ranks": plan.ranks, "offsets": plan.offsets, "origin_ns": plan.origin_ns,
             "collectives_linked": len(plan.collectives), "bytes": total,
-            **{k: plan.stats.get(k, 0) for k in ("X", "i", "flows", "events_with_nodes", "collective_slices_not_found")}}
+            **{k: plan.stats.get(k, 0) for k in ("X", "i", "flows", "events_with_nodes", "collective_slices_not_found",
+                                                   "ranks_links_kept", "ranks_links_computed")}}
 
