@@ -108,7 +108,7 @@ def timed_steps(step, n: int, device: str) -> list[float]:
 
 def once(args) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="gpu-truth-"))
-    step, agent = setup(args, args.mode == "captured", tmp / "s.db")
+    step, agent = setup(args, args.mode.startswith("captured"), tmp / "s.db")
     sync(args.device)
     t0 = time.perf_counter()
     step()
@@ -116,22 +116,43 @@ def once(args) -> None:
     compile_s = time.perf_counter() - t0
     timed_steps(step, 3, args.device)
     ms = timed_steps(step, args.steps, args.device)
-    capture_s = None
+    capture_s, metrics = None, {}
     if agent is not None:
         capture_s = agent.capture_time_s
         agent.close()
-    print("RESULT " + json.dumps({"mode": args.mode, "compile_s": compile_s, "step_ms": ms, "capture_s": capture_s}),
-          flush=True)
+        metrics = compile_metrics(tmp / "s.db")
+    print("RESULT " + json.dumps({"mode": args.mode, "compile_s": compile_s, "step_ms": ms, "capture_s": capture_s,
+                                  "metrics": metrics}), flush=True)
+
+
+def compile_metrics(store: Path) -> dict:
+    """Sums over the run's ``compilation_metrics`` / ``bwd_compilation_metrics`` records (seconds):
+    torch's own split of the compile, ``structured_logging_overhead_s`` included (the time torch
+    spent building and handing the structured records to the agent's handler)."""
+    con = sqlite3.connect(store)
+    out: dict[str, float] = {}
+    for name, meta in con.execute("SELECT name, metadata_json FROM compile_events "
+                                  "WHERE name IN ('compilation_metrics', 'bwd_compilation_metrics')"):
+        d = json.loads(meta)
+        d = d.get(name, d)
+        for k, v in d.items():
+            if k.endswith("_s") and isinstance(v, (int, float)):
+                out[f"{name}.{k}"] = out.get(f"{name}.{k}", 0.0) + v
+    con.close()
+    return out
 
 
 def bench(args) -> None:
-    results: dict[str, list[dict]] = {"plain": [], "captured": []}
+    modes = args.modes.split(",")
+    results: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.runs):
-        order = ["plain", "captured"] if r % 2 == 0 else ["captured", "plain"]
+        order = modes if r % 2 == 0 else modes[::-1]
         for mode in order:
             tmp = tempfile.mkdtemp(prefix="gpu-truth-cache-")
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor", "TRITON_CACHE_DIR": f"{tmp}/triton"}
             env.pop("TORCH_TRACE", None)
+            if mode == "captured_noprov":  # the capture without Inductor's provenance tracking
+                env["GRAPHDECK_PROVENANCE"] = "0"
             cmd = [sys.executable, __file__, "once", "--mode", mode, "--layers", str(args.layers), "--device",
                    args.device, "--backend", args.backend, "--batch", str(args.batch), "--seq", str(args.seq),
                    "--steps", str(args.steps)]
@@ -145,11 +166,15 @@ def bench(args) -> None:
             print(f"[bench] run {r} {mode}: first step {res['compile_s']:.2f} s, steady median "
                   f"{statistics.median(res['step_ms']):.3f} ms (min {min(res['step_ms']):.3f}, "
                   f"max {max(res['step_ms']):.3f})"
-                  + (f", capture itself {res['capture_s']:.2f} s" if res.get("capture_s") is not None else ""),
+                  + (f", capture itself {res['capture_s']:.2f} s" if res.get("capture_s") is not None else "")
+                  + "".join(f", {k.split('.')[-1]} {v:.2f}" for k, v in (res.get("metrics") or {}).items()
+                            if k.startswith("compilation_metrics.") and ("logging" in k or "inductor" in k)),
                   flush=True)
             shutil.rmtree(tmp, ignore_errors=True)
             if args.json:  # written after every run: a run cut short by a time limit keeps what it had
                 Path(args.json).write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))
+    if "plain" not in results or "captured" not in results:
+        return
     cp = [x["compile_s"] for x in results["plain"]]
     cc = [x["compile_s"] for x in results["captured"]]
     sp = [statistics.median(x["step_ms"]) for x in results["plain"]]
@@ -160,6 +185,8 @@ def bench(args) -> None:
         "compile_ratio_per_run": [c / p for c, p in zip(cc, cp)],
         "step_ratio_median": statistics.median(sc) / statistics.median(sp),
         "step_ratio_per_run": [c / p for c, p in zip(sc, sp)],
+        **{f"compile_ratio_median_{m}": statistics.median(x["compile_s"] for x in results[m]) / statistics.median(cp)
+           for m in results if m not in ("plain", "captured") and results[m]},
     }
     print("[bench] SUMMARY " + json.dumps(summary), flush=True)
     if args.json:
@@ -230,7 +257,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["artifact", "once", "bench"])
     ap.add_argument("out", nargs="?")
-    ap.add_argument("--mode", default="plain", choices=["plain", "captured"])
+    ap.add_argument("--mode", default="plain", choices=["plain", "captured", "captured_noprov"])
+    ap.add_argument("--modes", default="plain,captured",
+                    help="bench: modes alternated per run (captured_noprov: GRAPHDECK_PROVENANCE=0)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--layers", type=int, default=6)

@@ -317,6 +317,7 @@ class Agent:
                 pending["aot"], pending["aot_source"], pending["handover"] = handover.graphs, "inner", handover
             self.capture_time_s += time.perf_counter() - t2
         if pending is not None:
+            t3 = time.perf_counter()
             try:
                 gid = self._finish(pending, compile_time_s)
                 compiled = watch_output_grads(compiled, pending["gm"], gid, self)
@@ -326,6 +327,7 @@ class Agent:
                     compiled = self._observe(compiled, pending)
             except Exception as exc:
                 warnings.warn(f"graphdeck: could not record AOT graphs: {type(exc).__name__}: {exc}")
+            self.capture_time_s += time.perf_counter() - t3
         return compiled
 
     def _observe(self, compiled, p: dict):

@@ -21,7 +21,13 @@ def enable_provenance() -> bool:
 
     Returns True when tracking is on afterwards. Never raises: a torch without the option
     just keeps its default, and kernel → node links then come from the other sources.
+    ``GRAPHDECK_PROVENANCE=0`` leaves it as it is (links then come from the output code's
+    source-node comments and stack traces alone).
     """
+    import os
+
+    if os.environ.get("GRAPHDECK_PROVENANCE", "1") == "0":
+        return False
     try:
         from torch._inductor import config
     except Exception:  # noqa: BLE001 - capture never breaks training
