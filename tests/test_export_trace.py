@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.export_map import kernel_links
+from graphdeck.analysis.traces.export_map import kernel_links, refresh_links, stored_links
 from graphdeck.analysis.traces.trace_collectives import align_and_match
 from graphdeck.analysis.traces.trace_data import load_events
 from graphdeck.analysis.traces.trace_export import CHUNK_BYTES, export_trace, iter_export, parse_ranks, plan_export
@@ -30,6 +30,8 @@ from graphdeck.analysis.traces.trace_map import link_kernels, map_trace
 from graphdeck.cli import main
 from graphdeck.errors import UsageError
 from graphdeck.store.db import open_engine
+from graphdeck.store.merge import merge_store
+from graphdeck.store.schema import Trace
 from graphdeck.store.traces import ingest_trace
 from tests.conftest import LiveServer, shared_path
 
@@ -199,6 +201,70 @@ def test_export_kernel_links_are_map_traces(ddp):
         assert ddp["fast_links"][r] == (by_kernel, labels), r
 
 
+def _export_bytes(store: Path, run: str, read_only: bool = False) -> tuple[bytes, dict]:
+    engine = open_engine(store, read_only=read_only)
+    buf = io.BytesIO()
+    with Session(engine) as s:
+        got = export_trace(s, s.execute(text("SELECT id FROM runs WHERE name = :n"), {"n": run}).scalar(), buf)
+    engine.dispose()
+    return buf.getvalue(), got
+
+
+def test_links_kept_at_ingest_are_used_and_stale_ones_recomputed(ddp):
+    """NOTE: [Stored kernel links]: the links kept at ingest give the same bytes as links computed
+    from the events; a row made stale (kernel links changed, the row copied into another store by a
+    merge) or absent (a store before schema 6) is not used, and the export is still the same."""
+    store = ddp["tmp"] / "kept.db"
+    shutil.copy(ddp["store"], store)
+    engine = open_engine(store)
+    with engine.connect() as c:  # the ingest kept a row per trace (before link_kernels: stale now)
+        assert c.execute(text("SELECT COUNT(*) FROM trace_links")).scalar() == 2
+    assert all(refresh_links(engine, t) for t in ddp["traces"].values())
+    with Session(engine) as s:
+        for r, t in ddp["traces"].items():
+            events = load_events(s, t)
+            by_kernel, comm = stored_links(s, s.get(Trace, t), len(events), min(e.id for e in events),
+                                           max(e.id for e in events))
+            assert by_kernel is not None, comm
+            by_kernel_all, labels = ddp["fast_links"][r]
+            assert len(comm) == 70 and set(comm) == {k for k, _ in labels}
+            assert sorted(by_kernel.items()) == sorted(kv for kv in by_kernel_all if kv[0] not in set(comm))
+    engine.dispose()
+    kept, got = _export_bytes(store, "ddp")
+    assert got["ranks_links_kept"] == 2 and got["ranks_links_computed"] == 0
+    assert orjson.loads(kept)["traceEvents"] == ddp["doc"]["traceEvents"]
+    with open_engine(store).begin() as c:  # rank 0's kernel links change: its row is stale
+        c.execute(text("DELETE FROM kernel_nodes WHERE id = (SELECT MAX(id) FROM kernel_nodes WHERE rank = 0)"))
+    stale, got = _export_bytes(store, "ddp")
+    assert (got["ranks_links_kept"], got["ranks_links_computed"]) == (1, 1)
+    with open_engine(store).begin() as c:
+        c.execute(text("DELETE FROM trace_links"))
+    computed, got = _export_bytes(store, "ddp")
+    assert got["ranks_links_computed"] == 2 and stale == computed and stale != kept
+    # A store of schema 5 (no trace_links), opened read-only, reads as before.
+    with open_engine(store).begin() as c:
+        c.execute(text("DROP TABLE trace_links"))
+        c.execute(text("UPDATE alembic_version SET version_num = '0005'"))
+        c.execute(text("UPDATE store_meta SET value = '5' WHERE key = 'schema_version'"))
+    old, got = _export_bytes(store, "ddp", read_only=True)
+    assert got["ranks_links_computed"] == 2 and old == computed
+    # Rows a merge copies into a store where the events' ids moved are not trusted.
+    source = ddp["tmp"] / "kept_source.db"
+    shutil.copy(ddp["store"], source)
+    engine = open_engine(source)
+    assert all(refresh_links(engine, t) for t in ddp["traces"].values())
+    engine.dispose()
+    target = ddp["tmp"] / "merged.db"
+    shutil.copy(ddp["store"], target)
+    merged = merge_store(source, open_engine(target), run_name="copy")
+    assert merged["rows"]["trace_links"] == 2
+    copied, got = _export_bytes(target, "copy")
+    assert got["ranks_links_computed"] == 2 and got["events_with_nodes"] == sum(ddp["mapped"].values())
+    with open_engine(target).begin() as c:
+        c.execute(text("DELETE FROM trace_links"))
+    assert copied == _export_bytes(target, "copy")[0]
+
+
 def test_ranks_filter_and_bad_ranks(ddp):
     out = ddp["tmp"] / "r1.trace.json"
     res = CliRunner().invoke(main, ["export-trace", str(ddp["store"]), "--run", "ddp", "--ranks", "1", "-o", str(out)])
@@ -292,8 +358,9 @@ def test_postgresql_store_exports_the_same_events(tmp_path, pg_url):
             ingest_trace(engine, f, run_name="hta")
         buf = io.BytesIO()
         with Session(engine) as s:
-            export_trace(s, s.execute(text("SELECT id FROM runs WHERE name = 'hta'")).scalar(), buf)
+            got = export_trace(s, s.execute(text("SELECT id FROM runs WHERE name = 'hta'")).scalar(), buf)
         engine.dispose()
+        assert got["ranks_links_kept"] == 2, got  # kept at ingest on both (NOTE: [Stored kernel links])
         docs.append(orjson.loads(buf.getvalue()))
     assert docs[0]["traceEvents"] == docs[1]["traceEvents"] and len(docs[0]["traceEvents"]) > 1000
 
