@@ -15,8 +15,8 @@ gives back each event at its aligned time to the ns.
 * Every stored ``X`` and ``i`` event of the rank's newest usable trace (NOTE: [Rank clock
   alignment]: :func:`~graphdeck.analysis.traces.trace_collectives.run_traces`), at ``ts - offset``,
   with its stored args plus, where the kernel → node mapping (:func:`~graphdeck.analysis.
-  trace_map.map_trace`'s links, computed for less by :func:`~graphdeck.analysis.traces.export_map.
-  kernel_links`: NOTE: [Export kernel links]) links it: ``fx_graph`` (graph id), ``fx_nodes`` (node names),
+  trace_map.map_trace`'s links: kept at ingest, NOTE: [Stored kernel links], else computed for less
+  by :func:`~graphdeck.analysis.traces.export_map.kernel_links`: NOTE: [Export kernel links]) links it: ``fx_graph`` (graph id), ``fx_nodes`` (node names),
   ``nn_modules`` (their module paths) and ``source`` (``file:line`` of each node's innermost
   user frame); a collective's ``collective`` says what it carries (DDP bucket, FSDP group).
 * Clock offsets are those of :func:`~graphdeck.analysis.traces.trace_collectives.align_and_match`
@@ -28,7 +28,8 @@ gives back each event at its aligned time to the ns.
   both at the slice's start (each binds to its enclosing slice), ``cat`` ``"collective"``.
 
 Streaming: ranks are read one at a time (their events, links and mapping), written and dropped;
-what is kept across ranks is only each rank's collectives (key, start, end) and lane counts.
+what is kept across ranks is only each rank's collectives (key, start, end), lane counts, the
+interned names and stack frames seen so far and what each rank's kept links were computed against.
 """
 
 from __future__ import annotations
@@ -438,7 +439,9 @@ def export_trace(session: Session, run_id: int, out, ranks: str | list[int] | No
     """Write the export of run ``run_id`` (``ranks``: all, or ``"0,2-5"``) to ``out`` (a path:
     gzip when it ends in ``.gz``; or a binary file object). Returns ``{"ranks", "offsets",
     "origin_ns", "collectives_linked", "bytes" (uncompressed), "X", "i", "flows",
-    "events_with_nodes", "collective_slices_not_found"}``.
+    "events_with_nodes", "collective_slices_not_found", "ranks_links_kept" (ranks whose kernel
+    links were kept at ingest), "ranks_links_computed" (ranks whose links were computed from the
+    events: NOTE: [Stored kernel links])}``.
 
     Raises:
         NotFoundError, UsageError: see :func:`plan_export`.
