@@ -61,8 +61,9 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _INSTANTS = ("SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.pid, e.tid, e.args_json "
              "FROM trace_events e JOIN strings n ON n.id = e.name_id LEFT JOIN strings c ON c.id = e.cat_id "
              "WHERE e.trace_id = :tid AND e.ph != 'X' ORDER BY e.ts_ns, e.id")
-_ROWS = ("SELECT id, name_id, cat_id, ts_ns, dur_ns, pid, tid, correlation, args_json FROM trace_events "
+_ROWS = ("SELECT id, name_id, cat_id, ts_ns, dur_ns, pid, tid, args_json FROM trace_events "
          "WHERE trace_id = {p} AND ph = 'X' ORDER BY ts_ns, id")
+_CORRELATIONS = "SELECT id, correlation FROM trace_events WHERE trace_id = :tid AND ph = 'X' AND correlation IS NOT NULL"
 
 
 def parse_ranks(spec: str | None, available: Iterable[int]) -> list[int]:
@@ -252,7 +253,8 @@ def _lane_key(lane: tuple[str, str]) -> tuple:
 
 def _rows(session: Session, trace_id: int, strings: dict) -> tuple[list[tuple], dict]:
     """The trace's ``X`` events as the driver's rows ``(id, name id, cat id, ts_ns, dur_ns, pid, tid,
-    correlation, args_json)`` ordered by start (``trace_data.load_events``' order), and ``strings``
+    args_json)`` ordered by start (``trace_data.load_events``' order; no correlation: only a
+    recomputation of the links reads it, a fifth of the fetch), and ``strings``
     (interned id → value, ``None`` → ``""``; kept across the ranks of one export) holding every name
     and category id of them."""
     conn = session.connection()
@@ -281,12 +283,13 @@ def _links(session: Session, trace: Trace, rows: list[tuple], strings: dict, pla
     got, comm = stored_links(session, trace, len(ids), min(ids, default=None), max(ids, default=None), plan.states)
     if got is not None:
         plan.stats["ranks_links_kept"] += 1
-        kernels = [Ev(i, strings[n], strings[c], ts, dur, pid, tid, corr, a)
-                   for i, n, c, ts, dur, pid, tid, corr, a in compress(rows, map(set(comm).__contains__, ids))]
+        kernels = [Ev(i, strings[n], strings[c], ts, dur, pid, tid, None, a)  # the collective mapping reads no correlation
+                   for i, n, c, ts, dur, pid, tid, a in compress(rows, map(set(comm).__contains__, ids))]
         return with_comm(session, trace, got, kernels)
     del ids
     plan.stats["ranks_links_computed"] += 1
-    events = [Ev(i, strings[n], strings[c], ts, dur, pid, tid, corr, a) for i, n, c, ts, dur, pid, tid, corr, a in rows]
+    corr = dict(session.execute(text(_CORRELATIONS), {"tid": trace.id}).all())
+    events = [Ev(i, strings[n], strings[c], ts, dur, pid, tid, corr.get(i), a) for i, n, c, ts, dur, pid, tid, a in rows]
     return kernel_links(session, trace.id, events)
 
 
@@ -297,7 +300,7 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     off, origin = plan.offsets[rank]["offset_ns"], plan.origin_ns
     trace = session.get(Trace, tid)
     meta = _loads_args(trace.meta_json)
-    rows, strings = _rows(session, tid, plan.strings)  # (id, name id, cat id, ts, dur, pid, tid, corr, args)
+    rows, strings = _rows(session, tid, plan.strings)  # (id, name id, cat id, ts, dur, pid, tid, args)
     by_kernel, comm_label = _links(session, trace, rows, strings, plan)
     info = _node_info(session, {g for g, _ in by_kernel.values()}, plan.frames)
     instants = session.execute(text(_INSTANTS), {"tid": tid}).all()
@@ -325,7 +328,7 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     append = buf.append
     durs: dict[int, bytes] = {}  # dur ns -> b',"dur":<us>'
     node_extra: dict[tuple, tuple] = {}  # (graph id, *nodes) -> (nn_modules or None, source or None)
-    for eid, name_id, cat_id, ts, dur, pid, etid, _corr, raw in rows:
+    for eid, name_id, cat_id, ts, dur, pid, etid, raw in rows:
         hk = (name_id, cat_id, pid, etid)
         pre = head.get(hk)
         if pre is None:
