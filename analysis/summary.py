@@ -180,33 +180,34 @@ def check_gradients(session: Session, run: Run, deadline: float) -> CheckSummary
         failing.setdefault(row.fqn, set()).add(row.status)
     statuses = sorted({s for v in failing.values() for s in v})
     link = f"#/runs/{run.id}/grads" + (f"?status={statuses[0]}" if len(statuses) == 1 else "")
-    c = CheckSummary("gradients", "Gradient paths", rep.verdict, len(failing) + len(rep.errors),
-                     "failing parameter(s)" if not rep.errors else "failing parameter(s) and error finding(s)", "",
+    verdict, errors = rep.verdict, rep.errors  # properties over every row: read once (28k rows at 1,024 ranks)
+    c = CheckSummary("gradients", "Gradient paths", verdict, len(failing) + len(errors),
+                     "failing parameter(s)" if not errors else "failing parameter(s) and error finding(s)", "",
                      link, f"graphdeck check-grads STORE --run {run.name}", f"/api/runs/{run.id}/gradients",
-                     native_verdict=rep.verdict)
+                     native_verdict=verdict)
     names = sorted(failing)
     checked = sorted({r.fqn for r in rep.rows if r.status != "BUFFER"})
-    if rep.verdict == "FAIL" and not names and {f.kind for f in rep.errors} == {"NOTHING_CHECKED"}:
+    if verdict == "FAIL" and not names and {f.kind for f in errors} == {"NOTHING_CHECKED"}:
         # A run with nothing to check (a trace alone, logs without parameters): the evidence is
         # missing, not a parameter failing — INCOMPLETE here; check-grads still refuses to pass it.
         c.verdict, c.count, c.count_label = "INCOMPLETE", 0, "parameter(s) checked"
         c.headline = "nothing to check: the run holds no parameter records (capture it with Agent.watch(model))"
-        c.detail = {"summary": rep.to_dict().get("summary"), "failing": [], "statuses": []}
-        return _reasons(c, [f.message for f in rep.errors])
-    if rep.verdict == "FAIL":
+        c.detail = {"summary": rep.summary, "failing": [], "statuses": []}
+        return _reasons(c, [f.message for f in errors])
+    if verdict == "FAIL":
         parts = []
         if names:
             parts.append(f"{_names(names)} get no gradient ({', '.join(statuses)})")
-        if rep.errors:
-            parts.append(f"{len(rep.errors)} error finding(s): {rep.errors[0].kind}")
+        if errors:
+            parts.append(f"{len(errors)} error finding(s): {errors[0].kind}")
         c.headline = "; ".join(parts)
-    elif rep.verdict == "INCOMPLETE":
+    elif verdict == "INCOMPLETE":
         c.headline = f"no failing parameter among {len(checked)}, but the evidence does not cover the run"
     else:
         c.headline = f"all {len(checked)} parameters get a gradient on every rank"
     first = [f"{r.fqn} (rank {r.rank}): {r.reason}" for r in rep.failures][:2]
-    c.detail = {"summary": rep.to_dict().get("summary"), "failing": names, "statuses": statuses}
-    return _reasons(c, first + [f.message for f in rep.errors] + [f"INCOMPLETE: {g}" for g in rep.gaps])
+    c.detail = {"summary": rep.summary, "failing": names, "statuses": statuses}
+    return _reasons(c, first + [f.message for f in errors] + [f"INCOMPLETE: {g}" for g in rep.gaps])
 
 
 def check_ranks(session: Session, run: Run, deadline: float) -> CheckSummary:

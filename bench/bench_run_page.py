@@ -15,11 +15,15 @@ uvicorn in this process), timed three ways:
 * the server's CPU time (``time.process_time`` of this process, which runs the server) from
   navigation to the drawn heatmap, and to every check answered.
 
-The first repeat starts with the server's caches empty (the heatmap's matching is computed);
-repeats wait for every check to answer before the next page opens, so one page's slow checks do
-not run under the next page's timing. Medians and min–max over repeats.
+Each invocation is a fresh server process: its first page ("cold") finds the server's memory
+empty, so it answers from the derived documents kept in the store (NOTE: [Derived-document cache]
+in graphdeck/server/derived.py) or, with ``--forget`` (those rows deleted first), computes every
+check, the matching and the heatmap as a store never served before would. The operating system's
+page cache is not dropped (no root on the shared host): "cold" never means a cold disk. Repeats
+wait for every check to answer before the next page opens, so one page's slow checks do not run
+under the next page's timing. Medians and min–max over repeats.
 
-    python bench/bench_run_page.py --store STORE --run RUN [--repeats 3] [--timeout 600] [--frontend DIR]
+    python bench/bench_run_page.py --store STORE --run RUN [--repeats 3] [--timeout 600] [--frontend DIR] [--forget]
 
 Stores: ``bench/bench_layout.py``'s capture generalised to 1,024 ranks (no traces), and
 ``bench/scale_harness.py``'s N-rank runs with traces.
@@ -109,6 +113,8 @@ def bench(store: Path, run: str, repeats: int, timeout_s: float, frontend: Path 
                       dcl: performance.getEntriesByType("navigation")[0].domContentLoadedEventEnd,
                       rows: hm ? Number(hm.dataset.rows) : null, cols: hm ? Number(hm.dataset.cols) : null,
                       no_trace: hm ? Number(hm.dataset.noTrace) : null,
+                      parts: Object.fromEntries(performance.getEntriesByType("resource").filter((e) => e.name.includes("/summary/"))
+                        .map((e) => [e.name.split("/summary/")[1], (e.responseEnd - e.requestStart) / 1e3])),
                       resources: performance.getEntriesByType("resource").map((e) => [e.name.split("/api/")[1] || e.name.split("/").pop(),
                         Math.round(e.responseEnd), e.encodedBodySize])};
             }""")
@@ -122,7 +128,7 @@ def bench(store: Path, run: str, repeats: int, timeout_s: float, frontend: Path 
                    if t.get("heatmap_drawn") and t["heatmap_end"] else None,
                    "task_first_s": task_first, "task_all_s": task_all, "server_cpu_first_s": cpu_first,
                    "server_cpu_all_s": cpu_all, "rows": t["rows"], "cols": t["cols"], "no_trace": t["no_trace"],
-                   "heatmap_error": bool(t.get("heatmap_error")), "resources": t["resources"]}
+                   "heatmap_error": bool(t.get("heatmap_error")), "parts_s": t["parts"], "resources": t["resources"]}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "resources"}), flush=True)
         browser.close()
@@ -136,6 +142,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600, help="seconds to wait for each page's parts")
     ap.add_argument("--json", type=Path, help="write every repeat's numbers here")
+    ap.add_argument("--forget", action="store_true",
+                    help="delete the store's derived documents first: the first page computes everything")
     ap.add_argument("--frontend", type=Path,
                     help="serve the dashboard from this folder (e.g. `git archive e9b9e54 frontend | tar -x -C DIR`, "
                          "the page before the heatmap) to compare")
@@ -146,6 +154,12 @@ def main() -> None:
         ap.error(f"no store at {args.store}")
     if args.frontend and not (args.frontend / "app.js").exists():
         ap.error(f"no app.js in {args.frontend}")
+    if args.forget:
+        import sqlite3
+
+        with sqlite3.connect(args.store) as db:
+            gone = db.execute("DELETE FROM store_meta WHERE key LIKE 'derived:%'").rowcount
+        print(f"--forget: {gone} derived document(s) deleted from the store", flush=True)
     out = bench(args.store, args.run, args.repeats, args.timeout, args.frontend)
     rows = out["rows"]
     warm = rows[1:]  # the first page fills the server's caches
@@ -168,6 +182,10 @@ def main() -> None:
     keys = sorted({k for r in rows for k in r["checks_s"]})
     print("  each check answered (navigation ->, s): " + "; ".join(
         f"{k} {stat([r['checks_s'][k] for r in rows if k in r['checks_s']])}" for k in keys))
+    parts = sorted({k for r in rows for k in r["parts_s"]})
+    print("  each part's request (sent -> answered, s), all pages: " + "; ".join(
+        f"{k} {stat([r['parts_s'][k] for r in rows if k in r['parts_s']])}" for k in parts))
+    print("  ... the first page: " + "; ".join(f"{k} {rows[0]['parts_s'][k]:.3f}" for k in parts if k in rows[0]["parts_s"]))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

@@ -7,7 +7,8 @@
 //
 // Missing evidence is never a healthy colour: a rank without a trace is a striped grey row
 // ("no trace"), a traced rank without a value in a column is flat grey ("no value"), each in the
-// legend. Column labels (process group names, op kinds) come from traces: they reach the page as
+// legend. Past the server's row limit (max_rows) a row is a bin of ranks, each cell the worst of
+// them; a bin with some ranks untraced ("partial") keeps a striped mark at its left edge. Column labels (process group names, op kinds) come from traces: they reach the page as
 // text only (textContent, canvas fillText), never markup (NOTE: [Untrusted text] in common.js).
 
 import {$app, api, badge, fmt, h, plural, setCrumbs, statusBadge} from "./common.js";
@@ -77,6 +78,16 @@ function scaleColour(t) {
   return STOPS[i].map((v, k) => Math.round(v + (STOPS[i + 1][k] - v) * f));
 }
 
+/** "rank 7", or "ranks 0-31" for a binned row. */
+export function rowLabel(doc, r) {
+  const last = doc.rank_last?.[r];
+  return last !== undefined && last !== doc.ranks[r] ? `ranks ${doc.ranks[r]}-${last}` : `rank ${doc.ranks[r]}`;
+}
+
+/** The rank a click on row `r` opens: the rank itself, or a bin's worst rank. */
+const rowRank = (doc, r) => doc.rank_worst?.[r] ?? doc.ranks[r];
+const PARTIAL_MARK = 4; // px of stripes at the left of a bin with some ranks untraced
+
 /** The colour of one cell: [r, g, b], or null for a no-trace row (drawn striped). */
 function cellColour(doc, row, value, lo, hi) {
   if (doc.row_state[row] === "no_trace") return null;
@@ -128,10 +139,11 @@ function draw(doc, width) {
       const vals = doc.values[r] || [];
       for (let c = 0; c < shown; c++) {
         const col = cellColour(doc, r, vals[c], lo, hi);
+        const partial = doc.row_state[r] === "partial";
         for (let y = r * rh; y < (r + 1) * rh; y++) {
           let o = y * stride + c * cw * 4;
           for (let x = c * cw; x < (c + 1) * cw; x++, o += 4) {
-            const k = col || NO_TRACE[((x + y) >> 2) & 1];
+            const k = col && !(partial && x < PARTIAL_MARK) ? col : NO_TRACE[((x + y) >> 2) & 1];
             px[o] = k[0]; px[o + 1] = k[1]; px[o + 2] = k[2]; px[o + 3] = 255;
           }
         }
@@ -155,13 +167,15 @@ function draw(doc, width) {
 
 function valueText(doc, r, c) {
   if (doc.row_state[r] === "no_trace") return `${doc.missing || "no trace"}: missing evidence`;
+  const partial = doc.row_state[r] === "partial" ? ` (${plural(doc.row_no_trace[r], "rank")} of the bin without a trace)` : "";
+  const worst = doc.rank_worst ? `; the worst: the largest of the bin (opens rank ${rowRank(doc, r)})` : "";
   const v = doc.values[r]?.[c];
-  if (v === null || v === undefined) return "no value";
-  if (doc.unit !== "finding") return fmtNs(v);
+  if (v === null || v === undefined) return `no value${partial}`;
+  if (doc.unit !== "finding") return `${fmtNs(v)}${worst}${partial}`;
   const f = doc.findings[v] || {};
-  const d = f.key === "diverged" ? (doc.divergent || []).find((x) => x.rank === doc.ranks[r]) : null;
+  const d = f.key === "diverged" ? (doc.divergent || []).find((x) => x.rank === rowRank(doc, r)) : null;
   const what = (kind, n) => `${fmt(kind)}${n !== null && n !== undefined ? ` of ${n} elements` : ""}`;
-  return `${f.key}: ${f.label}` + (!d ? "" : d.count !== null && d.count !== undefined
+  return `${f.key}: ${f.label}${worst}${partial}` + (!d ? "" : d.count !== null && d.count !== undefined
     ? ` (issued ${d.count} collectives of group ${fmt(d.group)}, most ranks ${d.expected_count})`
     : ` (#${d.seq} of group ${fmt(d.group)}: ${what(d.kind, d.nelems)} where ${d.agreeing_ranks} ranks run `
       + `${what(d.expected_kind, d.expected_nelems)})`);
@@ -174,11 +188,12 @@ export function drillHref(doc, r, c) {
   if (col.step !== null && col.step !== undefined) q.set("step", col.step);
   if (col.index !== undefined) q.set("collective", col.index);
   const qs = q.toString();
-  return `#/runs/${encodeURIComponent(doc.run_id)}/rank/${doc.ranks[r]}${qs ? `?${qs}` : ""}`;
+  return `#/runs/${encodeURIComponent(doc.run_id)}/rank/${rowRank(doc, r)}${qs ? `?${qs}` : ""}`;
 }
 
-/** Hover (the tip names rank, column and value) and click (`hrefOf(row, col)`) on a drawn canvas. */
-function interactive(canvas, doc, rh, cw, tip, hrefOf) {
+/** Hover (the tip names rank, column and value) and click (`hrefOf(row, col)`, or `pick(row, col)`
+ *  instead of following a link) on a drawn canvas. */
+function interactive(canvas, doc, rh, cw, tip, hrefOf, pick = null) {
   const at = (ev) => {
     const b = canvas.getBoundingClientRect();
     const col = Math.floor((ev.clientX - b.left - GUTTER) / cw), row = Math.floor((ev.clientY - b.top - TOP) / rh);
@@ -188,8 +203,8 @@ function interactive(canvas, doc, rh, cw, tip, hrefOf) {
     const hit = at(ev);
     if (!hit) { tip.hidden = true; return; }
     const [r, col] = hit;
-    tip.textContent = `rank ${doc.ranks[r]} · ${doc.columns[col].label} · ${valueText(doc, r, col)}`;
-    tip.dataset.rank = doc.ranks[r];
+    tip.textContent = `${rowLabel(doc, r)} · ${doc.columns[col].label} · ${valueText(doc, r, col)}`;
+    tip.dataset.rank = rowRank(doc, r);
     tip.dataset.column = col;
     const box = canvas.parentElement.getBoundingClientRect();
     tip.style.left = `${ev.clientX - box.left + 12}px`;
@@ -199,7 +214,8 @@ function interactive(canvas, doc, rh, cw, tip, hrefOf) {
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
   canvas.addEventListener("click", (ev) => {
     const hit = at(ev);
-    if (hit) location.hash = hrefOf(hit[0], hit[1]);
+    if (hit && pick) pick(hit[0], hit[1]);
+    else if (hit) location.hash = hrefOf(hit[0], hit[1]);
   });
 }
 
@@ -229,7 +245,7 @@ export function statusHeatmap(doc, hrefOf, {missing = "no evidence", testid = "s
  * The heatmap panel of run `runId`: metric and axis pickers, the picture, its legend. Drawn now
  * with a loading line and filled when the matrix answers. → [element, promise settled once drawn]
  */
-export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps"} = {}) {
+export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps", maxRows = null, onPick = null} = {}) {
   const box = h("div", {class: "heatmap", "data-testid": "rank-heatmap", "data-state": "loading"});
   const pickMetric = h("select", {"data-testid": "heatmap-metric", "aria-label": "colour by"},
     Object.entries(METRICS).map(([k, m]) => h("option", {value: k, selected: k === metric}, m.label)));
@@ -251,7 +267,8 @@ export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps"} 
     box.dataset.axis = pickAxis.value;
     status.textContent = "Loading the rank heatmap…";
     // Asked at once (before the overview's checks, which share the server); drawn once it answers.
-    return api(`/api/runs/${encodeURIComponent(runId)}/heatmap?metric=${m}&axis=${pickAxis.value}`).then((doc) => {
+    const rowsQ = maxRows ? `&max_rows=${Number(maxRows)}` : "";
+    return api(`/api/runs/${encodeURIComponent(runId)}/heatmap?metric=${m}&axis=${pickAxis.value}${rowsQ}`).then((doc) => {
       if (!page.alive() || mine !== generation) return;
       performance.mark("heatmap-answer"); // bench/bench_run_page.py reads these marks
       const width = Math.max(320, (box.clientWidth || document.body.clientWidth || 1000) - 8);
@@ -261,15 +278,16 @@ export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps"} 
       const c = doc.counts;
       status.replaceChildren(...[`${plural(c.ranks, "rank")} × ${plural(doc.columns.length, doc.axis === "steps" ? "step" : "column")}`,
         doc.binned > 1 ? ` (${doc.binned} collectives per column, the worst kept)` : "",
+        doc.binned_rows > 1 ? ` (${doc.binned_rows} ranks per row, the worst kept: ${doc.ranks.length} rows)` : "",
         ` · ${c.traced} with a trace`, c.no_trace ? ` · ${c.no_trace} without (missing evidence)` : "",
         doc.straggler !== null && doc.straggler !== undefined ? [" · straggler: ",
-          h("a", {href: drillHref(doc, doc.ranks.indexOf(doc.straggler), -1), "data-testid": "heatmap-straggler"},
+          h("a", {href: `#/runs/${encodeURIComponent(doc.run_id)}/rank/${doc.straggler}`, "data-testid": "heatmap-straggler"},
             `rank ${doc.straggler}`)] : "",
         doc.reason ? h("span", {"data-testid": "heatmap-reason"}, ` · ${doc.reason}`) : "",
-        " · click a cell to open that rank"].flat());
-      interactive(canvas, doc, rh, cw, tip, (r, col) => drillHref(doc, r, col));
+        onPick ? " · click a row to add that rank's lane" : " · click a cell to open that rank"].flat());
+      interactive(canvas, doc, rh, cw, tip, (r, col) => drillHref(doc, r, col), onPick && ((r) => onPick(rowRank(doc, r))));
       Object.assign(box.dataset, {state: "done", rows: doc.ranks.length, cols: doc.columns.length,
-        noTrace: c.no_trace});
+        noTrace: c.no_trace, binnedRows: doc.binned_rows || 1});
       performance.mark("heatmap-drawn");
     }, (err) => {
       if (!page.alive() || mine !== generation) return;

@@ -37,7 +37,9 @@ function checkItem(c) {
     `${c.count} ${c.count_label}`);
   const reasons = (c.reasons || []).slice(0, 3);
   const more = (c.reasons || []).length - reasons.length + (c.more || 0);
-  const timing = `${Number(c.elapsed_s).toFixed(2)} s of a ${Number(c.budget_s).toFixed(0)} s budget`;
+  // A kept answer (the run unchanged since it was computed: NOTE [Derived-document cache]) says so.
+  const timing = `${Number(c.elapsed_s).toFixed(2)} s of a ${Number(c.budget_s).toFixed(0)} s budget`
+    + (c.cache && c.cache !== "computed" ? " (computed earlier; the run has not changed since)" : "");
   return h("li", {class: `ov-check ${VERDICT_CLASS[c.verdict] || ""}`, "data-testid": "overview-check",
     "data-check": c.key, "data-verdict": c.verdict},
   h("div", {class: "ov-line"},

@@ -63,6 +63,28 @@ def test_api_one_matrix_with_missing_ranks_named(server):
     r = httpx.get(f"{server.url}/api/runs/hta/summary/everything")
     assert r.status_code == 400 and "layout" in r.json()["error"]
     assert httpx.get(f"{server.url}/api/runs/hta/ranks/128").status_code == 404
+    # Past max_rows, ranks share rows (the worst kept): 128 ranks in 16 rows of 8; the first bin
+    # holds the two traced ranks and six without a trace — "partial", never a healthy full row.
+    binned = get("?metric=step_time&axis=steps&max_rows=16").json()
+    assert binned["binned_rows"] == 8 and binned["ranks"] == list(range(0, 128, 8))
+    assert binned["rank_last"][:2] == [7, 15] and binned["row_no_trace"][:2] == [6, 8]
+    assert binned["row_state"][:2] == ["partial", "no_trace"] and binned["counts"]["ranks"] == 128
+    assert binned["values"][0] == [max(doc["values"][0][c], doc["values"][1][c]) for c in range(2)]
+    assert binned["rank_worst"][0] in (0, 1) and binned["trace_ids"][0] == doc["trace_ids"][binned["rank_worst"][0]]
+    assert get("?max_rows=0").status_code == 422
+    # Kept once computed (NOTE: [Derived-document cache]): the same answer from memory, and from the
+    # store for a fresh process (its memory cleared); a check's part likewise.
+    from graphdeck.server.derived import clear_memory, flush
+
+    again = get("?metric=step_time&axis=steps&max_rows=16").json()
+    assert again["cache"] == "memory" and {**again, "cache": None} == {**binned, "cache": None}
+    flush()
+    clear_memory()
+    stored = get("?metric=step_time&axis=steps&max_rows=16").json()
+    assert stored["cache"] == "store" and stored["values"] == binned["values"]
+    first = httpx.get(f"{server.url}/api/runs/hta/summary/layout", timeout=60).json()
+    assert first["cache"] in ("computed", "memory") and first["verdict"] == "N/A"
+    assert httpx.get(f"{server.url}/api/runs/hta/summary/layout", timeout=60).json()["cache"] == "memory"
 
 
 def _pixel(page, rank: int, col: int) -> list[int]:
@@ -124,6 +146,19 @@ def test_large_run_page_draws_the_heatmap_and_drills_down(server, browser):
     assert page.get_by_test_id("rank-page-replay").get_attribute("href").endswith("/replay?step=552")
     page.goto(f"{server.url}/#/runs/hta/rank/7")
     assert "no usable trace" in page.get_by_test_id("rank-page-trace").inner_text()
+    # Binned rows (the server's max_rows): 16 rows of 8 ranks; the first bin, two traced ranks and
+    # six without a trace, keeps a striped mark and says so; its click opens the bin's worst rank.
+    page.evaluate("""async () => {
+      const {rankHeatmap} = await import("/static/heatmap.js");
+      const [box] = rankHeatmap({alive: () => true}, "hta", {maxRows: 16});
+      document.getElementById("app").replaceChildren(box);
+    }""")
+    page.wait_for_selector("[data-testid=rank-heatmap][data-state=done][data-binned-rows='8']")
+    assert page.get_by_test_id("rank-heatmap").get_attribute("data-rows") == "16"
+    tip = _hover(page, 0, 1)
+    assert tip.startswith("ranks 0-7 · step 552 · ") and "6 ranks of the bin without a trace" in tip, tip
+    assert _pixel(page, 0, 0)[:3] != _pixel(page, 1, 0)[:3], "a partial bin is drawn with its values"
+    assert "8 ranks per row" in page.get_by_test_id("heatmap-status").inner_text()
     page.screenshot(path=str(Path("/tmp") / "graphdeck-rank-page.png"))
     assert errors == []
     page.close()

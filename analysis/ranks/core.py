@@ -308,11 +308,12 @@ def _timing_findings(session: Session, report: RankReport, metric_records: dict 
     the verdict. Structured forms: :func:`graphdeck.analysis.ranks.compile_skew.compile_skew`,
     :func:`graphdeck.analysis.ranks.cpu_collectives.rank_timing`."""
     from graphdeck.analysis.ranks.compile_skew import compile_skew
-    from graphdeck.analysis.traces.trace_collectives import align_and_match, run_traces
+    from graphdeck.analysis.ranks.heatmap import matched_run  # the matching the heatmap and overview share
+    from graphdeck.analysis.traces.trace_collectives import run_traces
 
     skew = compile_skew(session, session.get(Run, report.run_id), records=metric_records)
     traces = run_traces(session, report.run_id)
-    timing = align_and_match(session, report.run_id, traces=traces)["timing"] if len(traces) > 1 else {}
+    timing = (matched_run(session, report.run_id)[1] or {}).get("timing") or {} if len(traces) > 1 else {}
     report.notes += [text for text in (skew.finding, timing.get("message")) if text]
 
 

@@ -27,8 +27,16 @@ collective, no such step). More collectives than ``max_columns`` are binned: con
 collectives share a column, the worst value of the bin kept (the largest time, the most severe
 finding), and the column says which collectives it holds.
 
+More ranks than ``max_rows`` (:data:`MAX_ROWS`; a canvas row per rank stops fitting a page, and
+a canvas past ~32k px stops drawing) are binned the same way: consecutive ranks share a row, each
+cell the worst of the bin's traced ranks; the row says which ranks it holds (``ranks`` its first,
+``rank_last``), which of them is the worst (``rank_worst``: the largest sum over the row, or the
+worst finding; the drill-down opens it) and how many of them have no trace (``row_no_trace``): a
+bin with some untraced ranks is ``partial`` in ``row_state`` — missing evidence stays visible.
+
 The matched result is cached per store, run and set of traces (a few runs, :data:`CACHE_RUNS`), so
-the heatmap's metrics and the overview's slowest steps share one matching of a large run.
+the heatmap's metrics and the overview's slowest steps share one matching of a large run;
+concurrent first requests compute it once.
 """
 
 from __future__ import annotations
@@ -57,6 +65,8 @@ FINDINGS = (
 )
 _CODE = {f["key"]: f["code"] for f in FINDINGS}
 MAX_COLUMNS = 256
+#: More ranks than this share rows (NOTE: [Rank heatmap]); 1,024 ranks are drawn a row each.
+MAX_ROWS = 2048
 #: Divergent ranks listed with the matrix (the first by rank; the cells mark them all).
 DIVERGENT_LISTED = 64
 #: Runs whose matched traces are kept in memory (per process).
@@ -66,6 +76,7 @@ MAX_WORLD_ROWS = 65_536
 
 _cache: OrderedDict = OrderedDict()
 _lock = threading.Lock()
+_computing: dict[tuple, threading.Lock] = {}
 
 
 def _usable(session: Session, run_id: int) -> dict[int, Trace]:
@@ -91,11 +102,22 @@ def matched_run(session: Session, run_id: int) -> tuple[dict[int, int], dict | N
         if hit is not None:
             _cache.move_to_end(key)
             return traces, hit
-    result = align_and_match(session, run_id, None, dict(traces))
-    with _lock:
-        _cache[key] = result
-        while len(_cache) > CACHE_RUNS:
-            _cache.popitem(last=False)
+        gate = _computing.setdefault(key, threading.Lock())
+    with gate:  # the heatmap and the overview's slowest steps ask at once on a cold page: match once
+        try:
+            with _lock:
+                hit = _cache.get(key)
+            if hit is not None:
+                return traces, hit
+            result = align_and_match(session, run_id, None, dict(traces))
+            with _lock:
+                _cache[key] = result
+                while len(_cache) > CACHE_RUNS:
+                    _cache.popitem(last=False)
+        finally:
+            with _lock:
+                if _computing.get(key) is gate:
+                    del _computing[key]
     return traces, result
 
 
@@ -212,6 +234,86 @@ def _bin(cols: list[dict], rows: dict[int, list], max_columns: int) -> tuple[lis
     return out_cols, out_rows, size
 
 
+def _bin_rows(out: dict, max_rows: int) -> None:
+    """Consecutive ranks of ``out`` (a heatmap document) merged so at most ``max_rows`` rows
+    remain; each cell keeps its bin's worst value (the largest), the row its worst rank."""
+    ranks, n = out["ranks"], len(out["ranks"])
+    if n <= max_rows:
+        return
+    size = math.ceil(n / max_rows)
+    traces = dict(zip(ranks, out["trace_ids"]))
+    values, state = out["values"], out["row_state"]
+    rows, firsts, lasts, worst, missing, tids, states = [], [], [], [], [], [], []
+    for a in range(0, n, size):
+        idx = range(a, min(n, a + size))
+        traced = [i for i in idx if state[i] != "no_trace"]
+        width = len(values[a]) if values else 0
+        row = []
+        for c in range(width):
+            vals = [values[i][c] for i in traced if values[i][c] is not None]
+            row.append(max(vals) if vals else None)
+        rows.append(row)
+        pick = max(traced, key=lambda i: (sum(v for v in values[i] if v is not None), -i), default=None)
+        worst.append(ranks[pick] if pick is not None else ranks[a])
+        tids.append(traces[ranks[pick]] if pick is not None else None)
+        firsts.append(ranks[a])
+        lasts.append(ranks[idx[-1]])
+        missing.append(len(idx) - len(traced))
+        states.append("no_trace" if not traced else "partial" if missing[-1] else "trace")
+    out.update(values=rows, ranks=firsts, rank_last=lasts, rank_worst=worst, trace_ids=tids,
+               row_no_trace=missing, binned_rows=size, row_state=states)
+
+
+#: Lanes the run timeline draws by default (the worst ranks); more are asked for by ``ranks=``.
+TIMELINE_LANES = 8
+
+
+def timeline_lanes(matched: dict | None, traced: list[int], spec: str | None,
+                   limit: int = TIMELINE_LANES) -> tuple[list[int], str]:
+    """The ranks the run timeline draws a lane for, and why: ``spec`` (``"0,2-5"``, ``"all"``) →
+    those (``"requested"``); else every traced rank when there are at most ``limit``
+    (``"all"``); else the ``limit`` worst: the most late first (each rank's lateness summed over
+    the steps of ``matched``'s stragglers, so the straggler leads), then the reference (lowest)
+    rank for comparison (``"worst"``). ``traced``: the ranks with a usable trace.
+
+    Raises:
+        UsageError: a bad ``spec`` or ranks without a usable trace (HTTP 400; the message names them).
+    """
+    from graphdeck.analysis.traces.trace_export import parse_ranks
+
+    if spec is not None and spec.strip():
+        return parse_ranks(spec, traced), "requested" if spec.strip().lower() != "all" else "all"
+    ranks = sorted(traced)
+    if len(ranks) <= limit:
+        return ranks, "all"
+    late: dict[int, int] = {}
+    for s in (matched or {}).get("stragglers") or []:
+        for r, ns in (s.get("lateness_ns") or {}).items():
+            late[int(r)] = late.get(int(r), 0) + int(ns or 0)
+    worst = sorted((r for r in ranks if r in late), key=lambda r: (-late[r], r))[:limit - 1]
+    for r in ranks:  # the reference rank, then the lowest ones, fill what lateness did not
+        if len(worst) >= limit:
+            break
+        if r not in worst:
+            worst.append(r)
+    return sorted(worst), "worst"
+
+
+def check_heatmap_args(metric: str, axis: str, max_columns: int = MAX_COLUMNS, max_rows: int = MAX_ROWS) -> None:
+    """Raises BadInputError (HTTP 400) for an unknown metric or axis, ``step_time`` per
+    collective, or ``max_columns`` / ``max_rows`` < 1."""
+    if metric not in METRICS:
+        raise BadInputError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
+    if axis not in AXES:
+        raise BadInputError(f"unknown axis {axis!r}: use one of {', '.join(AXES)}")
+    if metric == "step_time" and axis != "steps":
+        raise BadInputError("step_time is measured per step: use axis=steps")
+    if max_columns < 1:
+        raise BadInputError(f"max_columns must be at least 1, got {max_columns}")
+    if max_rows < 1:
+        raise BadInputError(f"max_rows must be at least 1, got {max_rows}")
+
+
 def _quantile(values: list[int], q: float) -> int | None:
     if not values:
         return None
@@ -220,7 +322,7 @@ def _quantile(values: list[int], q: float) -> int | None:
 
 
 def rank_heatmap(session: Session, run: Run, metric: str = "step_time", axis: str = "steps",
-                 max_columns: int = MAX_COLUMNS) -> dict:
+                 max_columns: int = MAX_COLUMNS, max_rows: int = MAX_ROWS) -> dict:
     """The rank heatmap of ``run`` (NOTE: [Rank heatmap]).
 
     Returns ``{"run_id", "run", "metric", "axis", "unit": "ns" | "finding", "ranks": [int]
@@ -232,20 +334,16 @@ def rank_heatmap(session: Session, run: Run, metric: str = "step_time", axis: st
     per column, "straggler": rank | None, "straggler_message", "divergent": the matching's divergent
     ranks (``rank``, ``group``, ``seq``, ``step``, ``kind``, ``nelems``, ``expected_*``; the first
     :data:`DIVERGENT_LISTED`), "counts": {"ranks", "traced",
-    "no_trace"}, "reason": why the matrix is empty (None otherwise), "elapsed_s"}``.
+    "no_trace"}, "reason": why the matrix is empty (None otherwise), "elapsed_s"}``. More ranks
+    than ``max_rows``: rows are bins of ``binned_rows`` ranks (``ranks`` the first of each,
+    ``rank_last``, ``rank_worst``, ``row_no_trace``; ``row_state`` ``partial`` for a bin with
+    some ranks untraced; ``trace_ids`` the worst rank's).
 
     Raises:
         BadInputError: an unknown metric or axis, ``step_time`` per collective, or
-            ``max_columns`` < 1 (HTTP 400).
+            ``max_columns`` / ``max_rows`` < 1 (HTTP 400).
     """
-    if metric not in METRICS:
-        raise BadInputError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
-    if axis not in AXES:
-        raise BadInputError(f"unknown axis {axis!r}: use one of {', '.join(AXES)}")
-    if metric == "step_time" and axis != "steps":
-        raise BadInputError("step_time is measured per step: use axis=steps")
-    if max_columns < 1:
-        raise BadInputError(f"max_columns must be at least 1, got {max_columns}")
+    check_heatmap_args(metric, axis, max_columns, max_rows)
     t0 = time.perf_counter()
     ranks = run_ranks(session, run)
     traces, matched = matched_run(session, run.id)
@@ -279,5 +377,7 @@ def rank_heatmap(session: Session, run: Run, metric: str = "step_time", axis: st
             if flat:
                 out["scale"] = {"min": min(flat), "max": max(flat), "p99": _quantile(flat, 0.99),
                                 "median": int(statistics.median(flat))}
+    out["binned_rows"] = 1
+    _bin_rows(out, max_rows)
     out["elapsed_s"] = round(time.perf_counter() - t0, 3)
     return out

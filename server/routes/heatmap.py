@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi import Path as PathParam
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks.heatmap import MAX_COLUMNS, rank_heatmap, run_ranks
+from graphdeck.analysis.ranks.heatmap import MAX_COLUMNS, MAX_ROWS, check_heatmap_args, rank_heatmap, run_ranks
 from graphdeck.errors import NotFoundError
 from graphdeck.server.deps import MAX_RANK, RunPathRoute, get_session, resolve_run
+from graphdeck.server.derived import cached
 from graphdeck.server.routes.runs import RANK_FIELDS, TRACE_FIELDS, pick
 from graphdeck.server.routes.runs import _graphs as graph_rows
 from graphdeck.server.routes.runs import run_summary as run_header
@@ -24,16 +25,24 @@ router = APIRouter(tags=["runs"], route_class=RunPathRoute)
 
 
 @router.get("/api/runs/{run_id}/heatmap")
-def get_heatmap(run: Run = Depends(resolve_run), session: Session = Depends(get_session),
+def get_heatmap(request: Request, run: Run = Depends(resolve_run), session: Session = Depends(get_session),
                 metric: str = Query("step_time", description="step_time | lateness | wait | finding"),
                 axis: str = Query("steps", description="steps | collectives"),
                 max_columns: int = Query(MAX_COLUMNS, ge=1, le=4096,
-                                         description="more collectives than this share columns")) -> dict:
+                                         description="more collectives than this share columns"),
+                max_rows: int = Query(MAX_ROWS, ge=1, le=65_536,
+                                      description="more ranks than this share rows (the worst kept)")) -> dict:
     """One matrix: ``ranks`` (rows), ``columns``, ``values`` (one list per rank: ns, or a finding
     code of ``findings``; null = no value), ``row_state`` (``no_trace``: missing evidence) and
-    ``trace_ids`` per rank for drilling down. 400 for an unknown metric or axis, or ``step_time``
-    per collective; 404 for an unknown run."""
-    return rank_heatmap(session, run, metric, axis, max_columns)
+    ``trace_ids`` per rank for drilling down; past ``max_rows`` ranks, rows are bins of ranks
+    (``rank_last``, ``rank_worst``; NOTE: [Rank heatmap]). Kept once computed (NOTE: [Derived-document
+    cache]; ``cache`` says where this answer came from). 400 for an unknown metric or axis, or
+    ``step_time`` per collective; 404 for an unknown run."""
+    check_heatmap_args(metric, axis, max_columns, max_rows)
+    doc, source = cached(session, run, f"heatmap:{metric}:{axis}:{max_columns}:{max_rows}",
+                         lambda: rank_heatmap(session, run, metric, axis, max_columns, max_rows),
+                         writer=request.app.state.engine)
+    return {**doc, "cache": source}
 
 
 @router.get("/api/runs/{run_id}/rank-index")
