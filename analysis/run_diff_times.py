@@ -230,12 +230,14 @@ def rank_times(session: Session, run_id: int, rank: int) -> RankTimes:
     return out
 
 
-def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, nodes: tuple | None = None):
+def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, nodes: tuple | None = None,
+                     by_kernel: dict | None = None):
     """Map trace ``trace_id``'s events onto the AOT graphs of run ``run_id``'s rank ``rank``
     (NOTE: [Node time per step]): a :class:`graphdeck.store.node_times.TraceNodeTimes` with one
     row per (graph id, node) that any timed call reached, its ns per profiled step, total ns
     (before the first step too) and call count. ``nodes``: :func:`rank_nodes`' first two results,
-    when the caller has them. What :func:`graphdeck.store.node_times.record` stores at ingest."""
+    when the caller has them; ``by_kernel``: the trace's ``map_trace`` ``by_kernel``, when the
+    caller has it (else mapped here). What :func:`graphdeck.store.node_times.record` stores at ingest."""
     from graphdeck.store.node_times import TraceNodeTimes
 
     out = TraceNodeTimes(trace_id)
@@ -262,7 +264,7 @@ def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, no
         hits[1].extend(ts)
         hits[2].extend(ns)
 
-    if not _gpu_times(session, trace_id, events, key_of, add, out):
+    if not _gpu_times(session, trace_id, events, key_of, add, out, by_kernel):
         _cpu_times(session, run_id, rank, events, seqs, add, out)
     n = len(index)
     acc = np.zeros((n, out.steps + 1), dtype=np.int64)  # column 0: before the first profiled step
@@ -280,17 +282,18 @@ def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, no
     return out
 
 
-def _gpu_times(session, trace_id, rows, key_of, add, out) -> bool:
+def _gpu_times(session, trace_id, rows, key_of, add, out, by_kernel=None) -> bool:
     if not any(e[2] in GPU_KERNEL_CATS for e in rows):
         return False
-    from graphdeck.analysis.traces.trace_map import map_trace
-
     events = [Ev(*e) for e in rows]
-    mapping = map_trace(session, trace_id, events)
-    if not mapping.by_kernel:
+    if by_kernel is None:
+        from graphdeck.analysis.traces.trace_map import map_trace
+
+        by_kernel = map_trace(session, trace_id, events).by_kernel
+    if not by_kernel:
         return False
     by_id = {e.id: e for e in events}
-    for kid, (gid, nodes) in mapping.by_kernel.items():
+    for kid, (gid, nodes) in by_kernel.items():
         k = by_id.get(kid)
         if k is None or not nodes:
             continue

@@ -140,10 +140,12 @@ def store(session: Session, run_id: int, rank: int, times: TraceNodeTimes,
     return head.id
 
 
-def record(engine: Engine, trace_id: int) -> int | None:
+def record(engine: Engine, trace_id: int, by_kernel: dict | None = None) -> int | None:
     """Map trace ``trace_id`` onto its rank's graphs and store the result (NOTE: [Node-time
-    table]); returns the set's id. Best effort, for the ingest: any failure is logged and gives
-    None (readers then map the events themselves)."""
+    table]); returns the set's id. ``by_kernel``: the trace's ``map_trace`` kernel → node links
+    when the caller has them (the ingest: :func:`graphdeck.analysis.traces.export_map.record_links`).
+    Best effort, for the ingest: any failure is logged and gives None (readers then map the events
+    themselves)."""
     from graphdeck.analysis.run_diff_times import trace_node_times
     from graphdeck.store.db import retrying, write_session
 
@@ -153,7 +155,7 @@ def record(engine: Engine, trace_id: int) -> int | None:
                 return None
             run_id, rank = s.execute(select(Trace.run_id, Trace.rank).where(Trace.id == trace_id)).one()
             state = rank_state(s, run_id, rank)  # before the mapping: a graph added meanwhile makes it stale
-            times = trace_node_times(s, run_id, rank, trace_id)
+            times = trace_node_times(s, run_id, rank, trace_id, by_kernel=by_kernel)
 
         def write() -> int:
             with write_session(engine) as s:

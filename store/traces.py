@@ -565,12 +565,11 @@ class _Ingest(EventRows):
 
         retrying(finish)
         _keep_collective_index(self.engine, trace_id, stats)
+        from graphdeck.analysis.traces.export_map import record_links  # NOTE: [Stored kernel links]
         from graphdeck.store.node_times import record as keep_node_times  # NOTE: [Node-time table]
 
-        keep_node_times(self.engine, trace_id)  # best effort, like the collective index
-        from graphdeck.analysis.traces.export_map import record_links  # NOTE: [Stored kernel links]
-
-        record_links(self.engine, trace_id)  # best effort: export-trace maps the events without them
+        by_kernel = record_links(self.engine, trace_id, full=True)  # best effort, like the collective index
+        keep_node_times(self.engine, trace_id, by_kernel)  # the same mapping (None: the hook maps the trace itself)
         self.stats = stats
         return IngestResult(trace_id, self.run_id, rank, status, self.stored, stats)
 

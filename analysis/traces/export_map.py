@@ -201,11 +201,16 @@ def _fingerprint(events: list[Ev]) -> tuple[int, int | None, int | None]:
     return len(ids), min(ids), max(ids)
 
 
-def record_links(engine: Engine, trace_id: int) -> bool:
+def record_links(engine: Engine, trace_id: int, full: bool = False) -> bool | ByKernel | None:
     """Compute trace ``trace_id``'s links and keep them as its ``trace_links`` row, replacing an
     older one (NOTE: [Stored kernel links]); whether a row was written (none for a trace on
     ``map_trace``'s CPU path: an older row is then removed). Best effort, for the ingest: any
-    failure is logged and gives False (export then maps the events itself)."""
+    failure is logged and gives False (export then maps the events itself).
+
+    ``full``: return instead ``map_trace``'s whole ``by_kernel`` (the communication kernels
+    mapped too: NOTE: [Export kernel links]) when a row was written, else None — what the ingest's
+    node-time hook maps the trace's time with (:func:`graphdeck.store.node_times.record`), so the
+    ingest maps each trace once."""
     from graphdeck.analysis.traces.trace_data import load_events
     from graphdeck.store.db import retrying, write_session
 
@@ -218,12 +223,14 @@ def record_links(engine: Engine, trace_id: int) -> bool:
             events = load_events(s, trace_id, with_args=False)
             by_kernel, comm_kernels, cpu_path = _compute(s, trace, events)
             run_id, rank = trace.run_id, trace.rank
+            row = None if cpu_path else dict(
+                trace_id=trace_id, run_id=run_id, rank=rank, method=METHOD, graphs_count=state[0],
+                last_graph_id=state[1], kernel_nodes_count=state[2], links_json=encode(trace_id, by_kernel, comm_kernels))
+            whole = with_comm(s, trace, dict(by_kernel), comm_kernels)[0] if full and row is not None else None
         count, first, last = _fingerprint(events)
         del events
-        row = None if cpu_path else dict(
-            trace_id=trace_id, run_id=run_id, rank=rank, method=METHOD, graphs_count=state[0],
-            last_graph_id=state[1], kernel_nodes_count=state[2], events_count=count, first_event_id=first,
-            last_event_id=last, links_json=encode(trace_id, by_kernel, comm_kernels))
+        if row is not None:
+            row.update(events_count=count, first_event_id=first, last_event_id=last)
 
         def write() -> None:
             with write_session(engine) as s:
@@ -232,10 +239,10 @@ def record_links(engine: Engine, trace_id: int) -> bool:
                     s.add(TraceLinks(**row))
 
         retrying(write)
-        return row is not None
+        return whole if full else row is not None
     except Exception:  # noqa: BLE001 - the trace is stored; only the shortcut is missing
         log.exception("trace %s: could not keep its kernel links", trace_id)
-        return False
+        return None if full else False
 
 
 def refresh_links(engine: Engine, trace_id: int) -> bool:
