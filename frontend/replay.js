@@ -199,17 +199,50 @@ export async function renderRunTimeline(page, m) {
   if (!page.alive()) return;
   // Large: more traced ranks than SMALL_RUN (the tables below have a column per traced rank).
   const large = index.traces.filter((n) => n > 0).length > SMALL_RUN;
+  // Lanes (a large run): the server draws the 8 worst ranks (the straggler first) unless asked for
+  // others (?ranks=); the user types ranks or clicks a row of the lateness heatmap above the plot.
+  let lanes = null; // null: the server's choice
+  const lanesQ = () => (lanes ? `ranks=${encodeURIComponent(lanes)}` : "");
+  const timelineUrl = (win) => {
+    const q = [win, lanesQ()].filter(Boolean).join("&");
+    return `${base}/timeline${q ? `?${q}` : ""}`;
+  };
+  const lanesInput = h("input", {id: "timeline-lanes", "data-testid": "timeline-lanes-input", size: 24,
+    placeholder: "0,2-5 or all", "aria-label": "ranks drawn as lanes"});
+  const lanesNote = h("span", {class: "small muted", "data-testid": "timeline-lanes-note"});
+  let redraw = null;
   if (large) {
     const maps = [["lateness", "collectives", "Lateness at each matched collective (arrival after the first rank)"],
-      ["lateness", "steps", "Lateness per step (summed over the step's collectives): the straggler is the dark row"],
       ["wait", "collectives", "Time each rank waited for its peers inside each collective"],
       ["step_time", "steps", "Step time per rank"]];
     colls.replaceChildren(...maps.flatMap(([metric, axis, what]) => [h("h3", {}, what),
       rankHeatmap(page, index.id, {metric, axis})[0]]));
+    const addLane = (rank) => {
+      const now = (lanesInput.value || "").split(",").map((x) => x.trim()).filter(Boolean);
+      if (!now.includes(String(rank))) now.push(String(rank));
+      lanesInput.value = now.join(",");
+      if (redraw) redraw(lanesInput.value);
+    };
+    const show = h("button", {type: "button", "data-testid": "timeline-lanes-show"}, "Show lanes");
+    show.addEventListener("click", () => redraw && redraw(lanesInput.value.trim()));
+    lanesInput.addEventListener("keydown", (ev) => { if (ev.key === "Enter" && redraw) redraw(lanesInput.value.trim()); });
+    plot.before(h("h3", {}, "Lateness per step (summed over the step's collectives): the straggler is the dark row"),
+      rankHeatmap(page, index.id, {metric: "lateness", axis: "steps", onPick: addLane})[0],
+      h("p", {id: "timeline-lanes-bar", "data-testid": "timeline-lanes"}, "Lanes: ", lanesInput, " ", show, " ", lanesNote));
   }
-  const [Plotly, fig] = await Promise.all([loadPlotly(), api(`${base}/timeline`)]);
+  const [Plotly, fig] = await Promise.all([loadPlotly(), api(timelineUrl(""))]);
   if (!page.alive()) return;
   const meta = fig.layout?.meta || {};
+  const noteLanes = (m) => {
+    const l = m.lanes;
+    if (!l) return;
+    lanesInput.value = l.shown.join(",");
+    plot.dataset.lanes = l.shown.join(",");
+    lanesNote.textContent = `${l.shown.length} of ${l.traced} traced ranks` + (l.chosen === "worst"
+      ? ": the worst (the latest to arrive at collectives, the straggler first; then the reference rank). "
+        + "Type others, or click a row of the heatmap above to add its lane." : ".");
+  };
+  noteLanes(meta);
   // A large run's offsets: the largest 20 (by size), the rest counted.
   const allOffsets = Object.entries(meta.offsets || {});
   const shownOffsets = large ? [...allOffsets].sort(([, a], [, b]) => Math.abs(b.offset_ns) - Math.abs(a.offset_ns)).slice(0, 20)
@@ -223,15 +256,27 @@ export async function renderRunTimeline(page, m) {
   plot.replaceChildren();
   await Plotly.newPlot(plot, fig.data, {autosize: true, ...fig.layout}, {responsive: true, displaylogo: false});
   let pending = 0;
+  const fetchDraw = async (win) => {
+    const mine = ++pending;
+    let next;
+    try {
+      next = await api(timelineUrl(win));
+    } catch (err) { // a bad ranks spec: the server's 400 names it
+      if (mine === pending && page.alive()) lanesNote.replaceChildren(h("span", {class: "error", role: "alert",
+        "data-testid": "timeline-lanes-error"}, err.message));
+      return;
+    }
+    if (mine !== pending || !page.alive()) return;
+    await Plotly.react(plot, next.data, {autosize: true, ...next.layout}, {responsive: true, displaylogo: false});
+    plot.dataset.window = JSON.stringify(next.layout.meta.window_ms);
+    noteLanes(next.layout.meta);
+  };
+  redraw = (spec) => { lanes = spec || null; return fetchDraw(""); };
   plot.on("plotly_relayout", async (ev) => {
     const t0 = ev["xaxis.range[0]"], t1 = ev["xaxis.range[1]"];
     const auto = ev["xaxis.autorange"];
     if (t0 === undefined && !auto) return;
-    const mine = ++pending;
-    const next = await api(auto ? `${base}/timeline` : `${base}/timeline?t0_ms=${t0}&t1_ms=${t1}`);
-    if (mine !== pending || !page.alive()) return;
-    await Plotly.react(plot, next.data, {autosize: true, ...next.layout}, {responsive: true, displaylogo: false});
-    plot.dataset.window = JSON.stringify(next.layout.meta.window_ms);
+    await fetchDraw(auto ? "" : `t0_ms=${t0}&t1_ms=${t1}`);
   });
   if (large) return;
   try {

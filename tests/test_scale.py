@@ -108,6 +108,27 @@ def test_check_grads_over_64_ranks(scale64):
     assert len({r for r in report.ranks}) == N
 
 
+def test_run_timeline_draws_the_worst_lanes_and_takes_others(scale64):
+    """63 traced ranks: the run timeline draws 8 lanes, the straggler's first among them (the most
+    late), and any others on request; a rank without a trace is a 400 naming it."""
+    from fastapi.testclient import TestClient
+
+    from graphdeck.server.app import create_app
+    from graphdeck.server.settings import Settings
+
+    run, engine, _a = scale64
+    with TestClient(create_app(Settings(store=engine.url.database))) as c:
+        fig = c.get(f"/api/runs/{run.run_name}/timeline", params={"max_shapes": 400}).json()
+        lanes = fig["layout"]["meta"]["lanes"]
+        assert lanes["chosen"] == "worst" and lanes["traced"] == N - 1 and len(lanes["shown"]) == 8
+        assert run.straggler in lanes["shown"] and run.missing not in lanes["shown"]
+        assert f"8 of {N - 1} traced ranks" in fig["layout"]["title"]["text"], fig["layout"]["title"]
+        two = c.get(f"/api/runs/{run.run_name}/timeline", params={"ranks": "0,5", "max_shapes": 200}).json()
+        assert two["layout"]["meta"]["lanes"] == {"shown": [0, 5], "traced": N - 1, "chosen": "requested"}
+        bad = c.get(f"/api/runs/{run.run_name}/timeline", params={"ranks": str(run.missing)})
+        assert bad.status_code == 400 and f"{run.missing}" in bad.json()["error"] and "no usable trace" in bad.json()["error"]
+
+
 def test_postgresql_store(pg_url):
     """The harness into PostgreSQL (records merged, traces ingested by 2 processes): the same
     findings from the same seed."""

@@ -93,15 +93,26 @@ def get_run_timeline(request: Request, t0_ms: float | None = Query(None, descrip
                      t1_ms: float | None = Query(None, description="ms since the run's aligned start"),
                      max_shapes: int = Query(3000, ge=1, le=MAX_SHAPES_LIMIT, description="most bars drawn, all ranks"),
                      comm: list[str] | None = Query(None, description="extra communication-kernel patterns"),
+                     ranks: str | None = Query(None, description="lanes: all, or ranks and ranges (0,2-5); "
+                                               "default: all up to 8 traced ranks, else the 8 worst"),
                      run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
-    """All ranks of a run on one aligned time axis (rank-major lanes), at most ``max_shapes`` bars."""
+    """Ranks of a run on one aligned time axis (rank-major lanes), at most ``max_shapes`` bars.
+    Lanes: ``ranks``, or past 8 traced ranks the worst 8 (the most late first, the straggler
+    leading; :func:`graphdeck.analysis.ranks.heatmap.timeline_lanes`); ``layout.meta.lanes`` says
+    which (``shown``, ``traced``, ``chosen``: requested | all | worst). 400 for a bad ``ranks``."""
+    from graphdeck.analysis.ranks.heatmap import matched_run, timeline_lanes
+
     traces = run_traces(session, run.id)
     if not traces:
         raise NotFoundError(f"run {run.name!r} has no trace", resource="trace", id=run.name)
-    aligned = align_and_match(session, run.id, _rule(comm), traces) if len(traces) > 1 else None
+    if len(traces) > 1:  # the default rule: the matching the heatmap and overview share (cached)
+        aligned = align_and_match(session, run.id, _rule(comm), traces) if comm else matched_run(session, run.id)[1]
+    else:
+        aligned = None
+    lanes, chosen = timeline_lanes(aligned, list(traces), ranks)
     offsets = {r: (aligned["offsets"][r]["offset_ns"] if aligned else 0) for r in traces}
     cache = _cache(request)
-    idxs = {r: cache.get(session, tid) for r, tid in traces.items()}
+    idxs = {r: cache.get(session, traces[r]) for r in lanes}
     spans = {r: i.span for r, i in idxs.items() if i.span}
     if not spans:
         raise NotFoundError(f"run {run.name!r} has no timed events", resource="trace", id=run.name)
@@ -127,14 +138,17 @@ def get_run_timeline(request: Request, t0_ms: float | None = Query(None, descrip
             row["ts_ns"] -= off
             row["pid"] = rank_pid(r, row["pid"])
             events.append(row)
-    fig = timeline_figure(events, start_ns=origin, title=f"run {run.name}: {len(idxs)} ranks, clocks aligned",
+    title = (f"run {run.name}: {len(idxs)} ranks, clocks aligned" if chosen == "all"
+             else f"run {run.name}: {len(idxs)} of {len(traces)} traced ranks, clocks aligned")
+    fig = timeline_figure(events, start_ns=origin, title=title,
                           total_events=total, process_labels=labels, thread_names=threads)
     fig["layout"]["meta"].update(
         window_ms=[round((t0 - origin) / 1e6, 6), round((t1 - origin) / 1e6, 6)], in_window=total,
         max_shapes=max_shapes, start_ns=str(origin),
         offsets={str(r): {"offset_ns": offsets[r], **({k: v for k, v in aligned["offsets"][r].items() if k != "offset_ns"}
                                                        if aligned else {"method": "single rank"})} for r in traces},
-        traces={str(r): t for r, t in traces.items()})
+        traces={str(r): t for r, t in traces.items()},
+        lanes={"shown": lanes, "traced": len(traces), "chosen": chosen})
     fig["layout"]["xaxis"]["range"] = fig["layout"]["meta"]["window_ms"]
     return fig
 
