@@ -162,6 +162,61 @@ def cached(session: Session, run: Run, part: str, compute: Callable[[], dict],
     return doc, source
 
 
+def stored_doc(session: Session, run: Run, part: str, fingerprint: str | None = None) -> dict | None:
+    """The kept document of ``(run, part)`` valid for the run's state (memory, else the store),
+    or None. ``fingerprint``: :func:`run_fingerprint`'s, when the caller has it."""
+    fingerprint = fingerprint or run_fingerprint(session, run)
+    key = store_key(run.id, part)
+    with _lock:
+        hit = _memory.get((str(session.get_bind().url), key, fingerprint))
+    return hit if hit is not None else _read_stored(session, key, fingerprint)
+
+
+def keep_doc(session: Session, run: Run, part: str, doc: dict, writer: Engine | None,
+             fingerprint: str | None = None, elapsed_s: float = 0.0) -> None:
+    """Keep ``doc`` as ``(run, part)``'s document for the run's state: in memory, and in the
+    store through ``writer`` (on the writer thread)."""
+    fingerprint = fingerprint or run_fingerprint(session, run)
+    key = store_key(run.id, part)
+    with _lock:
+        _memory[(str(session.get_bind().url), key, fingerprint)] = doc
+        while len(_memory) > MEMORY_DOCS:
+            _memory.popitem(last=False)
+    if writer is not None:
+        _writer.submit(_write_stored, writer, key, fingerprint, doc, elapsed_s)
+
+
+_background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="derived-background")
+_queued: set = set()
+
+
+def in_background(key: tuple, fn: Callable[[], None]) -> bool:
+    """Run ``fn`` on the one background thread unless a job of ``key`` is queued or running;
+    True when queued now. Its exceptions are logged."""
+    with _lock:
+        if key in _queued:
+            return False
+        _queued.add(key)
+
+    def job() -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - a background computation only ever fills the cache
+            log.warning("derived cache: background job %s failed", key, exc_info=True)
+        finally:
+            with _lock:
+                _queued.discard(key)
+
+    _background.submit(job)
+    return True
+
+
+def running(key: tuple) -> bool:
+    """Whether a background job of ``key`` is queued or running."""
+    with _lock:
+        return key in _queued
+
+
 def flush(timeout_s: float = 10.0) -> None:
     """Wait until the store writes queued so far are done (tests, benchmarks)."""
     _writer.submit(lambda: None).result(timeout=timeout_s)

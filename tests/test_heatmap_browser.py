@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from graphdeck.store.db import open_engine
 from graphdeck.store.traces import ingest_trace
@@ -44,7 +45,7 @@ def server(tmp_path_factory):
         yield srv
 
 
-def test_api_one_matrix_with_missing_ranks_named(server):
+def test_api_one_matrix_with_missing_ranks_named(server, monkeypatch):
     get = lambda q: httpx.get(f"{server.url}/api/runs/hta/heatmap{q}", timeout=60)  # noqa: E731
     doc = get("?metric=step_time&axis=steps").json()
     assert doc["ranks"] == list(range(128)) and doc["counts"] == {"ranks": 128, "traced": 2, "no_trace": 126}
@@ -85,6 +86,28 @@ def test_api_one_matrix_with_missing_ranks_named(server):
     first = httpx.get(f"{server.url}/api/runs/hta/summary/layout", timeout=60).json()
     assert first["cache"] in ("computed", "memory") and first["verdict"] == "N/A"
     assert httpx.get(f"{server.url}/api/runs/hta/summary/layout", timeout=60).json()["cache"] == "memory"
+    # Trace coverage past the page's budget (here none): INCOMPLETE with the ranks mapped so far,
+    # never PASS; the rest mapped in the background, then the whole answer kept — the CLI's.
+    import time
+
+    import graphdeck.server.routes.summary as summary_route
+    from graphdeck.analysis.summary import run_check
+    from graphdeck.store.schema import Run
+
+    monkeypatch.setattr(summary_route, "PAGE_TRACES_BUDGET_S", 0.0)
+    part = httpx.get(f"{server.url}/api/runs/hta/summary/traces", timeout=60).json()
+    assert part["verdict"] == "INCOMPLETE" and part["continuing"] and "background" in part["reasons"][-1], part
+    assert any("not mapped: the check's time budget was spent" in r for r in part["reasons"])
+    deadline = time.monotonic() + 60
+    while part.get("continuing") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        part = httpx.get(f"{server.url}/api/runs/hta/summary/traces", timeout=60).json()
+    assert part["cache"] == "store" and not part.get("continuing"), part
+    from sqlalchemy.orm import Session
+
+    with Session(open_engine(server.server.config.app.state.settings.store, read_only=True)) as s:
+        cli = run_check(s, s.scalar(select(Run).where(Run.name == "hta")), "traces")
+    assert (part["verdict"], part["count"], part["detail"]) == (cli["verdict"], cli["count"], cli["detail"])
 
 
 def _pixel(page, rank: int, col: int) -> list[int]:
