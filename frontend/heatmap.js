@@ -245,7 +245,8 @@ export function statusHeatmap(doc, hrefOf, {missing = "no evidence", testid = "s
  * The heatmap panel of run `runId`: metric and axis pickers, the picture, its legend. Drawn now
  * with a loading line and filled when the matrix answers. → [element, promise settled once drawn]
  */
-export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps", maxRows = null, onPick = null} = {}) {
+export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps", maxRows = null, onPick = null,
+  initial = null} = {}) {
   const box = h("div", {class: "heatmap", "data-testid": "rank-heatmap", "data-state": "loading"});
   const pickMetric = h("select", {"data-testid": "heatmap-metric", "aria-label": "colour by"},
     Object.entries(METRICS).map(([k, m]) => h("option", {value: k, selected: k === metric}, m.label)));
@@ -268,7 +269,11 @@ export function rankHeatmap(page, runId, {metric = "step_time", axis = "steps", 
     status.textContent = "Loading the rank heatmap…";
     // Asked at once (before the overview's checks, which share the server); drawn once it answers.
     const rowsQ = maxRows ? `&max_rows=${Number(maxRows)}` : "";
-    return api(`/api/runs/${encodeURIComponent(runId)}/heatmap?metric=${m}&axis=${pickAxis.value}${rowsQ}`).then((doc) => {
+    // `initial`: the matrix the page already holds (rank-index?heatmap=), drawn without asking again.
+    const given = initial && initial.metric === m && initial.axis === pickAxis.value && !maxRows ? initial : null;
+    initial = null;
+    return (given ? Promise.resolve(given)
+      : api(`/api/runs/${encodeURIComponent(runId)}/heatmap?metric=${m}&axis=${pickAxis.value}${rowsQ}`)).then((doc) => {
       if (!page.alive() || mine !== generation) return;
       performance.mark("heatmap-answer"); // bench/bench_run_page.py reads these marks
       const width = Math.max(320, (box.clientWidth || document.body.clientWidth || 1000) - 8);

@@ -186,7 +186,8 @@ function setAllDetails(open) {
 
 export async function renderRun(page, m, query = new URLSearchParams()) {
   const key = encodeURIComponent(decodeURIComponent(m[1]));
-  const index = await api(`/api/runs/${key}/rank-index`); // a few kB whatever the run's size
+  // A few kB whatever the run's size; a large run's first heatmap comes with it (one round trip).
+  const index = await api(`/api/runs/${key}/rank-index?heatmap=step_time`);
   if (!page.alive()) return;
   // More than SMALL_RUN ranks: the rank heatmap instead of a section per rank, compile records and
   // gradient paths loaded when their block is opened (issue 26 item 2).
@@ -293,7 +294,7 @@ async function renderLargeRun(page, idx, query) {
   const withGraphs = idx.graphs.filter((x) => x > 0).length;
   // The heatmap is asked first and the checks after it answers: it is the picture the page opens
   // with, and the checks (Python, one interpreter on the server) would slow it down.
-  const [heatBox, heatDone] = rankHeatmap(page, run.id);
+  const [heatBox, heatDone] = rankHeatmap(page, run.id, {initial: idx.heatmap});
   const [overviewBox, overviewDone] = runOverview(page, run, {after: heatDone});
   const first = idx.ranks[0];
   const [compileBlock, startCompile] = lazyDetails("details-compile",

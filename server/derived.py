@@ -120,6 +120,13 @@ def _write_stored(engine: Engine, key: str, fingerprint: str, doc: dict, elapsed
         log.warning("derived cache: could not keep %s in the store", key, exc_info=True)
 
 
+def _submit_write(engine: Engine, key: str, fingerprint: str, doc: dict, elapsed_s: float) -> None:
+    try:
+        _writer.submit(_write_stored, engine, key, fingerprint, doc, elapsed_s)
+    except RuntimeError:  # the interpreter is shutting down (a background job's last save): write now
+        _write_stored(engine, key, fingerprint, doc, elapsed_s)
+
+
 def cached(session: Session, run: Run, part: str, compute: Callable[[], dict],
            writer: Engine | None = None, keep: Callable[[dict], bool] | None = None) -> tuple[dict, str]:
     """``compute()``'s document for ``(run, part)``, from memory, the store, or computed now and
@@ -150,7 +157,7 @@ def cached(session: Session, run: Run, part: str, compute: Callable[[], dict],
                 if keep is not None and not keep(doc):
                     return doc, source
                 if writer is not None:
-                    _writer.submit(_write_stored, writer, key, fingerprint, doc, time.perf_counter() - t0)
+                    _submit_write(writer, key, fingerprint, doc, time.perf_counter() - t0)
             with _lock:
                 _memory[mem_key] = doc
                 while len(_memory) > MEMORY_DOCS:
@@ -183,7 +190,7 @@ def keep_doc(session: Session, run: Run, part: str, doc: dict, writer: Engine | 
         while len(_memory) > MEMORY_DOCS:
             _memory.popitem(last=False)
     if writer is not None:
-        _writer.submit(_write_stored, writer, key, fingerprint, doc, elapsed_s)
+        _submit_write(writer, key, fingerprint, doc, elapsed_s)
 
 
 _background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="derived-background")

@@ -45,12 +45,22 @@ def get_heatmap(request: Request, run: Run = Depends(resolve_run), session: Sess
     return {**doc, "cache": source}
 
 
+#: More ranks than this: a "large" run (the dashboard's SMALL_RUN, frontend/heatmap.js).
+SMALL_RUN = 8
+
+
 @router.get("/api/runs/{run_id}/rank-index")
-def get_rank_index(run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
+def get_rank_index(request: Request, run: Run = Depends(resolve_run), session: Session = Depends(get_session),
+                   heatmap: str | None = Query(None, description="with more than 8 ranks, also this metric's "
+                                               "rank heatmap per step (as GET /heatmap?metric=&axis=steps)")) -> dict:
     """The run's header (as ``GET /api/runs/{id}`` without its lists) and, per rank of
     ``ranks`` (every rank the run knows, ascending), counts: ``graphs``, ``traces`` (complete or
     truncated), ``partitions`` — what a large run's page needs before its heatmap, in a few
-    kilobytes instead of every graph of every rank. 404 for an unknown run."""
+    kilobytes instead of every graph of every rank. ``heatmap=METRIC`` and more than
+    :data:`SMALL_RUN` ranks: the page's first heatmap under ``heatmap`` too (one round trip for
+    the first picture, not two). 400 for an unknown metric; 404 for an unknown run."""
+    if heatmap is not None:
+        check_heatmap_args(heatmap, "steps")
     ranks = run_ranks(session, run)
 
     def per_rank(model, *where) -> list[int]:
@@ -58,9 +68,12 @@ def get_rank_index(run: Run = Depends(resolve_run), session: Session = Depends(g
                                    .group_by(model.rank)).all())
         return [got.get(r, 0) for r in ranks]
 
-    return {**run_header(session, run), "meta": json.loads(run.meta_json or "{}"), "ranks": ranks,
-            "graphs": per_rank(Graph), "traces": per_rank(Trace, Trace.status != "ingesting"),
-            "partitions": per_rank(Partition)}
+    out = {**run_header(session, run), "meta": json.loads(run.meta_json or "{}"), "ranks": ranks,
+           "graphs": per_rank(Graph), "traces": per_rank(Trace, Trace.status != "ingesting"),
+           "partitions": per_rank(Partition)}
+    if heatmap is not None and len(ranks) > SMALL_RUN:
+        out["heatmap"] = get_heatmap(request, run, session, heatmap, "steps", MAX_COLUMNS, MAX_ROWS)
+    return out
 
 
 @router.get("/api/runs/{run_id}/ranks/{rank}")

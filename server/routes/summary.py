@@ -5,7 +5,7 @@ same function, so the page and a CI log agree.
 
 Each part is kept once computed (NOTE: [Derived-document cache] in graphdeck/server/derived.py):
 a 1,024-rank run's checks cost seconds each, paid once per state of the run, not per page. A part
-that raised (``ERROR``), ran over its budget or could not read its evidence is not kept.
+that raised (``ERROR``), was cut short by its budget or could not read its evidence is not kept.
 
 Trace coverage maps every rank's trace (~0.13 s CPU each: ~130 s at 1,024 ranks). On the page
 it gets :data:`PAGE_TRACES_BUDGET_S`: it answers with the ranks mapped so far (INCOMPLETE, naming
@@ -46,9 +46,10 @@ _memos: dict[tuple, dict] = {}  # (store URL, run id, fingerprint) -> trace id -
 
 
 def _keep(doc: dict) -> bool:
-    """Whether a part's answer may be kept: not an ERROR, not cut short by its budget, its
-    evidence read (``slowest``: not "could not be read")."""
-    if doc.get("verdict") == "ERROR" or doc.get("over_budget"):
+    """Whether a part's answer may be kept: not an ERROR, not cut short by its budget (trace
+    coverage's rank loop; a check that only ran long is complete and kept), its evidence read
+    (``slowest``: not "could not be read")."""
+    if doc.get("verdict") == "ERROR":
         return False
     if any("budget was spent" in str(r) for r in doc.get("reasons") or []):
         return False
