@@ -3,9 +3,12 @@ the same logs, run in the same command.
 
 Both run as child processes under GNU ``/usr/bin/time -f "%e %U %S %M"`` (wall seconds, user and
 system CPU seconds, peak RSS in KiB), each into a fresh output (a new SQLite store / a new tlparse
-folder); the median of ``--repeat`` runs is reported with the ratio graphdeck / tlparse, for wall
-time and for CPU time (user + system: on a shared host wall time is mostly other users' load). tlparse gets ``--all-ranks-html``
-on rank folders (as the issue's reference numbers) and its defaults on single logs.
+folder), interleaved (graphdeck, tlparse, graphdeck, ...); the median (min–max) of ``--repeat``
+runs is reported with the ratio graphdeck / tlparse of the medians, for CPU time (user + system:
+on a shared host wall time is mostly other users' load) and for wall time. tlparse gets
+``--all-ranks-html`` on rank folders (as the issue's reference numbers) and its defaults on single
+logs. ``--commands`` also times the read commands a user types next (``check-ranks``,
+``check-grads``, ``check-compile``, ``summary``) on the 2-rank store.
 
 Inputs: the multi-rank logs of ``../shared/data/torch_trace`` and one large single log, made by
 ``--make-big`` (a 20-block MLP-transformer stack compiled with Inductor under ``TORCH_TRACE``,
@@ -16,7 +19,7 @@ boundary) show whether memory grows with file size.
 Usage::
 
     python bench/bench_import.py --make-big            # once: writes the ≥100 MB log (minutes)
-    python bench/bench_import.py [--repeat 3]
+    python bench/bench_import.py [--repeat 5] [--small-only] [--no-prefixes] [--commands]
 """
 
 from __future__ import annotations
@@ -57,10 +60,11 @@ while size() < target:
 """
 
 
-def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, float]:
-    """(wall seconds, peak RSS MiB, CPU seconds = user + system) of ``cmd`` as GNU time reports them."""
+def timed(cmd: list[str], env: dict | None = None, ok: tuple = (0,)) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS MiB, CPU seconds = user + system) of ``cmd`` as GNU time reports them;
+    an exit status outside ``ok`` raises."""
     out = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", *cmd], capture_output=True, text=True, env=env)
-    if out.returncode != 0:
+    if out.returncode not in ok:
         raise RuntimeError(f"{cmd[0]} failed: {out.stderr[-2000:]}")
     wall, user, system, rss_kib = out.stderr.strip().splitlines()[-1].split()
     return float(wall), int(rss_kib) / 1024, float(user) + float(system)
@@ -107,9 +111,37 @@ def big_log() -> Path | None:
     return logs[-1] if logs else None
 
 
+def _spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
+
+
+def run_command(args: list[str]) -> tuple[float, float, float]:
+    """A read command; exit 1 (the check found something) or 3 (INCOMPLETE) is an answer too."""
+    return timed([sys.executable, "-m", "graphdeck.cli", *args], ok=(0, 1, 3))
+
+
+def time_commands(store_folder: Path, tmp: Path, repeat: int) -> None:
+    """CPU s of the read commands on a store of ``store_folder`` (imported once)."""
+    store = tmp / "cmds.db"
+    run_graphdeck(store_folder, tmp)
+    shutil.copy(tmp / "bench.db", store)
+    cmds = {"check-ranks": ["check-ranks", str(store), "--run", "b"],
+            "check-grads": ["check-grads", str(store), "--run", "b"],
+            "check-compile": ["check-compile", str(store), "--run", "b"],
+            "summary": ["summary", "b", "--store", str(store)],
+            "--help": ["--help"]}
+    print(f"\n{'command (2-rank store)':34s} {'CPU s median (min-max)':>24s} {'MiB':>6s}")
+    for name, args in cmds.items():
+        runs = [run_command(args) for _ in range(repeat)]
+        print(f"{name:34s} {_spread([r[2] for r in runs]):>24s} {statistics.median(r[1] for r in runs):6.0f}",
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeat", type=int, default=3, help="runs per input (median reported)")
+    ap.add_argument("--repeat", type=int, default=5, help="runs per input (median reported)")
+    ap.add_argument("--no-prefixes", action="store_true", help="the large log whole, without its 25%% / 50%% prefixes")
+    ap.add_argument("--commands", action="store_true", help="also time check-ranks/-grads/-compile and summary")
     ap.add_argument("--make-big", action="store_true", help="generate the large single log first")
     ap.add_argument("--big-mb", type=int, default=100, help="size of the large log to generate, MiB")
     ap.add_argument("--big", type=Path, default=None, help="use this large log instead of the cached one")
@@ -122,25 +154,29 @@ def main() -> None:
     inputs = dict(MULTI)
     big = None if args.small_only else args.big or big_log()
     tmp = Path(tempfile.mkdtemp(prefix="gd-bench-import-"))
-    if big is not None:
+    if big is not None and not args.no_prefixes:
         inputs[f"big 25% ({big.stat().st_size * 0.25 / 2**20:.0f} MiB)"] = prefix_copy(big, 0.25, tmp / "b25.log")
         inputs[f"big 50% ({big.stat().st_size * 0.5 / 2**20:.0f} MiB)"] = prefix_copy(big, 0.5, tmp / "b50.log")
+    if big is not None:
         inputs[f"big single log ({big.stat().st_size / 2**20:.0f} MiB)"] = big
     else:
         print("no large log: run with --make-big first", file=sys.stderr)
-    print(f"{'input':34s} {'graphdeck s':>11s} {'tlparse s':>9s} {'time x':>7s} "
-          f"{'gd CPU s':>8s} {'tl CPU s':>8s} {'CPU x':>6s} "
+    print(f"{'input':34s} {'graphdeck CPU s':>20s} {'tlparse CPU s':>20s} {'CPU x':>6s} "
+          f"{'gd wall s':>9s} {'tl wall s':>9s} {'wall x':>6s} "
           f"{'graphdeck MiB':>13s} {'tlparse MiB':>11s} {'mem x':>6s}")
     try:
         for label, path in inputs.items():
-            n = 1 if "big" in label else args.repeat
-            g = [run_graphdeck(path, tmp) for _ in range(n)]
-            t = [run_tlparse(path, tmp) for _ in range(n)]
+            g, t = [], []
+            for _ in range(args.repeat):  # interleaved: both see the same host load
+                g.append(run_graphdeck(path, tmp))
+                t.append(run_tlparse(path, tmp))
             gw, gm = statistics.median(x[0] for x in g), statistics.median(x[1] for x in g)
             tw, tm = statistics.median(x[0] for x in t), statistics.median(x[1] for x in t)
             gc, tc = statistics.median(x[2] for x in g), statistics.median(x[2] for x in t)
-            print(f"{label:34s} {gw:11.2f} {tw:9.2f} {gw / tw:7.2f} {gc:8.2f} {tc:8.2f} {gc / tc:6.2f} "
-                  f"{gm:13.0f} {tm:11.0f} {gm / tm:6.2f}", flush=True)
+            print(f"{label:34s} {_spread([x[2] for x in g]):>20s} {_spread([x[2] for x in t]):>20s} {gc / tc:6.2f} "
+                  f"{gw:9.2f} {tw:9.2f} {gw / tw:6.2f} {gm:13.0f} {tm:11.0f} {gm / tm:6.2f}", flush=True)
+        if args.commands:
+            time_commands(MULTI["generated ddp (2 ranks)"], tmp, args.repeat)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
