@@ -19,7 +19,9 @@ Each invocation is a fresh server process: its first page ("cold") finds the ser
 empty, so it answers from the derived documents kept in the store (NOTE: [Derived-document cache]
 in graphdeck/server/derived.py) or, with ``--forget`` (those rows deleted first), computes every
 check, the matching and the heatmap as a store never served before would. The operating system's
-page cache is not dropped (no root on the shared host): "cold" never means a cold disk. Repeats
+page cache is not dropped (no root on the shared host): "cold" never means a cold disk. Chromium
+opens one throwaway ``about:blank`` context first (``--cold-browser``: not), so the first page
+measures the server's cold start, not the browser's. Repeats
 wait for every check to answer before the next page opens, so one page's slow checks do not run
 under the next page's timing. Medians and min–max over repeats.
 
@@ -73,7 +75,8 @@ def _serve_frontend(server, frontend: Path) -> None:
     raise RuntimeError("no /static mount to replace")
 
 
-def bench(store: Path, run: str, repeats: int, timeout_s: float, frontend: Path | None = None) -> dict:
+def bench(store: Path, run: str, repeats: int, timeout_s: float, frontend: Path | None = None,
+          warm_browser: bool = True) -> dict:
     """Time ``repeats`` fresh pages (module docstring). With ``frontend`` (a dashboard without the
     heatmap), a page counts as drawn at the overview box and nothing waits for a heatmap."""
     sys.path.insert(0, str(REPO))
@@ -87,6 +90,10 @@ def bench(store: Path, run: str, repeats: int, timeout_s: float, frontend: Path 
         if frontend:
             _serve_frontend(server, frontend)
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        if warm_browser:  # a user's browser is running already: its first context is not the server's cold start
+            ctx = browser.new_context()
+            ctx.new_page().goto("about:blank")
+            ctx.close()
         for i in range(repeats):
             ctx = browser.new_context(viewport={"width": 1440, "height": 900})
             page = ctx.new_page()
@@ -142,6 +149,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600, help="seconds to wait for each page's parts")
     ap.add_argument("--json", type=Path, help="write every repeat's numbers here")
+    ap.add_argument("--cold-browser", action="store_true",
+                    help="no throwaway about:blank context first: the first page pays Chromium's first context too")
     ap.add_argument("--forget", action="store_true",
                     help="delete the store's derived documents first: the first page computes everything")
     ap.add_argument("--frontend", type=Path,
@@ -160,7 +169,7 @@ def main() -> None:
         with sqlite3.connect(args.store) as db:
             gone = db.execute("DELETE FROM store_meta WHERE key LIKE 'derived:%'").rowcount
         print(f"--forget: {gone} derived document(s) deleted from the store", flush=True)
-    out = bench(args.store, args.run, args.repeats, args.timeout, args.frontend)
+    out = bench(args.store, args.run, args.repeats, args.timeout, args.frontend, not args.cold_browser)
     rows = out["rows"]
     warm = rows[1:]  # the first page fills the server's caches
     print(f"\n{args.run}: {rows[0]['rows']} ranks x {rows[0]['cols']} columns ({rows[0]['no_trace']} without a trace); "
