@@ -116,29 +116,29 @@ def once(args) -> None:
     compile_s = time.perf_counter() - t0
     timed_steps(step, 3, args.device)
     ms = timed_steps(step, args.steps, args.device)
-    capture_s, metrics = None, {}
+    capture_s, metrics = None, torch_metrics()
     if agent is not None:
         capture_s = agent.capture_time_s
         agent.close()
-        metrics = compile_metrics(tmp / "s.db")
     print("RESULT " + json.dumps({"mode": args.mode, "compile_s": compile_s, "step_ms": ms, "capture_s": capture_s,
                                   "metrics": metrics}), flush=True)
 
 
-def compile_metrics(store: Path) -> dict:
-    """Sums over the run's ``compilation_metrics`` / ``bwd_compilation_metrics`` records (seconds):
-    torch's own split of the compile, ``structured_logging_overhead_s`` included (the time torch
-    spent building and handing the structured records to the agent's handler)."""
-    con = sqlite3.connect(store)
+def torch_metrics() -> dict:
+    """Sums of torch's own compile metrics in this process (``torch._dynamo.utils.
+    get_compilation_metrics()``, seconds; plain and captured runs alike): the split of the compile,
+    ``structured_logging_overhead_s`` included (the time torch spent building structured records
+    for a handler, here the agent's)."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+    except ImportError:
+        return {}
     out: dict[str, float] = {}
-    for name, meta in con.execute("SELECT name, metadata_json FROM compile_events "
-                                  "WHERE name IN ('compilation_metrics', 'bwd_compilation_metrics')"):
-        d = json.loads(meta)
-        d = d.get(name, d)
-        for k, v in d.items():
-            if k.endswith("_s") and isinstance(v, (int, float)):
-                out[f"{name}.{k}"] = out.get(f"{name}.{k}", 0.0) + v
-    con.close()
+    for m in get_compilation_metrics():
+        for k, v in vars(m).items():
+            if k.endswith(("_s", "_us")) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                key = "compilation_metrics." + (k[:-3] + "_s" if k.endswith("_us") else k)
+                out[key] = out.get(key, 0.0) + (v / 1e6 if k.endswith("_us") else v)
     return out
 
 
