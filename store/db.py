@@ -258,18 +258,17 @@ class Interner:
         interner find them in its cache. Used before writing a graph's nodes."""
         from sqlalchemy import insert
 
-        todo = list(dict.fromkeys(v for v in values if v is not None and v not in self._ids))
-        for i in range(0, len(todo), 500):
-            part = todo[i:i + 500]
-            found = dict(self.session.execute(select(InternedString.value, InternedString.id)
-                                              .where(InternedString.value.in_(part))).all())
-            new = [v for v in part if v not in found]
-            if new:
-                self.session.flush()
-                self.session.execute(insert(InternedString), [{"value": v} for v in new])
-                found.update(self.session.execute(select(InternedString.value, InternedString.id)
-                                                  .where(InternedString.value.in_(new))).all())
-            self._ids.update(found)
+        from graphdeck.store.torch_trace_rows import intern_in_batches
+
+        def lookup(part):
+            return self.session.execute(select(InternedString.value, InternedString.id)
+                                        .where(InternedString.value.in_(part))).all()
+
+        def add(new):
+            self.session.flush()
+            self.session.execute(insert(InternedString), [{"value": v} for v in new])
+
+        intern_in_batches(values, self._ids, lookup, add)
 
 
 def get_or_create_run(session: Session, name: str, *, world_size: int | None = None, meta: dict | None = None) -> Run:

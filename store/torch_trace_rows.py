@@ -110,20 +110,29 @@ class RowWriter:
         return got
 
     def intern_many(self, values: Iterable[str | None]) -> None:
-        """Intern every string of ``values`` (None skipped): one SELECT and one INSERT per
-        :data:`INTERN_BATCH` new strings; :meth:`intern` then finds them in its cache."""
-        todo = list(dict.fromkeys(v for v in values if v is not None and v not in self._ids))
-        for i in range(0, len(todo), INTERN_BATCH):
-            part = todo[i:i + INTERN_BATCH]
-            found = dict(self._lookup(part))
-            new = [v for v in part if v not in found]
-            if new:
-                self.insert_many("strings", ("value",), [(v,) for v in new])
-                found.update(self._lookup(new))
-            self._ids.update(found)
+        """Intern every string of ``values`` (None skipped) (:func:`intern_in_batches`);
+        :meth:`intern` then finds them in its cache."""
+        intern_in_batches(values, self._ids, self._lookup,
+                          lambda new: self.insert_many("strings", ("value",), [(v,) for v in new]))
 
     def _lookup(self, values: list[str]) -> list[tuple]:
         return self.rows(f"SELECT value, id FROM strings WHERE value IN ({', '.join('?' * len(values))})", values)
+
+
+def intern_in_batches(values: Iterable[str | None], ids: dict[str, int], lookup, insert) -> None:
+    """Add every string of ``values`` (None skipped) to ``ids`` (string → ``strings.id``) with one
+    ``lookup(part)`` (→ (value, id) pairs of those stored) and, for the new ones, one
+    ``insert(new)`` and a second lookup per :data:`INTERN_BATCH` strings. Shared by
+    :class:`RowWriter` and :class:`graphdeck.store.db.Interner` (ORM sessions)."""
+    todo = list(dict.fromkeys(v for v in values if v is not None and v not in ids))
+    for i in range(0, len(todo), INTERN_BATCH):
+        part = todo[i:i + INTERN_BATCH]
+        found = dict(lookup(part))
+        new = [v for v in part if v not in found]
+        if new:
+            insert(new)
+            found.update(lookup(new))
+        ids.update(found)
 
 
 class SqliteWriter(RowWriter):
