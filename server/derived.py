@@ -179,9 +179,18 @@ def stored_doc(session: Session, run: Run, part: str, fingerprint: str | None = 
     or None. ``fingerprint``: :func:`run_fingerprint`'s, when the caller has it."""
     fingerprint = fingerprint or run_fingerprint(session, run)
     key = store_key(run.id, part)
+    mem_key = (str(session.get_bind().url), key, fingerprint)
     with _lock:
-        hit = _memory.get((str(session.get_bind().url), key, fingerprint))
-    return hit if hit is not None else _read_stored(session, key, fingerprint)
+        hit = _memory.get(mem_key)
+    if hit is not None:
+        return hit
+    hit = _read_stored(session, key, fingerprint)
+    if hit is not None:
+        with _lock:
+            _memory[mem_key] = hit
+            while len(_memory) > MEMORY_DOCS:
+                _memory.popitem(last=False)
+    return hit
 
 
 def keep_doc(session: Session, run: Run, part: str, doc: dict, writer: Engine | None,

@@ -61,6 +61,11 @@ def get_rank_index(request: Request, run: Run = Depends(resolve_run), session: S
     the first picture, not two). 400 for an unknown metric; 404 for an unknown run."""
     if heatmap is not None:
         check_heatmap_args(heatmap, "steps")
+    return rank_index(session, run, heatmap, request.app.state.engine)
+
+
+def rank_index(session: Session, run: Run, heatmap: str | None = None, writer=None) -> dict:
+    """``GET /rank-index``'s answer (``writer``: the engine that may keep a computed heatmap)."""
     ranks = run_ranks(session, run)
 
     def per_rank(model, *where) -> list[int]:
@@ -72,8 +77,34 @@ def get_rank_index(request: Request, run: Run = Depends(resolve_run), session: S
            "graphs": per_rank(Graph), "traces": per_rank(Trace, Trace.status != "ingesting"),
            "partitions": per_rank(Partition)}
     if heatmap is not None and len(ranks) > SMALL_RUN:
-        out["heatmap"] = get_heatmap(request, run, session, heatmap, "steps", MAX_COLUMNS, MAX_ROWS)
+        doc, source = cached(session, run, f"heatmap:{heatmap}:steps:{MAX_COLUMNS}:{MAX_ROWS}",
+                             lambda: rank_heatmap(session, run, heatmap, "steps", MAX_COLUMNS, MAX_ROWS), writer=writer)
+        out["heatmap"] = {**doc, "cache": source}
     return out
+
+
+#: Runs whose first picture a starting server prepares (the newest first).
+WARM_RUNS = 2
+
+
+def warm_up(read_engine) -> None:
+    """At server start (on a thread): the newest large runs' first picture prepared — the rank
+    index read once (SQLAlchemy's statement cache, the store's pages) and the first heatmap loaded
+    from the store or computed, kept in memory only (a starting server writes nothing). A user who
+    opens the page after the server started gets it at warm speed. Errors are logged, never raised."""
+    import logging
+
+    try:
+        with Session(read_engine) as s:
+            for run in s.scalars(select(Run).order_by(Run.id.desc()).limit(WARM_RUNS)):
+                rank_index(s, run, "step_time", writer=None)
+                from graphdeck.server.derived import run_fingerprint, stored_doc
+
+                fingerprint = run_fingerprint(s, run)
+                for part in ("layout", "slowest", "compile", "traces", "ranks", "gradients"):
+                    stored_doc(s, run, f"summary:{part}", fingerprint)  # into memory when kept
+    except Exception:  # noqa: BLE001 - a warm-up only saves time
+        logging.getLogger(__name__).warning("warming the newest runs' pages failed", exc_info=True)
 
 
 @router.get("/api/runs/{run_id}/ranks/{rank}")

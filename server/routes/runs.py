@@ -38,11 +38,18 @@ def _sweep(engine) -> None:
 
 @asynccontextmanager
 async def _lifespan(app):
-    """At start: sweep traces left ``ingesting`` by a dead writer, on a thread (it waits out a probe)."""
+    """At start: sweep traces left ``ingesting`` by a dead writer, on a thread (it waits out a probe);
+    prepare the newest large runs' first picture on another (:func:`graphdeck.server.routes.heatmap.warm_up`)."""
     engine = getattr(app.state, "engine", None)
     if engine is not None:
         app.state.stale_sweep = threading.Thread(target=_sweep, args=(engine,), name="graphdeck-sweep", daemon=True)
         app.state.stale_sweep.start()
+    read_engine = getattr(app.state, "read_engine", None)
+    if read_engine is not None:
+        from graphdeck.server.routes.heatmap import warm_up
+
+        app.state.warm_up = threading.Thread(target=warm_up, args=(read_engine,), name="graphdeck-warm", daemon=True)
+        app.state.warm_up.start()
     yield
 
 
