@@ -12,13 +12,21 @@ KEPT_COMPILE_EVENTS = {"compilation_metrics", "bwd_compilation_metrics", "compil
                        "bwd_compilation_metrics_runtime", "dynamo_graph_break_reason", "recompile_reasons",
                        "dynamo_start", "optimize_ddp_split_graph",
                        "inductor_provenance_tracking_node_mappings",
-                       "inductor_provenance_tracking_kernel_stack_traces"}
+                       "inductor_provenance_tracking_kernel_stack_traces",
+                       # the wrapper code, kept as OUTPUT_CODE_RECORD (below)
+                       "inductor_output_code"}
+#: Inductor's wrapper code as the live agent keeps it: read by the memory models (a snapshot
+#: attributed to nodes, NOTE: [Inductor buffer model]) but not by the kernel mapping, which has
+#: the live table snapshots instead; the output-code table (NOTE: [Kernels by output code]) is
+#: for imported logs, and it has no C++ kernels (their calls carry no source-node comment).
+OUTPUT_CODE_RECORD = "graphdeck_output_code"
 PAYLOAD_LIMIT_CHARS = 200_000
 #: Records kept whole: kernel -> node links are read from them (graphdeck.analysis.traces.trace_map).
 UNCUT_PAYLOADS = ("inductor_provenance_tracking_node_mappings",
                   # a warm FX-graph cache's backward maps by them (NOTE: [Kernels by stack trace]); cumulative
                   # per process, 309k chars by the demo's third bucket, so a cut one was unreadable JSON
-                  "inductor_provenance_tracking_kernel_stack_traces")
+                  "inductor_provenance_tracking_kernel_stack_traces",
+                  "inductor_output_code")  # cut code parses as a different program
 
 
 class _CompileEventHandler(logging.Handler):
@@ -56,6 +64,8 @@ class _CompileEventHandler(logging.Handler):
                                   "payload": extra})
         if isinstance(payload, str) and len(payload) > PAYLOAD_LIMIT_CHARS and name not in UNCUT_PAYLOADS:
             payload = payload[:PAYLOAD_LIMIT_CHARS] + f"…[total_len={len(payload)}]"
+        if name == "inductor_output_code":
+            name = OUTPUT_CODE_RECORD
         self.sink.append({"name": name, "compile_id": cid, "metadata": meta, "payload": payload})
         if self.on_record is not None:
             self.on_record()

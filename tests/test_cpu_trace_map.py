@@ -232,6 +232,18 @@ def test_inductor_cpp_kernels_map_to_nodes(tmp_path):
             assert x["mapped_ns"] >= 0.9 * x["region_ns"], (d, x)
         kinds = {s.get(Graph, g).kind for g, _ in m.node_ns}
         assert kinds == {"aot_forward", "aot_backward"}
+    # The live capture keeps Inductor's wrapper code, whole: a snapshot is attributed through it and
+    # the graph-derived step learns Inductor's buffers (NOTE: [Inductor buffer model]).
+    from graphdeck.analysis.memory.memory_inductor import inductor_step_memory
+    from graphdeck.analysis.memory.memory_measured import output_code_files
+
+    engine = open_engine(store, read_only=True)
+    with Session(engine) as s:
+        run_id = s.scalar(select(Trace.run_id))
+    files = output_code_files(engine, run_id)
+    assert len(files) >= 2 and all(any("def call(" in x for x in lines) for _, _, lines in files.values()), list(files)
+    model = inductor_step_memory(engine, run_id)
+    assert model is not None and model.peak_bytes > 0
     # The same job again on the warm FX graph cache: Inductor generates nothing, the backward's
     # node table is empty, and its kernels map through their stack traces (NOTE: [Kernels by stack
     # trace]; the model is user code so that its nodes have stack traces).

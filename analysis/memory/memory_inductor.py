@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from graphdeck.analysis.memory.core import ITEMSIZE
+from graphdeck.analysis.memory.memory_measured import CODE_RECORDS
 
 _INPUTS = re.compile(r"^\s*(.+?)\s*=\s*args\s*$")
 _ASSERT = re.compile(r"^\s*assert_size_stride\((\w+),\s*\(([^()]*)\),\s*\(([^()]*)\)")
@@ -210,7 +211,7 @@ def inductor_step_memory(engine, run_id: int, rank: int = 0, *, extra_bytes: int
     with Session(engine) as s:
         codes = s.execute(select(CompileEvent.compile_id, CompileEvent.metadata_json, CompileEvent.payload)
                           .where(CompileEvent.run_id == run_id, CompileEvent.rank == rank,
-                                 CompileEvent.name == "inductor_output_code").order_by(CompileEvent.id)).all()
+                                 CompileEvent.name.in_(CODE_RECORDS)).order_by(CompileEvent.id)).all()
         params: dict[str | None, set[str]] = {}
         for cid, name in s.execute(select(Graph.compile_id, GraphIO.node_name).join(Graph, Graph.id == GraphIO.graph_id)
                                    .where(Graph.run_id == run_id, Graph.rank == rank, GraphIO.direction == "in",

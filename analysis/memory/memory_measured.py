@@ -37,6 +37,10 @@ from pathlib import Path
 
 from graphdeck.errors import UsageError
 
+#: Records holding Inductor's wrapper code: TORCH_TRACE's, and the live agent's copy of it
+#: (``graphdeck.capture.compile_log.OUTPUT_CODE_RECORD``, which the kernel mapping does not read).
+CODE_RECORDS = ("inductor_output_code", "graphdeck_output_code")
+
 _SOURCE = re.compile(r"^\s*# Topologically Sorted Source Nodes: \[(.*?)\]")
 
 
@@ -100,7 +104,7 @@ def output_code_files(engine, run_id: int) -> dict[str, tuple[int | None, str | 
     with Session(engine) as s:
         for cid, meta, payload in s.execute(
                 select(CompileEvent.compile_id, CompileEvent.metadata_json, CompileEvent.payload)
-                .where(CompileEvent.run_id == run_id, CompileEvent.name == "inductor_output_code")):
+                .where(CompileEvent.run_id == run_id, CompileEvent.name.in_(CODE_RECORDS))):
             try:
                 m = json.loads(meta or "{}")
             except ValueError:
