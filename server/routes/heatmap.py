@@ -87,17 +87,17 @@ def rank_index(session: Session, run: Run, heatmap: str | None = None, writer=No
 WARM_RUNS = 2
 
 
-def warm_up(read_engine) -> None:
+def warm_up(read_engine, writer=None) -> None:
     """At server start (on a thread): the newest large runs' first picture prepared — the rank
-    index read once (SQLAlchemy's statement cache, the store's pages) and the first heatmap loaded
-    from the store or computed, kept in memory only (a starting server writes nothing). A user who
+    index read once (SQLAlchemy's statement cache, the store's pages), the first heatmap loaded
+    from the store or computed (and kept through ``writer``), the kept checks loaded. A user who
     opens the page after the server started gets it at warm speed. Errors are logged, never raised."""
     import logging
 
     try:
         with Session(read_engine) as s:
             for run in s.scalars(select(Run).order_by(Run.id.desc()).limit(WARM_RUNS)):
-                rank_index(s, run, "step_time", writer=None)
+                rank_index(s, run, "step_time", writer=writer)
                 from graphdeck.server.derived import run_fingerprint, stored_doc
 
                 fingerprint = run_fingerprint(s, run)

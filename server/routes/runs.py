@@ -48,7 +48,8 @@ async def _lifespan(app):
     if read_engine is not None:
         from graphdeck.server.routes.heatmap import warm_up
 
-        app.state.warm_up = threading.Thread(target=warm_up, args=(read_engine,), name="graphdeck-warm", daemon=True)
+        app.state.warm_up = threading.Thread(target=warm_up, args=(read_engine, engine), name="graphdeck-warm",
+                                             daemon=True)
         app.state.warm_up.start()
     yield
 
