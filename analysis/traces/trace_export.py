@@ -34,13 +34,11 @@ interned names and stack frames seen so far and what each rank's kept links were
 
 from __future__ import annotations
 
-import gc
 import json
 import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import itemgetter
@@ -49,7 +47,7 @@ import orjson
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.export_map import kernel_links, rank_states, stored_links, with_comm
+from graphdeck.analysis.traces.export_map import gc_paused, kernel_links, rank_states, stored_links, with_comm
 from graphdeck.analysis.traces.trace_analysis import CommRule
 from graphdeck.analysis.traces.trace_collectives import rank_spans, run_traces, trace_indexes
 from graphdeck.analysis.traces.trace_data import Ev
@@ -253,21 +251,6 @@ def _lane_key(lane: tuple[str, str]) -> tuple:
     return tuple((0, int(x), "") if x.lstrip("-").isdigit() else (1, 0, x) for x in lane)
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused for a block that yields nothing. Reading a rank
-    makes ~50k row tuples (and, when its links are computed, as many events and their launch chains)
-    that all stay alive: each few hundred of them start a collection, and the full ones walk them
-    all again, finding nothing (no cycles are made here) — a fifth of a recomputing rank's CPU."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def _rows(session: Session, trace_id: int, strings: dict) -> tuple[list[tuple], dict]:
     """The trace's ``X`` events as the driver's rows ``(id, name id, cat id, ts_ns, dur_ns, pid, tid,
     args_json)`` ordered by start (``trace_data.load_events``' order; no correlation: only a
@@ -317,7 +300,7 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     off, origin = plan.offsets[rank]["offset_ns"], plan.origin_ns
     trace = session.get(Trace, tid)
     meta = _loads_args(trace.meta_json)
-    with _gc_paused():
+    with gc_paused():
         rows, strings = _rows(session, tid, plan.strings)  # (id, name id, cat id, ts, dur, pid, tid, args)
         by_kernel, comm_label = _links(session, trace, rows, strings, plan)
     info = _node_info(session, {g for g, _ in by_kernel.values()}, plan.frames)
