@@ -133,21 +133,28 @@ class StoreWriter:
                 s.flush()
                 # Core executemany, strings interned in batches: the ORM unit of work and one
                 # SELECT + flush per new string took ~0.4 s a graph of the compile's own time.
-                paths = [n.module_path or _owner_path(param_by_node.get(n.name)) for n in record.nodes]
-                intern.many([n.target for n in record.nodes] + paths + [n.stack_trace for n in record.nodes])
+                # Interned as stored (NOTE: [Odd names]): the engine's hook cleans every parameter,
+                # so a raw name with a NUL or a lone surrogate would not be found after its insert.
+                def ct(v):
+                    return None if v is None else clean_text(v)
+
+                paths = [ct(n.module_path or _owner_path(param_by_node.get(n.name))) for n in record.nodes]
+                targets = [ct(n.target) for n in record.nodes]
+                stacks = [ct(n.stack_trace) for n in record.nodes]
+                intern.many(targets + paths + stacks)
                 dumps = json.dumps
                 if record.nodes:
                     s.execute(insert(Node), [
-                        {"graph_id": g.id, "idx": n.idx, "name": n.name, "op": n.op, "target_id": intern(n.target),
+                        {"graph_id": g.id, "idx": n.idx, "name": n.name, "op": n.op, "target_id": intern(t),
                          "args_json": dumps({"args": n.args, "kwargs": n.kwargs}, default=str),
                          "shape_json": None if n.shape is None else dumps(n.shape),
                          "dtype": n.dtype, "stride_json": None if n.stride is None else dumps(n.stride),
                          "device": n.device, "size_bytes": n.size_bytes, "module_path_id": intern(path),
                          "module_stack_json": dumps(n.module_stack) if n.module_stack else None,
-                         "stack_trace_id": intern(n.stack_trace), "seq_nr": n.seq_nr,
+                         "stack_trace_id": intern(st), "seq_nr": n.seq_nr,
                          "partitioner_tag": n.partitioner_tag, "desc": n.desc,
                          "param_fqn": param_by_node.get(n.name), "meta_json": dumps(n.meta, default=str)}
-                        for n, path in zip(record.nodes, paths)])
+                        for n, path, t, st in zip(record.nodes, paths, targets, stacks)])
                 if record.edges:
                     s.execute(insert(Edge), [{"graph_id": g.id, "src_idx": e.src_idx, "dst_idx": e.dst_idx,
                                               "arg_pos": e.arg_pos, "size_bytes": e.size_bytes}
