@@ -44,12 +44,10 @@ async def _lifespan(app):
     if engine is not None:
         app.state.stale_sweep = threading.Thread(target=_sweep, args=(engine,), name="graphdeck-sweep", daemon=True)
         app.state.stale_sweep.start()
-    read_engine = getattr(app.state, "read_engine", None)
-    if read_engine is not None:
+    if getattr(app.state, "read_engine", None) is not None:
         from graphdeck.server.routes.heatmap import warm_up
 
-        app.state.warm_up = threading.Thread(target=warm_up, args=(read_engine, engine), name="graphdeck-warm",
-                                             daemon=True)
+        app.state.warm_up = threading.Thread(target=warm_up, args=(app,), name="graphdeck-warm", daemon=True)
         app.state.warm_up.start()
     yield
 
