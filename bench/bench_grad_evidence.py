@@ -5,8 +5,8 @@ GPT-2 (``transformers``, random weights, ``--layers`` blocks) trained with AdamW
 backend=INNER)``), **no_evidence** (the capture with ``GRAPHDECK_GRAD_EVIDENCE=0``) and **captured** (``Agent.watch(model)`` + ``backend=agent.backend(INNER)``: graph
 capture at compile time, and per backward the gradient evidence — one post-accumulate hook per
 parameter, pre-hooks on the compiled outputs, one set difference per step). After warm-up (the
-compiles), ``--rounds`` rounds alternate the three (order reversed in odd rounds), ``--steps``
-steps each. Per step: CUDA events (GPU) or ``perf_counter`` (CPU) for the
+compiles), ``--rounds`` rounds of ``--steps`` steps each, one step of each mode in turn (order
+reversed in odd rounds). Per step: CUDA events (GPU) or ``perf_counter`` (CPU) for the
 step's time, ``process_time`` for CPU seconds. Printed: median step time per mode and round, the
 captured/plain ratio of the medians over all rounds and its spread (min–max of the per-round
 ratios), CPU seconds per step, and the store: ``grad_steps`` rows and bytes after the warm-up and
@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 
-def build(layers: int, device: str, seed: int = 0):
+def build(layers: int, device: str, seed: int = 0, embd: int = 768, vocab: int = 50257):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    cfg = GPT2Config(n_layer=layers, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024,
+    cfg = GPT2Config(n_layer=layers, n_embd=embd, n_head=12, vocab_size=vocab, n_positions=1024,
                      attn_implementation="eager")
     model = GPT2LMHeadModel(cfg).to(device)
     model.config.use_cache = False
@@ -50,23 +50,29 @@ def make_step(model, compiled, opt, batch, dtype, device):
     return step
 
 
-def timed(step, steps: int, device: str) -> tuple[list[float], float]:
-    """Per-step milliseconds and CPU seconds per step."""
-    times = []
-    cpu0 = time.process_time()
+def timed(step, steps: int, device: str) -> tuple[list[float], float, list[float]]:
+    """Per-step milliseconds, CPU seconds per step (with the wait for the GPU), and per step the
+    CPU seconds of ``step()`` itself (all threads, before any wait: the host's work, which a
+    launch-bound step's time is made of)."""
+    times, host = [], []
+    clock = time.process_time
+    cpu0 = clock()
     for _ in range(steps):
         if device == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
+            c0 = clock()
             step()
+            host.append(clock() - c0)
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b))
         else:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), clock()
             step()
+            host.append(clock() - c0)
             times.append((time.perf_counter() - t0) * 1e3)
-    return times, (time.process_time() - cpu0) / steps
+    return times, (clock() - cpu0) / steps, host
 
 
 def store_size(path: Path) -> tuple[int, int, int]:
@@ -100,21 +106,24 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--embd", type=int, default=768, help="hidden size (a multiple of 12; small on CPU: the "
+                    "capture's Python per step is then visible beside the model's own work)")
+    ap.add_argument("--vocab", type=int, default=50257)
     args = ap.parse_args()
     from graphdeck.capture import Agent
 
     device, dtype = args.device, {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     tmp = Path(tempfile.mkdtemp(prefix="bench-evidence-"))
     store = tmp / "bench.db"
-    batch = torch.randint(0, 50257, (args.batch, args.seq), device=device,
+    batch = torch.randint(0, args.vocab, (args.batch, args.seq), device=device,
                           generator=torch.Generator(device=device).manual_seed(0))
     fused = {"fused": True} if device == "cuda" else {"foreach": True}
 
-    plain_model = build(args.layers, device)
+    plain_model = build(args.layers, device, embd=args.embd, vocab=args.vocab)
     plain_opt = torch.optim.AdamW(plain_model.parameters(), lr=1e-4, **fused)
     plain = make_step(plain_model, torch.compile(plain_model, backend=args.backend), plain_opt, batch, dtype, device)
 
-    cap_model = build(args.layers, device)
+    cap_model = build(args.layers, device, embd=args.embd, vocab=args.vocab)
     agent = Agent(store=store, run="bench")
     agent.watch(cap_model)
     cap_opt = torch.optim.AdamW(cap_model.parameters(), lr=1e-4, **fused)
@@ -122,7 +131,7 @@ def main() -> None:
                          dtype, device)
     # The same capture with the gradient evidence switched off: what the evidence alone costs.
     os.environ["GRAPHDECK_GRAD_EVIDENCE"] = "0"
-    noev_model = build(args.layers, device)
+    noev_model = build(args.layers, device, embd=args.embd, vocab=args.vocab)
     noev_agent = Agent(store=tmp / "noev.db", run="bench")
     noev_agent.watch(noev_model)
     del os.environ["GRAPHDECK_GRAD_EVIDENCE"]
@@ -137,22 +146,28 @@ def main() -> None:
         no_evidence()
     if device == "cuda":
         torch.cuda.synchronize()
-    print(f"[bench] GPT-2 {args.layers} layers, {args.backend}, {args.dtype}, batch {args.batch}x{args.seq}, "
+    print(f"[bench] GPT-2 {args.layers} layers (n_embd {args.embd}, vocabulary {args.vocab}), {args.backend}, {args.dtype}, batch {args.batch}x{args.seq}, "
           f"{device}{' ' + torch.cuda.get_device_name() if device == 'cuda' else ''}, torch {torch.__version__}; "
           f"warm-up {args.warmup} steps each: {time.perf_counter() - t0:.1f} s")
     agent._evidence.flush()
     checkpointed(store)
     before = store_size(store)
     per_round = []
+    host: dict[str, list[float]] = {"plain": [], "captured": [], "no_evidence": []}
     for r in range(args.rounds):
         order = [("plain", plain), ("no_evidence", no_evidence), ("captured", captured)]
         if r % 2:
             order.reverse()
-        res = {}
-        for name, fn in order:
-            res[name] = timed(fn, args.steps, device)
+        res = {name: ([], 0.0, []) for name, _ in order}
+        for _ in range(args.steps):  # one step of each in turn: the host's noise falls on all three alike
+            for name, fn in order:
+                t, c, h = timed(fn, 1, device)
+                res[name] = (res[name][0] + t, res[name][1] + c / args.steps, res[name][2] + h)
         mp, mc, mn = (statistics.median(res[k][0]) for k in ("plain", "captured", "no_evidence"))
-        per_round.append((mp, mc, res["plain"][1], res["captured"][1], mn, res["no_evidence"][1]))
+        per_round.append((mp, mc, res["plain"][1], res["captured"][1], mn, res["no_evidence"][1],
+                          *(statistics.median(res[k][2]) for k in ("plain", "captured", "no_evidence"))))
+        for k in host:
+            host[k] += res[k][2]
         print(f"[bench] round {r}: plain {mp:.2f} ms/step (cpu {res['plain'][1] * 1e3:.1f} ms), capture without "
               f"evidence {mn:.2f} (cpu {res['no_evidence'][1] * 1e3:.1f}), captured {mc:.2f} ms/step "
               f"(cpu {res['captured'][1] * 1e3:.1f} ms); captured/plain {mc / mp:.4f}, captured/no-evidence {mc / mn:.4f}")
@@ -173,6 +188,21 @@ def main() -> None:
     print(f"[bench] the evidence alone: captured/no-evidence {mc / mn:.4f} (per round {min(ev_ratios):.4f}–"
           f"{max(ev_ratios):.4f}); CPU s/step difference "
           f"{statistics.median(x[3] - x[5] for x in per_round) * 1e3:+.3f} ms")
+    # The capture's own CPU: step() alone (no wait), per step, median over all timed steps of a mode;
+    # spread = min–max over rounds of the difference of that round's medians.
+    med = {k: statistics.median(v) * 1e6 for k, v in host.items()}
+    d_cap = [(x[7] - x[6]) * 1e6 for x in per_round]
+    d_noev = [(x[8] - x[6]) * 1e6 for x in per_round]
+    print(f"[bench] host CPU of step() (µs, median over {timed_steps} steps per mode): plain {med['plain']:.0f}, "
+          f"no_evidence {med['no_evidence']:.0f}, captured {med['captured']:.0f}")
+    print(f"[bench] capture's CPU per step: captured − plain {med['captured'] - med['plain']:+.0f} µs "
+          f"(per round {min(d_cap):+.0f} to {max(d_cap):+.0f}) = {(med['captured'] - med['plain']) / med['plain']:+.2%}"
+          f" of plain, captured/plain {med['captured'] / med['plain']:.4f}; no_evidence − plain "
+          f"{med['no_evidence'] - med['plain']:+.0f} µs (per round {min(d_noev):+.0f} to {max(d_noev):+.0f})")
+    ev = agent._evidence
+    if ev is not None:
+        print(f"[bench] evidence: steady mode {'on' if ev._steady else 'OFF'} at the end, "
+              f"{ev._backwards} backward passes observed, stopped: {ev._failed}")
     print(f"[bench] store: after warm-up {before[0]} grad_steps rows ({before[1]} B of state), after "
           f"{timed_steps} more unchanged steps {after[0]} rows ({after[1]} B); file bytes {before[2]} -> {after[2]} "
           f"({(after[2] - before[2]) / timed_steps:.1f} B/step)")

@@ -89,7 +89,8 @@ def watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent:
 
     def run(*args, **kwargs):  # transparent: boxed (one list) or not, the args pass through
         out = compiled(*args, **kwargs)
-        observe(out)
+        if not state["done"]:
+            observe(out)
         return out
 
     if getattr(compiled, "_boxed_call", False):
@@ -146,7 +147,7 @@ def bind_at_run_time(compiled, plan: BindingPlan, agent: "Agent"):
         flat = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args
         if len(seen) < MAX_BINDINGS_PER_GRAPH:
             try:
-                key = tuple(id(flat[i]) for i in positions)
+                key = tuple(map(id, map(flat.__getitem__, positions)))  # C speed: runs on every call
                 if key not in seen:
                     seen.add(key)
                     agent._bind(plan, [flat[i] for i in positions])
@@ -174,7 +175,7 @@ def observe_calls(compiled, info: "GraphInfo", evidence: "GradEvidence"):
             return compiled(*args, **kwargs)
         flat = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args
         try:
-            params = [flat[i] for i in positions]
+            params = list(map(flat.__getitem__, positions))
         except Exception:  # noqa: BLE001 - capture never breaks training
             params = []
         out = compiled(*args, **kwargs)

@@ -23,8 +23,10 @@ which none, and which was accumulated more than once.
 # gets zeros, not None, when B's output is skipped; only the outputs of the graph the loss reads
 # are seen.
 #
-# Cost: steady state is one hook call per parameter per backward plus one set difference per
-# window; a window whose state equals the previous one only moves the row's end in memory
+# Cost: full mode is one hook call per parameter per backward plus one pass over the parameters
+# per window; once backward passes repeat, steady mode (NOTE: [Steady mode] in
+# ``grad_steady.py``) takes the hooks off and looks at every ``.grad`` twice per backward at C
+# speed. A window whose state equals the previous one only moves the row's end in memory
 # (persisted every ``PERSIST_EVERY_S`` s, at ``close()`` and at interpreter exit). A state that
 # changes is written at once, so a job that dies loses at most the extent of the last row.
 """
@@ -39,7 +41,6 @@ import time
 import warnings
 import weakref
 from functools import partial
-from itertools import islice
 from typing import Any
 
 import torch
@@ -58,6 +59,7 @@ from graphdeck.capture.grad_sites import (  # noqa: F401 - names of this module 
     user_frames,
     user_site,
 )
+from graphdeck.capture.grad_steady import SteadyCheck
 
 PERSIST_EVERY_S = 30.0
 PERSIST_FIRST = 8  # a row's first extensions are written at once (a job killed early loses no step)
@@ -92,9 +94,11 @@ class GradEvidence:
         self._index: dict[int, int] = {}
         self._hooked: set[int] = set()  # trainable parameters known to the hooks
         self._handles: dict[int, Any] = {}  # idx -> hook handle (none in steady mode)
-        self._steady = False
+        self._steady = False  # NOTE: [Steady mode] (grad_steady.py)
+        self._check: SteadyCheck | None = None  # the steady state, while steady mode lasts
         self._same = 0  # backward passes in a row with the same state
-        self._last_inputs: tuple | None = None  # _state_inputs of the last window whose state was computed
+        self._fresh = False  # a compiled forward ran since the last window closed
+        self._no_steady = False  # a backward without a forward of its own was seen: full mode for good
         self._fsdp: bool | None = None
         self._lock = threading.RLock()
         self._win: _Window | None = None
@@ -105,7 +109,9 @@ class GradEvidence:
         self._backward_rows: list[int] = []  # rows numbered by backward before the first optimizer step
         self._last_persist = time.monotonic()
         self._failed = False
-        self._fqn_cache: dict[tuple, tuple] = {}
+        self._fqn_cache: dict[tuple, tuple] = {}  # tensor ids -> (names, accumulator nodes)
+        self._calls: dict[GraphInfo, tuple] = {}  # graph -> (tensor ids, call) of its last grad-enabled call
+        self._accum_by_task: dict[int, bool] = {}
         self._sig: dict[int, tuple] = {}  # idx -> (weakref to .grad, its version) when last counted
         self._opt_handle = self._pre_handle = None
         self._fsdp_params: list | None = None  # [(fqn, parameter)] live under FSDP2 (NOTE: [FSDP2 evidence])
@@ -123,6 +129,7 @@ class GradEvidence:
     # ------------------------------------------------------------------ setup
     def add_model(self, model: torch.nn.Module) -> None:
         """Hook every trainable parameter of ``model`` (tied weights once, under their first name)."""
+        self._set_steady(False)
         for fqn, p in self.agent.named_tensors(model):
             if id(p) in self._index:
                 continue
@@ -139,53 +146,29 @@ class GradEvidence:
         except Exception:  # noqa: BLE001 - a tensor that takes no hook stays unobserved
             pass
 
-    # NOTE: [Steady mode]
-    # The per-parameter hooks cost a Python call per parameter per backward (~1 µs each, a few %
-    # of a launch-bound step). Once STEADY_AFTER backward passes in a row gave the same state,
-    # with compiled outputs to mark each backward's end and no parameter accumulated twice, the
-    # hooks are removed: at the end of each backward one pass over the parameters compares each
-    # ``.grad`` with the one seen last (a weak reference and its version counter), which tells
-    # received / not received (accumulation counts are not taken). The first change of state
-    # re-installs the hooks for the next passes. In steady mode a backward's state is computed
-    # only when what it is made of (:meth:`_state_inputs`: the parameters whose gradient changed,
-    # the trainable ones among the rest, the compiled outputs seen) differs from the last
-    # computed one; frame walks look each code object up once. Every backward is still observed
-    # and counted. This cut what a CPU profile shows; on an H200 (GPT-2 6 layers, bench/RESULTS.md
-    # "GPU truth") the evidence still costs ~0.77 ms CPU per launch-bound step, not yet located.
-    def _set_steady(self, steady: bool) -> None:
+    def _set_steady(self, steady: bool, w: _Window | None = None) -> None:
+        """Enter steady mode from window ``w`` (hooks off), or leave it (hooks back on, the
+        ``.grad`` signatures refreshed for :meth:`_on_accumulate`). NOTE: [Steady mode]."""
         if steady == self._steady:
             return
         self._steady = steady
         if steady:
+            self._check = SteadyCheck.from_refs(self._params, w.counts, w.outputs, w.reads)
             for h in self._handles.values():
                 h.remove()
             self._handles.clear()
             return
+        self._check = None
+        self._remember_grads()
         for idx, (_fqn, ref) in enumerate(self._params):
             p = ref()
             if idx in self._hooked and p is not None and p.requires_grad:
                 self._hook(idx, p)
 
-    def _state_inputs(self, w: _Window) -> tuple:
-        """What :meth:`_state` reads of a steady-mode window, cheaply (no pass over every
-        parameter): the parameters whose ``.grad`` changed, the trainable ones among the rest,
-        and the compiled outputs seen live or skipped with the graphs that read them. Equal
-        inputs give an equal state (NOTE: [Steady mode])."""
-        counts = w.counts
-        rest = []
-        for idx in self._hooked.difference(counts):
-            p = self._params[idx][1]()
-            if p is not None and p.requires_grad:
-                rest.append(idx)
-        return (frozenset(counts), frozenset(rest),
-                frozenset((k, frozenset(v.items())) for k, v in w.outputs.items()),
-                frozenset((k, frozenset(v)) for k, v in w.reads.items()))
-
-    def _remember_grads(self, w: _Window | None) -> None:
-        """One pass over the parameters: in steady mode, fill ``w.counts`` with those whose
-        ``.grad`` changed since the last pass; always, remember each ``.grad`` for the next."""
+    def _remember_grads(self) -> None:
+        """Remember each parameter's ``.grad`` (a weak reference and its version), so that a hook
+        that fires with ``.grad`` untouched counts nothing (:meth:`_on_accumulate`)."""
         sig = self._sig
-        counts = w.counts if (w is not None and self._steady) else None
         wref = weakref.ref
         for idx, (_fqn, ref) in enumerate(self._params):
             p = ref()
@@ -198,8 +181,6 @@ class GradEvidence:
             prev = sig.get(idx)
             if prev is None or prev[1] != v or prev[0]() is not g:
                 sig[idx] = (wref(g), v)
-                if counts is not None:
-                    counts[idx] = 1
 
     def _module_name(self, module) -> str | None:
         for model in self.agent._models:
@@ -381,37 +362,68 @@ class GradEvidence:
                 self._off(CA_OFF)
                 return
             self._fwd_gen += 1
+            self._fresh = True
+            chk = self._check
+            if chk is not None and chk.base is None and self._win is None:
+                chk.snapshot()  # the baseline of the coming backward (NOTE: [Steady mode])
             outs = out if isinstance(out, (list, tuple)) else [out]
+            names = info.outputs
             groups: dict = {}
             for i, t in enumerate(outs):
-                name = info.outputs[i] if i < len(info.outputs) else None
-                if name and isinstance(t, torch.Tensor) and t.grad_fn is not None:
-                    groups.setdefault(t.grad_fn, []).append((name, t.output_nr))
+                name = names[i] if i < len(names) else None
+                if name and isinstance(t, torch.Tensor):
+                    fn = t.grad_fn
+                    if fn is not None:
+                        groups.setdefault(fn, []).append((name, t.output_nr))
             if not groups:
                 return
-            fqns = info.static_fqns
-            if info.positions and self.agent._models:
-                key = tuple(map(id, params))
-                fqns = self._fqn_cache.get(key)
-                if fqns is None:
-                    fqns = tuple(self.agent._live_name(t) for t in params)
-                    if len(self._fqn_cache) < 4096:
-                        self._fqn_cache[key] = fqns
-            leaves = tuple(islice((t for t in params if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf), 4))
-            call = (info, fqns, threading.get_ident(), user_frames(sys._getframe(1), depth=2), leaves)
+            key = tuple(map(id, params))
+            cached = self._calls.get(info) if chk is not None else None
+            if cached is not None and cached[0] == key:
+                call = cached[1]  # steady mode: the same graph on the same tensors, site as last seen
+            else:
+                fqns, nodes = self._fqns_nodes(info, key, params)
+                call = (info, fqns, threading.get_ident(), user_frames(sys._getframe(1), depth=2), nodes)
+                if len(self._calls) < 4096:
+                    self._calls[info] = (key, call)
             for fn, items in groups.items():
                 fn.register_prehook(partial(self._on_output_grads, call, items))
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
+    def _fqns_nodes(self, info: GraphInfo, key: tuple, params: list) -> tuple[tuple, tuple]:
+        """(the watched names of ``params``, the gradient-accumulator nodes of up to 4 of them
+        that are trainable leaves, for :meth:`_accumulates`), cached per tuple of tensor ids."""
+        live = bool(info.positions and self.agent._models)
+        ckey = key if live else (info, key)  # the graph's own names when no model is watched
+        got = self._fqn_cache.get(ckey)
+        if got is not None:
+            return got
+        fqns = tuple(self.agent._live_name(t) for t in params) if live else info.static_fqns
+        from torch.autograd.graph import get_gradient_edge
+
+        nodes = []
+        for t in params:
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf:
+                try:
+                    nodes.append(get_gradient_edge(t).node)
+                except Exception:  # noqa: BLE001 - counted as accumulating (see _accumulates)
+                    nodes.append(None)
+                if len(nodes) == 4:
+                    break
+        got = (fqns, tuple(nodes))
+        if len(self._fqn_cache) < 4096:
+            self._fqn_cache[ckey] = got
+        return got
+
     def _on_output_grads(self, call: tuple, items: list, grads) -> None:
         if compiled_autograd_active():
             return None
         try:
-            info, fqns, thread, site, leaves = call
+            info, fqns, thread, site, nodes = call
             with self._lock:
                 t = _task_id()
-                if leaves and not self._accumulates(t, leaves):
+                if nodes and not self._accumulates(t, nodes):
                     return None  # torch.autograd.grad / backward(inputs=...) not reaching parameters
                 w = self._window_for(t)
                 seen = w.outputs.setdefault(info.key, {})
@@ -431,8 +443,9 @@ class GradEvidence:
             self._fail(exc)
         return None
 
-    def _accumulates(self, task: int, leaves: tuple) -> bool:
-        """Whether autograd task ``task`` (running now) accumulates into any of ``leaves``.
+    def _accumulates(self, task: int, nodes: tuple) -> bool:
+        """Whether autograd task ``task`` (running now) accumulates into any of the parameters
+        whose gradient-accumulator ``nodes`` are given (None: a node that could not be had).
 
         # NOTE: [Backward passes that fill no .grad]
         # ``torch.autograd.grad`` (e.g. torch.distributed.pipelining's backward metadata inference
@@ -443,17 +456,15 @@ class GradEvidence:
         # (``torch._C._will_engine_execute_node``; under autograd.grad it raises for a leaf it
         # captures instead: no accumulation either). Asked once per task.
         """
-        cache = self.__dict__.setdefault("_accum_by_task", {})
+        cache = self._accum_by_task
         if task in cache:
             return cache[task]
         if len(cache) > 64:
             cache.clear()
-        from torch.autograd.graph import get_gradient_edge
-
         result = False
-        for leaf in leaves:
+        for node in nodes:
             try:
-                if torch._C._will_engine_execute_node(get_gradient_edge(leaf).node):
+                if node is None or torch._C._will_engine_execute_node(node):
                     result = True
                     break
             except RuntimeError:  # autograd.grad capturing this leaf: nothing accumulates
@@ -570,7 +581,7 @@ class GradEvidence:
             self._note_late_ddp()
         if self._fsdp:
             return  # read at each optimizer step instead (NOTE: [FSDP2 evidence])
-        self._remember_grads(w)
+        fresh, self._fresh = self._fresh, False
         by_opt = self._opt_steps > 0
         step = w.opt_at_open if by_opt else self._backwards
         source = "optimizer" if by_opt else "backward"
@@ -578,21 +589,29 @@ class GradEvidence:
         if by_opt and self._backward_rows:
             self._renumber()
         row = self._row
-        inputs = self._state_inputs(w) if self._steady and not partial_ else None
-        if inputs is not None and row is not None and row["source"] == source and inputs == self._last_inputs:
-            key = row["key"]  # NOTE: [Steady mode]: the same inputs give the same state
+        chk = self._check
+        if chk is not None:  # NOTE: [Steady mode]: what arrived, from .grad alone
+            got, fresh = chk.received()
+            if fresh and not partial_ and row is not None and row["source"] == source \
+                    and chk.same(got, w.outputs, w.reads):
+                self._same += 1
+                self._record(step, source, row["key"], None, None, True)  # the steady state again
+                return
+            w.counts = {i: 1 for i, x in enumerate(got) if x}
         else:
-            state, sites = self._state(w)
-            if partial_:  # the backward did not finish (it raised, or the job died in it)
-                state["partial"] = True
-            key = json.dumps(state, sort_keys=True)
-            self._last_inputs = inputs
+            self._remember_grads()
+        if chk is not None:
+            self._set_steady(False)  # a change (or no baseline): count accumulations again
+        if not fresh:
+            self._no_steady = True  # a backward without a forward of its own: no baseline, full mode
+        state, sites = self._state(w)
+        if partial_:  # the backward did not finish (it raised, or the job died in it)
+            state["partial"] = True
+        key = json.dumps(state, sort_keys=True)
         same = row is not None and row["key"] == key
         self._same = self._same + 1 if same else 0
-        if not same and self._steady:
-            self._set_steady(False)  # a change: count accumulations again
-        elif same and not self._steady and self._same >= STEADY_AFTER and w.outputs and not state["multi"]:
-            self._set_steady(True)
+        if same and not self._no_steady and self._same >= STEADY_AFTER and w.outputs and not state["multi"]:
+            self._set_steady(True, w)
         extend = same and row["source"] == source
         rid = self._record(step, source, key, None if extend else state, None if extend else sites, extend)
         if rid is not None and source == "backward":

@@ -1,6 +1,6 @@
 """Where a gradient came from: the user's frames, checkpointed regions, compiled-autograd state,
 and what a compiled graph's outputs reach — helpers of :mod:`graphdeck.capture.grad_evidence`
-(see NOTE: [Gradient evidence] and NOTE: [Steady mode] there)."""
+(see NOTE: [Gradient evidence] there, NOTE: [Steady mode] in grad_steady.py)."""
 
 from __future__ import annotations
 
@@ -56,26 +56,39 @@ def _frame(n: int):
         return None
 
 
+_CURRENT_NODE = getattr(torch._C, "_current_autograd_node", None)
+
+
 def _nested(limit: int = 400) -> bool:
-    """Whether the caller runs inside an autograd Function's backward (a reentrant backward)."""
+    """Whether the caller runs inside an autograd Function's backward (a reentrant backward).
+    The engine says first whether it is running a node on this thread at all (a callback of an
+    outermost backward runs after its last node: none), without walking the stack."""
+    if _CURRENT_NODE is not None:
+        try:
+            if _CURRENT_NODE() is None:
+                return False
+        except Exception:  # noqa: BLE001 - walk the stack instead
+            pass
     f = _frame(2)
     apply = _APPLY
     while f is not None and limit:
         code = f.f_code
-        hit = apply.get(code)
-        if hit is None:
+        hit = apply.get(id(code))
+        if hit is None or hit[0] is not code:
             if len(apply) > _CODE_CACHE_MAX:
                 apply.clear()
-            hit = apply[code] = code.co_name == "apply" and code.co_filename.endswith(
-                os.path.join("autograd", "function.py"))
-        if hit:
+            hit = apply[id(code)] = (code, code.co_name == "apply" and code.co_filename.endswith(
+                os.path.join("autograd", "function.py")))
+        if hit[1]:
             return True
         f, limit = f.f_back, limit - 1
     return False
 
 
-# Per code object: whether it is autograd.Function.apply (_nested) / library code (user_frames).
-# A frame walk then costs a dict lookup per frame (NOTE: [Steady mode]).
+# Per code object, keyed by its id (hashing a code object hashes its bytecode and constants,
+# ~1 µs; the entry keeps the code object, so an id is never reused while cached): (code, whether
+# it is autograd.Function.apply (_nested) / library code (user_frames)). A frame walk then costs
+# one int-keyed dict lookup per frame (NOTE: [Steady mode] in grad_steady.py).
 _APPLY: dict = {}
 _LIBRARY_CODE: dict = {}
 _CODE_CACHE_MAX = 1 << 16  # entries; both caches are emptied when one grows past it
@@ -89,14 +102,14 @@ def user_frames(frame=None, limit: int = 60, depth: int = 1) -> tuple:
     lib = _LIBRARY_CODE
     while f is not None and limit and len(found) < depth:
         code = f.f_code
-        skip = lib.get(code)
-        if skip is None:
+        hit = lib.get(id(code))
+        if hit is None or hit[0] is not code:
             if len(lib) > _CODE_CACHE_MAX:
                 lib.clear()
             mod = f.f_globals.get("__name__") or ""
-            skip = lib[code] = bool(mod.startswith(_LIBRARY_MODULES) or mod == "torch"
-                                    or code.co_filename.startswith("<"))
-        if not skip and f.f_lineno != code.co_firstlineno:  # a compiled frame reports its `def` line
+            hit = lib[id(code)] = (code, bool(mod.startswith(_LIBRARY_MODULES) or mod == "torch"
+                                              or code.co_filename.startswith("<")))
+        if not hit[1] and f.f_lineno != code.co_firstlineno:  # a compiled frame reports its `def` line
             found.append((code.co_filename, f.f_lineno, code.co_name))
         f, limit = f.f_back, limit - 1
     return tuple(found)

@@ -217,31 +217,53 @@ def test_reentrant_checkpoint_reuse_predicts_ready_twice(jobs):
     assert {r.fqn for r in rep if r.status == "FROZEN"} == {"block.base.weight", "block.base.bias"}
 
 
+class _WithTemperature(torch.nn.Module):
+    """The detector, compiled alone, and an eager temperature that scales its loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.det = Detector()
+        self.temp = torch.nn.Parameter(torch.ones(()))
+
+
 def test_steady_mode_drops_the_hooks_and_still_sees_a_change(tmp_path):
     """After 3 identical steps of a compiled model the per-parameter hooks come off (NOTE: [Steady
-    mode]); a head skipped at step 8 is still reported from step 8, and the next steps again."""
+    mode]); in steady mode a parameter whose gradient stops arriving at step 5 (an eager one) is
+    NO_GRAD at step 5, and after steady mode comes back a head skipped at step 12 is zero-filled
+    at step 12 — each reported at its own step, the next steps OK again. Steady mode keeps no
+    hook on any parameter and writes no row while nothing changes."""
     store = tmp_path / "s.db"
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = Detector()
+    model = _WithTemperature()
     agent = Agent(store=store, run="steady")
     agent.watch(model)
-    fn = torch.compile(model, backend=agent.backend("aot_eager"))
+    fn = torch.compile(model.det, backend=agent.backend("aot_eager"))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     labels = torch.tensor([0, 1] * 3)
-    steady_at = []
-    for step in range(12):
+    steady_at, hooks = [], []
+    for step in range(16):
         cls_logits, boxes = fn(torch.randn(6, 8))
-        detection_loss(cls_logits, boxes, labels, step, skip_step=8).backward()
+        loss = detection_loss(cls_logits, boxes, labels, step, skip_step=12)
+        (loss * model.temp if step != 5 else loss).backward()
         opt.step()
         opt.zero_grad()
         steady_at.append(agent._evidence._steady)
+        hooks.append(len(agent._evidence._handles))
     agent.close()
-    assert steady_at[3:8] == [True] * 5 and steady_at[8] is False, steady_at
+    assert steady_at[3:5] == [True] * 2 and steady_at[5] is False, steady_at  # the change ends steady mode
+    assert steady_at[9:12] == [True] * 3 and steady_at[12] is False, steady_at  # back after 3 equal steps
+    assert hooks[4] == 0 and hooks[5] == 7 and hooks[10] == 0, hooks
     rep = validate_backward(store, "steady")
-    row = next(r for r in rep if r.fqn == "box_head.weight")
-    assert row.steps == [[0, 7, "ok"], [8, 8, "zero"], [9, 11, "ok"]], row.steps
-    assert rep.coverage["steps"][0]["backward_passes"] == 12
+    temp = next(r for r in rep if r.fqn == "temp")
+    assert temp.status == "NO_GRAD" and temp.first_bad_step == 5, rep.to_text()
+    assert temp.steps == [[0, 4, "ok"], [5, 5, "none"], [6, 15, "ok"]], temp.steps
+    row = next(r for r in rep if r.fqn == "det.box_head.weight")
+    assert row.steps == [[0, 11, "ok"], [12, 12, "zero"], [13, 15, "ok"]], row.steps
+    assert rep.coverage["steps"][0]["backward_passes"] == 16
+    with open_engine(store, read_only=True).connect() as c:
+        rows = c.execute(text("SELECT step_first, step_last, n_backward FROM grad_steps ORDER BY id")).all()
+    assert [tuple(r) for r in rows] == [(0, 4, 5), (5, 5, 1), (6, 11, 6), (12, 12, 1), (13, 15, 3)], rows
 
 
 def test_combine_renumbers_rank0_reports_and_bad_output_path_is_usage(tmp_path):

@@ -1,0 +1,112 @@
+"""Steady mode of the gradient evidence: once backward passes repeat, one cheap look at every
+watched parameter's ``.grad`` per backward instead of a Python hook per parameter (a helper of
+:mod:`graphdeck.capture.grad_evidence`; see NOTE: [Gradient evidence] there).
+
+# NOTE: [Steady mode]
+# A launch-bound training step (GPT-2 6 layers on an H200: ~12 ms, all of it the host's Python
+# and kernel launches) shows every µs of Python the capture adds. Full mode runs a
+# ``register_post_accumulate_grad_hook`` per parameter per backward (a few µs each on autograd's
+# thread: ~0.6-0.8 ms a step at ~150 parameters). Once STEADY_AFTER backward passes in a row
+# gave the same state — each after a compiled forward of its own, compiled outputs marking its
+# end, no parameter accumulated twice — the hooks come off and each backward costs:
+#
+# * at the first grad-enabled compiled call after the last backward (the forward), one
+#   ``map(attrgetter("grad"), params)`` (C speed, ~70 ns a parameter): the *baseline*. Usually
+#   every ``.grad`` is None there (``zero_grad(set_to_none=True)``, torch's default); those that
+#   are not are remembered as (weak reference, ``_version``), so ``zero_grad(set_to_none=False)``
+#   before the forward and accumulation over micro-batches are told apart from a new gradient;
+# * at the end of the backward (the callback the window already queues), the same map again:
+#   a parameter *received* a gradient when its ``.grad`` is not None and is another tensor than
+#   the baseline's or the same one at another version. The list of booleans is compared with the
+#   steady one, and the compiled outputs seen live/skipped (and which parameters their graphs
+#   read) with the steady ones: equal, the row's end moves; different, the hooks go back on and
+#   this backward's state is computed in full from what was received — so a parameter whose
+#   gradient stops arriving at step N is NO_GRAD at step N, and a skipped compiled output makes
+#   its parameters zero-filled at step N, as in full mode.
+#
+# What steady mode does not see, stated: how many times a gradient was accumulated in one
+# backward (twice looks like once: READY_TWICE needs full mode, which is why a window with
+# ``multi`` never enters steady mode; the first steps of a run, where it shows, are always in full
+# mode); a backward with no compiled forward since the last one (``retain_graph`` reuse) has no
+# baseline, so it is judged by ``.grad is not None`` and ends steady mode for the rest of the run
+# (a gradient left over from an earlier backward of the same step would count as received:
+# the step's result is the same, since a step is what its backward passes accumulated); and
+# ``zero_grad(set_to_none=False)`` between the forward and ``backward()`` makes every zeroed
+# ``.grad`` look new. New parameters (``add_model``), a compiled graph the steady state did not
+# read, or any change of state end steady mode.
+"""
+
+from __future__ import annotations
+
+import weakref
+from itertools import repeat
+from operator import attrgetter, is_not
+
+_GRAD = attrgetter("grad")
+_NONES = repeat(None)
+
+
+class _Gone:
+    """Stands for a watched parameter that no longer exists (its ``.grad`` is None)."""
+
+    __slots__ = ()
+    grad = None
+
+
+_GONE = _Gone()
+
+
+class SteadyCheck:
+    """The steady state and the cheap per-backward check (NOTE: [Steady mode]).
+
+    ``params``: the watched tensors, index-aligned with ``GradEvidence._params`` (held while
+    steady mode lasts; a parameter gone from the program stands as ``_GONE``); ``got``: per index,
+    whether the steady backward passes received a gradient; ``outputs``/``reads``: the window's
+    compiled outputs seen (graph key → output name → LIVE/DEAD bits) and the (GraphInfo,
+    parameter names) read, as in the steady passes."""
+
+    __slots__ = ("params", "got", "outputs", "reads", "base")
+
+    def __init__(self, params: list, got: list[bool], outputs: dict, reads: dict):
+        self.params = params
+        self.got = got
+        self.outputs = {k: dict(v) for k, v in outputs.items()}
+        self.reads = {k: set(v) for k, v in reads.items()}
+        self.base: tuple | None = None  # None: no forward since the last backward; (): every .grad None
+
+    @classmethod
+    def from_refs(cls, refs: list, counts: dict, outputs: dict, reads: dict) -> "SteadyCheck":
+        """From ``GradEvidence._params`` (``(fqn, weak ref)``) and a window's accumulation counts."""
+        params = []
+        for _fqn, ref in refs:
+            p = ref()
+            params.append(_GONE if p is None else p)
+        return cls(params, [i in counts for i in range(len(params))], outputs, reads)
+
+    def snapshot(self) -> None:
+        """The baseline, taken at the forward: which ``.grad`` exist before the backward."""
+        if not any(map(is_not, map(_GRAD, self.params), _NONES)):
+            self.base = ()  # the usual case: zero_grad(set_to_none=True) ran
+            return
+        grads = list(map(_GRAD, self.params))
+        idx = [i for i, g in enumerate(grads) if g is not None]
+        self.base = (idx, [weakref.ref(grads[i]) for i in idx], [grads[i]._version for i in idx])
+
+    def received(self) -> tuple[list[bool], bool]:
+        """(per index: a gradient arrived since the baseline, whether there was a baseline);
+        resets the baseline for the next backward."""
+        base, self.base = self.base, None
+        if not base:  # every .grad was None at the forward (or there was no forward)
+            return list(map(is_not, map(_GRAD, self.params), _NONES)), base is not None
+        grads = list(map(_GRAD, self.params))
+        got = list(map(is_not, grads, _NONES))
+        if base:
+            for i, ref, v in zip(*base):
+                g = grads[i]
+                if g is not None and ref() is g and g._version == v:
+                    got[i] = False  # the baseline's tensor, untouched: nothing arrived
+        return got, base is not None
+
+    def same(self, got: list[bool], outputs: dict, reads: dict) -> bool:
+        """Whether a backward that received ``got`` and saw ``outputs``/``reads`` is in the steady state."""
+        return got == self.got and outputs == self.outputs and reads == self.reads
