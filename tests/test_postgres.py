@@ -92,7 +92,9 @@ def test_every_read_route_answers(served):
         for path in ("/api/runs/tiny", "/api/runs/tiny/ranks", "/api/runs/tiny/graphs",
                      "/api/runs/tiny/compile-events", "/api/runs/tiny/gradients",
                      "/api/runs/tiny/rank-consistency", "/api/runs/tiny/timeline",
-                     "/api/runs/tiny/compile-index", "/api/runs/tiny/collectives"):
+                     "/api/runs/tiny/compile-index", "/api/runs/tiny/collectives",
+                     "/api/runs/tiny/summary/ranks", "/api/runs/tiny/summary/ranks",  # computed, then kept
+                     "/api/runs/tiny/heatmap", "/api/runs/tiny/rank-index?heatmap=step_time"):
             _get(c, path)
         graphs = _get(c, "/api/runs/tiny/graphs").json()
         graphs = graphs["graphs"] if isinstance(graphs, dict) else graphs
