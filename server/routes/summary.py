@@ -134,8 +134,9 @@ def get_run_summary(request: Request, run: Run = Depends(resolve_run), session: 
     missing-evidence lines), ``link`` (dashboard route), ``command`` (its CLI), ``api``,
     ``elapsed_s`` against ``budget_s`` (of the computation, which may be an earlier one: each
     check's ``cache`` says), ``cache``; ``slowest``: the longest steps (``dur_ns``) and ranks
-    (median step ns) from the traces, with the straggler when ranks were matched. 404 for an
-    unknown run."""
+    (median step ns) from the traces, with the straggler when ranks were matched. Trace coverage
+    as on the page: :data:`PAGE_TRACES_BUDGET_S` of mapping, the rest in the background
+    (``continuing``). 404 for an unknown run."""
     t0 = time.perf_counter()
     parts = {p: summary_part(request, session, run, p) for p in PARTS}
     fields = set(CheckSummary.__dataclass_fields__)
