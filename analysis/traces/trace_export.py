@@ -25,7 +25,10 @@ gives back each event at its aligned time to the ns.
   index, NOTE: [Collective index]), which gives the same numbers.
 * Each collective matched on two or more chosen ranks gets one flow per rank that waited: ``s``
   on the slice of the rank that arrived last, ``f`` (``bp: "e"``) on the waiting rank's slice,
-  both at the slice's start (each binds to its enclosing slice), ``cat`` ``"collective"``.
+  both at the slice's start (each binds to its enclosing slice), ``cat`` ``"collective"``. The
+  flows come after all ranks' events and only where both slices were found, so every ``s`` has
+  its ``f`` (a rank's slices are matched to its collectives by start, name and end: two
+  collectives may start on the same ns).
 
 Streaming: ranks are read one at a time (their events, links and mapping), written and dropped;
 what is kept across ranks is only each rank's collectives (key, start, end), lane counts, the
@@ -294,8 +297,9 @@ def _links(session: Session, trace: Trace, rows: list[tuple], strings: dict, pla
 
 
 def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule | None,
-                 flow_ids: dict[tuple, int]) -> Iterator[bytes]:
-    """The encoded events of one rank: metadata, slices and instants, its flow ends."""
+                 found_at: dict[tuple, dict[int, tuple[int, int]]]) -> Iterator[bytes]:
+    """The encoded events of one rank: metadata, slices and instants; where each of its
+    collectives' slices is goes into ``found_at`` (key → rank → (aligned start ns, tid))."""
     tid = plan.traces[rank]
     off, origin = plan.offsets[rank]["offset_ns"], plan.origin_ns
     trace = session.get(Trace, tid)
@@ -313,11 +317,13 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
     for lane, t in lane_tid.items():
         yield _dumps({"ph": "M", "name": "thread_name", "pid": rank, "tid": t, "args": {"name": names[lane]}})
         yield _dumps({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": t, "args": {"sort_index": t}})
-    mine: dict[int, dict[str, tuple]] = defaultdict(dict)  # start ns -> name -> collective key
+    # start ns -> name -> [(end ns, collective key)]: two collectives of a rank may start on the same
+    # ns under the same name (a straggler's jittered starts); each slice takes the key of its own end
+    mine: dict[int, dict[str, list[tuple[int, tuple]]]] = defaultdict(lambda: defaultdict(list))
     for key, parts in plan.collectives.items():
         if (p := parts.get(rank)) is not None:
-            mine[p[0]][p[2]] = key
-    n_mine = sum(len(v) for v in mine.values())
+            mine[p[0]][p[2]].append((p[1], key))
+    n_mine = sum(len(v) for by_name in mine.values() for v in by_name.values())
     where: dict[tuple, tuple[int, int]] = {}  # collective key -> (aligned start ns, tid) of its slice here
     stats = plan.stats
     special = by_kernel.keys() | {k for k, v in comm_label.items() if v}  # events whose args get more
@@ -338,10 +344,12 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
             cat = b',"cat":' + dumps(cat) if cat else b""
             pre = head[hk] = (b'{"ph":"X","name":' + dumps(strings[name_id]) + b',"ts":',
                               b',"pid":' + str(rank).encode() + b',"tid":' + str(t).encode() + cat, t)
-        if ts in mine:
-            key = mine[ts].get(strings[name_id])
-            if key is not None and key not in where:
+        if ts in mine and (cands := mine[ts].get(strings[name_id])):
+            end = ts + (dur or 0)
+            key = next((k for e, k in cands if e == end), None) or next((k for _e, k in cands), None)
+            if key is not None:
                 where[key] = (ts - off, pre[2])
+                cands.remove(next(c for c in cands if c[1] == key))
         if eid not in special and (not raw or (raw[0] == "{" and raw[-1] == "}" and "NaN" not in raw
                                               and "Infinity" not in raw)):
             # No node link to add: the stored args are the ingest's own compact JSON, written as they
@@ -389,19 +397,8 @@ def _rank_events(session: Session, plan: ExportPlan, rank: int, rule: CommRule |
             ev["args"] = args
         stats["i"] += 1
         yield _dumps(ev)
-    for key, (ts, t) in where.items():
-        last = plan.last[key]
-        name = f"{plan.kinds.get(key, 'collective')} (group {key[0]}) #{key[-1]}"
-        base = {"name": name, "cat": "collective", "pid": rank, "tid": t, "ts": _us(ts - origin)}
-        if rank == last:  # one flow start per waiting rank, ids shared with their ends
-            for r in sorted(plan.collectives[key]):
-                if r != rank:
-                    yield _dumps({**base, "ph": "s", "id": flow_ids[(key, r)],
-                                  "args": {"last_rank": rank, "to_rank": r}})
-                    stats["flows"] += 1
-        else:
-            yield _dumps({**base, "ph": "f", "bp": "e", "id": flow_ids[(key, rank)],
-                          "args": {"last_rank": last}})
+    for key, found in where.items():
+        found_at[key][rank] = found
     stats["collective_slices_not_found"] += n_mine - len(where)
 
 
@@ -409,33 +406,59 @@ def iter_export(session: Session, plan: ExportPlan, rule: CommRule | None = None
     """The export file's bytes (uncompressed JSON) in chunks of about :data:`CHUNK_BYTES`, rank
     by rank (NOTE: [Trace export]). ``plan.stats`` counts what was written once it is exhausted.
 
-    A collective whose slice is not found on a rank (none in the stored events at its start)
-    loses its flow ends there; they are counted in ``stats["collective_slices_not_found"]``
-    (the flows of such a collective then may not pair: the caller sees the count)."""
-    ordered = sorted(plan.collectives)
-    flow_ids = {}
-    for key in ordered:
-        for r in sorted(plan.collectives[key]):
-            flow_ids[(key, r)] = len(flow_ids) + 1
+    A collective whose slice is not found on a rank (none in the stored events at its start) is
+    counted in ``stats["collective_slices_not_found"]`` and gets no flow there: the flow pairs come
+    after every rank's events (:func:`_flow_events`), each ``s`` with its ``f``, never one alone."""
+    found_at: dict[tuple, dict[int, tuple[int, int]]] = defaultdict(dict)
     head = {"baseTimeNanoseconds": plan.origin_ns, "displayTimeUnit": "ns"}
     buf = [orjson.dumps(head)[:-1] + b',"traceEvents":[']
     size, first = len(buf[0]), True
-    for rank in plan.ranks:
-        for chunk in _rank_events(session, plan, rank, rule, flow_ids):
-            if not first:
-                buf.append(b",")
-            first = False
-            buf.append(chunk)
-            size += len(chunk) + 1
-            if size >= CHUNK_BYTES:
-                yield b"".join(buf)
-                buf, size = [], 0
+    for chunk in (c for rank in plan.ranks for c in _rank_events(session, plan, rank, rule, found_at)):
+        if not first:
+            buf.append(b",")
+        first = False
+        buf.append(chunk)
+        size += len(chunk) + 1
+        if size >= CHUNK_BYTES:
+            yield b"".join(buf)
+            buf, size = [], 0
+    flows = _flow_events(plan, found_at)
+    if flows:
+        buf.append((b"," if not first else b"") + b",".join(flows))
     tail = {"run": plan.run_name, "run_id": plan.run_id, "ranks": plan.ranks,
             "traces": {str(r): t for r, t in plan.traces.items()}, "origin_ns": str(plan.origin_ns),
             "offsets": {str(r): plan.offsets[r] for r in plan.ranks}, "collectives_linked": len(plan.collectives),
             "format": "Chrome Trace Event Format (JSON Object Format), times in us since baseTimeNanoseconds"}
     buf.append(b'],"graphdeck":' + _dumps(tail) + b"}")
     yield b"".join(buf)
+
+
+def _flow_events(plan: ExportPlan, found_at: dict[tuple, dict[int, tuple[int, int]]]) -> list[bytes]:
+    """The flow pairs, written after every rank's events: for each collective, an ``s`` on the
+    slice of the rank that arrived last and an ``f`` (``bp: "e"``) on each waiting rank's slice,
+    only where both slices were found (else neither; counted in ``stats["flows_unpaired"]``).
+    Ids: 1, 2, ... in (collective key, waiting rank) order."""
+    out: list[bytes] = []
+    stats, origin = plan.stats, plan.origin_ns
+    for key in sorted(plan.collectives):
+        last, here = plan.last[key], found_at.get(key, {})
+        waiting = [r for r in sorted(plan.collectives[key]) if r != last]
+        if last not in here:
+            stats["flows_unpaired"] += len(waiting)
+            continue
+        name = f"{plan.kinds.get(key, 'collective')} (group {key[0]}) #{key[-1]}"
+        ts_l, t_l = here[last]
+        for r in waiting:
+            if r not in here:
+                stats["flows_unpaired"] += 1
+                continue
+            fid = stats["flows"] = stats["flows"] + 1
+            ts_r, t_r = here[r]
+            out.append(_dumps({"name": name, "cat": "collective", "pid": last, "tid": t_l, "ts": _us(ts_l - origin),
+                               "ph": "s", "id": fid, "args": {"last_rank": last, "to_rank": r}}))
+            out.append(_dumps({"name": name, "cat": "collective", "pid": r, "tid": t_r, "ts": _us(ts_r - origin),
+                               "ph": "f", "bp": "e", "id": fid, "args": {"last_rank": last}}))
+    return out
 
 
 def export_trace(session: Session, run_id: int, out, ranks: str | list[int] | None = None,
@@ -474,6 +497,6 @@ def export_trace(session: Session, run_id: int, out, ranks: str | list[int] | No
             total += len(chunk)
     return {"ranks": plan.ranks, "offsets": plan.offsets, "origin_ns": plan.origin_ns,
             "collectives_linked": len(plan.collectives), "bytes": total,
-            **{k: plan.stats.get(k, 0) for k in ("X", "i", "flows", "events_with_nodes", "collective_slices_not_found",
+            **{k: plan.stats.get(k, 0) for k in ("X", "i", "flows", "flows_unpaired", "events_with_nodes", "collective_slices_not_found",
                                                    "ranks_links_kept", "ranks_links_computed")}}
 
