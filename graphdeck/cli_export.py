@@ -11,6 +11,7 @@ import time
 
 import click
 
+from graphdeck.cli_common import DEFAULT_STORE
 from graphdeck.errors import GraphdeckError
 
 
@@ -20,7 +21,7 @@ def default_output(run_name: str) -> str:
 
 
 @click.command("export-trace")
-@click.argument("store", default="graphdeck.db")
+@click.argument("store", default=DEFAULT_STORE, envvar="GRAPHDECK_STORE")
 @click.option("--run", "run_name", required=True, help="Run name or id.")
 @click.option("--ranks", default=None, metavar="LIST",
               help="Ranks to export: all (default), or a list of ranks and ranges such as 0,2-5.")
@@ -31,7 +32,10 @@ def export_trace_cmd(store: str, run_name: str, ranks: str | None, output: str |
     """Write the run's traces as one Chrome Trace Event Format file (open it in ui.perfetto.dev):
     one process per rank, clocks aligned by the matched collectives, FX node / module names and
     source lines in each mapped kernel's args, collectives linked across ranks by flow arrows.
-    Exit 2 on a bad --ranks (naming the ranks), an unknown run or store."""
+    STORE: a SQLite file or a PostgreSQL URL ($GRAPHDECK_STORE). Asked ranks without a usable trace
+    (a rank whose trace was never ingested, or failed) are left out and named with the reason, for
+    the default "all" as for a list. Exit 2 on a bad --ranks (naming the ranks), ranks not in the
+    run, none of the asked ranks with a trace, an unknown run or store."""
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.traces.trace_analysis import CommRule
@@ -64,3 +68,13 @@ def export_trace_cmd(store: str, run_name: str, ranks: str | None, output: str |
                f"linked by {stats['flows']:,} flows ({stats['bytes'] / 2**20:.1f} MiB JSON, "
                f"{time.perf_counter() - t0:.1f}s)")
     click.echo(f"clock offsets: {offs}")
+    if stats["skipped"]:
+        from graphdeck.analysis.traces.trace_collectives import rank_spans
+
+        by_why: dict[str, list[int]] = {}
+        for r, why in sorted(stats["skipped"].items()):
+            by_why.setdefault(why, []).append(r)
+        click.echo("skipped rank(s) " + "; ".join(f"{rank_spans(rs)}: {why}" for why, rs in by_why.items()))
+    if stats.get("flows_unpaired"):
+        click.echo(f"{stats['flows_unpaired']:,} flows left out: a collective's slice was not found on one of "
+                   "its two ranks")

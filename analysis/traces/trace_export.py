@@ -55,7 +55,7 @@ from graphdeck.analysis.traces.trace_analysis import CommRule
 from graphdeck.analysis.traces.trace_collectives import rank_spans, run_traces, trace_indexes
 from graphdeck.analysis.traces.trace_data import Ev
 from graphdeck.errors import NotFoundError, UsageError
-from graphdeck.store.schema import InternedString, Run, Trace
+from graphdeck.store.schema import InternedString, Rank, Run, Trace
 
 #: Bytes gathered before a chunk is handed to the writer / the HTTP response.
 CHUNK_BYTES = 1 << 20
@@ -69,13 +69,14 @@ _ROWS = ("SELECT id, name_id, cat_id, ts_ns, dur_ns, pid, tid, args_json FROM tr
 _CORRELATIONS = "SELECT id, correlation FROM trace_events WHERE trace_id = :tid AND ph = 'X' AND correlation IS NOT NULL"
 
 
-def parse_ranks(spec: str | None, available: Iterable[int]) -> list[int]:
+def parse_ranks(spec: str | None, available: Iterable[int], missing_is: str = "have no usable trace in this run",
+                have_are: str = "ranks with one") -> list[int]:
     """``"0,2-5"`` → ``[0, 2, 3, 4, 5]`` (sorted, unique); ``None``, ``""`` or ``"all"`` → every
     rank in ``available``.
 
     Raises:
-        UsageError: a part that is not ``N`` or ``N-M`` (M >= N), or ranks without a usable
-            trace in the run; the message names them and the ranks there are.
+        UsageError: a part that is not ``N`` or ``N-M`` (M >= N), or ranks not in ``available``
+            (``missing_is`` says what that means; the message names them and the ranks there are).
     """
     have = sorted(set(available))
     if spec is None or spec.strip().lower() in ("", "all"):
@@ -98,8 +99,8 @@ def parse_ranks(spec: str | None, available: Iterable[int]) -> list[int]:
                          f"such as 0,2-5", ranks=spec)
     missing = sorted(wanted - set(have))
     if missing:
-        raise UsageError(f"rank(s) {rank_spans(missing)} have no usable trace in this run (ranks with one: "
-                         f"{rank_spans(have) or 'none'})", missing=missing[:100])
+        raise UsageError(f"rank(s) {rank_spans(missing)} {missing_is} ({have_are}: {rank_spans(have) or 'none'})",
+                         missing=missing[:100])
     return sorted(wanted)
 
 
@@ -124,6 +125,7 @@ class ExportPlan:
     frames: dict = field(default_factory=dict)  # interned stack id -> file:line (NOTE: [Trace export])
     strings: dict = field(default_factory=dict)  # interned string id -> value, kept across ranks
     states: dict | None = None  # rank -> what kept links were computed against (NOTE: [Stored kernel links])
+    skipped: dict = field(default_factory=dict)  # asked rank of the run without a usable trace -> why
 
 
 def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = None,
@@ -133,7 +135,9 @@ def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = N
 
     Raises:
         NotFoundError: no run ``run_id``, or it has no usable trace.
-        UsageError: ``ranks`` names ranks without a trace, or cannot be read (:func:`parse_ranks`).
+        UsageError: ``ranks`` cannot be read, names ranks that are not in the run, or none of the
+            asked ranks has a usable trace (:func:`_choose`). Asked ranks of the run without one
+            are left out and named in ``plan.skipped`` (rank → why), for ``"all"`` as for a list.
     """
     run = session.get(Run, run_id)
     if run is None:
@@ -141,8 +145,8 @@ def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = N
     traces = run_traces(session, run_id)
     if not traces:
         raise NotFoundError(f"run {run.name!r} has no usable trace to export", resource="trace", id=run.name)
-    chosen = parse_ranks(ranks, traces) if not isinstance(ranks, list) else parse_ranks(
-        ",".join(map(str, ranks)) or None, traces)
+    spec = ",".join(map(str, ranks)) or None if isinstance(ranks, list) else ranks
+    chosen, skipped = _choose(session, run_id, spec, traces)
     ref = min(traces)
     per_rank: dict[int, list[dict]] = {}
     for r, colls, _steps in trace_indexes(session, {r: traces[r] for r in {ref, *chosen}}, rule):
@@ -151,7 +155,7 @@ def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = N
     offsets = _offsets(per_rank, ref, chosen, len(traces))
     starts = session.execute(select(Trace.rank, Trace.start_ns).where(Trace.id.in_([traces[r] for r in chosen]))).all()
     origin = min((s - offsets[r]["offset_ns"] for r, s in starts if s is not None), default=0)
-    plan = ExportPlan(run_id, run.name, chosen, {r: traces[r] for r in chosen}, offsets, origin)
+    plan = ExportPlan(run_id, run.name, chosen, {r: traces[r] for r in chosen}, offsets, origin, skipped=skipped)
     by_key: dict[tuple, dict[int, tuple[int, int, str]]] = defaultdict(dict)
     for r in chosen:
         for c in per_rank[r]:
@@ -163,6 +167,30 @@ def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = N
             arrive = {r: p[0] - offsets[r]["offset_ns"] for r, p in parts.items()}
             plan.last[key] = max(sorted(arrive), key=lambda r: arrive[r])
     return plan
+
+
+def _choose(session: Session, run_id: int, spec: str | None, traces: dict[int, int]) -> tuple[list[int], dict]:
+    """``(ranks to export, {asked rank of the run without a usable trace: why})``. The run's
+    ranks are those with a trace or a ``ranks`` row (records without a trace: a traceless rank).
+
+    Raises:
+        UsageError: a bad ``spec``, ranks not in the run, or no asked rank with a usable trace."""
+    known = set(traces) | set(session.execute(select(Rank.rank).where(Rank.run_id == run_id)).scalars())
+    asked = parse_ranks(spec, known, "are not in this run", "its ranks")  # bad part, or ranks the run lacks
+    chosen = [r for r in asked if r in traces]
+    skipped: dict[int, str] = {}
+    if len(chosen) < len(asked):
+        status = defaultdict(list)
+        for r, st in session.execute(select(Trace.rank, Trace.status).where(Trace.run_id == run_id)).all():
+            status[r].append(st)
+        for r in asked:
+            if r not in traces:
+                skipped[r] = (f"no usable trace (status {', '.join(sorted(set(status[r])))})" if status[r]
+                              else "no trace ingested")
+    if not chosen:
+        raise UsageError(f"none of the asked ranks {rank_spans(asked)} has a usable trace in this run (ranks with "
+                         f"one: {rank_spans(sorted(traces))})", missing=asked[:100])
+    return chosen, skipped
 
 
 def _offsets(per_rank: dict[int, list[dict]], ref: int, chosen: list[int], n_traces: int) -> dict[int, dict]:
@@ -428,6 +456,7 @@ def iter_export(session: Session, plan: ExportPlan, rule: CommRule | None = None
     tail = {"run": plan.run_name, "run_id": plan.run_id, "ranks": plan.ranks,
             "traces": {str(r): t for r, t in plan.traces.items()}, "origin_ns": str(plan.origin_ns),
             "offsets": {str(r): plan.offsets[r] for r in plan.ranks}, "collectives_linked": len(plan.collectives),
+            "skipped": {str(r): why for r, why in plan.skipped.items()},
             "format": "Chrome Trace Event Format (JSON Object Format), times in us since baseTimeNanoseconds"}
     buf.append(b'],"graphdeck":' + _dumps(tail) + b"}")
     yield b"".join(buf)
@@ -495,7 +524,7 @@ def export_trace(session: Session, run_id: int, out, ranks: str | list[int] | No
         for chunk in iter_export(session, plan, rule):
             out.write(chunk)
             total += len(chunk)
-    return {"ranks": plan.ranks, "offsets": plan.offsets, "origin_ns": plan.origin_ns,
+    return {"ranks": plan.ranks, "skipped": plan.skipped, "offsets": plan.offsets, "origin_ns": plan.origin_ns,
             "collectives_linked": len(plan.collectives), "bytes": total,
             **{k: plan.stats.get(k, 0) for k in ("X", "i", "flows", "flows_unpaired", "events_with_nodes", "collective_slices_not_found",
                                                    "ranks_links_kept", "ranks_links_computed")}}
