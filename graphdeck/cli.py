@@ -23,7 +23,23 @@ from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _is_kineto, _m
 from graphdeck.errors import GraphdeckError
 
 
-@click.group()
+class _Group(click.Group):
+    """The ``graphdeck`` group: run as the program (no ``args``), a read command ends without
+    interpreter teardown (NOTE: [Quick exit] in graphdeck/cli_common.py)."""
+
+    def main(self, args=None, *rest, **kwargs):
+        if args is not None or not kwargs.get("standalone_mode", True) or rest:
+            return super().main(args, *rest, **kwargs)
+        try:
+            return super().main(args, **kwargs)
+        except SystemExit as exc:
+            from graphdeck.cli_common import _quick_exit
+
+            _quick_exit(exc.code)
+            raise
+
+
+@click.group(cls=_Group)
 @click.version_option(package_name="graphdeck")
 def main() -> None:
     """graphdeck: a debugger for compiled graphs in distributed PyTorch training."""

@@ -13,6 +13,43 @@ from graphdeck.errors import GraphdeckError
 
 DEFAULT_STORE = "graphdeck.db"
 
+# NOTE: [Quick exit]
+# A read command (check-ranks, check-grads, check-compile, summary) has printed its report and
+# holds nothing to write back: what is left of its process is interpreter teardown — clearing
+# the modules of SQLAlchemy, the ORM schema and the analysis, and a last garbage collection —
+# ~7% of check-ranks' instructions on a 2-rank store (callgrind, bench/RESULTS.md "Read commands'
+# start-up"). Run as the ``graphdeck`` program (no ``args`` given to ``main``: never in-process
+# callers such as tests and click's CliRunner), such a command flushes its output and ends with
+# ``os._exit``. Not when torch was loaded (check-grads --model: its atexit handlers run) nor when a
+# PostgreSQL driver was (the server would log a dropped connection).
+QUICK_EXIT = frozenset({"check-ranks", "check-grads", "check-compile", "summary"})
+
+
+def _quick_exit(code) -> None:
+    """End the process as ``sys.exit(code)`` would (None -> 0, an int, else printed and 1), without
+    interpreter teardown (NOTE: [Quick exit]). Returns (the caller then raises as usual) when the
+    command is not one of :data:`QUICK_EXIT`, torch or a PostgreSQL driver is loaded, or stdout
+    cannot be flushed (a closed pipe)."""
+    import os
+
+    if len(sys.argv) < 2 or sys.argv[1] not in QUICK_EXIT or {"torch", "psycopg", "psycopg2"} & sys.modules.keys():
+        return
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    try:
+        if "logging" in sys.modules:
+            sys.modules["logging"].shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(status)
+
 
 def _store_arg(store: str) -> str:
     """A ``--store`` value: a SQLAlchemy URL (``postgresql+psycopg://...``) as given, a path made absolute."""

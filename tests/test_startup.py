@@ -113,6 +113,18 @@ def test_import_and_check_ranks_load_neither_alembic_nor_numpy(tmp_path):
     got = _loaded_after(_cli("check-ranks", store, "--run", "b"))
     assert not {"alembic", "numpy", "torch"} & set(got["modules"]), got["modules"]
     assert "ranks agree" in got["stdout"].lower() or "OK" in got["stdout"], got["stdout"][-2000:]
+    # Run as the program, a read command ends without teardown (NOTE: [Quick exit]): same report, same code.
+    for args in (["check-ranks", store, "--run", "b"], ["check-ranks", store, "--run", "b", "--format", "json"],
+                 ["summary", "b", "--store", store], ["check-ranks", store, "--run", "nope"]):
+        prog = subprocess.run([sys.executable, "-m", "graphdeck.cli", *args], capture_output=True, text=True,
+                              timeout=300)
+        inproc = subprocess.run([sys.executable, "-c", "import sys\nfrom click.testing import CliRunner\n"
+                                 "from graphdeck.cli import main\n"
+                                 f"r = CliRunner().invoke(main, {args!r})\n"
+                                 "sys.stdout.write(r.stdout); sys.exit(r.exit_code)"],
+                                capture_output=True, text=True, timeout=300)
+        assert (prog.returncode, prog.stdout) == (inproc.returncode, inproc.stdout), (args, prog.stderr[-2000:])
+        assert prog.returncode in (0, 1, 2, 3) and "Traceback" not in prog.stderr, prog.stderr[-2000:]
 
 
 @pytest.mark.slow
