@@ -40,6 +40,11 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
         engine = open_engine(_store_arg(store))
     except GraphdeckError as exc:  # not a store, or one of a newer schema
         _fail(exc)
+    from graphdeck.store.trace_export_ingest import is_export
+
+    if is_export(trace_file):  # graphdeck's own multi-rank export: one trace per rank again
+        _ingest_export(engine, trace_file, run_name, rank, strict, replace, as_json)
+        return
     bar = tqdm(total=os.path.getsize(trace_file), unit="B", unit_scale=True, desc="ingest", file=sys.stderr,
                disable=None)
     try:
@@ -91,6 +96,44 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
                 click.echo(f"warning: {low}", err=True)
     if as_json:
         click.echo(json.dumps(result.stats, indent=2, default=str))
+
+
+def _ingest_export(engine, trace_file: str, run_name: str, rank: int | None, strict: bool, replace: bool,
+                   as_json: bool) -> None:
+    """``ingest-trace`` of a ``graphdeck export-trace`` file: one trace per rank (pid), NOTE:
+    [Export re-ingest] in graphdeck/store/trace_export_ingest.py."""
+    from graphdeck.analysis.traces.trace_map import link_kernels
+    from graphdeck.errors import UsageError
+    from graphdeck.store.db import undo_new_run_on_error
+    from graphdeck.store.trace_export_ingest import ingest_export
+    from graphdeck.store.traces import summary_line
+
+    lines: list[str] = []
+
+    def on_rank(res) -> None:
+        lines.append(f"trace {res.trace_id}: rank {res.rank}, status {res.status}: " + summary_line(res.stats or {}))
+
+    try:
+        if rank is not None:
+            raise UsageError(f"{trace_file} is a graphdeck export holding its ranks (pid = rank); --rank does not "
+                             "apply to it")
+        with undo_new_run_on_error(engine, run_name):
+            results = ingest_export(engine, trace_file, run_name=run_name, strict=strict,
+                                    duplicate="replace" if replace else "refuse", on_rank=on_rank)
+    except GraphdeckError as exc:
+        for line in lines:  # the ranks stored before the failure stay
+            click.echo(line)
+        _fail(exc)
+    link_kernels(engine, results[0].run_id)
+    from graphdeck.analysis.traces.trace_collectives import rank_spans
+
+    click.echo(f"{trace_file}: a graphdeck export of {len(results)} ranks ({rank_spans([r.rank for r in results])}); "
+               f"stored one trace per rank, times as exported (clock-aligned; each trace's meta "
+               f"graphdeck_export names the offset applied)")
+    for line in lines:
+        click.echo(line)
+    if as_json:
+        click.echo(json.dumps({str(r.rank): r.stats for r in results}, indent=2, default=str))
 
 
 @click.command("import")
