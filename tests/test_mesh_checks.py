@@ -218,7 +218,7 @@ def test_collective_schedules_are_compared_per_process_group(tmp_path):
         assert f"{tp_of[0]} (1 group)" in notes[0] and f"{tp_of[2]} (1 group)" in notes[0]
         mismatches, _n, _g = compare_schedules(s, report([1024, 1024, 1024, 2048]), layout)
     (m,) = mismatches
-    assert m.message.startswith(f"process group {tp_of[2]} (ranks [2, 3]): its collective #0 differs")
+    assert m.message.startswith(f"process group {tp_of[2]} (ranks [2, 3]): its collective #0 of the predicted step differs")
     assert "2048 bytes" in m.message and m.index == 0
 
 

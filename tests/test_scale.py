@@ -94,9 +94,25 @@ def test_check_ranks_names_the_divergent_rank_and_the_missing_trace(scale64):
     text = report.to_text()
     assert report.verdict == "FAIL"
     bucket = run.diverge_seq % 3  # the CPU run's DDP reducer has 3 buckets
-    assert f"ranks [{run.divergent}]: all_reduce" in text and f"DDP reducer bucket {bucket}" in text
+    assert f"rank {run.divergent}: all_reduce" in text and f"DDP reducer bucket {bucket}" in text
+    assert f"all ranks but {run.divergent}: all_reduce" in text and "(graph None)" not in text
+    # both numberings of the one divergence: the predicted step's and the traces'
+    assert "of the predicted step differs" in text
+    assert f"in the traces: collective #{run.diverge_seq} of group 0" in text
     assert f"straggler: rank {run.straggler} " in text
     assert f"INCOMPLETE: rank(s) {run.missing} " in text
+    # 64 ranks condense (docs/large-runs.md): identical per-rank lines grouped, rank lists as ranges
+    assert f"ranks 0-{N - 1}: " in text and f"{N} ranks [0-{N - 1}]" in text
+    _assert_condensed(text)
+
+
+def _assert_condensed(text: str, most: int = 9) -> None:
+    """No line spells out more than ``most`` rank numbers one by one (a list of 64 would)."""
+    import re
+
+    for line in text.splitlines():
+        spelled = re.findall(r"(?:\[|, )(\d+)(?=[,\]])", line)
+        assert len(spelled) <= most, line[:300]
 
 
 def test_check_grads_over_64_ranks(scale64):

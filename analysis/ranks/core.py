@@ -86,6 +86,9 @@ from graphdeck.analysis.ranks.rank_types import (  # noqa: F401
     Divergence,
     NodeRef,
     _json,
+    _ranks_phrase,
+    _ranks_text,
+    _sets_text,
 )
 from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition, Rank, Run
 
@@ -151,19 +154,23 @@ class RankReport:
         return json.dumps(self.to_dict(), indent=2)
 
     def to_text(self) -> str:
-        lines = [f"run {self.run}: {len(self.ranks)} ranks {self.ranks}; "
-                 f"{len(self.groups)} group(s): " + " | ".join(",".join(map(str, g)) for g in self.groups)]
+        lines = [f"run {self.run}: {len(self.ranks)} ranks {_ranks_text(self.ranks)}; "
+                 f"{len(self.groups)} group(s): " + _sets_text(self.groups)]
+        same: dict[str, list[int]] = {}  # one line per distinct text, its ranks as range text (1,024 ranks)
         for r in self.ranks:
             seq = self.sequences.get(r, [])
             failed = sum(1 for e in seq if e.failed)
             segs = schedule_segments(self.schedules.get(r, []))
-            lines.append(f"  rank {r}: {len(seq)} compiles ({failed} failed), "
-                         f"{len(self.schedules.get(r, []))} collectives"
-                         + (" (" + ", ".join(f"{s['count']} from " + (f"compile {s['compile_id']}" if s["compile_id"]
-                                                                      else s["source"]) for s in segs) + ")"
-                            if segs else ""))
+            same.setdefault(f"{len(seq)} compiles ({failed} failed), "
+                            f"{len(self.schedules.get(r, []))} collectives"
+                            + (" (" + ", ".join(f"{s['count']} from " + (f"compile {s['compile_id']}" if s["compile_id"]
+                                                                         else s["source"]) for s in segs) + ")"
+                               if segs else ""), []).append(r)
+        for line, rs in same.items():
+            lines.append(f"  {'rank' if len(rs) == 1 else 'ranks'} {_ranks_text(rs, brackets=False)}: {line}")
         for d in self.divergences:
-            lines.append(f"{'WARN' if d.harmless else 'DIVERGED'} ranks {d.ranks} vs {d.reference_ranks}: {d.message}"
+            lines.append(f"{'WARN' if d.harmless else 'DIVERGED'} ranks {_ranks_text(d.ranks)} vs "
+                         f"{_ranks_text(d.reference_ranks)}: {d.message}"
                          + (f"\n    {d.harmless}" if d.harmless else ""))
             for side, ref in (("reference", d.reference_node), ("diverging", d.node)):
                 if ref is not None:
@@ -172,7 +179,7 @@ class RankReport:
             if d.recompile_reason:
                 lines.append(f"    recompile reason: {d.recompile_reason}")
         for m in self.collective_mismatches:
-            lines.append(f"PREDICTED HANG at collective #{m.index}: {m.message}")
+            lines.append(f"PREDICTED HANG: {m.message}")
         for n in self.notes:
             lines.append(f"note: {n}")
         lines += self.flight.lines() if self.flight else []
@@ -315,6 +322,24 @@ def _timing_findings(session: Session, report: RankReport, metric_records: dict 
     traces = run_traces(session, report.run_id)
     timing = (matched_run(session, report.run_id)[1] or {}).get("timing") or {} if len(traces) > 1 else {}
     report.notes += [text for text in (skew.finding, timing.get("message")) if text]
+    _trace_numbering(report, timing.get("divergent") or [])
+
+
+def _trace_numbering(report: RankReport, divergent: list[dict]) -> None:
+    """Give each predicted hang the traces' number for the same divergence: the predicted index counts
+    one step's collectives from the compile-time records (graph collectives, DDP buckets, FSDP2
+    groups); the traces count each process group's collectives over the whole run. Added when the
+    ranks that diverge in the traces are exactly the ranks of the predicted minority variants, so
+    a user sees one divergence with its two numbers, not two findings."""
+    by_rank = {d["rank"]: d for d in divergent if d.get("seq") is not None and d.get("count") is None}
+    for m in report.collective_mismatches:
+        minority = sorted(r for v in m.variants[1:] for r in v["ranks"])
+        seen = [by_rank.get(r) for r in minority]
+        if not minority or any(d is None for d in seen) or len({(d["group"], d["seq"]) for d in seen}) != 1:
+            continue
+        d = seen[0]
+        step = f", step {d['step']}" if d.get("step") is not None else ""
+        m.message += f"; in the traces: collective #{d['seq']} of group {d['group']}{step}"
 
 
 def _first_divergence(session: Session, ref_seq: list[CompileEntry], seq: list[CompileEntry],

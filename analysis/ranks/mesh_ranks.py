@@ -49,24 +49,13 @@ from graphdeck.analysis.ranks.core import (
     _first_divergence,
     _schedule_mismatch,
 )
+from graphdeck.analysis.ranks.rank_types import _ranks_text, _sets_text  # noqa: F401 (importable from here as before)
 from graphdeck.store.schema import Node
 
 if TYPE_CHECKING:
     from graphdeck.analysis.layout import RunLayout
 
 RECORDED_SOURCES = ("ddp_bucket", "fsdp_group")
-
-
-def _ranks_text(ranks: list[int], limit: int = 16) -> str:
-    """``[0, 1, 2]``; long lists shortened: ``[0, 1, ... 1023] (1024 ranks)``."""
-    if len(ranks) <= limit:
-        return str(list(ranks))
-    return f"[{', '.join(map(str, ranks[:limit // 2]))}, ... {ranks[-1]}] ({len(ranks)} ranks)"
-
-
-def _sets_text(sets: list[list[int]], limit: int = 8) -> str:
-    shown = " | ".join(_ranks_text(s) for s in sets[:limit])
-    return shown + (f" | ... ({len(sets)} sets)" if len(sets) > limit else "")
 
 
 # ---------------------------------------------------------------- compile sequences

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, aliased
 
 from graphdeck.analysis.gradients.grad_cuts import frames
 from graphdeck.analysis.ranks.rank_sequences import compile_sequence
-from graphdeck.analysis.ranks.rank_types import Collective, CollectiveMismatch, CompileEntry, _json
+from graphdeck.analysis.ranks.rank_types import Collective, CollectiveMismatch, CompileEntry, _json, _ranks_phrase
 from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition
 
 #: Graph kinds that run (their collectives execute), best first per compile id. A compile whose
@@ -345,9 +345,15 @@ def _schedule_mismatch(schedules: dict[int, list[Collective]]) -> CollectiveMism
         for sig, rs in ordered:
             c = schedules[rs[0]][i] if sig is not None else None
             described.append({"ranks": sorted(rs), "collective": asdict(c) if c else None})
+        world = sorted(schedules)
         text = "; ".join(
-            f"ranks {d['ranks']}: " + (Collective(**d['collective']).describe() if d["collective"] else "no collective (schedule ended)")
+            f"{_ranks_phrase(d['ranks'], world)}: "
+            + (Collective(**d['collective']).describe() if d["collective"] else "no collective (schedule ended)")
             for d in described)
+        # NOTE: numbering — ``i`` counts the collectives of one step as predicted from the compile-time
+        # records (graph collectives, DDP buckets, FSDP2 groups), not the traces' per-group sequence
+        # numbers; core._timing_findings adds the traces' number when a trace shows the same ranks diverging.
         return CollectiveMismatch(index=i, variants=described,
-                                  message=f"collective #{i} differs by rank — {text}; the job would hang here")
+                                  message=f"collective #{i} of the predicted step differs by rank — {text}; "
+                                          "the job would hang here")
     return None

@@ -91,7 +91,8 @@ class Collective:
             parts.append(f"{self.size_bytes} bytes")
         if self.dtype:
             parts.append(self.dtype)
-        where = f" at {self.node} (graph {self.graph_id})" if self.node else ""
+        where = (f" at {self.node}" + (f" (graph {self.graph_id})" if self.graph_id is not None else "")
+                 if self.node else "")
         return ", ".join(parts) + where
 
 
@@ -111,3 +112,42 @@ def _json(text: str | None):
         return json.loads(text)
     except (TypeError, ValueError):
         return {}
+
+
+def _ranks_text(ranks, limit: int = 16, brackets: bool = True) -> str:
+    """Rank numbers as range text, sorted, runs of three or more as ``a-b``: ``[0-24, 26, 28-63]``;
+    ``[0, 1]`` for short lists. More than ``limit`` pieces are shortened: ``[0, 2, 4, ... 1022]
+    (512 ranks)``. ``brackets=False`` leaves the brackets off (``0-24, 26-63``)."""
+    rs = sorted(set(ranks))
+    pieces: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        pieces += [f"{rs[i]}-{rs[j]}"] if j - i >= 2 else [str(x) for x in rs[i:j + 1]]
+        i = j + 1
+    body, tail = ", ".join(pieces), ""
+    if len(pieces) > limit:
+        body, tail = f"{', '.join(pieces[:limit // 2])}, ... {pieces[-1]}", f" ({len(rs)} ranks)"
+    return (f"[{body}]" if brackets else body) + tail
+
+
+def _ranks_phrase(ranks, world=None) -> str:
+    """``rank 3``, ``ranks [0-24, 26-63]``, or — given ``world`` (every rank of the run) —
+    ``all 64 ranks`` / ``all ranks but 25`` when that is shorter."""
+    rs = sorted(set(ranks))
+    if world is not None:
+        every = sorted(set(world))
+        rest = [r for r in every if r not in set(rs)]
+        if not rest and len(rs) > 1:
+            return f"all {len(rs)} ranks"
+        if rest and set(rs) <= set(every) and len(rest) < len(rs) and len(rest) <= 8:
+            return f"all ranks but {_ranks_text(rest, brackets=False)}"
+    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {_ranks_text(rs)}"
+
+
+def _sets_text(sets: list[list[int]], limit: int = 8) -> str:
+    """Rank sets as range text, ``" | "``-separated; more than ``limit`` sets shortened."""
+    shown = " | ".join(_ranks_text(s) for s in sets[:limit])
+    return shown + (f" | ... ({len(sets)} sets)" if len(sets) > limit else "")
