@@ -131,16 +131,26 @@ def validate_trace_events(doc: dict) -> dict:
     return {"phases": phases, "flows": len(flows), "ranks": sorted(named_procs)}
 
 
-def _events_by_pid(store: Path) -> dict[int, Counter]:
+def _events_by_rank(store: Path, run: str) -> dict[int, Counter]:
+    """rank → Counter of (ph, name, ts_ns, dur_ns) of run ``run``'s stored events, by the rank of
+    the trace that holds them; asserts one trace per rank whose events all come from that rank's pid."""
     engine = open_engine(store, read_only=True)
     with engine.connect() as c:
-        rows = c.execute(text("SELECT e.pid, e.ph, n.value, e.ts_ns, e.dur_ns FROM trace_events e "
-                              "JOIN strings n ON n.id = e.name_id")).all()
+        traces = c.execute(text("SELECT t.rank, t.id FROM traces t JOIN runs r ON r.id = t.run_id "
+                                "WHERE r.name = :run"), {"run": run}).all()
+        pids = c.execute(text("SELECT t.rank, e.pid FROM trace_events e JOIN traces t ON t.id = e.trace_id "
+                              "GROUP BY t.rank, e.pid")).all()
     engine.dispose()
-    out: dict[int, Counter] = defaultdict(Counter)
-    for pid, ph, name, ts, dur in rows:
-        out[int(pid)][(ph, name, ts, dur)] += 1
-    return out
+    assert len({r for r, _ in traces}) == len(traces), traces  # one trace per rank
+    assert all(int(pid) == r for r, pid in pids), pids  # each rank's events, nobody else's
+    return _stored_events(store, dict(traces))
+
+
+def _reingest(export: Path, store: Path, run: str) -> str:
+    """``graphdeck ingest-trace`` of an export, as the docs say (docs/large-runs.md)."""
+    res = CliRunner().invoke(main, ["ingest-trace", str(export), "--run", run, "--store", str(store), "--strict"])
+    assert res.exit_code == 0, res.output
+    return res.output
 
 
 def test_export_is_valid_trace_event_format(ddp):
@@ -160,17 +170,28 @@ def test_export_is_valid_trace_event_format(ddp):
 
 
 def test_reingest_gives_the_same_events_per_rank_at_aligned_times(ddp):
+    """``ingest-trace`` of the export (NOTE: [Export re-ingest]): one trace per rank, each with the
+    events the export holds for it, at the aligned times; the offset applied is in its meta."""
     store = ddp["tmp"] / "again.db"
-    res = ingest_trace(open_engine(store), ddp["file"], run_name="again", strict=True)
-    assert res.status == "ok" and res.stats["skipped_bad_event"] == 0
-    again = _events_by_pid(store)
+    out = _reingest(ddp["file"], store, "again")
+    assert "a graphdeck export of 2 ranks (0-1)" in out and "rank 0, status ok" in out and "rank 1, status ok" in out
+    again = _events_by_rank(store, "again")
     assert sorted(again) == [0, 1]
+    per_pid = Counter(ev["pid"] for ev in ddp["doc"]["traceEvents"] if ev["ph"] in ("X", "i"))
     for r, orig in ddp["original"].items():
         off = ddp["aligned"]["offsets"][r]["offset_ns"]
         shifted = Counter({(ph, name, ts - off, dur): n for (ph, name, ts, dur), n in orig.items()})
-        assert sum(again[r].values()) == sum(orig.values()), r
+        assert sum(again[r].values()) == sum(orig.values()) == per_pid[r], r
         assert Counter(n for _, n, _, _ in again[r].elements()) == Counter(n for _, n, _, _ in orig.elements()), r
         assert again[r] == shifted, (r, list((again[r] - shifted).items())[:3])
+    engine = open_engine(store, read_only=True)
+    with Session(engine) as s:
+        for t in s.query(Trace).all():
+            meta = orjson.loads(t.meta_json)["graphdeck_export"]
+            assert meta["run"] == "ddp" and meta["rank"] == t.rank and meta["source"] == ddp["file"].name
+            assert meta["offset_ns"] == ddp["aligned"]["offsets"][t.rank]["offset_ns"]
+        assert len(align_and_match(s, 1)["offsets"]) == 2  # the cross-rank analyses see both ranks
+    engine.dispose()
 
 
 def test_node_names_modules_and_source_lines_in_args(ddp):
@@ -340,11 +361,60 @@ def test_hta_two_rank_nccl_traces(tmp_path):
     assert got["ranks"] == [0, 1]
     assert got["flows"] == sum(1 for c in aligned["collectives"] if len(c["ranks"]) == 2) > 0
     again = tmp_path / "again.db"
-    ingest_trace(open_engine(again), out, run_name="again", strict=True)
-    by_pid, orig = _events_by_pid(again), _stored_events(store, traces)
+    _reingest(out, again, "again")
+    by_rank, orig = _events_by_rank(again, "again"), _stored_events(store, traces)
+    assert sorted(by_rank) == [0, 1]
     for r in (0, 1):
         off = aligned["offsets"][r]["offset_ns"]
-        assert by_pid[r] == Counter({(ph, n, ts - off, d): k for (ph, n, ts, d), k in orig[r].items()}), r
+        assert by_rank[r] == Counter({(ph, n, ts - off, d): k for (ph, n, ts, d), k in orig[r].items()}), r
+
+
+@pytest.fixture(scope="module")
+def scale10(tmp_path_factory):
+    """10 ranks of the scale harness (bench/scale_harness.py; seed 0: straggler 7, divergent 9,
+    rank 1 without a trace; on rank 2 collectives #1 and #2 start on the same ns), 600 events a rank."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.scale_harness import make_scale_run
+
+    store = tmp_path_factory.mktemp("scale10") / "scale10.db"
+    return store, make_scale_run(str(store), 10, seed=0, traces="cpu", events_per_rank=600, workers=1)
+
+
+def test_scale_run_flows_pair_skipped_rank_named_and_reingest_keeps_every_rank(scale10, tmp_path):
+    store, run = scale10
+    env = {"GRAPHDECK_STORE": str(store)}  # honoured like the other commands
+    out = tmp_path / "sub.json.gz"
+    res = CliRunner().invoke(main, ["export-trace", "--run", "scale", "--ranks", "0-9", "-o", str(out)], env=env)
+    assert res.exit_code == 0, res.output
+    assert f"skipped rank(s) {run.missing}: no trace ingested" in res.output
+    doc = orjson.loads(gzip.open(out).read())
+    got = validate_trace_events(doc)  # every flow id has its s and its f, each bound to a slice
+    ranks = [r for r in range(10) if r != run.missing]
+    assert got["ranks"] == ranks and doc["graphdeck"]["skipped"] == {str(run.missing): "no trace ingested"}
+    assert got["phases"]["s"] == got["phases"]["f"] == got["flows"] > 0
+    # all matched collectives linked from the last rank to every other (none lost to same-ns starts)
+    assert got["flows"] == (len(ranks) - 1) * doc["graphdeck"]["collectives_linked"]
+    res = CliRunner().invoke(main, ["export-trace", "--run", "scale", "--ranks", "0,1", "-o", str(tmp_path / "a.json")],
+                             env=env)  # a list naming the traceless rank: the same as "all"
+    assert res.exit_code == 0 and f"skipped rank(s) {run.missing}: no trace ingested" in res.output, res.output
+    res = CliRunner().invoke(main, ["export-trace", "--run", "scale", "--ranks", str(run.missing), "-o",
+                                    str(tmp_path / "b.json")], env=env)
+    assert res.exit_code == 2 and "none of the asked ranks" in res.output, res.output
+    assert not (tmp_path / "b.json").exists()
+    again = tmp_path / "re.db"
+    assert f"a graphdeck export of {len(ranks)} ranks" in _reingest(out, again, "reimport")
+    by_rank = _events_by_rank(again, "reimport")
+    per_pid = Counter(ev["pid"] for ev in doc["traceEvents"] if ev["ph"] in ("X", "i"))
+    assert sorted(by_rank) == ranks
+    assert {r: sum(c.values()) for r, c in by_rank.items()} == {r: per_pid[r] for r in ranks}
+    engine = open_engine(again, read_only=True)
+    with Session(engine) as s:
+        aligned = align_and_match(s, 1)
+    engine.dispose()
+    assert sorted(aligned["offsets"]) == ranks  # check-ranks / summary see every exported rank
+    assert all(abs(o["offset_ns"]) < 1000 for o in aligned["offsets"].values())  # aligned already
 
 
 def test_postgresql_store_exports_the_same_events(tmp_path, pg_url):
