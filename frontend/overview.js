@@ -97,7 +97,7 @@ function verdictLine(run, checks, elapsed) {
     .map(([v, n]) => `${n} ${WORDS[v] || v}`).join(", ");
   return h("p", {class: "ov-verdict-line", "data-testid": "overview-verdict", "data-verdict": verdict},
     verdictBadge(verdict), " ", h("span", {}, `${plural(checks.length, "check")}: ${counts}`),
-    h("span", {class: "muted small"}, ` · \`graphdeck summary ${run.name}\` exits ${exit}`
+    h("span", {class: "muted small"}, ` · \`graphdeck summary ${run.name} --store STORE\` exits ${exit}`
       + ` · checks took ${elapsed.toFixed(1)} s`));
 }
 
@@ -111,7 +111,7 @@ function pendingItem(key) {
 /** A part whose request failed: ERROR (never a pass), with the server's message. */
 function failedCheck(key, run, err) {
   return {key, title: TITLES[key], verdict: "ERROR", count: null, count_label: "", headline:
-    `the check could not be computed: ${err.message}`, link: null, command: `graphdeck summary ${run.name}`,
+    `the check could not be computed: ${err.message}`, link: null, command: `graphdeck summary ${run.name} --store STORE`,
   reasons: [], more: 0, elapsed_s: 0, budget_s: 0, over_budget: false, error: err.message, requestFailed: true};
 }
 

@@ -1,4 +1,4 @@
-"""``graphdeck summary RUN``: the run overview as one line per check (issue 23 item 2; NOTE:
+"""``graphdeck summary RUN --store S`` (or ``STORE --run RUN``, as the checks): the run overview as one line per check (issue 23 item 2; NOTE:
 [Run overview] in graphdeck/analysis/summary.py), the same document as the run page's overview
 and ``GET /api/runs/{id}/summary``. Added to ``graphdeck.cli.main`` by the line at the end of
 graphdeck/cli.py; graphdeck.cli is imported only inside the command."""
@@ -16,23 +16,41 @@ DEFAULT_STORE = "graphdeck.db"  # graphdeck.cli.DEFAULT_STORE
 
 
 @click.command("summary")
-@click.argument("run_name", metavar="RUN")
+@click.argument("target", metavar="RUN | STORE", required=False)
 @click.option("--store", default=DEFAULT_STORE, show_default=True, envvar="GRAPHDECK_STORE",
               help="SQLite file or PostgreSQL URL [$GRAPHDECK_STORE].")
+@click.option("--run", "run_opt", default=None, metavar="RUN",
+              help="Run name or id, as the checks take it: graphdeck summary STORE --run RUN.")
 @click.option("--json", "as_json", is_flag=True, help="The JSON document of GET /api/runs/{id}/summary.")
-def summary_cmd(run_name: str, store: str, as_json: bool) -> None:
-    """One line per check of RUN (name or id): gradient paths (check-grads), rank consistency
+@click.pass_context
+def summary_cmd(ctx: click.Context, target: str | None, store: str, run_opt: str | None, as_json: bool) -> None:
+    """One line per check of a run (name or id): gradient paths (check-grads), rank consistency
     (check-ranks), compile health (check-compile, no gates), trace coverage (share of kernel /
     compiled-region CPU time mapped to graph nodes per rank), the parallel layout when one was
-    recorded; worst first, then the slowest steps. A check that raises is an ERROR line, never a
+    recorded; worst first, then the slowest steps. Two forms, the same report:
+    ``graphdeck summary RUN --store STORE`` and, as the checks take it,
+    ``graphdeck summary STORE --run RUN``. A check that raises is an ERROR line, never a
     pass. Exit 0 all pass, 1 any FAIL, 3 any INCOMPLETE or ERROR (and none FAIL), 2 bad input
-    (no such store or run)."""
+    (no such store or run, no run given, two stores given)."""
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.summary import run_summary
     from graphdeck.cli import _find_run, _store_arg
     from graphdeck.store.db import display_url, open_engine
 
+    if run_opt is not None:  # the checks' form: the positional argument (if any) is the store
+        if target is not None:
+            given = ctx.get_parameter_source("store") == click.core.ParameterSource.COMMANDLINE
+            if given and store != target:
+                click.echo(f"error: two stores given ({target} and --store {store}): give one", err=True)
+                sys.exit(2)
+            store = target
+        run_name = run_opt
+    elif target is not None:
+        run_name = target
+    else:
+        click.echo("error: give the run: graphdeck summary RUN --store STORE (or STORE --run RUN)", err=True)
+        sys.exit(2)
     store = _store_arg(store)
     try:
         engine = open_engine(store, read_only=True)

@@ -143,6 +143,9 @@ def test_cli_prints_one_line_per_check_and_agrees_with_the_api(server, store):
     out = cli("detach", "--store", str(store)).stdout.splitlines()
     assert LINE.match(out[1]).groups()[:2] == ("FAIL", "gradients"), "the failure is the first line"
     assert "blk2.bias, blk2.weight" in out[1]
+    # the checks' form (STORE --run RUN) gives the same report (issue 26 item 6)
+    checks_form = cli(str(store), "--run", "detach")
+    assert checks_form.returncode == 1 and checks_form.stdout.splitlines() == out, checks_form.stderr
 
 
 def test_incomplete_evidence_exits_3(gpt2_store):
@@ -161,6 +164,10 @@ def test_bad_input(server, store, tmp_path):
     assert proc.returncode == 2 and "no-such-run" in proc.stderr and not proc.stdout
     proc = cli("tiny", "--store", str(tmp_path / "missing.db"))
     assert proc.returncode == 2 and "missing.db" in proc.stderr
+    proc = cli("--store", str(store))
+    assert proc.returncode == 2 and "give the run" in proc.stderr
+    proc = cli(str(store), "--run", "tiny", "--store", str(tmp_path / "other.db"))
+    assert proc.returncode == 2 and "two stores" in proc.stderr
 
 
 def test_a_check_that_raises_is_an_error_never_a_pass(store, monkeypatch):
