@@ -122,6 +122,9 @@ def test_check_grads_over_64_ranks(scale64):
     report = validate_backward(engine, run.run_name)
     assert report.verdict == "PASS", report.to_text()[:2000]
     assert len({r for r in report.ranks}) == N
+    text = report.to_text()  # ranks that saw the same steps: one entry, ranges (not 64 "rank N: steps ..." clauses)
+    assert f"ranks [0-{N - 1}]: PASS" in text and f"saw: ranks 0-{N - 1}: steps 0–" in text, text[:600]
+    _assert_condensed(text)
 
 
 def test_run_timeline_draws_the_worst_lanes_and_takes_others(scale64):
@@ -138,6 +141,11 @@ def test_run_timeline_draws_the_worst_lanes_and_takes_others(scale64):
         lanes = fig["layout"]["meta"]["lanes"]
         assert lanes["chosen"] == "worst" and lanes["traced"] == N - 1 and len(lanes["shown"]) == 8
         assert run.straggler in lanes["shown"] and run.missing not in lanes["shown"]
+        # the documented order (docs/large-runs.md): the latest arrivals, straggler first, then the
+        # reference rank — in the API and in the lanes drawn top to bottom
+        assert lanes["shown"][0] == run.straggler and 0 in lanes["shown"], lanes["shown"]
+        rows = fig["layout"]["yaxis"]["categoryarray"]
+        assert rows[0].startswith(f"rank {run.straggler} ·"), rows[:3]
         assert f"8 of {N - 1} traced ranks" in fig["layout"]["title"]["text"], fig["layout"]["title"]
         two = c.get(f"/api/runs/{run.run_name}/timeline", params={"ranks": "0,5", "max_shapes": 200}).json()
         assert two["layout"]["meta"]["lanes"] == {"shown": [0, 5], "traced": N - 1, "chosen": "requested"}

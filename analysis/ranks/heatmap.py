@@ -274,7 +274,8 @@ def timeline_lanes(matched: dict | None, traced: list[int], spec: str | None,
     those (``"requested"``); else every traced rank when there are at most ``limit``
     (``"all"``); else the ``limit`` worst: the most late first (each rank's lateness summed over
     the steps of ``matched``'s stragglers, so the straggler leads), then the reference (lowest)
-    rank for comparison (``"worst"``). ``traced``: the ranks with a usable trace.
+    rank for comparison (``"worst"``), in that order (the timeline draws its lanes so, top to
+    bottom). ``traced``: the ranks with a usable trace.
 
     Raises:
         UsageError: a bad ``spec`` or ranks without a usable trace (HTTP 400; the message names them).
@@ -296,7 +297,7 @@ def timeline_lanes(matched: dict | None, traced: list[int], spec: str | None,
             break
         if r not in worst:
             worst.append(r)
-    return sorted(worst), "worst"
+    return worst, "worst"  # in this order, the straggler first (docs/large-runs.md), not by rank
 
 
 def check_heatmap_args(metric: str, axis: str, max_columns: int = MAX_COLUMNS, max_rows: int = MAX_ROWS) -> None:

@@ -114,13 +114,13 @@ def _json(text: str | None):
         return {}
 
 
-def _ranks_text(ranks, limit: int = 16, brackets: bool = True) -> str:
-    """Rank numbers as range text, sorted, runs of three or more as ``a-b``: ``[0-24, 26, 28-63]``;
-    ``[0, 1]`` for short lists. More than ``limit`` pieces are shortened: ``[0, 2, 4, ... 1022]
-    (512 ranks)``. ``brackets=False`` leaves the brackets off (``0-24, 26-63``)."""
+def _ranks_text(ranks, limit: int = 8, brackets: bool = True) -> str:
+    """Rank numbers, sorted: up to 8 spelled out (``[0, 1, 2, 3]``), more as range text, runs of
+    three or more as ``a-b``: ``[0-24, 26, 28-63]``. More than ``limit`` pieces are shortened:
+    ``[0, 2, 4, 6, ... 1022] (512 ranks)``. ``brackets=False`` leaves the brackets off (``0-24, 26-63``)."""
     rs = sorted(set(ranks))
-    pieces: list[str] = []
-    i = 0
+    i = len(rs) if len(rs) <= 8 else 0
+    pieces = [str(r) for r in rs] if len(rs) <= 8 else []
     while i < len(rs):
         j = i
         while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:

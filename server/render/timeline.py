@@ -139,9 +139,12 @@ def rank_pid(rank: int, pid: str) -> str:
     return f"r{rank}:{pid}"
 
 
-def _lanes(events: list[Mapping], process_labels: Mapping[str, str], thread_names: Mapping[str, str]) -> dict:
+def _lanes(events: list[Mapping], process_labels: Mapping[str, str], thread_names: Mapping[str, str],
+           rank_order: Sequence[int] | None = None) -> dict:
     """(pid, tid) → display label, for every lane in ``events``; lanes of pids made by
-    :func:`rank_pid` are grouped by rank (rank-major) and labelled ``rank N · ...``."""
+    :func:`rank_pid` are grouped by rank (rank-major: ``rank_order``'s order, else by rank) and
+    labelled ``rank N · ...``."""
+    place = {r: i for i, r in enumerate(rank_order or [])}
     gpu: dict[tuple[str, str], bool] = {}
     for e in events:
         key = (str(e["pid"]), str(e["tid"]))
@@ -168,7 +171,8 @@ def _lanes(events: list[Mapping], process_labels: Mapping[str, str], thread_name
         rank, pid = split_rank_pid(key[0])
         tid = key[1]
         kind = 1 if gpu[key] else 0 if _num(pid)[0] == 0 else 2
-        return (rank if rank is not None else -1, kind, _num(pid), _num(tid))
+        return (place.get(rank, len(place)) if rank is not None else -1, rank if rank is not None else -1,
+                kind, _num(pid), _num(tid))
 
     return {key: labels[key] for key in sorted(labels, key=order)}
 
@@ -230,6 +234,7 @@ def timeline_figure(
     total_events: int | None = None,
     process_labels: Mapping[str, str] | None = None,
     thread_names: Mapping[str, str] | None = None,
+    rank_order: Sequence[int] | None = None,
 ) -> dict:
     """A Plotly figure ``{"data": [...], "layout": {...}}`` of ``events`` as horizontal bars.
 
@@ -242,6 +247,7 @@ def timeline_figure(
             the title then says "N longest of M".
         process_labels: ``pid → "GPU 0" | "CPU"`` (Kineto ``process_labels`` metadata).
         thread_names: ``"pid/tid" → name`` (Kineto ``thread_name`` metadata).
+        rank_order: the ranks of a multi-rank figure top to bottom (default: by rank).
 
     Returns:
         A JSON-ready dict: one ``bar`` trace per category (``orientation="h"``, ``y`` = the
@@ -253,7 +259,7 @@ def timeline_figure(
         their lane's last row) and ``start_ns``.
     """
     event_list = list(events)
-    lanes = _lanes(event_list, process_labels or {}, thread_names or {})
+    lanes = _lanes(event_list, process_labels or {}, thread_names or {}, rank_order)
     depths = event_depths(event_list)
     depth_rows: dict[tuple[str, str], int] = {}
     for e, depth in zip(event_list, depths):

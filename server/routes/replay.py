@@ -141,7 +141,7 @@ def get_run_timeline(request: Request, t0_ms: float | None = Query(None, descrip
     title = (f"run {run.name}: {len(idxs)} ranks, clocks aligned" if chosen == "all"
              else f"run {run.name}: {len(idxs)} of {len(traces)} traced ranks, clocks aligned")
     fig = timeline_figure(events, start_ns=origin, title=title,
-                          total_events=total, process_labels=labels, thread_names=threads)
+                          total_events=total, process_labels=labels, thread_names=threads, rank_order=lanes)
     fig["layout"]["meta"].update(
         window_ms=[round((t0 - origin) / 1e6, 6), round((t1 - origin) / 1e6, 6)], in_window=total,
         max_shapes=max_shapes, start_ns=str(origin),
