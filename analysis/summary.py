@@ -262,6 +262,7 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
     (``device``, ``total_ns``, ``mapped_ns``, ``fraction``, ``top``: the largest unmapped name),
     read for the traces it holds and filled with those mapped now — a caller that keeps it (the
     server, at 1,024 ranks ~0.13 s CPU a trace) never maps a trace twice."""
+    from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
     from graphdeck.analysis.traces.trace_collectives import run_traces
     from graphdeck.analysis.traces.trace_map import map_trace
 
@@ -277,10 +278,12 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
         c.link = None  # nothing to open
         c.command = f"graphdeck ingest-trace TRACE.json --store STORE --run {run.name} --rank N"
         c.headline = ("no trace recorded: time cannot be put on graph nodes (profile with Agent.profile, or "
-                      "graphdeck ingest-trace)" + (f"; rank(s) {unusable}: trace not usable ({statuses[unusable[0]]})"
+                      "graphdeck ingest-trace)" + (f"; rank(s) {_ranks_text(unusable)}: trace not usable ({statuses[unusable[0]]})"
                                                    if unusable else ""))
         return c
     per_rank, lines, skipped = [], [], []
+    empty: dict[str, list[int]] = {}
+    cut: list[int] = []
     for rank, tid in sorted(traces.items()):
         got = memo.get(tid) if memo is not None else None
         if got is None:
@@ -299,17 +302,22 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
                          "link": f"#/traces/{tid}"})
         what = "kernel time" if got["device"] == "gpu" else "compiled-region CPU time"
         if frac is None:
-            lines.append(f"rank {rank}: its trace has no {what} to map")
+            empty.setdefault(what, []).append(rank)
         elif frac < MIN_COVERAGE:
             top = got["top"]
             lines.append(f"rank {rank}: {frac:.1%} of its {what} mapped to graph nodes (under {MIN_COVERAGE:.0%})"
                          + (f"; largest unmapped: {top}" if top else ""))
         if statuses.get(rank) == "truncated":
-            lines.append(f"rank {rank}: its trace file ended early (truncated)")
+            cut.append(rank)
+    # ranks alike in one line each, as range text (1,024 ranks: not 1,024 lines)
+    lines += [f"{_ranks_phrase(rks)}: {'its trace has' if len(rks) == 1 else 'their traces have'} no {what} to map"
+              for what, rks in empty.items()]
+    lines += [f"{_ranks_phrase(cut)}: {'its trace file' if len(cut) == 1 else 'their trace files'} ended early "
+              "(truncated)"] if cut else []
     if missing:
-        lines.insert(0, f"rank(s) {_names([str(r) for r in missing], 8)} have graphs but no usable trace")
+        lines.insert(0, f"rank(s) {_ranks_text(missing, brackets=False)} have graphs but no usable trace")
     if skipped:
-        lines.append(f"rank(s) {_names([str(r) for r in skipped], 8)} not mapped: the check's time budget was spent")
+        lines.append(f"rank(s) {_ranks_text(skipped, brackets=False)} not mapped: the check's time budget was spent")
     short = {p["rank"] for p in per_rank if p["fraction"] is None or p["fraction"] < MIN_COVERAGE
              or p["status"] == "truncated"}
     c.count = len(short | set(missing) | set(skipped))
@@ -318,12 +326,24 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
     worst = min(fracs, key=lambda p: p["fraction"], default=None)
     what = "kernel time" if per_rank and per_rank[0]["device"] == "gpu" else "compiled-region CPU time"
     c.headline = (f"{worst['fraction']:.1%} of {what} mapped to graph nodes on the lowest rank ({worst['rank']}); "
-                  + ", ".join(f"rank {p['rank']} {p['fraction']:.1%}" for p in fracs[:8])
+                  + _fractions_text(fracs)
                   if worst else f"no {what} to map in {len(per_rank)} trace(s)")
     if worst:
         c.link, c.api = worst["link"], f"/api/traces/{worst['trace_id']}/analysis"
     c.detail = {"ranks": per_rank, "min_coverage": MIN_COVERAGE}
     return _reasons(c, lines)
+
+
+def _fractions_text(fracs: list[dict], limit: int = 8) -> str:
+    """``ranks 0-48, 50-63 100.0%, rank 12 93.1%``: ranks whose shown share is the same in one
+    entry, the lowest share first, at most ``limit`` entries."""
+    from graphdeck.analysis.ranks.rank_types import _ranks_phrase
+
+    same: dict[str, list[int]] = {}
+    for p in sorted(fracs, key=lambda p: (p["fraction"], p["rank"])):
+        same.setdefault(f"{p['fraction']:.1%}", []).append(p["rank"])
+    shown = [f"{_ranks_phrase(rks)} {share}" for share, rks in list(same.items())[:limit]]
+    return ", ".join(shown) + (f" and {len(same) - limit} more" if len(same) > limit else "")
 
 
 def check_layout(session: Session, run: Run, deadline: float) -> CheckSummary:

@@ -28,6 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.gradients.grad_report import DDP_UNUSED_ERROR, Finding, ParamRow
+from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
 
 DDP_READY_TWICE = "Expected to mark a variable ready only once"
 BAD = ("none", "zero", "multi")
@@ -189,7 +190,7 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
     if world_size and seen - expected_ranks:
         expected_ranks |= seen
     if expected_ranks - seen:
-        missing.append(f"rank(s) {sorted(expected_ranks - seen)} of world size {world_size} left no record: "
+        missing.append(f"rank(s) {_ranks_text(sorted(expected_ranks - seen))} of world size {world_size} left no record: "
                        "their gradients were not seen")
     watched = {r for r, w in ev.watch.items() if w.get("complete", True)}
     partial_list = {r for r, w in ev.watch.items() if not w.get("complete", True)}
@@ -198,8 +199,8 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
     elif watched >= seen and seen:
         cov["parameter_list"] = "the model's own (captured with Agent.watch)"
     elif params_known and watched:
-        cov["parameter_list"] = f"the model's own on rank(s) {sorted(watched)} only"
-        missing.append(f"rank(s) {sorted(seen - watched)}: the parameter list holds only what graphs read "
+        cov["parameter_list"] = f"the model's own on rank(s) {_ranks_text(sorted(watched))} only"
+        missing.append(f"rank(s) {_ranks_text(sorted(seen - watched))}: the parameter list holds only what graphs read "
                        "(parameters no graph reads cannot be seen): capture with Agent.watch(model) or pass "
                        "--expect-params FILE")
     elif params_known and not partial_list and not ev.imported:
@@ -216,42 +217,48 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
     no_ev = sorted(seen - set(ev.by_rank))
     off = {r: why for r, why in ev.off.items() if r in no_ev}
     if off:
-        missing.append(f"no run-time gradient evidence on rank(s) {sorted(off)}: {next(iter(off.values()))}")
+        missing.append(f"no run-time gradient evidence on rank(s) {_ranks_text(sorted(off))}: {next(iter(off.values()))}")
     no_ev = [r for r in no_ev if r not in off]
     died = [r for r in no_ev if ev.watch.get(r, {}).get("evidence")]  # watched, evidence on, nothing recorded
     if died:
         # A compiled rank writes graphdeck_grads_observed at the end of its first backward: none, it never finished one.
         ended = [r for r in died if r not in ev.backward_done and r in ev.graph_ranks]
         missing.append(
-            f"no run-time gradient evidence on rank(s) {died}: the job was captured (Agent.watch(model) ran there, "
+            f"no run-time gradient evidence on rank(s) {_ranks_text(died)}: the job was captured (Agent.watch(model) ran there, "
             "evidence on) but "
-            + (f"rank(s) {ended} never finished a backward: the job died in (or before) its first backward, so no "
+            + (f"rank(s) {_ranks_text(ended)} never finished a backward: the job died in (or before) its first backward, so no "
                "step's gradients were observed" if ended else "no step's state was recorded (the job died before "
                "its first optimizer step and did not reach close() or a normal exit, or never ran a backward)")
             + "; the findings come from the compiled graphs alone")
         no_ev = [r for r in no_ev if r not in died]
     if no_ev:
-        missing.append(f"no run-time gradient evidence on rank(s) {no_ev}: which gradients arrived (or were "
+        missing.append(f"no run-time gradient evidence on rank(s) {_ranks_text(no_ev)}: which gradients arrived (or were "
                        "zero-filled by a compiled backward) at which step is unknown; capture the job with "
                        "graphdeck's Agent (agent.watch(model)) through at least one backward")
     fsdp2 = sorted(r for r, segs in ev.by_rank.items() if any(seg.state.get("fsdp2") for seg in segs))
     if fsdp2:  # NOTE: [FSDP2 evidence] (capture/grad_evidence.py)
-        cov["limits"] = [f"rank(s) {fsdp2} (FSDP2): gradients were read at each optimizer step (FSDP2 assigns them "
+        cov["limits"] = [f"rank(s) {_ranks_text(fsdp2)} (FSDP2): gradients were read at each optimizer step (FSDP2 assigns them "
                          "after its reduce-scatter), so a gradient zero-filled by a compiled backward, or one "
                          "accumulated twice in a backward, cannot be told from a real one there"]
         cov.setdefault("notes", []).extend(cov["limits"])
+    # one note per step for all the ranks it holds for (1,024 ranks that died: not 1,024 notes)
+    partial: dict[int, list[int]] = defaultdict(list)
     for rank, segs in sorted(ev.by_rank.items()):
         for seg in segs:
             if seg.state.get("partial"):
-                cov.setdefault("notes", []).append(
-                    f"rank {rank}: the backward of step {seg.first} did not finish (it raised, or the job died in it): "
-                    "parameters it had not reached yet were not observed")
+                partial[seg.first].append(rank)
+    for step, rks in sorted(partial.items()):
+        cov.setdefault("notes", []).append(
+            f"{_ranks_phrase(rks)}: the backward of step {step} did not finish (it raised, or the job died in it): "
+            "parameters it had not reached yet were not observed")
+    unfinished: dict[int, list[int]] = defaultdict(list)
     for rank, done in sorted(cov["finished"].items()):
         if not done:
-            last = cov["steps"][rank]["last"]
-            cov.setdefault("notes", []).append(
-                f"rank {rank}: the capture did not finish (the job died, or close() was not called): evidence "
-                f"through step {last}")
+            unfinished[cov["steps"][rank]["last"]].append(rank)
+    for last, rks in sorted(unfinished.items()):
+        cov.setdefault("notes", []).append(
+            f"{_ranks_phrase(rks)}: the capture did not finish (the job died, or close() was not called): evidence "
+            f"through step {last}")
     return cov, missing
 
 
@@ -362,20 +369,20 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
     for (kind, bad, good, first), params in sorted(diverge.items(), key=lambda kv: (kv[0][3], kv[1])):
         rows_of = [r for r in rows if r.fqn in params]
         site = _site(ev, bad, params)
-        msg = (f"{', '.join(params)}: a gradient arrived on rank(s) {list(good)} but "
+        msg = (f"{', '.join(params)}: a gradient arrived on rank(s) {_ranks_text(list(good))} but "
                f"{'an all-zero gradient (compiled backward, output unused by the loss)' if kind == 'zero' else 'none'} "
-               f"on rank(s) {list(bad)}, first at step {first}; ")
+               f"on rank(s) {_ranks_text(list(bad))}, first at step {first}; ")
         hang = False
         if kind == "zero":
             if fsdp:
                 msg += ("FSDP2's reduce-scatter still runs (the compiled backward filled zeros), so nothing fails: "
-                        f"rank(s) {list(bad)} silently contribute zeros to these parameters' averaged gradients")
+                        f"rank(s) {_ranks_text(list(bad))} silently contribute zeros to these parameters' averaged gradients")
             elif ddp:
                 msg += ("no error: DDP's hooks fire on the zero-filled gradient, so the all-reduce matches, and rank(s) "
-                        f"{list(bad)} silently average zeros into these parameters (their update is diluted, the "
+                        f"{_ranks_text(bad)} silently average zeros into these parameters (their update is diluted, the "
                         "ranks train on different losses)")
             else:
-                msg += f"rank(s) {list(bad)} get zeros where the others get a gradient"
+                msg += f"rank(s) {_ranks_text(list(bad))} get zeros where the others get a gradient"
             fix = ("add the skipped term on every rank (e.g. loss = loss + 0 * out.sum() when the local batch has "
                    "nothing for that head) so every rank's gradient is the real one")
         elif fsdp:
@@ -391,8 +398,8 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
             fix = "make the code path that uses it run on every rank (or add 0 * out.sum() for the skipped term)"
         elif ddp:
             hang = True
-            msg += (f"rank(s) {list(bad)} never mark it ready, so its bucket's all-reduce is not launched there: "
-                    f"rank(s) {list(good)} wait in it (hang until the timeout) and rank(s) {list(bad)} raise "
+            msg += (f"rank(s) {_ranks_text(list(bad))} never mark it ready, so its bucket's all-reduce is not launched there: "
+                    f"rank(s) {_ranks_text(list(good))} wait in it (hang until the timeout) and rank(s) {_ranks_text(list(bad))} raise "
                     f"'{DDP_UNUSED_ERROR}…' at step {first + 1}")
             fix = ("make the code path that uses it run on every rank (add 0 * out.sum() for the skipped term), or "
                    "DistributedDataParallel(..., find_unused_parameters=True)")
@@ -410,10 +417,10 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
         if hang:
             out.append(Finding(kind="PREDICTED_HANG", severity="error", params=params, ranks=ranks, source=src, fix=fix,
                                message=(f"the gradient collective of {', '.join(params)} is issued on rank(s) "
-                                        f"{list(good)} only (first at step {first}): it will not be matched")))
+                                        f"{_ranks_text(good)} only (first at step {first}): it will not be matched")))
         for r in rows_of:
             if r.rank in bad:
-                r.fix = f"it gets a gradient on rank(s) {list(good)} but not here: {fix}"
+                r.fix = f"it gets a gradient on rank(s) {_ranks_text(list(good))} but not here: {fix}"
     if unused_everywhere and ddp and not find_unused and not fsdp:
         first = min(r.first_bad_step for r in rows if r.fqn in unused_everywhere and r.first_bad_step is not None)
         out.append(Finding(kind="DDP_UNUSED_ERROR", severity="error", params=unused_everywhere,

@@ -40,6 +40,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session, aliased
 
 from graphdeck.analysis.gradients.grad_report import FAILING, Finding, ParamRow
+from graphdeck.analysis.ranks.rank_types import _ranks_text
 from graphdeck.store.schema import Graph, InternedString, Node
 
 GLOO_SIZE_ERROR = "Received data size doesn't match expected size"
@@ -114,7 +115,7 @@ def fsdp2_consequence(fqn: str, without: list[int], group: dict | None) -> str:
     return (f"under FSDP2 {'they are' if many else 'it is'} reduce-scattered with {group_name(group)}"
             + (f" ({n} parameters)" if n else "")
             + f": the group's post-backward reduce-scatter then has a different input size on each rank "
-              f"(rank(s) {without} lack {'their gradients' if many else 'its gradient'}) → a collective mismatch "
+              f"(rank(s) {_ranks_text(without)} lack {'their gradients' if many else 'its gradient'}) → a collective mismatch "
               f"or hang at the first backward (gloo: \"{GLOO_SIZE_ERROR}\"), or silent gradient corruption on NCCL")
 
 
@@ -151,7 +152,7 @@ def tp_partial_findings(layout) -> list[Finding]:
         out.append(Finding(
             kind="TP_PARTIAL_GRAD", severity="error", params=[fqn], ranks=e["ranks"],
             message=(f"{fqn} is a DTensor with placements {e['placements']} (Partial on mesh dim {dims}) on rank(s) "
-                     f"{e['ranks']}: its gradient is a partial sum on each rank of the {dims} group(s) {groups} and "
+                     f"{_ranks_text(e['ranks'])}: its gradient is a partial sum on each rank of the {dims} group(s) {groups} and "
                      "nothing reduces it, so each rank's optimizer steps on its own piece and the tensor-parallel "
                      "ranks drift apart silently"),
             fix=(f"give {fqn} a Replicate() or Shard(d) placement on mesh dim {dims} (a ParallelStyle that yields "
@@ -220,7 +221,7 @@ def pp_cut_findings(session: Session, run_id: int, rows: list[ParamRow], layout)
         out.append(Finding(
             kind="PP_BACKWARD_CUT", severity="error", params=params,
             ranks={r: "no gradient through the pipeline" for r in stage_ranks[s]},
-            message=(f"pipeline stage boundary {s} → {nxt} (rank(s) {stage_ranks[s]} → {stage_ranks.get(nxt, [])}): "
+            message=(f"pipeline stage boundary {s} → {nxt} (rank(s) {_ranks_text(stage_ranks[s])} → {_ranks_text(stage_ranks.get(nxt, []))}): "
                      f"the backward path is cut — {seen}, so stage {s} receives no real gradient for its output and "
                      f"its parameters ({shown or 'none recorded'}) do not train (the schedule sends back none or "
                      "zeros)" + (f"; cut by {where[0]}" if where else "")),

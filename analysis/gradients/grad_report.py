@@ -280,24 +280,31 @@ class GradReport:
     def to_text(self) -> str:
         """Human summary: a verdict line, then one line per failing row and finding."""
         counts = " · ".join(f"{k} {v}" for k, v in self.summary.items() if v)
-        lines = [f"gradient paths of {self.run} ({self.mode} mode), ranks {self.ranks}: "
+        from graphdeck.analysis.ranks.rank_types import _ranks_text
+
+        lines = [f"gradient paths of {self.run} ({self.mode} mode), ranks {_ranks_text(self.ranks)}: "
                  f"{self.verdict} · {counts}"]
         lines += _coverage_lines(self.coverage)
         lines += [f"  note: {n}" for n in self.notes]
         for why in self.gaps:
             lines.append(f"  {'not seen (allowed)' if self.allow_incomplete else 'INCOMPLETE'}: {why}")
+        same: dict[tuple, list] = {}  # rows that read alike but for their rank: one entry (1,024 ranks)
         for r in self.rows:
             if r.status not in FAILING and not r.grad_max_abs_diff:
                 continue
             tag = "allowed " if r.allowed else ""
-            lines.append(f"  {tag}{r.status:<12s} rank {r.rank} {r.fqn}"
-                         + (f" (= {', '.join(a for a in r.aliases if a != r.fqn)})" if len(r.aliases) > 1 else ""))
-            lines.append(f"      {r.reason}")
+            head = (f"{tag}{r.status:<12s}", r.fqn
+                    + (f" (= {', '.join(a for a in r.aliases if a != r.fqn)})" if len(r.aliases) > 1 else ""))
+            body = [f"      {r.reason}"]
             if r.cut and r.cut.source:
                 where = r.cut.source + (f" in {r.cut.module_path}" if r.cut.module_path else "")
-                lines.append(f"      cut: {r.cut.kind} at {where}" + (f": {r.cut.code}" if r.cut.code else ""))
+                body.append(f"      cut: {r.cut.kind} at {where}" + (f": {r.cut.code}" if r.cut.code else ""))
             if r.cut and r.cut.region:
-                lines.append(f"      no_grad region opened at {r.cut.region}")
+                body.append(f"      no_grad region opened at {r.cut.region}")
+            same.setdefault((*head, *body), []).append(r.rank)
+        for (status, what, *body), rks in same.items():
+            who = f"rank {rks[0]}" if len(rks) == 1 else f"ranks {_ranks_text(rks, brackets=False)}"
+            lines += [f"  {status} {who} {what}", *body]
             if r.first_bad_step is not None:
                 lines.append("      steps: " + ", ".join(f"{a}" + (f"–{b}" if b != a else "") + f" {st}"
                                                         for a, b, st in (r.steps or [])))
@@ -363,9 +370,14 @@ def _coverage_lines(cov: dict) -> list[str]:
     """One line on what the report saw: ranks, steps, parameter list."""
     if not cov:
         return []
+    from graphdeck.analysis.ranks.rank_types import _ranks_text
+
     steps = cov.get("steps") or {}
-    seen = ", ".join(f"rank {r}: steps {s['first']}–{s['last']} ({s['backward_passes']} backward)"
-                     for r, s in sorted(steps.items(), key=lambda kv: int(kv[0])))
+    same: dict[str, list[int]] = {}  # ranks that saw the same steps: one entry (1,024 ranks)
+    for r, s in sorted(steps.items(), key=lambda kv: int(kv[0])):
+        same.setdefault(f"steps {s['first']}–{s['last']} ({s['backward_passes']} backward)", []).append(int(r))
+    seen = ", ".join(f"{'rank' if len(rks) == 1 else 'ranks'} {_ranks_text(rks, brackets=False)}: {what}"
+                     for what, rks in same.items())
     out = [f"  saw: {seen or 'no run-time gradient evidence'}; parameter list: {cov.get('parameter_list')}"]
     out += [f"  note: {n}" for n in cov.get("notes", [])]
     return out
@@ -384,6 +396,8 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
     gradient get the finding's fix (their own, "remove or freeze it", would miss the cause).
     ``fsdp``: a :class:`graphdeck.analysis.gradients.grad_mesh.Wrapping` with FSDP2 groups — the
     consequence and fix are then FSDP2's (NOTE: [Wrapper words]: the group's reduce-scatter)."""
+    from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+
     by_fqn: dict[str, list[ParamRow]] = defaultdict(list)
     for r in rows:
         by_fqn[r.fqn].append(r)
@@ -403,7 +417,7 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
         if zero_filled:
             # A compiled region's output the loss skipped gets a zero gradient, not none: hooks fire,
             # collectives match, nothing hangs (issue 17).
-            consequence = (f"its compiled backward fills a zero gradient on rank(s) {without} (the output is unused "
+            consequence = (f"its compiled backward fills a zero gradient on rank(s) {_ranks_text(without)} (the output is unused "
                            "there), so no collective is left unmatched: those ranks silently contribute zeros")
         elif fsdp is not None and fsdp.fsdp2:
             from graphdeck.analysis.gradients.grad_mesh import fsdp2_consequence
@@ -411,14 +425,17 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
             consequence = fsdp2_consequence(fqn, without, fsdp.group_of(fqn))
         elif ddp and find_unused:
             consequence = ("find_unused_parameters=True makes DDP all-reduce zeros for it on rank(s) "
-                           f"{without}, so the job runs, but the ranks compute different models and its averaged "
+                           f"{_ranks_text(without)}, so the job runs, but the ranks compute different models and its averaged "
                            "gradient is diluted")
         elif ddp:
             consequence = "DDP's bucket all-reduce then differs between ranks: predicted hang at the first backward"
         else:
             consequence = "a data-parallel gradient all-reduce would not match across ranks (predicted hang)"
-        message = (f"{fqn}: gradient on rank(s) {with_grad} but not on rank(s) {without} "
-                   f"({', '.join(f'rank {k}: {v}' for k, v in per_rank.items())}); " + consequence)
+        by_status: dict[str, list[int]] = defaultdict(list)
+        for k, v in per_rank.items():
+            by_status[v].append(k)
+        message = (f"{fqn}: gradient on rank(s) {_ranks_text(with_grad)} but not on rank(s) {_ranks_text(without)} "
+                   f"({', '.join(f'{_ranks_phrase(ks)}: {v}' for v, ks in by_status.items())}); " + consequence)
         if branch:
             message += f"; the use depends on the branch at {branch}"
         fsdp2 = fsdp is not None and fsdp.fsdp2 and not zero_filled
@@ -431,7 +448,7 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
                    "rank, e.g. add 0 * p.sum())")
         for r in group:  # the row's own fix (remove, freeze, eager mode) would miss the cause
             if r.status != "OK":
-                r.fix = f"it gets a gradient on rank(s) {with_grad} but not here: {fix}"
+                r.fix = f"it gets a gradient on rank(s) {_ranks_text(with_grad)} but not here: {fix}"
         out.append(Finding(kind="RANK_DIVERGENCE" if (ddp and find_unused) or zero_filled else "PREDICTED_HANG",
                            severity="error",
                            message=message, params=[fqn], ranks=per_rank,
