@@ -14,6 +14,7 @@ after all timed steps (every timed step is unchanged, so the target is no new ro
 per step).
 
     python bench/bench_grad_evidence.py                                # CPU: 12 layers, aot_eager, fp32
+    python bench/bench_grad_evidence.py --model stacks --params 76 --rounds 10 --steps 40   # CPU, the capture alone
     python bench/bench_grad_evidence.py --device cuda --backend inductor --dtype bf16 --batch 8 --seq 512
 """
 
@@ -25,6 +26,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -40,6 +42,29 @@ def build(layers: int, device: str, seed: int = 0, embd: int = 768, vocab: int =
     return model
 
 
+class _Out(NamedTuple):
+    loss: torch.Tensor
+
+
+class TwoStacks(torch.nn.Module):
+    """``--model stacks``: the capture's per-step machinery without the model's own cost — two
+    stacks of 4×4 linear layers (``params`` tensors in all, as GPT-2 with ``params`` = 76 at 6
+    layers, 148 at 12) compiled as two graphs (a graph break between them, as GPT-2's loss under
+    Dynamo), a step of ~1-5 ms on a CPU, where a few µs show."""
+
+    def __init__(self, params: int):
+        super().__init__()
+        n = max(1, params // 4)
+        self.a = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(n)])
+        self.b = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(n)])
+
+    def forward(self, input_ids=None, labels=None):
+        h = self.a(input_ids)
+        torch._dynamo.graph_break()
+        loss = self.b(h).pow(2).mean()
+        return _Out(loss)
+
+
 def make_step(model, compiled, opt, batch, dtype, device):
     def step():
         with torch.autocast(device_type=device, dtype=dtype, enabled=dtype != torch.float32):
@@ -52,10 +77,13 @@ def make_step(model, compiled, opt, batch, dtype, device):
 
 def timed(step, steps: int, device: str) -> tuple[list[float], float, list[float]]:
     """Per-step milliseconds, CPU seconds per step (with the wait for the GPU), and per step the
-    CPU seconds of ``step()`` itself (all threads, before any wait: the host's work, which a
-    launch-bound step's time is made of)."""
+    CPU seconds of ``step()`` itself (before any wait: the host's work, which a launch-bound
+    step's time is made of)."""
     times, host = [], []
-    clock = time.process_time
+    # CPU: autograd runs the backward on the calling thread, so this thread's CPU is the step's
+    # (other processes' and threads' noise stays out); CUDA: the backward runs on autograd's device
+    # thread, so the whole process's CPU.
+    clock = time.process_time if device == "cuda" else time.thread_time
     cpu0 = clock()
     for _ in range(steps):
         if device == "cuda":
@@ -95,6 +123,21 @@ def checkpointed(path: Path) -> None:
     con.close()
 
 
+def model_of(args, device: str) -> torch.nn.Module:
+    if args.model == "stacks":
+        torch.manual_seed(0)
+        return TwoStacks(args.params).to(device)
+    return build(args.layers, device, embd=args.embd, vocab=args.vocab)
+
+
+def optimizer(model, args, fused: dict):
+    """AdamW for GPT-2 (fused on CUDA); plain SGD for ``--model stacks`` (the optimizer is not what
+    is measured there, and ~76 tiny AdamW states would be most of the step)."""
+    if args.model == "stacks":
+        return torch.optim.SGD(model.parameters(), lr=1e-3)
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -109,6 +152,8 @@ def main() -> None:
     ap.add_argument("--embd", type=int, default=768, help="hidden size (a multiple of 12; small on CPU: the "
                     "capture's Python per step is then visible beside the model's own work)")
     ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--model", default="gpt2", choices=["gpt2", "stacks"])
+    ap.add_argument("--params", type=int, default=76, help="--model stacks: parameter tensors")
     args = ap.parse_args()
     from graphdeck.capture import Agent
 
@@ -117,25 +162,27 @@ def main() -> None:
     store = tmp / "bench.db"
     batch = torch.randint(0, args.vocab, (args.batch, args.seq), device=device,
                           generator=torch.Generator(device=device).manual_seed(0))
+    if args.model == "stacks":
+        batch = torch.randn(args.batch, 4, device=device, generator=torch.Generator(device=device).manual_seed(0))
     fused = {"fused": True} if device == "cuda" else {"foreach": True}
 
-    plain_model = build(args.layers, device, embd=args.embd, vocab=args.vocab)
-    plain_opt = torch.optim.AdamW(plain_model.parameters(), lr=1e-4, **fused)
+    plain_model = model_of(args, device)
+    plain_opt = optimizer(plain_model, args, fused)
     plain = make_step(plain_model, torch.compile(plain_model, backend=args.backend), plain_opt, batch, dtype, device)
 
-    cap_model = build(args.layers, device, embd=args.embd, vocab=args.vocab)
+    cap_model = model_of(args, device)
     agent = Agent(store=store, run="bench")
     agent.watch(cap_model)
-    cap_opt = torch.optim.AdamW(cap_model.parameters(), lr=1e-4, **fused)
+    cap_opt = optimizer(cap_model, args, fused)
     captured = make_step(cap_model, torch.compile(cap_model, backend=agent.backend(args.backend)), cap_opt, batch,
                          dtype, device)
     # The same capture with the gradient evidence switched off: what the evidence alone costs.
     os.environ["GRAPHDECK_GRAD_EVIDENCE"] = "0"
-    noev_model = build(args.layers, device, embd=args.embd, vocab=args.vocab)
+    noev_model = model_of(args, device)
     noev_agent = Agent(store=tmp / "noev.db", run="bench")
     noev_agent.watch(noev_model)
     del os.environ["GRAPHDECK_GRAD_EVIDENCE"]
-    noev_opt = torch.optim.AdamW(noev_model.parameters(), lr=1e-4, **fused)
+    noev_opt = optimizer(noev_model, args, fused)
     no_evidence = make_step(noev_model, torch.compile(noev_model, backend=noev_agent.backend(args.backend)), noev_opt,
                             batch, dtype, device)
 
@@ -146,7 +193,9 @@ def main() -> None:
         no_evidence()
     if device == "cuda":
         torch.cuda.synchronize()
-    print(f"[bench] GPT-2 {args.layers} layers (n_embd {args.embd}, vocabulary {args.vocab}), {args.backend}, {args.dtype}, batch {args.batch}x{args.seq}, "
+    what = (f"two stacks of 4x4 linears, {args.params} parameters, 2 graphs" if args.model == "stacks" else
+            f"GPT-2 {args.layers} layers (n_embd {args.embd}, vocabulary {args.vocab})")
+    print(f"[bench] {what}, {args.backend}, {args.dtype}, batch {args.batch}x{args.seq}, "
           f"{device}{' ' + torch.cuda.get_device_name() if device == 'cuda' else ''}, torch {torch.__version__}; "
           f"warm-up {args.warmup} steps each: {time.perf_counter() - t0:.1f} s")
     agent._evidence.flush()
@@ -188,17 +237,24 @@ def main() -> None:
     print(f"[bench] the evidence alone: captured/no-evidence {mc / mn:.4f} (per round {min(ev_ratios):.4f}–"
           f"{max(ev_ratios):.4f}); CPU s/step difference "
           f"{statistics.median(x[3] - x[5] for x in per_round) * 1e3:+.3f} ms")
-    # The capture's own CPU: step() alone (no wait), per step, median over all timed steps of a mode;
-    # spread = min–max over rounds of the difference of that round's medians.
+    # The capture's own CPU: step() alone (no wait), per step. The three modes run one step each in
+    # turn, so the i-th steps of two modes share the host's state: the figure is the median over all
+    # timed steps of the paired differences; spread = min–max over rounds of that round's median.
     med = {k: statistics.median(v) * 1e6 for k, v in host.items()}
-    d_cap = [(x[7] - x[6]) * 1e6 for x in per_round]
-    d_noev = [(x[8] - x[6]) * 1e6 for x in per_round]
+
+    def paired(a: str, b: str) -> tuple[float, float, float]:
+        d = [(x - y) * 1e6 for x, y in zip(host[a], host[b])]
+        rounds = [statistics.median(d[r * args.steps:(r + 1) * args.steps]) for r in range(args.rounds)]
+        return statistics.median(d), min(rounds), max(rounds)
+
+    cap, noev, ev_only = paired("captured", "plain"), paired("no_evidence", "plain"), paired("captured", "no_evidence")
     print(f"[bench] host CPU of step() (µs, median over {timed_steps} steps per mode): plain {med['plain']:.0f}, "
           f"no_evidence {med['no_evidence']:.0f}, captured {med['captured']:.0f}")
-    print(f"[bench] capture's CPU per step: captured − plain {med['captured'] - med['plain']:+.0f} µs "
-          f"(per round {min(d_cap):+.0f} to {max(d_cap):+.0f}) = {(med['captured'] - med['plain']) / med['plain']:+.2%}"
-          f" of plain, captured/plain {med['captured'] / med['plain']:.4f}; no_evidence − plain "
-          f"{med['no_evidence'] - med['plain']:+.0f} µs (per round {min(d_noev):+.0f} to {max(d_noev):+.0f})")
+    print(f"[bench] capture's CPU per step (median of paired per-step differences, per-round min to max): "
+          f"captured − plain {cap[0]:+.0f} µs ({cap[1]:+.0f} to {cap[2]:+.0f}) = {cap[0] / med['plain']:+.2%} of plain, "
+          f"captured/plain {(med['plain'] + cap[0]) / med['plain']:.4f}; no_evidence − plain {noev[0]:+.0f} µs "
+          f"({noev[1]:+.0f} to {noev[2]:+.0f}); captured − no_evidence {ev_only[0]:+.0f} µs "
+          f"({ev_only[1]:+.0f} to {ev_only[2]:+.0f})")
     ev = agent._evidence
     if ev is not None:
         print(f"[bench] evidence: steady mode {'on' if ev._steady else 'OFF'} at the end, "
