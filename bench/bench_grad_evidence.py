@@ -1,17 +1,22 @@
 """What the run-time gradient evidence costs a training step, and the store per step.
 
-GPT-2 (``transformers``, random weights, ``--layers`` blocks) trained with AdamW under
-``torch.compile``; three copies built from one seed: **plain** (``torch.compile(model,
-backend=INNER)``), **no_evidence** (the capture with ``GRAPHDECK_GRAD_EVIDENCE=0``) and **captured** (``Agent.watch(model)`` + ``backend=agent.backend(INNER)``: graph
-capture at compile time, and per backward the gradient evidence — one post-accumulate hook per
-parameter, pre-hooks on the compiled outputs, one set difference per step). After warm-up (the
+GPT-2 (``transformers``, random weights, ``--layers`` blocks; ``--model stacks``: two stacks of
+small linears with GPT-2's parameter count, SGD) trained with AdamW under ``torch.compile``; three
+copies built from one seed: **plain** (``torch.compile(model, backend=INNER)``), **no_evidence**
+(the capture with ``GRAPHDECK_GRAD_EVIDENCE=0``) and **captured** (``Agent.watch(model)`` +
+``backend=agent.backend(INNER)``: graph capture at compile time, and per backward the gradient
+evidence — in steady mode two C-speed passes over the parameters' ``.grad`` and a pre-hook on each
+compiled call's outputs; NOTE: [Steady mode] in ``capture/grad_steady.py``). After warm-up (the
 compiles), ``--rounds`` rounds of ``--steps`` steps each, one step of each mode in turn (order
-reversed in odd rounds). Per step: CUDA events (GPU) or ``perf_counter`` (CPU) for the
-step's time, ``process_time`` for CPU seconds. Printed: median step time per mode and round, the
-captured/plain ratio of the medians over all rounds and its spread (min–max of the per-round
-ratios), CPU seconds per step, and the store: ``grad_steps`` rows and bytes after the warm-up and
-after all timed steps (every timed step is unchanged, so the target is no new row and ≤ 1 KiB
-per step).
+reversed in odd rounds). Per step: CUDA events (GPU) or ``perf_counter`` (CPU) for the step's
+time; the host CPU of ``step()`` itself (process CPU on CUDA, where autograd's device thread runs
+the backward; the calling thread's CPU on a CPU). Printed: median step time per mode and round,
+the captured/plain ratio of the medians and its spread (min–max of the per-round ratios), CPU
+seconds per step, **the capture's host CPU per step** (captured − plain, no_evidence − plain,
+captured − no_evidence: medians of the paired per-step differences, per-round spread), whether
+the evidence was in steady mode at the end, and the store: ``grad_steps`` rows and bytes after
+the warm-up and after all timed steps (every timed step is unchanged, so the target is no new
+row and ≤ 1 KiB per step).
 
     python bench/bench_grad_evidence.py                                # CPU: 12 layers, aot_eager, fp32
     python bench/bench_grad_evidence.py --model stacks --params 76 --rounds 10 --steps 40   # CPU, the capture alone
