@@ -97,7 +97,7 @@ def test_a_member_without_a_dump_is_named(tmp_path):
     assert res.missing_ranks == [1, 2]
     rep = _report(tmp_path / "s.db", "r")
     assert rep.flight.no_dump == [1, 2] and rep.verdict == "INCOMPLETE"
-    assert "rank 2: no Flight Recorder dump" in rep.missing_evidence
+    assert "ranks [1, 2]: no Flight Recorder dump" in rep.missing_evidence  # one line for all (issue 26)
 
 
 def test_files_that_are_no_dump_and_hostile_pickles(tmp_path):

@@ -357,12 +357,12 @@ def _first_divergence(session: Session, ref_seq: list[CompileEntry], seq: list[C
         if a is None:
             base.what, base.compile_id = "extra compile", b.compile_id
             base.recompile_reason = b.recompile_reason
-            base.message = (f"ranks {ranks} compile {len(seq) - len(ref_seq)} more time(s) than ranks {ref_ranks};"
+            base.message = (f"ranks {_ranks_text(ranks)} compile {len(seq) - len(ref_seq)} more time(s) than ranks {_ranks_text(ref_ranks)};"
                             f" first extra compile {b.compile_id}" + _fail_text(b))
             return base
         if b is None:
             base.what, base.compile_id = "missing compile", a.compile_id
-            base.message = (f"ranks {ranks} stop after {len(seq)} compile(s); ranks {ref_ranks} go on with"
+            base.message = (f"ranks {_ranks_text(ranks)} stop after {len(seq)} compile(s); ranks {_ranks_text(ref_ranks)} go on with"
                             f" compile {a.compile_id}" + _fail_text(a))
             return base
         base.compile_id = b.compile_id

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
 from graphdeck.store.fr_import import EVENT_NAME, INDEX_VERSION, members_of, seq_index, unpack_codes
 from graphdeck.store.schema import CompileEvent, Rank
 
@@ -112,12 +113,12 @@ class GroupMismatch:
     primary: bool = True  # some rank skipped it (or nothing says otherwise)
 
     def headline(self) -> str:
-        reached = (f"{len(self.reached)} ranks (every member but {self.not_reached + self.no_dump})"
-                   if len(self.reached) > 16 else f"ranks {self.reached}")
+        reached = (f"{len(self.reached)} ranks (every member but {_ranks_text(self.not_reached + self.no_dump)})"
+                   if len(self.reached) > 16 else f"ranks {_ranks_text(self.reached)}")
         return (("" if self.primary else "(consequence) ")
                 + f"group {self.group} ({self.desc}): first mismatch at collective #{self.seq} {self.op} "
-                f"{self.sizes}: reached by {reached}, not by ranks {self.not_reached}"
-                + (f"; no dump from ranks {self.no_dump}" if self.no_dump else ""))
+                f"{self.sizes}: reached by {reached}, not by ranks {_ranks_text(self.not_reached)}"
+                + (f"; no dump from ranks {_ranks_text(self.no_dump)}" if self.no_dump else ""))
 
 
 @dataclass
@@ -143,31 +144,36 @@ class FlightReport:
         return asdict(self)
 
     def lines(self) -> list[str]:
-        out = [f"Flight Recorder: dumps from ranks {self.ranks}, {self.entries} entries; "
+        out = [f"Flight Recorder: dumps from ranks {_ranks_text(self.ranks)}, {self.entries} entries; "
                f"{len(self.groups_agree)} group(s) agree, "
                + (f"{len(self.groups_incomplete)} incomplete, " if self.groups_incomplete else "")
                + f"{len(self.mismatches)} mismatched"]
         if self.no_dump:
-            out.append(f"  no Flight Recorder dump from ranks {self.no_dump}")
+            out.append(f"  no Flight Recorder dump from ranks {_ranks_text(self.no_dump)}")
         for g, missing in self.groups_incomplete.items():
             out.append(f"  INCOMPLETE group {g}{' (' + self.descs[g] + ')' if self.descs.get(g) else ''}: members "
-                       f"{missing} have no dump, so whether its collectives match cannot be told (the dumped "
-                       "members agree)")
+                       f"{_ranks_text(missing)} have no dump, so whether its collectives match cannot be told (the "
+                       "dumped members agree)")
         for m in self.mismatches:
             out.append(f"HANG {m.headline()}")
             for r, e in list(m.issued.items())[:2]:  # the others' entries are the same collective
                 out.append(f"    rank {r} issued it{' inside a compiled graph' if e.compiled else ''}"
                            f"{' at ' + e.line if e.line else ''} ({e.state}{', retired' if e.retired else ', pending'})")
+            alike: dict[tuple, list[int]] = {}  # ranks whose lines read the same: one entry (1,024 ranks)
             for r in m.not_reached:
                 inst, last, doing = m.instead.get(r), m.last_completed.get(r), m.doing.get(r)
-                text = f"    rank {r}: " + (f"recorded {inst.describe()} there instead; " if inst else "no entry there; ")
+                text = (f"recorded {inst.describe()} there instead; " if inst else "no entry there; ")
                 text += f"last completed {last.describe()}" if last else "no completed collective of this group"
                 if doing is not None and doing is not inst:
                     text += (f"; {'went on to' if m.cause.get(r) == 'skipped' else 'waiting in'} "
                              f"{doing.describe()}")
-                out.append(text)
-                for w in m.why.get(r, []):
-                    out.append(f"      why: {w}")
+                alike.setdefault((text, *m.why.get(r, [])), []).append(r)
+            for (text, *why), rs in list(alike.items())[:8]:
+                out.append(f"    {_ranks_phrase(rs)}: {text}")
+                out += [f"      why: {w}" for w in why]
+            if len(alike) > 8:
+                rest = sorted(r for rs in list(alike.values())[8:] for r in rs)
+                out.append(f"    ranks {_ranks_text(rest)}: {len(alike) - 8} more account(s), in --format json")
         return out
 
 
@@ -561,7 +567,7 @@ def missing_evidence(session: Session, run_id: int, report: FlightReport | None 
     out: list[str] = []
     if report is not None:
         out += [f"Flight Recorder entry dropped: {d}" for d in report.dropped]
-        out += [f"rank {r}: no Flight Recorder dump" for r in report.no_dump]
+        out += [f"{_ranks_phrase(report.no_dump)}: no Flight Recorder dump"] if report.no_dump else []
     for rank, meta in session.execute(select(Rank.rank, Rank.meta_json).where(Rank.run_id == run_id)
                                       .order_by(Rank.rank)):
         try:

@@ -43,6 +43,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.ranks.flight import FlightReport, GroupMismatch, flight_report, missing_evidence
+from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
 from graphdeck.store.schema import CompileEvent
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ def _recompile_text(session: Session, report: RankReport, d: Divergence, side: l
 
     new = _entry(report, side[0], d.compile_id)
     frame = f" frame {new.frame}" if new is not None and new.frame else ""
-    out = [f"ranks {side} recompiled{frame} (compile {d.compile_id}) and ranks {other} did not"
+    out = [f"ranks {_ranks_text(side)} recompiled{frame} (compile {d.compile_id}) and ranks {_ranks_text(other)} did not"
            + (f"; recompile reason: {d.recompile_reason}" if d.recompile_reason else "")]
     if new is None:
         return out
@@ -323,7 +324,7 @@ def _python_branch(m: GroupMismatch, r: int, issued) -> list[str]:
     """A collective issued outside the graphs (by its stack) that rank ``r`` skipped: where it is
     issued, what ``r`` went on to, and the branch between the two (:func:`branch_between`)."""
     inst = m.instead.get(r) or m.doing.get(r)
-    out = [f"it is issued from non-compiled code at {issued.line or '?'} on ranks {m.reached}; "
+    out = [f"it is issued from non-compiled code at {issued.line or '?'} on ranks {_ranks_text(m.reached)}; "
            f"rank {r} went on to {inst.describe() if inst else 'no collective'}"
            " — a data-dependent branch in Python code outside the graphs"]
     branch = branch_between(issued.stack, inst.stack) if inst is not None else None
@@ -379,6 +380,9 @@ def explain(session: Session, report: RankReport, m: GroupMismatch) -> None:
                 why += _python_branch(m, r, issued)
             nb = {k: v for k, v in breaks.items() if v}
             if nb:
-                why.append("graph breaks recorded: " + ", ".join(f"rank {k}: {v}" for k, v in sorted(nb.items()))
+                alike: dict[str, list[int]] = {}
+                for k, v in sorted(nb.items()):
+                    alike.setdefault(str(v), []).append(k)
+                why.append("graph breaks recorded: " + ", ".join(f"{_ranks_phrase(ks)}: {v}" for v, ks in alike.items())
                            + " (the code between graphs runs eagerly)")
         m.why[r] = why

@@ -190,6 +190,14 @@ def _seg_text(segs: list[dict]) -> str:
                      for s in segs)
 
 
+def _alike(segs: dict[int, list[dict]]) -> dict[str, list[int]]:
+    """``_seg_text`` → the ranks it holds for, in rank order: one entry per distinct text."""
+    out: dict[str, list[int]] = {}
+    for r in sorted(segs):
+        out.setdefault(_seg_text(segs[r]), []).append(r)
+    return out
+
+
 def _steady_compile(report: RankReport, rank: int, compile_id: str | None) -> str | None:
     """The compile of ``compile_id``'s frame that ``rank`` runs in steady state."""
     from graphdeck.analysis.ranks.core import frame_of, steady_state
@@ -212,7 +220,7 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
     if not any(report.schedules.values()):
         return []  # nothing predicted (no graph issues a collective): nothing to check
     from graphdeck.analysis.ranks.flight import count_completed
-    from graphdeck.analysis.ranks.mesh_ranks import _ranks_text
+    from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
 
     if not fr.completed:
         count_completed(session, report.run_id, fr)
@@ -251,7 +259,7 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
         elif pm is None:
             n = len(next(iter(scheds.values())))
             check.predicted = (f"no hang: every member issues the same {n} collective(s) a step ("
-                               + "; ".join(f"rank {r}: {_seg_text(segs[r])}" for r in sorted(segs)) + ")"
+                               + "; ".join(f"{_ranks_phrase(rs)}: {text}" for text, rs in _alike(segs).items()) + ")"
                                + (" — a frame with several live graphs counts each once (NOTE: [Live compiles])"
                                   if _several_live(scheds) else ""))
         else:
@@ -262,13 +270,13 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             if skipping:
                 check.predicted_skipping = skipping
                 theirs = sorted({_steady_compile(report, r, c["compile_id"]) or "none" for r in skipping})
-                check.predicted = (f"ranks {skipping} skip {c['kind']} #{pm.index} of the step (ranks {issued['ranks']} "
+                check.predicted = (f"ranks {_ranks_text(skipping)} skip {c['kind']} #{pm.index} of the step (ranks {_ranks_text(issued['ranks'])} "
                                    f"issue it from {'compile ' + c['compile_id'] if c['compile_id'] else c['source']}"
-                                   + (f"; ranks {skipping} run compile {', '.join(theirs)} of that frame"
+                                   + (f"; ranks {_ranks_text(skipping)} run compile {', '.join(theirs)} of that frame"
                                       if c["compile_id"] else "") + ")")
             else:
                 check.predicted = (f"collective #{pm.index} of the step differs: " + "; ".join(
-                    f"ranks {v['ranks']}: {v['collective']['kind']} from compile {v['collective']['compile_id']}"
+                    f"ranks {_ranks_text(v['ranks'])}: {v['collective']['kind']} from compile {v['collective']['compile_id']}"
                     for v in pm.variants))
         # recorded, among the group's members (a rank outside the group completes none of it)
         m = mismatch_of.get(g)
@@ -281,7 +289,7 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
         if m is not None:
             check.recorded_hang = True
             check.recorded_not_reached = list(m.not_reached)
-            check.recorded = (f"ranks {m.not_reached} never reached {m.op} #{m.seq} of group {desc or g}"
+            check.recorded = (f"ranks {_ranks_text(m.not_reached)} never reached {m.op} #{m.seq} of group {desc or g}"
                               + ("" if m.primary else " (a consequence of another group's hang)"))
         elif g in recorded_groups:
             dumped = [r for r in mine if r not in no_dump]
@@ -292,7 +300,7 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
         else:
             check.recorded = "the Flight Recorder holds no entry of this group"
         if no_dump and m is None:
-            check.recorded += (f"; members {no_dump} have no Flight Recorder dump, so whether they issued them "
+            check.recorded += (f"; members {_ranks_text(no_dump)} have no Flight Recorder dump, so whether they issued them "
                                "cannot be told")
         # outcome
         if g not in recorded_groups:
