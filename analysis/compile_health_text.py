@@ -4,6 +4,7 @@ from a :class:`~graphdeck.analysis.compile_health.CompileHealth`."""
 from __future__ import annotations
 
 from graphdeck.analysis.compile_health import CompileHealth, FrameBudget
+from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
 
 CACHE_NAMES = {"fx_graph": "FX graph cache", "fx_graph_remote": "FX graph cache (remote)",
                "aot_autograd": "AOTAutograd cache", "aot_autograd_remote": "AOTAutograd cache (remote)"}
@@ -19,7 +20,7 @@ def _frame_lines(f: FrameBudget, indent: str = "  ", raised: bool = False) -> li
     state = ("LIMIT HIT: the next compile raised to the job (fullgraph=True), nothing ran eagerly" if f.limit_hit and raised
              else "LIMIT HIT: later calls run eagerly" if f.limit_hit
              else "will hit the limit at this rate" if f.will_hit_limit else "")
-    ranks = f" (ranks {', '.join(map(str, f.ranks))})" if len(f.ranks) > 1 else ""
+    ranks = f" (ranks {_ranks_text(f.ranks, brackets=False)})" if len(f.ranks) > 1 else ""
     out = [f"{indent}{f.frame}{ranks}: {f.used} of {f.limit} compiles used, {f.recompiles} recompile(s)"
            + (f" — {state}" if state else "") + f"; limit {f.limit_source}"]
     if f.classes:
@@ -52,7 +53,7 @@ def to_text(h: CompileHealth) -> str:
     for b in h.breaks:
         where = "library" if b.library else "user code"
         lines.append(f"  {b.source_line or '?'} [{b.reason_class}, {where}] x{b.count} on rank(s) "
-                     f"{', '.join(map(str, b.ranks))}: {b.headline}")
+                     f"{_ranks_text(b.ranks, brackets=False)}: {b.headline}")
         lines.append(f"    user frame: {b.user_frame or '?'}; compiled frames: {', '.join(b.frames) or '?'}"
                      + (" — Dynamo skipped the frame (falls back to eager)" if b.eager_fallback else ""))
         if not b.library:
@@ -64,21 +65,33 @@ def to_text(h: CompileHealth) -> str:
         if f.recompiles or f.limit_hit:
             lines += _frame_lines(f, raised=f.frame in raised)
     lines.append(f"eager fallbacks and failed compiles: {len(h.fallbacks)}")
+    # ranks whose lines read alike: one line, their ranks as range text (1,024 ranks: not 1,024 lines)
+    alike: dict[str, list[int]] = {}
     for x in h.fallbacks:
         first = (x.reason.strip().splitlines() or [""])[0]
-        lines.append(f"  rank {x.rank} {x.compile_id} {x.frame}: {x.kind}"
-                     + (", raised to the job (fullgraph=True): not an eager fallback" if _raised(x) else "")
-                     + f" ({x.fail_type}): {first[:200]}")
+        alike.setdefault(f"{x.compile_id} {x.frame}: {x.kind}"
+                         + (", raised to the job (fullgraph=True): not an eager fallback" if _raised(x) else "")
+                         + f" ({x.fail_type}): {first[:200]}", []).append(x.rank)
+    lines += [f"  {_ranks_phrase(rs)} {text}" for text, rs in alike.items()]
     restarts = [(r, x) for r, rh in h.ranks.items() for x in rh.restarts]
     lines.append(f"restarts: {len(restarts)}")
-    for r, x in restarts[:20]:
-        lines.append(f"  rank {r} {x['compile_id']}: {(x['reason'].strip().splitlines() or [''])[0][:200]}")
+    alike = {}
+    for r, x in restarts:
+        alike.setdefault(f"{x['compile_id']}: {(x['reason'].strip().splitlines() or [''])[0][:200]}", []).append(r)
+    lines += [f"  {_ranks_phrase(rs)} {text}" for text, rs in list(alike.items())[:20]]
+    if len(alike) > 20:
+        lines.append(f"  … and {len(alike) - 20} more (all in --format json)")
     lines.append("compile time and caches per rank:")
+    same: dict[str, list[tuple[int, float]]] = {}
     for r, rh in h.ranks.items():
         st = rh.stats
         caches = ", ".join(f"{CACHE_NAMES[k]} {v['hit']} hit / {v['miss']} miss" for k, v in st.cache.items()
                            if v["hit"] or v["miss"] or v["bypass"]) or "no cache counts"
-        lines.append(f"  rank {r}: {st.compiles} compile(s), {st.compile_s:.2f} s; {caches} ({st.cache_source})")
+        same.setdefault(f"{st.compiles} compile(s), {{}}; {caches} ({st.cache_source})", []).append((r, st.compile_s))
+    for text, got in same.items():  # compile time as a range over the ranks alike (the spread line names them)
+        lo, hi = min(t for _, t in got), max(t for _, t in got)
+        secs = f"{lo:.2f} s" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f} s"
+        lines.append(f"  {_ranks_phrase([r for r, _ in got])}: " + text.format(secs))
     ct = h.spread.get("compile_s")
     if ct and ct.get("spread") is not None:
         lines.append(f"  spread: compile time {ct['spread']:.2f} s (rank {ct['min_rank']} {ct['min']:.2f} s .. "

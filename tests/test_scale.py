@@ -127,6 +127,20 @@ def test_check_grads_over_64_ranks(scale64):
     _assert_condensed(text)
 
 
+def test_check_compile_text_condenses(scale64):
+    """check-compile over 64 ranks: restarts, breaks and per-rank times one line per kind, ranks
+    as ranges (issue 26)."""
+    from graphdeck.analysis.compile_health import Thresholds, compile_health
+    from graphdeck.analysis.compile_health_text import to_text
+
+    run, engine, _a = scale64
+    with Session(engine) as s:
+        text = to_text(compile_health(s, s.get(Run, run.run_id), Thresholds()))
+    assert f"on rank(s) 0-{N - 1}: " in text and f"  ranks [0-{N - 1}]: " in text, text[:1500]
+    _assert_condensed(text)
+    assert len(text.splitlines()) < 40, text[:1500]
+
+
 def test_run_timeline_draws_the_worst_lanes_and_takes_others(scale64):
     """63 traced ranks: the run timeline draws 8 lanes, the straggler's first among them (the most
     late), and any others on request; a rank without a trace is a 400 naming it."""
