@@ -168,8 +168,10 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
         fr = import_flight_dumps(open_engine(store), [], run_name=run_name, strict=strict, files=fr_files) \
             if fr_files else None
         if fr is not None:
-            click.echo(f"Flight Recorder: ranks {fr.ranks}, {fr.entries} entries, {fr.dropped} dropped"
-                       + (f"; no dump from ranks {fr.missing_ranks}" if fr.missing_ranks else ""))
+            from graphdeck.analysis.ranks.rank_types import _ranks_text  # ranges past 8 ranks
+
+            click.echo(f"Flight Recorder: ranks {_ranks_text(fr.ranks)}, {fr.entries} entries, {fr.dropped} dropped"
+                       + (f"; no dump from ranks {_ranks_text(fr.missing_ranks)}" if fr.missing_ranks else ""))
             for d in fr.dropped_records[:20]:
                 click.echo(f"  dropped {d}", err=True)
         try:
@@ -201,7 +203,9 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
     if result is None:
         return
     st = result.stats
-    click.echo(f"run {result.run_name} (id {result.run_id}): ranks {result.ranks}; {st.get('graphs', 0)} graphs, "
+    from graphdeck.analysis.ranks.rank_types import _ranks_text  # ranges past 8 ranks
+
+    click.echo(f"run {result.run_name} (id {result.run_id}): ranks {_ranks_text(result.ranks)}; {st.get('graphs', 0)} graphs, "
                f"{st.get('nodes', 0)} nodes, {st.get('compile_events', 0)} compile events, "
                f"{st.get('kernel_nodes', 0)} kernel links; {result.dropped} dropped")
     for f in result.files:
