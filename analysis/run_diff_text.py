@@ -49,7 +49,10 @@ def to_text(d: RunDiff) -> str:
 
 
 def _ranks(ranks: list[int]) -> str:
-    return ",".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
+    """Range text (``0-24, 26-63``), the checks' (past 8 ranks ``a..b`` read as every rank between)."""
+    from graphdeck.analysis.ranks.rank_types import _ranks_text
+
+    return _ranks_text(ranks, brackets=False)
 
 
 def _gid(gid, node) -> str:
