@@ -11,7 +11,7 @@
 // Every string from the report is user text and goes through h() (NOTE: [Untrusted text]).
 
 import {$app, api, code, fmt, graphLink, h, isBlank, num, setCrumbs, statusBadge, table} from "./common.js";
-import {SMALL_RUN, compactRanks, mergeRankLines, statusHeatmap} from "./heatmap.js";
+import {SMALL_RUN, compactRanks, mergeRankLines, rankRanges, statusHeatmap} from "./heatmap.js";
 
 export const GRAD_STATUSES = ["OK", "NO_GRAD", "NOT_IN_GRAPH", "DEAD_END", "FROZEN", "BUFFER", "UNKNOWN"];
 const FAILING = new Set(["NO_GRAD", "NOT_IN_GRAPH", "DEAD_END"]);
@@ -57,6 +57,18 @@ function verdictOf(report) {
 }
 
 /** What the evidence covers: ranks and steps seen, the parameter list's source, notes, and why it is incomplete. */
+/** Ranks whose coverage reads the same, one entry each (1,024 ranks: not 1,024 list items):
+ *  [[ranks], steps of the first, capture unfinished]. */
+function sameSteps(steps, finished) {
+  const groups = new Map();
+  for (const [rank, s] of steps) {
+    const key = [s.first, s.last, s.backward_passes, s.numbered_by, finished[rank] === false].join("|");
+    if (!groups.has(key)) groups.set(key, [[], s, finished[rank] === false]);
+    groups.get(key)[0].push(rank);
+  }
+  return [...groups.values()];
+}
+
 function coverageBox(report) {
   const cov = report.coverage || {}, gaps = report.incomplete || [];
   if (!Object.keys(cov).length && !gaps.length) return null;
@@ -65,11 +77,12 @@ function coverageBox(report) {
   return h("div", {class: "grad-coverage", id: "grad-coverage"},
     h("div", {}, h("strong", {}, "coverage "),
       h("span", {class: "muted"}, `world size ${fmt(cov.world_size)} · ranks with run-time evidence: `),
-      (cov.ranks_with_evidence || []).length ? cov.ranks_with_evidence.map(fmt).join(", ") : "none"),
-    steps.length ? h("ul", {class: "coverage-ranks"}, steps.map(([rank, s]) => h("li", {"data-rank": rank},
-      `rank ${rank}: steps ${stepText(s.first, s.last)}`,
-      h("span", {class: "muted"}, ` (${fmt(s.backward_passes)} backward passes, numbered by ${fmt(s.numbered_by)}`,
-        finished[rank] === false ? "; the capture did not finish" : "", ")")))) : null,
+      (cov.ranks_with_evidence || []).length ? rankRanges(cov.ranks_with_evidence, 8) : "none"),
+    steps.length ? h("ul", {class: "coverage-ranks"}, sameSteps(steps, finished).map(([ranks, s, unfinished]) =>
+      h("li", {"data-rank": ranks.join(",")},
+        `${ranks.length > 1 ? "ranks" : "rank"} ${rankRanges(ranks, 8)}: steps ${stepText(s.first, s.last)}`,
+        h("span", {class: "muted"}, ` (${fmt(s.backward_passes)} backward passes, numbered by ${fmt(s.numbered_by)}`,
+          unfinished ? "; the capture did not finish" : "", ")")))) : null,
     h("div", {}, h("span", {class: "muted"}, "parameter list: "), fmt(cov.parameter_list)),
     steps.length ? h("div", {class: "step-legend muted small"}, "steps: ", [...STEP_STATES].map((st) =>
       [h("span", {class: `seg seg-${st}`}), ` ${st} `])) : null,
@@ -146,9 +159,19 @@ function cutCell(p) {
     cutLink(c));
 }
 
+/** {rank: status} → [[ranks], status] per status, in order of first appearance. */
+function sameStatus(byRank) {
+  const groups = new Map();
+  for (const [r, st] of Object.entries(byRank)) {
+    if (!groups.has(st)) groups.set(st, []);
+    groups.get(st).push(r);
+  }
+  return [...groups].map(([st, rs]) => [rs, st]);
+}
+
 function findingItem(f) {
   const ranks = f.ranks && typeof f.ranks === "object" && !Array.isArray(f.ranks)
-    ? ` (${Object.entries(f.ranks).map(([r, st]) => `rank ${r}: ${st}`).join(", ")})` : "";
+    ? ` (${sameStatus(f.ranks).map(([rs, st]) => `${rs.length > 1 ? "ranks" : "rank"} ${rankRanges(rs, 8)}: ${st}`).join(", ")})` : "";
   return h("li", {"data-kind": f.kind, class: f.severity},
     statusBadge(f.kind), f.allowed ? " (allowed) " : " ", fmt(f.message), ranks,
     f.source ? h("div", {}, h("span", {class: "muted"}, "at "), code(f.source)) : null,
