@@ -11,6 +11,7 @@
 import {api, badge, code, errorBox, fmt, fmtSeconds, graphLink, h, isBlank, kindBadge, num, plural, table}
   from "./common.js";
 import {kernelBadge, outputCodePanel, recordsPanel} from "./inductor.js";
+import {rankRanges} from "./heatmap.js";
 
 const METRICS = "compilation_metrics";
 const BREAK = "dynamo_graph_break_reason";
@@ -212,7 +213,7 @@ function breakRow(b) {
   return h("tr", {class: b.library ? "muted" : null, "data-source-line": b.source_line},
     h("td", {}, code(b.source_line), b.library ? [" ", badge("torch/stdlib", "tag")] : null),
     h("td", {}, badge(b.reason_class, "tag"), " ", b.headline),
-    num(b.count), h("td", {}, (b.ranks || []).join(", ")),
+    num(b.count), h("td", {"data-ranks": (b.ranks || []).length}, rankRanges(b.ranks || [], 8)),
     h("td", {}, h("div", {}, "user frame ", code(b.user_frame)),
       h("div", {class: "muted small"}, "compiled in ", (b.frames || []).join(", ")),
       b.eager_fallback ? h("div", {}, badge("frame skipped → eager", "status-NO_GRAD")) : null),
