@@ -30,6 +30,10 @@ class _Group(click.Group):
     def main(self, args=None, *rest, **kwargs):
         if args is not None or not kwargs.get("standalone_mode", True) or rest:
             return super().main(args, *rest, **kwargs)
+        from graphdeck.cli_common import QUICK_EXIT
+
+        if sys.argv[1:2] and sys.argv[1] in QUICK_EXIT and "--help" not in sys.argv:
+            _load_store_modules()
         try:
             return super().main(args, **kwargs)
         except SystemExit as exc:
@@ -37,6 +41,25 @@ class _Group(click.Group):
 
             _quick_exit(exc.code)
             raise
+
+
+def _load_store_modules() -> None:
+    """SQLAlchemy's ORM and the store schema, which every read command loads first, imported with
+    the garbage collector off, then frozen (``gc.freeze``: later collections skip them): their
+    objects (classes, functions, the mapped tables) live as long as the process, so collecting
+    during their import is work without a result (check-ranks on a 2-rank store: 1.75 -> 1.64 G
+    instructions, callgrind; bench/RESULTS.md "Read commands' start-up (issue 26 item 4, third pass)")."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        import sqlalchemy.orm  # noqa: F401
+        import graphdeck.store.schema  # noqa: F401
+    finally:
+        if enabled:
+            gc.enable()
+        gc.freeze()
 
 
 @click.group(cls=_Group)
