@@ -1,0 +1,120 @@
+"""Gradient evidence under FSDP2, and the DDP wrapper a watched model got after ``watch()`` — the
+optimizer-step side of :class:`graphdeck.capture.grad_evidence.GradEvidence` (a mixin: it reads and
+writes that class's state; see NOTE: [Gradient evidence] there)."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+
+class FsdpEvidence:
+    """``GradEvidence``'s methods for FSDP2 (read at each optimizer step) and a late DDP wrapper."""
+
+    # NOTE: [FSDP2 evidence]
+    # FSDP2 assigns each sharded parameter's ``.grad`` (a DTensor) after its reduce-scatter
+    # (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` ``foreach_reduce``), or adds
+    # into its local tensor when one is already there: ``register_post_accumulate_grad_hook``
+    # never fires. What arrived is read where the optimizer reads it: a global optimizer-step
+    # pre-hook looks, per watched trainable parameter (the live, sharded ones), at ``.grad``: None,
+    # or the same tensor at the same version (of its local shard) as at the previous step, is
+    # ``none``; else ``ok``. Nothing is synchronised or copied (``.grad`` and ``._version`` only).
+    # A backward after the last step is read once more at ``close()``/exit. Limits: zero-filled
+    # gradients (a compiled backward's zeros) and gradients accumulated twice cannot be told from
+    # real ones here (said in the state as ``"limits"``); steps are optimizer steps (a job that
+    # never steps gives its one read at exit); several optimizers read at each of their steps.
+    def _on_step_pre(self, *_a, **_k) -> None:
+        if self._failed:
+            return
+        try:
+            if self._fsdp is None:
+                self._fsdp = self._fsdp2()
+                if not self._fsdp:
+                    self._note_late_ddp()  # as _close does when it first asks
+            if self._fsdp:
+                with self._lock:
+                    self._fsdp_step(self._opt_steps, at_exit=False, partial_=False)
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            self._fail(exc)
+
+    def _fsdp_step(self, step: int, at_exit: bool, partial_: bool) -> None:
+        """Read which watched trainable parameters hold a new ``.grad`` (NOTE: [FSDP2 evidence])
+        and write it as step ``step``'s ``grad_steps`` row; at exit, only when something is new
+        (``partial_``: the job is dying, perhaps inside that backward)."""
+        if self._fsdp_params is None:
+            self._fsdp_off_hooks()
+            self._fsdp_params = [(fqn, p) for model in self.agent._models for fqn, p in self.agent.named_tensors(model)]
+        sig, wref = self._fsdp_sig, weakref.ref
+        none, frozen, trainable, new = [], [], 0, False
+        for fqn, p in self._fsdp_params:
+            if not p.requires_grad:
+                frozen.append(fqn)
+                continue
+            trainable += 1
+            g = p.grad
+            if g is None:
+                sig.pop(fqn, None)
+                none.append(fqn)
+                continue
+            v = getattr(g, "_local_tensor", g)._version
+            prev = sig.get(fqn)
+            if prev is not None and prev[0]() is g and prev[1] == v:
+                none.append(fqn)  # the gradient of an earlier step, untouched since
+                continue
+            new = True
+            sig[fqn] = (wref(g), v)
+        if at_exit and not new:
+            return
+        state = {"trainable": trainable, "none": none, "zero": [], "multi": {}, "frozen": frozen, "unobserved": [],
+                 "fsdp2": True, "limits": ["zero", "multi"]}
+        if at_exit:
+            state["at_exit"] = True
+        if partial_:
+            state["partial"] = True
+        self._emit(step, "optimizer", state, {})
+        self._fsdp_rows += 1
+
+    def _fsdp_off_hooks(self) -> None:
+        """Under FSDP2 the per-parameter hooks never fire: take them off (nothing else changes)."""
+        for h in self._handles.values():
+            h.remove()
+        self._handles.clear()
+        self._hooked.clear()
+
+    def _fsdp2(self) -> bool:
+        """Whether a watched model is under FSDP2 now: it assigns sharded gradients after its
+        reduce-scatter instead of accumulating them, so the hooks see nothing (evidence off)."""
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except Exception:  # noqa: BLE001
+            return False
+        return any(isinstance(m, FSDPModule) for model in self.agent._models for m in model.modules())
+
+    def _note_late_ddp(self) -> None:
+        """A model watched before ``DistributedDataParallel(model)`` wrapped it (the agent then never
+        saw the wrapper): find the wrapper among the model's referrers, once, and record how DDP runs
+        (a new ``graphdeck_watch`` record), so the report names DDP's consequences."""
+        agent = self.agent
+        if agent._watch_info.get("ddp"):
+            return
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return  # no DDP without a process group; the heap walk below costs ~1-2 s of the first step
+        import gc
+
+        from graphdeck.capture.compile_context import parallel_info
+
+        def is_wrapper(obj, model) -> bool:
+            return type(obj).__name__ == "DistributedDataParallel" and getattr(obj, "module", None) is model
+
+        for model in agent._models:  # model <- DDP._modules <- DDP.__dict__ <- DDP
+            for modules in gc.get_referrers(model):
+                if not isinstance(modules, dict):
+                    continue
+                for attrs in gc.get_referrers(modules):
+                    owners = [attrs] + (gc.get_referrers(attrs) if isinstance(attrs, dict) else [])
+                    owner = next((o for o in owners if is_wrapper(o, model)), None)
+                    if owner is not None:
+                        agent._watch_info.update(parallel_info(owner))
+                        agent._write_params()
+                        return
