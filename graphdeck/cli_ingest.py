@@ -15,6 +15,29 @@ from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _is_kineto, _s
 from graphdeck.errors import BadInputError, GraphdeckError
 
 
+class _NoBar:
+    """tqdm's interface where its bar would be disabled (stderr not a terminal), without loading
+    tqdm (and the multiprocessing lock it makes): issue 26 item 4."""
+
+    def __init__(self, total: int) -> None:
+        self.n, self.total = 0, total
+
+    def update(self, n: int) -> None:
+        self.n += n
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total_bytes: int):
+    """A byte progress bar on stderr when it is a terminal (tqdm's ``disable=None``), else a no-op."""
+    if not sys.stderr.isatty():
+        return _NoBar(total_bytes)
+    from tqdm import tqdm
+
+    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc="ingest", file=sys.stderr, disable=None)
+
+
 @click.command("ingest-trace")
 @click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--store", default=DEFAULT_STORE, show_default=True,
@@ -30,7 +53,6 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
     """Stream a Kineto trace (.json or .json.gz) into the store (the upload API's code path).
     The same file twice into one run is refused (exit 2) unless ``--replace``."""
     from sqlalchemy.orm import Session
-    from tqdm import tqdm
 
     from graphdeck.store.db import open_engine, undo_new_run_on_error
     from graphdeck.store.schema import Trace
@@ -45,8 +67,7 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
     if is_export(trace_file):  # graphdeck's own multi-rank export: one trace per rank again
         _ingest_export(engine, trace_file, run_name, rank, strict, replace, as_json)
         return
-    bar = tqdm(total=os.path.getsize(trace_file), unit="B", unit_scale=True, desc="ingest", file=sys.stderr,
-               disable=None)
+    bar = _bar(os.path.getsize(trace_file))
     try:
         with undo_new_run_on_error(engine, run_name):  # a failed ingest leaves no empty run behind
             result = ingest_trace(engine, trace_file, run_name=run_name, rank=rank, strict=strict,

@@ -29,13 +29,16 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
 from sqlalchemy import delete, func, insert, inspect, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from graphdeck.store.schema import Graph, KernelNode, NodeTime, NodeTimeSet, Trace
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,10 @@ AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
 @dataclass
 class TraceNodeTimes:
     """One trace's node times. ``nodes[i]`` = (graph id, node name) has ``step_ns[i]`` (int64 ns,
-    ``steps`` long), ``total_ns[i]`` and ``count[i]``; ``missing`` says why nothing mapped."""
+    ``steps`` long), ``total_ns[i]`` and ``count[i]``; ``missing`` says why nothing mapped. The
+    arrays are None only in a result made without mapping (:func:`no_graphs`, ``nodes`` empty).
+    numpy is imported where the arrays are made, not here: a trace ingested into a run without
+    graphs never loads it (issue 26 item 4)."""
 
     trace_id: int
     steps: int = 1
@@ -57,9 +63,22 @@ class TraceNodeTimes:
     unmapped_calls: int = 0
     missing: str | None = None
     nodes: list[tuple[int, str]] = field(default_factory=list)
-    step_ns: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int64))
-    total_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    count: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    step_ns: np.ndarray | None = field(default_factory=lambda: _zeros((0, 1)))
+    total_ns: np.ndarray | None = field(default_factory=lambda: _zeros(0))
+    count: np.ndarray | None = field(default_factory=lambda: _zeros(0))
+
+
+def _zeros(shape) -> np.ndarray:
+    import numpy as np
+
+    return np.zeros(shape, dtype=np.int64)
+
+
+def no_graphs(trace_id: int, rank: int) -> TraceNodeTimes:
+    """What :func:`graphdeck.analysis.run_diff_times.trace_node_times` gives for a rank without
+    AOT graphs (same ``missing`` text), made without numpy or the mapper: no nodes, arrays None."""
+    return TraceNodeTimes(trace_id, missing=f"rank {rank}: no AOTAutograd graph stored to map trace {trace_id} onto",
+                          step_ns=None, total_ns=None, count=None)
 
 
 def rank_state(session: Session, run_id: int, rank: int) -> tuple[int, int | None, int]:
@@ -102,6 +121,8 @@ def load(session: Session, trace_id: int, run_id: int, rank: int,
     head, why = valid_set(session, trace_id, run_id, rank, method)
     if head is None:
         return None, why
+    import numpy as np
+
     rows = session.connection().execute(select(NodeTime.graph_id, NodeTime.node_name, NodeTime.total_ns, NodeTime.count,
                                   NodeTime.steps_ns_json).where(NodeTime.set_id == head.id)
                            .order_by(NodeTime.id)).all()
@@ -146,7 +167,6 @@ def record(engine: Engine, trace_id: int, by_kernel: dict | None = None) -> int 
     when the caller has them (the ingest: :func:`graphdeck.analysis.traces.export_map.record_links`).
     Best effort, for the ingest: any failure is logged and gives None (readers then map the events
     themselves)."""
-    from graphdeck.analysis.run_diff_times import trace_node_times
     from graphdeck.store.db import retrying, write_session
 
     try:
@@ -155,7 +175,12 @@ def record(engine: Engine, trace_id: int, by_kernel: dict | None = None) -> int 
                 return None
             run_id, rank = s.execute(select(Trace.run_id, Trace.rank).where(Trace.id == trace_id)).one()
             state = rank_state(s, run_id, rank)  # before the mapping: a graph added meanwhile makes it stale
-            times = trace_node_times(s, run_id, rank, trace_id, by_kernel=by_kernel)
+            if state[0]:
+                from graphdeck.analysis.run_diff_times import trace_node_times
+
+                times = trace_node_times(s, run_id, rank, trace_id, by_kernel=by_kernel)
+            else:  # nothing to map onto: the mapper's answer without loading it (and numpy)
+                times = no_graphs(trace_id, rank)
 
         def write() -> int:
             with write_session(engine) as s:

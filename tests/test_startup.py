@@ -21,7 +21,7 @@ from graphdeck.store.db import Interner, open_engine, store_url
 from graphdeck.store.schema import SCHEMA_VERSION, Base, InternedString
 from tests.conftest import REPO, shared_path
 
-HEAVY = ("sqlalchemy", "alembic", "numpy", "torch", "pandas", "fastapi")
+HEAVY = ("sqlalchemy", "alembic", "numpy", "torch", "pandas", "fastapi", "tqdm")
 #: Strips setuptools' editable-install finder, so the interpreter sees what a machine with only a
 #: non-editable install sees (the declared seam: this checkout is installed editable).
 NO_EDITABLE = ("import runpy, sys\n"
@@ -112,6 +112,11 @@ def test_import_and_check_ranks_load_neither_alembic_nor_numpy(tmp_path):
     assert not {"alembic", "numpy", "torch"} & set(got["modules"]), got["modules"]
     got = _loaded_after(_cli("check-ranks", store, "--run", "b"))
     assert not {"alembic", "numpy", "torch"} & set(got["modules"]), got["modules"]
+    # A Kineto trace into a run without graphs: nothing to map (no numpy), no terminal (no tqdm).
+    kineto = str(shared_path("data", "traces", "kineto", "tb_plugin_test_gpu_metrics_input.json"))
+    ing = _loaded_after(_cli("ingest-trace", kineto, "--store", str(tmp_path / "k.db"), "--run", "k"))
+    assert not {"alembic", "numpy", "torch", "tqdm"} & set(ing["modules"]), ing["modules"]
+    assert "status ok" in ing["stdout"], ing["stdout"][-2000:]
     assert "ranks agree" in got["stdout"].lower() or "OK" in got["stdout"], got["stdout"][-2000:]
     # Run as the program, a read command ends without teardown (NOTE: [Quick exit]): same report, same code.
     for args in (["check-ranks", store, "--run", "b"], ["check-ranks", store, "--run", "b", "--format", "json"],
