@@ -85,9 +85,17 @@ def _hold_each_graph(writer: StoreWriter, hold_s: float) -> None:
 
     seen = []
 
+    # The writer inserts a graph's nodes by Core executemany (capture/writer.py), so they never show
+    # in ``session.new``: the insert into ``nodes`` marks the session's transaction as a graph's.
+    @event.listens_for(Session, "do_orm_execute")
+    def mark(state):
+        if state.is_insert and getattr(state.statement, "table", None) is not None \
+                and state.statement.table.name == "nodes":
+            state.session.info["graphdeck_nodes"] = True
+
     @event.listens_for(Session, "before_commit")
     def hold(session):
-        if any(type(o).__name__ == "Node" for o in session.new):
+        if session.info.pop("graphdeck_nodes", False) or any(type(o).__name__ == "Node" for o in session.new):
             seen.append(1)
             if len(seen) == 3:
                 session.flush()
