@@ -229,6 +229,8 @@ def check_ranks(session: Session, run: Run, deadline: float) -> CheckSummary:
         c.headline = lines[0]
     elif len(rep.ranks) < 2:
         c.headline = f"{len(rep.ranks)} rank: nothing to compare"
+    elif verdict == "INCOMPLETE" and rep.traces_only:  # no records: say what was compared
+        c.headline = f"{len(rep.ranks)} ranks: {rep.traces_only}"
     elif verdict == "INCOMPLETE":
         c.headline = f"{len(rep.ranks)} ranks show no difference, but evidence is missing"
     else:

@@ -415,6 +415,15 @@ def test_scale_run_flows_pair_skipped_rank_named_and_reingest_keeps_every_rank(s
     engine.dispose()
     assert sorted(aligned["offsets"]) == ranks  # check-ranks / summary see every exported rank
     assert all(abs(o["offset_ns"]) < 1000 for o in aligned["offsets"].values())  # aligned already
+    # Traces only, no compile/collective records: the ranks check says it compared the traces'
+    # collectives (finding the divergent rank) and is INCOMPLETE for the records it could not see.
+    res = CliRunner().invoke(main, ["check-ranks", str(again), "--run", "reimport"])
+    assert res.exit_code == 3 and "agree" not in res.output, res.output
+    assert "the traces' collectives only compared" in res.output and f"rank(s) [{run.divergent}] diverge" in res.output
+    assert "compile sequences and the recorded collective schedules were not compared" in res.output, res.output
+    res = CliRunner().invoke(main, ["summary", "reimport", "--store", str(again), "--json"])
+    ranks_check = next(c for c in orjson.loads(res.stdout)["checks"] if c["key"] == "ranks")
+    assert ranks_check["verdict"] == "INCOMPLETE" and "agree" not in ranks_check["headline"], ranks_check
 
 
 def test_postgresql_store_exports_the_same_events(tmp_path, pg_url):

@@ -115,6 +115,7 @@ class RankReport:
     flight: FlightReport | None = None  # Flight Recorder's first mismatches, joined (analysis.ranks.hangs)
     missing_evidence: list[str] = field(default_factory=list)  # dropped records, ranks without a dump
     predictions: list = field(default_factory=list)  # PredictionCheck per group (analysis.ranks.predicted)
+    traces_only: str | None = None  # what was compared when no rank holds records (_evidence_compared)
 
     @property
     def ok(self) -> bool:
@@ -290,8 +291,34 @@ def _rank_report(session: Session, run: Run) -> RankReport:
     from graphdeck.analysis.ranks.predicted import prediction_checks
 
     report.predictions = prediction_checks(session, report)
-    _timing_findings(session, report, metric_records)
+    matched = _timing_findings(session, report, metric_records)
+    _evidence_compared(report, matched)
     return report
+
+
+def _evidence_compared(report: RankReport, matched: dict | None) -> None:
+    """A run whose ranks hold no compile sequence, collective schedule or Flight Recorder dump
+    (e.g. made by ``graphdeck ingest-trace`` of traces alone) compared nothing from records: never
+    "agree" (issue 26). It says what it did compare — the traces' matched collectives, when there
+    are any (a note, with the ranks the traces show diverging) — and is INCOMPLETE for the rest."""
+    if len(report.ranks) < 2 or any(report.sequences.get(r) or report.schedules.get(r) for r in report.ranks):
+        return
+    if report.flight is not None and report.flight.ranks:
+        return
+    colls = (matched or {}).get("collectives") or []
+    if colls:
+        divergent = sorted({d["rank"] for d in matched.get("divergent") or []})
+        report.traces_only = (f"the traces' collectives only compared — {len(colls)} matched across ranks "
+                              f"{_ranks_text(sorted(matched.get('ranks') or []))}"
+                              + (f"; rank(s) {_ranks_text(divergent)} diverge in them" if divergent
+                                 else "; no divergence in them"))
+        report.notes.append(report.traces_only)
+        report.missing_evidence.append(
+            "no compile or collective records on any rank (only traces): compile sequences and the recorded "
+            "collective schedules were not compared, only the traces' collectives")
+    else:
+        report.missing_evidence.append(
+            "no compile or collective records on any rank and no collective matched across traces: nothing was compared")
 
 
 def _bare_ranks(session: Session, run_id: int, ranks: list[int]) -> set[int]:
@@ -309,20 +336,23 @@ def _bare_ranks(session: Session, run_id: int, ranks: list[int]) -> set[int]:
     return set(ranks) - busy
 
 
-def _timing_findings(session: Session, report: RankReport, metric_records: dict | None = None) -> None:
+def _timing_findings(session: Session, report: RankReport, metric_records: dict | None = None) -> dict | None:
     """Compile skew (NOTE: [Compile skew]) and the traced straggler (NOTE: [CPU-side
     collectives], kernels alike) added to ``report.notes`` with their numbers; they do not change
     the verdict. Structured forms: :func:`graphdeck.analysis.ranks.compile_skew.compile_skew`,
-    :func:`graphdeck.analysis.ranks.cpu_collectives.rank_timing`."""
+    :func:`graphdeck.analysis.ranks.cpu_collectives.rank_timing`. Returns the traces' matching
+    (:func:`graphdeck.analysis.traces.trace_collectives.align_and_match`), None under two traces."""
     from graphdeck.analysis.ranks.compile_skew import compile_skew
     from graphdeck.analysis.ranks.heatmap import matched_run  # the matching the heatmap and overview share
     from graphdeck.analysis.traces.trace_collectives import run_traces
 
     skew = compile_skew(session, session.get(Run, report.run_id), records=metric_records)
     traces = run_traces(session, report.run_id)
-    timing = (matched_run(session, report.run_id)[1] or {}).get("timing") or {} if len(traces) > 1 else {}
+    matched = matched_run(session, report.run_id)[1] if len(traces) > 1 else None
+    timing = (matched or {}).get("timing") or {}
     report.notes += [text for text in (skew.finding, timing.get("message")) if text]
     _trace_numbering(report, timing.get("divergent") or [])
+    return matched
 
 
 def _trace_numbering(report: RankReport, divergent: list[dict]) -> None:
