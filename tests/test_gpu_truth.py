@@ -314,8 +314,7 @@ def test_what_ifs_checked_against_the_changed_runs_snapshots(tmp_path):
     """The checkpoint and dtype what-ifs of the H200 GPT-2 run (bench/bench_gpu_whatif.py,
     whatif.json) beside real snapshots of the changed runs: the estimates recomputed here from the
     kept store and the peaks replayed from the kept snapshots are the ones the bench reported, and
-    the checkpoint estimate is within 10% of the checkpointed run's measured step (the dtype
-    estimate's +15% is stated in the closing note, not hidden)."""
+    the checkpoint and dtype estimates are within 10% and 5% of the changed runs' measured steps."""
     need = ["whatif.json", "whatif.db.gz"] + [f"whatif_{w}.snapshot.pickle.gz" for w in ("base", "ckpt", "fp32")]
     missing = [f for f in need if not (DATA / f).exists()]
     if missing:
@@ -334,7 +333,12 @@ def test_what_ifs_checked_against_the_changed_runs_snapshots(tmp_path):
     with gzip.open(DATA / "whatif.db.gz", "rb") as fin, open(store, "wb") as fout:
         shutil.copyfileobj(fin, fout)
     got = bench.derived(store, argparse.Namespace(ckpt_path=want["args"]["ckpt_path"]))
-    assert got == want["derived"]
+    # The dtype what-if drops autocast's cast copies since the bench ran (NOTE: [Casts in a dtype
+    # what-if]): +14.8% then, within 5% of the fp32 run's snapshot now; the rest is as reported.
+    assert {k: v for k, v in got.items() if not k.startswith("fp32_estimate")} == \
+        {k: v for k, v in want["derived"].items() if not k.startswith("fp32_estimate")}
+    assert want["derived"]["fp32_estimate_bytes"] / want["compare"]["fp32"]["measured"] > 1.14
+    assert abs(got["fp32_estimate_bytes"] / want["compare"]["fp32"]["measured"] - 1) < 0.05
     for way in ("base", "ckpt", "fp32"):
         m = measure(load_snapshot(DATA / f"whatif_{way}.snapshot.pickle.gz"), {}, device=0)
         assert m.peak_bytes - m.baseline_bytes == want["measured"][way]["snapshot_peak_above_start_bytes"]
