@@ -193,6 +193,15 @@ def bench(args) -> None:
         Path(args.json).write_text(json.dumps({"args": vars(args), "runs": results, "summary": summary}, indent=1))
 
 
+def keep_store(store: Path, dest: Path) -> None:
+    """Gzip a SQLite store with its write-ahead log folded in (a test input that travels whole)."""
+    con = sqlite3.connect(store)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    with open(store, "rb") as fin, gzip.open(dest, "wb", compresslevel=9) as fout:
+        shutil.copyfileobj(fin, fout)
+
+
 def artifact(args) -> None:
     import torch
 
@@ -242,11 +251,7 @@ def artifact(args) -> None:
             pickle.dump(snap, f)
     info["step_ms"] = ms
     agent.close()
-    con = sqlite3.connect(store)
-    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    con.close()
-    with open(store, "rb") as fin, gzip.open(out / "gpt2.db.gz", "wb", compresslevel=9) as fout:
-        shutil.copyfileobj(fin, fout)
+    keep_store(store, out / "gpt2.db.gz")
     for p in tmp.glob("*.pt.trace.json.gz"):
         shutil.copy(p, out / p.name)
     (out / "info.json").write_text(json.dumps(info, indent=1))

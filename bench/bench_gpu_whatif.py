@@ -29,7 +29,6 @@ import argparse
 import gzip
 import json
 import shutil
-import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -48,8 +47,8 @@ def checkpoint_blocks(model) -> None:
 def measure_way(way: str, args, store: Path, snap_dir: Path) -> dict:
     """One way's measured step: bytes above the step's start, from the snapshot and the allocator."""
     import torch
-
     from bench_gpu_truth import build
+
     from graphdeck.capture import Agent
 
     torch._dynamo.reset()
@@ -94,7 +93,6 @@ def measure_way(way: str, args, store: Path, snap_dir: Path) -> dict:
         out["snapshot_peak_above_start_bytes"] = m.peak_bytes - m.baseline_bytes
         out["snapshot_baseline_bytes"] = m.baseline_bytes
     agent.close()
-    del compiled, model, opt
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return out
@@ -187,11 +185,9 @@ def main() -> None:
     if args.keep:
         keep = Path(args.keep)
         keep.mkdir(parents=True, exist_ok=True)
-        con = sqlite3.connect(store)
-        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        con.close()
-        with open(store, "rb") as fin, gzip.open(keep / "whatif.db.gz", "wb", compresslevel=9) as fout:
-            shutil.copyfileobj(fin, fout)
+        from bench_gpu_truth import keep_store
+
+        keep_store(store, keep / "whatif.db.gz")
         for p in tmp.glob("*.snapshot.pickle.gz"):
             shutil.copy(p, keep / p.name)
 
