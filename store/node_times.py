@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -81,14 +82,27 @@ def no_graphs(trace_id: int, rank: int) -> TraceNodeTimes:
                           step_ns=None, total_ns=None, count=None)
 
 
+def rank_states(session: Session, run_id: int, rank: int | None = None) -> dict[int, tuple[int, int | None, int]]:
+    """rank → ``(AOT graphs of the rank, newest such graph id or None, kernel links of the rank)``
+    of run ``run_id`` (every rank with either, or only ``rank``; a rank with neither reads
+    ``(0, None, 0)``): what a node-time set or a trace's kept kernel links were computed against.
+    Two grouped queries for all ranks."""
+    g = select(Graph.rank, func.count(Graph.id), func.max(Graph.id)).where(Graph.run_id == run_id,
+                                                                           Graph.kind.in_(AOT_KINDS))
+    k = select(KernelNode.rank, func.count(KernelNode.id)).where(KernelNode.run_id == run_id)
+    if rank is not None:
+        g, k = g.where(Graph.rank == rank), k.where(KernelNode.rank == rank)
+    out: dict[int, tuple[int, int | None, int]] = defaultdict(lambda: (0, None, 0))
+    for r, n, last in session.execute(g.group_by(Graph.rank)):
+        out[r] = (int(n), last, 0)
+    for r, n in session.execute(k.group_by(KernelNode.rank)):
+        out[r] = (*out[r][:2], int(n))
+    return out
+
+
 def rank_state(session: Session, run_id: int, rank: int) -> tuple[int, int | None, int]:
-    """``(AOT graphs of the rank, newest such graph id or None, kernel links of the rank)``: what a
-    set's mapping depended on."""
-    n, last = session.execute(select(func.count(Graph.id), func.max(Graph.id)).where(
-        Graph.run_id == run_id, Graph.rank == rank, Graph.kind.in_(AOT_KINDS))).one()
-    links = session.scalar(select(func.count(KernelNode.id)).where(KernelNode.run_id == run_id,
-                                                                   KernelNode.rank == rank))
-    return int(n), last, int(links or 0)
+    """:func:`rank_states` of one rank."""
+    return rank_states(session, run_id, rank)[rank]
 
 
 def has_table(session: Session) -> bool:

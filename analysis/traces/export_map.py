@@ -27,7 +27,7 @@ TraceLinks`). ``links_json`` is ``{"trace": trace id, "groups": [[graph id, [nod
 a few hundred a trace), so the collective labels always follow the records of the export's time.
 
 Stale links are never used: the row records what they were computed against — the rank's AOT
-graphs and kernel links (:func:`graphdeck.store.node_times.rank_state`, as the node-time table
+graphs and kernel links (:func:`graphdeck.store.node_times.rank_states`, as the node-time table
 does) and the trace's ``X`` events (count, first and last id) — and export recomputes them
 (:func:`kernel_links`) when any of these differ, when a graph id in them is not of the trace's
 run, or when the row's ``trace`` is another trace (a row copied by ``store/merge.py`` into a store
@@ -63,7 +63,8 @@ from graphdeck.analysis.traces.trace_map import (
     wrapper_kernel_nodes,
 )
 from graphdeck.errors import NotFoundError
-from graphdeck.store.schema import Graph, InternedString, KernelNode, Trace, TraceLinks
+from graphdeck.store.node_times import rank_states
+from graphdeck.store.schema import Graph, InternedString, Trace, TraceLinks
 
 log = logging.getLogger(__name__)
 
@@ -184,27 +185,6 @@ def decode(raw: str) -> tuple[int, ByKernel, list[int]]:
     groups = [(g[0], g[1]) for g in doc["groups"]]
     by_kernel = dict(zip(accumulate(doc["kernels"]), [groups[i] for i in doc["group"]]))
     return doc["trace"], by_kernel, list(accumulate(doc["comm"]))
-
-
-AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
-
-
-def rank_states(session: Session, run_id: int, rank: int | None = None) -> dict[int, tuple[int, int | None, int]]:
-    """rank → ``(AOT graphs of the rank, newest such graph id or None, kernel links of the rank)``
-    of run ``run_id`` (every rank with either, or only ``rank``): what links were computed against;
-    :func:`graphdeck.store.node_times.rank_state` for all ranks in two grouped queries (and without
-    importing numpy)."""
-    g = select(Graph.rank, func.count(Graph.id), func.max(Graph.id)).where(Graph.run_id == run_id,
-                                                                           Graph.kind.in_(AOT_KINDS))
-    k = select(KernelNode.rank, func.count(KernelNode.id)).where(KernelNode.run_id == run_id)
-    if rank is not None:
-        g, k = g.where(Graph.rank == rank), k.where(KernelNode.rank == rank)
-    out: dict[int, tuple[int, int | None, int]] = defaultdict(lambda: (0, None, 0))
-    for r, n, last in session.execute(g.group_by(Graph.rank)):
-        out[r] = (int(n), last, 0)
-    for r, n in session.execute(k.group_by(KernelNode.rank)):
-        out[r] = (*out[r][:2], int(n))
-    return out
 
 
 def has_table(session: Session) -> bool:
