@@ -12,7 +12,8 @@ them. Written to OUT: ``gpt2.db.gz`` (the store, WAL folded), ``gpt2_rank0.pt.tr
 
 ``once --mode plain|captured``: one fresh process (the caller gives it a fresh Inductor and Triton
 cache): the first step's wall seconds (Dynamo + Inductor compile + the step, synchronised) and
-the steady steps' times (CUDA events, ms), printed as one JSON line.
+the steady steps' times (CUDA events, ms), the compiling process's CPU seconds over the first step
+(``--profile PATH``: a cProfile of it), printed as one JSON line.
 
 ``bench``: ``--runs`` × (plain, captured) ``once`` processes, alternating (order reversed in odd
 runs), each with fresh ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR``; prints per-run figures
@@ -107,20 +108,38 @@ def timed_steps(step, n: int, device: str) -> list[float]:
 
 
 def once(args) -> None:
+    import resource
+
     tmp = Path(tempfile.mkdtemp(prefix="gpu-truth-"))
     step, agent = setup(args, args.mode.startswith("captured"), tmp / "s.db")
     sync(args.device)
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    c0, k0 = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     step()
     sync(args.device)
     compile_s = time.perf_counter() - t0
+    # The compiling process's own CPU (Dynamo, AOTAutograd, Inductor's lowering and codegen, the
+    # capture; all of it on the step's path), and the compile workers' that ended (Triton builds).
+    compile_cpu_s = time.process_time() - c0
+    k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children_cpu_s = (k1.ru_utime + k1.ru_stime) - (k0.ru_utime + k0.ru_stime)
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(args.profile)
     timed_steps(step, 3, args.device)
     ms = timed_steps(step, args.steps, args.device)
     capture_s, metrics = None, torch_metrics()
     if agent is not None:
         capture_s = agent.capture_time_s
         agent.close()
-    print("RESULT " + json.dumps({"mode": args.mode, "compile_s": compile_s, "step_ms": ms, "capture_s": capture_s,
+    print("RESULT " + json.dumps({"mode": args.mode, "compile_s": compile_s, "compile_cpu_s": compile_cpu_s,
+                                  "children_cpu_s": children_cpu_s, "step_ms": ms, "capture_s": capture_s,
                                   "metrics": metrics}), flush=True)
 
 
@@ -163,7 +182,8 @@ def bench(args) -> None:
                 raise SystemExit(f"{mode} run {r} failed")
             res = json.loads(line[7:])
             results[mode].append(res)
-            print(f"[bench] run {r} {mode}: first step {res['compile_s']:.2f} s, steady median "
+            print(f"[bench] run {r} {mode}: first step {res['compile_s']:.2f} s "
+                  f"(CPU {res.get('compile_cpu_s', 0):.2f} s), steady median "
                   f"{statistics.median(res['step_ms']):.3f} ms (min {min(res['step_ms']):.3f}, "
                   f"max {max(res['step_ms']):.3f})"
                   + (f", capture itself {res['capture_s']:.2f} s" if res.get("capture_s") is not None else "")
@@ -183,6 +203,13 @@ def bench(args) -> None:
         "compile_plain_s": cp, "compile_captured_s": cc, "step_plain_ms": sp, "step_captured_ms": sc,
         "compile_ratio_median": statistics.median(cc) / statistics.median(cp),
         "compile_ratio_per_run": [c / p for c, p in zip(cc, cp)],
+        "compile_cpu_plain_s": [x.get("compile_cpu_s") for x in results["plain"]],
+        "compile_cpu_captured_s": [x.get("compile_cpu_s") for x in results["captured"]],
+        # the capture's added compile work (captured − plain CPU of the compiling process, medians)
+        # as a share of the plain first step's wall time
+        "compile_cpu_added_share": (statistics.median(x.get("compile_cpu_s", 0) for x in results["captured"])
+                                    - statistics.median(x.get("compile_cpu_s", 0) for x in results["plain"]))
+        / statistics.median(cp),
         "step_ratio_median": statistics.median(sc) / statistics.median(sp),
         "step_ratio_per_run": [c / p for c, p in zip(sc, sp)],
         **{f"compile_ratio_median_{m}": statistics.median(x["compile_s"] for x in results[m]) / statistics.median(cp)
@@ -273,6 +300,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--profile", help="once: cProfile of the first step, written to this path")
     args = ap.parse_args()
     {"artifact": artifact, "once": once, "bench": bench}[args.what](args)
 

@@ -4,7 +4,8 @@ which none, and which was accumulated more than once.
 
 # NOTE: [Gradient evidence]
 # Graph facts say what *can* happen; what did happen lives at run time. Per watched parameter a
-# ``register_post_accumulate_grad_hook`` counts accumulations (one dict update). A *window* is one
+# post hook on its gradient accumulator (the ``AccumulateGrad`` node, held while the hooks are on,
+# as DDP's reducer holds it; NOTE: [Hooks on the accumulator]) counts accumulations (one dict update). A *window* is one
 # backward: it opens at the first event of a backward and closes when the autograd task that
 # opened it finishes (a callback queued on that task). Reentrant activation checkpointing runs a
 # nested backward per checkpointed call, in its own autograd task: a callback that finds itself
@@ -72,7 +73,7 @@ _LIVE, _DEAD = 1, 2
 
 class _Window:
     __slots__ = ("counts", "tasks", "pending", "closed", "opt_at_open", "fwd_at_open", "outputs", "reads",
-                 "multi_sites", "loss_site", "output_site", "output_names", "thread")
+                 "multi_sites", "loss_site", "output_site", "output_names", "thread", "forced")
 
     def __init__(self, opt_steps: int, fwd_gen: int):
         self.counts: dict[int, int] = {}
@@ -86,6 +87,7 @@ class _Window:
         self.loss_site = self.output_site = None  # output_site: raw user_frames of the call
         self.output_names: list[str] = []
         self.thread: int | None = None
+        self.forced = False  # closed at an optimizer step, no hook having opened it (NOTE: [Steady mode])
 
 
 class GradEvidence(FsdpEvidence):
@@ -97,6 +99,7 @@ class GradEvidence(FsdpEvidence):
         self._index: dict[int, int] = {}
         self._hooked: set[int] = set()  # trainable parameters known to the hooks
         self._handles: dict[int, Any] = {}  # idx -> hook handle (none in steady mode)
+        self._nodes: dict[int, Any] = {}  # idx -> the AccumulateGrad node hooked (NOTE: [Hooks on the accumulator])
         self._steady = False  # NOTE: [Steady mode] (grad_steady.py)
         self._check: SteadyCheck | None = None  # the steady state, while steady mode lasts
         self._same = 0  # backward passes in a row with the same state
@@ -143,11 +146,43 @@ class GradEvidence(FsdpEvidence):
                 self._hook(idx, p)
 
     def _hook(self, idx: int, p) -> None:
+        """Hook parameter ``idx`` (``p``) on its gradient accumulator.
+
+        # NOTE: [Hooks on the accumulator]
+        # A hook put on the tensor (``register_post_accumulate_grad_hook``) leaves torch's C++ hook
+        # on the tensor for good once the Python one is removed: every later backward still takes
+        # the GIL and calls into an empty dict for each parameter (~0.5 µs a parameter on a CPU,
+        # more from autograd's device thread), which is most of what steady mode (NOTE: [Steady
+        # mode]) exists to save. The leaf's ``AccumulateGrad`` node gets a pre-hook instead, held
+        # here while the hooks are on (a leaf's accumulator lives while something holds it: the
+        # autograd graph, DDP's reducer, or this; forward ops reuse the live one). Steady mode
+        # drops the hooks *and* the nodes: once the step's graph is freed the accumulators go with
+        # their hooks and the next forward makes new, bare ones (under DDP, whose reducer holds
+        # them, the empty hook stays, as before). A *pre*-hook sees the incoming gradient before
+        # the accumulation: ``None`` when a compiled backward gave this parameter none (its node
+        # still runs, accumulating nothing), and a second accumulation counted before DDP's own
+        # post hook on the node raises "mark a variable ready only once". A parameter that is not
+        # a leaf keeps the tensor hook.
+        """
         try:
-            self._handles[idx] = p.register_post_accumulate_grad_hook(partial(self._on_accumulate, idx))
+            if p.is_leaf:
+                from torch.autograd.graph import get_gradient_edge
+
+                node = get_gradient_edge(p).node
+                self._handles[idx] = node.register_prehook(partial(self._on_node, idx))
+                self._nodes[idx] = node
+            else:
+                self._handles[idx] = p.register_post_accumulate_grad_hook(partial(self._on_accumulate, idx))
             self._hooked.add(idx)
         except Exception:  # noqa: BLE001 - a tensor that takes no hook stays unobserved
             pass
+
+    def _unhook(self) -> None:
+        """Every hook off and every held accumulator let go (NOTE: [Hooks on the accumulator])."""
+        for h in self._handles.values():
+            h.remove()
+        self._handles.clear()
+        self._nodes.clear()
 
     def _set_steady(self, steady: bool, w: _Window | None = None) -> None:
         """Enter steady mode from window ``w`` (hooks off), or leave it (hooks back on, the
@@ -157,9 +192,7 @@ class GradEvidence(FsdpEvidence):
         self._steady = steady
         if steady:
             self._check = SteadyCheck.from_refs(self._params, w.counts, w.outputs, w.reads)
-            for h in self._handles.values():
-                h.remove()
-            self._handles.clear()
+            self._unhook()
             return
         self._check = None
         self._remember_grads()
@@ -202,6 +235,16 @@ class GradEvidence(FsdpEvidence):
     # ------------------------------------------------------------------ run-time events
     def _on_optimizer_step(self, *_a, **_k) -> None:
         self._opt_steps += 1
+
+    def _unseen_backward(self) -> None:
+        """At an optimizer step in steady mode: a forward whose backward opened no window (it
+        reached no watched graph) is judged now, from ``.grad`` alone (NOTE: [Steady mode])."""
+        chk = self._check
+        if chk is not None and chk.base is not None and self._win is None and not self._failed:
+            with self._lock:
+                w = _Window(self._opt_steps, self._fwd_gen)
+                w.forced = True
+                self._close(w)
 
     def _emit(self, step: int, source: str, state: dict, sites: dict) -> None:
         """Extend the current ``grad_steps`` row when ``state`` equals it, else write a new one."""
@@ -250,7 +293,14 @@ class GradEvidence(FsdpEvidence):
             w.pending.add(t)
             torch.autograd.Variable._execution_engine.queue_callback(partial(self._task_done, w, t))
 
+    def _on_node(self, idx: int, grads) -> None:
+        """Pre-hook of parameter ``idx``'s accumulator: ``grads`` is what it is about to add."""
+        if not self._failed and grads and grads[0] is not None and not compiled_autograd_active():
+            self._count(idx)
+        return None
+
     def _on_accumulate(self, idx: int, p) -> None:
+        """Tensor hook of a parameter that is not a leaf (NOTE: [Hooks on the accumulator])."""
         if self._failed or compiled_autograd_active():
             return
         try:
@@ -263,6 +313,14 @@ class GradEvidence(FsdpEvidence):
             if prev is not None and prev[0]() is g and prev[1] == g._version:
                 return
             self._sig[idx] = (weakref.ref(g), g._version)
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            self._fail(exc)
+            return
+        self._count(idx)
+
+    def _count(self, idx: int) -> None:
+        """One accumulation into parameter ``idx``, in the window of the running backward."""
+        try:
             with self._lock:
                 t = _task_id()
                 w = self._window_for(t)
@@ -297,8 +355,11 @@ class GradEvidence(FsdpEvidence):
             self._fwd_gen += 1
             self._fresh = True
             chk = self._check
-            if chk is not None and chk.base is None and self._win is None:
-                chk.snapshot()  # the baseline of the coming backward (NOTE: [Steady mode])
+            if chk is not None:
+                if chk.base is None and self._win is None:
+                    chk.snapshot()  # the baseline of the coming backward (NOTE: [Steady mode])
+                if info.single and chk.skip_single:
+                    return  # not watched in steady mode (NOTE: [Steady mode])
             outs = out if isinstance(out, (list, tuple)) else [out]
             names = info.outputs
             groups: dict = {}
@@ -470,7 +531,7 @@ class GradEvidence(FsdpEvidence):
         w.closed = True
         if self._win is w:
             self._win = None
-        if not w.counts and not w.outputs:
+        if not w.counts and not w.outputs and not w.forced:
             return
         if self._fsdp is None:
             self._fsdp = self._fsdp2()
@@ -568,6 +629,7 @@ class GradEvidence(FsdpEvidence):
 
     def close(self) -> None:
         self.flush(closed=True)
+        self._unhook()
         for name in ("_opt_handle", "_pre_handle"):
             h = getattr(self, name)
             if h is not None:

@@ -28,6 +28,9 @@ class FsdpEvidence:
         if self._failed:
             return
         try:
+            if self._check is not None:
+                self._unseen_backward()
+                return
             if self._fsdp is None:
                 self._fsdp = self._fsdp2()
                 if not self._fsdp:
@@ -77,9 +80,7 @@ class FsdpEvidence:
 
     def _fsdp_off_hooks(self) -> None:
         """Under FSDP2 the per-parameter hooks never fire: take them off (nothing else changes)."""
-        for h in self._handles.values():
-            h.remove()
-        self._handles.clear()
+        self._unhook()
         self._hooked.clear()
 
     def _fsdp2(self) -> bool:

@@ -161,12 +161,15 @@ class GraphInfo:
     graph's) and ``reach`` (parameter placeholder name → names of the unsplit graph's outputs it
     reaches in the forward)."""
 
-    __slots__ = ("key", "positions", "names", "outputs", "reach", "static_fqns")
+    __slots__ = ("key", "positions", "names", "outputs", "reach", "static_fqns", "single")
 
     def __init__(self, key: int, positions: list[int], names: list[str], outputs: list[str | None],
                  reach: dict[str, frozenset], static_fqns: tuple):
         self.key, self.positions, self.names, self.outputs, self.reach = key, positions, names, outputs, reach
         self.static_fqns = static_fqns
+        #: One output of the unsplit graph: it cannot be skipped while another is used (the
+        #: backward reaches it or not at all), so steady mode need not watch it (NOTE: [Steady mode]).
+        self.single = sum(1 for n in outputs if n) == 1
 
 
 def reach_of(gm: torch.fx.GraphModule) -> tuple[dict[str, frozenset], set[str]]:

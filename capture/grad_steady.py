@@ -4,11 +4,12 @@ watched parameter's ``.grad`` per backward instead of a Python hook per paramete
 
 # NOTE: [Steady mode]
 # A launch-bound training step (GPT-2 6 layers on an H200: ~12 ms, all of it the host's Python
-# and kernel launches) shows every µs of Python the capture adds. Full mode runs a
-# ``register_post_accumulate_grad_hook`` per parameter per backward (a few µs each on autograd's
-# thread: ~0.6-0.8 ms a step at ~150 parameters). Once STEADY_AFTER backward passes in a row
+# and kernel launches) shows every µs of Python the capture adds. Full mode runs a Python hook
+# per parameter per backward (on its accumulator, NOTE: [Hooks on the accumulator]; a few µs each
+# on autograd's thread: ~0.6-0.8 ms a step at ~150 parameters). Once STEADY_AFTER backward passes in a row
 # gave the same state — each after a compiled forward of its own, compiled outputs marking its
-# end, no parameter accumulated twice — the hooks come off and each backward costs:
+# end, no parameter accumulated twice — the hooks come off (with the accumulators they were on, so
+# nothing of them is left on the parameters) and each backward costs:
 #
 # * at the first grad-enabled compiled call after the last backward (the forward), one
 #   ``map(attrgetter("grad"), params)`` (C speed, ~70 ns a parameter): the *baseline*. Usually
@@ -34,6 +35,14 @@ watched parameter's ``.grad`` per backward instead of a Python hook per paramete
 # ``zero_grad(set_to_none=False)`` between the forward and ``backward()`` makes every zeroed
 # ``.grad`` look new. New parameters (``add_model``), a compiled graph the steady state did not
 # read, or any change of state end steady mode.
+#
+# A compiled graph with one output (typically the one computing the loss) gets no pre-hook in
+# steady mode while another graph is watched: its output cannot be skipped while another is used
+# (the backward runs its node or does not reach it at all, and then its parameters' ``.grad``
+# says so). Every pre-hook costs ~20-50 µs of a launch-bound step (registering it, the call from
+# the engine; measured cold, inside a training step). Should a backward then reach no watched
+# graph, no window opens for it: the optimizer step's pre-hook sees a forward without a closed
+# window and closes one from ``.grad`` alone (steady mode ends there), so no step goes unjudged.
 """
 
 from __future__ import annotations
@@ -65,13 +74,19 @@ class SteadyCheck:
     compiled outputs seen (graph key → output name → LIVE/DEAD bits) and the (GraphInfo,
     parameter names) read, as in the steady passes."""
 
-    __slots__ = ("params", "got", "outputs", "reads", "base")
+    __slots__ = ("params", "got", "outputs", "reads", "base", "skip_single")
 
     def __init__(self, params: list, got: list[bool], outputs: dict, reads: dict):
         self.params = params
         self.got = got
-        self.outputs = {k: dict(v) for k, v in outputs.items()}
-        self.reads = {k: set(v) for k, v in reads.items()}
+        # Graphs of one output are not watched in steady mode when another graph is (NOTE:
+        # [Steady mode]): their pre-hook tells nothing the ``.grad`` check does not.
+        single = {k for k, r in reads.items() if r and all(info.single for info, _ in r)}
+        self.skip_single = bool(set(outputs) - single)
+        if not self.skip_single:
+            single = set()
+        self.outputs = {k: dict(v) for k, v in outputs.items() if k not in single}
+        self.reads = {k: set(v) for k, v in reads.items() if k not in single}
         self.base: tuple | None = None  # None: no forward since the last backward; (): every .grad None
 
     @classmethod

@@ -250,6 +250,9 @@ def test_steady_mode_drops_the_hooks_and_still_sees_a_change(tmp_path):
         opt.zero_grad()
         steady_at.append(agent._evidence._steady)
         hooks.append(len(agent._evidence._handles))
+        if agent._evidence._steady:  # nothing of the hooks left on any parameter (NOTE: [Hooks on the accumulator])
+            assert not agent._evidence._nodes
+            assert all(p._post_accumulate_grad_hooks is None for p in model.parameters())
     agent.close()
     assert steady_at[3:5] == [True] * 2 and steady_at[5] is False, steady_at  # the change ends steady mode
     assert steady_at[9:12] == [True] * 3 and steady_at[12] is False, steady_at  # back after 3 equal steps
@@ -264,6 +267,61 @@ def test_steady_mode_drops_the_hooks_and_still_sees_a_change(tmp_path):
     with open_engine(store, read_only=True).connect() as c:
         rows = c.execute(text("SELECT step_first, step_last, n_backward FROM grad_steps ORDER BY id")).all()
     assert [tuple(r) for r in rows] == [(0, 4, 5), (5, 5, 1), (6, 11, 6), (12, 12, 1), (13, 15, 3)], rows
+
+
+class _HeadsAndTail(torch.nn.Module):
+    """Two compiled graphs a step: the heads (two outputs) and the loss (one output, ``tail``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.h1, self.h2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 2), torch.nn.Linear(8, 2)
+        self.tail = torch.nn.Linear(2, 1)
+
+    def heads(self, x):
+        h = self.body(x)
+        return self.h1(h), self.h2(h)
+
+    def loss(self, a, b):
+        return (self.tail(a) + b.sum(-1, keepdim=True)).pow(2).mean()
+
+
+def test_steady_mode_leaves_a_one_output_graph_unwatched_and_still_judges_every_step(tmp_path):
+    """NOTE: [Steady mode]: the one-output loss graph gets no pre-hook in steady mode, yet its
+    parameters' gradient stopping at step 6 is NO_GRAD at step 6, and a step whose backward
+    reaches only that graph (no window opened by a hook) is still judged, at its optimizer step:
+    the heads' parameters NO_GRAD at step 11."""
+    store = tmp_path / "s.db"
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _HeadsAndTail()
+    agent = Agent(store=store, run="single")
+    agent.watch(model)
+    heads = torch.compile(model.heads, backend=agent.backend("aot_eager"))
+    loss_of = torch.compile(model.loss, backend=agent.backend("aot_eager"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    skipping = []
+    for step in range(16):
+        a, b = heads(torch.randn(4, 8))
+        if step == 6:
+            loss = (a.pow(2).sum() + b.pow(2).sum())  # the tail is not used: no gradient for it
+        elif step == 11:
+            loss = loss_of(a.detach(), b.detach())  # only the loss graph's backward runs
+        else:
+            loss = loss_of(a, b)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        chk = agent._evidence._check
+        skipping.append(chk is not None and chk.skip_single)
+    agent.close()
+    assert skipping[3:6] == [True] * 3 and not skipping[6], skipping  # steady, skipping the loss graph
+    assert skipping == [False] * 3 + [True] * 3 + [False] * 4 + [True] + [False] * 4 + [True], skipping
+    rep = validate_backward(store, "single")
+    tail = next(r for r in rep if r.fqn == "tail.weight")
+    assert tail.status == "NO_GRAD" and tail.steps == [[0, 5, "ok"], [6, 6, "none"], [7, 15, "ok"]], tail.steps
+    body = next(r for r in rep if r.fqn == "body.weight")
+    assert body.steps == [[0, 10, "ok"], [11, 11, "none"], [12, 15, "ok"]], body.steps
+    assert rep.coverage["steps"][0]["backward_passes"] == 16
 
 
 def test_combine_renumbers_rank0_reports_and_bad_output_path_is_usage(tmp_path):
