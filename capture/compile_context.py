@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import torch
 import torch.fx
@@ -59,6 +60,21 @@ def compile_context() -> dict:
     return out
 
 
+def frame_self(frame) -> Any:
+    """``self`` of a frame running a method of torch's code, else None.
+
+    Never asks another frame for its locals: before Python 3.13, ``frame.f_locals`` copies the
+    locals into a dict the frame keeps, so a user's training-loop frame read at compile time
+    would hold that moment's tensors (a batch, an optimizer) for as long as it runs — the
+    capture changing the job's memory (``test_watching_keeps_no_replaced_parameter_alive``)."""
+    code = frame.f_code
+    if not code.co_argcount or code.co_varnames[0] != "self":
+        return None
+    if not str(frame.f_globals.get("__name__") or "").startswith("torch."):
+        return None
+    return frame.f_locals.get("self")
+
+
 def under_ddp_optimizer() -> bool:
     """Whether DDPOptimizer is on the call stack (it calls the backend itself, split or not)."""
     try:
@@ -69,7 +85,7 @@ def under_ddp_optimizer() -> bool:
     for _ in range(40):
         if frame is None:
             return False
-        if isinstance(frame.f_locals.get("self"), DDPOptimizer):
+        if isinstance(frame_self(frame), DDPOptimizer):
             return True
         frame = frame.f_back
     return False
@@ -94,7 +110,7 @@ def ddp_context():
     for _ in range(40):
         if frame is None:
             break
-        self_obj = frame.f_locals.get("self")
+        self_obj = frame_self(frame)
         if submod_name is None and isinstance(self_obj, SubmodCompiler):
             n = frame.f_locals.get("n")
             if isinstance(n, torch.fx.Node) and n.op == "call_module":

@@ -4,8 +4,8 @@ which none, and which was accumulated more than once.
 
 # NOTE: [Gradient evidence]
 # Graph facts say what *can* happen; what did happen lives at run time. Per watched parameter a
-# post hook on its gradient accumulator (the ``AccumulateGrad`` node, held while the hooks are on,
-# as DDP's reducer holds it; NOTE: [Hooks on the accumulator]) counts accumulations (one dict update). A *window* is one
+# ``register_post_accumulate_grad_hook`` counts accumulations (one dict update; NOTE: [Hooks stay
+# on the tensor]). A *window* is one
 # backward: it opens at the first event of a backward and closes when the autograd task that
 # opened it finishes (a callback queued on that task). Reentrant activation checkpointing runs a
 # nested backward per checkpointed call, in its own autograd task: a callback that finds itself
@@ -99,7 +99,6 @@ class GradEvidence(FsdpEvidence):
         self._index: dict[int, int] = {}
         self._hooked: set[int] = set()  # trainable parameters known to the hooks
         self._handles: dict[int, Any] = {}  # idx -> hook handle (none in steady mode)
-        self._nodes: dict[int, Any] = {}  # idx -> the AccumulateGrad node hooked (NOTE: [Hooks on the accumulator])
         self._steady = False  # NOTE: [Steady mode] (grad_steady.py)
         self._check: SteadyCheck | None = None  # the steady state, while steady mode lasts
         self._same = 0  # backward passes in a row with the same state
@@ -146,43 +145,30 @@ class GradEvidence(FsdpEvidence):
                 self._hook(idx, p)
 
     def _hook(self, idx: int, p) -> None:
-        """Hook parameter ``idx`` (``p``) on its gradient accumulator.
+        """Hook parameter ``idx`` (``p``): a post-accumulate hook on the tensor.
 
-        # NOTE: [Hooks on the accumulator]
-        # A hook put on the tensor (``register_post_accumulate_grad_hook``) leaves torch's C++ hook
-        # on the tensor for good once the Python one is removed: every later backward still takes
-        # the GIL and calls into an empty dict for each parameter (~0.5 µs a parameter on a CPU,
-        # more from autograd's device thread), which is most of what steady mode (NOTE: [Steady
-        # mode]) exists to save. The leaf's ``AccumulateGrad`` node gets a pre-hook instead, held
-        # here while the hooks are on (a leaf's accumulator lives while something holds it: the
-        # autograd graph, DDP's reducer, or this; forward ops reuse the live one). Steady mode
-        # drops the hooks *and* the nodes: once the step's graph is freed the accumulators go with
-        # their hooks and the next forward makes new, bare ones (under DDP, whose reducer holds
-        # them, the empty hook stays, as before). A *pre*-hook sees the incoming gradient before
-        # the accumulation: ``None`` when a compiled backward gave this parameter none (its node
-        # still runs, accumulating nothing), and a second accumulation counted before DDP's own
-        # post hook on the node raises "mark a variable ready only once". A parameter that is not
-        # a leaf keeps the tensor hook.
+        # NOTE: [Hooks stay on the tensor]
+        # Removing a tensor's post-accumulate hook leaves torch's C++ hook on the tensor for good:
+        # every later backward still takes the GIL and calls into an empty dict for each parameter
+        # (~0.5 µs a parameter on a CPU). Hooking the leaf's ``AccumulateGrad`` node instead (held
+        # while the hooks are on, dropped in steady mode with its hook) avoids that, but holding a
+        # leaf's accumulator holds the leaf: a model watched before ``fully_shard`` (FSDP2 swaps
+        # in sharded parameters) or a module replaced after ``watch()`` would keep its old, full
+        # parameters alive through the step that peaks — the capture changing the job's memory.
+        # So the hook stays on the tensor, which holds the hook and not the other way round
+        # (``test_watching_keeps_no_replaced_parameter_alive``); the residue is stated cost.
         """
         try:
-            if p.is_leaf:
-                from torch.autograd.graph import get_gradient_edge
-
-                node = get_gradient_edge(p).node
-                self._handles[idx] = node.register_prehook(partial(self._on_node, idx))
-                self._nodes[idx] = node
-            else:
-                self._handles[idx] = p.register_post_accumulate_grad_hook(partial(self._on_accumulate, idx))
+            self._handles[idx] = p.register_post_accumulate_grad_hook(partial(self._on_accumulate, idx))
             self._hooked.add(idx)
         except Exception:  # noqa: BLE001 - a tensor that takes no hook stays unobserved
             pass
 
     def _unhook(self) -> None:
-        """Every hook off and every held accumulator let go (NOTE: [Hooks on the accumulator])."""
+        """Every per-parameter hook off."""
         for h in self._handles.values():
             h.remove()
         self._handles.clear()
-        self._nodes.clear()
 
     def _set_steady(self, steady: bool, w: _Window | None = None) -> None:
         """Enter steady mode from window ``w`` (hooks off), or leave it (hooks back on, the
@@ -293,14 +279,7 @@ class GradEvidence(FsdpEvidence):
             w.pending.add(t)
             torch.autograd.Variable._execution_engine.queue_callback(partial(self._task_done, w, t))
 
-    def _on_node(self, idx: int, grads) -> None:
-        """Pre-hook of parameter ``idx``'s accumulator: ``grads`` is what it is about to add."""
-        if not self._failed and grads and grads[0] is not None and not compiled_autograd_active():
-            self._count(idx)
-        return None
-
     def _on_accumulate(self, idx: int, p) -> None:
-        """Tensor hook of a parameter that is not a leaf (NOTE: [Hooks on the accumulator])."""
         if self._failed or compiled_autograd_active():
             return
         try:
@@ -342,7 +321,7 @@ class GradEvidence(FsdpEvidence):
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
-    def observe_call(self, info: GraphInfo, out: Any, params: list) -> None:
+    def observe_call(self, info: GraphInfo, out: Any, params: tuple) -> None:
         """After a grad-enabled call of a compiled graph (``params``: its arguments at
         ``info.positions``): put pre-hooks on its outputs' autograd nodes so the backward tells
         which outputs the loss used."""
@@ -371,7 +350,7 @@ class GradEvidence(FsdpEvidence):
                         groups.setdefault(fn, []).append((name, t.output_nr))
             if not groups:
                 return
-            key = tuple(map(id, params))
+            key = tuple(map(id, params))  # ids, not the tensors: the capture holds no parameter
             cached = self._calls.get(info) if chk is not None else None
             if cached is not None and cached[0] == key:
                 call = cached[1]  # steady mode: the same graph on the same tensors, site as last seen
@@ -386,26 +365,18 @@ class GradEvidence(FsdpEvidence):
             self._fail(exc)
 
     def _fqns_nodes(self, info: GraphInfo, key: tuple, params: list) -> tuple[tuple, tuple]:
-        """(the watched names of ``params``, the gradient-accumulator nodes of up to 4 of them
-        that are trainable leaves, for :meth:`_accumulates`), cached per tuple of tensor ids."""
+        """(the watched names of ``params``, weak references to up to 4 of them that are
+        trainable leaves, for :meth:`_accumulates`), cached per tuple of tensor ids."""
         live = bool(info.positions and self.agent._models)
         ckey = key if live else (info, key)  # the graph's own names when no model is watched
         got = self._fqn_cache.get(ckey)
         if got is not None:
             return got
         fqns = tuple(self.agent._live_name(t) for t in params) if live else info.static_fqns
-        from torch.autograd.graph import get_gradient_edge
-
-        nodes = []
-        for t in params:
-            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf:
-                try:
-                    nodes.append(get_gradient_edge(t).node)
-                except Exception:  # noqa: BLE001 - counted as accumulating (see _accumulates)
-                    nodes.append(None)
-                if len(nodes) == 4:
-                    break
-        got = (fqns, tuple(nodes))
+        # Weak references: an accumulator node holds its parameter, and the capture holds none
+        # (NOTE: [Hooks stay on the tensor]); the node is looked up in the backward that asks.
+        leaves = [weakref.ref(t) for t in params if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf][:4]
+        got = (fqns, tuple(leaves))
         if len(self._fqn_cache) < 4096:
             self._fqn_cache[ckey] = got
         return got
@@ -439,7 +410,7 @@ class GradEvidence(FsdpEvidence):
 
     def _accumulates(self, task: int, nodes: tuple) -> bool:
         """Whether autograd task ``task`` (running now) accumulates into any of the parameters
-        whose gradient-accumulator ``nodes`` are given (None: a node that could not be had).
+        given as weak references (``nodes``: up to 4 trainable leaves of the call).
 
         # NOTE: [Backward passes that fill no .grad]
         # ``torch.autograd.grad`` (e.g. torch.distributed.pipelining's backward metadata inference
@@ -456,9 +427,19 @@ class GradEvidence(FsdpEvidence):
         if len(cache) > 64:
             cache.clear()
         result = False
-        for node in nodes:
+        from torch.autograd.graph import get_gradient_edge
+
+        for ref in nodes:
+            p = ref()
+            if p is None:
+                continue
             try:
-                if node is None or torch._C._will_engine_execute_node(node):
+                node = get_gradient_edge(p).node
+            except Exception:  # noqa: BLE001 - an accumulator that cannot be had: count the pass
+                result = True
+                break
+            try:
+                if torch._C._will_engine_execute_node(node):
                     result = True
                     break
             except RuntimeError:  # autograd.grad capturing this leaf: nothing accumulates

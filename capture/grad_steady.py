@@ -4,15 +4,15 @@ watched parameter's ``.grad`` per backward instead of a Python hook per paramete
 
 # NOTE: [Steady mode]
 # A launch-bound training step (GPT-2 6 layers on an H200: ~12 ms, all of it the host's Python
-# and kernel launches) shows every µs of Python the capture adds. Full mode runs a Python hook
-# per parameter per backward (on its accumulator, NOTE: [Hooks on the accumulator]; a few µs each
-# on autograd's thread: ~0.6-0.8 ms a step at ~150 parameters). Once STEADY_AFTER backward passes in a row
+# and kernel launches) shows every µs of Python the capture adds. Full mode runs a
+# ``register_post_accumulate_grad_hook`` per parameter per backward (a few µs each on autograd's
+# thread: ~0.6-0.8 ms a step at ~150 parameters). Once STEADY_AFTER backward passes in a row
 # gave the same state — each after a compiled forward of its own, compiled outputs marking its
-# end, no parameter accumulated twice — the hooks come off (with the accumulators they were on, so
-# nothing of them is left on the parameters) and each backward costs:
+# end, no parameter accumulated twice — the hooks come off (torch's empty C++ hook stays on each
+# tensor: NOTE: [Hooks stay on the tensor]) and each backward costs:
 #
 # * at the first grad-enabled compiled call after the last backward (the forward), one
-#   ``map(attrgetter("grad"), params)`` (C speed, ~70 ns a parameter): the *baseline*. Usually
+#   C-speed pass over the weakly held parameters' ``.grad`` (~0.1 µs a parameter): the *baseline*. Usually
 #   every ``.grad`` is None there (``zero_grad(set_to_none=True)``, torch's default); those that
 #   are not are remembered as (weak reference, ``_version``), so ``zero_grad(set_to_none=False)``
 #   before the forward and accumulation over micro-batches are told apart from a new gradient;
@@ -49,35 +49,30 @@ from __future__ import annotations
 
 import weakref
 from itertools import repeat
-from operator import attrgetter, is_not
+from operator import is_not
 
-_GRAD = attrgetter("grad")
 _NONES = repeat(None)
+_CALL = weakref.ref.__call__
 
 
-class _Gone:
-    """Stands for a watched parameter that no longer exists (its ``.grad`` is None)."""
-
-    __slots__ = ()
-    grad = None
-
-
-_GONE = _Gone()
+def _grads(refs: tuple):
+    """``.grad`` of each weakly referenced parameter (None for one gone), at C speed."""
+    return map(getattr, map(_CALL, refs), repeat("grad"), _NONES)
 
 
 class SteadyCheck:
     """The steady state and the cheap per-backward check (NOTE: [Steady mode]).
 
-    ``params``: the watched tensors, index-aligned with ``GradEvidence._params`` (held while
-    steady mode lasts; a parameter gone from the program stands as ``_GONE``); ``got``: per index,
-    whether the steady backward passes received a gradient; ``outputs``/``reads``: the window's
-    compiled outputs seen (graph key → output name → LIVE/DEAD bits) and the (GraphInfo,
+    ``refs``: weak references to the watched tensors, index-aligned with ``GradEvidence._params``
+    (the capture holds no parameter: one gone from the program reads as no ``.grad``); ``got``:
+    per index, whether the steady backward passes received a gradient; ``outputs``/``reads``: the
+    window's compiled outputs seen (graph key → output name → LIVE/DEAD bits) and the (GraphInfo,
     parameter names) read, as in the steady passes."""
 
-    __slots__ = ("params", "got", "outputs", "reads", "base", "skip_single")
+    __slots__ = ("refs", "got", "outputs", "reads", "base", "skip_single")
 
-    def __init__(self, params: list, got: list[bool], outputs: dict, reads: dict):
-        self.params = params
+    def __init__(self, refs: tuple, got: list[bool], outputs: dict, reads: dict):
+        self.refs = refs
         self.got = got
         # Graphs of one output are not watched in steady mode when another graph is (NOTE:
         # [Steady mode]): their pre-hook tells nothing the ``.grad`` check does not.
@@ -90,20 +85,17 @@ class SteadyCheck:
         self.base: tuple | None = None  # None: no forward since the last backward; (): every .grad None
 
     @classmethod
-    def from_refs(cls, refs: list, counts: dict, outputs: dict, reads: dict) -> "SteadyCheck":
+    def from_refs(cls, params: list, counts: dict, outputs: dict, reads: dict) -> "SteadyCheck":
         """From ``GradEvidence._params`` (``(fqn, weak ref)``) and a window's accumulation counts."""
-        params = []
-        for _fqn, ref in refs:
-            p = ref()
-            params.append(_GONE if p is None else p)
-        return cls(params, [i in counts for i in range(len(params))], outputs, reads)
+        refs = tuple(ref for _fqn, ref in params)
+        return cls(refs, [i in counts for i in range(len(refs))], outputs, reads)
 
     def snapshot(self) -> None:
         """The baseline, taken at the forward: which ``.grad`` exist before the backward."""
-        if not any(map(is_not, map(_GRAD, self.params), _NONES)):
+        if not any(map(is_not, _grads(self.refs), _NONES)):
             self.base = ()  # the usual case: zero_grad(set_to_none=True) ran
             return
-        grads = list(map(_GRAD, self.params))
+        grads = list(_grads(self.refs))
         idx = [i for i, g in enumerate(grads) if g is not None]
         self.base = (idx, [weakref.ref(grads[i]) for i in idx], [grads[i]._version for i in idx])
 
@@ -112,8 +104,8 @@ class SteadyCheck:
         resets the baseline for the next backward."""
         base, self.base = self.base, None
         if not base:  # every .grad was None at the forward (or there was no forward)
-            return list(map(is_not, map(_GRAD, self.params), _NONES)), base is not None
-        grads = list(map(_GRAD, self.params))
+            return list(map(is_not, _grads(self.refs), _NONES)), base is not None
+        grads = list(_grads(self.refs))
         got = list(map(is_not, grads, _NONES))
         if base:
             for i, ref, v in zip(*base):

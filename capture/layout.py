@@ -284,12 +284,14 @@ def pipeline_on_stack(depth: int = 200) -> list[Any]:
     classes = _pipeline_classes()
     if classes is None:
         return []
+    from graphdeck.capture.compile_context import frame_self
+
     found: list[Any] = []
     frame = sys._getframe(1)
     for _ in range(depth):
         if frame is None:
             break
-        obj = frame.f_locals.get("self")
+        obj = frame_self(frame)
         if isinstance(obj, classes) and not any(o is obj for o in found):
             found.append(obj)
         frame = frame.f_back

@@ -1,0 +1,167 @@
+"""The capture's own host time in a steady training step, timed from inside (issue 22 item 4).
+
+``bench_grad_evidence.py`` measures the capture as a difference between copies of a model (plain,
+captured, captured without the evidence), which on a shared machine resolves a few hundred µs, i.e.
+1-3% of a GPT-2 step. This one times the capture's own code where it runs, in one captured model:
+the wrappers the agent puts around each compiled call (``watch_output_grads``, ``bind_at_run_time``,
+``observe_calls`` + ``GradEvidence.observe_call``: their time minus the compiled call's) and every
+hook the gradient evidence has autograd or the optimizer call (the outputs' pre-hook, the
+end-of-backward callback, the per-parameter hooks while they are on, the optimizer step's pre- and
+post-hooks), with ``time.perf_counter_ns`` (wall: each runs with the GIL held, on the calling thread
+or autograd's device thread, on the step's path). Not in it: the engine's own cost of calling a
+Python hook (a GIL hand-over, ~1 µs a call) and the timers' (~0.1 µs a call).
+
+After ``--warmup`` steps (steady mode on), ``--steps`` steps each timed whole (CUDA events on a GPU,
+``perf_counter`` on a CPU) with the capture's parts summed per step. Printed: per part the median
+µs a step, the total's median and spread, and the total as a share of the median step.
+
+    python bench/bench_evidence_own.py --device cuda --backend inductor --dtype bf16 --batch 8 --seq 512 --layers 12
+    python bench/bench_evidence_own.py --layers 6 --embd 96 --vocab 512 --seq 16   # CPU, aot_eager
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from functools import wraps
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_grad_evidence import build, make_step  # noqa: E402
+
+NS: dict[str, int] = defaultdict(int)  # part -> ns this step
+_pc = time.perf_counter_ns
+
+
+def timed_factory(factory, part: str):
+    """A wrapper factory like ``factory`` whose wrappers add (their time − the compiled call's) to ``part``."""
+
+    def make(compiled, *a, **k):
+        inner_ns = [0]
+
+        def inner(*x, **kw):
+            t = _pc()
+            try:
+                return compiled(*x, **kw)
+            finally:
+                inner_ns[0] += _pc() - t
+
+        if getattr(compiled, "_boxed_call", False):
+            inner._boxed_call = True
+        wrapped = factory(inner, *a, **k)
+
+        def outer(*x, **kw):
+            t, i0 = _pc(), inner_ns[0]
+            try:
+                return wrapped(*x, **kw)
+            finally:
+                NS[part] += (_pc() - t) - (inner_ns[0] - i0)
+
+        if getattr(wrapped, "_boxed_call", False):
+            outer._boxed_call = True
+        return outer
+
+    return make
+
+
+def timed_method(cls, name: str, part: str) -> None:
+    fn = getattr(cls, name)
+
+    @wraps(fn)
+    def method(*a, **k):
+        t = _pc()
+        try:
+            return fn(*a, **k)
+        finally:
+            NS[part] += _pc() - t
+
+    setattr(cls, name, method)
+
+
+def instrument() -> None:
+    """Time the capture's parts (before any agent exists: hooks bind methods when registered)."""
+    from graphdeck.capture import agent as agent_mod
+    from graphdeck.capture import callwrap
+    from graphdeck.capture.grad_evidence import GradEvidence
+
+    agent_mod.watch_output_grads = timed_factory(callwrap.watch_output_grads, "call: output-gradient note")
+    agent_mod.bind_at_run_time = timed_factory(callwrap.bind_at_run_time, "call: parameter binding")
+    callwrap.observe_calls = timed_factory(callwrap.observe_calls, "call: evidence (observe_call, pre-hook put on)")
+    for name, part in (("_on_output_grads", "hook: outputs' pre-hook"), ("_task_done", "hook: end of backward"),
+                       ("_on_node", "hook: per-parameter (full mode)"), ("_on_accumulate", "hook: per-parameter (full mode)"),
+                       ("_on_step_pre", "hook: optimizer step"), ("_on_optimizer_step", "hook: optimizer step")):
+        timed_method(GradEvidence, name, part)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--backend", default="aot_eager")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--embd", type=int, default=768)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=300)
+    args = ap.parse_args()
+    instrument()
+    from graphdeck.capture import Agent
+
+    device, dtype = args.device, {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    model = build(args.layers, device, embd=args.embd, vocab=args.vocab)
+    agent = Agent(store=Path(tempfile.mkdtemp(prefix="bench-own-")) / "s.db", run="bench")
+    agent.watch(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device == "cuda" else {"foreach": True}))
+    batch = torch.randint(0, args.vocab, (args.batch, args.seq), device=device,
+                          generator=torch.Generator(device=device).manual_seed(0))
+    step = make_step(model, torch.compile(model, backend=agent.backend(args.backend)), opt, batch, dtype, device)
+    for _ in range(args.warmup):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    per_step: list[dict[str, int]] = []
+    step_ms: list[float] = []
+    for _ in range(args.steps):
+        NS.clear()
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            b.synchronize()
+            step_ms.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            step()
+            step_ms.append((time.perf_counter() - t0) * 1e3)
+        per_step.append(dict(NS))
+    ev = agent._evidence
+    steady = bool(ev is not None and ev._steady)
+    agent.close()
+    parts = sorted({k for d in per_step for k in d})
+    totals = [sum(d.values()) / 1e3 for d in per_step]
+    med_step = statistics.median(step_ms)
+    what = f"GPT-2 {args.layers} layers (n_embd {args.embd}), {args.backend}, {args.dtype}, batch {args.batch}x{args.seq}"
+    print(f"[own] {what}, {device}{' ' + torch.cuda.get_device_name() if device == 'cuda' else ''}, torch "
+          f"{torch.__version__}; {args.steps} steps after {args.warmup}; steady mode {'on' if steady else 'OFF'}")
+    for p in parts:
+        xs = [d.get(p, 0) / 1e3 for d in per_step]
+        print(f"[own]   {p:48s} {statistics.median(xs):8.1f} µs/step (p90 {sorted(xs)[int(0.9 * len(xs))]:.1f})")
+    q = sorted(totals)
+    print(f"[own] the capture's own time per step: median {statistics.median(totals):.1f} µs (p10 {q[len(q) // 10]:.1f}, "
+          f"p90 {q[9 * len(q) // 10]:.1f}); step median {med_step:.3f} ms; share "
+          f"{statistics.median(totals) / (med_step * 1e3):.3%}")
+
+
+if __name__ == "__main__":
+    main()
