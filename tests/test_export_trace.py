@@ -124,6 +124,8 @@ def validate_trace_events(doc: dict) -> dict:
     for fid, pair in flows.items():
         assert sorted(e["ph"] for e in pair) == ["f", "s"], (fid, pair)
         assert pair[0]["pid"] != pair[1]["pid"], pair  # across ranks
+        s_ev, f_ev = sorted(pair, key=lambda e: e["ph"] != "s")
+        assert s_ev["ts"] <= f_ev["ts"], pair  # Perfetto drops a flow whose f comes before its s
         for e in pair:  # bound to a slice enclosing its ts on its own thread
             lane = starts[(e["pid"], e["tid"])]
             i = bisect.bisect_right(lane, (e["ts"], float("inf")))
@@ -394,8 +396,13 @@ def test_scale_run_flows_pair_skipped_rank_named_and_reingest_keeps_every_rank(s
     ranks = [r for r in range(10) if r != run.missing]
     assert got["ranks"] == ranks and doc["graphdeck"]["skipped"] == {str(run.missing): "no trace ingested"}
     assert got["phases"]["s"] == got["phases"]["f"] == got["flows"] > 0
-    # all matched collectives linked from the last rank to every other (none lost to same-ns starts)
-    assert got["flows"] == (len(ranks) - 1) * doc["graphdeck"]["collectives_linked"]
+    # every matched collective linked between the last rank and every other (none lost to same-ns
+    # starts), but for the divergent rank's collective #diverge_seq: another element count there,
+    # so not one collective with the others (neither a flow nor a clock offset from it)
+    assert doc["graphdeck"]["collectives_diverging_not_linked"] == 1
+    assert got["flows"] == (len(ranks) - 1) * doc["graphdeck"]["collectives_linked"] - 1
+    other = next(r for r in ranks if r not in (run.divergent, min(ranks)))
+    assert doc["graphdeck"]["offsets"][str(run.divergent)]["matched"] == doc["graphdeck"]["offsets"][str(other)]["matched"]
     res = CliRunner().invoke(main, ["export-trace", "--run", "scale", "--ranks", "0,1", "-o", str(tmp_path / "a.json")],
                              env=env)  # a list naming the traceless rank: the same as "all"
     assert res.exit_code == 0 and f"skipped rank(s) {run.missing}: no trace ingested" in res.output, res.output

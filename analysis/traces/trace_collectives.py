@@ -7,7 +7,10 @@ stores absolute ns, so ranks start on a common (host wall-clock) axis, off by th
 skew. Stage 2 (refine): a collective ends at (nearly) the same instant on every rank that
 takes part — no rank's kernel finishes before the last one's data has arrived — so the offset of
 rank r against the reference rank (the lowest) is the median over matched collectives of
-``end_r - end_ref``. Aligned times are ``ts - offset``. With no matched collective the offset
+``end_r - end_ref``, less the collectives where any rank diverges (another kind or element
+count than most ranks run there: :func:`diverging`; such a kernel is not the same collective and
+may end at another time; left out for every rank, so that all ranks' medians are over the same
+collectives). Aligned times are ``ts - offset``. With no matched collective the offset
 stays 0 and ``method`` says ``base_time``.
 
 Matching: a communication kernel (per :class:`~graphdeck.analysis.traces.trace_analysis.CommRule`)
@@ -228,6 +231,25 @@ def _signature(c: dict) -> tuple:
     return (c["kind"], c.get("nelems"))
 
 
+def diverging(per_rank: dict[int, list[dict]]) -> dict[tuple, set[int]]:
+    """Collective key → the ranks whose collective there is not the one most ranks run (another
+    kind or element count, as :func:`align_and_match` calls a rank divergent); every rank of a key
+    with no majority. ``per_rank``: rank → its collective-index entries (``key``, ``kind``, ``nelems``). Such a collective is not one
+    collective across those ranks: it is neither linked by a flow nor used for clock offsets."""
+    sigs: dict[tuple, dict[int, tuple]] = defaultdict(dict)
+    for r, colls in per_rank.items():
+        for c in colls:
+            sigs[c["key"]][r] = (c["kind"], c.get("nelems"))
+    apart: dict[tuple, set[int]] = {}
+    for key, by_rank in sigs.items():
+        counts = Counter(by_rank.values()).most_common()
+        if len(counts) < 2:
+            continue
+        (top, n), (_second, n2) = counts[0], counts[1]
+        apart[key] = set(by_rank) if n == n2 else {r for r, sig in by_rank.items() if sig != top}
+    return apart
+
+
 def _divergent(matched: dict[tuple, dict[int, dict]], counts: dict[str, Counter]) -> list[dict]:
     """Per rank, the first collective (lowest step, then sequence) where its kind or element count
     differs from what most ranks of that collective run; and ranks that issue fewer or more
@@ -333,7 +355,8 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
     matched = {k: v for k, v in by_key.items() if len(v) > 1}
     ranks = sorted(per_rank)
     ref = ranks[0] if ranks else None
-    ref_end = {k: v[ref]["end_ns"] for k, v in matched.items() if ref in v}
+    apart = diverging(per_rank)  # not one collective across its ranks: no rank's offset from it
+    ref_end = {k: v[ref]["end_ns"] for k, v in matched.items() if ref in v and k not in apart}
     diffs_of: dict[int, list[int]] = defaultdict(list)
     for k, v in matched.items():
         if k in ref_end:

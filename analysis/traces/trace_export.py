@@ -23,9 +23,13 @@ gives back each event at its aligned time to the ns.
   (median of matched collectives' end differences against the run's lowest rank): computed
   here from the collectives of the chosen ranks and the reference rank only (their collective
   index, NOTE: [Collective index]), which gives the same numbers.
-* Each collective matched on two or more chosen ranks gets one flow per rank that waited: ``s``
-  on the slice of the rank that arrived last, ``f`` (``bp: "e"``) on the waiting rank's slice,
-  both at the slice's start (each binds to its enclosing slice), ``cat`` ``"collective"``. The
+* Each collective matched on two or more chosen ranks gets one flow per rank that waited, between
+  that rank's slice and the slice of the rank that arrived last, both at the slice's start (each
+  binds to its enclosing slice), ``cat`` ``"collective"``: the earlier of the two is the ``s``, the
+  later the ``f`` (``bp: "e"``), since Perfetto reads a JSON trace in time order and drops a flow
+  that ends before it starts. A collective where a rank runs another kind or element count than
+  most of the exported ranks (a divergent rank) is not linked on that rank, and is used for no
+  rank's offset (as in ``align_and_match``, which judges divergence among all the run's ranks). The
   flows come after all ranks' events and only where both slices were found, so every ``s`` has
   its ``f`` (a rank's slices are matched to its collectives by start, name and end: two
   collectives may start on the same ns).
@@ -40,7 +44,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
@@ -52,7 +56,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.analysis.traces.export_map import gc_paused, kernel_links, rank_states, stored_links, with_comm
 from graphdeck.analysis.traces.trace_analysis import CommRule
-from graphdeck.analysis.traces.trace_collectives import rank_spans, run_traces, trace_indexes
+from graphdeck.analysis.traces.trace_collectives import diverging, rank_spans, run_traces, trace_indexes
 from graphdeck.analysis.traces.trace_data import Ev
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import InternedString, Rank, Run, Trace
@@ -151,14 +155,18 @@ def plan_export(session: Session, run_id: int, ranks: str | list[int] | None = N
     per_rank: dict[int, list[dict]] = {}
     for r, colls, _steps in trace_indexes(session, {r: traces[r] for r in {ref, *chosen}}, rule):
         per_rank[r] = [{"key": c["key"], "start_ns": c["start_ns"], "end_ns": c["end_ns"], "kernel": c["kernel"],
-                        "kind": c["kind"]} for c in colls]
-    offsets = _offsets(per_rank, ref, chosen, len(traces))
+                        "kind": c["kind"], "nelems": c.get("nelems")} for c in colls]
+    apart = diverging(per_rank)
+    offsets = _offsets(per_rank, ref, chosen, len(traces), apart)
     starts = session.execute(select(Trace.rank, Trace.start_ns).where(Trace.id.in_([traces[r] for r in chosen]))).all()
     origin = min((s - offsets[r]["offset_ns"] for r, s in starts if s is not None), default=0)
     plan = ExportPlan(run_id, run.name, chosen, {r: traces[r] for r in chosen}, offsets, origin, skipped=skipped)
     by_key: dict[tuple, dict[int, tuple[int, int, str]]] = defaultdict(dict)
     for r in chosen:
         for c in per_rank[r]:
+            if r in apart.get(c["key"], ()):
+                plan.stats["collectives_diverging_not_linked"] += 1
+                continue
             by_key[c["key"]][r] = (c["start_ns"], c["end_ns"], c["kernel"])
             plan.kinds.setdefault(c["key"], c["kind"])
     for key, parts in by_key.items():
@@ -193,10 +201,13 @@ def _choose(session: Session, run_id: int, spec: str | None, traces: dict[int, i
     return chosen, skipped
 
 
-def _offsets(per_rank: dict[int, list[dict]], ref: int, chosen: list[int], n_traces: int) -> dict[int, dict]:
+def _offsets(per_rank: dict[int, list[dict]], ref: int, chosen: list[int], n_traces: int,
+             apart: dict[tuple, set[int]] | None = None) -> dict[int, dict]:
     """Per chosen rank, ``align_and_match``'s offset: median of ``end_r - end_ref`` over the
-    collectives both hold (NOTE: [Rank clock alignment])."""
-    ref_end = {c["key"]: c["end_ns"] for c in per_rank[ref]}
+    collectives both hold (NOTE: [Rank clock alignment]), less those where any rank diverges
+    (``apart``, :func:`~graphdeck.analysis.traces.trace_collectives.diverging`)."""
+    apart = apart or {}
+    ref_end = {c["key"]: c["end_ns"] for c in per_rank[ref] if c["key"] not in apart}
     shared = {c["key"] for r, colls in per_rank.items() if r != ref for c in colls if c["key"] in ref_end}
     out = {}
     for r in chosen:
@@ -456,6 +467,7 @@ def iter_export(session: Session, plan: ExportPlan, rule: CommRule | None = None
     tail = {"run": plan.run_name, "run_id": plan.run_id, "ranks": plan.ranks,
             "traces": {str(r): t for r, t in plan.traces.items()}, "origin_ns": str(plan.origin_ns),
             "offsets": {str(r): plan.offsets[r] for r in plan.ranks}, "collectives_linked": len(plan.collectives),
+            "collectives_diverging_not_linked": plan.stats.get("collectives_diverging_not_linked", 0),
             "skipped": {str(r): why for r, why in plan.skipped.items()},
             "format": "Chrome Trace Event Format (JSON Object Format), times in us since baseTimeNanoseconds"}
     buf.append(b'],"graphdeck":' + _dumps(tail) + b"}")
@@ -483,10 +495,15 @@ def _flow_events(plan: ExportPlan, found_at: dict[tuple, dict[int, tuple[int, in
                 continue
             fid = stats["flows"] = stats["flows"] + 1
             ts_r, t_r = here[r]
-            out.append(_dumps({"name": name, "cat": "collective", "pid": last, "tid": t_l, "ts": _us(ts_l - origin),
-                               "ph": "s", "id": fid, "args": {"last_rank": last, "to_rank": r}}))
-            out.append(_dumps({"name": name, "cat": "collective", "pid": r, "tid": t_r, "ts": _us(ts_r - origin),
-                               "ph": "f", "bp": "e", "id": fid, "args": {"last_rank": last}}))
+            # The earlier end is the ``s``: Perfetto reads a JSON trace in time order and drops a
+            # flow whose ``f`` comes before its ``s`` (the waiting rank's slice starts first).
+            ends = sorted([(ts_r, r, t_r), (ts_l, last, t_l)], key=lambda e: (e[0], e[1] != r))
+            for ph, (ts, pid, tid) in zip(("s", "f"), ends):
+                ev = {"name": name, "cat": "collective", "pid": pid, "tid": tid, "ts": _us(ts - origin), "ph": ph,
+                      "id": fid, "args": {"last_rank": last, "waiting_rank": r}}
+                if ph == "f":
+                    ev["bp"] = "e"
+                out.append(_dumps(ev))
     return out
 
 
@@ -526,6 +543,7 @@ def export_trace(session: Session, run_id: int, out, ranks: str | list[int] | No
             total += len(chunk)
     return {"ranks": plan.ranks, "skipped": plan.skipped, "offsets": plan.offsets, "origin_ns": plan.origin_ns,
             "collectives_linked": len(plan.collectives), "bytes": total,
-            **{k: plan.stats.get(k, 0) for k in ("X", "i", "flows", "flows_unpaired", "events_with_nodes", "collective_slices_not_found",
+            **{k: plan.stats.get(k, 0) for k in ("X", "i", "flows", "flows_unpaired", "events_with_nodes",
+                                                   "collective_slices_not_found", "collectives_diverging_not_linked",
                                                    "ranks_links_kept", "ranks_links_computed")}}
 
