@@ -466,13 +466,18 @@ def make_scale_run(store_url: str, n_ranks: int, seed: int = 0, *, traces: str =
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("store", help="SQLite path (replaced) or an empty PostgreSQL database's URL")
-    ap.add_argument("--ranks", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--traces", choices=["cpu", "gpu"], default="gpu")
-    ap.add_argument("--events-per-rank", type=int, default=None)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("store", help="SQLite path (replaced; its folder is made) or an empty PostgreSQL database's URL")
+    ap.add_argument("--ranks", type=int, default=64, help="ranks of the run (>= 4: a straggler, a divergent and a "
+                    "traceless rank among them)")
+    ap.add_argument("--seed", type=int, default=0, help="picks those ranks, the clock offsets and the jitter")
+    ap.add_argument("--traces", choices=["cpu", "gpu"], default="gpu", help="each rank's trace: the 2-rank CPU "
+                    "run's gloo traces (small) or the real 2 x H200 DDP traces (steps repeated once: ~50k events a rank)")
+    ap.add_argument("--events-per-rank", type=int, default=None, help="sample each trace to about this many "
+                    "events, keeping every collective, its launch and every step (default: whole)")
+    ap.add_argument("--workers", type=int, default=2, help="ingest processes")
     args = ap.parse_args()
+    if "://" not in args.store:
+        Path(args.store).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
     run = make_scale_run(args.store, args.ranks, args.seed, traces=args.traces,
                          events_per_rank=args.events_per_rank, workers=args.workers)
     print(f"run {run.run_name!r} (id {run.run_id}): {run.n_ranks} ranks, straggler {run.straggler}, divergent "
