@@ -101,6 +101,10 @@ def test_check_ranks_names_the_divergent_rank_and_the_missing_trace(scale64):
     assert f"in the traces: collective #{run.diverge_seq} of group 0" in text
     assert f"straggler: rank {run.straggler} " in text
     assert f"INCOMPLETE: rank(s) {run.missing} " in text
+    # the straggler, the divergence and the missing rank each on a note line of its own (newcomer)
+    notes = [ln for ln in text.splitlines() if ln.startswith("note: ")]
+    for start in ("note: straggler:", "note: diverged:", "note: INCOMPLETE:"):
+        assert sum(ln.startswith(start) for ln in notes) == 1, notes
     # 64 ranks condense (docs/large-runs.md): identical per-rank lines grouped, rank lists as ranges
     assert f"ranks 0-{N - 1}: " in text and f"{N} ranks [0-{N - 1}]" in text
     _assert_condensed(text)

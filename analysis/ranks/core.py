@@ -350,7 +350,7 @@ def _timing_findings(session: Session, report: RankReport, metric_records: dict 
     traces = run_traces(session, report.run_id)
     matched = matched_run(session, report.run_id)[1] if len(traces) > 1 else None
     timing = (matched or {}).get("timing") or {}
-    report.notes += [text for text in (skew.finding, timing.get("message")) if text]
+    report.notes += [text for text in (skew.finding, *(timing.get("parts") or [timing.get("message")])) if text]
     _trace_numbering(report, timing.get("divergent") or [])
     return matched
 

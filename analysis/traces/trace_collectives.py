@@ -433,6 +433,8 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
                      f"lateness and waits are unknown (any of them may be the straggler)")
     timing["divergent"], timing["missing_ranks"], timing["verdict"] = divergent, missing, out["verdict"]
     if notes:
-        timing["message"] = "; ".join(([timing["message"]] if timing.get("message") else []) + notes)
+        # ``parts``: the same sentences one by one (check-ranks prints each as its own note line)
+        timing["parts"] = ([timing["message"]] if timing.get("message") else []) + notes
+        timing["message"] = "; ".join(timing["parts"])
     out["timing"] = timing
     return out
