@@ -321,17 +321,19 @@ class Agent:
             try:
                 gid = self._finish(pending, compile_time_s)
                 compiled = watch_output_grads(compiled, pending["gm"], gid, self)
-                if self._models and pending.get("plan") is not None and pending["plan"].positions:
-                    compiled = bind_at_run_time(compiled, pending["plan"], self)
-                if self._evidence is not None:
-                    compiled = self._observe(compiled, pending)
+                plan = pending.get("plan") if self._models else None
+                if self._evidence is not None:  # binds too: one wrapper for both
+                    compiled = self._observe(compiled, pending, plan)
+                elif plan is not None and plan.positions:
+                    compiled = bind_at_run_time(compiled, plan, self)
             except Exception as exc:
                 warnings.warn(f"graphdeck: could not record AOT graphs: {type(exc).__name__}: {exc}")
             self.capture_time_s += time.perf_counter() - t3
         return compiled
 
-    def _observe(self, compiled, p: dict):
-        """Wrap ``compiled`` for the gradient evidence (NOTE: [Gradient evidence])."""
+    def _observe(self, compiled, p: dict, plan: BindingPlan | None = None):
+        """Wrap ``compiled`` for the gradient evidence (NOTE: [Gradient evidence]) and, with
+        ``plan``, the run-time parameter binding."""
         from graphdeck.capture.callwrap import observe_calls
         from graphdeck.capture.grad_evidence import GraphInfo, reach_of
 
@@ -345,7 +347,7 @@ class Agent:
         outs = [v.name if isinstance(v, torch.fx.Node) and v.name in full_outs else None for v in output_args(p["gm"])]
         info = GraphInfo(id(full), positions, names, outs, reach,
                          tuple(p["param_by_node"].get(n) for n in names))
-        return observe_calls(compiled, info, self._evidence)
+        return observe_calls(compiled, info, self._evidence, plan, self)
 
     def _record_dynamo(self, gm, example_inputs, inner_name, shadow: bool = True):
         from torch._guards import CompileContext

@@ -321,7 +321,7 @@ class GradEvidence(FsdpEvidence):
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
-    def observe_call(self, info: GraphInfo, out: Any, params: tuple) -> None:
+    def observe_call(self, info: GraphInfo, out: Any, params: tuple, key: tuple | None = None) -> None:
         """After a grad-enabled call of a compiled graph (``params``: its arguments at
         ``info.positions``): put pre-hooks on its outputs' autograd nodes so the backward tells
         which outputs the loss used."""
@@ -350,7 +350,8 @@ class GradEvidence(FsdpEvidence):
                         groups.setdefault(fn, []).append((name, t.output_nr))
             if not groups:
                 return
-            key = tuple(map(id, params))  # ids, not the tensors: the capture holds no parameter
+            if key is None:  # the binding's, when the same wrapper bound the call
+                key = tuple(map(id, params))  # ids, not the tensors: the capture holds no parameter
             cached = self._calls.get(info) if chk is not None else None
             if cached is not None and cached[0] == key:
                 call = cached[1]  # steady mode: the same graph on the same tensors, site as last seen
