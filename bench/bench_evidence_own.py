@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_grad_evidence import build, make_step  # noqa: E402
+from bench.bench_grad_evidence import build, make_step, timed  # noqa: E402
 
 NS: dict[str, int] = defaultdict(int)  # part -> ns this step
 _pc = time.perf_counter_ns
@@ -136,17 +136,7 @@ def main() -> None:
     step_ms: list[float] = []
     for _ in range(args.steps):
         NS.clear()
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            b.synchronize()
-            step_ms.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            step()
-            step_ms.append((time.perf_counter() - t0) * 1e3)
+        step_ms.append(timed(step, 1, device)[0][0])  # CUDA events on a GPU, perf_counter on a CPU
         per_step.append(dict(NS))
     ev = agent._evidence
     steady = bool(ev is not None and ev._steady)
