@@ -182,8 +182,8 @@ def bind_at_run_time(compiled, plan: BindingPlan, agent: "Agent"):
         flat = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args
         try:
             bind(pick(flat))
-        except Exception:  # noqa: BLE001 - capture never breaks training (a short argument list)
-            pass
+        except Exception as exc:  # capture never breaks training (a short argument list)
+            warnings.warn(f"graphdeck: could not bind parameters at run time: {type(exc).__name__}: {exc}")
         return compiled(*args, **kwargs)
 
     if boxed:

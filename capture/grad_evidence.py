@@ -114,7 +114,7 @@ class GradEvidence(FsdpEvidence):
         self._backward_rows: list[int] = []  # rows numbered by backward before the first optimizer step
         self._last_persist = time.monotonic()
         self._failed = False
-        self._fqn_cache: dict[tuple, tuple] = {}  # tensor ids -> (names, accumulator nodes)
+        self._fqn_cache: dict[tuple, tuple] = {}  # tensor ids -> (names, weak refs to up to 4 trainable leaves)
         self._calls: dict[GraphInfo, tuple] = {}  # graph -> (tensor ids, call) of its last grad-enabled call
         self._accum_by_task: dict[int, bool] = {}
         self._sig: dict[int, tuple] = {}  # idx -> (weakref to .grad, its version) when last counted
@@ -356,8 +356,8 @@ class GradEvidence(FsdpEvidence):
             if cached is not None and cached[0] == key:
                 call = cached[1]  # steady mode: the same graph on the same tensors, site as last seen
             else:
-                fqns, nodes = self._fqns_nodes(info, key, params)
-                call = (info, fqns, threading.get_ident(), user_frames(sys._getframe(1), depth=2), nodes)
+                fqns, leaves = self._fqns_leaves(info, key, params)
+                call = (info, fqns, threading.get_ident(), user_frames(sys._getframe(1), depth=2), leaves)
                 if len(self._calls) < 4096:
                     self._calls[info] = (key, call)
             for fn, items in groups.items():
@@ -365,7 +365,7 @@ class GradEvidence(FsdpEvidence):
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
-    def _fqns_nodes(self, info: GraphInfo, key: tuple, params: list) -> tuple[tuple, tuple]:
+    def _fqns_leaves(self, info: GraphInfo, key: tuple, params: tuple) -> tuple[tuple, tuple]:
         """(the watched names of ``params``, weak references to up to 4 of them that are
         trainable leaves, for :meth:`_accumulates`), cached per tuple of tensor ids."""
         live = bool(info.positions and self.agent._models)
@@ -386,10 +386,10 @@ class GradEvidence(FsdpEvidence):
         if compiled_autograd_active():
             return None
         try:
-            info, fqns, thread, site, nodes = call
+            info, fqns, thread, site, leaves = call
             with self._lock:
                 t = _task_id()
-                if nodes and not self._accumulates(t, nodes):
+                if leaves and not self._accumulates(t, leaves):
                     return None  # torch.autograd.grad / backward(inputs=...) not reaching parameters
                 w = self._window_for(t)
                 seen = w.outputs.setdefault(info.key, {})
@@ -409,9 +409,9 @@ class GradEvidence(FsdpEvidence):
             self._fail(exc)
         return None
 
-    def _accumulates(self, task: int, nodes: tuple) -> bool:
+    def _accumulates(self, task: int, leaves: tuple) -> bool:
         """Whether autograd task ``task`` (running now) accumulates into any of the parameters
-        given as weak references (``nodes``: up to 4 trainable leaves of the call).
+        given as weak references (``leaves``: up to 4 trainable leaves of the call).
 
         # NOTE: [Backward passes that fill no .grad]
         # ``torch.autograd.grad`` (e.g. torch.distributed.pipelining's backward metadata inference
@@ -430,7 +430,7 @@ class GradEvidence(FsdpEvidence):
         result = False
         from torch.autograd.graph import get_gradient_edge
 
-        for ref in nodes:
+        for ref in leaves:
             p = ref()
             if p is None:
                 continue

@@ -233,13 +233,14 @@ def _signature(c: dict) -> tuple:
 
 def diverging(per_rank: dict[int, list[dict]]) -> dict[tuple, set[int]]:
     """Collective key → the ranks whose collective there is not the one most ranks run (another
-    kind or element count, as :func:`align_and_match` calls a rank divergent); every rank of a key
-    with no majority. ``per_rank``: rank → its collective-index entries (``key``, ``kind``, ``nelems``). Such a collective is not one
-    collective across those ranks: it is neither linked by a flow nor used for clock offsets."""
+    kind or element count, :func:`_signature`, as :func:`align_and_match` calls a rank divergent);
+    every rank of a key with no majority. ``per_rank``: rank → its collective-index entries
+    (``key``, ``kind``, ``nelems``). Such a collective is not one collective across those ranks:
+    it is neither linked by a flow nor used for clock offsets."""
     sigs: dict[tuple, dict[int, tuple]] = defaultdict(dict)
     for r, colls in per_rank.items():
         for c in colls:
-            sigs[c["key"]][r] = (c["kind"], c.get("nelems"))
+            sigs[c["key"]][r] = _signature(c)
     apart: dict[tuple, set[int]] = {}
     for key, by_rank in sigs.items():
         counts = Counter(by_rank.values()).most_common()

@@ -22,7 +22,8 @@ gives back each event at its aligned time to the ns.
 * Clock offsets are those of :func:`~graphdeck.analysis.traces.trace_collectives.align_and_match`
   (median of matched collectives' end differences against the run's lowest rank): computed
   here from the collectives of the chosen ranks and the reference rank only (their collective
-  index, NOTE: [Collective index]), which gives the same numbers.
+  index, NOTE: [Collective index]), which gives the same numbers (unless a rank that diverges
+  is outside the chosen ones: see below).
 * Each collective matched on two or more chosen ranks gets one flow per rank that waited, between
   that rank's slice and the slice of the rank that arrived last, both at the slice's start (each
   binds to its enclosing slice), ``cat`` ``"collective"``: the earlier of the two is the ``s``, the
@@ -44,7 +45,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
