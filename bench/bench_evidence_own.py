@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench.bench_grad_evidence import build, make_step, timed  # noqa: E402
 
 NS: dict[str, int] = defaultdict(int)  # part -> ns this step
+CALLS: dict[str, int] = defaultdict(int)  # part -> calls this step
 _pc = time.perf_counter_ns
 
 
@@ -65,6 +66,7 @@ def timed_factory(factory, part: str):
                 return wrapped(*x, **kw)
             finally:
                 NS[part] += (_pc() - t) - (inner_ns[0] - i0)
+                CALLS[part] += 1
 
         if getattr(wrapped, "_boxed_call", False):
             outer._boxed_call = True
@@ -85,6 +87,7 @@ def timed_method(cls, name: str, part: str) -> None:
             return fn(*a, **k)
         finally:
             NS[part] += _pc() - t
+            CALLS[part] += 1
 
     setattr(cls, name, method)
 
@@ -99,7 +102,7 @@ def instrument() -> None:
     agent_mod.bind_at_run_time = timed_factory(callwrap.bind_at_run_time, "call: parameter binding")
     callwrap.observe_calls = timed_factory(callwrap.observe_calls, "call: evidence (observe_call, pre-hook put on)")
     for name, part in (("_on_output_grads", "hook: outputs' pre-hook"), ("_task_done", "hook: end of backward"),
-                       ("_on_accumulate", "hook: per-parameter (full mode)"),
+                       ("_on_grad", "hook: per-parameter (full mode)"),
                        ("_on_step_pre", "hook: optimizer step"), ("_on_optimizer_step", "hook: optimizer step")):
         timed_method(GradEvidence, name, part)
 
@@ -116,6 +119,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--ab", action="store_true",
+                    help="also time a step with the evidence muted after (or before) each one, in turn")
     args = ap.parse_args()
     instrument()
     from graphdeck.capture import Agent
@@ -133,13 +138,28 @@ def main() -> None:
     if device == "cuda":
         torch.cuda.synchronize()
     per_step: list[dict[str, int]] = []
+    calls: list[dict[str, int]] = []
     step_ms: list[float] = []
-    for _ in range(args.steps):
-        NS.clear()
-        step_ms.append(timed(step, 1, device)[0][0])  # CUDA events on a GPU, perf_counter on a CPU
-        per_step.append(dict(NS))
+    off_ms: list[float] = []  # --ab: the steps with the evidence muted
     ev = agent._evidence
+    for i in range(args.steps):
+        for on in ((True, False) if i % 2 == 0 else (False, True)) if args.ab else (True,):
+            NS.clear()
+            CALLS.clear()
+            if not on:
+                ev._failed = True  # muted for this step: observe_call, the hooks and the optimizer's return at once
+            try:
+                ms = timed(step, 1, device)[0][0]  # CUDA events on a GPU, perf_counter on a CPU
+            finally:
+                ev._failed = False
+            if on:
+                step_ms.append(ms)
+                per_step.append(dict(NS))
+                calls.append(dict(CALLS))
+            else:
+                off_ms.append(ms)
     steady = bool(ev is not None and ev._steady)
+    left = sum(1 for p in model.parameters() if p._backward_hooks is not None or p._post_accumulate_grad_hooks is not None)
     agent.close()
     parts = sorted({k for d in per_step for k in d})
     totals = [sum(d.values()) / 1e3 for d in per_step]
@@ -149,11 +169,30 @@ def main() -> None:
           f"{torch.__version__}; {args.steps} steps after {args.warmup}; steady mode {'on' if steady else 'OFF'}")
     for p in parts:
         xs = [d.get(p, 0) / 1e3 for d in per_step]
-        print(f"[own]   {p:48s} {statistics.median(xs):8.1f} µs/step (p90 {sorted(xs)[int(0.9 * len(xs))]:.1f})")
+        n = statistics.median([d.get(p, 0) for d in calls])
+        print(f"[own]   {p:48s} {statistics.median(xs):8.1f} µs/step (p90 {sorted(xs)[int(0.9 * len(xs))]:.1f}), "
+              f"{n:g} calls")
     q = sorted(totals)
     print(f"[own] the capture's own time per step: median {statistics.median(totals):.1f} µs (p10 {q[len(q) // 10]:.1f}, "
           f"p90 {q[9 * len(q) // 10]:.1f}); step median {med_step:.3f} ms; share "
           f"{statistics.median(totals) / (med_step * 1e3):.3%}")
+    if off_ms:
+        d = [a - b for a, b in zip(step_ms, off_ms)]
+        lo, hi = bootstrap_median(d)
+        print(f"[own] A/B in this process, {len(d)} pairs: step with the evidence {statistics.median(step_ms):.3f} ms, "
+              f"muted {statistics.median(off_ms):.3f} ms; paired difference median {statistics.median(d) * 1e3:+.1f} µs "
+              f"(95% bootstrap {lo * 1e3:+.1f} .. {hi * 1e3:+.1f}) = {statistics.median(d) / statistics.median(off_ms):+.3%}")
+    print(f"[own] parameters with a hook left on them in steady mode (torch's C++ hook included): {left} of "
+          f"{sum(1 for _ in model.parameters())}")
+
+
+def bootstrap_median(xs: list[float], n: int = 2000) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the median of ``xs``."""
+    import random
+
+    rnd = random.Random(0)
+    meds = sorted(statistics.median(rnd.choices(xs, k=len(xs))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n)]
 
 
 if __name__ == "__main__":

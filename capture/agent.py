@@ -36,7 +36,7 @@ import torch
 import torch.fx
 
 from graphdeck.capture.aot import Handover, recording_backend, shadow_trace, write_aot_graph, write_late_backward
-from graphdeck.capture.callwrap import BindingPlan, bind_at_run_time, child_rows, watch_output_grads
+from graphdeck.capture.callwrap import BindingPlan, OutputGradNote, bind_at_run_time, child_rows, watch_output_grads
 from graphdeck.capture.compile_context import (
     compile_context,
     compile_reason,
@@ -320,20 +320,21 @@ class Agent:
             t3 = time.perf_counter()
             try:
                 gid = self._finish(pending, compile_time_s)
-                compiled = watch_output_grads(compiled, pending["gm"], gid, self)
                 plan = pending.get("plan") if self._models else None
-                if self._evidence is not None:  # binds too: one wrapper for both
-                    compiled = self._observe(compiled, pending, plan)
-                elif plan is not None and plan.positions:
-                    compiled = bind_at_run_time(compiled, plan, self)
+                if self._evidence is not None:  # binds and notes outputs too: one wrapper for all
+                    compiled = self._observe(compiled, pending, plan, OutputGradNote(pending["gm"], gid, self))
+                else:
+                    compiled = watch_output_grads(compiled, pending["gm"], gid, self)
+                    if plan is not None and plan.positions:
+                        compiled = bind_at_run_time(compiled, plan, self)
             except Exception as exc:
                 warnings.warn(f"graphdeck: could not record AOT graphs: {type(exc).__name__}: {exc}")
             self.capture_time_s += time.perf_counter() - t3
         return compiled
 
-    def _observe(self, compiled, p: dict, plan: BindingPlan | None = None):
+    def _observe(self, compiled, p: dict, plan: BindingPlan | None = None, note: OutputGradNote | None = None):
         """Wrap ``compiled`` for the gradient evidence (NOTE: [Gradient evidence]) and, with
-        ``plan``, the run-time parameter binding."""
+        ``plan``, the run-time parameter binding, with ``note``, the output-gradient note."""
         from graphdeck.capture.callwrap import observe_calls
         from graphdeck.capture.grad_evidence import GraphInfo, reach_of
 
@@ -347,7 +348,7 @@ class Agent:
         outs = [v.name if isinstance(v, torch.fx.Node) and v.name in full_outs else None for v in output_args(p["gm"])]
         info = GraphInfo(id(full), positions, names, outs, reach,
                          tuple(p["param_by_node"].get(n) for n in names))
-        return observe_calls(compiled, info, self._evidence, plan, self)
+        return observe_calls(compiled, info, self._evidence, plan, self, note)
 
     def _record_dynamo(self, gm, example_inputs, inner_name, shadow: bool = True):
         from torch._guards import CompileContext

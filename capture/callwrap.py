@@ -1,6 +1,7 @@
 """Wrappers around a compiled graph's callable: what the capture learns when the graph runs.
 
-* :func:`watch_output_grads`: which outputs of the first grad-enabled call get a gradient.
+* :func:`watch_output_grads` (:class:`OutputGradNote`): which outputs of the first grad-enabled
+  call get a gradient.
 * :func:`bind_at_run_time`: which parameters a graph's inputs are on each call with new tensors.
 * :func:`observe_calls`: per-call output observation for the gradient evidence
   (NOTE: [Gradient evidence] in ``grad_evidence.py``).
@@ -26,10 +27,11 @@ if TYPE_CHECKING:
     from graphdeck.capture.grad_evidence import GradEvidence, GraphInfo
 
 
-def watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent: "Agent"):
-    """Wrap a compiled graph so that its first grad-enabled call notes which outputs get a
-    gradient in the backward that follows (``meta_json["outputs_without_grad"]``: node names of
-    outputs the loss does not use; the gradient check calls their parameters DEAD_END).
+class OutputGradNote:
+    """``note(out)`` after a compiled graph's calls, until ``done``: on its first grad-enabled
+    call, notes which outputs get a gradient in the backward that follows
+    (``meta_json["outputs_without_grad"]``: node names of outputs the loss does not use; the
+    gradient check calls their parameters DEAD_END). Never raises into the job.
 
     # NOTE: [Outputs without gradient]
     # A compiled region gives every output a gradient slot; an output the loss never uses gets
@@ -37,14 +39,20 @@ def watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent:
     # first call, a pre-hook on each output's autograd node sees the incoming gradients, with
     # ``None`` where the loss does not reach (``register_multi_grad_hook`` never fires when an
     # output gets no gradient and its node still runs, as with GPT-2's KV-cache outputs).
-    # Later calls cost one flag check; the calling convention passes through unchanged.
+    # Later calls cost one flag check, made by the one wrapper of the call
+    # (:func:`watch_output_grads`, or :func:`observe_calls` when the evidence is on).
     """
-    names = [v.name if isinstance(v, torch.fx.Node) else None for v in output_args(gm)]
-    state = {"done": False}
 
-    def observe(out):
-        if state["done"] or not torch.is_grad_enabled():
+    __slots__ = ("names", "graph_id", "agent", "done")
+
+    def __init__(self, gm: torch.fx.GraphModule, graph_id: int, agent: "Agent"):
+        self.names = [v.name if isinstance(v, torch.fx.Node) else None for v in output_args(gm)]
+        self.graph_id, self.agent, self.done = graph_id, agent, False
+
+    def __call__(self, out) -> None:
+        if self.done or not torch.is_grad_enabled():
             return
+        names, agent, graph_id = self.names, self.agent, self.graph_id
         outs = out if isinstance(out, (list, tuple)) else [out]
         groups: dict = {}
         for i, t in enumerate(outs):
@@ -52,7 +60,7 @@ def watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent:
                 groups.setdefault(t.grad_fn, []).append((names[i], t.output_nr))
         if not groups:
             return
-        state["done"] = True
+        self.done = True
         pending, result = set(groups), {}
 
         def make_hook(fn):
@@ -88,10 +96,17 @@ def watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent:
         for fn in groups:
             fn.register_prehook(make_hook(fn))
 
+
+def watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent: "Agent"):
+    """Wrap a compiled graph so that its first grad-enabled call notes which outputs get a
+    gradient in the backward that follows (:class:`OutputGradNote`); the calling convention
+    passes through unchanged."""
+    note = OutputGradNote(gm, graph_id, agent)
+
     def run(*args, **kwargs):  # transparent: boxed (one list) or not, the args pass through
         out = compiled(*args, **kwargs)
-        if not state["done"]:
-            observe(out)
+        if not note.done:
+            note(out)
         return out
 
     if getattr(compiled, "_boxed_call", False):
@@ -192,13 +207,14 @@ def bind_at_run_time(compiled, plan: BindingPlan, agent: "Agent"):
 
 
 def observe_calls(compiled, info: "GraphInfo", evidence: "GradEvidence", plan: BindingPlan | None = None,
-                  agent: "Agent | None" = None):
+                  agent: "Agent | None" = None, note: OutputGradNote | None = None):
     """Wrap a compiled graph so that each grad-enabled call reports its outputs to ``evidence``
     (the parameters at ``info.positions`` are read before the call: a boxed callee clears its
     argument list). With ``plan`` (and ``agent``), the same wrapper does :func:`bind_at_run_time`'s
     binding: one wrapper, one pick of the parameters and one key of their ids per call instead of
     two (each µs of a call is a µs of a launch-bound step: NOTE: [Steady mode]); a plan whose
-    positions are not the evidence's gets its own wrapper."""
+    positions are not the evidence's gets its own wrapper. ``note``: the graph's
+    :class:`OutputGradNote`, called by this same wrapper until it is done."""
     bind = None
     if plan is not None and agent is not None and plan.positions:
         if list(plan.positions) == list(info.positions):
@@ -221,6 +237,8 @@ def observe_calls(compiled, info: "GraphInfo", evidence: "GradEvidence", plan: B
         if not grad:
             return compiled(*args, **kwargs)
         out = compiled(*args, **kwargs)
+        if note is not None and not note.done:
+            note(out)
         evidence.observe_call(info, out, params, key)
         return out
 

@@ -4,8 +4,8 @@ which none, and which was accumulated more than once.
 
 # NOTE: [Gradient evidence]
 # Graph facts say what *can* happen; what did happen lives at run time. Per watched parameter a
-# ``register_post_accumulate_grad_hook`` counts accumulations (one dict update; NOTE: [Hooks stay
-# on the tensor]). A *window* is one
+# gradient hook counts accumulations (one dict update; NOTE: [Hooks stay on the tensor]). A
+# *window* is one
 # backward: it opens at the first event of a backward and closes when the autograd task that
 # opened it finishes (a callback queued on that task). Reentrant activation checkpointing runs a
 # nested backward per checkpointed call, in its own autograd task: a callback that finds itself
@@ -24,10 +24,9 @@ which none, and which was accumulated more than once.
 # gets zeros, not None, when B's output is skipped; only the outputs of the graph the loss reads
 # are seen.
 #
-# Cost: full mode is one hook call per parameter per backward plus one pass over the parameters
-# per window; once backward passes repeat, steady mode (NOTE: [Steady mode] in
-# ``grad_steady.py``) takes the hooks off and looks at every ``.grad`` twice per backward at C
-# speed. A window whose state equals the previous one only moves the row's end in memory
+# Cost: full mode is one hook call per parameter per backward; once backward passes repeat,
+# steady mode (NOTE: [Steady mode] in ``grad_steady.py``) takes the hooks off (torch's own
+# included) and looks at every ``.grad`` twice per backward at C speed. A window whose state equals the previous one only moves the row's end in memory
 # (persisted every ``PERSIST_EVERY_S`` s, at ``close()`` and at interpreter exit). A state that
 # changes is written at once, so a job that dies loses at most the extent of the last row.
 #
@@ -117,7 +116,7 @@ class GradEvidence(FsdpEvidence):
         self._fqn_cache: dict[tuple, tuple] = {}  # tensor ids -> (names, weak refs to up to 4 trainable leaves)
         self._calls: dict[GraphInfo, tuple] = {}  # graph -> (tensor ids, call) of its last grad-enabled call
         self._accum_by_task: dict[int, bool] = {}
-        self._sig: dict[int, tuple] = {}  # idx -> (weakref to .grad, its version) when last counted
+        self._fills_by_task: dict[int, bool] = {}  # autograd task -> whether it accumulates (_task_fills)
         self._opt_handle = self._pre_handle = None
         self._fsdp_params: list | None = None  # [(fqn, parameter)] live under FSDP2 (NOTE: [FSDP2 evidence])
         self._fsdp_sig: dict[str, tuple] = {}  # fqn -> (weak ref to .grad, its local version) at the last step
@@ -148,31 +147,46 @@ class GradEvidence(FsdpEvidence):
         """Hook parameter ``idx`` (``p``): a post-accumulate hook on the tensor.
 
         # NOTE: [Hooks stay on the tensor]
-        # Removing a tensor's post-accumulate hook leaves torch's C++ hook on the tensor for good:
-        # every later backward still takes the GIL and calls into an empty dict for each parameter
-        # (~0.5 µs a parameter on a CPU). Hooking the leaf's ``AccumulateGrad`` node instead (held
-        # while the hooks are on, dropped in steady mode with its hook) avoids that, but holding a
-        # leaf's accumulator holds the leaf: a model watched before ``fully_shard`` (FSDP2 swaps
-        # in sharded parameters) or a module replaced after ``watch()`` would keep its old, full
-        # parameters alive through the step that peaks — the capture changing the job's memory.
-        # So the hook stays on the tensor, which holds the hook and not the other way round
-        # (``test_watching_keeps_no_replaced_parameter_alive``); the residue is stated cost.
+        # The hook is a gradient hook on the leaf (``register_hook``: called with the gradient
+        # each time its ``AccumulateGrad`` node runs, just before it accumulates; ``None`` when a
+        # compiled backward returned no gradient for it), never one on the ``AccumulateGrad``
+        # node: holding a leaf's accumulator holds the leaf, so a model watched before
+        # ``fully_shard`` (FSDP2 swaps in sharded parameters) or a module replaced after
+        # ``watch()`` would keep its old parameters alive through the step that peaks. The
+        # tensor holds the hook, not the other way round
+        # (``test_watching_keeps_no_replaced_parameter_alive``). Removing a hook leaves torch's
+        # C++ hook on the tensor, called with an empty dict in every later backward (the GIL
+        # taken per parameter: ~0.4-1 µs each on a CPU, more than a pass over every ``.grad``);
+        # setting ``_backward_hooks`` to None, which torch's setter turns into clearing the
+        # tensor's hooks, takes it off — done when no other Python hook is left on the tensor
+        # (:meth:`_unhook`; a hook registered from C++ on a parameter would go with it).
+        # ``torch.autograd.grad`` runs these hooks too, for the leaves it captures instead of
+        # accumulating: a task whose accumulator the engine will not execute counts nothing
+        # (:meth:`_task_fills`).
         """
         try:
-            self._handles[idx] = p.register_post_accumulate_grad_hook(partial(self._on_accumulate, idx))
+            self._handles[idx] = p.register_hook(partial(self._on_grad, idx))
             self._hooked.add(idx)
         except Exception:  # noqa: BLE001 - a tensor that takes no hook stays unobserved
             pass
 
     def _unhook(self) -> None:
-        """Every per-parameter hook off."""
-        for h in self._handles.values():
+        """Every per-parameter hook off, and torch's hook with it where nothing else is hooked
+        on the tensor (NOTE: [Hooks stay on the tensor])."""
+        params = self._params
+        for idx, h in self._handles.items():
             h.remove()
+            p = params[idx][1]() if idx < len(params) else None
+            try:
+                if p is not None and p._backward_hooks is not None and not p._backward_hooks:
+                    p._backward_hooks = None
+            except Exception:  # noqa: BLE001 - a tensor type without the attribute keeps it
+                pass
         self._handles.clear()
 
     def _set_steady(self, steady: bool, w: _Window | None = None) -> None:
-        """Enter steady mode from window ``w`` (hooks off), or leave it (hooks back on, the
-        ``.grad`` signatures refreshed for :meth:`_on_accumulate`). NOTE: [Steady mode]."""
+        """Enter steady mode from window ``w`` (hooks off), or leave it (hooks back on).
+        NOTE: [Steady mode]."""
         if steady == self._steady:
             return
         self._steady = steady
@@ -181,28 +195,10 @@ class GradEvidence(FsdpEvidence):
             self._unhook()
             return
         self._check = None
-        self._remember_grads()
         for idx, (_fqn, ref) in enumerate(self._params):
             p = ref()
             if idx in self._hooked and p is not None and p.requires_grad:
                 self._hook(idx, p)
-
-    def _remember_grads(self) -> None:
-        """Remember each parameter's ``.grad`` (a weak reference and its version), so that a hook
-        that fires with ``.grad`` untouched counts nothing (:meth:`_on_accumulate`)."""
-        sig = self._sig
-        wref = weakref.ref
-        for idx, (_fqn, ref) in enumerate(self._params):
-            p = ref()
-            g = None if p is None else p.grad
-            if g is None:
-                if idx in sig:
-                    del sig[idx]
-                continue
-            v = g._version
-            prev = sig.get(idx)
-            if prev is None or prev[1] != v or prev[0]() is not g:
-                sig[idx] = (wref(g), v)
 
     def _module_name(self, module) -> str | None:
         for model in self.agent._models:
@@ -279,29 +275,43 @@ class GradEvidence(FsdpEvidence):
             w.pending.add(t)
             torch.autograd.Variable._execution_engine.queue_callback(partial(self._task_done, w, t))
 
-    def _on_accumulate(self, idx: int, p) -> None:
-        if self._failed or compiled_autograd_active():
-            return
+    def _on_grad(self, idx: int, grad) -> None:
+        """The gradient hook of parameter ``idx`` (NOTE: [Hooks stay on the tensor]); returns
+        None: the gradient passes unchanged."""
+        if grad is None or self._failed or compiled_autograd_active():
+            return None  # None: a compiled backward gave this parameter no gradient
         try:
-            # A compiled backward that returns None for a parameter still runs its AccumulateGrad
-            # node (the hook fires, ``.grad`` is untouched): count only a changed ``.grad``.
-            g = p.grad
-            if g is None:
-                return
-            prev = self._sig.get(idx)  # (weak ref to .grad, its version) when last counted
-            if prev is not None and prev[0]() is g and prev[1] == g._version:
-                return
-            self._sig[idx] = (weakref.ref(g), g._version)
+            t = _task_id()
+            fills = self._fills_by_task.get(t)
+            if fills is None:
+                fills = self._task_fills(t)
+            if fills:
+                self._count(idx, t)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             self._fail(exc)
-            return
-        self._count(idx)
+        return None
 
-    def _count(self, idx: int) -> None:
-        """One accumulation into parameter ``idx``, in the window of the running backward."""
+    def _task_fills(self, task: int) -> bool:
+        """Whether autograd task ``task`` accumulates into the parameter whose hook runs now (the
+        engine will execute its ``AccumulateGrad`` node: ``backward()``; it raises for a leaf that
+        ``torch.autograd.grad`` captures instead); asked once per task."""
+        cache = self._fills_by_task
+        if len(cache) > 64:
+            cache.clear()
+        try:
+            node = torch._C._current_autograd_node()
+            result = node is None or bool(torch._C._will_engine_execute_node(node))
+        except RuntimeError:  # captured by autograd.grad: nothing accumulates in this task
+            result = False
+        except Exception:  # noqa: BLE001 - an engine that cannot tell: count the pass
+            result = True
+        cache[task] = result
+        return result
+
+    def _count(self, idx: int, t: int) -> None:
+        """One accumulation into parameter ``idx``, in the window of autograd task ``t``."""
         try:
             with self._lock:
-                t = _task_id()
                 w = self._window_for(t)
                 n = w.counts.get(idx, 0) + 1
                 w.counts[idx] = n
@@ -328,17 +338,20 @@ class GradEvidence(FsdpEvidence):
         if self._failed or self._fsdp:
             return
         try:
-            if compiled_autograd_ran():  # said at once: a job ended by os._exit runs no flush
-                self._off(CA_OFF)
-                return
-            self._fwd_gen += 1
-            self._fresh = True
             chk = self._check
-            if chk is not None:
+            if chk is None:
+                if compiled_autograd_ran():  # said at once: a job ended by os._exit runs no flush
+                    self._off(CA_OFF)
+                    return
+            else:  # steady mode asks at the end of each backward instead (_close)
                 if chk.base is None and self._win is None:
                     chk.snapshot()  # the baseline of the coming backward (NOTE: [Steady mode])
                 if info.single and chk.skip_single:
+                    self._fwd_gen += 1
+                    self._fresh = True
                     return  # not watched in steady mode (NOTE: [Steady mode])
+            self._fwd_gen += 1
+            self._fresh = True
             outs = out if isinstance(out, (list, tuple)) else [out]
             names = info.outputs
             groups: dict = {}
@@ -389,8 +402,10 @@ class GradEvidence(FsdpEvidence):
             info, fqns, thread, site, leaves = call
             with self._lock:
                 t = _task_id()
-                if leaves and not self._accumulates(t, leaves):
-                    return None  # torch.autograd.grad / backward(inputs=...) not reaching parameters
+                # torch.autograd.grad / backward(inputs=...) not reaching parameters (steady mode
+                # tells at the window's end, from .grad: _close)
+                if leaves and self._check is None and not self._accumulates(t, leaves):
+                    return None
                 w = self._window_for(t)
                 seen = w.outputs.setdefault(info.key, {})
                 dead = False
@@ -420,7 +435,9 @@ class GradEvidence(FsdpEvidence):
         # such a pass would report every parameter as getting no gradient. The engine tells
         # whether a leaf's AccumulateGrad node runs in the current task
         # (``torch._C._will_engine_execute_node``; under autograd.grad it raises for a leaf it
-        # captures instead: no accumulation either). Asked once per task.
+        # captures instead: no accumulation either). Asked once per task in full mode; steady
+        # mode (no per-parameter hooks) drops a window whose backward filled no watched ``.grad``
+        # at all when it closes, which is what this answers for the passes that matter.
         """
         cache = self._accum_by_task
         if task in cache:
@@ -520,6 +537,16 @@ class GradEvidence(FsdpEvidence):
             self._note_late_ddp()
         if self._fsdp:
             return  # read at each optimizer step instead (NOTE: [FSDP2 evidence])
+        chk = self._check
+        if chk is not None:  # NOTE: [Steady mode]: what arrived, from .grad alone
+            if compiled_autograd_ran():
+                self._off(CA_OFF)
+                return
+            base = chk.base
+            got, had_base = chk.received()
+            if not partial_ and not w.forced and chk.nothing(got):
+                chk.base = base  # a pass that filled no .grad (NOTE: [Backward passes that fill no .grad])
+                return
         fresh, self._fresh = self._fresh, False
         by_opt = self._opt_steps > 0
         step = w.opt_at_open if by_opt else self._backwards
@@ -528,17 +555,14 @@ class GradEvidence(FsdpEvidence):
         if by_opt and self._backward_rows:
             self._renumber()
         row = self._row
-        chk = self._check
-        if chk is not None:  # NOTE: [Steady mode]: what arrived, from .grad alone
-            got, fresh = chk.received()
+        if chk is not None:
+            fresh = had_base
             if fresh and not partial_ and row is not None and row["source"] == source \
                     and chk.same(got, w.outputs, w.reads):
                 self._same += 1
                 self._record(step, source, row["key"], None, None, True)  # the steady state again
                 return
             w.counts = {i: 1 for i, x in enumerate(got) if x}
-        else:
-            self._remember_grads()
         if chk is not None:
             self._set_steady(False)  # a change (or no baseline): count accumulations again
         if not fresh:

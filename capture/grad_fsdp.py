@@ -15,7 +15,7 @@ class FsdpEvidence:
     # NOTE: [FSDP2 evidence]
     # FSDP2 assigns each sharded parameter's ``.grad`` (a DTensor) after its reduce-scatter
     # (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` ``foreach_reduce``), or adds
-    # into its local tensor when one is already there: ``register_post_accumulate_grad_hook``
+    # into its local tensor when one is already there: the watched parameter's gradient hook
     # never fires. What arrived is read where the optimizer reads it: a global optimizer-step
     # pre-hook looks, per watched trainable parameter (the live, sharded ones), at ``.grad``: None,
     # or the same tensor at the same version (of its local shard) as at the previous step, is

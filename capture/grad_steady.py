@@ -4,12 +4,12 @@ watched parameter's ``.grad`` per backward instead of a Python hook per paramete
 
 # NOTE: [Steady mode]
 # A launch-bound training step (GPT-2 6 layers on an H200: ~12 ms, all of it the host's Python
-# and kernel launches) shows every µs of Python the capture adds. Full mode runs a
-# ``register_post_accumulate_grad_hook`` per parameter per backward (a few µs each on autograd's
-# thread: ~0.6-0.8 ms a step at ~150 parameters). Once STEADY_AFTER backward passes in a row
-# gave the same state — each after a compiled forward of its own, compiled outputs marking its
-# end, no parameter accumulated twice — the hooks come off (torch's empty C++ hook stays on each
-# tensor: NOTE: [Hooks stay on the tensor]) and each backward costs:
+# and kernel launches) shows every µs of Python the capture adds. Full mode runs a gradient hook
+# per parameter per backward (a few µs each on autograd's thread: ~0.6-0.8 ms a step at ~150
+# parameters). Once STEADY_AFTER backward passes in a row gave the same state — each after a
+# compiled forward of its own, compiled outputs marking its end, no parameter accumulated twice —
+# the hooks come off, torch's C++ hook on each tensor with them (NOTE: [Hooks stay on the
+# tensor]), and each backward costs:
 #
 # * at the first grad-enabled compiled call after the last backward (the forward), one
 #   C-speed pass over the weakly held parameters' ``.grad`` (~0.1 µs a parameter): the *baseline*. Usually
@@ -69,11 +69,14 @@ class SteadyCheck:
     window's compiled outputs seen (graph key → output name → LIVE/DEAD bits) and the (GraphInfo,
     parameter names) read, as in the steady passes."""
 
-    __slots__ = ("refs", "got", "outputs", "reads", "base", "skip_single")
+    __slots__ = ("refs", "got", "outputs", "reads", "base", "skip_single", "_with", "_without")
 
     def __init__(self, refs: tuple, got: list[bool], outputs: dict, reads: dict):
         self.refs = refs
         self.got = got
+        # The steady answer checked in one pass without building a list (received()).
+        self._with = tuple(r for r, x in zip(refs, got) if x)
+        self._without = tuple(r for r, x in zip(refs, got) if not x)
         # Graphs of one output are not watched in steady mode when another graph is (NOTE:
         # [Steady mode]): their pre-hook tells nothing the ``.grad`` check does not.
         single = {k for k, r in reads.items() if r and all(info.single for info, _ in r)}
@@ -104,6 +107,8 @@ class SteadyCheck:
         resets the baseline for the next backward."""
         base, self.base = self.base, None
         if not base:  # every .grad was None at the forward (or there was no forward)
+            if all(map(is_not, _grads(self._with), _NONES)) and not any(map(is_not, _grads(self._without), _NONES)):
+                return self.got, base is not None  # the steady answer (not to be changed by the caller)
             return list(map(is_not, _grads(self.refs), _NONES)), base is not None
         grads = list(_grads(self.refs))
         got = list(map(is_not, grads, _NONES))
@@ -113,6 +118,11 @@ class SteadyCheck:
                 if g is not None and ref() is g and g._version == v:
                     got[i] = False  # the baseline's tensor, untouched: nothing arrived
         return got, base is not None
+
+    def nothing(self, got: list[bool]) -> bool:
+        """Whether a backward received no gradient at all where the steady ones did (a
+        ``torch.autograd.grad`` pass: NOTE: [Backward passes that fill no .grad])."""
+        return bool(self._with) and not any(got)
 
     def same(self, got: list[bool], outputs: dict, reads: dict) -> bool:
         """Whether a backward that received ``got`` and saw ``outputs``/``reads`` is in the steady state."""

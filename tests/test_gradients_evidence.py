@@ -250,8 +250,8 @@ def test_steady_mode_drops_the_hooks_and_still_sees_a_change(tmp_path):
         opt.zero_grad()
         steady_at.append(agent._evidence._steady)
         hooks.append(len(agent._evidence._handles))
-        if agent._evidence._steady:  # no Python hook left on any parameter
-            assert not any(p._post_accumulate_grad_hooks for p in model.parameters())
+        if agent._evidence._steady:  # no hook left on any parameter, torch's own C++ hook included
+            assert all(p._backward_hooks is None and p._post_accumulate_grad_hooks is None for p in model.parameters())
     agent.close()
     assert steady_at[3:5] == [True] * 2 and steady_at[5] is False, steady_at  # the change ends steady mode
     assert steady_at[9:12] == [True] * 3 and steady_at[12] is False, steady_at  # back after 3 equal steps
@@ -351,6 +351,41 @@ def test_steady_mode_leaves_a_one_output_graph_unwatched_and_still_judges_every_
     body = next(r for r in rep if r.fqn == "body.weight")
     assert body.steps == [[0, 10, "ok"], [11, 11, "none"], [12, 15, "ok"]], body.steps
     assert rep.coverage["steps"][0]["backward_passes"] == 16
+
+
+def test_autograd_grad_passes_fill_no_gradient_in_full_and_steady_mode(tmp_path):
+    """NOTE: [Backward passes that fill no .grad]: each step first takes ``torch.autograd.grad``
+    of the heads' outputs with respect to the input (a saliency read) and, every third step, to a
+    parameter (the gradient hooks run for a leaf it captures), then ``backward()``. Neither pass
+    accumulates: no step reads NO_GRAD, in full mode (the engine asked per task) or steady mode
+    (a window that filled no ``.grad`` dropped at its end, steady mode kept); a real gap (step 12,
+    the tail unused) is still NO_GRAD at that step."""
+    store = tmp_path / "s.db"
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _HeadsAndTail()
+    agent = Agent(store=store, run="agrad")
+    agent.watch(model)
+    heads = torch.compile(model.heads, backend=agent.backend("aot_eager"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    steady = []
+    for step in range(16):
+        x = torch.randn(4, 8, requires_grad=True)
+        a, b = heads(x)
+        (gx,) = torch.autograd.grad(a.sum() + b.sum(), x, retain_graph=True)
+        if step % 3 == 0:
+            torch.autograd.grad(a.sum(), model.h1.weight, retain_graph=True)
+        loss = (a.pow(2).sum() + b.pow(2).sum()) if step == 12 else model.loss(a, b)
+        (loss + 0 * gx.sum()).backward()
+        opt.step()
+        opt.zero_grad()
+        steady.append(agent._evidence._steady)
+    agent.close()
+    assert all(steady[4:12]) and not steady[12], steady  # the autograd.grad passes do not end steady mode
+    rep = validate_backward(store, "agrad")
+    for r in rep:
+        want = [[0, 11, "ok"], [12, 12, "none"], [13, 15, "ok"]] if r.fqn.startswith("tail.") else [[0, 15, "ok"]]
+        assert r.steps == want, (r.fqn, r.steps)
 
 
 def test_combine_renumbers_rank0_reports_and_bad_output_path_is_usage(tmp_path):
