@@ -236,6 +236,8 @@ def observe_calls(compiled, info: "GraphInfo", evidence: "GradEvidence", plan: B
             params, key = (), None
         if not grad:
             return compiled(*args, **kwargs)
+        if evidence._check is not None:
+            evidence.before_call()  # steady mode's baseline, while the caller has the parameters in cache
         out = compiled(*args, **kwargs)
         if note is not None and not note.done:
             note(out)

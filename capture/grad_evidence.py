@@ -81,12 +81,27 @@ class _Window:
         self.closed = False
         self.opt_at_open, self.fwd_at_open = opt_steps, fwd_gen
         self.outputs: dict[int, dict[str, int]] = {}  # graph key -> output name -> LIVE|DEAD bits
-        self.reads: dict[int, set[tuple]] = {}  # graph key -> {(GraphInfo, fqns)}
+        self.reads: dict[int, set[tuple]] = {}  # graph key -> {_Read (GraphInfo, fqns)}
         self.multi_sites: dict[int, str | None] = {}
         self.loss_site = self.output_site = None  # output_site: raw user_frames of the call
         self.output_names: list[str] = []
         self.thread: int | None = None
         self.forced = False  # closed at an optimizer step, no hook having opened it (NOTE: [Steady mode])
+
+
+class _Read(tuple):
+    """``(GraphInfo, parameter names)`` a window read, one object per pair (interned by
+    :meth:`GradEvidence.observe_call`): sets of them hash and compare by identity, so a pre-hook
+    adds one without hashing every name (on a launch-bound host each is a cache miss)."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
 
 
 class GradEvidence(FsdpEvidence):
@@ -114,6 +129,7 @@ class GradEvidence(FsdpEvidence):
         self._last_persist = time.monotonic()
         self._failed = False
         self._fqn_cache: dict[tuple, tuple] = {}  # tensor ids -> (names, weak refs to up to 4 trainable leaves)
+        self._reads: dict[tuple, _Read] = {}  # (GraphInfo, names) -> its one _Read
         self._calls: dict[GraphInfo, tuple] = {}  # graph -> (tensor ids, call) of its last grad-enabled call
         self._accum_by_task: dict[int, bool] = {}
         self._fills_by_task: dict[int, bool] = {}  # autograd task -> whether it accumulates (_task_fills)
@@ -331,6 +347,19 @@ class GradEvidence(FsdpEvidence):
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
+    def before_call(self) -> None:
+        """Before a grad-enabled compiled call in steady mode: the baseline of the coming
+        backward, at the first call since the last one ended (NOTE: [Steady mode]). Taken before
+        the call, not after: the caller (Dynamo's guards, the runtime wrapper) has just read every
+        parameter, so the pass finds them in the CPU's caches, not after a forward that evicted
+        them."""
+        chk = self._check
+        if chk is not None and chk.base is None and self._win is None and not self._failed:
+            try:
+                chk.snapshot()
+            except Exception as exc:  # noqa: BLE001 - capture never breaks training
+                self._fail(exc)
+
     def observe_call(self, info: GraphInfo, out: Any, params: tuple, key: tuple | None = None) -> None:
         """After a grad-enabled call of a compiled graph (``params``: its arguments at
         ``info.positions``): put pre-hooks on its outputs' autograd nodes so the backward tells
@@ -344,8 +373,6 @@ class GradEvidence(FsdpEvidence):
                     self._off(CA_OFF)
                     return
             else:  # steady mode asks at the end of each backward instead (_close)
-                if chk.base is None and self._win is None:
-                    chk.snapshot()  # the baseline of the coming backward (NOTE: [Steady mode])
                 if info.single and chk.skip_single:
                     self._fwd_gen += 1
                     self._fresh = True
@@ -370,7 +397,12 @@ class GradEvidence(FsdpEvidence):
                 call = cached[1]  # steady mode: the same graph on the same tensors, site as last seen
             else:
                 fqns, leaves = self._fqns_leaves(info, key, params)
-                call = (info, fqns, threading.get_ident(), user_frames(sys._getframe(1), depth=2), leaves)
+                read = self._reads.get((info, fqns))
+                if read is None:
+                    read = _Read((info, fqns))
+                    if len(self._reads) < 4096:
+                        self._reads[(info, fqns)] = read
+                call = (info, fqns, threading.get_ident(), user_frames(sys._getframe(1), depth=2), leaves, read)
                 if len(self._calls) < 4096:
                     self._calls[info] = (key, call)
             for fn, items in groups.items():
@@ -399,7 +431,7 @@ class GradEvidence(FsdpEvidence):
         if compiled_autograd_active():
             return None
         try:
-            info, fqns, thread, site, leaves = call
+            info, fqns, thread, site, leaves, read = call
             with self._lock:
                 t = _task_id()
                 # torch.autograd.grad / backward(inputs=...) not reaching parameters (steady mode
@@ -416,7 +448,7 @@ class GradEvidence(FsdpEvidence):
                         dead = True
                         if name not in w.output_names:
                             w.output_names.append(name)
-                w.reads.setdefault(info.key, set()).add((info, fqns))
+                w.reads.setdefault(info.key, set()).add(read)
                 if dead and w.output_site is None:  # formatted at close, only if it matters
                     w.output_site, w.thread = site, thread
                 self._join(w, t)

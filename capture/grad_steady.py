@@ -11,7 +11,7 @@ watched parameter's ``.grad`` per backward instead of a Python hook per paramete
 # the hooks come off, torch's C++ hook on each tensor with them (NOTE: [Hooks stay on the
 # tensor]), and each backward costs:
 #
-# * at the first grad-enabled compiled call after the last backward (the forward), one
+# * at the first grad-enabled compiled call after the last backward (before it runs), one
 #   C-speed pass over the weakly held parameters' ``.grad`` (~0.1 µs a parameter): the *baseline*. Usually
 #   every ``.grad`` is None there (``zero_grad(set_to_none=True)``, torch's default); those that
 #   are not are remembered as (weak reference, ``_version``), so ``zero_grad(set_to_none=False)``
