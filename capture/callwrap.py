@@ -13,6 +13,7 @@ into the job.
 from __future__ import annotations
 
 import warnings
+from array import array
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
@@ -152,10 +153,17 @@ def picker(positions: list[int]):
     return itemgetter(*positions)
 
 
+def ids_key(params: tuple) -> bytes:
+    """The identity of a call's parameters: their ``id``s packed into one ``bytes`` (the capture
+    holds no parameter). One object, hashed and compared as one block of memory: a tuple of ints
+    is as many objects, each a cache miss when a launch-bound step compares it with a stored one."""
+    return array("q", map(id, params)).tobytes()
+
+
 def binder(plan: BindingPlan, agent: "Agent"):
     """``bind(params) -> key``: record which parameters ``params`` (the call's tensors at
     ``plan.positions``, a tuple) are the first time that set is seen (NOTE: [Run-time parameter
-    binding]); returns the tuple of their ids (None once ``MAX_BINDINGS_PER_GRAPH`` sets were seen
+    binding]); returns their :func:`ids_key` (None once ``MAX_BINDINGS_PER_GRAPH`` sets were seen
     or after a failure). Never raises."""
     seen: set[tuple] = set()
 
@@ -163,7 +171,7 @@ def binder(plan: BindingPlan, agent: "Agent"):
         if len(seen) >= MAX_BINDINGS_PER_GRAPH:
             return None
         try:
-            key = tuple(map(id, params))  # ids, not the tensors: the capture holds no parameter
+            key = ids_key(params)
             if key not in seen:
                 seen.add(key)
                 agent._bind(plan, list(params))
@@ -231,13 +239,15 @@ def observe_calls(compiled, info: "GraphInfo", evidence: "GradEvidence", plan: B
         flat = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args
         try:
             params = pick(flat)
-            key = bind(params) if bind is not None else None
+            key = bind(params) if bind is not None else ids_key(params)
         except Exception:  # noqa: BLE001 - capture never breaks training (a short argument list)
             params, key = (), None
         if not grad:
             return compiled(*args, **kwargs)
         if evidence._check is not None:
             evidence.before_call()  # steady mode's baseline, while the caller has the parameters in cache
+            if evidence.known_call(info, key):
+                params = ()  # let go while in cache: nothing reads them after this call
         out = compiled(*args, **kwargs)
         if note is not None and not note.done:
             note(out)

@@ -62,6 +62,7 @@ from graphdeck.capture.grad_sites import (  # noqa: F401 - names of this module 
     user_frames,
     user_site,
 )
+from graphdeck.capture.callwrap import ids_key
 from graphdeck.capture.grad_steady import SteadyCheck
 
 PERSIST_EVERY_S = 30.0
@@ -360,7 +361,13 @@ class GradEvidence(FsdpEvidence):
             except Exception as exc:  # noqa: BLE001 - capture never breaks training
                 self._fail(exc)
 
-    def observe_call(self, info: GraphInfo, out: Any, params: tuple, key: tuple | None = None) -> None:
+    def known_call(self, info: GraphInfo, key: bytes | None) -> bool:
+        """Whether, in steady mode, a call of ``info`` on the parameters ``key`` is the one
+        :meth:`observe_call` last saw (it then needs no parameter)."""
+        cached = self._calls.get(info)
+        return key is not None and cached is not None and cached[0] == key
+
+    def observe_call(self, info: GraphInfo, out: Any, params: tuple, key: bytes | None = None) -> None:
         """After a grad-enabled call of a compiled graph (``params``: its arguments at
         ``info.positions``): put pre-hooks on its outputs' autograd nodes so the backward tells
         which outputs the loss used."""
@@ -390,8 +397,8 @@ class GradEvidence(FsdpEvidence):
                         groups.setdefault(fn, []).append((name, t.output_nr))
             if not groups:
                 return
-            if key is None:  # the binding's, when the same wrapper bound the call
-                key = tuple(map(id, params))  # ids, not the tensors: the capture holds no parameter
+            if key is None:  # the binding's or the wrapper's, when it could pick the parameters
+                key = ids_key(params)
             cached = self._calls.get(info) if chk is not None else None
             if cached is not None and cached[0] == key:
                 call = cached[1]  # steady mode: the same graph on the same tensors, site as last seen
