@@ -3,9 +3,9 @@
 ``bench_grad_evidence.py`` measures the capture as a difference between copies of a model (plain,
 captured, captured without the evidence), which on a shared machine resolves a few hundred µs, i.e.
 1-3% of a GPT-2 step. This one times the capture's own code where it runs, in one captured model:
-the wrappers the agent puts around each compiled call (``watch_output_grads``, ``observe_calls`` +
-``GradEvidence.observe_call``, which also binds parameters when the evidence is on, else
-``bind_at_run_time``: their time minus the compiled call's) and every
+the wrapper the agent puts around each compiled call (with the evidence on, ``observe_calls`` +
+``GradEvidence.observe_call``, which also binds parameters and notes the outputs' gradients; else
+``watch_output_grads`` and ``bind_at_run_time``: their time minus the compiled call's) and every
 hook the gradient evidence has autograd or the optimizer call (the outputs' pre-hook, the
 end-of-backward callback, the per-parameter hooks while they are on, the optimizer step's pre- and
 post-hooks), with ``time.perf_counter_ns`` (wall: each runs with the GIL held, on the calling thread
@@ -14,9 +14,15 @@ Python hook (a GIL hand-over, ~1 µs a call) and the timers' (~0.1 µs a call).
 
 After ``--warmup`` steps (steady mode on), ``--steps`` steps each timed whole (CUDA events on a GPU,
 ``perf_counter`` on a CPU) with the capture's parts summed per step. Printed: per part the median
-µs a step, the total's median and spread, and the total as a share of the median step.
+µs a step and calls a step, the total's median and spread, the total as a share of the median step,
+and how many parameters still carry a hook (torch's own C++ hook included: NOTE: [Hooks stay on the
+tensor]). ``--ab``: each step is paired with one where the evidence is muted (its hooks and checks
+return at once; the wrapper still picks and keys the parameters), in turn; printed: the median
+paired difference of step time with a 95% bootstrap interval — what the job feels, with the GPU's
+queue hiding what host time it can. ``--sub-parts``: the passes over ``.grad``, the close and
+``observe_call`` timed too (nested; their timers inflate what they are nested in).
 
-    python bench/bench_evidence_own.py --device cuda --backend inductor --dtype bf16 --batch 8 --seq 512 --layers 12
+    python bench/bench_evidence_own.py --device cuda --backend inductor --dtype bf16 --batch 8 --seq 512 --layers 12 --ab
     python bench/bench_evidence_own.py --layers 6 --embd 96 --vocab 512 --seq 16   # CPU, aot_eager
 """
 
@@ -92,8 +98,10 @@ def timed_method(cls, name: str, part: str) -> None:
     setattr(cls, name, method)
 
 
-def instrument() -> None:
-    """Time the capture's parts (before any agent exists: hooks bind methods when registered)."""
+def instrument(sub_parts: bool = False) -> None:
+    """Time the capture's parts (before any agent exists: hooks bind methods when registered);
+    ``sub_parts``: also the steady check's passes over ``.grad``, the window's close and
+    ``observe_call`` ("x ..." lines, nested in the parts: the timers' own cost inflates the total)."""
     from graphdeck.capture import agent as agent_mod
     from graphdeck.capture import callwrap
     from graphdeck.capture.grad_evidence import GradEvidence
@@ -101,6 +109,13 @@ def instrument() -> None:
     agent_mod.watch_output_grads = timed_factory(callwrap.watch_output_grads, "call: output-gradient note")
     agent_mod.bind_at_run_time = timed_factory(callwrap.bind_at_run_time, "call: parameter binding")
     callwrap.observe_calls = timed_factory(callwrap.observe_calls, "call: evidence (observe_call, pre-hook put on)")
+    if sub_parts:
+        from graphdeck.capture.grad_steady import SteadyCheck
+
+        for cls, name, part in ((SteadyCheck, "snapshot", "x snapshot (baseline pass)"),
+                                (SteadyCheck, "received", "x received (end-of-backward pass)"),
+                                (GradEvidence, "_close", "x close"), (GradEvidence, "observe_call", "x observe_call")):
+            timed_method(cls, name, part)
     for name, part in (("_on_output_grads", "hook: outputs' pre-hook"), ("_task_done", "hook: end of backward"),
                        ("_on_grad", "hook: per-parameter (full mode)"),
                        ("_on_step_pre", "hook: optimizer step"), ("_on_optimizer_step", "hook: optimizer step")):
@@ -119,10 +134,11 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--sub-parts", action="store_true", help="also time the sub-parts (nested; inflates the total)")
     ap.add_argument("--ab", action="store_true",
                     help="also time a step with the evidence muted after (or before) each one, in turn")
     args = ap.parse_args()
-    instrument()
+    instrument(args.sub_parts)
     from graphdeck.capture import Agent
 
     device, dtype = args.device, {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
@@ -162,7 +178,7 @@ def main() -> None:
     left = sum(1 for p in model.parameters() if p._backward_hooks is not None or p._post_accumulate_grad_hooks is not None)
     agent.close()
     parts = sorted({k for d in per_step for k in d})
-    totals = [sum(d.values()) / 1e3 for d in per_step]
+    totals = [sum(v for k, v in d.items() if not k.startswith("x ")) / 1e3 for d in per_step]  # sub-parts nest
     med_step = statistics.median(step_ms)
     what = f"GPT-2 {args.layers} layers (n_embd {args.embd}), {args.backend}, {args.dtype}, batch {args.batch}x{args.seq}"
     print(f"[own] {what}, {device}{' ' + torch.cuda.get_device_name() if device == 'cuda' else ''}, torch "
