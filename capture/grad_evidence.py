@@ -26,9 +26,10 @@ which none, and which was accumulated more than once.
 #
 # Cost: full mode is one hook call per parameter per backward; once backward passes repeat,
 # steady mode (NOTE: [Steady mode] in ``grad_steady.py``) takes the hooks off (torch's own
-# included) and looks at every ``.grad`` twice per backward at C speed. A window whose state equals the previous one only moves the row's end in memory
-# (persisted every ``PERSIST_EVERY_S`` s, at ``close()`` and at interpreter exit). A state that
-# changes is written at once, so a job that dies loses at most the extent of the last row.
+# included) and looks at every ``.grad`` twice per backward at C speed. A window whose state
+# equals the previous one only moves the row's end in memory (persisted every ``PERSIST_EVERY_S``
+# s, at ``close()`` and at interpreter exit). A state that changes is written at once, so a job
+# that dies loses at most the extent of the last row.
 #
 # FSDP2 (NOTE: [FSDP2 evidence]) and a DDP wrapper made after ``watch()`` live in ``grad_fsdp.py``.
 """
@@ -47,10 +48,12 @@ from typing import Any
 
 import torch
 
+from graphdeck.capture.callwrap import ids_key
 from graphdeck.capture.grad_fsdp import FsdpEvidence
 from graphdeck.capture.grad_sites import (  # noqa: F401 - names of this module before the split
     CA_OFF,
     GraphInfo,
+    Read,
     _checkpoint_site,
     _nested,
     _task_id,
@@ -59,10 +62,11 @@ from graphdeck.capture.grad_sites import (  # noqa: F401 - names of this module 
     compiled_autograd_ran,
     format_frames,
     reach_of,
+    task_accumulates,
+    task_fills,
     user_frames,
     user_site,
 )
-from graphdeck.capture.callwrap import ids_key
 from graphdeck.capture.grad_steady import SteadyCheck
 
 PERSIST_EVERY_S = 30.0
@@ -82,27 +86,12 @@ class _Window:
         self.closed = False
         self.opt_at_open, self.fwd_at_open = opt_steps, fwd_gen
         self.outputs: dict[int, dict[str, int]] = {}  # graph key -> output name -> LIVE|DEAD bits
-        self.reads: dict[int, set[tuple]] = {}  # graph key -> {_Read (GraphInfo, fqns)}
+        self.reads: dict[int, set[tuple]] = {}  # graph key -> {Read (GraphInfo, fqns)}
         self.multi_sites: dict[int, str | None] = {}
         self.loss_site = self.output_site = None  # output_site: raw user_frames of the call
         self.output_names: list[str] = []
         self.thread: int | None = None
         self.forced = False  # closed at an optimizer step, no hook having opened it (NOTE: [Steady mode])
-
-
-class _Read(tuple):
-    """``(GraphInfo, parameter names)`` a window read, one object per pair (interned by
-    :meth:`GradEvidence.observe_call`): sets of them hash and compare by identity, so a pre-hook
-    adds one without hashing every name (on a launch-bound host each is a cache miss)."""
-
-    __slots__ = ()
-    __hash__ = object.__hash__
-
-    def __eq__(self, other):
-        return self is other
-
-    def __ne__(self, other):
-        return self is not other
 
 
 class GradEvidence(FsdpEvidence):
@@ -130,10 +119,10 @@ class GradEvidence(FsdpEvidence):
         self._last_persist = time.monotonic()
         self._failed = False
         self._fqn_cache: dict[tuple, tuple] = {}  # tensor ids -> (names, weak refs to up to 4 trainable leaves)
-        self._reads: dict[tuple, _Read] = {}  # (GraphInfo, names) -> its one _Read
+        self._reads: dict[tuple, Read] = {}  # (GraphInfo, names) -> its one Read
         self._calls: dict[GraphInfo, tuple] = {}  # graph -> (tensor ids, call) of its last grad-enabled call
         self._accum_by_task: dict[int, bool] = {}
-        self._fills_by_task: dict[int, bool] = {}  # autograd task -> whether it accumulates (_task_fills)
+        self._fills_by_task: dict[int, bool] = {}  # autograd task -> whether it accumulates (task_fills)
         self._opt_handle = self._pre_handle = None
         self._fsdp_params: list | None = None  # [(fqn, parameter)] live under FSDP2 (NOTE: [FSDP2 evidence])
         self._fsdp_sig: dict[str, tuple] = {}  # fqn -> (weak ref to .grad, its local version) at the last step
@@ -161,7 +150,7 @@ class GradEvidence(FsdpEvidence):
                 self._hook(idx, p)
 
     def _hook(self, idx: int, p) -> None:
-        """Hook parameter ``idx`` (``p``): a post-accumulate hook on the tensor.
+        """Hook parameter ``idx`` (``p``): a gradient hook on the tensor.
 
         # NOTE: [Hooks stay on the tensor]
         # The hook is a gradient hook on the leaf (``register_hook``: called with the gradient
@@ -179,7 +168,7 @@ class GradEvidence(FsdpEvidence):
         # (:meth:`_unhook`; a hook registered from C++ on a parameter would go with it).
         # ``torch.autograd.grad`` runs these hooks too, for the leaves it captures instead of
         # accumulating: a task whose accumulator the engine will not execute counts nothing
-        # (:meth:`_task_fills`).
+        # (:func:`~graphdeck.capture.grad_sites.task_fills`).
         """
         try:
             self._handles[idx] = p.register_hook(partial(self._on_grad, idx))
@@ -301,29 +290,12 @@ class GradEvidence(FsdpEvidence):
             t = _task_id()
             fills = self._fills_by_task.get(t)
             if fills is None:
-                fills = self._task_fills(t)
+                fills = task_fills(t, self._fills_by_task)
             if fills:
                 self._count(idx, t)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             self._fail(exc)
         return None
-
-    def _task_fills(self, task: int) -> bool:
-        """Whether autograd task ``task`` accumulates into the parameter whose hook runs now (the
-        engine will execute its ``AccumulateGrad`` node: ``backward()``; it raises for a leaf that
-        ``torch.autograd.grad`` captures instead); asked once per task."""
-        cache = self._fills_by_task
-        if len(cache) > 64:
-            cache.clear()
-        try:
-            node = torch._C._current_autograd_node()
-            result = node is None or bool(torch._C._will_engine_execute_node(node))
-        except RuntimeError:  # captured by autograd.grad: nothing accumulates in this task
-            result = False
-        except Exception:  # noqa: BLE001 - an engine that cannot tell: count the pass
-            result = True
-        cache[task] = result
-        return result
 
     def _count(self, idx: int, t: int) -> None:
         """One accumulation into parameter ``idx``, in the window of autograd task ``t``."""
@@ -406,7 +378,7 @@ class GradEvidence(FsdpEvidence):
                 fqns, leaves = self._fqns_leaves(info, key, params)
                 read = self._reads.get((info, fqns))
                 if read is None:
-                    read = _Read((info, fqns))
+                    read = Read((info, fqns))
                     if len(self._reads) < 4096:
                         self._reads[(info, fqns)] = read
                 call = (info, fqns, threading.get_ident(), user_frames(sys._getframe(1), depth=2), leaves, read)
@@ -419,7 +391,7 @@ class GradEvidence(FsdpEvidence):
 
     def _fqns_leaves(self, info: GraphInfo, key: tuple, params: tuple) -> tuple[tuple, tuple]:
         """(the watched names of ``params``, weak references to up to 4 of them that are
-        trainable leaves, for :meth:`_accumulates`), cached per tuple of tensor ids."""
+        trainable leaves, for :func:`task_accumulates`), cached per tuple of tensor ids."""
         live = bool(info.positions and self.agent._models)
         ckey = key if live else (info, key)  # the graph's own names when no model is watched
         got = self._fqn_cache.get(ckey)
@@ -443,7 +415,7 @@ class GradEvidence(FsdpEvidence):
                 t = _task_id()
                 # torch.autograd.grad / backward(inputs=...) not reaching parameters (steady mode
                 # tells at the window's end, from .grad: _close)
-                if leaves and self._check is None and not self._accumulates(t, leaves):
+                if leaves and self._check is None and not task_accumulates(t, leaves, self._accum_by_task):
                     return None
                 w = self._window_for(t)
                 seen = w.outputs.setdefault(info.key, {})
@@ -462,50 +434,6 @@ class GradEvidence(FsdpEvidence):
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
         return None
-
-    def _accumulates(self, task: int, leaves: tuple) -> bool:
-        """Whether autograd task ``task`` (running now) accumulates into any of the parameters
-        given as weak references (``leaves``: up to 4 trainable leaves of the call).
-
-        # NOTE: [Backward passes that fill no .grad]
-        # ``torch.autograd.grad`` (e.g. torch.distributed.pipelining's backward metadata inference
-        # on its first step, gradient penalties) and ``backward(inputs=...)`` without the
-        # parameters run a compiled graph's backward but accumulate into no parameter: counted,
-        # such a pass would report every parameter as getting no gradient. The engine tells
-        # whether a leaf's AccumulateGrad node runs in the current task
-        # (``torch._C._will_engine_execute_node``; under autograd.grad it raises for a leaf it
-        # captures instead: no accumulation either). Asked once per task in full mode; steady
-        # mode (no per-parameter hooks) drops a window whose backward filled no watched ``.grad``
-        # at all when it closes, which is what this answers for the passes that matter.
-        """
-        cache = self._accum_by_task
-        if task in cache:
-            return cache[task]
-        if len(cache) > 64:
-            cache.clear()
-        result = False
-        from torch.autograd.graph import get_gradient_edge
-
-        for ref in leaves:
-            p = ref()
-            if p is None:
-                continue
-            try:
-                node = get_gradient_edge(p).node
-            except Exception:  # noqa: BLE001 - an accumulator that cannot be had: count the pass
-                result = True
-                break
-            try:
-                if torch._C._will_engine_execute_node(node):
-                    result = True
-                    break
-            except RuntimeError:  # autograd.grad capturing this leaf: nothing accumulates
-                continue
-            except Exception:  # noqa: BLE001 - an engine that cannot tell: count the pass, as before
-                result = True
-                break
-        cache[task] = result
-        return result
 
     # ------------------------------------------------------------------ windows -> rows
     def _state(self, w: _Window) -> tuple[dict, dict]:

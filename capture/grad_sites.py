@@ -212,3 +212,80 @@ def _thread_site(thread: int | None) -> str | None:
         return None
     frame = sys._current_frames().get(thread)
     return user_site(frame) if frame is not None else None
+
+
+class Read(tuple):
+    """``(GraphInfo, parameter names)`` a window read, one object per pair (interned by
+    ``GradEvidence.observe_call``): sets of them hash and compare by identity, so a pre-hook adds
+    one without hashing every name (on a launch-bound host each is a cache miss)."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+
+def task_fills(task: int, cache: dict) -> bool:
+    """Whether autograd task ``task`` accumulates into the parameter whose hook runs now (the
+    engine will execute its ``AccumulateGrad`` node: ``backward()``; it raises for a leaf that
+    ``torch.autograd.grad`` captures instead); ``cache``: task → answer, kept by the caller."""
+    if len(cache) > 64:
+        cache.clear()
+    try:
+        node = torch._C._current_autograd_node()
+        result = node is None or bool(torch._C._will_engine_execute_node(node))
+    except RuntimeError:  # captured by autograd.grad: nothing accumulates in this task
+        result = False
+    except Exception:  # noqa: BLE001 - an engine that cannot tell: count the pass
+        result = True
+    cache[task] = result
+    return result
+
+
+def task_accumulates(task: int, leaves: tuple, cache: dict) -> bool:
+    """Whether autograd task ``task`` (running now) accumulates into any of the parameters
+    given as weak references (``leaves``: up to 4 trainable leaves of the call); ``cache``:
+    task → answer, kept by the caller.
+
+    # NOTE: [Backward passes that fill no .grad]
+    # ``torch.autograd.grad`` (e.g. torch.distributed.pipelining's backward metadata inference
+    # on its first step, gradient penalties) and ``backward(inputs=...)`` without the
+    # parameters run a compiled graph's backward but accumulate into no parameter: counted,
+    # such a pass would report every parameter as getting no gradient. The engine tells
+    # whether a leaf's AccumulateGrad node runs in the current task
+    # (``torch._C._will_engine_execute_node``; under autograd.grad it raises for a leaf it
+    # captures instead: no accumulation either). Asked once per task in full mode; steady
+    # mode (no per-parameter hooks) drops a window whose backward filled no watched ``.grad``
+    # at all when it closes, which is what this answers for the passes that matter.
+    """
+    if task in cache:
+        return cache[task]
+    if len(cache) > 64:
+        cache.clear()
+    result = False
+    from torch.autograd.graph import get_gradient_edge
+
+    for ref in leaves:
+        p = ref()
+        if p is None:
+            continue
+        try:
+            node = get_gradient_edge(p).node
+        except Exception:  # noqa: BLE001 - an accumulator that cannot be had: count the pass
+            result = True
+            break
+        try:
+            if torch._C._will_engine_execute_node(node):
+                result = True
+                break
+        except RuntimeError:  # autograd.grad capturing this leaf: nothing accumulates
+            continue
+        except Exception:  # noqa: BLE001 - an engine that cannot tell: count the pass, as before
+            result = True
+            break
+    cache[task] = result
+    return result
