@@ -388,6 +388,31 @@ def test_autograd_grad_passes_fill_no_gradient_in_full_and_steady_mode(tmp_path)
         assert r.steps == want, (r.fqn, r.steps)
 
 
+def test_steady_mode_leaves_the_jobs_own_parameter_hooks_alone(tmp_path):
+    """NOTE: [Hooks stay on the tensor]: steady mode clears torch's hook only on a tensor where no
+    other hook is left: a hook the job put on a parameter (before or after ``watch()``) still runs
+    at every step, and that parameter keeps its hook dict while the others' are cleared."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _HeadsAndTail()
+    before, after = [], []
+    model.h1.weight.register_hook(lambda g: before.append(1))
+    agent = Agent(store=tmp_path / "s.db", run="own-hooks")
+    agent.watch(model)
+    model.h2.weight.register_hook(lambda g: after.append(1))
+    heads = torch.compile(model.heads, backend=agent.backend("aot_eager"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(10):
+        model.loss(*heads(torch.randn(4, 8))).backward()
+        opt.step()
+        opt.zero_grad()
+    assert agent._evidence._steady
+    assert len(before) == len(after) == 10
+    assert model.h1.weight._backward_hooks and model.h2.weight._backward_hooks
+    assert model.body.weight._backward_hooks is None and model.tail.weight._backward_hooks is None
+    agent.close()
+
+
 def test_combine_renumbers_rank0_reports_and_bad_output_path_is_usage(tmp_path):
     """Eager reports made without a process group all say rank 0: combine() numbers them in order
     (not "rank [0] but not rank [0]"); check-grads -o to an unwritable path exits 2, not 1."""
