@@ -244,10 +244,8 @@ def observe_calls(compiled, info: "GraphInfo", evidence: "GradEvidence", plan: B
             params, key = (), None
         if not grad:
             return compiled(*args, **kwargs)
-        if evidence._check is not None:
-            evidence.before_call()  # steady mode's baseline, while the caller has the parameters in cache
-            if evidence.known_call(info, key):
-                params = ()  # let go while in cache: nothing reads them after this call
+        if not evidence.before_call(info, key):  # steady mode's baseline, while the parameters are in cache
+            params = ()  # let go while in cache: nothing reads them after this call
         out = compiled(*args, **kwargs)
         if note is not None and not note.done:
             note(out)

@@ -288,10 +288,7 @@ class GradEvidence(FsdpEvidence):
             return None  # None: a compiled backward gave this parameter no gradient
         try:
             t = _task_id()
-            fills = self._fills_by_task.get(t)
-            if fills is None:
-                fills = task_fills(t, self._fills_by_task)
-            if fills:
+            if task_fills(t, self._fills_by_task):
                 self._count(idx, t)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             self._fail(exc)
@@ -320,24 +317,24 @@ class GradEvidence(FsdpEvidence):
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
-    def before_call(self) -> None:
-        """Before a grad-enabled compiled call in steady mode: the baseline of the coming
-        backward, at the first call since the last one ended (NOTE: [Steady mode]). Taken before
-        the call, not after: the caller (Dynamo's guards, the runtime wrapper) has just read every
-        parameter, so the pass finds them in the CPU's caches, not after a forward that evicted
-        them."""
+    def before_call(self, info: GraphInfo, key: bytes | None) -> bool:
+        """Before a grad-enabled call of ``info`` on the parameters ``key`` (:func:`ids_key`): in
+        steady mode, the baseline of the coming backward at the first call since the last one
+        ended (NOTE: [Steady mode]), taken before the call, not after: the caller (Dynamo's
+        guards, the runtime wrapper) has just read every parameter, so the pass finds them in the
+        CPU's caches, not after a forward that evicted them. Returns whether :meth:`observe_call`
+        will need the parameters themselves (False in steady mode for the call last seen: the
+        caller can let them go while they are in cache)."""
         chk = self._check
-        if chk is not None and chk.base is None and self._win is None and not self._failed:
+        if chk is None:
+            return True
+        if chk.base is None and self._win is None and not self._failed:
             try:
                 chk.snapshot()
             except Exception as exc:  # noqa: BLE001 - capture never breaks training
                 self._fail(exc)
-
-    def known_call(self, info: GraphInfo, key: bytes | None) -> bool:
-        """Whether, in steady mode, a call of ``info`` on the parameters ``key`` is the one
-        :meth:`observe_call` last saw (it then needs no parameter)."""
         cached = self._calls.get(info)
-        return key is not None and cached is not None and cached[0] == key
+        return key is None or cached is None or cached[0] != key
 
     def observe_call(self, info: GraphInfo, out: Any, params: tuple, key: bytes | None = None) -> None:
         """After a grad-enabled call of a compiled graph (``params``: its arguments at

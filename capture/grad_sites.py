@@ -233,6 +233,8 @@ def task_fills(task: int, cache: dict) -> bool:
     """Whether autograd task ``task`` accumulates into the parameter whose hook runs now (the
     engine will execute its ``AccumulateGrad`` node: ``backward()``; it raises for a leaf that
     ``torch.autograd.grad`` captures instead); ``cache``: task → answer, kept by the caller."""
+    if task in cache:
+        return cache[task]
     if len(cache) > 64:
         cache.clear()
     try:
