@@ -19,7 +19,8 @@ and how many parameters still carry a hook (torch's own C++ hook included: NOTE:
 tensor]). ``--ab``: each step is paired with one where the evidence is muted (its hooks and checks
 return at once; the wrapper still picks and keys the parameters), in turn; printed: the median
 paired difference of step time with a 95% bootstrap interval — what the job feels, with the GPU's
-queue hiding what host time it can. ``--sub-parts``: the passes over ``.grad``, the close and
+queue hiding what host time it can; ``--zero-ab`` adds a third step per round, the evidence blind to the
+optimizer's ``zero_grad`` (a full baseline pass), and prints its paired differences. ``--sub-parts``: the passes over ``.grad``, the close and
 ``observe_call`` timed too (nested; their timers inflate what they are nested in).
 
     python bench/bench_evidence_own.py --device cuda --backend inductor --dtype bf16 --batch 8 --seq 512 --layers 12 --ab
@@ -46,6 +47,7 @@ from bench.bench_grad_evidence import build, make_step, timed  # noqa: E402
 
 NS: dict[str, int] = defaultdict(int)  # part -> ns this step
 CALLS: dict[str, int] = defaultdict(int)  # part -> calls this step
+BLIND = [False]  # --zero-ab: this step's evidence ignores the optimizer's zero_grad
 _pc = time.perf_counter_ns
 
 
@@ -137,8 +139,22 @@ def main() -> None:
     ap.add_argument("--sub-parts", action="store_true", help="also time the sub-parts (nested; inflates the total)")
     ap.add_argument("--ab", action="store_true",
                     help="also time a step with the evidence muted after (or before) each one, in turn")
+    ap.add_argument("--zero-ab", action="store_true",
+                    help="with --ab, a third step per round: the evidence on but blind to the optimizer's zero_grad "
+                         "(a full baseline pass over .grad, as before that shortcut); rounds rotate the order")
     args = ap.parse_args()
     instrument(args.sub_parts)
+    if args.zero_ab:
+        from graphdeck.capture.grad_steady import SteadyCheck
+
+        snapshot = SteadyCheck.snapshot
+
+        def maybe_blind(self):  # the blind step's baseline: a pass over every .grad
+            if BLIND[0]:
+                self.stale = None
+            snapshot(self)
+
+        SteadyCheck.snapshot = maybe_blind
     from graphdeck.capture import Agent
 
     device, dtype = args.device, {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
@@ -157,23 +173,27 @@ def main() -> None:
     calls: list[dict[str, int]] = []
     step_ms: list[float] = []
     off_ms: list[float] = []  # --ab: the steps with the evidence muted
+    blind_ms: list[float] = []  # --zero-ab: the steps blind to zero_grad
     ev = agent._evidence
+    arms = ["on", "muted", "blind"] if args.zero_ab else ["on", "muted"] if args.ab else ["on"]
     for i in range(args.steps):
-        for on in ((True, False) if i % 2 == 0 else (False, True)) if args.ab else (True,):
+        for arm in arms[i % len(arms):] + arms[:i % len(arms)]:  # each arm first in turn
             NS.clear()
             CALLS.clear()
-            if not on:
+            if arm == "muted":
                 ev._failed = True  # muted for this step: observe_call, the hooks and the optimizer's return at once
+            BLIND[0] = arm == "blind"
             try:
                 ms = timed(step, 1, device)[0][0]  # CUDA events on a GPU, perf_counter on a CPU
             finally:
                 ev._failed = False
-            if on:
+                BLIND[0] = False
+            if arm == "on":
                 step_ms.append(ms)
                 per_step.append(dict(NS))
                 calls.append(dict(CALLS))
             else:
-                off_ms.append(ms)
+                (off_ms if arm == "muted" else blind_ms).append(ms)
     steady = bool(ev is not None and ev._steady)
     left = sum(1 for p in model.parameters() if p._backward_hooks is not None or p._post_accumulate_grad_hooks is not None)
     agent.close()
@@ -198,6 +218,12 @@ def main() -> None:
         print(f"[own] A/B in this process, {len(d)} pairs: step with the evidence {statistics.median(step_ms):.3f} ms, "
               f"muted {statistics.median(off_ms):.3f} ms; paired difference median {statistics.median(d) * 1e3:+.1f} µs "
               f"(95% bootstrap {lo * 1e3:+.1f} .. {hi * 1e3:+.1f}) = {statistics.median(d) / statistics.median(off_ms):+.3%}")
+    if blind_ms:
+        for name, xs, ys in (("blind to zero_grad − muted", blind_ms, off_ms), ("on − blind to zero_grad", step_ms, blind_ms)):
+            d = [a - b for a, b in zip(xs, ys)]
+            lo, hi = bootstrap_median(d)
+            print(f"[own] A/B {name}: paired difference median {statistics.median(d) * 1e3:+.1f} µs (95% bootstrap "
+                  f"{lo * 1e3:+.1f} .. {hi * 1e3:+.1f}) = {statistics.median(d) / statistics.median(off_ms):+.3%}")
     print(f"[own] parameters with a hook left on them in steady mode (torch's C++ hook included): {left} of "
           f"{sum(1 for _ in model.parameters())}")
 

@@ -124,6 +124,7 @@ class GradEvidence(FsdpEvidence):
         self._accum_by_task: dict[int, bool] = {}
         self._fills_by_task: dict[int, bool] = {}  # autograd task -> whether it accumulates (task_fills)
         self._opt_handle = self._pre_handle = None
+        self._zero_seen: weakref.WeakSet = weakref.WeakSet()  # optimizers whose zero_grad is watched
         self._fsdp_params: list | None = None  # [(fqn, parameter)] live under FSDP2 (NOTE: [FSDP2 evidence])
         self._fsdp_sig: dict[str, tuple] = {}  # fqn -> (weak ref to .grad, its local version) at the last step
         self._fsdp_rows = 0

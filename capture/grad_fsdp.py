@@ -8,6 +8,8 @@ import weakref
 
 import torch
 
+from graphdeck.capture.grad_steady import watch_zero_grad
+
 
 class FsdpEvidence:
     """``GradEvidence``'s methods for FSDP2 (read at each optimizer step) and a late DDP wrapper."""
@@ -24,10 +26,13 @@ class FsdpEvidence:
     # gradients (a compiled backward's zeros) and gradients accumulated twice cannot be told from
     # real ones here (said in the state as ``"limits"``); steps are optimizer steps (a job that
     # never steps gives its one read at exit); several optimizers read at each of their steps.
-    def _on_step_pre(self, *_a, **_k) -> None:
+    def _on_step_pre(self, opt=None, *_a, **_k) -> None:
         if self._failed:
             return
         try:
+            if opt is not None and opt not in self._zero_seen:  # NOTE: [Steady mode]: the baseline's shortcut
+                self._zero_seen.add(opt)
+                watch_zero_grad(opt, weakref.WeakMethod(self._on_zero_grad))
             if self._check is not None:
                 self._unseen_backward()
                 return
@@ -40,6 +45,15 @@ class FsdpEvidence:
                     self._fsdp_step(self._opt_steps, at_exit=False, partial_=False)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             self._fail(exc)
+
+    def _on_zero_grad(self, opt) -> None:
+        """``opt.zero_grad(set_to_none=True)`` returned (:func:`watch_zero_grad`)."""
+        chk = self._check
+        if chk is not None and not self._failed:
+            try:
+                chk.cleared(opt)
+            except Exception as exc:  # noqa: BLE001 - capture never breaks training
+                self._fail(exc)
 
     def _fsdp_step(self, step: int, at_exit: bool, partial_: bool) -> None:
         """Read which watched trainable parameters hold a new ``.grad`` (NOTE: [FSDP2 evidence])

@@ -15,7 +15,12 @@ watched parameter's ``.grad`` per backward instead of a Python hook per paramete
 #   C-speed pass over the weakly held parameters' ``.grad`` (~0.1 µs a parameter): the *baseline*. Usually
 #   every ``.grad`` is None there (``zero_grad(set_to_none=True)``, torch's default); those that
 #   are not are remembered as (weak reference, ``_version``), so ``zero_grad(set_to_none=False)``
-#   before the forward and accumulation over micro-batches are told apart from a new gradient;
+#   before the forward and accumulation over micro-batches are told apart from a new gradient.
+#   Tensors whose ``.grad`` torch's own ``Optimizer.zero_grad(set_to_none=True)`` set to None
+#   since the last backward are left out of the pass (none, in the usual loop): the evidence
+#   wraps that method on each optimizer instance at its first step (:func:`watch_zero_grad`;
+#   nothing else changes, and an optimizer whose class overrides ``zero_grad`` is not wrapped),
+#   and the wrapper says which tensors the param groups held, by ``id`` — no tensor is touched;
 # * at the end of the backward (the callback the window already queues), the same map again:
 #   a parameter *received* a gradient when its ``.grad`` is not None and is another tensor than
 #   the baseline's or the same one at another version. The list of booleans is compared with the
@@ -33,7 +38,8 @@ watched parameter's ``.grad`` per backward instead of a Python hook per paramete
 # (a gradient left over from an earlier backward of the same step would count as received:
 # the step's result is the same, since a step is what its backward passes accumulated); and
 # ``zero_grad(set_to_none=False)`` between the forward and ``backward()`` makes every zeroed
-# ``.grad`` look new. New parameters (``add_model``), a compiled graph the steady state did not
+# ``.grad`` look new; a ``.grad`` the job assigns itself between the optimizer's
+# ``zero_grad(set_to_none=True)`` and the forward counts as arriving in that step. New parameters (``add_model``), a compiled graph the steady state did not
 # read, or any change of state end steady mode.
 #
 # A compiled graph with one output (typically the one computing the loss) gets no pre-hook in
@@ -48,11 +54,14 @@ watched parameter's ``.grad`` per backward instead of a Python hook per paramete
 from __future__ import annotations
 
 import weakref
-from itertools import repeat
+from itertools import chain, repeat
 from operator import is_not
+
+import torch
 
 _NONES = repeat(None)
 _CALL = weakref.ref.__call__
+_ZERO_GRAD = torch.optim.Optimizer.zero_grad
 
 
 def _grads(refs: tuple):
@@ -69,7 +78,8 @@ class SteadyCheck:
     window's compiled outputs seen (graph key → output name → LIVE/DEAD bits) and the (GraphInfo,
     parameter names) read, as in the steady passes."""
 
-    __slots__ = ("refs", "got", "outputs", "reads", "base", "skip_single", "_with", "_without")
+    __slots__ = ("refs", "got", "outputs", "reads", "base", "skip_single", "_with", "_without", "ids", "stale",
+                 "_index_of")
 
     def __init__(self, refs: tuple, got: list[bool], outputs: dict, reads: dict):
         self.refs = refs
@@ -86,6 +96,12 @@ class SteadyCheck:
         self.outputs = {k: dict(v) for k, v in outputs.items() if k not in single}
         self.reads = {k: set(v) for k, v in reads.items() if k not in single}
         self.base: tuple | None = None  # None: no forward since the last backward; (): every .grad None
+        # ids of the live tensors (unique while they live; one gone reads as no .grad, whatever
+        # its id is reused for) and the ones whose .grad may be set: None, all of them (a
+        # backward ran since the last zero_grad that cleared any).
+        self._index_of = {id(t): i for i, t in enumerate(map(_CALL, refs)) if t is not None}
+        self.ids = frozenset(self._index_of)
+        self.stale: frozenset | None = None
 
     @classmethod
     def from_refs(cls, params: list, counts: dict, outputs: dict, reads: dict) -> "SteadyCheck":
@@ -93,19 +109,37 @@ class SteadyCheck:
         refs = tuple(ref for _fqn, ref in params)
         return cls(refs, [i in counts for i in range(len(refs))], outputs, reads)
 
+    def cleared(self, opt: torch.optim.Optimizer) -> None:
+        """``opt``'s own ``zero_grad(set_to_none=True)`` just returned: every tensor in its param
+        groups has ``.grad`` None until the next backward (``id``s only: no tensor is read)."""
+        held = set(map(id, chain.from_iterable(g["params"] for g in opt.param_groups)))
+        self.stale = (self.ids if self.stale is None else self.stale).difference(held)
+
     def snapshot(self) -> None:
-        """The baseline, taken at the forward: which ``.grad`` exist before the backward."""
-        if not any(map(is_not, _grads(self.refs), _NONES)):
-            self.base = ()  # the usual case: zero_grad(set_to_none=True) ran
+        """The baseline, taken at the forward: which ``.grad`` exist before the backward (a pass
+        over the tensors no ``zero_grad`` cleared since the last backward: :meth:`cleared`)."""
+        stale = self.stale
+        if stale is None:
+            refs, where = self.refs, None
+        elif not stale:
+            self.base = ()  # the usual loop: the optimizer's zero_grad(set_to_none=True) ran
             return
-        grads = list(_grads(self.refs))
-        idx = [i for i, g in enumerate(grads) if g is not None]
-        self.base = (idx, [weakref.ref(grads[i]) for i in idx], [grads[i]._version for i in idx])
+        else:
+            where = sorted(self._index_of[i] for i in stale)
+            refs = [self.refs[i] for i in where]
+        if not any(map(is_not, _grads(refs), _NONES)):
+            self.base = ()  # every .grad None: zero_grad(set_to_none=True) ran
+            return
+        grads = list(_grads(refs))
+        pos = [k for k, g in enumerate(grads) if g is not None]
+        self.base = ([k if where is None else where[k] for k in pos], [weakref.ref(grads[k]) for k in pos],
+                     [grads[k]._version for k in pos])
 
     def received(self) -> tuple[list[bool], bool]:
         """(per index: a gradient arrived since the baseline, whether there was a baseline);
         resets the baseline for the next backward."""
         base, self.base = self.base, None
+        self.stale = None  # a backward ran: any .grad may be set again
         if not base:  # every .grad was None at the forward (or there was no forward)
             if all(map(is_not, _grads(self._with), _NONES)) and not any(map(is_not, _grads(self._without), _NONES)):
                 return self.got, base is not None  # the steady answer (not to be changed by the caller)
@@ -127,3 +161,35 @@ class SteadyCheck:
     def same(self, got: list[bool], outputs: dict, reads: dict) -> bool:
         """Whether a backward that received ``got`` and saw ``outputs``/``reads`` is in the steady state."""
         return got == self.got and outputs == self.outputs and reads == self.reads
+
+
+def watch_zero_grad(opt, on_cleared) -> bool:
+    """Wrap ``opt.zero_grad`` on the instance so that after torch's own ``zero_grad`` returns
+    with ``set_to_none`` true, ``on_cleared()`` (a weak method, or any callable returning a
+    callable or None) is called with ``opt`` (NOTE: [Steady mode]). The call, its arguments,
+    result and errors are torch's; the wrapper holds ``opt`` weakly (no cycle keeps a dropped
+    optimizer and its state alive) and, like torch's, is skipped by Dynamo. Returns whether it
+    wrapped: not for a class that overrides ``zero_grad`` (its meaning is its own), an instance
+    that already carries one, or while Dynamo traces."""
+    func = type(opt).zero_grad
+    if func is not _ZERO_GRAD or "zero_grad" in vars(opt) or torch.compiler.is_compiling():
+        return False
+    ref = weakref.ref(opt)
+
+    @torch._disable_dynamo
+    def zero_grad(*args, **kwargs):
+        o = ref()
+        out = func(o, *args, **kwargs)
+        if args[0] if args else kwargs.get("set_to_none", True):
+            try:
+                cb = on_cleared()
+                if cb is not None:
+                    cb(o)
+            except Exception:  # noqa: BLE001 - capture never breaks training
+                pass
+        return out
+
+    zero_grad.__name__, zero_grad.__qualname__, zero_grad.__doc__ = "zero_grad", func.__qualname__, func.__doc__
+    zero_grad.__wrapped__ = func
+    opt.zero_grad = zero_grad
+    return True

@@ -413,6 +413,54 @@ def test_steady_mode_leaves_the_jobs_own_parameter_hooks_alone(tmp_path):
     agent.close()
 
 
+def test_steady_baseline_reads_only_what_the_optimizers_zero_grad_did_not_clear(tmp_path):
+    """NOTE: [Steady mode]: the optimizer's own ``zero_grad(set_to_none=True)`` tells which
+    tensors need no baseline read; a parameter outside the optimizer (``temp``, its gradient
+    accumulated and never cleared) is still read, so its gradient stopping at step 8 is NO_GRAD at
+    step 8. ``set_to_none=False`` clears nothing; a class with its own ``zero_grad`` is not
+    wrapped; the wrapper keeps no dropped optimizer alive."""
+    import gc
+    import weakref
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _WithTemperature()
+    agent = Agent(store=tmp_path / "s.db", run="zero")
+    agent.watch(model)
+    ev = agent._evidence
+    fn = torch.compile(model.det, backend=agent.backend("aot_eager"))
+    opt = torch.optim.SGD(model.det.parameters(), lr=0.01)  # temp: not in the optimizer
+    labels = torch.tensor([0, 1] * 3)
+    stale = []
+    for step in range(12):
+        loss = detection_loss(*fn(torch.randn(6, 8)), labels, step, None)
+        (loss * model.temp if step != 8 else loss).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=step != 10)
+        stale.append(None if ev._check is None else ev._check.stale)
+    assert "zero_grad" in vars(opt) and opt.zero_grad.__name__ == "zero_grad"
+    assert stale[4:8] == [frozenset({id(model.temp)})] * 4, stale  # steady: only temp is read
+    assert stale[10] is None, "set_to_none=False clears nothing"
+    agent.close()
+    temp = next(r for r in validate_backward(tmp_path / "s.db", "zero") if r.fqn == "temp")
+    assert temp.status == "NO_GRAD" and temp.steps == [[0, 7, "ok"], [8, 8, "none"], [9, 11, "ok"]], temp.steps
+
+    class OwnZero(torch.optim.SGD):
+        def zero_grad(self, set_to_none=True):
+            super().zero_grad(set_to_none)
+
+    own = OwnZero(model.parameters(), lr=0.01)
+    ev._on_step_pre(own, (), {})
+    assert "zero_grad" not in vars(own)
+    gone = weakref.ref(opt)
+    gc.disable()
+    try:
+        del opt
+        assert gone() is None, "the wrapper holds the optimizer weakly: no cycle"
+    finally:
+        gc.enable()
+
+
 def test_combine_renumbers_rank0_reports_and_bad_output_path_is_usage(tmp_path):
     """Eager reports made without a process group all say rank 0: combine() numbers them in order
     (not "rank [0] but not rank [0]"); check-grads -o to an unwritable path exits 2, not 1."""
