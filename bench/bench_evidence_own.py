@@ -47,6 +47,7 @@ from bench.bench_grad_evidence import build, make_step, timed  # noqa: E402
 
 NS: dict[str, int] = defaultdict(int)  # part -> ns this step
 CALLS: dict[str, int] = defaultdict(int)  # part -> calls this step
+CPU_MS: dict[str, list[float]] = defaultdict(list)  # arm -> host CPU ms of each of its steps
 BLIND = [False]  # --zero-ab: this step's evidence ignores the optimizer's zero_grad
 _pc = time.perf_counter_ns
 
@@ -174,6 +175,7 @@ def main() -> None:
     step_ms: list[float] = []
     off_ms: list[float] = []  # --ab: the steps with the evidence muted
     blind_ms: list[float] = []  # --zero-ab: the steps blind to zero_grad
+    blind_parts: list[dict[str, int]] = []
     ev = agent._evidence
     arms = ["on", "muted", "blind"] if args.zero_ab else ["on", "muted"] if args.ab else ["on"]
     for i in range(args.steps):
@@ -184,7 +186,9 @@ def main() -> None:
                 ev._failed = True  # muted for this step: observe_call, the hooks and the optimizer's return at once
             BLIND[0] = arm == "blind"
             try:
-                ms = timed(step, 1, device)[0][0]  # CUDA events on a GPU, perf_counter on a CPU
+                res = timed(step, 1, device)
+                ms = res[0][0]  # CUDA events on a GPU, perf_counter on a CPU
+                CPU_MS[arm].append(res[2][0] * 1e3)  # the step's host CPU (this thread's on a CPU)
             finally:
                 ev._failed = False
                 BLIND[0] = False
@@ -194,6 +198,8 @@ def main() -> None:
                 calls.append(dict(CALLS))
             else:
                 (off_ms if arm == "muted" else blind_ms).append(ms)
+                if arm == "blind":
+                    blind_parts.append(dict(NS))
     steady = bool(ev is not None and ev._steady)
     left = sum(1 for p in model.parameters() if p._backward_hooks is not None or p._post_accumulate_grad_hooks is not None)
     agent.close()
@@ -219,11 +225,21 @@ def main() -> None:
               f"muted {statistics.median(off_ms):.3f} ms; paired difference median {statistics.median(d) * 1e3:+.1f} µs "
               f"(95% bootstrap {lo * 1e3:+.1f} .. {hi * 1e3:+.1f}) = {statistics.median(d) / statistics.median(off_ms):+.3%}")
     if blind_ms:
+        for p in sorted({k for d in blind_parts for k in d}):
+            xs = [d.get(p, 0) / 1e3 for d in blind_parts]
+            print(f"[own]   blind to zero_grad: {p:28s} {statistics.median(xs):8.1f} µs/step")
         for name, xs, ys in (("blind to zero_grad − muted", blind_ms, off_ms), ("on − blind to zero_grad", step_ms, blind_ms)):
             d = [a - b for a, b in zip(xs, ys)]
             lo, hi = bootstrap_median(d)
             print(f"[own] A/B {name}: paired difference median {statistics.median(d) * 1e3:+.1f} µs (95% bootstrap "
                   f"{lo * 1e3:+.1f} .. {hi * 1e3:+.1f}) = {statistics.median(d) / statistics.median(off_ms):+.3%}")
+    if off_ms:  # the same pairs by the host's CPU time: on a CPU, the calling thread's (no other process's)
+        for a, b in (("on", "muted"), ("blind", "muted"), ("on", "blind")):
+            if CPU_MS[a] and CPU_MS[b]:
+                d = [x - y for x, y in zip(CPU_MS[a], CPU_MS[b])]
+                lo, hi = bootstrap_median(d)
+                print(f"[own] host CPU time, {a} − {b}: paired difference median {statistics.median(d) * 1e3:+.1f} µs "
+                      f"(95% bootstrap {lo * 1e3:+.1f} .. {hi * 1e3:+.1f}) of a {statistics.median(CPU_MS[b]):.3f} ms step")
     print(f"[own] parameters with a hook left on them in steady mode (torch's C++ hook included): {left} of "
           f"{sum(1 for _ in model.parameters())}")
 
