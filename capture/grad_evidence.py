@@ -26,7 +26,8 @@ which none, and which was accumulated more than once.
 #
 # Cost: full mode is one hook call per parameter per backward; once backward passes repeat,
 # steady mode (NOTE: [Steady mode] in ``grad_steady.py``) takes the hooks off (torch's own
-# included) and looks at every ``.grad`` twice per backward at C speed. A window whose state
+# included) and looks at every ``.grad`` once per backward at C speed (and at the forward, at
+# those the optimizer's own ``zero_grad`` did not clear). A window whose state
 # equals the previous one only moves the row's end in memory (persisted every ``PERSIST_EVERY_S``
 # s, at ``close()`` and at interpreter exit). A state that changes is written at once, so a job
 # that dies loses at most the extent of the last row.
