@@ -51,7 +51,8 @@ class FlightDumps:
     def __init__(self, agent):
         self.agent = agent
         self.size = enable()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: NOTE: [A SIGTERM during a dump]
+        self._owner: int | None = None  # the thread writing a dump now
         self._last: int | None = None  # entries count + last record id of the last dump written
         _LIVE.add(self)
         _install_hooks()
@@ -70,28 +71,42 @@ class FlightDumps:
         Returns whether a dump was written (nothing new since the last one: not written)."""
         if self.size in ("0", ""):
             return False
-        with self._lock:
-            dump = dump_now()
-            if dump is None:
-                return False
-            ents = dump["entries"]
-            key = hash((len(ents), ents[-1].get("record_id"), ents[-1].get("retired"), ents[-1].get("state")))
-            if key == self._last:
-                return False
-            try:
-                from graphdeck.store.fr_import import EVENT_NAME, normalise
+        try:
+            with self._lock:
+                if self._owner is not None:
+                    return False  # re-entered by a signal handler on the thread that is writing one
+                self._owner = threading.get_ident()
+                try:
+                    return self._write(reason)
+                finally:
+                    self._owner = None
+        finally:
+            if _TERM and threading.current_thread() is threading.main_thread():
+                _TERM.clear()
+                _terminate()  # the SIGTERM that arrived while this dump was written, the lock released
 
-                norm = normalise(dump, f"capture:{reason}")
-                norm["format"] = "capture"
-                self.agent.writer.write_compile_events([{
-                    "name": EVENT_NAME, "compile_id": None,
-                    "metadata": {"reason": reason, "entries": len(norm["entries"]), "dropped": len(norm["dropped"])},
-                    "payload": json.dumps(norm, separators=(",", ":"))}])
-            except Exception as exc:  # noqa: BLE001 - capture never breaks training
-                warnings.warn(f"graphdeck: could not store the Flight Recorder dump: {type(exc).__name__}: {exc}")
-                return False
-            self._last = key
-            return True
+    def _write(self, reason: str) -> bool:
+        dump = dump_now()
+        if dump is None:
+            return False
+        ents = dump["entries"]
+        key = hash((len(ents), ents[-1].get("record_id"), ents[-1].get("retired"), ents[-1].get("state")))
+        if key == self._last:
+            return False
+        try:
+            from graphdeck.store.fr_import import EVENT_NAME, normalise
+
+            norm = normalise(dump, f"capture:{reason}")
+            norm["format"] = "capture"
+            self.agent.writer.write_compile_events([{
+                "name": EVENT_NAME, "compile_id": None,
+                "metadata": {"reason": reason, "entries": len(norm["entries"]), "dropped": len(norm["dropped"])},
+                "payload": json.dumps(norm, separators=(",", ":"))}])
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            warnings.warn(f"graphdeck: could not store the Flight Recorder dump: {type(exc).__name__}: {exc}")
+            return False
+        self._last = key
+        return True
 
 
 
@@ -106,6 +121,31 @@ def _write_all(reason: str) -> None:
         fd.write(reason)
 
 
+# NOTE: [A SIGTERM during a dump]
+# Python runs a signal handler on the main thread between two bytecodes, so torchrun's SIGTERM
+# can land while that thread is inside ``FlightDumps.write`` (the excepthook's dump of a rank
+# whose collective just failed, typically). Writing again from the handler would wait forever on
+# the lock that the interrupted write holds, until torchrun's SIGKILL loses the dump; stopping at
+# once would lose it too. The lock is reentrant, and the handler, finding this thread's write
+# under way, notes the signal and returns; the interrupted write finishes, releases the lock,
+# then does what the handler would have done (the other agents' dumps, the flush of
+# what ``close()`` writes) and ends the process by the same SIGTERM.
+_TERM: list = []
+
+
+def _terminate() -> None:
+    """What the SIGTERM handler does: every live agent's dump and flush, then death by SIGTERM
+    (another SIGTERM meanwhile is ignored: this one is being carried out)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _write_all("sigterm")
+    from graphdeck.capture.agent import _flush_at_exit
+
+    for fd in list(_LIVE):  # the rest of what close() writes (compile records, gradient evidence)
+        _flush_at_exit(weakref.ref(fd.agent), closed=False)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _install_hooks() -> None:
     if _HOOKS:
         return
@@ -116,13 +156,11 @@ def _install_hooks() -> None:
         (prev_hook or sys.__excepthook__)(tp, value, tb)
 
     def on_term(signum, frame):
-        _write_all("sigterm")
-        from graphdeck.capture.agent import _flush_at_exit
-
-        for fd in list(_LIVE):  # the rest of what close() writes (compile records, gradient evidence)
-            _flush_at_exit(weakref.ref(fd.agent), closed=False)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        me = threading.get_ident()
+        if any(fd._owner == me for fd in list(_LIVE)):
+            _TERM.append(signum)  # NOTE: [A SIGTERM during a dump]
+            return
+        _terminate()
 
     sys.excepthook = _HOOKS["excepthook"] = excepthook
     try:  # only where no handler was set (torchrun stops the other ranks with SIGTERM when one fails)

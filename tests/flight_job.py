@@ -12,6 +12,8 @@ captured by the graphdeck agent as run ``hangs``:
    into a graph without the all-reduce: both ranks time out, uncaught — the job fails, and the
    agent dumps the recorder into the store on the exception.
 
+Compile skew before the first timed collective is waited out on the default group (long
+timeout); torchrun's SIGTERM during case 2 waits until the rank's raw dumps are written.
 Each rank also writes its raw dump to ``DUMP_DIR`` (rank 0 as ``fr_dump_0``, a pickle; rank 1 as
 a pickle ``fr_dump_1`` and as JSON ``rank1-trace.json.1``) before re-raising.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
 
 import torch
@@ -44,7 +47,7 @@ def write_raw(out: str, rank: int) -> None:
 
 def main() -> None:
     store, out = sys.argv[1], sys.argv[2]
-    dist.init_process_group("gloo", timeout=TIMEOUT)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # only the named groups hang
     agent = Agent(store=store, run="hangs")  # turns the recorder on (TORCH_FR_BUFFER_SIZE unset)
     rank = dist.get_rank()
     loss_sync = dist.new_group([0, 1], timeout=TIMEOUT, group_desc="loss_sync")
@@ -59,6 +62,8 @@ def main() -> None:
         net.weight.abs_()
     agent.watch(net)
     fwd = torch.compile(net, backend=agent.backend("aot_eager"))
+    fwd(torch.ones(4, 8))  # compiled before the first timed collective: a loaded machine's compile skew
+    dist.barrier()  # is not a hang (default group, long timeout)
     try:
         for step in range(4):
             sign = -1.0 if (rank == 1 and step == 2) else 1.0
@@ -79,6 +84,11 @@ def main() -> None:
         return y.sum()
 
     step_fn = torch.compile(mlp_step, backend=agent.backend("aot_eager"), dynamic=False)
+    dist.barrier()  # both ranks out of case 1's timeouts
+    # torchrun's SIGTERM (sent once the other rank has failed) waits until this rank's raw dumps
+    # are written, then goes to the agent's handler, which dumps into the store and ends the rank.
+    deferred: list = []
+    agent_term = signal.signal(signal.SIGTERM, lambda *_: deferred.append(1))
     try:
         for step in range(4):
             rows = 5 if (rank == 1 and step == 2) else 4
@@ -87,6 +97,10 @@ def main() -> None:
     except RuntimeError:
         write_raw(out, rank)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, agent_term)
+        if deferred:
+            os.kill(os.getpid(), signal.SIGTERM)
     agent.close()
     dist.destroy_process_group()
 

@@ -175,7 +175,7 @@ def test_import_folder_of_dumps_pickle_and_json_any_names(job, tmp_path):
     store = tmp_path / "imp.db"
     proc = _cli("import", str(folder), "--store", str(store), "--run", "fr")
     assert proc.returncode == 0, proc.stderr
-    assert "Flight Recorder: ranks [0, 1], 20 entries, 0 dropped" in proc.stdout
+    assert "Flight Recorder: ranks [0, 1], 24 entries, 0 dropped" in proc.stdout  # 2 barriers a rank: 12 each
     rep = _report(store, "fr")
     agent = _report(out / "s.db")
     assert {(m.group, m.seq, tuple(m.reached), tuple(m.not_reached)) for m in rep.flight.mismatches} == \

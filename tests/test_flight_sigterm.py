@@ -1,0 +1,50 @@
+"""NOTE: [A SIGTERM during a dump] (capture/flight.py): torchrun's SIGTERM landing while a rank's
+agent is writing its Flight Recorder dump (the excepthook's, after a collective failed) neither
+deadlocks on the dump's lock nor loses the dump: the interrupted write finishes, then the rank
+dies by that SIGTERM. One real gloo process group of one rank; the signal is sent from inside the
+dump (the seam: ``flight.dump_now``), so it lands there every time."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from graphdeck.store.db import open_engine
+from graphdeck.store.schema import CompileEvent
+from tests.conftest import REPO
+
+JOB = r"""
+import os, signal, sys, datetime, torch, torch.distributed as dist
+from graphdeck.capture import Agent, flight
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://" + sys.argv[2],
+                        timeout=datetime.timedelta(seconds=30))
+agent = Agent(store=sys.argv[1], run="term")
+group = dist.new_group([0], group_desc="sync")
+dist.all_reduce(torch.ones(4), group=group)
+real = flight.dump_now
+def dump_now():  # torchrun's SIGTERM arrives while the excepthook's dump is being taken
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(10_000):  # bytecodes: Python runs the handler here
+        pass
+    print("dump continues", flush=True)
+    return real()
+flight.dump_now = dump_now
+raise RuntimeError("a collective failed")
+"""
+
+
+def test_sigterm_during_the_exception_dump_keeps_it_and_ends_the_rank(tmp_path):
+    store = tmp_path / "s.db"
+    proc = subprocess.run([sys.executable, "-c", JOB, str(store), str(tmp_path / "rdv")], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
+    assert "dump continues" in proc.stdout, "the handler returned into the interrupted dump"
+    with Session(open_engine(store, read_only=True)) as s:
+        reasons = [json.loads(m)["reason"] for m in s.scalars(
+            select(CompileEvent.metadata_json).where(CompileEvent.name == "flight_recorder"))]
+    assert reasons and reasons[0] == "exception", reasons
