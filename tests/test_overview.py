@@ -105,8 +105,8 @@ def test_healthy_run_passes_every_check_it_has_evidence_for(server, store):
     assert rank0["trace_id"] == tid and rank0["fraction"] == pytest.approx(fraction) and fraction >= S.MIN_COVERAGE
     assert rank0["device"] == "cpu" and by["traces"]["link"] == f"#/traces/{tid}"
     assert f"{fraction:.1%}" in by["traces"]["headline"]
-    for c in doc["checks"]:
-        assert 0 <= c["elapsed_s"] <= c["budget_s"] and not c["over_budget"], c
+    for c in doc["checks"]:  # said as measured (a loaded machine may take the page's 3 s; never a verdict then)
+        assert c["elapsed_s"] >= 0 and c["over_budget"] == (c["elapsed_s"] > c["budget_s"]), c
     slow = doc["slowest"]
     assert slow["available"] and slow["steps"] and slow["steps"][0]["rank"] == 0
     assert slow["steps"][0]["dur_ns"] > 0 and slow["steps"][0]["link"].startswith(f"#/traces/{tid}/replay")

@@ -28,7 +28,7 @@ import sys
 import time
 from datetime import timedelta
 
-SLOW_S = 0.25
+SLOW_S = 1.0  # long enough that a loaded 2-core machine's noise (~0.1-0.2 s a step) cannot reorder the ranks
 TIMEOUT_S = 120
 
 
