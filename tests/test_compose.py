@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -129,7 +128,8 @@ def test_stack_without_docker_runs_the_demo_upload(tmp_path):
                 finished.set()
         finished.set()
 
-    threading.Thread(target=pump, daemon=True).start()
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     try:
         assert finished.wait(timeout=540), "the stack did not finish the demo job in 9 min:\n" + "".join(lines[-40:])
         log = "".join(lines)
@@ -152,7 +152,7 @@ def test_stack_without_docker_runs_the_demo_upload(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    time.sleep(0.2)
+    reader.join(timeout=30)  # the pump ends at the pipe's end: every line the stack wrote is read
     assert "[stack] stopped" in "".join(lines), "SIGTERM stops every service"
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5)
@@ -222,7 +222,8 @@ def test_stack_keeps_its_runs_prints_its_token_and_ignores_a_local_graphdeck_fol
                     ready.set()
             ready.set()
 
-        threading.Thread(target=pump, daemon=True).start()
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
         try:
             assert ready.wait(120) and proc.poll() is None, "".join(lines[-30:])
             token = next(line.split("export GRAPHDECK_TOKEN=")[1].split(";")[0]
@@ -233,5 +234,6 @@ def test_stack_keeps_its_runs_prints_its_token_and_ignores_a_local_graphdeck_fol
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
+        reader.join(timeout=30)
         assert "[stack] stopped" in "".join(lines), "".join(lines[-30:])
     assert seen == [["kept"], ["kept"]], seen

@@ -143,7 +143,8 @@ def test_markup_in_names_is_escaped_in_svg_and_page(server, captured_store, tmp_
         page.goto(f"{server.url}/#/runs/{run_id}?details=open")
         page.wait_for_selector(f"text={graphs[0]['name'][:20]}", timeout=20_000)
         page.goto(f"{server.url}/#/graphs/{graphs[0]['id']}")
-        page.wait_for_timeout(1500)
+        # the page has drawn the name (as text: a name that became markup never shows as text)
+        page.wait_for_function("s => document.body.innerText.includes(s)", arg=XSS[:20], timeout=60_000)
         assert XSS[:20] in page.content().replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
         assert dialogs == [], f"a name ran as script: {dialogs}"
     finally:

@@ -173,7 +173,8 @@ def test_stack_postgres_refuses_other_users_and_prints_how_to_connect(tmp_path, 
                 ready.set()
         ready.set()
 
-    threading.Thread(target=pump, daemon=True).start()
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     try:
         assert ready.wait(120) and proc.poll() is None, "".join(lines[-30:])
         log = "".join(lines)
@@ -197,6 +198,7 @@ def test_stack_postgres_refuses_other_users_and_prints_how_to_connect(tmp_path, 
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+    reader.join(timeout=30)  # every line written is read before the last one is looked for
     assert "[stack] stopped" in "".join(lines), "".join(lines[-30:])
 
 
