@@ -53,6 +53,7 @@ from graphdeck.capture.compile_log import (  # noqa: F401 - KEPT_COMPILE_EVENTS,
 from graphdeck.capture.flight import FlightDumps
 from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, record_graph
 from graphdeck.capture.writer import IOBinding, StoreWriter
+from graphdeck.store.db import main_thread_section
 
 log = logging.getLogger("graphdeck.capture")
 
@@ -504,10 +505,12 @@ class Agent:
             warnings.warn(f"graphdeck: could not write a compile record: {type(exc).__name__}: {exc}")
 
     def flush_events(self) -> None:
-        """Write the structured compile records received so far."""
-        events, self._events[:] = list(self._events), []
-        if events:
-            self.writer.write_compile_events(events)
+        """Write the structured compile records received so far (taken and written in one span a
+        SIGTERM defers to: NOTE: [A SIGTERM during a dump])."""
+        with main_thread_section():
+            events, self._events[:] = list(self._events), []
+            if events:
+                self.writer.write_compile_events(events)
 
     def record_comm_groups(self) -> bool:
         """Write which parameters each DDP bucket / FSDP2 group carries (a ``graphdeck_comm_groups``

@@ -22,6 +22,8 @@ import threading
 import warnings
 import weakref
 
+from graphdeck.store.db import after_main_writes, main_thread_writing
+
 DEFAULT_BUFFER = 2000
 ENV = "TORCH_FR_BUFFER_SIZE"
 
@@ -81,9 +83,7 @@ class FlightDumps:
                 finally:
                     self._owner = None
         finally:
-            if _TERM and threading.current_thread() is threading.main_thread():
-                _TERM.clear()
-                _terminate()  # the SIGTERM that arrived while this dump was written, the lock released
+            _deferred_term()  # a SIGTERM that arrived while this dump was written, the lock released
 
     def _write(self, reason: str) -> bool:
         dump = dump_now()
@@ -129,8 +129,25 @@ def _write_all(reason: str) -> None:
 # once would lose it too. The lock is reentrant, and the handler, finding this thread's write
 # under way, notes the signal and returns; the interrupted write finishes, releases the lock,
 # then does what the handler would have done (the other agents' dumps, the flush of
-# what ``close()`` writes) and ends the process by the same SIGTERM.
+# what ``close()`` writes) and ends the process by the same SIGTERM. The same holds for any
+# store write transaction open on the main thread (a compile's graphs, a gradient row): on SQLite
+# it holds the write lock (BEGIN IMMEDIATE), which the handler's flush would wait for until
+# ``busy_timeout``, past torchrun's SIGKILL; the handler defers to its end
+# (``store.db.after_main_writes``).
 _TERM: list = []
+
+
+def _writing() -> bool:
+    """Whether this (the main) thread is inside a dump or a store write transaction."""
+    me = threading.get_ident()
+    return any(fd._owner == me for fd in list(_LIVE)) or main_thread_writing()
+
+
+def _deferred_term() -> None:
+    """The deferred SIGTERM's work, once the writes it interrupted have ended."""
+    if _TERM and threading.current_thread() is threading.main_thread() and not _writing():
+        _TERM.clear()
+        _terminate()
 
 
 def _terminate() -> None:
@@ -156,9 +173,10 @@ def _install_hooks() -> None:
         (prev_hook or sys.__excepthook__)(tp, value, tb)
 
     def on_term(signum, frame):
-        me = threading.get_ident()
-        if any(fd._owner == me for fd in list(_LIVE)):
-            _TERM.append(signum)  # NOTE: [A SIGTERM during a dump]
+        if _writing():  # NOTE: [A SIGTERM during a dump]
+            if not _TERM:
+                _TERM.append(signum)
+                after_main_writes(_deferred_term)
             return
         _terminate()
 

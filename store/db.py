@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -222,12 +223,49 @@ def session_factory(engine: Engine) -> sessionmaker:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+#: Write transactions open on the main thread now, and what to call once none is: a signal
+#: handler (Python runs it on the main thread, between two bytecodes, perhaps inside one of them)
+#: must not start another write that waits for the lock the interrupted one holds (NOTE: [A SIGTERM
+#: during a dump] in ``capture/flight.py``).
+_MAIN_WRITES = [0]
+_AFTER_MAIN_WRITES: list = []
+
+
+def main_thread_writing() -> bool:
+    """Whether the main thread is inside :func:`write_session` (or :func:`main_thread_section`) now."""
+    return _MAIN_WRITES[0] > 0
+
+
+def after_main_writes(fn) -> None:
+    """Call ``fn()`` once the main thread's open write transactions have ended (committed or not)."""
+    _AFTER_MAIN_WRITES.append(fn)
+
+
+@contextmanager
+def main_thread_section() -> Iterator[None]:
+    """A span of work (one write transaction, or a caller's take-and-write of buffered records)
+    that a signal handler on the main thread defers to: :func:`after_main_writes` callbacks run
+    when the outermost one ends. No effect on other threads."""
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        _MAIN_WRITES[0] += 1
+    try:
+        yield
+    finally:
+        if main:
+            _MAIN_WRITES[0] -= 1
+            if not _MAIN_WRITES[0] and _AFTER_MAIN_WRITES:
+                fns = list(_AFTER_MAIN_WRITES)
+                _AFTER_MAIN_WRITES.clear()
+                for fn in fns:
+                    fn()
+
+
 @contextmanager
 def write_session(engine: Engine) -> Iterator[Session]:
     """One transaction: committed on success, rolled back (nothing kept) on any error."""
-    with Session(engine, expire_on_commit=False) as s:
-        with s.begin():
-            yield s
+    with main_thread_section(), Session(engine, expire_on_commit=False) as s, s.begin():
+        yield s
 
 
 class Interner:

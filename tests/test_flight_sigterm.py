@@ -1,8 +1,10 @@
 """NOTE: [A SIGTERM during a dump] (capture/flight.py): torchrun's SIGTERM landing while a rank's
-agent is writing its Flight Recorder dump (the excepthook's, after a collective failed) neither
-deadlocks on the dump's lock nor loses the dump: the interrupted write finishes, then the rank
-dies by that SIGTERM. One real gloo process group of one rank; the signal is sent from inside the
-dump (the seam: ``flight.dump_now``), so it lands there every time."""
+agent is writing its Flight Recorder dump (the excepthook's, after a collective failed), or inside
+any store write transaction on the main thread, neither deadlocks on the lock the interrupted
+write holds nor loses what it was writing: the interrupted write finishes, then the rank dies by
+that SIGTERM. Real processes (one gloo rank for the dump); the signal is sent from inside the
+write (the seams: ``flight.dump_now``, SQLAlchemy's ``after_begin`` event), so it lands there
+every time."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from graphdeck.store.db import open_engine
-from graphdeck.store.schema import CompileEvent
+from graphdeck.store.schema import CompileEvent, Run
 from tests.conftest import REPO
 
 JOB = r"""
@@ -48,3 +50,41 @@ def test_sigterm_during_the_exception_dump_keeps_it_and_ends_the_rank(tmp_path):
         reasons = [json.loads(m)["reason"] for m in s.scalars(
             select(CompileEvent.metadata_json).where(CompileEvent.name == "flight_recorder"))]
     assert reasons and reasons[0] == "exception", reasons
+
+
+WRITE_JOB = r"""
+import os, signal, sys, torch
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+from graphdeck.capture import Agent
+agent = Agent(store=sys.argv[1], run="term-write")
+model = agent.watch(torch.nn.Linear(4, 4))
+sent = []
+@event.listens_for(Session, "after_begin")
+def term_inside(session, transaction, connection):  # the first write transaction of the compile
+    if not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):
+            pass
+        print("write continues", flush=True)
+compiled = torch.compile(model, backend=agent.backend("aot_eager"))
+compiled(torch.randn(2, 4)).sum().backward()
+print("not reached", flush=True)
+"""
+
+
+def test_sigterm_inside_a_store_write_keeps_it_and_what_was_being_flushed(tmp_path):
+    """The same for a store write transaction on the main thread (here the compile's first
+    record, which registers the run): before, the handler's flush began another write behind the
+    interrupted one's lock and the store kept nothing of the run; now the interrupted write and
+    the records it was flushing are kept, then the rank dies by SIGTERM."""
+    store = tmp_path / "s.db"
+    proc = subprocess.run([sys.executable, "-c", WRITE_JOB, str(store)], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
+    assert "write continues" in proc.stdout and "not reached" not in proc.stdout, proc.stdout
+    with Session(open_engine(store, read_only=True)) as s:
+        runs = s.scalars(select(Run.name)).all()
+        events = s.scalars(select(CompileEvent.name)).all()
+    assert runs == ["term-write"] and events, (runs, events)
