@@ -225,6 +225,9 @@ def main() -> None:
               f"muted {statistics.median(off_ms):.3f} ms; paired difference median {statistics.median(d) * 1e3:+.1f} µs "
               f"(95% bootstrap {lo * 1e3:+.1f} .. {hi * 1e3:+.1f}) = {statistics.median(d) / statistics.median(off_ms):+.3%}")
     if blind_ms:
+        print("[own] arms: on = the evidence as shipped; muted = its hooks and checks return at once; blind to "
+              "zero_grad = on, but the forward's pass reads every .grad (as before the optimizer's zero_grad was "
+              "watched; --sub-parts shows that pass as 'x snapshot')")
         for p in sorted({k for d in blind_parts for k in d}):
             xs = [d.get(p, 0) / 1e3 for d in blind_parts]
             print(f"[own]   blind to zero_grad: {p:28s} {statistics.median(xs):8.1f} µs/step")

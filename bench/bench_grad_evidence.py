@@ -40,10 +40,12 @@ def build(layers: int, device: str, seed: int = 0, embd: int = 768, vocab: int =
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
+    special = min(50256, vocab - 1)  # GPT-2's <|endoftext|>, inside a smaller test vocabulary
     cfg = GPT2Config(n_layer=layers, n_embd=embd, n_head=12, vocab_size=vocab, n_positions=1024,
-                     attn_implementation="eager")
+                     attn_implementation="eager", bos_token_id=special, eos_token_id=special)
     model = GPT2LMHeadModel(cfg).to(device)
     model.config.use_cache = False
+    model.loss_type = "ForCausalLM"  # said, not guessed (transformers warns when it guesses)
     return model
 
 

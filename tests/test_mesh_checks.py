@@ -332,7 +332,7 @@ def test_fsdp_tp_gradient_paths_pass(nd_fsdp_tp_store):  # noqa: F811
     res = graphdeck("check-grads", nd_fsdp_tp_store, RUN_FSDP_TP)
     head = res.stdout.splitlines()[0]
     assert res.returncode == 0, res.stdout
-    assert head.endswith("PASS · OK 48"), head
+    assert head.endswith("PASS · OK 48 (of 12 parameters × 4 ranks)"), head
     assert "(error)" not in res.stdout and "GRAD_NOT_REDUCED" not in res.stdout and "INCOMPLETE" not in res.stdout
     assert "rank(s) [0, 1, 2, 3] (FSDP2): gradients were read at each optimizer step" in res.stdout
     assert "cannot be told from a real one there" in res.stdout

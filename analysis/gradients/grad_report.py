@@ -282,7 +282,10 @@ class GradReport:
         counts = " · ".join(f"{k} {v}" for k, v in self.summary.items() if v)
         from graphdeck.analysis.ranks.rank_types import _ranks_text
 
-        lines = [f"gradient paths of {self.run} ({self.mode} mode), ranks {_ranks_text(self.ranks)}: "
+        ranks = self.ranks
+        if len(ranks) > 1 and self.rows:  # the counts are of (parameter, rank) rows: said so
+            counts += f" (of {len({r.fqn for r in self.rows})} parameters × {len(ranks)} ranks)"
+        lines = [f"gradient paths of {self.run} ({self.mode} mode), ranks {_ranks_text(ranks)}: "
                  f"{self.verdict} · {counts}"]
         lines += _coverage_lines(self.coverage)
         lines += [f"  note: {n}" for n in self.notes]
