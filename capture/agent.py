@@ -510,7 +510,11 @@ class Agent:
         with main_thread_section():
             events, self._events[:] = list(self._events), []
             if events:
-                self.writer.write_compile_events(events)
+                try:
+                    self.writer.write_compile_events(events)
+                except (KeyboardInterrupt, SystemExit):  # the job is stopping: its exit flush writes them
+                    self._events[:0] = events
+                    raise
 
     def record_comm_groups(self) -> bool:
         """Write which parameters each DDP bucket / FSDP2 group carries (a ``graphdeck_comm_groups``

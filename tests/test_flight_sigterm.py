@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections import Counter
 import subprocess
 import sys
 
@@ -88,3 +89,36 @@ def test_sigterm_inside_a_store_write_keeps_it_and_what_was_being_flushed(tmp_pa
         runs = s.scalars(select(Run.name)).all()
         events = s.scalars(select(CompileEvent.name)).all()
     assert runs == ["term-write"] and events, (runs, events)
+
+
+def test_ctrl_c_inside_a_store_write_loses_no_compile_record(tmp_path):
+    """Ctrl-C (KeyboardInterrupt) raised inside the flush of torch's compile records: that
+    transaction is rolled back, the records go back to the buffer, and the exit flush writes them
+    (a write the agent makes directly, not from the buffer, is the one record in flight it loses)."""
+    store = tmp_path / "s.db"
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_JOB, str(store)], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1 and "KeyboardInterrupt" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    lost = Counter(next(line for line in proc.stdout.splitlines() if line.startswith("interrupted:")).split()[1:])
+    with Session(open_engine(store, read_only=True)) as s:
+        kept = Counter(s.scalars(select(CompileEvent.name)).all())
+    assert lost and not lost - kept, (lost, kept)
+
+
+CTRL_C_JOB = r"""
+import sys, torch
+from graphdeck.capture import Agent
+from graphdeck.capture.writer import StoreWriter
+agent = Agent(store=sys.argv[1], run="ctrl-c")
+model = agent.watch(torch.nn.Linear(4, 4))
+real, first = StoreWriter.write_compile_events, []
+def write_compile_events(self, events):  # Ctrl-C lands in the first flush of torch's compile records
+    if not first and all(e["name"] != "graphdeck_watch" for e in events):  # (the agent's own record: direct)
+        first.extend(e["name"] for e in events)
+        print("interrupted:", *first, flush=True)
+        raise KeyboardInterrupt
+    return real(self, events)
+StoreWriter.write_compile_events = write_compile_events
+compiled = torch.compile(model, backend=agent.backend("aot_eager"))
+compiled(torch.randn(2, 4)).sum().backward()
+"""
