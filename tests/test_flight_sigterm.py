@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import signal
-from collections import Counter
 import subprocess
 import sys
+from collections import Counter
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
