@@ -106,10 +106,14 @@ def test_time_overlay_and_analysis_over_http(demo_store, server):
     with Session(open_engine(demo_store, read_only=True)) as s:
         run_id = s.scalar(select(Trace.run_id).where(Trace.id == tid))
         dyn = s.scalar(select(Graph.id).where(Graph.run_id == run_id, Graph.rank == 0, Graph.kind == "dynamo"))
-        mapped = map_trace(s, tid).mapped_ns
+        m = map_trace(s, tid)
+        mapped, units = m.mapped_ns, sum(x["mapped_units_ns"] for x in m.directions.values())
     whole = httpx.get(f"{server.url}/api/graphs/{dyn}/overlays/time", timeout=60).json()
     assert len(whole["values"]) >= 20, "the Dynamo graph DDPOptimizer split gets its buckets' AOT times by source line"
-    assert 0.6 * mapped <= sum(whole["values"].values()) <= mapped, "most AOT time finds its source line"
+    # Most of the ops' own time finds its source line (quiet host: 0.93 of it). Not measured against
+    # mapped_ns: that includes the labelled overhead around the ops, which a loaded host's
+    # descheduling inflates (CI: 34 ms mapped vs 18 ms quiet, the share fell to 0.599).
+    assert 0.6 * units <= sum(whole["values"].values()) <= mapped, "most AOT time finds its source line"
     a = httpx.get(f"{server.url}/api/traces/{tid}/analysis", timeout=120).json()
     assert a["mapping"]["device"] == "cpu" and a["mapping"]["mapped_fraction"] >= 0.9
     assert all("epilogue_ns" in x and "dispatch_ns" in x for x in a["mapping"]["directions"].values())
