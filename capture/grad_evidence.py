@@ -69,6 +69,7 @@ from graphdeck.capture.grad_sites import (  # noqa: F401 - names of this module 
     user_site,
 )
 from graphdeck.capture.grad_steady import SteadyCheck
+from graphdeck.store.db import main_thread_section
 
 PERSIST_EVERY_S = 30.0
 PERSIST_FIRST = 8  # a row's first extensions are written at once (a job killed early loses no step)
@@ -231,7 +232,7 @@ class GradEvidence(FsdpEvidence):
         reached no watched graph) is judged now, from ``.grad`` alone (NOTE: [Steady mode])."""
         chk = self._check
         if chk is not None and chk.base is not None and self._win is None and not self._failed:
-            with self._lock:
+            with self._lock, main_thread_section():
                 w = _Window(self._opt_steps, self._fwd_gen)
                 w.forced = True
                 self._close(w)
@@ -310,8 +311,8 @@ class GradEvidence(FsdpEvidence):
             self._fail(exc)
 
     def _task_done(self, w: _Window, t: int) -> None:
-        try:
-            with self._lock:
+        try:  # a SIGTERM meanwhile waits for the window's row (NOTE: [A SIGTERM during a dump])
+            with self._lock, main_thread_section():
                 w.pending.discard(t)
                 if w.closed or w.pending or _nested():
                     return

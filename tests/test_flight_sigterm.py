@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections import Counter
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from graphdeck.store.db import open_engine
@@ -122,3 +122,51 @@ StoreWriter.write_compile_events = write_compile_events
 compiled = torch.compile(model, backend=agent.backend("aot_eager"))
 compiled(torch.randn(2, 4)).sum().backward()
 """
+
+
+CLOSE_JOB = r"""
+import os, signal, sys, torch
+from graphdeck.capture import Agent
+from graphdeck.capture.grad_evidence import GradEvidence
+agent = Agent(store=sys.argv[1], run="term-close")
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.temp = torch.nn.Parameter(torch.ones(()))
+m = M()
+agent.watch(m)
+f = torch.compile(m.lin, backend=agent.backend("aot_eager"))
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+real, at = GradEvidence._state, [0]
+def state(self, w):  # SIGTERM lands while step 3's backward is being judged
+    if at[0] == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):
+            pass
+        print("close continues", flush=True)
+    return real(self, w)
+GradEvidence._state = state
+for step in range(6):
+    at[0] = step
+    loss = f(torch.randn(2, 4)).sum()
+    (loss * m.temp if step != 3 else loss).backward()  # temp gets no gradient at step 3
+    opt.step()
+    opt.zero_grad()
+print("not reached", flush=True)
+"""
+
+
+def test_sigterm_while_a_backward_is_judged_keeps_that_steps_row(tmp_path):
+    """A SIGTERM landing while the gradient evidence judges a backward (on a CPU, the main
+    thread, at the backward's end): before, the handler's flush found the window already taken
+    and step 3's row (temp got no gradient) was lost; now it waits for the row, then the rank dies."""
+    store = tmp_path / "s.db"
+    proc = subprocess.run([sys.executable, "-c", CLOSE_JOB, str(store)], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
+    assert "close continues" in proc.stdout and "not reached" not in proc.stdout, proc.stdout
+    with open_engine(store, read_only=True).connect() as c:
+        rows = c.execute(text("SELECT step_first, step_last, state_json FROM grad_steps ORDER BY id")).all()
+    three = [json.loads(s) for first, _last, s in rows if first == 3]
+    assert three and three[0]["none"] == ["temp"], rows
