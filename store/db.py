@@ -241,18 +241,24 @@ def after_main_writes(fn) -> None:
     _AFTER_MAIN_WRITES.append(fn)
 
 
-@contextmanager
-def main_thread_section() -> Iterator[None]:
-    """A span of work (one write transaction, or a caller's take-and-write of buffered records)
-    that a signal handler on the main thread defers to: :func:`after_main_writes` callbacks run
-    when the outermost one ends. No effect on other threads."""
-    main = threading.current_thread() is threading.main_thread()
-    if main:
-        _MAIN_WRITES[0] += 1
-    try:
-        yield
-    finally:
-        if main:
+_MAIN_IDENT = threading.main_thread().ident
+
+
+class main_thread_section:  # noqa: N801 - used as a function: ``with main_thread_section():``
+    """A span of work (one write transaction, a caller's take-and-write of buffered records, the
+    gradient evidence's judging of a backward) that a signal handler on the main thread defers
+    to: :func:`after_main_writes` callbacks run when the outermost one ends. No effect on other
+    threads. A class, not a generator: it is entered once per backward on a training step's path."""
+
+    __slots__ = ("_main",)
+
+    def __enter__(self) -> None:
+        self._main = threading.get_ident() == _MAIN_IDENT
+        if self._main:
+            _MAIN_WRITES[0] += 1
+
+    def __exit__(self, *_exc) -> None:
+        if self._main:
             _MAIN_WRITES[0] -= 1
             if not _MAIN_WRITES[0] and _AFTER_MAIN_WRITES:
                 fns = list(_AFTER_MAIN_WRITES)
