@@ -226,6 +226,17 @@ class _WithTemperature(torch.nn.Module):
         self.temp = torch.nn.Parameter(torch.ones(()))
 
 
+def _watched(store, run: str, make, part: str):
+    """(model, agent, the model's ``part`` compiled through the agent): a fresh Dynamo, seed 0,
+    the whole model watched. ``make``: a callable building the model (after the seed)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = make()
+    agent = Agent(store=store, run=run)
+    agent.watch(model)
+    return model, agent, torch.compile(getattr(model, part), backend=agent.backend("aot_eager"))
+
+
 def test_steady_mode_drops_the_hooks_and_still_sees_a_change(tmp_path):
     """After 3 identical steps of a compiled model the per-parameter hooks come off (NOTE: [Steady
     mode]); in steady mode a parameter whose gradient stops arriving at step 5 (an eager one) is
@@ -233,12 +244,7 @@ def test_steady_mode_drops_the_hooks_and_still_sees_a_change(tmp_path):
     at step 12 — each reported at its own step, the next steps OK again. Steady mode keeps no
     hook on any parameter and writes no row while nothing changes."""
     store = tmp_path / "s.db"
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = _WithTemperature()
-    agent = Agent(store=store, run="steady")
-    agent.watch(model)
-    fn = torch.compile(model.det, backend=agent.backend("aot_eager"))
+    model, agent, fn = _watched(store, "steady", _WithTemperature, "det")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     labels = torch.tensor([0, 1] * 3)
     steady_at, hooks = [], []
@@ -320,12 +326,7 @@ def test_steady_mode_leaves_a_one_output_graph_unwatched_and_still_judges_every_
     reaches only that graph (no window opened by a hook) is still judged, at its optimizer step:
     the heads' parameters NO_GRAD at step 11."""
     store = tmp_path / "s.db"
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = _HeadsAndTail()
-    agent = Agent(store=store, run="single")
-    agent.watch(model)
-    heads = torch.compile(model.heads, backend=agent.backend("aot_eager"))
+    model, agent, heads = _watched(store, "single", _HeadsAndTail, "heads")
     loss_of = torch.compile(model.loss, backend=agent.backend("aot_eager"))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     skipping = []
@@ -361,12 +362,7 @@ def test_autograd_grad_passes_fill_no_gradient_in_full_and_steady_mode(tmp_path)
     (a window that filled no ``.grad`` dropped at its end, steady mode kept); a real gap (step 12,
     the tail unused) is still NO_GRAD at that step."""
     store = tmp_path / "s.db"
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = _HeadsAndTail()
-    agent = Agent(store=store, run="agrad")
-    agent.watch(model)
-    heads = torch.compile(model.heads, backend=agent.backend("aot_eager"))
+    model, agent, heads = _watched(store, "agrad", _HeadsAndTail, "heads")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     steady = []
     for step in range(16):
@@ -422,13 +418,8 @@ def test_steady_baseline_reads_only_what_the_optimizers_zero_grad_did_not_clear(
     import gc
     import weakref
 
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = _WithTemperature()
-    agent = Agent(store=tmp_path / "s.db", run="zero")
-    agent.watch(model)
+    model, agent, fn = _watched(tmp_path / "s.db", "zero", _WithTemperature, "det")
     ev = agent._evidence
-    fn = torch.compile(model.det, backend=agent.backend("aot_eager"))
     opt = torch.optim.SGD(model.det.parameters(), lr=0.01)  # temp: not in the optimizer
     labels = torch.tensor([0, 1] * 3)
     stale = []
