@@ -52,6 +52,7 @@ from graphdeck.capture.compile_log import (  # noqa: F401 - KEPT_COMPILE_EVENTS,
 )
 from graphdeck.capture.flight import FlightDumps
 from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, record_graph
+from graphdeck.capture.guards import no_new_guards, shape_env_of
 from graphdeck.capture.writer import IOBinding, StoreWriter
 from graphdeck.store.db import main_thread_section
 
@@ -302,8 +303,11 @@ class Agent:
             recording = recording_backend(inner, inner_fn, handover) if isinstance(inner, str) else None
         except Exception:  # noqa: BLE001 - an unknown torch layout: the shadow trace instead
             recording = None
+        shape_env = shape_env_of(example_inputs)  # NOTE: [The capture adds no guard]
         try:
-            pending = self._record_dynamo(gm, example_inputs, inner_name, shadow=recording is None)
+            with no_new_guards(shape_env):
+                pending = self._record_dynamo(gm, example_inputs, inner_name, shadow=recording is None)
+            pending["shape_env"] = shape_env
         except Exception as exc:  # capture never breaks training
             warnings.warn(f"graphdeck: could not record a graph: {type(exc).__name__}: {exc}")
         self.capture_time_s += time.perf_counter() - t0
@@ -313,14 +317,16 @@ class Agent:
         if pending is not None and recording is not None:
             t2 = time.perf_counter()
             if handover.wants_shadow():  # a cache hit: no compiler ran
-                pending["aot"], pending["aot_source"] = shadow_trace(gm, example_inputs, inner=inner_name), "shadow"
+                with no_new_guards(shape_env):
+                    pending["aot"], pending["aot_source"] = shadow_trace(gm, example_inputs, inner=inner_name), "shadow"
             else:
                 pending["aot"], pending["aot_source"], pending["handover"] = handover.graphs, "inner", handover
             self.capture_time_s += time.perf_counter() - t2
         if pending is not None:
             t3 = time.perf_counter()
             try:
-                gid = self._finish(pending, compile_time_s)
+                with no_new_guards(shape_env):
+                    gid = self._finish(pending, compile_time_s)
                 plan = pending.get("plan") if self._models else None
                 if self._evidence is not None:  # binds and notes outputs too: one wrapper for all
                     compiled = self._observe(compiled, pending, plan, OutputGradNote(pending["gm"], gid, self))

@@ -326,8 +326,11 @@ def write_late_backward(agent, p: dict, gid: int, plan, fqn_by_input: dict, g: t
     from graphdeck.capture.callwrap import child_rows
 
     try:
+        from graphdeck.capture.guards import no_new_guards
+
         first = tuple(fqn_by_input.get(i) for i in plan.positions)
-        gid2, ins, grads = write_aot_graph(agent, p, gid, plan, fqn_by_input, "aot_backward", g)
+        with no_new_guards(p.get("shape_env")):  # compiled lazily, inside the first backward
+            gid2, ins, grads = write_aot_graph(agent, p, gid, plan, fqn_by_input, "aot_backward", g)
         rows = [r for names in list(plan.recorded) if names != first
                 for r in child_rows(ins, grads, dict(zip(plan.positions, names)))]
         if rows:

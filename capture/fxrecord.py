@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from graphdeck.capture.guards import dim_value
+
 ARG_REPR_LIMIT = 200
 
 # NOTE: [Module paths]
@@ -102,10 +104,7 @@ def _short(value: Any) -> Any:
 
 
 def _dim(d: Any) -> int | str:
-    try:
-        return int(d)
-    except Exception:
-        return str(d)
+    return dim_value(d)  # never int(SymInt): that guards (NOTE: [The capture adds no guard])
 
 
 @dataclass

@@ -1,11 +1,16 @@
-"""The capture never changes what the job does, and loses nothing when the job dies (issue 18).
+"""The capture never changes what the job does, nor what torch decides, and loses nothing when
+the job dies (issues 18 and 34).
 
 Each variant of tests/capture_matrix_job.py runs in a fresh interpreter without and with the
 capture: losses and every parameter's and gradient's bytes after each step must be identical, and
 what was captured before a failure must be in the store. Variants: Agent, ``backend="graphdeck"``
 without ``close()``, DDP and FSDP2 (1 gloo rank), compiled autograd (config + ``fullgraph=True``;
 ``_enable`` without fullgraph), ``fullgraph=True``, Inductor with warm caches, a job that raises
-mid-step, a job that ends by ``os._exit``.
+mid-step, a job that ends by ``os._exit``; and (issue 34) inputs whose length changes every
+step through every path: automatic dynamic after a recompile, ``mark_dynamic``, ``dynamic=True``,
+``automatic_dynamic_shapes=False``, DDPOptimizer's bucket split, TP, ``Agent.profile``. With and
+without capture each frame must compile as often, with the same guards, shape symbols, shape
+guards and recompile reasons (NOTE: [The capture adds no guard]).
 """
 
 from __future__ import annotations
@@ -28,7 +33,20 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("agent", "backend_name", "ddp", "fsdp2", "compiled_autograd", "compiled_autograd_enable", "fullgraph",
-            "raises", "os_exit", "warm_cache")
+            "raises", "os_exit", "warm_cache",
+            "dynamic", "mark_dynamic", "dynamic_true", "no_auto_dynamic", "ddp_optimizer", "tp", "profile")
+#: Jobs that end before their last step write no compile decisions.
+ENDS_EARLY = ("raises", "os_exit")
+
+#: Compiled autograd traces the capture's per-parameter gradient hooks into its graph, and the hooks
+#: come off after the first step (NOTE: [Steady mode]): one more compiled-autograd compile than
+#: without capture. Known and open (issue 34); strict, so a fix is noticed.
+HOOKS_SEEN_BY_COMPILED_AUTOGRAD = ("compiled_autograd", "compiled_autograd_enable")
+
+
+def steps_of(variant: str) -> int:
+    """Training steps the job runs (tests/capture_matrix_job.py's STEPS)."""
+    return 3
 
 
 def _run(variant: str, mode: str, out: Path, cache: Path) -> dict:
@@ -48,9 +66,12 @@ def matrix(tmp_path_factory):
     jobs = [(v, m) for v in VARIANTS if v != "warm_cache" for m in ("plain", "capture")]
     with ThreadPoolExecutor(2) as pool:
         results = dict(zip(jobs, pool.map(lambda vm: _run(*vm, out, cache), jobs)))
-    # Inductor: a cold captured run fills the caches, then plain and captured runs find them warm.
+    # Inductor: cold plain and captured runs fill the caches (the capture's Inductor settings —
+    # provenance tracking, CPU kernel profiling — are part of the cache key), then plain and
+    # captured runs find them warm.
     (out / "cold").mkdir()
     results[("warm_cache", "cold")] = _run("warm_cache", "capture", out / "cold", cache)
+    results[("warm_cache", "cold_plain")] = _run("warm_cache", "plain", out / "cold", cache)
     for mode in ("plain", "capture"):
         results[("warm_cache", mode)] = _run("warm_cache", mode, out, cache)
     return results
@@ -67,7 +88,21 @@ def test_capture_changes_nothing(matrix, variant):
     expect_rc = 1 if variant == "raises" else 0
     assert plain["rc"] == expect_rc and cap["rc"] == expect_rc, (plain["log"], cap["log"])
     assert cap["losses"] == plain["losses"] and cap["digests"] == plain["digests"], variant
-    assert len(cap["digests"]) == {"raises": 2, "os_exit": 2}.get(variant, 3)
+    assert len(cap["digests"]) == {"raises": 2, "os_exit": 2}.get(variant, steps_of(variant))
+
+
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.xfail(
+    strict=True, reason="compiled autograd traces the capture's gradient hooks")) if v in HOOKS_SEEN_BY_COMPILED_AUTOGRAD
+    else v for v in VARIANTS if v not in ENDS_EARLY])
+def test_torch_decides_the_same_with_capture(matrix, variant):
+    """Same compiles per frame (ids, guard counts, recompile reasons, graph sizes) and the same
+    shape symbols and shape guards, in order: the capture specialises nothing (issue 34)."""
+    plain, cap = matrix[(variant, "plain")], matrix[(variant, "capture")]
+    assert plain["compiles"], plain["log"]
+    assert cap["compiles"] == plain["compiles"], (variant, plain["compiles"], cap["compiles"])
+    assert cap["shapes"] == plain["shapes"], (variant, plain["shapes"], cap["shapes"])
+    if variant == "dynamic":  # 3 lengths: one static compile, then automatic dynamic (2, not 3)
+        assert len([c for c in cap["compiles"] if c[0] == "forward"]) == 2, cap["compiles"]
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "fsdp2"] + ["fsdp2"])
@@ -92,7 +127,7 @@ def test_what_was_captured_is_in_the_store(matrix, variant):
         why = " ".join(rep.gaps)
         assert "compiled autograd" in why, why
         return
-    last = {"raises": 1, "os_exit": 1}.get(variant, 2)
+    last = {"raises": 1, "os_exit": 1}.get(variant, steps_of(variant) - 1)
     assert evidence and max(r[1] for r in evidence) == last, (variant, evidence)
     assert sum(r[2] for r in evidence) == last + 1
     rep = validate_backward(store, variant)
