@@ -75,20 +75,21 @@ def output_code_table(code: str) -> dict[str, list[str]]:
 
 def coverage_warning(mapping, *, threshold: float = 0.90, top: int = 5) -> str | None:
     """A one-paragraph warning when ``mapping`` (a
-    :class:`graphdeck.analysis.traces.trace_map.KernelMapping`) maps less than ``threshold`` of its
-    kernel time to graph nodes, naming the ``top`` largest unmapped kernels with their share;
-    ``None`` when coverage is at or above it or the trace has no kernel time."""
-    frac = mapping.mapped_fraction
+    :class:`graphdeck.analysis.traces.trace_map.KernelMapping`) maps less than ``threshold`` of
+    what its coverage covers (NOTE: [Trace coverage]: GPU kernel time of compiled graphs, or the
+    ops' own CPU time in compiled regions) to graph nodes, naming the ``top`` largest unmapped
+    kernels with their share of that time; ``None`` when coverage is at or above it or there is
+    nothing compiled to cover."""
+    cov = mapping.coverage
+    frac = cov.fraction
     if frac is None or frac >= threshold:
         return None
-    total = mapping.kernel_ns
     grouped: dict[str, int] = {}
-    for name, ns in mapping.unmapped.items():
+    for name, ns in cov.unmapped.items():
         grouped[_short(name)] = grouped.get(_short(name), 0) + ns
     worst = sorted(grouped.items(), key=lambda kv: -kv[1])[:top]
-    items = "; ".join(f"{name} {ns / total:.1%}" for name, ns in worst)
-    what = "CPU time of compiled regions" if getattr(mapping, "device", "gpu") == "cpu" else "kernel time"
-    return (f"only {frac:.1%} of the trace's {what} maps to graph nodes (below {threshold:.0%}); "
+    items = "; ".join(f"{name} {ns / cov.total_ns:.1%}" for name, ns in worst)
+    return (f"only {frac:.1%} of {cov.covers} maps to graph nodes (below {threshold:.0%}); "
             f"largest unmapped: {items}")
 
 

@@ -297,6 +297,9 @@ class KernelMapping:
     ``optimizer_ns``: optimizer step (``AdamW.step``) → ns of the kernels launched under it outside
     any compiled graph, ``optimizer_kernels`` GPU event id → that step (NOTE: [Optimizer step
     kernels]); counted in ``mapped_ns``, source ``optimizer step``, not in ``by_kernel``/``node_ns``.
+    ``outside_unmapped``: kernel name → ns of the part of ``unmapped`` that ran outside every
+    compiled graph by design (eager kernels outside a wrapper call, collectives no graph parameter
+    explains; NOTE: [Trace coverage]).
 
     For a CPU trace (no GPU kernel; NOTE: [CPU trace mapping]) ``device`` is ``"cpu"``, the
     "kernels" are the ops and C++ kernels run inside compiled ranges (``cpu_units``, by start),
@@ -327,10 +330,23 @@ class KernelMapping:
     optimizer_ns: dict[str, int] = field(default_factory=dict)
     optimizer_kernels: dict[int, str] = field(default_factory=dict)
     overhead_ns: dict[tuple[int, str], int] = field(default_factory=dict)
+    outside_unmapped: dict[str, int] = field(default_factory=dict)
 
     @property
     def mapped_fraction(self) -> float | None:
+        """``mapped_ns / kernel_ns``: nodes, optimizer steps and (CPU) the labelled overhead over
+        the whole kernel time (GPU) or the compiled ranges' wall time (CPU). Not the coverage of
+        compiled graphs: that is :attr:`coverage` (NOTE: [Trace coverage])."""
         return self.mapped_ns / self.kernel_ns if self.kernel_ns else None
+
+    @property
+    def coverage(self):
+        """The :class:`graphdeck.analysis.traces.coverage.Coverage` of this mapping (no CPU
+        time outside compiled regions: :func:`~graphdeck.analysis.traces.coverage.coverage` with
+        the events gives that too)."""
+        from graphdeck.analysis.traces.coverage import coverage
+
+        return coverage(self)
 
 
 def _tables(session: Session, run_id: int, rank: int) -> dict[int, dict]:
@@ -430,14 +446,17 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
         if at is None or not tables:
             if comm.is_comm(k.name):
                 comm_kernels.append(k)
+            elif at is not None:  # a compiled graph's kernel, but no kernel table for the rank
+                unmapped[k.name] += k.dur
             elif (step := next((e.name for e in chain if e.name.startswith(OPTIMIZER_PREFIX)), None)) is not None:
                 label = step[len(OPTIMIZER_PREFIX):] or step  # NOTE: [Optimizer step kernels]
                 out.optimizer_kernels[k.id] = label
                 out.optimizer_ns[label] = out.optimizer_ns.get(label, 0) + k.dur
                 out.mapped_ns += k.dur
                 sources[OPTIMIZER_SOURCE] += 1
-            else:
+            else:  # eager, outside every compiled graph (NOTE: [Trace coverage])
                 unmapped[k.name] += k.dur
+                out.outside_unmapped[k.name] = out.outside_unmapped.get(k.name, 0) + k.dur
             continue
         region = next((m.group(1) for e in reversed(chain[:at]) if (m := _REGION.match(e.name))), None)
         wrapper_ev[chain[at].id] = (chain[at], region)
@@ -528,6 +547,7 @@ def _map_comm(session: Session, trace: Trace, kernels: list[Ev], out: KernelMapp
         got = matched.get(k.id)
         if got is None:
             unmapped[k.name] += k.dur
+            out.outside_unmapped[k.name] = out.outside_unmapped.get(k.name, 0) + k.dur
             continue
         source, weighted, spare, label = got
         out.comm_label[k.id] = label
@@ -546,6 +566,7 @@ def _map_comm(session: Session, trace: Trace, kernels: list[Ev], out: KernelMapp
         out.mapped_ns += mapped
         if mapped < k.dur:
             unmapped[k.name] += k.dur - mapped
+            out.outside_unmapped[k.name] = out.outside_unmapped.get(k.name, 0) + k.dur - mapped
         sources[source] += 1
 
 
