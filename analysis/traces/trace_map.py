@@ -58,7 +58,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.traces.comm_map import map_collectives
-from graphdeck.analysis.traces.kernel_source_nodes import output_code_table
+from graphdeck.analysis.traces.kernel_source_nodes import OUTPUT_CODE_EVENT, STACKS_EVENT, TABLE_EVENTS, compile_tables
 from graphdeck.analysis.traces.trace_analysis import CommRule
 from graphdeck.analysis.traces.trace_data import GPU_KERNEL_CATS, Ev, load_events
 from graphdeck.analysis.traces.trace_links import link_gpu_events
@@ -66,9 +66,6 @@ from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import CompileEvent, Graph, GraphIO, InternedString, KernelNode, Node, Trace
 
 AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
-TABLE_EVENTS = ("graphdeck_kernel_post_grad_nodes", "inductor_provenance_tracking_node_mappings")
-STACKS_EVENT = "inductor_provenance_tracking_kernel_stack_traces"
-OUTPUT_CODE_EVENT = "inductor_output_code"
 WRAPPER_PREFIX = "## Call CompiledFxGraph"
 OPTIMIZER_PREFIX = "Optimizer.step#"  # torch.optim's profiler range: "Optimizer.step#AdamW.step"
 OPTIMIZER_SOURCE = "optimizer step"
@@ -126,7 +123,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             continue
         if isinstance(data, dict):
             parsed.append(((rank, cid), name, data))
-    by_key, post_to_pre = _compile_tables(parsed, stats)
+    by_key, post_to_pre = compile_tables(parsed, stats)
     stacks_of = _node_stacks(engine, run_id) if any(k == "stacks" for ts in by_key.values() for _, k in ts) else {}
     # Inductor's live table grows over a process's compiles, so a later snapshot repeats earlier
     # kernels: those are skipped, per rank (ranks compile the same kernels, each its own).
@@ -190,55 +187,6 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             s.execute(KernelNode.__table__.insert(), rows)
     stats["rows"] = len(rows)
     return dict(stats)
-
-
-#: The order in which one Inductor compile's records arrive (NOTE: [One table per compile]).
-_RECORD_ORDER = {OUTPUT_CODE_EVENT: 0, TABLE_EVENTS[1]: 1, TABLE_EVENTS[0]: 2, STACKS_EVENT: 3}
-
-
-def _compile_tables(parsed: list, stats: Counter) -> tuple[dict, dict]:
-    """``(rank, compile_id)`` → ``[(table, kind)]`` in compile order, one table per Inductor compile,
-    and ``(rank, compile_id)`` → post-grad → pre-grad node names.
-
-    # NOTE: [One table per compile]
-    One compile_id can hold several Inductor compiles: DDPOptimizer compiles each bucket's forward
-    and (lazily) backward under the frame's compile_id. Each compile logs, in order, its output code
-    (imported logs), its provenance mapping, the agent's live-table snapshot and its kernel stack
-    traces; a record whose kind is not after the previous one's starts the next compile. Per
-    compile: the live-table snapshot when non-empty, else the mapping's ``cppCodeToPost``, else the
-    output code's source-node comments (NOTE: [Kernels by output code]), else the stack traces
-    (NOTE: [Kernels by stack trace]). Chosen per compile_id instead, one bucket's snapshot hid
-    the stack traces of another bucket compiled from a warm FX graph cache (empty snapshot and
-    mapping): with the cache warm for some buckets only — the other rank or another job on the host
-    wrote them moments before, which a busy host makes likely — their kernels mapped to nothing
-    (the demo's loss bucket: 77.5% on rank 1)."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    post_to_pre: dict[tuple[int, str | None], dict[str, list[str]]] = defaultdict(dict)
-    for key, name, data in parsed:
-        order = _RECORD_ORDER.get(name)
-        if order is None:
-            continue
-        if name == TABLE_EVENTS[1]:
-            post_to_pre[key].update(data.get("postToPre") or {})
-        mine = groups[key]
-        if not mine or order <= mine[-1]["_last"]:
-            mine.append({})
-        mine[-1][name] = data
-        mine[-1]["_last"] = order
-    by_key: dict[tuple[int, str | None], list[tuple[dict, str]]] = defaultdict(list)
-    for key, compiles in groups.items():
-        for c in compiles:
-            snapshot, mapping = c.get(TABLE_EVENTS[0]) or {}, c.get(TABLE_EVENTS[1]) or {}
-            if snapshot:
-                by_key[key].append((snapshot, "table"))
-            elif mapping.get("cppCodeToPost"):
-                by_key[key].append((mapping["cppCodeToPost"], "table"))
-            elif table := output_code_table((c.get(OUTPUT_CODE_EVENT) or {}).get("code") or ""):
-                by_key[key].append((table, "output_code"))
-                stats["tables_by_output_code"] += 1
-            elif c.get(STACKS_EVENT):
-                by_key[key].append((c[STACKS_EVENT], "stacks"))
-    return by_key, post_to_pre
 
 
 def _node_stacks(engine: Engine, run_id: int) -> dict[int, list[tuple[str, str]]]:
