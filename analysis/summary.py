@@ -352,7 +352,7 @@ def _outside_text(p: dict) -> str:
     parts = [f"{k} {ns / 1e6:.1f} ms" for k, ns in sorted((p.get("outside_ns") or {}).items(), key=lambda kv: -kv[1])
              if ns > 0]
     if p.get("overhead_ns"):
-        parts.append(f"between and around the ops (dispatch, wrapper code, descheduling) {p['overhead_ns'] / 1e6:.1f} ms")
+        parts.append(f"between and around the ops (dispatch, wrapper code, profiler callbacks, descheduling) {p['overhead_ns'] / 1e6:.1f} ms")
     return f"; not counted (rank {p['rank']}): " + ", ".join(parts) if parts else ""
 
 

@@ -7,8 +7,9 @@ A trace's *coverage* is the share of the work compiled graphs run that lands on 
   regions — the summed duration of the units (ATen ops of an ``aot_eager`` range, C++ kernels and
   extern calls of an Inductor wrapper call, AOT's runtime-wrapper ops) — of which ``covered_ns`` is
   the units matched to a node. The wall time between and around the ops (Python dispatch, wrapper
-  code, and on a loaded host the thread's descheduling, which a trace cannot tell apart) is
-  ``overhead_ns``, said apart and never in the fraction: a busy host stretches it by any amount,
+  code, the profiler's own callbacks, and on a loaded host the thread's descheduling, which a trace
+  cannot tell apart) is ``overhead_ns``, said apart and never in the fraction: a busy host stretches
+  it by any amount,
   so a fraction over wall time moved with the load (a small unmatched op after a long preemption
   counted the preemption as unmapped). The matching itself is by structure (nesting on one
   thread, op names, call order, autograd sequence numbers), never by how far apart events are.
