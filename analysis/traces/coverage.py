@@ -9,9 +9,8 @@ A trace's *coverage* is the share of the work compiled graphs run that lands on 
   the units matched to a node. The wall time between and around the ops (Python dispatch, wrapper
   code, the profiler's own callbacks, and on a loaded host the thread's descheduling, which a trace
   cannot tell apart) is ``overhead_ns``, said apart and never in the fraction: a busy host stretches
-  it by any amount,
-  so a fraction over wall time moved with the load (a small unmatched op after a long preemption
-  counted the preemption as unmapped). The matching itself is by structure (nesting on one
+  it by any amount, so a fraction over wall time moved with the load (a small unmatched op after a
+  long preemption counted the preemption as unmapped). The matching itself is by structure (nesting on one
   thread, op names, call order, autograd sequence numbers), never by how far apart events are.
 * GPU trace: the kernel time of compiled graphs — kernels launched inside an Inductor wrapper
   call, plus the share of communication kernels that carries graph parameters (NOTE:
