@@ -107,16 +107,40 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
         with Session(engine) as s:
             m = map_trace(s, result.trace_id)
         if m.kernel_ns:
-            by = ", ".join(f"{n} {src}" for src, n in sorted(m.sources.items()))
-            what = "CPU time of compiled regions" if m.device == "cpu" else "GPU kernel time"
-            click.echo(f"{m.mapped_ns / m.kernel_ns:.1%} of its {what} maps to graph nodes"
-                       + (f" ({by} kernels)" if by else " (no capture of this run/rank links kernels to nodes)"))
+            click.echo(mapping_headline(m))
             from graphdeck.analysis.traces.kernel_source_nodes import coverage_warning
 
             if (low := coverage_warning(m)) is not None:
                 click.echo(f"warning: {low}", err=True)
     if as_json:
         click.echo(json.dumps(result.stats, indent=2, default=str))
+
+
+def mapping_headline(m) -> str:
+    """What a trace's kernel → node mapping covers, each number with what it is of (NOTE: [Trace
+    coverage]): on GPU the share of the whole kernel time on FX nodes, the coverage of compiled
+    graphs' kernel time, and the time outside graphs by design (the eager optimizer step mapped to
+    the step as a whole, never to a node); on CPU the ops' own time in compiled regions."""
+    from graphdeck.analysis.traces.coverage import coverage
+
+    cov = coverage(m)
+    by = ", ".join(f"{n} {src}" for src, n in sorted(m.sources.items()) if src != "optimizer step")
+    how = f" ({by} kernels)" if by else " (no capture of this run/rank links kernels to nodes)"
+    if m.device == "cpu":
+        frac = f"{cov.fraction:.1%}" if cov.fraction is not None else "none"
+        return (f"{frac} of {cov.covers} maps to FX graph nodes{how}; "
+                f"{cov.overhead_ns / 1e6:.1f} ms between and around those ops is not counted")
+    whole = cov.covered_ns / m.kernel_ns
+    line = f"{whole:.1%} of its GPU kernel time maps to FX graph nodes{how}"
+    if cov.fraction is not None:
+        line += f"; that is {cov.fraction:.1%} of {cov.covers}"
+    outside = sorted(cov.outside.items(), key=lambda kv: -kv[1])
+    if outside:
+        steps = ", ".join(m.optimizer_ns)
+        line += "; outside compiled graphs: " + ", ".join(
+            f"{k}{f' ({steps}, on the step, no node)' if k == 'eager optimizer step' and steps else ''} "
+            f"{ns / m.kernel_ns:.1%}" for k, ns in outside)
+    return line
 
 
 def _ingest_export(engine, trace_file: str, run_name: str, rank: int | None, strict: bool, replace: bool,

@@ -25,8 +25,9 @@ DEFAULT_STORE = "graphdeck.db"  # graphdeck.cli.DEFAULT_STORE
 @click.pass_context
 def summary_cmd(ctx: click.Context, target: str | None, store: str, run_opt: str | None, as_json: bool) -> None:
     """One line per check of a run (name or id): gradient paths (check-grads), rank consistency
-    (check-ranks), compile health (check-compile, no gates), trace coverage (share of kernel /
-    compiled-region CPU time mapped to graph nodes per rank), the parallel layout when one was
+    (check-ranks), compile health (check-compile, no gates), trace coverage (per rank, the share
+    of the GPU kernel time of compiled graphs / of the ops' own CPU time in compiled regions mapped
+    to graph nodes; time outside compiled graphs by design named apart), the parallel layout when one was
     recorded; worst first, then the slowest steps. Two forms, the same report:
     ``graphdeck summary RUN --store STORE`` and, as the checks take it,
     ``graphdeck summary STORE --run RUN``. A check that raises is an ERROR line, never a

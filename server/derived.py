@@ -61,7 +61,7 @@ from graphdeck.store.schema import (
 log = logging.getLogger(__name__)
 
 #: Bumped when a derived document's shape or meaning changes: older rows are recomputed.
-VERSION = 2  # 2: rank lists as ranges, alike ranks one line, hang numbering named (issue 26)
+VERSION = 3  # 2: rank lists as ranges, alike ranks one line, hang numbering named (issue 26); 3: trace coverage of compiled graphs only (NOTE: [Trace coverage])
 #: Documents kept in memory per process.
 MEMORY_DOCS = 64
 _KEY_MAX = 64  # store_meta.key is String(64)

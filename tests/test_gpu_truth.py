@@ -129,7 +129,15 @@ def test_imported_log_maps_backward_kernels_as_well_as_live_capture(imported, li
         compiled_unmapped = sum(ns for k, ns in m.unmapped.items() if k.startswith("triton_"))
         assert compiled_unmapped == 0
     assert abs(imp.mapped_fraction - cap.mapped_fraction) < 0.005
-    assert "optimizer step" in out  # ingest-trace names the source
+    # ingest-trace's headline says each number with what it covers (NOTE: [Trace coverage]): the
+    # share of all kernel time on FX nodes (the optimizer's is not), the coverage of the compiled
+    # graphs' kernel time, and the eager optimizer step apart, on the step and no node
+    line = next(ln for ln in out.splitlines() if "maps to FX graph nodes" in ln)
+    on_nodes = sum(imp.node_ns.values()) / imp.kernel_ns
+    assert line.startswith(f"{on_nodes:.1%} of its GPU kernel time maps to FX graph nodes") and on_nodes < 0.93, line
+    assert f"that is {imp.coverage.fraction:.1%} of the GPU kernel time of compiled graphs" in line, line
+    assert imp.coverage.fraction > 0.99, imp.coverage
+    assert "eager optimizer step (AdamW.step, on the step, no node) 8." in line, line
 
 
 @pytest.fixture(scope="module")

@@ -222,7 +222,7 @@ def test_two_h200_ingest_trace_cli_reports_the_mapped_share(tmp_path):
                            str(DATA / "ddp_h200x2" / "ddp_rank1.pt.trace.json.gz"), "--run", "ddp", "--store", str(store)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    m = re.search(r"^([\d.]+)% of its GPU kernel time maps to graph nodes \((.*) kernels\)$", proc.stdout, re.M)
+    m = re.search(r"^([\d.]+)% of its GPU kernel time maps to FX graph nodes \((.*) kernels\)", proc.stdout, re.M)
     assert m and float(m.group(1)) >= 95 and "70 comm_ddp_bucket" in m.group(2), proc.stdout[:500]
 
 

@@ -100,7 +100,7 @@ def test_healthy_run_passes_every_check_it_has_evidence_for(server, store):
     with Session(open_engine(store, read_only=True)) as s:
         run = s.scalar(select(Run).where(Run.name == "tiny"))
         (tid,) = s.scalars(select(Trace.id).where(Trace.run_id == run.id)).all()
-        fraction = map_trace(s, tid).mapped_fraction
+        fraction = map_trace(s, tid).coverage.fraction  # NOTE: [Trace coverage]
     (rank0,) = by["traces"]["detail"]["ranks"]
     assert rank0["trace_id"] == tid and rank0["fraction"] == pytest.approx(fraction) and fraction >= S.MIN_COVERAGE
     assert rank0["device"] == "cpu" and by["traces"]["link"] == f"#/traces/{tid}"

@@ -32,6 +32,13 @@ Matching, ``how`` per unit:
   name (``difflib.SequenceMatcher``): equal blocks pair by order (``name+order``); where both
   sides have ops between two equal blocks and the names differ, they pair by order
   (``order``). Node ``seq_nr`` is not needed inside a range: the ops run in graph order.
+* NOTE: [Ops of a higher-order op] A node whose target is a higher-order op
+  (``torch.ops.higher_order.flex_attention`` / ``flex_attention_backward``, ...) is no single
+  dispatcher op: under ``aot_eager`` its eager implementation runs as many top-level ATen ops
+  (``aten::matmul``, ``aten::max``, ``aten::_safe_softmax``...) that no node has by name. Those ops,
+  between the neighbours the alignment matched, go to the HOP's node (``higher-order op``), except
+  those another node of the same stretch has by name. Before, they were unmapped: a block with
+  FlexAttention (torchtitan's llama3 debug model) mapped 47.7% of its ops' time.
 * An ``aten::zeros`` at the top of a backward range is autograd materializing the zero gradient
   of an output nobody used: it goes to the backward graph's ``tangents_<i>`` placeholder of
   its shape (``materialized zero gradient``).
@@ -85,6 +92,9 @@ _KERNEL_PREFIX = re.compile(r"^graph_\d+_")
 WRAPPER_OP_HOW = "runtime wrapper op after the graph (its outputs) -> output node"
 #: The kinds of a compiled range's time outside its ops, each a ``<kind>_ns`` key of ``directions``.
 OVERHEAD_KINDS = ("prologue", "dispatch", "epilogue")
+#: A graph node that runs a higher-order op (``torch.ops.higher_order.flex_attention``...): no one
+#: dispatcher op, but the ATen ops of its eager implementation (NOTE: [Ops of a higher-order op]).
+HOP, HOP_TARGET, HOP_HOW = "<higher-order op>", "torch.ops.higher_order.", "higher-order op (the ops it ran)"
 #: Categories of host events that nest (ops, record_function ranges, Inductor's C++ kernels).
 HOST_CATS = frozenset({"cpu_op", "Operator", "user_annotation", "gpu_user_annotation"})
 
@@ -200,21 +210,32 @@ def _graph_ops(session: Session, run_id: int, rank: int) -> tuple[dict[int, Grap
                 select(Node.graph_id, Node.name, InternedString.value)
                 .join(InternedString, InternedString.id == Node.target_id)
                 .where(Node.graph_id.in_(list(graphs)), Node.op == "call_function").order_by(Node.graph_id, Node.idx)):
-            op = aten_name(target)
+            op = HOP if target.startswith(HOP_TARGET) else aten_name(target)
             if op is not None:
                 ops[gid].append((op, name))
     return graphs, ops
 
 
 def _align(unit_names: list[str], nodes: list[tuple[str, str]]) -> list[tuple[int, str, str]]:
-    """(unit index, node name, how) pairs of an op-name alignment (see the NOTE)."""
+    """(unit index, node name, how) pairs of an op-name alignment (see the NOTE). A higher-order
+    op's node (``HOP``) takes the ops run between its neighbours that no other node of that stretch
+    has by name (``higher-order op``; NOTE: [Ops of a higher-order op])."""
     sm = difflib.SequenceMatcher(None, unit_names, [op for op, _ in nodes], autojunk=False)
     out = []
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        hops = [j for j in range(j1, j2) if nodes[j][0] == HOP]
         if tag == "equal":
             out += [(i1 + k, nodes[j1 + k][1], "name+order") for k in range(i2 - i1)]
+        elif tag == "replace" and hops:
+            rest = [j for j in range(j1, j2) if nodes[j][0] != HOP]
+            sub = difflib.SequenceMatcher(None, unit_names[i1:i2], [nodes[j][0] for j in rest], autojunk=False)
+            named = {i1 + b.a + k: nodes[rest[b.b + k]][1] for b in sub.get_matching_blocks() for k in range(b.size)}
+            out += [(i, named[i], "name+order") if i in named else (i, nodes[hops[0]][1], HOP_HOW)
+                    for i in range(i1, i2)]
         elif tag == "replace":
             out += [(i1 + k, nodes[j1 + k][1], "order") for k in range(min(i2 - i1, j2 - j1))]
+        elif tag == "delete" and j1 > 0 and nodes[j1 - 1][0] == HOP:  # more of the op just run
+            out += [(i, nodes[j1 - 1][1], HOP_HOW) for i in range(i1, i2)]
     return out
 
 
@@ -263,7 +284,7 @@ def map_aot_eager(session: Session, run_id: int, rank: int, units: list[Unit], r
         if r.name == FWD and r.id in seq:
             fwd_graph_of_seq[seq[r.id]] = gid
         for i, node, how in _align(names, ops[gid]):
-            out[mine[i].ev.id] = (gid, node, f"aot_eager {how}")
+            out[mine[i].ev.id] = (gid, node, how if how == HOP_HOW else f"aot_eager {how}")
     return out
 
 

@@ -20,6 +20,7 @@ graph's (``position_ids``), which is why the table is used only where the mappin
 from __future__ import annotations
 
 import re
+from collections import Counter, defaultdict
 
 _SOURCE = re.compile(r"^\s*# Topologically Sorted Source Nodes: \[(.*?)\](?:, Original ATen:|\s*$)")
 _HANDLE = re.compile(r"^\s*# \[Provenance debug handles\] (\S+:\d+)\s*$")
@@ -73,22 +74,78 @@ def output_code_table(code: str) -> dict[str, list[str]]:
     return table
 
 
+#: The provenance records a kernel table is read from (``compile_events.name``).
+TABLE_EVENTS = ("graphdeck_kernel_post_grad_nodes", "inductor_provenance_tracking_node_mappings")
+STACKS_EVENT = "inductor_provenance_tracking_kernel_stack_traces"
+OUTPUT_CODE_EVENT = "inductor_output_code"
+
+
+#: The order in which one Inductor compile's records arrive (NOTE: [One table per compile]).
+_RECORD_ORDER = {OUTPUT_CODE_EVENT: 0, TABLE_EVENTS[1]: 1, TABLE_EVENTS[0]: 2, STACKS_EVENT: 3}
+
+
+def compile_tables(parsed: list, stats: Counter) -> tuple[dict, dict]:
+    """``(rank, compile_id)`` → ``[(table, kind)]`` in compile order, one table per Inductor compile,
+    and ``(rank, compile_id)`` → post-grad → pre-grad node names.
+
+    # NOTE: [One table per compile]
+    One compile_id can hold several Inductor compiles: DDPOptimizer compiles each bucket's forward
+    and (lazily) backward under the frame's compile_id. Each compile logs, in order, its output code
+    (imported logs), its provenance mapping, the agent's live-table snapshot and its kernel stack
+    traces; a record whose kind is not after the previous one's starts the next compile. Per
+    compile: the live-table snapshot when non-empty, else the mapping's ``cppCodeToPost``, else the
+    output code's source-node comments (NOTE: [Kernels by output code]), else the stack traces
+    (NOTE: [Kernels by stack trace]). Chosen per compile_id instead, one bucket's snapshot hid
+    the stack traces of another bucket compiled from a warm FX graph cache (empty snapshot and
+    mapping): with the cache warm for some buckets only — the other rank or another job on the host
+    wrote them moments before, which a busy host makes likely — their kernels mapped to nothing
+    (the demo's loss bucket: 77.5% on rank 1)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    post_to_pre: dict[tuple[int, str | None], dict[str, list[str]]] = defaultdict(dict)
+    for key, name, data in parsed:
+        order = _RECORD_ORDER.get(name)
+        if order is None:
+            continue
+        if name == TABLE_EVENTS[1]:
+            post_to_pre[key].update(data.get("postToPre") or {})
+        mine = groups[key]
+        if not mine or order <= mine[-1]["_last"]:
+            mine.append({})
+        mine[-1][name] = data
+        mine[-1]["_last"] = order
+    by_key: dict[tuple[int, str | None], list[tuple[dict, str]]] = defaultdict(list)
+    for key, compiles in groups.items():
+        for c in compiles:
+            snapshot, mapping = c.get(TABLE_EVENTS[0]) or {}, c.get(TABLE_EVENTS[1]) or {}
+            if snapshot:
+                by_key[key].append((snapshot, "table"))
+            elif mapping.get("cppCodeToPost"):
+                by_key[key].append((mapping["cppCodeToPost"], "table"))
+            elif table := output_code_table((c.get(OUTPUT_CODE_EVENT) or {}).get("code") or ""):
+                by_key[key].append((table, "output_code"))
+                stats["tables_by_output_code"] += 1
+            elif c.get(STACKS_EVENT):
+                by_key[key].append((c[STACKS_EVENT], "stacks"))
+    return by_key, post_to_pre
+
+
 def coverage_warning(mapping, *, threshold: float = 0.90, top: int = 5) -> str | None:
     """A one-paragraph warning when ``mapping`` (a
-    :class:`graphdeck.analysis.traces.trace_map.KernelMapping`) maps less than ``threshold`` of its
-    kernel time to graph nodes, naming the ``top`` largest unmapped kernels with their share;
-    ``None`` when coverage is at or above it or the trace has no kernel time."""
-    frac = mapping.mapped_fraction
+    :class:`graphdeck.analysis.traces.trace_map.KernelMapping`) maps less than ``threshold`` of
+    what its coverage covers (NOTE: [Trace coverage]: GPU kernel time of compiled graphs, or the
+    ops' own CPU time in compiled regions) to graph nodes, naming the ``top`` largest unmapped
+    kernels with their share of that time; ``None`` when coverage is at or above it or there is
+    nothing compiled to cover."""
+    cov = mapping.coverage
+    frac = cov.fraction
     if frac is None or frac >= threshold:
         return None
-    total = mapping.kernel_ns
     grouped: dict[str, int] = {}
-    for name, ns in mapping.unmapped.items():
+    for name, ns in cov.unmapped.items():
         grouped[_short(name)] = grouped.get(_short(name), 0) + ns
     worst = sorted(grouped.items(), key=lambda kv: -kv[1])[:top]
-    items = "; ".join(f"{name} {ns / total:.1%}" for name, ns in worst)
-    what = "CPU time of compiled regions" if getattr(mapping, "device", "gpu") == "cpu" else "kernel time"
-    return (f"only {frac:.1%} of the trace's {what} maps to graph nodes (below {threshold:.0%}); "
+    items = "; ".join(f"{name} {ns / cov.total_ns:.1%}" for name, ns in worst)
+    return (f"only {frac:.1%} of {cov.covers} maps to graph nodes (below {threshold:.0%}); "
             f"largest unmapped: {items}")
 
 

@@ -249,8 +249,11 @@ def analyze_trace(session: Session, trace_id: int, rule: CommRule | None = None,
     """All per-trace analyses as one JSON-ready dict: ``distributed`` (rank, process groups:
     :func:`~graphdeck.analysis.traces.trace_collectives.process_groups`), ``steps``, ``gpu``, ``hotspots``,
     ``overlap`` and ``mapping`` (kernel → node coverage: ``kernel_ns``, ``mapped_ns``,
-    ``mapped_fraction``, the largest unmapped kernels, ``optimizer``: kernel time of eager
-    optimizer steps, ``warning``: the low-coverage warning or ``None``)."""
+    ``mapped_fraction`` (nodes + optimizer steps + CPU overhead over all kernel time / the compiled
+    ranges' wall time), ``coverage`` (the coverage of compiled graphs, with what it covers and the
+    time outside them named apart: NOTE: [Trace coverage]), the largest unmapped kernels,
+    ``optimizer``: kernel time of eager optimizer steps, ``warning``: the low-coverage warning or
+    ``None``)."""
     from graphdeck.analysis.traces.kernel_source_nodes import coverage_warning
     from graphdeck.analysis.traces.trace_collectives import process_groups
     from graphdeck.store.schema import Trace
@@ -274,5 +277,6 @@ def analyze_trace(session: Session, trace_id: int, rule: CommRule | None = None,
                     "sources": m.sources, "device": m.device, "region_ns": m.region_ns,
                     "directions": m.directions,
                     "optimizer": [{"step": st, "kernel_ns": ns} for st, ns in m.optimizer_ns.items()],
+                    "coverage": m.coverage.as_dict(),  # NOTE: [Trace coverage]
                     "warning": coverage_warning(m)},
     }

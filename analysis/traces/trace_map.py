@@ -58,7 +58,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.traces.comm_map import map_collectives
-from graphdeck.analysis.traces.kernel_source_nodes import output_code_table
+from graphdeck.analysis.traces.kernel_source_nodes import OUTPUT_CODE_EVENT, STACKS_EVENT, TABLE_EVENTS, compile_tables
 from graphdeck.analysis.traces.trace_analysis import CommRule
 from graphdeck.analysis.traces.trace_data import GPU_KERNEL_CATS, Ev, load_events
 from graphdeck.analysis.traces.trace_links import link_gpu_events
@@ -66,9 +66,6 @@ from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import CompileEvent, Graph, GraphIO, InternedString, KernelNode, Node, Trace
 
 AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
-TABLE_EVENTS = ("graphdeck_kernel_post_grad_nodes", "inductor_provenance_tracking_node_mappings")
-STACKS_EVENT = "inductor_provenance_tracking_kernel_stack_traces"
-OUTPUT_CODE_EVENT = "inductor_output_code"
 WRAPPER_PREFIX = "## Call CompiledFxGraph"
 OPTIMIZER_PREFIX = "Optimizer.step#"  # torch.optim's profiler range: "Optimizer.step#AdamW.step"
 OPTIMIZER_SOURCE = "optimizer step"
@@ -114,10 +111,6 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             names_by_graph[gid].add(name)
             if op == "call_function" and target.split(".")[:2] in (["aten", "mm"], ["aten", "addmm"], ["aten", "bmm"]):
                 matmuls[gid].append(name)
-    # Prefer the live-table snapshots; use the artifacts' cppCodeToPost only where no non-empty
-    # snapshot came; where an artifact's is empty too (an FX graph cache hit of a lazily compiled
-    # backward), the kernel stack traces that follow it (NOTE: [Kernels by stack trace]).
-    by_key: dict[tuple[int, str | None], list[tuple[dict, str]]] = defaultdict(list)
     parsed = []
     for rank, cid, name, payload in events:
         if name == OUTPUT_CODE_EVENT:
@@ -130,29 +123,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             continue
         if isinstance(data, dict):
             parsed.append(((rank, cid), name, data))
-    have_snapshot = {key for key, name, data in parsed if name == TABLE_EVENTS[0] and data}
-    post_to_pre: dict[tuple[int, str | None], dict[str, list[str]]] = defaultdict(dict)
-    need_stacks: set[tuple[int, str | None]] = set()
-    last_code: dict[tuple[int, str | None], str] = {}  # NOTE: [Kernels by output code]
-    for key, name, data in parsed:
-        if name == OUTPUT_CODE_EVENT:
-            last_code[key] = data.get("code") or ""
-        elif name == TABLE_EVENTS[1]:
-            post_to_pre[key].update(data.get("postToPre") or {})
-            if key in have_snapshot:
-                continue
-            if data.get("cppCodeToPost"):
-                by_key[key].append((data["cppCodeToPost"], "table"))
-            elif table := output_code_table(last_code.pop(key, "")):
-                by_key[key].append((table, "output_code"))
-                stats["tables_by_output_code"] += 1
-            else:
-                need_stacks.add(key)
-        elif name == TABLE_EVENTS[0] and data:
-            by_key[key].append((data, "table"))
-        elif name == STACKS_EVENT and key in need_stacks and data:
-            need_stacks.discard(key)
-            by_key[key].append((data, "stacks"))
+    by_key, post_to_pre = compile_tables(parsed, stats)
     stacks_of = _node_stacks(engine, run_id) if any(k == "stacks" for ts in by_key.values() for _, k in ts) else {}
     # Inductor's live table grows over a process's compiles, so a later snapshot repeats earlier
     # kernels: those are skipped, per rank (ranks compile the same kernels, each its own).
@@ -297,6 +268,9 @@ class KernelMapping:
     ``optimizer_ns``: optimizer step (``AdamW.step``) → ns of the kernels launched under it outside
     any compiled graph, ``optimizer_kernels`` GPU event id → that step (NOTE: [Optimizer step
     kernels]); counted in ``mapped_ns``, source ``optimizer step``, not in ``by_kernel``/``node_ns``.
+    ``outside_unmapped``: kernel name → ns of the part of ``unmapped`` that ran outside every
+    compiled graph by design (eager kernels outside a wrapper call, collectives no graph parameter
+    explains; NOTE: [Trace coverage]).
 
     For a CPU trace (no GPU kernel; NOTE: [CPU trace mapping]) ``device`` is ``"cpu"``, the
     "kernels" are the ops and C++ kernels run inside compiled ranges (``cpu_units``, by start),
@@ -327,10 +301,23 @@ class KernelMapping:
     optimizer_ns: dict[str, int] = field(default_factory=dict)
     optimizer_kernels: dict[int, str] = field(default_factory=dict)
     overhead_ns: dict[tuple[int, str], int] = field(default_factory=dict)
+    outside_unmapped: dict[str, int] = field(default_factory=dict)
 
     @property
     def mapped_fraction(self) -> float | None:
+        """``mapped_ns / kernel_ns``: nodes, optimizer steps and (CPU) the labelled overhead over
+        the whole kernel time (GPU) or the compiled ranges' wall time (CPU). Not the coverage of
+        compiled graphs: that is :attr:`coverage` (NOTE: [Trace coverage])."""
         return self.mapped_ns / self.kernel_ns if self.kernel_ns else None
+
+    @property
+    def coverage(self):
+        """The :class:`graphdeck.analysis.traces.coverage.Coverage` of this mapping (no CPU
+        time outside compiled regions: :func:`~graphdeck.analysis.traces.coverage.coverage` with
+        the events gives that too)."""
+        from graphdeck.analysis.traces.coverage import coverage
+
+        return coverage(self)
 
 
 def _tables(session: Session, run_id: int, rank: int) -> dict[int, dict]:
@@ -430,14 +417,17 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
         if at is None or not tables:
             if comm.is_comm(k.name):
                 comm_kernels.append(k)
+            elif at is not None:  # a compiled graph's kernel, but no kernel table for the rank
+                unmapped[k.name] += k.dur
             elif (step := next((e.name for e in chain if e.name.startswith(OPTIMIZER_PREFIX)), None)) is not None:
                 label = step[len(OPTIMIZER_PREFIX):] or step  # NOTE: [Optimizer step kernels]
                 out.optimizer_kernels[k.id] = label
                 out.optimizer_ns[label] = out.optimizer_ns.get(label, 0) + k.dur
                 out.mapped_ns += k.dur
                 sources[OPTIMIZER_SOURCE] += 1
-            else:
+            else:  # eager, outside every compiled graph (NOTE: [Trace coverage])
                 unmapped[k.name] += k.dur
+                out.outside_unmapped[k.name] = out.outside_unmapped.get(k.name, 0) + k.dur
             continue
         region = next((m.group(1) for e in reversed(chain[:at]) if (m := _REGION.match(e.name))), None)
         wrapper_ev[chain[at].id] = (chain[at], region)
@@ -528,6 +518,7 @@ def _map_comm(session: Session, trace: Trace, kernels: list[Ev], out: KernelMapp
         got = matched.get(k.id)
         if got is None:
             unmapped[k.name] += k.dur
+            out.outside_unmapped[k.name] = out.outside_unmapped.get(k.name, 0) + k.dur
             continue
         source, weighted, spare, label = got
         out.comm_label[k.id] = label
@@ -546,6 +537,7 @@ def _map_comm(session: Session, trace: Trace, kernels: list[Ev], out: KernelMapp
         out.mapped_ns += mapped
         if mapped < k.dur:
             unmapped[k.name] += k.dur - mapped
+            out.outside_unmapped[k.name] = out.outside_unmapped.get(k.name, 0) + k.dur - mapped
         sources[source] += 1
 
 
