@@ -228,26 +228,33 @@ def _walk(loss) -> tuple[set, dict[int, int]]:
     return reached, counts
 
 
-def _accumulation_hook(seen: list):
+def _accumulation_hook(seen: list, order: list | None = None, pid: int | None = None):
     """A tensor hook recording, per accumulation, the reentrant checkpoint whose nested backward
-    ran it (``(name, source)``), or ``None`` for the outer backward."""
+    ran it (``(name, source)``), or ``None`` for the outer backward; and in ``order`` (shared by
+    every parameter) ``(pid, graph task)`` — the task: ``id`` of that checkpoint call's context,
+    ``None`` for the outer backward (NOTE: [READY_TWICE under DDP])."""
 
     def hook(_grad):
         f = sys._getframe(1)
         while f is not None and _ckpt_ctx(f, "backward") is None:
             f = f.f_back
-        seen.append(_describe_fn(_ckpt_ctx(f, "backward").run_function) if f is not None else None)
+        ctx = _ckpt_ctx(f, "backward") if f is not None else None
+        seen.append(_describe_fn(ctx.run_function) if ctx is not None else None)
+        if order is not None:
+            order.append((pid, id(ctx) if ctx is not None else None))
 
     return hook
 
 
-def _backward_accumulations(inner, example_inputs, loss_fn, rng) -> tuple[dict[int, list], list[str]]:
+def _backward_accumulations(inner, example_inputs, loss_fn, rng,
+                            order: list | None = None) -> tuple[dict[int, list], list[str]]:
     """Forward and ``loss.backward()`` once more with every parameter of ``inner`` swapped for an
     alias (``nn.Parameter(p.detach())``: same storage, new autograd leaf), buffers and inputs that
     require grad for copies, and the recorded forward's RNG state ``rng`` (CPU, CUDA or ``None``).
     Returns per ``id(parameter)`` one entry per accumulation (see :func:`_accumulation_hook`), and
     the names whose own ``.grad`` still got one (reached through a reference the swap missed: the
-    counts are short). The model's ``.grad`` fields (set aside, put back), buffers and hooks (DDP's
+    counts are short); ``order`` (a list, when given) gets every accumulation in the order it ran
+    (see :func:`_accumulation_hook`). The model's ``.grad`` fields (set aside, put back), buffers and hooks (DDP's
     reducer) stay as they were. Raises whatever the forward, ``loss_fn`` or backward raises."""
     import torch
     from torch.utils._pytree import tree_map
@@ -271,7 +278,7 @@ def _backward_accumulations(inner, example_inputs, loss_fn, rng) -> tuple[dict[i
                                                if is_param else t.clone())
                         if is_param and a.requires_grad:
                             seen[id(t)] = []
-                            handles.append(a.register_hook(_accumulation_hook(seen[id(t)])))
+                            handles.append(a.register_hook(_accumulation_hook(seen[id(t)], order, id(t))))
                     swapped.append((slots, name, t))
                     slots[name] = a
         inputs = tree_map(lambda t: t.detach().requires_grad_() if isinstance(t, torch.Tensor)
@@ -370,10 +377,10 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
         raise TypeError(f"loss_fn must return a tensor that requires grad, got {type(loss).__name__}"
                         + (" without grad" if isinstance(loss, torch.Tensor) else ""))
     reached, counts = _walk(loss)
-    acc, acc_error = None, None
+    acc, acc_error, order = None, None, []
     if backward:
         try:
-            acc, leaked = _backward_accumulations(inner, example_inputs, loss_fn, rng)
+            acc, leaked = _backward_accumulations(inner, example_inputs, loss_fn, rng, order)
             if leaked:
                 acc_error = (f"the model reaches {', '.join(leaked[:5])}{' …' if len(leaked) > 5 else ''} through "
                              "references of its own, not its registered parameters")
@@ -432,11 +439,11 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
                                         dtype=str(b.dtype).removeprefix("torch."), requires_grad=False,
                                         reason="a buffer, not a parameter: it has no gradient to check"))
     if type(model).__name__ == "DistributedDataParallel" and not getattr(model, "find_unused_parameters", False):
-        f = ddp_unused_finding(report.rows)
+        f = ddp_unused_finding(report.rows, static_graph=bool(getattr(model, "static_graph", False)))
         if f is not None:
             report.findings.append(f)
     if acc is not None:
-        _ready_twice(report, model, ddp, accs_of)
+        _ready_twice(report, model, ddp, accs_of, order, {pid: names[0] for pid, names in groups.items()})
     if numeric:
         from graphdeck.analysis.gradients.grad_numeric import numeric_check
 
@@ -518,33 +525,49 @@ def _nested_ok(row: ParamRow, accs: list) -> None:
                   f"{', '.join(parts)}")
 
 
-def _ready_twice(report: GradReport, model, ddp: bool, accs_of: dict[str, list]) -> None:
+def _ready_twice(report: GradReport, model, ddp: bool, accs_of: dict[str, list], order: list,
+                 name_of: dict[int, str]) -> None:
     """A ``READY_TWICE`` finding for the rows accumulated more than once in one backward
-    (``accs_of``: fqn -> what ran each accumulation, see :func:`_accumulation_hook`)."""
+    (``accs_of``: fqn -> what ran each accumulation, see :func:`_accumulation_hook`), its DDP
+    consequence from the order the accumulations ran in (``order``; NOTE: [READY_TWICE under DDP])."""
+    from graphdeck.analysis.gradients.grad_outcome import HANDLED, RAISES, ddp_twice_outcome
+
     twice = [r for r in report.rows if r.accumulations and r.accumulations > 1]
     if not twice:
         return
     is_ddp = type(model).__name__ == "DistributedDataParallel"
     fns = sorted({d for r in twice for d in accs_of.get(r.fqn, []) if d}, key=lambda d: (d[1] or "", d[0]))
     desc = ", ".join(f"{r.fqn} ({r.accumulations}x)" for r in twice)
+    names = ", ".join(r.fqn for r in twice)
     why = (f"reentrant activation checkpointing of {' and '.join(_fn_text(d) for d in fns)} recomputes it in a "
            "backward of its own once per call" if fns else "nested backwards accumulate it more than once")
-    on_true = f"the first backward raises '{DDP_READY_TWICE_ERROR}'"
-    on_false = ("(where the parameter's bucket was already reduced when the second accumulation comes, it stays "
-                "local instead: the ranks' gradients differ silently)")
-    if is_ddp and getattr(model, "static_graph", False):
-        severity, consequence = "warning", "this DDP wrapper has static_graph=True, which handles it"
-    elif is_ddp:
-        severity = "error"
-        consequence = f"under this DDP wrapper {on_true} {on_false}"
+    by_name = {v: k for k, v in name_of.items()}
+    trainable = {by_name[r.fqn] for r in report.rows if r.requires_grad and r.fqn in by_name}
+    twice_ids = {by_name[r.fqn] for r in twice if r.fqn in by_name}
+
+    def outcome(find_unused: bool, static: bool = False) -> str:
+        got = ddp_twice_outcome(order, trainable, twice_ids, find_unused=find_unused, static_graph=static)
+        if got == HANDLED:
+            return "static_graph=True handles it (no error, the replicas agree)"
+        if got == RAISES:
+            return f"the first backward raises '{DDP_READY_TWICE_ERROR}'"
+        return (f"no error: DDP finishes its iteration before the second accumulation, which stays local to each "
+                f"rank, so the replicas' gradients of {names} silently diverge")
+
+    if is_ddp:
+        static, fu = bool(getattr(model, "static_graph", False)), bool(getattr(model, "find_unused_parameters", False))
+        said = outcome(fu, static)
+        severity = "warning" if static else "error"
+        consequence = f"under this DDP wrapper (find_unused_parameters={fu}, static_graph={static}): {said}"
     else:
         severity = "error" if ddp else "warning"
-        consequence = ("under DDP " if ddp else "harmless without DDP (autograd sums them); under DDP ") + \
-            f"{on_true} {on_false}"
+        consequence = (("under DDP" if ddp else "harmless without DDP (autograd sums them); under DDP")
+                       + f" with find_unused_parameters=False (the default): {outcome(False)}; with "
+                         f"find_unused_parameters=True: {outcome(True)}; with static_graph=True: {outcome(False, True)}")
     report.findings.append(Finding(
         kind="READY_TWICE", severity=severity, params=[r.fqn for r in twice],
         source=fns[0][1] if fns else None,
-        message=f"gradient accumulated more than once in one backward: {desc}; {why}; {consequence}",
+        message=f"{consequence} — gradient accumulated more than once in one backward: {desc}; {why}",
         fix="checkpoint(..., use_reentrant=False), or DistributedDataParallel(..., static_graph=True), "
             "or do not reuse the parameter across checkpointed calls"))
 

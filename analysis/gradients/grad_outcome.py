@@ -1,0 +1,101 @@
+"""What DDP really does with a gradient accumulated twice, and predictions the run itself refutes.
+
+NOTE: [Predictions the run contradicts]
+Some findings predict that the job *raises* (or hangs) at a step: DDP's "Expected to have finished
+reduction in the prior iteration" at the step after a parameter got no gradient on every rank
+(``DDP_UNUSED_ERROR``), "Expected to mark a variable ready only once" in the backward that
+accumulates a parameter twice (``READY_TWICE``), a hang in the all-reduce of a gradient only some
+ranks produce (``PREDICTED_HANG``). Each such finding carries ``Finding.raises_at`` — the 0-based
+step at which the job would stop. When the run's own run-time evidence (``grad_steps`` rows of
+graphdeck's Agent) holds a backward at a *later* step on every rank the prediction names, the job
+did not stop there: the prediction is wrong for this job (a DDP option the record does not show,
+a compiled backward that zero-fills, ...). :func:`refute_by_run` then keeps the finding as a
+``warning`` whose message starts with what the run did, never as a FAIL; what the parameters
+themselves lack (their rows) is judged on its own.
+
+NOTE: [READY_TWICE under DDP]
+Real torch 2.13 DDP (CPU, gloo, 2 ranks; tests/verdict_ddp_job.py and tests/test_verdicts_ddp.py):
+autograd sums every use of a parameter in one backward into one accumulation, so a parameter used
+twice in one forward is marked ready once — nothing to report. Only a nested backward
+re-accumulates it: reentrant activation checkpointing recomputes each checkpointed call in a
+backward of its own. Then
+
+* ``static_graph=True``: handled (no error, the replicas agree);
+* ``find_unused_parameters=True``: DDP's search from the outputs cannot see parameters used only
+  inside reentrant checkpoints, marks them unused (ready) at the forward, and their first
+  accumulation raises "Expected to mark a variable ready only once" in the first backward;
+* ``find_unused_parameters=False`` (the default): DDP finishes its iteration (every bucket
+  reduced, the reducer stops listening) at the end of the graph task — here, the nested backward —
+  in which the last of its parameters first became ready. A second accumulation before that point
+  raises the same error; one after it stays local to the rank, so no error is raised and the
+  replicas' gradients of that parameter silently diverge (0.42 on ``lora_silent``).
+
+:func:`ddp_twice_outcome` applies these rules to the order of accumulations an eager backward
+recorded (``grad_eager``).
+"""
+
+from __future__ import annotations
+
+from graphdeck.analysis.gradients.grad_report import Finding
+
+RAISES = "raises"
+SILENT = "silent"
+HANDLED = "handled"
+
+
+def ddp_twice_outcome(order: list[tuple[int, object]], trainable: set[int], twice: set[int], *,
+                      find_unused: bool, static_graph: bool) -> str:
+    """What a real DDP backward does (:data:`RAISES`, :data:`SILENT` or :data:`HANDLED`, NOTE:
+    [READY_TWICE under DDP]). ``order``: every accumulation of one backward in the order it ran,
+    as ``(parameter id, graph task)`` (the task: any hashable naming the nested backward it ran
+    in, ``None`` for the outer one); ``trainable``: the ids of every parameter DDP reduces;
+    ``twice``: those accumulated more than once."""
+    if static_graph:
+        return HANDLED
+    if find_unused:
+        return RAISES
+    ready: set[int] = set()
+    done_task, finished = None, False
+    for pid, task in order:
+        if finished and task != done_task:
+            continue  # the iteration was finished in an earlier graph task: this one stays local
+        if pid in ready:
+            return RAISES  # marked ready twice while the reducer still listens
+        ready.add(pid)
+        if not finished and trainable <= ready:
+            finished, done_task = True, task
+    return SILENT if finished else RAISES
+
+
+def ran_past(ev, ranks, step: int) -> dict[int, int]:
+    """Ranks (of ``ranks``; all with evidence when empty) whose run-time evidence holds a backward
+    at a step after ``step``: ``{rank: last recorded step}``; empty when any of them does not."""
+    if ev is None or not getattr(ev, "by_rank", None):
+        return {}
+    want = sorted(ranks) if ranks else sorted(ev.by_rank)
+    out = {}
+    for r in want:
+        segs = ev.by_rank.get(r) or []
+        last = max((s.last for s in segs), default=None)
+        if last is None or last <= step:
+            return {}
+        out[r] = last
+    return out
+
+
+def refute_by_run(findings: list[Finding], ev) -> None:
+    """NOTE: [Predictions the run contradicts]: in place, every finding whose ``raises_at`` step
+    the run went past on every rank it names becomes a warning that says so first."""
+    for f in findings:
+        if f.raises_at is None or f.severity != "error":
+            continue
+        ranks = [int(r) for r in (f.ranks if isinstance(f.ranks, (list, dict)) else [])]
+        went = ran_past(ev, ranks, f.raises_at)
+        if not went:
+            continue
+        lo, hi = min(went.values()), max(went.values())
+        steps = f"{hi}" if lo == hi else f"{lo}-{hi}"
+        f.severity = "warning"
+        f.refuted_by = (f"the run went past step {f.raises_at}: rank(s) {sorted(went)} recorded backward passes "
+                        f"through step {steps}")
+        f.message = f"not what this run did — {f.refuted_by}, so it did not stop there. Predicted: {f.message}"
