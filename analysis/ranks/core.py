@@ -291,6 +291,9 @@ def _rank_report(session: Session, run: Run) -> RankReport:
     from graphdeck.analysis.ranks.predicted import prediction_checks
 
     report.predictions = prediction_checks(session, report)
+    from graphdeck.analysis.ranks.hangs import agree_with_predictions
+
+    agree_with_predictions(report)  # one answer to "which compile explains this hang"
     matched = _timing_findings(session, report, metric_records)
     _evidence_compared(report, matched)
     return report
