@@ -307,3 +307,11 @@ def test_flight_section_and_prediction_name_the_same_recompile(job, tmp_path):
     assert f"the predicted schedule of group {m.group} explains it: {pred.predicted}" in why, why
     assert "ranks [1] run compile 1/1 of that frame" in why
     assert "no compile explains this" not in rep.to_text().split("HANG group 3 (mlp)")[1].split("HANG")[0]
+
+
+def test_every_surface_gives_the_hangs_the_same_verdicts(job):
+    """Issue 34: CLI text and exit code, --json and the HTTP API agree on every check (tests/verdict_surfaces.py)."""
+    from tests.verdict_surfaces import disagreements
+
+    out, _ = job
+    assert not disagreements(out / "s.db", ["hangs"])

@@ -130,3 +130,10 @@ def test_a_rank_without_a_dump_makes_the_hang_check_incomplete(n5):
     assert "every group's collectives match" not in hang["message"]
     assert "INCOMPLETE: ranks 0 wrote no dump" in hang["message"], hang
     assert hang["counts"] == {"unknown": 2}, "rank 0: no dump; rank 1: its group cannot be compared — neither ok"
+
+
+def test_every_surface_gives_n5_the_same_verdicts(n5):
+    """Issue 34: CLI text and exit code, --json and the HTTP API agree on every check (tests/verdict_surfaces.py)."""
+    from tests.verdict_surfaces import disagreements
+
+    assert not disagreements(n5["store"], ["n5"])

@@ -216,3 +216,10 @@ def test_a_recompile_that_replaces_the_graph_adds_no_collectives(live_store):
         (fc,) = frames[r]
         assert fc.counted == ["0/1"] and "shows compile 0/1 running and not it" in fc.replaced["0/0"]
     assert rep.verdict == "OK" and not rep.missing_evidence, rep.to_text()
+
+
+def test_every_surface_gives_the_recompile_the_same_verdicts(store):
+    """Issue 34: a harmless recompile (WARN, check-ranks OK) is OK on every surface (tests/verdict_surfaces.py)."""
+    from tests.verdict_surfaces import disagreements
+
+    assert not disagreements(store, ["ddp_recompile"])

@@ -17,25 +17,20 @@ multi_rank_logs, collectives_parity) and the 2 x H200 DDP store with both ranks'
 from __future__ import annotations
 
 import gzip
-import json
-import re
 import shutil
 from pathlib import Path
 
-import httpx
 import pytest
-from click.testing import CliRunner
 
-from graphdeck.cli import main as cli
 from graphdeck.store.db import open_engine
 from graphdeck.store.torch_trace import import_torch_trace
-from tests.conftest import LiveServer, shared_path
+from tests.conftest import shared_path
+from tests.verdict_surfaces import disagreements
 
 DATA = Path(__file__).parent / "data"
 LOGS = ["generated_torch2.13_cpu_gloo/ddp", "generated_torch2.13_cpu_gloo/unused",
         "generated_torch2.13_cpu_gloo/graphbreak", "generated_torch2.13_cpu_gloo/detach",
         "tlparse_tests/inputs/multi_rank_logs", "tlparse_tests/inputs/collectives_parity"]
-EXIT = {"PASS": 0, "OK": 0, "WARN": 0, "FAIL": 1, "INCOMPLETE": 3}
 
 
 @pytest.fixture(scope="module")
@@ -61,64 +56,9 @@ def cases(tmp_path_factory):
     return [(logs, rel) for rel in LOGS] + [(h200, "ddp")]
 
 
-def _cli(*args) -> tuple[int, str]:
-    res = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    return res.exit_code, res.output
-
-
-def _text_verdict(check: str, text: str) -> str:
-    if check == "check-grads":
-        return re.search(r"\]: (PASS|FAIL|INCOMPLETE) ·", text.splitlines()[0]).group(1)
-    if check == "check-ranks":
-        return re.match(r"(OK|FAIL|INCOMPLETE):", text.strip().splitlines()[-1]).group(1)
-    if check == "check-compile":
-        return re.match(r"check-compile .*: (PASS|WARN|FAIL|INCOMPLETE)\b", text.splitlines()[0]).group(1)
-    return re.match(r"graphdeck summary .*: (PASS|WARN|FAIL|INCOMPLETE)$", text.splitlines()[0]).group(1)
-
-
-API = {"check-grads": "gradients", "check-ranks": "rank-consistency", "check-compile": "compile-health",
-       "summary": "summary"}
-SUMMARY_KEY = {"check-grads": "gradients", "check-ranks": "ranks", "check-compile": "compile"}
-
-
 def test_every_check_says_the_same_on_cli_json_and_api(cases):
-    disagree = []
     by_store: dict[Path, list[str]] = {}
     for store, run in cases:
         by_store.setdefault(store, []).append(run)
-    for store, runs in by_store.items():
-        with LiveServer(store) as srv:
-            ids = {r["name"]: r["id"] for r in httpx.get(f"{srv.url}/api/runs", timeout=60).json()}
-            for run in runs:
-                rid = ids[run]
-                seen: dict[str, dict[str, str]] = {}
-                for check, api in API.items():
-                    args = [check, store, "--run", run] if check != "summary" else [check, store, "--run", run]
-                    code, text = _cli(*args)
-                    jcode, js = _cli(*args, "--json")
-                    doc = httpx.get(f"{srv.url}/api/runs/{rid}/{api}", timeout=300).json()
-                    got = {"text": _text_verdict(check, text), "exit": code, "json": json.loads(js)["verdict"],
-                           "json_exit": jcode, "api": doc["verdict"]}
-                    seen[check] = got
-                    v = got["text"]
-                    if not (got["json"] == got["api"] == v and code == jcode == EXIT[v]):
-                        disagree.append(f"{run} {check}: {got}")
-                    if check == "check-ranks":
-                        colls = httpx.get(f"{srv.url}/api/runs/{rid}/collectives", timeout=300).json()
-                        if colls["verdict"] != v:
-                            disagree.append(f"{run} /collectives verdict {colls['verdict']} vs check-ranks {v}")
-                        if json.loads(js)["diverged_ranks"] != doc["diverged_ranks"]:
-                            disagree.append(f"{run} diverged ranks: json {json.loads(js)['diverged_ranks']} "
-                                            f"vs api {doc['diverged_ranks']}")
-                        pm = httpx.get(f"{srv.url}/api/runs/{rid}/parallel-map", timeout=300)
-                        if pm.status_code == 200 and pm.json().get("checks"):
-                            badge = next((c for c in pm.json()["checks"] if c["key"] == "diverged"), None)
-                            if badge and badge.get("ran") and badge["verdict"] != v:
-                                disagree.append(f"{run} parallel map diverged badge {badge['verdict']} vs {v}")
-                summary = json.loads(_cli("summary", store, "--run", run, "--json")[1])
-                for check, key in SUMMARY_KEY.items():
-                    line = next(c for c in summary["checks"] if c["key"] == key)
-                    if line["native_verdict"] != seen[check]["text"]:
-                        disagree.append(f"{run} summary's {key} line says {line['native_verdict']}, "
-                                        f"{check} says {seen[check]['text']}")
+    disagree = [d for store, runs in by_store.items() for d in disagreements(store, runs)]
     assert not disagree, "\n".join(disagree)

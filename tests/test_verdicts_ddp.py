@@ -120,3 +120,11 @@ def test_a_parameter_used_twice_in_one_forward_is_no_finding(job):
     assert not real["eager"], real["eager"]
     rep = validate_backward(store, "twice")
     assert rep.verdict == "PASS" and not rep.findings, rep.to_text()
+
+
+@pytest.mark.slow
+def test_every_surface_gives_the_ddp_runs_the_same_verdicts(job):
+    from tests.verdict_surfaces import disagreements
+
+    store, res = job
+    assert not disagreements(store, sorted(res))
