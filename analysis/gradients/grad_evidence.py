@@ -414,8 +414,7 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
         src = (site.get("loss") or "").split(" in ")[0] or None
         out.append(Finding(kind="RANK_DIVERGENCE", severity="error", message=msg, params=params, ranks=ranks,
                            source=src, fix=fix))
-        if hang:
-            out[-1].raises_at = first
+        if hang:  # the hang is the prediction a later step refutes; the divergence itself stands
             out.append(Finding(kind="PREDICTED_HANG", severity="error", params=params, ranks=ranks, source=src, fix=fix,
                                raises_at=first,
                                message=(f"the gradient collective of {', '.join(params)} is issued on rank(s) "
