@@ -34,10 +34,12 @@ backward of its own. Then
   inside reentrant checkpoints, marks them unused (ready) at the forward, and their first
   accumulation raises "Expected to mark a variable ready only once" in the first backward;
 * ``find_unused_parameters=False`` (the default): DDP finishes its iteration (every bucket
-  reduced, the reducer stops listening) at the end of the graph task — here, the nested backward —
-  in which the last of its parameters first became ready. A second accumulation before that point
-  raises the same error; one after it stays local to the rank, so no error is raised and the
-  replicas' gradients of that parameter silently diverge (0.42 on ``lora_silent``).
+  reduced, the reducer stops listening) at the end of the graph task in which the last of its
+  parameters first became ready. Nested backwards run inside the outer one, so when that task is
+  a nested backward, a later accumulation stays local to the rank: no error is raised and the
+  replicas' gradients of that parameter silently diverge (0.42 on ``lora_silent``); any second
+  accumulation before that point raises the same error (``lora_raises``: a trainable layer before
+  the checkpoints is the last to become ready, in the outer backward).
 
 :func:`ddp_twice_outcome` applies these rules to the order of accumulations an eager backward
 recorded (``grad_eager``).
@@ -57,23 +59,32 @@ def ddp_twice_outcome(order: list[tuple[int, object]], trainable: set[int], twic
     """What a real DDP backward does (:data:`RAISES`, :data:`SILENT` or :data:`HANDLED`, NOTE:
     [READY_TWICE under DDP]). ``order``: every accumulation of one backward in the order it ran,
     as ``(parameter id, graph task)`` (the task: any hashable naming the nested backward it ran
-    in, ``None`` for the outer one); ``trainable``: the ids of every parameter DDP reduces;
-    ``twice``: those accumulated more than once."""
+    in, ``None`` for the outer one, inside which every nested one runs); ``trainable``: the ids of
+    every parameter DDP reduces; ``twice``: those accumulated more than once.
+
+    The reducer marks a parameter ready at its first accumulation (``find_unused_parameters=True``:
+    those the outer graph does not reach — used only inside reentrant checkpoints — and unused ones
+    are marked at the forward already); a parameter marked again while it listens raises. When all
+    are ready it stops listening at the end of the graph task that completed them: after a nested
+    task, later accumulations stay local; after the outer one, nothing comes later."""
     if static_graph:
         return HANDLED
-    if find_unused:
-        return RAISES
     ready: set[int] = set()
-    done_task, finished = None, False
+    if find_unused:
+        outer = {pid for pid, task in order if task is None}
+        ready = {pid for pid in trainable if pid not in outer}
+    done_task, finished = None, bool(trainable) and trainable <= ready
+    silent = False
     for pid, task in order:
-        if finished and task != done_task:
-            continue  # the iteration was finished in an earlier graph task: this one stays local
+        if finished and done_task is not None and task != done_task:
+            silent = silent or pid in twice  # the reducer stopped listening: this accumulation stays local
+            continue
         if pid in ready:
             return RAISES  # marked ready twice while the reducer still listens
         ready.add(pid)
         if not finished and trainable <= ready:
             finished, done_task = True, task
-    return SILENT if finished else RAISES
+    return SILENT if silent else RAISES
 
 
 def ran_past(ev, ranks, step: int) -> dict[int, int]:
