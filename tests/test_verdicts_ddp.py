@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -63,25 +62,33 @@ def test_a_raise_the_run_went_past_is_no_fail(job, tmp_path):
     it): the evidence predicts "step 1 raises", but the run holds backward passes through step 4 on
     both ranks — the finding says so first and is a warning, never an error."""
     store, _ = job
-    copy = tmp_path / "no_static.db"
-    shutil.copy(store, copy)
-    with sqlite3.connect(copy) as db:
-        for rid, payload in db.execute("SELECT id, payload FROM compile_events WHERE name = 'graphdeck_watch'").fetchall():
-            data = json.loads(payload)
-            data.pop("static_graph", None)
-            db.execute("UPDATE compile_events SET payload = ? WHERE id = ?", (json.dumps(data), rid))
-        for rid, payload in db.execute("SELECT id, payload FROM compile_events WHERE name = 'graphdeck_comm_groups'"
-                                       ).fetchall():
-            data = json.loads(payload)
-            for d in data.get("ddp") or []:
-                d.pop("static_graph", None)
-            db.execute("UPDATE compile_events SET payload = ? WHERE id = ?", (json.dumps(data), rid))
+    copy = _without(store, tmp_path / "no_static.db", "static_graph")
     rep = validate_backward(copy, "unused_static")
     [f] = _kinds(rep.findings)["DDP_UNUSED_ERROR"]
     assert f["severity"] == "warning" and f["raises_at"] == 1, rep.to_text()
     assert f["message"].startswith("not what this run did — the run went past step 1: rank(s) [0, 1] recorded "
                                    "backward passes through step 4"), f["message"]
     assert not rep.errors or all(e.kind != "DDP_UNUSED_ERROR" for e in rep.errors)
+    # Records that say neither flag: what happens under each, asserting neither (a warning).
+    rep = validate_backward(_without(store, tmp_path / "no_flags.db", "static_graph", "find_unused_parameters"),
+                            "unused_static")
+    kinds = _kinds(rep.findings)
+    assert "DDP_UNUSED_ERROR" not in kinds and [f["severity"] for f in kinds["DDP_UNUSED_DEPENDS"]] == ["warning"]
+
+
+def _without(store: Path, copy: Path, *keys: str) -> Path:
+    """A copy of ``store`` whose watch and comm-group records lack ``keys`` (a capture that did not record them)."""
+    with sqlite3.connect(store) as src, sqlite3.connect(copy) as db:
+        src.backup(db)
+        for name in ("graphdeck_watch", "graphdeck_comm_groups"):
+            for rid, payload in db.execute("SELECT id, payload FROM compile_events WHERE name = ?", (name,)).fetchall():
+                data = json.loads(payload)
+                ddp = data.get("ddp")
+                for d in [data, *(ddp if isinstance(ddp, list) else [])]:
+                    for k in keys:
+                        d.pop(k, None)
+                db.execute("UPDATE compile_events SET payload = ? WHERE id = ?", (json.dumps(data), rid))
+    return copy
 
 
 @pytest.mark.slow

@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients.grad_report import DDP_UNUSED_ERROR, Finding, ParamRow, ddp_static_finding
+from graphdeck.analysis.gradients.grad_report import (
+    DDP_UNUSED_ERROR,
+    Finding,
+    ParamRow,
+    ddp_static_finding,
+    ddp_unused_finding,
+)
 from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
 
 DDP_READY_TWICE = "Expected to mark a variable ready only once"
@@ -429,6 +435,8 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
                "DistributedDataParallel(..., find_unused_parameters=True)")
         if static:  # DDP's static graph finds them unused in its first iteration: no error
             out.append(ddp_static_finding(unused_everywhere, fix))
+        elif find_unused is None:  # the record does not say which DDP options ran: assert neither outcome
+            out.append(ddp_unused_finding([r for r in rows if r.fqn in unused_everywhere], None))
         else:
             out.append(Finding(kind="DDP_UNUSED_ERROR", severity="error", params=unused_everywhere, fix=fix,
                                ranks=sorted(ev.by_rank), raises_at=first + 1,
