@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from graphdeck.analysis.gradients.grad_cuts import FlowGraph, first_cut, no_grad_region, short_source, source_line
-from graphdeck.analysis.gradients.grad_report import Cut, Finding, GradReport, ParamRow, ddp_unused_finding
+from graphdeck.analysis.gradients.grad_report import Cut, GradReport, ParamRow, ddp_unused_finding
 
 _THIS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # analysis/, not analysis/gradients/
 #: What DDP raises when a parameter's gradient hook fires twice in one backward.
@@ -443,7 +443,10 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
         if f is not None:
             report.findings.append(f)
     if acc is not None:
-        _ready_twice(report, model, ddp, accs_of, order, {pid: names[0] for pid, names in groups.items()})
+        from graphdeck.analysis.gradients.grad_outcome import eager_ready_twice
+
+        eager_ready_twice(report, model, ddp, accs_of, order, {pid: names[0] for pid, names in groups.items()},
+                          _fn_text, DDP_READY_TWICE_ERROR)
     if numeric:
         from graphdeck.analysis.gradients.grad_numeric import numeric_check
 
@@ -523,53 +526,6 @@ def _nested_ok(row: ParamRow, accs: list) -> None:
     row.reason = (f"gradient through reentrant activation checkpointing, which the autograd walk from the loss "
                   f"cannot see into (it recomputes the function in a backward of its own): accumulated "
                   f"{', '.join(parts)}")
-
-
-def _ready_twice(report: GradReport, model, ddp: bool, accs_of: dict[str, list], order: list,
-                 name_of: dict[int, str]) -> None:
-    """A ``READY_TWICE`` finding for the rows accumulated more than once in one backward
-    (``accs_of``: fqn -> what ran each accumulation, see :func:`_accumulation_hook`), its DDP
-    consequence from the order the accumulations ran in (``order``; NOTE: [READY_TWICE under DDP])."""
-    from graphdeck.analysis.gradients.grad_outcome import HANDLED, RAISES, ddp_twice_outcome
-
-    twice = [r for r in report.rows if r.accumulations and r.accumulations > 1]
-    if not twice:
-        return
-    is_ddp = type(model).__name__ == "DistributedDataParallel"
-    fns = sorted({d for r in twice for d in accs_of.get(r.fqn, []) if d}, key=lambda d: (d[1] or "", d[0]))
-    desc = ", ".join(f"{r.fqn} ({r.accumulations}x)" for r in twice)
-    names = ", ".join(r.fqn for r in twice)
-    why = (f"reentrant activation checkpointing of {' and '.join(_fn_text(d) for d in fns)} recomputes it in a "
-           "backward of its own once per call" if fns else "nested backwards accumulate it more than once")
-    by_name = {v: k for k, v in name_of.items()}
-    trainable = {by_name[r.fqn] for r in report.rows if r.requires_grad and r.fqn in by_name}
-    twice_ids = {by_name[r.fqn] for r in twice if r.fqn in by_name}
-
-    def outcome(find_unused: bool, static: bool = False) -> str:
-        got = ddp_twice_outcome(order, trainable, twice_ids, find_unused=find_unused, static_graph=static)
-        if got == HANDLED:
-            return "static_graph=True handles it (no error, the replicas agree)"
-        if got == RAISES:
-            return f"the first backward raises '{DDP_READY_TWICE_ERROR}'"
-        return (f"no error: DDP finishes its iteration before the second accumulation, which stays local to each "
-                f"rank, so the replicas' gradients of {names} silently diverge")
-
-    if is_ddp:
-        static, fu = bool(getattr(model, "static_graph", False)), bool(getattr(model, "find_unused_parameters", False))
-        said = outcome(fu, static)
-        severity = "warning" if static else "error"
-        consequence = f"under this DDP wrapper (find_unused_parameters={fu}, static_graph={static}): {said}"
-    else:
-        severity = "error" if ddp else "warning"
-        consequence = (("under DDP" if ddp else "harmless without DDP (autograd sums them); under DDP")
-                       + f" with find_unused_parameters=False (the default): {outcome(False)}; with "
-                         f"find_unused_parameters=True: {outcome(True)}; with static_graph=True: {outcome(False, True)}")
-    report.findings.append(Finding(
-        kind="READY_TWICE", severity=severity, params=[r.fqn for r in twice],
-        source=fns[0][1] if fns else None,
-        message=f"{consequence} — gradient accumulated more than once in one backward: {desc}; {why}",
-        fix="checkpoint(..., use_reentrant=False), or DistributedDataParallel(..., static_graph=True), "
-            "or do not reuse the parameter across checkpointed calls"))
 
 
 def _explain_eager(row: ParamRow, flow: FlowGraph, start: int, live: list[bool], rec: _Record,

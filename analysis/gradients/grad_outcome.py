@@ -119,3 +119,50 @@ def refute_by_run(findings: list[Finding], ev) -> None:
         f.refuted_by = (f"the run went past step {f.raises_at}: rank(s) {sorted(went)} recorded backward passes "
                         f"through step {steps}")
         f.message = f"not what this run did — {f.refuted_by}, so it did not stop there. Predicted: {f.message}"
+
+
+def eager_ready_twice(report, model, ddp: bool, accs_of: dict[str, list], order: list,
+                      name_of: dict[int, str], fn_text, error: str) -> None:
+    """A ``READY_TWICE`` finding for the rows accumulated more than once in one backward
+    (``accs_of``: fqn -> what ran each accumulation, see :func:`_accumulation_hook`), its DDP
+    consequence from the order the accumulations ran in (``order``; NOTE: [READY_TWICE under DDP]);
+    ``name_of``: parameter id -> fqn; ``fn_text`` formats a checkpointed function; ``error``: DDP's
+    message. Called by :func:`graphdeck.analysis.gradients.grad_eager.eager_report`."""
+    twice = [r for r in report.rows if r.accumulations and r.accumulations > 1]
+    if not twice:
+        return
+    is_ddp = type(model).__name__ == "DistributedDataParallel"
+    fns = sorted({d for r in twice for d in accs_of.get(r.fqn, []) if d}, key=lambda d: (d[1] or "", d[0]))
+    desc = ", ".join(f"{r.fqn} ({r.accumulations}x)" for r in twice)
+    names = ", ".join(r.fqn for r in twice)
+    why = (f"reentrant activation checkpointing of {' and '.join(fn_text(d) for d in fns)} recomputes it in a "
+           "backward of its own once per call" if fns else "nested backwards accumulate it more than once")
+    by_name = {v: k for k, v in name_of.items()}
+    trainable = {by_name[r.fqn] for r in report.rows if r.requires_grad and r.fqn in by_name}
+    twice_ids = {by_name[r.fqn] for r in twice if r.fqn in by_name}
+
+    def outcome(find_unused: bool, static: bool = False) -> str:
+        got = ddp_twice_outcome(order, trainable, twice_ids, find_unused=find_unused, static_graph=static)
+        if got == HANDLED:
+            return "static_graph=True handles it (no error, the replicas agree)"
+        if got == RAISES:
+            return f"the first backward raises '{error}'"
+        return (f"no error: DDP finishes its iteration before the second accumulation, which stays local to each "
+                f"rank, so the replicas' gradients of {names} silently diverge")
+
+    if is_ddp:
+        static, fu = bool(getattr(model, "static_graph", False)), bool(getattr(model, "find_unused_parameters", False))
+        said = outcome(fu, static)
+        severity = "warning" if static else "error"
+        consequence = f"under this DDP wrapper (find_unused_parameters={fu}, static_graph={static}): {said}"
+    else:
+        severity = "error" if ddp else "warning"
+        consequence = (("under DDP" if ddp else "harmless without DDP (autograd sums them); under DDP")
+                       + f" with find_unused_parameters=False (the default): {outcome(False)}; with "
+                         f"find_unused_parameters=True: {outcome(True)}; with static_graph=True: {outcome(False, True)}")
+    report.findings.append(Finding(
+        kind="READY_TWICE", severity=severity, params=[r.fqn for r in twice],
+        source=fns[0][1] if fns else None,
+        message=f"{consequence} — gradient accumulated more than once in one backward: {desc}; {why}",
+        fix="checkpoint(..., use_reentrant=False), or DistributedDataParallel(..., static_graph=True), "
+            "or do not reuse the parameter across checkpointed calls"))
