@@ -125,6 +125,11 @@ class FrameBudget:
     classes: dict[str, int] = field(default_factory=dict)
     hint: str | None = None
     ranks: list[int] = field(default_factory=list)
+    # merged frames (``CompileHealth.frames``): each rank's own numbers, ``{rank: {"compiles",
+    # "recompiles", "used"}}`` — the fields above are the worst rank's (``worst_rank``); text,
+    # JSON and the page read the others from here, never from the worst rank's fields.
+    per_rank: dict[int, dict] = field(default_factory=dict)
+    worst_rank: int | None = None
 
 
 @dataclass
@@ -412,14 +417,23 @@ def _merge_breaks(groups: list[BreakGroup]) -> list[BreakGroup]:
 
 
 def _merge_frames(frames: list[FrameBudget]) -> list[FrameBudget]:
-    """Per frame label, the rank with the most recompiles (ranks that compiled it listed)."""
+    """Per frame label, the rank with the most recompiles (``worst_rank``; its numbers are the
+    merged frame's fields), the ranks that compiled it, and each rank's own numbers
+    (``per_rank``), so no rank is shown with another rank's counts."""
     out: dict[str, FrameBudget] = {}
+    per_rank: dict[str, dict[int, dict]] = {}
     for f in frames:
+        mine = per_rank.setdefault(f.frame, {})
+        for r in f.ranks:
+            mine[r] = {"compiles": f.compiles, "recompiles": f.recompiles, "used": f.used}
         best = out.get(f.frame)
         if best is None or f.recompiles > best.recompiles:
-            out[f.frame] = FrameBudget(**{**asdict(f), "ranks": sorted(set(f.ranks) | set(best.ranks if best else []))})
+            out[f.frame] = FrameBudget(**{**asdict(f), "ranks": sorted(set(f.ranks) | set(best.ranks if best else [])),
+                                          "worst_rank": f.ranks[0] if f.ranks else None})
         else:
             best.ranks = sorted(set(best.ranks) | set(f.ranks))
+    for label, f in out.items():
+        f.per_rank = dict(sorted(per_rank[label].items()))
     return sorted(out.values(), key=lambda f: (-f.recompiles, f.frame))
 
 

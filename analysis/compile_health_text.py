@@ -16,13 +16,37 @@ def _raised(x) -> bool:
     return "FailOnRecompile" in (x.fail_type or "")
 
 
+def _frame_ranks(f: FrameBudget) -> str:
+    """`` (ranks 1, 3)`` when every rank that compiled the frame has the numbers shown; else
+    `` (rank 1, the most of ranks 1, 3)``: the numbers are the worst rank's (``per_rank``)."""
+    if len(f.ranks) < 2:
+        return ""
+    alike = [r for r, v in f.per_rank.items() if v.get("recompiles") == f.recompiles and v.get("used") == f.used]
+    if not f.per_rank or len(alike) == len(f.ranks):
+        return f" (ranks {_ranks_text(f.ranks, brackets=False)})"
+    return f" ({_ranks_phrase(alike)}, the most of ranks {_ranks_text(f.ranks, brackets=False)})"
+
+
+def _other_ranks(f: FrameBudget) -> str:
+    """The ranks whose own numbers differ from those shown, grouped: ``rank 3: 7 compiles used,
+    6 recompile(s)``; empty when none differ."""
+    groups: dict[tuple, list[int]] = {}
+    for r, v in f.per_rank.items():
+        if (v.get("recompiles"), v.get("used")) != (f.recompiles, f.used):
+            groups.setdefault((v.get("used"), v.get("recompiles")), []).append(r)
+    return "; ".join(f"{_ranks_phrase(rs)}: {used} of {f.limit} compiles used, {rec} recompile(s)"
+                     for (used, rec), rs in groups.items())
+
+
 def _frame_lines(f: FrameBudget, indent: str = "  ", raised: bool = False) -> list[str]:
     state = ("LIMIT HIT: the next compile raised to the job (fullgraph=True), nothing ran eagerly" if f.limit_hit and raised
              else "LIMIT HIT: later calls run eagerly" if f.limit_hit
              else "will hit the limit at this rate" if f.will_hit_limit else "")
-    ranks = f" (ranks {_ranks_text(f.ranks, brackets=False)})" if len(f.ranks) > 1 else ""
-    out = [f"{indent}{f.frame}{ranks}: {f.used} of {f.limit} compiles used, {f.recompiles} recompile(s)"
+    out = [f"{indent}{f.frame}{_frame_ranks(f)}: {f.used} of {f.limit} compiles used, {f.recompiles} recompile(s)"
            + (f" — {state}" if state else "") + f"; limit {f.limit_source}"]
+    others = _other_ranks(f)
+    if others:
+        out.append(f"{indent}  other ranks: {others}")
     if f.classes:
         out.append(f"{indent}  budget spent on: " + ", ".join(f"{k} ({n})" for k, n in f.classes.items()))
     for g in f.guards[:5]:

@@ -218,7 +218,7 @@ def check_ranks(session: Session, run: Run, deadline: float) -> CheckSummary:
     from graphdeck.analysis.ranks.core import rank_report
 
     rep = rank_report(session, run)
-    harmful = [d for d in rep.divergences if not d.harmless]
+    harmful = [d for d in rep.divergences if not d.harmless]  # the divergences RankReport.diverged_ranks counts
     flight = list(rep.flight.mismatches) if rep.flight else []
     n = len(harmful) + len(rep.collective_mismatches) + len(flight)
     verdict = {"OK": "PASS"}.get(rep.verdict, rep.verdict)

@@ -227,13 +227,23 @@ function budgetCell(f) {
     ` ${f.used} of ${f.limit} `, state, h("div", {class: "muted small"}, `limit ${f.limit_source}`));
 }
 
+// Each rank with its own numbers (the merged frame's fields are the worst rank's: per_rank has the
+// others), as check-compile's text says it (analysis/compile_health_text.py _frame_ranks).
+function frameRanks(f) {
+  const per = Object.entries(f.per_rank || {});
+  const other = per.filter(([, v]) => v.used !== f.used || v.recompiles !== f.recompiles);
+  if (!other.length) return `ranks ${f.ranks.join(", ")}`;
+  return [`rank ${f.worst_rank} (the most of ranks ${f.ranks.join(", ")}); `,
+    other.map(([r, v]) => `rank ${r}: ${v.used} of ${f.limit} compiles used, ${v.recompiles} recompile(s)`).join("; ")];
+}
+
 function frameRow(f) {
   const guards = (f.guards || []).slice(0, 4).map((g) => h("div", {class: "guard"},
     g.storm ? [badge(`storm ×${g.count}`, "status-NO_GRAD"), " "] : `×${g.count} `, badge(g.class, "tag"), " ",
     code(g.example)));
   return h("tr", {"data-frame": f.frame, class: f.limit_hit ? "index-failed" : null},
-    h("td", {}, code(f.frame), (f.ranks || []).length > 1 ? h("div", {class: "muted small"},
-      `ranks ${f.ranks.join(", ")}`) : null),
+    h("td", {}, code(f.frame), (f.ranks || []).length > 1 ? h("div", {class: "muted small", "data-testid": "frame-ranks"},
+      frameRanks(f)) : null),
     budgetCell(f), num(f.recompiles),
     h("td", {}, Object.entries(f.classes || {}).map(([k, n]) => [badge(`${k} ×${n}`, "tag"), " "])),
     h("td", {class: "reason"}, guards, (f.steps || []).length ? h("details", {class: "reason-details"},

@@ -156,7 +156,8 @@ def _numeric_context(store: str | None, run_name: str | None, inputs, autocast: 
               help="text for people, json for scripts, junit (JUnit XML) for CI systems.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file instead of standard output.")
-def check_ranks(store: str, run_name: str, fmt: str, output: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json (as every check takes it).")
+def check_ranks(store: str, run_name: str, fmt: str, output: str | None, as_json: bool = False) -> None:
     """Cross-rank consistency of a run: exit 1 when ranks compiled different graphs, would issue
     different collectives (a predicted hang) or their Flight Recorder dumps show a mismatched
     collective (joined to the compile records that explain it), 3 (INCOMPLETE) when nothing
@@ -173,6 +174,7 @@ def check_ranks(store: str, run_name: str, fmt: str, output: str | None) -> None
             report = rank_report(s, _find_run(s, run_name, store))
     except GraphdeckError as exc:
         _fail(exc)
+    fmt = "json" if as_json else fmt
     text = {"text": report.to_text, "json": report.to_json, "junit": report.to_junit}[fmt]()
     if output:
         Path(output).write_text(text)

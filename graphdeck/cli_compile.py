@@ -31,8 +31,10 @@ DEFAULT_STORE = "graphdeck.db"  # graphdeck.cli.DEFAULT_STORE
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the gates as JUnit XML to this file (for CI systems).")
 @click.option("--allow-incomplete", is_flag=True, help="Exit 0 instead of 3 when evidence is missing.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json (as every check takes it).")
 def check_compile(store: str, run_name: str, max_graph_breaks: int | None, max_recompiles_per_frame: int | None,
-                  fail_on_eager_fallback: bool, fmt: str, junit_path: str | None, allow_incomplete: bool) -> None:
+                  fail_on_eager_fallback: bool, fmt: str, junit_path: str | None, allow_incomplete: bool,
+                  as_json: bool = False) -> None:
     """Graph breaks, recompile budgets, eager fallbacks, restarts, compile time and cache hits of a
     run, per rank and in total. Exit 0 PASS or WARN (a hit recompile limit, an eager fallback or a
     failed compile that no gate covers), 1 FAIL (a threshold passed), 3 INCOMPLETE (nothing
@@ -55,6 +57,7 @@ def check_compile(store: str, run_name: str, max_graph_breaks: int | None, max_r
                 fail_on_eager_fallback=fail_on_eager_fallback))
     except GraphdeckError as exc:
         _fail(exc)
+    fmt = "json" if as_json else fmt
     click.echo(to_text(report) if fmt == "text" else json.dumps(report.to_dict(), indent=1, default=str))
     if junit_path:
         Path(junit_path).write_text(to_junit(report))

@@ -245,6 +245,26 @@ def test_shared_log_diagnoses(corpus):
     assert mr.spread["fx_graph_hit_rate"]["spread"] == pytest.approx(1 / 3)
 
 
+def test_text_shows_each_rank_its_own_compiles(corpus):
+    """C4: rank 1 compiled the frame 15 times, rank 3 7 times. The text once showed "(ranks 1, 3):
+    15 of … compiles used" — rank 3 with rank 1's count (issue 34); the JSON had each rank's own.
+    Now the merged frame carries each rank's numbers (``per_rank``) and the text reads them."""
+    from graphdeck.analysis.compile_health_text import to_text
+
+    store, _ = corpus
+    mr = health(store, "tlparse_tests/inputs/multi_rank_logs")
+    (f,) = [f for f in mr.frames if f.recompiles]
+    own = {r: (x.used, x.recompiles) for r, rh in mr.ranks.items() for x in rh.frames if x.frame == f.frame}
+    assert own == {1: (15, 14), 3: (7, 6)}
+    assert {r: (v["used"], v["recompiles"]) for r, v in f.per_rank.items()} == own and f.worst_rank == 1
+    text = to_text(mr)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"  {f.frame}")]
+    assert "rank 1, the most of ranks 1, 3): 15 of 1000000 compiles used, 14 recompile(s)" in line, line
+    assert "    other ranks: rank 3: 7 of 1000000 compiles used, 6 recompile(s)" in text.splitlines()
+    for r, (used, rec) in own.items():  # every rank's count in the text is the JSON's
+        assert f"rank {r}" in text and f"{used} of 1000000 compiles used, {rec} recompile(s)" in text
+
+
 # ------------------------------------------------------------------ missing evidence, bad input
 def _record(envelope: dict, payload: str | None = None) -> str:
     if payload is not None:

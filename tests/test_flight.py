@@ -279,3 +279,39 @@ def test_predictions_checked_against_the_record(job):
     text = rep.to_text()
     assert "Predicted vs recorded, per process group:" in text and f"  {line}" in text
     assert rep.to_dict()["predictions"][[p.desc for p in rep.predictions].index("mlp")]["outcome"] == "held"
+
+
+def test_flight_section_and_prediction_name_the_same_recompile(job, tmp_path):
+    """Issue 34: the same question — which compile made rank 1 skip the ``mlp`` all-reduce — was
+    answered twice: the predicted-hang section from the ranks' steady-state compiles (rank 1 runs
+    compile 1/1), the Flight Recorder section from the frames the dumps' stacks pass through. A
+    stack that does not name the compiled frame (here: the dumps' ``mlp_step`` frames renamed, as a
+    recorder's bounded stack of a deep compiled call loses its user frames) made the Flight section
+    say "no compile explains this" beside a prediction naming the recompile. Now the prediction's
+    answer is the one both show (NOTE: [One answer to "which compile explains this hang"])."""
+    import sqlite3
+
+    out, _ = job
+    store = tmp_path / "s.db"
+    with sqlite3.connect(out / "s.db") as src, sqlite3.connect(store) as db:
+        src.backup(db)
+        for rid, payload in db.execute("SELECT id, payload FROM compile_events WHERE name = 'flight_recorder'").fetchall():
+            assert " in mlp_step" in payload
+            db.execute("UPDATE compile_events SET payload = ? WHERE id = ?",
+                       (payload.replace(" in mlp_step", " in step_body"), rid))
+    rep = _report(store)
+    m = _by_desc(rep)["mlp"]
+    why = " ".join(m.why[1])
+    assert "no compile explains this" not in why, why
+    pred = {p.desc: p for p in rep.predictions}["mlp"]
+    assert f"the predicted schedule of group {m.group} explains it: {pred.predicted}" in why, why
+    assert "ranks [1] run compile 1/1 of that frame" in why
+    assert "no compile explains this" not in rep.to_text().split("HANG group 3 (mlp)")[1].split("HANG")[0]
+
+
+def test_every_surface_gives_the_hangs_the_same_verdicts(job):
+    """Issue 34: CLI text and exit code, --json and the HTTP API agree on every check (tests/verdict_surfaces.py)."""
+    from tests.verdict_surfaces import disagreements
+
+    out, _ = job
+    assert not disagreements(out / "s.db", ["hangs"])

@@ -142,6 +142,9 @@ def test_pipeline_stages_are_not_a_divergence(mesh_store, tmp_path):
     store = with_layout(mesh_store, tmp_path / "pp.db", "stages", pipeline_records())
     rep = report_of(store, "stages")
     assert rep.verdict == "OK", [d.message for d in rep.divergences] + rep.missing_evidence
+    from tests.verdict_surfaces import disagreements  # issue 34: the map, the API and the CLI say the same
+
+    assert not disagreements(store, ["stages"])
     assert rep.groups == [[0], [1]] and not rep.divergences
     assert any("stages run different programs by design" in n for n in rep.notes), rep.notes
     assert any("stage 0: [0]; stage 1: [1]" in n for n in rep.notes), rep.notes

@@ -98,6 +98,11 @@ def test_check_ranks_diverge_at_compile_0_0_on_expert_b(n5):
     assert "rank(s) [0] lack their gradients" in diverged
     assert "find_unused_parameters" not in out
     assert "FAIL: ranks diverge" in out
+    # One fact, one answer (issue 34): the prediction table beside that DIVERGED line never says
+    # "no hang" — it names the divergence (NOTE: [No "no hang" beside a divergence]).
+    (pred,) = [ln for ln in out.splitlines() if ln.strip().startswith("group 0 (default_pg): predicted")]
+    assert "predicted: no hang" not in pred, pred
+    assert "predicted: a possible mismatch" in pred and "ranks [1] vs [0] diverge (graph differs at compile 0/0" in pred
 
 
 def test_a_rank_without_a_dump_makes_the_hang_check_incomplete(n5):
@@ -125,3 +130,10 @@ def test_a_rank_without_a_dump_makes_the_hang_check_incomplete(n5):
     assert "every group's collectives match" not in hang["message"]
     assert "INCOMPLETE: ranks 0 wrote no dump" in hang["message"], hang
     assert hang["counts"] == {"unknown": 2}, "rank 0: no dump; rank 1: its group cannot be compared — neither ok"
+
+
+def test_every_surface_gives_n5_the_same_verdicts(n5):
+    """Issue 34: CLI text and exit code, --json and the HTTP API agree on every check (tests/verdict_surfaces.py)."""
+    from tests.verdict_surfaces import disagreements
+
+    assert not disagreements(n5["store"], ["n5"])

@@ -216,3 +216,29 @@ def test_a_recompile_that_replaces_the_graph_adds_no_collectives(live_store):
         (fc,) = frames[r]
         assert fc.counted == ["0/1"] and "shows compile 0/1 running and not it" in fc.replaced["0/0"]
     assert rep.verdict == "OK" and not rep.missing_evidence, rep.to_text()
+
+
+def test_every_surface_gives_the_recompile_the_same_verdicts(store):
+    """Issue 34: a harmless recompile (WARN, check-ranks OK) is OK on every surface (tests/verdict_surfaces.py)."""
+    from tests.verdict_surfaces import disagreements
+
+    assert not disagreements(store, ["ddp_recompile"])
+
+
+def test_a_harmless_recompile_is_no_diverged_rank_on_the_map(store, tmp_path):
+    """Issue 34: the parallel map's "diverged" badge counted every divergence, a harmless one (a
+    recompile whose collective schedules agree, WARN in check-ranks) too: rank 1 was "diverged" on
+    the map while check-ranks said OK. Both now read RankReport.diverged_ranks (NOTE: [One rank
+    verdict]). The run gets a 1-D data-parallel layout record (as a DDP job over a DeviceMesh)."""
+    from graphdeck.server.routes.parallel_map import parallel_map
+    from tests.nd_fixtures import layout_record
+    from tests.test_mesh_checks import with_layout
+
+    mapped = with_layout(store, tmp_path / "dp.db", "ddp_recompile",
+                         {r: layout_record(r, mesh_shape=(2,), dim_names=("dp",), world_size=2) for r in (0, 1)})
+    with Session(open_engine(mapped, read_only=True)) as s:
+        run = s.scalar(select(Run).where(Run.name == "ddp_recompile"))
+        rep = rank_report(s, run)
+        badge = next(c for c in parallel_map(s, run, checks=["diverged"])["checks"] if c["key"] == "diverged")
+    assert rep.verdict == "OK" and any(d.harmless for d in rep.divergences) and rep.diverged_ranks() == {}
+    assert badge["ran"] and badge["verdict"] == "OK" and badge["counts"] == {"ok": 2}, badge

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from graphdeck.analysis.gradients.grad_cuts import FlowGraph, first_cut, no_grad_region, short_source, source_line
-from graphdeck.analysis.gradients.grad_report import Cut, Finding, GradReport, ParamRow, ddp_unused_finding
+from graphdeck.analysis.gradients.grad_report import Cut, GradReport, ParamRow, ddp_unused_finding
 
 _THIS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # analysis/, not analysis/gradients/
 #: What DDP raises when a parameter's gradient hook fires twice in one backward.
@@ -228,26 +228,33 @@ def _walk(loss) -> tuple[set, dict[int, int]]:
     return reached, counts
 
 
-def _accumulation_hook(seen: list):
+def _accumulation_hook(seen: list, order: list | None = None, pid: int | None = None):
     """A tensor hook recording, per accumulation, the reentrant checkpoint whose nested backward
-    ran it (``(name, source)``), or ``None`` for the outer backward."""
+    ran it (``(name, source)``), or ``None`` for the outer backward; and in ``order`` (shared by
+    every parameter) ``(pid, graph task)`` — the task: ``id`` of that checkpoint call's context,
+    ``None`` for the outer backward (NOTE: [READY_TWICE under DDP])."""
 
     def hook(_grad):
         f = sys._getframe(1)
         while f is not None and _ckpt_ctx(f, "backward") is None:
             f = f.f_back
-        seen.append(_describe_fn(_ckpt_ctx(f, "backward").run_function) if f is not None else None)
+        ctx = _ckpt_ctx(f, "backward") if f is not None else None
+        seen.append(_describe_fn(ctx.run_function) if ctx is not None else None)
+        if order is not None:
+            order.append((pid, id(ctx) if ctx is not None else None))
 
     return hook
 
 
-def _backward_accumulations(inner, example_inputs, loss_fn, rng) -> tuple[dict[int, list], list[str]]:
+def _backward_accumulations(inner, example_inputs, loss_fn, rng,
+                            order: list | None = None) -> tuple[dict[int, list], list[str]]:
     """Forward and ``loss.backward()`` once more with every parameter of ``inner`` swapped for an
     alias (``nn.Parameter(p.detach())``: same storage, new autograd leaf), buffers and inputs that
     require grad for copies, and the recorded forward's RNG state ``rng`` (CPU, CUDA or ``None``).
     Returns per ``id(parameter)`` one entry per accumulation (see :func:`_accumulation_hook`), and
     the names whose own ``.grad`` still got one (reached through a reference the swap missed: the
-    counts are short). The model's ``.grad`` fields (set aside, put back), buffers and hooks (DDP's
+    counts are short); ``order`` (a list, when given) gets every accumulation in the order it ran
+    (see :func:`_accumulation_hook`). The model's ``.grad`` fields (set aside, put back), buffers and hooks (DDP's
     reducer) stay as they were. Raises whatever the forward, ``loss_fn`` or backward raises."""
     import torch
     from torch.utils._pytree import tree_map
@@ -271,7 +278,7 @@ def _backward_accumulations(inner, example_inputs, loss_fn, rng) -> tuple[dict[i
                                                if is_param else t.clone())
                         if is_param and a.requires_grad:
                             seen[id(t)] = []
-                            handles.append(a.register_hook(_accumulation_hook(seen[id(t)])))
+                            handles.append(a.register_hook(_accumulation_hook(seen[id(t)], order, id(t))))
                     swapped.append((slots, name, t))
                     slots[name] = a
         inputs = tree_map(lambda t: t.detach().requires_grad_() if isinstance(t, torch.Tensor)
@@ -370,10 +377,10 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
         raise TypeError(f"loss_fn must return a tensor that requires grad, got {type(loss).__name__}"
                         + (" without grad" if isinstance(loss, torch.Tensor) else ""))
     reached, counts = _walk(loss)
-    acc, acc_error = None, None
+    acc, acc_error, order = None, None, []
     if backward:
         try:
-            acc, leaked = _backward_accumulations(inner, example_inputs, loss_fn, rng)
+            acc, leaked = _backward_accumulations(inner, example_inputs, loss_fn, rng, order)
             if leaked:
                 acc_error = (f"the model reaches {', '.join(leaked[:5])}{' …' if len(leaked) > 5 else ''} through "
                              "references of its own, not its registered parameters")
@@ -432,11 +439,14 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
                                         dtype=str(b.dtype).removeprefix("torch."), requires_grad=False,
                                         reason="a buffer, not a parameter: it has no gradient to check"))
     if type(model).__name__ == "DistributedDataParallel" and not getattr(model, "find_unused_parameters", False):
-        f = ddp_unused_finding(report.rows)
+        f = ddp_unused_finding(report.rows, static_graph=bool(getattr(model, "static_graph", False)))
         if f is not None:
             report.findings.append(f)
     if acc is not None:
-        _ready_twice(report, model, ddp, accs_of)
+        from graphdeck.analysis.gradients.grad_outcome import eager_ready_twice
+
+        eager_ready_twice(report, model, ddp, accs_of, order, {pid: names[0] for pid, names in groups.items()},
+                          _fn_text, DDP_READY_TWICE_ERROR)
     if numeric:
         from graphdeck.analysis.gradients.grad_numeric import numeric_check
 
@@ -516,37 +526,6 @@ def _nested_ok(row: ParamRow, accs: list) -> None:
     row.reason = (f"gradient through reentrant activation checkpointing, which the autograd walk from the loss "
                   f"cannot see into (it recomputes the function in a backward of its own): accumulated "
                   f"{', '.join(parts)}")
-
-
-def _ready_twice(report: GradReport, model, ddp: bool, accs_of: dict[str, list]) -> None:
-    """A ``READY_TWICE`` finding for the rows accumulated more than once in one backward
-    (``accs_of``: fqn -> what ran each accumulation, see :func:`_accumulation_hook`)."""
-    twice = [r for r in report.rows if r.accumulations and r.accumulations > 1]
-    if not twice:
-        return
-    is_ddp = type(model).__name__ == "DistributedDataParallel"
-    fns = sorted({d for r in twice for d in accs_of.get(r.fqn, []) if d}, key=lambda d: (d[1] or "", d[0]))
-    desc = ", ".join(f"{r.fqn} ({r.accumulations}x)" for r in twice)
-    why = (f"reentrant activation checkpointing of {' and '.join(_fn_text(d) for d in fns)} recomputes it in a "
-           "backward of its own once per call" if fns else "nested backwards accumulate it more than once")
-    on_true = f"the first backward raises '{DDP_READY_TWICE_ERROR}'"
-    on_false = ("(where the parameter's bucket was already reduced when the second accumulation comes, it stays "
-                "local instead: the ranks' gradients differ silently)")
-    if is_ddp and getattr(model, "static_graph", False):
-        severity, consequence = "warning", "this DDP wrapper has static_graph=True, which handles it"
-    elif is_ddp:
-        severity = "error"
-        consequence = f"under this DDP wrapper {on_true} {on_false}"
-    else:
-        severity = "error" if ddp else "warning"
-        consequence = ("under DDP " if ddp else "harmless without DDP (autograd sums them); under DDP ") + \
-            f"{on_true} {on_false}"
-    report.findings.append(Finding(
-        kind="READY_TWICE", severity=severity, params=[r.fqn for r in twice],
-        source=fns[0][1] if fns else None,
-        message=f"gradient accumulated more than once in one backward: {desc}; {why}; {consequence}",
-        fix="checkpoint(..., use_reentrant=False), or DistributedDataParallel(..., static_graph=True), "
-            "or do not reuse the parameter across checkpointed calls"))
 
 
 def _explain_eager(row: ParamRow, flow: FlowGraph, start: int, live: list[bool], rec: _Record,

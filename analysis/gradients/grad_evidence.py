@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients.grad_report import DDP_UNUSED_ERROR, Finding, ParamRow
+from graphdeck.analysis.gradients.grad_report import (
+    DDP_UNUSED_ERROR,
+    Finding,
+    ParamRow,
+    ddp_static_finding,
+    ddp_unused_finding,
+)
 from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
 
 DDP_READY_TWICE = "Expected to mark a variable ready only once"
@@ -414,23 +420,33 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
         src = (site.get("loss") or "").split(" in ")[0] or None
         out.append(Finding(kind="RANK_DIVERGENCE", severity="error", message=msg, params=params, ranks=ranks,
                            source=src, fix=fix))
-        if hang:
+        if hang:  # the hang is the prediction a later step refutes; the divergence itself stands
             out.append(Finding(kind="PREDICTED_HANG", severity="error", params=params, ranks=ranks, source=src, fix=fix,
+                               raises_at=first,
                                message=(f"the gradient collective of {', '.join(params)} is issued on rank(s) "
                                         f"{_ranks_text(good)} only (first at step {first}): it will not be matched")))
         for r in rows_of:
             if r.rank in bad:
                 r.fix = f"it gets a gradient on rank(s) {_ranks_text(list(good))} but not here: {fix}"
+    static = bool(ev.watch) and all(w.get("static_graph") for w in ev.watch.values())
     if unused_everywhere and ddp and not find_unused and not fsdp:
         first = min(r.first_bad_step for r in rows if r.fqn in unused_everywhere and r.first_bad_step is not None)
-        out.append(Finding(kind="DDP_UNUSED_ERROR", severity="error", params=unused_everywhere,
-                           message=(f"no gradient arrived for {', '.join(unused_everywhere)} on any rank at step {first}: "
-                                    f"under DDP with find_unused_parameters=False step {first + 1} raises "
-                                    f"'{DDP_UNUSED_ERROR}…' on every rank"),
-                           fix=(f"remove or freeze {', '.join(unused_everywhere)} (requires_grad_(False)), or wrap with "
-                                "DistributedDataParallel(..., find_unused_parameters=True)")))
-    static = bool(ev.watch) and all(w.get("static_graph") for w in ev.watch.values())
-    out += _ready_twice(rows, ev, ddp=ddp and not static)
+        fix = (f"remove or freeze {', '.join(unused_everywhere)} (requires_grad_(False)), or wrap with "
+               "DistributedDataParallel(..., find_unused_parameters=True)")
+        if static:  # DDP's static graph finds them unused in its first iteration: no error
+            out.append(ddp_static_finding(unused_everywhere, fix))
+        elif find_unused is None:  # the record does not say which DDP options ran: assert neither outcome
+            out.append(ddp_unused_finding([r for r in rows if r.fqn in unused_everywhere], None))
+        else:
+            out.append(Finding(kind="DDP_UNUSED_ERROR", severity="error", params=unused_everywhere, fix=fix,
+                               ranks=sorted(ev.by_rank), raises_at=first + 1,
+                               message=(f"no gradient arrived for {', '.join(unused_everywhere)} on any rank at step "
+                                        f"{first}: under DDP with find_unused_parameters=False step {first + 1} raises "
+                                        f"'{DDP_UNUSED_ERROR}…' on every rank")))
+    out += _ready_twice(rows, ev, ddp=ddp, static=static, find_unused=find_unused)
+    from graphdeck.analysis.gradients.grad_outcome import refute_by_run
+
+    refute_by_run(out, ev)  # NOTE: [Predictions the run contradicts]
     return out
 
 
@@ -443,7 +459,14 @@ def _site(ev: Evidence, ranks, params) -> dict:
     return {}
 
 
-def _ready_twice(rows: list[ParamRow], ev: Evidence, *, ddp: bool) -> list[Finding]:
+def _ready_twice(rows: list[ParamRow], ev: Evidence, *, ddp: bool, static: bool = False,
+                 find_unused: bool | None = None) -> list[Finding]:
+    """READY_TWICE from the ``multi`` counts, its DDP consequence as NOTE: [READY_TWICE under DDP]
+    says; where the run itself went past the backward that accumulated twice, DDP did not raise:
+    the finding says what happened instead (the second accumulation stayed local, the replicas'
+    gradients silently diverge)."""
+    from graphdeck.analysis.gradients.grad_outcome import ran_past
+
     hits: dict[str, dict] = {}
     for rank, segs in ev.by_rank.items():
         for seg in segs:
@@ -456,17 +479,38 @@ def _ready_twice(rows: list[ParamRow], ev: Evidence, *, ddp: bool) -> list[Findi
         return []
     params = sorted(hits)
     first = min(h["step"] for h in hits.values())
+    ranks = sorted({r for h in hits.values() for r in h["ranks"]})
     sites = sorted({h["site"] for h in hits.values() if h["site"]})
     where = f" in the checkpointed region(s) {', '.join(sites)}" if sites else ""
-    msg = (f"{', '.join(params)} accumulated a gradient more than once in one backward (up to "
-           f"{max(h['n'] for h in hits.values())}×, from step {first}){where}: reentrant activation checkpointing "
-           "runs one backward per checkpointed call, so a parameter used in two such calls is accumulated twice")
-    if ddp:
-        msg += (f"; under DDP (without static_graph=True) the second accumulation raises '{DDP_READY_TWICE}…' at "
-                "the first backward, or, where its bucket was already reduced, stays local: the ranks' gradients "
-                "then differ silently")
-    return [Finding(kind="READY_TWICE", severity="error" if ddp else "warning", message=msg, params=params,
-                    ranks=sorted({r for h in hits.values() for r in h["ranks"]}),
-                    source=sites[0] if sites else None,
+    head = (f"{', '.join(params)} accumulated a gradient more than once in one backward (up to "
+            f"{max(h['n'] for h in hits.values())}×, from step {first}){where}: reentrant activation checkpointing "
+            "runs one backward per checkpointed call, so a parameter used in two such calls is accumulated twice")
+    raises_at, severity = None, "error" if ddp and not static else "warning"
+    went = ran_past(ev, ranks, first) if ddp and not static else {}
+    if not ddp:
+        msg = head
+    elif static:
+        msg = head + "; this job's DDP has static_graph=True, which handles it (no error, the replicas agree)"
+    elif went:
+        msg = (f"the replicas' gradients of {', '.join(params)} silently diverge (no error): DDP finished its "
+               f"iteration before the second accumulation, which stays local to each rank — this run went on "
+               f"through step {max(went.values())}, so DDP did not raise. {head}")
+    elif find_unused:
+        raises_at = first
+        msg = (f"the first backward raises '{DDP_READY_TWICE}…' (find_unused_parameters=True marks parameters used "
+               f"only inside reentrant checkpoints unused, then their accumulation marks them twice). {head}")
+    elif all(not any(sg.last > first for sg in ev.by_rank.get(r, []))
+             and any(sg.state.get("partial") for sg in ev.by_rank.get(r, [])) for r in ranks):
+        raises_at = first  # the run's own evidence agrees: no rank finished that backward or went on
+        msg = (f"the backward at step {first} raises '{DDP_READY_TWICE}…' (DDP with find_unused_parameters=False "
+               f"was still collecting that iteration when the second accumulation came; this run's backward of "
+               f"step {first} did not finish on rank(s) {ranks}). {head}")
+    else:
+        raises_at = first
+        msg = (f"under DDP with find_unused_parameters=False the backward at step {first} raises "
+               f"'{DDP_READY_TWICE}…' when the second accumulation comes before DDP finished its iteration; if it "
+               f"comes after, it stays local and the replicas' gradients silently diverge (no error). {head}")
+    return [Finding(kind="READY_TWICE", severity=severity, message=msg, params=params, ranks=ranks,
+                    source=sites[0] if sites else None, raises_at=raises_at,
                     fix="use torch.utils.checkpoint(..., use_reentrant=False), or DDP(static_graph=True), or do not "
                         "reuse the parameter across checkpointed calls")]

@@ -43,7 +43,7 @@ from graphdeck.analysis.gradients.grad_report import (
     ddp_unused_finding,
     divergence_findings,
 )
-from graphdeck.store.schema import InternedString, Node, Run
+from graphdeck.store.schema import CompileEvent, InternedString, Node, Run
 
 READ_KINDS = ("dynamo", "ddp_partition")
 
@@ -433,7 +433,8 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
     # Ranks without run-time evidence are judged from the graphs; the others from what arrived.
     graph_rows = [r for r in report.rows if r.rank not in ev.by_rank and not r.allowed]
     if ddp and not fsdp and find_unused is not True and graph_rows:  # True: DDP marks unused ones ready
-        f = ddp_unused_finding(graph_rows, find_unused)  # None: the record does not say which options ran
+        # None: the record does not say which options ran; static_graph: DDP finds them in its first iteration
+        f = ddp_unused_finding(graph_rows, find_unused, static_graph=_ddp_static(session, run.id, watched))
         if f is not None:
             report.findings.append(f)
     if len(ranks) > 1 and not (ev and set(ranks) <= set(ev.by_rank)):
@@ -454,6 +455,19 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
 
     report.findings += collective_findings(session, run.id, report.rows, wrap)
     return report
+
+
+def _ddp_static(session: Session, run_id: int, watched: list[dict]) -> bool:
+    """Every DDP wrapper the run recorded (``graphdeck_watch`` or ``graphdeck_comm_groups``) had
+    ``static_graph=True``: DDP then never raises for parameters unused on every rank."""
+    from graphdeck.analysis.traces.comm_map import EVENT_NAME, load_record
+
+    flags = {bool(w["static_graph"]) for w in watched if w.get("ddp") and "static_graph" in w}
+    for (rank,) in session.execute(select(CompileEvent.rank).where(
+            CompileEvent.run_id == run_id, CompileEvent.name == EVENT_NAME).distinct()):
+        flags |= {bool(d["static_graph"]) for d in (load_record(session, run_id, rank) or {}).get("ddp") or []
+                  if "static_graph" in d}
+    return flags == {True}
 
 
 _P = namedtuple("_P", "rank fqn kind storage_key shape_json dtype requires_grad")

@@ -126,6 +126,11 @@ class Finding:
     graph_id: int | None = None
     node: str | None = None
     allowed: bool = False
+    # NOTE: [Predictions the run contradicts] (grad_outcome): the 0-based step at which this finding
+    # predicts the job raises or hangs (None: it predicts no stop); ``refuted_by``: what the run
+    # did instead, when its own evidence went past that step (the finding is then a warning).
+    raises_at: int | None = None
+    refuted_by: str | None = None
 
 
 @dataclass
@@ -471,7 +476,8 @@ def _short_source(frame_line: str) -> str:
     return f"{m.group(1)}:{m.group(2)}" + (f" ({m.group(3)})" if m.group(3) else "")
 
 
-def ddp_unused_finding(rows: list[ParamRow], find_unused: bool | None = False) -> Finding | None:
+def ddp_unused_finding(rows: list[ParamRow], find_unused: bool | None = False,
+                       static_graph: bool = False) -> Finding | None:
     """Parameters that get no gradient on every rank under DDP. ``find_unused=False`` (known):
     the next iteration raises DDP's 'Expected to have finished reduction …' on every rank
     (``DDP_UNUSED_ERROR``). ``None`` (the record does not say which DDP options ran, e.g. an
@@ -486,6 +492,8 @@ def ddp_unused_finding(rows: list[ParamRow], find_unused: bool | None = False) -
         return None
     fix = (f"remove or freeze {', '.join(missing)} (requires_grad_(False)), or wrap with "
            "DistributedDataParallel(..., find_unused_parameters=True)")
+    if static_graph:  # real torch 2.13: no step raises (tests/test_verdicts_ddp.py, unused_static)
+        return ddp_static_finding(missing, fix)
     if find_unused is None:
         return Finding(kind="DDP_UNUSED_DEPENDS", severity="warning", params=missing,
                        message=(f"{', '.join(missing)} get no gradient on every rank, and the record does not say "
@@ -498,6 +506,14 @@ def ddp_unused_finding(rows: list[ParamRow], find_unused: bool | None = False) -
                    message=(f"under DDP with find_unused_parameters=False the next iteration raises "
                             f"'{DDP_UNUSED_ERROR}…' on every rank: {', '.join(missing)} get no gradient"),
                    fix=fix)
+
+
+def ddp_static_finding(missing: list[str], fix: str) -> Finding:
+    """Parameters unused on every rank under DDP with ``static_graph=True``: DDP records them as
+    unused in its first iteration, so nothing raises (``DDP_UNUSED_STATIC``, a warning)."""
+    return Finding(kind="DDP_UNUSED_STATIC", severity="warning", params=missing, fix=fix,
+                   message=(f"{', '.join(missing)} get no gradient on any rank: DDP's static_graph=True records them "
+                            "as unused in its first iteration, so no step raises; they are never trained"))
 
 
 def combine(reports: list[GradReport], *, run: str | None = None, ddp: bool = True,

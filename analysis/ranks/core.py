@@ -132,9 +132,27 @@ class RankReport:
             return "FAIL"
         return "INCOMPLETE" if self.missing_evidence else "OK"
 
+    def diverged_ranks(self) -> dict[int, str]:
+        """NOTE: [One rank verdict]: rank → why it diverges — the diverging side of each harmful
+        compile divergence (a ``harmless`` one, a recompile whose collectives agree, is a warning)
+        and the minority side of each collective-schedule mismatch. The one place the per-rank
+        "diverged" state is computed: check-ranks' text and JSON, the API, the parallel map and the
+        overview read it."""
+        out: dict[int, str] = {}
+        for d in self.divergences:
+            if not d.harmless:
+                for r in d.ranks:
+                    out.setdefault(r, d.message)
+        for m in self.collective_mismatches:
+            for v in m.variants[1:]:
+                for r in v.get("ranks") or []:
+                    out.setdefault(r, m.message)
+        return dict(sorted(out.items()))
+
     def to_dict(self) -> dict:
         return {
             "ok": self.ok,
+            "diverged_ranks": {str(r): why for r, why in self.diverged_ranks().items()},
             "run_id": self.run_id,
             "run": self.run,
             "ranks": self.ranks,
@@ -291,6 +309,9 @@ def _rank_report(session: Session, run: Run) -> RankReport:
     from graphdeck.analysis.ranks.predicted import prediction_checks
 
     report.predictions = prediction_checks(session, report)
+    from graphdeck.analysis.ranks.hangs import agree_with_predictions
+
+    agree_with_predictions(report)  # one answer to "which compile explains this hang"
     matched = _timing_findings(session, report, metric_records)
     _evidence_compared(report, matched)
     return report
@@ -350,9 +371,18 @@ def _timing_findings(session: Session, report: RankReport, metric_records: dict 
     traces = run_traces(session, report.run_id)
     matched = matched_run(session, report.run_id)[1] if len(traces) > 1 else None
     timing = (matched or {}).get("timing") or {}
-    report.notes += [text for text in (skew.finding, *(timing.get("parts") or [timing.get("message")])) if text]
+    parts = [text for text in (skew.finding, *(timing.get("parts") or [timing.get("message")])) if text]
+    if report.verdict != "FAIL":  # NOTE: [One rank verdict]: the traces' differences are evidence, not a second verdict
+        parts = [TRACE_DIFFER + p.removeprefix("diverged: ") if p.startswith("diverged: ") else p for p in parts]
+    report.notes += parts
     _trace_numbering(report, timing.get("divergent") or [])
     return matched
+
+
+#: check-ranks' note for the traces' differing collectives when the report finds no divergence.
+TRACE_DIFFER = ("the traces' collectives differ, not counted as a divergence (the compile records and Flight "
+                "Recorder dumps, compared per mesh dimension, show none; a profiled window's kernels alone do "
+                "not decide it): ")
 
 
 def _trace_numbering(report: RankReport, divergent: list[dict]) -> None:

@@ -138,6 +138,33 @@ def settle_recompiles(session: Session, report: RankReport, fr: FlightReport | N
             d.harmless = text + " — so no hang is expected from these recompiles"
 
 
+NO_COMPILE = "so no compile explains this"
+
+
+def agree_with_predictions(report: RankReport) -> None:
+    """NOTE: [One answer to "which compile explains this hang"]: the Flight Recorder section (here,
+    from the frames the dumps' stacks pass through) and the predicted-vs-recorded section
+    (:mod:`graphdeck.analysis.ranks.predicted`, from the steady-state schedule of each rank's
+    compiles) answer the same question for a group's first mismatch. Where the prediction names
+    the compile that makes rank ``r`` skip the group's collective, its answer is the one both show:
+    a "no compile explains this" line of ``r`` is replaced by it. Runs after
+    :func:`~graphdeck.analysis.ranks.predicted.prediction_checks`, in place."""
+    fr = report.flight
+    if fr is None or not report.predictions:
+        return
+    checks = {p.group: p for p in report.predictions}
+    for m in fr.mismatches:
+        p = checks.get(m.group)
+        if p is None or not (p.predicted_hang or p.predicted_divergent):
+            continue
+        named = set(p.predicted_skipping) or set(p.predicted_divergent) or set(p.members)
+        for r in m.not_reached:
+            lines = m.why.get(r) or []
+            if r in named and any(NO_COMPILE in x for x in lines):
+                m.why[r] = [f"the predicted schedule of group {m.group} explains it: {p.predicted}"
+                            if NO_COMPILE in x else x for x in lines]
+
+
 def _functions(m: GroupMismatch, r: int) -> set[str]:
     """Function names in the stacks of the collective, of what rank ``r`` recorded instead and of
     what it went on to: a compile of another frame cannot explain this mismatch."""
@@ -369,10 +396,10 @@ def explain(session: Session, report: RankReport, m: GroupMismatch) -> None:
                            "with the agent) to join the hang to the graphs")
             elif report.divergences:
                 why.append(f"the compiles of ranks {m.reached} and rank {r} differ only in frames these stacks do "
-                           "not pass through, so no compile explains this")
+                           f"not pass through, {NO_COMPILE}")
             else:
                 why.append(f"the graphs agree: ranks {m.reached} and rank {r} compiled the same "
-                           f"{len(report.sequences.get(r, []))} graph(s) in the same order, so no compile explains this")
+                           f"{len(report.sequences.get(r, []))} graph(s) in the same order, {NO_COMPILE}")
             if issued is not None and issued.compiled:
                 why.append(f"the collective is issued inside a compiled graph ({issued.line or 'no user frame'}); "
                            "look at the graphs' inputs on rank " + str(r))

@@ -67,6 +67,9 @@ class PredictionCheck:
     recorded_completed: dict[int, int] = field(default_factory=dict)  # members with a dump only
     members: list[int] = field(default_factory=list)  # the group's members the prediction compared
     recorded_no_dump: list[int] = field(default_factory=list)  # members without a Flight Recorder dump
+    # members on the two sides of a harmful compile divergence of the report (NOTE: [No "no hang"
+    # beside a divergence]): the schedule alone cannot promise their collectives match
+    predicted_divergent: list[int] = field(default_factory=list)
 
     def line(self) -> str:
         return f"group {self.group}{' (' + self.desc + ')' if self.desc else ''}: predicted: {self.predicted} " \
@@ -256,6 +259,17 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             pm = _schedule_mismatch(renumbered)
         if not scheds:
             check.predicted = "no compiled graph issues a collective of this group"
+        elif pm is None and _divergent_members(report, scheds):
+            # NOTE: [No "no hang" beside a divergence]: the schedules agree by kind and count, but
+            # members compile different graphs (a harmful divergence of the same report): "no
+            # hang" would contradict that finding; the prediction names it instead.
+            n = len(next(iter(scheds.values())))
+            d = _divergent_members(report, scheds)[0]
+            check.predicted_divergent = sorted(set(d.ranks) | set(d.reference_ranks))
+            check.predicted = (f"a possible mismatch: members issue the same {n} collective(s) a step by kind and "
+                               f"order, but ranks {_ranks_text(d.ranks)} vs {_ranks_text(d.reference_ranks)} diverge "
+                               f"({d.what}" + (f" at compile {d.compile_id}" if d.compile_id else "")
+                               + "; DIVERGED above), so their sizes or inputs need not match")
         elif pm is None:
             n = len(next(iter(scheds.values())))
             check.predicted = (f"no hang: every member issues the same {n} collective(s) a step ("
@@ -305,6 +319,8 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
         # outcome
         if g not in recorded_groups:
             check.outcome = "unchecked"
+        elif check.predicted_divergent and m is not None:
+            check.outcome = "held"  # the divergence it names came to a recorded mismatch
         elif check.predicted_hang and m is not None:
             same = (set(check.predicted_skipping) == set(m.not_reached) if check.predicted_skipping
                     else {frozenset(v["ranks"]) for v in pm.variants} >= {frozenset(m.not_reached)})
@@ -321,6 +337,14 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             check.outcome = "held"
         out.append(check)
     return out
+
+
+def _divergent_members(report: RankReport, scheds: dict[int, list]) -> list:
+    """The report's harmful divergences (not ``harmless``) with ranks on both sides among the
+    members ``scheds`` holds."""
+    members = set(scheds)
+    return [d for d in report.divergences
+            if not d.harmless and members & set(d.ranks) and members & set(d.reference_ranks)]
 
 
 def _several_live(scheds: dict[int, list[Collective]]) -> bool:

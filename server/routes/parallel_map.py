@@ -367,20 +367,14 @@ def _diverged(ctx: _Context) -> Badge:
     if report is None:
         return _unknown("diverged", "the per-mesh-dimension rank check (graphdeck.analysis.ranks.mesh_ranks) "
                         "is not installed: ranks of different stages cannot be told apart from diverged ones")
-    b = Badge("diverged", ran=True, message=f"check-ranks per mesh dimension: {report.verdict}; "
+    b = Badge("diverged", ran=True, verdict=report.verdict, message=f"check-ranks per mesh dimension: {report.verdict}; "
               f"{len(report.divergences)} compile divergence(s), "
               f"{len(report.collective_mismatches)} collective-schedule mismatch(es)")
     for r in range(ctx.layout.world_size):
         if not report.sequences.get(r):
             b.set(r, "unknown", "no compiled graph and no compile record from this rank")
-    for d in report.divergences:
-        for r in d.ranks:
-            b.set(r, "diverged", d.message)
-    for m in report.collective_mismatches:
-        for v in m.variants[1:]:
-            for r in v.get("ranks") or []:
-                if b.state(r) != "diverged":
-                    b.set(r, "diverged", m.message)
+    for r, why in report.diverged_ranks().items():  # NOTE: [One rank verdict]: harmless ones are warnings
+        b.set(r, "diverged", why)
     if all(b.state(r) == "unknown" for r in range(ctx.layout.world_size)):
         return _unknown("diverged", "no rank has a compiled graph or a compile record: nothing to compare")
     return b

@@ -175,8 +175,15 @@ def get_analysis(comm: list[str] | None = Query(None, description="extra communi
 @router.get("/api/runs/{run_id}/collectives")
 def get_collectives(comm: list[str] | None = Query(None, description="extra communication-kernel patterns (regex)"),
                     run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
-    """Collectives matched across the run's ranks, per-rank clock offsets, stragglers per step."""
-    return _jsonable(align_and_match(session, run.id, _rule(comm)))
+    """Collectives matched across the run's ranks, per-rank clock offsets, stragglers per step.
+    ``verdict`` is check-ranks' (:func:`graphdeck.analysis.ranks.core.rank_report`: OK, FAIL or
+    INCOMPLETE; NOTE: [One rank verdict]); ``divergent`` lists where the traces' collectives differ
+    — evidence that verdict weighs, not a second one (``trace_verdict``: the matching's own)."""
+    from graphdeck.analysis.ranks.core import rank_report
+
+    doc = align_and_match(session, run.id, _rule(comm))
+    doc["trace_verdict"], doc["verdict"] = doc["verdict"], rank_report(session, run).verdict
+    return _jsonable(doc)
 
 
 @router.get("/api/traces/{trace_id}/replay")
