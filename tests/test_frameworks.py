@@ -31,31 +31,33 @@ from tests.conftest import run_python
 HERE = Path(__file__).parent
 
 DDP_LAYOUT = r"""
-import json, os, sys, tempfile
+import sys, tempfile
 import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 from graphdeck.capture import Agent
-store, run = sys.argv[1], sys.argv[2]
+store = sys.argv[1]
 dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
-agent = Agent(store=store, run=run)
 class Net(torch.nn.Module):  # a user module: Dynamo does not compile torch.nn's own forwards as frames
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(4, 4)
     def forward(self, x):
         return self.lin(x).relu()
-model = Net()
-if run == "ddp":
-    ddp = DDP(model)
-else:  # DDP over a DeviceMesh dimension: that dimension is the replica dimension, no second one
-    from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
-    agent.watch_pipeline(mesh)
-    ddp = DDP(model, process_group=mesh.get_group("dp"))
-agent.watch(model)
-compiled = torch.compile(ddp, backend=agent.backend("aot_eager"))
-compiled(torch.randn(2, 4)).sum().backward()
-agent.close()
+for run in ("ddp", "ddp-on-mesh"):
+    torch._dynamo.reset()
+    agent = Agent(store=store, run=run)
+    model = Net()
+    if run == "ddp":
+        ddp = DDP(model)
+    else:  # DDP over a DeviceMesh dimension: that dimension is the replica dimension, no second one
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        agent.watch_pipeline(mesh)
+        ddp = DDP(model, process_group=mesh.get_group("dp"))
+    agent.watch(model)
+    compiled = torch.compile(ddp, backend=agent.backend("aot_eager"))
+    compiled(torch.randn(2, 4)).sum().backward()
+    agent.close()
 dist.destroy_process_group()
 """
 
@@ -72,8 +74,7 @@ def test_ddp_is_a_replica_dimension(tmp_path):
     from graphdeck.analysis.layout import load_layout
 
     store = tmp_path / "s.db"
-    for run in ("ddp", "ddp-on-mesh"):
-        run_python(DDP_LAYOUT, str(store), run)
+    run_python(DDP_LAYOUT, str(store))
     with Session(open_engine(store, read_only=True)) as s:
         runs = {r.name: r for r in s.scalars(select(Run))}
         layouts = {name: load_layout(s, r.id) for name, r in runs.items()}
