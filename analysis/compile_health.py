@@ -10,6 +10,8 @@ artifacts; texts read by :mod:`graphdeck.analysis.compile_rules`):
 * graph breaks, grouped by (reason class, source line) and counted, each with the compiled frames
   it hit, the user frame of the traceback and a hint. Breaks inside torch or the standard library
   (DDP's intended breaks) are kept apart (``library``) and not counted by ``--max-graph-breaks``;
+  nor are breaks inside an installed framework (``framework``: transformers' logging call), which
+  are named as that framework's (NOTE: [Framework graph breaks] in compile_rules.py);
 * recompiles per code object (Dynamo's ``frame_id``; label ``name (file.py:line)``): compiles
   used vs the ``recompile_limit`` in force (read from the records' ``dynamo_config``, else
   torch's default 8, said as assumed), the guard that failed at each recompile, the same guard
@@ -97,6 +99,7 @@ class BreakGroup:
     hint: str
     count: int = 0
     library: bool = False
+    framework: str | None = None  # the installed package the break is in (NOTE: [Framework graph breaks])
     user_frame: str | None = None
     gb: str | None = None
     eager_fallback: bool = False
@@ -184,7 +187,11 @@ class CompileHealth:
 
     @property
     def user_breaks(self) -> list[BreakGroup]:
-        return [b for b in self.breaks if not b.library]
+        return [b for b in self.breaks if not b.library and not b.framework]
+
+    @property
+    def framework_breaks(self) -> list[BreakGroup]:
+        return [b for b in self.breaks if b.framework]
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -194,7 +201,9 @@ class CompileHealth:
 
     def summary(self) -> dict:
         return {"graph_breaks": len(self.user_breaks), "graph_break_records": sum(b.count for b in self.breaks),
-                "library_breaks": len(self.breaks) - len(self.user_breaks),
+                "library_breaks": sum(1 for b in self.breaks if b.library),
+                "framework_breaks": len(self.framework_breaks),
+                "frameworks": sorted({b.framework for b in self.framework_breaks}),
                 "frames": len(self.frames), "recompiles": sum(f.recompiles for f in self.frames),
                 "max_recompiles_per_frame": max((f.recompiles for f in self.frames), default=0),
                 "limit_hit": [f.frame for f in self.frames if f.limit_hit],
@@ -311,7 +320,8 @@ def _rank_health(rank: int, events: list) -> tuple[int, RankHealth, list[str]]:
             if g is None:
                 g = breaks[(info["reason_class"], info["source_line"])] = BreakGroup(
                     reason_class=info["reason_class"], source_line=info["source_line"], headline=info["headline"],
-                    hint=info["hint"], library=info["library"], user_frame=info["user_frame"], gb=info["gb"],
+                    hint=_framework_hint(info["framework"], info["hint"]), library=info["library"],
+                    framework=info["framework"], user_frame=info["user_frame"], gb=info["gb"],
                     file=info["file"], ranks=[rank])
             g.count += 1
             g.eager_fallback = g.eager_fallback or info["eager_fallback"]
@@ -332,7 +342,7 @@ def _rank_health(rank: int, events: list) -> tuple[int, RankHealth, list[str]]:
     files = {f: s.get("filename") if isinstance(s.get("filename"), str) else None for f, s in started.items()}
     for g in breaks.values():
         g.frames = list(dict.fromkeys(labels.get(f, f"frame {f}") for f in g.frames))
-    h.breaks = sorted(breaks.values(), key=lambda g: (g.library, -g.count, g.source_line or ""))
+    h.breaks = sorted(breaks.values(), key=_break_order)
     h.stats.compiles += sum(1 for c in compiles.values() if c.get("started") and "metrics" not in c)
     missing = [f"rank {rank}: compile {fid}/{n} started (dynamo_start) but has no compilation_metrics record "
                "(the job died mid-compile, or the record was lost)"
@@ -400,6 +410,18 @@ def _budget(rank: int, fid: str, label: str, file, items: list, limit: int, limi
     return f
 
 
+def _break_order(g: BreakGroup) -> tuple:
+    """User code first, then frameworks', then torch/stdlib; the most frequent first."""
+    return (g.library, g.framework is not None, -g.count, g.source_line or "")
+
+
+def _framework_hint(framework: str | None, hint: str) -> str:
+    if not framework:
+        return hint
+    return (f"the break is in {framework}'s code, not yours (not counted by --max-graph-breaks): look for the "
+            f"{framework} setting or version that avoids the call; {hint}")
+
+
 def _merge_breaks(groups: list[BreakGroup]) -> list[BreakGroup]:
     out: dict[tuple, BreakGroup] = {}
     for g in groups:
@@ -413,7 +435,7 @@ def _merge_breaks(groups: list[BreakGroup]) -> list[BreakGroup]:
         m.frames = list(dict.fromkeys(m.frames + g.frames))
         m.compile_ids = list(dict.fromkeys(m.compile_ids + [f"{g.ranks[0]}:{c}" for c in g.compile_ids]))
         m.eager_fallback = m.eager_fallback or g.eager_fallback
-    return sorted(out.values(), key=lambda g: (g.library, -g.count, g.source_line or ""))
+    return sorted(out.values(), key=_break_order)
 
 
 def _merge_frames(frames: list[FrameBudget]) -> list[FrameBudget]:

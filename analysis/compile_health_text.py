@@ -72,10 +72,12 @@ def to_text(h: CompileHealth) -> str:
     lines += [f"FAIL: {x}" for x in h.findings]
     lines += [f"WARN: {x}" for x in h.warnings]
     lines += [f"INCOMPLETE: {x}" for x in h.missing_evidence]
+    fw = (f"{s['framework_breaks']} inside frameworks ({', '.join(s['frameworks'])}), " if s["framework_breaks"]
+          else "")
     lines.append(f"graph breaks: {s['graph_breaks']} distinct in user code ({s['graph_break_records']} record(s); "
-                 f"{s['library_breaks']} distinct break(s) inside torch/stdlib, not counted)")
+                 f"{fw}{s['library_breaks']} distinct break(s) inside torch/stdlib, not counted)")
     for b in h.breaks:
-        where = "library" if b.library else "user code"
+        where = "library" if b.library else f"framework: {b.framework}" if b.framework else "user code"
         lines.append(f"  {b.source_line or '?'} [{b.reason_class}, {where}] x{b.count} on rank(s) "
                      f"{_ranks_text(b.ranks, brackets=False)}: {b.headline}")
         lines.append(f"    user frame: {b.user_frame or '?'}; compiled frames: {', '.join(b.frames) or '?'}"

@@ -34,7 +34,9 @@ _NUM_RE = re.compile(r"(?<![\w'])-?\d+(?:\.\d+)?")
 _COMMENT_RE = re.compile(r"\s+#.*$", re.S)
 _VALUE_RE = re.compile(r"(==|!=)\s*-?\d")
 #: Path parts of code that is not the user's: torch itself and the Python standard library.
-_LIBRARY_RE = re.compile(r"(/site-packages/torch/|/torch/_|/lib/python\d\.\d+/(?!site-packages)|^<)")
+_LIBRARY_RE = re.compile(r"(/(?:site|dist)-packages/torch/|/torch/_|/lib/python\d\.\d+/(?!(?:site|dist)-packages/)|^<)")
+#: An installed distribution's file: ``.../site-packages/<package>/...`` (or Debian's ``dist-packages``).
+_INSTALLED_RE = re.compile(r"/(?:site|dist)-packages/([A-Za-z_][\w.-]*)/")
 
 BREAK_HINTS = {
     "scalar output": "Tensor.item()/.tolist() leaves the graph: set torch._dynamo.config.capture_scalar_outputs"
@@ -78,6 +80,25 @@ def is_library_path(path: str | None) -> bool:
     return bool(path) and bool(_LIBRARY_RE.search(str(path).replace("\\", "/")))
 
 
+def framework_of(path: str | None) -> str | None:
+    """The installed package (top-level import name, e.g. ``"transformers"``, ``"lightning"``) whose
+    file ``path`` is, for code that is neither torch/stdlib (:func:`is_library_path`) nor the user's:
+    a file under ``site-packages``/``dist-packages``; ``None`` for the user's own files.
+
+    # NOTE: [Framework graph breaks]
+    # A training framework's own code can break the graph (transformers' ``logger.warning_once``
+    # about ``loss_type``, reached from the model's forward): the user did not write it and it is
+    # fixed by the framework's settings or an upgrade, not by editing the line. check-compile names
+    # such a break as the framework's (``framework``) and keeps it out of the "user code" count and
+    # ``--max-graph-breaks``; it is still listed, with its hint, and diff-runs still reports a new
+    # one (an upgrade that adds a break is a regression of the job).
+    """
+    if not path or is_library_path(path):
+        return None
+    m = _INSTALLED_RE.search(str(path).replace("\\", "/"))
+    return m.group(1).split(".")[0] if m else None
+
+
 def short_path(path: str | None) -> str:
     return os.path.basename(str(path or "")) or "?"
 
@@ -116,7 +137,7 @@ def parse_break(text: str) -> dict:
             "headline": headline[:300], "reason_class": cls, "hint": BREAK_HINTS[cls],
             "gb": gb.group(1) if gb else None,
             "user_frame": frame_label(user[2], user[0], user[1]) if user else None,
-            "library": is_library_path(file),
+            "library": is_library_path(file), "framework": framework_of(file),
             "eager_fallback": "Failed to handle graph break gracefully" in text or "falling back to eager" in text}
 
 

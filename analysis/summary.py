@@ -254,6 +254,8 @@ def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
                      f"#/runs/{run.id}?section=compile-health", f"graphdeck check-compile STORE --run {run.name}",
                      f"/api/runs/{run.id}/compile-health", native_verdict=rep.verdict)
     c.headline = ((f"{s['graph_breaks']} graph break(s) in user code, " if rep.findings else "")
+                  + (f"{s['framework_breaks']} inside {_names(s['frameworks'], 2)} (not user code), "
+                     if s["framework_breaks"] else "")
                   + f"{s['recompiles']} recompile(s), "
                   f"{s['eager_fallbacks']} eager fallback(s), {s['restarts']} restart(s)"
                   + (f"; recompile limit hit in {_names(s['limit_hit'], 2)}" if s["limit_hit"] else "")

@@ -125,6 +125,7 @@ class Agent:
         inner = getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
         if inner is not model:
             self._comm.note_ddp(model)
+            self._layout.note_ddp(model)
         if not any(m is inner for m in self._models):  # watching a model again (e.g. wrapped) adds no names
             taken = {name for m in self._models for name, _ in self.named_tensors(m)}
             if any(name in taken for name, _ in self.named_tensors(inner)):
@@ -290,6 +291,7 @@ class Agent:
         from graphdeck.capture.comm_groups import active_ddp
 
         self._comm.note_ddp(active_ddp())
+        self._layout.note_ddp(active_ddp())
         try:  # a pipeline stage/schedule on the stack, FSDP2/TP applied after watch()
             self._layout.note_stack()
             from torch._guards import CompileContext

@@ -140,6 +140,37 @@ class _Meshes:
     def records(self) -> list[dict]:
         return [entry for _, entry in self.entries]
 
+    def add_ddp(self, ddp) -> None:
+        """Record the process group ``ddp`` (a ``DistributedDataParallel``) all-reduces over as a
+        1-D mesh named ``ddp``, unless a recorded mesh already has that group as a dimension
+        (DDP over ``mesh["dp"]``: the dimension is there). NOTE: [DDP as a mesh dimension]:
+        DDP replicates the model over its group, so its ranks are replicas on one data-parallel
+        dimension — the map draws them as such (a DDP job records no ``DeviceMesh``)."""
+        try:
+            dist = _dist()
+            pg = getattr(ddp, "process_group", None) or (dist.group.WORLD if dist is not None else None)
+            if pg is None or dist is None:
+                return
+            name = _pg_name(pg)
+            if any(name is not None and g.get("name") == name for _, e in self.entries for g in e["dim_groups"]):
+                return
+            if any(obj is ddp for obj, _ in self.entries):
+                return
+            ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
+            entry = {"key": f"mesh{len(self.entries)}", "device_type": _device_type(ddp), "shape": [len(ranks)],
+                     "dim_names": ["ddp"], "ranks": ranks, "coord": [int(dist.get_rank(pg))],
+                     "dim_groups": [{"dim": "ddp", **_group_info(name, _pg_by_name())}], "source": "ddp"}
+            self.entries.append((ddp, entry))
+        except Exception:  # noqa: BLE001 - capture never breaks training
+            return
+
+
+def _device_type(module) -> str:
+    try:
+        return next(module.parameters()).device.type
+    except Exception:  # noqa: BLE001 - no parameters
+        return "cpu"
+
 
 def _fsdp_units(model: torch.nn.Module) -> list[tuple[str, Any, Any]]:
     """(module name, module, FSDPParamGroup) of every ``fully_shard`` module of ``model``."""
@@ -340,6 +371,7 @@ class LayoutWatch:
         self._stages: list[weakref.ref] = []
         self._schedule: weakref.ref | None = None
         self._meshes: list[weakref.ref] = []
+        self._ddp: list[weakref.ref] = []
         self._autocast: list[dict] = []
         self._written: str | None = None
 
@@ -365,6 +397,11 @@ class LayoutWatch:
                     self.note(s)
         elif isinstance(obj, stage_cls) and not any(r() is obj for r in self._stages):
             self._stages.append(weakref.ref(obj))
+
+    def note_ddp(self, ddp: Any | None) -> None:
+        """Remember a ``DistributedDataParallel`` wrapper (NOTE: [DDP as a mesh dimension])."""
+        if ddp is not None and not any(r() is ddp for r in self._ddp):
+            self._ddp.append(weakref.ref(ddp))
 
     def note_stack(self) -> None:
         """Remember the pipeline objects of the calling frames (see :func:`pipeline_on_stack`)."""
@@ -418,6 +455,9 @@ class LayoutWatch:
                     params[fqn] = row
             tp.extend(_tp_styles(model, meshes))
             regions.extend(_checkpoint_regions(model))
+        for ref in self._ddp:  # after the meshes: DDP over a mesh dimension is that dimension
+            if (d := ref()) is not None:
+                meshes.add_ddp(d)
         stages = [s for r in self._stages if (s := r()) is not None]
         schedule = self._schedule() if self._schedule is not None else None
         pipeline = _pipeline_record(stages, schedule)

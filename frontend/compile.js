@@ -211,7 +211,8 @@ const pct = (v) => (isBlank(v) ? "—" : `${Math.round(v * 100)}%`);
 
 function breakRow(b) {
   return h("tr", {class: b.library ? "muted" : null, "data-source-line": b.source_line},
-    h("td", {}, code(b.source_line), b.library ? [" ", badge("torch/stdlib", "tag")] : null),
+    h("td", {}, code(b.source_line), b.library ? [" ", badge("torch/stdlib", "tag")]
+      : b.framework ? [" ", badge(`framework: ${b.framework}`, "tag")] : null),
     h("td", {}, badge(b.reason_class, "tag"), " ", b.headline),
     num(b.count), h("td", {"data-ranks": (b.ranks || []).length}, rankRanges(b.ranks || [], 8)),
     h("td", {}, h("div", {}, "user frame ", code(b.user_frame)),

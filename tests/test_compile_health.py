@@ -413,3 +413,48 @@ def test_panel(server, browser):
     assert page.locator('[data-testid="compile-health"] img').count() == 0
     assert not errors, errors
     page.close()
+
+
+TRANSFORMERS = "/usr/local/lib/python3.11/dist-packages/transformers/modeling_utils.py"
+
+
+def test_framework_break_is_named_as_the_frameworks(tmp_path):
+    """NOTE: [Framework graph breaks]: transformers' ``logger.warning_once`` (reached from the
+    model's forward; the HF Trainer job of tests/test_frameworks.py makes it) is transformers'
+    break, not the user's: named so, kept out of the user-code count and ``--max-graph-breaks``.
+    A ``print`` in the user's own file beside it is still counted and still fails the gate. (Before:
+    both "user code"; a pip-installed package under ``.../lib/python3.11/dist-packages`` was even
+    called torch/stdlib.)"""
+    def cid(n):
+        return {"frame_id": n, "frame_compile_id": 0, "attempt": 0}
+    frame = {"dynamo_start": {"stack": [{"line": 3, "name": "forward", "filename": "/job/train.py"}]}}
+    log = tmp_path / "dedicated_log_torch_trace_rank_0_a.log"
+    log.write_text(
+        _record({**frame, **cid(0)})
+        + _record({"artifact": {"name": "dynamo_graph_break_reason", "encoding": "string"}, **cid(0)},
+                  f"Graph break in user code at {TRANSFORMERS}:4824\nGraph Break Reason: Encountered graph break\n\n"
+                  "logging.Logger method not supported for non-export cases\n\nUser code traceback:\n"
+                  f'  File "/job/train.py", line 9, in forward\n  File "{TRANSFORMERS}", line 4824, in loss_function\n')
+        + _record({"compilation_metrics": {"co_name": "forward", "co_filename": "/job/train.py", "co_firstlineno": 3},
+                   **cid(0)})
+        + _record({**frame, **cid(1)})
+        + _record({"artifact": {"name": "dynamo_graph_break_reason", "encoding": "string"}, **cid(1)},
+                  "Graph break in user code at /job/train.py:12\nGraph Break Reason: builtin print\n")
+        + _record({"compilation_metrics": {"co_name": "forward", "co_filename": "/job/train.py", "co_firstlineno": 3},
+                   **cid(1)}))
+    store = tmp_path / "s.db"
+    import_torch_trace(open_engine(store), log, run_name="hf", strict=True)
+    h = health(store, "hf")
+    fw = [b for b in h.breaks if b.framework]
+    assert [(b.framework, b.source_line, b.library) for b in fw] == [("transformers", "modeling_utils.py:4824", False)]
+    assert "transformers's code, not yours" in fw[0].hint
+    assert [b.source_line for b in h.user_breaks] == ["train.py:12"]
+    s = h.summary()
+    assert (s["graph_breaks"], s["framework_breaks"], s["frameworks"], s["library_breaks"]) == (1, 1, ["transformers"], 0)
+    res = check(store, "hf")
+    assert res.exit_code == 0 and "[logging, framework: transformers]" in res.output, res.output
+    assert "1 inside frameworks (transformers)" in res.output
+    assert check(store, "hf", "--max-graph-breaks", "1").exit_code == 0
+    res = check(store, "hf", "--max-graph-breaks", "0")  # the user's own break is still gated
+    assert res.exit_code == 1 and "train.py:12" in res.output.split("FAIL:")[1].splitlines()[0], res.output
+    assert "modeling_utils.py:4824" not in res.output.split("FAIL:")[1].splitlines()[0]

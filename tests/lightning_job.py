@@ -1,0 +1,101 @@
+"""A PyTorch Lightning 2.6 job (strategy="ddp", accelerator="cpu", devices=2; gloo), trained twice in
+one launch: first as the user wrote it (``torch.compile(model, backend="aot_eager")``, no graphdeck),
+then with the capture turned on the way docs/frameworks.md shows (``backend="graphdeck"`` with
+``GRAPHDECK_STORE`` / ``GRAPHDECK_RUN`` / ``GRAPHDECK_INNER=aot_eager`` in the environment, and a
+``Callback`` that watches the module and steps the profiler).
+
+    GRAPHDECK_STORE=S GRAPHDECK_RUN=lightning GRAPHDECK_INNER=aot_eager \\
+        python -m torch.distributed.run --standalone --nproc-per-node 2 tests/lightning_job.py OUT_DIR
+
+``training_step`` does not call ``self.log``: Lightning compiles ``training_step`` itself, and
+Dynamo 2.13 raises on ``self.log``'s signature check (``InternalTorchDynamoError: 'method' object
+has no attribute '__dict__'``) with or without graphdeck. Each rank writes
+``OUT_DIR/losses_rank<N>.json``: ``{"reference": [...], "captured": [...]}``, this rank's loss at
+every step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch import nn
+
+STEPS = 4
+
+
+class Regressor(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def data() -> torch.utils.data.DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 16, generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+
+
+class Losses(L.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+
+
+def fit(model, callbacks: list) -> list[float]:
+    losses = Losses()
+    trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=2, max_steps=STEPS, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[losses, *callbacks])
+    trainer.fit(model, data())
+    return losses.losses
+
+
+def main(out: str) -> None:
+    L.seed_everything(0)
+    reference = fit(torch.compile(Regressor(), backend="aot_eager"), [])
+    torch._dynamo.reset()
+
+    # ---- the capture, as docs/frameworks.md shows it ----
+    from graphdeck.capture.backend import default_agent
+
+    class Graphdeck(L.Callback):
+        def on_fit_start(self, trainer, pl_module):
+            self.agent = default_agent()  # the agent backend="graphdeck" records into
+            self.agent.watch(pl_module)
+            self.prof = self.agent.profile(wait_steps=1, warmup_steps=1, active_steps=1)
+            self.prof.__enter__()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.prof.step()
+
+        def on_fit_end(self, trainer, pl_module):
+            self.prof.__exit__(None, None, None)
+            self.agent.close()
+
+    L.seed_everything(0)
+    captured = fit(torch.compile(Regressor(), backend="graphdeck"), [Graphdeck()])
+    # ---- end of the capture ----
+
+    with open(os.path.join(out, f"losses_rank{dist.get_rank()}.json"), "w") as f:
+        json.dump({"reference": reference, "captured": captured}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
