@@ -55,6 +55,7 @@ def _load_store_modules() -> None:
     gc.disable()
     try:
         import sqlalchemy.orm  # noqa: F401
+
         import graphdeck.store.schema  # noqa: F401
     finally:
         if enabled:
