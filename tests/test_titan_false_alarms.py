@@ -7,9 +7,7 @@ store of the same kind — not torchtitan (tests/test_torchtitan.py runs the rea
   dimension (NOTE: [Dimensions nothing is placed on]), and the capture giving a flattened mesh its
   root's key;
 * steps counted twice by an optimizer that steps another (NOTE: [Nested optimizer steps]);
-* a buffer a graph reads listed as a FROZEN parameter (NOTE: [Buffers read by graphs]);
-* the ATen ops a higher-order op (FlexAttention) runs under ``aot_eager`` left off the graph's
-  nodes, so a healthy run's trace coverage was 15-26% (NOTE: [Higher-order ops under aot_eager]).
+* a buffer a graph reads listed as a FROZEN parameter (NOTE: [Buffers read by graphs]).
 """
 
 from __future__ import annotations
@@ -288,55 +286,3 @@ def test_buffer_read_by_a_graph_is_no_parameter(store):
     """Before: freqs_cis listed as a FROZEN parameter (3 "parameters" for a model of 2)."""
     rep = _grads(store, "buffer")
     assert sorted((p["fqn"], p["status"]) for p in rep["params"]) == [("lin.bias", "OK"), ("lin.weight", "OK")]
-
-
-# ------------------------------------------------------------------ higher-order ops in a CPU trace
-
-# One attention block whose FlexAttention (a higher-order op in the AOT graphs) runs eagerly under
-# aot_eager, forward and backward, one profiled step (FlexAttention's CPU check refuses inputs that
-# need gradients: skipped, as tests/titan_launch.py does for torchtitan).
-FLEX = r"""
-import sys, torch
-from graphdeck.capture import Agent
-from torch.nn.attention import flex_attention as fa
-fa._validate_device = lambda q, k, v: None
-class Attn(torch.nn.Module):
-    def __init__(s):
-        super().__init__(); s.qkv = torch.nn.Linear(32, 96); s.out = torch.nn.Linear(32, 32)
-    def forward(s, x):
-        q, k, v = s.qkv(x).view(2, 64, 3, 2, 16).permute(2, 0, 3, 1, 4)
-        y = fa.flex_attention(q, k, v, score_mod=lambda sc, b, h, i, j: torch.where(i >= j, sc, -float("inf")))
-        return s.out(y.transpose(1, 2).reshape(2, 64, 32)).square().mean()
-torch.manual_seed(0)
-agent = Agent(store=sys.argv[1], run="flex")
-m = agent.watch(Attn())
-f = torch.compile(m, backend=agent.backend("aot_eager"))
-opt = torch.optim.SGD(m.parameters(), lr=0.01)
-with agent.profile(wait_steps=1, warmup_steps=0, active_steps=1) as prof:
-    for _ in range(2):
-        f(torch.randn(2, 64, 32)).backward(); opt.step(); opt.zero_grad(); prof.step()
-agent.close()
-"""
-
-
-def test_ops_a_higher_order_op_runs_map_to_its_node(tmp_path):
-    """Before: 26% of the compiled-region CPU time mapped (aten::matmul, exp, logsumexp, where of
-    flex_attention unmapped); summary INCOMPLETE on a healthy job."""
-    from graphdeck.analysis.summary import run_summary
-    from graphdeck.analysis.traces.trace_map import map_trace
-    from graphdeck.store.schema import Node, Trace
-
-    path = tmp_path / "flex.db"
-    run_python(FLEX, str(path), env={"OMP_NUM_THREADS": "1"})
-    with Session(open_engine(path, read_only=True)) as s:
-        (tid,) = s.scalars(select(Trace.id)).all()
-        m = map_trace(s, tid)
-        assert m.mapped_fraction >= 0.9, (m.mapped_fraction, list(m.unmapped.items())[:4])
-        for d, x in m.directions.items():
-            assert x["mapped_units_ns"] >= 0.95 * x["units_ns"], (d, x)
-        hop_nodes = set(s.scalars(select(Node.name).where(Node.name.like("flex_attention%"))))
-        on_hop = {node for (_gid, node), ns in m.node_ns.items() if node in hop_nodes and ns > 0}
-        assert on_hop == hop_nodes and len(on_hop) == 2, (on_hop, hop_nodes)  # forward and backward HOP
-        run = s.scalars(select(Run).where(Run.name == "flex")).one()
-        traces = next(c for c in run_summary(s, run).checks if c.key == "traces")
-        assert traces.verdict == "PASS", traces.headline

@@ -31,9 +31,7 @@ Matching, ``how`` per unit:
   ``Node.idx`` order (targets ``aten.X.overload`` → ``aten::X``) are aligned with the units by op
   name (``difflib.SequenceMatcher``): equal blocks pair by order (``name+order``); where both
   sides have ops between two equal blocks and the names differ, they pair by order
-  (``order``). Node ``seq_nr`` is not needed inside a range: the ops run in graph order. A
-  higher-order node (``flex_attention``) takes the ATen ops its eager implementation runs
-  (``hop``; NOTE: [Higher-order ops under aot_eager]).
+  (``order``). Node ``seq_nr`` is not needed inside a range: the ops run in graph order.
 * An ``aten::zeros`` at the top of a backward range is autograd materializing the zero gradient
   of an output nobody used: it goes to the backward graph's ``tangents_<i>`` placeholder of
   its shape (``materialized zero gradient``).
@@ -202,48 +200,10 @@ def _graph_ops(session: Session, run_id: int, rank: int) -> tuple[dict[int, Grap
                 select(Node.graph_id, Node.name, InternedString.value)
                 .join(InternedString, InternedString.id == Node.target_id)
                 .where(Node.graph_id.in_(list(graphs)), Node.op == "call_function").order_by(Node.graph_id, Node.idx)):
-            op = aten_name(target) or _hop_name(target)
+            op = aten_name(target)
             if op is not None:
                 ops[gid].append((op, name))
     return graphs, ops
-
-
-_HOP = "torch.ops.higher_order."
-
-
-def _hop_name(target: str) -> str | None:
-    """``"torch.ops.higher_order.flex_attention"`` → ``"hop::flex_attention"`` (NOTE: [Higher-order
-    ops under aot_eager]); None for any other target."""
-    return f"hop::{target[len(_HOP):]}" if target.startswith(_HOP) else None
-
-
-# NOTE: [Higher-order ops under aot_eager]
-# A higher-order op in an AOT graph (``flex_attention`` and its backward, as torchtitan's debug
-# model traces them) is one node, but under ``aot_eager`` it runs its eager implementation: a
-# run of top-level ATen ops (``aten::matmul``, ``aten::where``, ``aten::logsumexp``, ...) that
-# no node names. They were left unmapped (80% of torchtitan's compiled-region CPU time). In a
-# block of the alignment that differs and holds a higher-order node, the graph's ATen ops before
-# the node pair by order with the block's first units, those after it with its last units, and
-# the units between are the node's (``hop``).
-def _block(units: range, nodes: list[tuple[str, str]], j1: int, j2: int) -> list[tuple[int, str, str]]:
-    """Pairs of one differing alignment block (units ``units``, graph ops ``j1:j2``)."""
-    hops = [j for j in range(j1, j2) if nodes[j][0].startswith("hop::")]
-    if not hops:
-        return [(units.start + k, nodes[j1 + k][1], "order") for k in range(min(len(units), j2 - j1))]
-    out: list[tuple[int, str, str]] = []
-    before, after = hops[0] - j1, j2 - hops[-1] - 1
-    lo, hi = units.start, units.stop
-    for k in range(min(before, hi - lo)):
-        out.append((lo + k, nodes[j1 + k][1], "order"))
-    lo = min(hi, lo + before)
-    for k in range(min(after, hi - lo)):
-        out.append((hi - 1 - k, nodes[j2 - 1 - k][1], "order"))
-    hi = max(lo, hi - after)
-    # several higher-order nodes in one block: their units split evenly, in order
-    n = len(hops)
-    for k, i in enumerate(range(lo, hi)):
-        out.append((i, nodes[hops[min(n - 1, k * n // max(1, hi - lo))]][1], "hop"))
-    return out
 
 
 def _align(unit_names: list[str], nodes: list[tuple[str, str]]) -> list[tuple[int, str, str]]:
@@ -253,8 +213,8 @@ def _align(unit_names: list[str], nodes: list[tuple[str, str]]) -> list[tuple[in
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
             out += [(i1 + k, nodes[j1 + k][1], "name+order") for k in range(i2 - i1)]
-        elif tag == "replace" or (tag == "insert" and any(op.startswith("hop::") for op, _ in nodes[j1:j2])):
-            out += _block(range(i1, i2), nodes, j1, j2)
+        elif tag == "replace":
+            out += [(i1 + k, nodes[j1 + k][1], "order") for k in range(min(i2 - i1, j2 - j1))]
     return out
 
 
