@@ -128,8 +128,7 @@ def shard_steps(layout: RunLayout, rank_a: int, rank_b: int) -> list[tuple[str, 
     if not dims:
         return []
     sizes = layout._dim_sizes()
-    out: list[tuple[str, int, str]] = []
-    seen: set[tuple[str, int]] = set()
+    found: dict[tuple[str, int], dict[str, list[str]]] = {}  # (dim, step) -> placement text -> tensors
     for p in (layout.records.get(rank_a) or {}).get("params") or []:
         if not isinstance(p, dict):
             continue
@@ -143,12 +142,16 @@ def shard_steps(layout: RunLayout, rank_a: int, rank_b: int) -> list[tuple[str, 
                 k = int(m.group(1)) % len(shape)
                 size = math.ceil(shape[k] / sizes[dim])
                 step = (cb[dim] - ca[dim]) * size
-                if step and (dim, step) not in seen:
-                    seen.add((dim, step))
-                    out.append((dim, step, f"{p['fqn']} is {pl} of {shape} over {dim} (size {sizes[dim]}): "
-                                           f"{size} a rank along dim {k}"))
+                if step:
+                    how = f"{pl} of {shape} over {dim} (size {sizes[dim]}): {size} a rank along dim {k}"
+                    found.setdefault((dim, step), {}).setdefault(how, []).append(str(p["fqn"]))
         except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError):
             continue
+    out = []
+    for (dim, step), hows in found.items():
+        how, fqns = next(iter(hows.items()))
+        names = ", ".join(fqns[:3]) + (f" (+{len(fqns) - 3} more)" if len(fqns) > 3 else "")
+        out.append((dim, step, f"{names} {'is' if len(fqns) == 1 else 'are'} {how}"))
     return out
 
 
