@@ -60,6 +60,23 @@ for rank in (0, 1):
     out.backward()
     agent.close()
 
+class Seeded(torch.nn.Module):  # the rank's own coordinate baked in (a per-rank seed offset)
+    def __init__(self, rank):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 8)
+        self.rank = rank
+    def forward(self, x):
+        return (self.lin(x) + self.rank).sum()
+
+for rank in (0, 1):
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), "2"
+    torch._dynamo.reset()
+    agent = Agent(store=store, run="coord")
+    model = agent.watch(Seeded(rank))
+    torch.compile(model, backend=agent.backend("aot_eager"))(torch.randn(6, 8)).backward()
+    agent.close()
+
 os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", "1"
 
 class Container(torch.optim.Optimizer):
@@ -191,6 +208,15 @@ def test_vocab_offset_is_a_note_naming_the_placement(store, tmp_path):
         rec["params"][0]["mesh_dims"] = ["fsdp", "dp"]
     rep = _report(_with_layout(store, tmp_path / "dp.db", "vocab", dp), "vocab")
     assert rep.verdict == "FAIL"
+
+    # The coordinate itself baked in (lin(x) + tp_rank): explained by the tp coordinate; between
+    # replicas it stays a divergence.
+    assert _report(store, "coord").verdict == "FAIL"
+    rep = _report(_with_layout(store, tmp_path / "coord.db", "coord", _titan_tp_records()), "coord")
+    assert rep.verdict == "OK", rep.to_text()
+    (note,) = [n for n in rep.notes if "per-rank constants" in n]
+    assert "the tp coordinate itself (0 vs 1)" in note, note
+    assert _report(_with_layout(store, tmp_path / "coord_dp.db", "coord", dp), "coord").verdict == "FAIL"
 
 
 # ------------------------------------------------------------------ the world mesh

@@ -13,7 +13,8 @@
 # its FSDP2-sharded form), with ``L = ceil(global_shape[k] / dim size)`` (the shard size torch's
 # chunking gives), ``value_b - value_a == (coord_b - coord_a) * L`` — the constant is
 # ``coord * L + c`` with the same ``c`` on both ranks (``vocab_start`` and ``vocab_start + L``
-# alike). An explained pair is a note naming the placement and the coordinates; a pair that is
+# alike) — or the constants are the two ranks' coordinates themselves (a ``tp_rank`` baked in).
+# Each differing constant must be explained, each by its own dimension and shard. An explained pair is a note naming the placement and the coordinates; a pair that is
 # not explained stays a divergence, and its message shows both values.
 
 Pure: reads nodes from the store.
@@ -173,15 +174,23 @@ def explain_constants(session: Session, layout: RunLayout, a: CompileEntry, b: C
     if not diffs:
         return None
     steps = shard_steps(layout, rank_a, rank_b)
-    for dim, step, why in steps:
-        if all(d.b - d.a == step for d in diffs):
-            ca, cb = layout.coord(rank_a).get(dim), layout.coord(rank_b).get(dim)
-            shown = "; ".join(d.text() for d in _distinct(diffs)[:4])
-            more = f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""
-            at = next((d.source for d in diffs if d.source), None)
-            return (f"constants {shown}{more}{' at ' + at if at else ''} — each offset by {step} = "
-                    f"({dim} {cb} - {dim} {ca}) × {step // (cb - ca)}: {why}")
-    return None
+    ca, cb = layout.coord(rank_a), layout.coord(rank_b)
+    coords = [d for d in layout.sharding_dims() if d in ca and d in cb and ca[d] != cb[d]]
+    reasons: dict[str, None] = {}
+    for d in diffs:
+        step = next(((dim, st, why) for dim, st, why in steps if d.b - d.a == st), None)
+        if step is not None:
+            dim, st, why = step
+            reasons[f"offset by {st} = ({dim} {cb[dim]} - {dim} {ca[dim]}) × {st // (cb[dim] - ca[dim])}: {why}"] = None
+            continue
+        dim = next((x for x in coords if (d.a, d.b) == (ca[x], cb[x])), None)
+        if dim is None:
+            return None  # a constant no coordinate explains
+        reasons[f"the {dim} coordinate itself ({ca[dim]} vs {cb[dim]})"] = None
+    shown = "; ".join(x.text() for x in _distinct(diffs)[:4])
+    more = f" (+{len(_distinct(diffs)) - 4} more)" if len(_distinct(diffs)) > 4 else ""
+    at = next((d.source for d in diffs if d.source), None)
+    return f"constants {shown}{more}{' at ' + at if at else ''} — " + "; ".join(reasons)
 
 
 def _distinct(diffs: list[ConstantDiff]) -> list[ConstantDiff]:
