@@ -61,6 +61,10 @@ DP_DIMS = frozenset({"dp", "ddp", "fsdp", "hsdp", "dp_shard", "dp_replicate", "d
                      "replicate", "shard", "data", "data_parallel"})
 #: Mesh dimension names read as pipeline parallel (the coordinate is the stage).
 PP_DIMS = frozenset({"pp", "pipeline", "pipe", "stage", "pipeline_parallel"})
+#: Mesh dimension names read as sharding a program's tensors even where no record places anything
+#: on them (NOTE: [Dimensions nothing is placed on]).
+SHARD_DIMS = frozenset({"tp", "cp", "ep", "sp", "etp", "tensor", "context", "expert", "sequence",
+                        "tensor_parallel", "context_parallel", "expert_parallel", "sequence_parallel"})
 #: ``Shard(0)``, ``_StridedShard(0, sf=2)`` (the capture's spelling) and torch 2.13's ``str()``:
 #: ``S(0)``, ``_S(0, 2)``.
 _SHARD = re.compile(r"^(?:_StridedShard|Shard|_S|S)\(\s*(?:dim=)?(-?\d+)")
@@ -229,17 +233,63 @@ class RunLayout:
 
     def sharding_dims(self) -> list[str]:
         """Mesh dimension names that shard a program's tensors (tp, cp, ep, ...): all but the
-        data-parallel and pipeline ones, in mesh order."""
+        data-parallel, pipeline and container ones (:meth:`container_dims`), in mesh order."""
         return list(self._cached("sharding_dims", self._sharding_dims))
 
     def _sharding_dims(self) -> list[str]:
-        dp = self.dp_dims()
+        dp = self.dp_dims() | self.container_dims()
         out: list[str] = []
         for m in self.meshes:
             for d in m["dim_names"]:
                 if d not in dp and d not in PP_DIMS and d not in out:
                     out.append(d)
         return out
+
+    def used_dims(self) -> set[str]:
+        """Mesh dimension names some record places something on: a DTensor parameter's placement
+        (its ``mesh_dims``, else its mesh's), an FSDP2 group's mesh dims, a TP style's
+        ``mesh_dim``, a pipeline stage (its pipeline-named dims)."""
+        return set(self._cached("used_dims", self._used_dims))
+
+    def _used_dims(self) -> set[str]:
+        used = {d for m in self.meshes for d in m["dim_names"] if d in PP_DIMS} if self.has_pipeline() else set()
+        for rank, rec in self.records.items():
+            for p in rec.get("params") or []:
+                if isinstance(p, dict):
+                    used.update(self.mesh_dims_of(rank, p))
+            for g in rec.get("fsdp_groups") or []:
+                if isinstance(g, dict):
+                    used.update(self.mesh_dims_of(rank, g))
+            for t in rec.get("tp") or []:
+                if isinstance(t, dict):
+                    d = t.get("mesh_dim")
+                    used.update([str(d)] if isinstance(d, str) else [str(x) for x in d or []]
+                                if isinstance(d, list) else self.mesh_dims_of(rank, {"mesh": t.get("mesh")}))
+        return used
+
+    def container_dims(self) -> set[str]:
+        """Mesh dimensions that shard nothing and tell no replicas apart (NOTE: [Dimensions nothing
+        is placed on]): no record places anything on them while some record places something on
+        another dimension, and their name is neither a sharding (:data:`SHARD_DIMS`), a
+        data-parallel nor a pipeline one. ``set()`` when no record places anything anywhere."""
+        return set(self._cached("container_dims", self._container_dims))
+
+    # NOTE: [Dimensions nothing is placed on]
+    # torchtitan builds a one-dimensional "world" mesh over every rank and cuts its data-parallel
+    # and tensor-parallel meshes from it (``_flatten``/``_unflatten``); the capture records it as
+    # the root mesh of each. Read as a sharding dimension, every rank had its own "world"
+    # coordinate: pure FSDP2 ranks were tensor-parallel peers, not replicas, and the map drew a
+    # 2×2 grid with the ranks on its diagonal. A dimension is a sharding one because something is
+    # sharded over it: one that no parameter placement, FSDP2 group, TP style or pipeline stage
+    # uses, while others are used, is the container the used ones were cut from — neither a
+    # column nor a row of the map, and no reason for two ranks to differ. A dimension named like
+    # a sharding one (``tp``, ``cp``, ``ep``, ...) stays one: TP applied by hand leaves no record.
+    def _container_dims(self) -> set[str]:
+        used = self.used_dims()
+        if not used:
+            return set()
+        return {d for m in self.meshes for d in m["dim_names"]
+                if d not in used and d not in SHARD_DIMS and d not in DP_DIMS and d not in PP_DIMS}
 
     def replica_peers(self) -> list[list[int]]:
         """Sets of ranks that must agree on shapes exactly: same stage and same coordinate on
@@ -374,7 +424,7 @@ class RunLayout:
         """JSON for ``GET /api/runs/{id}/layout``: the fields above plus ``coords`` (rank →
         :meth:`coord`), ``stages`` (rank → :meth:`stage_of`), ``dim_groups`` (dim →
         :meth:`dim_groups`), ``program_peers``, ``replica_peers``, ``sharding_dims``,
-        ``dp_dims``; ``records`` keyed by the rank as a string (JSON object keys)."""
+        ``dp_dims``, ``container_dims``; ``records`` keyed by the rank as a string (JSON object keys)."""
         everyone = range(self.world_size)
         dims = self.dim_names()
         if self.has_pipeline() and not any(d in PP_DIMS for d in dims):
@@ -392,6 +442,7 @@ class RunLayout:
             "replica_peers": self.replica_peers(),
             "sharding_dims": self.sharding_dims(),
             "dp_dims": sorted(self.dp_dims()),
+            "container_dims": sorted(self.container_dims()),
             "records": {str(r): self.records[r] for r in self.ranks},
         }
 

@@ -383,8 +383,12 @@ def check_layout(session: Session, run: Run, deadline: float) -> CheckSummary:
         return c
     ranks = _run_ranks(session, run.id)
     gaps = layout_gaps(layout, ranks)
-    meshes = [f"{'×'.join(m['dim_names'])} ({'×'.join(map(str, m['shape']))})" for m in layout.meshes
-              if not m.get("flattened")]
+    # The meshes something is placed on (NOTE: [Dimensions nothing is placed on]): torchtitan's
+    # "world" is the root its data/tensor-parallel meshes were cut from; those are named instead.
+    skip = layout.container_dims()
+    shown = [m for m in layout.meshes if set(m["dim_names"]) - skip]
+    shown = [m for m in shown if not m.get("flattened")] or shown or layout.meshes
+    meshes = list(dict.fromkeys(f"{'×'.join(m['dim_names'])} ({'×'.join(map(str, m['shape']))})" for m in shown))
     c.count = len(layout.missing_ranks)
     c.verdict = "INCOMPLETE" if gaps else "PASS"
     c.headline = ((f"mesh {', '.join(meshes)}; " if meshes else "")

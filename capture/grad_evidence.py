@@ -114,6 +114,7 @@ class GradEvidence(FsdpEvidence):
         self._lock = threading.RLock()
         self._win: _Window | None = None
         self._opt_steps = 0
+        self._open_steps: list = []  # weak refs to the optimizers whose step runs now (NOTE: [Nested optimizer steps])
         self._fwd_gen = 0
         self._backwards = 0
         self._row: dict | None = None  # the row being extended
@@ -224,8 +225,9 @@ class GradEvidence(FsdpEvidence):
             self.flush(closed=getattr(sys, "last_value", None) is None)
 
     # ------------------------------------------------------------------ run-time events
-    def _on_optimizer_step(self, *_a, **_k) -> None:
-        self._opt_steps += 1
+    def _on_optimizer_step(self, opt=None, *_a, **_k) -> None:
+        if self._step_closed(opt):  # NOTE: [Nested optimizer steps]
+            self._opt_steps += 1
 
     def _unseen_backward(self) -> None:
         """At an optimizer step in steady mode: a forward whose backward opened no window (it

@@ -33,6 +33,8 @@ class FsdpEvidence:
             if opt is not None and opt not in self._zero_seen:  # NOTE: [Steady mode]: the baseline's shortcut
                 self._zero_seen.add(opt)
                 watch_zero_grad(opt, weakref.WeakMethod(self._on_zero_grad))
+            if self._step_opened(opt):
+                return  # an optimizer stepped by another one's step: the outer step is the step
             if self._check is not None:
                 self._unseen_backward()
                 return
@@ -45,6 +47,38 @@ class FsdpEvidence:
                     self._fsdp_step(self._opt_steps, at_exit=False, partial_=False)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             self._fail(exc)
+
+    # NOTE: [Nested optimizer steps]
+    # An optimizer whose ``step`` steps other optimizers (torchtitan's ``OptimizersContainer``, an
+    # ``Optimizer`` subclass holding one optimizer per model part) fires torch's global step hooks
+    # once for itself and once per member: one training step, counted as the trainer counts it, is
+    # the outermost ``step``. The steps open now are kept in order (pre-hook: push; post-hook: pop
+    # to it); a step hook inside another step is neither counted nor read. An optimizer found open
+    # again at its own pre-hook is a step that raised (no post-hook ran): what was open is dropped.
+    def _step_opened(self, opt) -> bool:
+        """Push ``opt``'s step; True when it runs inside another optimizer's step."""
+        if opt is None:  # an old hook signature: every step counted
+            return False
+        stack = self._open_steps
+        if any(ref() is opt for ref in stack):
+            stack.clear()
+        nested = bool(stack)
+        try:
+            stack.append(weakref.ref(opt))
+        except TypeError:  # not weak-referenceable (None from an old hook signature): counted
+            return False
+        return nested
+
+    def _step_closed(self, opt) -> bool:
+        """Pop ``opt``'s step; True when it was the outermost one (a training step ended)."""
+        stack = self._open_steps
+        if opt is None:
+            return True
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i]() is opt:
+                del stack[i:]
+                break
+        return not stack
 
     def _on_zero_grad(self, opt) -> None:
         """``opt.zero_grad(set_to_none=True)`` returned (:func:`watch_zero_grad`)."""

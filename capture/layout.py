@@ -114,9 +114,12 @@ class _Meshes:
             for m, entry in self.entries:
                 if m is target or m == target:
                     return entry["key"]
+            # The root first: its key is taken before this mesh's (both were "mesh0" when the
+            # first mesh seen was a flattened one, as torchtitan's "fsdp" cut from its "world").
+            root_key = self.key_of(flat) if flat is not None else None
             entry = self._describe(target, f"mesh{len(self.entries)}")
             if flat is not None:
-                entry["flattened_from"] = self.key_of(flat)
+                entry["flattened_from"] = root_key
             self.entries.append((target, entry))
             return entry["key"]
         except Exception:  # noqa: BLE001 - capture never breaks training

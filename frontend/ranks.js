@@ -43,7 +43,7 @@ function nodeLine(label, node) {
   if (!node) return null;
   return h("div", {class: "node-ref"}, h("span", {class: "muted"}, `${label}: `),
     h("a", {href: `#/graphs/${node.graph_id}?node=${encodeURIComponent(node.name)}`}, node.name),
-    " = ", code(node.target), node.shape ? ` ${node.shape}` : "", node.dtype ? ` ${node.dtype}` : "",
+    " = ", code(node.args != null ? `${node.target}(${node.args})` : node.target), node.shape ? ` ${node.shape}` : "", node.dtype ? ` ${node.dtype}` : "",
     node.module_path ? h("span", {class: "muted"}, ` [${node.module_path}]`) : null,
     node.source ? h("div", {class: "small source"}, node.source) : null);
 }

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 from collections import defaultdict, namedtuple
 
 from sqlalchemy import select
@@ -288,8 +289,10 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
                 storage[(rank, fqn)] = f"fqn:{fqn}"
                 params.append(_AutoParam(rank, fqn))
     # Parameters a graph reads that the parameter list lacks (model not watched, imported logs).
+    # A buffer is none (NOTE: [Buffers read by graphs]).
+    buffers = _buffer_inputs(io)
     for rank, _gid, _kind, direction, fqn, _has, _node in io:
-        if direction == "in" and (rank, fqn) not in known:
+        if direction == "in" and (rank, fqn) not in known and (rank, fqn) not in buffers:
             known.add((rank, fqn))
             storage[(rank, fqn)] = f"fqn:{fqn}"
             params.append(_AutoParam(rank, fqn))
@@ -472,6 +475,31 @@ def _ddp_static(session: Session, run_id: int, watched: list[dict]) -> bool:
 
 _P = namedtuple("_P", "rank fqn kind storage_key shape_json dtype requires_grad")
 _G = namedtuple("_G", "id rank kind parent_id partition_index meta_json")
+
+
+# NOTE: [Buffers read by graphs]
+# Without a watched model's parameter list (``backend="graphdeck"`` alone, imported logs) the
+# parameters are the module state the graphs read; a buffer (a RoPE table, BatchNorm's running
+# stats) is read the same way but is no parameter: listing it made a FROZEN "parameter" of it
+# and miscounted the model's parameters. Dynamo names each placeholder by its source
+# (``l_self_modules_rope_buffers_cache_``, ``l__self___buffers_freqs_cis_``): a name read only
+# through ``_buffers`` placeholders, never a ``_parameters`` one, is a buffer.
+_BUFFER_SOURCE = re.compile(r"(^|_)buffers_")
+_PARAM_SOURCE = re.compile(r"(^|_)parameters_")
+
+
+def _buffer_inputs(io) -> set[tuple[int, str]]:
+    """(rank, fqn) of the graph inputs that Dynamo's placeholder names show to be buffers only."""
+    buf: set[tuple[int, str]] = set()
+    par: set[tuple[int, str]] = set()
+    for rank, _gid, kind, direction, fqn, _has, node in io:
+        if direction != "in" or kind not in ("dynamo", "ddp_partition") or not node:
+            continue
+        if _PARAM_SOURCE.search(node):
+            par.add((rank, fqn))
+        elif _BUFFER_SOURCE.search(node):
+            buf.add((rank, fqn))
+    return buf - par
 
 
 class _AutoParam:

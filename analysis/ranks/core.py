@@ -193,7 +193,8 @@ class RankReport:
                          + (f"\n    {d.harmless}" if d.harmless else ""))
             for side, ref in (("reference", d.reference_node), ("diverging", d.node)):
                 if ref is not None:
-                    lines.append(f"    {side}: {ref.name} = {ref.target} {ref.shape or ''} {ref.dtype or ''}"
+                    call = f"({ref.args})" if ref.args is not None else ""
+                    lines.append(f"    {side}: {ref.name} = {ref.target}{call} {ref.shape or ''} {ref.dtype or ''}"
                                  f" [{ref.module_path or '-'}] {ref.source or ''}".rstrip())
             if d.recompile_reason:
                 lines.append(f"    recompile reason: {d.recompile_reason}")
@@ -466,6 +467,13 @@ def _first_divergence(session: Session, ref_seq: list[CompileEntry], seq: list[C
                       f"{' at ' + shown.source if shown.source else ''}")
                 if change == "changed" and ref_node.shape != node.shape:
                     at += f"; shape {ref_node.shape} on ranks {ref_ranks} vs {node.shape} on ranks {ranks}"
+                elif change == "changed":  # the same op and shape: show what differs (a constant)
+                    from graphdeck.analysis.ranks.rank_constants import node_constants
+
+                    consts = node_constants(*(next(iter(_node_rows(session, r.graph_id, r.idx)), None)
+                                              for r in (ref_node, node)))
+                    if consts:
+                        at += f"; only a constant differs — {consts} (ranks {ref_ranks} vs ranks {ranks})"
             base.message = f"compile {a.compile_id}: {ga[0]} graph differs{at}"
             return base
         base.message = f"compile {a.compile_id} differs"
@@ -480,17 +488,21 @@ def _fail_text(e: CompileEntry) -> str:
     return out
 
 
-def _node_rows(session: Session, graph_id: int) -> list:
+def _node_rows(session: Session, graph_id: int, idx: int | None = None) -> list:
+    """``(idx, name, op, target, shape_json, dtype, stride_json, module path, stack trace,
+    args_json)`` per node of ``graph_id`` in graph order (only node ``idx`` when given)."""
     target = aliased(InternedString)
     module = aliased(InternedString)
     stack = aliased(InternedString)
-    return session.execute(
-        select(Node.idx, Node.name, Node.op, target.value, Node.shape_json, Node.dtype, Node.stride_json,
-               module.value, stack.value, Node.args_json)
-        .join(target, target.id == Node.target_id)
-        .outerjoin(module, module.id == Node.module_path_id)
-        .outerjoin(stack, stack.id == Node.stack_trace_id)
-        .where(Node.graph_id == graph_id).order_by(Node.idx)).all()
+    query = (select(Node.idx, Node.name, Node.op, target.value, Node.shape_json, Node.dtype, Node.stride_json,
+                    module.value, stack.value, Node.args_json)
+             .join(target, target.id == Node.target_id)
+             .outerjoin(module, module.id == Node.module_path_id)
+             .outerjoin(stack, stack.id == Node.stack_trace_id)
+             .where(Node.graph_id == graph_id))
+    if idx is not None:
+        query = query.where(Node.idx == idx)
+    return session.execute(query.order_by(Node.idx)).all()
 
 
 def _node_key(row) -> tuple:
@@ -547,4 +559,28 @@ def _args_shape(row, at: int = 9) -> str:
 def _ref(graph_id: int, row) -> NodeRef:
     shape = row[4]
     return NodeRef(graph_id=graph_id, idx=row[0], name=row[1], op=row[2], target=row[3],
-                   shape=shape, dtype=row[5], module_path=row[7], source=source_line(row[8]))
+                   shape=shape, dtype=row[5], module_path=row[7], source=source_line(row[8]),
+                   args=_args_text(row[9]))
+
+
+def _args_text(args_json: str | None, limit: int = 120) -> str | None:
+    """A node's arguments as a call reads them — ``where, 1024`` (node names, constants,
+    ``key=value``) — cut at ``limit`` characters; None when it has none or they are unreadable."""
+    try:
+        data = json.loads(args_json or "null")
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+
+    def show(v) -> str:
+        if isinstance(v, dict) and set(v) == {"node"}:
+            return str(v["node"])
+        if isinstance(v, list):
+            return "[" + ", ".join(show(x) for x in v) + "]"
+        return json.dumps(v) if isinstance(v, str) else str(v)
+
+    parts = [show(a) for a in data.get("args") or []]
+    parts += [f"{k}={show(v)}" for k, v in (data.get("kwargs") or {}).items()]
+    text = ", ".join(parts)
+    return (text[:limit - 1] + "…" if len(text) > limit else text) or None

@@ -14,7 +14,9 @@ of them with each other, as before. With one:
 #   local shapes its placements give each rank (``RunLayout.explains_shape``) and at least one
 #   does; a shape that reaches a collective stays a divergence. Replica peers (same coordinate
 #   on every sharding dimension) must agree exactly (up to FSDP's uneven last shard, NOTE:
-#   [Rank-dependent shard shapes]).
+#   [Rank-dependent shard shapes]). TP peers whose graphs differ only in scalar constants that
+#   are offsets of their coordinate times a recorded shard size (a vocab-parallel loss's vocab
+#   offset) are a note too (NOTE: [Per-rank constants] in rank_constants).
 # * Collective schedules are compared per process group, among the group's members only: a
 #   group named in a layout record (a mesh dimension's group) by its recorded members; FSDP2's
 #   recorded reduce-scatters/all-gathers over the FSDP2 groups' shard dimension; DDP buckets and
@@ -205,6 +207,18 @@ def _compare_group(session: Session, report: RankReport, layout: RunLayout, ref:
                     f"compile {d.compile_id}: ranks {_ranks_text(group)} ({dims}) and ranks {_ranks_text(ref)} are "
                     f"tensor-parallel peers holding differently sharded tensors; their graphs are the same program "
                     f"with local shapes the placements explain ({why}) — a note, not a divergence")
+                offset = d.position + 1
+                continue
+        if tp and d.what == "graph differs":  # NOTE: [Per-rank constants]
+            from graphdeck.analysis.ranks.rank_constants import explain_constants
+
+            why = explain_constants(session, layout, seq_ref[d.position], seq[d.position], ref[0], group[0])
+            if why:
+                dims = ", ".join(f"{k}={v}" for k, v in _sharding_coords(layout, group[0]).items())
+                report.notes.append(
+                    f"compile {d.compile_id}: ranks {_ranks_text(group)} ({dims}) and ranks {_ranks_text(ref)} are "
+                    f"tensor-parallel peers whose graphs differ only in per-rank constants their mesh coordinate "
+                    f"explains ({why}) — a note, not a divergence")
                 offset = d.position + 1
                 continue
         if not tp and d.what in ("shapes differ", "collective shapes differ"):

@@ -25,6 +25,7 @@ class NodeRef:
     dtype: str | None
     module_path: str | None
     source: str | None  # last ``File "...", line N, in fn`` of its stack trace
+    args: str | None = None  # its arguments as a call reads them: ``where, 1024`` (constants shown)
 
 
 @dataclass

@@ -186,7 +186,8 @@ def _grid(layout, rank_kind: list[int], expand: bool) -> dict:
 
     ws = layout.world_size
     col_dims = list(layout.sharding_dims())
-    row_dims = [d for d in layout.dim_names() if d not in col_dims and d not in PP_DIMS]
+    skip = layout.container_dims()  # NOTE: [Dimensions nothing is placed on]: no row, no column
+    row_dims = [d for d in layout.dim_names() if d not in col_dims and d not in PP_DIMS and d not in skip]
     pipeline = layout.has_pipeline()
     stage_dim = next((d for d in layout.dim_names() if d in PP_DIMS), "pp" if pipeline else None)
     blocks: dict[object, dict[tuple, dict[tuple, list[int]]]] = {}
