@@ -27,6 +27,13 @@ class FsdpEvidence:
     # real ones here (said in the state as ``"limits"``); steps are optimizer steps (a job that
     # never steps gives its one read at exit); several optimizers read at each of their steps.
     def _on_step_pre(self, opt=None, *_a, **_k) -> None:
+        try:
+            self._step_pre(opt)
+        finally:  # NOTE: [Gradient fingerprints]: after a backward closed here was noted
+            if self._prints is not None:
+                self._prints.before_step(opt, self._opt_steps)
+
+    def _step_pre(self, opt) -> None:
         if self._failed:
             return
         try:
@@ -45,6 +52,12 @@ class FsdpEvidence:
                     self._fsdp_step(self._opt_steps, at_exit=False, partial_=False)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             self._fail(exc)
+
+    def note_ddp(self, ddp) -> None:
+        """A ``DistributedDataParallel`` wrapper of a watched model (its sync state is read at each
+        backward and step: NOTE: [Gradient fingerprints] in grad_prints.py)."""
+        if self._prints is not None:
+            self._prints.note_ddp(ddp)
 
     def _on_zero_grad(self, opt) -> None:
         """``opt.zero_grad(set_to_none=True)`` returned (:func:`watch_zero_grad`)."""
@@ -130,6 +143,8 @@ class FsdpEvidence:
                     owners = [attrs] + (gc.get_referrers(attrs) if isinstance(attrs, dict) else [])
                     owner = next((o for o in owners if is_wrapper(o, model)), None)
                     if owner is not None:
+                        if self._prints is not None:
+                            self._prints.note_ddp(owner)
                         agent._watch_info.update(parallel_info(owner))
                         agent._write_params()
                         return

@@ -244,3 +244,27 @@ class StoreWriter:
                         step_last, n_backward, step_source, closed)
 
         retrying(do)
+
+    def write_record(self, name: str, payload: str) -> int:
+        """Store one ``compile_events`` record of the capture's own (``compile_id`` None); returns its id."""
+
+        def do():
+            with write_session(self.engine) as s:
+                row = CompileEvent(run_id=self.run_id, rank=self.rank, name=name, compile_id=None,
+                                   metadata_json="{}", payload=payload)
+                s.add(row)
+                s.flush()
+                return row.id
+
+        return retrying(do)
+
+    def update_record(self, row_id: int, payload: str) -> None:
+        """Replace the payload of the capture's record ``row_id`` (a run of steps grew)."""
+
+        def do():
+            with write_session(self.engine) as s:
+                row = s.get(CompileEvent, row_id)
+                if row is not None:
+                    row.payload = payload
+
+        retrying(do)
