@@ -33,7 +33,10 @@ optimizer-step hooks call it).
 # "groups": [[rank, ...]] (DDP process groups), "cadence": [first, every]}``; ``grad``/``param``
 # only on fingerprinted steps (``first == last``), index-aligned with ``names``. Steps that are
 # not fingerprinted and have the same sync state as the previous one extend the previous row
-# (``last``), in memory, persisted on change, every ``PERSIST_EVERY_S`` and at close.
+# (``last``). Rows are held in memory and written in one transaction: the first at once, then
+# every ``PERSIST_EVERY_S`` or ``PERSIST_ROWS`` rows, and at close and interpreter exit (a write
+# per fingerprinted step cost more than the fingerprint); a job killed by SIGKILL loses the rows
+# of its last ``PERSIST_EVERY_S``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import torch
 EVENT = "graphdeck_grad_prints"
 DEFAULT_CADENCE = (5, 100)
 PERSIST_EVERY_S = 30.0
+PERSIST_ROWS = 16
 _PERIOD = 251
 _CHUNK = 1 << 20  # weights cached per device and dtype up to this many elements; longer tensors in chunks
 
@@ -77,24 +81,28 @@ class Fingerprinter:
         self._weights: dict[tuple, torch.Tensor] = {}
 
     def _w(self, device, dtype, n: int) -> torch.Tensor:
-        key = (device, dtype)
+        """The first ``n`` weights (``n`` ≤ ``_CHUNK``) for ``device``/``dtype``, a cached view."""
+        key = (device, dtype, n)
         w = self._weights.get(key)
-        if w is None or w.numel() < n:
-            size = min(max(n, 1024), _CHUNK)
-            w = (1 + (torch.arange(size, device=device, dtype=torch.float32) % _PERIOD) / _PERIOD).to(dtype)
-            self._weights[key] = w
+        if w is None:
+            full = self._weights.get((device, dtype))
+            if full is None or full.numel() < n:
+                size = min(max(n, 1024), _CHUNK)
+                full = (1 + (torch.arange(size, device=device, dtype=torch.float32) % _PERIOD) / _PERIOD).to(dtype)
+                self._weights = {(device, dtype): full}  # views of a smaller buffer go with it
+            w = self._weights[key] = full[:n]
         return w
 
     def _wsum(self, t: torch.Tensor) -> torch.Tensor:
         flat = t.reshape(-1)
         n = flat.numel()
         if n <= _CHUNK:
-            return torch.dot(flat, self._w(t.device, t.dtype, n)[:n])
+            return torch.dot(flat, self._w(t.device, t.dtype, n))
         w = self._w(t.device, t.dtype, _CHUNK)
         m = n // _CHUNK
         out = torch.mv(flat[: m * _CHUNK].view(m, _CHUNK), w).sum()
         rest = n - m * _CHUNK
-        return out + torch.dot(flat[m * _CHUNK:], w[:rest]) if rest else out
+        return out + torch.dot(flat[m * _CHUNK:], self._w(t.device, t.dtype, rest)) if rest else out
 
     @torch._disable_dynamo
     def __call__(self, tensors: list) -> list:
@@ -111,10 +119,12 @@ class Fingerprinter:
             groups.setdefault((t.device, t.dtype), []).append(i)
         by_device: dict = {}
         with torch.no_grad():
-            for (device, _dtype), idx in groups.items():
+            for (device, dtype), idx in groups.items():
                 ts = [tensors[i] for i in idx]
                 norms = torch._foreach_norm(ts, 2, dtype=torch.float32)
-                sums = [self._wsum(t).float() for t in ts]
+                sums = [self._wsum(t) for t in ts]
+                if dtype != torch.float32:
+                    sums = [x.float() for x in sums]
                 by_device.setdefault(device, []).append((idx, norms, sums))
             for _device, parts in by_device.items():
                 vals = torch.stack([v for _, norms, sums in parts for v in (*norms, *sums)]).cpu().tolist()
@@ -140,7 +150,9 @@ class GradPrints:
         self._synced: list[bool] = []  # one flag per backward since the last step
         self._prev_last: bool | None = None
         self._pending: dict | None = None  # the step being fingerprinted (between pre and post hooks)
-        self._row: dict | None = None  # the row being extended: {"id", "payload", "dirty"}
+        self._row: dict | None = None  # the row being extended: {"id" (None: not written), "payload", "dirty"}
+        self._rows: list[dict] = []  # rows new or grown since the last write
+        self._written = 0
         self._names_written: list[str] | None = None
         self._last_persist = time.monotonic()
         self.failed = False
@@ -231,6 +243,10 @@ class GradPrints:
 
     # ------------------------------------------------------------------ rows
     def _emit(self, payload: dict) -> None:
+        """Extend the current row with ``payload``'s step when it is a step like the row's (not
+        fingerprinted, same sync state), else start a new row. Rows are written in batches
+        (:meth:`_persist`): at once for the first, then every ``PERSIST_EVERY_S``, every
+        ``PERSIST_ROWS`` rows, and at flush (close, exit)."""
         row = self._row
         values = "grad" in payload
         if not values and not self._ddps:
@@ -240,31 +256,42 @@ class GradPrints:
                 and row["payload"]["last_synced"] == payload["last_synced"]
                 and row["payload"]["synced"] == payload["synced"]):
             row["payload"]["last"] = payload["first"]
-            row["dirty"] = True
-            if time.monotonic() - self._last_persist > PERSIST_EVERY_S:
-                self._persist()
-            return
-        self._persist()
-        payload["groups"] = self.groups
-        payload["cadence"] = list(self.cadence)
-        if values:
-            if payload["names"] == self._names_written:
-                del payload["names"]
-            else:
-                self._names_written = payload["names"]
-        rid = self.agent.writer.write_record(EVENT, json.dumps(payload))
-        self._row = {"id": rid, "payload": payload, "dirty": False}
-        self._last_persist = time.monotonic()
+            if not row["dirty"]:
+                row["dirty"] = True
+                self._rows.append(row)
+        else:
+            payload["groups"] = self.groups
+            payload["cadence"] = list(self.cadence)
+            if values:
+                if payload["names"] == self._names_written:
+                    del payload["names"]
+                else:
+                    self._names_written = payload["names"]
+            self._row = {"id": None, "payload": payload, "dirty": True}
+            self._rows.append(self._row)
+        if (self._written == 0 or len(self._rows) >= PERSIST_ROWS
+                or time.monotonic() - self._last_persist > PERSIST_EVERY_S):
+            self._persist()
 
     def _persist(self) -> None:
-        row = self._row
-        if row is not None and row["dirty"]:
-            self.agent.writer.update_record(row["id"], json.dumps(row["payload"]))
-            row["dirty"] = False
+        """Write the rows not yet written (one transaction) and the current row's new extent
+        (``_rows``: every row with ``dirty`` set, once)."""
+        rows, self._rows = self._rows, []
         self._last_persist = time.monotonic()
+        if not rows:
+            return
+        new = [r for r in rows if r["id"] is None]
+        grown = [r for r in rows if r["id"] is not None]
+        ids = self.agent.writer.write_records(EVENT, [json.dumps(r["payload"]) for r in new],
+                                              updates={r["id"]: json.dumps(r["payload"]) for r in grown})
+        for r, rid in zip(new, ids):
+            r["id"], r["dirty"] = rid, False
+        for r in grown:
+            r["dirty"] = False
+        self._written += len(new)
 
     def flush(self) -> None:
-        """Persist the row being extended (and a fingerprint whose post-hook never came). Never raises."""
+        """Persist the rows held in memory (and a fingerprint whose post-hook never came). Never raises."""
         try:
             if self._pending is not None:
                 payload, self._pending = self._pending, None

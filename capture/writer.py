@@ -245,26 +245,21 @@ class StoreWriter:
 
         retrying(do)
 
-    def write_record(self, name: str, payload: str) -> int:
-        """Store one ``compile_events`` record of the capture's own (``compile_id`` None); returns its id."""
+    def write_records(self, name: str, payloads: list[str], updates: dict[int, str] | None = None) -> list[int]:
+        """Store ``compile_events`` records of the capture's own (``compile_id`` None) and replace
+        the payloads of earlier ones (``updates``: id → payload), in one transaction; returns the
+        new rows' ids."""
 
         def do():
             with write_session(self.engine) as s:
-                row = CompileEvent(run_id=self.run_id, rank=self.rank, name=name, compile_id=None,
-                                   metadata_json="{}", payload=payload)
-                s.add(row)
+                for rid, payload in (updates or {}).items():
+                    row = s.get(CompileEvent, rid)
+                    if row is not None:
+                        row.payload = payload
+                rows = [CompileEvent(run_id=self.run_id, rank=self.rank, name=name, compile_id=None,
+                                     metadata_json="{}", payload=p) for p in payloads]
+                s.add_all(rows)
                 s.flush()
-                return row.id
+                return [r.id for r in rows]
 
         return retrying(do)
-
-    def update_record(self, row_id: int, payload: str) -> None:
-        """Replace the payload of the capture's record ``row_id`` (a run of steps grew)."""
-
-        def do():
-            with write_session(self.engine) as s:
-                row = s.get(CompileEvent, row_id)
-                if row is not None:
-                    row.payload = payload
-
-        retrying(do)
