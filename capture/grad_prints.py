@@ -30,7 +30,8 @@ optimizer-step hooks call it).
 # ``{"first": s, "last": s2, "last_synced": bool | null, "synced": [bool] | null,
 # "names": [fqn] (only when the list changed since this rank's previous values row),
 # "dtypes": [str], "grad": [[norm, wsum] | null], "param": [[norm, wsum] | null],
-# "groups": [[rank, ...]] (DDP process groups), "cadence": [first, every]}``; ``grad``/``param``
+# "gplace": {index: [placement]} (gradients that are DTensors), "groups": [[rank, ...]] (DDP
+# process groups), "cadence": [first, every]}``; ``grad``/``param``
 # only on fingerprinted steps (``first == last``), index-aligned with ``names``. Steps that are
 # not fingerprinted and have the same sync state as the previous one extend the previous row
 # (``last``). Rows are held in memory and written in one transaction: the first at once, then
@@ -217,7 +218,12 @@ class GradPrints:
             payload: dict = {"first": step, "last": step, "last_synced": last, "synced": synced or None}
             if self._wants(step, last):
                 names, params = self._tensors_of(opt)
-                payload["grad"] = self._fp([p.grad for p in params])
+                grads = [p.grad for p in params]
+                payload["grad"] = self._fp(list(grads))
+                place = {str(i): [repr(x) for x in g.placements] for i, g in enumerate(grads)
+                         if g is not None and hasattr(g, "placements")}
+                if place:
+                    payload["gplace"] = place  # a DTensor gradient's placements (Partial: not comparable)
                 payload["dtypes"] = [str(p.dtype).removeprefix("torch.") for p in params]
                 payload["names"] = names
                 self._pending = payload

@@ -92,3 +92,39 @@ def test_fingerprints_are_stored_per_step_and_rank(store):
         assert [(r["first"], r["last"], r["last_synced"]) for r in plain] == [(5, 5, True)], recs
         assert [r["synced"] for r in values[:1]] == [[False, False, False, True]]
         assert values[3]["last_synced"] is False and values[3]["synced"] == [False] * 4
+
+
+@pytest.fixture(scope="module")
+def tp_store(tmp_path_factory):
+    out = tmp_path_factory.mktemp("replicas_tp")
+    db = out / "tp.db"
+    env = dict(os.environ, OMP_NUM_THREADS="1", GRAPHDECK_GRAD_PRINTS="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(REPO / "tests" / "grad_tp_job.py"), str(db), "tp_nograd", "tp_fixed"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return db
+
+
+def test_tp_replicate_parameter_without_grad_placements_diverges(tp_store):
+    """A Replicate DTensor parameter used through to_local() without grad_placements: its TP peers
+    get rank-local partial gradients marked Replicate (no all-reduce in the backward)."""
+    rc, out = check(tp_store, "tp_nograd", "--format", "json")
+    assert rc == 1, out
+    rep = json.loads(out)
+    found = [f for f in rep["findings"] if f["kind"] == "REPLICA_DIVERGENCE"]
+    assert len(found) == 1 and found[0]["params"] == ["gain"] and found[0]["ranks"] == [0, 1], rep["findings"]
+    msg = found[0]["message"]
+    assert "mesh dimension 'tp'" in msg and "TP peers on ranks [0, 1]" in msg and "from step 0" in msg, msg
+    assert "marked Replicate()" in msg and "all-reduce" in msg and "missing from the backward" in msg, msg
+    assert "grad_placements=[Partial()]" in found[0]["fix"]
+    assert rep["coverage"]["replicas"]["tp"] == [{"dim": "tp", "ranks": [0, 1], "params": ["gain"]}]
+
+
+def test_tp_to_local_with_grad_placements_passes(tp_store):
+    """The same block with to_local(grad_placements=[Partial()]): the local gradients are Partial
+    (different per rank by design, not compared), the parameters after each step agree: PASS."""
+    rc, out = check(tp_store, "tp_fixed", "--format", "json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["verdict"] == "PASS", out[-3000:]
+    assert rep["coverage"]["replicas"]["tp"] == [{"dim": "tp", "ranks": [0, 1], "params": ["gain"]}]

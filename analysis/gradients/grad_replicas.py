@@ -80,7 +80,8 @@ def load(session: Session, run_id: int) -> Prints:
             names[rank] = list(p["names"])
         if "grad" in p and rank in names:
             out.values.setdefault(rank, {})[first] = {"names": names[rank], "dtypes": p.get("dtypes") or [],
-                                                       "grad": p.get("grad") or [], "param": p.get("param")}
+                                                       "grad": p.get("grad") or [], "param": p.get("param"),
+                                                       "gplace": p.get("gplace") or {}}
     return out
 
 
@@ -119,16 +120,19 @@ def _ranges(steps) -> str:
     return ", ".join(out)
 
 
-def compare(prints: Prints, group: list[int]) -> dict[str, dict]:
+def compare(prints: Prints, group: list[int], only: set[str] | None = None, dim: int | None = None) -> dict[str, dict]:
     """Per diverging parameter: ``{"step", "what": "grad"|"param", "ranks": [a, b], "diff",
-    "values": [[norm, wsum] of a, of b], "agreed": last step it agreed or None}`` (its first
-    fingerprinted step where the ranks of ``group`` differ)."""
+    "values": [[norm, wsum] of a, of b], "agreed": last step it agreed or None, "placement"}`` (its
+    first fingerprinted step where the ranks of ``group`` differ). ``only``: the parameters to
+    compare (None: all); ``dim``: the mesh-dimension index along which ``group`` varies — a
+    DTensor gradient is compared only where its placement there is ``Replicate`` (a ``Partial``
+    one holds rank-local partial sums by design; its parameter after the step is still compared)."""
     base = group[0]
     out: dict[str, dict] = {}
     agreed: dict[str, int] = {}
     for step in sorted(prints.values.get(base, {})):
         a = prints.values[base][step]
-        idx_a = {n: i for i, n in enumerate(a["names"])}
+        idx_a = {n: i for i, n in enumerate(a["names"]) if only is None or n in only}
         for other in group[1:]:
             b = prints.values.get(other, {}).get(step)
             if b is None:
@@ -139,18 +143,27 @@ def compare(prints: Prints, group: list[int]) -> dict[str, dict]:
                 if j is None or name in out:
                     continue
                 rtol = RTOL.get(a["dtypes"][i] if i < len(a["dtypes"]) else "", DEFAULT_RTOL)
+                place = a.get("gplace", {}).get(str(i))
                 for what in ("grad", "param"):
+                    if what == "grad" and place is not None and not _replicate(place, dim):
+                        continue
                     va, vb = a.get(what), b.get(what)
                     if not va or not vb or i >= len(va) or j >= len(vb):
                         continue
                     d = _differs(va[i], vb[j], rtol)
                     if d is not None:
                         out[name] = {"step": step, "what": what, "ranks": [base, other], "diff": d,
-                                     "values": [va[i], vb[j]], "agreed": agreed.get(name)}
+                                     "values": [va[i], vb[j]], "agreed": agreed.get(name), "placement": place}
                         break
                 else:
                     agreed[name] = step
     return out
+
+
+def _replicate(placements: list[str], dim: int | None) -> bool:
+    """Whether a gradient's placements say Replicate along mesh dim ``dim`` (None: every dim)."""
+    sel = placements if dim is None else placements[dim:dim + 1]
+    return all(str(p).startswith(("Replicate", "R")) and not str(p).startswith("_") for p in sel)
 
 
 def replica_findings(prints: Prints, rows: list[ParamRow], groups: list[list[int]]) -> list[Finding]:
@@ -239,7 +252,12 @@ def replica_check(session: Session, run_id: int, report, wrap, *, ddp: bool) -> 
         _drop_sharded(prints, layout)
     groups = peer_groups(prints, layout, ddp=ddp and not wrap.fsdp2)
     report.coverage["replicas"] = coverage(prints, groups)
-    return replica_findings(prints, report.rows, groups)
+    out = replica_findings(prints, report.rows, groups)
+    if wrap.layout is not None:
+        from graphdeck.analysis.gradients.grad_replicas_tp import tp_findings
+
+        out += tp_findings(prints, report, wrap.layout)
+    return out
 
 
 def _drop_sharded(prints: Prints, layout) -> None:
