@@ -148,6 +148,7 @@ class GradPrints:
         self._fp = Fingerprinter()
         self._ddps: list = []  # weak refs to DDP wrappers
         self.groups: list[list[int]] = []
+        self.ignored: set[str] = set()  # DDP's parameters_to_ignore (not reduced: not comparable)
         self._synced: list[bool] = []  # one flag per backward since the last step
         self._prev_last: bool | None = None
         self._pending: dict | None = None  # the step being fingerprinted (between pre and post hooks)
@@ -172,6 +173,10 @@ class GradPrints:
         try:
             import torch.distributed as dist
 
+            # parameters DDP was told to ignore are not reduced: they may differ (names as the store's)
+            inner = getattr(ddp, "module", None)
+            prefix = getattr(self.agent, "_prefixes", {}).get(id(inner), "")
+            self.ignored.update(prefix + n for n in getattr(ddp, "parameters_to_ignore", ()) or ())
             pg = getattr(ddp, "process_group", None) or dist.group.WORLD
             ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
             if ranks not in self.groups:
@@ -267,6 +272,8 @@ class GradPrints:
                 self._rows.append(row)
         else:
             payload["groups"] = self.groups
+            if self.ignored:
+                payload["ddp_ignored"] = sorted(self.ignored)
             payload["cadence"] = list(self.cadence)
             if values:
                 if payload["names"] == self._names_written:

@@ -58,7 +58,14 @@ def test_unsynchronised_last_micro_batch_is_a_replica_divergence(store, mode):
     assert "non-final micro-batches" in f["fix"]
     assert rep["verdict"] == "FAIL" and rep["coverage"]["replicas"]["groups"] == [[0, 1]]
     rc_text, text = check(store, f"nosync_{mode}")
-    assert rc_text == 1 and "REPLICA_DIVERGENCE (error)" in text  # the same verdict in the text report
+    assert rc_text == 1 and f"REPLICA_DIVERGENCE (error): {msg}" in text  # the same finding in the text report
+    from fastapi.testclient import TestClient
+
+    from graphdeck.server.app import create_app
+    from graphdeck.server.settings import Settings
+
+    api = TestClient(create_app(Settings(store=store))).get(f"/api/runs/nosync_{mode}/gradients").json()
+    assert api["verdict"] == "FAIL" and [f for f in api["findings"] if f["kind"] == "REPLICA_DIVERGENCE"] == found
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])

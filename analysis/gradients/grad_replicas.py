@@ -48,6 +48,7 @@ class Prints:
     synced_known: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
     micro: dict[int, dict[int, list]] = field(default_factory=lambda: defaultdict(dict))
     groups: list[list[int]] = field(default_factory=list)
+    ignored: set[str] = field(default_factory=set)  # DDP's parameters_to_ignore: not reduced, not compared
 
     def __bool__(self) -> bool:
         return bool(self.values)
@@ -65,6 +66,7 @@ def load(session: Session, run_id: int) -> Prints:
             first, last = int(p["first"]), int(p["last"])
         except (ValueError, KeyError, TypeError):
             continue
+        out.ignored.update(str(x) for x in p.get("ddp_ignored") or [])
         for g in p.get("groups") or []:
             g = sorted(int(x) for x in g)
             if g not in out.groups:
@@ -166,12 +168,14 @@ def _replicate(placements: list[str], dim: int | None) -> bool:
     return all(str(p).startswith(("Replicate", "R")) and not str(p).startswith("_") for p in sel)
 
 
-def replica_findings(prints: Prints, rows: list[ParamRow], groups: list[list[int]]) -> list[Finding]:
+def replica_findings(prints: Prints, rows: list[ParamRow], groups: list[list[int]],
+                     skip: set[str] = frozenset()) -> list[Finding]:
     """``REPLICA_DIVERGENCE`` per group of replicas whose fingerprints differ (one finding per
-    group, its parameters listed; the rows of those parameters get a note)."""
+    group, its parameters listed; the rows of those parameters get a note); ``skip``: parameters
+    not compared (DDP's ``parameters_to_ignore``)."""
     out: list[Finding] = []
     for group in groups:
-        bad = compare(prints, group)
+        bad = {n: v for n, v in compare(prints, group).items() if n not in skip}
         if not bad:
             continue
         first = min(v["step"] for v in bad.values())
@@ -252,7 +256,7 @@ def replica_check(session: Session, run_id: int, report, wrap, *, ddp: bool) -> 
         _drop_sharded(prints, layout)
     groups = peer_groups(prints, layout, ddp=ddp and not wrap.fsdp2)
     report.coverage["replicas"] = coverage(prints, groups)
-    out = replica_findings(prints, report.rows, groups)
+    out = replica_findings(prints, report.rows, groups, skip=prints.ignored)
     if wrap.layout is not None:
         from graphdeck.analysis.gradients.grad_replicas_tp import tp_findings
 
