@@ -169,13 +169,26 @@ def _replicate(placements: list[str], dim: int | None) -> bool:
 
 
 def replica_findings(prints: Prints, rows: list[ParamRow], groups: list[list[int]],
-                     skip: set[str] = frozenset()) -> list[Finding]:
+                     skip: set[str] = frozenset(), existing: list[Finding] = ()) -> list[Finding]:
     """``REPLICA_DIVERGENCE`` per group of replicas whose fingerprints differ (one finding per
     group, its parameters listed; the rows of those parameters get a note); ``skip``: parameters
-    not compared (DDP's ``parameters_to_ignore``)."""
+    not compared (DDP's ``parameters_to_ignore``); ``existing``: the report's findings so far — a
+    silent ``READY_TWICE`` (a second accumulation that stayed local) already states the divergence
+    of its parameters: it gets the measured size instead of a second finding."""
     out: list[Finding] = []
     for group in groups:
         bad = {n: v for n, v in compare(prints, group).items() if n not in skip}
+        for f in existing:  # one fact, one finding: a divergence READY_TWICE already states gets its size
+            if f.kind == "READY_TWICE" and f.raises_at is None and "silently diverge" in f.message \
+                    and set(f.params) & set(bad):
+                hit = sorted(set(f.params) & set(bad), key=lambda n: bad[n]["step"])
+                v = bad[hit[0]]
+                (na, _), (nb, _) = v["values"]
+                f.message = f.message.rstrip().rstrip(".") + "." + (f" Measured: {hit[0]}'s {'gradient' if v['what'] == 'grad' else 'value'} differs "
+                              f"between ranks {v['ranks'][0]} and {v['ranks'][1]} from step {v['step']} (norm "
+                              f"{na:.4g} vs {nb:.4g}): the replicas train different models from step {v['step']}.")
+                for n in hit:
+                    del bad[n]
         if not bad:
             continue
         first = min(v["step"] for v in bad.values())
@@ -256,7 +269,7 @@ def replica_check(session: Session, run_id: int, report, wrap, *, ddp: bool) -> 
         _drop_sharded(prints, layout)
     groups = peer_groups(prints, layout, ddp=ddp and not wrap.fsdp2)
     report.coverage["replicas"] = coverage(prints, groups)
-    out = replica_findings(prints, report.rows, groups, skip=prints.ignored)
+    out = replica_findings(prints, report.rows, groups, skip=prints.ignored, existing=report.findings)
     if wrap.layout is not None:
         from graphdeck.analysis.gradients.grad_replicas_tp import tp_findings
 
