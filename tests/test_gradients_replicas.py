@@ -77,6 +77,7 @@ def test_no_sync_on_non_final_micro_batches_only_passes(store, mode):
     cov = rep["coverage"]["replicas"]
     # default cadence 5,100: steps 0-4 fingerprinted (8 steps, no change of the sync state after)
     assert cov["groups"] == [[0, 1]] and cov["fingerprinted_steps"] == "0–4" and not cov["unsynced_steps"]
+    assert "replicas compared: [0, 1] (data parallel) at fingerprinted step(s) 0–4" in check(store, f"fixed_{mode}")[1]
 
 
 def test_fingerprints_are_stored_per_step_and_rank(store):
@@ -126,6 +127,7 @@ def test_tp_replicate_parameter_without_grad_placements_diverges(tp_store):
     assert "marked Replicate()" in msg and "all-reduce" in msg and "missing from the backward" in msg, msg
     assert "grad_placements=[Partial()]" in found[0]["fix"]
     assert rep["coverage"]["replicas"]["tp"] == [{"dim": "tp", "ranks": [0, 1], "params": ["gain"]}]
+    assert rep["coverage"]["replicas"]["fingerprinted_steps"] == "0–3"
 
 
 def test_tp_to_local_with_grad_placements_passes(tp_store):

@@ -88,5 +88,6 @@ def tp_findings(prints: Prints, report, layout) -> list[Finding]:
         cov = report.coverage.setdefault("replicas", {})
         cov["tp"] = checked
         steps = sorted({s for c in checked for r in c["ranks"] for s in prints.values.get(r, {})})
-        cov.setdefault("fingerprinted_steps", _ranges(steps))
+        if not cov.get("fingerprinted_steps"):
+            cov["fingerprinted_steps"] = _ranges(steps)
     return out
