@@ -216,10 +216,10 @@ class GradPrints:
         if self.failed or torch.compiler.is_compiling():
             return
         try:
-            last = self._sync_state()
             synced, self._synced = self._synced, []
-            if last is not None and synced:
-                synced[-1] = synced[-1] and last  # the step's own read wins for the last backward
+            # the last backward's own read (a no_grad forward since, e.g. an evaluation, leaves
+            # the attribute False); the attribute now when no backward was seen closing
+            last = synced[-1] if synced else self._sync_state()
             payload: dict = {"first": step, "last": step, "last_synced": last, "synced": synced or None}
             if self._wants(step, last):
                 names, params = self._tensors_of(opt)

@@ -5,7 +5,8 @@
 DDP gradient accumulation over ``ACCUM`` micro-batches per optimizer step, ``STEPS`` steps, each
 rank its own data. ``nosync_*``: at steps ``BAD`` the last micro-batch also runs under
 ``no_sync()`` (the optimizer consumes a gradient that was never all-reduced: the replicas drift
-apart, nothing raises); ``fixed_*``: ``no_sync()`` only on the non-final micro-batches.
+apart, nothing raises); ``fixed_*``: ``no_sync()`` only on the non-final micro-batches (and an evaluation forward under
+``no_grad`` before each step, which leaves DDP's sync attribute False: not an unsynced step).
 ``*_eager``: eager DDP; ``*_compiled``: ``torch.compile(ddp)`` through the agent (aot_eager).
 """
 
@@ -56,6 +57,9 @@ def run_case(store: str, case: str, rank: int) -> None:
                 x = torch.randn(4, 8, generator=gen)
                 loss = step_fn(x).pow(2).mean() / ACCUM
                 loss.backward()
+        if not buggy:  # an evaluation forward before the step: DDP's forward under no_grad syncs nothing
+            with torch.no_grad():
+                step_fn(torch.randn(2, 8, generator=gen))
         opt.step()
         opt.zero_grad()
     agent.close()
