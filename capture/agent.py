@@ -71,7 +71,11 @@ class Agent:
     the same on every rank (default: ``GRAPHDECK_RUN``, else torchrun's run id, else a timestamp).
     """
 
-    def __init__(self, store: str | os.PathLike | None = None, run: str | None = None):
+    def __init__(self, store: str | os.PathLike | None = None, run: str | None = None, *,
+                 grad_prints: str | None = None):
+        #: Gradient fingerprint cadence (NOTE: [Gradient fingerprints]): "FIRST,EVERY", "all" or
+        #: "off"; None: ``GRAPHDECK_GRAD_PRINTS``, else "5,100".
+        self.grad_prints = grad_prints
         self.store = store or os.environ.get("GRAPHDECK_STORE", "graphdeck.db")
         self.run = (run or os.environ.get("GRAPHDECK_RUN")
                     or (os.environ.get("TORCHELASTIC_RUN_ID") if os.environ.get("TORCHELASTIC_RUN_ID") not in (None, "none") else None)
@@ -145,6 +149,8 @@ class Agent:
                 self._evidence = GradEvidence(self)
             if self._evidence is not None:
                 self._evidence.add_model(inner)
+                if inner is not model:
+                    self._evidence.note_ddp(model)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: no gradient evidence: {type(exc).__name__}: {exc}")
         for fqn, t in self.named_tensors(inner, buffers=True):

@@ -138,6 +138,10 @@ class GradEvidence(FsdpEvidence):
             self._pre_handle = register_optimizer_step_pre_hook(self._on_step_pre)
         except Exception:  # noqa: BLE001 - steps are then numbered by backward
             pass
+        from graphdeck.capture.grad_prints import GradPrints
+
+        # NOTE: [Gradient fingerprints] (grad_prints.py): at the optimizer-step hooks below
+        self._prints = GradPrints.from_env(agent, self._params, getattr(agent, "grad_prints", None))
         atexit.register(self._at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ setup
@@ -228,6 +232,8 @@ class GradEvidence(FsdpEvidence):
     def _on_optimizer_step(self, opt=None, *_a, **_k) -> None:
         if self._step_closed(opt):  # NOTE: [Nested optimizer steps]
             self._opt_steps += 1
+            if self._prints is not None:
+                self._prints.after_step(opt, self._opt_steps - 1)
 
     def _unseen_backward(self) -> None:
         """At an optimizer step in steady mode: a forward whose backward opened no window (it
@@ -506,6 +512,8 @@ class GradEvidence(FsdpEvidence):
             self._note_late_ddp()
         if self._fsdp:
             return  # read at each optimizer step instead (NOTE: [FSDP2 evidence])
+        if self._prints is not None:
+            self._prints.note_backward()
         chk = self._check
         if chk is not None:  # NOTE: [Steady mode]: what arrived, from .grad alone
             if compiled_autograd_ran():
@@ -590,6 +598,8 @@ class GradEvidence(FsdpEvidence):
                     self._persist(self._row, closed=closed)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
+        if self._prints is not None:
+            self._prints.flush()
 
     def _off(self, reason: str) -> None:
         """Stop observing, and say why in the store (a ``graphdeck_evidence_off`` record)."""

@@ -27,14 +27,23 @@ class FsdpEvidence:
     # real ones here (said in the state as ``"limits"``); steps are optimizer steps (a job that
     # never steps gives its one read at exit); several optimizers read at each of their steps.
     def _on_step_pre(self, opt=None, *_a, **_k) -> None:
+        nested = False
+        try:
+            nested = self._step_pre(opt)
+        finally:  # NOTE: [Gradient fingerprints]: after a backward closed here was noted
+            if self._prints is not None and not nested:  # the outermost step only (NOTE: [Nested optimizer steps])
+                self._prints.before_step(opt, self._opt_steps)
+
+    def _step_pre(self, opt) -> bool:
+        """The pre-hook's evidence work; True when ``opt`` steps inside another optimizer's step."""
         if self._failed:
-            return
+            return False
         try:
             if opt is not None and opt not in self._zero_seen:  # NOTE: [Steady mode]: the baseline's shortcut
                 self._zero_seen.add(opt)
                 watch_zero_grad(opt, weakref.WeakMethod(self._on_zero_grad))
             if self._step_opened(opt):
-                return  # an optimizer stepped by another one's step: the outer step is the step
+                return True  # an optimizer stepped by another one's step: the outer step is the step
             if self._check is not None:
                 self._unseen_backward()
                 return
@@ -79,6 +88,12 @@ class FsdpEvidence:
                 del stack[i:]
                 break
         return not stack
+
+    def note_ddp(self, ddp) -> None:
+        """A ``DistributedDataParallel`` wrapper of a watched model (its sync state is read at each
+        backward and step: NOTE: [Gradient fingerprints] in grad_prints.py)."""
+        if self._prints is not None:
+            self._prints.note_ddp(ddp)
 
     def _on_zero_grad(self, opt) -> None:
         """``opt.zero_grad(set_to_none=True)`` returned (:func:`watch_zero_grad`)."""
@@ -164,6 +179,8 @@ class FsdpEvidence:
                     owners = [attrs] + (gc.get_referrers(attrs) if isinstance(attrs, dict) else [])
                     owner = next((o for o in owners if is_wrapper(o, model)), None)
                     if owner is not None:
+                        if self._prints is not None:
+                            self._prints.note_ddp(owner)
                         agent._watch_info.update(parallel_info(owner))
                         agent._write_params()
                         return

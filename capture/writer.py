@@ -244,3 +244,22 @@ class StoreWriter:
                         step_last, n_backward, step_source, closed)
 
         retrying(do)
+
+    def write_records(self, name: str, payloads: list[str], updates: dict[int, str] | None = None) -> list[int]:
+        """Store ``compile_events`` records of the capture's own (``compile_id`` None) and replace
+        the payloads of earlier ones (``updates``: id → payload), in one transaction; returns the
+        new rows' ids."""
+
+        def do():
+            with write_session(self.engine) as s:
+                for rid, payload in (updates or {}).items():
+                    row = s.get(CompileEvent, rid)
+                    if row is not None:
+                        row.payload = payload
+                rows = [CompileEvent(run_id=self.run_id, rank=self.rank, name=name, compile_id=None,
+                                     metadata_json="{}", payload=p) for p in payloads]
+                s.add_all(rows)
+                s.flush()
+                return [r.id for r in rows]
+
+        return retrying(do)

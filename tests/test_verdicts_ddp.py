@@ -101,6 +101,9 @@ def test_reentrant_reuse_without_find_unused_runs_and_diverges_silently(job):
     assert f["severity"] == "error" and f["raises_at"] is None
     assert f["message"].startswith(f"the replicas' gradients of {', '.join(LORA)} silently diverge (no error)"), f
     assert TWICE_ERROR not in f["message"]
+    # the fingerprints measure that divergence: its size joins this finding, not a second one (issue 35)
+    assert "is accumulated twice. Measured: block.lora_" in f["message"] and "from step 0 (norm" in f["message"], f
+    assert "REPLICA_DIVERGENCE" not in _kinds(validate_backward(store, "lora_silent").findings)
     [e] = _kinds(real["eager"])["READY_TWICE"]  # eager mode reads the same from the order of accumulations
     head = e["message"].split(" — ")[0]
     assert "find_unused_parameters=False" in head and "no error" in head and "silently diverge" in head, e

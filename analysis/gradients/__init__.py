@@ -27,6 +27,9 @@ Modules:
   reaches the loss through the backward graph or is reported as a dangling…
 * ``grad_numeric``: Numeric mode: eager vs compiled gradients of one step, run in the caller's
   context.
+* ``grad_replicas``: Replica agreement: ranks that must hold the same value hold it
+  (``REPLICA_DIVERGENCE`` from the capture's gradient fingerprints; DDP replicas).
+* ``grad_replicas_tp``: Replica agreement across tensor-parallel peers of a Replicate parameter.
 * ``grad_report``: The gradient-path report: one object for graph mode (from the store) and eager
   mode (from a live module), with text, JSON and JUnit XML renderings.
 

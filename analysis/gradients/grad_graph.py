@@ -447,6 +447,9 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         report.findings += GE.evidence_findings([r for r in report.rows if not r.allowed], ev, ddp=ddp,
                                                 find_unused=find_unused, fsdp=wrap if fsdp else False)
     report.findings += mesh_findings(session, run.id, report.rows, wrap)  # TP Partial, PP cut
+    from graphdeck.analysis.gradients.grad_replicas import replica_check
+
+    report.findings += replica_check(session, run.id, report, wrap, ddp=ddp)  # NOTE: [Replica agreement]
     for gid, lg in sorted(loaded.items()):
         report.findings += _intermediate_outputs(lg, strings)
     from graphdeck.analysis.gradients.grad_compiles import compile_findings

@@ -387,6 +387,12 @@ def _coverage_lines(cov: dict) -> list[str]:
     seen = ", ".join(f"{'rank' if len(rks) == 1 else 'ranks'} {_ranks_text(rks, brackets=False)}: {what}"
                      for what, rks in same.items())
     out = [f"  saw: {seen or 'no run-time gradient evidence'}; parameter list: {cov.get('parameter_list')}"]
+    rep = cov.get("replicas") or {}
+    compared = [f"{_ranks_text(g)} (data parallel)" for g in rep.get("groups") or []]
+    compared += [f"{_ranks_text(t['ranks'])} (Replicate on {t['dim']!r})" for t in rep.get("tp") or []]
+    if compared:  # NOTE: [Replica agreement] (grad_replicas.py)
+        out.append(f"  replicas compared: {', '.join(compared)} at fingerprinted step(s) "
+                   f"{rep.get('fingerprinted_steps') or 'none'}")
     out += [f"  note: {n}" for n in cov.get("notes", [])]
     return out
 

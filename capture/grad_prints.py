@@ -1,0 +1,321 @@
+"""Numeric gradient evidence: at chosen optimizer steps, a fingerprint per watched parameter of the
+gradient the optimizer is about to consume and of the parameter after the step; and, under DDP,
+whether each backward was all-reduced (a helper of :mod:`graphdeck.capture.grad_evidence`, whose
+optimizer-step hooks call it).
+
+# NOTE: [Gradient fingerprints]
+# Ranks that must hold the same value (DDP replicas after the all-reduce, TP peers of a Replicate
+# parameter) are compared by ``check-grads`` from two numbers per tensor: its L2 norm (one
+# ``torch._foreach_norm`` per device and dtype, accumulated in float32) and a position-weighted
+# sum ``sum_j g_j * w_j`` (``w_j = 1 + (j mod 251) / 251``, in the tensor's dtype; a sign flip or
+# a permutation changes it where the norm stays). Everything of a device is stacked and read
+# back in one copy. Nothing is written to a gradient or a parameter (views, reductions and a dot
+# product, under ``no_grad``), so the job computes what it computed without the capture.
+#
+# When: the gradient at the optimizer-step pre-hook (after DDP's reduction, FSDP2's
+# reduce-scatter: what ``step()`` reads), the parameter at its post-hook. Steps (numbered as
+# ``grad_steps`` numbers them: optimizer steps taken before) are fingerprinted by the cadence
+# ``first,every`` (default ``5,100``: steps 0–4, then every 100th), and at any step whose DDP
+# sync state (below) differs from the previous step's. ``GRAPHDECK_GRAD_PRINTS`` (or
+# ``Agent(grad_prints=...)``): ``"5,100"``, ``"all"`` (every step) or ``"off"``.
+#
+# DDP sync state: DDP all-reduces a backward only when its forward ran with
+# ``require_backward_grad_sync`` (outside ``no_sync()``); the forward's decision is left in
+# ``require_forward_param_sync`` (``DistributedDataParallel._post_forward``). It is read — an
+# attribute, no hook on the module — at the end of each backward the evidence closes (``synced``:
+# one flag per backward of the step) and at the optimizer step (``last_synced``: whether the
+# gradient the optimizer consumes was reduced).
+#
+# Records: ``compile_events`` rows ``name = "graphdeck_grad_prints"`` (no schema change), payload
+# ``{"first": s, "last": s2, "last_synced": bool | null, "synced": [bool] | null,
+# "names": [fqn] (only when the list changed since this rank's previous values row),
+# "dtypes": [str], "grad": [[norm, wsum] | null], "param": [[norm, wsum] | null],
+# "gplace": {index: [placement]} (gradients that are DTensors), "groups": [[rank, ...]] (DDP
+# process groups), "cadence": [first, every]}``; ``grad``/``param``
+# only on fingerprinted steps (``first == last``), index-aligned with ``names``. Steps that are
+# not fingerprinted and have the same sync state as the previous one extend the previous row
+# (``last``). Rows are held in memory and written in one transaction: the first at once, then
+# every ``PERSIST_EVERY_S`` or ``PERSIST_ROWS`` rows, and at close and interpreter exit (a write
+# per fingerprinted step cost more than the fingerprint); a job killed by SIGKILL loses the rows
+# of its last ``PERSIST_EVERY_S``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import weakref
+from typing import Any
+
+import torch
+
+EVENT = "graphdeck_grad_prints"
+DEFAULT_CADENCE = (5, 100)
+PERSIST_EVERY_S = 30.0
+PERSIST_ROWS = 16
+_PERIOD = 251
+_CHUNK = 1 << 20  # weights cached per device and dtype up to this many elements; longer tensors in chunks
+
+
+def parse_cadence(spec: str | None) -> tuple[int, int] | None:
+    """``"5,100"`` → ``(5, 100)``; ``"all"`` → ``(0, 1)``; ``"off"``/``"0"`` → None; None or
+    ``""`` → the default. Raises ``ValueError`` for anything else."""
+    if spec is None or not str(spec).strip():
+        return DEFAULT_CADENCE
+    s = str(spec).strip().lower()
+    if s in ("off", "0", "none", "false"):
+        return None
+    if s in ("all", "every", "1"):
+        return (0, 1)
+    first, _, every = s.partition(",")
+    first_n, every_n = int(first), int(every or 0)
+    if first_n < 0 or every_n < 0:
+        raise ValueError(f"grad prints cadence {spec!r}: expected FIRST,EVERY (non-negative), 'all' or 'off'")
+    return (first_n, every_n)
+
+
+class Fingerprinter:
+    """``(norm, weighted sum)`` of tensors, few ops per device and dtype, one read-back per device."""
+
+    def __init__(self):
+        self._weights: dict[tuple, torch.Tensor] = {}
+
+    def _w(self, device, dtype, n: int) -> torch.Tensor:
+        """The first ``n`` weights (``n`` ≤ ``_CHUNK``) for ``device``/``dtype``, a cached view."""
+        key = (device, dtype, n)
+        w = self._weights.get(key)
+        if w is None:
+            full = self._weights.get((device, dtype))
+            if full is None or full.numel() < n:
+                size = min(max(n, 1024), _CHUNK)
+                full = (1 + (torch.arange(size, device=device, dtype=torch.float32) % _PERIOD) / _PERIOD).to(dtype)
+                self._weights = {(device, dtype): full}  # views of a smaller buffer go with it
+            w = self._weights[key] = full[:n]
+        return w
+
+    def _wsum(self, t: torch.Tensor) -> torch.Tensor:
+        flat = t.reshape(-1)
+        n = flat.numel()
+        if n <= _CHUNK:
+            return torch.dot(flat, self._w(t.device, t.dtype, n))
+        w = self._w(t.device, t.dtype, _CHUNK)
+        m = n // _CHUNK
+        out = torch.mv(flat[: m * _CHUNK].view(m, _CHUNK), w).sum()
+        rest = n - m * _CHUNK
+        return out + torch.dot(flat[m * _CHUNK:], self._w(t.device, t.dtype, rest)) if rest else out
+
+    @torch._disable_dynamo
+    def __call__(self, tensors: list) -> list:
+        """Per tensor (None passes through as None): ``[norm, wsum]`` as Python floats."""
+        out: list = [None] * len(tensors)
+        groups: dict[tuple, list[int]] = {}
+        for i, t in enumerate(tensors):
+            if t is None:
+                continue
+            t = getattr(t, "_local_tensor", t)  # DTensor: this rank's shard (its own value)
+            if not t.is_floating_point() or t.numel() == 0:
+                continue
+            tensors[i] = t
+            groups.setdefault((t.device, t.dtype), []).append(i)
+        by_device: dict = {}
+        with torch.no_grad():
+            for (device, dtype), idx in groups.items():
+                ts = [tensors[i] for i in idx]
+                norms = torch._foreach_norm(ts, 2, dtype=torch.float32)
+                sums = [self._wsum(t) for t in ts]
+                if dtype != torch.float32:
+                    sums = [x.float() for x in sums]
+                by_device.setdefault(device, []).append((idx, norms, sums))
+            for _device, parts in by_device.items():
+                vals = torch.stack([v for _, norms, sums in parts for v in (*norms, *sums)]).cpu().tolist()
+                k = 0
+                for idx, norms, _sums in parts:
+                    n = len(norms)
+                    for j, i in enumerate(idx):
+                        out[i] = [vals[k + j], vals[k + n + j]]
+                    k += 2 * n
+        return out
+
+
+class GradPrints:
+    """One rank's fingerprints (NOTE: [Gradient fingerprints]), written through ``agent.writer``."""
+
+    def __init__(self, agent: Any, params: list, cadence: tuple[int, int]):
+        self.agent = agent
+        self._params = params  # GradEvidence._params: [(fqn, weak ref)] (shared, grows with add_model)
+        self.cadence = cadence
+        self._fp = Fingerprinter()
+        self._ddps: list = []  # weak refs to DDP wrappers
+        self.groups: list[list[int]] = []
+        self.ignored: set[str] = set()  # DDP's parameters_to_ignore (not reduced: not comparable)
+        self._synced: list[bool] = []  # one flag per backward since the last step
+        self._prev_last: bool | None = None
+        self._pending: dict | None = None  # the step being fingerprinted (between pre and post hooks)
+        self._row: dict | None = None  # the row being extended: {"id" (None: not written), "payload", "dirty"}
+        self._rows: list[dict] = []  # rows new or grown since the last write
+        self._written = 0
+        self._names_written: list[str] | None = None
+        self._last_persist = time.monotonic()
+        self.failed = False
+
+    @classmethod
+    def from_env(cls, agent: Any, params: list, spec: str | None = None) -> "GradPrints | None":
+        cadence = parse_cadence(spec if spec is not None else os.environ.get("GRAPHDECK_GRAD_PRINTS"))
+        return None if cadence is None else cls(agent, params, cadence)
+
+    # ------------------------------------------------------------------ DDP sync state
+    def note_ddp(self, ddp) -> None:
+        """Remember a ``DistributedDataParallel`` wrapper and its process group's ranks."""
+        if any(r() is ddp for r in self._ddps):
+            return
+        self._ddps.append(weakref.ref(ddp))
+        try:
+            import torch.distributed as dist
+
+            # parameters DDP was told to ignore are not reduced: they may differ (names as the store's)
+            inner = getattr(ddp, "module", None)
+            prefix = getattr(self.agent, "_prefixes", {}).get(id(inner), "")
+            self.ignored.update(prefix + n for n in getattr(ddp, "parameters_to_ignore", ()) or ())
+            pg = getattr(ddp, "process_group", None) or dist.group.WORLD
+            ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
+            if ranks not in self.groups:
+                self.groups.append(ranks)
+        except Exception:  # noqa: BLE001 - the analysis falls back to the layout / every rank
+            pass
+
+    def _sync_state(self) -> bool | None:
+        flags = [getattr(d, "require_forward_param_sync", True) for d in (r() for r in self._ddps) if d is not None]
+        return None if not flags else all(flags)
+
+    def note_backward(self) -> None:
+        """A backward ended (the evidence closed its window): whether DDP reduced it."""
+        s = self._sync_state()
+        if s is not None and len(self._synced) < 4096:
+            self._synced.append(bool(s))
+
+    # ------------------------------------------------------------------ optimizer step
+    def _wants(self, step: int, last: bool | None) -> bool:
+        first, every = self.cadence
+        return step < first or (every > 0 and step % every == 0) or (
+            last is not None and self._prev_last is not None and last != self._prev_last)
+
+    def _tensors_of(self, opt) -> tuple[list[str], list]:
+        held = {id(p) for g in getattr(opt, "param_groups", ()) or () for p in g["params"]} if opt is not None else None
+        names, tensors = [], []
+        for fqn, ref in self._params:
+            p = ref()
+            if p is None or not p.requires_grad or (held is not None and id(p) not in held):
+                continue
+            names.append(fqn)
+            tensors.append(p)
+        return names, tensors
+
+    def before_step(self, opt, step: int) -> None:
+        """The optimizer-step pre-hook: the gradient fingerprint of step ``step`` when due."""
+        if self.failed or torch.compiler.is_compiling():
+            return
+        try:
+            synced, self._synced = self._synced, []
+            # the last backward's own read (a no_grad forward since, e.g. an evaluation, leaves
+            # the attribute False); the attribute now when no backward was seen closing
+            last = synced[-1] if synced else self._sync_state()
+            payload: dict = {"first": step, "last": step, "last_synced": last, "synced": synced or None}
+            if self._wants(step, last):
+                names, params = self._tensors_of(opt)
+                grads = [p.grad for p in params]
+                payload["grad"] = self._fp(list(grads))
+                place = {str(i): [repr(x) for x in g.placements] for i, g in enumerate(grads)
+                         if g is not None and hasattr(g, "placements")}
+                if place:
+                    payload["gplace"] = place  # a DTensor gradient's placements (Partial: not comparable)
+                payload["dtypes"] = [str(p.dtype).removeprefix("torch.") for p in params]
+                payload["names"] = names
+                self._pending = payload
+            else:
+                self._pending = None
+                self._emit(payload)
+            self._prev_last = last
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            self._fail(exc)
+
+    def after_step(self, opt, step: int) -> None:
+        """The optimizer-step post-hook: the parameter fingerprint of a fingerprinted step."""
+        payload, self._pending = self._pending, None
+        if payload is None or self.failed or payload["first"] != step or torch.compiler.is_compiling():
+            return
+        try:
+            names, params = self._tensors_of(opt)
+            if names == payload["names"]:
+                payload["param"] = self._fp(list(params))
+            self._emit(payload)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    # ------------------------------------------------------------------ rows
+    def _emit(self, payload: dict) -> None:
+        """Extend the current row with ``payload``'s step when it is a step like the row's (not
+        fingerprinted, same sync state), else start a new row. Rows are written in batches
+        (:meth:`_persist`): at once for the first, then every ``PERSIST_EVERY_S``, every
+        ``PERSIST_ROWS`` rows, and at flush (close, exit)."""
+        row = self._row
+        values = "grad" in payload
+        if not values and not self._ddps:
+            return  # nothing to say between fingerprints without DDP
+        if (not values and row is not None and "grad" not in row["payload"]
+                and row["payload"]["last"] == payload["first"] - 1
+                and row["payload"]["last_synced"] == payload["last_synced"]
+                and row["payload"]["synced"] == payload["synced"]):
+            row["payload"]["last"] = payload["first"]
+            if not row["dirty"]:
+                row["dirty"] = True
+                self._rows.append(row)
+        else:
+            payload["groups"] = self.groups
+            if self.ignored:
+                payload["ddp_ignored"] = sorted(self.ignored)
+            payload["cadence"] = list(self.cadence)
+            if values:
+                if payload["names"] == self._names_written:
+                    del payload["names"]
+                else:
+                    self._names_written = payload["names"]
+            self._row = {"id": None, "payload": payload, "dirty": True}
+            self._rows.append(self._row)
+        if (self._written == 0 or len(self._rows) >= PERSIST_ROWS
+                or time.monotonic() - self._last_persist > PERSIST_EVERY_S):
+            self._persist()
+
+    def _persist(self) -> None:
+        """Write the rows not yet written (one transaction) and the current row's new extent
+        (``_rows``: every row with ``dirty`` set, once)."""
+        rows, self._rows = self._rows, []
+        self._last_persist = time.monotonic()
+        if not rows:
+            return
+        new = [r for r in rows if r["id"] is None]
+        grown = [r for r in rows if r["id"] is not None]
+        ids = self.agent.writer.write_records(EVENT, [json.dumps(r["payload"]) for r in new],
+                                              updates={r["id"]: json.dumps(r["payload"]) for r in grown})
+        for r, rid in zip(new, ids):
+            r["id"], r["dirty"] = rid, False
+        for r in grown:
+            r["dirty"] = False
+        self._written += len(new)
+
+    def flush(self) -> None:
+        """Persist the rows held in memory (and a fingerprint whose post-hook never came). Never raises."""
+        try:
+            if self._pending is not None:
+                payload, self._pending = self._pending, None
+                self._emit(payload)
+            self._persist()
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.failed:
+            self.failed = True
+            import warnings
+
+            warnings.warn(f"graphdeck: gradient fingerprints stopped: {type(exc).__name__}: {exc}")
