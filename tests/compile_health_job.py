@@ -1,8 +1,10 @@
 """Jobs for tests/test_compile_health.py, captured by the graphdeck Agent (aot_eager), one store:
 
-* run ``shapes``: ``post_orthogonalize`` compiled and called on each parameter of a model whose
-  nine parameters have nine shapes (a Muon-style per-parameter step): compiles 0/0 … 0/7 on the
-  shape guard, the 9th hits the recompile limit (8) and runs eagerly;
+* run ``shapes``: ``post_orthogonalize`` compiled and called under ``no_grad`` on each parameter
+  of a model whose nine parameters have nine shapes (a Muon-style per-parameter step): parameters
+  keep static shapes (``force_parameter_static_shapes``), so torch itself compiles 0/0 … 0/7 on the
+  shape guard and the 9th hits the recompile limit (8) and runs eagerly — with or without capture
+  (a detached copy would go dynamic after one recompile: NOTE: [The capture adds no guard]);
 * run ``n8`` (case N8 of ../shared/cases/compile-and-ranks.md in one process; run ``n8-ddp``,
   below, is the case as written, under DDP on 2 ranks): each layer counts
   ``n = int((x > 0).sum().item())``, the top-level forward also logs ``loss.item()``;
@@ -47,8 +49,9 @@ def shapes(store: str, run: str, fullgraph: bool) -> None:
     model = Shapes()
     step = torch.compile(post_orthogonalize, backend=agent.backend("aot_eager"), fullgraph=fullgraph)
     try:
-        for p in model.parameters():
-            step(p.detach())
+        with torch.no_grad():
+            for p in model.parameters():
+                step(p)
     except Exception as exc:  # the 9th compile under fullgraph=True
         print(f"job raised: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
         os._exit(17)  # dies here: no close(), no atexit flush
