@@ -160,7 +160,7 @@ def test_low_coverage_warns_with_largest_unmapped(imported, low_coverage, browse
     store, out = imported
     m = _mapping(store)
     assert coverage_warning(m) is None  # 99.9% >= 90%
-    assert "maps to graph nodes" in out and "warning:" not in out
+    assert "maps to FX graph nodes" in out and "warning:" not in out
     low = _mapping(low_coverage)
     assert 0.4 < low.mapped_fraction < 0.9
     msg = coverage_warning(low)
