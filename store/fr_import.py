@@ -40,11 +40,9 @@ import base64
 import gc
 import gzip
 import hashlib
-import io
 import json
 import operator
 import os
-import pickle
 import re
 import zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -54,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graphdeck.errors import BadInputError, NotFoundError, UsageError
+from graphdeck.store.safe_pickle import Limits, TruncatedPickle, UnsafePickle, inflate_capped, load_plain
 
 EVENT_NAME = "flight_recorder"
 STATES = ("scheduled", "started", "completed")
@@ -67,9 +66,10 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
 
-class _NoClasses(pickle.Unpickler):
-    def find_class(self, module, name):  # noqa: D401 - FR pickles hold builtins only
-        raise pickle.UnpicklingError(f"refused class {module}.{name} in a Flight Recorder dump")
+#: What a Flight Recorder pickle may hold and cost (NOTE: [Bounded unpickling]).
+FR_LIMITS = Limits(max_bytes=MAX_DUMP_BYTES)
+#: Keys one of which a pickle found in a folder must name near its start to be read as an FR dump.
+_FR_KEYS = (b"entries", b"pg_config", b"comm_lib_version", b"pg_status")
 
 
 def file_head(path: str | Path, size: int = 4096) -> bytes:
@@ -85,39 +85,47 @@ def file_head(path: str | Path, size: int = 4096) -> bytes:
     return head
 
 
-def sniff(path: str | Path) -> bool:
-    """Whether the file looks like an FR dump by its first bytes: a pickle (``0x80``), or JSON
-    naming ``entries``/``comm_lib_version``/``pg_config`` near its start (gzipped or not); cheap,
-    so folders of Kineto traces and logs are not parsed."""
+def sniff(path: str | Path, named: bool = False) -> bool:
+    """Whether the file looks like an FR dump by its first bytes (gzipped or not): a pickle
+    (``0x80`` and a protocol 2-5) naming ``entries``/``pg_config``/``comm_lib_version``/
+    ``pg_status`` near its start — any such pickle when ``named`` (a file the user named, not one
+    found in a folder) — or JSON naming ``entries``/``comm_lib_version``/``pg_config``; cheap,
+    so folders of Kineto traces, logs and other pickles are not parsed."""
     head = file_head(path)
     if head[:1] == b"\x80":
-        return True
+        return len(head) > 1 and 2 <= head[1] <= 5 and (named or any(k in head for k in _FR_KEYS))
     if any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')):
         return False  # a Kineto / Chrome trace
     return head.lstrip()[:1] == b"{" and any(k in head for k in (b'"entries"', b'"comm_lib_version"', b'"pg_config"'))
 
 
 def load_bytes(data: bytes) -> tuple[dict | None, str]:
-    """``(dump, format)`` from a file's bytes, or ``(None, why)`` when they are no FR dump."""
+    """``(dump, format)`` from a file's bytes, or ``(None, why)`` when they are no FR dump:
+    ``why`` starts with ``"refused"`` for a file no torch writes (NOTE: [Bounded unpickling]),
+    ``"bad gzip"`` / ``"unreadable"`` for a cut or corrupt one."""
     if data[:2] == b"\x1f\x8b":
         try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            return None, f"bad gzip: {exc}"
+            data = inflate_capped(data, FR_LIMITS.max_bytes)
+        except TruncatedPickle as exc:
+            return None, str(exc)
+        except UnsafePickle as exc:
+            return None, f"refused: {exc}" if not str(exc).startswith("bad gzip") else str(exc)
     head = data[:64].lstrip()
     obj, fmt = None, ""
     try:
         if data[:1] == b"\x80":
-            # a buffered reader: the unpickler then peeks whole chunks instead of reading each
-            # opcode of torch's frameless protocol-2 pickles through a Python call (3x faster than
-            # a bare BytesIO on a 2,000-entry dump: 3.4 vs 10.8 ms; as fast as pickle.loads, which
-            # cannot refuse classes; protocol 4+ pickles, framed, read alike either way)
-            reader = io.BufferedReader(io.BytesIO(data), buffer_size=min(max(len(data), 8192), 16 << 20))
-            obj, fmt = _NoClasses(reader).load(), "pickle"
+            fmt = "pickle"
+            obj = load_plain(data, FR_LIMITS)  # classes, bombs and shared-part expansion refused
         elif head[:1] == b"{":
             obj, fmt = json.loads(data), "json"
         else:
             return None, "neither pickle nor JSON"
+    except TruncatedPickle as exc:
+        return None, f"unreadable pickle: {exc}"
+    except UnsafePickle as exc:
+        return None, f"refused: {exc}"
+    except RecursionError:
+        return None, "refused: JSON nested too deep"
     except Exception as exc:  # noqa: BLE001 - any parse failure is a skipped file, named
         return None, f"unreadable {fmt or 'file'}: {type(exc).__name__}: {str(exc)[:120]}"
     if isinstance(obj, dict) and "version" in obj and "entries" not in obj and (
@@ -440,8 +448,9 @@ def discover(paths) -> list[str]:
 @dataclass
 class FlightImport:
     """What :func:`import_flight_dumps` read: ``ranks`` stored, ``entries``/``dropped`` counts,
-    ``dropped_records`` (named), ``skipped`` ("file: why") and ``missing_ranks`` (members of a
-    recorded group without a dump)."""
+    ``dropped_records`` (named), ``skipped`` ("file: why"), ``refused`` ("file: why", files no
+    torch writes — hostile or not a dump — among ``skipped`` too: the caller exits 2 after
+    keeping the rest) and ``missing_ranks`` (members of a recorded group without a dump)."""
 
     run_id: int
     ranks: list[int] = field(default_factory=list)
@@ -449,6 +458,7 @@ class FlightImport:
     dropped: int = 0
     dropped_records: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
     missing_ranks: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -511,7 +521,8 @@ def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = 
         clash = sorted(have & set(by_rank))
         if clash:
             raise UsageError(f"run {run_name!r} already has Flight Recorder dumps for rank(s) {clash}")
-        result = FlightImport(run_id=run.id, skipped=skipped)
+        result = FlightImport(run_id=run.id, skipped=skipped,
+                              refused=[f"{Path(x[0]).name}: {x[3]}" for x in parsed if x[3] and x[3].startswith("refused")])
         members: set[int] = set()
         existing = set(s.scalars(select(Rank.rank).where(Rank.run_id == run.id)))
         first = min(by_rank)

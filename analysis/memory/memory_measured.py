@@ -26,16 +26,14 @@ outside compiled code), else ``eager``.
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
-import pickle
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphdeck.errors import UsageError
+from graphdeck.store.safe_pickle import Limits, UnsafePickle, load_plain, read_capped
 
 #: Records holding Inductor's wrapper code: TORCH_TRACE's, and the live agent's copy of it
 #: (``graphdeck.capture.compile_log.OUTPUT_CODE_RECORD``, which the kernel mapping does not read).
@@ -44,28 +42,26 @@ CODE_RECORDS = ("inductor_output_code", "graphdeck_output_code")
 _SOURCE = re.compile(r"^\s*# Topologically Sorted Source Nodes: \[(.*?)\]")
 
 
-class _DataOnly(pickle.Unpickler):
-    """A snapshot is plain dicts, lists, strings and numbers: refuse any class or function."""
-
-    def find_class(self, module, name):
-        raise UsageError(f"not a CUDA memory snapshot: the pickle names {module}.{name}")
+#: What a snapshot pickle may hold and cost (NOTE: [Bounded unpickling]): a long job's history
+#: is a few hundred MiB of pickle.
+SNAPSHOT_LIMITS = Limits(max_bytes=2 << 30, max_objects=100_000_000)
 
 
 def load_snapshot(path: str | Path) -> dict:
-    """The snapshot dict from a pickle (``.gz`` or plain) that ``_dump_snapshot`` wrote.
+    """The snapshot dict from a pickle (``.gz`` or plain) that ``_dump_snapshot`` wrote, read
+    within :data:`SNAPSHOT_LIMITS` (gzip inflated in steps under the cap; NOTE: [Bounded
+    unpickling] in :mod:`graphdeck.store.safe_pickle`).
 
     Raises:
-        UsageError: unreadable, not a pickle of plain data, or without ``segments`` and
-        ``device_traces``."""
-    raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        UsageError: unreadable, too large, refused (classes, bombs, parts shared past the
+        limits), not a pickle of plain data, or without ``segments`` and ``device_traces``;
+        the message names the file."""
     try:
-        data = _DataOnly(io.BytesIO(raw)).load()
-    except UsageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure is bad input
-        raise UsageError(f"{path}: not a CUDA memory snapshot pickle ({type(exc).__name__}: {exc})") from None
+        data = load_plain(read_capped(path, SNAPSHOT_LIMITS.max_bytes), SNAPSHOT_LIMITS)
+    except OSError as exc:
+        raise UsageError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    except UnsafePickle as exc:
+        raise UsageError(f"{path}: not a CUDA memory snapshot pickle ({exc})") from None
     if not isinstance(data, dict) or "segments" not in data or "device_traces" not in data:
         raise UsageError(f"{path}: not a CUDA memory snapshot (needs 'segments' and 'device_traces')")
     return data
