@@ -136,6 +136,56 @@ def load_bytes(data: bytes) -> tuple[dict | None, str]:
     return obj, fmt
 
 
+def _kind(v) -> str:
+    return type(v).__name__
+
+
+def _int64(v) -> bool:
+    return type(v) is int and -(2**63) <= v < 2**63
+
+
+def dump_problem(dump: dict) -> str | None:
+    """The first top-level field of ``dump`` whose type torch never writes (``pg_config`` a
+    mapping of group name → mapping, ``pg_status`` a mapping, ``rank`` an int), as
+    ``"pg_config is a float"``; None when they fit. Entries are checked one by one
+    (:func:`entry_problem`): a bad one is dropped and named, not the file."""
+    cfg = dump.get("pg_config")
+    if cfg is not None:
+        if not isinstance(cfg, dict):
+            return f"pg_config is a {_kind(cfg)}, not a mapping"
+        bad = next((k for k, v in cfg.items() if not isinstance(v, dict)), None)
+        if bad is not None:
+            return f"pg_config[{bad!r:.40}] is a {_kind(cfg[bad])}, not a mapping"
+    status = dump.get("pg_status")
+    if status is not None and not isinstance(status, dict):
+        return f"pg_status is a {_kind(status)}, not a mapping"
+    if "rank" in dump and not (_int64(dump["rank"]) and dump["rank"] >= 0) and dump["rank"] is not None:
+        return f"rank is {dump['rank']!r:.40}, not a rank number"
+    return None
+
+
+#: Entry fields besides op, sequence id and group: the types torch writes (None where it may).
+_ENTRY_TYPES = (("input_sizes", (list, type(None))), ("output_sizes", (list, type(None))),
+                ("input_dtypes", (list, type(None))), ("output_dtypes", (list, type(None))),
+                ("frames", (list, type(None))), ("state", (str, type(None))), ("retired", (bool, type(None))))
+
+
+def entry_problem(e: dict) -> str | None:
+    """Why entry ``e`` (a dict with its op, sequence id and group) cannot be stored, naming the
+    field (``"input_sizes is a float"``), or None."""
+    for name, kinds in _ENTRY_TYPES:
+        if not isinstance(e.get(name), kinds):
+            return f"{name} is a {_kind(e.get(name))}"
+    for name in ("record_id", "time_created_ns", "p2p_seq_id", "collective_seq_id"):
+        v = e.get(name)
+        if v is not None and not _int64(v):
+            return f"{name} is {v!r:.40}, not a 64-bit integer"
+    pg = e.get("process_group")
+    if not all(isinstance(x, (str, int)) for x in pg):
+        return "process_group holds something else than names"
+    return None
+
+
 def rank_of(dump: dict, name: str) -> int | None:
     """The dump's own ``rank``, else the digits ending the file name (suffixes stripped)."""
     if isinstance(dump.get("rank"), int):
@@ -158,6 +208,8 @@ _FIELDS = operator.itemgetter("record_id", "profiling_name", "collective_seq_id"
                               "time_created_ns")
 _STATE_IX = {s: i for i, s in enumerate(STATES)}
 _P2P = ("send", "recv")
+_LIST_OR_NONE, _STR_OR_NONE = frozenset({list, type(None)}), frozenset({str, type(None)})
+_BOOL_OR_NONE, _INT_OR_NONE = frozenset({bool, type(None)}), frozenset({int, type(None)})
 
 
 def normalise(dump: dict, source: str) -> dict:
@@ -193,6 +245,12 @@ def _columns(ents: list) -> dict | None:
     rid, op, seq, pg, ins, outs, idt, odt, p2p, state, retired, t_ns = zip(*rows)
     if set(map(type, op)) != {str} or set(map(type, seq)) != {int}:
         return None
+    if not (set(map(type, ins + outs + idt + odt)) <= _LIST_OR_NONE and set(map(type, state)) <= _STR_OR_NONE
+            and set(map(type, retired)) <= _BOOL_OR_NONE
+            and set(map(type, map(dict.get, ents, repeat("frames")))) <= _LIST_OR_NONE
+            and set(map(type, rid + t_ns + p2p)) <= _INT_OR_NONE
+            and all(-(2**63) <= x < 2**63 for x in (*seq, *(y for y in rid + t_ns + p2p if y is not None)))):
+        return None  # some odd entry: the per-entry path names it
     kinds = set(map(type, pg))
     if kinds == {list}:  # JSON
         pg = tuple(map(tuple, pg))
@@ -201,7 +259,10 @@ def _columns(ents: list) -> dict | None:
     if set(map(len, pg)) != {2}:
         return None
     pgs: dict[tuple, int] = {}
-    pg_ix = {p: pgs.setdefault((str(p[0]), str(p[1])), len(pgs)) for p in dict.fromkeys(pg)}
+    try:
+        pg_ix = {p: pgs.setdefault((str(p[0]), str(p[1])), len(pgs)) for p in dict.fromkeys(pg)}
+    except TypeError:  # a group name that is a list or a dict
+        return None
     pgi = list(map(pg_ix.__getitem__, pg))
     sigs: dict[tuple, int] = {}
     sig_rows: list[list] = []
@@ -272,7 +333,11 @@ def _normalise_slow(ents: list, source: str) -> dict:
         if op.__class__ is not str or seq.__class__ is not int or pg.__class__ not in (tuple, list) or len(pg) != 2:
             why = ("no profiling_name" if not isinstance(op, str) else "no collective_seq_id"
                    if not isinstance(seq, int) else "no process_group")
-            dropped.append(f"{source} entry #{i} (record_id {rid}): {why}")
+            dropped.append(f"{source} entry #{i} (record_id {str(rid)[:40]}): {why}")
+            continue
+        why = entry_problem(e)
+        if why:
+            dropped.append(f"{source} entry #{i} (record_id {str(rid)[:40]}): {why}")
             continue
         pgi = pgs.setdefault((str(pg[0]), str(pg[1])), len(pgs))
         sk = (op, str(ins), str(outs), str(idt), str(odt))
@@ -409,6 +474,9 @@ def _parse_file_gc_off(path: str) -> tuple:
         return _skip(path, f"unreadable: {exc}")
     if dump is None:
         return _skip(path, fmt)
+    problem = dump_problem(dump)
+    if problem:
+        return _skip(path, f"refused: not a Flight Recorder dump torch writes: {problem}")
     if not dump["entries"] and not dump.get("pg_config"):
         return _skip(path, "empty Flight Recorder dump (no entries, no groups)")
     rank = rank_of(dump, p.name)
@@ -430,6 +498,8 @@ def _dumps(obj, sort_keys: bool = False) -> str:
         import orjson
 
         return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS if sort_keys else None).decode()
+    except TypeError:  # an integer past 64 bits, a non-string key: the slower encoder takes them
+        return json.dumps(obj, separators=(",", ":"), sort_keys=sort_keys, default=str)
     except ImportError:  # pragma: no cover
         return json.dumps(obj, separators=(",", ":"), sort_keys=sort_keys)
 

@@ -64,7 +64,70 @@ def load_snapshot(path: str | Path) -> dict:
         raise UsageError(f"{path}: not a CUDA memory snapshot pickle ({exc})") from None
     if not isinstance(data, dict) or "segments" not in data or "device_traces" not in data:
         raise UsageError(f"{path}: not a CUDA memory snapshot (needs 'segments' and 'device_traces')")
+    problem = snapshot_problem(data)
+    if problem:
+        raise UsageError(f"{path}: not a CUDA memory snapshot torch writes: {problem}")
     return data
+
+
+def _int(v, optional: bool = False) -> bool:
+    return (v is None and optional) or (type(v) is int and -(2**63) <= v < 2**63)
+
+
+def _kind(v) -> str:
+    return type(v).__name__
+
+
+def snapshot_problem(data: dict) -> str | None:
+    """The first field of ``data`` whose type is not what torch writes and :func:`measure` reads
+    (NOTE: [Memory snapshot format]), as ``"device_traces[0][12].size is a str"``; None when all
+    fit: ``segments`` a list of dicts (``device`` an int, ``blocks`` a list of dicts with an int
+    ``size`` and a str ``state``), ``device_traces`` a list of lists of dicts (``action`` a str,
+    ``size``/``time_us`` ints or None, an ``alloc``'s ``addr`` an int and ``frames`` a list of
+    dicts with a str ``filename`` and an int ``line``). Integers must fit 64 bits."""
+    segs = data.get("segments")
+    if not isinstance(segs, list):
+        return f"segments is a {_kind(segs)}, not a list"
+    for i, seg in enumerate(segs):
+        if not isinstance(seg, dict):
+            return f"segments[{i}] is a {_kind(seg)}, not a dict"
+        if not _int(seg.get("device", 0)):
+            return f"segments[{i}].device is a {_kind(seg.get('device'))}, not an int"
+        blocks = seg.get("blocks", [])
+        if not isinstance(blocks, list):
+            return f"segments[{i}].blocks is a {_kind(blocks)}, not a list"
+        for j, b in enumerate(blocks):
+            if not isinstance(b, dict) or not _int(b.get("size", 0)) or not isinstance(b.get("state", ""), str):
+                return f"segments[{i}].blocks[{j}] is not a dict with an int size and a str state"
+    traces = data.get("device_traces")
+    if not isinstance(traces, list):
+        return f"device_traces is a {_kind(traces)}, not a list"
+    for d, events in enumerate(traces):
+        if not isinstance(events, list):
+            return f"device_traces[{d}] is a {_kind(events)}, not a list"
+        for k, e in enumerate(events):
+            where = f"device_traces[{d}][{k}]"
+            if not isinstance(e, dict):
+                return f"{where} is a {_kind(e)}, not a dict"
+            for name in ("size", "time_us"):
+                if not _int(e.get(name), optional=True):
+                    return f"{where}.{name} is a {_kind(e.get(name))}, not an int"
+            if not isinstance(e.get("action"), str):
+                return f"{where}.action is a {_kind(e.get('action'))}, not a str"
+            if e["action"] != "alloc":
+                continue
+            if not _int(e.get("addr")):
+                return f"{where}.addr is a {_kind(e.get('addr'))}, not an int"
+            frames = e.get("frames")
+            if frames is None:
+                continue
+            if not isinstance(frames, list):
+                return f"{where}.frames is a {_kind(frames)}, not a list"
+            for f in frames:
+                if not isinstance(f, dict) or not isinstance(f.get("filename", ""), str) or \
+                        not _int(f.get("line"), optional=True):
+                    return f"{where}.frames holds {f!r:.80} (a frame is a dict with a str filename and an int line)"
+    return None
 
 
 @dataclass
