@@ -200,7 +200,8 @@ def _columns(ents: list) -> dict | None:
             and set(map(type, retired)) <= _BOOL_OR_NONE
             and set(map(type, map(dict.get, ents, repeat("frames")))) <= _LIST_OR_NONE
             and set(map(type, rid + t_ns + p2p)) <= _INT_OR_NONE
-            and all(-(2**63) <= x < 2**63 for x in (*seq, *(y for y in rid + t_ns + p2p if y is not None)))):
+            and -(2**63) <= min(seq + tuple(filter(None, rid + t_ns + p2p)))
+            and max(seq + tuple(filter(None, rid + t_ns + p2p))) < 2**63):
         return None  # some odd entry: the per-entry path names it
     kinds = set(map(type, pg))
     if kinds == {list}:  # JSON

@@ -190,8 +190,16 @@ def measure(obj, limits: Limits = Limits(), max_units: int | None = None) -> int
             return got
         if depth >= max_depth:
             raise UnsafePickle(f"containers nested deeper than {max_depth} levels (a dump's are a few)")
-        items = [*o.keys(), *o.values()] if type(o) is dict else o
-        total = 1 + len(items)
+        if type(o) is dict:
+            items = o.values()
+            total = 1 + 2 * len(o)
+            if set(map(type, o)) == {str}:  # the keys: names, as in every dump
+                total += sum(map(len, o)) >> 4
+            else:
+                total += units(list(o), depth + 1) - 1
+        else:
+            items = o
+            total = 1 + len(items)
         for x in items:
             t = type(x)
             if t is str:
