@@ -81,6 +81,7 @@ class Agent:
                     or (os.environ.get("TORCHELASTIC_RUN_ID") if os.environ.get("TORCHELASTIC_RUN_ID") not in (None, "none") else None)
                     or time.strftime("run-%Y%m%d-%H%M%S"))
         self._writer: StoreWriter | None = None
+        self._store_failed: str | None = None  # why the store could not be opened: capture is off
         self._fqn_by_tensor: dict[int, str] = {}
         self._live_fqn: dict[int, str] = {}  # id -> fqn of the watched models' tensors right now
         self._live_names: set[str] = set()
@@ -115,9 +116,23 @@ class Agent:
     # ----------------------------------------------------------------------------- store access
     @property
     def writer(self) -> StoreWriter:
+        """This rank's writer, opening the store on first use. A store that cannot be opened
+        turns capture off for the process with one warning (NOTE: [Capture never ends a job]);
+        every later use raises :class:`~graphdeck.errors.StoreError` at once, which the callers
+        (all guarded) swallow."""
         if self._writer is None:
+            from graphdeck.errors import StoreError
+
+            if self._store_failed is not None:
+                raise StoreError(self._store_failed)
             rank, world, backend = _dist_info()
-            self._writer = StoreWriter(self.store, self.run, rank, world, backend=backend)
+            try:
+                self._writer = StoreWriter(self.store, self.run, rank, world, backend=backend)
+            except Exception as exc:  # noqa: BLE001 - capture never ends a job
+                self._store_failed = f"cannot open store {self.store}: {type(exc).__name__}: {exc}"
+                warnings.warn(f"graphdeck: capture is off for this process: {self._store_failed}; training "
+                              "goes on without it", stacklevel=2)
+                raise StoreError(self._store_failed) from exc
             if self._models:
                 self._write_params()
         return self._writer
@@ -156,7 +171,11 @@ class Agent:
         for fqn, t in self.named_tensors(inner, buffers=True):
             self._fqn_by_tensor.setdefault(id(t), fqn)
         if self._writer is not None or _dist_ready():
-            self._write_params()
+            try:
+                self._write_params()
+            except Exception as exc:  # noqa: BLE001 - capture never ends a job
+                if self._store_failed is None:  # (a store that cannot be opened has warned once)
+                    warnings.warn(f"graphdeck: could not record the parameters: {type(exc).__name__}: {exc}")
         self.record_layout()
         return model
 
@@ -565,18 +584,32 @@ class Agent:
                               active_steps=active_steps, name=name, **options)
 
     def close(self) -> None:
-        """Flush pending compile records and stop listening to torch's structured log."""
+        """Flush pending compile records, write the layout, process groups, gradient evidence and
+        a Flight Recorder dump, and stop listening to torch's structured log.
+
+        NOTE: [Capture never ends a job] Never raises (but ``KeyboardInterrupt``/``SystemExit``):
+        it runs after training finished, so a store that cannot be opened or written (gone,
+        full, not a store, a database that stopped) is a warning naming what was lost, never a
+        traceback and exit status that would fail the job. Each part is tried on its own."""
         from torch._logging._internal import trace_log
 
-        try:
-            self.flush_events()
-            self.record_layout()
-            from graphdeck.capture.process_groups import write_record
+        from graphdeck.capture.process_groups import write_record
 
-            write_record(self.writer)  # process groups and their timeouts (NOTE: [Compile skew])
-            if self._evidence is not None:
-                self._evidence.close()
-            self._flight is not None and self._flight.write("close")
+        parts = (("compile records", self.flush_events), ("parallel layout", self.record_layout),
+                 ("process groups", lambda: write_record(self.writer)),
+                 ("gradient evidence", lambda: self._evidence is not None and self._evidence.close()),
+                 ("Flight Recorder dump", lambda: self._flight is not None and self._flight.write("close")))
+        try:
+            lost = []
+            for what, part in parts:
+                try:
+                    part()
+                except Exception as exc:  # noqa: BLE001 - capture never ends a job
+                    lost.append(what if self._store_failed else f"{what} ({type(exc).__name__}: {exc})")
+            if lost:
+                why = f" ({self._store_failed})" if self._store_failed else ""
+                warnings.warn(f"graphdeck: not stored at close{why}: {', '.join(lost)}; training is not affected",
+                              stacklevel=2)
         finally:
             trace_log.removeHandler(self._handler)
 

@@ -37,7 +37,14 @@ def stored_profile(agent, *, wait_steps: int, warmup_steps: int, active_steps: i
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
 
-    def on_trace_ready(prof):
+    def on_trace_ready(prof):  # inside the job's prof.step(): never raises (NOTE: [Capture never ends a job])
+        try:
+            store_trace(prof)
+        except Exception as exc:  # noqa: BLE001 - capture never ends a job
+            warnings.warn(f"graphdeck: the profile's trace was not stored: {type(exc).__name__}: {exc}; training is "
+                          "not affected")
+
+    def store_trace(prof):
         writer = agent.writer
         fd, path = tempfile.mkstemp(prefix=f"graphdeck-rank{writer.rank}-", suffix=".pt.trace.json")
         os.close(fd)

@@ -92,9 +92,14 @@ class StoreWriter:
                 )
                 return run.id
 
-        self.run_id = retrying(register)
-        with write_session(self.engine) as s:
-            self._ordinal = len(s.scalars(select(Graph.id).where(Graph.run_id == self.run_id, Graph.rank == rank)).all())
+        try:
+            self.run_id = retrying(register)
+            with write_session(self.engine) as s:
+                self._ordinal = len(s.scalars(select(Graph.id).where(Graph.run_id == self.run_id,
+                                                                     Graph.rank == rank)).all())
+        except BaseException:  # a store that opened but cannot be written: no engine left behind
+            self.engine.dispose()
+            raise
 
     def write_params(self, rows: list[dict]) -> None:
         """Replace this rank's parameter list. Each row: fqn, kind, storage_key, shape, dtype,

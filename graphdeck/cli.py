@@ -194,11 +194,14 @@ def _print_summary(store_path: Path, run_name: str) -> None:
 @click.option("--upload-ttl-s", type=click.FloatRange(min=1), default=None,
               help="Unfinished/finished uploads untouched this long are swept from the data dir "
                    "[$GRAPHDECK_UPLOAD_TTL_S; default 604800 = 7 days].")
+@click.option("--allowed-host", "allowed_hosts", multiple=True,
+              help="A Host name a request over loopback may carry besides localhost, 127.0.0.1, [::1] and this "
+                   "machine's name (e.g. a local proxy's), repeatable [$GRAPHDECK_ALLOWED_HOSTS, comma-separated].")
 @click.option("--create", is_flag=True, help="Create an empty SQLite store when STORE does not exist "
                                              "(without it, a missing file is an error: a mistyped name).")
 def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_bytes: int | None,
           max_decompressed_bytes: int | None, max_decompress_ratio: float | None, upload_ttl_s: float | None,
-          create: bool) -> None:
+          allowed_hosts: tuple[str, ...], create: bool) -> None:
     """Serve the dashboard and API over STORE (a SQLite file or a PostgreSQL URL; $GRAPHDECK_STORE).
 
     \b
@@ -206,6 +209,7 @@ def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_byt
       GRAPHDECK_STORE                   the store, when STORE is not given
       GRAPHDECK_WRITE_TOKENS            comma-separated tokens that may upload (none: loopback only)
       GRAPHDECK_READ_TOKENS             comma-separated tokens that may read (none: reads are open)
+      GRAPHDECK_ALLOWED_HOSTS           --allowed-host (comma-separated)
       GRAPHDECK_DATA_DIR                --data-dir
       GRAPHDECK_MAX_UPLOAD_BYTES        --max-upload-bytes
       GRAPHDECK_MAX_DECOMPRESSED_BYTES  --max-decompressed-bytes
@@ -222,7 +226,7 @@ def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_byt
         _fail(UsageError(f"no store at {store_path}: check the path (or pass --create to serve a new, empty store)"))
     given = {"data_dir": data_dir, "max_upload_bytes": max_upload_bytes,
              "max_decompressed_bytes": max_decompressed_bytes, "max_decompress_ratio": max_decompress_ratio,
-             "upload_ttl_s": upload_ttl_s}
+             "upload_ttl_s": upload_ttl_s, "allowed_hosts": allowed_hosts or None}
     try:
         serve_app(store_path, host=host, port=port, **{k: v for k, v in given.items() if v is not None},
                   announce=lambda: click.echo(f"[graphdeck] dashboard: http://{host}:{port}/"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _is_kineto, _store_arg
-from graphdeck.errors import BadInputError, GraphdeckError
+from graphdeck.errors import BadInputError, GraphdeckError, UsageError
 
 
 class _NoBar:
@@ -207,11 +207,18 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
         from graphdeck.analysis.memory.memory_snapshot_import import import_snapshot, is_snapshot
 
         snapshots = [f for f in found if is_snapshot(f)]  # CUDA memory snapshots (NOTE: [Snapshot import])
-        fr_files = [f for f in found if f not in snapshots and sniff(f)]
+        named = {str(Path(p)) for p in paths if not Path(p).is_dir()}  # any pickle named is read as a dump
+        fr_files = [f for f in found if f not in snapshots and sniff(f, named=str(Path(f)) in named)]
         kineto = [f for f in found if f not in fr_files + snapshots and _is_kineto(f)]  # profiler traces of the same run
         logs = [p for p in paths if Path(p).is_dir() or str(Path(p)) not in {str(Path(f)) for f in fr_files + kineto + snapshots}]
-        fr = import_flight_dumps(open_engine(store), [], run_name=run_name, strict=strict, files=fr_files) \
-            if fr_files else None
+        refused: list[str] = []  # files refused: exit 2 once the rest is kept
+        try:
+            fr = import_flight_dumps(open_engine(store), [], run_name=run_name, strict=strict, files=fr_files) \
+                if fr_files else None
+        except BadInputError as exc:
+            if strict or not (logs or kineto or snapshots) or not exc.message.startswith("no Flight Recorder dump"):
+                raise
+            fr, refused = None, [exc.message]
         if fr is not None:
             from graphdeck.analysis.ranks.rank_types import _ranks_text  # ranges past 8 ranks
 
@@ -237,15 +244,24 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
             from graphdeck.analysis.traces.trace_map import link_kernels
 
             link_kernels(open_engine(store), t.run_id)
+        refused += fr.refused if fr is not None else []
         for f in snapshots:
-            m = import_snapshot(open_engine(store), f, run_name).measured
+            try:
+                m = import_snapshot(open_engine(store), f, run_name).measured
+            except UsageError as exc:  # this file is refused; the others are still imported
+                refused.append(exc.message)
+                continue
             click.echo(f"CUDA memory snapshot {Path(f).name}: measured peak {m.peak_bytes / 2**20:,.1f} MiB, "
                        f"{m.attributed} of {m.allocations} allocations on graph nodes")
     except GraphdeckError as exc:
         if exc.details.get("stats"):
             click.echo(json.dumps(exc.details["stats"], indent=2, default=str), err=True)
         _fail(exc)
+    # files refused (NOTE: [Bounded unpickling]): exit 2 naming each, after keeping everything else
+    refusal = UsageError("refused " + "; ".join(refused[:20])) if refused else None
     if result is None:
+        if refusal is not None:
+            _fail(refusal)
         return
     st = result.stats
     from graphdeck.analysis.ranks.rank_types import _ranks_text  # ranges past 8 ranks
@@ -266,6 +282,8 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
         click.echo("  " + ", ".join(f"{k} {v:,}" for k, v in sorted(problems.items())))
     if as_json:
         click.echo(json.dumps(st, indent=2, default=str))
+    if refusal is not None:
+        _fail(refusal)
 
 
 @click.command("upload")

@@ -24,6 +24,12 @@ from ``GRAPHDECK_WRITE_TOKENS`` and ``GRAPHDECK_READ_TOKENS``, comma-separated):
   ``multipart/form-data`` and ``application/x-www-form-urlencoded`` are not) → else 403 naming
   the header. A write whose ``Origin`` is not this server's ``Host`` (``null`` included), or
   whose ``Sec-Fetch-Site`` is ``cross-site`` / ``same-site``, is a 403 whatever it carries.
+* **Host names** (NOTE: [DNS rebinding]): a request that reached the server over loopback (its
+  socket's local address is ``127.0.0.0/8`` or ``::1``) without a valid token must name a loopback
+  host in ``Host``: ``localhost`` / ``*.localhost``, a loopback address (``127.0.0.1``, ``[::1]``),
+  this machine's host name, or one of ``Settings.allowed_hosts`` (``GRAPHDECK_ALLOWED_HOSTS``,
+  ``graphdeck serve --allowed-host``) → else 400 naming that setting. A server with both read and
+  write tokens holds nothing a token-less request may reach, so it skips the check.
 * **Body cap**: a write's body is capped at ``Settings.max_upload_bytes`` plus
   :data:`BODY_ENVELOPE_BYTES` (multipart framing): a larger ``Content-Length`` is a 413 before
   anything is read, and a body without one is counted as it arrives and refused (413) as soon as
@@ -39,6 +45,7 @@ import ipaddress
 import json
 import logging
 import os
+import socket
 from collections.abc import Iterable, Mapping
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qs, urlsplit
@@ -52,6 +59,7 @@ COOKIE_NAME = "graphdeck_token"
 WRITE_TOKENS_ENV = "GRAPHDECK_WRITE_TOKENS"
 READ_TOKENS_ENV = "GRAPHDECK_READ_TOKENS"
 DATA_DIR_ENV = "GRAPHDECK_DATA_DIR"
+ALLOWED_HOSTS_ENV = "GRAPHDECK_ALLOWED_HOSTS"
 #: Paths readable without a token even when reads need one (the page and its assets hold no data).
 PUBLIC_READ_PREFIXES = ("/static/",)
 PUBLIC_READ_PATHS = frozenset({"/", "/api/health"})
@@ -88,7 +96,8 @@ LIMIT_ENVS = {
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> dict:
     """The ``Settings`` fields ``graphdeck serve`` takes from the environment: the two token
-    lists (:func:`tokens_from_env`), ``data_dir`` from ``GRAPHDECK_DATA_DIR`` and the limits of
+    lists (:func:`tokens_from_env`), ``allowed_hosts`` from ``GRAPHDECK_ALLOWED_HOSTS``
+    (comma-separated), ``data_dir`` from ``GRAPHDECK_DATA_DIR`` and the limits of
     :data:`LIMIT_ENVS`, each when set.
 
     Raises:
@@ -98,6 +107,9 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> dict:
 
     env = os.environ if environ is None else environ
     out: dict = dict(tokens_from_env(env))
+    hosts = tuple(h.strip() for h in env.get(ALLOWED_HOSTS_ENV, "").split(",") if h.strip())
+    if hosts:
+        out["allowed_hosts"] = hosts
     if env.get(DATA_DIR_ENV):
         out["data_dir"] = env[DATA_DIR_ENV]
     for name, (field, kind) in LIMIT_ENVS.items():
@@ -137,6 +149,32 @@ def is_loopback(host: str | None) -> bool:
     return (mapped or addr).is_loopback
 
 
+def host_name(value: str | None) -> str | None:
+    """The host name of a ``Host`` header value (``name[:port]``, ``[v6][:port]``), lower case,
+    without a trailing dot; ``None`` for an empty or malformed one."""
+    try:
+        name = urlsplit("//" + (value or "").strip()).hostname
+    except ValueError:  # bad port, bad brackets
+        return None
+    return name.rstrip(".").lower() if name else None
+
+
+def loopback_host_allowed(value: str | None, allowed: Iterable[str]) -> bool:
+    """Whether the ``Host`` header ``value`` names this machine by a name no other site can
+    point at it (NOTE: [DNS rebinding]): ``localhost`` or ``*.localhost`` (RFC 6761: resolved to
+    loopback by every browser), a loopback address literal, this machine's host name, or one of
+    ``allowed`` (names, compared without case and port). No ``Host`` at all (HTTP/1.0, never a
+    browser) is allowed."""
+    if value is None:
+        return True
+    name = host_name(value)
+    if name is None:
+        return False
+    if name == "localhost" or name.endswith(".localhost") or is_loopback(name):
+        return True
+    return name in {host_name(a) for a in allowed} | {socket.gethostname().rstrip(".").lower()}
+
+
 def bearer_token(headers: Mapping[str, str]) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header, else ``None``."""
     value = headers.get("authorization", "")
@@ -164,6 +202,7 @@ class TokenAuthMiddleware:
         self.write_tokens = tuple(settings.write_tokens)
         self.read_tokens = tuple(settings.read_tokens)
         self.body_cap = int(settings.max_upload_bytes) + BODY_ENVELOPE_BYTES
+        self.allowed_hosts = tuple(getattr(settings, "allowed_hosts", ()))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -171,7 +210,9 @@ class TokenAuthMiddleware:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         method = scope.get("method", "GET").upper()
         path = scope.get("path", "/")
-        denial = self._check(method, path, headers, (scope.get("client") or (None, None))[0])
+        denial = self._host_denial(scope, headers)
+        if denial is None:
+            denial = self._check(method, path, headers, (scope.get("client") or (None, None))[0])
         if denial is None and method not in SAFE_METHODS and _has_route(scope):
             denial = cross_site_denial(method, headers)
         if denial is None and method not in SAFE_METHODS:
@@ -189,6 +230,29 @@ class TokenAuthMiddleware:
             if token_matches(token, self.read_tokens + self.write_tokens):
                 return await self.app(scope, receive, _setting_cookie(send, token))
         return await self.app(scope, receive, send)
+
+    def _host_denial(self, scope, headers: dict):
+        """NOTE: [DNS rebinding] A page of ``http://rebind.example:PORT`` whose name the attacker
+        re-points at 127.0.0.1 is same-origin with this server as far as the browser knows: it
+        may send any header (``X-Graphdeck-Client``, an ``Origin`` equal to ``Host``) and read the
+        answers. What it cannot change is the ``Host`` its requests carry, so a request that came
+        in over loopback must name this machine (:func:`loopback_host_allowed`) unless it holds a
+        valid token (a rebinding page has none: the cookie was set for the real host name)."""
+        if self.write_tokens and self.read_tokens:
+            return None
+        local = (scope.get("server") or (None, None))[0]
+        if not is_loopback(local if isinstance(local, str) else None):
+            return None
+        host = headers.get("host")
+        if loopback_host_allowed(host, self.allowed_hosts):
+            return None
+        given = bearer_token(headers) or cookie_token(headers)
+        if given is not None and token_matches(given, self.read_tokens + self.write_tokens):
+            return None
+        return (400, f"the Host {host[:200]!r} is not a name of this machine: a loopback server answers only "
+                     "localhost, 127.0.0.1, [::1], its host name and the names in its allowed hosts (a page "
+                     "of another site re-pointed at 127.0.0.1 would send its own name); add the name with "
+                     f"'graphdeck serve --allowed-host NAME' or {ALLOWED_HOSTS_ENV}=NAME[,NAME...]", {})
 
     def _check(self, method: str, path: str, headers: dict, client_host: str | None):
         """``None`` when allowed, else ``(status, message, extra headers)``."""

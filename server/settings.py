@@ -43,6 +43,10 @@ class Settings:
         max_decompressed_bytes: cap on the bytes a gzip upload may inflate to (413 above it).
         max_decompress_ratio: cap on inflated / compressed size, checked once more than 64 MiB
             came out (413 above it).
+        allowed_hosts: extra ``Host`` names a request that came in over loopback may carry
+            (besides localhost, loopback addresses and this machine's name; see
+            :mod:`graphdeck.server.auth`, NOTE: [DNS rebinding]), e.g. the name a local reverse
+            proxy passes on.
         upload_ttl_s: an upload untouched this long (open, failed or done) is removed from
             ``data_dir`` (a done one stays ingested once: the store remembers it).
     """
@@ -56,6 +60,7 @@ class Settings:
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
     max_decompress_ratio: float = DEFAULT_MAX_DECOMPRESS_RATIO
     upload_ttl_s: float = 7 * 24 * 3600
+    allowed_hosts: tuple[str, ...] = field(default=(), repr=False)
 
     def __repr__(self) -> str:  # the dataclass repr, but a store URL's password never reaches a log
         from graphdeck.store.db import display_url
@@ -74,6 +79,7 @@ class Settings:
             object.__setattr__(self, "frontend_dir", Path(os.fspath(self.frontend_dir)))
         object.__setattr__(self, "write_tokens", tuple(self.write_tokens))
         object.__setattr__(self, "read_tokens", tuple(self.read_tokens))
+        object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         if self.data_dir is not None:
             object.__setattr__(self, "data_dir", Path(os.fspath(self.data_dir)))
         elif "://" in store:  # a URL store: a private per-store folder in the user's data dir (issue 18)

@@ -40,11 +40,9 @@ import base64
 import gc
 import gzip
 import hashlib
-import io
 import json
 import operator
 import os
-import pickle
 import re
 import zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -54,6 +52,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graphdeck.errors import BadInputError, NotFoundError, UsageError
+from graphdeck.store.fr_types import dump_problem, entry_problem
+from graphdeck.store.safe_pickle import Limits, TruncatedPickle, UnsafePickle, inflate_capped, load_plain
 
 EVENT_NAME = "flight_recorder"
 STATES = ("scheduled", "started", "completed")
@@ -67,9 +67,10 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
 
-class _NoClasses(pickle.Unpickler):
-    def find_class(self, module, name):  # noqa: D401 - FR pickles hold builtins only
-        raise pickle.UnpicklingError(f"refused class {module}.{name} in a Flight Recorder dump")
+#: What a Flight Recorder pickle may hold and cost (NOTE: [Bounded unpickling]).
+FR_LIMITS = Limits(max_bytes=MAX_DUMP_BYTES)
+#: Keys one of which a pickle found in a folder must name near its start to be read as an FR dump.
+_FR_KEYS = (b"entries", b"pg_config", b"comm_lib_version", b"pg_status")
 
 
 def file_head(path: str | Path, size: int = 4096) -> bytes:
@@ -85,39 +86,47 @@ def file_head(path: str | Path, size: int = 4096) -> bytes:
     return head
 
 
-def sniff(path: str | Path) -> bool:
-    """Whether the file looks like an FR dump by its first bytes: a pickle (``0x80``), or JSON
-    naming ``entries``/``comm_lib_version``/``pg_config`` near its start (gzipped or not); cheap,
-    so folders of Kineto traces and logs are not parsed."""
+def sniff(path: str | Path, named: bool = False) -> bool:
+    """Whether the file looks like an FR dump by its first bytes (gzipped or not): a pickle
+    (``0x80`` and a protocol 2-5) naming ``entries``/``pg_config``/``comm_lib_version``/
+    ``pg_status`` near its start — any such pickle when ``named`` (a file the user named, not one
+    found in a folder) — or JSON naming ``entries``/``comm_lib_version``/``pg_config``; cheap,
+    so folders of Kineto traces, logs and other pickles are not parsed."""
     head = file_head(path)
     if head[:1] == b"\x80":
-        return True
+        return len(head) > 1 and 2 <= head[1] <= 5 and (named or any(k in head for k in _FR_KEYS))
     if any(k in head for k in (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')):
         return False  # a Kineto / Chrome trace
     return head.lstrip()[:1] == b"{" and any(k in head for k in (b'"entries"', b'"comm_lib_version"', b'"pg_config"'))
 
 
 def load_bytes(data: bytes) -> tuple[dict | None, str]:
-    """``(dump, format)`` from a file's bytes, or ``(None, why)`` when they are no FR dump."""
+    """``(dump, format)`` from a file's bytes, or ``(None, why)`` when they are no FR dump:
+    ``why`` starts with ``"refused"`` for a file no torch writes (NOTE: [Bounded unpickling]),
+    ``"bad gzip"`` / ``"unreadable"`` for a cut or corrupt one."""
     if data[:2] == b"\x1f\x8b":
         try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            return None, f"bad gzip: {exc}"
+            data = inflate_capped(data, FR_LIMITS.max_bytes)
+        except TruncatedPickle as exc:
+            return None, str(exc)
+        except UnsafePickle as exc:
+            return None, f"refused: {exc}" if not str(exc).startswith("bad gzip") else str(exc)
     head = data[:64].lstrip()
     obj, fmt = None, ""
     try:
         if data[:1] == b"\x80":
-            # a buffered reader: the unpickler then peeks whole chunks instead of reading each
-            # opcode of torch's frameless protocol-2 pickles through a Python call (3x faster than
-            # a bare BytesIO on a 2,000-entry dump: 3.4 vs 10.8 ms; as fast as pickle.loads, which
-            # cannot refuse classes; protocol 4+ pickles, framed, read alike either way)
-            reader = io.BufferedReader(io.BytesIO(data), buffer_size=min(max(len(data), 8192), 16 << 20))
-            obj, fmt = _NoClasses(reader).load(), "pickle"
+            fmt = "pickle"
+            obj = load_plain(data, FR_LIMITS)  # classes, bombs and shared-part expansion refused
         elif head[:1] == b"{":
             obj, fmt = json.loads(data), "json"
         else:
             return None, "neither pickle nor JSON"
+    except TruncatedPickle as exc:
+        return None, f"unreadable pickle: {exc}"
+    except UnsafePickle as exc:
+        return None, f"refused: {exc}"
+    except RecursionError:
+        return None, "refused: JSON nested too deep"
     except Exception as exc:  # noqa: BLE001 - any parse failure is a skipped file, named
         return None, f"unreadable {fmt or 'file'}: {type(exc).__name__}: {str(exc)[:120]}"
     if isinstance(obj, dict) and "version" in obj and "entries" not in obj and (
@@ -150,6 +159,8 @@ _FIELDS = operator.itemgetter("record_id", "profiling_name", "collective_seq_id"
                               "time_created_ns")
 _STATE_IX = {s: i for i, s in enumerate(STATES)}
 _P2P = ("send", "recv")
+_LIST_OR_NONE, _STR_OR_NONE = frozenset({list, type(None)}), frozenset({str, type(None)})
+_BOOL_OR_NONE, _INT_OR_NONE = frozenset({bool, type(None)}), frozenset({int, type(None)})
 
 
 def normalise(dump: dict, source: str) -> dict:
@@ -185,6 +196,13 @@ def _columns(ents: list) -> dict | None:
     rid, op, seq, pg, ins, outs, idt, odt, p2p, state, retired, t_ns = zip(*rows)
     if set(map(type, op)) != {str} or set(map(type, seq)) != {int}:
         return None
+    if not (set(map(type, ins + outs + idt + odt)) <= _LIST_OR_NONE and set(map(type, state)) <= _STR_OR_NONE
+            and set(map(type, retired)) <= _BOOL_OR_NONE
+            and set(map(type, map(dict.get, ents, repeat("frames")))) <= _LIST_OR_NONE
+            and set(map(type, rid + t_ns + p2p)) <= _INT_OR_NONE
+            and -(2**63) <= min(seq + tuple(filter(None, rid + t_ns + p2p)))
+            and max(seq + tuple(filter(None, rid + t_ns + p2p))) < 2**63):
+        return None  # some odd entry: the per-entry path names it
     kinds = set(map(type, pg))
     if kinds == {list}:  # JSON
         pg = tuple(map(tuple, pg))
@@ -193,7 +211,10 @@ def _columns(ents: list) -> dict | None:
     if set(map(len, pg)) != {2}:
         return None
     pgs: dict[tuple, int] = {}
-    pg_ix = {p: pgs.setdefault((str(p[0]), str(p[1])), len(pgs)) for p in dict.fromkeys(pg)}
+    try:
+        pg_ix = {p: pgs.setdefault((str(p[0]), str(p[1])), len(pgs)) for p in dict.fromkeys(pg)}
+    except TypeError:  # a group name that is a list or a dict
+        return None
     pgi = list(map(pg_ix.__getitem__, pg))
     sigs: dict[tuple, int] = {}
     sig_rows: list[list] = []
@@ -264,7 +285,11 @@ def _normalise_slow(ents: list, source: str) -> dict:
         if op.__class__ is not str or seq.__class__ is not int or pg.__class__ not in (tuple, list) or len(pg) != 2:
             why = ("no profiling_name" if not isinstance(op, str) else "no collective_seq_id"
                    if not isinstance(seq, int) else "no process_group")
-            dropped.append(f"{source} entry #{i} (record_id {rid}): {why}")
+            dropped.append(f"{source} entry #{i} (record_id {str(rid)[:40]}): {why}")
+            continue
+        why = entry_problem(e)
+        if why:
+            dropped.append(f"{source} entry #{i} (record_id {str(rid)[:40]}): {why}")
             continue
         pgi = pgs.setdefault((str(pg[0]), str(pg[1])), len(pgs))
         sk = (op, str(ins), str(outs), str(idt), str(odt))
@@ -401,6 +426,9 @@ def _parse_file_gc_off(path: str) -> tuple:
         return _skip(path, f"unreadable: {exc}")
     if dump is None:
         return _skip(path, fmt)
+    problem = dump_problem(dump)
+    if problem:
+        return _skip(path, f"refused: not a Flight Recorder dump torch writes: {problem}")
     if not dump["entries"] and not dump.get("pg_config"):
         return _skip(path, "empty Flight Recorder dump (no entries, no groups)")
     rank = rank_of(dump, p.name)
@@ -422,6 +450,8 @@ def _dumps(obj, sort_keys: bool = False) -> str:
         import orjson
 
         return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS if sort_keys else None).decode()
+    except TypeError:  # an integer past 64 bits, a non-string key: the slower encoder takes them
+        return json.dumps(obj, separators=(",", ":"), sort_keys=sort_keys, default=str)
     except ImportError:  # pragma: no cover
         return json.dumps(obj, separators=(",", ":"), sort_keys=sort_keys)
 
@@ -440,8 +470,9 @@ def discover(paths) -> list[str]:
 @dataclass
 class FlightImport:
     """What :func:`import_flight_dumps` read: ``ranks`` stored, ``entries``/``dropped`` counts,
-    ``dropped_records`` (named), ``skipped`` ("file: why") and ``missing_ranks`` (members of a
-    recorded group without a dump)."""
+    ``dropped_records`` (named), ``skipped`` ("file: why"), ``refused`` ("file: why", files no
+    torch writes — hostile or not a dump — among ``skipped`` too: the caller exits 2 after
+    keeping the rest) and ``missing_ranks`` (members of a recorded group without a dump)."""
 
     run_id: int
     ranks: list[int] = field(default_factory=list)
@@ -449,6 +480,7 @@ class FlightImport:
     dropped: int = 0
     dropped_records: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
     missing_ranks: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -511,7 +543,8 @@ def import_flight_dumps(engine: Engine, paths, *, run_name: str, strict: bool = 
         clash = sorted(have & set(by_rank))
         if clash:
             raise UsageError(f"run {run_name!r} already has Flight Recorder dumps for rank(s) {clash}")
-        result = FlightImport(run_id=run.id, skipped=skipped)
+        result = FlightImport(run_id=run.id, skipped=skipped,
+                              refused=[f"{Path(x[0]).name}: {x[3]}" for x in parsed if x[3] and x[3].startswith("refused")])
         members: set[int] = set()
         existing = set(s.scalars(select(Rank.rank).where(Rank.run_id == run.id)))
         first = min(by_rank)

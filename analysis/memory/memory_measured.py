@@ -26,16 +26,14 @@ outside compiled code), else ``eager``.
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
-import pickle
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphdeck.errors import UsageError
+from graphdeck.store.safe_pickle import Limits, UnsafePickle, load_plain, read_capped
 
 #: Records holding Inductor's wrapper code: TORCH_TRACE's, and the live agent's copy of it
 #: (``graphdeck.capture.compile_log.OUTPUT_CODE_RECORD``, which the kernel mapping does not read).
@@ -44,31 +42,92 @@ CODE_RECORDS = ("inductor_output_code", "graphdeck_output_code")
 _SOURCE = re.compile(r"^\s*# Topologically Sorted Source Nodes: \[(.*?)\]")
 
 
-class _DataOnly(pickle.Unpickler):
-    """A snapshot is plain dicts, lists, strings and numbers: refuse any class or function."""
-
-    def find_class(self, module, name):
-        raise UsageError(f"not a CUDA memory snapshot: the pickle names {module}.{name}")
+#: What a snapshot pickle may hold and cost (NOTE: [Bounded unpickling]): a long job's history
+#: is a few hundred MiB of pickle.
+SNAPSHOT_LIMITS = Limits(max_bytes=2 << 30, max_objects=100_000_000)
 
 
 def load_snapshot(path: str | Path) -> dict:
-    """The snapshot dict from a pickle (``.gz`` or plain) that ``_dump_snapshot`` wrote.
+    """The snapshot dict from a pickle (``.gz`` or plain) that ``_dump_snapshot`` wrote, read
+    within :data:`SNAPSHOT_LIMITS` (gzip inflated in steps under the cap; NOTE: [Bounded
+    unpickling] in :mod:`graphdeck.store.safe_pickle`).
 
     Raises:
-        UsageError: unreadable, not a pickle of plain data, or without ``segments`` and
-        ``device_traces``."""
-    raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        UsageError: unreadable, too large, refused (classes, bombs, parts shared past the
+        limits), not a pickle of plain data, or without ``segments`` and ``device_traces``;
+        the message names the file."""
     try:
-        data = _DataOnly(io.BytesIO(raw)).load()
-    except UsageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure is bad input
-        raise UsageError(f"{path}: not a CUDA memory snapshot pickle ({type(exc).__name__}: {exc})") from None
+        data = load_plain(read_capped(path, SNAPSHOT_LIMITS.max_bytes), SNAPSHOT_LIMITS)
+    except OSError as exc:
+        raise UsageError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    except UnsafePickle as exc:
+        raise UsageError(f"{path}: not a CUDA memory snapshot pickle ({exc})") from None
     if not isinstance(data, dict) or "segments" not in data or "device_traces" not in data:
         raise UsageError(f"{path}: not a CUDA memory snapshot (needs 'segments' and 'device_traces')")
+    problem = snapshot_problem(data)
+    if problem:
+        raise UsageError(f"{path}: not a CUDA memory snapshot torch writes: {problem}")
     return data
+
+
+def _int(v, optional: bool = False) -> bool:
+    return (v is None and optional) or (type(v) is int and -(2**63) <= v < 2**63)
+
+
+def _kind(v) -> str:
+    return type(v).__name__
+
+
+def snapshot_problem(data: dict) -> str | None:
+    """The first field of ``data`` whose type is not what torch writes and :func:`measure` reads
+    (NOTE: [Memory snapshot format]), as ``"device_traces[0][12].size is a str"``; None when all
+    fit: ``segments`` a list of dicts (``device`` an int, ``blocks`` a list of dicts with an int
+    ``size`` and a str ``state``), ``device_traces`` a list of lists of dicts (``action`` a str,
+    ``size``/``time_us`` ints or None, an ``alloc``'s ``addr`` an int and ``frames`` a list of
+    dicts with a str ``filename`` and an int ``line``). Integers must fit 64 bits."""
+    segs = data.get("segments")
+    if not isinstance(segs, list):
+        return f"segments is a {_kind(segs)}, not a list"
+    for i, seg in enumerate(segs):
+        if not isinstance(seg, dict):
+            return f"segments[{i}] is a {_kind(seg)}, not a dict"
+        if not _int(seg.get("device", 0)):
+            return f"segments[{i}].device is a {_kind(seg.get('device'))}, not an int"
+        blocks = seg.get("blocks", [])
+        if not isinstance(blocks, list):
+            return f"segments[{i}].blocks is a {_kind(blocks)}, not a list"
+        for j, b in enumerate(blocks):
+            if not isinstance(b, dict) or not _int(b.get("size", 0)) or not isinstance(b.get("state", ""), str):
+                return f"segments[{i}].blocks[{j}] is not a dict with an int size and a str state"
+    traces = data.get("device_traces")
+    if not isinstance(traces, list):
+        return f"device_traces is a {_kind(traces)}, not a list"
+    for d, events in enumerate(traces):
+        if not isinstance(events, list):
+            return f"device_traces[{d}] is a {_kind(events)}, not a list"
+        for k, e in enumerate(events):
+            where = f"device_traces[{d}][{k}]"
+            if not isinstance(e, dict):
+                return f"{where} is a {_kind(e)}, not a dict"
+            for name in ("size", "time_us"):
+                if not _int(e.get(name), optional=True):
+                    return f"{where}.{name} is a {_kind(e.get(name))}, not an int"
+            if not isinstance(e.get("action"), str):
+                return f"{where}.action is a {_kind(e.get('action'))}, not a str"
+            if e["action"] != "alloc":
+                continue
+            if not _int(e.get("addr")):
+                return f"{where}.addr is a {_kind(e.get('addr'))}, not an int"
+            frames = e.get("frames")
+            if frames is None:
+                continue
+            if not isinstance(frames, list):
+                return f"{where}.frames is a {_kind(frames)}, not a list"
+            for f in frames:
+                if not isinstance(f, dict) or not isinstance(f.get("filename", ""), str) or \
+                        not _int(f.get("line"), optional=True):
+                    return f"{where}.frames holds {f!r:.80} (a frame is a dict with a str filename and an int line)"
+    return None
 
 
 @dataclass

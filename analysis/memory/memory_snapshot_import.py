@@ -72,13 +72,17 @@ def import_snapshot(engine, path: str | Path, run_name: str, *, device: int = 0)
         UsageError: not a snapshot pickle, or no allocation history for ``device``."""
     from sqlalchemy.orm import Session
 
+    from graphdeck.errors import UsageError
     from graphdeck.store.db import get_or_create_run, write_session
     from graphdeck.store.schema import CompileEvent
 
     snap = load_snapshot(path)
     with Session(engine) as s, s.begin():
         run_id = get_or_create_run(s, run_name).id
-    m = measure(snap, output_code_files(engine, run_id), device=device)
+    try:
+        m = measure(snap, output_code_files(engine, run_id), device=device)
+    except UsageError as exc:  # no history for the device: name the file
+        raise UsageError(f"{path}: {exc.message}") from None
     got = _RANK.search(Path(path).name)
     rank = int(got.group(1)) if got else 0
     from graphdeck.analysis.memory.memory_compare import record_extras
