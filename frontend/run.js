@@ -253,7 +253,7 @@ export async function renderRun(page, m, query = new URLSearchParams()) {
 /**
  * A replay run names the run it replays; a captured run lists its replays (`graphdeck replay`), each
  * a run of its own so the replay never changes this run's views (NOTE: [Replay runs] in
- * replay/runs.py), with links to each replay trace's timeline and replay page. Nothing when neither.
+ * replay/runs.py), with links to each replay trace's page (its timeline and analysis). Nothing when neither.
  */
 export function replaysSection(run) {
   const src = run.source_run;
@@ -266,8 +266,7 @@ export function replaysSection(run) {
     h("td", {}, h("a", {href: `#/runs/${r.id}`}, fmt(r.name))), h("td", {}, r.graph_id != null ? graphLink(r.graph_id) : "—"),
     num(r.workers), h("td", {}, t ? h("a", {href: `#/traces/${t.id}`}, fmt(t.name)) : "no trace"),
     t ? num(t.rank) : h("td", {}, "—"),
-    h("td", {}, t ? [h("a", {href: `#/traces/${t.id}`}, "timeline →"), " ",
-      h("a", {href: `#/traces/${t.id}/replay`, "data-testid": "replay-trace-link"}, "replay →")] : null))));
+    h("td", {}, t ? h("a", {href: `#/traces/${t.id}`, "data-testid": "replay-trace-link"}, "timeline →") : null))));
   return [head, h("section", {id: "replays", "data-testid": "replays"},
     h("h2", {}, `Replays — ${plural(replays.length, "replay run")}`),
     h("p", {class: "small muted"}, "Each `graphdeck replay` of one of this run's graphs is a run of its own: its traces "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import sqlite3
 import subprocess
 import sys
@@ -100,32 +100,43 @@ def views(store: Path, tmp: Path, tag: str) -> dict:
     return out
 
 
-@pytest.mark.slow
-def test_replay_changes_nothing_the_source_run_shows_and_its_traces_are_reachable(demo_store, tmp_path):
-    store = tmp_path / "demo.db"
-    with sqlite3.connect(demo_store) as a, sqlite3.connect(store) as b:
+def copy_store(src: Path, dst: Path) -> Path:
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
         a.backup(b)
-    before = views(store, tmp_path, "before")
-    assert before["check-ranks"][1]["verdict"] == "OK" and "diverged" not in before["check-ranks text"][1]
-    assert "2 collectives linked" in before["export-trace line"] or "collectives linked" in before["export-trace line"]
+    return dst
+
+
+@pytest.fixture(scope="module")
+def replayed(demo_store, tmp_path_factory) -> dict:
+    """A copy of the demo store after docs/executor.md's two replays of rank 1's first AOT forward
+    graph, through the real CLI: one profiled worker, then a pipeline of two (``auto``: the
+    measured node times). The demo store itself is never replayed."""
+    store = copy_store(demo_store, tmp_path_factory.mktemp("replayed") / "demo.db")
     with Session(open_engine(store, read_only=True)) as s:
         run_id = s.scalar(select(Run.id).where(Run.name == RUN))
         gid = s.scalar(select(Graph.id).where(Graph.run_id == run_id, Graph.rank == 1, Graph.kind == "aot_forward")
                        .order_by(Graph.id))
-    # docs/executor.md: one profiled worker, then a pipeline of two (auto: measured node times).
     one = cli("replay", RUN, str(gid), "--store", str(store), "--json")
     assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-3000:]
-    one = json.loads(one.stdout)
     two = cli("replay", RUN, str(gid), "--store", str(store), "--workers", "2", "--strategy", "auto",
               "--microbatches", "2", "--json")
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
-    two = json.loads(two.stdout)
+    return {"store": store, "run_id": run_id, "gid": gid, "one": json.loads(one.stdout), "two": json.loads(two.stdout)}
 
-    after = views(store, tmp_path, "after")
+
+@pytest.mark.slow
+def test_replay_changes_nothing_the_source_run_shows(demo_store, replayed, tmp_path):
+    before = views(demo_store, tmp_path, "before")
+    assert before["check-ranks"][1]["verdict"] == "OK" and "diverged" not in before["check-ranks text"][1]
+    assert re.search(r" [1-9]\d* collectives linked by [1-9]\d* flows$", before["export-trace line"]), before
+    after = views(replayed["store"], tmp_path, "after")
     changed = [key for key in before if after.get(key) != before[key]]
     assert changed == [] and set(after) == set(before), f"changed after `graphdeck replay`: {changed}"
 
-    # The replays are runs of their own, linked to the source, and their results are reachable.
+
+@pytest.mark.slow
+def test_the_replays_are_runs_of_their_own_reachable_from_the_source(replayed, tmp_path):
+    store, run_id, gid, one, two = (replayed[k] for k in ("store", "run_id", "gid", "one", "two"))
     assert one["run"] != RUN and two["run"] not in (RUN, one["run"])
     ex_trace = one["executor"]["trace_id"]
     assert "executor" not in two and len(two["pipeline"]["trace_ids"]) == 2, "auto found the first replay's times"
@@ -148,13 +159,62 @@ def test_replay_changes_nothing_the_source_run_shows_and_its_traces_are_reachabl
         assert ex["trace_id"] == ex_trace and len(ex["overlay"]["values"]) > 10
         frames = httpx.get(f"{srv.url}/api/traces/{ex_trace}/replay", timeout=120)
         assert frames.status_code == 200, frames.text
-    # A third replay compares with the first (the newest earlier replay of the graph).
+    # A third replay compares with the first (the newest earlier one-worker replay of the graph).
+    store = copy_store(store, tmp_path / "again.db")
     again = cli("replay", RUN, str(gid), "--store", str(store), "--json")
     assert json.loads(again.stdout)["executor"]["recorded_trace_id"] == ex_trace, again.stdout[-2000:]
-
     # Deleting the source run deletes its replays (they time its graphs); nothing else is left.
     deleted = cli("delete-run", str(store), "--run", RUN)
     assert deleted.returncode == 0, deleted.stdout + deleted.stderr
     with Session(open_engine(store, read_only=True)) as s:
         assert s.scalars(select(Run.name)).all() == [] and s.scalars(select(Trace.id)).all() == []
-    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _run_page(page, url: str, run_id: int) -> dict:
+    """What the run page shows of the run: every check's verdict, headline and reasons, the slowest
+    steps and ranks, each rank's trace table."""
+    page.goto(f"{url}/#/runs/{run_id}")
+    page.wait_for_selector("[data-testid=run-overview][data-state=done]", timeout=120_000)
+    items = page.locator("[data-testid=overview-check]")
+    shown = {"verdict": page.get_by_test_id("overview-verdict").get_attribute("data-verdict")}
+    for i in range(items.count()):
+        item = items.nth(i)
+        shown[item.get_attribute("data-check")] = (item.get_attribute("data-verdict"),
+                                                   item.locator(".ov-headline").inner_text(),
+                                                   item.locator(".ov-reasons").all_inner_texts())
+    for tid in ("overview-slowest-steps", "overview-slowest-ranks", "overview-straggler"):
+        shown[tid] = page.get_by_test_id(tid).all_inner_texts()
+    page.get_by_test_id("details-open-all").click()
+    for rank in (0, 1):
+        shown[f"traces {rank}"] = page.locator(f"#traces-rank-{rank}").all_inner_texts()
+    return shown
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_run_page_after_a_replay_shows_the_same_and_links_the_replays(demo_store, replayed, browser):
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    with LiveServer(demo_store) as srv:
+        before = _run_page(page, srv.url, replayed["run_id"])
+        assert page.get_by_test_id("replays").count() == 0
+    assert before["verdict"] == "PASS" and before["ranks"][0] == "PASS" and before["traces"][0] == "PASS", before
+    assert "diverged" not in json.dumps(before)
+    with LiveServer(replayed["store"]) as srv:
+        after = _run_page(page, srv.url, replayed["run_id"])
+        assert after == before, "the run page shows the same after `graphdeck replay`"
+        # The replays are listed on the run's page, each trace linked to its replay page.
+        rows = page.get_by_test_id("replays-table").locator("tbody tr")
+        assert rows.count() == 3, "one trace of the one-worker replay, two of the pipeline"
+        assert replayed["one"]["run"] in page.get_by_test_id("replays").inner_text()
+        ex_trace = replayed["one"]["executor"]["trace_id"]
+        page.locator(f"a[data-testid=replay-trace-link][href='#/traces/{ex_trace}']").click()
+        page.wait_for_url(lambda u: u.endswith(f"/traces/{ex_trace}"))
+        page.locator("#trace-stats").wait_for(timeout=120_000)
+        assert f"executor graph {replayed['gid']}" in page.locator("h1").first.inner_text()
+        page.goto(f"{srv.url}/#/runs/{replayed['one']['run'].replace(' ', '%20')}")
+        page.get_by_test_id("replay-of").wait_for()
+        assert f"Replay of run {RUN}" in page.get_by_test_id("replay-of").inner_text()
+    page.close()
+    assert not errors, errors
