@@ -60,8 +60,9 @@ def replay_info(run: Run) -> dict | None:
 
 
 def create_replay_run(engine: Engine, graph_id: int, *, workers: int = 1) -> str:
-    """Create the replay run of one replay of graph ``graph_id`` (NOTE: [Replay runs]); returns its
-    name. Raises NotFoundError (no such graph)."""
+    """Create the replay run of one replay of graph ``graph_id`` (NOTE: [Replay runs]), after moving
+    any executor trace an older graphdeck left in the graph's run (:func:`adopt_legacy_traces`);
+    returns its name. Raises NotFoundError (no such graph)."""
     from sqlalchemy.exc import IntegrityError
 
     from graphdeck.store.db import retrying, write_session
@@ -80,12 +81,50 @@ def create_replay_run(engine: Engine, graph_id: int, *, workers: int = 1) -> str
             s.flush()
             return name
 
+    with Session(engine) as s:
+        g = s.get(Graph, graph_id)
+        if g is None:
+            raise NotFoundError(f"graph {graph_id} not found", resource="graph", id=graph_id)
+        source_run_id = g.run_id
+    adopt_legacy_traces(engine, source_run_id)
+
     for _ in range(5):  # another replay of the same run took the name first
         try:
             return retrying(make)
         except IntegrityError:
             continue
     return retrying(make)
+
+
+def adopt_legacy_traces(engine: Engine, source_run_id: int) -> str | None:
+    """Move executor traces that an older graphdeck stored in run ``source_run_id`` itself
+    (``executor graph …``, before NOTE: [Replay runs]) into a replay run of it, ``<source> replay
+    (moved)``, with their node-time sets and kernel links; returns that run's name, None when there
+    were none. Every replay does this first, so a run an older replay corrupted shows its own
+    traces again."""
+    from sqlalchemy import update
+
+    from graphdeck.store.db import retrying, write_session
+    from graphdeck.store.schema import NodeTimeSet, TraceLinks
+
+    def move() -> str | None:
+        with write_session(engine) as s:
+            tids = list(s.scalars(select(Trace.id).where(Trace.run_id == source_run_id,
+                                                         Trace.name.startswith(EXECUTOR_PREFIX))))
+            if not tids:
+                return None
+            src = s.get(Run, source_run_id)
+            name = f"{src.name} replay (moved)"[:200]
+            run = s.scalar(select(Run).where(Run.name == name))
+            if run is None:
+                run = Run(name=name, world_size=None, meta_json=json.dumps(replay_meta(src, None, None)))
+                s.add(run)
+                s.flush()
+            for model, col in ((Trace, Trace.id), (NodeTimeSet, NodeTimeSet.trace_id), (TraceLinks, TraceLinks.trace_id)):
+                s.execute(update(model).where(col.in_(tids)).values(run_id=run.id))
+            return name
+
+    return retrying(move)
 
 
 def replay_runs(session: Session, source_run_id: int) -> list[Run]:

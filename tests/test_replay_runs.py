@@ -163,6 +163,19 @@ def test_the_replays_are_runs_of_their_own_reachable_from_the_source(replayed, t
     store = copy_store(store, tmp_path / "again.db")
     again = cli("replay", RUN, str(gid), "--store", str(store), "--json")
     assert json.loads(again.stdout)["executor"]["recorded_trace_id"] == ex_trace, again.stdout[-2000:]
+    # A run an older graphdeck's replay wrote into (its executor trace in the run itself, as
+    # execute_graph(run_name=<the run>) still can) gets it moved out by the next replay.
+    from graphdeck.replay.executor import execute_graph
+
+    legacy = execute_graph(open_engine(store), gid, iters=1, run_name=RUN).trace_id
+    with Session(open_engine(store, read_only=True)) as s:
+        assert s.scalar(select(Trace.run_id).where(Trace.id == legacy)) == run_id
+    moved = cli("replay", RUN, str(gid), "--store", str(store), "--json")
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    with Session(open_engine(store, read_only=True)) as s:
+        holder = s.get(Run, s.scalar(select(Trace.run_id).where(Trace.id == legacy)))
+        assert holder.name == f"{RUN} replay (moved)" and json.loads(holder.meta_json)["replay"]["source_run_id"] == run_id
+        assert sorted(s.scalars(select(Trace.rank).where(Trace.run_id == run_id))) == [0, 1], "the run's own traces only"
     # Deleting the source run deletes its replays (they time its graphs); nothing else is left.
     deleted = cli("delete-run", str(store), "--run", RUN)
     assert deleted.returncode == 0, deleted.stdout + deleted.stderr
