@@ -153,6 +153,7 @@ def diff_runs(sa: Session, run_a: Run, sb: Session, run_b: Run, gates: Gates | N
     memory_findings(sa, run_a, sb, run_b, sorted(ranks_a & ranks_b), out, add, structure_ids)
     rank_findings(sa, run_a, sb, run_b, out, add)
     grad_findings(sa, run_a, sb, run_b, out, add)
+    _link_unlinked(out, joins)
     _verdict(out)
     return out
 
@@ -221,6 +222,7 @@ def _timing(sa, run_a, sb, run_b, ranks, out: RunDiff, add, top_nodes: int) -> d
     g = out.gates
     missing, by_group, module_rows = [], defaultdict(list), []
     unknown_spread, drifts = [], []
+    rank_t: dict[int, tuple] = {}  # rank -> (RankTimes A, RankTimes B)
     sources: dict[bool, list[str]] = {True: [], False: []}  # node times from the ingest table / the events
     for r in ranks:
         ta, tb = rank_times(sa, run_a.id, r), rank_times(sb, run_b.id, r)
@@ -235,6 +237,7 @@ def _timing(sa, run_a, sb, run_b, ranks, out: RunDiff, add, top_nodes: int) -> d
             unknown_spread.append(f"rank {r}: {min(ta.steps, tb.steps)} profiled step(s) in one run: no step-to-step "
                                   "spread, so no noise floor")
         cmp = compare_rank(ta, tb, k=g.noise_k, min_ns=g.min_regression_ns, top=top_nodes)
+        rank_t[r] = (ta, tb)
         if not 1 / 1.5 <= cmp["drift"] <= 1.5:
             drifts.append(f"rank {r}: run B's nodes are x{cmp['drift']:g} run A's overall (median over "
                           f"{cmp['drift_nodes']} nodes: machine load, clock or a change slowing every node); "
@@ -291,9 +294,39 @@ def _timing(sa, run_a, sb, run_b, ranks, out: RunDiff, add, top_nodes: int) -> d
         add("module_regression", f"module {m['module'] or '(top level)'} slower in sum on rank {r}: {m['a_ns']} -> "
             f"{m['b_ns']} ns per step (+{m['pct']}%), no single node beyond the noise floor"
             + ("; other nodes of this rank regressed (interference?)" if by_rank[r] else ""), ranks=[r],
+            links=_module_links(*rank_t[r], m["module"]),
             detail={"module": m["module"], "max_pct": m["pct_adjusted"] or 0, "delta_ns": m["delta_ns"], "floor_ns": m["floor_ns"]},
             follows_from=by_rank[r])
     return graph_finding
+
+
+def _module_links(ta, tb, module: str, most: int = 8) -> list[dict]:
+    """Links of a module's finding: each pair of graphs (run A, run B) holding nodes of ``module``
+    (or a sub-module; ``""``: every node) timed in both runs, with the first such node of each
+    pair; at most ``most``."""
+    links: dict[tuple[int, int], dict] = {}
+    for key in ta.keys:
+        ia, ib = ta.info.get(key), tb.info.get(key)
+        if ib is None or not (not module or ia.module == module or ia.module.startswith(module + ".")):
+            continue
+        links.setdefault((ia.graph_id, ib.graph_id), {"a": ia.graph_id, "b": ib.graph_id, "node_a": ia.node,
+                                                      "node_b": ib.node})
+    return list(links.values())[:most]
+
+
+def _link_unlinked(out: RunDiff, joins: dict[int, dict]) -> None:
+    """Every finding links both runs' graphs (docs/ci-gates.md): one that names no graph of its own
+    (a gradient finding about a parameter with no cut, a collective mismatch) links its ranks'
+    first joined graph pair (Dynamo's when there is one), ``"scope": "rank"``."""
+    for f in (*out.findings, *out.improvements):
+        if f.links:
+            continue
+        for r in f.ranks or sorted(joins):
+            j = joins.get(r)
+            if not j or not j["pairs"]:
+                continue
+            a, b, _ = next((p for p in j["pairs"] if j["rows_a"][p[0]][0] == "dynamo"), j["pairs"][0])
+            f.links.append({"a": a, "b": b, "scope": "rank", "rank": r})
 
 
 # ---------------------------------------------------------------------------- verdict

@@ -7,17 +7,20 @@ A node's time is read from the newest ``ok``/``truncated`` trace of each rank, s
 the profiler's host-side ``ProfilerStep#N`` ranges (a step runs from its range's start to the next
 one's; a trace without them is one step, and then no spread can be measured):
 
-* GPU kernels mapped to FX nodes by :func:`graphdeck.analysis.traces.trace_map.map_trace` (Inductor's
-  provenance, NOTE: [Kernel to node mapping]), each counted in the step its kernel starts in;
-* else the CPU operators AOTAutograd's compiled function runs (``aot_eager`` and other
-  backends that run the AOT graph op by op): the direct children of each ``CompiledFunction``
-  range (forward; its graph is the ``aot_forward`` of the enclosing ``Torch-Compiled Region:
-  <compile id>``, the k-th call in a region the k-th such graph, e.g. DDP's buckets) and of each
-  ``CompiledFunctionBackward`` range (its graph is the backward sibling of the forward whose
-  ``Sequence number`` it repeats). The children (``aten::addmm`` ...) are aligned with the
-  graph's ``aten`` nodes in graph order by :class:`difflib.SequenceMatcher` on op names; a
-  child's inclusive time is its node's. Regions without a ``CompiledFunction`` (inference) map
-  their ``aten::`` children onto the compile's ``aot_inference`` graph.
+* every unit the one trace → node mapping places, the mapping every other consumer uses too
+  (:func:`graphdeck.analysis.traces.trace_map.map_trace`: the summary's trace coverage, the
+  node-times API and time overlay, ``export-trace``, the replay page): GPU kernels by Inductor's
+  provenance (NOTE: [Kernel to node mapping]); on a CPU trace the ops and C++ kernels of compiled
+  ranges — Inductor's C++ kernels through the same provenance tables, ``aot_eager``'s ATen ops
+  aligned with the AOT graph's nodes (NOTE: [CPU trace mapping] in
+  :mod:`graphdeck.analysis.traces.cpu_trace_map`). Each unit's own time (a fused kernel's split
+  evenly over its nodes; not the labelled overhead around it) counts in the step it starts in.
+* a GPU trace none of whose kernels maps (a backend that runs the AOT graph op by op,
+  ``aot_eager`` on CUDA) is mapped by its CPU ops with the same CPU mapper.
+
+Before (issue 36 item 2) this module had a CPU mapper of its own that knew only ``aot_eager``'s
+``CompiledFunction`` ranges, so a CPU job compiled with Inductor (the demo) had no node times in
+``diff-runs`` while every other view mapped the same trace.
 
 The ingest does this mapping once per trace and keeps it (NOTE: [Node-time table] in
 :mod:`graphdeck.store.node_times`: :func:`trace_node_times` is what it stores); :func:`rank_times`
@@ -50,8 +53,6 @@ slows every node alike shows there, not as a node regression.
 
 from __future__ import annotations
 
-import difflib
-import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -68,7 +69,6 @@ DEFAULT_K = 3.0
 DEFAULT_MIN_NS = 50_000
 DRIFT_MIN_NS = 5_000
 DRIFT_MIN_NODES = 5
-_REGION = re.compile(r"^Torch-Compiled Region: (\S+)")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
@@ -264,8 +264,7 @@ def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, no
         hits[1].extend(ts)
         hits[2].extend(ns)
 
-    if not _gpu_times(session, trace_id, events, key_of, add, out, by_kernel):
-        _cpu_times(session, run_id, rank, events, seqs, add, out)
+    _mapped_times(session, trace_id, events, key_of, add, out, by_kernel)
     n = len(index)
     acc = np.zeros((n, out.steps + 1), dtype=np.int64)  # column 0: before the first profiled step
     count = np.zeros(n, dtype=np.int64)
@@ -282,122 +281,42 @@ def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, no
     return out
 
 
-def _gpu_times(session, trace_id, rows, key_of, add, out, by_kernel=None) -> bool:
-    if not any(e[2] in GPU_KERNEL_CATS for e in rows):
-        return False
-    events = [Ev(*e) for e in rows]
-    if by_kernel is None:
-        from graphdeck.analysis.traces.trace_map import map_trace
+def _mapped_times(session, trace_id, rows, key_of, add, out, by_kernel=None) -> None:
+    """Each unit the one trace → node mapping places (:func:`graphdeck.analysis.traces.trace_map.
+    map_trace`: GPU kernels by provenance; on a CPU trace the ops and C++ kernels of compiled
+    ranges, NOTE: [CPU trace mapping]) adds its own time to its nodes (a fused kernel's split
+    evenly), in the step it starts in. A GPU trace none of whose kernels maps (a backend that
+    runs the AOT graph op by op, e.g. ``aot_eager`` on CUDA) is mapped by its CPU ops instead,
+    with the same CPU mapper. ``by_kernel``: ``map_trace``'s, when the caller has it."""
+    from graphdeck.analysis.traces.trace_map import KernelMapping, _tables, map_trace
 
+    events = [Ev(*e) for e in rows]
+    gpu = any(e.cat in GPU_KERNEL_CATS for e in events)
+    if by_kernel is None:
         by_kernel = map_trace(session, trace_id, events).by_kernel
-    if not by_kernel:
-        return False
+    if gpu and not any((gid, n) in key_of for gid, nodes in by_kernel.values() for n in nodes):
+        from graphdeck.analysis.traces.cpu_trace_map import map_cpu_trace
+
+        trace = session.get(Trace, trace_id)
+        cpu = KernelMapping(trace_id)
+        map_cpu_trace(session, trace, events, _tables(session, trace.run_id, trace.rank), cpu, Counter(), Counter())
+        by_kernel, gpu = cpu.by_kernel, False
+    out.source = "gpu kernels" if gpu else "cpu ops of compiled functions"
     by_id = {e.id: e for e in events}
     for kid, (gid, nodes) in by_kernel.items():
         k = by_id.get(kid)
         if k is None or not nodes:
             continue
         share, rest = divmod(k.dur, len(nodes))
+        placed = False
         for j, node in enumerate(nodes):
             if (gid, node) in key_of:
                 add([(gid, node)], [k.ts], [share + (rest if j == 0 else 0)])
-                out.mapped_calls += 1
-    out.source = "gpu kernels"
-    return True
-
-
-def _children(rows: list[tuple]) -> dict[int, list[tuple]]:
-    """Direct children (CPU ranges on the same thread) of every CPU range that is not an ``aten::``
-    op, by event id; ``rows`` as :func:`_load` orders them (start, then longest first)."""
-    kids: dict[int, list[tuple]] = defaultdict(list)
-    stacks: dict[tuple, list[tuple]] = defaultdict(list)
-    for e in rows:
-        if e[2] not in CPU_RANGE_CATS:
-            continue
-        stack = stacks[(e[5], e[6])]
-        ts = e[3]
-        while stack and stack[-1][3] + stack[-1][4] <= ts:
-            stack.pop()
-        if stack and not stack[-1][1].startswith("aten::"):
-            kids[stack[-1][0]].append(e)
-        stack.append(e)
-    return kids
-
-
-def _seq_nr(e: tuple):
-    try:
-        return json.loads(e[8]).get("Sequence number") if e[8] else None
-    except (ValueError, AttributeError):
-        return None
-
-
-def _cpu_times(session, run_id, rank, events, seqs, add, out) -> None:
-    out.source = "cpu ops of compiled functions"
-    graphs = session.execute(select(Graph.id, Graph.kind, Graph.compile_id, Graph.parent_id).where(
-        Graph.run_id == run_id, Graph.rank == rank, Graph.kind.in_(tuple(AOT_PHASE)))
-        .order_by(Graph.ordinal, Graph.id)).all()
-    by_cid: dict[tuple[str, str], list[int]] = defaultdict(list)
-    backward_of: dict[int, int] = {}
-    fwd_by_parent = {(g.parent_id, g.compile_id): g.id for g in graphs if g.kind == "aot_forward"}
-    for g in graphs:
-        by_cid[(g.kind, g.compile_id)].append(g.id)
-        if g.kind == "aot_backward" and (g.parent_id, g.compile_id) in fwd_by_parent:
-            backward_of[fwd_by_parent[(g.parent_id, g.compile_id)]] = g.id
-    kids = _children(events)
-    aligned: dict[tuple, list[int | None]] = {}
-    fwd_seq: dict[object, int] = {}  # forward's autograd sequence number -> forward graph id
-    work: list[tuple[int, list[Ev]]] = []
-    backward_calls: list[Ev] = []
-    for e in events:
-        m = _REGION.match(e[1])
-        if m:
-            cid = m.group(1)
-            calls = [c for c in _descendants_named(kids, e, "CompiledFunction")]
-            if calls:
-                fwds = by_cid.get(("aot_forward", cid), [])
-                for k, call in enumerate(calls):
-                    if k < len(fwds):
-                        work.append((fwds[k], kids.get(call[0], [])))
-                        fwd_seq[_seq_nr(call)] = fwds[k]
-                    else:
-                        out.unmapped_calls += 1
-            elif (inf := by_cid.get(("aot_inference", cid))):
-                work.append((inf[0], [c for c in kids.get(e[0], []) if c[1].startswith("aten::")]))
-        elif e[1] == "CompiledFunctionBackward":
-            backward_calls.append(e)
-    for e in backward_calls:
-        fwd = fwd_seq.get(_seq_nr(e))
-        bwd = backward_of.get(fwd) if fwd is not None else None
-        if bwd is None:
+                placed = True
+        if placed:
+            out.mapped_calls += 1
+        else:
             out.unmapped_calls += 1
-            continue
-        work.append((bwd, kids.get(e[0], [])))
-    for gid, children in work:
-        names = tuple(c[1] for c in children)
-        got = aligned.get((gid, names))
-        if got is None:  # (child positions, their node keys), once per graph and op sequence
-            nodes = seqs.get(gid, [])
-            pos, keys = [], []
-            sm = difflib.SequenceMatcher(None, [op for _, op in nodes], list(names), autojunk=False)
-            for a, b, size in sm.get_matching_blocks():
-                for i in range(size):
-                    pos.append(b + i)
-                    keys.append((gid, nodes[a + i][0]))
-            got = aligned[(gid, names)] = (pos, keys)
-        out.mapped_calls += 1
-        pos, keys = got
-        add(keys, [children[i][3] for i in pos], [children[i][4] for i in pos])
-
-
-def _descendants_named(kids: dict[int, list[tuple]], root: tuple, name: str) -> list[tuple]:
-    out, todo = [], list(kids.get(root[0], []))
-    while todo:
-        e = todo.pop(0)
-        if e[1] == name:
-            out.append(e)
-        elif not e[1].startswith("aten::"):
-            todo.extend(kids.get(e[0], []))
-    return sorted(out, key=lambda e: e[3])
 
 
 # ---------------------------------------------------------------------------- comparison

@@ -20,7 +20,8 @@ export async function renderRuns(page) {
   setCrumbs([["Runs"]]);
   const go = (id) => (e) => { if (!e.target.closest("a")) location.hash = `#/runs/${id}`; };
   const rows = runs.map((r) => h("tr", {class: "clickable", "data-run-id": r.id, onclick: go(r.id)},
-    h("td", {}, h("a", {href: `#/runs/${r.id}`}, fmt(r.name))),
+    h("td", {}, h("a", {href: `#/runs/${r.id}`}, fmt(r.name)),
+      r.source_run ? h("span", {class: "muted small"}, ` replay of ${fmt(r.source_run.name)}`) : null),
     num(r.world_size), num(r.num_ranks), num(r.num_graphs), num(r.num_traces),
     h("td", {}, fmtDate(r.created_at))));
   $app.replaceChildren(h("section", {},
@@ -227,6 +228,7 @@ export async function renderRun(page, m, query = new URLSearchParams()) {
         h("a", {href: `#/runs/${run.id}/ranks`, "data-testid": "rank-consistency-link"}, "rank consistency"),
         h("a", {href: `#/runs/${run.id}/map`, "data-testid": "parallel-map-link"}, "parallel map"),
         h("a", {href: `#/diff?a=${run.id}`, "data-testid": "diff-link"}, "compare with…")])),
+    replaysSection(run),
     overviewBox,
     h("h2", {class: "details-heading"}, "Details ", h("span", {class: "small muted"}, "(closed: click to open; "), toggle,
       h("span", {class: "small muted"}, ")")),
@@ -246,6 +248,30 @@ export async function renderRun(page, m, query = new URLSearchParams()) {
   apply(query);
   await Promise.all([compileDone, gradDone, overviewDone]);
   if (page.alive() && query.get("section")) reveal(query.get("section")); // its element may have come late
+}
+
+/**
+ * A replay run names the run it replays; a captured run lists its replays (`graphdeck replay`), each
+ * a run of its own so the replay never changes this run's views (NOTE: [Replay runs] in
+ * replay/runs.py), with links to each replay trace's page (its timeline and analysis). Nothing when neither.
+ */
+export function replaysSection(run) {
+  const src = run.source_run;
+  const head = src ? h("p", {class: "summary", "data-testid": "replay-of"}, "Replay of run ",
+    h("a", {href: `#/runs/${src.id}`}, fmt(src.name)), src.graph_id != null ? [" graph ", graphLink(src.graph_id)] : null,
+    " (graphdeck replay: synthetic inputs, the executor's own timing)") : null;
+  const replays = run.replays || [];
+  if (!replays.length) return head;
+  const rows = replays.flatMap((r) => (r.traces.length ? r.traces : [null]).map((t) => h("tr", {"data-replay-run": r.id},
+    h("td", {}, h("a", {href: `#/runs/${r.id}`}, fmt(r.name))), h("td", {}, r.graph_id != null ? graphLink(r.graph_id) : "—"),
+    num(r.workers), h("td", {}, t ? h("a", {href: `#/traces/${t.id}`}, fmt(t.name)) : "no trace"),
+    t ? num(t.rank) : h("td", {}, "—"),
+    h("td", {}, t ? h("a", {href: `#/traces/${t.id}`, "data-testid": "replay-trace-link"}, "timeline →") : null))));
+  return [head, h("section", {id: "replays", "data-testid": "replays"},
+    h("h2", {}, `Replays — ${plural(replays.length, "replay run")}`),
+    h("p", {class: "small muted"}, "Each `graphdeck replay` of one of this run's graphs is a run of its own: its traces "
+      + "time the executor on synthetic inputs and are not part of this run's checks, timeline or exports."),
+    table("replays-table", ["Replay run", "Graph", "Workers", "Trace", "Rank", ""], rows, "compact"))];
 }
 
 /** The run page's gradient section: the report (grads.js) and a link to its own page. */

@@ -402,9 +402,11 @@ class ExecutorResult:
     node_gpu_ns: dict[str, int] = field(default_factory=dict)
     recorded_trace_id: int | None = None
     ratio: dict[str, float] = field(default_factory=dict)
+    run_name: str | None = None  # the replay run holding the trace
 
     def to_dict(self) -> dict:
         return {"graph_id": self.graph_id, "device": self.device, "iters": self.iters, "trace_id": self.trace_id,
+                "run": self.run_name,
                 "node_cpu_ns": self.node_cpu_ns, "node_gpu_ns": self.node_gpu_ns,
                 "recorded_trace_id": self.recorded_trace_id, "ratio": self.ratio}
 
@@ -474,24 +476,25 @@ def node_times_from_trace(session: Session, trace_id: int, graph_id: int) -> tup
 
 
 def recorded_node_ns(session: Session, graph_id: int, exclude: set[int]) -> tuple[int | None, dict[str, int]]:
-    """Per-node time of graph ``graph_id`` in the newest earlier trace of its run and rank that
-    maps onto it: an executor trace of the graph (named ``executor graph <id>``: its ranges;
-    pipeline workers' traces hold one stage each and are skipped), else the newest other trace
-    through a compiled run's kernel mapping (:func:`graphdeck.analysis.traces.trace_map.node_time_ns`).
+    """Per-node time of graph ``graph_id`` in the newest earlier trace that maps onto it: an
+    executor trace of the graph in a replay run of its run (named ``executor graph <id>``: its
+    ranges; pipeline workers' traces hold one stage each and are skipped; NOTE: [Replay runs] in
+    :mod:`graphdeck.replay.runs`), else the newest trace of its run and rank through a compiled
+    run's kernel mapping (:func:`graphdeck.analysis.traces.trace_map.node_time_ns`).
     Only trace names are scanned, so a store with many large traces is not read event by event.
     ``(None, {})`` when none maps."""
     from graphdeck.analysis.traces.trace_map import node_time_ns
+    from graphdeck.replay.runs import executor_traces
 
     g = session.get(Graph, graph_id)
-    rows = session.execute(select(Trace.id, Trace.name).where(
-        Trace.run_id == g.run_id, Trace.rank == g.rank, Trace.status.in_(("ok", "truncated")))
-        .order_by(Trace.id.desc())).all()
-    mine = f"executor graph {graph_id}"
-    for tid, name in rows:
-        if tid not in exclude and name == mine:
+    for tid, _name in reversed(executor_traces(session, g, single_only=True)):
+        if tid not in exclude:
             cpu, gpu = node_times_from_trace(session, tid, graph_id)
             if cpu:
                 return tid, gpu or cpu
+    rows = session.execute(select(Trace.id, Trace.name).where(
+        Trace.run_id == g.run_id, Trace.rank == g.rank, Trace.status.in_(("ok", "truncated")))
+        .order_by(Trace.id.desc())).all()
     for tid, name in rows:
         if tid not in exclude and not name.startswith("executor graph "):
             mapped = node_time_ns(session, graph_id, tid)
@@ -501,10 +504,12 @@ def recorded_node_ns(session: Session, graph_id: int, exclude: set[int]) -> tupl
 
 def execute_graph(engine, graph_id: int, *, device: str = "cpu", iters: int = 3, warmup: int = 1,
                   seed: int = 0, ingest: bool = True, trace_dir: str | None = None,
-                  microbatch_size: int | None = None) -> ExecutorResult:
+                  microbatch_size: int | None = None, run_name: str | None = None) -> ExecutorResult:
     """Rebuild graph ``graph_id``, run it ``iters`` times on ``device`` under the profiler with
-    node ranges, ingest the trace as trace ``executor graph <id>`` of the graph's run and rank,
-    and compare per-node times with the recorded trace where one maps onto the graph.
+    node ranges, ingest the trace as trace ``executor graph <id>`` (the graph's rank) of replay run
+    ``run_name`` (default: a new replay run of the graph's run; never the graph's own run: NOTE:
+    [Replay runs] in :mod:`graphdeck.replay.runs`), and compare per-node times with the recorded
+    trace where one maps onto the graph.
     ``microbatch_size`` other than the captured batch runs the graph rebatched
     (:func:`graphdeck.replay.rebatch.rebatch`); its trace is ``executor graph <id> batch <b>``
     and has no ratio (the recorded times are of another batch size).
@@ -536,8 +541,12 @@ def execute_graph(engine, graph_id: int, *, device: str = "cpu", iters: int = 3,
         if not ingest:
             return result
         set_trace_rank(path, stored.rank)
-        ing = ingest_trace(engine, path, run_name=stored.run_name, rank=stored.rank, name=name)
-    result.trace_id = ing.trace_id
+        if run_name is None:
+            from graphdeck.replay.runs import create_replay_run
+
+            run_name = create_replay_run(engine, graph_id)
+        ing = ingest_trace(engine, path, run_name=run_name, rank=stored.rank, name=name)
+    result.trace_id, result.run_name = ing.trace_id, run_name
     with Session(engine) as session:
         cpu, gpu = node_times_from_trace(session, ing.trace_id, graph_id)
         result.node_cpu_ns, result.node_gpu_ns = cpu, gpu

@@ -57,12 +57,13 @@ class PipelineResult:
     bubble_fraction: float
     trace_ids: list[int] = field(default_factory=list)
     plan: Any = None
+    run_name: str | None = None  # the replay run holding the worker traces
 
     def summary(self) -> dict:
         return {"graph_id": self.graph_id, "workers": self.workers, "strategy": self.strategy,
                 "backend": self.backend, "microbatches": self.microbatches, "busy_ns": self.busy_ns,
                 "makespan_ns": self.makespan_ns, "bubble_fraction": self.bubble_fraction,
-                "trace_ids": self.trace_ids}
+                "trace_ids": self.trace_ids, "run": self.run_name}
 
 
 def stage_module(gm, stored, plan, stage: int):
@@ -265,11 +266,14 @@ def _worker(rank: int, world: int, payload: dict) -> None:
 
 def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "layerwise", microbatches: int = 4,
                  microbatch_size: int | None = None, backend: str | None = None, device: str = "cpu",
-                 seed: int = 0, profile: bool = True, ingest: bool = True, plan=None) -> PipelineResult:
+                 seed: int = 0, profile: bool = True, ingest: bool = True, plan=None,
+                 run_name: str | None = None) -> PipelineResult:
     """Partition graph ``graph_id`` into ``workers`` stages with ``strategy`` and run
     ``microbatches`` through them (NOTE: [Microbatches of a static graph]); one worker runs
     in-process without a process group, more are spawned processes joined by ``backend``
-    (default ``gloo`` on CPU, ``nccl`` on CUDA).
+    (default ``gloo`` on CPU, ``nccl`` on CUDA). Worker ``r``'s trace is rank ``r`` of replay run
+    ``run_name`` (default: a new replay run of the graph's run; NOTE: [Replay runs] in
+    :mod:`graphdeck.replay.runs`).
 
     Raises UsageError (bad flags, a microbatch size the static graph cannot take), BadInputError
     (a node cannot be rebuilt), NotFoundError (no such graph).
@@ -322,10 +326,15 @@ def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "la
         result = PipelineResult(graph_id, workers, plan.strategy, backend if workers > 1 else None, microbatches,
                                 outputs, busy, makespan, bubble, plan=plan)
         if profile and ingest:
+            if run_name is None:
+                from graphdeck.replay.runs import create_replay_run
+
+                run_name = create_replay_run(engine, graph_id, workers=workers)
+            result.run_name = run_name
             for r in range(workers):
                 path = os.path.join(out_dir, f"worker-{r}.json")
-                set_trace_rank(path, stored.rank)
-                ing = ingest_trace(engine, path, run_name=stored.run_name, rank=stored.rank,
+                set_trace_rank(path, r)
+                ing = ingest_trace(engine, path, run_name=run_name, rank=r,
                                    name=f"executor graph {graph_id} worker {r}/{workers}")
                 result.trace_ids.append(ing.trace_id)
     return result
@@ -367,7 +376,8 @@ def replay(engine, graph_id: int, *, workers: int = 1, strategy: str = "layerwis
     checked before anything runs.
 
     Returns a JSON-able summary (``batch``: captured and replayed batch size; ``recorded_devices``;
-    ``heterogeneous_fusion`` when set). Raises as :func:`run_pipeline` / :func:`execute_graph`."""
+    ``heterogeneous_fusion`` when set; ``run``: the replay run holding its traces, NOTE: [Replay
+    runs] in :mod:`graphdeck.replay.runs` — never the graph's own run). Raises as :func:`run_pipeline` / :func:`execute_graph`."""
     from graphdeck.replay.executor import execute_graph, load_stored_graph, recorded_node_ns
     from graphdeck.replay.partition import plan_for_graph
     from graphdeck.replay.placement import check_device
@@ -391,6 +401,7 @@ def replay(engine, graph_id: int, *, workers: int = 1, strategy: str = "layerwis
     out["batch"] = {"captured": captured, "replayed": microbatch_size or captured}
     out["recorded_devices"] = sorted({n.device for n in stored.nodes if n.device})  # device args map to `device`
     plan = None
+    run_name = None  # one replay run per replay, made when the first trace is stored
     if workers == 1 or strategy == "auto":
         with Session(engine) as session:
             has_times = recorded_node_ns(session, graph_id, exclude=set())[0] is not None
@@ -398,13 +409,17 @@ def replay(engine, graph_id: int, *, workers: int = 1, strategy: str = "layerwis
             res = execute_graph(engine, graph_id, device=device, iters=iters, seed=seed,
                                 microbatch_size=microbatch_size if workers == 1 else None)
             out["executor"] = res.to_dict()
+            run_name = res.run_name
     if workers > 1:
         with Session(engine) as session:
             plan = plan_for_graph(session, graph_id, workers, strategy)
         result = run_pipeline(engine, graph_id, workers=workers, strategy=strategy, microbatches=microbatches,
-                              microbatch_size=microbatch_size, backend=backend, device=device, seed=seed, plan=plan)
+                              microbatch_size=microbatch_size, backend=backend, device=device, seed=seed, plan=plan,
+                              run_name=run_name)
         out["plan"] = plan.to_dict()
         out["pipeline"] = result.summary()
+        run_name = result.run_name or run_name
+    out["run"] = run_name
     if heterogeneous_fusion is not None:
         out["heterogeneous_fusion"] = fusion(stored, heterogeneous_fusion, device,
                                              plan.assignment if plan else {n.name: 0 for n in stored.nodes})

@@ -414,9 +414,11 @@ def delete_run(engine: Engine, run_id: int) -> dict:
     """Delete run ``run_id`` and every row of it in one transaction: its ranks, parameters,
     graphs with their nodes, edges, bindings and kernel links, partitions, compile records,
     gradient evidence, traces with their events (rows of any table that point at one of its
-    graphs or traces too), and the upload markers (``store_meta["upload:<id>"]``) that name it, so
+    graphs or traces too), its replay runs (NOTE: [Replay runs] in :mod:`graphdeck.replay.runs`:
+    they time its graphs) with theirs, and the upload markers (``store_meta["upload:<id>"]``) that name it, so
     uploading the same file again merges it anew. Interned strings are shared by every run and
-    stay. Returns ``{"run_id", "run_name", "rows": {table: deleted}}``.
+    stay. Returns ``{"run_id", "run_name", "rows": {table: deleted}}`` (``rows["runs"]``: the run and
+    its replay runs).
 
     Raises:
         NotFoundError: no run has that id.
@@ -433,7 +435,7 @@ def delete_run(engine: Engine, run_id: int) -> dict:
         for fk in table.foreign_keys:
             ref = fk.column.table
             if ref.name == Run.__tablename__:
-                conds.append(fk.parent == run_id)
+                conds.append(fk.parent.in_(family))
             elif ref.name != table.name and ref.name in owned:
                 conds.append(fk.parent.in_(select(ref.c.id).where(owned[ref.name])))
         return or_(*conds) if conds else None
@@ -443,8 +445,12 @@ def delete_run(engine: Engine, run_id: int) -> dict:
             name = s.scalar(select(Run.name).where(Run.id == run_id).with_for_update())
             if name is None:
                 raise NotFoundError(f"run {run_id} not found", resource="run", id=run_id)
+            from graphdeck.replay.runs import replay_run_ids
+
+            family.clear()
+            family.update({run_id, *replay_run_ids(s, run_id)})  # the run and its replay runs
             owned.clear()
-            owned[Run.__tablename__] = Run.id == run_id
+            owned[Run.__tablename__] = Run.id.in_(family)
             for table in tables:  # parents first: a child's condition reads its parents' rows
                 if table.name != Run.__tablename__ and (cond := scope(table, run_id)) is not None:
                     owned[table.name] = cond
@@ -463,6 +469,7 @@ def delete_run(engine: Engine, run_id: int) -> dict:
             return {"run_id": run_id, "run_name": name, "rows": rows}
 
     owned: dict = {}
+    family: set[int] = set()
     return retrying(drop)
 
 

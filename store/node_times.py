@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 #: The mapper of :mod:`graphdeck.analysis.run_diff_times` and its version: bump it when that
 #: mapping changes, so sets written by an older graphdeck are recomputed rather than trusted.
-METHOD = "run_diff/1"
+METHOD = "run_diff/2"  # 2: one mapping with every other consumer (map_trace), CPU Inductor kernels too
 AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
 
 
@@ -121,6 +121,9 @@ def valid_set(session: Session, trace_id: int, run_id: int, rank: int,
     head = session.execute(select(NodeTimeSet).where(NodeTimeSet.trace_id == trace_id,
                                                      NodeTimeSet.method == method)).scalar_one_or_none()
     if head is None:
+        older = session.scalars(select(NodeTimeSet.method).where(NodeTimeSet.trace_id == trace_id)).first()
+        if older is not None:
+            return None, f"trace {trace_id}'s node times were kept by an older mapping ({older}, not {method})"
         return None, f"trace {trace_id} was stored without node times (ingested before they were kept)"
     if (head.graphs_count, head.last_graph_id, head.kernel_nodes_count) != rank_state(session, run_id, rank):
         return None, f"rank {rank}'s graphs or kernel links changed after trace {trace_id} was ingested"

@@ -338,8 +338,8 @@ class NodeTimeSet(Base):
     :mod:`graphdeck.store.node_times`), written when the trace is ingested; its rows are
     :class:`NodeTime`.
 
-    ``method`` names the mapper and its version (``"run_diff/1"``: GPU kernels by provenance, else
-    the CPU ops of compiled functions; :mod:`graphdeck.analysis.run_diff_times`); ``source`` what it
+    ``method`` names the mapper and its version (``"run_diff/2"``: the units ``map_trace`` places —
+    GPU kernels, or a CPU trace's ops and C++ kernels; :mod:`graphdeck.analysis.run_diff_times`); ``source`` what it
     read (``gpu kernels`` | ``cpu ops of compiled functions``; NULL when nothing mapped, ``missing``
     then says why). ``steps``: profiled steps (``ProfilerStep#N`` ranges; 1 when the trace has
     none). ``mapped_calls`` / ``unmapped_calls``: compiled-function calls or kernels placed / not.

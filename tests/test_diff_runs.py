@@ -167,6 +167,47 @@ def test_changed_run_reports_the_break_and_the_slower_op(diff_store, tmp_path):
     assert re.search(r"2 finding\(s\), \d+ following from them", res.output) and "follows from [" in res.output
 
 
+def _margin(row: dict, drift: float) -> float:
+    """How far a row's run-B lower quartile (drift-adjusted) is above run A's median, ns: what
+    must pass the floor for a regression (NOTE: [Noise floor])."""
+    import numpy as np
+
+    return float(np.percentile(row["b_steps"], 25)) / drift - float(np.median(row["a_steps"]))
+
+
+@pytest.mark.slow
+def test_a_module_regression_links_both_runs_graphs(diff_store):
+    """docs/ci-gates.md: every finding links both runs' graphs. A module slower in sum with no node
+    beyond the floor alone (``module_regression``) had ``links: []`` (issue 36 item 3: it appeared
+    only under load). Made to appear on any host: no noise multiple (``--noise-k 0``) and a floor
+    between the wide module's margin and its slowest node's, both read from this very diff."""
+    code, rep, out = cli_json(str(diff_store), "base", CHANGED, "--noise-k", "0")
+    row = rep["timing"]["0"]
+    drift = row["drift"]
+    wide = next(m for m in row["modules"] if m["module"] == "blocks.1.big")
+    node_margin = max(_margin(n, drift) for n in row["nodes"])
+    module_margin = _margin(wide, drift)
+    assert module_margin > 1.5 * node_margin > 0, (module_margin, node_margin, "3 wide matmuls in one module")
+    floor = int((module_margin + node_margin) / 2)
+    code, rep, out = cli_json(str(diff_store), "base", CHANGED, "--noise-k", "0", "--min-regression-ns", str(floor))
+    kinds = Counter(f["kind"] for f in rep["findings"])
+    assert kinds["module_regression"] >= 1 and kinds["node_regression"] == 0, out
+    engine = open_engine(diff_store, read_only=True)
+    with Session(engine) as s:
+        run_of = dict(s.execute(select(Graph.id, Graph.run_id)).all())
+        ids = {r.name: r.id for r in s.scalars(select(Run))}
+    for f in rep["findings"] + rep["improvements"]:
+        assert f["links"], f
+        for link in f["links"]:
+            assert link["a"] is None or run_of[link["a"]] == ids["base"], f
+            assert link["b"] is None or run_of[link["b"]] == ids[CHANGED], f
+    mod = next(f for f in rep["findings"] if f["kind"] == "module_regression" and f["detail"]["module"] == "blocks.1.big")
+    assert all(link["a"] and link["b"] and link["node_a"] and link["node_b"] for link in mod["links"]), mod
+    with Session(engine) as s:  # the linked graphs hold the module's nodes, forward and backward
+        kinds_linked = {s.get(Graph, link["b"]).kind for link in mod["links"]}
+    assert kinds_linked == {"aot_forward", "aot_backward"}, mod["links"]
+
+
 @pytest.mark.slow
 def test_same_code_reports_nothing_beyond_the_noise_floor(diff_store):
     code, rep, out = cli_json(str(diff_store), "base", "base2", "--max-new-graph-breaks", "0",

@@ -16,6 +16,7 @@ from graphdeck.analysis.overlays import Overlay
 from graphdeck.errors import NotFoundError
 from graphdeck.replay.executor import node_times_from_trace, recorded_node_ns
 from graphdeck.replay.partition import STRATEGIES, plan_for_graph
+from graphdeck.replay.runs import executor_traces
 from graphdeck.server.deps import get_session, resolve_graph
 from graphdeck.store.schema import Graph, Trace
 
@@ -46,16 +47,16 @@ def get_executor(graph: Graph = Depends(resolve_graph), session: Session = Depen
                  trace_id: int | None = Query(None, description="an executor trace of this graph (default: newest)")
                  ) -> dict:
     """The executor traces of ``graph`` (``executor graph <id>``, and ``… worker s/K`` of pipeline
-    runs), and for one of them (``trace_id``, default the newest single-worker one) the mean CPU
+    runs) in the replay runs of its run (NOTE: [Replay runs] in :mod:`graphdeck.replay.runs`), and for one of them (``trace_id``, default the newest single-worker one) the mean CPU
     and GPU ns per node as a ``time`` overlay, plus the ratio to the recorded trace's time per node
     (``executor / recorded``) where a recorded trace maps onto the graph."""
     prefix = f"executor graph {graph.id}"
+    ids = [t for t, _n in executor_traces(session, graph)]
     traces = session.execute(
-        select(Trace.id, Trace.name, Trace.status, Trace.num_events)
-        .where(Trace.run_id == graph.run_id, Trace.rank == graph.rank,
-               (Trace.name == prefix) | Trace.name.like(prefix + " worker %"))
-        .order_by(Trace.id)).all()
-    listed = [{"id": t, "name": n, "status": s, "num_events": e} for t, n, s, e in traces]
+        select(Trace.id, Trace.name, Trace.status, Trace.num_events, Trace.run_id, Trace.rank)
+        .where(Trace.id.in_(ids)).order_by(Trace.id)).all() if ids else []
+    listed = [{"id": t, "name": n, "status": s, "num_events": e, "run_id": r, "rank": k}
+              for t, n, s, e, r, k in traces]
     if trace_id is None:
         single = [t["id"] for t in listed if t["name"] == prefix]
         trace_id = single[-1] if single else (listed[-1]["id"] if listed else None)

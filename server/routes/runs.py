@@ -69,8 +69,11 @@ def _count(session: Session, model, run_id: int, *where) -> int:
 
 
 def run_summary(session: Session, run: Run) -> dict:
+    from graphdeck.replay.runs import source_of
+
     return {"id": run.id, "name": run.name, "world_size": run.world_size,
             "created_at": run.created_at.isoformat() if run.created_at else None,
+            "source_run": source_of(session, run),
             "num_ranks": _count(session, Rank, run.id), "num_graphs": _count(session, Graph, run.id),
             "num_traces": _count(session, Trace, run.id, Trace.status != "ingesting")}
 
@@ -94,7 +97,11 @@ def _graphs(session: Session, run: Run, rank: int | None = None, kind: str | Non
 @router.get("/api/runs/{run_id}")
 def get_run(run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
     """The run with its ranks, graphs (every kind, capture order per rank), traces (complete or
-    truncated; ones still being written are left out) and DDP bucket partitions."""
+    truncated; ones still being written are left out), DDP bucket partitions, and ``replays``: its
+    replay runs with their traces (NOTE: [Replay runs] in :mod:`graphdeck.replay.runs`; a replay
+    run's ``source_run`` names the run it replays)."""
+    from graphdeck.replay.runs import replays_of
+
     ranks = session.scalars(select(Rank).where(Rank.run_id == run.id).order_by(Rank.rank)).all()
     traces = session.scalars(select(Trace).where(Trace.run_id == run.id, Trace.status != "ingesting")
                              .order_by(Trace.rank, Trace.id)).all()
@@ -104,6 +111,7 @@ def get_run(run: Run = Depends(resolve_run), session: Session = Depends(get_sess
             "ranks": [pick(r, RANK_FIELDS) for r in ranks],
             "graphs": _graphs(session, run),
             "traces": [pick(t, TRACE_FIELDS) for t in traces],
+            "replays": replays_of(session, run),
             "partitions": [{"rank": p.rank, "kind": p.kind, "index": p.index, "size_bytes": p.size_bytes,
                             "params": json.loads(p.params_json), "graph_id": p.graph_id,
                             "parent_graph_id": p.parent_graph_id} for p in parts]}
