@@ -367,6 +367,6 @@ def _is_json_value(text: bytes) -> bool:
     try:  # the exact reading's parser decides what orjson refuses
         for _ in ijson.basic_parse(io.BytesIO(text)):
             pass
-    except ijson.JSONError:
-        return False
+    except (ijson.JSONError, ValueError):  # ValueError: a lone low surrogate (``"\\udf0a"``) that
+        return False  # yajl turns into bytes Python cannot decode (UnicodeDecodeError)
     return True

@@ -404,7 +404,7 @@ class _Ingest(EventRows):
                         self._flush()
                         if self.progress is not None:
                             self.progress(self.reader.file_bytes)
-            except (NotFast, ijson.JSONError) as exc:
+            except (NotFast, ijson.JSONError, UnicodeDecodeError) as exc:
                 raise _NeedsSlowPath(str(exc)) from exc
             self._flush()
             return None
@@ -419,6 +419,10 @@ class _Ingest(EventRows):
                         self.progress(self.reader.file_bytes)
         except ijson.JSONError as exc:
             cut = self._parse_error(exc, reader)
+        except UnicodeDecodeError as exc:  # a lone low surrogate escape (``"\\udf0a"``): yajl unescapes
+            # it to bytes that are not UTF-8; a lexical error of that string, repaired like the others
+            cut = self._parse_error(ijson.JSONError(f"lexical error: a string escapes a lone surrogate ({exc.reason})"),
+                                    reader)
         self._flush()
         return cut
 

@@ -248,8 +248,21 @@ def test_trace_ingest_takes_any_bytes(data):
 
 @PROPS
 @given(trace_bytes())
+@example(b'{"traceEvents": [{"ph": "X", "name": "a\\udf0ab", "ts": 1, "dur": 1, "pid": 1, "tid": 1}]}')
 def test_trace_ingest_takes_any_trace_like_bytes(data):
     _check_ingest(data)
+
+
+@pytest.mark.parametrize("escape", [b"\\udf0a", b"a\\udc00b", b"\\ud86a\\udc69\\udf0a"])
+def test_a_lone_low_surrogate_escape_loses_only_its_event(escape):
+    """yajl unescapes a lone low surrogate into bytes that are not UTF-8 (hypothesis found it: a
+    UnicodeDecodeError traceback); that event is corrupt and counted, every other one kept."""
+    from graphdeck.store.traces import ingest_trace
+
+    data = (b'{"traceEvents": [{"ph": "X", "name": "' + escape + b'", "ts": 1, "dur": 1, "pid": 1, "tid": 1}, '
+            b'{"ph": "X", "name": "ok", "ts": 2, "dur": 1, "pid": 1, "tid": 1}]}')
+    result = ingest_trace(_engine("traces"), io.BytesIO(data), run_name=f"p{next(_counter)}")
+    assert result.num_events == 1 and result.stats["corrupt_items"] == 1, result.stats
 
 
 @st.composite
