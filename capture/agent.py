@@ -35,14 +35,11 @@ from typing import Any
 import torch
 import torch.fx
 
-from graphdeck.capture.aot import Handover, recording_backend, shadow_trace, write_aot_graph, write_late_backward
+from graphdeck.capture.aot import Handover, recording_backend, shadow_trace
 from graphdeck.capture.callwrap import BindingPlan, OutputGradNote, bind_at_run_time, child_rows, watch_output_grads
 from graphdeck.capture.compile_context import (
     compile_context,
-    compile_reason,
-    ddp_context,
     parallel_info,
-    under_ddp_optimizer,
 )
 from graphdeck.capture.compile_log import (  # noqa: F401 - KEPT_COMPILE_EVENTS, UNCUT_PAYLOADS: names of this module before
     KEPT_COMPILE_EVENTS,
@@ -50,8 +47,14 @@ from graphdeck.capture.compile_log import (  # noqa: F401 - KEPT_COMPILE_EVENTS,
     UNCUT_PAYLOADS,
     _CompileEventHandler,
 )
+from graphdeck.capture.compile_record import (
+    finish,
+    graph_arg_example,
+    graph_arg_is_param,
+    record_dynamo,
+)
 from graphdeck.capture.flight import FlightDumps
-from graphdeck.capture.fxrecord import module_path_from_fqn, output_args, record_graph
+from graphdeck.capture.fxrecord import module_path_from_fqn, output_args
 from graphdeck.capture.guards import no_new_guards, shape_env_of
 from graphdeck.capture.writer import IOBinding, StoreWriter
 from graphdeck.store.db import main_thread_section
@@ -259,7 +262,7 @@ class Agent:
             fqn = param_by_node.get(n.name)
             if fqn is None or fqn in self._auto_params:
                 continue
-            example = _graph_arg_example(n)
+            example = graph_arg_example(n)
             if isinstance(example, torch.nn.Parameter) and id(example) not in self._fqn_by_tensor:
                 self._auto_params[fqn] = example
                 new = True
@@ -270,7 +273,7 @@ class Agent:
         ga = node.meta.get("grapharg")
         if ga is None:
             return None
-        example = _graph_arg_example(node)
+        example = graph_arg_example(node)
         if example is not None and id(example) in self._fqn_by_tensor:
             return self._fqn_by_tensor[id(example)]
         if isinstance(example, torch.Tensor) and (fqn := self._live_name(example)) is not None:
@@ -377,106 +380,18 @@ class Agent:
             self._reach[id(full)] = reach_of(full)
         reach, full_outs = self._reach[id(full)]
         placeholders = p["placeholders"]
-        positions = [i for i, n in enumerate(placeholders) if _graph_arg_is_param(n) or n.name in p["param_by_node"]]
+        positions = [i for i, n in enumerate(placeholders) if graph_arg_is_param(n) or n.name in p["param_by_node"]]
         names = [placeholders[i].name for i in positions]
         outs = [v.name if isinstance(v, torch.fx.Node) and v.name in full_outs else None for v in output_args(p["gm"])]
         info = GraphInfo(id(full), positions, names, outs, reach,
                          tuple(p["param_by_node"].get(n) for n in names))
         return observe_calls(compiled, info, self._evidence, plan, self, note)
 
-    def _record_dynamo(self, gm, example_inputs, inner_name, shadow: bool = True):
-        from torch._guards import CompileContext
+    def _record_dynamo(self, gm, example_inputs, inner_name, shadow: bool = True) -> dict:
+        return record_dynamo(self, gm, example_inputs, inner_name, shadow)
 
-        cid = CompileContext.current_compile_id()
-        compile_id = str(cid) if cid is not None else None
-        ddp = ddp_context()
-        under_ddp = ddp is not None or under_ddp_optimizer()
-        # A DDP bucket's sub-graph carries DDPOptimizer's own "intentional graph-break" reason;
-        # the frame and the real reason are those of the unsplit Dynamo graph.
-        frame_name, break_reason = compile_reason(ddp[1] if ddp is not None else gm)
-        kind, parent_id, part_idx = "dynamo", None, None
-        param_by_node: dict[str, str] = {}
-        writer = self.writer
-        if ddp is not None:
-            opt, full_gm, submod_name = ddp
-            full_params = {n.name: f for n in full_gm.graph.nodes if n.op == "placeholder"
-                           and (f := self._fqn_of_placeholder(n))}
-            parent_id = self._ddp_parents.get(id(full_gm))
-            if parent_id is None:
-                rec = record_graph(full_gm)
-                parent_id = writer.write_graph(
-                    rec, kind="dynamo", name=f"graph {compile_id} (split into {len(opt.buckets)} DDP buckets)",
-                    compile_id=compile_id, frame_name=frame_name, break_reason=break_reason,
-                    backend=f"graphdeck+{inner_name}", param_by_node=full_params,
-                    io=_input_bindings(full_gm, full_params),
-                    meta={"ddp_buckets": len(opt.buckets), "bucket_bytes_cap": getattr(opt, "bucket_bytes_cap", None)})
-                self._ddp_parents[id(full_gm)] = parent_id
-                self.graph_ids.append(parent_id)
-            kind = "ddp_partition"
-            part_idx = int(submod_name.rsplit("_", 1)[-1]) if submod_name.rsplit("_", 1)[-1].isdigit() else None
-            for n in gm.graph.nodes:
-                if n.op == "placeholder":
-                    fqn = self._fqn_of_placeholder(n) or full_params.get(n.name)
-                    if fqn:
-                        param_by_node[n.name] = fqn
-            bucket = opt.buckets[part_idx] if part_idx is not None and part_idx < len(opt.buckets) else None
-            # Bucket.params are the unsplit graph's placeholder targets.
-            fqn_by_target = {str(n.target): full_params[n.name] for n in full_gm.graph.nodes
-                             if n.name in full_params}
-            pending_partition = (part_idx or 0, int(bucket.size) if bucket else 0,
-                                 [fqn_by_target.get(t, t) for t in (bucket.params if bucket else [])])
-            name = f"graph {compile_id} · DDP bucket {part_idx}"
-        else:
-            pending_partition = None
-            for n in gm.graph.nodes:
-                if n.op == "placeholder" and (fqn := self._fqn_of_placeholder(n)):
-                    param_by_node[n.name] = fqn
-            name = f"graph {compile_id}" + (" (after graph break)" if frame_name and "resume_in" in frame_name else "")
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self._learn_params(gm, param_by_node)
-        aot = shadow_trace(gm, example_inputs, inner=inner_name) if shadow else None
-        return {"gm": gm, "kind": kind, "name": name, "compile_id": compile_id, "frame_name": frame_name,
-                "aot_source": "shadow" if shadow else None,
-                "break_reason": None if ddp is not None else break_reason, "parent_id": parent_id,
-                "partition_index": part_idx,
-                "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
-                "inner": inner_name, "partition": pending_partition, "ddp": under_ddp,
-                "full_gm": ddp[1] if ddp is not None else gm, "context": compile_context()}
-
-    def _finish(self, p: dict, compile_time_s: float) -> None:
-        writer = self.writer
-        rec = record_graph(p["gm"])
-        io = _input_bindings(p["gm"], p["param_by_node"])
-        meta = {"aot_errors": p["aot"].errors} if p["aot"].errors else {}
-        meta["aot_source"] = p["aot_source"]  # "inner": the inner compile's graphs; "shadow": a second trace
-        if p.get("ddp"):
-            meta["ddp"] = True  # compiled under DDPOptimizer (a single bucket is not split)
-        meta.update(p.get("context") or {})
-        gid = writer.write_graph(
-            rec, kind=p["kind"], name=p["name"], compile_id=p["compile_id"], frame_name=p["frame_name"],
-            parent_id=p["parent_id"], partition_index=p["partition_index"], compile_time_s=compile_time_s,
-            backend=f"graphdeck+{p['inner']}", break_reason=p["break_reason"], io=io,
-            param_by_node=p["param_by_node"], meta=meta)
-        self.graph_ids.append(gid)
-        if p["partition"] is not None:
-            idx, size_bytes, params = p["partition"]
-            writer.write_partition(parent_graph_id=p["parent_id"], graph_id=gid, index=idx,
-                                   size_bytes=size_bytes, params=params)
-        fqn_by_input = {i: p["param_by_node"].get(n.name) for i, n in enumerate(p["placeholders"])}
-        plan = BindingPlan(dynamo_graph_id=gid, dynamo_rows=[
-            (i, n.name) for i, n in enumerate(p["placeholders"]) if _graph_arg_is_param(n)])
-        aot, handover = p["aot"], p.get("handover")
-        for kind, g in (("aot_forward", aot.forward), ("aot_backward", aot.backward), ("aot_inference", aot.inference)):
-            if g is not None and not (kind == "aot_backward" and handover is not None):
-                write_aot_graph(self, p, gid, plan, fqn_by_input, kind, g)
-        plan.positions = [i for i, n in enumerate(p["placeholders"]) if _graph_arg_is_param(n)]
-        plan.recorded.add(tuple(fqn_by_input.get(i) for i in plan.positions))
-        p["plan"] = plan
-        if handover is not None:  # the backward now, or when the first backward compiles it
-            handover.when_backward(lambda g: write_late_backward(self, p, gid, plan, fqn_by_input, g))
-            handover.release()
-        self.flush_events()
-        return gid
+    def _finish(self, p: dict, compile_time_s: float) -> int:
+        return finish(self, p, compile_time_s)
 
     def _observe_grads_after_backward(self) -> None:
         """Once per agent, from inside the first backward: at its end, note which watched
@@ -614,39 +529,11 @@ class Agent:
             trace_log.removeHandler(self._handler)
 
 
-def _graph_arg_is_param(node: torch.fx.Node) -> bool:
-    """A Dynamo placeholder fed by a module's parameter or buffer (by its source, else its value)."""
-    ga = node.meta.get("grapharg")
-    if ga is None:
-        return False
-    source = getattr(ga, "source", None)
-    attr = getattr(source, "name", None)
-    name = attr() if callable(attr) else attr if isinstance(attr, str) else str(source)
-    return "_parameters" in (name or "") or "_buffers" in (name or "") or isinstance(_graph_arg_example(node), torch.nn.Parameter)
-
-
-def _input_bindings(gm: torch.fx.GraphModule, param_by_node: dict[str, str]) -> list[IOBinding]:
-    """An ``in`` binding for every placeholder of ``gm`` that reads a parameter (position = its
-    index among the placeholders)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    return [IOBinding("in", i, n.name, param_by_node[n.name]) for i, n in enumerate(placeholders)
-            if n.name in param_by_node]
-
-
 def _param_row(fqn: str, kind: str, t: torch.Tensor) -> dict:
     return {"fqn": fqn, "kind": kind, "storage_key": f"{id(t):x}", "shape": list(t.shape),
             "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel(),
             "size_bytes": t.numel() * t.element_size(),
             "requires_grad": kind == "parameter" and bool(t.requires_grad)}
-
-
-def _graph_arg_example(node: torch.fx.Node) -> Any:
-    """The real tensor behind a Dynamo placeholder (``GraphArg.example``), or ``None``."""
-    ga = node.meta.get("grapharg")
-    try:
-        return ga.example if ga is not None else None
-    except Exception:  # the weak reference is gone
-        return None
 
 
 def _flush_at_exit(ref, closed: bool | None = None) -> None:
