@@ -162,6 +162,15 @@ def compare(prints: Prints, group: list[int], only: set[str] | None = None, dim:
     return out
 
 
+def first_mismatch(bad: dict[str, dict]) -> tuple[int, list[str], str, dict]:
+    """Of :func:`compare`'s mismatches: (first step, parameter names by step then size of the
+    difference, the worst parameter at the first step, its mismatch)."""
+    first = min(v["step"] for v in bad.values())
+    names = sorted(bad, key=lambda n: (bad[n]["step"], -bad[n]["diff"]))
+    worst = max((bad[n] for n in names if bad[n]["step"] == first), key=lambda v: v["diff"])
+    return first, names, next(n for n in names if bad[n] is worst), worst
+
+
 def _replicate(placements: list[str], dim: int | None) -> bool:
     """Whether a gradient's placements say Replicate along mesh dim ``dim`` (None: every dim)."""
     sel = placements if dim is None else placements[dim:dim + 1]
@@ -191,10 +200,7 @@ def replica_findings(prints: Prints, rows: list[ParamRow], groups: list[list[int
                     del bad[n]
         if not bad:
             continue
-        first = min(v["step"] for v in bad.values())
-        params = sorted(bad, key=lambda n: (bad[n]["step"], -bad[n]["diff"]))
-        worst = max((bad[n] for n in params if bad[n]["step"] == first), key=lambda v: v["diff"])
-        wname = next(n for n in params if bad[n] is worst)
+        first, params, wname, worst = first_mismatch(bad)
         ra, rb = worst["ranks"]
         (na, wa), (nb, wb) = worst["values"]
         unsynced = sorted(set().union(*(prints.unsynced.get(r, set()) for r in group)))

@@ -12,7 +12,7 @@ without ``grad_placements`` on a tensor whose local gradient is a partial sum.
 
 from __future__ import annotations
 
-from graphdeck.analysis.gradients.grad_replicas import Prints, _ranges, _replicate, compare
+from graphdeck.analysis.gradients.grad_replicas import Prints, _ranges, _replicate, compare, first_mismatch
 from graphdeck.analysis.gradients.grad_report import Finding
 
 _FIX = ("declare the local gradient's placement: `param.to_local(grad_placements=[Partial()])` where the local "
@@ -55,10 +55,7 @@ def tp_findings(prints: Prints, report, layout) -> list[Finding]:
         bad = compare(prints, ranks, only=params, dim=k)
         if not bad:
             continue
-        first = min(v["step"] for v in bad.values())
-        names = sorted(bad, key=lambda n: (bad[n]["step"], -bad[n]["diff"]))
-        worst = max((bad[n] for n in names if bad[n]["step"] == first), key=lambda v: v["diff"])
-        wname = next(n for n in names if bad[n] is worst)
+        first, names, wname, worst = first_mismatch(bad)
         (na, wa), (nb, wb) = worst["values"]
         ra, rb = worst["ranks"]
         what = "gradient (as the optimizer consumed it)" if worst["what"] == "grad" else "value after the step"

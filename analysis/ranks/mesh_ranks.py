@@ -202,11 +202,9 @@ def _compare_group(session: Session, report: RankReport, layout: RunLayout, ref:
         if tp and d.what == "shapes differ":
             why = _explained(session, layout, seq_ref[d.position], seq[d.position], ref[0], group[0])
             if why:
-                dims = ", ".join(f"{k}={v}" for k, v in _sharding_coords(layout, group[0]).items())
-                report.notes.append(
-                    f"compile {d.compile_id}: ranks {_ranks_text(group)} ({dims}) and ranks {_ranks_text(ref)} are "
-                    f"tensor-parallel peers holding differently sharded tensors; their graphs are the same program "
-                    f"with local shapes the placements explain ({why}) — a note, not a divergence")
+                report.notes.append(_tp_note(layout, d, group, ref, "holding differently sharded tensors; their "
+                                             "graphs are the same program with local shapes the placements explain",
+                                             why))
                 offset = d.position + 1
                 continue
         if tp and d.what == "graph differs":  # NOTE: [Per-rank constants]
@@ -214,11 +212,8 @@ def _compare_group(session: Session, report: RankReport, layout: RunLayout, ref:
 
             why = explain_constants(session, layout, seq_ref[d.position], seq[d.position], ref[0], group[0])
             if why:
-                dims = ", ".join(f"{k}={v}" for k, v in _sharding_coords(layout, group[0]).items())
-                report.notes.append(
-                    f"compile {d.compile_id}: ranks {_ranks_text(group)} ({dims}) and ranks {_ranks_text(ref)} are "
-                    f"tensor-parallel peers whose graphs differ only in per-rank constants their mesh coordinate "
-                    f"explains ({why}) — a note, not a divergence")
+                report.notes.append(_tp_note(layout, d, group, ref, "whose graphs differ only in per-rank constants "
+                                             "their mesh coordinate explains", why))
                 offset = d.position + 1
                 continue
         if not tp and d.what in ("shapes differ", "collective shapes differ"):
@@ -226,6 +221,13 @@ def _compare_group(session: Session, report: RankReport, layout: RunLayout, ref:
                           "must agree on shapes exactly")
         report.divergences.append(d)
         return False
+
+
+def _tp_note(layout, d, group: list[int], ref: list[int], what: str, why: str) -> str:
+    """The note for tensor-parallel peers whose graphs differ as ``what`` says, for reason ``why``."""
+    dims = ", ".join(f"{k}={v}" for k, v in _sharding_coords(layout, group[0]).items())
+    return (f"compile {d.compile_id}: ranks {_ranks_text(group)} ({dims}) and ranks {_ranks_text(ref)} are "
+            f"tensor-parallel peers {what} ({why}) — a note, not a divergence")
 
 
 def _sharding_coords(layout: RunLayout, rank: int) -> dict[str, int]:
