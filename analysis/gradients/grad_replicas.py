@@ -111,15 +111,10 @@ def _differs(a, b, rtol: float) -> float | None:
 
 
 def _ranges(steps) -> str:
-    steps = sorted(steps)
-    out, i = [], 0
-    while i < len(steps):
-        j = i
-        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
-            j += 1
-        out.append(str(steps[i]) if i == j else f"{steps[i]}–{steps[j]}")
-        i = j + 1
-    return ", ".join(out)
+    """Steps as runs: ``{0, 1, 2, 5}`` → ``"0–2, 5"``."""
+    from graphdeck.analysis.traces.trace_collectives import rank_spans
+
+    return rank_spans(sorted(steps), sep=", ", dash="–")
 
 
 def compare(prints: Prints, group: list[int], only: set[str] | None = None, dim: int | None = None) -> dict[str, dict]:

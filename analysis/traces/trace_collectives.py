@@ -303,14 +303,15 @@ def _expected_ranks(session: Session, run_id: int) -> set[int]:
     return ranks
 
 
-def rank_spans(ranks: list[int], sep: str = ",") -> str:
-    """Sorted ranks as runs: ``[0, 1, 2, 5]`` → ``"0-2,5"`` (``sep`` between runs)."""
+def rank_spans(ranks: list[int], sep: str = ",", dash: str = "-") -> str:
+    """Sorted ranks (or steps) as runs: ``[0, 1, 2, 5]`` → ``"0-2,5"`` (``sep`` between runs,
+    ``dash`` inside one)."""
     out, i = [], 0
     while i < len(ranks):
         j = i
         while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
             j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}{dash}{ranks[j]}")
         i = j + 1
     return sep.join(out)
 
