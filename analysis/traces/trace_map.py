@@ -48,6 +48,7 @@ compiled ranges (NOTE: [CPU trace mapping] in :mod:`graphdeck.analysis.traces.cp
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter, defaultdict
@@ -216,6 +217,18 @@ def _same_op(key: str, nodes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n for n in nodes if pattern.fullmatch(n))
 
 
+_INSTALL_PREFIX = re.compile(r'File "[^"]*?/(?:site|dist)-packages/')
+
+
+@functools.lru_cache(maxsize=65536)
+def _portable_stack(stack_trace: str) -> str:
+    """A stack trace with each installed package's path cut to the package (``File
+    ".../site-packages/transformers/x.py"`` → ``File "transformers/x.py"``): a warm FX graph cache
+    filled by another installation of the same packages (another venv, another prefix) hands back
+    stack traces with that installation's paths (NOTE: [Kernels by stack trace])."""
+    return _INSTALL_PREFIX.sub('File "', stack_trace)
+
+
 def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stacks_of: dict[int, list[tuple[str, str]]],
                assigned: set[int]):
     """A kernel-stack-traces table (``"name:handle" → [stack trace, ...]``) as node names of the
@@ -231,12 +244,14 @@ def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stack
     node carries its forward op's stack trace, so a backward graph is preferred to a forward one
     (its table came without a node table: the lazily compiled backward), then the graph
     (DDPOptimizer's bucket) without a table yet that resolves at least half the calls (buckets of
-    identical blocks have the same source lines), then the one that resolves the most."""
+    identical blocks have the same source lines), then the one that resolves the most. Paths of
+    installed packages are compared from the package on (:func:`_portable_stack`): the cache may
+    have been filled by another installation of them."""
     def resolve(gid):
-        nodes = stacks_of.get(gid, [])
+        nodes = [(n, _portable_stack(st)) for n, st in stacks_of.get(gid, [])]
         out = []
         for key, traces in fresh:
-            want = set(traces)
+            want = {_portable_stack(t) for t in traces}
             found = tuple(n for n, st in nodes if st in want)
             out.append((key, _same_op(key, found) or found))
         return out
