@@ -46,6 +46,8 @@ from graphdeck.capture.compile_log import (  # noqa: F401 - KEPT_COMPILE_EVENTS,
     PAYLOAD_LIMIT_CHARS,
     UNCUT_PAYLOADS,
     _CompileEventHandler,
+    listen,
+    stop_listening,
 )
 from graphdeck.capture.compile_record import (
     finish,
@@ -102,9 +104,7 @@ class Agent:
         from graphdeck.capture.layout import LayoutWatch
 
         self._layout = LayoutWatch()  # meshes, placements, pipeline (NOTE: [Capturing the parallel layout])
-        from torch._logging._internal import trace_log
-
-        trace_log.addHandler(self._handler)
+        listen(self._handler)  # NOTE: [Only the kept records are built]
         import atexit
         import weakref
 
@@ -506,8 +506,6 @@ class Agent:
         it runs after training finished, so a store that cannot be opened or written (gone,
         full, not a store, a database that stopped) is a warning naming what was lost, never a
         traceback and exit status that would fail the job. Each part is tried on its own."""
-        from torch._logging._internal import trace_log
-
         from graphdeck.capture.process_groups import write_record
 
         parts = (("compile records", self.flush_events), ("parallel layout", self.record_layout),
@@ -526,7 +524,7 @@ class Agent:
                 warnings.warn(f"graphdeck: not stored at close{why}: {', '.join(lost)}; training is not affected",
                               stacklevel=2)
         finally:
-            trace_log.removeHandler(self._handler)
+            stop_listening(self._handler)
 
 
 def _param_row(fqn: str, kind: str, t: torch.Tensor) -> dict:
