@@ -99,14 +99,39 @@ class Handover:
         return self.graphs.forward is None and self.graphs.inference is None
 
 
-def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A new GraphModule on a node-by-node copy of ``gm.graph`` (names and shallow-copied meta
-    kept; attributes shared with ``gm``)."""
+class GraphCopy:
+    """A kept AOT graph: ``graph`` is a node-by-node copy of the handed-over module's graph (names
+    and shallow-copied meta kept), other attributes (a higher-order op's body, a constant) are
+    read from that module, and ``code`` is generated when first read. Not a GraphModule: building
+    one compiles and executes the generated Python (most of a copy's cost on a large graph, at
+    compile time, for code nothing runs)."""
+
+    def __init__(self, root: torch.fx.GraphModule, graph: torch.fx.Graph):
+        self.graph = graph
+        self._root = root
+        self._code: str | None = None
+
+    @property
+    def code(self) -> str:
+        """The graph's Python source as ``GraphModule.code`` spells it."""
+        if self._code is None:
+            self._code = self.graph.python_code(root_module="self").src
+        return self._code
+
+    def __getattr__(self, name: str) -> Any:
+        root = self.__dict__.get("_root")
+        if root is None:
+            raise AttributeError(name)
+        return getattr(root, name)
+
+
+def copy_graph(gm: torch.fx.GraphModule) -> GraphCopy:
+    """A :class:`GraphCopy` of ``gm`` (its graph copied node by node; attributes shared with ``gm``)."""
     graph = torch.fx.Graph()
     env: dict = {}
     for node in gm.graph.nodes:
         env[node] = graph.node_copy(node, lambda n: env[n])
-    return torch.fx.GraphModule(gm, graph)
+    return GraphCopy(gm, graph)
 
 
 def recording_backend(inner: str, inner_fn: Callable, handover: Handover) -> Callable | None:

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -47,6 +48,7 @@ def _unwrap_getattr(text: str) -> str:
     return f"{_unwrap_getattr(m.group(1))}[{m.group(2)}{m.group(3)}{m.group(2)}]{m.group(4)}" if m else text
 
 
+@functools.lru_cache(maxsize=16384)
 def module_path_from_fqn(path: str) -> str:
     """``"L['self']._modules['h']['0'].attn"`` → ``"h/0/attn"``, ``"L['self'].__dict__['_modules']['m']"``
     → ``"m"``; DDP's ``module.`` root kept."""

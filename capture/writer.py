@@ -49,18 +49,32 @@ def clean_text(value: str) -> str:
     return value.replace("\x00", "\\x00") if "\x00" in value else value
 
 
+_NESTED = (dict, list, tuple)
+
+
 def _clean(params):
+    # the common case first, inline: plain ASCII text without NUL is what every store holds
     if isinstance(params, str):
-        return clean_text(params)
+        return params if params.isascii() and "\x00" not in params else clean_text(params)
     if isinstance(params, dict):
-        return {k: _clean(v) if isinstance(v, (str, dict, list, tuple)) else v for k, v in params.items()}
+        return {k: (v if v.isascii() and "\x00" not in v else clean_text(v)) if type(v) is str
+                else _clean(v) if isinstance(v, _NESTED) or isinstance(v, str) else v for k, v in params.items()}
     if isinstance(params, (list, tuple)):
-        return type(params)(_clean(v) if isinstance(v, (str, dict, list, tuple)) else v for v in params)
+        return type(params)([(v if v.isascii() and "\x00" not in v else clean_text(v)) if type(v) is str
+                             else _clean(v) if isinstance(v, _NESTED) or isinstance(v, str) else v for v in params])
     return params
 
 
+#: Execution option of a statement whose text parameters the writer cleaned itself (a graph's
+#: node and edge rows: thousands of rows whose JSON columns are ASCII by construction).
+PRECLEANED = {"graphdeck_precleaned": True}
+
+
 def _clean_statement_params(conn, cursor, statement, parameters, context, executemany):
-    """``before_cursor_execute`` on the capture's engine: every text parameter cleaned (NOTE: [Odd names])."""
+    """``before_cursor_execute`` on the capture's engine: every text parameter cleaned (NOTE: [Odd
+    names]), but in statements marked :data:`PRECLEANED`."""
+    if context is not None and context.execution_options.get("graphdeck_precleaned"):
+        return statement, parameters
     return statement, _clean(parameters)
 
 
@@ -141,7 +155,7 @@ class StoreWriter:
                 # Interned as stored (NOTE: [Odd names]): the engine's hook cleans every parameter,
                 # so a raw name with a NUL or a lone surrogate would not be found after its insert.
                 def ct(v):
-                    return None if v is None else clean_text(v)
+                    return clean_text(v) if isinstance(v, str) else v
 
                 paths = [ct(n.module_path or _owner_path(param_by_node.get(n.name))) for n in record.nodes]
                 targets = [ct(n.target) for n in record.nodes]
@@ -149,19 +163,20 @@ class StoreWriter:
                 intern.many(targets + paths + stacks)
                 dumps = json.dumps
                 if record.nodes:
-                    s.execute(insert(Node), [
-                        {"graph_id": g.id, "idx": n.idx, "name": n.name, "op": n.op, "target_id": intern(t),
+                    # Core executemany (no ORM bulk work); free text cleaned here, JSON is ASCII
+                    s.execute(insert(Node.__table__).execution_options(**PRECLEANED), [
+                        {"graph_id": g.id, "idx": n.idx, "name": ct(n.name), "op": n.op, "target_id": intern(t),
                          "args_json": dumps({"args": n.args, "kwargs": n.kwargs}, default=str),
                          "shape_json": None if n.shape is None else dumps(n.shape),
                          "dtype": n.dtype, "stride_json": None if n.stride is None else dumps(n.stride),
                          "device": n.device, "size_bytes": n.size_bytes, "module_path_id": intern(path),
                          "module_stack_json": dumps(n.module_stack) if n.module_stack else None,
                          "stack_trace_id": intern(st), "seq_nr": n.seq_nr,
-                         "partitioner_tag": n.partitioner_tag, "desc": n.desc,
-                         "param_fqn": param_by_node.get(n.name), "meta_json": dumps(n.meta, default=str)}
+                         "partitioner_tag": ct(n.partitioner_tag), "desc": ct(n.desc),
+                         "param_fqn": ct(param_by_node.get(n.name)), "meta_json": dumps(n.meta, default=str)}
                         for n, path, t, st in zip(record.nodes, paths, targets, stacks)])
                 if record.edges:
-                    s.execute(insert(Edge), [{"graph_id": g.id, "src_idx": e.src_idx, "dst_idx": e.dst_idx,
+                    s.execute(insert(Edge.__table__).execution_options(**PRECLEANED), [{"graph_id": g.id, "src_idx": e.src_idx, "dst_idx": e.dst_idx,
                                               "arg_pos": e.arg_pos, "size_bytes": e.size_bytes}
                                              for e in record.edges])
                 if io:
