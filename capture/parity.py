@@ -17,7 +17,8 @@ that ``graphdeck parity`` can compare a sharded run with its unsharded reference
 # makes it whole again offline: the global shape, the placements, the mesh shape, this rank's
 # mesh coordinate and the shard's global offset. Values (float32, float64 kept) are stored only
 # when the local tensor has at most ``MAX_ELEMENTS`` elements (default ``DEFAULT_MAX_ELEMENTS``)
-# and the rank's total stays under ``TOTAL_ELEMENTS``; past that only the norm is kept, and the
+# and the rank's total stays under ``max(TOTAL_ELEMENTS, MAX_ELEMENTS)`` (the nodes' values and the
+# parameters' each have that budget); past that only the norm is kept (compared as a norm), and the
 # analysis says the value was not compared. Nothing is written to a gradient (hooks read,
 # copies go to the CPU), and nothing is recorded outside the one step.
 #
@@ -52,7 +53,7 @@ import torch
 ENV = "GRAPHDECK_PARITY"
 EVENT = "graphdeck_parity"
 DEFAULT_MAX_ELEMENTS = 1 << 16
-TOTAL_ELEMENTS = 1 << 24  # per rank, all values of the step together
+TOTAL_ELEMENTS = 1 << 22  # per rank: the backward nodes' values together, and the parameters' apart
 MAX_BACKWARDS = 8
 MAX_NODES = 20000
 _PLUMBING = ("torch::autograd::AccumulateGrad",)
@@ -80,7 +81,8 @@ class ParityCapture:
         self.role = role
         self._steps = 0  # optimizer steps completed (of the first optimizer seen)
         self._opt: Any = None
-        self._budget = TOTAL_ELEMENTS
+        budget = max(TOTAL_ELEMENTS, max_elements)
+        self._budget = {"node": budget, "param": budget}
         self._backwards: list[dict] = []
         self._written = False
         self._failed = False
@@ -108,7 +110,7 @@ class ParityCapture:
         return cls(agent, parsed[0], parsed[1], os.environ.get("GRAPHDECK_PARITY_ROLE") or None)
 
     # ------------------------------------------------------------------ values
-    def value(self, t: Any) -> dict | None:
+    def value(self, t: Any, kind: str = "node") -> dict | None:
         """One gradient as stored (see the module note); None for None or a non-tensor."""
         if not isinstance(t, torch.Tensor):
             return None
@@ -131,8 +133,8 @@ class ParityCapture:
                 return rec
             cpu = local.to("cpu", torch.float64 if local.dtype == torch.float64 else torch.float32).contiguous()
             rec["norm"] = float(cpu.norm()) if cpu.numel() else 0.0
-            if cpu.numel() <= self.max_elements and cpu.numel() <= self._budget:
-                self._budget -= cpu.numel()
+            if cpu.numel() <= self.max_elements and cpu.numel() <= self._budget[kind]:
+                self._budget[kind] -= cpu.numel()
                 rec["vdtype"] = str(cpu.dtype).removeprefix("torch.")
                 rec["data"] = base64.b64encode(cpu.numpy().tobytes()).decode("ascii")
         return rec
@@ -224,7 +226,7 @@ class ParityCapture:
         for model in list(getattr(self.agent, "_models", ())):
             for fqn, p in self.agent.named_tensors(model):
                 if p.requires_grad and fqn not in out:
-                    out[fqn] = self.value(p.grad)
+                    out[fqn] = self.value(p.grad, "param")
         return out
 
     def _write(self, at: str) -> None:

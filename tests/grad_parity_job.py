@@ -10,6 +10,7 @@ is right (``loss_parallel``'s ``_log_softmax`` all-reduces), but its backward ha
 incoming gradient unchanged (it assumes an ``nll_loss`` consumer that folds the softmax Jacobian
 in): the lm head and everything below it get a wrong gradient, nothing raises.
 ``ce``: ``F.cross_entropy`` on the same logits, the supported way (right gradients).
+``*_compiled``: the model through ``torch.compile`` (the agent's ``aot_eager`` backend), the loss eager.
 
 The mesh has as many ranks as the job (1 for the reference run); every rank draws the same
 batch (seeded generator), as tensor-parallel ranks must.
@@ -56,14 +57,15 @@ def main() -> None:
     parallelize_module(model, mesh, {"lm_head": ColwiseParallel(use_local_output=False)})
     agent = Agent(store=store, run=case)
     agent.watch(model)
+    step_fn = torch.compile(model, backend=agent.backend("aot_eager")) if case.endswith("_compiled") else model
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(7)
     for _ in range(STEPS):
         tokens = torch.randint(VOCAB, (2, 6), generator=gen)
         targets = torch.randint(VOCAB, (2, 6), generator=gen)
         with loss_parallel():
-            logits = model(tokens)  # DTensor, Shard(-1): each rank holds its slice of the vocab
-            if case == "handwritten":
+            logits = step_fn(tokens)  # DTensor, Shard(-1): each rank holds its slice of the vocab
+            if case.startswith("handwritten"):
                 logp = F.log_softmax(logits, dim=-1)
                 mask = distribute_tensor(F.one_hot(targets, VOCAB).float(), mesh, [Shard(-1)])
                 loss = -(logp * mask).sum() / targets.numel()  # PARITY-BUG

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from graphdeck.analysis.gradients.parity import assemble
+from graphdeck.analysis.gradients.parity import assemble, compare
 from graphdeck.cli import main as cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,3 +177,25 @@ def test_assemble_shards_partials_replicas():
     assert "not stored" in assemble([{k: v for k, v in _rec(full).items() if k != "data"}])[1]
     assert assemble([None, None]) == (None, "none")
     assert torch.equal(assemble([_rec(full), _rec(full)])[0], full)  # replicas of a plain tensor (DDP)
+
+
+def test_values_over_the_cap_compare_by_norm_only():
+    """A value stored as a norm only (over --max-elements): norms that differ are a DIFFER (the
+    values cannot agree); norms that agree prove nothing, so it is NOT_COMPARED, never a MATCH."""
+    import torch
+
+    full = torch.arange(24.0).reshape(4, 6)
+
+    def norm_only(t, **kw):
+        r = _rec(t, **kw)
+        del r["data"]
+        r["norm"] = float(t.norm())
+        return r
+
+    shards = [norm_only(full[2 * i:2 * i + 2], place=["Shard(dim=0)"], mesh=[2], coord=[i], offset=[2 * i, 0],
+                        shape=full.shape) for i in range(2)]
+    status, diff, scale, why = compare(shards, [norm_only(full)])
+    assert status == "NOT_COMPARED" and "the norms agree" in why, why
+    status, diff, scale, why = compare(shards, [norm_only(full * 1.5)])
+    assert status == "DIFFER" and "norms differ" in why and diff is None, why
+    assert compare(shards[:1] + [None], [norm_only(full * 1.5)])[0] == "NOT_COMPARED"  # a shard missing

@@ -188,6 +188,32 @@ def assemble(recs: list[dict | None]) -> tuple[Any, str]:
     return full, ""
 
 
+def whole_norm(recs: list[dict | None]) -> float | None:
+    """The L2 norm of the whole value from the ranks' local norms, where placements allow it
+    (plain replicas, ``Shard``/``Replicate``; not ``Partial``); None otherwise."""
+    present = [r for r in recs if r is not None]
+    if not present or len(present) != len(recs) or any(r.get("norm") is None for r in present):
+        return None
+    places = present[0].get("place")
+    if places is None:
+        norms = [r["norm"] for r in present]
+        return norms[0] if max(norms) - min(norms) <= 1e-6 * max(max(norms), 1e-30) else None
+    if any(not (_SHARD.match(p) or p == "Replicate()") for p in places):
+        return None
+    seen, total = set(), 0.0
+    for r in present:
+        coord = tuple(r.get("coord") or ())
+        if len(coord) != len(places) or coord in seen or any(p == "Replicate()" and c != 0
+                                                             for p, c in zip(places, coord)):
+            continue
+        seen.add(coord)
+        total += r["norm"] ** 2
+    need = 1
+    for p, n in zip(places, present[0].get("mesh") or ()):
+        need *= 1 if p == "Replicate()" else n
+    return total ** 0.5 if len(seen) == need else None
+
+
 def _amax(t) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
 
@@ -208,7 +234,14 @@ def compare(recs_a: list[dict | None], rec_b: list[dict | None]) -> tuple[str, f
             return "NOT_COMPARED", None, None, why_a or why_b
         return "DIFFER", None, None, f"a gradient in the {'reference' if why_a == 'none' else 'sharded'} run only"
     if a is None or b is None:
-        return "NOT_COMPARED", None, None, f"{'sharded' if a is None else 'reference'}: {why_a or why_b}"
+        why = f"{'sharded' if a is None else 'reference'}: {why_a or why_b}"
+        na, nb = whole_norm(recs_a), whole_norm(rec_b)
+        if na is not None and nb is not None:
+            rtol, atol = tolerance(next(r for r in rec_b if r is not None)["dtype"])
+            if abs(na - nb) > atol + rtol * nb:
+                return "DIFFER", None, nb, f"norms differ: sharded {na:.6g}, reference {nb:.6g} ({why})"
+            why += f"; the norms agree ({nb:.6g})"
+        return "NOT_COMPARED", None, None, why
     if tuple(a.shape) != tuple(b.shape):
         return "NOT_COMPARED", None, None, f"shapes differ: sharded {list(a.shape)}, reference {list(b.shape)}"
     rec = next(r for r in rec_b if r is not None)
@@ -352,6 +385,11 @@ def _node_status(nodes_a: list[list[dict]], ia: int, node_b: dict, key: str) -> 
 
 
 def _fix(node: str) -> str:
+    if node == "CompiledFunctionBackward":
+        return ("the difference is made inside a compiled region's backward (torch.compile): autograd sees the "
+                "region as one node. Run the pair with the model eager (without torch.compile) to name the node "
+                "inside it; when eager agrees and compiled does not, `graphdeck check-grads --numeric` names the "
+                "compiled node at fault")
     if node in _LOSS_PARALLEL_NODES:
         return ("under loss_parallel() only F.cross_entropy / F.nll_loss on the vocab-sharded log_softmax get a right "
                 "gradient: loss_parallel's log_softmax backward returns the incoming gradient unchanged, relying on "
