@@ -276,6 +276,15 @@ class ParityCapture:
         from torch.distributed.tensor import DTensor
 
         def enable():
+            from graphdeck.capture.agent import _dist_info
+
+            if _dist_info()[1] != 1:  # a reference must run at world size 1: keep DTensor's own handlers
+                if self.reference_ops:
+                    warnings.warn("graphdeck: the parity reference runs at world size > 1: loss_parallel's own "
+                                  "handlers are kept")
+                    self.reference_ops = []
+                DTensor._op_dispatcher._custom_op_handlers.update(lp.customized_loss_ops)
+                return
             DTensor._op_dispatcher._custom_op_handlers.update({op: _single_device_handler for op in ops})
 
         def disable():

@@ -321,6 +321,12 @@ def _loss(rep: ParityReport, ranks_a: list[dict], ranks_b: list[dict]) -> None:
     b, _ = assemble(roots_b)
     status, diff, scale, why = compare(roots_a, roots_b)
     rep.loss = {"status": status, "diff": diff, "sharded": _scalar(a), "reference": _scalar(b), "reason": why}
+    if a is None and all(r is not None and r.get("place") is None and "data" in r for r in roots_a):
+        per_rank = [_scalar(_tensor(r)) for r in roots_a]
+        if all(v is not None for v in per_rank):  # data parallel: each rank's loss of its own batch
+            rep.loss["per_rank"] = per_rank
+            rep.loss["reason"] = ("each rank's loss is its own (data parallel: each rank its own batch); the "
+                                  "gradients, reduced across ranks, are compared")
 
 
 def _scalar(t) -> float | None:

@@ -19,7 +19,8 @@ def render(rep) -> str:
     lines.append(f"  tolerance: max|sharded - reference| <= atol + rtol * max|reference| ({tol})")
     if rep.loss:
         ls = rep.loss
-        lines.append(f"  loss: sharded {_g(ls['sharded'])}, reference {_g(ls['reference'])}: {ls['status']}"
+        mine = _g(ls["sharded"]) if not ls.get("per_rank") else "per rank " + ", ".join(_g(v) for v in ls["per_rank"])
+        lines.append(f"  loss: sharded {mine}, reference {_g(ls['reference'])}: {ls['status']}"
                      + (f" ({ls['reason']})" if ls.get("reason") else ""))
         if ls["status"] == "DIFFER":
             lines.append("  the loss itself differs: the forward or the batch differ (both runs must draw the same "
