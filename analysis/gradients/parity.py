@@ -75,6 +75,7 @@ class NodeParity:
     scale: float
     incoming: str  # "match" | "differ" | "not compared"
     unmatched_before: int  # reference nodes before it that could not be compared
+    unmatched_nodes: list[str] = field(default_factory=list)  # the first of them: "Name (file:line)"
 
 
 @dataclass
@@ -351,7 +352,7 @@ def _first_node(rep: ParityReport, ranks_a: list[dict], ranks_b: list[dict]) -> 
         sm = difflib.SequenceMatcher(None, [names_a[i] for i in keep_a], [nodes_b[i]["name"] for i in keep_b],
                                      autojunk=False)
         pairs = {keep_b[j + k]: keep_a[i + k] for i, j, n in sm.get_matching_blocks() for k in range(n)}
-        unmatched = 0
+        unmatched: list[str] = []
         for ib, node_b in enumerate(nodes_b):
             if _SHARDING_NODES.search(node_b["name"]):
                 continue
@@ -359,7 +360,7 @@ def _first_node(rep: ParityReport, ranks_a: list[dict], ranks_b: list[dict]) -> 
             status, diff, scale = _node_status(nodes_a, ia, node_b, "grad") if ia is not None else ("NOT_COMPARED",
                                                                                                     None, None)
             if status == "NOT_COMPARED":
-                unmatched += 1
+                unmatched.append(node_b["name"] + (f" ({node_b['source']})" if node_b.get("source") else ""))
                 continue
             rep.nodes_compared += 1
             if status == "DIFFER":
@@ -368,8 +369,8 @@ def _first_node(rep: ParityReport, ranks_a: list[dict], ranks_b: list[dict]) -> 
                                             source=node_b.get("source"), diff=diff, scale=scale,
                                             incoming={"MATCH": "match", "DIFFER": "differ"}.get(incoming,
                                                                                                 "not compared"),
-                                            unmatched_before=unmatched)
-                rep.fix = _fix(node_b["name"])
+                                            unmatched_before=len(unmatched), unmatched_nodes=unmatched[:8])
+                rep.fix = _fix(rep.first_node, rep.loss)
                 return
 
 
@@ -390,17 +391,27 @@ def _node_status(nodes_a: list[list[dict]], ia: int, node_b: dict, key: str) -> 
     return worst
 
 
-def _fix(node: str) -> str:
-    if node == "CompiledFunctionBackward":
+def _fix(node: NodeParity, loss: dict | None) -> str:
+    """What to change, from where the difference starts (the node, or before it) and the loss."""
+    starts_here = node.incoming == "match"
+    if starts_here and node.name == "CompiledFunctionBackward":
         return ("the difference is made inside a compiled region's backward (torch.compile): autograd sees the "
                 "region as one node. Run the pair with the model eager (without torch.compile) to name the node "
                 "inside it; when eager agrees and compiled does not, `graphdeck check-grads --numeric` names the "
                 "compiled node at fault")
-    if node in _LOSS_PARALLEL_NODES:
+    if starts_here and node.name in _LOSS_PARALLEL_NODES:
         return ("under loss_parallel() only F.cross_entropy / F.nll_loss on the vocab-sharded log_softmax get a right "
                 "gradient: loss_parallel's log_softmax backward returns the incoming gradient unchanged, relying on "
                 "nll_loss's backward to apply the softmax Jacobian (pytorch/pytorch#190746). Compute the per-token "
                 "loss with F.cross_entropy(..., reduction='none') and weight it, or make the logits whole "
                 "(redistribute to Replicate) before a hand-written loss")
-    return ("the node computes another gradient when sharded: look at its forward line for a reduction or a "
-            "normalisation over a sharded dimension, a to_local() without grad_placements, or a rank-local constant")
+    hint = ("a reduction or normalisation over a sharded dimension done on the local slice (a logsumexp, softmax, "
+            "mean or max after to_local()), a to_local() without grad_placements, or a rank-local constant")
+    if starts_here:
+        return f"the node computes another gradient when sharded: look at its forward line for {hint}"
+    where = ("the forward already computes another loss, so " if loss and loss.get("status") == "DIFFER" else "")
+    start = "before this node" if node.incoming == "differ" else "at this node or before it"
+    before = (", where values are rank-local and were not compared: look at those nodes' forward lines"
+              if node.unmatched_before else ": look at the forward lines")
+    return (f"{where}the difference starts {start}{before} for {hint}; under loss_parallel() use F.cross_entropy "
+            "on the sharded logits")

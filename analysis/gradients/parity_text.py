@@ -39,11 +39,15 @@ def render(rep) -> str:
         if n.incoming == "match":
             lines.append("    the gradient it receives matches the reference's and the one it computes does not: "
                          "the difference starts at this node")
+        elif n.incoming == "differ":
+            lines.append("    the gradient it receives already differs: the difference starts before it"
+                         + (", among the nodes that could not be compared" if n.unmatched_before else ""))
         else:
-            lines.append(f"    the gradient it receives: {n.incoming}")
+            lines.append("    the gradient it receives could not be compared")
         if n.unmatched_before:
-            lines.append(f"    {n.unmatched_before} node(s) before it could not be compared (rank-local values, "
-                         "no counterpart): the difference may start there")
+            more = n.unmatched_before - len(n.unmatched_nodes)
+            lines.append(f"    {n.unmatched_before} node(s) before it could not be compared (rank-local values or no "
+                         f"counterpart): {', '.join(n.unmatched_nodes)}" + (f" and {more} more" if more > 0 else ""))
     elif any(p.status == "DIFFER" for p in rep.params):
         lines.append(f"  no backward node localised ({rep.nodes_compared} compared): see the notes")
     for why in rep.incomplete:
@@ -54,6 +58,8 @@ def render(rep) -> str:
         lines.append(f"  fix: {rep.fix}")
     if rep.verdict == "FAIL":
         bad = [p.name for p in rep.params if p.status == "DIFFER"]
+        loss_ok = bool(rep.loss) and rep.loss["status"] == "MATCH"
         lines.append(f"  consequence: the sharded job does not train the model the unsharded one trains (gradients "
-                     f"of {', '.join(bad)} differ at step {rep.step}); its loss still looks right")
+                     f"of {', '.join(bad)} differ at step {rep.step})"
+                     + ("; its loss still looks right" if loss_ok else ""))
     return "\n".join(lines)
