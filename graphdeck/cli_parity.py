@@ -29,7 +29,7 @@ from graphdeck.errors import GraphdeckError
 @click.command("parity", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite path or URL: the runs' store.")
-@click.option("--nproc", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--nproc", type=click.IntRange(min=2), default=2, show_default=True,
               help="Launch form: ranks of the sharded run (the reference runs at 1).")
 @click.option("--step", type=click.IntRange(min=0), default=0, show_default=True,
               help="Launch form: the optimizer step recorded (0: the first).")
@@ -37,7 +37,8 @@ from graphdeck.errors import GraphdeckError
               help="Launch form: name of the run pair (NAME-sharded, NAME-reference); default parity-<time>.")
 @click.option("--max-elements", "max_elements", type=click.IntRange(min=0), default=None,
               help="Launch form: store values of tensors up to this many local elements (default 65536); "
-                   "larger ones keep a norm only and are not compared.")
+                   "larger ones keep a norm only (compared by norm: a differing norm is a FAIL, an agreeing "
+                   "one is INCOMPLETE).")
 @click.option("--allow-incomplete", "allow_incomplete", is_flag=True,
               help="Exit 0 when nothing differs although something could not be compared.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -110,8 +111,6 @@ def _launch(args: tuple[str, ...], store: str, nproc: int, step: int, run_name: 
     from graphdeck.store.db import open_engine
     from graphdeck.store.schema import Run
 
-    if nproc < 2:
-        raise UsageError("--nproc: the sharded run needs at least 2 ranks (the reference runs at 1)")
     prefix = run_name or time.strftime("parity-%Y%m%d-%H%M%S")
     names = (f"{prefix}-sharded", f"{prefix}-reference")
     with Session(open_engine(store)) as s:
