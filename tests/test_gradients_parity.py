@@ -2,7 +2,8 @@
 ranks and at 1 and compares one optimizer step. A loss written by hand on the vocab-sharded
 ``log_softmax`` under ``loss_parallel()`` (pytorch/pytorch#190746: its backward is an identity) is a
 FAIL naming the parameters and the first differing backward node (``LogSoftmaxBackward0``, made by
-the script's ``log_softmax`` line); ``F.cross_entropy`` under ``loss_parallel()`` PASSes. The
+the script's ``log_softmax`` line; eager); ``F.cross_entropy`` under ``loss_parallel()`` PASSes (the
+model compiled with aot_eager: a healthy compiled job is green). The
 reference is checked against plain single-process autograd (no DTensor): it is the unsharded
 model's gradient, not loss_parallel's. One module fixture launches the two pairs of jobs
 (tests/grad_parity_job.py) through the real CLI."""
@@ -31,7 +32,7 @@ def _cli(*args):
 def launched(tmp_path_factory):
     db = tmp_path_factory.mktemp("parity") / "parity.db"
     out = {}
-    for case in ("handwritten", "ce"):
+    for case in ("handwritten", "ce_compiled"):
         out[case] = _cli("--store", db, "--nproc", "2", "--run", case, "--", JOB, db, case)
     return db, out
 
@@ -69,13 +70,25 @@ def test_handwritten_loss_on_sharded_log_softmax_fails_at_its_backward_node(laun
 
 @pytest.mark.slow
 def test_cross_entropy_under_loss_parallel_passes(launched):
+    """The model compiled (the agent's aot_eager backend), F.cross_entropy under loss_parallel()."""
     db, out = launched
-    rc, text = out["ce"]
+    rc, text = out["ce_compiled"]
     assert rc == 0, text
     assert "optimizer step 0: PASS" in text
     for name in ("embed.weight", "proj.weight", "proj.bias", "lm_head.weight"):
         assert f"MATCH        {name}" in text
     assert "first differing" not in text and "INCOMPLETE" not in text
+    from sqlalchemy import func, select
+    from sqlalchemy.orm import Session
+
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.schema import Graph, Run
+
+    with Session(open_engine(str(db), read_only=True)) as s:  # both runs really ran compiled
+        for run in ("ce_compiled-sharded", "ce_compiled-reference"):
+            n = s.scalar(select(func.count()).select_from(Graph).join(Run, Run.id == Graph.run_id)
+                         .where(Run.name == run, Graph.kind == "dynamo"))
+            assert n >= 1, run
 
 
 def _plain_grads(case: str) -> dict:
@@ -103,7 +116,7 @@ def _plain_grads(case: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["handwritten", "ce"])
+@pytest.mark.parametrize("case", ["handwritten", "ce_compiled"])
 def test_reference_is_the_unsharded_models_gradient(launched, case):
     """The 1-rank reference computes what plain autograd does (not loss_parallel's handlers, which
     are wrong for the hand-written loss at any world size)."""
@@ -137,7 +150,7 @@ def test_bad_and_missing_input(launched, tmp_path):
     rc, text = _cli("handwritten-sharded", "nope", "--store", db)
     assert rc == 2 and "'nope' not found" in text
     assert _cli("handwritten-sharded", "--store", db)[0] == 2
-    rc, text = _cli("--store", db, "--run", "ce", "--", JOB, db, "ce")
+    rc, text = _cli("--store", db, "--run", "ce_compiled", "--", JOB, db, "ce_compiled")
     assert rc == 2 and "exists" in text  # a pair of that name is not overwritten
 
 
