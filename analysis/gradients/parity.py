@@ -127,21 +127,22 @@ def load_evidence(session, run) -> dict[int, dict]:
 
 
 def _tensor(rec: dict):
+    """A record's stored values as a numpy array of the local shape (float32, or float64)."""
     import numpy as np
-    import torch
 
     dt = np.float64 if rec.get("vdtype") == "float64" else np.float32
     arr = np.frombuffer(base64.b64decode(rec["data"]), dtype=dt).copy()
-    return torch.from_numpy(arr).reshape(rec.get("local") or rec["shape"])
+    return arr.reshape(rec.get("local") or rec["shape"])
 
 
 _SHARD = re.compile(r"^Shard\(dim=(-?\d+)\)$")
 
 
 def assemble(recs: list[dict | None]) -> tuple[Any, str]:
-    """The whole value of one gradient from every rank's record of it: ``(tensor, "")``, ``(None,
-    "none")`` when no rank has a gradient, else ``(None, why it cannot be made whole)``."""
-    import torch
+    """The whole value of one gradient from every rank's record of it: ``(numpy array, "")``,
+    ``(None, "none")`` when no rank has a gradient, else ``(None, why it cannot be made whole)``.
+    numpy only: the analysis runs where torch is not installed (the server)."""
+    import numpy as np
 
     present = [r for r in recs if r is not None]
     if not present:
@@ -166,7 +167,7 @@ def assemble(recs: list[dict | None]) -> tuple[Any, str]:
             kinds.append(p)
         else:
             return None, f"placement {p} is not made whole by graphdeck"
-    full = torch.zeros(present[0]["shape"], dtype=_tensor(present[0]).dtype)
+    full = np.zeros(present[0]["shape"], dtype=_tensor(present[0]).dtype)
     seen: set[tuple] = set()
     for r in present:
         coord = tuple(r.get("coord") or ())
@@ -216,11 +217,13 @@ def whole_norm(recs: list[dict | None]) -> float | None:
 
 
 def _amax(t) -> float:
-    return float(t.abs().max()) if t.numel() else 0.0
+    return float(abs(t).max()) if t.size else 0.0
 
 
 def _diff(a, b) -> float:
-    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+    import numpy as np
+
+    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.size else 0.0
 
 
 def compare(recs_a: list[dict | None], rec_b: list[dict | None]) -> tuple[str, float | None, float | None, str]:
@@ -331,7 +334,7 @@ def _loss(rep: ParityReport, ranks_a: list[dict], ranks_b: list[dict]) -> None:
 
 
 def _scalar(t) -> float | None:
-    return float(t.reshape(-1)[0]) if t is not None and t.numel() == 1 else None
+    return float(t.reshape(-1)[0]) if t is not None and t.size == 1 else None
 
 
 def _first_node(rep: ParityReport, ranks_a: list[dict], ranks_b: list[dict]) -> None:
