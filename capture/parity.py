@@ -296,14 +296,15 @@ class ParityCapture:
 
 
 def _single_device_handler(op_call, args, kwargs):
-    """An op on 1-rank DTensors computed by its own kernel on the whole values; outputs keep the
-    first DTensor argument's placements where their shape is its shape, else Replicate."""
+    """An op on 1-rank DTensors computed by its own kernel on the whole values; an output takes the
+    placements of the first DTensor argument of its shape (the logits' for the log_softmax and the
+    nll_loss backward), else Replicate."""
     from torch.distributed.tensor import DTensor, Replicate
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-    from torch.utils._pytree import tree_map
+    from torch.utils._pytree import tree_leaves, tree_map
 
-    first = next(a for a in list(args) + list(kwargs.values()) if isinstance(a, DTensor))
-    spec = first._spec
+    dts = [a for a in tree_leaves((args, kwargs)) if isinstance(a, DTensor)]
+    spec = dts[0]._spec
     if spec.mesh.size() != 1:
         raise RuntimeError("graphdeck parity reference handlers run at world size 1 only")
 
@@ -315,7 +316,8 @@ def _single_device_handler(op_call, args, kwargs):
     def wrap(t):
         if not isinstance(t, torch.Tensor):
             return t
-        place = spec.placements if tuple(t.shape) == tuple(first.shape) else (Replicate(),) * spec.mesh.ndim
+        like = next((d for d in dts if tuple(d.shape) == tuple(t.shape)), None)
+        place = like._spec.placements if like is not None else (Replicate(),) * spec.mesh.ndim
         meta = TensorMeta(t.shape, t.stride(), t.dtype)
         return DTensor(t, DTensorSpec(spec.mesh, tuple(place), tensor_meta=meta), requires_grad=t.requires_grad)
 
