@@ -115,6 +115,13 @@ class Agent:
         self._evidence = None  # GradEvidence, made by watch() (NOTE: [Gradient evidence])
         self._reach: dict[int, tuple] = {}  # id(unsplit gm) -> (reach map, output names)
         self._flight = FlightDumps.start(self)  # Flight Recorder on; dumped on raise/SIGTERM/exit/close
+        self._parity = None  # NOTE: [Parity evidence] (parity.py): only under GRAPHDECK_PARITY
+        try:
+            from graphdeck.capture.parity import ParityCapture
+
+            self._parity = ParityCapture.from_env(self)
+        except Exception as exc:  # noqa: BLE001 - capture never breaks training
+            warnings.warn(f"graphdeck: no parity evidence: {type(exc).__name__}: {exc}")
 
     # ----------------------------------------------------------------------------- store access
     @property
@@ -511,6 +518,7 @@ class Agent:
         parts = (("compile records", self.flush_events), ("parallel layout", self.record_layout),
                  ("process groups", lambda: write_record(self.writer)),
                  ("gradient evidence", lambda: self._evidence is not None and self._evidence.close()),
+                 ("parity evidence", lambda: self._parity is not None and self._parity.close()),
                  ("Flight Recorder dump", lambda: self._flight is not None and self._flight.write("close")))
         try:
             lost = []
@@ -547,6 +555,8 @@ def _flush_at_exit(ref, closed: bool | None = None) -> None:
         agent.record_layout()
         if agent._evidence is not None:
             agent._evidence.flush(closed=closed)
+        if getattr(agent, "_parity", None) is not None:
+            agent._parity.flush()
     except Exception:  # noqa: BLE001 - never fail the interpreter's exit
         pass
 

@@ -53,6 +53,7 @@ ROUTERS = (
     "graphdeck.server.routes.parallel_map",
     "graphdeck.server.routes.layout",
     "graphdeck.server.routes.compile_health",
+    "graphdeck.server.routes.parity",
     "graphdeck.server.routes.diff",
     "graphdeck.server.routes.export",
     "graphdeck.server.routes.summary",

@@ -27,6 +27,8 @@ Modules:
   reaches the loss through the backward graph or is reported as a dangling…
 * ``grad_numeric``: Numeric mode: eager vs compiled gradients of one step, run in the caller's
   context.
+* ``parity``: Reference parity: one optimizer step of a sharded run against its unsharded
+  reference (``graphdeck parity``); ``parity_text`` renders its report.
 * ``grad_replicas``: Replica agreement: ranks that must hold the same value hold it
   (``REPLICA_DIVERGENCE`` from the capture's gradient fingerprints; DDP replicas).
 * ``grad_replicas_tp``: Replica agreement across tensor-parallel peers of a Replicate parameter.
