@@ -288,6 +288,10 @@ function healthBody(rep) {
         .filter(Boolean).join(" · ")),
     (rep.findings || []).length ? h("ul", {class: "findings", "data-testid": "compile-health-findings"},
       rep.findings.map((x) => h("li", {}, badge("FAIL", "status-NO_GRAD"), " ", x))) : null,
+    // What no gate covers but a user must see (check-compile's WARN lines, the same text): a hit
+    // recompile limit, eager fallbacks, compiled DDP that cannot overlap its all-reduces.
+    (rep.warnings || []).length ? h("ul", {class: "findings", "data-testid": "compile-health-warnings"},
+      rep.warnings.map((x) => h("li", {}, badge("WARN", "ov-warn"), " ", x))) : null,
     (rep.missing_evidence || []).length ? h("ul", {class: "missing", "data-testid": "compile-health-missing"},
       rep.missing_evidence.map((x) => h("li", {}, badge("INCOMPLETE", "tag"), " ", x))) : null,
     table("compile-health-breaks", ["Source line", "Reason", "Count", "Ranks", "Frames", "Hint"],
