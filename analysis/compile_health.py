@@ -87,6 +87,7 @@ class Thresholds:
     max_graph_breaks: int | None = None
     max_recompiles_per_frame: int | None = None
     fail_on_eager_fallback: bool = False
+    fail_on_ddp_no_overlap: bool = False  # compiled DDP that cannot overlap its all-reduces (ddp_overlap.py)
 
     def __post_init__(self) -> None:
         for name in ("max_graph_breaks", "max_recompiles_per_frame"):
@@ -514,6 +515,8 @@ def _verdict(h: CompileHealth) -> None:
     if th.fail_on_eager_fallback and h.fallbacks:
         h.findings.append(f"{len(h.fallbacks)} frame(s) fell back to eager: " + "; ".join(
             f"rank {x.rank} {x.compile_id} {x.frame}: {x.kind}" for x in h.fallbacks))
+    if th.fail_on_ddp_no_overlap and h.ddp_overlap:
+        h.findings += [f"--fail-on-ddp-no-overlap: {f.message}" for f in h.ddp_overlap]
     for f in h.frames:
         if f.limit_hit:
             h.warnings.append(f"frame {f.frame}: recompile limit hit ({f.used} of {f.limit} compiles used)")
@@ -523,7 +526,8 @@ def _verdict(h: CompileHealth) -> None:
             f"rank {x.rank} {x.compile_id} {x.frame}" for x in raised[:5]))
     if len(h.fallbacks) > len(raised):
         h.warnings.append(f"{len(h.fallbacks) - len(raised)} frame(s) fell back to eager or failed to compile")
-    h.warnings += [f.message for f in h.ddp_overlap]  # a performance finding: WARN, no gate
+    if not th.fail_on_ddp_no_overlap:
+        h.warnings += [f.message for f in h.ddp_overlap]  # a performance finding: WARN unless gated
     # NOTE: [WARN is not PASS]: with no gate for them, a hit limit or a failed compile still is no
     # PASS (the job ran eagerly or raised): WARN, exit 0; a gate (--max-*, --fail-on-*) makes it FAIL.
     h.verdict = ("FAIL" if h.findings else "INCOMPLETE" if h.missing_evidence

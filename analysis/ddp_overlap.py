@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.store.schema import Graph, GraphIO, Run
+from graphdeck.store.schema import CompileEvent, Graph, GraphIO, Run
 
 #: Dynamo's ``optimize_ddp`` modes under which the capture's graphs are not DDPOptimizer's, and
 #: what the user set to get them.
@@ -120,14 +120,18 @@ def find(session: Session, run: Run) -> list[NoOverlap]:
     """The run's backward graphs that feed two or more DDP buckets without DDPOptimizer's split
     (NOTE: [DDP overlap by construction]), merged across ranks by graph, with the cost measured
     on one rank's trace. Empty when there is none or no rank recorded its DDP buckets."""
-    graphs = {g.id: g for g in session.scalars(select(Graph).where(
-        Graph.run_id == run.id, Graph.kind.in_(("dynamo", "ddp_partition", "aot_backward"))))}
+    if session.execute(select(CompileEvent.id).where(CompileEvent.run_id == run.id,
+                                                     CompileEvent.name == "graphdeck_comm_groups").limit(1)).first() is None:
+        return []  # no rank recorded its DDP buckets: nothing to judge (NOTE: [DDP overlap by construction])
+    graphs = {g.id: g for g in session.execute(select(
+        Graph.id, Graph.rank, Graph.kind, Graph.parent_id, Graph.name, Graph.compile_id, Graph.frame_name,
+        Graph.meta_json).where(Graph.run_id == run.id, Graph.kind.in_(("dynamo", "ddp_partition", "aot_backward"))))}
     backward = [g for g in graphs.values() if g.kind == "aot_backward" and g.parent_id in graphs]
     if not backward:
         return []
     grads: dict[int, list[str]] = defaultdict(list)
-    for gid, fqn in session.execute(select(GraphIO.graph_id, GraphIO.param_fqn).where(
-            GraphIO.graph_id.in_([g.id for g in backward]), GraphIO.direction == "grad",
+    for gid, fqn in session.execute(select(GraphIO.graph_id, GraphIO.param_fqn).join(Graph, Graph.id == GraphIO.graph_id).where(
+            Graph.run_id == run.id, Graph.kind == "aot_backward", GraphIO.direction == "grad",
             GraphIO.has_grad.is_(True), GraphIO.param_fqn.is_not(None))):
         grads[gid].append(fqn)
     bucket_maps: dict[int, dict[str, int]] = {}

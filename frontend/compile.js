@@ -267,7 +267,8 @@ function rankStatsRow(r) {
 /** PASS only when a gate was checked; with none (the page asks for none) the report is a report. */
 function verdictBadge(rep) {
   const th = rep.thresholds || {};
-  const gated = !isBlank(th.max_graph_breaks) || !isBlank(th.max_recompiles_per_frame) || th.fail_on_eager_fallback;
+  const gated = !isBlank(th.max_graph_breaks) || !isBlank(th.max_recompiles_per_frame) || th.fail_on_eager_fallback
+    || th.fail_on_ddp_no_overlap;
   return rep.verdict === "PASS" && !gated
     ? h("span", {title: "no threshold given: see check-compile's --max-* flags"}, badge("report · no gates", "tag"))
     : badge(rep.verdict, VERDICT_CLASS[rep.verdict] || "tag");

@@ -66,6 +66,15 @@ def test_one_backward_graph_for_every_bucket_is_a_warn_with_its_cost(store):
     text = CliRunner().invoke(cli, ["check-compile", str(store), "--run", "nosplit"])
     assert text.exit_code == 0 and f"WARN: {msg}" in text.output
 
+    # the gate makes it a FAIL (exit 1), the same sentence, and a failed JUnit case
+    junit = store.parent / "compile.xml"
+    gated = CliRunner().invoke(cli, ["check-compile", str(store), "--run", "nosplit", "--fail-on-ddp-no-overlap",
+                                     "--junit", str(junit), "--json"])
+    assert gated.exit_code == 1, gated.output
+    g = json.loads(gated.output)
+    assert g["verdict"] == "FAIL" and g["findings"] == [f"--fail-on-ddp-no-overlap: {msg}"] and g["warnings"] == []
+    assert 'name="DDP communication overlap"' in junit.read_text() and "<failure" in junit.read_text()
+
     # the summary's compile line: WARN with the same sentence, exit 0
     res = CliRunner().invoke(cli, ["summary", str(store), "--run", "nosplit", "--json"])
     assert res.exit_code == 0, res.output
@@ -85,5 +94,7 @@ def test_ddp_optimizer_split_has_no_overlap_finding(store):
     assert res.exit_code == 0, res.output
     rep = json.loads(res.output)
     assert rep["ddp_overlap"] == [] and rep["verdict"] == "PASS", rep["warnings"]
+    gated = CliRunner().invoke(cli, ["check-compile", str(store), "--run", "split", "--fail-on-ddp-no-overlap"])
+    assert gated.exit_code == 0, gated.output
     res = CliRunner().invoke(cli, ["summary", str(store), "--run", "split"])
     assert res.exit_code == 0 and "cannot overlap" not in res.output, res.output
