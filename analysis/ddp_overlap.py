@@ -22,7 +22,9 @@ Evidence, per rank, all recorded by the capture:
   found one bucket's worth of parameters: not reported, DDPOptimizer's bucketing is the
   overlap DDP gets), ``optimize_ddp`` = Dynamo's mode while a DDP forward was compiled
   (``no_optimization`` for ``False``; ``python_reducer*`` traces the reducer into the backward
-  under compiled autograd, which overlaps by itself: not reported).
+  under compiled autograd, which overlaps by itself: not reported; ``ddp_optimizer`` on a graph
+  not marked as DDPOptimizer's means the capture did not see DDPOptimizer on the stack — a torch
+  it does not know — not that the split is missing: not reported either).
 
 A backward graph that DDPOptimizer did not compile and whose gradients fill two or more reducer
 buckets is a finding (:class:`NoOverlap`). A run without a bucket record (not DDP, an older
@@ -107,11 +109,6 @@ def _cause(mode: str | None) -> tuple[str, str]:
     if mode in MODE_WORDS:
         return (f"{MODE_WORDS[mode]}: Dynamo compiled the DDP module as one graph",
                 "leave torch._dynamo.config.optimize_ddp on (the default: DDPOptimizer compiles one graph per bucket)")
-    if mode == "ddp_optimizer":
-        return ("DDPOptimizer was on but did not compile this graph (a backend it cannot clone, or a frame "
-                "compiled outside the DDP module's forward)",
-                "compile the DDP-wrapped module itself (torch.compile(DDP(model))) with a registered backend so "
-                "DDPOptimizer splits it")
     return ("the graph was not split by DDPOptimizer (optimize_ddp off, or the frame compiled outside it; the "
             "mode was not recorded)", "leave torch._dynamo.config.optimize_ddp on and compile the DDP-wrapped module")
 
@@ -140,8 +137,8 @@ def find(session: Session, run: Run) -> list[NoOverlap]:
         src = graphs[g.parent_id]
         meta = _meta(src.meta_json)
         mode = meta.get("optimize_ddp")
-        if src.kind == "ddp_partition" or meta.get("ddp") or str(mode or "").startswith("python_reducer"):
-            continue
+        if src.kind == "ddp_partition" or meta.get("ddp") or (mode is not None and mode not in MODE_WORDS):
+            continue  # DDPOptimizer's graphs; compiled autograd's reducer; DDPOptimizer on but unseen: no claim
         if g.rank not in bucket_maps:
             bucket_maps[g.rank] = _buckets(session, run.id, g.rank)
         where = bucket_maps[g.rank]
@@ -149,7 +146,7 @@ def find(session: Session, run: Run) -> list[NoOverlap]:
         if len(hit) < 2:
             continue
         total = len(set(where.values()))
-        key = (src.compile_id, src.name, src.frame_name, len(hit), total, mode)
+        key = (src.frame_name or src.name, len(hit), total, mode)  # a frame's recompiles: one finding
         f = merged.get(key)
         if f is None:
             cause, fix = _cause(mode)
