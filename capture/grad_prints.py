@@ -86,7 +86,8 @@ class Fingerprinter:
     # group, and on CUDA no synchronisation: :meth:`launch` queues the reductions and a
     # non-blocking copy into pinned memory on the current stream (in stream order, so they read
     # the values the optimizer reads), and :meth:`Pending.values` waits for that copy only when
-    # the values are needed (the rows are written in batches, by then long done).
+    # the values are needed (when the row is written: the first at once, later ones in batches,
+    # by then long done).
     """
 
     def __init__(self):
