@@ -22,11 +22,15 @@ artifacts; texts read by :mod:`graphdeck.analysis.compile_rules`):
 * frames that fell back to eager (recompile limit hit, a graph break Dynamo could not handle,
   a failed compile) and restarts;
 * compile time and cache hits/misses per rank (Inductor FX graph cache and AOTAutograd cache,
-  local and remote, from the metrics' counters, else from the cache artifacts) and their spread.
+  local and remote, from the metrics' counters, else from the cache artifacts) and their spread;
+* compiled DDP whose one backward graph feeds several gradient buckets, so no all-reduce can
+  overlap the backward (``ddp_overlap``; NOTE: [DDP overlap by construction] in ddp_overlap.py),
+  with its cost measured from a trace where one exists.
 
 Verdict: FAIL when a threshold is passed; else INCOMPLETE when evidence is missing (a rank of the
 run without compile records, records dropped on import, a compile started and never finished);
-else WARN when no gate covers a hit recompile limit, an eager fallback or a failed compile; else
+else WARN when no gate covers a hit recompile limit, an eager fallback or a failed compile, or
+when compiled DDP cannot overlap its communication (a performance finding, never a FAIL); else
 PASS. Pure: reads the store, returns data.
 """
 
@@ -83,6 +87,7 @@ class Thresholds:
     max_graph_breaks: int | None = None
     max_recompiles_per_frame: int | None = None
     fail_on_eager_fallback: bool = False
+    fail_on_ddp_no_overlap: bool = False  # compiled DDP that cannot overlap its all-reduces (ddp_overlap.py)
 
     def __post_init__(self) -> None:
         for name in ("max_graph_breaks", "max_recompiles_per_frame"):
@@ -182,6 +187,7 @@ class CompileHealth:
     missing_evidence: list[str]
     thresholds: Thresholds
     findings: list[str] = field(default_factory=list)  # threshold failures
+    ddp_overlap: list = field(default_factory=list)  # NoOverlap (analysis.ddp_overlap), one per compiled frame
     warnings: list[str] = field(default_factory=list)  # what no gate was given for but a user must see
     verdict: str = "PASS"
 
@@ -209,6 +215,7 @@ class CompileHealth:
                 "limit_hit": [f.frame for f in self.frames if f.limit_hit],
                 "will_hit_limit": [f.frame for f in self.frames if f.will_hit_limit],
                 "eager_fallbacks": len(self.fallbacks),
+                "ddp_no_overlap": len(self.ddp_overlap),
                 "restarts": sum(len(r.restarts) for r in self.ranks.values())}
 
 
@@ -264,6 +271,9 @@ def compile_health(session: Session, run: Run, thresholds: Thresholds | None = N
                         spread=_spread([h.stats for h in healths]),
                         missing_evidence=_missing(session, run, set(per_rank)) + [m for _, _, ms in built for m in ms],
                         thresholds=th)
+    from graphdeck.analysis.ddp_overlap import find as ddp_no_overlap
+
+    out.ddp_overlap = ddp_no_overlap(session, run)
     _verdict(out)
     return out
 
@@ -505,6 +515,8 @@ def _verdict(h: CompileHealth) -> None:
     if th.fail_on_eager_fallback and h.fallbacks:
         h.findings.append(f"{len(h.fallbacks)} frame(s) fell back to eager: " + "; ".join(
             f"rank {x.rank} {x.compile_id} {x.frame}: {x.kind}" for x in h.fallbacks))
+    if th.fail_on_ddp_no_overlap and h.ddp_overlap:
+        h.findings += [f"--fail-on-ddp-no-overlap: {f.message}" for f in h.ddp_overlap]
     for f in h.frames:
         if f.limit_hit:
             h.warnings.append(f"frame {f.frame}: recompile limit hit ({f.used} of {f.limit} compiles used)")
@@ -514,6 +526,8 @@ def _verdict(h: CompileHealth) -> None:
             f"rank {x.rank} {x.compile_id} {x.frame}" for x in raised[:5]))
     if len(h.fallbacks) > len(raised):
         h.warnings.append(f"{len(h.fallbacks) - len(raised)} frame(s) fell back to eager or failed to compile")
+    if not th.fail_on_ddp_no_overlap:
+        h.warnings += [f.message for f in h.ddp_overlap]  # a performance finding: WARN unless gated
     # NOTE: [WARN is not PASS]: with no gate for them, a hit limit or a failed compile still is no
     # PASS (the job ran eagerly or raised): WARN, exit 0; a gate (--max-*, --fail-on-*) makes it FAIL.
     h.verdict = ("FAIL" if h.findings else "INCOMPLETE" if h.missing_evidence

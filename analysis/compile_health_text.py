@@ -66,7 +66,8 @@ def to_text(h: CompileHealth) -> str:
     """Verdict first, then totals, then each rank's times and caches and missing evidence."""
     s = h.summary()
     th = h.thresholds
-    gated = th.max_graph_breaks is not None or th.max_recompiles_per_frame is not None or th.fail_on_eager_fallback
+    gated = (th.max_graph_breaks is not None or th.max_recompiles_per_frame is not None or th.fail_on_eager_fallback
+             or th.fail_on_ddp_no_overlap)
     lines = [f"check-compile {h.run}: {h.verdict}" + ("" if gated or h.verdict not in ("PASS", "WARN")
                                                        else " (no threshold given: a report; exit 0)")]
     lines += [f"FAIL: {x}" for x in h.findings]
@@ -129,7 +130,7 @@ def to_text(h: CompileHealth) -> str:
 
 
 def to_junit(h: CompileHealth) -> str:
-    """One test case per gate (graph breaks, recompiles of each frame, eager fallbacks) and one
+    """One test case per gate (graph breaks, recompiles of each frame, eager fallbacks, DDP overlap) and one
     for the recorded evidence; a passed threshold is a failure, missing evidence too (type
     ``incomplete``), an unchecked gate passes with its numbers in ``system-out``."""
     from junitparser import Failure, JUnitXml, TestCase, TestSuite
@@ -152,6 +153,8 @@ def to_junit(h: CompileHealth) -> str:
              "\n".join(_frame_lines(f, "", raised=any(_raised(x) and x.frame == f.frame for x in h.fallbacks))))
     case("eager fallbacks", [x for x in h.findings if "fell back to eager" in x] if th.fail_on_eager_fallback else [],
          "\n".join(f"rank {x.rank} {x.compile_id} {x.frame}: {x.kind}" for x in h.fallbacks) or "none")
+    case("DDP communication overlap", [x for x in h.findings if x.startswith("--fail-on-ddp-no-overlap")],
+         "\n".join(f.message for f in h.ddp_overlap) or "none")
     case("recorded evidence", h.missing_evidence, f"{len(h.ranks)} rank(s) with compile records", "incomplete")
     xml = JUnitXml()
     xml.add_testsuite(suite)

@@ -259,7 +259,9 @@ def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
                   + f"{s['recompiles']} recompile(s), "
                   f"{s['eager_fallbacks']} eager fallback(s), {s['restarts']} restart(s)"
                   + (f"; recompile limit hit in {_names(s['limit_hit'], 2)}" if s["limit_hit"] else "")
-                  + ("" if rep.findings else " (no gates set: check-compile --max-* makes them fail)"))
+                  + ("" if rep.findings else " (no gates set: check-compile --max-* makes them fail)")
+                  + (f"; compiled DDP cannot overlap its gradient all-reduces ({s['ddp_no_overlap']} graph(s))"
+                     if s.get("ddp_no_overlap") else ""))
     c.detail = {"summary": s}
     return _reasons(c, rep.findings + [f"INCOMPLETE: {m}" for m in rep.missing_evidence]
                     + [f"WARN: {m}" for m in rep.warnings])

@@ -60,6 +60,21 @@ def compile_context() -> dict:
     return out
 
 
+def ddp_compile_mode() -> str | None:
+    """``torch._dynamo.config.optimize_ddp`` as Dynamo reads it (``"ddp_optimizer"``,
+    ``"no_optimization"``, ``"python_reducer"``...) while a DDP module's forward is being compiled,
+    else None (no DDP forward active, or a torch without the setting). Read by the DDP overlap
+    check (NOTE: [DDP overlap by construction] in analysis/ddp_overlap.py)."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if DistributedDataParallel._get_active_ddp_module() is None:
+            return None
+        return str(torch._dynamo.utils.get_optimize_ddp_mode())
+    except Exception:  # noqa: BLE001 - an older/newer torch: nothing recorded
+        return None
+
+
 def frame_self(frame) -> Any:
     """``self`` of a frame running a method of torch's code, else None.
 

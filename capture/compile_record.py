@@ -15,7 +15,13 @@ import torch.fx
 
 from graphdeck.capture.aot import shadow_trace, write_aot_graph, write_late_backward
 from graphdeck.capture.callwrap import BindingPlan
-from graphdeck.capture.compile_context import compile_context, compile_reason, ddp_context, under_ddp_optimizer
+from graphdeck.capture.compile_context import (
+    compile_context,
+    compile_reason,
+    ddp_compile_mode,
+    ddp_context,
+    under_ddp_optimizer,
+)
 from graphdeck.capture.fxrecord import record_graph
 from graphdeck.capture.writer import IOBinding
 
@@ -79,7 +85,17 @@ def record_dynamo(agent, gm, example_inputs, inner_name, shadow: bool = True) ->
             "partition_index": part_idx,
             "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
             "inner": inner_name, "partition": pending_partition, "ddp": under_ddp,
-            "full_gm": ddp[1] if ddp is not None else gm, "context": compile_context()}
+            "full_gm": ddp[1] if ddp is not None else gm, "context": _context()}
+
+
+def _context() -> dict:
+    """The graph's compile context (grad mode, autocast) and, inside a DDP forward, Dynamo's
+    ``optimize_ddp`` mode (``optimize_ddp``; NOTE: [DDP overlap by construction])."""
+    out = compile_context()
+    mode = ddp_compile_mode()
+    if mode is not None:
+        out["optimize_ddp"] = mode
+    return out
 
 
 def finish(agent, p: dict, compile_time_s: float) -> int:

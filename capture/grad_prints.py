@@ -53,7 +53,7 @@ import torch
 EVENT = "graphdeck_grad_prints"
 DEFAULT_CADENCE = (5, 100)
 PERSIST_EVERY_S = 30.0
-PERSIST_ROWS = 16
+PERSIST_ROWS = 64  # at GRAPHDECK_GRAD_PRINTS=all: one write per 64 steps (4-5 ms each on the demo's CPU)
 _PERIOD = 251
 _CHUNK = 1 << 20  # weights cached per device and dtype up to this many elements; longer tensors in chunks
 
@@ -76,7 +76,19 @@ def parse_cadence(spec: str | None) -> tuple[int, int] | None:
 
 
 class Fingerprinter:
-    """``(norm, weighted sum)`` of tensors, few ops per device and dtype, one read-back per device."""
+    """``(norm, weighted sum)`` of tensors: per device and dtype one ``_foreach_norm`` and one dot
+    per tensor (no copy: views of the tensor and of cached weights), and one read-back per device.
+
+    # NOTE: [Fingerprint cost]
+    # The work is two passes over the tensors' memory (the norm and the dot), the floor on any
+    # device; what is cut is the rest: per-tensor Python (one ``view`` and one ``dot`` a tensor,
+    # the weights a cached view per (device, dtype, length)), one stack and one ``float`` per
+    # group, and on CUDA no synchronisation: :meth:`launch` queues the reductions and a
+    # non-blocking copy into pinned memory on the current stream (in stream order, so they read
+    # the values the optimizer reads), and :meth:`Pending.values` waits for that copy only when
+    # the values are needed (when the row is written: the first at once, later ones in batches,
+    # by then long done).
+    """
 
     def __init__(self):
         self._weights: dict[tuple, torch.Tensor] = {}
@@ -95,7 +107,7 @@ class Fingerprinter:
         return w
 
     def _wsum(self, t: torch.Tensor) -> torch.Tensor:
-        flat = t.reshape(-1)
+        flat = t.view(-1) if t.is_contiguous() else t.reshape(-1)
         n = flat.numel()
         if n <= _CHUNK:
             return torch.dot(flat, self._w(t.device, t.dtype, n))
@@ -106,9 +118,9 @@ class Fingerprinter:
         return out + torch.dot(flat[m * _CHUNK:], self._w(t.device, t.dtype, rest)) if rest else out
 
     @torch._disable_dynamo
-    def __call__(self, tensors: list) -> list:
-        """Per tensor (None passes through as None): ``[norm, wsum]`` as Python floats."""
-        out: list = [None] * len(tensors)
+    def launch(self, tensors: list) -> "Pending":
+        """Queue the fingerprints of ``tensors`` (None, non-float and empty tensors give None);
+        :meth:`Pending.values` returns them."""
         groups: dict[tuple, list[int]] = {}
         for i, t in enumerate(tensors):
             if t is None:
@@ -118,24 +130,56 @@ class Fingerprinter:
                 continue
             tensors[i] = t
             groups.setdefault((t.device, t.dtype), []).append(i)
-        by_device: dict = {}
+        parts: dict = {}
         with torch.no_grad():
             for (device, dtype), idx in groups.items():
                 ts = [tensors[i] for i in idx]
-                norms = torch._foreach_norm(ts, 2, dtype=torch.float32)
-                sums = [self._wsum(t) for t in ts]
-                if dtype != torch.float32:
-                    sums = [x.float() for x in sums]
-                by_device.setdefault(device, []).append((idx, norms, sums))
-            for _device, parts in by_device.items():
-                vals = torch.stack([v for _, norms, sums in parts for v in (*norms, *sums)]).cpu().tolist()
+                norms = torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float32))
+                sums = torch.stack([self._wsum(t) for t in ts]).float()
+                parts.setdefault(device, []).append((idx, torch.cat((norms, sums))))
+        reads = []
+        for device, got in parts.items():
+            flat = torch.cat([v for _, v in got]) if len(got) > 1 else got[0][1]
+            event = None
+            if flat.device.type == "cuda":
+                stream = torch.cuda.current_stream(flat.device)  # the stream the copy is queued on
+                host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+                host.copy_(flat, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+                flat = host
+            elif flat.device.type != "cpu":
+                flat = flat.cpu()
+            reads.append(([idx for idx, _ in got], flat, event))
+        return Pending(len(tensors), reads)
+
+    def __call__(self, tensors: list) -> list:
+        """Per tensor (None passes through as None): ``[norm, wsum]`` as Python floats (now)."""
+        return self.launch(tensors).values()
+
+
+class Pending:
+    """Fingerprints queued by :meth:`Fingerprinter.launch`; :meth:`values` waits for them once."""
+
+    def __init__(self, n: int, reads: list):
+        self._n, self._reads, self._out = n, reads, None
+
+    def values(self) -> list:
+        """Per tensor ``[norm, wsum]`` (Python floats) or None, in the order given."""
+        if self._out is None:
+            out: list = [None] * self._n
+            for groups, flat, event in self._reads:
+                if event is not None:
+                    event.synchronize()
+                vals = flat.tolist()
                 k = 0
-                for idx, norms, _sums in parts:
-                    n = len(norms)
+                for idx in groups:
+                    n = len(idx)
                     for j, i in enumerate(idx):
                         out[i] = [vals[k + j], vals[k + n + j]]
                     k += 2 * n
-        return out
+            self._out, self._reads = out, []
+        return self._out
 
 
 class GradPrints:
@@ -224,7 +268,7 @@ class GradPrints:
             if self._wants(step, last):
                 names, params = self._tensors_of(opt)
                 grads = [p.grad for p in params]
-                payload["grad"] = self._fp(list(grads))
+                payload["grad"] = self._fp.launch(list(grads))  # read when the row is written
                 place = {str(i): [repr(x) for x in g.placements] for i, g in enumerate(grads)
                          if g is not None and hasattr(g, "placements")}
                 if place:
@@ -247,7 +291,7 @@ class GradPrints:
         try:
             names, params = self._tensors_of(opt)
             if names == payload["names"]:
-                payload["param"] = self._fp(list(params))
+                payload["param"] = self._fp.launch(list(params))
             self._emit(payload)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
@@ -293,6 +337,10 @@ class GradPrints:
         self._last_persist = time.monotonic()
         if not rows:
             return
+        for r in rows:  # the queued fingerprints (NOTE: [Fingerprint cost]) as numbers
+            for what in ("grad", "param"):
+                if isinstance(r["payload"].get(what), Pending):
+                    r["payload"][what] = r["payload"][what].values()
         new = [r for r in rows if r["id"] is None]
         grown = [r for r in rows if r["id"] is not None]
         ids = self.agent.writer.write_records(EVENT, [json.dumps(r["payload"]) for r in new],

@@ -267,7 +267,8 @@ function rankStatsRow(r) {
 /** PASS only when a gate was checked; with none (the page asks for none) the report is a report. */
 function verdictBadge(rep) {
   const th = rep.thresholds || {};
-  const gated = !isBlank(th.max_graph_breaks) || !isBlank(th.max_recompiles_per_frame) || th.fail_on_eager_fallback;
+  const gated = !isBlank(th.max_graph_breaks) || !isBlank(th.max_recompiles_per_frame) || th.fail_on_eager_fallback
+    || th.fail_on_ddp_no_overlap;
   return rep.verdict === "PASS" && !gated
     ? h("span", {title: "no threshold given: see check-compile's --max-* flags"}, badge("report · no gates", "tag"))
     : badge(rep.verdict, VERDICT_CLASS[rep.verdict] || "tag");
@@ -288,6 +289,10 @@ function healthBody(rep) {
         .filter(Boolean).join(" · ")),
     (rep.findings || []).length ? h("ul", {class: "findings", "data-testid": "compile-health-findings"},
       rep.findings.map((x) => h("li", {}, badge("FAIL", "status-NO_GRAD"), " ", x))) : null,
+    // What no gate covers but a user must see (check-compile's WARN lines, the same text): a hit
+    // recompile limit, eager fallbacks, compiled DDP that cannot overlap its all-reduces.
+    (rep.warnings || []).length ? h("ul", {class: "findings", "data-testid": "compile-health-warnings"},
+      rep.warnings.map((x) => h("li", {}, badge("WARN", "ov-warn"), " ", x))) : null,
     (rep.missing_evidence || []).length ? h("ul", {class: "missing", "data-testid": "compile-health-missing"},
       rep.missing_evidence.map((x) => h("li", {}, badge("INCOMPLETE", "tag"), " ", x))) : null,
     table("compile-health-breaks", ["Source line", "Reason", "Count", "Ranks", "Frames", "Hint"],

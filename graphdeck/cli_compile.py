@@ -26,6 +26,9 @@ DEFAULT_STORE = "graphdeck.db"  # graphdeck.cli.DEFAULT_STORE
 @click.option("--fail-on-eager-fallback", is_flag=True,
               help="Fail when a frame fell back to eager (recompile limit hit, a graph break Dynamo could not "
                    "handle, a failed compile).")
+@click.option("--fail-on-ddp-no-overlap", is_flag=True,
+              help="Fail when compiled DDP runs one backward graph for several gradient buckets (optimize_ddp=False): "
+                   "no all-reduce overlaps the backward.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text for people, json for scripts.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None,
@@ -33,11 +36,11 @@ DEFAULT_STORE = "graphdeck.db"  # graphdeck.cli.DEFAULT_STORE
 @click.option("--allow-incomplete", is_flag=True, help="Exit 0 instead of 3 when evidence is missing.")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json (as every check takes it).")
 def check_compile(store: str, run_name: str, max_graph_breaks: int | None, max_recompiles_per_frame: int | None,
-                  fail_on_eager_fallback: bool, fmt: str, junit_path: str | None, allow_incomplete: bool,
+                  fail_on_eager_fallback: bool, fail_on_ddp_no_overlap: bool, fmt: str, junit_path: str | None, allow_incomplete: bool,
                   as_json: bool = False) -> None:
     """Graph breaks, recompile budgets, eager fallbacks, restarts, compile time and cache hits of a
-    run, per rank and in total. Exit 0 PASS or WARN (a hit recompile limit, an eager fallback or a
-    failed compile that no gate covers), 1 FAIL (a threshold passed), 3 INCOMPLETE (nothing
+    run, per rank and in total. Exit 0 PASS or WARN (a hit recompile limit, an eager fallback, a
+    failed compile or compiled DDP that cannot overlap its all-reduces, that no gate covers), 1 FAIL (a threshold passed), 3 INCOMPLETE (nothing
     failed but evidence is missing: a rank without compile records, records dropped on import, a
     compile that never finished; --allow-incomplete makes it 0), 2 on usage errors or bad input."""
     import json
@@ -54,7 +57,7 @@ def check_compile(store: str, run_name: str, max_graph_breaks: int | None, max_r
         with Session(engine) as s:
             report = compile_health(s, _find_run(s, run_name, store), Thresholds(
                 max_graph_breaks=max_graph_breaks, max_recompiles_per_frame=max_recompiles_per_frame,
-                fail_on_eager_fallback=fail_on_eager_fallback))
+                fail_on_eager_fallback=fail_on_eager_fallback, fail_on_ddp_no_overlap=fail_on_ddp_no_overlap))
     except GraphdeckError as exc:
         _fail(exc)
     fmt = "json" if as_json else fmt

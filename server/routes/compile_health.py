@@ -18,12 +18,15 @@ router = APIRouter(tags=["compile"])
 def get_compile_health(run: Run = Depends(resolve_run), session: Session = Depends(get_session),
                        max_graph_breaks: int | None = Query(None, ge=0, description="gate: distinct user-code breaks"),
                        max_recompiles_per_frame: int | None = Query(None, ge=0, description="gate: recompiles of one frame"),
-                       fail_on_eager_fallback: bool = Query(False, description="gate: any eager fallback")) -> dict:
-    """``verdict`` (PASS / FAIL / INCOMPLETE), ``findings`` (gates passed), ``missing_evidence``,
+                       fail_on_eager_fallback: bool = Query(False, description="gate: any eager fallback"),
+                       fail_on_ddp_no_overlap: bool = Query(False, description="gate: compiled DDP without overlap")) -> dict:
+    """``verdict`` (PASS / WARN / FAIL / INCOMPLETE), ``findings`` (gates passed), ``warnings`` (what
+    no gate covers: WARN), ``ddp_overlap`` (compiled DDP without overlap), ``missing_evidence``,
     ``summary`` (counts), ``breaks`` and ``frames`` over all ranks, ``fallbacks``, ``spread``
     (compile seconds and cache hit rates across ranks) and ``ranks`` (each rank's breaks, frame
     budgets, fallbacks, restarts and ``stats``: compiles, compile_s, cache hit/miss/bypass).
     404 for an unknown run; 422 for a negative threshold."""
     return compile_health(session, run, Thresholds(max_graph_breaks=max_graph_breaks,
                                                    max_recompiles_per_frame=max_recompiles_per_frame,
-                                                   fail_on_eager_fallback=fail_on_eager_fallback)).to_dict()
+                                                   fail_on_eager_fallback=fail_on_eager_fallback,
+                                                   fail_on_ddp_no_overlap=fail_on_ddp_no_overlap)).to_dict()
