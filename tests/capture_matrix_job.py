@@ -4,9 +4,10 @@
 
 Variants: ``agent`` (Agent.watch + agent.backend), ``backend_name`` (``backend="graphdeck"``, no
 ``close()``), ``ddp`` and ``fsdp2`` (1 gloo rank), ``compiled_autograd`` (the config flag, and
-the backward under ``compiled_autograd._enable`` with a ``fullgraph=True`` compiler: Dynamo would
-trace the capture's hooks), ``compiled_autograd_enable`` (``_enable`` without fullgraph: the hooks
-run eagerly, where ``queue_callback`` is refused),
+the backward under ``compiled_autograd._enable`` with a ``fullgraph=True`` compiler),
+``compiled_autograd_enable`` (forward and backward under ``_enable`` without fullgraph, as torch
+documents it), ``compiled_autograd_backward_only`` (``_enable`` around ``backward()`` alone:
+nothing tells the capture before the first backward; NOTE: [Evidence under compiled autograd]),
 ``fullgraph``, ``warm_cache`` (Inductor, run twice by the test: the second finds warm caches),
 ``raises`` (step 2's forward raises; the job catches nothing), ``os_exit`` (``os._exit`` after
 step 2, no ``close()``). OUT_JSON gets the losses and a SHA-256 of every parameter and gradient's
@@ -35,12 +36,13 @@ import sys
 
 import torch
 
-VARIANT, MODE, STORE, OUT = sys.argv[1:5]
-CAPTURE = MODE == "capture"
 DYNAMIC = {"dynamic", "backend_name", "mark_dynamic", "dynamic_true", "no_auto_dynamic", "ddp_optimizer", "tp",
-           "profile", "ddp", "fsdp2", "fullgraph", "warm_cache"}
+           "profile", "ddp", "fsdp2", "fullgraph", "warm_cache", "recompile_limit", "unbacked"}
 STEPS = 3
-LENGTHS = [4 + s for s in range(STEPS)] if VARIANT in DYNAMIC else [4] * STEPS
+#: ``torch._dynamo.config`` per variant, set for the variant's run only.
+CONFIG = {"no_auto_dynamic": {"automatic_dynamic_shapes": False},
+          "recompile_limit": {"recompile_limit": 1},  # step 1's length needs a recompile: the limit is hit
+          "unbacked": {"automatic_dynamic_shapes_mark_as": "unbacked"}}
 
 
 class ShapeLog(logging.Handler):
@@ -54,6 +56,8 @@ class ShapeLog(logging.Handler):
         msg = record.getMessage()
         if m := re.match(r"create_symbol (\S+) = \S+ for (\S+)", msg):
             self.lines.append(f"symbol {m[1]} for {m[2]}")
+        elif m := re.match(r"create_unbacked_symint (.+)", msg):
+            self.lines.append(f"unbacked {m[1]}")
         elif m := re.match(r"eval (.+?) \[guard added\]", msg):
             self.lines.append(f"guard {m[1]}")
         elif m := re.match(r"set_replacement (\S+) = (\S+)", msg):
@@ -92,12 +96,26 @@ def digest(model) -> str:
     return h.hexdigest()
 
 
-def main() -> None:
+def run(variant: str, mode: str, store: str, out: str) -> None:
+    """One variant in this interpreter: ``out`` gets its results (see the module's docstring);
+    ``torch._dynamo.config`` is the same after it as before."""
+    saved = torch._dynamo.config.get_config_copy()
+    try:
+        with torch._dynamo.config.patch(CONFIG.get(variant, {})):
+            _run(variant, mode, store, out)
+    finally:
+        now = torch._dynamo.config.get_config_copy()
+        for key, value in saved.items():
+            if now.get(key) != value:
+                setattr(torch._dynamo.config, key, value)
+
+
+def _run(VARIANT: str, MODE: str, STORE: str, OUT: str) -> None:  # noqa: N803 - the job's command-line names
+    CAPTURE = MODE == "capture"  # noqa: N806
+    LENGTHS = [4 + s for s in range(STEPS)] if VARIANT in DYNAMIC else [4] * STEPS  # noqa: N806
     shape_log = ShapeLog()
     torch._logging.set_logs(dynamic=logging.INFO)
     logging.getLogger("torch.fx.experimental.symbolic_shapes").addHandler(shape_log)
-    if VARIANT == "no_auto_dynamic":
-        torch._dynamo.config.automatic_dynamic_shapes = False
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     model = Net(512 if VARIANT == "ddp_optimizer" else 16)
@@ -153,12 +171,16 @@ def main() -> None:
             with open(OUT, "w") as f:
                 json.dump(out, f)
             raise RuntimeError("the job fails in step 2's forward")
-        loss = compiled(x).square().mean()
         if VARIANT.startswith("compiled_autograd"):
             ca_compiler = torch.compile(backend="aot_eager", fullgraph=VARIANT == "compiled_autograd")
+            if VARIANT != "compiled_autograd_enable":  # _enable around backward() alone
+                loss = compiled(x).square().mean()
             with torch._dynamo.compiled_autograd._enable(ca_compiler):
+                if VARIANT == "compiled_autograd_enable":  # forward and backward under _enable, as torch documents
+                    loss = compiled(x).square().mean()
                 loss.backward()
         else:
+            loss = compiled(x).square().mean()
             loss.backward()
         out["losses"].append(loss.item().hex())
         out["digests"].append(digest(model))
@@ -181,6 +203,10 @@ def main() -> None:
         import torch.distributed as d
 
         d.destroy_process_group()
+
+
+def main() -> None:
+    run(*sys.argv[1:5])
 
 
 if __name__ == "__main__":
