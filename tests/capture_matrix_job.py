@@ -20,8 +20,10 @@ Invisibility variants (issue 34), each on inputs whose length changes every step
 ``dynamic`` (Agent; automatic dynamic after one recompile), ``mark_dynamic``, ``dynamic_true`` (``torch.compile(dynamic=True)``), ``no_auto_dynamic``
 (``automatic_dynamic_shapes=False``: one static compile per length), ``ddp_optimizer`` (DDP split
 into buckets by DDPOptimizer), ``tp`` (ColwiseParallel/RowwiseParallel on a 1-rank mesh),
-``profile`` (Agent.profile around the steps); ``backend_name``, ``ddp``, ``fsdp2``, ``fullgraph``
-and ``warm_cache`` change length too; ``agent`` keeps one static shape.
+``profile`` (Agent.profile around the steps), ``recompile_limit`` (``recompile_limit=1``: step
+1's recompile hits the limit), ``unbacked`` (``automatic_dynamic_shapes_mark_as="unbacked"``);
+``backend_name``, ``ddp``, ``fsdp2``, ``fullgraph`` and ``warm_cache`` change length too;
+``agent`` keeps one static shape. Pipelining: tests/capture_matrix_pipeline.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ without ``close()``, DDP and FSDP2 (1 gloo rank), compiled autograd (config + ``
 ``fullgraph=True``, Inductor with warm caches, a job that raises
 mid-step, a job that ends by ``os._exit``; and (issue 34) inputs whose length changes every
 step through every path: automatic dynamic after a recompile, ``mark_dynamic``, ``dynamic=True``,
-``automatic_dynamic_shapes=False``, DDPOptimizer's bucket split, TP, ``Agent.profile``. With and
+``automatic_dynamic_shapes=False``, DDPOptimizer's bucket split, TP, ``Agent.profile``,
+``torch.distributed.pipelining`` (2 gloo ranks, 1F1B, compiled stages), ``recompile_limit=1`` (the
+limit hit the same way with and without capture: the FSDP2 story of issue 34), automatic dynamic
+sizes marked unbacked. With and
 without capture each frame must compile as often, with the same guards, shape symbols, shape
 guards and recompile reasons (NOTE: [The capture adds no guard]).
 """
@@ -36,7 +39,11 @@ REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("agent", "backend_name", "ddp", "fsdp2", "compiled_autograd", "compiled_autograd_enable",
             "compiled_autograd_backward_only", "fullgraph",
             "raises", "os_exit", "warm_cache",
-            "dynamic", "mark_dynamic", "dynamic_true", "no_auto_dynamic", "ddp_optimizer", "tp", "profile")
+            "dynamic", "mark_dynamic", "dynamic_true", "no_auto_dynamic", "ddp_optimizer", "tp", "profile",
+            "pipeline", "recompile_limit", "unbacked")
+#: Pipelining: 2 gloo ranks, one compiled stage each, 1F1B over this many microbatches
+#: (tests/capture_matrix_pipeline.py).
+MICROBATCHES = 4
 #: Jobs that end before their last step write no compile decisions.
 ENDS_EARLY = ("raises", "os_exit")
 
@@ -56,8 +63,10 @@ def _run(variant: str, mode: str, out: Path, cache: Path) -> dict:
     store, result = out / f"{variant}-{mode}.db", out / f"{variant}-{mode}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PORT=str(free_port()), TORCHINDUCTOR_CACHE_DIR=str(cache),
                TORCHINDUCTOR_COMPILE_THREADS="1")
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "capture_matrix_job.py"), variant, mode, str(store),
-                           str(result)], capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    args = [mode, str(store), str(result)] if variant == "pipeline" else [variant, mode, str(store), str(result)]
+    script = "capture_matrix_pipeline.py" if variant == "pipeline" else "capture_matrix_job.py"
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / script), *args], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=REPO)
     data = json.loads(result.read_text()) if result.exists() else {}
     return {"rc": proc.returncode, "log": proc.stderr[-4000:], "store": store, **data}
 
@@ -106,6 +115,12 @@ def test_torch_decides_the_same_with_capture(matrix, variant):
     assert cap["shapes"] == plain["shapes"], (variant, plain["shapes"], cap["shapes"])
     if variant == "dynamic":  # 3 lengths: one static compile, then automatic dynamic (2, not 3)
         assert len([c for c in cap["compiles"] if c[0] == "forward"]) == 2, cap["compiles"]
+    if variant == "recompile_limit":  # the limit is hit, and hit the same way (the frame runs eagerly after it)
+        assert any(c[5] for c in plain["compiles"]), plain["compiles"]
+    if variant == "unbacked":  # the automatic dynamic size is an unbacked symbol, not refined by the capture
+        assert any(line.startswith("unbacked ") for line in plain["shapes"]), plain["shapes"]
+    if variant == "pipeline":  # one compile per stage, on each rank
+        assert sorted(c[0] for c in plain["compiles"] if c[1] == "forward") == [0, 1], plain["compiles"]
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "fsdp2"] + ["fsdp2"])
@@ -123,6 +138,13 @@ def test_what_was_captured_is_in_the_store(matrix, variant):
         assert evidence and rep.verdict == "PASS" and not rep.failures, rep.to_text()
         assert any("FSDP2" in n and "cannot be told from a real one" in n for n in rep.coverage.get("notes", [])), \
             rep.to_text()
+        return
+    if variant == "pipeline":  # each rank: every microbatch's backward, steps numbered by the optimizer
+        per_rank = _rows(store, "SELECT rank, max(step_last), sum(n_backward) FROM grad_steps GROUP BY rank")
+        assert sorted(map(tuple, per_rank)) == [(r, steps_of(variant) - 1, steps_of(variant) * MICROBATCHES)
+                                               for r in (0, 1)], per_rank
+        rep = validate_backward(store, variant)
+        assert rep.verdict == "PASS" and not rep.failures, rep.to_text()
         return
     if variant.startswith("compiled_autograd"):  # read at each optimizer step (NOTE: [Evidence under compiled autograd])
         rep = validate_backward(store, variant)
