@@ -1,6 +1,10 @@
 """One training job of the capture matrix, with or without graphdeck's capture:
 
     python tests/capture_matrix_job.py VARIANT {plain|capture} STORE OUT_JSON
+    python tests/capture_matrix_job.py --batch {plain|capture} OUTDIR VARIANT[@LABEL] ...
+
+``--batch``: the variants one after another in this interpreter (NOTE: [Several variants in one
+interpreter]).
 
 Variants: ``agent`` (Agent.watch + agent.backend), ``backend_name`` (``backend="graphdeck"``, no
 ``close()``), ``ddp`` and ``fsdp2`` (1 gloo rank), ``compiled_autograd`` (the config flag, and
@@ -100,8 +104,10 @@ def digest(model) -> str:
 
 def run(variant: str, mode: str, store: str, out: str) -> None:
     """One variant in this interpreter: ``out`` gets its results (see the module's docstring);
-    ``torch._dynamo.config`` is the same after it as before."""
+    ``torch._dynamo.config``, the shape log's handlers and the process group are as before it."""
     saved = torch._dynamo.config.get_config_copy()
+    shapes = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    handlers = list(shapes.handlers)
     try:
         with torch._dynamo.config.patch(CONFIG.get(variant, {})):
             _run(variant, mode, store, out)
@@ -110,6 +116,63 @@ def run(variant: str, mode: str, store: str, out: str) -> None:
         for key, value in saved.items():
             if now.get(key) != value:
                 setattr(torch._dynamo.config, key, value)
+        for h in set(shapes.handlers) - set(handlers):
+            shapes.removeHandler(h)
+        import torch.distributed as d
+
+        if d.is_available() and d.is_initialized():
+            d.destroy_process_group()
+
+
+# NOTE: [Several variants in one interpreter]
+# Starting an interpreter (torch, graphdeck, Dynamo's first compile) costs more than most
+# variants, so the matrix runs the single-process variants one after another in one interpreter
+# per mode (``--batch``). Before each, the process gets the Dynamo state of a new one:
+# ``torch._dynamo.reset()`` (code caches, automatic-dynamic frame state, frame and compile
+# counters, compiled autograd's state), every Dynamo counter emptied in place (graphdeck holds
+# ``counters["compiled_autograd"]``: compiled_autograd_ran) and the compilation metrics cleared;
+# ``run`` restores ``torch._dynamo.config`` and destroys a process group left open. Every variant
+# trains a fresh model from ``manual_seed(0)``. What this cannot reset (graphdeck's process-wide
+# flags: ``config.compiled_autograd`` once seen; the default agent of ``backend="graphdeck"``) is
+# kept out: the compiled-autograd variants run last in that order, ``backend_name`` captured and
+# jobs that die run in interpreters of their own. tests/test_capture_matrix.py checks the reset
+# works: ``dynamic`` (automatic dynamic on the shared ``Net.forward``: leaked frame state would
+# make its first compile dynamic) runs first and again late in each batch, with identical results.
+def fresh() -> None:
+    """The Dynamo state of a new interpreter (NOTE: [Several variants in one interpreter])."""
+    from torch._dynamo.utils import clear_compilation_metrics, counters
+
+    torch._dynamo.reset()
+    for c in counters.values():
+        c.clear()
+    clear_compilation_metrics()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def batch(mode: str, outdir: str, specs: list[str]) -> None:
+    """Run each ``VARIANT`` or ``VARIANT@LABEL`` of ``specs`` in turn in this interpreter, into
+    ``OUTDIR/NAME-MODE.db`` and ``.json`` (NAME: ``VARIANT`` or ``VARIANT-LABEL``); a variant that
+    raises gets ``{"error": traceback}`` as its JSON and the next one runs."""
+    import traceback
+
+    for spec in specs:
+        variant, _, label = spec.partition("@")
+        name = f"{variant}-{label}" if label else variant
+        out = os.path.join(outdir, f"{name}-{mode}.json")
+        fresh()
+        os.environ["PORT"] = str(free_port())
+        try:
+            run(variant, mode, os.path.join(outdir, f"{name}-{mode}.db"), out)
+        except Exception:  # noqa: BLE001 - reported in its JSON, the batch goes on
+            with open(out, "w") as f:
+                json.dump({"error": traceback.format_exc()}, f)
 
 
 def _run(VARIANT: str, MODE: str, STORE: str, OUT: str) -> None:  # noqa: N803 - the job's command-line names
@@ -197,6 +260,10 @@ def _run(VARIANT: str, MODE: str, STORE: str, OUT: str) -> None:  # noqa: N803 -
     if prof is not None:
         prof.__exit__(None, None, None)
     out.update(decisions(shape_log))
+    if VARIANT == "warm_cache":
+        from torch._dynamo.utils import counters
+
+        out["fx_graph_cache"] = {k: counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss")}
     with open(OUT, "w") as f:
         json.dump(out, f)
     if agent is not None:
@@ -208,7 +275,10 @@ def _run(VARIANT: str, MODE: str, STORE: str, OUT: str) -> None:  # noqa: N803 -
 
 
 def main() -> None:
-    run(*sys.argv[1:5])
+    if sys.argv[1] == "--batch":
+        batch(sys.argv[2], sys.argv[3], sys.argv[4:])
+    else:
+        run(*sys.argv[1:5])
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The capture never changes what the job does, nor what torch decides, and loses nothing when
 the job dies (issues 18 and 34).
 
-Each variant of tests/capture_matrix_job.py runs in a fresh interpreter without and with the
-capture: losses and every parameter's and gradient's bytes after each step must be identical, and
+Each variant of tests/capture_matrix_job.py runs without and with the capture (most one after
+another in one interpreter per mode: NOTE: [Several variants in one interpreter] there): losses and every parameter's and gradient's bytes after each step must be identical, and
 what was captured before a failure must be in the store. Variants: Agent, ``backend="graphdeck"``
 without ``close()``, DDP and FSDP2 (1 gloo rank), compiled autograd (config + ``fullgraph=True``;
 ``_enable`` around forward and backward; ``_enable`` around ``backward()`` alone: strict xfail),
@@ -59,34 +59,81 @@ def steps_of(variant: str) -> int:
     return 3
 
 
+#: Variants that do not run in the two batch interpreters (NOTE: [Several variants in one
+#: interpreter] in tests/capture_matrix_job.py): jobs that die, the warm-cache runs (a fresh
+#: interpreter finds only the caches on disk warm), pipelining (spawns its ranks).
+OWN_INTERPRETER = ("raises", "os_exit", "warm_cache", "pipeline")
+#: Last in each batch, in this order: graphdeck remembers for the process that it saw
+#: ``config.compiled_autograd`` on (the last one), and the first must not find compiled autograd run.
+CA_LAST = ("compiled_autograd_backward_only", "compiled_autograd_enable", "compiled_autograd")
+#: ``dynamic`` first (and again after the others: the reset check), then the rest.
+BATCH = ("dynamic",) + tuple(v for v in VARIANTS if v not in (*OWN_INTERPRETER, *CA_LAST, "dynamic", "backend_name"))
+SPECS = {"plain": BATCH + ("backend_name", "dynamic@again") + CA_LAST + ("warm_cache@cold",),
+         # backend="graphdeck" captured: its process-wide agent and the flush at exit need their own
+         "capture": BATCH + ("dynamic@again",) + CA_LAST + ("warm_cache@cold",)}
+
+
+def _env(cache: Path) -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", PORT=str(free_port()), TORCHINDUCTOR_CACHE_DIR=str(cache),
+                TORCHINDUCTOR_COMPILE_THREADS="1")
+
+
 def _run(variant: str, mode: str, out: Path, cache: Path) -> dict:
+    """One variant in an interpreter of its own."""
     store, result = out / f"{variant}-{mode}.db", out / f"{variant}-{mode}.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PORT=str(free_port()), TORCHINDUCTOR_CACHE_DIR=str(cache),
-               TORCHINDUCTOR_COMPILE_THREADS="1")
     args = [mode, str(store), str(result)] if variant == "pipeline" else [variant, mode, str(store), str(result)]
     script = "capture_matrix_pipeline.py" if variant == "pipeline" else "capture_matrix_job.py"
     proc = subprocess.run([sys.executable, str(REPO / "tests" / script), *args], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=REPO)
+                          env=_env(cache), timeout=600, cwd=REPO)
     data = json.loads(result.read_text()) if result.exists() else {}
     return {"rc": proc.returncode, "log": proc.stderr[-4000:], "store": store, **data}
+
+
+def _batch(mode: str, specs: tuple, out: Path, cache: Path) -> dict:
+    """``specs`` one after another in one interpreter; results keyed ``(spec, mode)``, ``rc`` 1 for
+    a variant that raised (its traceback as ``log``)."""
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "capture_matrix_job.py"), "--batch", mode, str(out),
+                           *specs], capture_output=True, text=True, env=_env(cache), timeout=900, cwd=REPO)
+    results = {}
+    for spec in specs:
+        name = spec.replace("@", "-")
+        result = out / f"{name}-{mode}.json"
+        data = json.loads(result.read_text()) if result.exists() else {}
+        error = data.pop("error", None)
+        rc = 1 if error or not data else proc.returncode
+        results[(spec, mode)] = {"rc": rc, "log": error or proc.stderr[-4000:], "store": out / f"{name}-{mode}.db", **data}
+    return results
 
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     out = tmp_path_factory.mktemp("matrix")
     cache = out / "inductor-cache"
-    jobs = [(v, m) for v in VARIANTS if v != "warm_cache" for m in ("plain", "capture")]
+    results: dict = {}
+    singles = [(v, m) for v in ("pipeline", "raises", "os_exit") for m in ("plain", "capture")]
     with ThreadPoolExecutor(2) as pool:
-        results = dict(zip(jobs, pool.map(lambda vm: _run(*vm, out, cache), jobs)))
-    # Inductor: cold plain and captured runs fill the caches (the capture's Inductor settings —
-    # provenance tracking, CPU kernel profiling — are part of the cache key), then plain and
-    # captured runs find them warm.
-    (out / "cold").mkdir()
-    results[("warm_cache", "cold")] = _run("warm_cache", "capture", out / "cold", cache)
-    results[("warm_cache", "cold_plain")] = _run("warm_cache", "plain", out / "cold", cache)
-    for mode in ("plain", "capture"):
-        results[("warm_cache", mode)] = _run("warm_cache", mode, out, cache)
+        batches = [pool.submit(_batch, m, SPECS[m], out, cache) for m in ("plain", "capture")]
+        alone = {vm: pool.submit(_run, *vm, out, cache) for vm in singles + [("backend_name", "capture")]}
+        for f in batches:
+            results.update(f.result())
+        results.update({vm: f.result() for vm, f in alone.items()})
+        # Inductor: the batches' cold plain and captured runs filled the caches (the capture's
+        # Inductor settings — provenance tracking, CPU kernel profiling — are part of the cache
+        # key), then plain and captured runs in fresh interpreters find them warm.
+        warm = {("warm_cache", m): pool.submit(_run, "warm_cache", m, out, cache) for m in ("plain", "capture")}
+        results.update({vm: f.result() for vm, f in warm.items()})
     return results
+
+
+@pytest.mark.parametrize("mode", ("plain", "capture"))
+def test_each_variant_of_a_batch_runs_as_in_a_fresh_interpreter(matrix, mode):
+    """NOTE: [Several variants in one interpreter]: ``dynamic`` run again after the batch's other
+    variants (DDP, FSDP2, TP, profile, config variants...) decides and computes exactly as it did first
+    (automatic dynamic state on the shared ``Net.forward`` would make its first compile dynamic)."""
+    first, again = matrix[("dynamic", mode)], matrix[("dynamic@again", mode)]
+    assert first["rc"] == 0 and again["rc"] == 0, (first["log"], again["log"])
+    for key in ("losses", "digests", "compiles", "shapes"):
+        assert again[key] == first[key], (key, first[key], again[key])
 
 
 def _rows(store: Path, sql: str) -> list:
@@ -115,6 +162,9 @@ def test_torch_decides_the_same_with_capture(matrix, variant):
     assert cap["shapes"] == plain["shapes"], (variant, plain["shapes"], cap["shapes"])
     if variant == "dynamic":  # 3 lengths: one static compile, then automatic dynamic (2, not 3)
         assert len([c for c in cap["compiles"] if c[0] == "forward"]) == 2, cap["compiles"]
+    if variant == "warm_cache":  # every Inductor graph from the cache the cold runs filled
+        assert all(r["fx_graph_cache"]["hit"] and not r["fx_graph_cache"]["miss"] for r in (plain, cap)), \
+            (plain["fx_graph_cache"], cap["fx_graph_cache"])
     if variant == "recompile_limit":  # the limit is hit, and hit the same way (the frame runs eagerly after it)
         assert any(c[5] for c in plain["compiles"]), plain["compiles"]
     if variant == "unbacked":  # the automatic dynamic size is an unbacked symbol, not refined by the capture
