@@ -176,11 +176,12 @@ class FsdpEvidence:
         under compiled autograd])."""
         if self._ca_steps or self._failed:
             return
-        w = self._win
-        if w is not None and not w.closed:
-            self._close(w, partial_=bool(w.pending))
-        self._ca_steps, self._steady, self._check = True, False, None
-        self._fsdp_off_hooks()
+        with self._lock:
+            w = self._win
+            if w is not None and not w.closed:
+                self._close(w, partial_=bool(w.pending))
+            self._ca_steps, self._steady, self._check = True, False, None
+            self._fsdp_off_hooks()
         self.agent.writer.write_compile_events([{"name": "graphdeck_evidence_mode", "compile_id": None, "metadata": {},
                                                  "payload": '{"mode": "compiled_autograd"}'}])
 
