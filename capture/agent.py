@@ -324,7 +324,9 @@ class Agent:
         inner_fn = torch._dynamo.lookup_backend(inner) if isinstance(inner, str) else inner
         t0 = time.perf_counter()
         from graphdeck.capture.comm_groups import active_ddp
+        from graphdeck.capture.grad_sites import note_compiled_autograd_config
 
+        note_compiled_autograd_config()  # NOTE: [Evidence under compiled autograd]
         self._comm.note_ddp(active_ddp())
         self._layout.note_ddp(active_ddp())
         try:  # a pipeline stage/schedule on the stack, FSDP2/TP applied after watch()

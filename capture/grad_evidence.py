@@ -32,7 +32,9 @@ which none, and which was accumulated more than once.
 # s, at ``close()`` and at interpreter exit). A state that changes is written at once, so a job
 # that dies loses at most the extent of the last row.
 #
-# FSDP2 (NOTE: [FSDP2 evidence]) and a DDP wrapper made after ``watch()`` live in ``grad_fsdp.py``.
+# FSDP2 (NOTE: [FSDP2 evidence]), compiled autograd (NOTE: [Evidence under compiled autograd]: no
+# hook then, ``.grad`` read at each optimizer step) and a DDP wrapper made after ``watch()`` live in
+# ``grad_fsdp.py``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,6 @@ import torch
 from graphdeck.capture.callwrap import ids_key
 from graphdeck.capture.grad_fsdp import FsdpEvidence
 from graphdeck.capture.grad_sites import (  # noqa: F401 - names of this module before the split
-    CA_OFF,
     GraphInfo,
     Read,
     _checkpoint_site,
@@ -60,6 +61,7 @@ from graphdeck.capture.grad_sites import (  # noqa: F401 - names of this module 
     _task_id,
     _thread_site,
     compiled_autograd_active,
+    compiled_autograd_coming,
     compiled_autograd_ran,
     format_frames,
     reach_of,
@@ -111,6 +113,7 @@ class GradEvidence(FsdpEvidence):
         self._fresh = False  # a compiled forward ran since the last window closed
         self._no_steady = False  # a backward without a forward of its own was seen: full mode for good
         self._fsdp: bool | None = None
+        self._ca_steps = False  # read at each optimizer step (NOTE: [Evidence under compiled autograd])
         self._lock = threading.RLock()
         self._win: _Window | None = None
         self._opt_steps = 0
@@ -154,8 +157,9 @@ class GradEvidence(FsdpEvidence):
             idx = len(self._params)
             self._index[id(p)] = idx
             self._params.append((fqn, weakref.ref(p)))
-            if p.requires_grad:
+            if p.requires_grad and not self._ca_steps:  # NOTE: [Evidence under compiled autograd]
                 self._hook(idx, p)
+        self._fsdp_params = None  # read again at the next step (FSDP2, compiled autograd)
 
     def _hook(self, idx: int, p) -> None:
         """Hook parameter ``idx`` (``p``): a gradient hook on the tensor.
@@ -351,15 +355,13 @@ class GradEvidence(FsdpEvidence):
         """After a grad-enabled call of a compiled graph (``params``: its arguments at
         ``info.positions``): put pre-hooks on its outputs' autograd nodes so the backward tells
         which outputs the loss used."""
-        if self._failed or self._fsdp:
+        if not self._ca_steps and compiled_autograd_coming():
+            self._to_steps()  # before the backward: no hook of ours in its graph
+        if self._failed or self._fsdp or self._ca_steps:
             return
         try:
             chk = self._check
-            if chk is None:
-                if compiled_autograd_ran():  # said at once: a job ended by os._exit runs no flush
-                    self._off(CA_OFF)
-                    return
-            else:  # steady mode asks at the end of each backward instead (_close)
+            if chk is not None:
                 if info.single and chk.skip_single:
                     self._fwd_gen += 1
                     self._fresh = True
@@ -510,14 +512,14 @@ class GradEvidence(FsdpEvidence):
         if self._fsdp is None:
             self._fsdp = self._fsdp2()
             self._note_late_ddp()
-        if self._fsdp:
+        if self._fsdp or self._ca_steps:
             return  # read at each optimizer step instead (NOTE: [FSDP2 evidence])
         if self._prints is not None:
             self._prints.note_backward()
         chk = self._check
         if chk is not None:  # NOTE: [Steady mode]: what arrived, from .grad alone
             if compiled_autograd_ran():
-                self._off(CA_OFF)
+                self._to_steps()
                 return
             base = chk.base
             got, had_base = chk.received()
@@ -584,15 +586,15 @@ class GradEvidence(FsdpEvidence):
         """Close a window left open (a backward that ended inside nested tasks only) and persist
         the current row's extent. Never raises."""
         try:
-            if not self._failed and compiled_autograd_ran():
-                self._off(CA_OFF)
+            if not self._failed and not self._ca_steps and compiled_autograd_ran():
+                self._to_steps()
             with self._lock:
                 if self._win is not None:
                     w = self._win
                     self._close(w, partial_=bool(w.pending))
                 if self._fsdp is None and self.agent._models and self._fsdp2():
                     self._fsdp = True
-                if self._fsdp and not self._failed:  # a backward after the last step (NOTE: [FSDP2 evidence])
+                if (self._fsdp or self._ca_steps) and not self._failed:  # a backward after the last step
                     self._fsdp_step(self._opt_steps, at_exit=True, partial_=not closed)
                 if self._row is not None:
                     self._persist(self._row, closed=closed)
@@ -600,12 +602,6 @@ class GradEvidence(FsdpEvidence):
             self._fail(exc)
         if self._prints is not None:
             self._prints.flush()
-
-    def _off(self, reason: str) -> None:
-        """Stop observing, and say why in the store (a ``graphdeck_evidence_off`` record)."""
-        self._failed = True
-        self.agent.writer.write_compile_events([{"name": "graphdeck_evidence_off", "compile_id": None,
-                                                 "metadata": {}, "payload": json.dumps({"reason": reason})}])
 
     def _fail(self, exc: BaseException) -> None:
         if not self._failed:

@@ -1,5 +1,5 @@
-"""Gradient evidence under FSDP2, and the DDP wrapper a watched model got after ``watch()`` — the
-optimizer-step side of :class:`graphdeck.capture.grad_evidence.GradEvidence` (a mixin: it reads and
+"""Gradient evidence under FSDP2 and compiled autograd, and the DDP wrapper a watched model got after
+``watch()`` — the optimizer-step side of :class:`graphdeck.capture.grad_evidence.GradEvidence` (a mixin: it reads and
 writes that class's state; see NOTE: [Gradient evidence] there)."""
 
 from __future__ import annotations
@@ -8,11 +8,13 @@ import weakref
 
 import torch
 
+from graphdeck.capture.grad_sites import compiled_autograd_ran
 from graphdeck.capture.grad_steady import watch_zero_grad
 
 
 class FsdpEvidence:
-    """``GradEvidence``'s methods for FSDP2 (read at each optimizer step) and a late DDP wrapper."""
+    """``GradEvidence``'s methods for FSDP2 and compiled autograd (read at each optimizer step) and a
+    late DDP wrapper."""
 
     # NOTE: [FSDP2 evidence]
     # FSDP2 assigns each sharded parameter's ``.grad`` (a DTensor) after its reduce-scatter
@@ -44,6 +46,8 @@ class FsdpEvidence:
                 watch_zero_grad(opt, weakref.WeakMethod(self._on_zero_grad))
             if self._step_opened(opt):
                 return True  # an optimizer stepped by another one's step: the outer step is the step
+            if not self._ca_steps and compiled_autograd_ran():
+                self._to_steps()  # its first backward is read here (NOTE: [Evidence under compiled autograd])
             if self._check is not None:
                 self._unseen_backward()
                 return
@@ -51,7 +55,7 @@ class FsdpEvidence:
                 self._fsdp = self._fsdp2()
                 if not self._fsdp:
                     self._note_late_ddp()  # as _close does when it first asks
-            if self._fsdp:
+            if self._fsdp or self._ca_steps:
                 with self._lock:
                     self._fsdp_step(self._opt_steps, at_exit=False, partial_=False)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
@@ -133,13 +137,53 @@ class FsdpEvidence:
         if at_exit and not new:
             return
         state = {"trainable": trainable, "none": none, "zero": [], "multi": {}, "frozen": frozen, "unobserved": [],
-                 "fsdp2": True, "limits": ["zero", "multi"]}
+                 "limits": ["zero", "multi"]}
+        if self._fsdp:
+            state["fsdp2"] = True
+        if self._ca_steps:
+            state["compiled_autograd"] = True
         if at_exit:
             state["at_exit"] = True
         if partial_:
             state["partial"] = True
         self._emit(step, "optimizer", state, {})
         self._fsdp_rows += 1
+
+    # NOTE: [Evidence under compiled autograd]
+    # Compiled autograd collects every hook on the autograd graph when a backward starts (the
+    # per-parameter gradient hooks, the pre-hooks on compiled outputs' nodes) and traces them into
+    # its graph: with them it compiles another graph (more guards) than the job without graphdeck,
+    # and once steady mode took them off, once more. So where a backward may run under compiled
+    # autograd (:func:`~graphdeck.capture.grad_sites.compiled_autograd_coming`, asked at each
+    # grad-enabled compiled call, before its backward: the job turned
+    # ``torch._dynamo.config.compiled_autograd`` on, the forward runs inside
+    # ``compiled_autograd._enable`` — torch's documented use —, or compiled autograd already ran a
+    # backward) the capture puts no hook on the autograd graph for good: the parameters' hooks come
+    # off (torch's with them) and no compiled call's outputs get a pre-hook (nor the
+    # ``OutputGradNote``: the graph's ``outputs_without_grad`` stay unrecorded). What is recorded
+    # then is read where FSDP2's is (NOTE: [FSDP2 evidence]): at each optimizer step, per watched
+    # trainable parameter, whether ``.grad`` is a new gradient (another tensor, or the same one at
+    # another version, than at the last step) or none; the rows say ``"compiled_autograd": true``
+    # and the same limits (a zero-filled gradient, one accumulated twice, cannot be told from a real
+    # one). A ``graphdeck_evidence_mode`` record says so at once (a job ended by ``os._exit`` before
+    # its first step still tells why it has no row). Limit: ``_enable`` around ``backward()`` alone,
+    # the forward outside it, shows nothing before the first backward — that one's graph has the
+    # hooks in it (they stand down at run time), and the next compiles again without them
+    # (tests/test_capture_matrix.py, variant ``compiled_autograd_backward_only``, strict xfail).
+    def _to_steps(self) -> None:
+        """Compiled autograd runs (or may run) the backward passes: no hook of the capture on the
+        autograd graph from now on, ``.grad`` read at each optimizer step instead (NOTE: [Evidence
+        under compiled autograd])."""
+        if self._ca_steps or self._failed:
+            return
+        with self._lock:
+            w = self._win
+            if w is not None and not w.closed:
+                self._close(w, partial_=bool(w.pending))
+            self._ca_steps, self._steady, self._check = True, False, None
+            self._fsdp_off_hooks()
+        self.agent.writer.write_compile_events([{"name": "graphdeck_evidence_mode", "compile_id": None, "metadata": {},
+                                                 "payload": '{"mode": "compiled_autograd"}'}])
 
     def _fsdp_off_hooks(self) -> None:
         """Under FSDP2 the per-parameter hooks never fire: take them off (nothing else changes)."""

@@ -21,8 +21,28 @@ def compiled_autograd_active() -> bool:
                                     or getattr(ca, "in_compiled_autograd_region", False)))
 
 
-CA_OFF = ("compiled autograd ran the backward as a compiled graph: the capture's gradient hooks stand down under "
-          "it, so which gradient arrived was not observed for those passes")
+_CA_CONFIG: list = []  # non-empty once a compile saw torch._dynamo.config.compiled_autograd on
+
+
+def note_compiled_autograd_config() -> None:
+    """At a compile (~1.5 µs: a config read): remember for good whether the job turned on
+    ``torch._dynamo.config.compiled_autograd`` (NOTE: [Evidence under compiled autograd])."""
+    try:
+        if not _CA_CONFIG and torch._dynamo.config.compiled_autograd:
+            _CA_CONFIG.append(True)
+    except Exception:  # noqa: BLE001 - an unknown config layout: the other signals remain
+        pass
+
+
+def compiled_autograd_coming() -> bool:
+    """Whether a backward may run under compiled autograd, as far as a forward can tell (~0.1 µs):
+    the job turned ``torch._dynamo.config.compiled_autograd`` on (seen at a compile), the forward
+    runs inside ``compiled_autograd._enable`` (torch's documented use: forward and backward under
+    it), or compiled autograd already captured a backward (NOTE: [Evidence under compiled autograd])."""
+    if _CA_CONFIG:
+        return True
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return bool(ca is not None and getattr(ca, "compiled_autograd_enabled", False)) or compiled_autograd_ran()
 
 
 _CA_COUNTS: list = []  # Dynamo's counters["compiled_autograd"], looked up once

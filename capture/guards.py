@@ -14,7 +14,7 @@
 #      size is already a constant, else the symbolic expression as text);
 #   2. all of the capture's compile-time work runs under :func:`no_new_guards`, the ShapeEnv's
 #      own ``suppress_guards()``: no guard, no replacement, no refined range is recorded, so a
-#      reader we missed still cannot specialise (tests/test_capture_invisible.py pins the
+#      reader we missed still cannot specialise (tests/test_capture_matrix.py pins the
 #      number of compiles, guards, dynamic dimensions and recompile reasons per frame).
 """
 

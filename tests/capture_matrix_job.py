@@ -1,12 +1,17 @@
 """One training job of the capture matrix, with or without graphdeck's capture:
 
     python tests/capture_matrix_job.py VARIANT {plain|capture} STORE OUT_JSON
+    python tests/capture_matrix_job.py --batch {plain|capture} OUTDIR VARIANT[@LABEL] ...
+
+``--batch``: the variants one after another in this interpreter (NOTE: [Several variants in one
+interpreter]).
 
 Variants: ``agent`` (Agent.watch + agent.backend), ``backend_name`` (``backend="graphdeck"``, no
 ``close()``), ``ddp`` and ``fsdp2`` (1 gloo rank), ``compiled_autograd`` (the config flag, and
-the backward under ``compiled_autograd._enable`` with a ``fullgraph=True`` compiler: Dynamo would
-trace the capture's hooks), ``compiled_autograd_enable`` (``_enable`` without fullgraph: the hooks
-run eagerly, where ``queue_callback`` is refused),
+the backward under ``compiled_autograd._enable`` with a ``fullgraph=True`` compiler),
+``compiled_autograd_enable`` (forward and backward under ``_enable`` without fullgraph, as torch
+documents it), ``compiled_autograd_backward_only`` (``_enable`` around ``backward()`` alone:
+nothing tells the capture before the first backward; NOTE: [Evidence under compiled autograd]),
 ``fullgraph``, ``warm_cache`` (Inductor, run twice by the test: the second finds warm caches),
 ``raises`` (step 2's forward raises; the job catches nothing), ``os_exit`` (``os._exit`` after
 step 2, no ``close()``). OUT_JSON gets the losses and a SHA-256 of every parameter and gradient's
@@ -19,8 +24,10 @@ Invisibility variants (issue 34), each on inputs whose length changes every step
 ``dynamic`` (Agent; automatic dynamic after one recompile), ``mark_dynamic``, ``dynamic_true`` (``torch.compile(dynamic=True)``), ``no_auto_dynamic``
 (``automatic_dynamic_shapes=False``: one static compile per length), ``ddp_optimizer`` (DDP split
 into buckets by DDPOptimizer), ``tp`` (ColwiseParallel/RowwiseParallel on a 1-rank mesh),
-``profile`` (Agent.profile around the steps); ``backend_name``, ``ddp``, ``fsdp2``, ``fullgraph``
-and ``warm_cache`` change length too; ``agent`` keeps one static shape.
+``profile`` (Agent.profile around the steps), ``recompile_limit`` (``recompile_limit=1``: step
+1's recompile hits the limit), ``unbacked`` (``automatic_dynamic_shapes_mark_as="unbacked"``);
+``backend_name``, ``ddp``, ``fsdp2``, ``fullgraph`` and ``warm_cache`` change length too;
+``agent`` keeps one static shape. Pipelining: tests/capture_matrix_pipeline.py.
 """
 
 from __future__ import annotations
@@ -35,12 +42,13 @@ import sys
 
 import torch
 
-VARIANT, MODE, STORE, OUT = sys.argv[1:5]
-CAPTURE = MODE == "capture"
 DYNAMIC = {"dynamic", "backend_name", "mark_dynamic", "dynamic_true", "no_auto_dynamic", "ddp_optimizer", "tp",
-           "profile", "ddp", "fsdp2", "fullgraph", "warm_cache"}
+           "profile", "ddp", "fsdp2", "fullgraph", "warm_cache", "recompile_limit", "unbacked"}
 STEPS = 3
-LENGTHS = [4 + s for s in range(STEPS)] if VARIANT in DYNAMIC else [4] * STEPS
+#: ``torch._dynamo.config`` per variant, set for the variant's run only.
+CONFIG = {"no_auto_dynamic": {"automatic_dynamic_shapes": False},
+          "recompile_limit": {"recompile_limit": 1},  # step 1's length needs a recompile: the limit is hit
+          "unbacked": {"automatic_dynamic_shapes_mark_as": "unbacked"}}
 
 
 class ShapeLog(logging.Handler):
@@ -54,6 +62,8 @@ class ShapeLog(logging.Handler):
         msg = record.getMessage()
         if m := re.match(r"create_symbol (\S+) = \S+ for (\S+)", msg):
             self.lines.append(f"symbol {m[1]} for {m[2]}")
+        elif m := re.match(r"create_unbacked_symint (.+)", msg):
+            self.lines.append(f"unbacked {m[1]}")
         elif m := re.match(r"eval (.+?) \[guard added\]", msg):
             self.lines.append(f"guard {m[1]}")
         elif m := re.match(r"set_replacement (\S+) = (\S+)", msg):
@@ -92,12 +102,85 @@ def digest(model) -> str:
     return h.hexdigest()
 
 
-def main() -> None:
+def run(variant: str, mode: str, store: str, out: str) -> None:
+    """One variant in this interpreter: ``out`` gets its results (see the module's docstring);
+    ``torch._dynamo.config``, the shape log's handlers and the process group are as before it."""
+    saved = torch._dynamo.config.get_config_copy()
+    shapes = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    handlers = list(shapes.handlers)
+    try:
+        with torch._dynamo.config.patch(CONFIG.get(variant, {})):
+            _run(variant, mode, store, out)
+    finally:
+        now = torch._dynamo.config.get_config_copy()
+        for key, value in saved.items():
+            if now.get(key) != value:
+                setattr(torch._dynamo.config, key, value)
+        for h in set(shapes.handlers) - set(handlers):
+            shapes.removeHandler(h)
+        import torch.distributed as d
+
+        if d.is_available() and d.is_initialized():
+            d.destroy_process_group()
+
+
+# NOTE: [Several variants in one interpreter]
+# Starting an interpreter (torch, graphdeck, Dynamo's first compile) costs more than most
+# variants, so the matrix runs the single-process variants one after another in one interpreter
+# per mode (``--batch``). Before each, the process gets the Dynamo state of a new one:
+# ``torch._dynamo.reset()`` (code caches, automatic-dynamic frame state, frame and compile
+# counters, compiled autograd's state), every Dynamo counter emptied in place (graphdeck holds
+# ``counters["compiled_autograd"]``: compiled_autograd_ran) and the compilation metrics cleared;
+# ``run`` restores ``torch._dynamo.config`` and destroys a process group left open. Every variant
+# trains a fresh model from ``manual_seed(0)``. What this cannot reset (graphdeck's process-wide
+# flags: ``config.compiled_autograd`` once seen; the default agent of ``backend="graphdeck"``) is
+# kept out: the compiled-autograd variants run last in that order, ``backend_name`` captured and
+# jobs that die run in interpreters of their own. tests/test_capture_matrix.py checks the reset
+# works: ``dynamic`` (automatic dynamic on the shared ``Net.forward``: leaked frame state would
+# make its first compile dynamic) runs first and again late in each batch, with identical results.
+def fresh() -> None:
+    """The Dynamo state of a new interpreter (NOTE: [Several variants in one interpreter])."""
+    from torch._dynamo.utils import clear_compilation_metrics, counters
+
+    torch._dynamo.reset()
+    for c in counters.values():
+        c.clear()
+    clear_compilation_metrics()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def batch(mode: str, outdir: str, specs: list[str]) -> None:
+    """Run each ``VARIANT`` or ``VARIANT@LABEL`` of ``specs`` in turn in this interpreter, into
+    ``OUTDIR/NAME-MODE.db`` and ``.json`` (NAME: ``VARIANT`` or ``VARIANT-LABEL``); a variant that
+    raises gets ``{"error": traceback}`` as its JSON and the next one runs."""
+    import traceback
+
+    for spec in specs:
+        variant, _, label = spec.partition("@")
+        name = f"{variant}-{label}" if label else variant
+        out = os.path.join(outdir, f"{name}-{mode}.json")
+        fresh()
+        os.environ["PORT"] = str(free_port())
+        try:
+            run(variant, mode, os.path.join(outdir, f"{name}-{mode}.db"), out)
+        except Exception:  # noqa: BLE001 - reported in its JSON, the batch goes on
+            with open(out, "w") as f:
+                json.dump({"error": traceback.format_exc()}, f)
+
+
+def _run(VARIANT: str, MODE: str, STORE: str, OUT: str) -> None:  # noqa: N803 - the job's command-line names
+    CAPTURE = MODE == "capture"  # noqa: N806
+    LENGTHS = [4 + s for s in range(STEPS)] if VARIANT in DYNAMIC else [4] * STEPS  # noqa: N806
     shape_log = ShapeLog()
     torch._logging.set_logs(dynamic=logging.INFO)
     logging.getLogger("torch.fx.experimental.symbolic_shapes").addHandler(shape_log)
-    if VARIANT == "no_auto_dynamic":
-        torch._dynamo.config.automatic_dynamic_shapes = False
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     model = Net(512 if VARIANT == "ddp_optimizer" else 16)
@@ -153,12 +236,16 @@ def main() -> None:
             with open(OUT, "w") as f:
                 json.dump(out, f)
             raise RuntimeError("the job fails in step 2's forward")
-        loss = compiled(x).square().mean()
         if VARIANT.startswith("compiled_autograd"):
             ca_compiler = torch.compile(backend="aot_eager", fullgraph=VARIANT == "compiled_autograd")
+            if VARIANT != "compiled_autograd_enable":  # _enable around backward() alone
+                loss = compiled(x).square().mean()
             with torch._dynamo.compiled_autograd._enable(ca_compiler):
+                if VARIANT == "compiled_autograd_enable":  # forward and backward under _enable, as torch documents
+                    loss = compiled(x).square().mean()
                 loss.backward()
         else:
+            loss = compiled(x).square().mean()
             loss.backward()
         out["losses"].append(loss.item().hex())
         out["digests"].append(digest(model))
@@ -173,6 +260,10 @@ def main() -> None:
     if prof is not None:
         prof.__exit__(None, None, None)
     out.update(decisions(shape_log))
+    if VARIANT == "warm_cache":
+        from torch._dynamo.utils import counters
+
+        out["fx_graph_cache"] = {k: counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss")}
     with open(OUT, "w") as f:
         json.dump(out, f)
     if agent is not None:
@@ -181,6 +272,13 @@ def main() -> None:
         import torch.distributed as d
 
         d.destroy_process_group()
+
+
+def main() -> None:
+    if sys.argv[1] == "--batch":
+        batch(sys.argv[2], sys.argv[3], sys.argv[4:])
+    else:
+        run(*sys.argv[1:5])
 
 
 if __name__ == "__main__":

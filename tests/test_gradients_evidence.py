@@ -489,3 +489,42 @@ def test_compiled_autograd_job_ended_by_os_exit_says_why_nothing_was_observed(tm
     rep = validate_backward(store, "ca")
     assert rep.verdict == "INCOMPLETE", rep.to_text()
     assert any("compiled autograd" in g for g in rep.gaps), rep.gaps
+
+
+JOB_CA_STEPS = """
+import sys, torch
+from graphdeck.capture import Agent
+torch.manual_seed(0)
+holder = torch.nn.Module()
+holder.m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+holder.scale = torch.nn.Parameter(torch.ones(()))
+agent = Agent(store=sys.argv[1], run="ca")
+agent.watch(holder)
+f = torch.compile(holder.m, backend=agent.backend("aot_eager"))
+opt = torch.optim.SGD(holder.parameters(), lr=0.01)
+for i in range(5):
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager", fullgraph=True)):
+        out = f(torch.randn(2, 4)).sum()
+        (out if i == 3 else out * holder.scale).backward()  # step 3: no gradient for scale
+    opt.step()
+    opt.zero_grad()
+agent.close()
+"""
+
+
+def test_compiled_autograd_gradients_are_read_at_each_step(tmp_path):
+    """Under compiled autograd the capture puts no hook on the autograd graph (NOTE: [Evidence
+    under compiled autograd]): which parameter got a gradient is read at each optimizer step, so a
+    gradient that stops arriving at step 3 is NO_GRAD at step 3, and the report says what cannot
+    be seen there. Before: the evidence stood down under compiled autograd (INCOMPLETE)."""
+    store = tmp_path / "s.db"
+    run_python(JOB_CA_STEPS, str(store))
+    rep = validate_backward(store, "ca")
+    assert rep.verdict == "FAIL", rep.to_text()
+    bad = {r.fqn: r for r in rep if r.status != "OK"}
+    assert set(bad) == {"scale"} and bad["scale"].status == "NO_GRAD", rep.to_text()
+    assert bad["scale"].steps == [[0, 2, "ok"], [3, 3, "none"], [4, 4, "ok"]], bad["scale"].steps
+    assert any("compiled autograd" in n and "cannot be told" in n for n in rep.coverage.get("notes", [])), rep.to_text()
+    with open_engine(store, read_only=True).connect() as c:
+        modes = c.execute(text("SELECT payload FROM compile_events WHERE name = 'graphdeck_evidence_mode'")).all()
+    assert modes == [('{"mode": "compiled_autograd"}',)], modes

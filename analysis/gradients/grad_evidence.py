@@ -61,6 +61,7 @@ class Evidence:
     graph_ranks: set[int] = field(default_factory=set)  # ranks that stored a compiled graph
     off: dict[int, str] = field(default_factory=dict)  # rank -> why the capture observed nothing
     backward_done: set[int] = field(default_factory=set)  # ranks with a graphdeck_grads_observed record
+    ca_ranks: set[int] = field(default_factory=set)  # ranks read at each step under compiled autograd
     imported: bool = False  # graphs from an imported TORCH_TRACE log (its parameters: what graphs read)
 
     def __bool__(self) -> bool:
@@ -100,6 +101,8 @@ def load(session: Session, run_id: int) -> Evidence:
     ev.backward_done = {r for (r,) in session.execute(text(
         "SELECT DISTINCT rank FROM compile_events WHERE run_id = :r AND name = 'graphdeck_grads_observed'"),
         {"r": run_id})}
+    ev.ca_ranks = {r for (r,) in session.execute(text(  # NOTE: [Evidence under compiled autograd] (capture/grad_fsdp.py)
+        "SELECT DISTINCT rank FROM compile_events WHERE run_id = :r AND name = 'graphdeck_evidence_mode'"), {"r": run_id})}
     for rank, payload in session.execute(text(
             "SELECT rank, payload FROM compile_events WHERE run_id = :r AND name = 'graphdeck_evidence_off'"),
             {"r": run_id}):
@@ -225,6 +228,12 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
     if off:
         missing.append(f"no run-time gradient evidence on rank(s) {_ranks_text(sorted(off))}: {next(iter(off.values()))}")
     no_ev = [r for r in no_ev if r not in off]
+    ca = [r for r in no_ev if r in ev.ca_ranks]
+    if ca:
+        missing.append(f"no run-time gradient evidence on rank(s) {_ranks_text(ca)}: compiled autograd runs the backward "
+                       "there, so gradients are read at each optimizer step (hooks would change its graph), and no step "
+                       "was read (no optimizer step ran before the job ended without close())")
+        no_ev = [r for r in no_ev if r not in ca]
     died = [r for r in no_ev if ev.watch.get(r, {}).get("evidence")]  # watched, evidence on, nothing recorded
     if died:
         # A compiled rank writes graphdeck_grads_observed at the end of its first backward: none, it never finished one.
@@ -247,6 +256,13 @@ def coverage(ev: Evidence, *, world_size: int | None, ranks: list[int], params_k
                          "after its reduce-scatter), so a gradient zero-filled by a compiled backward, or one "
                          "accumulated twice in a backward, cannot be told from a real one there"]
         cov.setdefault("notes", []).extend(cov["limits"])
+    ca_read = sorted(r for r, segs in ev.by_rank.items() if any(seg.state.get("compiled_autograd") for seg in segs))
+    if ca_read:  # NOTE: [Evidence under compiled autograd] (capture/grad_fsdp.py)
+        cov.setdefault("limits", []).append(
+            f"rank(s) {_ranks_text(ca_read)} (compiled autograd): gradients were read at each optimizer step (the "
+            "capture's hooks would be traced into compiled autograd's graph), so a gradient zero-filled by a compiled "
+            "backward, or one accumulated twice in a backward, cannot be told from a real one there")
+        cov.setdefault("notes", []).append(cov["limits"][-1])
     # one note per step for all the ranks it holds for (1,024 ranks that died: not 1,024 notes)
     partial: dict[int, list[int]] = defaultdict(list)
     for rank, segs in sorted(ev.by_rank.items()):
