@@ -53,6 +53,7 @@ from graphdeck.store.lite import (  # noqa: F401 (re-exported: the store's sqlit
     create_private_file,
     is_bad_value,
     is_disk_full,
+    refuse_symlinks,
     store_full_error,
     store_url,
 )
@@ -184,6 +185,8 @@ _NOT_A_STORE = ("file is not a database", "unable to open database file")
 
 def _sqlite_engine(url: str, read_only: bool, max_bytes: int | None) -> Engine:
     path = url.split("sqlite:///", 1)[1] if url.startswith("sqlite:///") else ""
+    if path and path != ":memory:" and not path.startswith("file:") and "?" not in path:
+        refuse_symlinks(path)
     if not read_only and path and path != ":memory:" and not path.startswith("file:") and "?" not in path:
         try:
             create_private_file(path)
