@@ -60,6 +60,22 @@ def sqlite_path(path_or_url: str | os.PathLike) -> str | None:
     return path
 
 
+def fs_text(name: str) -> str:
+    r"""A file name as text a store can hold. A name that is not UTF-8 comes from the file system
+    with its bytes as lone surrogates (PEP 383: byte 0xff is ``'\udcff'``), which neither SQLite's
+    driver nor psycopg can encode; each such byte is written as the four characters ``\xff``
+    (any other lone surrogate as ``\ud800``). A UTF-8 name comes back unchanged."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        pass
+    try:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 #: The files SQLite keeps beside a store ``x.db``: ``x.db-wal``, ``x.db-shm``, ``x.db-journal``.
 SIDECARS = ("-wal", "-shm", "-journal")
 

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphdeck.errors import BadInputError, NotFoundError, UsageError
+from graphdeck.store.lite import fs_text
 from graphdeck.store.torch_trace_build import KNOWN_KINDS, FileBuilder, GraphCache
 from graphdeck.store.torch_trace_log import (
     GLOG_RE,
@@ -235,7 +236,7 @@ def _import_file(w: RowWriter, run_id: int, path: Path, rank: int, env_rank: int
     stats = ReadStats()
     reader = LogReader(path, stats)
     w.begin()  # one transaction per COMMIT_EVERY_RECORDS records; on an error the caller rolls back
-    meta = {"source": "torch_trace", "file": path.name}
+    meta = {"source": "torch_trace", "file": fs_text(path.name)}
     if env_rank is not None and env_rank != rank:
         meta.update(envelope_rank=env_rank, rank_mismatch=True)
     row_id = w.scalar("SELECT id FROM ranks WHERE run_id = ? AND rank = ?", (run_id, rank))

@@ -64,6 +64,7 @@ from sqlalchemy.engine import Engine
 
 from graphdeck.errors import BadInputError, TruncatedInputError
 from graphdeck.store.db import get_or_create_rank, get_or_create_run, retrying, write_session
+from graphdeck.store.lite import fs_text
 from graphdeck.store.schema import Run, Trace, TraceEvent
 from graphdeck.store.trace_fast import (
     NoEventsHead,
@@ -178,13 +179,13 @@ def ingest_trace(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        with open(path, "rb") as fh:
-            return _deduped(fh, engine, run_name, rank, name or path.name, path.name, strict, batch_size, progress,
-                            duplicate)
+        with open(path, "rb") as fh:  # a name that is not UTF-8 is stored with \xNN escapes (fs_text)
+            return _deduped(fh, engine, run_name, rank, fs_text(name or path.name), fs_text(path.name), strict,
+                            batch_size, progress, duplicate)
     file_name = getattr(source, "name", None)
-    file_name = Path(file_name).name if isinstance(file_name, str) else None
-    return _deduped(source, engine, run_name, rank, name or file_name or "trace", file_name, strict, batch_size,
-                    progress, duplicate)
+    file_name = fs_text(Path(file_name).name) if isinstance(file_name, str) else None
+    return _deduped(source, engine, run_name, rank, fs_text(name or file_name or "trace"), file_name, strict,
+                    batch_size, progress, duplicate)
 
 
 def _deduped(fh, engine, run_name, rank, name, file_name, strict, batch_size, progress, duplicate) -> IngestResult:
