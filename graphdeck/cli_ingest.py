@@ -269,6 +269,8 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
     click.echo(f"run {result.run_name} (id {result.run_id}): ranks {_ranks_text(result.ranks)}; {st.get('graphs', 0)} graphs, "
                f"{st.get('nodes', 0)} nodes, {st.get('compile_events', 0)} compile events, "
                f"{st.get('kernel_nodes', 0)} kernel links; {result.dropped} dropped")
+    if result.replaced:
+        click.echo(f"  {result.replaced}", err=True)
     for f in result.files:
         if f["rank_mismatch"]:
             click.echo(f"  warning: {Path(f['path']).name}: file name says rank {f['file_rank']}, "

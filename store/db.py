@@ -489,6 +489,42 @@ STALE_INGEST_ENV, STALE_PROBE_ENV = "GRAPHDECK_STALE_INGEST_S", "GRAPHDECK_STALE
 STALE_INGEST_S, STALE_PROBE_S = 1800.0, 30.0
 
 
+def sweep_dead_ingests(engine: Engine) -> list[int]:
+    """Delete traces still ``ingesting`` whose writer ran on this host and is gone (NOTE: [Writer
+    stamps]), at once: no age, no probe. Returns their ids; cheap when there are none (one query)."""
+    from sqlalchemy import delete
+
+    from graphdeck.store.schema import Trace, TraceEvent
+    from graphdeck.store.writers import WRITER_KEY, alive
+
+    def writer(meta_json):
+        try:
+            meta = json.loads(meta_json or "{}")
+        except ValueError:
+            return None
+        return meta.get(WRITER_KEY) if isinstance(meta, dict) else None
+
+    with engine.connect() as conn:
+        rows = conn.execute(select(Trace.id, Trace.meta_json).where(Trace.status == "ingesting")).all()
+    swept = []
+    for tid, meta_json in rows:
+        if alive(writer(meta_json)) is not False:
+            continue
+
+        def drop(tid=tid) -> bool:
+            with write_session(engine) as s:
+                row = s.execute(select(Trace.status, Trace.meta_json).where(Trace.id == tid).with_for_update()).first()
+                if row is None or row[0] != "ingesting" or alive(writer(row[1])) is not False:
+                    return False
+                s.execute(delete(TraceEvent).where(TraceEvent.trace_id == tid))
+                s.execute(delete(Trace).where(Trace.id == tid))
+                return True
+
+        if retrying(drop):
+            swept.append(tid)
+    return swept
+
+
 def sweep_stale_traces(engine: Engine, *, older_than_s: float | None = None, probe_s: float | None = None,
                        sleep=time.sleep) -> list[int]:
     """Delete traces whose ingest died (NOTE: [Stale ingests]); returns their ids.

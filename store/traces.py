@@ -94,6 +94,7 @@ from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported unde
 )
 from graphdeck.store.trace_rows import MAX_LANE_NAMES, STORED_PH, EventRows  # noqa: F401  (re-exported)
 from graphdeck.store.trace_write import EventWriter
+from graphdeck.store.writers import WRITER_KEY, stamp
 
 log = logging.getLogger(__name__)
 
@@ -484,7 +485,8 @@ class _Ingest(EventRows):
         def create():
             with write_session(self.engine) as s:
                 run = get_or_create_run(s, self.run_name, world_size=world)
-                trace = Trace(run_id=run.id, rank=rank, name=self.name[:300], status="ingesting")
+                trace = Trace(run_id=run.id, rank=rank, name=self.name[:300], status="ingesting",
+                              meta_json=json.dumps({WRITER_KEY: stamp()}))  # NOTE: [Writer stamps]
                 s.add(trace)
                 s.flush()
                 return run.id, trace.id
