@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _is_kineto, _store_arg
+from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _is_kineto, _store_arg, store_and_run
 from graphdeck.errors import BadInputError, GraphdeckError, UsageError
 
 
@@ -323,8 +323,7 @@ def upload_cmd(file: str, url: str, run_name: str, rank: int | None, kind: str, 
 
 
 @click.command("delete-run")
-@click.argument("store")
-@click.option("--run", "run_name", required=True, help="Name of the run to delete (or its id).")
+@store_and_run(run_help="Name of the run to delete (or its id).")
 def delete_run_cmd(store: str, run_name: str) -> None:
     """Delete run RUN and every row of it from STORE (SQLite file or PostgreSQL URL): graphs, nodes,
     traces and their events, parameters, compile records; exit 2 when STORE has no such run."""

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import click
 
-from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _mib, _store_arg
+from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _mib, _store_arg, store_and_run
 from graphdeck.errors import GraphdeckError
 
 
 @click.command("memory")
-@click.argument("run_name")
+@store_and_run()
 @click.argument("graph_id", type=int)
-@click.option("--store", default=DEFAULT_STORE, show_default=True)
 @click.option("--scope", type=click.Choice(["step", "graph"]), default=None,
               help="step: the graph's forward then backward graph (one training step; the default, as on the "
                    "memory page, falling back to the graph alone when it has no forward/backward pair); "

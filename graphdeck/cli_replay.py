@@ -7,14 +7,13 @@ import json
 
 import click
 
-from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _mib
+from graphdeck.cli_common import _fail, _find_run, _mib, store_and_run
 from graphdeck.errors import GraphdeckError
 
 
 @click.command("replay")
-@click.argument("run_name")
+@store_and_run(store_help="SQLite store (read, and the replay run written) [$GRAPHDECK_STORE; default graphdeck.db].")
 @click.argument("graph_id", type=int)
-@click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store (read, and traces written).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help='Executor config JSON {"executor": {"num_workers", "graph_partition_strategy", '
                    '"pipeline_microbatch_size", "communication_backend", "enable_heterogeneous_fusion"}}; '
