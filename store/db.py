@@ -426,7 +426,7 @@ def delete_run(engine: Engine, run_id: int) -> dict:
     Raises:
         NotFoundError: no run has that id.
     """
-    from sqlalchemy import delete, or_
+    from sqlalchemy import delete, func, or_
 
     from graphdeck.store.schema import Base, StoreMeta
 
@@ -460,8 +460,11 @@ def delete_run(engine: Engine, run_id: int) -> dict:
             rows: dict[str, int] = {}
             for table in reversed(tables):  # children first
                 if table.name in owned:
-                    n = s.execute(delete(table).where(owned[table.name])).rowcount
+                    # counted before: a row removed by an ON DELETE CASCADE of the same statement
+                    # (a graph's child graphs, through parent_id) is not in the rowcount
+                    n = s.scalar(select(func.count()).select_from(table).where(owned[table.name])) or 0
                     if n:
+                        s.execute(delete(table).where(owned[table.name]))
                         rows[table.name] = n
             markers = [key for key, value in s.execute(select(StoreMeta.key, StoreMeta.value)
                                                       .where(StoreMeta.key.like("upload:%")))
