@@ -298,8 +298,9 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
 @click.option("--token", default=None, help="Write token (default: $GRAPHDECK_TOKEN).")
 @click.option("--chunk-mb", default=8, show_default=True, help="Chunk size in MiB.")
 @click.option("--strict", is_flag=True, help="Trace: fail, keeping nothing, on any dropped event.")
+@click.option("--json", "as_json", is_flag=True, help="Also print the server's whole merge result (rows per table, ids).")
 def upload_cmd(file: str, url: str, run_name: str, rank: int | None, kind: str, token: str | None, chunk_mb: int,
-               strict: bool) -> None:
+               strict: bool, as_json: bool = False) -> None:
     """Upload FILE (a capture store or a trace) to a graphdeck server, resuming after failures."""
     from graphdeck.capture.upload import upload_store, upload_trace
 
@@ -318,8 +319,24 @@ def upload_cmd(file: str, url: str, run_name: str, rank: int | None, kind: str, 
     result = status["result"] or {}
     again = " (already uploaded before)" if result.get("already_merged") else ""
     click.echo(f"uploaded {Path(file).name} as {kind} {status['id']} to run {result.get('run_name')!r} "
-               f"(id {result.get('run_id')}){again}")
-    click.echo(json.dumps(result, indent=2, default=str))
+               f"(id {result.get('run_id')}){again}: {upload_counts(result)}")
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+
+
+#: The tables an upload's one line names (the rest is summed as "other rows"; --json has them all).
+_UPLOAD_HEADLINE = ("ranks", "graphs", "nodes", "traces", "trace_events", "compile_events")
+
+
+def upload_counts(result: dict) -> str:
+    """``20 graphs, 1,766 nodes, 2 traces, 6,146 trace events, 3,100 other rows`` from a merge
+    result's ``rows`` ({table: rows added}); ``nothing new`` when it added none."""
+    rows = {t: n for t, n in (result.get("rows") or {}).items() if isinstance(n, int) and n}
+    parts = [f"{rows.pop(t):,} {t.replace('_', ' ')}" for t in _UPLOAD_HEADLINE if t in rows]
+    rest = sum(rows.values())
+    if rest:
+        parts.append(f"{rest:,} other rows")
+    return ", ".join(parts) or "nothing new"
 
 
 @click.command("delete-run")

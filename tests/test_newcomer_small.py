@@ -3,11 +3,13 @@
 
 * ``delete-run`` counted only the rows its DELETE matched, not those the same statement removed
   by ``ON DELETE CASCADE`` (a graph's child graphs): "2 graphs" for 20;
+* ``upload`` printed ~50 lines of merge JSON: now one line saying what was added (``--json``: all);
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import shutil
 import sqlite3
@@ -16,7 +18,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from graphdeck.store.db import open_engine
+from tests.conftest import REPO, LiveServer
 
 RUN = "demo"
 
@@ -45,3 +48,19 @@ def test_delete_run_counts_every_row_it_deleted(store, tmp_path):
     assert all(said[t] == n for t, n in before.items()), (before, said)
     with sqlite3.connect(copy) as c:
         assert c.execute("SELECT count(*) FROM graphs").fetchone()[0] == 0
+
+
+def test_upload_says_what_it_added_in_one_line(store, tmp_path):
+    server_store = tmp_path / "server.db"
+    open_engine(server_store).dispose()
+    with LiveServer(server_store) as srv:
+        plain = cli("upload", str(store), "--url", srv.url, "--run", "up")
+        again = cli("upload", str(store), "--url", srv.url, "--run", "up", "--json")
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.strip().splitlines()
+    assert len(lines) == 1, plain.stdout
+    assert re.search(r"as bundle \w+ to run 'up' \(id \d+\): 2 ranks, 20 graphs, 1,766 nodes, 2 traces, 6,146 trace "
+                     r"events, .* other rows$", lines[0]), lines[0]
+    assert again.returncode == 0 and "(already uploaded before)" in again.stdout, again.stderr
+    head, body = again.stdout.split("\n", 1)
+    assert json.loads(body)["already_merged"] is True, body[:500]
