@@ -34,7 +34,7 @@ def memory_cmd(run_name: str, graph_id: int, store: str, scope: str | None, step
         graph_memory,
         step_memory,
     )
-    from graphdeck.errors import NotFoundError
+    from graphdeck.errors import NotFoundError, UsageError
     from graphdeck.store.db import open_engine
     from graphdeck.store.schema import Graph
 
@@ -45,6 +45,10 @@ def memory_cmd(run_name: str, graph_id: int, store: str, scope: str | None, step
             if graph is None or graph.run_id != run.id:
                 raise NotFoundError(f"graph {graph_id} not found in run {run.name!r}")
             asked_step = step or scope == "step" or bool(checkpoint_module or dtype)
+            if scope == "graph" and (checkpoint_module or dtype):
+                given = " and ".join(o for o, v in (("--checkpoint", checkpoint_module), ("--dtype", dtype)) if v)
+                raise UsageError(f"{given}: a what-if of a training step (forward + backward graph), not of one "
+                                 "graph; drop --scope graph (or use --scope step)")
             pair = None
             if scope != "graph":
                 try:

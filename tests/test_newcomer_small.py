@@ -3,6 +3,8 @@
 
 * ``delete-run`` counted only the rows its DELETE matched, not those the same statement removed
   by ``ON DELETE CASCADE`` (a graph's child graphs): "2 graphs" for 20;
+* ``memory --scope graph --dtype bfloat16`` printed the graph's report and dropped the what-if
+  without a word: exit 2 saying the what-if is a step's;
 * ``upload`` printed ~50 lines of merge JSON: now one line saying what was added (``--json``: all);
 """
 
@@ -64,3 +66,12 @@ def test_upload_says_what_it_added_in_one_line(store, tmp_path):
     assert again.returncode == 0 and "(already uploaded before)" in again.stdout, again.stderr
     head, body = again.stdout.split("\n", 1)
     assert json.loads(body)["already_merged"] is True, body[:500]
+
+
+def test_memory_what_if_with_scope_graph_is_refused_not_dropped(store):
+    for what in (["--dtype", "bfloat16"], ["--checkpoint", "transformer/h/0"]):
+        proc = cli("memory", RUN, "5", "--store", str(store), "--scope", "graph", *what)
+        assert proc.returncode == 2 and "what-if of a training step" in proc.stderr and what[0] in proc.stderr, (
+            what, proc.returncode, proc.stdout, proc.stderr)
+    step = cli("memory", RUN, "5", "--store", str(store), "--dtype", "bfloat16")
+    assert step.returncode == 0 and "what-if" in step.stdout, step.stdout + step.stderr
