@@ -5,6 +5,9 @@
   by ``ON DELETE CASCADE`` (a graph's child graphs): "2 graphs" for 20;
 * ``memory --scope graph --dtype bfloat16`` printed the graph's report and dropped the what-if
   without a word: exit 2 saying the what-if is a step's;
+* README's tour named a "gradients" overlay the graph page lacks; docs/commands.md sent
+  ``memory-snapshot`` to a page that never mentioned it: every overlay the tour names is one of
+  the page's, every page a command's row links to names the command;
 * ``upload`` printed ~50 lines of merge JSON: now one line saying what was added (``--json``: all);
 """
 
@@ -75,3 +78,25 @@ def test_memory_what_if_with_scope_graph_is_refused_not_dropped(store):
             what, proc.returncode, proc.stdout, proc.stderr)
     step = cli("memory", RUN, "5", "--store", str(store), "--dtype", "bfloat16")
     assert step.returncode == 0 and "what-if" in step.stdout, step.stdout + step.stderr
+
+
+def test_the_readme_tour_names_only_the_graph_page_s_overlays():
+    tour = next(line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("3. **Graphs**"))
+    named = [w.strip() for w in re.search(r"overlays \(([^)]*)\)", tour).group(1).split(",")]
+    js = (REPO / "frontend/graph.js").read_text()
+    labels = re.findall(r'\["\w*", "([^"]+)"\]', js[js.index("const OVERLAYS"):js.index("];", js.index("const OVERLAYS"))])
+    assert len(labels) >= 8, labels
+    missing = [n for n in named if not any(all(w in label for w in n.split()) for label in labels)]
+    assert not missing, f"the tour names overlays the graph page does not have: {missing} (page: {labels})"
+
+
+def test_every_page_a_command_row_links_names_the_command():
+    wrong = []
+    for line in (REPO / "docs/commands.md").read_text().splitlines():
+        m = re.match(r"\| `graphdeck ([\w-]+)", line)
+        if not m:
+            continue
+        for page in re.findall(r"\]\(([\w-]+\.md)\)", line):
+            if m.group(1) not in (REPO / "docs" / page).read_text():
+                wrong.append((m.group(1), page))
+    assert not wrong, f"docs/commands.md sends these commands to pages that never mention them: {wrong}"
