@@ -8,6 +8,8 @@
 * README's tour named a "gradients" overlay the graph page lacks; docs/commands.md sent
   ``memory-snapshot`` to a page that never mentioned it: every overlay the tour names is one of
   the page's, every page a command's row links to names the command;
+* ``replay`` printed libkineto's USDT lines and ratios like "x8158.76 vs recorded" with no word
+  on noise: quiet now, a caveat line with the median ratio, no ratio for nodes under 20 us;
 * ``upload`` printed ~50 lines of merge JSON: now one line saying what was added (``--json``: all);
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -100,3 +103,18 @@ def test_every_page_a_command_row_links_names_the_command():
             if m.group(1) not in (REPO / "docs" / page).read_text():
                 wrong.append((m.group(1), page))
     assert not wrong, f"docs/commands.md sends these commands to pages that never mention them: {wrong}"
+
+
+def test_replay_is_quiet_and_says_what_its_ratios_are(store, tmp_path):
+    copy = tmp_path / "replay.db"
+    shutil.copy(store, copy)
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "replay", RUN, "5", "--store", str(copy)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "USDT" not in proc.stdout + proc.stderr and "libkineto" not in proc.stdout + proc.stderr, proc.stderr
+    assert "compare nodes with the median, not with 1.0" in proc.stdout, proc.stdout
+    for line in proc.stdout.splitlines():
+        m = re.match(r"\s+\S+\s+([\d.]+) us\s+x[\d.]+ vs recorded$", line)
+        if m:
+            assert float(m.group(1)) >= 20, f"a ratio for a node under the noise floor: {line}"
