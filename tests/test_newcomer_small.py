@@ -8,6 +8,9 @@
 * README's tour named a "gradients" overlay the graph page lacks; docs/commands.md sent
   ``memory-snapshot`` to a page that never mentioned it: every overlay the tour names is one of
   the page's, every page a command's row links to names the command;
+* two compile-time totals for rank 0 on the run page (compile health's, with backward compiles, and
+  the compile index's, frames only) without saying what each counts: the health total is split
+  into frames + backward, the frames part equal to the index's sum, and every total says it;
 * ``replay`` printed libkineto's USDT lines and ratios like "x8158.76 vs recorded" with no word
   on noise: quiet now, a caveat line with the median ratio, no ratio for nodes under 20 us;
 * ``upload`` printed ~50 lines of merge JSON: now one line saying what was added (``--json``: all);
@@ -24,6 +27,7 @@ import sqlite3
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from graphdeck.store.db import open_engine
@@ -118,3 +122,18 @@ def test_replay_is_quiet_and_says_what_its_ratios_are(store, tmp_path):
         m = re.match(r"\s+\S+\s+([\d.]+) us\s+x[\d.]+ vs recorded$", line)
         if m:
             assert float(m.group(1)) >= 20, f"a ratio for a node under the noise floor: {line}"
+
+
+def test_compile_time_totals_say_what_they_count_and_add_up(store):
+    with LiveServer(store) as srv:
+        health = httpx.get(f"{srv.url}/api/runs/{RUN}/compile-health", timeout=60).json()
+        index = httpx.get(f"{srv.url}/api/runs/{RUN}/compile-index", timeout=60).json()
+    for rank in ("0", "1"):
+        st = health["ranks"][rank]["stats"]
+        frames = sum(e["compile_time_s"] or 0 for e in index["ranks"][rank])
+        assert st["bwd_compile_s"] > 1 and abs(st["compile_s"] - st["frame_compile_s"] - st["bwd_compile_s"]) < 1e-6, st
+        assert abs(st["frame_compile_s"] - frames) < 1e-3, (rank, st, frames)
+    text = cli("check-compile", str(store), "--run", RUN).stdout
+    assert "compile time (frames' forward compiles + backward compiles)" in text and "+ backward" in text, text
+    js = (REPO / "frontend/compile.js").read_text()
+    assert js.count("backward graphs not counted") == 2 and '"Frames (forward)"' in js and '"Backward graphs"' in js
