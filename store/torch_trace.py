@@ -160,11 +160,14 @@ def _import(w: RowWriter, plan: list, skipped: list[str], run_name: str, strict:
         else:
             result_note = None
         taken = {r for (r,) in w.rows("SELECT DISTINCT rank FROM graphs WHERE run_id = ?", (run_id,))}
-        taken |= {r for (r,) in w.rows("SELECT rank FROM ranks WHERE run_id = ? AND meta_json LIKE ?",
-                                        (run_id, f'%"{WRITER_KEY}"%'))}  # being imported now
-        clash = sorted(taken & wanted)
+        busy = {r: describe(_writer(m)) for r, m in w.rows(
+            "SELECT rank, meta_json FROM ranks WHERE run_id = ? AND meta_json LIKE ?", (run_id, f'%"{WRITER_KEY}"%'))
+            if r in wanted}  # an import of them that lives, or whose host is not this one
+        clash = sorted((taken & wanted) | set(busy))
         if clash:
-            raise UsageError(f"run {run_name!r} already has rank(s) {clash}; import into another --run")
+            being = (f" ({', '.join(f'rank {r} is being imported by {who}' for r, who in sorted(busy.items()))}; "
+                     "if that import died on another host, delete-run the run and import again)") if busy else ""
+            raise UsageError(f"run {run_name!r} already has rank(s) {clash}{being}; import into another --run")
         w.commit()
     except BaseException:
         w.rollback()
@@ -210,16 +213,21 @@ def _import(w: RowWriter, plan: list, skipped: list[str], run_name: str, strict:
     return result
 
 
+def _writer(meta_json: str | None) -> dict | None:
+    try:
+        meta = json.loads(meta_json or "{}")
+    except ValueError:
+        return None
+    return meta.get(WRITER_KEY) if isinstance(meta, dict) else None
+
+
 def _killed_imports(w: RowWriter, run_id: int, ranks: set[int]) -> dict[int, str]:
     """Of ``ranks``, those whose rows an import left unfinished and whose importer is known dead
     (NOTE: [Writer stamps]) → who it was."""
     dead = {}
     for rank, meta_json in w.rows("SELECT rank, meta_json FROM ranks WHERE run_id = ? AND meta_json LIKE ?",
                                   (run_id, f'%"{WRITER_KEY}"%')):
-        try:
-            writer = json.loads(meta_json or "{}").get(WRITER_KEY)
-        except (ValueError, AttributeError):
-            continue
+        writer = _writer(meta_json)
         if rank in ranks and alive(writer) is False:
             dead[rank] = describe(writer)
     return dead

@@ -125,7 +125,8 @@ def test_a_killed_import_is_replaced_by_running_it_again(tmp_path):
         half = _shape(store, "job")
         assert half["ranks"] == [0] and half["stamped"] == [0], half
         busy = _import(store, "job", folder)
-        assert busy.returncode == 2 and "already has rank(s) [0]" in busy.stderr, (
+        assert busy.returncode == 2 and "already has rank(s) [0]" in busy.stderr and (
+            f"rank 0 is being imported by pid {proc.pid}" in busy.stderr), (
             "a live import's ranks are not replaced", busy.stderr[-2000:])
         _kill(proc)
     finally:
