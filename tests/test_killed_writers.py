@@ -22,10 +22,11 @@ import sys
 import time
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from graphdeck.store.db import open_engine
+from graphdeck.store.db import get_or_create_run, open_engine, write_session
 from graphdeck.store.schema import Graph, Node, Rank, Trace, TraceEvent
 from tests.conftest import REPO, LiveServer, shared_path
 
@@ -140,3 +141,18 @@ def test_a_killed_import_is_replaced_by_running_it_again(tmp_path):
     assert f"pid {proc.pid}" in again.stderr, again.stderr
     assert _shape(store, "job") == want, "the same rows as a clean import, no rank twice, no stamp left"
     assert os.path.exists(store)
+
+
+@pytest.mark.browser
+def test_the_runs_page_says_a_run_is_empty(tmp_path, browser):
+    store = tmp_path / "s.db"
+    engine = open_engine(store)
+    with write_session(engine) as s:
+        get_or_create_run(s, "left-empty")
+    engine.dispose()
+    with LiveServer(store) as srv:
+        page = browser.new_page()
+        page.goto(f"{srv.url}/#/runs")
+        cell = page.wait_for_selector("#runs-table .run-empty")
+        assert "killed before its first write" in cell.inner_text()
+        page.close()
