@@ -49,3 +49,22 @@ def test_names_that_are_not_utf8_are_imported_or_skipped_never_a_traceback(tmp_p
         for path in ("ranks", "summary"):
             r = httpx.get(f"{srv.url}/api/runs/{run.json()['id']}/{path}", timeout=60)
             assert r.status_code == 200, (path, r.text[:500])
+
+
+def test_upload_of_a_file_named_with_bytes_that_are_not_utf8(tmp_path):
+    """``graphdeck upload`` put the name in its JSON declaration as it came: the client's own JSON
+    encoder then raised UnicodeEncodeError (a traceback, nothing sent)."""
+    from graphdeck.store.db import open_engine
+
+    name = os.fsencode(tmp_path) + b"/tr\xffce.json"
+    with open(name, "w") as f:
+        json.dump(KINETO, f)
+    store = tmp_path / "s.db"
+    open_engine(store).dispose()
+    with LiveServer(store) as srv:
+        proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "upload", os.fsdecode(name), "--url", srv.url,
+                               "--run", "up", "--rank", "0"], capture_output=True, timeout=120)
+        err = proc.stderr.decode(errors="replace")
+        assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+        run = httpx.get(f"{srv.url}/api/runs/up", timeout=60).json()
+    assert [t["name"] for t in run["traces"]] == ["tr\\xffce.json"], run["traces"]
