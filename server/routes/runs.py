@@ -98,34 +98,30 @@ EMPTY_NOTE = ("empty: nothing was recorded (no rank, graph, trace or record): a 
               "write, or one still starting")
 
 
-def runs_with_rows(session: Session, run_ids: list[int] | None = None) -> set[int]:
-    """The runs (of ``run_ids``, default all) that hold a row in any table with a ``run_id``."""
+def holds_rows(session: Session, run_id: int) -> bool:
+    """Whether any table with a ``run_id`` holds a row of the run (an index seek per table)."""
+    from sqlalchemy import exists
+
     from graphdeck.store.schema import Base
 
-    found: set[int] = set()
     for table in Base.metadata.sorted_tables:
         col = table.columns.get("run_id")
-        if col is None:
-            continue
-        q = select(col).distinct()
-        if run_ids is not None:
-            q = q.where(col.in_(run_ids))
-        found.update(session.scalars(q))
-    return found
+        if col is not None and session.scalar(select(exists().where(col == run_id))):
+            return True
+    return False
 
 
-def run_summary(session: Session, run: Run, has_rows: bool | None = None) -> dict:
+def run_summary(session: Session, run: Run) -> dict:
     """One run's line: ids, counts, ``state`` (``recorded``, or ``empty`` with ``note`` :data:`EMPTY_NOTE`)."""
     from graphdeck.replay.runs import source_of
 
-    if has_rows is None:
-        has_rows = run.id in runs_with_rows(session, [run.id])
+    counts = {"num_ranks": _count(session, Rank, run.id), "num_graphs": _count(session, Graph, run.id),
+              "num_traces": _count(session, Trace, run.id, Trace.status != "ingesting")}
+    has_rows = any(counts.values()) or holds_rows(session, run.id)
     return {"id": run.id, "name": run.name, "world_size": run.world_size,
             "state": "recorded" if has_rows else "empty", **({} if has_rows else {"note": EMPTY_NOTE}),
             "created_at": run.created_at.isoformat() if run.created_at else None,
-            "source_run": source_of(session, run),
-            "num_ranks": _count(session, Rank, run.id), "num_graphs": _count(session, Graph, run.id),
-            "num_traces": _count(session, Trace, run.id, Trace.status != "ingesting")}
+            "source_run": source_of(session, run), **counts}
 
 
 @router.get("/api/runs")
@@ -133,8 +129,7 @@ def list_runs(session: Session = Depends(get_session), _swept: None = Depends(sw
     """Every run, newest first, with its rank, graph and trace counts and ``state``: ``empty`` (with
     ``note``) for a run row that holds nothing, e.g. left by a job killed before its first write."""
     runs = session.scalars(select(Run).order_by(Run.id.desc())).all()
-    recorded = runs_with_rows(session)
-    return [run_summary(session, r, r.id in recorded) for r in runs]
+    return [run_summary(session, r) for r in runs]
 
 
 def _graphs(session: Session, run: Run, rank: int | None = None, kind: str | None = None) -> list[dict]:
