@@ -109,6 +109,7 @@ def test_every_page_a_command_row_links_names_the_command():
     assert not wrong, f"docs/commands.md sends these commands to pages that never mention them: {wrong}"
 
 
+@pytest.mark.slow  # a real replay: torch, the profiler, ~15 s
 def test_replay_is_quiet_and_says_what_its_ratios_are(store, tmp_path):
     copy = tmp_path / "replay.db"
     shutil.copy(store, copy)
