@@ -154,7 +154,12 @@ class Fallback:
 class RankStats:
     rank: int
     compiles: int = 0
+    #: seconds compiling, frames and backward graphs: ``frame_compile_s`` (``compilation_metrics``,
+    #: a frame's forward compile, what the compile index and frame metrics count) plus
+    #: ``bwd_compile_s`` (``bwd_compilation_metrics``: a backward compiled lazily, at its first run)
     compile_s: float = 0.0
+    frame_compile_s: float = 0.0
+    bwd_compile_s: float = 0.0
     cache: dict = field(default_factory=lambda: {k: {"hit": 0, "miss": 0, "bypass": 0} for k in
                                                  ("fx_graph", "fx_graph_remote", "aot_autograd", "aot_autograd_remote")})
     cache_source: str = "none recorded"
@@ -298,7 +303,12 @@ def _rank_health(rank: int, events: list) -> tuple[int, RankHealth, list[str]]:
             body = _body(name, meta_json)
             t = body.get("duration_us")
             t = t / 1e6 if isinstance(t, (int, float)) else body.get("entire_frame_compile_time_s")
-            h.stats.compile_s += float(t) if isinstance(t, (int, float)) else 0.0
+            t = float(t) if isinstance(t, (int, float)) else 0.0
+            h.stats.compile_s += t
+            if name == "bwd_compilation_metrics":
+                h.stats.bwd_compile_s += t
+            else:
+                h.stats.frame_compile_s += t
             if limit is None and (got := _limit_of(body)) is not None:
                 limit, limit_src = got, "recorded (dynamo_config.recompile_limit of the job)"
             for what, where in (("fx_graph", "inductor_fx_{}_cache_{}_count"),

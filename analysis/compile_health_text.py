@@ -108,13 +108,15 @@ def to_text(h: CompileHealth) -> str:
     lines += [f"  {_ranks_phrase(rs)} {text}" for text, rs in list(alike.items())[:20]]
     if len(alike) > 20:
         lines.append(f"  … and {len(alike) - 20} more (all in --format json)")
-    lines.append("compile time and caches per rank:")
+    lines.append("compile time (frames' forward compiles + backward compiles) and caches per rank:")
     same: dict[str, list[tuple[int, float]]] = {}
     for r, rh in h.ranks.items():
         st = rh.stats
         caches = ", ".join(f"{CACHE_NAMES[k]} {v['hit']} hit / {v['miss']} miss" for k, v in st.cache.items()
                            if v["hit"] or v["miss"] or v["bypass"]) or "no cache counts"
-        same.setdefault(f"{st.compiles} compile(s), {{}}; {caches} ({st.cache_source})", []).append((r, st.compile_s))
+        split = (f" (frames {st.frame_compile_s:.2f} s + backward {st.bwd_compile_s:.2f} s)" if st.bwd_compile_s else "")
+        same.setdefault(f"{st.compiles} compile(s), {{}}{split}; {caches} ({st.cache_source})", []).append(
+            (r, st.compile_s))
     for text, got in same.items():  # compile time as a range over the ranks alike (the spread line names them)
         lo, hi = min(t for _, t in got), max(t for _, t in got)
         secs = f"{lo:.2f} s" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f} s"

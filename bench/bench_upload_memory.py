@@ -60,7 +60,7 @@ MiB = 1024 * 1024
 CLIENT = {"X-Graphdeck-Client": "1"}
 ROUTES = ("trace-raw", "trace-form", "trace-resumable", "log-form", "log-form-parts")
 #: Not run unless named in ``--routes``.
-EXTRA_ROUTES = ("trace-unique",)
+EXTRA_ROUTES = ("trace-unique", "trace-raw-gz", "trace-resumable-gz", "bundle-resumable")
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -103,7 +103,39 @@ def make_trace(mib: int, unique: bool = False) -> Path:
     return out
 
 
+def gzipped(path: Path) -> Path:
+    out = path.with_name(path.name + ".gz")
+    if not out.exists():
+        import gzip
+
+        tmp = out.with_suffix(".part")
+        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 8 * MiB)
+        tmp.rename(out)
+    return out
+
+
+def bundle(path: Path) -> Path:
+    """A capture store holding the trace ``path`` (as a rank's agent leaves it): the bundle route."""
+    out = path.with_name(path.stem + ".bundle.db")
+    if not out.exists():
+        from graphdeck.store.db import open_engine
+        from graphdeck.store.traces import ingest_trace
+
+        tmp = out.with_suffix(".part")
+        tmp.unlink(missing_ok=True)
+        engine = open_engine(tmp)
+        ingest_trace(engine, path, run_name="bundle", rank=0)
+        engine.dispose()
+        tmp.rename(out)
+    return out
+
+
 def inputs(route: str, mib: int):
+    if route.endswith("-gz"):
+        return gzipped(make_trace(mib))
+    if route == "bundle-resumable":
+        return bundle(make_trace(mib))
     if route == "log-form-parts":
         return make_log_parts(mib)
     if route.startswith("log"):
@@ -182,7 +214,8 @@ class Server:
         env = {**os.environ, "GRAPHDECK_DATA_DIR": str(work / "uploads")}
         env.pop("GRAPHDECK_WRITE_TOKENS", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "graphdeck.cli", "serve", store or str(work / "store.db"), "--port", str(self.port)],
+            [sys.executable, "-m", "graphdeck.cli", "serve", store or str(work / "store.db"), "--port", str(self.port)]
+            + ([] if store else ["--create"]),
             env=env, stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "wb"))
 
     def __enter__(self) -> Server:
@@ -236,6 +269,12 @@ def upload(route: str, url: str, path: Path, run: str) -> dict:
                 f.close()
     elif route == "trace-unique":
         return upload("trace-raw", url, path, run)
+    elif route in ("trace-raw-gz", "trace-resumable-gz"):
+        return upload(route.removesuffix("-gz"), url, path, run)
+    elif route == "bundle-resumable":
+        from graphdeck.capture.upload import upload_store
+
+        return upload_store(url, path, run=run, rank=0)["result"]
     elif route == "trace-resumable":
         from graphdeck.capture.upload import upload_trace
 

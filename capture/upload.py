@@ -41,6 +41,7 @@ from graphdeck.errors import (
     StoreFullError,
     UsageError,
 )
+from graphdeck.store.lite import fs_text
 
 TOKEN_ENV = "GRAPHDECK_TOKEN"
 #: Sent on every request: the server takes writes only from clients that send it (or a token).
@@ -118,7 +119,7 @@ class Uploader:
         if size == 0:
             raise BadInputError(f"{path} is empty")
         spec = {"kind": kind, "run": run, "rank": rank, "size_bytes": size, "sha256": digest,
-                "chunk_bytes": chunk_bytes, "name": name or path.name, "strict": strict}
+                "chunk_bytes": chunk_bytes, "name": fs_text(name or path.name), "strict": strict}  # JSON: UTF-8 only
         status = self.request("POST", "/api/uploads", json=spec).json()
         upload_id = status["id"]
         for _round in range(self.attempts):

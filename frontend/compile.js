@@ -92,7 +92,8 @@ function rankRecords(rank, events, graphs) {
     `${captured.length} with a graph (${plural(ops, "op")})`,
     metrics.length - captured.length ? `${metrics.length - captured.length} without ops` : null,
     breaks.length ? plural(breaks.length, "graph break") : "no graph breaks",
-    metrics.length ? `${fmtSeconds(total_s)} compiling` : null].filter(Boolean).join(" · ");
+    metrics.length ? `${fmtSeconds(total_s)} compiling frames (entire_frame_compile_time_s; `
+      + "backward graphs not counted: see Compile time per rank)" : null].filter(Boolean).join(" · ");
 
   return h("div", {class: "compile-rank", "data-testid": `compile-rank-${rank}`},
     h("h3", {}, `Rank ${rank}`), h("p", {class: "summary"}, summary),
@@ -179,7 +180,8 @@ function indexRank(rank, entries, src) {
     n((e) => e.graph_breaks.length) ? plural(entries.reduce((k, e) => k + e.graph_breaks.length, 0), "graph break") : "no graph breaks",
     plural(n((e) => e.recompile_reasons.length), "recompile"),
     n((e) => e.status === "failed" || e.status === "error") ? plural(n((e) => e.status === "failed" || e.status === "error"), "failure") : null,
-    `${fmtSeconds(entries.reduce((t, e) => t + (Number(e.compile_time_s) || 0), 0))} compiling`].filter(Boolean).join(" · ");
+    `${fmtSeconds(entries.reduce((t, e) => t + (Number(e.compile_time_s) || 0), 0))} compiling frames `
+    + "(backward graphs not counted: see Compile time per rank)"].filter(Boolean).join(" · ");
   return h("div", {class: "compile-index-rank", "data-testid": `compile-index-rank-${rank}`},
     h("h4", {}, `Rank ${rank}`), rankSource(src), h("p", {class: "summary"}, summary),
     table(`compile-index-${rank}`, ["Compile id", "Frame", "Status", "Compile time", "Breaks / recompiles / failures",
@@ -261,6 +263,7 @@ function rankStatsRow(r) {
     return h("td", {class: "num"}, c.hit || c.miss || c.bypass ? `${c.hit} / ${c.miss}` : "—");
   });
   return h("tr", {}, num(r.rank), num(st.compiles), h("td", {class: "num"}, fmtSeconds(st.compile_s)),
+    h("td", {class: "num"}, fmtSeconds(st.frame_compile_s)), h("td", {class: "num"}, fmtSeconds(st.bwd_compile_s)),
     caches, h("td", {class: "muted small"}, fmt(st.cache_source)));
 }
 
@@ -306,9 +309,12 @@ function healthBody(rep) {
         h("td", {}, code(x.frame)), h("td", {}, badge(x.kind, "status-NO_GRAD")),
         h("td", {class: "reason"}, reasonDetails(fmt(x.fail_type), x.reason)))), "compile-health-table",
       {caption: "Frames that fell back to eager and failed compiles", empty: "every compile succeeded"}),
-    table("compile-health-ranks", ["Rank", "Compiles", "Compile time", ...CACHE_LABELS.map(([, l]) => `${l} hit / miss`),
+    table("compile-health-ranks", ["Rank", "Compiles", "Compile time (all)", "Frames (forward)",
+      "Backward graphs", ...CACHE_LABELS.map(([, l]) => `${l} hit / miss`),
       "Cache counts from"], ranks.map(rankStatsRow), "compile-health-table",
-    {caption: "Compile time and caches per rank", empty: "no rank has compile records"}),
+    {caption: "Compile time and caches per rank: all = the frames' compiles (compilation_metrics, what the "
+      + "compile index and the frame metrics below add up) + backward graphs compiled at their first run "
+      + "(bwd_compilation_metrics)", empty: "no rank has compile records"}),
     ct && ct.spread != null ? h("p", {class: "small", "data-testid": "compile-health-spread"},
       `Spread across ranks: compile time ${fmtSeconds(ct.spread)} (rank ${ct.min_rank} ${fmtSeconds(ct.min)} … `
       + `rank ${ct.max_rank} ${fmtSeconds(ct.max)})`,

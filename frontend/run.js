@@ -21,7 +21,8 @@ export async function renderRuns(page) {
   const go = (id) => (e) => { if (!e.target.closest("a")) location.hash = `#/runs/${id}`; };
   const rows = runs.map((r) => h("tr", {class: "clickable", "data-run-id": r.id, onclick: go(r.id)},
     h("td", {}, h("a", {href: `#/runs/${r.id}`}, fmt(r.name)),
-      r.source_run ? h("span", {class: "muted small"}, ` replay of ${fmt(r.source_run.name)}`) : null),
+      r.source_run ? h("span", {class: "muted small"}, ` replay of ${fmt(r.source_run.name)}`) : null,
+      r.state === "empty" ? h("span", {class: "muted small run-empty", title: r.note}, ` ${r.note}`) : null),
     num(r.world_size), num(r.num_ranks), num(r.num_graphs), num(r.num_traces),
     h("td", {}, fmtDate(r.created_at))));
   $app.replaceChildren(h("section", {},

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import click
 
-from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run
+from graphdeck.cli_common import _fail, _find_run, store_and_run
 from graphdeck.errors import GraphdeckError
 
 
 @click.command("check-grads")
-@click.argument("store", default=DEFAULT_STORE)
-@click.option("--run", "run_name", default=None, help="Run name or id (graph mode, over STORE).")
+@store_and_run(run_required=False, run_help="Run name or id (graph mode, over STORE).")
 @click.option("--model", "model_ref", default=None, help="module:factory returning the nn.Module (eager mode).")
 @click.option("--inputs", "input_specs", multiple=True,
               help="Eager-mode input: DTYPE[d0,..] (float32[4,8]), DTYPE[..]<HIGH (int64[2,16]<256), "
@@ -51,7 +50,7 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
                 as_json: bool, combine_files: tuple[str, ...] = ()) -> None:
     """Gradient-path check for CI: every trainable parameter gets a gradient on every rank.
 
-    Graph mode: STORE --run NAME. Eager mode: --model module:factory --inputs SPEC [--loss module:fn];
+    Graph mode: STORE --run NAME (or NAME --store STORE). Eager mode: --model module:factory --inputs SPEC [--loss module:fn];
     --numeric also compares compiled and eager gradients, under --autocast DTYPE or the context
     recorded for --context-from STORE --run NAME.
     Exit 0 PASS, 1 FAIL, 3 INCOMPLETE (nothing failed, but the evidence does not cover every rank,
@@ -150,8 +149,7 @@ def _numeric_context(store: str | None, run_name: str | None, inputs, autocast: 
 
 
 @click.command("check-ranks")
-@click.argument("store", default=DEFAULT_STORE)
-@click.option("--run", "run_name", required=True, help="Run name or id.")
+@store_and_run()
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True,
               help="text for people, json for scripts, junit (JUnit XML) for CI systems.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,

@@ -4,6 +4,7 @@ working); the command modules (graphdeck/cli_*.py) import them from here."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -54,6 +55,75 @@ def _quick_exit(code) -> None:
 def _store_arg(store: str) -> str:
     """A ``--store`` value: a SQLAlchemy URL (``postgresql+psycopg://...``) as given, a path made absolute."""
     return store if "://" in store else str(Path(store).resolve())
+
+
+# NOTE: [Store and run arguments] Every command that reads a run of a store takes both forms:
+# ``CMD STORE --run RUN`` (the checks' form) and ``CMD RUN --store STORE`` (summary's), plus
+# ``CMD --store STORE --run RUN`` and ``CMD RUN`` (the default store, or $GRAPHDECK_STORE). The
+# one positional is the store when ``--run`` is given, the run when ``--store`` is given (on the
+# command line or in $GRAPHDECK_STORE), and alone it is the store when it looks like one (a URL,
+# a name ending .db/.sqlite/.sqlite3, or an existing SQLite file), else the run.
+_STORE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+def looks_like_store(text: str) -> bool:
+    """Whether a lone positional is a store rather than a run (NOTE: [Store and run arguments])."""
+    if "://" in text or text.lower().endswith(_STORE_SUFFIXES):
+        return True
+    try:
+        with open(text, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+def resolve_store_run(ctx: click.Context, target: str | None, store: str | None, run: str | None,
+                      *, run_required: bool = True) -> tuple[str, str | None]:
+    """``(store, run)`` from the positional ``target`` and the ``--store``/``--run`` options (NOTE:
+    [Store and run arguments]); the store is :data:`DEFAULT_STORE` when none is given.
+
+    Raises:
+        click.UsageError: (exit 2) two different stores, two different runs, or no run when
+            ``run_required``."""
+    src = ctx.get_parameter_source("store") if store is not None else None
+    on_line = src == click.core.ParameterSource.COMMANDLINE
+    if target is not None:
+        if run is not None:
+            if on_line and store != target:
+                raise click.UsageError(f"two stores given ({target} and --store {store}): give one")
+            store = target
+        elif store is not None or not looks_like_store(target):
+            run = target
+        else:
+            store = target
+    if run is None and run_required:
+        raise click.UsageError("give the run: STORE --run RUN, or RUN --store STORE")
+    return (store if store is not None else DEFAULT_STORE), run
+
+
+def store_and_run(*, run_required: bool = True, run_help: str = "Run name or id.",
+                  store_help: str = "SQLite file or PostgreSQL URL [$GRAPHDECK_STORE; default graphdeck.db].",
+                  positional: bool = True):
+    """Decorator (put it right under ``@click.command``) giving a command the positional
+    ``[STORE | RUN]`` and the options ``--store`` and ``--run``, resolved by
+    :func:`resolve_store_run`; the command function receives ``store`` and ``run_name``."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, target=None, store=None, run_name=None, **kw):
+            store, run_name = resolve_store_run(click.get_current_context(), target, store, run_name,
+                                                run_required=run_required)
+            return fn(*args, store=store, run_name=run_name, **kw)
+
+        wrapper.__click_params__ = list(getattr(fn, "__click_params__", []))
+        wrapper = click.option("--run", "run_name", default=None, metavar="RUN", help=run_help)(wrapper)
+        wrapper = click.option("--store", default=None, metavar="STORE", envvar="GRAPHDECK_STORE",
+                               help=store_help)(wrapper)
+        if positional:
+            wrapper = click.argument("target", metavar="[STORE | RUN]", required=False)(wrapper)
+        return wrapper
+
+    return deco
 
 
 def _fail(exc: GraphdeckError) -> None:

@@ -10,14 +10,12 @@ from pathlib import Path
 
 import click
 
+from graphdeck.cli_common import store_and_run
 from graphdeck.errors import GraphdeckError
-
-DEFAULT_STORE = "graphdeck.db"  # graphdeck.cli.DEFAULT_STORE
 
 
 @click.command("check-compile")
-@click.argument("store", default=DEFAULT_STORE)
-@click.option("--run", "run_name", required=True, help="Run name or id.")
+@store_and_run()
 @click.option("--max-graph-breaks", type=click.IntRange(min=0), default=None,
               help="Fail when the run has more distinct graph breaks in user code (by reason class and "
                    "source line; breaks inside torch/stdlib such as DDP's are not counted).")

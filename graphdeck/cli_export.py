@@ -11,7 +11,7 @@ import time
 
 import click
 
-from graphdeck.cli_common import DEFAULT_STORE
+from graphdeck.cli_common import store_and_run
 from graphdeck.errors import GraphdeckError
 
 
@@ -21,8 +21,7 @@ def default_output(run_name: str) -> str:
 
 
 @click.command("export-trace")
-@click.argument("store", default=DEFAULT_STORE, envvar="GRAPHDECK_STORE")
-@click.option("--run", "run_name", required=True, help="Run name or id.")
+@store_and_run()
 @click.option("--ranks", default=None, metavar="LIST",
               help="Ranks to export: all (default), or a list of ranks and ranges such as 0,2-5.")
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _is_kineto, _store_arg
+from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _is_kineto, _store_arg, store_and_run
 from graphdeck.errors import BadInputError, GraphdeckError, UsageError
 
 
@@ -269,6 +269,8 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
     click.echo(f"run {result.run_name} (id {result.run_id}): ranks {_ranks_text(result.ranks)}; {st.get('graphs', 0)} graphs, "
                f"{st.get('nodes', 0)} nodes, {st.get('compile_events', 0)} compile events, "
                f"{st.get('kernel_nodes', 0)} kernel links; {result.dropped} dropped")
+    if result.replaced:
+        click.echo(f"  {result.replaced}", err=True)
     for f in result.files:
         if f["rank_mismatch"]:
             click.echo(f"  warning: {Path(f['path']).name}: file name says rank {f['file_rank']}, "
@@ -296,8 +298,9 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
 @click.option("--token", default=None, help="Write token (default: $GRAPHDECK_TOKEN).")
 @click.option("--chunk-mb", default=8, show_default=True, help="Chunk size in MiB.")
 @click.option("--strict", is_flag=True, help="Trace: fail, keeping nothing, on any dropped event.")
+@click.option("--json", "as_json", is_flag=True, help="Also print the server's whole merge result (rows per table, ids).")
 def upload_cmd(file: str, url: str, run_name: str, rank: int | None, kind: str, token: str | None, chunk_mb: int,
-               strict: bool) -> None:
+               strict: bool, as_json: bool = False) -> None:
     """Upload FILE (a capture store or a trace) to a graphdeck server, resuming after failures."""
     from graphdeck.capture.upload import upload_store, upload_trace
 
@@ -316,13 +319,28 @@ def upload_cmd(file: str, url: str, run_name: str, rank: int | None, kind: str, 
     result = status["result"] or {}
     again = " (already uploaded before)" if result.get("already_merged") else ""
     click.echo(f"uploaded {Path(file).name} as {kind} {status['id']} to run {result.get('run_name')!r} "
-               f"(id {result.get('run_id')}){again}")
-    click.echo(json.dumps(result, indent=2, default=str))
+               f"(id {result.get('run_id')}){again}: {upload_counts(result)}")
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+
+
+#: The tables an upload's one line names (the rest is summed as "other rows"; --json has them all).
+_UPLOAD_HEADLINE = ("ranks", "graphs", "nodes", "traces", "trace_events", "compile_events")
+
+
+def upload_counts(result: dict) -> str:
+    """``20 graphs, 1,766 nodes, 2 traces, 6,146 trace events, 3,100 other rows`` from a merge
+    result's ``rows`` ({table: rows added}); ``nothing new`` when it added none."""
+    rows = {t: n for t, n in (result.get("rows") or {}).items() if isinstance(n, int) and n}
+    parts = [f"{rows.pop(t):,} {t.replace('_', ' ')}" for t in _UPLOAD_HEADLINE if t in rows]
+    rest = sum(rows.values())
+    if rest:
+        parts.append(f"{rest:,} other rows")
+    return ", ".join(parts) or "nothing new"
 
 
 @click.command("delete-run")
-@click.argument("store")
-@click.option("--run", "run_name", required=True, help="Name of the run to delete (or its id).")
+@store_and_run(run_help="Name of the run to delete (or its id).")
 def delete_run_cmd(store: str, run_name: str) -> None:
     """Delete run RUN and every row of it from STORE (SQLite file or PostgreSQL URL): graphs, nodes,
     traces and their events, parameters, compile records; exit 2 when STORE has no such run."""

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import click
 
-from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _mib, _store_arg
+from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _mib, _store_arg, store_and_run
 from graphdeck.errors import GraphdeckError
 
 
 @click.command("memory")
-@click.argument("run_name")
+@store_and_run()
 @click.argument("graph_id", type=int)
-@click.option("--store", default=DEFAULT_STORE, show_default=True)
 @click.option("--scope", type=click.Choice(["step", "graph"]), default=None,
               help="step: the graph's forward then backward graph (one training step; the default, as on the "
                    "memory page, falling back to the graph alone when it has no forward/backward pair); "
@@ -35,7 +34,7 @@ def memory_cmd(run_name: str, graph_id: int, store: str, scope: str | None, step
         graph_memory,
         step_memory,
     )
-    from graphdeck.errors import NotFoundError
+    from graphdeck.errors import NotFoundError, UsageError
     from graphdeck.store.db import open_engine
     from graphdeck.store.schema import Graph
 
@@ -46,6 +45,10 @@ def memory_cmd(run_name: str, graph_id: int, store: str, scope: str | None, step
             if graph is None or graph.run_id != run.id:
                 raise NotFoundError(f"graph {graph_id} not found in run {run.name!r}")
             asked_step = step or scope == "step" or bool(checkpoint_module or dtype)
+            if scope == "graph" and (checkpoint_module or dtype):
+                given = " and ".join(o for o, v in (("--checkpoint", checkpoint_module), ("--dtype", dtype)) if v)
+                raise UsageError(f"{given}: a what-if of a training step (forward + backward graph), not of one "
+                                 "graph; drop --scope graph (or use --scope step)")
             pair = None
             if scope != "graph":
                 try:

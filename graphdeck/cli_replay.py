@@ -7,14 +7,23 @@ import json
 
 import click
 
-from graphdeck.cli_common import DEFAULT_STORE, _fail, _find_run, _mib
+from graphdeck.cli_common import _fail, _find_run, _mib, store_and_run
 from graphdeck.errors import GraphdeckError
+
+#: A node faster than this (ns) in the replay or in the recorded trace gets no ratio in the text
+#: report: its time is mostly timer resolution and range overhead (--json keeps every ratio).
+RATIO_FLOOR_NS = 20_000
+
+
+def _comparable(times: dict[str, int], ratios: dict[str, float]) -> dict[str, float]:
+    """The ratios (replay / recorded) of nodes at or above :data:`RATIO_FLOOR_NS` in both runs."""
+    return {k: r for k, r in ratios.items()
+            if r and times.get(k, 0) >= RATIO_FLOOR_NS and times[k] / r >= RATIO_FLOOR_NS}
 
 
 @click.command("replay")
-@click.argument("run_name")
+@store_and_run(store_help="SQLite store (read, and the replay run written) [$GRAPHDECK_STORE; default graphdeck.db].")
 @click.argument("graph_id", type=int)
-@click.option("--store", default=DEFAULT_STORE, show_default=True, help="SQLite store (read, and traces written).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help='Executor config JSON {"executor": {"num_workers", "graph_partition_strategy", '
                    '"pipeline_microbatch_size", "communication_backend", "enable_heterogeneous_fusion"}}; '
@@ -39,8 +48,13 @@ def replay_cmd(ctx: click.Context, run_name: str, graph_id: int, store: str, con
                heterogeneous_fusion: bool | None, device: str, iters: int, as_json: bool) -> None:
     """Re-run stored graph GRAPH_ID of RUN_NAME with synthetic inputs: one worker under the profiler
     (a trace mapped onto its nodes), or split into stages pipelined over --workers processes."""
+    import os
+
     from sqlalchemy.orm import Session
 
+    # Kineto prints "USDT: ... profiler_start/stop" per profiled run on CPU; its levels end at 5, so 6
+    # quiets it (set before torch loads; the workers inherit it; a user's own KINETO_LOG_LEVEL wins).
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     from graphdeck.errors import NotFoundError
     from graphdeck.replay.config import load_config, merge
     from graphdeck.replay.pipeline import replay
@@ -72,8 +86,18 @@ def replay_cmd(ctx: click.Context, run_name: str, graph_id: int, store: str, con
                     else "no recorded trace of this run maps onto the graph: nothing to compare with")
         click.echo(f"executor: trace {ex['trace_id']}, {len(times)} nodes timed on {device} "
                    f"(mean of {ex['iters']} runs; {recorded})")
+        shown = _comparable(times, ex["ratio"])
+        if shown:
+            import statistics
+
+            median = statistics.median(shown.values())
+            click.echo(f"  replay / recorded time per node, median x{median:.2f} over {len(shown)} nodes: a replay "
+                       "runs one graph alone, on synthetic inputs, under the profiler, on this host as loaded now, "
+                       "so compare nodes with the median, not with 1.0 (a run-to-run regression is diff-runs' job, "
+                       f"with a noise floor); nodes under {RATIO_FLOOR_NS // 1000} us in either run are timer noise "
+                       "and get no ratio")
         for name, ns in sorted(times.items(), key=lambda kv: -kv[1])[:10]:
-            ratio = ex["ratio"].get(name)
+            ratio = shown.get(name)
             click.echo(f"  {name:<40s} {ns / 1e3:>10.1f} us" + (f"  x{ratio:.2f} vs recorded" if ratio else ""))
     if "pipeline" in out:
         p, plan = out["pipeline"], out["plan"]

@@ -10,20 +10,14 @@ import sys
 
 import click
 
+from graphdeck.cli_common import store_and_run
 from graphdeck.errors import GraphdeckError
-
-DEFAULT_STORE = "graphdeck.db"  # graphdeck.cli.DEFAULT_STORE
 
 
 @click.command("summary")
-@click.argument("target", metavar="RUN | STORE", required=False)
-@click.option("--store", default=DEFAULT_STORE, show_default=True, envvar="GRAPHDECK_STORE",
-              help="SQLite file or PostgreSQL URL [$GRAPHDECK_STORE].")
-@click.option("--run", "run_opt", default=None, metavar="RUN",
-              help="Run name or id, as the checks take it: graphdeck summary STORE --run RUN.")
+@store_and_run(run_help="Run name or id, as the checks take it: graphdeck summary STORE --run RUN.")
 @click.option("--json", "as_json", is_flag=True, help="The JSON document of GET /api/runs/{id}/summary.")
-@click.pass_context
-def summary_cmd(ctx: click.Context, target: str | None, store: str, run_opt: str | None, as_json: bool) -> None:
+def summary_cmd(store: str, run_name: str, as_json: bool) -> None:
     """One line per check of a run (name or id): gradient paths (check-grads), rank consistency
     (check-ranks), compile health (check-compile, no gates), trace coverage (per rank, the share
     of the GPU kernel time of compiled graphs / of the ops' own CPU time in compiled regions mapped
@@ -39,20 +33,7 @@ def summary_cmd(ctx: click.Context, target: str | None, store: str, run_opt: str
     from graphdeck.cli import _find_run, _store_arg
     from graphdeck.store.db import display_url, open_engine
 
-    if run_opt is not None:  # the checks' form: the positional argument (if any) is the store
-        if target is not None:
-            given = ctx.get_parameter_source("store") == click.core.ParameterSource.COMMANDLINE
-            if given and store != target:
-                click.echo(f"error: two stores given ({target} and --store {store}): give one", err=True)
-                sys.exit(2)
-            store = target
-        run_name = run_opt
-    elif target is not None:
-        run_name = target
-    else:
-        click.echo("error: give the run: graphdeck summary RUN --store STORE (or STORE --run RUN)", err=True)
-        sys.exit(2)
-    store = _store_arg(store)
+    store = _store_arg(store)  # both forms: NOTE: [Store and run arguments] in graphdeck/cli_common.py
     try:
         engine = open_engine(store, read_only=True)
         with Session(engine) as s:

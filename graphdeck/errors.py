@@ -12,6 +12,8 @@ Each class carries the HTTP status the server answers with and the exit code the
     ├── StoreError (500, exit 1)                  the store cannot be used (server/database trouble)
     │   ├── NotAStoreError (400, exit 2)          the path is not a graphdeck store (another file,
     │   │                                         another SQLite database, a folder)
+    │   ├── UnsafePathError (403, exit 2)         a symlink or another user's file/folder where the store
+    │   │                                         or the server's upload folder would be (never retried)
     │   ├── SchemaVersionError (500, exit 2)      store schema newer than this graphdeck, or not yet migrated
     │   └── StoreFullError (507, exit 1)          disk full or the store's size quota reached
     └── CheckFailed (422, exit 1)                 a check (e.g. gradient paths) found problems
@@ -72,6 +74,16 @@ class NotAStoreError(StoreError):
     broken artifact as a failed check (exit 1)."""
 
     status_code = 400
+    exit_code = 2
+
+
+class UnsafePathError(StoreError):
+    """A path the store or the server would write through is a symbolic link or not ours alone
+    (a ``-wal``/``-shm``/``-journal`` beside a SQLite store, the upload folder): refused, naming
+    it. 403, not a 5xx: retrying cannot help until someone removes it (``graphdeck upload`` stops
+    at once, exit 2)."""
+
+    status_code = 403
     exit_code = 2
 
 

@@ -49,8 +49,8 @@ from graphdeck.errors import (
     ConflictError,
     NotFoundError,
     PayloadTooLargeError,
-    StoreError,
     StoreFullError,
+    UnsafePathError,
 )
 
 log = logging.getLogger(__name__)
@@ -98,9 +98,9 @@ class UploadSpec:
         return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-class UnsafeFolderError(StoreError):
+class UnsafeFolderError(UnsafePathError):
     """A folder the server would write into is not private to it; the message names the folder
-    and why (owner, mode, a symlink on the way)."""
+    and why (owner, mode, a symlink on the way). 403, exit 2: an upload is not retried."""
 
 
 def _owner(uid: int) -> str:
@@ -269,7 +269,7 @@ class UploadArea:
     def __init__(self, root: Path):
         try:
             self.root = private_dir(root, what="upload folder")
-        except UnsafeFolderError as exc:  # the client gets it too (500); the operator reads it here
+        except UnsafeFolderError as exc:  # the client gets it too (403); the operator reads it here
             log.error("%s", exc.message)
             raise
         self._locks: dict[str, threading.Lock] = {}

@@ -53,6 +53,7 @@ from graphdeck.store.lite import (  # noqa: F401 (re-exported: the store's sqlit
     create_private_file,
     is_bad_value,
     is_disk_full,
+    refuse_symlinks,
     store_full_error,
     store_url,
 )
@@ -184,6 +185,8 @@ _NOT_A_STORE = ("file is not a database", "unable to open database file")
 
 def _sqlite_engine(url: str, read_only: bool, max_bytes: int | None) -> Engine:
     path = url.split("sqlite:///", 1)[1] if url.startswith("sqlite:///") else ""
+    if path and path != ":memory:" and not path.startswith("file:") and "?" not in path:
+        refuse_symlinks(path)
     if not read_only and path and path != ":memory:" and not path.startswith("file:") and "?" not in path:
         try:
             create_private_file(path)
@@ -423,7 +426,7 @@ def delete_run(engine: Engine, run_id: int) -> dict:
     Raises:
         NotFoundError: no run has that id.
     """
-    from sqlalchemy import delete, or_
+    from sqlalchemy import delete, func, or_
 
     from graphdeck.store.schema import Base, StoreMeta
 
@@ -457,8 +460,11 @@ def delete_run(engine: Engine, run_id: int) -> dict:
             rows: dict[str, int] = {}
             for table in reversed(tables):  # children first
                 if table.name in owned:
-                    n = s.execute(delete(table).where(owned[table.name])).rowcount
+                    # counted before: a row removed by an ON DELETE CASCADE of the same statement
+                    # (a graph's child graphs, through parent_id) is not in the rowcount
+                    n = s.scalar(select(func.count()).select_from(table).where(owned[table.name])) or 0
                     if n:
+                        s.execute(delete(table).where(owned[table.name]))
                         rows[table.name] = n
             markers = [key for key, value in s.execute(select(StoreMeta.key, StoreMeta.value)
                                                       .where(StoreMeta.key.like("upload:%")))
@@ -484,6 +490,42 @@ def _names_run(marker_value: str | None, run_id: int) -> bool:
 #: created, and whose rows did not change for ``GRAPHDECK_STALE_PROBE_S``, lost its writer.
 STALE_INGEST_ENV, STALE_PROBE_ENV = "GRAPHDECK_STALE_INGEST_S", "GRAPHDECK_STALE_PROBE_S"
 STALE_INGEST_S, STALE_PROBE_S = 1800.0, 30.0
+
+
+def sweep_dead_ingests(engine: Engine) -> list[int]:
+    """Delete traces still ``ingesting`` whose writer ran on this host and is gone (NOTE: [Writer
+    stamps]), at once: no age, no probe. Returns their ids; cheap when there are none (one query)."""
+    from sqlalchemy import delete
+
+    from graphdeck.store.schema import Trace, TraceEvent
+    from graphdeck.store.writers import WRITER_KEY, alive
+
+    def writer(meta_json):
+        try:
+            meta = json.loads(meta_json or "{}")
+        except ValueError:
+            return None
+        return meta.get(WRITER_KEY) if isinstance(meta, dict) else None
+
+    with engine.connect() as conn:
+        rows = conn.execute(select(Trace.id, Trace.meta_json).where(Trace.status == "ingesting")).all()
+    swept = []
+    for tid, meta_json in rows:
+        if alive(writer(meta_json)) is not False:
+            continue
+
+        def drop(tid=tid) -> bool:
+            with write_session(engine) as s:
+                row = s.execute(select(Trace.status, Trace.meta_json).where(Trace.id == tid).with_for_update()).first()
+                if row is None or row[0] != "ingesting" or alive(writer(row[1])) is not False:
+                    return False
+                s.execute(delete(TraceEvent).where(TraceEvent.trace_id == tid))
+                s.execute(delete(Trace).where(Trace.id == tid))
+                return True
+
+        if retrying(drop):
+            swept.append(tid)
+    return swept
 
 
 def sweep_stale_traces(engine: Engine, *, older_than_s: float | None = None, probe_s: float | None = None,

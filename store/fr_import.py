@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 
 from graphdeck.errors import BadInputError, NotFoundError, UsageError
 from graphdeck.store.fr_types import dump_problem, entry_problem
+from graphdeck.store.lite import fs_text
 from graphdeck.store.safe_pickle import Limits, TruncatedPickle, UnsafePickle, inflate_capped, load_plain
 
 EVENT_NAME = "flight_recorder"
@@ -437,7 +438,7 @@ def _parse_file_gc_off(path: str) -> tuple:
     norm = normalise(dump, p.name)
     norm["format"] = fmt
     n, d = len(norm["entries"]), len(norm["dropped"])
-    meta = {"file": p.name, "entries": n, "dropped": d, "fr_index": seq_index(norm)}
+    meta = {"file": fs_text(p.name), "entries": n, "dropped": d, "fr_index": seq_index(norm)}
     return path, rank, _dumps(norm), None, n, d, _dumps(meta), norm["dropped"], norm["pg_config"]
 
 

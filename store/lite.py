@@ -27,7 +27,7 @@ import os
 import time
 from pathlib import Path
 
-from graphdeck.errors import BadInputError, StoreFullError
+from graphdeck.errors import BadInputError, StoreFullError, UnsafePathError
 
 BUSY_TIMEOUT_MS = 60_000
 #: Environment variable: a size quota in bytes for SQLite stores opened for writing (``PRAGMA
@@ -58,6 +58,40 @@ def sqlite_path(path_or_url: str | os.PathLike) -> str | None:
     if not path or path == ":memory:" or path.startswith("file:") or "?" in path:
         return None
     return path
+
+
+def fs_text(name: str) -> str:
+    r"""A file name as text a store can hold. A name that is not UTF-8 comes from the file system
+    with its bytes as lone surrogates (PEP 383: byte 0xff is ``'\udcff'``), which neither SQLite's
+    driver nor psycopg can encode; each such byte is written as the four characters ``\xff``
+    (any other lone surrogate as ``\ud800``). A UTF-8 name comes back unchanged."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        pass
+    try:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+#: The files SQLite keeps beside a store ``x.db``: ``x.db-wal``, ``x.db-shm``, ``x.db-journal``.
+SIDECARS = ("-wal", "-shm", "-journal")
+
+
+def refuse_symlinks(path: str | os.PathLike) -> None:
+    """Refuse a SQLite store whose file or a file beside it (:data:`SIDECARS`) is a symbolic link
+    someone planted: SQLite itself will not open a ``-wal`` through one ("unable to open database
+    file", which read as "not a graphdeck store"), and a writer must not write through it.
+
+    Raises:
+        UnsafePathError: (403, exit 2) naming the link and its target."""
+    for name in ("", *SIDECARS):
+        p = f"{os.fspath(path)}{name}"
+        if os.path.islink(p) and (name or not os.path.exists(p)):
+            raise UnsafePathError(f"refusing the store {os.fspath(path)}: {p} is a symbolic link (to {os.readlink(p)}) "
+                                  "that SQLite will not use; remove it if you did not make it")
 
 
 def create_private_file(path: str | os.PathLike) -> None:
@@ -175,9 +209,10 @@ def open_store(path: str | os.PathLike, *, max_bytes: int | None = None):
     from graphdeck.store import sqlite_ddl
 
     try:
+        refuse_symlinks(path)
         create_private_file(path)
-    except OSError:
-        return None  # a folder that does not exist: open_engine says so
+    except (OSError, UnsafePathError):
+        return None  # a folder that does not exist, a planted link: open_engine says so
     if max_bytes is None and os.environ.get(MAX_BYTES_ENV):
         max_bytes = int(os.environ[MAX_BYTES_ENV])
     conn = None

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphdeck.errors import BadInputError, NotFoundError, UsageError
+from graphdeck.store.lite import fs_text
 from graphdeck.store.torch_trace_build import KNOWN_KINDS, FileBuilder, GraphCache
 from graphdeck.store.torch_trace_log import (
     GLOG_RE,
@@ -63,6 +64,7 @@ from graphdeck.store.torch_trace_log import (
     rank_from_filename,
 )
 from graphdeck.store.torch_trace_rows import RowWriter, open_writer
+from graphdeck.store.writers import WRITER_KEY, alive, describe, stamp
 
 #: Counters that are drops: any of them nonzero fails a strict import.
 DROP_KEYS = ("bad_line", "bad_json", "md5_mismatch", "truncated_payload", "no_kind", "other_rank",
@@ -78,7 +80,8 @@ class ImportResult:
     ``partitions``, ``compile_events``, ``kernel_nodes``, ``params`` and the drops in
     :data:`DROP_KEYS`); ``files``: one dict per file read (``path``, ``rank``, ``file_rank``,
     ``envelope_rank``, ``rank_mismatch``, ``counts``); ``skipped_files``: "name: why" for files of
-    a directory that are not logs (empty, other text).
+    a directory that are not logs (empty, other text); ``replaced``: which ranks a killed import
+    had left half-written and this one replaced (NOTE: [Writer stamps]), else ``None``.
     """
 
     run_id: int
@@ -87,6 +90,7 @@ class ImportResult:
     stats: dict[str, int]
     files: list[dict] = field(default_factory=list)
     skipped_files: list[str] = field(default_factory=list)
+    replaced: str | None = None
 
     @property
     def dropped(self) -> int:
@@ -147,16 +151,29 @@ def _import(w: RowWriter, plan: list, skipped: list[str], run_name: str, strict:
         if created_run:
             run_id = w.insert("runs", {"name": run_name, "world_size": None,
                                        "meta_json": json.dumps({"source": "torch_trace"})})
+        wanted = {r for _, r, _, _ in plan}
+        dead = _killed_imports(w, run_id, wanted)
+        if dead:  # ranks a killed import left half-written: replaced (NOTE: [Writer stamps])
+            _delete_ranks(w, run_id, sorted(dead))
+            result_note = (f"replaced rank(s) {sorted(dead)} left half-imported by a killed import "
+                           f"({'; '.join(sorted(set(dead.values())))})")
+        else:
+            result_note = None
         taken = {r for (r,) in w.rows("SELECT DISTINCT rank FROM graphs WHERE run_id = ?", (run_id,))}
-        clash = sorted(taken & {r for _, r, _, _ in plan})
+        busy = {r: describe(_writer(m)) for r, m in w.rows(
+            "SELECT rank, meta_json FROM ranks WHERE run_id = ? AND meta_json LIKE ?", (run_id, f'%"{WRITER_KEY}"%'))
+            if r in wanted}  # an import of them that lives, or whose host is not this one
+        clash = sorted((taken & wanted) | set(busy))
         if clash:
-            raise UsageError(f"run {run_name!r} already has rank(s) {clash}; import into another --run")
+            being = (f" ({', '.join(f'rank {r} is being imported by {who}' for r, who in sorted(busy.items()))}; "
+                     "if that import died on another host, delete-run the run and import again)") if busy else ""
+            raise UsageError(f"run {run_name!r} already has rank(s) {clash}{being}; import into another --run")
         w.commit()
     except BaseException:
         w.rollback()
         raise
     result = ImportResult(run_id=run_id, run_name=run_name, ranks=sorted({r for _, r, _, _ in plan}),
-                          stats={}, skipped_files=skipped)
+                          stats={}, skipped_files=skipped, replaced=result_note)
     total = Counter()
     bar = _progress(sum(f.stat().st_size for f in files)) if progress else None
     cache = GraphCache()
@@ -186,8 +203,34 @@ def _import(w: RowWriter, plan: list, skipped: list[str], run_name: str, strict:
                 max(ranks, default=-1) + 1)
     w.update("runs", run_id, {"world_size": world})
     w.execute("UPDATE ranks SET world_size = ? WHERE run_id = ? AND world_size < ?", (world, run_id, world))
+    for rank in result.ranks:  # done: the ranks lose their writer stamp (NOTE: [Writer stamps])
+        row = w.rows("SELECT id, meta_json FROM ranks WHERE run_id = ? AND rank = ?", (run_id, rank))
+        if row:
+            meta = json.loads(row[0][1] or "{}")
+            meta.pop(WRITER_KEY, None)
+            w.update("ranks", row[0][0], {"meta_json": json.dumps(meta)})
     w.commit()
     return result
+
+
+def _writer(meta_json: str | None) -> dict | None:
+    try:
+        meta = json.loads(meta_json or "{}")
+    except ValueError:
+        return None
+    return meta.get(WRITER_KEY) if isinstance(meta, dict) else None
+
+
+def _killed_imports(w: RowWriter, run_id: int, ranks: set[int]) -> dict[int, str]:
+    """Of ``ranks``, those whose rows an import left unfinished and whose importer is known dead
+    (NOTE: [Writer stamps]) → who it was."""
+    dead = {}
+    for rank, meta_json in w.rows("SELECT rank, meta_json FROM ranks WHERE run_id = ? AND meta_json LIKE ?",
+                                  (run_id, f'%"{WRITER_KEY}"%')):
+        writer = _writer(meta_json)
+        if rank in ranks and alive(writer) is False:
+            dead[rank] = describe(writer)
+    return dead
 
 
 def torch_version_of(payload: str) -> str:
@@ -235,7 +278,7 @@ def _import_file(w: RowWriter, run_id: int, path: Path, rank: int, env_rank: int
     stats = ReadStats()
     reader = LogReader(path, stats)
     w.begin()  # one transaction per COMMIT_EVERY_RECORDS records; on an error the caller rolls back
-    meta = {"source": "torch_trace", "file": path.name}
+    meta = {"source": "torch_trace", "file": fs_text(path.name), WRITER_KEY: stamp()}  # until the import ends
     if env_rank is not None and env_rank != rank:
         meta.update(envelope_rank=env_rank, rank_mismatch=True)
     row_id = w.scalar("SELECT id FROM ranks WHERE run_id = ? AND rank = ?", (run_id, rank))
@@ -301,13 +344,18 @@ def _write_params(w: RowWriter, run_id: int, rank: int, params: dict[str, dict])
                                           p["requires_grad"]) for p in params.values()])
 
 
+def _delete_ranks(w: RowWriter, run_id: int, ranks: list[int]) -> None:
+    """Delete the rows an import writes for ``ranks`` (inside the caller's transaction)."""
+    marks = ", ".join("?" * len(ranks))
+    for table in ("kernel_nodes", "compile_events", "partitions", "params", "graphs", "ranks"):
+        w.execute(f"DELETE FROM {table} WHERE run_id = ? AND rank IN ({marks})", (run_id, *ranks))
+
+
 def _discard(w: RowWriter, run_id: int, ranks: list[int], *, drop_run: bool) -> None:
     """Remove what a failed (strict) import wrote (one transaction)."""
-    marks = ", ".join("?" * len(ranks))
     w.begin()
     try:
-        for table in ("kernel_nodes", "compile_events", "partitions", "params", "graphs", "ranks"):
-            w.execute(f"DELETE FROM {table} WHERE run_id = ? AND rank IN ({marks})", (run_id, *ranks))
+        _delete_ranks(w, run_id, ranks)
         if drop_run:
             w.execute("DELETE FROM runs WHERE id = ?", (run_id,))
         w.commit()

@@ -64,6 +64,7 @@ from sqlalchemy.engine import Engine
 
 from graphdeck.errors import BadInputError, TruncatedInputError
 from graphdeck.store.db import get_or_create_rank, get_or_create_run, retrying, write_session
+from graphdeck.store.lite import fs_text
 from graphdeck.store.schema import Run, Trace, TraceEvent
 from graphdeck.store.trace_fast import (
     NoEventsHead,
@@ -93,6 +94,7 @@ from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported unde
 )
 from graphdeck.store.trace_rows import MAX_LANE_NAMES, STORED_PH, EventRows  # noqa: F401  (re-exported)
 from graphdeck.store.trace_write import EventWriter
+from graphdeck.store.writers import WRITER_KEY, stamp
 
 log = logging.getLogger(__name__)
 
@@ -178,13 +180,13 @@ def ingest_trace(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        with open(path, "rb") as fh:
-            return _deduped(fh, engine, run_name, rank, name or path.name, path.name, strict, batch_size, progress,
-                            duplicate)
+        with open(path, "rb") as fh:  # a name that is not UTF-8 is stored with \xNN escapes (fs_text)
+            return _deduped(fh, engine, run_name, rank, fs_text(name or path.name), fs_text(path.name), strict,
+                            batch_size, progress, duplicate)
     file_name = getattr(source, "name", None)
-    file_name = Path(file_name).name if isinstance(file_name, str) else None
-    return _deduped(source, engine, run_name, rank, name or file_name or "trace", file_name, strict, batch_size,
-                    progress, duplicate)
+    file_name = fs_text(Path(file_name).name) if isinstance(file_name, str) else None
+    return _deduped(source, engine, run_name, rank, fs_text(name or file_name or "trace"), file_name, strict,
+                    batch_size, progress, duplicate)
 
 
 def _deduped(fh, engine, run_name, rank, name, file_name, strict, batch_size, progress, duplicate) -> IngestResult:
@@ -483,7 +485,8 @@ class _Ingest(EventRows):
         def create():
             with write_session(self.engine) as s:
                 run = get_or_create_run(s, self.run_name, world_size=world)
-                trace = Trace(run_id=run.id, rank=rank, name=self.name[:300], status="ingesting")
+                trace = Trace(run_id=run.id, rank=rank, name=self.name[:300], status="ingesting",
+                              meta_json=json.dumps({WRITER_KEY: stamp()}))  # NOTE: [Writer stamps]
                 s.add(trace)
                 s.flush()
                 return run.id, trace.id

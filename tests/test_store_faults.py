@@ -131,7 +131,8 @@ def test_ingest_killed_mid_trace_is_hidden(store_url):
         by_id = httpx.get(f"{srv.url}/api/traces/{trace.id}", timeout=60)
         timeline = httpx.get(f"{srv.url}/api/traces/{trace.id}/timeline", timeout=60)
     assert run["traces"] == [] and run["num_traces"] == 0, f"the run lists no half-written trace: {run['traces']}"
-    assert by_id.status_code == 404 and "ingesting" in by_id.json()["error"], by_id.text
+    # hidden while 'ingesting', or already swept: its writer ran on this host and is dead (NOTE: [Writer stamps])
+    assert by_id.status_code == 404, by_id.text
     assert timeline.status_code == 404, f"no timeline of half a trace: {timeline.status_code}"
 
 

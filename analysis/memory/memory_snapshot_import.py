@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphdeck.analysis.memory.memory_measured import MeasuredMemory, load_snapshot, measure, output_code_files
+from graphdeck.store.lite import fs_text
 
 RECORD = "graphdeck_memory_snapshot"
 _FR_KEYS = (b"entries", b"pg_config", b"comm_lib_version", b"pg_status")
@@ -47,7 +48,7 @@ def summary(m: MeasuredMemory, path: str | Path, top: int = 50) -> dict:
         graph = where[0] == "graph"
         at_peak.append({"bytes": size, "category": where[0], "graph_id": where[1] if graph else None,
                         "nodes": list(where[2]) if graph else None})
-    return {"file": Path(path).name, "device": m.device, "peak_bytes": m.peak_bytes,
+    return {"file": fs_text(Path(path).name), "device": m.device, "peak_bytes": m.peak_bytes,
             "baseline_bytes": m.baseline_bytes, "peak_time_us": m.peak_time_us, "allocations": m.allocations,
             "attributed": m.attributed, "by_category_bytes": dict(m.by_category_bytes), "at_peak": at_peak}
 

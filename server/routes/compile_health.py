@@ -24,7 +24,8 @@ def get_compile_health(run: Run = Depends(resolve_run), session: Session = Depen
     no gate covers: WARN), ``ddp_overlap`` (compiled DDP without overlap), ``missing_evidence``,
     ``summary`` (counts), ``breaks`` and ``frames`` over all ranks, ``fallbacks``, ``spread``
     (compile seconds and cache hit rates across ranks) and ``ranks`` (each rank's breaks, frame
-    budgets, fallbacks, restarts and ``stats``: compiles, compile_s, cache hit/miss/bypass).
+    budgets, fallbacks, restarts and ``stats``: compiles, compile_s = frame_compile_s (the frames'
+    compiles, as the compile index sums them) + bwd_compile_s (backward graphs), cache hit/miss/bypass).
     404 for an unknown run; 422 for a negative threshold."""
     return compile_health(session, run, Thresholds(max_graph_breaks=max_graph_breaks,
                                                    max_recompiles_per_frame=max_recompiles_per_frame,

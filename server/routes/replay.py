@@ -40,6 +40,15 @@ router = APIRouter(tags=["traces"])
 
 MAX_SHAPES_LIMIT = 5000
 
+#: The widest window edge, ms either side of a trace's start (about 31 years): ns stay far inside
+#: int64 however a trace's clock is based. ``nan``, ``inf`` or ``1e308`` answer 422 naming the
+#: parameter (``query.t0_ms: ...``), never an ``OverflowError`` (a 500).
+MAX_WINDOW_MS = 1e12
+
+
+def _ms_query(description: str):
+    return Query(None, allow_inf_nan=False, ge=-MAX_WINDOW_MS, le=MAX_WINDOW_MS, description=description)
+
 
 def _cache(request: Request) -> IndexCache:
     cache = getattr(request.app.state, "trace_index_cache", None)
@@ -69,8 +78,8 @@ def _window(idx, origin_ns: int, t0_ms: float | None, t1_ms: float | None) -> tu
 
 
 @router.get("/api/traces/{trace_id}/window")
-def get_window(request: Request, t0_ms: float | None = Query(None, description="window start, ms since the trace start"),
-               t1_ms: float | None = Query(None, description="window end, ms since the trace start"),
+def get_window(request: Request, t0_ms: float | None = _ms_query("window start, ms since the trace start"),
+               t1_ms: float | None = _ms_query("window end, ms since the trace start"),
                max_shapes: int = Query(2000, ge=1, le=MAX_SHAPES_LIMIT, description="most bars drawn"),
                trace: Trace = Depends(resolve_trace), session: Session = Depends(get_session)) -> dict:
     """A window of one trace's timeline at a level of detail that keeps at most ``max_shapes`` bars."""
@@ -89,8 +98,8 @@ def get_window(request: Request, t0_ms: float | None = Query(None, description="
 
 
 @router.get("/api/runs/{run_id}/timeline")
-def get_run_timeline(request: Request, t0_ms: float | None = Query(None, description="ms since the run's aligned start"),
-                     t1_ms: float | None = Query(None, description="ms since the run's aligned start"),
+def get_run_timeline(request: Request, t0_ms: float | None = _ms_query("ms since the run's aligned start"),
+                     t1_ms: float | None = _ms_query("ms since the run's aligned start"),
                      max_shapes: int = Query(3000, ge=1, le=MAX_SHAPES_LIMIT, description="most bars drawn, all ranks"),
                      comm: list[str] | None = Query(None, description="extra communication-kernel patterns"),
                      ranks: str | None = Query(None, description="lanes: all, or ranks and ranges (0,2-5); "

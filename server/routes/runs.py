@@ -25,11 +25,36 @@ from graphdeck.store.schema import Graph, Partition, Rank, Run, Trace
 log = logging.getLogger(__name__)
 
 
+#: Seconds between two sweeps of dead writers' traces on reads of the runs (NOTE: [Writer stamps]).
+DEAD_SWEEP_EVERY_S = 5.0
+
+
+def sweep_dead(request: Request) -> None:
+    """Dependency of the run reads: traces left ``ingesting`` by a writer known dead (it ran on this
+    host and is gone) are removed before the answer, at most every :data:`DEAD_SWEEP_EVERY_S`;
+    no-op on a server without a write engine."""
+    import time
+
+    from graphdeck.store.db import sweep_dead_ingests
+
+    state, now = request.app.state, time.monotonic()
+    engine = getattr(state, "engine", None)
+    if engine is None or now - getattr(state, "dead_sweep_at", -1e9) < DEAD_SWEEP_EVERY_S:
+        return
+    state.dead_sweep_at = now
+    try:
+        swept = sweep_dead_ingests(engine)
+        if swept:
+            log.warning("removed %d trace(s) whose writer was killed: ids %s", len(swept), swept)
+    except Exception:  # noqa: BLE001 - a sweep that fails leaves the rows hidden, as before
+        log.exception("sweeping dead writers' traces failed")
+
+
 def _sweep(engine) -> None:
-    from graphdeck.store.db import sweep_stale_traces
+    from graphdeck.store.db import sweep_dead_ingests, sweep_stale_traces
 
     try:
-        swept = sweep_stale_traces(engine)
+        swept = sweep_dead_ingests(engine) + sweep_stale_traces(engine)
         if swept:
             log.warning("removed %d trace(s) whose ingest died: ids %s", len(swept), swept)
     except Exception:  # noqa: BLE001 - a sweep that fails leaves the rows hidden, as before
@@ -68,19 +93,41 @@ def _count(session: Session, model, run_id: int, *where) -> int:
     return session.scalar(select(func.count()).select_from(model).where(model.run_id == run_id, *where)) or 0
 
 
+#: A run holding no row at all (no rank, graph, trace, FR or compile record): said, not shown as a run.
+EMPTY_NOTE = ("empty: nothing was recorded (no rank, graph, trace or record): a job killed before its first "
+              "write, or one still starting")
+
+
+def holds_rows(session: Session, run_id: int) -> bool:
+    """Whether any table with a ``run_id`` holds a row of the run (an index seek per table)."""
+    from sqlalchemy import exists
+
+    from graphdeck.store.schema import Base
+
+    for table in Base.metadata.sorted_tables:
+        col = table.columns.get("run_id")
+        if col is not None and session.scalar(select(exists().where(col == run_id))):
+            return True
+    return False
+
+
 def run_summary(session: Session, run: Run) -> dict:
+    """One run's line: ids, counts, ``state`` (``recorded``, or ``empty`` with ``note`` :data:`EMPTY_NOTE`)."""
     from graphdeck.replay.runs import source_of
 
+    counts = {"num_ranks": _count(session, Rank, run.id), "num_graphs": _count(session, Graph, run.id),
+              "num_traces": _count(session, Trace, run.id, Trace.status != "ingesting")}
+    has_rows = any(counts.values()) or holds_rows(session, run.id)
     return {"id": run.id, "name": run.name, "world_size": run.world_size,
+            "state": "recorded" if has_rows else "empty", **({} if has_rows else {"note": EMPTY_NOTE}),
             "created_at": run.created_at.isoformat() if run.created_at else None,
-            "source_run": source_of(session, run),
-            "num_ranks": _count(session, Rank, run.id), "num_graphs": _count(session, Graph, run.id),
-            "num_traces": _count(session, Trace, run.id, Trace.status != "ingesting")}
+            "source_run": source_of(session, run), **counts}
 
 
 @router.get("/api/runs")
-def list_runs(session: Session = Depends(get_session)) -> list[dict]:
-    """Every run, newest first, with its rank, graph and trace counts."""
+def list_runs(session: Session = Depends(get_session), _swept: None = Depends(sweep_dead)) -> list[dict]:
+    """Every run, newest first, with its rank, graph and trace counts and ``state``: ``empty`` (with
+    ``note``) for a run row that holds nothing, e.g. left by a job killed before its first write."""
     runs = session.scalars(select(Run).order_by(Run.id.desc())).all()
     return [run_summary(session, r) for r in runs]
 
@@ -95,7 +142,8 @@ def _graphs(session: Session, run: Run, rank: int | None = None, kind: str | Non
 
 
 @router.get("/api/runs/{run_id}")
-def get_run(run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
+def get_run(_swept: None = Depends(sweep_dead), run: Run = Depends(resolve_run),
+            session: Session = Depends(get_session)) -> dict:
     """The run with its ranks, graphs (every kind, capture order per rank), traces (complete or
     truncated; ones still being written are left out), DDP bucket partitions, and ``replays``: its
     replay runs with their traces (NOTE: [Replay runs] in :mod:`graphdeck.replay.runs`; a replay
