@@ -448,7 +448,7 @@ def _member_sets(layout: RunLayout, key: str, named: dict[str, list[int]]) -> li
 def explain_divergences(session: Session, report: RankReport) -> None:
     """A divergence whose graphs read different parameters: name the parameters read on one side
     only, the branch that decides it, and (FSDP2) the consequence (NOTE: [Wrapper words])."""
-    from graphdeck.analysis.gradients.grad_cuts import enclosing_branch
+    from graphdeck.analysis.gradients.cuts import enclosing_branch
 
     wrap = None
     for d in report.divergences:
@@ -464,11 +464,11 @@ def explain_divergences(session: Session, report: RankReport) -> None:
             if branch:
                 d.message += f" (the use depends on the branch at {branch})"
             if wrap is None:
-                from graphdeck.analysis.gradients.grad_mesh import wrapping
+                from graphdeck.analysis.gradients.mesh import wrapping
 
                 wrap = wrapping(session, report.run_id)
             if wrap.fsdp2:
-                from graphdeck.analysis.gradients.grad_mesh import fsdp2_consequence
+                from graphdeck.analysis.gradients.mesh import fsdp2_consequence
 
                 d.message += "; " + fsdp2_consequence(", ".join(fqns), others, wrap.group_of(fqns[0]))
 

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
-from graphdeck.analysis.gradients.grad_cuts import frames
+from graphdeck.analysis.gradients.cuts import frames
 from graphdeck.analysis.ranks.rank_sequences import compile_sequence
 from graphdeck.analysis.ranks.rank_types import Collective, CollectiveMismatch, CompileEntry, _json, _ranks_phrase
 from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition

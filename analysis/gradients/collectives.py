@@ -15,7 +15,7 @@ from collections import defaultdict
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients.grad_report import Finding, ParamRow
+from graphdeck.analysis.gradients.report import Finding, ParamRow
 from graphdeck.store.schema import Graph, InternedString, Node
 
 REDUCE_OPS = ("all_reduce", "reduce_scatter", "all_reduce_coalesced", "reduce_scatter_tensor")
@@ -33,7 +33,7 @@ def _is_collective(target: str) -> bool:
 
 def collective_findings(session: Session, run_id: int, rows: list[ParamRow], wrap=None) -> list[Finding]:
     """Findings for the graphs of ``run_id`` holding collectives; sets ``reduced`` on ``rows``.
-    ``wrap`` (:class:`graphdeck.analysis.gradients.grad_mesh.Wrapping`): parameters of an FSDP2 group are
+    ``wrap`` (:class:`graphdeck.analysis.gradients.mesh.Wrapping`): parameters of an FSDP2 group are
     reduce-scattered by FSDP2 after the backward, outside the graph, so they need no in-graph
     reduction; a reduction on a process group the parallel layout names as a tensor-parallel
     (non-data-parallel) mesh dimension's is no gradient reduction (NOTE: [Wrapper words]).
@@ -94,7 +94,7 @@ class _Arrays:
     def __init__(self, session: Session, graph_id: int):
         import numpy as np
 
-        from graphdeck.analysis.gradients.grad_graph import fetch
+        from graphdeck.analysis.gradients.graph import fetch
 
         if session.get_bind().dialect.name == "postgresql":  # group_concat is SQLite's string_agg
             sql_nodes = ("SELECT string_agg(name, chr(31)), string_agg(idx::text, ','), "

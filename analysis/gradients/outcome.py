@@ -42,12 +42,12 @@ backward of its own. Then
   the checkpoints is the last to become ready, in the outer backward).
 
 :func:`ddp_twice_outcome` applies these rules to the order of accumulations an eager backward
-recorded (``grad_eager``).
+recorded (``eager``).
 """
 
 from __future__ import annotations
 
-from graphdeck.analysis.gradients.grad_report import Finding
+from graphdeck.analysis.gradients.report import Finding
 
 RAISES = "raises"
 SILENT = "silent"
@@ -127,7 +127,7 @@ def eager_ready_twice(report, model, ddp: bool, accs_of: dict[str, list], order:
     (``accs_of``: fqn -> what ran each accumulation, see :func:`_accumulation_hook`), its DDP
     consequence from the order the accumulations ran in (``order``; NOTE: [READY_TWICE under DDP]);
     ``name_of``: parameter id -> fqn; ``fn_text`` formats a checkpointed function; ``error``: DDP's
-    message. Called by :func:`graphdeck.analysis.gradients.grad_eager.eager_report`."""
+    message. Called by :func:`graphdeck.analysis.gradients.eager.eager_report`."""
     twice = [r for r in report.rows if r.accumulations and r.accumulations > 1]
     if not twice:
         return

@@ -6,10 +6,10 @@ Facts used, per rank (all written by ``capture/`` or an importer):
 * ``graph_io``: placeholders that read a parameter (``in``) and backward outputs that are its
   gradient (``grad``, AOTAutograd's ``GradAOTOutput`` descriptor; ``has_grad`` false for ``None``).
 * Dynamo graphs (``kind="dynamo"``; with DDP the unsplit one): nodes and edges, for paths and
-  cut points (see ``grad_cuts``). Their ``meta_json["outputs_without_grad"]`` (and that of their
+  cut points (see ``cuts``). Their ``meta_json["outputs_without_grad"]`` (and that of their
   DDP bucket graphs) names outputs that got no gradient in the first backward (capture records
   it with a multi-grad hook), which is how an output unused by the loss is seen.
-* ``partitions``: DDP buckets and their parameters. Collectives: ``grad_collectives``.
+* ``partitions``: DDP buckets and their parameters. Collectives: ``collectives``.
 
 Cost: one pass over each Dynamo graph's nodes and edges (``O(nodes + edges)``), the backward
 graphs only where they hold collectives; everything else is read from ``graph_io``.
@@ -25,7 +25,7 @@ from collections import defaultdict, namedtuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients.grad_cuts import (
+from graphdeck.analysis.gradients.cuts import (
     GRAD_MODE_TARGETS,
     FlowGraph,
     first_cut,
@@ -36,7 +36,7 @@ from graphdeck.analysis.gradients.grad_cuts import (
     short_source,
     source_line,
 )
-from graphdeck.analysis.gradients.grad_report import (
+from graphdeck.analysis.gradients.report import (
     Cut,
     Finding,
     GradReport,
@@ -228,7 +228,7 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
     parts = fetch(session, "SELECT rank, \"index\", graph_id, params_json FROM partitions WHERE run_id = ?",
                   (run.id,))
     report = GradReport(mode="graph", run=run.name, run_id=run.id)
-    from graphdeck.analysis.gradients import grad_evidence as GE
+    from graphdeck.analysis.gradients import evidence as GE
 
     ev = GE.load(session, run.id)
     had_params = bool(params)
@@ -426,7 +426,7 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         GE.mark_unobserved_ranks(report.rows, ev)
     watched = list(ev.watch.values())
     ddp = ddp or any(w.get("ddp") for w in watched)
-    from graphdeck.analysis.gradients.grad_mesh import mesh_findings, wrapping
+    from graphdeck.analysis.gradients.mesh import mesh_findings, wrapping
 
     wrap = wrapping(session, run.id, watched)  # FSDP2 groups, layout (NOTE: [Wrapper words])
     fsdp = wrap.fsdp2
@@ -447,17 +447,17 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         report.findings += GE.evidence_findings([r for r in report.rows if not r.allowed], ev, ddp=ddp,
                                                 find_unused=find_unused, fsdp=wrap if fsdp else False)
     report.findings += mesh_findings(session, run.id, report.rows, wrap)  # TP Partial, PP cut
-    from graphdeck.analysis.gradients.grad_replicas import replica_check
+    from graphdeck.analysis.gradients.replicas import replica_check
 
     report.findings += replica_check(session, run.id, report, wrap, ddp=ddp)  # NOTE: [Replica agreement]
     for gid, lg in sorted(loaded.items()):
         report.findings += _intermediate_outputs(lg, strings)
-    from graphdeck.analysis.gradients.grad_compiles import compile_findings
-    from graphdeck.analysis.gradients.grad_nodes import node_findings
+    from graphdeck.analysis.gradients.compiles import compile_findings
+    from graphdeck.analysis.gradients.nodes import node_findings
 
     report.findings += compile_findings(session, run.id, report.rows)  # per-compile requires_grad (N1)
     report.findings += node_findings(session, run.id, flow_of, strings, report.rows)  # dangling outputs, flags
-    from graphdeck.analysis.gradients.grad_collectives import collective_findings
+    from graphdeck.analysis.gradients.collectives import collective_findings
 
     report.findings += collective_findings(session, run.id, report.rows, wrap)
     return report

@@ -408,7 +408,7 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
     the collectives match, no hang (``RANK_DIVERGENCE``: those ranks silently contribute zeros). Sources: the first use on the
     ranks where it is read, else the cut. The rows of such a parameter on the ranks without a
     gradient get the finding's fix (their own, "remove or freeze it", would miss the cause).
-    ``fsdp``: a :class:`graphdeck.analysis.gradients.grad_mesh.Wrapping` with FSDP2 groups — the
+    ``fsdp``: a :class:`graphdeck.analysis.gradients.mesh.Wrapping` with FSDP2 groups — the
     consequence and fix are then FSDP2's (NOTE: [Wrapper words]: the group's reduce-scatter)."""
     from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
 
@@ -424,7 +424,7 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
         without = [r.rank for r in group if r.status != "OK"]
         src = next((r.first_use for r in group if r.first_use), None) or next(
             (r.cut.source for r in group if r.cut and r.cut.source), None)
-        from graphdeck.analysis.gradients.grad_cuts import enclosing_branch
+        from graphdeck.analysis.gradients.cuts import enclosing_branch
 
         branch = enclosing_branch(src) if src else None
         zero_filled = compiled and all(r.status == "DEAD_END" for r in group if r.status != "OK")
@@ -434,7 +434,7 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
             consequence = (f"its compiled backward fills a zero gradient on rank(s) {_ranks_text(without)} (the output is unused "
                            "there), so no collective is left unmatched: those ranks silently contribute zeros")
         elif fsdp is not None and fsdp.fsdp2:
-            from graphdeck.analysis.gradients.grad_mesh import fsdp2_consequence
+            from graphdeck.analysis.gradients.mesh import fsdp2_consequence
 
             consequence = fsdp2_consequence(fqn, without, fsdp.group_of(fqn))
         elif ddp and find_unused:
@@ -454,7 +454,7 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
             message += f"; the use depends on the branch at {branch}"
         fsdp2 = fsdp is not None and fsdp.fsdp2 and not zero_filled
         if fsdp2:
-            from graphdeck.analysis.gradients.grad_mesh import fsdp2_fix
+            from graphdeck.analysis.gradients.mesh import fsdp2_fix
 
             fix = fsdp2_fix([fqn])
         else:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, aliased
 
-from graphdeck.analysis.gradients.grad_report import FAILING, Finding, ParamRow
+from graphdeck.analysis.gradients.report import FAILING, Finding, ParamRow
 from graphdeck.analysis.ranks.rank_types import _ranks_text
 from graphdeck.store.schema import Graph, InternedString, Node
 
@@ -65,7 +65,7 @@ class Wrapping:
 
 def wrapping(session: Session, run_id: int, watched: list[dict] | None = None) -> Wrapping:
     """The run's :class:`Wrapping` from its watch records (``watched``, as loaded by
-    :mod:`graphdeck.analysis.gradients.grad_evidence`), comm-groups records and parallel layout."""
+    :mod:`graphdeck.analysis.gradients.evidence`), comm-groups records and parallel layout."""
     from graphdeck.analysis.layout import load_layout
 
     out = Wrapping(ddp=any(w.get("ddp") for w in watched or []), fsdp2=any(w.get("fsdp2") for w in watched or []))

@@ -12,8 +12,8 @@ without ``grad_placements`` on a tensor whose local gradient is a partial sum.
 
 from __future__ import annotations
 
-from graphdeck.analysis.gradients.grad_replicas import Prints, _ranges, _replicate, compare, first_mismatch
-from graphdeck.analysis.gradients.grad_report import Finding
+from graphdeck.analysis.gradients.replicas import Prints, _ranges, _replicate, compare, first_mismatch
+from graphdeck.analysis.gradients.report import Finding
 
 _FIX = ("declare the local gradient's placement: `param.to_local(grad_placements=[Partial()])` where the local "
         "tensor's gradient is a partial sum (rank-local tokens, a shard of a reduction), or compute with the "

@@ -29,8 +29,8 @@ import linecache
 import re
 from typing import Callable
 
-from graphdeck.analysis.gradients.grad_cuts import DETACH_TARGETS, GRAD_MODE_TARGETS, _enclosing, frames, short_source
-from graphdeck.analysis.gradients.grad_nodes import (
+from graphdeck.analysis.gradients.cuts import DETACH_TARGETS, GRAD_MODE_TARGETS, _enclosing, frames, short_source
+from graphdeck.analysis.gradients.nodes import (
     RunGraphs,
     differentiable,
     fetch,
@@ -40,7 +40,7 @@ from graphdeck.analysis.gradients.grad_nodes import (
     op_base,
     where,
 )
-from graphdeck.analysis.gradients.grad_report import Finding
+from graphdeck.analysis.gradients.report import Finding
 
 _INPLACE_RE = re.compile(r"^_?[a-z][a-z0-9_]*[a-z0-9]_$")
 NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad_", "record_stream_", "pin_memory_"})

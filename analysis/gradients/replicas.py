@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients.grad_report import Finding, ParamRow
+from graphdeck.analysis.gradients.report import Finding, ParamRow
 
 EVENT = "graphdeck_grad_prints"
 #: Relative tolerance per dtype name (of the larger of the two norms): replicas are bitwise equal,
@@ -260,7 +260,7 @@ def coverage(prints: Prints, groups: list[list[int]]) -> dict:
 
 def replica_check(session: Session, run_id: int, report, wrap, *, ddp: bool) -> list[Finding]:
     """The replica findings of a run, its ``coverage["replicas"]`` set on ``report``
-    (``wrap``: :class:`~graphdeck.analysis.gradients.grad_mesh.Wrapping`). FSDP2 shards differ by
+    (``wrap``: :class:`~graphdeck.analysis.gradients.mesh.Wrapping`). FSDP2 shards differ by
     design: without a recorded DDP group, an FSDP2 run's ranks are not compared."""
     prints = load(session, run_id)
     if not prints:
@@ -272,7 +272,7 @@ def replica_check(session: Session, run_id: int, report, wrap, *, ddp: bool) -> 
     report.coverage["replicas"] = coverage(prints, groups)
     out = replica_findings(prints, report.rows, groups, skip=prints.ignored, existing=report.findings)
     if wrap.layout is not None:
-        from graphdeck.analysis.gradients.grad_replicas_tp import tp_findings
+        from graphdeck.analysis.gradients.replicas_tp import tp_findings
 
         out += tp_findings(prints, report, wrap.layout)
     return out

@@ -7,7 +7,7 @@ every parameter that the walk does not reach from the ops recorded while it ran.
 * The record: a ``TorchFunctionMode`` sees each torch call made on a tensor derived from a
   parameter (``F.linear``, ``Tensor.detach``, ``Tensor.data.__get__``, ``argmax``, …) with its grad
   mode, output dtype, the innermost user frame outside torch, and the module that ran it
-  (forward pre/post hooks). From it a :class:`~graphdeck.analysis.gradients.grad_cuts.FlowGraph` is built and
+  (forward pre/post hooks). From it a :class:`~graphdeck.analysis.gradients.cuts.FlowGraph` is built and
   the cut is searched as in graph mode; an op whose output stops requiring grad is the cut.
 * The backward check: forward and backward once more on parameter aliases, counting each
   gradient's accumulations in one backward: the evidence for what the walk cannot see. Reentrant
@@ -27,8 +27,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from graphdeck.analysis.gradients.grad_cuts import FlowGraph, first_cut, no_grad_region, short_source, source_line
-from graphdeck.analysis.gradients.grad_report import Cut, GradReport, ParamRow, ddp_unused_finding
+from graphdeck.analysis.gradients.cuts import FlowGraph, first_cut, no_grad_region, short_source, source_line
+from graphdeck.analysis.gradients.report import Cut, GradReport, ParamRow, ddp_unused_finding
 
 _THIS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # analysis/, not analysis/gradients/
 #: What DDP raises when a parameter's gradient hook fires twice in one backward.
@@ -315,7 +315,7 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
     ``numeric``: also run ``torch.compile(model, backend=backend)`` on the same batch and store
     ``grad_max_abs_diff`` per parameter and per input that requires grad (rows ``input[0]`` or
     the keyword name); a difference over ``atol + rtol * max|g_eager|`` is a ``GRAD_MISMATCH``
-    finding naming the backward node to blame (see ``grad_numeric``). Both runs take the
+    finding naming the backward node to blame (see ``numeric``). Both runs take the
     caller's context: forward and loss under ``torch.autocast(autocast_device, dtype=autocast_dtype)``
     (``autocast_dtype`` e.g. ``"bfloat16"``, ``None``: off; device default: the inputs') and
     grad mode ``grad_enabled``. The model's ``.grad`` fields are not touched (``autograd.grad``).
@@ -423,7 +423,7 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
             row.status = "NOT_IN_GRAPH"
             row.reason = "not read while the model ran on this batch (an unused module, or a branch not taken)"
             row.cut = Cut(kind="not_read", detail="never read in forward")
-            from graphdeck.analysis.gradients.grad_graph import FIXES
+            from graphdeck.analysis.gradients.graph import FIXES
 
             row.fix = FIXES["NOT_IN_GRAPH"]
         else:
@@ -443,12 +443,12 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
         if f is not None:
             report.findings.append(f)
     if acc is not None:
-        from graphdeck.analysis.gradients.grad_outcome import eager_ready_twice
+        from graphdeck.analysis.gradients.outcome import eager_ready_twice
 
         eager_ready_twice(report, model, ddp, accs_of, order, {pid: names[0] for pid, names in groups.items()},
                           _fn_text, DDP_READY_TWICE_ERROR)
     if numeric:
-        from graphdeck.analysis.gradients.grad_numeric import numeric_check
+        from graphdeck.analysis.gradients.numeric import numeric_check
 
         params = [(names[0], tensor_of[pid]) for pid, names in groups.items()]
         numeric_check(report, inner, example_inputs, loss_fn, params=params, rank=rank, backend=backend,
@@ -530,7 +530,7 @@ def _nested_ok(row: ParamRow, accs: list) -> None:
 
 def _explain_eager(row: ParamRow, flow: FlowGraph, start: int, live: list[bool], rec: _Record,
                    ckpt: _Ckpt | None = None, backward_ran: bool = False) -> None:
-    from graphdeck.analysis.gradients.grad_graph import FIXES
+    from graphdeck.analysis.gradients.graph import FIXES
 
     res = first_cut(flow, start, live)
     base = len(flow) - len(rec.ops) - 1

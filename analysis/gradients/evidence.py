@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients.grad_report import (
+from graphdeck.analysis.gradients.report import (
     DDP_UNUSED_ERROR,
     Finding,
     ParamRow,
@@ -350,7 +350,7 @@ def mark_unobserved_ranks(rows: list[ParamRow], ev: Evidence) -> None:
 def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unused: bool | None,
                       fsdp) -> list[Finding]:
     """Rank divergence, DDP's reduction error and "marked ready twice", from the evidence.
-    ``fsdp``: truthy under FSDP2 — a :class:`graphdeck.analysis.gradients.grad_mesh.Wrapping` (its groups name
+    ``fsdp``: truthy under FSDP2 — a :class:`graphdeck.analysis.gradients.mesh.Wrapping` (its groups name
     the reduce-scatter) or a bool (NOTE: [Wrapper words])."""
     out: list[Finding] = []
     by_fqn: dict[str, list[ParamRow]] = defaultdict(list)
@@ -393,7 +393,7 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
                    "nothing for that head) so every rank's gradient is the real one")
         elif fsdp:
             hang = True
-            from graphdeck.analysis.gradients.grad_mesh import fsdp2_consequence, fsdp2_fix
+            from graphdeck.analysis.gradients.mesh import fsdp2_consequence, fsdp2_fix
 
             group = fsdp.group_of(params[0]) if hasattr(fsdp, "group_of") else None
             msg += fsdp2_consequence(", ".join(params), list(bad), group)
@@ -444,7 +444,7 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
                                         f"{first}: under DDP with find_unused_parameters=False step {first + 1} raises "
                                         f"'{DDP_UNUSED_ERROR}…' on every rank")))
     out += _ready_twice(rows, ev, ddp=ddp, static=static, find_unused=find_unused)
-    from graphdeck.analysis.gradients.grad_outcome import refute_by_run
+    from graphdeck.analysis.gradients.outcome import refute_by_run
 
     refute_by_run(out, ev)  # NOTE: [Predictions the run contradicts]
     return out
@@ -465,7 +465,7 @@ def _ready_twice(rows: list[ParamRow], ev: Evidence, *, ddp: bool, static: bool 
     says; where the run itself went past the backward that accumulated twice, DDP did not raise:
     the finding says what happened instead (the second accumulation stayed local, the replicas'
     gradients silently diverge)."""
-    from graphdeck.analysis.gradients.grad_outcome import ran_past
+    from graphdeck.analysis.gradients.outcome import ran_past
 
     hits: dict[str, dict] = {}
     for rank, segs in ev.by_rank.items():

@@ -18,7 +18,7 @@ Three kinds of evidence, all from the store (``graphs``, ``nodes``, ``edges``, `
 Each finding is a warning naming the Dynamo graph's node (``graph_id``, ``node``), its op and its
 user source line; a node flagged by several kinds of evidence is reported once. Rows of the
 parameters that feed a partly used piece get a note. Cost: ``O(nodes + edges)`` per Dynamo graph
-that has such facts (the forward graphs come from ``grad_graph``'s loader, shared), and a few
+that has such facts (the forward graphs come from ``graph``'s loader, shared), and a few
 indexed queries on each backward graph's placeholders.
 """
 
@@ -31,8 +31,8 @@ from typing import Callable
 
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients.grad_cuts import DIFFERENTIABLE_DTYPES, cut_kind, frames, short_source, source_line
-from graphdeck.analysis.gradients.grad_report import Finding, ParamRow
+from graphdeck.analysis.gradients.cuts import DIFFERENTIABLE_DTYPES, cut_kind, frames, short_source, source_line
+from graphdeck.analysis.gradients.report import Finding, ParamRow
 
 SPLIT_OPS = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes", "unsafe_split",
                        "unsafe_split_with_sizes", "unsafe_chunk", "hsplit", "vsplit", "dsplit"})
@@ -54,7 +54,7 @@ GraphRow = namedtuple("GraphRow", "id rank kind parent_id compile_id meta")
 
 
 def fetch(session: Session, sql: str, params: tuple = ()) -> list:
-    from graphdeck.analysis.gradients.grad_graph import fetch as _fetch
+    from graphdeck.analysis.gradients.graph import fetch as _fetch
 
     return _fetch(session, sql, params)
 
@@ -239,10 +239,10 @@ def feeding_params(graphs: RunGraphs, lg, start: int, cache: dict) -> list[str]:
 
 def node_findings(session: Session, run_id: int, flow_of: Callable, strings, rows: list[ParamRow]) -> list[Finding]:
     """All node-level findings of ``run_id``: ``DANGLING_OUTPUT`` (this module) and the graph-only
-    flags of :mod:`graphdeck.analysis.gradients.grad_flags`. ``flow_of(graph_id)`` loads a forward graph
-    (``grad_graph``'s ``_Loaded``), ``strings`` resolves interned stack traces. Adds notes to
+    flags of :mod:`graphdeck.analysis.gradients.flags`. ``flow_of(graph_id)`` loads a forward graph
+    (``graph``'s ``_Loaded``), ``strings`` resolves interned stack traces. Adds notes to
     ``rows``. Raises nothing for graphs without AOT children or run-time facts (fewer findings)."""
-    from graphdeck.analysis.gradients.grad_flags import flag_findings
+    from graphdeck.analysis.gradients.flags import flag_findings
 
     graphs = RunGraphs(session, run_id)
     row_by = {(r.rank, a): r for r in rows for a in (r.aliases or [r.fqn])}

@@ -34,7 +34,7 @@ from collections import defaultdict
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.compile_index import _key as compile_key
-from graphdeck.analysis.gradients.grad_report import Finding, ParamRow
+from graphdeck.analysis.gradients.report import Finding, ParamRow
 
 STATE_ORDER = ("gradient", "none", "frozen", "inference")
 STATE_TEXT = {
@@ -46,7 +46,7 @@ STATE_TEXT = {
 
 
 def fetch(session: Session, sql: str, params: tuple = ()) -> list:
-    from graphdeck.analysis.gradients.grad_graph import fetch as _fetch
+    from graphdeck.analysis.gradients.graph import fetch as _fetch
 
     return _fetch(session, sql, params)
 

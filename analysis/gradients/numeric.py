@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from graphdeck.analysis.gradients.grad_cuts import frames, short_source
-from graphdeck.analysis.gradients.grad_report import Finding, GradReport, ParamRow
+from graphdeck.analysis.gradients.cuts import frames, short_source
+from graphdeck.analysis.gradients.report import Finding, GradReport, ParamRow
 
 # Ops that move, reshape or cast a value but compute nothing: never the "computing" node.
 _NOT_COMPUTE = frozenset("""
@@ -198,7 +198,7 @@ def _run_step(model, example_inputs, loss_fn, ctx_args, rng, targets):
     """Forward + loss in the caller's context, backward outside it: (loss, outputs, gradients)."""
     import torch
 
-    from graphdeck.analysis.gradients.grad_eager import _call, _default_loss
+    from graphdeck.analysis.gradients.eager import _call, _default_loss
 
     torch.set_rng_state(rng)
     with _context(*ctx_args):
