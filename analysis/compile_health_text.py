@@ -4,7 +4,7 @@ from a :class:`~graphdeck.analysis.compile_health.CompileHealth`."""
 from __future__ import annotations
 
 from graphdeck.analysis.compile_health import CompileHealth, FrameBudget
-from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
 
 CACHE_NAMES = {"fx_graph": "FX graph cache", "fx_graph_remote": "FX graph cache (remote)",
                "aot_autograd": "AOTAutograd cache", "aot_autograd_remote": "AOTAutograd cache (remote)"}

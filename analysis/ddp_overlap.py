@@ -192,7 +192,7 @@ def _measure(session: Session, run_id: int, ranks: list[int]) -> dict | None:
 
 
 def _message(f: NoOverlap) -> str:
-    from graphdeck.analysis.ranks.rank_types import _ranks_phrase
+    from graphdeck.analysis.ranks.records import _ranks_phrase
 
     which = (f"all {f.total_buckets} DDP buckets" if f.buckets == f.total_buckets
              else f"{f.buckets} of the {f.total_buckets} DDP buckets")

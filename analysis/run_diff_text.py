@@ -50,7 +50,7 @@ def to_text(d: RunDiff) -> str:
 
 def _ranks(ranks: list[int]) -> str:
     """Range text (``0-24, 26-63``), the checks' (past 8 ranks ``a..b`` read as every rank between)."""
-    from graphdeck.analysis.ranks.rank_types import _ranks_text
+    from graphdeck.analysis.ranks.records import _ranks_text
 
     return _ranks_text(ranks, brackets=False)
 

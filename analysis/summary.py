@@ -26,7 +26,7 @@ Each check is the library call behind its own CLI command and page, run here unc
   Link: the lowest rank's trace page.
 * ``layout`` — the parallel layout (:func:`graphdeck.analysis.layout.load_layout`) when any rank
   recorded one: PASS when every rank did, INCOMPLETE naming those that did not
-  (:func:`graphdeck.analysis.ranks.mesh_ranks.layout_gaps`); ``N/A`` (neutral, not green) without any
+  (:func:`graphdeck.analysis.ranks.mesh.layout_gaps`); ``N/A`` (neutral, not green) without any
   record. Peers are compared per mesh dimension by ``check-ranks``. Link: ``#/runs/<id>/map``.
 
 Defensive: a check that raises is reported as ``ERROR`` with the exception's text (never PASS),
@@ -272,7 +272,7 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
     (``device``, ``total_ns``, ``mapped_ns``, ``fraction``, ``top``: the largest unmapped name),
     read for the traces it holds and filled with those mapped now — a caller that keeps it (the
     server, at 1,024 ranks ~0.13 s CPU a trace) never maps a trace twice."""
-    from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+    from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
     from graphdeck.analysis.traces.coverage import COVERS, coverage
     from graphdeck.analysis.traces.trace_collectives import run_traces
     from graphdeck.analysis.traces.trace_data import load_events
@@ -363,7 +363,7 @@ def _outside_text(p: dict) -> str:
 def _fractions_text(fracs: list[dict], limit: int = 8) -> str:
     """``ranks 0-48, 50-63 100.0%, rank 12 93.1%``: ranks whose shown share is the same in one
     entry, the lowest share first, at most ``limit`` entries."""
-    from graphdeck.analysis.ranks.rank_types import _ranks_phrase
+    from graphdeck.analysis.ranks.records import _ranks_phrase
 
     same: dict[str, list[int]] = {}
     for p in sorted(fracs, key=lambda p: (p["fraction"], p["rank"])):
@@ -374,7 +374,7 @@ def _fractions_text(fracs: list[dict], limit: int = 8) -> str:
 
 def check_layout(session: Session, run: Run, deadline: float) -> CheckSummary:
     from graphdeck.analysis.layout import load_layout
-    from graphdeck.analysis.ranks.mesh_ranks import layout_gaps
+    from graphdeck.analysis.ranks.mesh import layout_gaps
 
     layout = load_layout(session, run.id)
     c = CheckSummary("layout", "Parallel layout", "N/A", None, "rank(s) without a layout record", "",

@@ -220,7 +220,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
                 raise
             fr, refused = None, [exc.message]
         if fr is not None:
-            from graphdeck.analysis.ranks.rank_types import _ranks_text  # ranges past 8 ranks
+            from graphdeck.analysis.ranks.records import _ranks_text  # ranges past 8 ranks
 
             click.echo(f"Flight Recorder: ranks {_ranks_text(fr.ranks)}, {fr.entries} entries, {fr.dropped} dropped"
                        + (f"; no dump from ranks {_ranks_text(fr.missing_ranks)}" if fr.missing_ranks else ""))
@@ -264,7 +264,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
             _fail(refusal)
         return
     st = result.stats
-    from graphdeck.analysis.ranks.rank_types import _ranks_text  # ranges past 8 ranks
+    from graphdeck.analysis.ranks.records import _ranks_text  # ranges past 8 ranks
 
     click.echo(f"run {result.run_name} (id {result.run_id}): ranks {_ranks_text(result.ranks)}; {st.get('graphs', 0)} graphs, "
                f"{st.get('nodes', 0)} nodes, {st.get('compile_events', 0)} compile events, "

@@ -34,7 +34,7 @@ from graphdeck.analysis.gradients.report import (
     ddp_static_finding,
     ddp_unused_finding,
 )
-from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
 
 DDP_READY_TWICE = "Expected to mark a variable ready only once"
 BAD = ("none", "zero", "multi")

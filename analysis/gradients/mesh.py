@@ -40,7 +40,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session, aliased
 
 from graphdeck.analysis.gradients.report import FAILING, Finding, ParamRow
-from graphdeck.analysis.ranks.rank_types import _ranks_text
+from graphdeck.analysis.ranks.records import _ranks_text
 from graphdeck.store.schema import Graph, InternedString, Node
 
 GLOO_SIZE_ERROR = "Received data size doesn't match expected size"

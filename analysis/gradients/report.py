@@ -285,7 +285,7 @@ class GradReport:
     def to_text(self) -> str:
         """Human summary: a verdict line, then one line per failing row and finding."""
         counts = " · ".join(f"{k} {v}" for k, v in self.summary.items() if v)
-        from graphdeck.analysis.ranks.rank_types import _ranks_text
+        from graphdeck.analysis.ranks.records import _ranks_text
 
         ranks = self.ranks
         if len(ranks) > 1 and self.rows:  # the counts are of (parameter, rank) rows: said so
@@ -378,7 +378,7 @@ def _coverage_lines(cov: dict) -> list[str]:
     """One line on what the report saw: ranks, steps, parameter list."""
     if not cov:
         return []
-    from graphdeck.analysis.ranks.rank_types import _ranks_text
+    from graphdeck.analysis.ranks.records import _ranks_text
 
     steps = cov.get("steps") or {}
     same: dict[str, list[int]] = {}  # ranks that saw the same steps: one entry (1,024 ranks)
@@ -410,7 +410,7 @@ def divergence_findings(rows: list[ParamRow], *, ddp: bool, find_unused: bool = 
     gradient get the finding's fix (their own, "remove or freeze it", would miss the cause).
     ``fsdp``: a :class:`graphdeck.analysis.gradients.mesh.Wrapping` with FSDP2 groups — the
     consequence and fix are then FSDP2's (NOTE: [Wrapper words]: the group's reduce-scatter)."""
-    from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+    from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
 
     by_fqn: dict[str, list[ParamRow]] = defaultdict(list)
     for r in rows:

@@ -43,7 +43,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.ranks.flight import FlightReport, GroupMismatch, flight_report, missing_evidence
-from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
 from graphdeck.store.schema import CompileEvent
 
 if TYPE_CHECKING:

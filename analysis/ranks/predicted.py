@@ -223,7 +223,7 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
     if not any(report.schedules.values()):
         return []  # nothing predicted (no graph issues a collective): nothing to check
     from graphdeck.analysis.ranks.flight import count_completed
-    from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+    from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
 
     if not fr.completed:
         count_completed(session, report.run_id, fr)

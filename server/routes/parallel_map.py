@@ -8,7 +8,7 @@ sharding dimensions (``RunLayout.sharding_dims()``: tp, cp, ep, ...) and a row p
 the remaining, data-parallel dimensions (dp, dp_shard, ...). Each rank gets one state per check:
 
 * ``diverged`` — ``check-ranks``' report (:func:`graphdeck.analysis.ranks.core.rank_report`), which
-  compares ranks per mesh dimension (:mod:`graphdeck.analysis.ranks.mesh_ranks`): the diverging side of
+  compares ranks per mesh dimension (:mod:`graphdeck.analysis.ranks.mesh`): the diverging side of
   a compile divergence or of a collective-schedule mismatch: ``ok`` | ``diverged``;
 * ``grad`` — ``check-grads``' report (graph analysis and run-time evidence): ``missing`` for a
   rank with a parameter without a gradient path or named by an error finding (a pipeline stage
@@ -327,12 +327,12 @@ class _Context:
 
     def rank_report(self):
         """``check-ranks``' report (:func:`graphdeck.analysis.ranks.core.rank_report`), which compares
-        ranks per mesh dimension when :mod:`graphdeck.analysis.ranks.mesh_ranks` is installed; None
+        ranks per mesh dimension when :mod:`graphdeck.analysis.ranks.mesh` is installed; None
         without it (a report comparing every rank with every other would call pipeline stages
         diverged)."""
         import importlib.util
 
-        if importlib.util.find_spec("graphdeck.analysis.ranks.mesh_ranks") is None:
+        if importlib.util.find_spec("graphdeck.analysis.ranks.mesh") is None:
             return None
         if self._report is None:
             from graphdeck.analysis.ranks.core import rank_report
@@ -366,7 +366,7 @@ def _diverged(ctx: _Context) -> Badge:
     unknown."""
     report = ctx.rank_report()
     if report is None:
-        return _unknown("diverged", "the per-mesh-dimension rank check (graphdeck.analysis.ranks.mesh_ranks) "
+        return _unknown("diverged", "the per-mesh-dimension rank check (graphdeck.analysis.ranks.mesh) "
                         "is not installed: ranks of different stages cannot be told apart from diverged ones")
     b = Badge("diverged", ran=True, verdict=report.verdict, message=f"check-ranks per mesh dimension: {report.verdict}; "
               f"{len(report.divergences)} compile divergence(s), "

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 if TYPE_CHECKING:
     from graphdeck.analysis.layout import RunLayout
-    from graphdeck.analysis.ranks.rank_types import CompileEntry
+    from graphdeck.analysis.ranks.records import CompileEntry
 
 _SHARD = re.compile(r"^(?:Shard|S)\(\s*(?:dim=)?(-?\d+)")
 

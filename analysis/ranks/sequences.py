@@ -19,7 +19,7 @@ from typing import NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks.rank_types import CompileEntry, _json
+from graphdeck.analysis.ranks.records import CompileEntry, _json
 from graphdeck.store.schema import CompileEvent, Graph, Node
 
 # NOTE: [Rank-local device indices]

@@ -24,8 +24,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from graphdeck.analysis.gradients.cuts import frames
-from graphdeck.analysis.ranks.rank_sequences import compile_sequence
-from graphdeck.analysis.ranks.rank_types import Collective, CollectiveMismatch, CompileEntry, _json, _ranks_phrase
+from graphdeck.analysis.ranks.records import Collective, CollectiveMismatch, CompileEntry, _json, _ranks_phrase
+from graphdeck.analysis.ranks.sequences import compile_sequence
 from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition
 
 #: Graph kinds that run (their collectives execute), best first per compile id. A compile whose

@@ -51,7 +51,7 @@ from graphdeck.analysis.ranks.core import (
     _first_divergence,
     _schedule_mismatch,
 )
-from graphdeck.analysis.ranks.rank_types import _ranks_text, _sets_text  # noqa: F401 (importable from here as before)
+from graphdeck.analysis.ranks.records import _ranks_text, _sets_text  # noqa: F401 (importable from here as before)
 from graphdeck.store.schema import Node
 
 if TYPE_CHECKING:
@@ -208,7 +208,7 @@ def _compare_group(session: Session, report: RankReport, layout: RunLayout, ref:
                 offset = d.position + 1
                 continue
         if tp and d.what == "graph differs":  # NOTE: [Per-rank constants]
-            from graphdeck.analysis.ranks.rank_constants import explain_constants
+            from graphdeck.analysis.ranks.constants import explain_constants
 
             why = explain_constants(session, layout, seq_ref[d.position], seq[d.position], ref[0], group[0])
             if why:
