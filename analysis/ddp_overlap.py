@@ -33,7 +33,7 @@ evidence. It is a WARN of ``check-compile`` (and so of the run overview's ``comp
 never a FAIL: the job computes the right thing, only slower.
 
 Measured: on the lowest finding rank with a usable trace, the communication/computation overlap
-of :func:`graphdeck.analysis.traces.trace_analysis.overlap` — GPU communication kernels when the
+of :func:`graphdeck.analysis.traces.analyze.overlap` — GPU communication kernels when the
 trace has any, else the CPU-side collectives (gloo) — as the share of communication time that
 overlapped compute, and the communication time left exposed per profiled step (ns).
 """
@@ -169,8 +169,8 @@ def find(session: Session, run: Run) -> list[NoOverlap]:
 def _measure(session: Session, run_id: int, ranks: list[int]) -> dict | None:
     """The overlap on the lowest of ``ranks`` with a usable trace (NOTE: [DDP overlap by
     construction]); None when none has one."""
-    from graphdeck.analysis.traces.trace_analysis import TraceData, overlap
-    from graphdeck.analysis.traces.trace_collectives import run_traces
+    from graphdeck.analysis.traces.analyze import TraceData, overlap
+    from graphdeck.analysis.traces.collectives import run_traces
 
     traces = run_traces(session, run_id)
     rank = next((r for r in ranks if r in traces), None)

@@ -46,7 +46,7 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
     """The ``kind`` overlay of stored graph ``graph_id``.
 
     * ``bytes``: each node's output bytes (``nodes.size_bytes``; symbolic shapes have none).
-    * ``time``: ns per node from ``graphdeck.analysis.traces.trace_map.node_time_ns(session, graph_id)``
+    * ``time``: ns per node from ``graphdeck.analysis.traces.mapping.node_time_ns(session, graph_id)``
       when that module is installed and maps this graph's kernels; else empty with a note.
     * ``comm``: ns per node of the communication kernels (DDP all-reduce, FSDP2 all-gather /
       reduce-scatter) that carry the node's parameter or gradient (``node_time_ns(...,
@@ -104,7 +104,7 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
 
 
 def _comm(session: Session, graph_id: int) -> Overlay:
-    from graphdeck.analysis.traces.trace_map import node_time_ns
+    from graphdeck.analysis.traces.mapping import node_time_ns
 
     values = node_time_ns(session, graph_id, part="comm")
     return Overlay(kind="comm", unit="ns", values={k: float(v) for k, v in values.items()},
@@ -152,9 +152,9 @@ def _ddp_buckets(session: Session, graph: Graph, names: list[str]) -> dict[str, 
 
 def _time(session: Session, graph_id: int) -> Overlay:
     try:
-        from graphdeck.analysis.traces.trace_map import node_time_ns
+        from graphdeck.analysis.traces.mapping import node_time_ns
     except ImportError:
-        return Overlay(kind="time", unit="ns", note="no kernel-to-node mapping is installed (graphdeck.analysis.traces.trace_map)")
+        return Overlay(kind="time", unit="ns", note="no kernel-to-node mapping is installed (graphdeck.analysis.traces.mapping)")
     values = node_time_ns(session, graph_id) or {}
     note = None
     if not values:

@@ -8,12 +8,12 @@ the profiler's host-side ``ProfilerStep#N`` ranges (a step runs from its range's
 one's; a trace without them is one step, and then no spread can be measured):
 
 * every unit the one trace → node mapping places, the mapping every other consumer uses too
-  (:func:`graphdeck.analysis.traces.trace_map.map_trace`: the summary's trace coverage, the
+  (:func:`graphdeck.analysis.traces.mapping.map_trace`: the summary's trace coverage, the
   node-times API and time overlay, ``export-trace``, the replay page): GPU kernels by Inductor's
   provenance (NOTE: [Kernel to node mapping]); on a CPU trace the ops and C++ kernels of compiled
   ranges — Inductor's C++ kernels through the same provenance tables, ``aot_eager``'s ATen ops
   aligned with the AOT graph's nodes (NOTE: [CPU trace mapping] in
-  :mod:`graphdeck.analysis.traces.cpu_trace_map`). Each unit's own time (a fused kernel's split
+  :mod:`graphdeck.analysis.traces.cpu_mapping`). Each unit's own time (a fused kernel's split
   evenly over its nodes; not the labelled overhead around it) counts in the step it starts in.
 * a GPU trace none of whose kernels maps (a backend that runs the AOT graph op by op,
   ``aot_eager`` on CUDA) is mapped by its CPU ops with the same CPU mapper.
@@ -61,7 +61,7 @@ import numpy as np
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_data import CPU_RANGE_CATS, GPU_KERNEL_CATS, Ev
+from graphdeck.analysis.traces.data import CPU_RANGE_CATS, GPU_KERNEL_CATS, Ev
 from graphdeck.store.schema import Graph, InternedString, Node, Trace
 
 AOT_PHASE = {"aot_forward": "forward", "aot_backward": "backward", "aot_inference": "inference"}
@@ -282,20 +282,20 @@ def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, no
 
 
 def _mapped_times(session, trace_id, rows, key_of, add, out, by_kernel=None) -> None:
-    """Each unit the one trace → node mapping places (:func:`graphdeck.analysis.traces.trace_map.
+    """Each unit the one trace → node mapping places (:func:`graphdeck.analysis.traces.mapping.
     map_trace`: GPU kernels by provenance; on a CPU trace the ops and C++ kernels of compiled
     ranges, NOTE: [CPU trace mapping]) adds its own time to its nodes (a fused kernel's split
     evenly), in the step it starts in. A GPU trace none of whose kernels maps (a backend that
     runs the AOT graph op by op, e.g. ``aot_eager`` on CUDA) is mapped by its CPU ops instead,
     with the same CPU mapper. ``by_kernel``: ``map_trace``'s, when the caller has it."""
-    from graphdeck.analysis.traces.trace_map import KernelMapping, _tables, map_trace
+    from graphdeck.analysis.traces.mapping import KernelMapping, _tables, map_trace
 
     events = [Ev(*e) for e in rows]
     gpu = any(e.cat in GPU_KERNEL_CATS for e in events)
     if by_kernel is None:
         by_kernel = map_trace(session, trace_id, events).by_kernel
     if gpu and not any((gid, n) in key_of for gid, nodes in by_kernel.values() for n in nodes):
-        from graphdeck.analysis.traces.cpu_trace_map import map_cpu_trace
+        from graphdeck.analysis.traces.cpu_mapping import map_cpu_trace
 
         trace = session.get(Trace, trace_id)
         cpu = KernelMapping(trace_id)

@@ -17,7 +17,7 @@ Each check is the library call behind its own CLI command and page, run here unc
   page's compile-health panel (``#/runs/<id>?section=compile-health``).
 * ``traces`` — trace coverage (NOTE: [Trace coverage] in analysis/traces/coverage.py): per rank,
   the share of its newest usable trace's GPU kernel time of compiled graphs, or of the ops' own
-  CPU time in compiled regions (CPU traces), that :func:`graphdeck.analysis.traces.trace_map.map_trace`
+  CPU time in compiled regions (CPU traces), that :func:`graphdeck.analysis.traces.mapping.map_trace`
   maps to graph nodes; time outside compiled graphs by design (eager optimizer, communication and
   DDP hooks, data loading, other eager code) and the CPU time between the ops are named apart in
   the headline and ``detail``, never counted against it. PASS when every rank with graphs has a trace mapped at least
@@ -38,8 +38,8 @@ The run's verdict and exit code: FAIL (1) when any check fails; else INCOMPLETE 
 INCOMPLETE or ERROR; else PASS (0). ``N/A`` counts for nothing.
 
 Slowest (:func:`slowest`): step times per rank from each trace's ``ProfilerStep#N`` ranges
-(:func:`graphdeck.analysis.traces.trace_analysis.step_times`; the CPU range, else the GPU span of its
-kernels), through :func:`graphdeck.analysis.traces.trace_collectives.align_and_match` when two or more
+(:func:`graphdeck.analysis.traces.analyze.step_times`; the CPU range, else the GPU span of its
+kernels), through :func:`graphdeck.analysis.traces.collectives.align_and_match` when two or more
 ranks have traces (which also names the straggler the others waited for).
 """
 
@@ -273,10 +273,10 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
     read for the traces it holds and filled with those mapped now — a caller that keeps it (the
     server, at 1,024 ranks ~0.13 s CPU a trace) never maps a trace twice."""
     from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
+    from graphdeck.analysis.traces.collectives import run_traces
     from graphdeck.analysis.traces.coverage import COVERS, coverage
-    from graphdeck.analysis.traces.trace_collectives import run_traces
-    from graphdeck.analysis.traces.trace_data import load_events
-    from graphdeck.analysis.traces.trace_map import map_trace
+    from graphdeck.analysis.traces.data import load_events
+    from graphdeck.analysis.traces.mapping import map_trace
 
     traces = run_traces(session, run.id)
     statuses = dict(session.execute(select(Trace.rank, Trace.status).where(Trace.run_id == run.id)).all())
@@ -446,8 +446,8 @@ def slowest(session: Session, run: Run, budget_s: float = BUDGETS_S["slowest"], 
     durations in ns: the ``ProfilerStep#N`` CPU range, else the GPU span of the step's kernels. A
     failure reading the traces gives ``available`` False with the reason (never an empty "no slow step")."""
     from graphdeck.analysis.ranks.heatmap import matched_run
-    from graphdeck.analysis.traces.trace_analysis import TraceData, step_times
-    from graphdeck.analysis.traces.trace_collectives import run_traces
+    from graphdeck.analysis.traces.analyze import TraceData, step_times
+    from graphdeck.analysis.traces.collectives import run_traces
 
     t0 = time.perf_counter()
     out: dict = {"available": False, "reason": None, "steps": [], "ranks": [], "straggler": None,

@@ -448,9 +448,9 @@ def node_times_from_trace(session: Session, trace_id: int, graph_id: int) -> tup
     """Per-node total CPU and GPU time (ns) of graph ``graph_id`` in trace ``trace_id``, from the
     executor's ranges (NOTE: [Executor ranges]): CPU = the range's duration; GPU = the kernels,
     memcpys and memsets whose launch lies inside the range (correlation links,
-    :mod:`graphdeck.analysis.traces.trace_links`). Mean per range of the node (one range per iteration)."""
-    from graphdeck.analysis.traces.trace_data import load_events
-    from graphdeck.analysis.traces.trace_links import link_gpu_events
+    :mod:`graphdeck.analysis.traces.links`). Mean per range of the node (one range per iteration)."""
+    from graphdeck.analysis.traces.data import load_events
+    from graphdeck.analysis.traces.links import link_gpu_events
 
     events = load_events(session, trace_id, with_args=False)
     cpu: dict[str, int] = {}
@@ -480,10 +480,10 @@ def recorded_node_ns(session: Session, graph_id: int, exclude: set[int]) -> tupl
     executor trace of the graph in a replay run of its run (named ``executor graph <id>``: its
     ranges; pipeline workers' traces hold one stage each and are skipped; NOTE: [Replay runs] in
     :mod:`graphdeck.replay.runs`), else the newest trace of its run and rank through a compiled
-    run's kernel mapping (:func:`graphdeck.analysis.traces.trace_map.node_time_ns`).
+    run's kernel mapping (:func:`graphdeck.analysis.traces.mapping.node_time_ns`).
     Only trace names are scanned, so a store with many large traces is not read event by event.
     ``(None, {})`` when none maps."""
-    from graphdeck.analysis.traces.trace_map import node_time_ns
+    from graphdeck.analysis.traces.mapping import node_time_ns
     from graphdeck.replay.runs import executor_traces
 
     g = session.get(Graph, graph_id)

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from graphdeck.analysis.memory.memory_measured import load_snapshot, measure, output_code_files
 from graphdeck.analysis.memory.memory_snapshot_import import is_snapshot
 from graphdeck.analysis.traces.kernel_source_nodes import coverage_warning, output_code_table
-from graphdeck.analysis.traces.trace_map import map_trace
+from graphdeck.analysis.traces.mapping import map_trace
 from graphdeck.cli import main as cli
 from graphdeck.errors import UsageError
 from graphdeck.store.db import open_engine

@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis import summary as S
-from graphdeck.analysis.traces.trace_map import map_trace
+from graphdeck.analysis.traces.mapping import map_trace
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run, Trace
 from graphdeck.store.torch_trace import import_torch_trace

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.scale_harness import make_scale_run  # noqa: E402
-from graphdeck.analysis.traces.trace_collectives import align_and_match  # noqa: E402
+from graphdeck.analysis.traces.collectives import align_and_match  # noqa: E402
 from graphdeck.store.db import open_engine  # noqa: E402
 from graphdeck.store.schema import Run  # noqa: E402
 

@@ -112,7 +112,7 @@ def _differs(a, b, rtol: float) -> float | None:
 
 def _ranges(steps) -> str:
     """Steps as runs: ``{0, 1, 2, 5}`` → ``"0–2, 5"``."""
-    from graphdeck.analysis.traces.trace_collectives import rank_spans
+    from graphdeck.analysis.traces.collectives import rank_spans
 
     return rank_spans(sorted(steps), sep=", ", dash="–")
 

@@ -364,10 +364,10 @@ def _timing_findings(session: Session, report: RankReport, metric_records: dict 
     collectives], kernels alike) added to ``report.notes`` with their numbers; they do not change
     the verdict. Structured forms: :func:`graphdeck.analysis.ranks.compile_skew.compile_skew`,
     :func:`graphdeck.analysis.ranks.cpu_collectives.rank_timing`. Returns the traces' matching
-    (:func:`graphdeck.analysis.traces.trace_collectives.align_and_match`), None under two traces."""
+    (:func:`graphdeck.analysis.traces.collectives.align_and_match`), None under two traces."""
     from graphdeck.analysis.ranks.compile_skew import compile_skew
     from graphdeck.analysis.ranks.heatmap import matched_run  # the matching the heatmap and overview share
-    from graphdeck.analysis.traces.trace_collectives import run_traces
+    from graphdeck.analysis.traces.collectives import run_traces
 
     skew = compile_skew(session, session.get(Run, report.run_id), records=metric_records)
     traces = run_traces(session, report.run_id)

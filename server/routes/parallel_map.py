@@ -269,7 +269,7 @@ def _merge_rows(rows: list[dict]) -> list[dict]:
 
 def _ranges(ranks: list[int]) -> str:
     """``[0, 1, 2, 5]`` → ``"0-2, 5"``."""
-    from graphdeck.analysis.traces.trace_collectives import rank_spans
+    from graphdeck.analysis.traces.collectives import rank_spans
 
     return rank_spans(ranks, ", ")
 
@@ -459,7 +459,7 @@ def _some(names: list[str], n: int = 3) -> str:
 
 def _straggler(ctx: _Context) -> Badge:
     """Traces of two or more ranks matched; the rank the others waited for is the straggler."""
-    from graphdeck.analysis.traces.trace_collectives import align_and_match, run_traces
+    from graphdeck.analysis.traces.collectives import align_and_match, run_traces
 
     session, run, layout = ctx.session, ctx.run, ctx.layout
     traces = run_traces(session, run.id)

@@ -21,7 +21,7 @@ runs the (k mod n)-th twin: in graph-id (compile) order for forward and inferenc
 reverse for backward graphs (the backward runs the buckets last to first).
 
 Reading (:func:`map_trace`): every GPU kernel is linked to its launch and host ranges
-(:mod:`graphdeck.analysis.traces.trace_links`). Inductor's wrapper call shows as a host range
+(:mod:`graphdeck.analysis.traces.links`). Inductor's wrapper call shows as a host range
 ``## Call CompiledFxGraph <hash> ##``; its child range that encloses the launch is the *call*
 (the Triton launch, named as the kernel, or ``aten::mm``...). Within one wrapper call the k-th
 call named N is the k-th row group named N of the graph's table, in ``call_index`` order (for
@@ -43,7 +43,7 @@ wrapper call maps to that optimizer step as a whole (``KernelMapping.optimizer_n
 ``optimizer step``): it counts as mapped, on no node. A compiled optimizer step runs its graph's
 wrapper call, so its kernels map to that graph's nodes as any other.
 A trace without GPU kernels maps its CPU side instead: the ATen ops and C++ kernels run inside
-compiled ranges (NOTE: [CPU trace mapping] in :mod:`graphdeck.analysis.traces.cpu_trace_map`).
+compiled ranges (NOTE: [CPU trace mapping] in :mod:`graphdeck.analysis.traces.cpu_mapping`).
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.traces.analyze import CommRule
 from graphdeck.analysis.traces.comm_map import map_collectives
+from graphdeck.analysis.traces.data import GPU_KERNEL_CATS, Ev, load_events
 from graphdeck.analysis.traces.kernel_source_nodes import OUTPUT_CODE_EVENT, STACKS_EVENT, TABLE_EVENTS, compile_tables
-from graphdeck.analysis.traces.trace_analysis import CommRule
-from graphdeck.analysis.traces.trace_data import GPU_KERNEL_CATS, Ev, load_events
-from graphdeck.analysis.traces.trace_links import link_gpu_events
+from graphdeck.analysis.traces.links import link_gpu_events
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import CompileEvent, Graph, GraphIO, InternedString, KernelNode, Node, Trace
 
@@ -449,7 +449,7 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
         wrappers[chain[at].id].append((k, chain[at + 1] if at + 1 < len(chain) else None))
     _map_wrappers(session, trace, tables, wrappers, wrapper_ev, out, unmapped, sources)
     if not out.kernel_ns and not comm_kernels:  # a CPU trace (NOTE: [CPU trace mapping])
-        from graphdeck.analysis.traces.cpu_trace_map import map_cpu_trace
+        from graphdeck.analysis.traces.cpu_mapping import map_cpu_trace
 
         map_cpu_trace(session, trace, events, tables, out, unmapped, sources)
     _map_comm(session, trace, comm_kernels, out, unmapped, sources)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from graphdeck.analysis.traces.trace_data import CPU_OP_CATS, CPU_RANGE_CATS, GPU_CATS, RUNTIME_CATS, Ev
+from graphdeck.analysis.traces.data import CPU_OP_CATS, CPU_RANGE_CATS, GPU_CATS, RUNTIME_CATS, Ev
 
 
 @dataclass(slots=True)
@@ -40,7 +40,7 @@ class Link:
 def link_gpu_events(events: list[Ev]) -> dict[int, Link]:
     """``gpu event id → Link`` for every GPU event (kernel, memcpy, memset) in ``events``.
 
-    ``events``: the trace's ``X`` events (:func:`graphdeck.analysis.traces.trace_data.load_events`).
+    ``events``: the trace's ``X`` events (:func:`graphdeck.analysis.traces.data.load_events`).
     A GPU event whose correlation matches no runtime call gets ``runtime=None``.
     """
     runtime_by_corr: dict[int, Ev] = {}

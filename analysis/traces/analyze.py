@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_data import (
+from graphdeck.analysis.traces.data import (
     GPU_CATS,
     GPU_KERNEL_CATS,
     Ev,
@@ -32,7 +32,7 @@ from graphdeck.analysis.traces.trace_data import (
     total_ns,
     union_ns,
 )
-from graphdeck.analysis.traces.trace_links import Link, link_gpu_events
+from graphdeck.analysis.traces.links import Link, link_gpu_events
 
 DEFAULT_COMM_PATTERNS = (r"^(void\s+)?(nccl|rccl)",)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -72,9 +72,9 @@ class TraceData:
 
     @property
     def mapping(self):
-        """:class:`graphdeck.analysis.traces.trace_map.KernelMapping` of this trace (computed once)."""
+        """:class:`graphdeck.analysis.traces.mapping.KernelMapping` of this trace (computed once)."""
         if self._mapping is None:
-            from graphdeck.analysis.traces.trace_map import map_trace
+            from graphdeck.analysis.traces.mapping import map_trace
 
             self._mapping = map_trace(self._session, self.trace_id, self.events)
         return self._mapping
@@ -190,7 +190,7 @@ def hotspots(data: TraceData, top: int = 10) -> dict:
                 end, prev = e.end, e
     gaps.sort(key=lambda g: (-g[0], g[1].ts))
     if not by_stream and data.mapping.device == "cpu":  # a CPU trace: gaps between a compiled region's ops
-        from graphdeck.analysis.traces.cpu_trace_map import cpu_gaps
+        from graphdeck.analysis.traces.cpu_mapping import cpu_gaps
 
         return {"gaps": cpu_gaps(data.mapping, data.label, top), "launch_delays": [], "overlapping": 0,
                 "device": "cpu", "launch_delays_reason": "a CPU trace: ops run where they are called, no launch waits"}
@@ -247,15 +247,15 @@ def overlap(data: TraceData, rule: CommRule | None = None, top_unclassified: int
 
 def analyze_trace(session: Session, trace_id: int, rule: CommRule | None = None, top: int = 10) -> dict:
     """All per-trace analyses as one JSON-ready dict: ``distributed`` (rank, process groups:
-    :func:`~graphdeck.analysis.traces.trace_collectives.process_groups`), ``steps``, ``gpu``, ``hotspots``,
+    :func:`~graphdeck.analysis.traces.collectives.process_groups`), ``steps``, ``gpu``, ``hotspots``,
     ``overlap`` and ``mapping`` (kernel → node coverage: ``kernel_ns``, ``mapped_ns``,
     ``mapped_fraction`` (nodes + optimizer steps + CPU overhead over all kernel time / the compiled
     ranges' wall time), ``coverage`` (the coverage of compiled graphs, with what it covers and the
     time outside them named apart: NOTE: [Trace coverage]), the largest unmapped kernels,
     ``optimizer``: kernel time of eager optimizer steps, ``warning``: the low-coverage warning or
     ``None``)."""
+    from graphdeck.analysis.traces.collectives import process_groups
     from graphdeck.analysis.traces.kernel_source_nodes import coverage_warning
-    from graphdeck.analysis.traces.trace_collectives import process_groups
     from graphdeck.store.schema import Trace
 
     data = TraceData(session, trace_id)

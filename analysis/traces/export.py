@@ -13,13 +13,13 @@ gives back each event at its aligned time to the ns.
   thread, a GPU stream) is one thread, ``tid`` 1, 2, ... in (pid, tid) order, named by
   ``thread_name`` metadata after the trace's own process and thread names.
 * Every stored ``X`` and ``i`` event of the rank's newest usable trace (NOTE: [Rank clock
-  alignment]: :func:`~graphdeck.analysis.traces.trace_collectives.run_traces`), at ``ts - offset``,
+  alignment]: :func:`~graphdeck.analysis.traces.collectives.run_traces`), at ``ts - offset``,
   with its stored args plus, where the kernel → node mapping (:func:`~graphdeck.analysis.
   trace_map.map_trace`'s links: kept at ingest, NOTE: [Stored kernel links], else computed for less
   by :func:`~graphdeck.analysis.traces.export_map.kernel_links`: NOTE: [Export kernel links]) links it: ``fx_graph`` (graph id), ``fx_nodes`` (node names),
   ``nn_modules`` (their module paths) and ``source`` (``file:line`` of each node's innermost
   user frame); a collective's ``collective`` says what it carries (DDP bucket, FSDP group).
-* Clock offsets are those of :func:`~graphdeck.analysis.traces.trace_collectives.align_and_match`
+* Clock offsets are those of :func:`~graphdeck.analysis.traces.collectives.align_and_match`
   (median of matched collectives' end differences against the run's lowest rank): computed
   here from the collectives of the chosen ranks and the reference rank only (their collective
   index, NOTE: [Collective index]), which gives the same numbers (unless a rank that diverges
@@ -55,10 +55,10 @@ import orjson
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.traces.analyze import CommRule
+from graphdeck.analysis.traces.collectives import diverging, rank_spans, run_traces, trace_indexes
+from graphdeck.analysis.traces.data import Ev
 from graphdeck.analysis.traces.export_map import gc_paused, kernel_links, rank_states, stored_links, with_comm
-from graphdeck.analysis.traces.trace_analysis import CommRule
-from graphdeck.analysis.traces.trace_collectives import diverging, rank_spans, run_traces, trace_indexes
-from graphdeck.analysis.traces.trace_data import Ev
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import InternedString, Rank, Run, Trace
 
@@ -206,7 +206,7 @@ def _offsets(per_rank: dict[int, list[dict]], ref: int, chosen: list[int], n_tra
              apart: dict[tuple, set[int]] | None = None) -> dict[int, dict]:
     """Per chosen rank, ``align_and_match``'s offset: median of ``end_r - end_ref`` over the
     collectives both hold (NOTE: [Rank clock alignment]), less those where any rank diverges
-    (``apart``, :func:`~graphdeck.analysis.traces.trace_collectives.diverging`)."""
+    (``apart``, :func:`~graphdeck.analysis.traces.collectives.diverging`)."""
     apart = apart or {}
     ref_end = {c["key"]: c["end_ns"] for c in per_rank[ref] if c["key"] not in apart}
     shared = {c["key"] for r, colls in per_rank.items() if r != ref for c in colls if c["key"] in ref_end}

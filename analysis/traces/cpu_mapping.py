@@ -43,7 +43,7 @@ Matching, ``how`` per unit:
   of an output nobody used: it goes to the backward graph's ``tangents_<i>`` placeholder of
   its shape (``materialized zero gradient``).
 * Inductor (``provenance``): each wrapper call's units are looked up in the kernel tables of
-  :mod:`graphdeck.analysis.traces.trace_map` (NOTE: [Kernel to node mapping]) exactly as GPU kernels
+  :mod:`graphdeck.analysis.traces.mapping` (NOTE: [Kernel to node mapping]) exactly as GPU kernels
   are, the k-th call named N to the k-th row group named N.
 
 # NOTE: [Overhead]
@@ -81,7 +81,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_data import Ev
+from graphdeck.analysis.traces.data import Ev
 from graphdeck.store.schema import Graph, InternedString, Node
 
 FWD, BWD = "CompiledFunction", "CompiledFunctionBackward"
@@ -290,10 +290,10 @@ def map_aot_eager(session: Session, run_id: int, rank: int, units: list[Unit], r
 
 def map_cpu_trace(session: Session, trace, events: list[Ev], tables: dict[int, dict], out, unmapped: Counter,
                   sources: Counter) -> None:
-    """Fill ``out`` (a :class:`graphdeck.analysis.traces.trace_map.KernelMapping` with no GPU kernel)
+    """Fill ``out`` (a :class:`graphdeck.analysis.traces.mapping.KernelMapping` with no GPU kernel)
     with the CPU units of ``events`` (NOTE: [CPU trace mapping]): ``device = "cpu"``,
     ``kernel_ns`` / ``mapped_ns`` / ``node_ns`` / ``by_kernel`` / ``how`` / ``directions``."""
-    from graphdeck.analysis.traces.trace_map import _map_wrappers
+    from graphdeck.analysis.traces.mapping import _map_wrappers
 
     units, roots, region = find_units(events)
     if not units:
@@ -462,7 +462,7 @@ def cpu_gaps(mapping, label, top: int = 10) -> list[dict]:
     """The ``top`` largest gaps between consecutive units of one compiled range (one thread; ns:
     Python dispatch, allocation, waits between the ops of a compiled region), each named by the
     unit before and after it (``label(ev)``), shaped like
-    :func:`graphdeck.analysis.traces.trace_analysis.hotspots`' GPU gaps."""
+    :func:`graphdeck.analysis.traces.analyze.hotspots`' GPU gaps."""
     gaps = []
     prev: Unit | None = None
     for u in sorted(mapping.cpu_units, key=lambda u: (u.root.id, u.ev.ts, u.ev.id)):

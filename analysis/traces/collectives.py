@@ -13,7 +13,7 @@ may end at another time; left out for every rank, so that all ranks' medians are
 collectives). Aligned times are ``ts - offset``. With no matched collective the offset
 stays 0 and ``method`` says ``base_time``.
 
-Matching: a communication kernel (per :class:`~graphdeck.analysis.traces.trace_analysis.CommRule`)
+Matching: a communication kernel (per :class:`~graphdeck.analysis.traces.analyze.CommRule`)
 belongs to a process group (``args["Process Group Name"]``, written by PyTorch >= 2.1 on NCCL
 kernels; ``"?"`` when absent) and is the k-th communication kernel of that group on its rank
 (k from 0 in start order): ``(group, k)`` identifies the same collective on every rank. Where
@@ -38,7 +38,7 @@ from collections import Counter, defaultdict
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_analysis import CommRule, TraceData, step_times
+from graphdeck.analysis.traces.analyze import CommRule, TraceData, step_times
 from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import Run, Trace
 
@@ -156,8 +156,8 @@ class CollectiveData(TraceData):
     :class:`TraceData`; collectives, their steps and step times are the same."""
 
     def __init__(self, session: Session, trace_id: int):  # noqa: D107 - no super(): it would load every event
-        from graphdeck.analysis.traces.trace_data import GPU_KERNEL_CATS, RUNTIME_CATS, Ev
-        from graphdeck.analysis.traces.trace_links import link_gpu_events
+        from graphdeck.analysis.traces.data import GPU_KERNEL_CATS, RUNTIME_CATS, Ev
+        from graphdeck.analysis.traces.links import link_gpu_events
 
         cats, runtime = sorted(GPU_KERNEL_CATS | RUNTIME_CATS), sorted(RUNTIME_CATS)
         sql = _INDEX_SQL.format(cats=",".join(f":c{i}" for i in range(len(cats))),
@@ -324,7 +324,7 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
     Returns ``{"ranks": {rank: trace_id}, "offsets": {rank: {"offset_ns", "method",
     "matched"}}, "collectives": [...], "stragglers": [...], "unmatched": {rank: n},
     "step_times": {rank: [...]}, "divergent": [...], "missing_ranks": [...], "verdict"}`` (step
-    times per rank: :func:`~graphdeck.analysis.traces.trace_analysis.step_times`, times on each rank's
+    times per rank: :func:`~graphdeck.analysis.traces.analyze.step_times`, times on each rank's
     own clock).
     ``collectives`` entries: ``group``, ``kind``, ``seq``, ``step``, ``ranks`` (rank →
     ``arrive_ns``, ``end_ns``, ``wait_ns``, ``transfer_ns``), ``last_rank``, ``spread_ns``
