@@ -204,7 +204,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
 
     try:
         found = discover(paths)
-        from graphdeck.analysis.memory.memory_snapshot_import import import_snapshot, is_snapshot
+        from graphdeck.analysis.memory.snapshots import import_snapshot, is_snapshot
 
         snapshots = [f for f in found if is_snapshot(f)]  # CUDA memory snapshots (NOTE: [Snapshot import])
         named = {str(Path(p)) for p in paths if not Path(p).is_dir()}  # any pickle named is read as a dump

@@ -100,7 +100,7 @@ def run_one(kind: str, obj, folder: Path, i: int, engine) -> str | None:
     write(obj, fmt, f)
     try:
         if kind == "snapshot":
-            from graphdeck.analysis.memory.memory_snapshot_import import import_snapshot
+            from graphdeck.analysis.memory.snapshots import import_snapshot
 
             import_snapshot(engine, f, f"fuzz{i}")
         else:

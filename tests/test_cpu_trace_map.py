@@ -264,8 +264,8 @@ def test_inductor_cpp_kernels_map_to_nodes(tmp_path):
         assert kinds == {"aot_forward", "aot_backward"}
     # The live capture keeps Inductor's wrapper code, whole: a snapshot is attributed through it and
     # the graph-derived step learns Inductor's buffers (NOTE: [Inductor buffer model]).
-    from graphdeck.analysis.memory.memory_inductor import inductor_step_memory
-    from graphdeck.analysis.memory.memory_measured import output_code_files
+    from graphdeck.analysis.memory.inductor import inductor_step_memory
+    from graphdeck.analysis.memory.measured import output_code_files
 
     engine = open_engine(store, read_only=True)
     with Session(engine) as s:

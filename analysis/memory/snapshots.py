@@ -1,5 +1,5 @@
 """CUDA memory snapshot pickles given to ``graphdeck import``: recognised by content, replayed
-(:mod:`graphdeck.analysis.memory.memory_measured`), attributed to the run's graph nodes through its
+(:mod:`graphdeck.analysis.memory.measured`), attributed to the run's graph nodes through its
 stored Inductor output code, and kept in the store as one ``compile_events`` record.
 
 # NOTE: [Snapshot import]
@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphdeck.analysis.memory.memory_measured import MeasuredMemory, load_snapshot, measure, output_code_files
+from graphdeck.analysis.memory.measured import MeasuredMemory, load_snapshot, measure, output_code_files
 
 RECORD = "graphdeck_memory_snapshot"
 _FR_KEYS = (b"entries", b"pg_config", b"comm_lib_version", b"pg_status")
@@ -85,7 +85,7 @@ def import_snapshot(engine, path: str | Path, run_name: str, *, device: int = 0)
         raise UsageError(f"{path}: {exc.message}") from None
     got = _RANK.search(Path(path).name)
     rank = int(got.group(1)) if got else 0
-    from graphdeck.analysis.memory.memory_compare import record_extras
+    from graphdeck.analysis.memory.compare import record_extras
 
     payload = summary(m, path) | record_extras(engine, snap, m)  # curve, bytes per module (NOTE: [Measured beside derived])
     with write_session(engine) as s:

@@ -35,7 +35,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.memory.memory_measured import MeasuredMemory
+from graphdeck.analysis.memory.measured import MeasuredMemory
 
 #: Most points a stored curve keeps.
 MAX_POINTS = 2000
@@ -86,7 +86,7 @@ def snapshot_curve(snapshot: dict, device: int, baseline_bytes: int, max_points:
 def _graph_modules(session: Session, graph_id: int) -> dict[str, str | None]:
     """Node name → resolved module path of one stored graph (the step model's fall-backs)."""
     from graphdeck.analysis.memory.core import _graph, _load
-    from graphdeck.analysis.memory.memory_step import _module_ids
+    from graphdeck.analysis.memory.step import _module_ids
 
     g = _graph(session, graph_id)
     c = _load(session, graph_id)
@@ -154,8 +154,8 @@ def compare(session: Session, graph_id: int, *, depth: int = 3, top: int = 15) -
     Raises:
         NotFoundError: no graph ``graph_id``."""
     from graphdeck.analysis.memory.core import _graph
-    from graphdeck.analysis.memory.memory_inductor import inductor_step_memory
-    from graphdeck.analysis.memory.memory_step import forward_backward_pair, step_memory
+    from graphdeck.analysis.memory.inductor import inductor_step_memory
+    from graphdeck.analysis.memory.step import forward_backward_pair, step_memory
     from graphdeck.errors import NotFoundError
     from graphdeck.store.schema import CompileEvent, Graph
 

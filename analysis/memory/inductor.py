@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from graphdeck.analysis.memory.core import ITEMSIZE
-from graphdeck.analysis.memory.memory_measured import CODE_RECORDS
+from graphdeck.analysis.memory.measured import CODE_RECORDS
 
 _INPUTS = re.compile(r"^\s*(.+?)\s*=\s*args\s*$")
 _ASSERT = re.compile(r"^\s*assert_size_stride\((\w+),\s*\(([^()]*)\),\s*\(([^()]*)\)")
