@@ -39,7 +39,7 @@ __all__ = ["FAILING", "STATUSES", "Cut", "Finding", "GradReport", "ParamRow", "g
 
 def gradient_report(session: Session, run: Run, *, include_buffers: bool = False,
                     allow: tuple[str, ...] | list[str] = (), expected_params: list[str] | None = None) -> GradReport:
-    """Graph-mode report of ``run`` read through ``session`` (see ``grad_graph.graph_report``);
+    """Graph-mode report of ``run`` read through ``session`` (see ``graph.graph_report``);
     ``expected_params``: parameter names every rank should have (for runs whose store lacks the
     parameter list, such as imported TORCH_TRACE logs: a name no graph reads is NOT_IN_GRAPH)."""
     from graphdeck.analysis.gradients.graph import graph_report

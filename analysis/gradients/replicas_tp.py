@@ -1,6 +1,6 @@
 """Replica agreement across tensor-parallel peers: a DTensor parameter placed ``Replicate`` on a
 sharding mesh dimension (``tp``, ``cp``, ...) is the same tensor on every rank along that
-dimension, before and after each step (NOTE: [Replica agreement] in ``grad_replicas.py``).
+dimension, before and after each step (NOTE: [Replica agreement] in ``replicas.py``).
 
 Per parameter and such dimension, the ranks that vary only along it (the layout's
 ``dim_groups``) are compared: the parameter after the step always, the gradient where its own

@@ -95,7 +95,7 @@ class ParamRow:
     grad_max_abs_diff: float | None = None  # numeric mode: |eager - compiled| max
     allowed: bool = False
     notes: list[str] = field(default_factory=list)
-    # Run-time evidence (analysis.gradients.grad_evidence): [[step_first, step_last, state], ...] with state
+    # Run-time evidence (analysis.gradients.evidence): [[step_first, step_last, state], ...] with state
     # ok | none | zero | multi | frozen | unobserved; the first step without a real gradient.
     steps: list | None = None
     first_bad_step: int | None = None
@@ -126,7 +126,7 @@ class Finding:
     graph_id: int | None = None
     node: str | None = None
     allowed: bool = False
-    # NOTE: [Predictions the run contradicts] (grad_outcome): the 0-based step at which this finding
+    # NOTE: [Predictions the run contradicts] (outcome.py): the 0-based step at which this finding
     # predicts the job raises or hangs (None: it predicts no stop); ``refuted_by``: what the run
     # did instead, when its own evidence went past that step (the finding is then a warning).
     raises_at: int | None = None
@@ -144,7 +144,7 @@ class GradReport:
     run_id: int | None = None
     allow: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    #: What the report saw (ranks, steps, parameter list; see analysis.gradients.grad_evidence.coverage).
+    #: What the report saw (ranks, steps, parameter list; see analysis.gradients.evidence.coverage).
     coverage: dict = field(default_factory=dict)
     #: Why the evidence is incomplete; non-empty makes the verdict INCOMPLETE (not PASS).
     incomplete: list[str] = field(default_factory=list)
@@ -390,7 +390,7 @@ def _coverage_lines(cov: dict) -> list[str]:
     rep = cov.get("replicas") or {}
     compared = [f"{_ranks_text(g)} (data parallel)" for g in rep.get("groups") or []]
     compared += [f"{_ranks_text(t['ranks'])} (Replicate on {t['dim']!r})" for t in rep.get("tp") or []]
-    if compared:  # NOTE: [Replica agreement] (grad_replicas.py)
+    if compared:  # NOTE: [Replica agreement] (replicas.py)
         out.append(f"  replicas compared: {', '.join(compared)} at fingerprinted step(s) "
                    f"{rep.get('fingerprinted_steps') or 'none'}")
     out += [f"  note: {n}" for n in cov.get("notes", [])]

@@ -39,7 +39,7 @@ from graphdeck.analysis.memory.measured import MeasuredMemory
 
 #: Most points a stored curve keeps.
 MAX_POINTS = 2000
-RECORD = "graphdeck_memory_snapshot"  # same name as memory_snapshot_import.RECORD (no import cycle)
+RECORD = "graphdeck_memory_snapshot"  # same name as snapshots.RECORD (no import cycle)
 NO_SNAPSHOT = ("no snapshot: measured curve unavailable — import a CUDA memory snapshot of this run "
                "(torch.cuda.memory._dump_snapshot) with `graphdeck import SNAPSHOT.pickle --run RUN`")
 

@@ -16,7 +16,7 @@ of them with each other, as before. With one:
 #   on every sharding dimension) must agree exactly (up to FSDP's uneven last shard, NOTE:
 #   [Rank-dependent shard shapes]). TP peers whose graphs differ only in scalar constants that
 #   are offsets of their coordinate times a recorded shard size (a vocab-parallel loss's vocab
-#   offset) are a note too (NOTE: [Per-rank constants] in rank_constants).
+#   offset) are a note too (NOTE: [Per-rank constants] in ranks/constants.py).
 # * Collective schedules are compared per process group, among the group's members only: a
 #   group named in a layout record (a mesh dimension's group) by its recorded members; FSDP2's
 #   recorded reduce-scatters/all-gathers over the FSDP2 groups' shard dimension; DDP buckets and
@@ -29,7 +29,7 @@ of them with each other, as before. With one:
 # others did (it died before the capture wrote it) has unknown data-parallel collectives, not
 # none: those are left out of the comparison and named as missing evidence. And a divergence
 # whose first differing node is a parameter read on one side only names the parameters and, for
-# an FSDP2 group, the consequence (NOTE: [Wrapper words] in grad_mesh).
+# an FSDP2 group, the consequence (NOTE: [Wrapper words] in gradients/mesh.py).
 
 Pure: reads the store, fills the report.
 """

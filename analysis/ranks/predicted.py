@@ -11,7 +11,7 @@ reduce-scatters to its shard dimension's process group on each rank, from the la
 # NOTE: [Predictions per group's members]
 # A group's schedules are compared among its MEMBERS only — the Flight Recorder comparison's
 # members (``pg_config``, else the capture's process-group / layout records), the same sets
-# mesh_ranks compares. On a 2 x 2 (dp, tp) mesh, tp group "3" is ranks [0, 1]: ranks 2 and 3
+# ranks/mesh.py compares. On a 2 x 2 (dp, tp) mesh, tp group "3" is ranks [0, 1]: ranks 2 and 3
 # issue none of its collectives by design and never "skip" them (comparing every rank read as a
 # predicted hang that did not happen). The recorded side counts the members' dumps only; a member
 # without a dump makes the check ``incomplete`` (a rank that aborted inside the collective may
@@ -239,7 +239,7 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
                 issued.setdefault(g, {}).setdefault(r, []).append(c)
     members = group_members(session, report.run_id, fr, ranks)
     # NOTE: [Predictions per group's members]: a group's schedules are compared among its members
-    # only (as the Flight Recorder comparison and mesh_ranks do); a rank outside the group issues
+    # only (as the Flight Recorder comparison and ranks/mesh.py do); a rank outside the group issues
     # none of its collectives by design, never "skips" them. A member that issues none does.
     per_group: dict[str, dict[int, list]] = {
         g: {r: by_rank.get(r, []) for r in sorted(set(members.get(g, ranks)) & set(ranks) | set(by_rank))}

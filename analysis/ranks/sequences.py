@@ -53,7 +53,7 @@ class NodeKeys:
         self.session = session
         self._rows: dict[int, list[tuple]] = {}
         self._neutral: dict[str | None, str] = {}  # arguments JSON -> device neutral (repeats across graphs)
-        self.memo: dict = {}  # for the passes' own per-argument results (mesh_ranks)
+        self.memo: dict = {}  # for the passes' own per-argument results (ranks/mesh.py)
 
     def read(self, graph_ids) -> None:
         """Read the graphs of ``graph_ids`` not read yet."""

@@ -15,7 +15,7 @@ gives back each event at its aligned time to the ns.
 * Every stored ``X`` and ``i`` event of the rank's newest usable trace (NOTE: [Rank clock
   alignment]: :func:`~graphdeck.analysis.traces.collectives.run_traces`), at ``ts - offset``,
   with its stored args plus, where the kernel → node mapping (:func:`~graphdeck.analysis.
-  trace_map.map_trace`'s links: kept at ingest, NOTE: [Stored kernel links], else computed for less
+  traces.mapping.map_trace`'s links: kept at ingest, NOTE: [Stored kernel links], else computed for less
   by :func:`~graphdeck.analysis.traces.export_map.kernel_links`: NOTE: [Export kernel links]) links it: ``fx_graph`` (graph id), ``fx_nodes`` (node names),
   ``nn_modules`` (their module paths) and ``source`` (``file:line`` of each node's innermost
   user frame); a collective's ``collective`` says what it carries (DDP bucket, FSDP group).
@@ -296,7 +296,7 @@ def _lane_key(lane: tuple[str, str]) -> tuple:
 
 def _rows(session: Session, trace_id: int, strings: dict) -> tuple[list[tuple], dict]:
     """The trace's ``X`` events as the driver's rows ``(id, name id, cat id, ts_ns, dur_ns, pid, tid,
-    args_json)`` ordered by start (``trace_data.load_events``' order; no correlation: only a
+    args_json)`` ordered by start (``data.load_events``' order; no correlation: only a
     recomputation of the links reads it, a fifth of the fetch), and ``strings``
     (interned id → value, ``None`` → ``""``; kept across the ranks of one export) holding every name
     and category id of them."""

@@ -141,7 +141,7 @@ def _compute(session: Session, trace: Trace, events: list[Ev]) -> tuple[ByKernel
 
 def with_comm(session: Session, trace: Trace, by_kernel: ByKernel, comm_kernels: list[Ev]) -> tuple[ByKernel, dict[int, str]]:
     """``(by_kernel, comm_label)``: ``by_kernel`` (updated in place) plus the communication kernels
-    ``comm_kernels`` mapped onto the nodes of the parameters they carry (``trace_map._map_comm``)."""
+    ``comm_kernels`` mapped onto the nodes of the parameters they carry (``mapping._map_comm``)."""
     out = KernelMapping(trace.id)
     out.by_kernel = by_kernel
     _map_comm(session, trace, comm_kernels, out, Counter(), Counter())
@@ -150,9 +150,9 @@ def with_comm(session: Session, trace: Trace, by_kernel: ByKernel, comm_kernels:
 
 def kernel_links(session: Session, trace_id: int, events: list[Ev]) -> tuple[ByKernel, dict[int, str]]:
     """``(by_kernel, comm_label)`` of trace ``trace_id`` as :func:`~graphdeck.analysis.traces.
-    trace_map.map_trace` gives them (NOTE: [Export kernel links]), computed from the events.
+    mapping.map_trace` gives them (NOTE: [Export kernel links]), computed from the events.
     ``events``: the trace's ``X`` events ordered by start (:func:`~graphdeck.analysis.traces.
-    trace_data.load_events`).
+    data.load_events`).
 
     Raises NotFoundError when the trace does not exist."""
     trace = session.get(Trace, trace_id)
@@ -197,7 +197,7 @@ _EVENTS = ("SELECT id, name_id, cat_id, ts_ns, dur_ns, pid, tid, correlation FRO
 
 
 def _load(session: Session, trace_id: int) -> list[Ev]:
-    """``trace_data.load_events(with_args=False)``'s events (same order) for less: rows through the
+    """``data.load_events(with_args=False)``'s events (same order) for less: rows through the
     driver's cursor, each interned name read once rather than joined per event."""
     conn = session.connection()
     cur = conn.connection.cursor()

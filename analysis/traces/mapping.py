@@ -295,7 +295,7 @@ class KernelMapping:
     "mapped_ns", "prologue_ns", "dispatch_ns", "epilogue_ns", "wrapper_ops_ns", "units",
     "mapped"}}``; ``overhead_ns`` is the part of ``node_ns`` that is no op of the node's own (the
     dispatch / wrapper code before it, a range's epilogue on its output node; NOTE: [Overhead] in
-    cpu_trace_map.py).
+    cpu_mapping.py).
     """
 
     trace_id: int

@@ -14,7 +14,7 @@ the remaining, data-parallel dimensions (dp, dp_shard, ...). Each rank gets one 
   rank with a parameter without a gradient path or named by an error finding (a pipeline stage
   that receives no gradient);
 * ``straggler`` — traces of two or more ranks matched (:func:`~graphdeck.analysis.
-  trace_collectives.align_and_match`'s ``timing``): ``straggler`` for the rank the others waited for;
+  traces.collectives.align_and_match`'s ``timing``): ``straggler`` for the rank the others waited for;
 * ``hang`` — Flight Recorder's first mismatch per group (:mod:`graphdeck.analysis.ranks.flight`):
   ``hang`` for a rank that did not reach a collective its peers issued, ``waiting`` for a rank
   blocked in it; a rank without a dump, and the dumped members of a group it belongs to, are
