@@ -11,7 +11,7 @@ Each check is the library call behind its own CLI command and page, run here unc
 * ``ranks`` — :func:`graphdeck.analysis.ranks.core.rank_report` (``check-ranks``): OK is read as PASS;
   count = harmful divergences + collective-schedule mismatches + Flight Recorder mismatches.
   Link: ``#/runs/<id>/ranks``.
-* ``compile`` — :func:`graphdeck.analysis.compile_health.compile_health` with no gates (as
+* ``compile`` — :func:`graphdeck.analysis.compilation.health.compile_health` with no gates (as
   ``check-compile`` without ``--max-*`` flags: PASS means "no evidence missing", said so in the
   headline); count = distinct graph breaks in user code (FAIL: gates passed). Link: the run
   page's compile-health panel (``#/runs/<id>?section=compile-health``).
@@ -24,7 +24,7 @@ Each check is the library call behind its own CLI command and page, run here unc
   :data:`MIN_COVERAGE`; otherwise INCOMPLETE (time the overlays cannot attribute is missing
   evidence, not a fault of the job) — never FAIL. Count = ranks without a trace or under the bar.
   Link: the lowest rank's trace page.
-* ``layout`` — the parallel layout (:func:`graphdeck.analysis.layout.load_layout`) when any rank
+* ``layout`` — the parallel layout (:func:`graphdeck.analysis.parallel.layout.load_layout`) when any rank
   recorded one: PASS when every rank did, INCOMPLETE naming those that did not
   (:func:`graphdeck.analysis.ranks.mesh.layout_gaps`); ``N/A`` (neutral, not green) without any
   record. Peers are compared per mesh dimension by ``check-ranks``. Link: ``#/runs/<id>/map``.
@@ -245,7 +245,7 @@ def check_ranks(session: Session, run: Run, deadline: float) -> CheckSummary:
 
 
 def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
-    from graphdeck.analysis.compile_health import compile_health
+    from graphdeck.analysis.compilation.health import compile_health
 
     rep = compile_health(session, run)
     s = rep.summary()
@@ -373,7 +373,7 @@ def _fractions_text(fracs: list[dict], limit: int = 8) -> str:
 
 
 def check_layout(session: Session, run: Run, deadline: float) -> CheckSummary:
-    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.parallel.layout import load_layout
     from graphdeck.analysis.ranks.mesh import layout_gaps
 
     layout = load_layout(session, run.id)

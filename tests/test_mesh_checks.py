@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.analysis.gradients.mesh import Wrapping, pp_cut_findings, tp_partial_findings
 from graphdeck.analysis.gradients.report import ParamRow, divergence_findings
-from graphdeck.analysis.layout import build_layout
+from graphdeck.analysis.parallel.layout import build_layout
 from graphdeck.analysis.ranks.core import Collective, RankReport, rank_report
 from graphdeck.analysis.ranks.mesh import compare_schedules
 from graphdeck.store.db import open_engine

@@ -134,8 +134,8 @@ def test_check_grads_over_64_ranks(scale64):
 def test_check_compile_text_condenses(scale64):
     """check-compile over 64 ranks: restarts, breaks and per-rank times one line per kind, ranks
     as ranges (issue 26)."""
-    from graphdeck.analysis.compile_health import Thresholds, compile_health
-    from graphdeck.analysis.compile_health_text import to_text
+    from graphdeck.analysis.compilation.health import Thresholds, compile_health
+    from graphdeck.analysis.compilation.text import to_text
 
     run, engine, _a = scale64
     with Session(engine) as s:

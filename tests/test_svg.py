@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from graphdeck.analysis.overlays import Overlay
+from graphdeck.analysis.parallel.overlays import Overlay
 from graphdeck.errors import UsageError
 from graphdeck.server.render import svg as svg_mod
 from graphdeck.server.render.palette import EDGE_HEAVY

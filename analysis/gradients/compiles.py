@@ -33,7 +33,7 @@ from collections import defaultdict
 
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.compile_index import _key as compile_key
+from graphdeck.analysis.compilation.index import _key as compile_key
 from graphdeck.analysis.gradients.report import Finding, ParamRow
 
 STATE_ORDER = ("gradient", "none", "frozen", "inference")

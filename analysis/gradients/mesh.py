@@ -50,7 +50,7 @@ GLOO_SIZE_ERROR = "Received data size doesn't match expected size"
 class Wrapping:
     """What wraps the model on the run's ranks. ``fsdp_groups``: ``{"module", "params"}`` per
     ``fully_shard`` group (``module`` ``""`` is the root), from any rank's record; ``layout``: the
-    run's :class:`~graphdeck.analysis.layout.RunLayout` or None."""
+    run's :class:`~graphdeck.analysis.parallel.layout.RunLayout` or None."""
 
     ddp: bool = False
     fsdp2: bool = False
@@ -66,7 +66,7 @@ class Wrapping:
 def wrapping(session: Session, run_id: int, watched: list[dict] | None = None) -> Wrapping:
     """The run's :class:`Wrapping` from its watch records (``watched``, as loaded by
     :mod:`graphdeck.analysis.gradients.evidence`), comm-groups records and parallel layout."""
-    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.parallel.layout import load_layout
 
     out = Wrapping(ddp=any(w.get("ddp") for w in watched or []), fsdp2=any(w.get("fsdp2") for w in watched or []))
     seen: set[tuple] = set()

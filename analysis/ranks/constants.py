@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.orm import Session
 
 if TYPE_CHECKING:
-    from graphdeck.analysis.layout import RunLayout
+    from graphdeck.analysis.parallel.layout import RunLayout
     from graphdeck.analysis.ranks.records import CompileEntry
 
 _SHARD = re.compile(r"^(?:Shard|S)\(\s*(?:dim=)?(-?\d+)")

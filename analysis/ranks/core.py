@@ -277,7 +277,7 @@ def _rank_report(session: Session, run: Run) -> RankReport:
     keys = NodeKeys(session)  # graphs' nodes read once for both neutral re-hashes
     _neutralise_device_indices(session, sequences, keys)
     differ_in_structure: set[frozenset] = set()  # hash pairs already compared, so not compared twice
-    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.parallel.layout import load_layout
     from graphdeck.analysis.ranks import mesh as mesh_ranks  # peers per mesh dimension (it reads this module's helpers)
     from graphdeck.analysis.ranks.shard_shapes import absorb_shard_shapes  # it reads this module's helpers
 

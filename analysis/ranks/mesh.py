@@ -55,7 +55,7 @@ from graphdeck.analysis.ranks.records import _ranks_text, _sets_text  # noqa: F4
 from graphdeck.store.schema import Node
 
 if TYPE_CHECKING:
-    from graphdeck.analysis.layout import RunLayout
+    from graphdeck.analysis.parallel.layout import RunLayout
 
 RECORDED_SOURCES = ("ddp_bucket", "fsdp_group")
 

@@ -111,7 +111,7 @@ def _fsdp_groups(session: Session, run_id: int) -> dict[int, dict[str, str]]:
     its ``mesh_dims``, else its mesh's last dimension) and the rank's ``dim_groups`` entry of that
     dimension. A rank without a record, or a group whose dimension's process group is not named,
     is absent (its FSDP2 collectives' group is then unknown, not the default group)."""
-    from graphdeck.analysis.layout import load_records
+    from graphdeck.analysis.parallel.layout import load_records
 
     out: dict[int, dict[str, str]] = {}
     for rank, rec in load_records(session, run_id).items():
@@ -154,7 +154,7 @@ def _group(c: Collective, rank: int, bucket_groups: dict[int, str], fsdp: dict[i
 
 
 def _has_layout(session: Session, run_id: int) -> bool:
-    from graphdeck.analysis.layout import EVENT_NAME
+    from graphdeck.analysis.parallel.layout import EVENT_NAME
     from graphdeck.store.schema import CompileEvent
 
     return session.scalar(select(CompileEvent.id).where(CompileEvent.run_id == run_id,

@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from html import escape as _esc
 
-from graphdeck.analysis.overlays import Overlay
+from graphdeck.analysis.parallel.overlays import Overlay
 from graphdeck.server.render import layout as lay
 from graphdeck.server.render.filters import compile_patterns, filter_nodes, neighbourhood
 from graphdeck.server.render.labels import ellipsize, short_dtype, tensor_label  # noqa: F401 - tensor_label re-exported

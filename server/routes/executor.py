@@ -1,6 +1,6 @@
 """Executor routes: a graph's pipeline stage table, and the node times of its executor traces.
 
-Both answer overlays in the model of :mod:`graphdeck.analysis.overlays` (values keyed by node
+Both answer overlays in the model of :mod:`graphdeck.analysis.parallel.overlays` (values keyed by node
 name) so the graph view can draw them: ``stage`` (categorical: node → stage index) and ``time``
 (ns per node from an executor trace). Read-only; torch is not imported (partitioning works on
 store rows; running the executor is the CLI's job, ``graphdeck replay``).
@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.overlays import Overlay
+from graphdeck.analysis.parallel.overlays import Overlay
 from graphdeck.errors import NotFoundError
 from graphdeck.replay.executor import node_times_from_trace, recorded_node_ns
 from graphdeck.replay.partition import STRATEGIES, plan_for_graph

@@ -2,7 +2,7 @@
 stacked, each rank with status badges from the other checks. ``GET /api/runs/{run_id}/parallel-map``.
 
 NOTE: [Parallel map]
-The grid comes from the run's layout records (:mod:`graphdeck.analysis.layout`): one block per
+The grid comes from the run's layout records (:mod:`graphdeck.analysis.parallel.layout`): one block per
 pipeline stage (one block when there is no pipeline); in a block, a column per coordinate on the
 sharding dimensions (``RunLayout.sharding_dims()``: tp, cp, ep, ...) and a row per coordinate on
 the remaining, data-parallel dimensions (dp, dp_shard, ...). Each rank gets one state per check:
@@ -125,7 +125,7 @@ def parallel_map(session: Session, run: Run, *, expand: bool = False, checks: li
     null), ``unplaced`` (ranks no mesh or stage places) and ``notes``. Never raises for odd
     records: a check that fails is ``unknown`` with its error named.
     """
-    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.parallel.layout import load_layout
 
     out = {"run_id": run.id, "run": run.name, "world_size": run.world_size}
     layout = load_layout(session, run.id)
@@ -182,7 +182,7 @@ def _label(dims: list[str], key: tuple) -> str:
 
 def _grid(layout, rank_kind: list[int], expand: bool) -> dict:
     """Blocks per stage; columns by sharding-dim coordinate; rows by data-parallel coordinate."""
-    from graphdeck.analysis.layout import PP_DIMS
+    from graphdeck.analysis.parallel.layout import PP_DIMS
 
     ws = layout.world_size
     col_dims = list(layout.sharding_dims())

@@ -1,5 +1,5 @@
 """The sections of a run diff other than timing: compile records, graph structure, memory, rank
-consistency and gradient paths (NOTE: [Run diff] in graphdeck/analysis/run_diff.py). Each
+consistency and gradient paths (NOTE: [Run diff] in graphdeck/analysis/diff/runs.py). Each
 function adds findings through ``add`` and records its section's status in ``out.sections``."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def compile_findings(sa: Session, run_a: Run, sb: Session, run_b: Run, out, add,
     """New / removed user-code graph breaks (by reason class and source line) and new recompiles
     (per frame: more recompiles in B, the guards failing only in B). Returns ``{rank: [finding
     ids]}`` of new breaks and recompiles, for ``follows_from``."""
-    from graphdeck.analysis.compile_health import compile_health
+    from graphdeck.analysis.compilation.health import compile_health
 
     ha, hb = compile_health(sa, run_a), compile_health(sb, run_b)
     missing = [f"run A: {m}" for m in ha.missing_evidence] + [f"run B: {m}" for m in hb.missing_evidence]
@@ -245,7 +245,7 @@ def _uniform(s: Session, run: Run) -> bool:
     buckets, and the run has neither a parallel layout (ranks that differ by design) nor Flight
     Recorder dumps (recorded collectives to compare). Then :func:`rank_report` (which also reads
     every trace for timing) is not needed to know it finds no divergence."""
-    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.parallel.layout import load_layout
     from graphdeck.analysis.ranks.core import compile_sequence
     from graphdeck.store.fr_import import EVENT_NAME
     from graphdeck.store.schema import CompileEvent, Partition

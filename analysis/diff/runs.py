@@ -13,12 +13,12 @@ changed (AOT graphs, DDP buckets, Inductor's graphs) are not reported again.
 Findings (each with ``links``: the graph ids of both runs, so a page links both graph views):
 
 * ``new_graph_break`` / ``removed_graph_break``: user-code breaks by (reason class, source line)
-  from :func:`graphdeck.analysis.compile_health.compile_health` (breaks inside torch, such as
+  from :func:`graphdeck.analysis.compilation.health.compile_health` (breaks inside torch, such as
   DDP's, are left out); ``new_recompiles``: a frame that recompiled more often, with the guards
   that failed only in run B;
 * ``structure_changed`` / ``new_graph`` / ``removed_graph``;
 * ``node_regression``: nodes slower beyond the noise floor (NOTE: [Noise floor] in
-  :mod:`graphdeck.analysis.run_diff_times`), one finding per module (forward and backward nodes
+  :mod:`graphdeck.analysis.diff.times`), one finding per module (forward and backward nodes
   listed, over all ranks where they regressed); ``module_regression``: a module whose summed time
   regressed while none of its nodes did alone (it follows from the rank's node regressions when
   there are any, NOTE: [Interference]);
@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.run_diff_times import DEFAULT_K, DEFAULT_MIN_NS, compare_rank, rank_times
+from graphdeck.analysis.diff.times import DEFAULT_K, DEFAULT_MIN_NS, compare_rank, rank_times
 from graphdeck.errors import UsageError
 from graphdeck.store.schema import Graph, Rank, Run
 
@@ -135,7 +135,7 @@ def diff_runs(sa: Session, run_a: Run, sb: Session, run_b: Run, gates: Gates | N
     if ranks_a != ranks_b:
         out.sections["ranks"] = {"status": "INCOMPLETE", "why": f"run A has ranks {sorted(ranks_a)}, run B "
                                  f"{sorted(ranks_b)}: ranks of one run only are not compared"}
-    from graphdeck.analysis.run_diff_parts import (
+    from graphdeck.analysis.diff.parts import (
         compile_findings,
         grad_findings,
         memory_findings,
@@ -365,6 +365,6 @@ def _verdict(out: RunDiff) -> None:
             incomplete.append(name)
     out.sections["gates"] = {"status": "checked", "why": ", ".join(c[0] for c in checks) or "no gate given",
                              "incomplete": incomplete}
-    # NOTE: [WARN is not PASS] (compile_health): findings that no gate covers are WARN, exit 0.
+    # NOTE: [WARN is not PASS] (compilation/health.py): findings that no gate covers are WARN, exit 0.
     out.verdict = ("FAIL" if out.failures else "INCOMPLETE" if incomplete
                    else "WARN" if out.roots else "PASS")

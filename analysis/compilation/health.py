@@ -5,13 +5,13 @@
 From the compile records the TORCH_TRACE import and the capture agent store (``compile_events``:
 ``dynamo_start``, ``compilation_metrics``, ``bwd_compilation_metrics``,
 ``dynamo_graph_break_reason``, ``recompile_reasons``, ``dynamo_error`` and the FX/AOT cache
-artifacts; texts read by :mod:`graphdeck.analysis.compile_rules`):
+artifacts; texts read by :mod:`graphdeck.analysis.compilation.rules`):
 
 * graph breaks, grouped by (reason class, source line) and counted, each with the compiled frames
   it hit, the user frame of the traceback and a hint. Breaks inside torch or the standard library
   (DDP's intended breaks) are kept apart (``library``) and not counted by ``--max-graph-breaks``;
   nor are breaks inside an installed framework (``framework``: transformers' logging call), which
-  are named as that framework's (NOTE: [Framework graph breaks] in compile_rules.py);
+  are named as that framework's (NOTE: [Framework graph breaks] in rules.py);
 * recompiles per code object (Dynamo's ``frame_id``; label ``name (file.py:line)``): compiles
   used vs the ``recompile_limit`` in force (read from the records' ``dynamo_config``, else
   torch's default 8, said as assumed), the guard that failed at each recompile, the same guard
@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.compile_rules import (
+from graphdeck.analysis.compilation.rules import (
     GUARD_HINTS,
     failure_kind,
     frame_label,
@@ -187,7 +187,7 @@ class CompileHealth:
     missing_evidence: list[str]
     thresholds: Thresholds
     findings: list[str] = field(default_factory=list)  # threshold failures
-    ddp_overlap: list = field(default_factory=list)  # NoOverlap (analysis.ddp_overlap), one per compiled frame
+    ddp_overlap: list = field(default_factory=list)  # NoOverlap (analysis.compilation.ddp_overlap), one per compiled frame
     warnings: list[str] = field(default_factory=list)  # what no gate was given for but a user must see
     verdict: str = "PASS"
 
@@ -271,7 +271,7 @@ def compile_health(session: Session, run: Run, thresholds: Thresholds | None = N
                         spread=_spread([h.stats for h in healths]),
                         missing_evidence=_missing(session, run, set(per_rank)) + [m for _, _, ms in built for m in ms],
                         thresholds=th)
-    from graphdeck.analysis.ddp_overlap import find as ddp_no_overlap
+    from graphdeck.analysis.compilation.ddp_overlap import find as ddp_no_overlap
 
     out.ddp_overlap = ddp_no_overlap(session, run)
     _verdict(out)

@@ -1,9 +1,9 @@
 """check-compile's report as text (for people) and JUnit XML (for CI systems; junitparser),
-from a :class:`~graphdeck.analysis.compile_health.CompileHealth`."""
+from a :class:`~graphdeck.analysis.compilation.health.CompileHealth`."""
 
 from __future__ import annotations
 
-from graphdeck.analysis.compile_health import CompileHealth, FrameBudget
+from graphdeck.analysis.compilation.health import CompileHealth, FrameBudget
 from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
 
 CACHE_NAMES = {"fx_graph": "FX graph cache", "fx_graph_remote": "FX graph cache (remote)",

@@ -52,7 +52,7 @@ def graph_overlay(session: Session, graph_id: int, kind: str) -> Overlay:
       reduce-scatter) that carry the node's parameter or gradient (``node_time_ns(...,
       part="comm")``, NOTE: [Collectives to graph nodes]); ``time`` counts computation only.
     * ``partition``: the parallel part each node belongs to (NOTE: [Partition overlay] in
-      ``analysis/parallel_overlay.py``), first that applies: the mesh dimension of a collective
+      ``analysis/parallel/partition.py``), first that applies: the mesh dimension of a collective
       (``"tp collective"``: DTensor's ``_c10d_functional`` ops, by their process group); the
       FSDP2 group whose parameters the node reads (``"fsdp blocks.0"``); the DDP bucket (for a
       graph DDPOptimizer split, each node's bucket by name in the bucket graphs; for a bucket's
@@ -113,7 +113,7 @@ def _comm(session: Session, graph_id: int) -> Overlay:
 
 
 def _partition(session: Session, graph: Graph, names: list[str]) -> Overlay:
-    from graphdeck.analysis.parallel_overlay import parallel_partition
+    from graphdeck.analysis.parallel.partition import parallel_partition
 
     par = parallel_partition(session, graph)
     ddp = _ddp_buckets(session, graph, names)

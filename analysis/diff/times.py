@@ -1,6 +1,6 @@
 """Node times per training step from a run's stored profiler traces, and their comparison between
 two runs with a noise floor (``graphdeck diff-runs``, NOTE: [Run diff] in
-graphdeck/analysis/run_diff.py).
+graphdeck/analysis/diff/runs.py).
 
 # NOTE: [Node time per step]
 A node's time is read from the newest ``ok``/``truncated`` trace of each rank, split into steps by

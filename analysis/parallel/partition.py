@@ -1,5 +1,5 @@
 """The N-D parallel part of the ``partition`` overlay: FSDP2 groups, collectives per mesh
-dimension, pipeline stages (issue 20; :func:`graphdeck.analysis.overlays.graph_overlay` merges it
+dimension, pipeline stages (issue 20; :func:`graphdeck.analysis.parallel.overlays.graph_overlay` merges it
 with DDP's buckets).
 
 # NOTE: [Partition overlay]
@@ -138,7 +138,7 @@ def _stage_label(layout, rank: int) -> tuple[int | None, str | None]:
 def parallel_partition(session: Session, graph: Graph) -> ParallelPartition:
     """The N-D parallel values of stored ``graph`` (NOTE: [Partition overlay]); empty values when
     the run recorded no layout, no FSDP2 group and the graph has no collective."""
-    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.parallel.layout import load_layout
 
     out = ParallelPartition()
     layout = load_layout(session, graph.run_id)

@@ -1,8 +1,8 @@
-"""Text and JUnit XML renderings of a :class:`graphdeck.analysis.run_diff.RunDiff`."""
+"""Text and JUnit XML renderings of a :class:`graphdeck.analysis.diff.runs.RunDiff`."""
 
 from __future__ import annotations
 
-from graphdeck.analysis.run_diff import RunDiff
+from graphdeck.analysis.diff.runs import RunDiff
 
 SECTIONS = ("compile", "graphs", "timing", "memory", "ranks_check", "grads")
 
