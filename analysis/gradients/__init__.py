@@ -35,6 +35,10 @@ Modules:
 * ``report``: The gradient-path report: one object for graph mode (from the store) and eager
   mode (from a live module), with text, JSON and JUnit XML renderings.
 
+Public modules (import paths users may rely on): this package's names below, ``core``
+(``validate_backward``) and ``report`` (``GradReport``, ``combine``); ``grad_report`` is the deprecated
+old path of ``report``. The other modules are internal.
+
 The public names below are what the rest of graphdeck imports from these modules; each is
 loaded on first use (PEP 562), so importing one module of the package imports no other:
 ``from graphdeck.analysis.gradients import GradReport``.

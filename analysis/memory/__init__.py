@@ -18,6 +18,9 @@ Modules:
   :mod:`graphdeck.analysis.memory.core`, which re-exports it): a Kineto trace's ``[memory]`` events
   and…
 
+Public modules (import paths users may rely on): this package's names below and ``core``
+(``read_memory_timeline_raw``, named in docs/memory.md). The other modules are internal.
+
 The public names below are what the rest of graphdeck imports from these modules; each is
 loaded on first use (PEP 562), so importing one module of the package imports no other:
 ``from graphdeck.analysis.memory import checkpoint_estimate``.

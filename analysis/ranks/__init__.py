@@ -28,6 +28,9 @@ Modules:
 * ``shard_shapes``: Rank-dependent shapes in graphs that are otherwise the same program: FSDP's
   uneven shards.
 
+Public modules (import paths users may rely on): this package's names below and ``core``
+(``rank_report``, the notebook API's ``check_ranks``). The other modules are internal.
+
 The public names below are what the rest of graphdeck imports from these modules; each is
 loaded on first use (PEP 562), so importing one module of the package imports no other:
 ``from graphdeck.analysis.ranks import MAX_COLUMNS``.

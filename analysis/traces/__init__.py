@@ -24,6 +24,10 @@ Modules:
 * ``window``: Level of detail for timelines: which events of a time window to draw, fast on
   big traces.
 
+Public modules (import paths users may rely on): this package's names below and ``mapping``
+(``node_time_ns``); ``trace_map`` is the deprecated old path of ``mapping``. The other modules are
+internal.
+
 The public names below are what the rest of graphdeck imports from these modules; each is
 loaded on first use (PEP 562), so importing one module of the package imports no other:
 ``from graphdeck.analysis.traces import CommRule``.
