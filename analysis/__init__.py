@@ -6,7 +6,8 @@ repeat the package's (``gradients/eager.py``, not ``gradients/grad_eager.py``).
 * ``traces`` — profiler traces on graph nodes, trace analyses, collectives in traces, export.
 * ``memory`` — graph-derived memory, what-ifs, measured memory.
 * ``compilation`` — compile health (``check-compile``) and the compile index.
-* ``diff`` — run diff (``diff-runs``) and graph diff.
+* ``diff`` — run diff (``diff-runs``).
+* ``graphs`` — one stored graph as a model to draw (the graph view) and to compare (graph diff).
 * ``parallel`` — the parallel layout, graph regions and per-node overlays.
 * ``summary`` (a module) — the run overview: the one place that combines the checks.
 

@@ -289,10 +289,10 @@ def test_group_dims_prefer_the_ranks_layout_then_others_then_mesh_names():
 
 
 def test_nested_regions_are_boxes_inside_boxes():
+    from graphdeck.analysis.graphs.view import GraphView, ViewEdge, ViewNode
     from graphdeck.analysis.parallel.regions import Region
     from graphdeck.server.render.regions import apply_regions
     from graphdeck.server.render.svg import render_graph_svg
-    from graphdeck.server.views import GraphView, ViewEdge, ViewNode
 
     def node(i, name, ns, op="call_function"):
         return ViewNode(id=name, idx=i, label=name, op=op, target=f"aten.{name}.default", category="other",

@@ -33,6 +33,6 @@ def test_server_starts_without_torch(tmp_path):
         "assert c.get('/api/runs').status_code == 200; "
         "assert c.get('/api/graphs/1/svg').status_code == 404; "
         "assert '/api/graphs/{graph_id}/svg' in c.get('/openapi.json').json()['paths']; "
-        "import graphdeck.server.render.svg, graphdeck.server.views")
+        "import graphdeck.server.render.svg, graphdeck.analysis.graphs.view")
     assert "torch" not in mods, "the server (app, routes, SVG, timeline, gradient report) never imports torch"
     assert "fastapi" in mods, "sanity: the probe did load the server"

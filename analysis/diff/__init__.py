@@ -1,5 +1,5 @@
-"""Comparisons: run B against run A (``graphdeck diff-runs``, ``GET /api/diff``, the dashboard's
-``#/diff`` page) and graph A against graph B (the graph view's diff).
+"""Run B against run A (``graphdeck diff-runs``, ``GET /api/diff``, the dashboard's ``#/diff``
+page). The graph diff (graph A against graph B) is :mod:`graphdeck.analysis.graphs.diff`.
 
 Modules (none is imported by this package; import the module you need):
 
@@ -7,8 +7,6 @@ Modules (none is imported by this package; import the module you need):
 * ``parts``: its sections other than timing: compiles, graph structure, memory, ranks, gradients.
 * ``times``: node times per training step from the stored traces, compared with a noise floor.
 * ``text``: the run diff as text and JUnit XML (``to_text``, ``to_junit``).
-* ``graphs``: which nodes of two graphs correspond, and which were added, removed or changed
-  (``diff_views``).
 
 None of these is a public import path: users reach them through the CLI and the HTTP API.
 """

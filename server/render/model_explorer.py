@@ -14,10 +14,10 @@ files; no code taken):
 
 from __future__ import annotations
 
+from graphdeck.analysis.graphs.view import GraphView
 from graphdeck.analysis.parallel.overlays import Overlay
 from graphdeck.server.render.palette import HEAT
 from graphdeck.server.render.svg import tensor_label
-from graphdeck.server.views import GraphView
 
 
 def graph_id_of(view: GraphView) -> str:

@@ -27,10 +27,10 @@ from html import escape as _esc
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.graphs.view import GraphView, ViewNode
 from graphdeck.analysis.parallel.regions import Region, graph_regions
 from graphdeck.server.render.xmltext import attr as _attr
 from graphdeck.server.render.xmltext import clean as _text
-from graphdeck.server.views import GraphView, ViewNode
 
 _PLACED = ("placeholder", "get_attr", "output")
 #: Box styles per region kind: (fill, stroke, dash).

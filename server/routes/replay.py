@@ -24,6 +24,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.graphs.view import loads_json
 from graphdeck.analysis.traces.analyze import CommRule, analyze_trace
 from graphdeck.analysis.traces.collectives import align_and_match, run_traces
 from graphdeck.analysis.traces.mapping import node_time_ns
@@ -33,7 +34,6 @@ from graphdeck.replay.frames import replay_frames
 from graphdeck.server.deps import get_session, resolve_graph, resolve_run
 from graphdeck.server.render.timeline import rank_pid, timeline_figure
 from graphdeck.server.routes.traces import resolve_trace
-from graphdeck.server.views import loads_json
 from graphdeck.store.schema import Graph, Run, Trace
 
 router = APIRouter(tags=["traces"])

@@ -18,7 +18,7 @@ import difflib
 
 from pydantic import BaseModel, Field
 
-from graphdeck.server.views import GraphView, short_target
+from graphdeck.analysis.graphs.view import GraphView, short_target
 
 
 class NodePair(BaseModel):
