@@ -69,7 +69,7 @@ def _count(session: Session, model, run_id: int, *where) -> int:
 
 
 def run_summary(session: Session, run: Run) -> dict:
-    from graphdeck.replay.runs import source_of
+    from graphdeck.store.replay_runs import source_of
 
     return {"id": run.id, "name": run.name, "world_size": run.world_size,
             "created_at": run.created_at.isoformat() if run.created_at else None,
@@ -98,9 +98,9 @@ def _graphs(session: Session, run: Run, rank: int | None = None, kind: str | Non
 def get_run(run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
     """The run with its ranks, graphs (every kind, capture order per rank), traces (complete or
     truncated; ones still being written are left out), DDP bucket partitions, and ``replays``: its
-    replay runs with their traces (NOTE: [Replay runs] in :mod:`graphdeck.replay.runs`; a replay
+    replay runs with their traces (NOTE: [Replay runs] in :mod:`graphdeck.store.replay_runs`; a replay
     run's ``source_run`` names the run it replays)."""
-    from graphdeck.replay.runs import replays_of
+    from graphdeck.store.replay_runs import replays_of
 
     ranks = session.scalars(select(Rank).where(Rank.run_id == run.id).order_by(Rank.rank)).all()
     traces = session.scalars(select(Trace).where(Trace.run_id == run.id, Trace.status != "ingesting")

@@ -1,4 +1,6 @@
-"""Replay runs: where ``graphdeck replay`` stores what it measures.
+"""Replay runs: where ``graphdeck replay`` stores what it measures (a store concern: the store's
+``delete_run`` reads them; formerly ``graphdeck.replay.runs``, moved so the store imports no
+higher package).
 
 # NOTE: [Replay runs]
 A replay (the one-worker executor or a pipeline of K workers) is a run of its own, a *replay
