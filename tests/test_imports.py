@@ -1,6 +1,10 @@
 """Import boundaries: the capture agent lives inside training jobs (no web framework); the server
 runs on small machines with no GPU stack (no torch). Checked in fresh interpreters, so nothing
-pytest or another test imported leaks in (click's ``tests/test_imports.py`` is the model)."""
+pytest or another test imported leaks in (click's ``tests/test_imports.py`` is the model).
+
+Which package may import which is pyproject's import-linter contracts (tests/test_layers.py); these
+two stay because only a running interpreter tells what start-up loads, third-party imports included
+(torch may load jinja2, the capture's upload imports httpx when it runs)."""
 
 from __future__ import annotations
 
