@@ -1,5 +1,29 @@
-"""graphdeck.analysis: the checks and analyses, grouped by concern in the packages ``gradients``,
-``traces``, ``ranks`` and ``memory`` (each re-exports its public names lazily: :func:`lazy_exports`)."""
+"""graphdeck.analysis: the checks and analyses, grouped by concern in packages; module names do not
+repeat the package's (``gradients/eager.py``, not ``gradients/grad_eager.py``).
+
+* ``gradients`` — gradient paths (``check-grads``), replica agreement, reference parity.
+* ``ranks`` — cross-rank checks (``check-ranks``): graphs, collectives, Flight Recorder, hangs.
+* ``traces`` — profiler traces on graph nodes, trace analyses, collectives in traces, export.
+* ``memory`` — graph-derived memory, what-ifs, measured memory.
+* ``compilation`` — compile health (``check-compile``) and the compile index.
+* ``diff`` — run diff (``diff-runs``).
+* ``graphs`` — one stored graph as a model to draw (the graph view) and to compare (graph diff).
+* ``parallel`` — the parallel layout, graph regions and per-node overlays.
+* ``summary`` (a module) — the run overview: the one place that combines the checks.
+
+``gradients``, ``traces``, ``ranks`` and ``memory`` re-export their public names lazily
+(:func:`lazy_exports`). Public import paths (named in docs/ or used by the notebook API,
+``graphdeck/notebook.py``); everything else may move between releases:
+
+* ``graphdeck.analysis.gradients`` (its re-exported names), ``graphdeck.analysis.gradients.core``
+  (``validate_backward``, also ``graphdeck.validate_backward``), ``graphdeck.analysis.gradients.report``
+  (``GradReport``, ``combine``);
+* ``graphdeck.analysis.ranks.core`` (``rank_report``);
+* ``graphdeck.analysis.traces.mapping`` (``node_time_ns``);
+* ``graphdeck.analysis.memory.core`` (``read_memory_timeline_raw``).
+
+Old paths of public modules renamed in issue 37 stay importable as deprecated aliases:
+``gradients.grad_report`` → ``gradients.report``, ``traces.trace_map`` → ``traces.mapping``."""
 
 from __future__ import annotations
 

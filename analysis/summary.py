@@ -11,22 +11,22 @@ Each check is the library call behind its own CLI command and page, run here unc
 * ``ranks`` — :func:`graphdeck.analysis.ranks.core.rank_report` (``check-ranks``): OK is read as PASS;
   count = harmful divergences + collective-schedule mismatches + Flight Recorder mismatches.
   Link: ``#/runs/<id>/ranks``.
-* ``compile`` — :func:`graphdeck.analysis.compile_health.compile_health` with no gates (as
+* ``compile`` — :func:`graphdeck.analysis.compilation.health.compile_health` with no gates (as
   ``check-compile`` without ``--max-*`` flags: PASS means "no evidence missing", said so in the
   headline); count = distinct graph breaks in user code (FAIL: gates passed). Link: the run
   page's compile-health panel (``#/runs/<id>?section=compile-health``).
 * ``traces`` — trace coverage (NOTE: [Trace coverage] in analysis/traces/coverage.py): per rank,
   the share of its newest usable trace's GPU kernel time of compiled graphs, or of the ops' own
-  CPU time in compiled regions (CPU traces), that :func:`graphdeck.analysis.traces.trace_map.map_trace`
+  CPU time in compiled regions (CPU traces), that :func:`graphdeck.analysis.traces.mapping.map_trace`
   maps to graph nodes; time outside compiled graphs by design (eager optimizer, communication and
   DDP hooks, data loading, other eager code) and the CPU time between the ops are named apart in
   the headline and ``detail``, never counted against it. PASS when every rank with graphs has a trace mapped at least
   :data:`MIN_COVERAGE`; otherwise INCOMPLETE (time the overlays cannot attribute is missing
   evidence, not a fault of the job) — never FAIL. Count = ranks without a trace or under the bar.
   Link: the lowest rank's trace page.
-* ``layout`` — the parallel layout (:func:`graphdeck.analysis.layout.load_layout`) when any rank
+* ``layout`` — the parallel layout (:func:`graphdeck.analysis.parallel.layout.load_layout`) when any rank
   recorded one: PASS when every rank did, INCOMPLETE naming those that did not
-  (:func:`graphdeck.analysis.ranks.mesh_ranks.layout_gaps`); ``N/A`` (neutral, not green) without any
+  (:func:`graphdeck.analysis.ranks.mesh.layout_gaps`); ``N/A`` (neutral, not green) without any
   record. Peers are compared per mesh dimension by ``check-ranks``. Link: ``#/runs/<id>/map``.
 
 Defensive: a check that raises is reported as ``ERROR`` with the exception's text (never PASS),
@@ -38,8 +38,8 @@ The run's verdict and exit code: FAIL (1) when any check fails; else INCOMPLETE 
 INCOMPLETE or ERROR; else PASS (0). ``N/A`` counts for nothing.
 
 Slowest (:func:`slowest`): step times per rank from each trace's ``ProfilerStep#N`` ranges
-(:func:`graphdeck.analysis.traces.trace_analysis.step_times`; the CPU range, else the GPU span of its
-kernels), through :func:`graphdeck.analysis.traces.trace_collectives.align_and_match` when two or more
+(:func:`graphdeck.analysis.traces.analyze.step_times`; the CPU range, else the GPU span of its
+kernels), through :func:`graphdeck.analysis.traces.collectives.align_and_match` when two or more
 ranks have traces (which also names the straggler the others waited for).
 """
 
@@ -245,7 +245,7 @@ def check_ranks(session: Session, run: Run, deadline: float) -> CheckSummary:
 
 
 def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
-    from graphdeck.analysis.compile_health import compile_health
+    from graphdeck.analysis.compilation.health import compile_health
 
     rep = compile_health(session, run)
     s = rep.summary()
@@ -272,11 +272,11 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
     (``device``, ``total_ns``, ``mapped_ns``, ``fraction``, ``top``: the largest unmapped name),
     read for the traces it holds and filled with those mapped now — a caller that keeps it (the
     server, at 1,024 ranks ~0.13 s CPU a trace) never maps a trace twice."""
-    from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+    from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
+    from graphdeck.analysis.traces.collectives import run_traces
     from graphdeck.analysis.traces.coverage import COVERS, coverage
-    from graphdeck.analysis.traces.trace_collectives import run_traces
-    from graphdeck.analysis.traces.trace_data import load_events
-    from graphdeck.analysis.traces.trace_map import map_trace
+    from graphdeck.analysis.traces.data import load_events
+    from graphdeck.analysis.traces.mapping import map_trace
 
     traces = run_traces(session, run.id)
     statuses = dict(session.execute(select(Trace.rank, Trace.status).where(Trace.run_id == run.id)).all())
@@ -363,7 +363,7 @@ def _outside_text(p: dict) -> str:
 def _fractions_text(fracs: list[dict], limit: int = 8) -> str:
     """``ranks 0-48, 50-63 100.0%, rank 12 93.1%``: ranks whose shown share is the same in one
     entry, the lowest share first, at most ``limit`` entries."""
-    from graphdeck.analysis.ranks.rank_types import _ranks_phrase
+    from graphdeck.analysis.ranks.records import _ranks_phrase
 
     same: dict[str, list[int]] = {}
     for p in sorted(fracs, key=lambda p: (p["fraction"], p["rank"])):
@@ -373,8 +373,8 @@ def _fractions_text(fracs: list[dict], limit: int = 8) -> str:
 
 
 def check_layout(session: Session, run: Run, deadline: float) -> CheckSummary:
-    from graphdeck.analysis.layout import load_layout
-    from graphdeck.analysis.ranks.mesh_ranks import layout_gaps
+    from graphdeck.analysis.parallel.layout import load_layout
+    from graphdeck.analysis.ranks.mesh import layout_gaps
 
     layout = load_layout(session, run.id)
     c = CheckSummary("layout", "Parallel layout", "N/A", None, "rank(s) without a layout record", "",
@@ -446,8 +446,8 @@ def slowest(session: Session, run: Run, budget_s: float = BUDGETS_S["slowest"], 
     durations in ns: the ``ProfilerStep#N`` CPU range, else the GPU span of the step's kernels. A
     failure reading the traces gives ``available`` False with the reason (never an empty "no slow step")."""
     from graphdeck.analysis.ranks.heatmap import matched_run
-    from graphdeck.analysis.traces.trace_analysis import TraceData, step_times
-    from graphdeck.analysis.traces.trace_collectives import run_traces
+    from graphdeck.analysis.traces.analyze import TraceData, step_times
+    from graphdeck.analysis.traces.collectives import run_traces
 
     t0 = time.perf_counter()
     out: dict = {"available": False, "reason": None, "steps": [], "ranks": [], "straggler": None,

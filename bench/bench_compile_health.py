@@ -9,7 +9,7 @@ times (at least 3):
 * ``graphdeck check-compile STORE --run big`` as a child process: CPU seconds (user + system of
   the child, ``resource.getrusage(RUSAGE_CHILDREN)`` differences) and wall seconds, interpreter
   start and imports included: what a CI step pays;
-* :func:`graphdeck.analysis.compile_health.compile_health` in this process: CPU seconds
+* :func:`graphdeck.analysis.compilation.health.compile_health` in this process: CPU seconds
   (``time.process_time``) of the analysis alone, on a fresh engine each time.
 
 Prints the median, min, max and spread (max - min) of each, as a Markdown table.
@@ -74,7 +74,7 @@ def main() -> None:
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.compile_health import compile_health
+    from graphdeck.analysis.compilation.health import compile_health
     from graphdeck.store.db import open_engine
     from graphdeck.store.schema import CompileEvent, Run
 

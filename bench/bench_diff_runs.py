@@ -188,8 +188,8 @@ def main() -> None:
     p.add_argument("--keep", type=Path, default=None, help="keep the stores in this folder")
     p.add_argument("--reuse", action="store_true", help="with --keep: time the store built there by an earlier run")
     args = p.parse_args()
-    from graphdeck.analysis.run_diff import Gates, diff_runs
-    from graphdeck.analysis.run_diff_text import to_text
+    from graphdeck.analysis.diff.runs import Gates, diff_runs
+    from graphdeck.analysis.diff.text import to_text
     from graphdeck.store.db import open_engine
     from graphdeck.store.schema import Run
     from graphdeck.store.traces import ingest_trace
@@ -233,7 +233,7 @@ def main() -> None:
         print("|   the rest (the ingest without the table), CPU s | "
               + _stats([a - b for a, b in zip(ingest_cpu, kept)]) + " |", flush=True)
     engine = open_engine(store, read_only=True)  # as the CLI and the server read it
-    import graphdeck.analysis.run_diff as run_diff_mod
+    import graphdeck.analysis.diff.runs as run_diff_mod
 
     timing_cpu = [0.0]
     for fname in ("rank_times", "compare_rank"):  # measured, not changed: CPU of the node-time part

@@ -39,7 +39,7 @@ def make_store(path: Path, n: int, seed: int = 0, copies: int = 1, links: bool =
     by a graphdeck before schema 6, which export maps from the events)."""
     from sqlalchemy import text
 
-    from graphdeck.analysis.traces.trace_map import link_kernels
+    from graphdeck.analysis.traces.mapping import link_kernels
     from graphdeck.store.db import open_engine
     from graphdeck.store.traces import ingest_trace
 
@@ -80,7 +80,7 @@ def make_store(path: Path, n: int, seed: int = 0, copies: int = 1, links: bool =
         events = c.execute(text("SELECT COUNT(*) FROM trace_events")).scalar()
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.traces.trace_collectives import store_index
+    from graphdeck.analysis.traces.collectives import store_index
 
     with Session(engine) as s:  # each copy's collective index, as its ingest would have kept it
         traces = s.execute(text("SELECT id FROM traces ORDER BY id")).scalars().all()

@@ -13,7 +13,7 @@ Per way: two warm-up steps (the compiles), then one forward + backward with the 
 allocator's history recorded (``torch.cuda.memory._record_memory_history``) after
 ``reset_peak_memory_stats``. Measured, in bytes above what was allocated when the step began
 (parameters, optimizer state): the snapshot's replayed peak (graphdeck's
-``analysis.memory.memory_measured.measure``) and ``torch.cuda.max_memory_allocated()``.
+``analysis.memory.measured.measure``) and ``torch.cuda.max_memory_allocated()``.
 Graph-derived, from each way's stored forward/backward graphs without parameters: the step peak
 (``step_memory``), and on the base run the estimates (``checkpoint_estimate``,
 ``dtype_estimate``). Printed and written to ``--json``: each estimate beside the changed run's
@@ -87,7 +87,7 @@ def measure_way(way: str, args, store: Path, snap_dir: Path) -> dict:
 
         with gzip.open(snap_dir / f"{way}.snapshot.pickle.gz", "wb", compresslevel=6) as f:
             pickle.dump(snap, f)
-        from graphdeck.analysis.memory.memory_measured import measure
+        from graphdeck.analysis.memory.measured import measure
 
         m = measure(snap, {}, device=0)
         out["snapshot_peak_above_start_bytes"] = m.peak_bytes - m.baseline_bytes

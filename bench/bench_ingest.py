@@ -16,7 +16,7 @@ command (the host is shared: absolute times move, ratios much less).
 The window query: a store with one trace of ``--window-events`` events (the events of the
 largest corpus trace repeated with shifted timestamps, streamed into ``ingest_trace``); then
 ``--queries`` random windows (1/1000 to 1/2 of the span) through the server's code path
-(:class:`graphdeck.analysis.traces.trace_window.WindowIndex` select + row fetch + ``timeline_figure``),
+(:class:`graphdeck.analysis.traces.window.WindowIndex` select + row fetch + ``timeline_figure``),
 after one warm-up query that builds the index; p50/p95 reported.
 
     python bench/bench_ingest.py                       # the two largest corpus traces
@@ -199,7 +199,7 @@ def _repeated_stream(path: Path, copies: int):
 def bench_window(path: Path, target_events: int, queries: int, max_shapes: int, seed: int = 0) -> dict:
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.traces.trace_window import IndexCache, fetch_rows
+    from graphdeck.analysis.traces.window import IndexCache, fetch_rows
     from graphdeck.server.render.timeline import timeline_figure
     from graphdeck.store.db import open_engine
     from graphdeck.store.schema import Trace

@@ -199,7 +199,7 @@ def bench_analysis(store: Path, repeats: int, full_repeats: int, check: bool = T
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.gradients.core import gradient_report
-    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.parallel.layout import load_layout
     from graphdeck.analysis.ranks.core import rank_report
     from graphdeck.server.routes.parallel_map import parallel_map
     from graphdeck.store.db import open_engine

@@ -94,7 +94,7 @@ def measure(url: str, kind: str, n: int, events: int, repeat: int, workers: int,
 
     from graphdeck.analysis.gradients.core import validate_backward
     from graphdeck.analysis.ranks.core import rank_report
-    from graphdeck.analysis.traces.trace_collectives import align_and_match
+    from graphdeck.analysis.traces.collectives import align_and_match
     from graphdeck.store.db import open_engine
     from graphdeck.store.schema import Run
 

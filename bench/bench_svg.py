@@ -188,9 +188,9 @@ def bench_engines(store: Path) -> list[dict]:
     and its edges, laid out one cluster at a time, summed."""
     from sqlalchemy.orm import Session
 
+    from graphdeck.analysis.graphs.view import graph_view
     from graphdeck.server.render import layout as lay
     from graphdeck.server.render.svg import _Writer
-    from graphdeck.server.views import graph_view
     from graphdeck.store.db import open_engine
 
     engine = open_engine(store, read_only=True)

@@ -450,7 +450,7 @@ def make_scale_run(store_url: str, n_ranks: int, seed: int = 0, *, traces: str =
                              initargs=(store_url, traces, events_per_rank, repeat, seed, plan, str(work))) as pool:
         results = sorted(pool.map(_ingest_rank, [(r, run_name) for r in ranks], chunksize=1))
     ingest_wall = time.perf_counter() - t0
-    from graphdeck.analysis.traces.trace_map import link_kernels
+    from graphdeck.analysis.traces.mapping import link_kernels
 
     t0 = time.perf_counter()
     engine = open_engine(store_url)

@@ -230,7 +230,7 @@ class Agent:
         for fqn, t in self._auto_params.items():
             named.setdefault(fqn, ("parameter", t))
         self.writer.write_params([_param_row(fqn, kind, t) for fqn, (kind, t) in named.items()])
-        # Whether the list is the models' own (complete) or only what graphs read (analysis.gradients.grad_evidence).
+        # Whether the list is the models' own (complete) or only what graphs read (analysis.gradients.evidence).
         self.writer.write_compile_events([{"name": "graphdeck_watch", "compile_id": None, "metadata": {},
                                            "payload": json.dumps({"params": len(named), "complete": bool(self._models),
                                                                   "evidence": self._evidence is not None,

@@ -64,7 +64,7 @@ def ddp_compile_mode() -> str | None:
     """``torch._dynamo.config.optimize_ddp`` as Dynamo reads it (``"ddp_optimizer"``,
     ``"no_optimization"``, ``"python_reducer"``...) while a DDP module's forward is being compiled,
     else None (no DDP forward active, or a torch without the setting). Read by the DDP overlap
-    check (NOTE: [DDP overlap by construction] in analysis/ddp_overlap.py)."""
+    check (NOTE: [DDP overlap by construction] in analysis/compilation/ddp_overlap.py)."""
     try:
         from torch.nn.parallel import DistributedDataParallel
 

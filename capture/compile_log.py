@@ -23,7 +23,7 @@ KEPT_COMPILE_EVENTS = {"compilation_metrics", "bwd_compilation_metrics", "compil
 #: for imported logs, and it has no C++ kernels (their calls carry no source-node comment).
 OUTPUT_CODE_RECORD = "graphdeck_output_code"
 PAYLOAD_LIMIT_CHARS = 200_000
-#: Records kept whole: kernel -> node links are read from them (graphdeck.analysis.traces.trace_map).
+#: Records kept whole: kernel -> node links are read from them (graphdeck.analysis.traces.mapping).
 UNCUT_PAYLOADS = ("inductor_provenance_tracking_node_mappings",
                   # a warm FX-graph cache's backward maps by them (NOTE: [Kernels by stack trace]); cumulative
                   # per process, 309k chars by the demo's third bucket, so a cut one was unreadable JSON

@@ -4,7 +4,7 @@ as it is known (issue 20).
 
 # NOTE: [Capturing the parallel layout]
 The record is a ``compile_events`` row ``name = "graphdeck_parallel_layout"`` whose JSON payload
-is described in NOTE: [Parallel layout] (graphdeck/analysis/layout.py), read from torch's own
+is described in NOTE: [Parallel layout] (graphdeck/analysis/parallel/layout.py), read from torch's own
 objects, never changing them:
 
 - **meshes**: every ``DeviceMesh`` a watched parameter (a DTensor's ``device_mesh``), an FSDP2

@@ -330,7 +330,7 @@ def _source(node) -> str | None:
     if not tb:
         return None
     text = "".join(tb) if isinstance(tb, (list, tuple)) else str(tb)
-    from graphdeck.analysis.gradients.grad_cuts import frames, short_source
+    from graphdeck.analysis.gradients.cuts import frames, short_source
 
     here = os.path.dirname(os.path.abspath(__file__))
     user = [f for f in frames(text) if "/torch/" not in f[0].replace("\\", "/") and not f[0].startswith(here)]

@@ -108,7 +108,7 @@ def _link(agent, writer, run_id: int) -> None:
 
     try:
         agent.flush_events()
-        from graphdeck.analysis.traces.trace_map import link_kernels
+        from graphdeck.analysis.traces.mapping import link_kernels
 
         link_kernels(writer.engine, run_id)
     except Exception as exc:  # noqa: BLE001 - capture never breaks training

@@ -10,7 +10,7 @@ emits them as the structured-trace artifacts ``inductor_provenance_tracking_node
 ``set_kernel_post_grad_provenance_tracing``) and ``torch/_inductor/compile_fx.py``.
 
 The agent's structured-log handler keeps those artifacts as ``compile_events`` rows;
-:func:`graphdeck.analysis.traces.trace_map.link_kernels` turns them into ``kernel_nodes`` rows.
+:func:`graphdeck.analysis.traces.mapping.link_kernels` turns them into ``kernel_nodes`` rows.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 // graphdeck dashboard: two graphs side by side (#/compare/<a>/<b>[?node=<name in a>]): two ranks'
 // graphs, two compiles of one frame, or an AOT forward and its backward. Each side is the server's
 // SVG with the other graph's diff marks (diff-added / diff-removed / diff-changed, from
-// GET /api/graphs/<a>/diff/<b>, analysis/graphdiff.py); a click on a node selects it and its
+// GET /api/graphs/<a>/diff/<b>, analysis/graphs/diff.py); a click on a node selects it and its
 // counterpart on the other side (the diff's pairs, or for a forward/backward pair the nodes with
 // the same seq_nr).
 

@@ -202,7 +202,7 @@ function compileIndex(runId) {
 
 // ---------------------------------------------------------------- compile health (issue 21)
 // The check-compile report from GET /api/runs/<id>/compile-health (NOTE: [Compile health] in
-// graphdeck/analysis/compile_health.py): verdict, graph breaks by reason and source line with a
+// graphdeck/analysis/compilation/health.py): verdict, graph breaks by reason and source line with a
 // hint, recompile budgets per frame, eager fallbacks, compile time and caches per rank. Every
 // text here (reasons, guards, file names) comes from the user's program: it goes in through h().
 
@@ -231,7 +231,7 @@ function budgetCell(f) {
 }
 
 // Each rank with its own numbers (the merged frame's fields are the worst rank's: per_rank has the
-// others), as check-compile's text says it (analysis/compile_health_text.py _frame_ranks).
+// others), as check-compile's text says it (analysis/compilation/text.py _frame_ranks).
 function frameRanks(f) {
   const per = Object.entries(f.per_rank || {});
   const other = per.filter(([, v]) => v.used !== f.used || v.recompiles !== f.recompiles);

@@ -1,5 +1,5 @@
 // graphdeck dashboard: run B against run A (#/diff?a=<run>&b=<run>), from GET /api/diff (issue 21
-// item 2; NOTE: [Run diff] in graphdeck/analysis/run_diff.py).
+// item 2; NOTE: [Run diff] in graphdeck/analysis/diff/runs.py).
 //
 // Without both runs it shows two run pickers. With them: the verdict and the gates that failed;
 // each section's status (compared / INCOMPLETE and why: no trace in one run means no timing claim);

@@ -15,7 +15,7 @@ import {SMALL_RUN, compactRanks, mergeRankLines, rankRanges, statusHeatmap} from
 
 export const GRAD_STATUSES = ["OK", "NO_GRAD", "NOT_IN_GRAPH", "DEAD_END", "FROZEN", "BUFFER", "UNKNOWN"];
 const FAILING = new Set(["NO_GRAD", "NOT_IN_GRAPH", "DEAD_END"]);
-/** Step states of the run-time evidence (analysis/gradients/grad_evidence.py); anything else draws as "other". */
+/** Step states of the run-time evidence (analysis/gradients/evidence.py); anything else draws as "other". */
 const STEP_STATES = new Set(["ok", "none", "zero", "multi", "frozen", "unobserved"]);
 const VERDICTS = {
   PASS: ["verdict-ok", "PASS · all gradient paths OK"],

@@ -254,7 +254,7 @@ export async function renderRun(page, m, query = new URLSearchParams()) {
 /**
  * A replay run names the run it replays; a captured run lists its replays (`graphdeck replay`), each
  * a run of its own so the replay never changes this run's views (NOTE: [Replay runs] in
- * replay/runs.py), with links to each replay trace's page (its timeline and analysis). Nothing when neither.
+ * store/replay_runs.py), with links to each replay trace's page (its timeline and analysis). Nothing when neither.
  */
 export function replaysSection(run) {
   const src = run.source_run;

@@ -71,7 +71,7 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
         if combine_files:
             report = _combined_report(combine_files, allow, model_ref or run_name)
         elif model_ref:
-            from graphdeck.analysis.gradients.grad_inputs import load_ref, parse_inputs
+            from graphdeck.analysis.gradients.inputs import load_ref, parse_inputs
 
             if not input_specs:
                 raise UsageError("--model needs --inputs (e.g. --inputs float32[4,8])")
@@ -112,10 +112,10 @@ def check_grads(store: str, run_name: str | None, model_ref: str | None, input_s
 
 def _combined_report(files: tuple[str, ...], allow: tuple[str, ...], conflicting: str | None):
     """check-grads --combine: one report over per-rank JSON reports (``GradReport.from_json``,
-    ``analysis.gradients.grad_report.combine``). Reports that all claim the same single rank (eager mode
+    ``analysis.gradients.report.combine``). Reports that all claim the same single rank (eager mode
     without a process group says rank 0) are numbered by file order, with a note. Raises
     ``UsageError`` for an unreadable file, one that is not a report, or --run/--model given too."""
-    from graphdeck.analysis.gradients.grad_report import GradReport, combine
+    from graphdeck.analysis.gradients.report import GradReport, combine
     from graphdeck.errors import UsageError
 
     if conflicting:
@@ -134,7 +134,7 @@ def _numeric_context(store: str | None, run_name: str | None, inputs, autocast: 
                      autocast_device: str | None) -> tuple[dict, list[str]]:
     """check-grads --numeric: autocast/grad-mode keyword arguments from the flags and, with
     ``--context-from``, the context the capture recorded on the run's Dynamo graphs."""
-    from graphdeck.analysis.gradients.grad_numeric import caller_context, context_options
+    from graphdeck.analysis.gradients.numeric import caller_context, context_options
 
     ctx = None
     if store:

@@ -1,5 +1,5 @@
 """``graphdeck check-compile``: compile health of a run as a CI gate (issue 21 item 1; NOTE:
-[Compile health] in graphdeck/analysis/compile_health.py). Added to ``graphdeck.cli.main``
+[Compile health] in graphdeck/analysis/compilation/health.py). Added to ``graphdeck.cli.main``
 by the line at the end of graphdeck/cli.py (``main.add_command``); graphdeck.cli is imported only
 inside the command, so ``python -m graphdeck.cli check-compile`` works too."""
 
@@ -45,8 +45,8 @@ def check_compile(store: str, run_name: str, max_graph_breaks: int | None, max_r
 
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.compile_health import Thresholds, compile_health
-    from graphdeck.analysis.compile_health_text import to_junit, to_text
+    from graphdeck.analysis.compilation.health import Thresholds, compile_health
+    from graphdeck.analysis.compilation.text import to_junit, to_text
     from graphdeck.cli import _fail, _find_run
     from graphdeck.store.db import open_engine
 

@@ -1,5 +1,5 @@
 """``graphdeck diff-runs``: run B against run A as a CI gate (issue 21 item 2; NOTE: [Run diff] in
-graphdeck/analysis/run_diff.py). Added to ``graphdeck.cli.main`` by the line at the end of
+graphdeck/analysis/diff/runs.py). Added to ``graphdeck.cli.main`` by the line at the end of
 graphdeck/cli.py (``main.add_command``); graphdeck.cli is imported only inside the command."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import click
 from graphdeck.errors import GraphdeckError
 
 DEFAULT_NOISE_K = 3.0
-DEFAULT_MIN_NS = 50_000  # graphdeck.analysis.run_diff_times.DEFAULT_MIN_NS
+DEFAULT_MIN_NS = 50_000  # graphdeck.analysis.diff.times.DEFAULT_MIN_NS
 
 
 @click.command("diff-runs")
@@ -54,8 +54,8 @@ def diff_runs_cmd(store: str, run_a: str, run_b: str, store_b: str | None, max_n
 
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.run_diff import Gates, diff_runs
-    from graphdeck.analysis.run_diff_text import to_junit, to_text
+    from graphdeck.analysis.diff.runs import Gates, diff_runs
+    from graphdeck.analysis.diff.text import to_junit, to_text
     from graphdeck.cli import _fail, _find_run, _store_arg
     from graphdeck.errors import UsageError
     from graphdeck.store.db import open_engine

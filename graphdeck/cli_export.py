@@ -1,5 +1,5 @@
 """``graphdeck export-trace``: one Chrome-trace JSON of a run's ranks, clocks aligned, for Perfetto
-(issue 26 item 3; NOTE: [Trace export] in graphdeck/analysis/traces/trace_export.py). Added to
+(issue 26 item 3; NOTE: [Trace export] in graphdeck/analysis/traces/export.py). Added to
 ``graphdeck.cli.main`` by the line at the end of graphdeck/cli.py; everything heavy is imported
 inside the command."""
 
@@ -37,8 +37,8 @@ def export_trace_cmd(store: str, run_name: str, ranks: str | None, output: str |
     run, none of the asked ranks with a trace, an unknown run or store."""
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.traces.trace_analysis import CommRule
-    from graphdeck.analysis.traces.trace_export import export_trace
+    from graphdeck.analysis.traces.analyze import CommRule
+    from graphdeck.analysis.traces.export import export_trace
     from graphdeck.cli import _fail, _find_run, _store_arg
     from graphdeck.errors import UsageError
     from graphdeck.store.db import open_engine
@@ -68,7 +68,7 @@ def export_trace_cmd(store: str, run_name: str, ranks: str | None, output: str |
                f"{time.perf_counter() - t0:.1f}s)")
     click.echo(f"clock offsets: {offs}")
     if stats["skipped"]:
-        from graphdeck.analysis.traces.trace_collectives import rank_spans
+        from graphdeck.analysis.traces.collectives import rank_spans
 
         by_why: dict[str, list[int]] = {}
         for r, why in sorted(stats["skipped"].items()):

@@ -82,7 +82,7 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
             with Session(engine) as s:
                 trace = s.get(Trace, exc.details["trace_id"])
                 run_id, trace_rank = trace.run_id, trace.rank
-            from graphdeck.analysis.traces.trace_map import link_kernels
+            from graphdeck.analysis.traces.mapping import link_kernels
 
             link_kernels(engine, run_id)
             click.echo(f"trace {exc.details['trace_id']}: rank {trace_rank}, status truncated: "
@@ -95,14 +95,14 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
         _fail(exc)
     bar.update(bar.total - bar.n)
     bar.close()
-    from graphdeck.analysis.traces.trace_map import link_kernels  # kernel -> FX node links of the run
+    from graphdeck.analysis.traces.mapping import link_kernels  # kernel -> FX node links of the run
 
     link_kernels(engine, result.run_id)
     kernels = (result.stats or {}).get("gpu_kernels")
     click.echo(f"trace {result.trace_id}: rank {result.rank}, status {result.status}: " + summary_line(result.stats or {})
                + (f"; {kernels} GPU kernels" if kernels is not None else ""))
     if result.status in ("ok", "truncated"):
-        from graphdeck.analysis.traces.trace_map import map_trace
+        from graphdeck.analysis.traces.mapping import map_trace
 
         with Session(engine) as s:
             m = map_trace(s, result.trace_id)
@@ -147,7 +147,7 @@ def _ingest_export(engine, trace_file: str, run_name: str, rank: int | None, str
                    as_json: bool) -> None:
     """``ingest-trace`` of a ``graphdeck export-trace`` file: one trace per rank (pid), NOTE:
     [Export re-ingest] in graphdeck/store/trace_export_ingest.py."""
-    from graphdeck.analysis.traces.trace_map import link_kernels
+    from graphdeck.analysis.traces.mapping import link_kernels
     from graphdeck.errors import UsageError
     from graphdeck.store.db import undo_new_run_on_error
     from graphdeck.store.trace_export_ingest import ingest_export
@@ -170,7 +170,7 @@ def _ingest_export(engine, trace_file: str, run_name: str, rank: int | None, str
             click.echo(line)
         _fail(exc)
     link_kernels(engine, results[0].run_id)
-    from graphdeck.analysis.traces.trace_collectives import rank_spans
+    from graphdeck.analysis.traces.collectives import rank_spans
 
     click.echo(f"{trace_file}: a graphdeck export of {len(results)} ranks ({rank_spans([r.rank for r in results])}); "
                f"stored one trace per rank, times as exported (clock-aligned; each trace's meta "
@@ -204,7 +204,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
 
     try:
         found = discover(paths)
-        from graphdeck.analysis.memory.memory_snapshot_import import import_snapshot, is_snapshot
+        from graphdeck.analysis.memory.snapshots import import_snapshot, is_snapshot
 
         snapshots = [f for f in found if is_snapshot(f)]  # CUDA memory snapshots (NOTE: [Snapshot import])
         named = {str(Path(p)) for p in paths if not Path(p).is_dir()}  # any pickle named is read as a dump
@@ -220,7 +220,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
                 raise
             fr, refused = None, [exc.message]
         if fr is not None:
-            from graphdeck.analysis.ranks.rank_types import _ranks_text  # ranges past 8 ranks
+            from graphdeck.analysis.ranks.records import _ranks_text  # ranges past 8 ranks
 
             click.echo(f"Flight Recorder: ranks {_ranks_text(fr.ranks)}, {fr.entries} entries, {fr.dropped} dropped"
                        + (f"; no dump from ranks {_ranks_text(fr.missing_ranks)}" if fr.missing_ranks else ""))
@@ -241,7 +241,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
             t = ingest_trace(open_engine(store), f, run_name=run_name, strict=strict)
             click.echo(f"Kineto trace {Path(f).name}: rank {t.rank}, {t.num_events} events, status {t.status}")
         if kineto:
-            from graphdeck.analysis.traces.trace_map import link_kernels
+            from graphdeck.analysis.traces.mapping import link_kernels
 
             link_kernels(open_engine(store), t.run_id)
         refused += fr.refused if fr is not None else []
@@ -264,7 +264,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
             _fail(refusal)
         return
     st = result.stats
-    from graphdeck.analysis.ranks.rank_types import _ranks_text  # ranges past 8 ranks
+    from graphdeck.analysis.ranks.records import _ranks_text  # ranges past 8 ranks
 
     click.echo(f"run {result.run_name} (id {result.run_id}): ranks {_ranks_text(result.ranks)}; {st.get('graphs', 0)} graphs, "
                f"{st.get('nodes', 0)} nodes, {st.get('compile_events', 0)} compile events, "

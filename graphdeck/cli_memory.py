@@ -98,8 +98,8 @@ def memory_cmd(run_name: str, graph_id: int, store: str, scope: str | None, step
 def memory_snapshot_cmd(snapshot: str, store: str, run_name: str | None, device: int, top: int) -> None:
     """Replay a CUDA memory snapshot pickle (torch.cuda.memory._dump_snapshot) and print its
     measured peak and who holds the bytes then, on the run's graph nodes where Inductor code
-    allocated them (graphdeck.analysis.memory.memory_measured)."""
-    from graphdeck.analysis.memory.memory_measured import load_snapshot, measure, output_code_files
+    allocated them (graphdeck.analysis.memory.measured)."""
+    from graphdeck.analysis.memory.measured import load_snapshot, measure, output_code_files
     from graphdeck.errors import UsageError
 
     try:
@@ -118,7 +118,7 @@ def memory_snapshot_cmd(snapshot: str, store: str, run_name: str | None, device:
             if run_id is None:
                 raise UsageError(f"no run named {run_name!r} in {store}")
             code = output_code_files(engine, run_id)
-            from graphdeck.analysis.memory.memory_inductor import inductor_step_memory
+            from graphdeck.analysis.memory.inductor import inductor_step_memory
 
             model = inductor_step_memory(engine, run_id)  # NOTE: [Inductor buffer model]
         m = measure(snap, code, device=device)

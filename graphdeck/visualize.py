@@ -23,9 +23,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from graphdeck.analysis.graphs.view import GraphView, ViewEdge, ViewNode, finish_view, node_label, op_category
 from graphdeck.server.render.model_explorer import model_explorer_graph
 from graphdeck.server.render.svg import render_graph_svg
-from graphdeck.server.views import GraphView, ViewEdge, ViewNode, finish_view, node_label, op_category
 
 
 class GraphVisualizer:
@@ -87,7 +87,7 @@ class GraphVisualizer:
 def _stored_view(store: str | os.PathLike, graph_id: int) -> GraphView:
     from sqlalchemy.orm import Session
 
-    from graphdeck.server.views import graph_view
+    from graphdeck.analysis.graphs.view import graph_view
     from graphdeck.store.db import open_engine
 
     engine = open_engine(store, read_only=True)

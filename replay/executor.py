@@ -448,9 +448,9 @@ def node_times_from_trace(session: Session, trace_id: int, graph_id: int) -> tup
     """Per-node total CPU and GPU time (ns) of graph ``graph_id`` in trace ``trace_id``, from the
     executor's ranges (NOTE: [Executor ranges]): CPU = the range's duration; GPU = the kernels,
     memcpys and memsets whose launch lies inside the range (correlation links,
-    :mod:`graphdeck.analysis.traces.trace_links`). Mean per range of the node (one range per iteration)."""
-    from graphdeck.analysis.traces.trace_data import load_events
-    from graphdeck.analysis.traces.trace_links import link_gpu_events
+    :mod:`graphdeck.analysis.traces.links`). Mean per range of the node (one range per iteration)."""
+    from graphdeck.analysis.traces.data import load_events
+    from graphdeck.analysis.traces.links import link_gpu_events
 
     events = load_events(session, trace_id, with_args=False)
     cpu: dict[str, int] = {}
@@ -479,12 +479,12 @@ def recorded_node_ns(session: Session, graph_id: int, exclude: set[int]) -> tupl
     """Per-node time of graph ``graph_id`` in the newest earlier trace that maps onto it: an
     executor trace of the graph in a replay run of its run (named ``executor graph <id>``: its
     ranges; pipeline workers' traces hold one stage each and are skipped; NOTE: [Replay runs] in
-    :mod:`graphdeck.replay.runs`), else the newest trace of its run and rank through a compiled
-    run's kernel mapping (:func:`graphdeck.analysis.traces.trace_map.node_time_ns`).
+    :mod:`graphdeck.store.replay_runs`), else the newest trace of its run and rank through a compiled
+    run's kernel mapping (:func:`graphdeck.analysis.traces.mapping.node_time_ns`).
     Only trace names are scanned, so a store with many large traces is not read event by event.
     ``(None, {})`` when none maps."""
-    from graphdeck.analysis.traces.trace_map import node_time_ns
-    from graphdeck.replay.runs import executor_traces
+    from graphdeck.analysis.traces.mapping import node_time_ns
+    from graphdeck.store.replay_runs import executor_traces
 
     g = session.get(Graph, graph_id)
     for tid, _name in reversed(executor_traces(session, g, single_only=True)):
@@ -508,7 +508,7 @@ def execute_graph(engine, graph_id: int, *, device: str = "cpu", iters: int = 3,
     """Rebuild graph ``graph_id``, run it ``iters`` times on ``device`` under the profiler with
     node ranges, ingest the trace as trace ``executor graph <id>`` (the graph's rank) of replay run
     ``run_name`` (default: a new replay run of the graph's run; never the graph's own run: NOTE:
-    [Replay runs] in :mod:`graphdeck.replay.runs`), and compare per-node times with the recorded
+    [Replay runs] in :mod:`graphdeck.store.replay_runs`), and compare per-node times with the recorded
     trace where one maps onto the graph.
     ``microbatch_size`` other than the captured batch runs the graph rebatched
     (:func:`graphdeck.replay.rebatch.rebatch`); its trace is ``executor graph <id> batch <b>``
@@ -542,7 +542,7 @@ def execute_graph(engine, graph_id: int, *, device: str = "cpu", iters: int = 3,
             return result
         set_trace_rank(path, stored.rank)
         if run_name is None:
-            from graphdeck.replay.runs import create_replay_run
+            from graphdeck.store.replay_runs import create_replay_run
 
             run_name = create_replay_run(engine, graph_id)
         ing = ingest_trace(engine, path, run_name=run_name, rank=stored.rank, name=name)

@@ -2,7 +2,7 @@
 
 A replay plays a step back at ``step_interval_ms`` per frame: frame ``i`` is the i-th GPU kernel
 of the step by start time — or, in a trace without GPU kernels, the i-th ATen op / C++ kernel
-run inside a compiled region (NOTE: [CPU trace mapping] in ``analysis/traces/cpu_trace_map.py``;
+run inside a compiled region (NOTE: [CPU trace mapping] in ``analysis/traces/cpu_mapping.py``;
 ``source`` says which); the cursor sits at its start and the graph view lights up its node
 (``<g id="node-<idx>">`` in the graph SVG). ``highlight_ops`` marks the frames whose kernel
 name, launching operator, node name or node op matches, so a replay can stop on them or draw
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_analysis import TraceData
+from graphdeck.analysis.traces.analyze import TraceData
 from graphdeck.errors import UsageError
 from graphdeck.store.schema import InternedString, Node
 

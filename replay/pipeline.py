@@ -273,7 +273,7 @@ def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "la
     in-process without a process group, more are spawned processes joined by ``backend``
     (default ``gloo`` on CPU, ``nccl`` on CUDA). Worker ``r``'s trace is rank ``r`` of replay run
     ``run_name`` (default: a new replay run of the graph's run; NOTE: [Replay runs] in
-    :mod:`graphdeck.replay.runs`).
+    :mod:`graphdeck.store.replay_runs`).
 
     Raises UsageError (bad flags, a microbatch size the static graph cannot take), BadInputError
     (a node cannot be rebuilt), NotFoundError (no such graph).
@@ -327,7 +327,7 @@ def run_pipeline(engine, graph_id: int, *, workers: int = 2, strategy: str = "la
                                 outputs, busy, makespan, bubble, plan=plan)
         if profile and ingest:
             if run_name is None:
-                from graphdeck.replay.runs import create_replay_run
+                from graphdeck.store.replay_runs import create_replay_run
 
                 run_name = create_replay_run(engine, graph_id, workers=workers)
             result.run_name = run_name
@@ -377,7 +377,7 @@ def replay(engine, graph_id: int, *, workers: int = 1, strategy: str = "layerwis
 
     Returns a JSON-able summary (``batch``: captured and replayed batch size; ``recorded_devices``;
     ``heterogeneous_fusion`` when set; ``run``: the replay run holding its traces, NOTE: [Replay
-    runs] in :mod:`graphdeck.replay.runs` — never the graph's own run). Raises as :func:`run_pipeline` / :func:`execute_graph`."""
+    runs] in :mod:`graphdeck.store.replay_runs` — never the graph's own run). Raises as :func:`run_pipeline` / :func:`execute_graph`."""
     from graphdeck.replay.executor import execute_graph, load_stored_graph, recorded_node_ns
     from graphdeck.replay.partition import plan_for_graph
     from graphdeck.replay.placement import check_device

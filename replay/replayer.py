@@ -11,8 +11,8 @@ Example::
 
 The trace is ingested into ``store`` when it is not there yet (same run, same file name, status
 ``ok``/``truncated``); kernel → node links are (re)built from the run's compile records. Every
-analysis returns plain data (see :mod:`graphdeck.analysis.traces.trace_analysis` and
-:mod:`graphdeck.analysis.traces.trace_collectives`).
+analysis returns plain data (see :mod:`graphdeck.analysis.traces.analyze` and
+:mod:`graphdeck.analysis.traces.collectives`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from urllib.parse import urlencode
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_analysis import (
+from graphdeck.analysis.traces.analyze import (
     CommRule,
     TraceData,
     analyze_trace,
@@ -38,8 +38,8 @@ from graphdeck.analysis.traces.trace_analysis import (
     overlap,
     step_times,
 )
-from graphdeck.analysis.traces.trace_collectives import align_and_match
-from graphdeck.analysis.traces.trace_map import link_kernels, node_time_ns
+from graphdeck.analysis.traces.collectives import align_and_match
+from graphdeck.analysis.traces.mapping import link_kernels, node_time_ns
 from graphdeck.errors import UsageError
 from graphdeck.replay.frames import replay_frames
 from graphdeck.store.db import open_engine
@@ -180,7 +180,7 @@ class TraceReplayer:
         return TraceData(session, self.trace_id)
 
     def analyses(self, comm=None) -> dict:
-        """Every per-trace analysis (:func:`graphdeck.analysis.traces.trace_analysis.analyze_trace`)."""
+        """Every per-trace analysis (:func:`graphdeck.analysis.traces.analyze.analyze_trace`)."""
         with Session(self.engine) as s:
             return analyze_trace(s, self.trace_id, CommRule(extra=tuple(comm or ())))
 

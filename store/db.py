@@ -417,7 +417,7 @@ def delete_run(engine: Engine, run_id: int) -> dict:
     """Delete run ``run_id`` and every row of it in one transaction: its ranks, parameters,
     graphs with their nodes, edges, bindings and kernel links, partitions, compile records,
     gradient evidence, traces with their events (rows of any table that point at one of its
-    graphs or traces too), its replay runs (NOTE: [Replay runs] in :mod:`graphdeck.replay.runs`:
+    graphs or traces too), its replay runs (NOTE: [Replay runs] in :mod:`graphdeck.store.replay_runs`:
     they time its graphs) with theirs, and the upload markers (``store_meta["upload:<id>"]``) that name it, so
     uploading the same file again merges it anew. Interned strings are shared by every run and
     stay. Returns ``{"run_id", "run_name", "rows": {table: deleted}}`` (``rows["runs"]``: the run and
@@ -448,7 +448,7 @@ def delete_run(engine: Engine, run_id: int) -> dict:
             name = s.scalar(select(Run.name).where(Run.id == run_id).with_for_update())
             if name is None:
                 raise NotFoundError(f"run {run_id} not found", resource="run", id=run_id)
-            from graphdeck.replay.runs import replay_run_ids
+            from graphdeck.store.replay_runs import replay_run_ids
 
             family.clear()
             family.update({run_id, *replay_run_ids(s, run_id)})  # the run and its replay runs

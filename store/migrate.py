@@ -104,7 +104,7 @@ def _graphdeck_version() -> str:
 
 
 #: Tables added after schema 2 that a reader of an older store may find absent (read as empty:
-#: ``graphdeck.analysis.gradients.grad_evidence.load`` looks before it queries; node times are computed from
+#: ``graphdeck.analysis.gradients.evidence.load`` looks before it queries; node times are computed from
 #: the trace's events when ``node_time_sets`` is absent: ``graphdeck.store.node_times``; export-trace maps
 #: the events when ``trace_links`` is: ``graphdeck.analysis.traces.export_map``).
 OPTIONAL_TABLES = frozenset({"grad_steps", "node_time_sets", "node_times", "trace_links"})

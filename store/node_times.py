@@ -2,7 +2,7 @@
 
 # NOTE: [Node-time table]
 Mapping a trace's events onto FX nodes (NOTE: [Node time per step] in
-:mod:`graphdeck.analysis.run_diff_times`) reads every event of the trace: ~0.25 s CPU for a trace of
+:mod:`graphdeck.analysis.diff.times`) reads every event of the trace: ~0.25 s CPU for a trace of
 24k events, 4.2 of the 4.5 s of a diff of two 8-rank runs (bench/RESULTS.md). The ingest does it
 once, right after the trace is stored (:func:`record`, called by
 :func:`graphdeck.store.traces.ingest_trace`), and keeps the result as one :class:`NodeTimeSet`
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The mapper of :mod:`graphdeck.analysis.run_diff_times` and its version: bump it when that
+#: The mapper of :mod:`graphdeck.analysis.diff.times` and its version: bump it when that
 #: mapping changes, so sets written by an older graphdeck are recomputed rather than trusted.
 METHOD = "run_diff/2"  # 2: one mapping with every other consumer (map_trace), CPU Inductor kernels too
 AOT_KINDS = ("aot_forward", "aot_backward", "aot_inference")
@@ -76,7 +76,7 @@ def _zeros(shape) -> np.ndarray:
 
 
 def no_graphs(trace_id: int, rank: int) -> TraceNodeTimes:
-    """What :func:`graphdeck.analysis.run_diff_times.trace_node_times` gives for a rank without
+    """What :func:`graphdeck.analysis.diff.times.trace_node_times` gives for a rank without
     AOT graphs (same ``missing`` text), made without numpy or the mapper: no nodes, arrays None."""
     return TraceNodeTimes(trace_id, missing=f"rank {rank}: no AOTAutograd graph stored to map trace {trace_id} onto",
                           step_ns=None, total_ns=None, count=None)
@@ -193,7 +193,7 @@ def record(engine: Engine, trace_id: int, by_kernel: dict | None = None) -> int 
             run_id, rank = s.execute(select(Trace.run_id, Trace.rank).where(Trace.id == trace_id)).one()
             state = rank_state(s, run_id, rank)  # before the mapping: a graph added meanwhile makes it stale
             if state[0]:
-                from graphdeck.analysis.run_diff_times import trace_node_times
+                from graphdeck.analysis.diff.times import trace_node_times
 
                 times = trace_node_times(s, run_id, rank, trace_id, by_kernel=by_kernel)
             else:  # nothing to map onto: the mapper's answer without loading it (and numpy)

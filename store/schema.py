@@ -339,7 +339,7 @@ class NodeTimeSet(Base):
     :class:`NodeTime`.
 
     ``method`` names the mapper and its version (``"run_diff/2"``: the units ``map_trace`` places —
-    GPU kernels, or a CPU trace's ops and C++ kernels; :mod:`graphdeck.analysis.run_diff_times`); ``source`` what it
+    GPU kernels, or a CPU trace's ops and C++ kernels; :mod:`graphdeck.analysis.diff.times`); ``source`` what it
     read (``gpu kernels`` | ``cpu ops of compiled functions``; NULL when nothing mapped, ``missing``
     then says why). ``steps``: profiled steps (``ProfilerStep#N`` ranges; 1 when the trace has
     none). ``mapped_calls`` / ``unmapped_calls``: compiled-function calls or kernels placed / not.

@@ -141,7 +141,7 @@ def module_paths(text: TextGraph, owner_of_placeholder: dict[str, str]) -> dict[
 
 def profiler_name(kernel: str) -> str:
     """A provenance kernel key (handle removed) as the profiler names the call, the convention of
-    ``graphdeck.analysis.traces.trace_map.trace_call_name``: ``extern_kernels.mm`` → ``aten::mm``,
+    ``graphdeck.analysis.traces.mapping.trace_call_name``: ``extern_kernels.mm`` → ``aten::mm``,
     ``torch.ops.aten.X.default`` → ``aten::X``; Triton/C++ kernels keep their own name."""
     if kernel.startswith("extern_kernels."):
         return "aten::" + kernel[len("extern_kernels."):]

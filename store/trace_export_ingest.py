@@ -1,7 +1,7 @@
 """Re-ingesting a graphdeck export (``graphdeck export-trace``): one trace per rank again.
 
 # NOTE: [Export re-ingest]
-An export (NOTE: [Trace export] in graphdeck/analysis/traces/trace_export.py) holds many ranks in
+An export (NOTE: [Trace export] in graphdeck/analysis/traces/export.py) holds many ranks in
 one Chrome Trace Event Format file: ``pid`` = the rank, a ``process_name`` metadata event
 ``"rank N"`` opening each rank's events, times in µs since ``baseTimeNanoseconds`` (the first key)
 on the clock-aligned time base, the flow pairs after every rank's events and a ``graphdeck`` key

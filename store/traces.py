@@ -246,11 +246,11 @@ def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progre
 
 def _keep_collective_index(engine: Engine, trace_id: int, stats: dict) -> None:
     """The trace's collectives and step times, computed once here (in the ingesting process) and
-    kept in its ``stats_json`` (NOTE: [Collective index] in graphdeck.analysis.traces.trace_collectives).
+    kept in its ``stats_json`` (NOTE: [Collective index] in graphdeck.analysis.traces.collectives).
     Best effort: without it, the analyses read the events instead."""
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.traces.trace_collectives import INDEX_KEY, build_index
+    from graphdeck.analysis.traces.collectives import INDEX_KEY, build_index
 
     try:
         with Session(engine) as s:

@@ -4,7 +4,7 @@ A mutant is a real dump or snapshot with values swapped for other types at rando
 ``None``, a string, a negative or 2^70 integer, ``nan``, a list, a dict, a key removed), written
 as the file the importer reads (pickle or JSON). Each goes through the whole import —
 :func:`graphdeck.store.fr_import.import_flight_dumps` / :func:`graphdeck.analysis.memory.
-memory_snapshot_import.import_snapshot` into a real SQLite store — and must end either imported
+snapshots.import_snapshot` into a real SQLite store — and must end either imported
 or in a :class:`~graphdeck.errors.GraphdeckError` (the CLI's exit 2, naming the file); anything
 else is a crash. Used by ``tests/test_import_fuzz.py`` (a few dozen mutants) and
 ``bench/bench_import_fuzz.py`` (hundreds).
@@ -100,7 +100,7 @@ def run_one(kind: str, obj, folder: Path, i: int, engine) -> str | None:
     write(obj, fmt, f)
     try:
         if kind == "snapshot":
-            from graphdeck.analysis.memory.memory_snapshot_import import import_snapshot
+            from graphdeck.analysis.memory.snapshots import import_snapshot
 
             import_snapshot(engine, f, f"fuzz{i}")
         else:

@@ -19,7 +19,7 @@ Fixtures (session-scoped, each job runs once per test session; tests using them 
 Each returns the SQLite store's :class:`~pathlib.Path` (one run in it, named as above).
 
 ``layout_record(rank, ...)`` builds a ``graphdeck_parallel_layout`` payload (NOTE: [Parallel
-layout] in graphdeck/analysis/layout.py) the way the capture writes it.
+layout] in graphdeck/analysis/parallel/layout.py) the way the capture writes it.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_h200_fsdp2_inductor_store(tmp_path):
 
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.traces.trace_map import map_trace
+    from graphdeck.analysis.traces.mapping import map_trace
 
     path = tmp_path / "fsdp2.db"
     with gzip.open(REPO / "tests" / "data" / "fsdp2_h200" / "fsdp2.db.gz") as src, open(path, "wb") as dst:

@@ -26,8 +26,8 @@ from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.compile_health import Thresholds, compile_health
-from graphdeck.analysis.compile_index import compile_index
+from graphdeck.analysis.compilation.health import Thresholds, compile_health
+from graphdeck.analysis.compilation.index import compile_index
 from graphdeck.cli import main as cli
 from graphdeck.store.db import get_or_create_rank, open_engine
 from graphdeck.store.schema import Graph, Run
@@ -249,7 +249,7 @@ def test_text_shows_each_rank_its_own_compiles(corpus):
     """C4: rank 1 compiled the frame 15 times, rank 3 7 times. The text once showed "(ranks 1, 3):
     15 of … compiles used" — rank 3 with rank 1's count (issue 34); the JSON had each rank's own.
     Now the merged frame carries each rank's numbers (``per_rank``) and the text reads them."""
-    from graphdeck.analysis.compile_health_text import to_text
+    from graphdeck.analysis.compilation.text import to_text
 
     store, _ = corpus
     mr = health(store, "tlparse_tests/inputs/multi_rank_logs")

@@ -1,4 +1,4 @@
-"""CPU traces on graph nodes (issue 23 item 1; NOTE: [CPU trace mapping] in analysis/traces/cpu_trace_map.py).
+"""CPU traces on graph nodes (issue 23 item 1; NOTE: [CPU trace mapping] in analysis/traces/cpu_mapping.py).
 
 Inputs are real jobs: the main job's training code (``graphdeck.demo``: GPT-2, DDP with
 ``bucket_cap_mb=1``, torch.compile through the capture agent, ``Agent.profile``) on 2 gloo ranks
@@ -21,8 +21,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.cpu_trace_map import OVERHEAD_KINDS, WRAPPER_OP_HOW
-from graphdeck.analysis.traces.trace_map import map_trace
+from graphdeck.analysis.traces.cpu_mapping import OVERHEAD_KINDS, WRAPPER_OP_HOW
+from graphdeck.analysis.traces.mapping import map_trace
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, Run, Trace
 from tests.conftest import LiveServer
@@ -264,8 +264,8 @@ def test_inductor_cpp_kernels_map_to_nodes(tmp_path):
         assert kinds == {"aot_forward", "aot_backward"}
     # The live capture keeps Inductor's wrapper code, whole: a snapshot is attributed through it and
     # the graph-derived step learns Inductor's buffers (NOTE: [Inductor buffer model]).
-    from graphdeck.analysis.memory.memory_inductor import inductor_step_memory
-    from graphdeck.analysis.memory.memory_measured import output_code_files
+    from graphdeck.analysis.memory.inductor import inductor_step_memory
+    from graphdeck.analysis.memory.measured import output_code_files
 
     engine = open_engine(store, read_only=True)
     with Session(engine) as s:

@@ -425,7 +425,7 @@ def h200_stores(tmp_path_factory):
     import gzip
     import sqlite3
 
-    from graphdeck.analysis.traces.trace_map import link_kernels
+    from graphdeck.analysis.traces.mapping import link_kernels
     from graphdeck.store.traces import ingest_trace
 
     data = REPO / "tests" / "data" / "ddp_h200x2"

@@ -1,5 +1,5 @@
 """``graphdeck export-trace`` and ``GET /api/runs/{id}/export-trace`` (issue 26 item 3; NOTE: [Trace
-export] in analysis/traces/trace_export.py) on real multi-rank stores: the 2 x H200 DDP run of
+export] in analysis/traces/export.py) on real multi-rank stores: the 2 x H200 DDP run of
 tests/data/ddp_h200x2 (GPT-2 under Inductor, both ranks' Kineto traces ingested and the kernel →
 node links rebuilt, as tests/test_h200x2.py does) and HTA's sampled 2-rank NCCL traces from
 ../shared/data/traces (no graphs). The file is checked structurally against the Trace Event
@@ -22,11 +22,11 @@ from click.testing import CliRunner
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.traces.collectives import align_and_match
+from graphdeck.analysis.traces.data import load_events
+from graphdeck.analysis.traces.export import CHUNK_BYTES, export_trace, iter_export, parse_ranks, plan_export
 from graphdeck.analysis.traces.export_map import kernel_links, refresh_links, stored_links
-from graphdeck.analysis.traces.trace_collectives import align_and_match
-from graphdeck.analysis.traces.trace_data import load_events
-from graphdeck.analysis.traces.trace_export import CHUNK_BYTES, export_trace, iter_export, parse_ranks, plan_export
-from graphdeck.analysis.traces.trace_map import link_kernels, map_trace
+from graphdeck.analysis.traces.mapping import link_kernels, map_trace
 from graphdeck.cli import main
 from graphdeck.errors import UsageError
 from graphdeck.store.db import open_engine

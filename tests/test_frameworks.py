@@ -71,7 +71,7 @@ def test_ddp_is_a_replica_dimension(tmp_path):
     recorded as a 1-D ``ddp`` dimension, so the map draws the replicas and the summary's layout
     line is PASS (before: no layout, ``N/A``, and an empty map). DDP over a mesh's ``dp``
     dimension adds no second dimension."""
-    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.parallel.layout import load_layout
 
     store = tmp_path / "s.db"
     run_python(DDP_LAYOUT, str(store))

@@ -24,10 +24,10 @@ from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.memory.memory_measured import load_snapshot, measure, output_code_files
-from graphdeck.analysis.memory.memory_snapshot_import import is_snapshot
+from graphdeck.analysis.memory.measured import load_snapshot, measure, output_code_files
+from graphdeck.analysis.memory.snapshots import is_snapshot
 from graphdeck.analysis.traces.kernel_source_nodes import coverage_warning, output_code_table
-from graphdeck.analysis.traces.trace_map import map_trace
+from graphdeck.analysis.traces.mapping import map_trace
 from graphdeck.cli import main as cli
 from graphdeck.errors import UsageError
 from graphdeck.store.db import open_engine
@@ -228,7 +228,7 @@ def _cpu_made_snapshot(code: dict) -> tuple[dict, int, list[str]]:
     a backward's ``empty_strided`` lines (its output code file and line numbers, as CUDA frames
     would name them) and an eager one, one of them freed. Returns it, the peak bytes and the
     first buffer's nodes."""
-    from graphdeck.analysis.memory.memory_measured import _nodes_at
+    from graphdeck.analysis.memory.measured import _nodes_at
 
     path, (gid, _cid, lines) = next((p, v) for p, v in code.items() if any("empty_strided" in ln for ln in v[2]))
     cands = [i + 1 for i, ln in enumerate(lines) if "empty_strided" in ln and _nodes_at(lines, i + 1)]
@@ -299,7 +299,7 @@ def test_inductor_code_gives_the_step_peak_within_10_percent(imported, data):
     AdamW's state (two fp32 copies of the parameters: no graph holds it) is within 10% of the
     H200's measured ``max_memory_allocated`` (the ATen-graph model was 6.4% below only because
     it left out the loss graph's activations while over-counting the model's)."""
-    from graphdeck.analysis.memory.memory_inductor import inductor_step_memory
+    from graphdeck.analysis.memory.inductor import inductor_step_memory
 
     info = json.loads((data / "info.json").read_text())
     engine = open_engine(imported[0])

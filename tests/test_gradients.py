@@ -322,7 +322,7 @@ def test_collectives_in_the_backward_graph(tmp_path):
 
 def test_eager_reports_of_two_ranks_combine_into_a_predicted_hang():
     """G4 in eager mode: each rank validates its own batch; combined, the gradient sets differ."""
-    from graphdeck.analysis.gradients.grad_report import combine
+    from graphdeck.analysis.gradients.report import combine
 
     torch.manual_seed(0)
     model = C.BranchOnBatch()

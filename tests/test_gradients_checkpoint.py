@@ -22,8 +22,8 @@ import torch.nn as nn
 from click.testing import CliRunner
 from torch.utils.checkpoint import checkpoint
 
-from graphdeck.analysis.gradients.grad_eager import DDP_READY_TWICE_ERROR, eager_report
-from graphdeck.analysis.gradients.grad_report import GradReport, combine
+from graphdeck.analysis.gradients.eager import DDP_READY_TWICE_ERROR, eager_report
+from graphdeck.analysis.gradients.report import GradReport, combine
 from graphdeck.cli import main as cli
 from tests import grad_cases as C
 from tests.conftest import free_port
@@ -194,7 +194,7 @@ import json, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, sys.argv[4])
 from tests.test_gradients_checkpoint import CheckpointedLoRA, SHARED, _x, loss
-from graphdeck.analysis.gradients.grad_eager import eager_report
+from graphdeck.analysis.gradients.eager import eager_report
 rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 res = {}

@@ -455,7 +455,7 @@ def test_steady_baseline_reads_only_what_the_optimizers_zero_grad_did_not_clear(
 def test_combine_renumbers_rank0_reports_and_bad_output_path_is_usage(tmp_path):
     """Eager reports made without a process group all say rank 0: combine() numbers them in order
     (not "rank [0] but not rank [0]"); check-grads -o to an unwritable path exits 2, not 1."""
-    from graphdeck.analysis.gradients.grad_report import GradReport, ParamRow, combine
+    from graphdeck.analysis.gradients.report import GradReport, ParamRow, combine
 
     a = GradReport(mode="eager", run="r", rows=[ParamRow(rank=0, fqn="w", status="OK", paths=1)])
     b = GradReport(mode="eager", run="r", rows=[ParamRow(rank=0, fqn="w", status="NO_GRAD")])

@@ -21,9 +21,9 @@ from click.testing import CliRunner
 from sqlalchemy.orm import Session
 
 from graphdeck import validate_backward
+from graphdeck.analysis.gradients.compiles import compile_findings, compile_states
 from graphdeck.analysis.gradients.core import find_run
-from graphdeck.analysis.gradients.grad_compiles import compile_findings, compile_states
-from graphdeck.analysis.gradients.grad_report import ParamRow
+from graphdeck.analysis.gradients.report import ParamRow
 from graphdeck.capture import Agent
 from graphdeck.cli import main as cli
 from graphdeck.store.db import open_engine

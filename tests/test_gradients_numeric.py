@@ -178,7 +178,7 @@ def test_context_from_a_captured_run(context_store):
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.gradients.core import find_run
-    from graphdeck.analysis.gradients.grad_numeric import caller_context, context_options
+    from graphdeck.analysis.gradients.numeric import caller_context, context_options
     from graphdeck.store.db import open_engine
 
     with Session(open_engine(context_store, read_only=True)) as s:

@@ -276,8 +276,8 @@ def test_partition_overlay_labels_pipeline_stage_graphs(nd_pipeline_store):  # n
 
 
 def test_group_dims_prefer_the_ranks_layout_then_others_then_mesh_names():
-    from graphdeck.analysis.layout import build_layout
-    from graphdeck.analysis.parallel_overlay import group_dims, norm_fqn
+    from graphdeck.analysis.parallel.layout import build_layout
+    from graphdeck.analysis.parallel.partition import group_dims, norm_fqn
     from tests.nd_fixtures import layout_record
 
     layout = build_layout({r: layout_record(r) for r in (0, 1)}, 4)
@@ -289,10 +289,10 @@ def test_group_dims_prefer_the_ranks_layout_then_others_then_mesh_names():
 
 
 def test_nested_regions_are_boxes_inside_boxes():
-    from graphdeck.analysis.regions import Region
+    from graphdeck.analysis.graphs.view import GraphView, ViewEdge, ViewNode
+    from graphdeck.analysis.parallel.regions import Region
     from graphdeck.server.render.regions import apply_regions
     from graphdeck.server.render.svg import render_graph_svg
-    from graphdeck.server.views import GraphView, ViewEdge, ViewNode
 
     def node(i, name, ns, op="call_function"):
         return ViewNode(id=name, idx=i, label=name, op=op, target=f"aten.{name}.default", category="other",
@@ -326,7 +326,7 @@ def test_partition_overlay_on_recorded_fsdp2_and_ddp_stores(tmp_path):
     from sqlalchemy import text
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.overlays import graph_overlay
+    from graphdeck.analysis.parallel.overlays import graph_overlay
     from graphdeck.store.db import open_engine
 
     data = Path(__file__).parent / "data"

@@ -239,8 +239,8 @@ def test_v4_backward_nodes_without_a_module_join_a_neighbour(hostile):
 
 
 def test_graph_diff_pairs_renamed_nodes_and_marks_inserted_and_changed():
-    from graphdeck.analysis.graphdiff import diff_views
-    from graphdeck.server.views import GraphView, ViewEdge, ViewNode, node_label, op_category
+    from graphdeck.analysis.graphs.diff import diff_views
+    from graphdeck.analysis.graphs.view import GraphView, ViewEdge, ViewNode, node_label, op_category
 
     def view(gid, spec):
         nodes = [ViewNode(id=n, idx=i, label=node_label(op, t), op=op, target=t, category=op_category(op, t), shape=shape)

@@ -237,7 +237,7 @@ def test_edges_never_cut_through_a_box_and_cross_less(server, graphs):
 def _flat_view(n_params: int, extra_ops: int = 0):
     """A synthetic optimizer step: params p<i> and grads g<i>, ``_foreach_add(ps, gs)``, one
     getitem per element and a copy_ back into each param (plus ``extra_ops`` loose ops)."""
-    from graphdeck.server.views import GraphView, ViewEdge, ViewNode
+    from graphdeck.analysis.graphs.view import GraphView, ViewEdge, ViewNode
 
     nodes, edges, calls, k = [], [], {}, 0
 

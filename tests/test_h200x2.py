@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 
 from graphdeck import validate_backward
 from graphdeck.analysis.ranks.core import rank_report
-from graphdeck.analysis.traces.trace_analysis import TraceData, overlap
-from graphdeck.analysis.traces.trace_collectives import align_and_match
-from graphdeck.analysis.traces.trace_map import link_kernels, map_trace
+from graphdeck.analysis.traces.analyze import TraceData, overlap
+from graphdeck.analysis.traces.collectives import align_and_match
+from graphdeck.analysis.traces.mapping import link_kernels, map_trace
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run
 from graphdeck.store.traces import ingest_trace
@@ -174,7 +174,7 @@ def test_two_h200_comm_overlay_over_http(ddp_store, fsdp2_store):
     placeholders); the ``time`` overlay is computation only, and the two add up to all mapped time."""
     import httpx
 
-    from graphdeck.analysis.traces.trace_map import node_time_ns
+    from graphdeck.analysis.traces.mapping import node_time_ns
     from tests.conftest import LiveServer
 
     for path, run in ((ddp_store, "ddp"), (fsdp2_store, "fsdp2")):
@@ -230,7 +230,7 @@ def test_two_h200_twin_bucket_graphs_each_get_their_time(ddp_store):
     """DDPOptimizer's buckets of identical blocks share Inductor's code, so only the first has a
     kernel table (NOTE: [Twin graphs]); each bucket graph still gets its own block's time, not
     the first one all of it. NCCL kernels are named for people by what they carry."""
-    from graphdeck.analysis.traces.trace_map import node_time_ns
+    from graphdeck.analysis.traces.mapping import node_time_ns
 
     engine = open_engine(ddp_store)
     with Session(engine) as s:

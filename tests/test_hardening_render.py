@@ -13,10 +13,10 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from graphdeck.analysis.graphs.view import GraphView, ViewEdge, ViewNode
 from graphdeck.capture.upload import upload_store
 from graphdeck.server.render.svg import fallback_svg, note_svg, render_graph_svg
 from graphdeck.server.render.timeline import timeline_figure
-from graphdeck.server.views import GraphView, ViewEdge, ViewNode
 from tests.conftest import LiveServer
 
 TOKEN = "render-token"

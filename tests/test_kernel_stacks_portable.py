@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from graphdeck.analysis.traces.trace_map import _by_stacks, _portable_stack
+from graphdeck.analysis.traces.mapping import _by_stacks, _portable_stack
 
 LINE = ', line 1024, in forward\n    hidden = self.c_fc(x)\n'
 

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from graphdeck.analysis.layout import EVENT_NAME, build_layout, load_layout
+from graphdeck.analysis.parallel.layout import EVENT_NAME, build_layout, load_layout
 from graphdeck.capture.writer import StoreWriter
 from graphdeck.store.db import open_engine, session_factory
 from tests.conftest import LiveServer

@@ -4,7 +4,7 @@ real GPT-2 run's figures are in tests/test_gpu_truth.py."""
 
 from __future__ import annotations
 
-from graphdeck.analysis.memory.memory_inductor import _owned, call_memory
+from graphdeck.analysis.memory.inductor import _owned, call_memory
 
 FW = '''
 def call(self, args):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from graphdeck.analysis.memory.memory_compare import MAX_POINTS, downsample, snapshot_curve
+from graphdeck.analysis.memory.compare import MAX_POINTS, downsample, snapshot_curve
 from graphdeck.cli import main as cli
 from tests.conftest import LiveServer
 

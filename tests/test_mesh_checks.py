@@ -22,11 +22,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients.grad_mesh import Wrapping, pp_cut_findings, tp_partial_findings
-from graphdeck.analysis.gradients.grad_report import ParamRow, divergence_findings
-from graphdeck.analysis.layout import build_layout
+from graphdeck.analysis.gradients.mesh import Wrapping, pp_cut_findings, tp_partial_findings
+from graphdeck.analysis.gradients.report import ParamRow, divergence_findings
+from graphdeck.analysis.parallel.layout import build_layout
 from graphdeck.analysis.ranks.core import Collective, RankReport, rank_report
-from graphdeck.analysis.ranks.mesh_ranks import compare_schedules
+from graphdeck.analysis.ranks.mesh import compare_schedules
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import CompileEvent, Run
 from tests.conftest import REPO, free_port, run_python

@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis import summary as S
-from graphdeck.analysis.traces.trace_map import map_trace
+from graphdeck.analysis.traces.mapping import map_trace
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run, Trace
 from graphdeck.store.torch_trace import import_torch_trace
@@ -271,7 +271,7 @@ def test_page_gradient_failure_is_first_with_the_link_to_the_grads_page(server, 
 def test_layout_line_when_a_layout_was_recorded(tmp_path):
     """Layout records written through the capture's writer for a 2x2 dp x tp job; rank 3's is
     missing (it died before ``watch``): INCOMPLETE naming it, then PASS once it is there."""
-    from graphdeck.analysis.layout import EVENT_NAME
+    from graphdeck.analysis.parallel.layout import EVENT_NAME
     from graphdeck.capture.writer import StoreWriter
     from tests.nd_fixtures import fsdp_tp_records
 

@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 
 from graphdeck.analysis.ranks.compile_skew import DEFAULT_TIMEOUT_S, compile_skew
 from graphdeck.analysis.ranks.cpu_collectives import cpu_collective_events, normalise_kind, rank_timing
-from graphdeck.analysis.traces.trace_analysis import TraceData, overlap
-from graphdeck.analysis.traces.trace_collectives import align_and_match, run_traces
+from graphdeck.analysis.traces.analyze import TraceData, overlap
+from graphdeck.analysis.traces.collectives import align_and_match, run_traces
 from graphdeck.errors import NotFoundError
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run

@@ -1,4 +1,4 @@
-"""``graphdeck replay`` is a run of its own (issue 36 item 1; NOTE: [Replay runs] in replay/runs.py).
+"""``graphdeck replay`` is a run of its own (issue 36 item 1; NOTE: [Replay runs] in store/replay_runs.py).
 
 Input: the main job's training code (``graphdeck.demo``: GPT-2, DDP with ``bucket_cap_mb=1``,
 torch.compile through the capture agent, profiled steps) on 2 gloo ranks under torchrun, ``aot_eager``

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.scale_harness import make_scale_run  # noqa: E402
-from graphdeck.analysis.traces.trace_collectives import align_and_match  # noqa: E402
+from graphdeck.analysis.traces.collectives import align_and_match  # noqa: E402
 from graphdeck.store.db import open_engine  # noqa: E402
 from graphdeck.store.schema import Run  # noqa: E402
 
@@ -134,8 +134,8 @@ def test_check_grads_over_64_ranks(scale64):
 def test_check_compile_text_condenses(scale64):
     """check-compile over 64 ranks: restarts, breaks and per-rank times one line per kind, ranks
     as ranges (issue 26)."""
-    from graphdeck.analysis.compile_health import Thresholds, compile_health
-    from graphdeck.analysis.compile_health_text import to_text
+    from graphdeck.analysis.compilation.health import Thresholds, compile_health
+    from graphdeck.analysis.compilation.text import to_text
 
     run, engine, _a = scale64
     with Session(engine) as s:

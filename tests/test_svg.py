@@ -12,12 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from graphdeck.analysis.overlays import Overlay
+from graphdeck.analysis.graphs.view import (
+    GraphView,
+    ViewEdge,
+    ViewNode,
+    finish_view,
+    node_label,
+    op_category,
+    short_target,
+)
+from graphdeck.analysis.parallel.overlays import Overlay
 from graphdeck.errors import UsageError
 from graphdeck.server.render import svg as svg_mod
 from graphdeck.server.render.palette import EDGE_HEAVY
 from graphdeck.server.render.svg import CATEGORY_COLORS, SvgCache, render_graph_svg, tensor_label
-from graphdeck.server.views import GraphView, ViewEdge, ViewNode, finish_view, node_label, op_category, short_target
 
 SVG = "{http://www.w3.org/2000/svg}"
 EVIL = "<script>alert(1)</script>"

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.layout import EVENT_NAME, build_layout, load_layout
+from graphdeck.analysis.parallel.layout import EVENT_NAME, build_layout, load_layout
 from graphdeck.analysis.ranks.core import rank_report
 from graphdeck.capture.writer import StoreWriter
 from graphdeck.store.db import open_engine

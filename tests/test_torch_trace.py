@@ -255,7 +255,7 @@ def test_compiled_autograd_ids(tmp_path):
     import os
     import shutil
 
-    from graphdeck.analysis.compile_index import compile_index
+    from graphdeck.analysis.compilation.index import compile_index
 
     trace_dir = tmp_path / "ca"
     proc = subprocess.run([sys.executable, "-c", CA_SCRIPT], env={**os.environ, "TORCH_TRACE": str(trace_dir)},
@@ -277,7 +277,7 @@ def test_compiled_autograd_ids(tmp_path):
 def test_plain_text_recompile_reasons(tmp_path):
     """torch 2.13 logs ``recompile_reasons`` as plain text (one per line) under "encoding": "json"
     (seen in a 2-rank run of gen_ddp_traces.py's ``diverge`` scenario); both forms are read."""
-    from graphdeck.analysis.compile_index import compile_index
+    from graphdeck.analysis.compilation.index import compile_index
     from tests.test_torch_trace_browser import _record
 
     art = {"artifact": {"name": "recompile_reasons", "encoding": "json"}, "rank": 1, "frame_id": 4,

@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.compile_index import _reasons, compile_index
+from graphdeck.analysis.compilation.index import _reasons, compile_index
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run
 from graphdeck.store.torch_trace import import_torch_trace

@@ -14,7 +14,7 @@ reference) and with it (profiling steps 2-3); rank 0 writes each step's loss and
 torchtitan logs them. About a minute a run on a quiet 2-core host.
 
 ``summary``'s trace line needs the ATen ops FlexAttention runs under ``aot_eager`` mapped to its
-node and coverage taken of the ops' own CPU time (analysis/traces/cpu_trace_map.py, NOTE [Ops of
+node and coverage taken of the ops' own CPU time (analysis/traces/cpu_mapping.py, NOTE [Ops of
 a higher-order op], from the trace-coverage work of issue 34): 15-19% mapped without it.
 """
 

@@ -15,9 +15,9 @@ from decimal import Decimal
 import httpx
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_analysis import TraceData, gpu_busy, overlap, step_times
-from graphdeck.analysis.traces.trace_collectives import align_and_match
-from graphdeck.analysis.traces.trace_map import map_trace, node_time_ns
+from graphdeck.analysis.traces.analyze import TraceData, gpu_busy, overlap, step_times
+from graphdeck.analysis.traces.collectives import align_and_match
+from graphdeck.analysis.traces.mapping import map_trace, node_time_ns
 from graphdeck.replay import TraceReplayer
 from graphdeck.store.db import open_engine
 from graphdeck.store.traces import ingest_trace
@@ -261,7 +261,7 @@ def test_identical_ranks_each_get_their_kernel_links(gpt2_store, tmp_path):  # n
     import shutil
     import sqlite3
 
-    from graphdeck.analysis.traces.trace_map import link_kernels
+    from graphdeck.analysis.traces.mapping import link_kernels
 
     path = tmp_path / "two_ranks.db"
     shutil.copy(gpt2_store, path)

@@ -20,8 +20,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_analysis import CommRule, TraceData, hotspots, overlap
-from graphdeck.analysis.traces.trace_collectives import process_groups
+from graphdeck.analysis.traces.analyze import CommRule, TraceData, hotspots, overlap
+from graphdeck.analysis.traces.collectives import process_groups
 from graphdeck.errors import BadInputError, TruncatedInputError
 from graphdeck.server.render.timeline import timeline_figure
 from graphdeck.store.db import open_engine

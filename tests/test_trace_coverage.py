@@ -21,9 +21,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.summary import check_traces
-from graphdeck.analysis.traces.cpu_trace_map import HOP_HOW, find_units
-from graphdeck.analysis.traces.trace_data import load_events
-from graphdeck.analysis.traces.trace_map import link_kernels, map_trace
+from graphdeck.analysis.traces.cpu_mapping import HOP_HOW, find_units
+from graphdeck.analysis.traces.data import load_events
+from graphdeck.analysis.traces.mapping import link_kernels, map_trace
 from graphdeck.cli import main as cli
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run, Trace

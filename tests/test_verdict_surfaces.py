@@ -42,7 +42,7 @@ def cases(tmp_path_factory):
     for rel in LOGS:
         import_torch_trace(engine, shared_path("data", "torch_trace", *rel.split("/")), run_name=rel)
     engine.dispose()
-    from graphdeck.analysis.traces.trace_map import link_kernels
+    from graphdeck.analysis.traces.mapping import link_kernels
     from graphdeck.store.traces import ingest_trace
 
     h200 = tmp / "ddp.db"

@@ -2,7 +2,7 @@
 (tests/verdict_ddp_job.py) runs each case captured by graphdeck's Agent and records what really
 happened — steps completed, the error raised, how far the ranks' gradients differ — and eager
 mode's findings on the same DDP model; every prediction is checked against that record.
-NOTE: [READY_TWICE under DDP] and NOTE: [Predictions the run contradicts] (analysis/gradients/grad_outcome.py)."""
+NOTE: [READY_TWICE under DDP] and NOTE: [Predictions the run contradicts] (analysis/gradients/outcome.py)."""
 
 from __future__ import annotations
 

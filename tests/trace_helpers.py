@@ -16,7 +16,7 @@ GPT2_TRACE = GPT2_DIR / "gpt2_rank0.pt.trace.json.gz"
 @pytest.fixture(scope="session")
 def gpt2_store(tmp_path_factory) -> Path:
     """A private copy of the H200 run's store (run ``gpt2``, trace 1) with ``kernel_nodes`` written."""
-    from graphdeck.analysis.traces.trace_map import link_kernels
+    from graphdeck.analysis.traces.mapping import link_kernels
     from graphdeck.store.db import open_engine
 
     path = tmp_path_factory.mktemp("gpt2") / "gpt2.db"

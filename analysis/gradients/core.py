@@ -1,11 +1,11 @@
 """Gradient-path validation: does every trainable parameter get a gradient, on every rank?
 
-Two modes, one report (:class:`~graphdeck.analysis.gradients.grad_report.GradReport`):
+Two modes, one report (:class:`~graphdeck.analysis.gradients.report.GradReport`):
 
 * **graph mode** — ``validate_backward(store, run)`` or :func:`gradient_report` on an open
-  session: from the captured (or imported) forward/backward graphs, see ``grad_graph``.
+  session: from the captured (or imported) forward/backward graphs, see ``graph``.
 * **eager mode** — ``validate_backward(model, example_inputs, loss_fn)``: run the module once,
-  walk autograd from the loss, record ops to find the cut, see ``grad_eager``.
+  walk autograd from the loss, record ops to find the cut, see ``eager``.
 
 Example (eager mode; the module's own ``detach`` is the cut)::
 
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.gradients.grad_report import FAILING, STATUSES, Cut, Finding, GradReport, ParamRow
+from graphdeck.analysis.gradients.report import FAILING, STATUSES, Cut, Finding, GradReport, ParamRow
 from graphdeck.store.schema import Run
 
 __all__ = ["FAILING", "STATUSES", "Cut", "Finding", "GradReport", "ParamRow", "gradient_report",
@@ -39,10 +39,10 @@ __all__ = ["FAILING", "STATUSES", "Cut", "Finding", "GradReport", "ParamRow", "g
 
 def gradient_report(session: Session, run: Run, *, include_buffers: bool = False,
                     allow: tuple[str, ...] | list[str] = (), expected_params: list[str] | None = None) -> GradReport:
-    """Graph-mode report of ``run`` read through ``session`` (see ``grad_graph.graph_report``);
+    """Graph-mode report of ``run`` read through ``session`` (see ``graph.graph_report``);
     ``expected_params``: parameter names every rank should have (for runs whose store lacks the
     parameter list, such as imported TORCH_TRACE logs: a name no graph reads is NOT_IN_GRAPH)."""
-    from graphdeck.analysis.gradients.grad_graph import graph_report
+    from graphdeck.analysis.gradients.graph import graph_report
 
     return graph_report(session, run, include_buffers=include_buffers,
                         expected_params=expected_params).apply_allow(list(allow))
@@ -92,7 +92,7 @@ def validate_backward(model_or_store: Any, example_inputs_or_run: Any = None, lo
             return gradient_report(s, run, include_buffers=include_buffers, allow=allow,
                                    expected_params=expected_params)
     if hasattr(model_or_store, "named_parameters") and callable(model_or_store):
-        from graphdeck.analysis.gradients.grad_eager import eager_report
+        from graphdeck.analysis.gradients.eager import eager_report
 
         return eager_report(model_or_store, example_inputs_or_run, loss_fn, numeric=numeric, backend=backend,
                             rank=rank, include_buffers=include_buffers, autocast_dtype=autocast_dtype,

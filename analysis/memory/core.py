@@ -28,7 +28,7 @@ model the allocator's caching, rounding or fragmentation, nor workspace memory o
 the captured graphs are the graphs that run (eager execution of the partitioned graphs) the step
 peak and the checkpoint estimate equal the profiler's CPU measurement; Inductor fuses and reuses
 buffers, so its measured peaks are lower (17-27% on GPT-2; see bench/RESULTS.md "Memory view"):
-for an Inductor run, :mod:`graphdeck.analysis.memory.memory_inductor` models the step from the generated
+for an Inductor run, :mod:`graphdeck.analysis.memory.inductor` models the step from the generated
 code's own buffers instead (NOTE: [Inductor buffer model]).
 
 The hot path works on column arrays (numpy) rather than one object per node: 100k-node graphs
@@ -566,7 +566,7 @@ def graph_memory(session: Session, graph_id: int) -> MemoryCurve:
     Raises:
         NotFoundError: no graph ``graph_id``.
     """
-    from graphdeck.analysis.memory.memory_step import _module_ids
+    from graphdeck.analysis.memory.step import _module_ids
 
     graph = _graph(session, graph_id)
     c = _load(session, graph_id)
@@ -591,10 +591,10 @@ def _sum_by_module(saved: list[dict]) -> dict[str, int]:
 
 # The step model, the what-if estimates and the measured series live in their own modules, still
 # importable from here (PEP 562: loaded on first use, so either module may be imported first).
-_MOVED = {"step_memory": "memory_step", "forward_backward_pair": "memory_step", "_module_ids": "memory_step",
-          "Estimate": "memory_estimates", "checkpoint_estimate": "memory_estimates",
-          "dtype_estimate": "memory_estimates", "TIMELINE_CATEGORIES": "memory_trace",
-          "measured_from_trace": "memory_trace", "read_memory_timeline_raw": "memory_trace"}
+_MOVED = {"step_memory": "step", "forward_backward_pair": "step", "_module_ids": "step",
+          "Estimate": "estimates", "checkpoint_estimate": "estimates",
+          "dtype_estimate": "estimates", "TIMELINE_CATEGORIES": "profiler",
+          "measured_from_trace": "profiler", "read_memory_timeline_raw": "profiler"}
 
 
 def __getattr__(name: str):

@@ -15,18 +15,21 @@ Modules:
   (:mod:`graphdeck.analysis.ranks.flight`) joined to the compile records that explain it.
 * ``heatmap``: Rank heatmaps (issue 26 item 2): one matrix of ranks × steps or ranks × collectives,
   for the pages that would otherwise list a row, a lane or a table per rank.
-* ``mesh_ranks``: Cross-rank checks per mesh dimension: which ranks must agree, and on what (issue
+* ``mesh``: Cross-rank checks per mesh dimension: which ranks must agree, and on what (issue
   20, item 3).
 * ``predicted``: Predictions checked against the record (issue 19, item 3): per process group, the
   collective schedule :mod:`graphdeck.analysis.ranks.core` predicts from the…
-* ``rank_schedules``: The collective schedule each rank is predicted to issue, from its compiled
+* ``schedules``: The collective schedule each rank is predicted to issue, from its compiled
   graphs and the capture's records (NOTE: [Recompiles replace graphs]), and the…
-* ``rank_sequences``: Per-rank compile sequences, read for many ranks at once, and the
+* ``sequences``: Per-rank compile sequences, read for many ranks at once, and the
   device-neutral re-hash of graphs (NOTE: [Rank-local device indices]) — the inputs of…
-* ``rank_types``: The records :mod:`graphdeck.analysis.ranks.core` compares and reports: a rank's
+* ``records``: The records :mod:`graphdeck.analysis.ranks.core` compares and reports: a rank's
   compiles (:class:`CompileEntry`), the nodes it names (:class:`NodeRef`),…
 * ``shard_shapes``: Rank-dependent shapes in graphs that are otherwise the same program: FSDP's
   uneven shards.
+
+Public modules (import paths users may rely on): this package's names below and ``core``
+(``rank_report``, the notebook API's ``check_ranks``). The other modules are internal.
 
 The public names below are what the rest of graphdeck imports from these modules; each is
 loaded on first use (PEP 562), so importing one module of the package imports no other:

@@ -142,7 +142,7 @@ def _trace_first(session: Session, run_id: int, rank: int, after_ns: int, compil
     """``(start ns, name, duration s)`` of the rank's first traced collective starting after
     ``after_ns``, when its newest usable trace (``trace_id``; -1: look it up) began before
     ``compile_end_ns``."""
-    from graphdeck.analysis.traces.trace_collectives import trace_indexes
+    from graphdeck.analysis.traces.collectives import trace_indexes
 
     tid = _newest_trace(session, run_id, rank) if trace_id == -1 else trace_id
     if tid is None:

@@ -28,10 +28,10 @@ The structural hash is computed at capture or import time (see
 :func:`graphdeck.capture.fxrecord.record_graph`), so comparing ranks reads one row per graph and
 loads nodes only for the first differing pair.
 
-Where the parts live: the records in :mod:`~graphdeck.analysis.ranks.rank_types`, compile sequences
-and device-neutral re-hashing in :mod:`~graphdeck.analysis.ranks.rank_sequences`, collective schedules
-in :mod:`~graphdeck.analysis.ranks.rank_schedules`, the per-mesh-dimension comparison in
-:mod:`~graphdeck.analysis.ranks.mesh_ranks`; their public names are importable from here. At 1,024
+Where the parts live: the records in :mod:`~graphdeck.analysis.ranks.records`, compile sequences
+and device-neutral re-hashing in :mod:`~graphdeck.analysis.ranks.sequences`, collective schedules
+in :mod:`~graphdeck.analysis.ranks.schedules`, the per-mesh-dimension comparison in
+:mod:`~graphdeck.analysis.ranks.mesh`; their public names are importable from here. At 1,024
 ranks every per-rank read is one query for all ranks, and each distinct graph (a structural hash)
 is read once.
 
@@ -50,9 +50,21 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
+from graphdeck.analysis.ranks.records import (  # noqa: F401
+    Collective,
+    CollectiveMismatch,
+    CompileEntry,
+    Divergence,
+    NodeRef,
+    _json,
+    _ranks_phrase,
+    _ranks_text,
+    _sets_text,
+)
+
 # The records, the sequences and the schedules live in their own modules; their names stay
 # importable from here (callers and tests use ``graphdeck.analysis.ranks.core.X``).
-from graphdeck.analysis.ranks.rank_schedules import (  # noqa: F401
+from graphdeck.analysis.ranks.schedules import (  # noqa: F401
     COLLECTIVE_KINDS,
     EXECUTED_TIERS,
     _fill_schedule_cache,
@@ -69,7 +81,7 @@ from graphdeck.analysis.ranks.rank_schedules import (  # noqa: F401
     source_line,
     steady_state,
 )
-from graphdeck.analysis.ranks.rank_sequences import (  # noqa: F401
+from graphdeck.analysis.ranks.sequences import (  # noqa: F401
     NodeKeys,
     _compile_order,
     _device_neutral,
@@ -78,17 +90,6 @@ from graphdeck.analysis.ranks.rank_sequences import (  # noqa: F401
     _sequence_of,
     compile_sequence,
     compile_sequences,
-)
-from graphdeck.analysis.ranks.rank_types import (  # noqa: F401
-    Collective,
-    CollectiveMismatch,
-    CompileEntry,
-    Divergence,
-    NodeRef,
-    _json,
-    _ranks_phrase,
-    _ranks_text,
-    _sets_text,
 )
 from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition, Rank, Run
 
@@ -276,8 +277,8 @@ def _rank_report(session: Session, run: Run) -> RankReport:
     keys = NodeKeys(session)  # graphs' nodes read once for both neutral re-hashes
     _neutralise_device_indices(session, sequences, keys)
     differ_in_structure: set[frozenset] = set()  # hash pairs already compared, so not compared twice
-    from graphdeck.analysis.layout import load_layout
-    from graphdeck.analysis.ranks import mesh_ranks  # peers per mesh dimension (it reads this module's helpers)
+    from graphdeck.analysis.parallel.layout import load_layout
+    from graphdeck.analysis.ranks import mesh as mesh_ranks  # peers per mesh dimension (it reads this module's helpers)
     from graphdeck.analysis.ranks.shard_shapes import absorb_shard_shapes  # it reads this module's helpers
 
     layout = load_layout(session, run.id)  # None: every rank must run the same program (as before)
@@ -363,10 +364,10 @@ def _timing_findings(session: Session, report: RankReport, metric_records: dict 
     collectives], kernels alike) added to ``report.notes`` with their numbers; they do not change
     the verdict. Structured forms: :func:`graphdeck.analysis.ranks.compile_skew.compile_skew`,
     :func:`graphdeck.analysis.ranks.cpu_collectives.rank_timing`. Returns the traces' matching
-    (:func:`graphdeck.analysis.traces.trace_collectives.align_and_match`), None under two traces."""
+    (:func:`graphdeck.analysis.traces.collectives.align_and_match`), None under two traces."""
     from graphdeck.analysis.ranks.compile_skew import compile_skew
     from graphdeck.analysis.ranks.heatmap import matched_run  # the matching the heatmap and overview share
-    from graphdeck.analysis.traces.trace_collectives import run_traces
+    from graphdeck.analysis.traces.collectives import run_traces
 
     skew = compile_skew(session, session.get(Run, report.run_id), records=metric_records)
     traces = run_traces(session, report.run_id)
@@ -468,7 +469,7 @@ def _first_divergence(session: Session, ref_seq: list[CompileEntry], seq: list[C
                 if change == "changed" and ref_node.shape != node.shape:
                     at += f"; shape {ref_node.shape} on ranks {ref_ranks} vs {node.shape} on ranks {ranks}"
                 elif change == "changed":  # the same op and shape: show what differs (a constant)
-                    from graphdeck.analysis.ranks.rank_constants import node_constants
+                    from graphdeck.analysis.ranks.constants import node_constants
 
                     consts = node_constants(*(next(iter(_node_rows(session, r.graph_id, r.idx)), None)
                                               for r in (ref_node, node)))

@@ -18,7 +18,7 @@ joins the matching key, as for kernels (NOTE: [Rank clock alignment]). A CPU col
 carries ``"cpu"`` too, so a trace holding NCCL kernels and gloo ops of one group name never
 matches the one against the other.
 
-:func:`rank_timing` then reads :func:`graphdeck.analysis.traces.trace_collectives.align_and_match`
+:func:`rank_timing` then reads :func:`graphdeck.analysis.traces.collectives.align_and_match`
 (kernels and CPU collectives alike) per rank: time inside collectives, how much of it was
 waiting for a later rank, the rest of each profiled step (compute), and names the straggler.
 """
@@ -32,7 +32,7 @@ from collections import Counter
 
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_data import CPU_OP_CATS, Ev, intersect_ns, total_ns, union_ns
+from graphdeck.analysis.traces.data import CPU_OP_CATS, Ev, intersect_ns, total_ns, union_ns
 
 #: Backends whose collectives run as profiler ranges named ``<backend>:<collective>``.
 CPU_BACKENDS = ("gloo", "mpi", "ucc")
@@ -76,8 +76,8 @@ def cpu_collective_kind(ev: Ev) -> tuple[str, str] | None:
 
 def trace_groups(session: Session, trace_id: int) -> list[dict]:
     """The process groups of a stored trace (``distributedInfo``, read by
-    :func:`graphdeck.analysis.traces.trace_collectives.process_groups`); empty when it has none."""
-    from graphdeck.analysis.traces.trace_collectives import process_groups
+    :func:`graphdeck.analysis.traces.collectives.process_groups`); empty when it has none."""
+    from graphdeck.analysis.traces.collectives import process_groups
     from graphdeck.store.schema import Trace
 
     trace = session.get(Trace, trace_id)
@@ -105,8 +105,8 @@ def cpu_collective_events(events: list[Ev], has_comm_kernels: bool = False) -> l
 
 def cpu_collectives(data, has_comm_kernels: bool = False) -> list[dict]:
     """The CPU-side collectives of one trace (``data``: a
-    :class:`~graphdeck.analysis.traces.trace_analysis.TraceData`) as
-    :func:`~graphdeck.analysis.traces.trace_collectives.rank_collectives` entries (``key``, ``group``,
+    :class:`~graphdeck.analysis.traces.analyze.TraceData`) as
+    :func:`~graphdeck.analysis.traces.collectives.rank_collectives` entries (``key``, ``group``,
     ``kind``, ``seq``, ``start_ns``, ``end_ns``, ``dur_ns``, ``kernel`` = the op's name,
     ``step``) plus ``where = "cpu"``, in start order."""
     picked = cpu_collective_events(data.events, has_comm_kernels)
@@ -120,7 +120,7 @@ def cpu_collectives(data, has_comm_kernels: bool = False) -> list[dict]:
     for e, _source, kind in sorted(picked, key=lambda p: (p[0].ts, p[0].id)):
         args = e.args_dict() if e.args else {}
         name = args.get("Process Group Name")
-        dims = args.get("Input Dims")  # the first input's element count: told apart by trace_collectives
+        dims = args.get("Input Dims")  # the first input's element count: told apart by traces/collectives.py
         first = dims[0] if isinstance(dims, list) and dims and isinstance(dims[0], list) else None
         nelems = math.prod(first) if first and all(isinstance(d, int) for d in first) else None
         group = str(name) if name is not None else (only or "?")
@@ -135,7 +135,7 @@ def cpu_collectives(data, has_comm_kernels: bool = False) -> list[dict]:
 
 def cpu_overlap(data) -> dict | None:
     """Communication/computation overlap on the CPU, per step and for the whole trace, as
-    :func:`graphdeck.analysis.traces.trace_analysis.overlap` gives it for kernels: ``comm_busy_ns`` =
+    :func:`graphdeck.analysis.traces.analyze.overlap` gives it for kernels: ``comm_busy_ns`` =
     union of the CPU-side collectives' ranges (worker threads), ``compute_busy_ns`` = union of
     the operators (``cpu_op``) on other threads that are not collective calls, ``overlap_ns`` their
     intersection and ``ratio`` = overlap / comm (None without collectives). None when the
@@ -168,7 +168,7 @@ def _t(ns: int) -> str:
 
 
 def rank_timing(matched: dict, min_wait_fraction: float = 0.2) -> dict:
-    """Per rank, from :func:`~graphdeck.analysis.traces.trace_collectives.align_and_match`'s result
+    """Per rank, from :func:`~graphdeck.analysis.traces.collectives.align_and_match`'s result
     ``matched``: ``collectives`` (matched, not suspect), ``in_collectives_ns`` (summed
     durations), ``wait_ns`` (of that, waiting for a later rank), ``transfer_ns``, ``late_ns``
     (summed arrival − first arrival), ``last_count`` (collectives it arrived last at),

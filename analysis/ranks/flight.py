@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
 from graphdeck.store.fr_import import EVENT_NAME, INDEX_VERSION, members_of, seq_index, unpack_codes
 from graphdeck.store.schema import CompileEvent, Rank
 

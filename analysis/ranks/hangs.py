@@ -43,7 +43,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.ranks.flight import FlightReport, GroupMismatch, flight_report, missing_evidence
-from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
 from graphdeck.store.schema import CompileEvent
 
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ def _recompile_text(session: Session, report: RankReport, d: Divergence, side: l
 
 def _collective_nodes(session: Session, graph_id: int) -> list[tuple[str, str, str | None]]:
     """(node name, collective kind, source line) of the collectives graph ``graph_id`` issues."""
-    from graphdeck.analysis.gradients.grad_cuts import frames
+    from graphdeck.analysis.gradients.cuts import frames
     from graphdeck.analysis.ranks.core import collective_target_ids
     from graphdeck.analysis.ranks.flight import LIBRARY_FRAMES
     from graphdeck.store.schema import InternedString, Node

@@ -2,12 +2,12 @@
 pages that would otherwise list a row, a lane or a table per rank.
 
 # NOTE: [Rank heatmap]
-Source: :func:`graphdeck.analysis.traces.trace_collectives.align_and_match` over the run's usable traces
+Source: :func:`graphdeck.analysis.traces.collectives.align_and_match` over the run's usable traces
 (the newest ``ok`` / ``truncated`` trace per rank), the same matching, clock offsets, step times and
 stragglers as the run timeline, ``check-ranks`` and the overview. Metrics (every time in ns):
 
 * ``step_time`` (axis ``steps`` only): the ``ProfilerStep#N`` CPU range, else the GPU span of the
-  step's kernels (:func:`~graphdeck.analysis.traces.trace_analysis.step_times`).
+  step's kernels (:func:`~graphdeck.analysis.traces.analyze.step_times`).
 * ``lateness``: per collective, the rank's aligned arrival − the first rank's arrival; per step, its
   sum over the step's matched collectives (the stragglers' ``lateness_ns``).
 * ``wait``: per collective, the time the rank's kernel waited for the last peer (``wait_ns``); per
@@ -89,7 +89,7 @@ def matched_run(session: Session, run_id: int) -> tuple[dict[int, int], dict | N
     """(rank → trace id of the newest usable trace, :func:`align_and_match`'s result or None
     without traces). Cached per store URL, run and traces (id, event count, end): a trace added,
     replaced or deleted is a new key. Raises NotFoundError for an unknown run."""
-    from graphdeck.analysis.traces.trace_collectives import align_and_match
+    from graphdeck.analysis.traces.collectives import align_and_match
 
     usable = _usable(session, run_id)
     traces = {r: t.id for r, t in sorted(usable.items())}
@@ -141,7 +141,7 @@ def _step_key(step) -> tuple:
 
 
 def _op(kernel: str | None, fallback: str) -> str:
-    from graphdeck.analysis.traces.trace_collectives import _kind
+    from graphdeck.analysis.traces.collectives import _kind
 
     return _kind(kernel, {}) if kernel else fallback
 
@@ -280,7 +280,7 @@ def timeline_lanes(matched: dict | None, traced: list[int], spec: str | None,
     Raises:
         UsageError: a bad ``spec`` or ranks without a usable trace (HTTP 400; the message names them).
     """
-    from graphdeck.analysis.traces.trace_export import parse_ranks
+    from graphdeck.analysis.traces.export import parse_ranks
 
     if spec is not None and spec.strip():
         return parse_ranks(spec, traced), "requested" if spec.strip().lower() != "all" else "all"

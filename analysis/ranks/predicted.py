@@ -11,7 +11,7 @@ reduce-scatters to its shard dimension's process group on each rank, from the la
 # NOTE: [Predictions per group's members]
 # A group's schedules are compared among its MEMBERS only — the Flight Recorder comparison's
 # members (``pg_config``, else the capture's process-group / layout records), the same sets
-# mesh_ranks compares. On a 2 x 2 (dp, tp) mesh, tp group "3" is ranks [0, 1]: ranks 2 and 3
+# ranks/mesh.py compares. On a 2 x 2 (dp, tp) mesh, tp group "3" is ranks [0, 1]: ranks 2 and 3
 # issue none of its collectives by design and never "skip" them (comparing every rank read as a
 # predicted hang that did not happen). The recorded side counts the members' dumps only; a member
 # without a dump makes the check ``incomplete`` (a rank that aborted inside the collective may
@@ -111,7 +111,7 @@ def _fsdp_groups(session: Session, run_id: int) -> dict[int, dict[str, str]]:
     its ``mesh_dims``, else its mesh's last dimension) and the rank's ``dim_groups`` entry of that
     dimension. A rank without a record, or a group whose dimension's process group is not named,
     is absent (its FSDP2 collectives' group is then unknown, not the default group)."""
-    from graphdeck.analysis.layout import load_records
+    from graphdeck.analysis.parallel.layout import load_records
 
     out: dict[int, dict[str, str]] = {}
     for rank, rec in load_records(session, run_id).items():
@@ -154,7 +154,7 @@ def _group(c: Collective, rank: int, bucket_groups: dict[int, str], fsdp: dict[i
 
 
 def _has_layout(session: Session, run_id: int) -> bool:
-    from graphdeck.analysis.layout import EVENT_NAME
+    from graphdeck.analysis.parallel.layout import EVENT_NAME
     from graphdeck.store.schema import CompileEvent
 
     return session.scalar(select(CompileEvent.id).where(CompileEvent.run_id == run_id,
@@ -223,7 +223,7 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
     if not any(report.schedules.values()):
         return []  # nothing predicted (no graph issues a collective): nothing to check
     from graphdeck.analysis.ranks.flight import count_completed
-    from graphdeck.analysis.ranks.rank_types import _ranks_phrase, _ranks_text
+    from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
 
     if not fr.completed:
         count_completed(session, report.run_id, fr)
@@ -239,7 +239,7 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
                 issued.setdefault(g, {}).setdefault(r, []).append(c)
     members = group_members(session, report.run_id, fr, ranks)
     # NOTE: [Predictions per group's members]: a group's schedules are compared among its members
-    # only (as the Flight Recorder comparison and mesh_ranks do); a rank outside the group issues
+    # only (as the Flight Recorder comparison and ranks/mesh.py do); a rank outside the group issues
     # none of its collectives by design, never "skips" them. A member that issues none does.
     per_group: dict[str, dict[int, list]] = {
         g: {r: by_rank.get(r, []) for r in sorted(set(members.get(g, ranks)) & set(ranks) | set(by_rank))}

@@ -4,7 +4,7 @@ is tied to the nodes that produce or read the parameters it carries.
 # NOTE: [Collectives to graph nodes]
 The capture records which parameters each DDP bucket and each FSDP2 group carries
 (:mod:`graphdeck.capture.comm_groups`, NOTE: [Communication groups]). A communication kernel of
-a trace (per :class:`~graphdeck.analysis.traces.trace_analysis.CommRule`) names its collective and its
+a trace (per :class:`~graphdeck.analysis.traces.analyze.CommRule`) names its collective and its
 element counts (Kineto's ``args["Collective name"]``, ``"In msg nelems"``, ``"Out msg nelems"``,
 ``"dtype"``, PyTorch >= 2.1 on NCCL kernels). It is matched to a group by kind and exact size:
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_data import Ev
+from graphdeck.analysis.traces.data import Ev
 
 EVENT_NAME = "graphdeck_comm_groups"  # the capture's record (graphdeck.capture.comm_groups)
 _BYTE_DTYPES = {"byte", "char", "uint8", "int8"}

@@ -86,7 +86,7 @@ def outside_kind(name: str) -> str:
 
 
 def coverage(mapping, events=None) -> Coverage:
-    """The :class:`Coverage` of a :class:`graphdeck.analysis.traces.trace_map.KernelMapping`
+    """The :class:`Coverage` of a :class:`graphdeck.analysis.traces.mapping.KernelMapping`
     (NOTE: [Trace coverage]). ``events``: the trace's events, for a CPU trace's time outside
     compiled regions (omitted: ``outside`` is empty on CPU)."""
     if mapping.device == "cpu":
@@ -99,7 +99,7 @@ def coverage(mapping, events=None) -> Coverage:
     outside: Counter = Counter()
     for ns in mapping.optimizer_ns.values():
         outside[OPTIMIZER] += ns
-    from graphdeck.analysis.traces.trace_analysis import CommRule
+    from graphdeck.analysis.traces.analyze import CommRule
 
     rule = CommRule()
     for name, ns in mapping.outside_unmapped.items():
@@ -114,7 +114,7 @@ def cpu_outside(events) -> dict[str, int]:
     """Kind → ns of a CPU trace's host time outside compiled regions: each top-level range of a
     thread (directly under ``ProfilerStep#N`` when there is one) that is no compiled region, its
     exclusive time once the compiled regions nested in it are taken out, by :func:`outside_kind`."""
-    from graphdeck.analysis.traces.cpu_trace_map import BWD, FWD, HOST_CATS, _parents
+    from graphdeck.analysis.traces.cpu_mapping import BWD, FWD, HOST_CATS, _parents
 
     parent = _parents(events)
     compiled = (FWD, BWD)

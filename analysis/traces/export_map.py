@@ -2,7 +2,7 @@
 a full mapping.
 
 # NOTE: [Export kernel links]
-``graphdeck export-trace`` needs of :func:`graphdeck.analysis.traces.trace_map.map_trace` only
+``graphdeck export-trace`` needs of :func:`graphdeck.analysis.traces.mapping.map_trace` only
 ``by_kernel`` (GPU event id → ``(graph id, [node names])``) and ``comm_label`` (GPU event id →
 what a collective carries), for every rank it writes. :func:`kernel_links` gives the same two
 dicts (the same keys, values and order) as ``map_trace`` on the same events, skipping what only the
@@ -10,7 +10,7 @@ other results need: launch chains are built only for kernels (not memcpy/memset)
 threads of their launches, no ``Link`` objects or innermost operators are made, and the optimizer
 step / unmapped bookkeeping and the per-node times are left out, and a wrapper call's table
 choice is kept per (region, call names), which repeat every step. The kernel tables, twin
-graphs and collective mapping are ``trace_map``'s own functions. A trace where ``map_trace``
+graphs and collective mapping are ``mapping``'s own functions. A trace where ``map_trace``
 takes its CPU path (no kernel time and no communication kernel: NOTE: [CPU trace mapping]) is
 handed to ``map_trace`` whole. tests/test_export_trace.py checks the equality on the 2 x H200 DDP
 store and on HTA's NCCL traces.
@@ -19,7 +19,7 @@ store and on HTA's NCCL traces.
 The part of those links that costs (launch chains, wrapper calls → kernel tables: ~0.13 s CPU of
 a 50k-event rank, a quarter of its export) is computed once when the trace is ingested, in the
 ingesting process (:func:`record_links`, called by :func:`graphdeck.store.traces.ingest_trace`
-like the collective index), and kept as one ``trace_links`` row (:class:`graphdeck.store.schema.
+like the collective index), and kept as one ``links`` row (:class:`graphdeck.store.schema.
 TraceLinks`). ``links_json`` is ``{"trace": trace id, "groups": [[graph id, [node, ...]], ...],
 "kernels": [event id deltas, ascending], "group": [index into groups, one per kernel],
 "comm": [event id deltas of the communication kernels no wrapper call launched]}``. Export
@@ -31,7 +31,7 @@ graphs and kernel links (:func:`graphdeck.store.node_times.rank_states`, as the 
 does) and the trace's ``X`` events (count, first and last id) — and export recomputes them
 (:func:`kernel_links`) when any of these differ, when a graph id in them is not of the trace's
 run, or when the row's ``trace`` is another trace (a row copied by ``store/merge.py`` into a store
-where the ids moved), when the store has no ``trace_links`` table (schema < 6, a trace ingested
+where the ids moved), when the store has no ``links`` table (schema < 6, a trace ingested
 by an older graphdeck), or when the trace takes ``map_trace``'s CPU path (no row is kept for it).
 A capture that links kernels after its own ingest refreshes the row (:func:`refresh_links`).
 """
@@ -50,10 +50,10 @@ from sqlalchemy import delete, func, inspect, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_analysis import CommRule
-from graphdeck.analysis.traces.trace_data import CPU_RANGE_CATS, GPU_KERNEL_CATS, RUNTIME_CATS, Ev
-from graphdeck.analysis.traces.trace_links import _chains
-from graphdeck.analysis.traces.trace_map import (
+from graphdeck.analysis.traces.analyze import CommRule
+from graphdeck.analysis.traces.data import CPU_RANGE_CATS, GPU_KERNEL_CATS, RUNTIME_CATS, Ev
+from graphdeck.analysis.traces.links import _chains
+from graphdeck.analysis.traces.mapping import (
     _REGION,
     WRAPPER_PREFIX,
     KernelMapping,
@@ -141,7 +141,7 @@ def _compute(session: Session, trace: Trace, events: list[Ev]) -> tuple[ByKernel
 
 def with_comm(session: Session, trace: Trace, by_kernel: ByKernel, comm_kernels: list[Ev]) -> tuple[ByKernel, dict[int, str]]:
     """``(by_kernel, comm_label)``: ``by_kernel`` (updated in place) plus the communication kernels
-    ``comm_kernels`` mapped onto the nodes of the parameters they carry (``trace_map._map_comm``)."""
+    ``comm_kernels`` mapped onto the nodes of the parameters they carry (``mapping._map_comm``)."""
     out = KernelMapping(trace.id)
     out.by_kernel = by_kernel
     _map_comm(session, trace, comm_kernels, out, Counter(), Counter())
@@ -150,9 +150,9 @@ def with_comm(session: Session, trace: Trace, by_kernel: ByKernel, comm_kernels:
 
 def kernel_links(session: Session, trace_id: int, events: list[Ev]) -> tuple[ByKernel, dict[int, str]]:
     """``(by_kernel, comm_label)`` of trace ``trace_id`` as :func:`~graphdeck.analysis.traces.
-    trace_map.map_trace` gives them (NOTE: [Export kernel links]), computed from the events.
+    mapping.map_trace` gives them (NOTE: [Export kernel links]), computed from the events.
     ``events``: the trace's ``X`` events ordered by start (:func:`~graphdeck.analysis.traces.
-    trace_data.load_events`).
+    data.load_events`).
 
     Raises NotFoundError when the trace does not exist."""
     trace = session.get(Trace, trace_id)
@@ -170,7 +170,7 @@ def _deltas(ids: list[int]) -> list[int]:
 
 
 def encode(trace_id: int, by_kernel: ByKernel, comm_kernels: list[Ev]) -> str:
-    """``links_json`` of a ``trace_links`` row (NOTE: [Stored kernel links])."""
+    """``links_json`` of a ``links`` row (NOTE: [Stored kernel links])."""
     groups: dict[tuple, int] = {}
     ids = sorted(by_kernel)
     group = [groups.setdefault((by_kernel[i][0], *by_kernel[i][1]), len(groups)) for i in ids]
@@ -188,7 +188,7 @@ def decode(raw: str) -> tuple[int, ByKernel, list[int]]:
 
 
 def has_table(session: Session) -> bool:
-    """Whether the store has ``trace_links`` (schema 6 on; an older store opened read-only has not)."""
+    """Whether the store has ``links`` (schema 6 on; an older store opened read-only has not)."""
     return inspect(session.connection()).has_table(TraceLinks.__tablename__)
 
 
@@ -197,7 +197,7 @@ _EVENTS = ("SELECT id, name_id, cat_id, ts_ns, dur_ns, pid, tid, correlation FRO
 
 
 def _load(session: Session, trace_id: int) -> list[Ev]:
-    """``trace_data.load_events(with_args=False)``'s events (same order) for less: rows through the
+    """``data.load_events(with_args=False)``'s events (same order) for less: rows through the
     driver's cursor, each interned name read once rather than joined per event."""
     conn = session.connection()
     cur = conn.connection.cursor()
@@ -222,7 +222,7 @@ def _fingerprint(events: list[Ev]) -> tuple[int, int | None, int | None]:
 
 
 def record_links(engine: Engine, trace_id: int, full: bool = False) -> bool | ByKernel | None:
-    """Compute trace ``trace_id``'s links and keep them as its ``trace_links`` row, replacing an
+    """Compute trace ``trace_id``'s links and keep them as its ``links`` row, replacing an
     older one (NOTE: [Stored kernel links]); whether a row was written (none for a trace on
     ``map_trace``'s CPU path: an older row is then removed). Best effort, for the ingest: any
     failure is logged and gives False (export then maps the events itself).

@@ -9,7 +9,7 @@ Original ATen: [...]`` (the post-grad nodes the call computes; ``""`` where a no
 e.g. a matmul a post-grad pattern made) and, in recent versions, ``# [Provenance debug handles]
 <kernel>:<handle>``. :func:`output_code_table` turns those comments into the same
 ``"<kernel>:<handle>" → [post-grad node, ...]`` table as the provenance artifact's
-``cppCodeToPost``, so :func:`graphdeck.analysis.traces.trace_map.link_kernels` maps such graphs'
+``cppCodeToPost``, so :func:`graphdeck.analysis.traces.mapping.link_kernels` maps such graphs'
 kernels by node name (rows tagged ``inductor_provenance_v2_output_code``) instead of by the
 coarser kernel stack traces. The comment names a node by its origin: a backward's nodes have the
 AOT backward graph's names (> 95% found there on the H200 log), a forward's mostly the Dynamo
@@ -131,7 +131,7 @@ def compile_tables(parsed: list, stats: Counter) -> tuple[dict, dict]:
 
 def coverage_warning(mapping, *, threshold: float = 0.90, top: int = 5) -> str | None:
     """A one-paragraph warning when ``mapping`` (a
-    :class:`graphdeck.analysis.traces.trace_map.KernelMapping`) maps less than ``threshold`` of
+    :class:`graphdeck.analysis.traces.mapping.KernelMapping`) maps less than ``threshold`` of
     what its coverage covers (NOTE: [Trace coverage]: GPU kernel time of compiled graphs, or the
     ops' own CPU time in compiled regions) to graph nodes, naming the ``top`` largest unmapped
     kernels with their share of that time; ``None`` when coverage is at or above it or there is

@@ -23,7 +23,7 @@ try:
     import re2 as _re2  # linear-time matching (NOTE in the module docstring)
 except ImportError:  # pragma: no cover - google-re2 is in the server extra
     _re2 = None
-from graphdeck.server.views import GraphView, short_target
+from graphdeck.analysis.graphs.view import GraphView, short_target
 
 #: Longest pattern accepted (a guard against pathological input, not a limit anyone meets).
 MAX_PATTERN_CHARS = 500

@@ -38,7 +38,7 @@ import re
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.server.views import GraphView, loads_json
+from graphdeck.analysis.graphs.view import GraphView, loads_json
 from graphdeck.store.schema import Graph, InternedString, Node
 
 #: Graphs up to this many nodes are drawn as they are.

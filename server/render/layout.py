@@ -1,6 +1,6 @@
 """Which part of a graph is visible, and where it goes: module clusters, expansion, layered layout.
 
-A :class:`~graphdeck.server.views.GraphView` is turned into a *cluster tree* once
+A :class:`~graphdeck.analysis.graphs.view.GraphView` is turned into a *cluster tree* once
 (:class:`Prepared`: one :class:`Cluster` per module-path prefix, with node counts and parameter
 bytes); a view state (``max_depth``, clusters expanded or collapsed by hand, a node that must be
 shown) then picks the *open* clusters. Only what is visible is laid out: a collapsed cluster is one
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import igraph
 
-from graphdeck.server.views import GraphView, ViewNode
+from graphdeck.analysis.graphs.view import GraphView, ViewNode
 
 #: With no ``max_depth`` given, open clusters level by level while at most this many items show.
 AUTO_VISIBLE_ITEMS = 400

@@ -9,15 +9,15 @@ files; no code taken):
   "sourceNodeOutputId", "targetNodeInputId"}], "outputsMetadata": [{"id": "0", "attrs": [...]}]}]}]}``
   — namespace is the module path (``a/b/c``), which Model Explorer turns into collapsible layers;
 * node data JSON: ``{"<graph id>": {"results": {"<node id>": {"value": v}}, "gradient": [{"stop",
-  "bgColor"}]}}``, one value per node of an :class:`~graphdeck.analysis.overlays.Overlay`.
+  "bgColor"}]}}``, one value per node of an :class:`~graphdeck.analysis.parallel.overlays.Overlay`.
 """
 
 from __future__ import annotations
 
-from graphdeck.analysis.overlays import Overlay
+from graphdeck.analysis.graphs.view import GraphView
+from graphdeck.analysis.parallel.overlays import Overlay
 from graphdeck.server.render.palette import HEAT
 from graphdeck.server.render.svg import tensor_label
-from graphdeck.server.views import GraphView
 
 
 def graph_id_of(view: GraphView) -> str:

@@ -1,6 +1,6 @@
 """Activation-checkpoint and autocast regions as labelled boxes of the graph view.
 
-A region (``analysis/regions.py``, NOTE: [Graph regions]) becomes one more cluster of the view's
+A region (``analysis/parallel/regions.py``, NOTE: [Graph regions]) becomes one more cluster of the view's
 cluster tree: its nodes' namespaces get a *region segment* ``⟨label⟩`` inserted, so the layout
 (``layout.py``) places them together in one box that opens and closes like a module cluster,
 and edges never cross its border (NOTE: [Edges between clusters]).
@@ -27,10 +27,10 @@ from html import escape as _esc
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.regions import Region, graph_regions
+from graphdeck.analysis.graphs.view import GraphView, ViewNode
+from graphdeck.analysis.parallel.regions import Region, graph_regions
 from graphdeck.server.render.xmltext import attr as _attr
 from graphdeck.server.render.xmltext import clean as _text
-from graphdeck.server.views import GraphView, ViewNode
 
 _PLACED = ("placeholder", "get_attr", "output")
 #: Box styles per region kind: (fill, stroke, dash).
@@ -77,7 +77,7 @@ def _split(ns: str | None) -> tuple[str, ...]:
 def apply_regions(view: GraphView, regions: list[Region]) -> RegionView:
     """``view`` with each region's nodes moved into a region cluster (NOTE: [Region clusters]);
     nodes not in ``view`` are ignored, a region with none left is dropped. ``regions`` outermost
-    first (as :func:`~graphdeck.analysis.regions.graph_regions` returns them)."""
+    first (as :func:`~graphdeck.analysis.parallel.regions.graph_regions` returns them)."""
     path = {n.id: _split(n.namespace) for n in view.nodes}
     ops = {n.id: n.op for n in view.nodes}
     for r in regions:  # a higher-order node's region sits at its body's module

@@ -1,4 +1,4 @@
-"""Render a :class:`~graphdeck.server.views.GraphView` as SVG: module clusters that open and close,
+"""Render a :class:`~graphdeck.analysis.graphs.view.GraphView` as SVG: module clusters that open and close,
 edges weighted by bytes, op-category colours, filters, overlays and diff marks.
 
 :func:`render_graph_svg` is pure: the same view and view state give the same bytes (members,
@@ -48,7 +48,8 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from html import escape as _esc
 
-from graphdeck.analysis.overlays import Overlay
+from graphdeck.analysis.graphs.view import CATEGORIES, GraphView
+from graphdeck.analysis.parallel.overlays import Overlay
 from graphdeck.server.render import layout as lay
 from graphdeck.server.render.filters import compile_patterns, filter_nodes, neighbourhood
 from graphdeck.server.render.labels import ellipsize, short_dtype, tensor_label  # noqa: F401 - tensor_label re-exported
@@ -69,7 +70,6 @@ from graphdeck.server.render.regions import open_region_svg, region_attrs, regio
 from graphdeck.server.render.xmltext import MAX_TEXT_CHARS, XML_FORBIDDEN, xml_safe  # noqa: F401 - re-exported
 from graphdeck.server.render.xmltext import attr as _attr
 from graphdeck.server.render.xmltext import clean as _text
-from graphdeck.server.views import CATEGORIES, GraphView
 
 #: Above this many visible items no layout is attempted; the k-hop fallback is drawn instead.
 MAX_VISIBLE_ITEMS = 6000

@@ -1,13 +1,13 @@
 """Compile health of a run (issue 21 item 1): graph breaks, recompile budgets, eager fallbacks,
 restarts, compile time and cache hits per rank (NOTE: [Compile health] in
-graphdeck/analysis/compile_health.py). The run page's "Compile health" panel reads it."""
+graphdeck/analysis/compilation/health.py). The run page's "Compile health" panel reads it."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.compile_health import Thresholds, compile_health
+from graphdeck.analysis.compilation.health import Thresholds, compile_health
 from graphdeck.server.deps import get_session, resolve_run
 from graphdeck.store.schema import Run
 

@@ -1,13 +1,13 @@
 """Run B against run A of the same store (issue 21 item 2; NOTE: [Run diff] in
-graphdeck/analysis/run_diff.py). The dashboard's ``#/diff?a=…&b=…`` page reads it."""
+graphdeck/analysis/diff/runs.py). The dashboard's ``#/diff?a=…&b=…`` page reads it."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.run_diff import Gates, diff_runs
-from graphdeck.analysis.run_diff_times import DEFAULT_K, DEFAULT_MIN_NS
+from graphdeck.analysis.diff.runs import Gates, diff_runs
+from graphdeck.analysis.diff.times import DEFAULT_K, DEFAULT_MIN_NS
 from graphdeck.errors import UsageError
 from graphdeck.server.deps import find_run, get_session
 

@@ -1,6 +1,6 @@
 """Executor routes: a graph's pipeline stage table, and the node times of its executor traces.
 
-Both answer overlays in the model of :mod:`graphdeck.analysis.overlays` (values keyed by node
+Both answer overlays in the model of :mod:`graphdeck.analysis.parallel.overlays` (values keyed by node
 name) so the graph view can draw them: ``stage`` (categorical: node → stage index) and ``time``
 (ns per node from an executor trace). Read-only; torch is not imported (partitioning works on
 store rows; running the executor is the CLI's job, ``graphdeck replay``).
@@ -12,12 +12,12 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.overlays import Overlay
+from graphdeck.analysis.parallel.overlays import Overlay
 from graphdeck.errors import NotFoundError
 from graphdeck.replay.executor import node_times_from_trace, recorded_node_ns
 from graphdeck.replay.partition import STRATEGIES, plan_for_graph
-from graphdeck.replay.runs import executor_traces
 from graphdeck.server.deps import get_session, resolve_graph
+from graphdeck.store.replay_runs import executor_traces
 from graphdeck.store.schema import Graph, Trace
 
 router = APIRouter(tags=["executor"])
@@ -47,7 +47,7 @@ def get_executor(graph: Graph = Depends(resolve_graph), session: Session = Depen
                  trace_id: int | None = Query(None, description="an executor trace of this graph (default: newest)")
                  ) -> dict:
     """The executor traces of ``graph`` (``executor graph <id>``, and ``… worker s/K`` of pipeline
-    runs) in the replay runs of its run (NOTE: [Replay runs] in :mod:`graphdeck.replay.runs`), and for one of them (``trace_id``, default the newest single-worker one) the mean CPU
+    runs) in the replay runs of its run (NOTE: [Replay runs] in :mod:`graphdeck.store.replay_runs`), and for one of them (``trace_id``, default the newest single-worker one) the mean CPU
     and GPU ns per node as a ``time`` overlay, plus the ratio to the recorded trace's time per node
     (``executor / recorded``) where a recorded trace maps onto the graph."""
     prefix = f"executor graph {graph.id}"

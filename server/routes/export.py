@@ -1,5 +1,5 @@
 """Download a run as one Chrome-trace file for Perfetto (NOTE: [Trace export] in
-graphdeck/analysis/traces/trace_export.py).
+graphdeck/analysis/traces/export.py).
 
 * ``GET /api/runs/{run_id}/export-trace?ranks=0,2-5&gzip=true``: the chosen ranks (default all)
   as one Chrome Trace Event Format JSON, clocks aligned, streamed (rank by rank, never the whole
@@ -20,8 +20,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_analysis import CommRule
-from graphdeck.analysis.traces.trace_export import ExportPlan, iter_export, plan_export
+from graphdeck.analysis.traces.analyze import CommRule
+from graphdeck.analysis.traces.export import ExportPlan, iter_export, plan_export
 from graphdeck.errors import UsageError
 from graphdeck.server.deps import RunPathRoute, get_session, resolve_run
 from graphdeck.store.schema import Run

@@ -10,8 +10,9 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
-from graphdeck.analysis.graphdiff import diff_views
-from graphdeck.analysis.overlays import OVERLAY_KINDS, graph_overlay
+from graphdeck.analysis.graphs.diff import diff_views
+from graphdeck.analysis.graphs.view import graph_view, loads_json
+from graphdeck.analysis.parallel.overlays import OVERLAY_KINDS, graph_overlay
 from graphdeck.errors import UsageError
 from graphdeck.server.deps import MAX_ID, find_graph, get_session, get_svg_cache, resolve_graph, resolve_node
 from graphdeck.server.render.filters import compile_patterns
@@ -20,7 +21,6 @@ from graphdeck.server.render.model_explorer import model_explorer_graph, model_e
 from graphdeck.server.render.regions import with_regions
 from graphdeck.server.render.svg import SvgCache
 from graphdeck.server.routes.runs import GRAPH_FIELDS, pick
-from graphdeck.server.views import graph_view, loads_json
 from graphdeck.store.schema import Edge, Graph, GraphIO, InternedString, Node, Run
 
 router = APIRouter(tags=["graphs"])
@@ -176,7 +176,7 @@ def get_regions(graph: Graph = Depends(resolve_graph), session: Session = Depend
 
 @router.get("/api/graphs/{graph_id}/overlays/{kind}")
 def get_overlay(kind: str, graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
-    """Per-node overlay values keyed by node name (``analysis/overlays.py``)."""
+    """Per-node overlay values keyed by node name (``analysis/parallel/overlays.py``)."""
     return graph_overlay(session, graph.id, kind).model_dump()
 
 

@@ -7,7 +7,7 @@
   :func:`~graphdeck.store.torch_trace.import_torch_trace` — the CLI's ``graphdeck import`` code
   path. 201 ``{"ok": true, "run_id", "run_name", "ranks", "stats", "dropped", "files",
   "skipped_files"}``.
-* ``GET /api/runs/{run_id}/compile-index?rank=``: :func:`~graphdeck.analysis.compile_index.compile_index`
+* ``GET /api/runs/{run_id}/compile-index?rank=``: :func:`~graphdeck.analysis.compilation.index.compile_index`
   as ``{"run", "ranks": {rank: [entry, ...]}, "rank_sources": {rank: {"file", "envelope_rank",
   "rank_mismatch", "records", "dropped": {reason: count}}}}`` (``rank_sources`` for ranks imported
   from TORCH_TRACE logs).
@@ -29,7 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from graphdeck.analysis.compile_index import compile_index
+from graphdeck.analysis.compilation.index import compile_index
 from graphdeck.errors import BadInputError, NotFoundError, PayloadTooLargeError
 from graphdeck.server.auth import BODY_ENVELOPE_BYTES
 from graphdeck.server.deps import get_engine, get_session, get_settings, resolve_graph, resolve_run

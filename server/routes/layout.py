@@ -1,13 +1,13 @@
 """The parallel layout of a run (issue 20): device meshes, DTensor placements, FSDP2 groups,
 pipeline stages, and which ranks must agree (NOTE: [Parallel layout] in
-graphdeck/analysis/layout.py)."""
+graphdeck/analysis/parallel/layout.py)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.layout import load_layout
+from graphdeck.analysis.parallel.layout import load_layout
 from graphdeck.errors import NotFoundError
 from graphdeck.server.deps import get_session, resolve_run
 from graphdeck.store.schema import Run

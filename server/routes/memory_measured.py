@@ -24,6 +24,6 @@ def get_measured(graph: Graph = Depends(resolve_graph), session: Session = Depen
     model: ``peak_bytes``, ``held_outside_bytes``, ``compared_bytes``, ``gap_bytes`` / ``gap_pct``
     vs measured), ``modules`` (bytes live at each side's peak per module path cut to ``depth``
     parts, parameters left out), ``notes``. 404 when the graph does not exist."""
-    from graphdeck.analysis.memory.memory_compare import compare
+    from graphdeck.analysis.memory.compare import compare
 
     return compare(session, graph.id, depth=depth, top=top)

@@ -2,19 +2,19 @@
 stacked, each rank with status badges from the other checks. ``GET /api/runs/{run_id}/parallel-map``.
 
 NOTE: [Parallel map]
-The grid comes from the run's layout records (:mod:`graphdeck.analysis.layout`): one block per
+The grid comes from the run's layout records (:mod:`graphdeck.analysis.parallel.layout`): one block per
 pipeline stage (one block when there is no pipeline); in a block, a column per coordinate on the
 sharding dimensions (``RunLayout.sharding_dims()``: tp, cp, ep, ...) and a row per coordinate on
 the remaining, data-parallel dimensions (dp, dp_shard, ...). Each rank gets one state per check:
 
 * ``diverged`` — ``check-ranks``' report (:func:`graphdeck.analysis.ranks.core.rank_report`), which
-  compares ranks per mesh dimension (:mod:`graphdeck.analysis.ranks.mesh_ranks`): the diverging side of
+  compares ranks per mesh dimension (:mod:`graphdeck.analysis.ranks.mesh`): the diverging side of
   a compile divergence or of a collective-schedule mismatch: ``ok`` | ``diverged``;
 * ``grad`` — ``check-grads``' report (graph analysis and run-time evidence): ``missing`` for a
   rank with a parameter without a gradient path or named by an error finding (a pipeline stage
   that receives no gradient);
 * ``straggler`` — traces of two or more ranks matched (:func:`~graphdeck.analysis.
-  trace_collectives.align_and_match`'s ``timing``): ``straggler`` for the rank the others waited for;
+  traces.collectives.align_and_match`'s ``timing``): ``straggler`` for the rank the others waited for;
 * ``hang`` — Flight Recorder's first mismatch per group (:mod:`graphdeck.analysis.ranks.flight`):
   ``hang`` for a rank that did not reach a collective its peers issued, ``waiting`` for a rank
   blocked in it; a rank without a dump, and the dumped members of a group it belongs to, are
@@ -125,7 +125,7 @@ def parallel_map(session: Session, run: Run, *, expand: bool = False, checks: li
     null), ``unplaced`` (ranks no mesh or stage places) and ``notes``. Never raises for odd
     records: a check that fails is ``unknown`` with its error named.
     """
-    from graphdeck.analysis.layout import load_layout
+    from graphdeck.analysis.parallel.layout import load_layout
 
     out = {"run_id": run.id, "run": run.name, "world_size": run.world_size}
     layout = load_layout(session, run.id)
@@ -182,7 +182,7 @@ def _label(dims: list[str], key: tuple) -> str:
 
 def _grid(layout, rank_kind: list[int], expand: bool) -> dict:
     """Blocks per stage; columns by sharding-dim coordinate; rows by data-parallel coordinate."""
-    from graphdeck.analysis.layout import PP_DIMS
+    from graphdeck.analysis.parallel.layout import PP_DIMS
 
     ws = layout.world_size
     col_dims = list(layout.sharding_dims())
@@ -269,7 +269,7 @@ def _merge_rows(rows: list[dict]) -> list[dict]:
 
 def _ranges(ranks: list[int]) -> str:
     """``[0, 1, 2, 5]`` → ``"0-2, 5"``."""
-    from graphdeck.analysis.traces.trace_collectives import rank_spans
+    from graphdeck.analysis.traces.collectives import rank_spans
 
     return rank_spans(ranks, ", ")
 
@@ -327,12 +327,12 @@ class _Context:
 
     def rank_report(self):
         """``check-ranks``' report (:func:`graphdeck.analysis.ranks.core.rank_report`), which compares
-        ranks per mesh dimension when :mod:`graphdeck.analysis.ranks.mesh_ranks` is installed; None
+        ranks per mesh dimension when :mod:`graphdeck.analysis.ranks.mesh` is installed; None
         without it (a report comparing every rank with every other would call pipeline stages
         diverged)."""
         import importlib.util
 
-        if importlib.util.find_spec("graphdeck.analysis.ranks.mesh_ranks") is None:
+        if importlib.util.find_spec("graphdeck.analysis.ranks.mesh") is None:
             return None
         if self._report is None:
             from graphdeck.analysis.ranks.core import rank_report
@@ -366,7 +366,7 @@ def _diverged(ctx: _Context) -> Badge:
     unknown."""
     report = ctx.rank_report()
     if report is None:
-        return _unknown("diverged", "the per-mesh-dimension rank check (graphdeck.analysis.ranks.mesh_ranks) "
+        return _unknown("diverged", "the per-mesh-dimension rank check (graphdeck.analysis.ranks.mesh) "
                         "is not installed: ranks of different stages cannot be told apart from diverged ones")
     b = Badge("diverged", ran=True, verdict=report.verdict, message=f"check-ranks per mesh dimension: {report.verdict}; "
               f"{len(report.divergences)} compile divergence(s), "
@@ -459,7 +459,7 @@ def _some(names: list[str], n: int = 3) -> str:
 
 def _straggler(ctx: _Context) -> Badge:
     """Traces of two or more ranks matched; the rank the others waited for is the straggler."""
-    from graphdeck.analysis.traces.trace_collectives import align_and_match, run_traces
+    from graphdeck.analysis.traces.collectives import align_and_match, run_traces
 
     session, run, layout = ctx.session, ctx.run, ctx.layout
     traces = run_traces(session, run.id)

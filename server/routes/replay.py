@@ -24,16 +24,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.trace_analysis import CommRule, analyze_trace
-from graphdeck.analysis.traces.trace_collectives import align_and_match, run_traces
-from graphdeck.analysis.traces.trace_map import node_time_ns
-from graphdeck.analysis.traces.trace_window import IndexCache, fetch_rows
+from graphdeck.analysis.graphs.view import loads_json
+from graphdeck.analysis.traces.analyze import CommRule, analyze_trace
+from graphdeck.analysis.traces.collectives import align_and_match, run_traces
+from graphdeck.analysis.traces.mapping import node_time_ns
+from graphdeck.analysis.traces.window import IndexCache, fetch_rows
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.replay.frames import replay_frames
 from graphdeck.server.deps import get_session, resolve_graph, resolve_run
 from graphdeck.server.render.timeline import rank_pid, timeline_figure
 from graphdeck.server.routes.traces import resolve_trace
-from graphdeck.server.views import loads_json
 from graphdeck.store.schema import Graph, Run, Trace
 
 router = APIRouter(tags=["traces"])
@@ -177,7 +177,7 @@ def get_analysis(comm: list[str] | None = Query(None, description="extra communi
                  top: int = Query(10, ge=1, le=200), trace: Trace = Depends(resolve_trace),
                  session: Session = Depends(get_session)) -> dict:
     """Step times, GPU busy/idle, scheduling-delay hotspots, comm/compute overlap and kernel →
-    node coverage of one trace (``graphdeck.analysis.traces.trace_analysis.analyze_trace``)."""
+    node coverage of one trace (``graphdeck.analysis.traces.analyze.analyze_trace``)."""
     return _jsonable(analyze_trace(session, trace.id, _rule(comm), top))
 
 
@@ -209,5 +209,5 @@ def get_replay(step: int | None = Query(None, description="ProfilerStep number (
 def get_node_times(trace_id: int | None = Query(None, description="default: the newest trace of the graph's rank"),
                    graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
     """Kernel ns per FX node name (GPU kernels, or a CPU trace's ops and C++ kernels with their
-    dispatch; ``graphdeck.analysis.traces.trace_map.node_time_ns``)."""
+    dispatch; ``graphdeck.analysis.traces.mapping.node_time_ns``)."""
     return {"graph_id": graph.id, "trace_id": trace_id, "node_ns": node_time_ns(session, graph.id, trace_id)}

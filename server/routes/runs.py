@@ -113,7 +113,7 @@ def holds_rows(session: Session, run_id: int) -> bool:
 
 def run_summary(session: Session, run: Run) -> dict:
     """One run's line: ids, counts, ``state`` (``recorded``, or ``empty`` with ``note`` :data:`EMPTY_NOTE`)."""
-    from graphdeck.replay.runs import source_of
+    from graphdeck.store.replay_runs import source_of
 
     counts = {"num_ranks": _count(session, Rank, run.id), "num_graphs": _count(session, Graph, run.id),
               "num_traces": _count(session, Trace, run.id, Trace.status != "ingesting")}
@@ -146,9 +146,9 @@ def get_run(_swept: None = Depends(sweep_dead), run: Run = Depends(resolve_run),
             session: Session = Depends(get_session)) -> dict:
     """The run with its ranks, graphs (every kind, capture order per rank), traces (complete or
     truncated; ones still being written are left out), DDP bucket partitions, and ``replays``: its
-    replay runs with their traces (NOTE: [Replay runs] in :mod:`graphdeck.replay.runs`; a replay
+    replay runs with their traces (NOTE: [Replay runs] in :mod:`graphdeck.store.replay_runs`; a replay
     run's ``source_run`` names the run it replays)."""
-    from graphdeck.replay.runs import replays_of
+    from graphdeck.store.replay_runs import replays_of
 
     ranks = session.scalars(select(Rank).where(Rank.run_id == run.id).order_by(Rank.rank)).all()
     traces = session.scalars(select(Trace).where(Trace.run_id == run.id, Trace.status != "ingesting")

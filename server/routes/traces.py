@@ -26,10 +26,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased
 from starlette.concurrency import run_in_threadpool
 
+from graphdeck.analysis.graphs.view import loads_json
 from graphdeck.errors import BadInputError, NotFoundError, PayloadTooLargeError
 from graphdeck.server.deps import get_engine, get_session, get_settings
 from graphdeck.server.render.timeline import timeline_figure
-from graphdeck.server.views import loads_json
 from graphdeck.store.schema import InternedString, Run, Trace, TraceEvent
 from graphdeck.store.traces import ingest_trace
 

@@ -3,7 +3,7 @@
 The dashboard's gradient page (``#/runs/<id>/grads``) renders the JSON; CI can fetch the JUnit
 XML twin. Filters narrow the listed rows only: ``ok``, ``summary`` and ``findings`` always cover
 the whole run. ``/gradients/steps`` is the JSON twin of the page's step × rank strips: what arrived
-per parameter, per rank, per step (run-time evidence, analysis.gradients.grad_evidence).
+per parameter, per rank, per step (run-time evidence, analysis.gradients.evidence).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.gradients.core import gradient_report
-from graphdeck.analysis.gradients.grad_report import STATUSES
+from graphdeck.analysis.gradients.report import STATUSES
 from graphdeck.errors import BadInputError, NotFoundError
 from graphdeck.server.deps import get_session, resolve_run
 from graphdeck.store.schema import Run
@@ -66,7 +66,7 @@ def run_gradient_steps(run: Run = Depends(resolve_run), session: Session = Depen
     parameter with a segment that is not ok, and ``all_ok``, how many parameters were ok throughout.
 
     Raises 404 for a parameter name the run does not have."""
-    from graphdeck.analysis.gradients import grad_evidence as GE
+    from graphdeck.analysis.gradients import evidence as GE
 
     report = _report(run, session, [], False)
     ev = GE.load(session, run.id)

@@ -1,6 +1,6 @@
 """kernel_nodes.call_index: which call site of a kernel a row maps (Inductor's provenance handle).
 
-Folds in the ad-hoc ``ALTER TABLE`` that ``analysis/traces/trace_map.py`` ran on stores of version 1:
+Folds in the ad-hoc ``ALTER TABLE`` that ``analysis/traces/mapping.py`` ran on stores of version 1:
 a store that already has the column keeps it as it is.
 
 Revision ID: 0002
