@@ -19,7 +19,7 @@ store and on HTA's NCCL traces.
 The part of those links that costs (launch chains, wrapper calls → kernel tables: ~0.13 s CPU of
 a 50k-event rank, a quarter of its export) is computed once when the trace is ingested, in the
 ingesting process (:func:`record_links`, called by :func:`graphdeck.store.traces.ingest_trace`
-like the collective index), and kept as one ``links`` row (:class:`graphdeck.store.schema.
+like the collective index), and kept as one ``trace_links`` row (:class:`graphdeck.store.schema.
 TraceLinks`). ``links_json`` is ``{"trace": trace id, "groups": [[graph id, [node, ...]], ...],
 "kernels": [event id deltas, ascending], "group": [index into groups, one per kernel],
 "comm": [event id deltas of the communication kernels no wrapper call launched]}``. Export
@@ -31,7 +31,7 @@ graphs and kernel links (:func:`graphdeck.store.node_times.rank_states`, as the 
 does) and the trace's ``X`` events (count, first and last id) — and export recomputes them
 (:func:`kernel_links`) when any of these differ, when a graph id in them is not of the trace's
 run, or when the row's ``trace`` is another trace (a row copied by ``store/merge.py`` into a store
-where the ids moved), when the store has no ``links`` table (schema < 6, a trace ingested
+where the ids moved), when the store has no ``trace_links`` table (schema < 6, a trace ingested
 by an older graphdeck), or when the trace takes ``map_trace``'s CPU path (no row is kept for it).
 A capture that links kernels after its own ingest refreshes the row (:func:`refresh_links`).
 """
@@ -170,7 +170,7 @@ def _deltas(ids: list[int]) -> list[int]:
 
 
 def encode(trace_id: int, by_kernel: ByKernel, comm_kernels: list[Ev]) -> str:
-    """``links_json`` of a ``links`` row (NOTE: [Stored kernel links])."""
+    """``links_json`` of a ``trace_links`` row (NOTE: [Stored kernel links])."""
     groups: dict[tuple, int] = {}
     ids = sorted(by_kernel)
     group = [groups.setdefault((by_kernel[i][0], *by_kernel[i][1]), len(groups)) for i in ids]
@@ -188,7 +188,7 @@ def decode(raw: str) -> tuple[int, ByKernel, list[int]]:
 
 
 def has_table(session: Session) -> bool:
-    """Whether the store has ``links`` (schema 6 on; an older store opened read-only has not)."""
+    """Whether the store has ``trace_links`` (schema 6 on; an older store opened read-only has not)."""
     return inspect(session.connection()).has_table(TraceLinks.__tablename__)
 
 
@@ -222,7 +222,7 @@ def _fingerprint(events: list[Ev]) -> tuple[int, int | None, int | None]:
 
 
 def record_links(engine: Engine, trace_id: int, full: bool = False) -> bool | ByKernel | None:
-    """Compute trace ``trace_id``'s links and keep them as its ``links`` row, replacing an
+    """Compute trace ``trace_id``'s links and keep them as its ``trace_links`` row, replacing an
     older one (NOTE: [Stored kernel links]); whether a row was written (none for a trace on
     ``map_trace``'s CPU path: an older row is then removed). Best effort, for the ingest: any
     failure is logged and gives False (export then maps the events itself).
