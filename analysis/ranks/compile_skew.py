@@ -249,8 +249,8 @@ def _metrics(name: str, metadata_json: str | None) -> dict:
 def _rank_compiles(session: Session, run_id: int, rank: int, rows: list[tuple], *, has_dump: bool = True,
                    trace_id: int | None = -1, parsed: dict | None = None) -> RankCompile:
     """One rank's compile times, caches and recompiles (NOTE: [Compile skew]) from its records
-    ``rows`` (:func:`_metric_rows`). ``has_dump`` False / ``trace_id`` None: the caller knows the rank has no Flight Recorder dump / no usable
-    trace (not looked up). ``parsed``: a memo of parsed metadata shared by the ranks of one run."""
+    ``rows`` (:func:`_metric_rows`). ``has_dump`` False / ``trace_id`` None: the caller knows the
+    rank has no Flight Recorder dump / no usable trace (not looked up). ``parsed``: a memo of parsed metadata shared by the ranks of one run."""
     out = RankCompile(rank=rank)
     parsed = {} if parsed is None else parsed
     recs = []
