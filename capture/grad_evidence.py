@@ -275,10 +275,6 @@ class GradEvidence(FsdpEvidence):
         self._last_persist = time.monotonic()
         return rid
 
-    def note_forward(self) -> None:
-        """A grad-enabled compiled forward ran (a window boundary when no optimizer steps)."""
-        self._fwd_gen += 1
-
     def _window_for(self, t: int) -> _Window:
         w = self._win
         if w is not None:

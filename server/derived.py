@@ -132,6 +132,21 @@ def _submit_write(engine: Engine, key: str, fingerprint: str, doc: dict, elapsed
         _write_stored(engine, key, fingerprint, doc, elapsed_s)
 
 
+def _keys(session: Session, run: Run, part: str, fingerprint: str) -> tuple[str, tuple]:
+    """``(store key, memory key)`` of ``(run, part)`` in the state ``fingerprint``: the
+    ``store_meta`` key, and that key with the store's URL and the fingerprint."""
+    key = store_key(run.id, part)
+    return key, (str(session.get_bind().url), key, fingerprint)
+
+
+def _remember(mem_key: tuple, doc: dict) -> None:
+    """Keep ``doc`` in this process's memory (the last :data:`MEMORY_DOCS` documents)."""
+    with _lock:
+        _memory[mem_key] = doc
+        while len(_memory) > MEMORY_DOCS:
+            _memory.popitem(last=False)
+
+
 def cached(session: Session, run: Run, part: str, compute: Callable[[], dict],
            writer: Engine | None = None, keep: Callable[[dict], bool] | None = None) -> tuple[dict, str]:
     """``compute()``'s document for ``(run, part)``, from memory, the store, or computed now and
@@ -141,8 +156,7 @@ def cached(session: Session, run: Run, part: str, compute: Callable[[], dict],
     but not kept (an error, an answer cut short by a time budget). Returns ``(doc, source)``, ``source`` one of
     ``memory`` | ``store`` | ``computed``. Exceptions of ``compute`` propagate (nothing kept)."""
     fingerprint = run_fingerprint(session, run)
-    key = store_key(run.id, part)
-    mem_key = (str(session.get_bind().url), key, fingerprint)
+    key, mem_key = _keys(session, run, part, fingerprint)
     with _lock:
         hit = _memory.get(mem_key)
         if hit is not None:
@@ -163,10 +177,7 @@ def cached(session: Session, run: Run, part: str, compute: Callable[[], dict],
                     return doc, source
                 if writer is not None:
                     _submit_write(writer, key, fingerprint, doc, time.perf_counter() - t0)
-            with _lock:
-                _memory[mem_key] = doc
-                while len(_memory) > MEMORY_DOCS:
-                    _memory.popitem(last=False)
+            _remember(mem_key, doc)
         finally:
             with _lock:
                 if _inflight.get(mem_key) is gate:
@@ -178,18 +189,14 @@ def stored_doc(session: Session, run: Run, part: str, fingerprint: str | None = 
     """The kept document of ``(run, part)`` valid for the run's state (memory, else the store),
     or None. ``fingerprint``: :func:`run_fingerprint`'s, when the caller has it."""
     fingerprint = fingerprint or run_fingerprint(session, run)
-    key = store_key(run.id, part)
-    mem_key = (str(session.get_bind().url), key, fingerprint)
+    key, mem_key = _keys(session, run, part, fingerprint)
     with _lock:
         hit = _memory.get(mem_key)
     if hit is not None:
         return hit
     hit = _read_stored(session, key, fingerprint)
     if hit is not None:
-        with _lock:
-            _memory[mem_key] = hit
-            while len(_memory) > MEMORY_DOCS:
-                _memory.popitem(last=False)
+        _remember(mem_key, hit)
     return hit
 
 
@@ -198,11 +205,8 @@ def keep_doc(session: Session, run: Run, part: str, doc: dict, writer: Engine | 
     """Keep ``doc`` as ``(run, part)``'s document for the run's state: in memory, and in the
     store through ``writer`` (on the writer thread)."""
     fingerprint = fingerprint or run_fingerprint(session, run)
-    key = store_key(run.id, part)
-    with _lock:
-        _memory[(str(session.get_bind().url), key, fingerprint)] = doc
-        while len(_memory) > MEMORY_DOCS:
-            _memory.popitem(last=False)
+    key, mem_key = _keys(session, run, part, fingerprint)
+    _remember(mem_key, doc)
     if writer is not None:
         _submit_write(writer, key, fingerprint, doc, elapsed_s)
 

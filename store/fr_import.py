@@ -185,6 +185,19 @@ def normalise(dump: dict, source: str) -> dict:
             "pg_status": dump.get("pg_status") or {}, "source": source, **cols}
 
 
+def _stack_id(frames: list, by_ids: dict[tuple, int], stacks: dict[tuple, int]) -> int:
+    """The interned id of an entry's stack (its frames' texts; -1: no frame has text), new ids
+    numbered in ``stacks`` (texts → id); ``by_ids`` caches the answer per tuple of frame object ids
+    (the frames stay alive while the dump is normalised)."""
+    ik = tuple(map(id, frames))
+    st = by_ids.get(ik, -2)
+    if st == -2:
+        text = tuple(t for t in map(frame_text, frames) if t)
+        st = stacks.setdefault(text, len(stacks)) if text else -1
+        by_ids[ik] = st
+    return st
+
+
 def _columns(ents: list) -> dict | None:
     """The fast path of :func:`normalise`: None unless every entry is a dict with every field,
     ``profiling_name`` a str, ``collective_seq_id`` an int and ``process_group`` a pair."""
@@ -246,12 +259,7 @@ def _columns(ents: list) -> dict | None:
         if hit is not None and hit[0] == fr:
             st_col.append(hit[1])
             continue
-        ik = tuple(map(id, fr))
-        st = by_ids.get(ik, -2)
-        if st == -2:
-            text = tuple(t for t in map(frame_text, fr) if t)
-            st = stacks.setdefault(text, len(stacks)) if text else -1
-            by_ids[ik] = st
+        st = _stack_id(fr, by_ids, stacks)
         last_st[key] = (fr, st)
         st_col.append(st)
     if set(map(type, rid)) != {int}:
@@ -301,12 +309,7 @@ def _normalise_slow(ents: list, source: str) -> dict:
         frames = e.get("frames")
         st = -1
         if frames:
-            ik = tuple(map(id, frames))
-            st = by_ids.get(ik, -2)
-            if st == -2:
-                text = tuple(t for t in map(frame_text, frames) if t)
-                st = stacks.setdefault(text, len(stacks)) if text else -1
-                by_ids[ik] = st
+            st = _stack_id(frames, by_ids, stacks)
         entries.append([pgi, seq, p2p or 0, si, _STATE_IX.get(state, -1), 1 if retired else 0,
                         rid if rid.__class__ is int else i, st, t_ns or 0])
     return {"pgs": [list(k) for k in pgs], "sigs": sig_rows, "stacks": [list(s) for s in stacks],

@@ -172,11 +172,6 @@ def timeline(ev: Evidence, rank: int, names: list[str]) -> list[list]:
     return merged
 
 
-def strips(ev: Evidence, fqns: list[str]) -> dict[str, dict[int, list[list]]]:
-    """Per parameter, per rank, its timeline (see :func:`timeline`)."""
-    return {f: {rank: timeline(ev, rank, [f]) for rank in sorted(ev.by_rank)} for f in fqns}
-
-
 def _fmt_steps(tl: list[list], state: str) -> str:
     parts = [f"{a}" if a == b else f"{a}–{b}" for a, b, s in tl if s == state]
     return ", ".join(parts)

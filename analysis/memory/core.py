@@ -444,11 +444,6 @@ def _saved_by_name(fw: _Cols, bw: _Cols) -> list[int]:
     return [p for p in fw.inputs_of(o) if p >= 0 and fw.names[p] in wanted and fw.op[p] != _OP_PLACEHOLDER]
 
 
-def _saved_names(c: _Cols) -> list[str]:
-    """Names of the forward outputs AOTAutograd saves for backward, in output order."""
-    return [c.names[p] for p in _saved_positions(c)]
-
-
 # ------------------------------------------------------------------------------------ liveness
 @dataclass(slots=True)
 class _Live:

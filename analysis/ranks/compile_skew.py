@@ -159,7 +159,7 @@ def _trace_first(session: Session, run_id: int, rank: int, after_ns: int, compil
     return c["start_ns"], f"{c['kernel']} #{c['seq']} of group {c['group']} (trace)", c["dur_ns"] / 1e9
 
 
-#: Fields of a compile record's metadata that :func:`rank_compiles` reads, in :func:`_parse_metrics` order.
+#: Fields of a compile record's metadata that :func:`_rank_compiles` reads, in :func:`_parse_metrics` order.
 METRIC_FIELDS = ("compile_id", "duration_us", "entire_frame_compile_time_s", "start_time_us", "start_time",
                  "fail_type", *(pattern.format(where=w, what=what) for pattern in _CACHE_FIELDS.values()
                                 for what in ("hit", "miss") for w in ("local", "remote")))
@@ -246,16 +246,11 @@ def _metrics(name: str, metadata_json: str | None) -> dict:
     return inner if isinstance(inner, dict) else (meta if isinstance(meta, dict) else {})
 
 
-def rank_compiles(session: Session, run_id: int, rank: int) -> RankCompile:
-    """One rank's compile times, caches and recompiles (NOTE: [Compile skew])."""
-    return _rank_compiles(session, run_id, rank, _metric_rows(session, run_id, [rank]).get(rank, []))
-
-
 def _rank_compiles(session: Session, run_id: int, rank: int, rows: list[tuple], *, has_dump: bool = True,
                    trace_id: int | None = -1, parsed: dict | None = None) -> RankCompile:
-    """:func:`rank_compiles` from the rank's records ``rows`` (:func:`_metric_rows`). ``has_dump``
-    False / ``trace_id`` None: the caller knows the rank has no Flight Recorder dump / no usable
-    trace (not looked up). ``parsed``: a memo of parsed metadata shared by the ranks of one run."""
+    """One rank's compile times, caches and recompiles (NOTE: [Compile skew]) from its records
+    ``rows`` (:func:`_metric_rows`). ``has_dump`` False / ``trace_id`` None: the caller knows the
+    rank has no Flight Recorder dump / no usable trace (not looked up). ``parsed``: a memo of parsed metadata shared by the ranks of one run."""
     out = RankCompile(rank=rank)
     parsed = {} if parsed is None else parsed
     recs = []

@@ -72,7 +72,6 @@ from graphdeck.analysis.ranks.schedules import (  # noqa: F401
     _schedule_mismatch,
     at_first_compile,
     collective_kind,
-    collective_schedule,
     collective_schedules,
     collective_target_ids,
     frame_of,
@@ -345,7 +344,7 @@ def _evidence_compared(report: RankReport, matched: dict | None) -> None:
 
 
 def _bare_ranks(session: Session, run_id: int, ranks: list[int]) -> set[int]:
-    """Ranks with nothing :func:`compile_sequence` or :func:`collective_schedule` reads — no
+    """Ranks with nothing :func:`compile_sequence` or :func:`collective_schedules` reads — no
     graph, no compile record with a compile id, no DDP bucket, no comm-groups record (a rank
     known only by its Flight Recorder dump): both are empty for them, found here with four
     queries instead of several per rank (1,024 FR-only ranks: 3.3 -> 0.4 s CPU, bench_flight)."""

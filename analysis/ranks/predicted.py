@@ -31,7 +31,7 @@ reduce-scatters to its shard dimension's process group on each rank, from the la
   mismatch recorded, but a member of the group has no dump: neither confirmed nor refuted).
 
 Which compiles of a frame run (NOTE: [Live compiles]) is :func:`live_compiles`, which
-:func:`graphdeck.analysis.ranks.core.collective_schedule` calls for each rank.
+:func:`graphdeck.analysis.ranks.core.collective_schedules` calls for each rank.
 
 Pure: reads the report and the store (the capture's record of DDP's process group, compile
 records, profiler traces' compiled regions).

@@ -25,7 +25,6 @@ from sqlalchemy.orm import Session, aliased
 
 from graphdeck.analysis.gradients.cuts import frames
 from graphdeck.analysis.ranks.records import Collective, CollectiveMismatch, CompileEntry, _json, _ranks_phrase
-from graphdeck.analysis.ranks.sequences import compile_sequence
 from graphdeck.store.schema import CompileEvent, Graph, InternedString, Node, Partition
 
 #: Graph kinds that run (their collectives execute), best first per compile id. A compile whose
@@ -101,26 +100,19 @@ def collective_target_ids(session: Session) -> dict[int, str]:
     return out
 
 
-def collective_schedule(session: Session, run_id: int, rank: int,
-                        sequence: list[CompileEntry] | None = None, cache: dict | None = None) -> list[Collective]:
-    """Collectives ``rank`` issues, in compile order then graph order (see :data:`EXECUTED_TIERS`),
-    then Inductor's imported schedules for compiles without graphs, then the data-parallel
-    collectives: DDP's reducer buckets and FSDP2's groups as the capture recorded them (else
-    DDPOptimizer's graph buckets, for stores without that record). ``cache``: a dict shared by
-    the calls of one report (the collective target ids; each stored structural hash's collective
-    nodes, read once for all ranks)."""
-    sequence = sequence if sequence is not None else compile_sequence(session, run_id, rank)
-    return collective_schedules(session, run_id, {rank: sequence}, cache)[rank]
-
-
 _STACK = aliased(InternedString)
 
 
 def collective_schedules(session: Session, run_id: int, sequences: dict[int, list[CompileEntry]],
                          cache: dict | None = None) -> dict[int, list[Collective]]:
-    """:func:`collective_schedule` of every rank of ``sequences`` (rank → its compile sequence),
-    the graphs' collective nodes read in a few queries for all of them: one representative graph
-    per stored structural hash (graphs with one hash issue the same collectives)."""
+    """Collectives each rank of ``sequences`` (rank → its compile sequence) issues, in compile order
+    then graph order (see :data:`EXECUTED_TIERS`), then Inductor's imported schedules for compiles
+    without graphs, then the data-parallel collectives: DDP's reducer buckets and FSDP2's groups as
+    the capture recorded them (else DDPOptimizer's graph buckets, for stores without that record).
+    ``cache``: a dict shared by the calls of one report (the collective target ids; each stored
+    structural hash's collective nodes, read once for all ranks). The graphs' collective nodes
+    are read in a few queries for all ranks: one representative graph per stored structural hash
+    (graphs with one hash issue the same collectives)."""
     cache = {} if cache is None else cache
     if "target_ids" not in cache:
         _fill_schedule_cache(session, run_id, cache)
@@ -220,7 +212,7 @@ def _schedule_of(cache: dict, rank: int, sequence: list[CompileEntry], inductor:
 
 
 def _fill_schedule_cache(session: Session, run_id: int, cache: dict) -> None:
-    """What :func:`collective_schedule` reads per rank, read once for every rank of the run: the
+    """What :func:`collective_schedules` reads per rank, read once for every rank of the run: the
     collective target ids, each graph's stored hash, Inductor's imported collective schedules,
     the newest readable ``graphdeck_comm_groups`` record of each rank (as
     :func:`graphdeck.analysis.traces.comm_map.load_record` reads it) and DDPOptimizer's partitions."""

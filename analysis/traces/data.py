@@ -116,38 +116,3 @@ def intersect_ns(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
         else:
             j += 1
     return got
-
-
-_RAW_SQL = ("SELECT id, name_id, cat_id, ts_ns, dur_ns, pid, tid, correlation, args_json FROM trace_events "
-            "WHERE trace_id = {p} AND ph = 'X' ORDER BY ts_ns, id")
-
-
-def load_events_cached(session: Session, trace_id: int, strings: dict[int | None, str]) -> list[Ev]:
-    """:func:`load_events` (every ``X`` event, with args, ordered by start) for a caller that reads
-    many traces: the rows are fetched through the driver's own cursor without joining the interned
-    ``strings``, and names/categories are resolved through ``strings`` (interned id → value; ``None``
-    → ``""``), a cache the caller keeps across traces and this fills. Same events, same order."""
-    conn = session.connection()
-    p = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    cur = conn.connection.cursor()
-    try:
-        cur.execute(_RAW_SQL.format(p=p), (trace_id,))
-        rows = cur.fetchall()
-    finally:
-        cur.close()
-    strings.setdefault(None, "")
-    try:  # a warm cache (the next trace of a run) resolves every id
-        return [Ev(i, strings[n], strings[c], ts, dur, pid, tid_, corr, a)
-                for i, n, c, ts, dur, pid, tid_, corr, a in rows]
-    except KeyError:
-        pass
-    need = {r[1] for r in rows if r[1] not in strings} | {r[2] for r in rows if r[2] not in strings}
-    if need:
-        ids = sorted(need)
-        for i in range(0, len(ids), 500):
-            part = ids[i:i + 500]
-            params = {f"s{j}": v for j, v in enumerate(part)}
-            strings.update(session.execute(text(
-                "SELECT id, value FROM strings WHERE id IN (" + ",".join(f":{k}" for k in params) + ")"), params).all())
-    return [Ev(i, strings[n], strings[c], ts, dur, pid, tid_, corr, a)
-            for i, n, c, ts, dur, pid, tid_, corr, a in rows]

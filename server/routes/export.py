@@ -29,7 +29,9 @@ from graphdeck.store.schema import Run
 router = APIRouter(tags=["traces"], route_class=RunPathRoute)
 
 
-def _rule(comm: list[str] | None) -> CommRule:
+def comm_rule(comm: list[str] | None) -> CommRule:
+    """The ``comm`` query patterns as a :class:`CommRule`; :class:`UsageError` (HTTP 400) when one
+    is not a regular expression. The export and the replay routes share it."""
     for p in comm or ():
         try:
             re.compile(p)
@@ -59,7 +61,7 @@ def get_export_trace(request: Request,
                      run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> StreamingResponse:
     """The run's chosen ranks as one Chrome-trace JSON (clock-aligned, one process per rank, FX
     node names in kernel args, collectives linked by flows), streamed as a download."""
-    rule = _rule(comm)
+    rule = comm_rule(comm)
     plan = plan_export(session, run.id, ranks, rule)
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", run.name).strip(".") or f"run{run.id}"
     filename = f"{name}.trace.json" + (".gz" if gzip else "")

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.graphs.view import loads_json
-from graphdeck.analysis.traces.analyze import CommRule, analyze_trace
+from graphdeck.analysis.traces.analyze import analyze_trace
 from graphdeck.analysis.traces.collectives import align_and_match, run_traces
 from graphdeck.analysis.traces.mapping import node_time_ns
 from graphdeck.analysis.traces.window import IndexCache, fetch_rows
@@ -33,6 +33,7 @@ from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.replay.frames import replay_frames
 from graphdeck.server.deps import get_session, resolve_graph, resolve_run
 from graphdeck.server.render.timeline import rank_pid, timeline_figure
+from graphdeck.server.routes.export import comm_rule
 from graphdeck.server.routes.traces import resolve_trace
 from graphdeck.store.schema import Graph, Run, Trace
 
@@ -55,17 +56,6 @@ def _cache(request: Request) -> IndexCache:
     if cache is None:
         cache = request.app.state.trace_index_cache = IndexCache()
     return cache
-
-
-def _rule(comm: list[str] | None) -> CommRule:
-    import re
-
-    for p in comm or ():
-        try:
-            re.compile(p)
-        except re.error as exc:
-            raise UsageError(f"comm pattern {p!r} is not a regular expression: {exc}") from exc
-    return CommRule(extra=tuple(comm or ()))
 
 
 def _window(idx, origin_ns: int, t0_ms: float | None, t1_ms: float | None) -> tuple[int, int]:
@@ -115,7 +105,7 @@ def get_run_timeline(request: Request, t0_ms: float | None = _ms_query("ms since
     if not traces:
         raise NotFoundError(f"run {run.name!r} has no trace", resource="trace", id=run.name)
     if len(traces) > 1:  # the default rule: the matching the heatmap and overview share (cached)
-        aligned = align_and_match(session, run.id, _rule(comm), traces) if comm else matched_run(session, run.id)[1]
+        aligned = align_and_match(session, run.id, comm_rule(comm), traces) if comm else matched_run(session, run.id)[1]
     else:
         aligned = None
     lanes, chosen = timeline_lanes(aligned, list(traces), ranks)
@@ -178,7 +168,7 @@ def get_analysis(comm: list[str] | None = Query(None, description="extra communi
                  session: Session = Depends(get_session)) -> dict:
     """Step times, GPU busy/idle, scheduling-delay hotspots, comm/compute overlap and kernel →
     node coverage of one trace (``graphdeck.analysis.traces.analyze.analyze_trace``)."""
-    return _jsonable(analyze_trace(session, trace.id, _rule(comm), top))
+    return _jsonable(analyze_trace(session, trace.id, comm_rule(comm), top))
 
 
 @router.get("/api/runs/{run_id}/collectives")
@@ -190,7 +180,7 @@ def get_collectives(comm: list[str] | None = Query(None, description="extra comm
     — evidence that verdict weighs, not a second one (``trace_verdict``: the matching's own)."""
     from graphdeck.analysis.ranks.core import rank_report
 
-    doc = align_and_match(session, run.id, _rule(comm))
+    doc = align_and_match(session, run.id, comm_rule(comm))
     doc["trace_verdict"], doc["verdict"] = doc["verdict"], rank_report(session, run).verdict
     return _jsonable(doc)
 

@@ -61,6 +61,7 @@ from graphdeck.server.upload_area import (
     UploadArea,
     UploadSpec,
     check_json_depth,
+    default_data_dir,
     inflate_checked,
     is_gzip,
 )
@@ -110,26 +111,16 @@ _CREATE_LOCK = threading.Lock()
 
 def data_dir_for(settings) -> FsPath:
     """``settings.data_dir``, else ``<store>.uploads`` beside a SQLite store file, else
-    ``graphdeck-uploads-<16 hex>`` in the system temp dir, named by a hash of the store URL
-    (password left out), so two servers on two databases never share an upload folder."""
+    :func:`~graphdeck.server.upload_area.default_data_dir` of the store URL (named by a hash of
+    the URL without its password, so two servers on two databases never share an upload folder;
+    :class:`~graphdeck.server.settings.Settings` already fills ``data_dir`` with it)."""
     if getattr(settings, "data_dir", None):
         return FsPath(settings.data_dir)
     store = str(settings.store)
     if "://" not in store:
         p = FsPath(store).expanduser().resolve()
         return p.with_name(p.name + ".uploads")
-    import hashlib
-    import tempfile
-
-    from sqlalchemy.engine import make_url
-
-    try:
-        u = make_url(store)
-        key = repr((u.drivername, u.username, u.host, u.port, u.database, sorted(u.query.items())))
-    except Exception:  # noqa: BLE001 - an unparsable URL fails later, at open_engine, with a message
-        key = store
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return FsPath(tempfile.gettempdir()) / f"graphdeck-uploads-{digest}"
+    return FsPath(default_data_dir(store))
 
 
 @router.get("/api/health")
