@@ -1,5 +1,6 @@
 """``graphdeck check-grads`` and ``graphdeck check-ranks``: the CI checks of gradient paths and
-cross-rank consistency. Added to ``graphdeck.cli.main`` by the block at the end of graphdeck/cli.py."""
+cross-rank consistency. Registered on the ``graphdeck`` group by graphdeck/cli.py
+(:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -179,3 +180,6 @@ def check_ranks(store: str, run_name: str, fmt: str, output: str | None, as_json
     else:
         click.echo(text)
     sys.exit({"OK": 0, "FAIL": 1, "INCOMPLETE": 3}[report.verdict])
+
+
+COMMANDS = (check_grads, check_ranks)

@@ -1,6 +1,7 @@
-"""What the ``graphdeck`` commands share: the default store, ``--store`` values, error exits and
-run lookup. graphdeck/cli.py re-exports these names (``from graphdeck.cli import _fail`` keeps
-working); the command modules (graphdeck/cli_*.py) import them from here."""
+"""What the ``graphdeck`` commands share: the default store, ``--store`` values, error exits, run
+lookup and a free port. The command modules (graphdeck/cli_*.py) import them from here and from no
+other command module nor graphdeck/cli.py (pyproject's import-linter contract ``cli-commands``);
+graphdeck/cli.py re-exports them (``from graphdeck.cli import _fail`` keeps working)."""
 
 from __future__ import annotations
 
@@ -164,3 +165,15 @@ def _mib(n: int | float | None) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n:.0f} B"
+
+
+def port_free(host: str, port: int) -> int:
+    """``port`` (or, for 0, a port the OS picks) when a server can bind ``host:port`` now, else 0."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.bind((host, port))
+            return sock.getsockname()[1]
+    except OSError:
+        return 0

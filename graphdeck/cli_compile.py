@@ -1,7 +1,6 @@
 """``graphdeck check-compile``: compile health of a run as a CI gate (issue 21 item 1; NOTE:
-[Compile health] in graphdeck/analysis/compilation/health.py). Added to ``graphdeck.cli.main``
-by the line at the end of graphdeck/cli.py (``main.add_command``); graphdeck.cli is imported only
-inside the command, so ``python -m graphdeck.cli check-compile`` works too."""
+[Compile health] in graphdeck/analysis/compilation/health.py). Registered on the
+``graphdeck`` group by graphdeck/cli.py (:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from graphdeck.cli_common import store_and_run
+from graphdeck.cli_common import _fail, _find_run, store_and_run
 from graphdeck.errors import GraphdeckError
 
 
@@ -47,7 +46,6 @@ def check_compile(store: str, run_name: str, max_graph_breaks: int | None, max_r
 
     from graphdeck.analysis.compilation.health import Thresholds, compile_health
     from graphdeck.analysis.compilation.text import to_junit, to_text
-    from graphdeck.cli import _fail, _find_run
     from graphdeck.store.db import open_engine
 
     try:
@@ -63,3 +61,6 @@ def check_compile(store: str, run_name: str, max_graph_breaks: int | None, max_r
     if junit_path:
         Path(junit_path).write_text(to_junit(report))
     sys.exit({"PASS": 0, "WARN": 0, "FAIL": 1, "INCOMPLETE": 0 if allow_incomplete else 3}[report.verdict])
+
+
+COMMANDS = (check_compile,)

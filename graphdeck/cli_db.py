@@ -1,6 +1,6 @@
 """``graphdeck db current|upgrade`` (the store's schema, Alembic) and ``graphdeck stack``
-(docker-compose.yml's services without Docker). Added to ``graphdeck.cli.main`` by the block at
-the end of graphdeck/cli.py."""
+(docker-compose.yml's services without Docker). Registered on the ``graphdeck`` group by
+graphdeck/cli.py (:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -94,3 +94,6 @@ def stack_cmd(data_dir: str, store: str | None, host: str, port: int, pg_port: i
     except GraphdeckError as exc:
         _fail(exc)
     sys.exit(code)
+
+
+COMMANDS = (db_group, stack_cmd)

@@ -1,6 +1,6 @@
 """``graphdeck diff-runs``: run B against run A as a CI gate (issue 21 item 2; NOTE: [Run diff] in
-graphdeck/analysis/diff/runs.py). Added to ``graphdeck.cli.main`` by the line at the end of
-graphdeck/cli.py (``main.add_command``); graphdeck.cli is imported only inside the command."""
+graphdeck/analysis/diff/runs.py). Registered on the ``graphdeck`` group by graphdeck/cli.py
+(:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from graphdeck.cli_common import _fail, _find_run, _store_arg
 from graphdeck.errors import GraphdeckError
 
 DEFAULT_NOISE_K = 3.0
@@ -56,7 +57,6 @@ def diff_runs_cmd(store: str, run_a: str, run_b: str, store_b: str | None, max_n
 
     from graphdeck.analysis.diff.runs import Gates, diff_runs
     from graphdeck.analysis.diff.text import to_junit, to_text
-    from graphdeck.cli import _fail, _find_run, _store_arg
     from graphdeck.errors import UsageError
     from graphdeck.store.db import open_engine
 
@@ -83,3 +83,6 @@ def diff_runs_cmd(store: str, run_a: str, run_b: str, store_b: str | None, max_n
         except OSError as exc:
             _fail(UsageError(f"cannot write JUnit XML to {junit_path}: {exc.strerror or exc}"))
     sys.exit({"PASS": 0, "WARN": 0, "FAIL": 1, "INCOMPLETE": 0 if allow_incomplete else 3}[report.verdict])
+
+
+COMMANDS = (diff_runs_cmd,)

@@ -1,7 +1,7 @@
 """``graphdeck export-trace``: one Chrome-trace JSON of a run's ranks, clocks aligned, for Perfetto
-(issue 26 item 3; NOTE: [Trace export] in graphdeck/analysis/traces/export.py). Added to
-``graphdeck.cli.main`` by the line at the end of graphdeck/cli.py; everything heavy is imported
-inside the command."""
+(issue 26 item 3; NOTE: [Trace export] in graphdeck/analysis/traces/export.py). Registered on the
+``graphdeck`` group by graphdeck/cli.py (:data:`COMMANDS`); everything heavy is imported inside
+the command."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import click
 
-from graphdeck.cli_common import store_and_run
+from graphdeck.cli_common import _fail, _find_run, _store_arg, store_and_run
 from graphdeck.errors import GraphdeckError
 
 
@@ -39,7 +39,6 @@ def export_trace_cmd(store: str, run_name: str, ranks: str | None, output: str |
 
     from graphdeck.analysis.traces.analyze import CommRule
     from graphdeck.analysis.traces.export import export_trace
-    from graphdeck.cli import _fail, _find_run, _store_arg
     from graphdeck.errors import UsageError
     from graphdeck.store.db import open_engine
 
@@ -77,3 +76,6 @@ def export_trace_cmd(store: str, run_name: str, ranks: str | None, output: str |
     if stats.get("flows_unpaired"):
         click.echo(f"{stats['flows_unpaired']:,} flows left out: a collective's slice was not found on one of "
                    "its two ranks")
+
+
+COMMANDS = (export_trace_cmd,)

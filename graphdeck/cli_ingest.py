@@ -1,6 +1,6 @@
 """Getting data into a store: ``graphdeck ingest-trace``, ``import``, ``upload``, and
-``delete-run`` to take a run out again. Added to ``graphdeck.cli.main`` by the block at the end
-of graphdeck/cli.py."""
+``delete-run`` to take a run out again. Registered on the ``graphdeck`` group by
+graphdeck/cli.py (:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -364,3 +364,6 @@ def delete_run_cmd(store: str, run_name: str) -> None:
         _fail(exc)
     rows = ", ".join(f"{n} {table}" for table, n in sorted(result["rows"].items())) or "no rows"
     click.echo(f"deleted run {result['run_name']!r} (id {result['run_id']}) from {display_url(path)}: {rows}")
+
+
+COMMANDS = (delete_run_cmd, import_cmd, ingest_trace_cmd, upload_cmd)

@@ -1,5 +1,6 @@
 """``graphdeck memory`` (graph-derived memory and what-ifs) and ``graphdeck memory-snapshot`` (a
-measured CUDA snapshot). Added to ``graphdeck.cli.main`` by the block at the end of graphdeck/cli.py."""
+measured CUDA snapshot). Registered on the ``graphdeck`` group by graphdeck/cli.py
+(:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -140,3 +141,6 @@ def memory_snapshot_cmd(snapshot: str, store: str, run_name: str | None, device:
                    f"parameters allocated before the history (optimizer state, anything eager) = "
                    f"{(model.peak_bytes + rest) / mib:,.1f} MiB, {(model.peak_bytes + rest) / m.peak_bytes - 1:+.1%} "
                    "vs measured")
+
+
+COMMANDS = (memory_cmd, memory_snapshot_cmd)

@@ -1,7 +1,7 @@
 """``graphdeck parity``: a sharded run against its unsharded reference, one optimizer step
 (issue 35, item 3; analysis in graphdeck/analysis/gradients/parity.py, evidence NOTE: [Parity
-evidence] in capture/parity.py). Added to ``graphdeck.cli.main`` by the block at the end of
-graphdeck/cli.py.
+evidence] in capture/parity.py). Registered on the ``graphdeck`` group by
+graphdeck/cli.py (:data:`COMMANDS`).
 
 Two forms:
 
@@ -132,3 +132,6 @@ def _launch(args: tuple[str, ...], store: str, nproc: int, step: int, run_name: 
                              f"{proc.returncode}; the script must run at world size 1 too (size its mesh from "
                              f"the world size):\n{tail}")
     return names
+
+
+COMMANDS = (parity_cmd,)

@@ -1,5 +1,5 @@
 """``graphdeck replay``: re-run a stored graph (one profiled worker or a pipeline of stages).
-Added to ``graphdeck.cli.main`` by the block at the end of graphdeck/cli.py."""
+Registered on the ``graphdeck`` group by graphdeck/cli.py (:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -114,3 +114,6 @@ def replay_cmd(ctx: click.Context, run_name: str, graph_id: int, store: str, con
     for seg in (out.get("heterogeneous_fusion") or {}).get("segments", []):
         click.echo(f"  fused on {device}: {seg['device_type']} segment {seg['first']}..{seg['last']} "
                    f"({seg['nodes']} nodes) in stage(s) {seg['stages']}")
+
+
+COMMANDS = (replay_cmd,)

@@ -1,7 +1,7 @@
 """``graphdeck summary RUN --store S`` (or ``STORE --run RUN``, as the checks): the run overview as one line per check (issue 23 item 2; NOTE:
 [Run overview] in graphdeck/analysis/summary.py), the same document as the run page's overview
-and ``GET /api/runs/{id}/summary``. Added to ``graphdeck.cli.main`` by the line at the end of
-graphdeck/cli.py; graphdeck.cli is imported only inside the command."""
+and ``GET /api/runs/{id}/summary``. Registered on the ``graphdeck`` group by
+graphdeck/cli.py (:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from graphdeck.cli_common import store_and_run
+from graphdeck.cli_common import _find_run, _store_arg, store_and_run
 from graphdeck.errors import GraphdeckError
 
 
@@ -30,7 +30,6 @@ def summary_cmd(store: str, run_name: str, as_json: bool) -> None:
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.summary import run_summary
-    from graphdeck.cli import _find_run, _store_arg
     from graphdeck.store.db import display_url, open_engine
 
     store = _store_arg(store)  # both forms: NOTE: [Store and run arguments] in graphdeck/cli_common.py
@@ -43,3 +42,6 @@ def summary_cmd(store: str, run_name: str, as_json: bool) -> None:
         sys.exit(2)
     click.echo(json.dumps(report.to_dict(), indent=1, default=str) if as_json else report.to_text(display_url(store)))
     sys.exit(report.exit_code)
+
+
+COMMANDS = (summary_cmd,)
