@@ -55,6 +55,9 @@ def test_every_layer_contract_is_kept(tree):
     ("capture/_probe.py", "def f():\n    import fastapi", "the capture (inside training jobs)"),
     ("store/_probe.py", "import graphdeck.analysis.summary", "server and capture above analysis above store"),
     ("server/_probe.py", "def f():\n    import torch", "no module of the server imports torch"),
+    ("cli_summary.py", "def f():\n    from graphdeck.cli import main", "the CLI: graphdeck.cli above"),
+    ("cli_diff.py", "from graphdeck.cli_export import export_trace_cmd", "the CLI: graphdeck.cli above"),
+    ("cli_common.py", "def f():\n    import graphdeck.cli_ingest", "the CLI: graphdeck.cli above"),
 ])
 def test_each_contract_catches_a_forbidden_import(tmp_path, tree, module, line, contract):
     probe_tree = tmp_path / "t"
