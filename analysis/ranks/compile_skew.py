@@ -63,6 +63,9 @@ class RankCompile:
     before_first_collective_s: float = 0.0
     first_collective: str | None = None  # what it was and where it was read
     first_collective_wait_s: float | None = None  # this rank's time inside it (trace)
+    first_collective_ns: int | None = None  # when it started (ns since the epoch, the rank's clock)
+    first_collective_group: str | None = None  # its process group (trace; the FR entry has its own)
+    first_collective_step: int | None = None  # the profiler's step holding it (trace)
     basis: str = "initial compiles"  # "flight recorder" | "trace" | "initial compiles"
     cache: dict = field(default_factory=lambda: {k: {"hit": 0, "miss": 0} for k in _CACHE_FIELDS})
 
@@ -111,7 +114,7 @@ def collective_timeout(session: Session, run_id: int) -> tuple[float, str]:
     return secs, f"torch's default {backend or 'process group'} timeout (no timeout recorded)"
 
 
-def _fr_first_ns(session: Session, run_id: int, rank: int, after_ns: int) -> tuple[int, str] | None:
+def _fr_first_ns(session: Session, run_id: int, rank: int, after_ns: int) -> tuple[int, str, None, None] | None:
     """First Flight Recorder entry of ``rank`` created after ``after_ns`` (ns since the epoch),
     when the stored dump reaches back to the first collective (a sequence id 1)."""
     row = session.execute(select(CompileEvent.payload).where(
@@ -127,7 +130,7 @@ def _fr_first_ns(session: Session, run_id: int, rank: int, after_ns: int) -> tup
             return None
         t, sig = later[0]
         op = sigs[sig][0] if isinstance(sig, int) and 0 <= sig < len(sigs) else "collective"
-        return int(t), f"{op} (flight recorder)"
+        return int(t), f"{op} (flight recorder)", None, None
     except (TypeError, ValueError, KeyError, IndexError):
         return None
 
@@ -138,8 +141,8 @@ def _newest_trace(session: Session, run_id: int, rank: int) -> int | None:
 
 
 def _trace_first(session: Session, run_id: int, rank: int, after_ns: int, compile_end_ns: int,
-                 trace_id: int | None = -1) -> tuple[int, str, float] | None:
-    """``(start ns, name, duration s)`` of the rank's first traced collective starting after
+                 trace_id: int | None = -1) -> tuple[int, str, float, str, int | None] | None:
+    """``(start ns, name, duration s, group, profiler step)`` of the rank's first traced collective starting after
     ``after_ns``, when its newest usable trace (``trace_id``; -1: look it up) began before
     ``compile_end_ns``."""
     from graphdeck.analysis.traces.collectives import trace_indexes
@@ -156,7 +159,8 @@ def _trace_first(session: Session, run_id: int, rank: int, after_ns: int, compil
     if not later:
         return None
     c = later[0]
-    return c["start_ns"], f"{c['kernel']} #{c['seq']} of group {c['group']} (trace)", c["dur_ns"] / 1e9
+    return (c["start_ns"], f"{c['kernel']} #{c['seq']} of group {c['group']} (trace)", c["dur_ns"] / 1e9,
+            c["group"], c.get("step"))
 
 
 #: Fields of a compile record's metadata that :func:`_rank_compiles` reads, in :func:`_parse_metrics` order.
@@ -279,6 +283,8 @@ def _rank_compiles(session: Session, run_id: int, rank: int, rows: list[tuple], 
             t1, out.first_collective = (tr or fr)[:2]
             out.basis = "trace" if tr else "flight recorder"
             out.first_collective_wait_s = tr[2] if tr else None
+            out.first_collective_ns = t1
+            out.first_collective_group, out.first_collective_step = (tr[3], tr[4]) if tr else (None, None)
             out.before_first_collective_s = sum(d for _n, _c, d, s in recs if s and s < t1)
             return out
     initial = [d for _n, c, d, _s in recs if (m := _CID.match(c or "")) and m.group(2) == "0"]
