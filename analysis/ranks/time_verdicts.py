@@ -151,17 +151,29 @@ def _fr_entry(session: Session, run_id: int, rank: int, t_ns: int) -> dict | Non
         .order_by(CompileEvent.id.desc())).first()
     try:
         dump = json.loads(row[0]) if row is not None and row[0] else None
+        last = max(e[8] for e in dump["entries"])
         for e in dump["entries"]:
             if e[8] == t_ns:
                 pg = dump["pgs"][e[0]] if isinstance(e[0], int) else [e[0], None]
                 stacks = dump.get("stacks") or []
                 stack = stacks[e[7]] if isinstance(e[7], int) and 0 <= e[7] < len(stacks) else []
-                return {"group": pg[0], "desc": pg[1], "seq": e[1],
-                        "state": ("scheduled", "started", "completed")[e[4]] if e[4] >= 0 else "?",
-                        "stack": list(stack)}
+                return {"group": pg[0], "desc": pg[1], "seq": e[1], "stack": list(stack),
+                        "died": e[8] == last and _died(dump, e)}
     except (TypeError, ValueError, KeyError, IndexError):
         return None
     return None
+
+
+#: The capture's dump reasons that mean the rank ended on an error (capture/flight.py).
+DIED_SOURCES = ("capture:exception", "capture:sigterm")
+
+
+def _died(dump: dict, e: list) -> bool:
+    """Whether the rank died inside entry ``e``, its last one: its dump was written as it ended on
+    an error (:data:`DIED_SOURCES`), and — where the recorder tracks completion (some entry of the
+    dump completed: NCCL; gloo leaves every entry "scheduled") — ``e`` never completed."""
+    tracked = any(x[4] == 2 for x in dump["entries"])
+    return dump.get("source") in DIED_SOURCES and not (tracked and e[4] == 2)
 
 
 def skew_finding(session: Session, run, skew, warn_fraction: float = WARN_FRACTION,
@@ -177,7 +189,7 @@ def skew_finding(session: Session, run, skew, warn_fraction: float = WARN_FRACTI
     groups = tuple(x for e in entries.values() if e for x in (e["group"], e["desc"]))
     groups += tuple(v.first_collective_group for v in skew.ranks.values() if v.first_collective_group)
     timeout, source = _timeout_for(session, run.id, groups, memo)
-    died = any(e is not None and e["state"] != "completed" for e in entries.values())
+    died = any(e is not None and e["died"] for r, e in entries.items() if r in waiting)
     verdict = judge(skew.skew_s, timeout, died, warn_fraction)
     f = TimeFinding("compile skew", verdict, "", skew.slowest, waiting, skew.skew_s, timeout, source,
                     skew.skew_s / timeout if timeout else None, died)
@@ -201,6 +213,70 @@ def skew_finding(session: Session, run, skew, warn_fraction: float = WARN_FRACTI
                  + (f" issued {f.place}" if f.place else "")
                  + f": {f.share:.0%} of the {timeout:g} s collective timeout ({source})"
                  + ("; the job died there (the Flight Recorder shows it never completed)" if died else ""))
+    return f
+
+
+def died_finding(session: Session, run, warn_fraction: float = WARN_FRACTION, memo: dict | None = None,
+                 min_skew_s: float = 2.0) -> TimeFinding | None:
+    """The collective the job died in (a waiting rank's last Flight Recorder entry, its dump written
+    as it ended on an error: :func:`_died`) and the compile time each rank spent before it, since
+    its previous collective (a rank that never issued it: since its last one). A compile skew there
+    of at least ``min_skew_s`` s is judged against that group's timeout (NOTE: [Time verdicts]):
+    any skew, not only before the first collective (a warm rank that compiled ahead, a cold one
+    that compiles at its first use). None when no rank died in a collective or no skew explains it."""
+    from graphdeck.analysis.ranks.flight import load_dumps
+
+    memo = {} if memo is None else memo
+    dumps = load_dumps(session, run.id)
+    ents: dict[int, list] = {}
+    for r, d in dumps.items():
+        try:
+            pgs = d.get("pgs") or []
+            ents[r] = sorted(((str(pgs[e[0]][0]) if isinstance(e[0], int) else str(e[0]), e[1]), e[8], e)
+                             for e in d["entries"] if e[1] and e[8])
+        except (TypeError, KeyError, IndexError):
+            continue
+    dead = [(es[-1][0], r) for r, es in ents.items() if es and _died(dumps[r], es[-1][2])]
+    if len(ents) < 2 or not dead:
+        return None
+    key = min(dead, key=lambda kr: next(t for k, t, _e in ents[kr[1]] if k == kr[0]))[0]
+    spent: dict[int, tuple[float, list[str]]] = {}
+    for r, es in ents.items():
+        at = next((i for i, (k, _t, _e) in enumerate(es) if k == key), None)
+        t0 = es[at - 1][1] if at else (es[-1][1] if at is None else 0)
+        t1 = es[at][1] if at is not None else 2 ** 63
+        wins = [(a, b, cid) for a, b, cid, _n in _compile_windows(session, run.id, r) if _overlap(a, b, t0, t1)]
+        spent[r] = (sum(_overlap(a, b, t0, t1) for a, b, _c in wins) / 1e9, sorted({c for _a, _b, c in wins if c}))
+    late = max(sorted(spent), key=lambda r: spent[r][0])
+    fast = min(sorted(spent), key=lambda r: spent[r][0])
+    skew_s = spent[late][0] - spent[fast][0]
+    if skew_s < min_skew_s:
+        return None
+    waiting = sorted(r for r in spent if r != late)
+    desc = next((dumps[r]["pgs"][e[0]][1] for r in waiting for k, _t, e in ents[r] if k == key
+                 and isinstance(e[0], int)), None)
+    timeout, source = _timeout_for(session, run.id, (key[0], desc), memo)
+    f = TimeFinding("compile skew", judge(skew_s, timeout, True, warn_fraction), "", late, waiting, skew_s,
+                    timeout, source, skew_s / timeout if timeout else None, died=True)
+    sig = next((e[3] for r in waiting for k, _t, e in ents[r] if k == key), None)
+    sigs = dumps[waiting[0]].get("sigs") or []
+    op = sigs[sig][0] if isinstance(sig, int) and 0 <= sig < len(sigs) else "collective"
+    f.collective = f"{op} #{key[1]} of group {desc or key[0]} (flight recorder)"
+    f.step = _grad_step(session, run.id, waiting)
+    f.step_source = "the last step of the waiting ranks' gradient evidence" if f.step is not None else None
+    stacks = dumps[waiting[0]].get("stacks") or []
+    st = next((e[7] for k, _t, e in ents[waiting[0]] if k == key), None)
+    f.place = stack_place(list(stacks[st])) if isinstance(st, int) and 0 <= st < len(stacks) else None
+    head = {"FAIL": "FAIL", "WARN": "WARN", "NOTE": "note"}[f.verdict]
+    step = f"step {f.step} ({f.step_source})" if f.step is not None else \
+        "step unknown (no gradient evidence reaches that collective)"
+    def one(r: int) -> str:
+        return (f"rank {r} compiled {spent[r][0]:.1f} s" + (f" (compiles {', '.join(spent[r][1])})" if spent[r][1] else ""))
+    f.message = (f"{head}: compile skew at {step}: the job died in {f.collective}"
+                 + (f" issued {f.place}" if f.place else "") + "; since its previous collective "
+                 + ", ".join(one(r) for r in [late, *waiting]) + f": ranks {waiting} waited about {skew_s:.1f} s for "
+                 f"rank {late}, {f.share:.0%} of the {timeout:g} s collective timeout ({source})")
+    f.cause = f"rank {late} compiling: " + one(late)
     return f
 
 
@@ -335,7 +411,12 @@ def time_findings(session: Session, report, skew, matched: dict | None,
     from graphdeck.store.schema import Run
 
     memo: dict = {}
-    out = [skew_finding(session, session.get(Run, report.run_id), skew, warn_fraction, memo)]
+    run = session.get(Run, report.run_id)
+    died = died_finding(session, run, warn_fraction, memo)
+    first = skew_finding(session, run, skew, warn_fraction, memo)
+    if died is not None and first is not None and first.died:
+        first = None  # the same collective, the same wait: one finding (the per-collective windows)
+    out = [died, first]
     timing = (matched or {}).get("timing") or {}
     if matched and timing.get("straggler") is not None:
         out.append(straggler_finding(session, report, matched, timing, warn_fraction, memo))

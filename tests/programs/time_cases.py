@@ -9,11 +9,13 @@ finished what it was doing, so both ranks' compile records reach the store)::
   SGD step. Step 0 compiles on both ranks (not profiled); steps 1-3 are profiled (Kineto traces
   per rank). At step 2 rank 1's batch has 5 rows: rank 1 alone recompiles (a guard on the
   input's size fails) forward and backward, and rank 0 waits for it inside the all-reduce.
-* ``compile_timeout`` — a small model compiled with ``aot_eager``; at step 0 rank 0 alone first
-  compiles an evaluation frame (``evaluate``: ``EVAL_LAYERS`` unrolled layers, a frame rank 1
-  never compiles) and only then runs the training step. The gradients are all-reduced in a
-  process group whose timeout is ``TIMEOUT_S``: rank 1 waits there past the timeout and dies
-  (uncaught), rank 0 finishes its compiles, enters the all-reduce and dies too. The job fails.
+* ``compile_timeout`` — each step evaluates (``evaluate``: ``EVAL_LAYERS`` unrolled layers) then
+  trains a small model, both compiled with ``aot_eager``. Rank 1 is warm: it compiled the
+  evaluation ahead, before the barrier that starts the steps; rank 0 is cold: it compiles it at
+  its first use, in step 0. Both ranks compile the same frames in the same order (no divergence).
+  The gradients are all-reduced in a process group whose timeout is ``TIMEOUT_S``: rank 1 waits
+  there past the timeout and dies (uncaught), rank 0 finishes its compile, enters the all-reduce
+  and dies too. The job fails.
 """
 
 import os
@@ -79,11 +81,14 @@ def case_compile_timeout(store: str, rank: int) -> None:
     model = agent.watch(torch.nn.Linear(16, 4))
     compiled = torch.compile(model, backend=agent.backend("aot_eager"))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    dist.barrier()  # both ranks here: what follows is the skew
+    ev = torch.compile(evaluate, backend=agent.backend("aot_eager"))
+    if rank == 1:  # WARM: rank 1 compiled the evaluation ahead (before the barrier); rank 0 at its first use
+        with torch.no_grad():
+            ev(torch.randn(4, 16), torch.eye(16))
+    dist.barrier()  # default group, long timeout: what follows is the skew
     for _step in range(2):
-        if rank == 0:  # RANK_ZERO_EVAL: a frame rank 1 never compiles
-            with torch.no_grad():
-                torch.compile(evaluate, backend=agent.backend("aot_eager"))(torch.randn(4, 16), torch.eye(16))
+        with torch.no_grad():
+            ev(torch.randn(4, 16), torch.eye(16))  # EVALUATE: rank 0 compiles it here (cold), rank 1 is warm
         train_step(compiled, model, opt, torch.randn(4, 16), group=grads)
     agent.close()
 
