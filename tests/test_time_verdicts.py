@@ -107,7 +107,7 @@ def test_a_rank_that_recompiles_alone_is_named_as_the_cause_of_its_peers_wait(ti
     assert f.cause.startswith("rank 1 recompiled alone before it: compile 0/1 of frame")
     assert "guard failed" in f.cause and x["seconds"] > 0
     assert f.split_s["compile"] == pytest.approx(x["seconds"], abs=0.05)
-    assert set(f.split_s) == {"compile", "optimizer", "backward", "forward", "outside"}
+    assert set(f.split_s) == {"compile", "data loading", "optimizer", "backward", "forward", "outside"}
     text = _cli(time_store, "check-ranks", "--run", "recompile_straggler").stdout
     assert "straggler explained: straggler at step 2" in text and "recompiled alone" in text, text
     with Session(open_engine(time_store, read_only=True)) as s:  # the same wait at a tighter share: WARN

@@ -249,26 +249,28 @@ class RankReport:
         return xml.tostring().decode() if isinstance(xml.tostring(), bytes) else xml.tostring()
 
 
-def rank_report(session: Session, run: Run) -> RankReport:
+def rank_report(session: Session, run: Run, warn_fraction: float | None = None) -> RankReport:
     """Compare every rank of ``run``: compile sequences, first differing graph/node, collectives.
 
     Graphs that differ only by FSDP's uneven shard shapes (NOTE: [Rank-dependent shard shapes])
     are no divergence: they are listed in ``shard_shapes`` (and ``notes``) and the ranks group
     together. Raises nothing for odd data: a run with one rank is trivially consistent (noted);
-    ranks with no graphs at all compare by their compile records.
+    ranks with no graphs at all compare by their compile records. ``warn_fraction``: the share of
+    the collective timeout from which a wait is a WARN (None: ``WARN_FRACTION``, 0.5; NOTE: [Time
+    verdicts]); ValueError outside (0, 1].
     """
     import gc
 
     enabled = gc.isenabled()
     gc.disable()  # many small objects per rank, few cycles: collections would cost more than the work
     try:
-        return _rank_report(session, run)
+        return _rank_report(session, run, warn_fraction)
     finally:
         if enabled:
             gc.enable()
 
 
-def _rank_report(session: Session, run: Run) -> RankReport:
+def _rank_report(session: Session, run: Run, warn_fraction: float | None = None) -> RankReport:
     ranks = sorted(set(session.scalars(select(Rank.rank).where(Rank.run_id == run.id)))
                    | set(session.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct()))
                    | set(session.scalars(select(CompileEvent.rank).where(CompileEvent.run_id == run.id).distinct())))
@@ -321,7 +323,7 @@ def _rank_report(session: Session, run: Run) -> RankReport:
     from graphdeck.analysis.ranks.hangs import agree_with_predictions
 
     agree_with_predictions(report)  # one answer to "which compile explains this hang"
-    matched = _timing_findings(session, report, metric_records)
+    matched = _timing_findings(session, report, metric_records, warn_fraction)
     _evidence_compared(report, matched)
     return report
 
@@ -366,11 +368,12 @@ def _bare_ranks(session: Session, run_id: int, ranks: list[int]) -> set[int]:
     return set(ranks) - busy
 
 
-def _timing_findings(session: Session, report: RankReport, metric_records: dict | None = None) -> dict | None:
+def _timing_findings(session: Session, report: RankReport, metric_records: dict | None = None,
+                     warn_fraction: float | None = None) -> dict | None:
     """Compile skew (NOTE: [Compile skew]) and the traced straggler (NOTE: [CPU-side
     collectives], kernels alike) judged against the collective timeout (NOTE: [Time verdicts]):
-    ``report.time_findings``; those under the WARN share stay notes. Structured forms: :func:`graphdeck.analysis.ranks.compile_skew.compile_skew`,
-    :func:`graphdeck.analysis.ranks.cpu_collectives.rank_timing`. Returns the traces' matching
+    ``report.time_findings``; those under the WARN share stay notes. Structured forms:
+    :func:`graphdeck.analysis.ranks.compile_skew.compile_skew`, :func:`~graphdeck.analysis.ranks.cpu_collectives.rank_timing`. Returns the traces' matching
     (:func:`graphdeck.analysis.traces.collectives.align_and_match`), None under two traces."""
     from graphdeck.analysis.ranks.compile_skew import compile_skew
     from graphdeck.analysis.ranks.heatmap import matched_run  # the matching the heatmap and overview share
@@ -380,15 +383,9 @@ def _timing_findings(session: Session, report: RankReport, metric_records: dict 
     traces = run_traces(session, report.run_id)
     matched = matched_run(session, report.run_id)[1] if len(traces) > 1 else None
     timing = (matched or {}).get("timing") or {}
-    from graphdeck.analysis.ranks.time_verdicts import time_findings
+    from graphdeck.analysis.ranks.time_verdicts import judge_report
 
-    report.time_findings = time_findings(session, report, skew, matched)
-    judged = {f.kind for f in report.time_findings if f.verdict != "NOTE"}
-    parts = [text for text in ((None if "compile skew" in judged else skew.finding),
-                               *(timing.get("parts") or [timing.get("message")])) if text]
-    parts = [p for p in parts if not ("straggler" in judged and p.startswith("straggler:"))]
-    parts += [f"{f.kind} explained: {f.message.removeprefix('note: ')}" for f in report.time_findings
-              if f.verdict == "NOTE" and f.cause]
+    parts = judge_report(session, report, skew, matched, warn_fraction)  # report.time_findings; the notes
     if report.verdict != "FAIL":  # NOTE: [One rank verdict]: the traces' differences are evidence, not a second verdict
         parts = [TRACE_DIFFER + p.removeprefix("diverged: ") if p.startswith("diverged: ") else p for p in parts]
     report.notes += parts

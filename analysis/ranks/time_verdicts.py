@@ -48,7 +48,7 @@ WARN_FRACTION = 0.5
 #: Share of a straggler's lateness its rank-only recompiles must take to be named the cause.
 CAUSE_FRACTION = 0.5
 _CID = re.compile(r"^!?(\d+)/(\d+)")
-_PLACES = (("compile", ()), ("optimizer", ("Optimizer.step#",)),
+_PLACES = (("compile", ()), ("data loading", ("enumerate(DataLoader)",)), ("optimizer", ("Optimizer.step#",)),
            ("backward", ("CompiledFunctionBackward", "autograd::engine::evaluate_function")),
            ("forward", ("CompiledFunction", "Torch-Compiled Region")))
 
@@ -299,7 +299,9 @@ def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:
 def trace_split(session: Session, trace_id: int, t0: int, t1: int,
                 compiles: list[tuple[int, int]]) -> dict[str, float]:
     """Seconds of ``[t0, t1)`` (the rank's own clock, ns) spent compiling (``compiles``), in the
-    optimizer, backward and forward ranges of its trace (in that order of precedence) and outside them."""
+    data loader's, optimizer's, backward and forward ranges of its trace (in that order of
+    precedence) and outside them: ``{"compile", "data loading", "optimizer", "backward", "forward",
+    "outside"}``."""
     from graphdeck.analysis.traces.data import load_events, total_ns, union_ns
 
     taken = union_ns((max(a, t0), min(b, t1)) for a, b in compiles if _overlap(a, b, t0, t1))
@@ -396,7 +398,7 @@ def _trace_place(session: Session, trace_id: int, c: dict, late: int, offset: in
     for part, names in reversed(_PLACES[1:]):
         if any(e.name.startswith(names) for e in around):
             return {"forward": "inside a compiled region", "backward": "in the backward",
-                    "optimizer": "in the optimizer step"}[part]
+                    "optimizer": "in the optimizer step", "data loading": "while loading data"}[part]
     return "outside the compiled regions" if around else None
 
 
@@ -421,3 +423,18 @@ def time_findings(session: Session, report, skew, matched: dict | None,
     if matched and timing.get("straggler") is not None:
         out.append(straggler_finding(session, report, matched, timing, warn_fraction, memo))
     return [f for f in out if f is not None]
+
+
+def judge_report(session: Session, report, skew, matched: dict | None, warn_fraction: float | None = None) -> list[str]:
+    """Set ``report.time_findings`` (:func:`time_findings`) and return check-ranks' notes of
+    time: the compile skew and straggler texts of those judged NOTE (a WARN or FAIL is shown as
+    its finding instead, never twice), and the cause of each NOTE that has one."""
+    timing = (matched or {}).get("timing") or {}
+    report.time_findings = time_findings(session, report, skew, matched,
+                                         WARN_FRACTION if warn_fraction is None else warn_fraction)
+    judged = {f.kind for f in report.time_findings if f.verdict != "NOTE"}
+    parts = [text for text in ((None if "compile skew" in judged else skew.finding),
+                               *(timing.get("parts") or [timing.get("message")])) if text]
+    parts = [p for p in parts if not ("straggler" in judged and p.startswith("straggler:"))]
+    return parts + [f"{f.kind} explained: {f.message.removeprefix('note: ')}" for f in report.time_findings
+                    if f.verdict == "NOTE" and f.cause]
