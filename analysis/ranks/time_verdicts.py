@@ -437,4 +437,38 @@ def judge_report(session: Session, report, skew, matched: dict | None, warn_frac
                                *(timing.get("parts") or [timing.get("message")])) if text]
     parts = [p for p in parts if not ("straggler" in judged and p.startswith("straggler:"))]
     return parts + [f"{f.kind} explained: {f.message.removeprefix('note: ')}" for f in report.time_findings
-                    if f.verdict == "NOTE" and f.cause]
+                    if f.verdict == "NOTE" and f.cause] + hang_steps(session, report)
+
+
+def _last_steps(session: Session, run_id: int, ranks: list[int]) -> dict[int, int]:
+    """rank → the last step its gradient evidence recorded (its last backward's step)."""
+    return dict(session.execute(select(GradStep.rank, func.max(GradStep.step_last)).where(
+        GradStep.run_id == run_id, GradStep.rank.in_(ranks)).group_by(GradStep.rank)).all())
+
+
+def hang_steps(session: Session, report, limit: int = 8) -> list[str]:
+    """Per Flight Recorder mismatch (a hang; :mod:`~graphdeck.analysis.ranks.flight`): where in the
+    step each side was — the place its entry was issued from (its stack: :func:`stack_place`) — and
+    the training step each rank had reached by its gradient evidence (the last backward it
+    recorded), as check-ranks notes; ``limit`` ranks a side. Empty without mismatches."""
+    out = []
+    for m in (report.flight.mismatches if report.flight else []):
+        ranks = sorted({*m.reached, *m.not_reached})
+        steps = _last_steps(session, report.run_id, ranks)
+        sides = []
+        for what, rs, refs in (("issued it", m.reached, m.issued), ("were instead in", m.not_reached, m.doing)):
+            by: dict[str, list[int]] = {}
+            for r in rs[:limit]:
+                e = refs.get(r)
+                if e is None:
+                    continue
+                place = stack_place(e.stack) or ("inside a compiled region" if e.compiled else None)
+                head = "" if what == "issued it" else f"{e.op} #{e.seq} of group {e.group} "
+                by.setdefault(f"{what} {head}{place or '(no stack recorded)'}", []).append(r)
+            sides += [f"ranks {rs2} {text}" for text, rs2 in by.items()]
+        told = ", ".join(f"rank {r} step {steps[r]}" for r in ranks[:limit] if r in steps)
+        out.append(f"hang step: group {m.desc or m.group} collective #{m.seq} {m.op or ''}".rstrip() + ": "
+                   + ("; ".join(sides) + "; " if sides else "")
+                   + (f"the last backward each rank recorded: {told} (gradient evidence)" if told
+                      else "step unknown (no gradient evidence or profiler step reaches the hang)"))
+    return out
