@@ -138,3 +138,37 @@ def test_judge_and_stack_place():
     assert stack_place(["/x/torch/distributed/distributed_c10d.py:3252 in all_reduce",
                         "/job/train.py:46 in train_step"]) == "outside the compiled regions (at /job/train.py:46 in train_step)"
     assert stack_place(["/x/torch/optim/sgd.py:10 in step", "/job/train.py:9 in main"]).startswith("in the optimizer")
+
+
+def test_hang_steps_name_each_side_s_place_and_step(tmp_path):
+    """A Flight Recorder mismatch (as analysis.ranks.flight builds it) in a real store whose ranks
+    recorded gradient evidence up to different steps: the note names both places and both steps."""
+    from graphdeck.analysis.ranks.flight import EntryRef, FlightReport, GroupMismatch
+    from graphdeck.analysis.ranks.time_verdicts import hang_steps
+    from graphdeck.store.schema import GradStep
+
+    engine = open_engine(tmp_path / "h.db")
+    with Session(engine) as s:
+        run = Run(name="fsdp")
+        s.add(run)
+        s.flush()
+        s.add_all([GradStep(run_id=run.id, rank=0, step_first=0, step_last=1, step_source="optimizer"),
+                   GradStep(run_id=run.id, rank=1, step_first=0, step_last=2, step_source="optimizer")])
+        s.commit()
+        lib = "/x/torch/distributed/distributed_c10d.py:4000 in all_gather_into_tensor"
+        gather = EntryRef(0, "0", 7, "gloo:all_gather", None, "scheduled", False, "train.py:40 in save",
+                          False, [lib, "/job/train.py:40 in save"])
+        nxt = EntryRef(1, "0", 7, "gloo:all_gather", None, "scheduled", False, None, True,
+                       ["/x/torch/_inductor/output_code.py:600 in __call__", "/job/train.py:30 in step"])
+        m = GroupMismatch("0", "default_pg", 7, "gloo:all_gather", None, [0, 1], [0], [1], [], "op",
+                          issued={0: gather}, instead={1: None}, last_completed={}, doing={1: nxt})
+
+        class Report:  # the two fields hang_steps reads from a RankReport
+            run_id = run.id
+            flight = FlightReport([0, 1], [0, 1], [], 2, [], [m], [])
+
+        notes = hang_steps(s, Report())
+    assert notes == ["hang step: group default_pg collective #7 gloo:all_gather: ranks [0] issued it outside the "
+                     "compiled regions (at /job/train.py:40 in save); ranks [1] were instead in gloo:all_gather #7 of "
+                     "group 0 inside a compiled region (at /job/train.py:30 in step); the last backward each rank "
+                     "recorded: rank 0 step 1, rank 1 step 2 (gradient evidence)"]
