@@ -168,6 +168,15 @@ def _fr_entry(session: Session, run_id: int, rank: int, t_ns: int) -> dict | Non
 DIED_SOURCES = ("capture:exception", "capture:sigterm")
 
 
+def _reason(metadata_json: str | None) -> str | None:
+    """The capture's reason for a stored dump (its record's metadata), None for another one."""
+    try:
+        meta = json.loads(metadata_json or "{}")
+    except ValueError:
+        return None
+    return meta.get("reason") if isinstance(meta, dict) else None
+
+
 def _died(dump: dict, e: list) -> bool:
     """Whether the rank died inside entry ``e``, its last one: its dump was written as it ended on
     an error (:data:`DIED_SOURCES`), and — where the recorder tracks completion (some entry of the
@@ -224,10 +233,16 @@ def died_finding(session: Session, run, warn_fraction: float = WARN_FRACTION, me
     of at least ``min_skew_s`` s is judged against that group's timeout (NOTE: [Time verdicts]):
     any skew, not only before the first collective (a warm rank that compiled ahead, a cold one
     that compiles at its first use). None when no rank died in a collective or no skew explains it."""
+    from graphdeck.analysis.ranks.compile_skew import _metric_rows
     from graphdeck.analysis.ranks.flight import load_dumps
 
     memo = {} if memo is None else memo
+    latest = {r: m for r, m in session.execute(select(CompileEvent.rank, CompileEvent.metadata_json).where(
+        CompileEvent.run_id == run.id, CompileEvent.name == "flight_recorder").order_by(CompileEvent.id))}
+    if not any(f"capture:{_reason(m)}" in DIED_SOURCES for m in latest.values()):
+        return None  # no rank's dump was written as it ended on an error: read no payload (1,024 ranks)
     dumps = load_dumps(session, run.id)
+    records = _metric_rows(session, run.id)
     ents: dict[int, list] = {}
     for r, d in dumps.items():
         try:
@@ -245,7 +260,8 @@ def died_finding(session: Session, run, warn_fraction: float = WARN_FRACTION, me
         at = next((i for i, (k, _t, _e) in enumerate(es) if k == key), None)
         t0 = es[at - 1][1] if at else (es[-1][1] if at is None else 0)
         t1 = es[at][1] if at is not None else 2 ** 63
-        wins = [(a, b, cid) for a, b, cid, _n in _compile_windows(session, run.id, r) if _overlap(a, b, t0, t1)]
+        wins = [(a, b, cid) for a, b, cid, _n in _compile_windows(session, run.id, r, records.get(r, []))
+                if _overlap(a, b, t0, t1)]
         spent[r] = (sum(_overlap(a, b, t0, t1) for a, b, _c in wins) / 1e9, sorted({c for _a, _b, c in wins if c}))
     late = max(sorted(spent), key=lambda r: spent[r][0])
     fast = min(sorted(spent), key=lambda r: spent[r][0])
@@ -280,12 +296,13 @@ def died_finding(session: Session, run, warn_fraction: float = WARN_FRACTION, me
     return f
 
 
-def _compile_windows(session: Session, run_id: int, rank: int) -> list[tuple[int, int, str, str]]:
-    """``(start ns, end ns, compile id, record name)`` of the rank's compile records."""
+def _compile_windows(session: Session, run_id: int, rank: int, rows: list | None = None) -> list[tuple[int, int, str, str]]:
+    """``(start ns, end ns, compile id, record name)`` of the rank's compile records (``rows``: as
+    :func:`~graphdeck.analysis.ranks.compile_skew._metric_rows` gives them for the rank, else read)."""
     from graphdeck.analysis.ranks.compile_skew import _metric_rows, _parse_metrics
 
     out = []
-    for name, cid, _key, values in _metric_rows(session, run_id, [rank]).get(rank, []):
+    for name, cid, _key, values in (_metric_rows(session, run_id, [rank]).get(rank, []) if rows is None else rows):
         m_cid, dur, start, _failed, _cache = _parse_metrics(values)
         if start:
             out.append((start, start + int(dur * 1e9), cid or m_cid, name))
@@ -296,17 +313,16 @@ def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:
     return max(0, min(a1, b1) - max(a0, b0))
 
 
-def trace_split(session: Session, trace_id: int, t0: int, t1: int,
-                compiles: list[tuple[int, int]]) -> dict[str, float]:
-    """Seconds of ``[t0, t1)`` (the rank's own clock, ns) spent compiling (``compiles``), in the
+def trace_split(events: list, t0: int, t1: int, compiles: list[tuple[int, int]]) -> dict[str, float]:
+    """Seconds of ``[t0, t1)`` (the rank's own clock, ns; ``events``: its trace's events) spent compiling (``compiles``), in the
     data loader's, optimizer's, backward and forward ranges of its trace (in that order of
     precedence) and outside them: ``{"compile", "data loading", "optimizer", "backward", "forward",
     "outside"}``."""
-    from graphdeck.analysis.traces.data import load_events, total_ns, union_ns
+    from graphdeck.analysis.traces.data import total_ns, union_ns
 
     taken = union_ns((max(a, t0), min(b, t1)) for a, b in compiles if _overlap(a, b, t0, t1))
     out = {"compile": total_ns(taken) / 1e9}
-    events = [e for e in load_events(session, trace_id) if _overlap(e.ts, e.end, t0, t1)]
+    events = [e for e in events if _overlap(e.ts, e.end, t0, t1)]
     for part, names in _PLACES[1:]:
         mine = union_ns((max(e.ts, t0), min(e.end, t1)) for e in events if e.name.startswith(names))
         both = union_ns([*taken, *mine])
@@ -324,6 +340,8 @@ def straggler_finding(session: Session, report, matched: dict, timing: dict,
     late = timing.get("straggler")
     if late is None:
         return None
+    from graphdeck.analysis.traces.data import load_events
+
     memo = {} if memo is None else memo
     colls = [c for c in matched.get("collectives") or [] if not c.get("suspect") and c["last_rank"] == late]
     if not colls:
@@ -343,12 +361,13 @@ def straggler_finding(session: Session, report, matched: dict, timing: dict,
     before = [o["ranks"][late]["end_ns"] + offset for o in matched["collectives"]
               if late in o["ranks"] and o["ranks"][late]["end_ns"] + offset <= arrive]
     tid = (matched.get("ranks") or {}).get(late)
-    step_start = _step_start(session, tid, f.step) if tid is not None else None
+    events = load_events(session, tid) if tid is not None else []  # the late rank's trace, read once
+    step_start = _step_start(events, f.step)
     t0 = max([*before, *([step_start] if step_start else [])], default=None)
     windows = _compile_windows(session, report.run_id, late)
     if t0 is not None:
-        f.split_s = trace_split(session, tid, t0, arrive, [(a, b) for a, b, _c, _n in windows]) if tid else {}
-        f.place = _trace_place(session, tid, c, late, offset) if tid else None
+        f.split_s = trace_split(events, t0, arrive, [(a, b) for a, b, _c, _n in windows]) if tid else {}
+        f.place = _trace_place(events, c, late, offset) if tid else None
         peers = {e.compile_id for r in waiting for e in report.sequences.get(r, [])}
         reasons = {e.compile_id: (e.recompile_reason, e.frame) for e in report.sequences.get(late, [])}
         spent: dict[str, float] = {}
@@ -377,22 +396,17 @@ def straggler_finding(session: Session, report, matched: dict, timing: dict,
     return f
 
 
-def _step_start(session: Session, trace_id: int, step: int | None) -> int | None:
-    from graphdeck.analysis.traces.data import load_events
-
+def _step_start(events: list, step: int | None) -> int | None:
     if step is None:
         return None
-    starts = [e.ts for e in load_events(session, trace_id) if e.name == f"ProfilerStep#{step}"]
+    starts = [e.ts for e in events if e.name == f"ProfilerStep#{step}"]
     return min(starts) if starts else None
 
 
-def _trace_place(session: Session, trace_id: int, c: dict, late: int, offset: int) -> str | None:
+def _trace_place(events: list, c: dict, late: int, offset: int) -> str | None:
     """Where the late rank issued collective ``c``: the trace ranges (not on a backend worker
     thread) enclosing its start."""
-    from graphdeck.analysis.traces.data import load_events
-
     t = c["ranks"][late]["arrive_ns"] + offset
-    events = load_events(session, trace_id)
     worker = {(e.pid, e.tid) for e in events if e.name == c["ranks"][late].get("kernel")}
     around = [e for e in events if e.ts <= t < e.end and (e.pid, e.tid) not in worker]
     for part, names in reversed(_PLACES[1:]):
