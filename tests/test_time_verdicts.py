@@ -172,3 +172,22 @@ def test_hang_steps_name_each_side_s_place_and_step(tmp_path):
                      "compiled regions (at /job/train.py:40 in save); ranks [1] were instead in gloo:all_gather #7 of "
                      "group 0 inside a compiled region (at /job/train.py:30 in step); the last backward each rank "
                      "recorded: rank 0 step 1, rank 1 step 2 (gradient evidence)"]
+
+
+def test_a_skew_not_placed_before_its_collective_is_told_not_judged(tmp_path):
+    """First compiles summed (no trace, no dump: no record of when the collective ran) may hold an
+    evaluation compiled long after it: never WARN or FAIL, however large; placed, the same is a FAIL."""
+    from graphdeck.analysis.ranks.compile_skew import CompileSkew, RankCompile
+    from graphdeck.analysis.ranks.time_verdicts import skew_finding
+
+    with Session(open_engine(tmp_path / "s.db")) as s:
+        run = Run(name="r")
+        s.add(run)
+        s.commit()
+        ranks = {0: RankCompile(0, before_first_collective_s=4000.0), 1: RankCompile(1, before_first_collective_s=5.0)}
+        skew = CompileSkew("r", ranks, slowest=0, fastest=1, skew_s=3995.0, finding="compile skew: ...")
+        f = skew_finding(s, run, skew)
+        assert (f.verdict, f.timeout_s) == ("NOTE", 1800.0) and "not judged" in f.message
+        for v in ranks.values():
+            v.basis = "trace"
+        assert skew_finding(s, run, skew).verdict == "FAIL"

@@ -11,7 +11,9 @@ the traced straggler. Each becomes one :class:`TimeFinding` with a verdict:
   or the job died there — the Flight Recorder shows that collective never completed — with a wait
   over :data:`WARN_FRACTION` of the timeout;
 * **WARN**: the wait is at least :data:`WARN_FRACTION` of the timeout;
-* **NOTE**: under that: told, no verdict (a first compile of 20 s on every rank is no skew at all).
+* **NOTE**: under that: told, no verdict (a first compile of 20 s on every rank is no skew at all);
+  also a compile skew whose ranks hold no record of when the collective ran (no trace, no Flight
+  Recorder dump reaching it): the first compile of each frame may come after it.
 
 The timeout is the one the capture recorded for the collective's group (``graphdeck_process_groups``,
 matched by the group's name or description), else :func:`~graphdeck.analysis.ranks.compile_skew.collective_timeout`.
@@ -199,7 +201,10 @@ def skew_finding(session: Session, run, skew, warn_fraction: float = WARN_FRACTI
     groups += tuple(v.first_collective_group for v in skew.ranks.values() if v.first_collective_group)
     timeout, source = _timeout_for(session, run.id, groups, memo)
     died = any(e is not None and e["died"] for r, e in entries.items() if r in waiting)
-    verdict = judge(skew.skew_s, timeout, died, warn_fraction)
+    # Without a record of when the collective ran (first compiles of each frame summed), the skew
+    # may hold compiles made after it: told, never judged.
+    unplaced = any(v.basis == "initial compiles" for v in skew.ranks.values())
+    verdict = "NOTE" if unplaced else judge(skew.skew_s, timeout, died, warn_fraction)
     f = TimeFinding("compile skew", verdict, "", skew.slowest, waiting, skew.skew_s, timeout, source,
                     skew.skew_s / timeout if timeout else None, died)
     first = skew.ranks[waiting[0]] if waiting else None
@@ -221,7 +226,9 @@ def skew_finding(session: Session, run, skew, warn_fraction: float = WARN_FRACTI
                  f"{waiting} waited about {skew.skew_s:.1f} s in {f.collective or 'that collective'}"
                  + (f" issued {f.place}" if f.place else "")
                  + f": {f.share:.0%} of the {timeout:g} s collective timeout ({source})"
-                 + ("; the job died there (the Flight Recorder shows it never completed)" if died else ""))
+                 + ("; the job died there (its last Flight Recorder entry, dumped as it ended on an error)" if died else "")
+                 + ("; not judged: no record of when that collective ran (the first compile of each frame is "
+                    "counted)" if unplaced else ""))
     return f
 
 
