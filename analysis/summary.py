@@ -229,6 +229,9 @@ def check_ranks(session: Session, run: Run, deadline: float) -> CheckSummary:
     lines += [m.message for m in rep.collective_mismatches]
     lines += [f"Flight Recorder: group {m.desc or m.group} collective #{m.seq}: ranks {m.not_reached} did not "
               f"reach {m.op or 'it'} ({m.kind})" for m in flight]
+    timed = [f.message for f in rep.time_findings if f.verdict in ("FAIL", "WARN")]  # NOTE: [Time verdicts]
+    n += len(timed)
+    lines += timed
     if n:
         c.headline = lines[0]
     elif len(rep.ranks) < 2:

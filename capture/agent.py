@@ -555,6 +555,10 @@ def _flush_at_exit(ref, closed: bool | None = None) -> None:
     try:
         agent.flush_events()
         agent.record_layout()
+        if _dist_ready():  # the groups' timeouts: a job that died in a collective is judged against them
+            from graphdeck.capture.process_groups import write_record
+
+            write_record(agent.writer)
         if agent._evidence is not None:
             agent._evidence.flush(closed=closed)
         if getattr(agent, "_parity", None) is not None:

@@ -35,8 +35,21 @@ function verdict(report) {
   return h("p", {class: "verdict", "data-testid": "rank-verdict"},
     h("strong", {class: report.ok ? "verdict-ok" : "verdict-bad"},
       report.ok ? (report.divergences.some((d) => d.harmless) ? "collective schedules agree (warnings below)"
-        : "all ranks agree") : report.verdict === "INCOMPLETE" ? "incomplete: evidence missing" : "ranks diverge"),
+        : "all ranks agree") : report.verdict === "INCOMPLETE" ? "incomplete: evidence missing"
+        : report.verdict === "WARN" ? "ranks agree, but a wait nears the collective timeout"
+        : Object.keys(report.diverged_ranks || {}).length || (report.flight?.mismatches || []).length ? "ranks diverge"
+        : "a wait reaches the collective timeout"),
     `   ${report.ranks.length} ranks; groups by compile sequence: ${groups}`);
+}
+
+// Waits judged against the collective timeout (NOTE: [Time verdicts]): WARN / FAIL ones, each with
+// its step, the late rank and the cause; those under the WARN share are among the notes above.
+function timeSection(report) {
+  const shown = (report.time_findings || []).filter((f) => f.verdict !== "NOTE");
+  if (!shown.length) return null;
+  return [h("h2", {}, "Waits against the collective timeout"),
+    h("ul", {class: "time-findings"}, shown.map((f) => h("li", {"data-testid": "time-finding"},
+      badge(f.verdict, `status status-${f.verdict === "FAIL" ? "NO_GRAD" : "partial"}`), " ", f.message)))];
 }
 
 function nodeLine(label, node) {
@@ -189,6 +202,7 @@ export async function renderRanks(page, match) {
     report.notes.filter((n) => !(report.shard_shapes || []).some((x) => x.message === n))
       .map((n) => h("p", {class: "muted"}, n)),
     (report.shard_shapes || []).length ? h("ul", {class: "shard-notes"}, report.shard_shapes.map(shardItem)) : null,
+    timeSection(report),
     h("h2", {}, "Divergences"),
     report.divergences.length ? h("ul", {class: "divergences"}, report.divergences.map(divergenceItem))
       : h("p", {class: "muted"}, "Every rank compiled the same sequence of graphs."),

@@ -156,10 +156,15 @@ def _numeric_context(store: str | None, run_name: str | None, inputs, autocast: 
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file instead of standard output.")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json (as every check takes it).")
-def check_ranks(store: str, run_name: str, fmt: str, output: str | None, as_json: bool = False) -> None:
+@click.option("--warn-fraction", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Share of the collective timeout from which a compile skew or a straggler's wait is a WARN "
+                   "(default 0.5, WARN_FRACTION); at the timeout, or where the job died, it is a FAIL.")
+def check_ranks(store: str, run_name: str, fmt: str, output: str | None, as_json: bool = False,
+                warn_fraction: float | None = None) -> None:
     """Cross-rank consistency of a run: exit 1 when ranks compiled different graphs, would issue
     different collectives (a predicted hang) or their Flight Recorder dumps show a mismatched
-    collective (joined to the compile records that explain it), 3 (INCOMPLETE) when nothing
+    collective (joined to the compile records that explain it) or a wait reached the collective
+    timeout (a compile skew, a straggler: NOTE: [Time verdicts]), 3 (INCOMPLETE) when nothing
     differs but evidence is missing (a dropped record, a rank without a dump), 0 when all ranks
     agree, 2 on usage errors."""
     from sqlalchemy.orm import Session
@@ -170,7 +175,7 @@ def check_ranks(store: str, run_name: str, fmt: str, output: str | None, as_json
     try:
         engine = open_engine(store, read_only=True)
         with Session(engine) as s:
-            report = rank_report(s, _find_run(s, run_name, store))
+            report = rank_report(s, _find_run(s, run_name, store), warn_fraction)
     except GraphdeckError as exc:
         _fail(exc)
     fmt = "json" if as_json else fmt
@@ -179,7 +184,7 @@ def check_ranks(store: str, run_name: str, fmt: str, output: str | None, as_json
         Path(output).write_text(text)
     else:
         click.echo(text)
-    sys.exit({"OK": 0, "FAIL": 1, "INCOMPLETE": 3}[report.verdict])
+    sys.exit({"OK": 0, "WARN": 0, "FAIL": 1, "INCOMPLETE": 3}[report.verdict])
 
 
 COMMANDS = (check_grads, check_ranks)

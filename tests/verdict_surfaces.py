@@ -30,7 +30,7 @@ def _text_verdict(check: str, text: str) -> str:
     if check == "check-grads":
         return re.search(r"\]: (PASS|FAIL|INCOMPLETE) ·", text.splitlines()[0]).group(1)
     if check == "check-ranks":
-        return re.match(r"(OK|FAIL|INCOMPLETE):", text.strip().splitlines()[-1]).group(1)
+        return re.match(r"(OK|WARN|FAIL|INCOMPLETE):", text.strip().splitlines()[-1]).group(1)
     if check == "check-compile":
         return re.match(r"check-compile .*: (PASS|WARN|FAIL|INCOMPLETE)\b", text.splitlines()[0]).group(1)
     return re.match(r"graphdeck summary .*: (PASS|WARN|FAIL|INCOMPLETE)$", text.splitlines()[0]).group(1)
@@ -70,7 +70,9 @@ def _one_run(srv, store: Path, run: str, rid: int) -> list[str]:
             disagree.append(f"{run} /collectives verdict {colls['verdict']} vs check-ranks {v}")
         if json.loads(js)["diverged_ranks"] != doc["diverged_ranks"]:
             disagree.append(f"{run} diverged ranks: json {json.loads(js)['diverged_ranks']} vs api {doc['diverged_ranks']}")
-        if (v == "FAIL") != bool(doc["diverged_ranks"] or (doc.get("flight") or {}).get("mismatches")):
+        timed = {f["verdict"] for f in doc.get("time_findings") or []}  # NOTE: [Time verdicts]
+        if (v == "FAIL") != bool(doc["diverged_ranks"] or (doc.get("flight") or {}).get("mismatches")
+                                 or "FAIL" in timed):
             disagree.append(f"{run} check-ranks {v} but diverged ranks {doc['diverged_ranks']}")
         pm = httpx.get(f"{srv.url}/api/runs/{rid}/parallel-map", timeout=300)
         badge = next((c for c in (pm.json().get("checks") or []) if c["key"] == "diverged"), None) \

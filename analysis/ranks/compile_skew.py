@@ -20,7 +20,10 @@ backward compiled lazily at the first backward, and their ``*_runtime`` variants
 * ``recompiles``: forward compile ids ``f/c`` with ``c > 0``; ``failed`` compiles.
 
 A finding: the slowest rank's ``before_first_collective_s`` exceeds the fastest's by at least
-``min_skew_s`` and by a factor ``ratio``. It names both times, the caches, the wait the trace
+``min_skew_s`` and by a factor ``ratio``, and the ranks' first collectives are one collective (the
+same group and sequence number where the evidence names them: a rank that compiled ahead, before
+an earlier collective, is compared at the collective the job died in instead, NOTE: [Time
+verdicts]). It names both times, the caches, the wait the trace
 shows at that collective, and the timeout it risks: the process group's timeout recorded by the
 capture (``graphdeck_process_groups``) when present, else torch's default for the backend
 (``default_pg_timeout`` 30 min; NCCL 10 min).
@@ -63,6 +66,10 @@ class RankCompile:
     before_first_collective_s: float = 0.0
     first_collective: str | None = None  # what it was and where it was read
     first_collective_wait_s: float | None = None  # this rank's time inside it (trace)
+    first_collective_ns: int | None = None  # when it started (ns since the epoch, the rank's clock)
+    first_collective_group: str | None = None  # its process group (trace; the FR entry has its own)
+    first_collective_step: int | None = None  # the profiler's step holding it (trace)
+    first_collective_seq: int | None = None  # its sequence number in its group (trace or flight recorder)
     basis: str = "initial compiles"  # "flight recorder" | "trace" | "initial compiles"
     cache: dict = field(default_factory=lambda: {k: {"hit": 0, "miss": 0} for k in _CACHE_FIELDS})
 
@@ -111,9 +118,10 @@ def collective_timeout(session: Session, run_id: int) -> tuple[float, str]:
     return secs, f"torch's default {backend or 'process group'} timeout (no timeout recorded)"
 
 
-def _fr_first_ns(session: Session, run_id: int, rank: int, after_ns: int) -> tuple[int, str] | None:
+def _fr_first_ns(session: Session, run_id: int, rank: int, after_ns: int) -> tuple[int, str, str, int] | None:
     """First Flight Recorder entry of ``rank`` created after ``after_ns`` (ns since the epoch),
-    when the stored dump reaches back to the first collective (a sequence id 1)."""
+    when the stored dump reaches back to the first collective (a sequence id 1): ``(time ns, what,
+    process group name, sequence id)``."""
     row = session.execute(select(CompileEvent.payload).where(
         CompileEvent.run_id == run_id, CompileEvent.rank == rank, CompileEvent.name == "flight_recorder")
         .order_by(CompileEvent.id.desc())).first()
@@ -127,7 +135,10 @@ def _fr_first_ns(session: Session, run_id: int, rank: int, after_ns: int) -> tup
             return None
         t, sig = later[0]
         op = sigs[sig][0] if isinstance(sig, int) and 0 <= sig < len(sigs) else "collective"
-        return int(t), f"{op} (flight recorder)"
+        e = next(e for e in entries if e[8] == t)
+        pgs = dump.get("pgs") or []
+        group = str(pgs[e[0]][0]) if isinstance(e[0], int) and 0 <= e[0] < len(pgs) else str(e[0])
+        return int(t), f"{op} (flight recorder)", group, e[1]
     except (TypeError, ValueError, KeyError, IndexError):
         return None
 
@@ -138,8 +149,8 @@ def _newest_trace(session: Session, run_id: int, rank: int) -> int | None:
 
 
 def _trace_first(session: Session, run_id: int, rank: int, after_ns: int, compile_end_ns: int,
-                 trace_id: int | None = -1) -> tuple[int, str, float] | None:
-    """``(start ns, name, duration s)`` of the rank's first traced collective starting after
+                 trace_id: int | None = -1) -> tuple[int, str, float, str, int | None, int] | None:
+    """``(start ns, name, duration s, group, profiler step, sequence number)`` of the rank's first traced collective starting after
     ``after_ns``, when its newest usable trace (``trace_id``; -1: look it up) began before
     ``compile_end_ns``."""
     from graphdeck.analysis.traces.collectives import trace_indexes
@@ -156,7 +167,8 @@ def _trace_first(session: Session, run_id: int, rank: int, after_ns: int, compil
     if not later:
         return None
     c = later[0]
-    return c["start_ns"], f"{c['kernel']} #{c['seq']} of group {c['group']} (trace)", c["dur_ns"] / 1e9
+    return (c["start_ns"], f"{c['kernel']} #{c['seq']} of group {c['group']} (trace)", c["dur_ns"] / 1e9,
+            c["group"], c.get("step"), c["seq"])
 
 
 #: Fields of a compile record's metadata that :func:`_rank_compiles` reads, in :func:`_parse_metrics` order.
@@ -279,6 +291,9 @@ def _rank_compiles(session: Session, run_id: int, rank: int, rows: list[tuple], 
             t1, out.first_collective = (tr or fr)[:2]
             out.basis = "trace" if tr else "flight recorder"
             out.first_collective_wait_s = tr[2] if tr else None
+            out.first_collective_ns = t1
+            out.first_collective_group, out.first_collective_step = (tr[3], tr[4]) if tr else (fr[2], None)
+            out.first_collective_seq = tr[5] if tr else fr[3]
             out.before_first_collective_s = sum(d for _n, _c, d, s in recs if s and s < t1)
             return out
     initial = [d for _n, c, d, _s in recs if (m := _CID.match(c or "")) and m.group(2) == "0"]
@@ -332,6 +347,9 @@ def compile_skew(session: Session, run: Run, *, min_skew_s: float = 2.0, ratio: 
     out.timeout_s, out.timeout_source = collective_timeout(session, run.id)
     if out.skew_s < min_skew_s or slow.before_first_collective_s < ratio * fast.before_first_collective_s:
         return out
+    if len({v.basis for v in out.ranks.values()}) == 1 and len(
+            {(v.first_collective_group, v.first_collective_seq) for v in out.ranks.values()}) > 1:
+        return out  # each rank's first collective after its first compile is another one: not one wait
     where = {"flight recorder": "its first collective", "trace": "its first collective",
              "initial compiles": "its first collective (first compile of each frame; no record of when the "
                                  "collective ran)"}

@@ -116,6 +116,7 @@ class RankReport:
     missing_evidence: list[str] = field(default_factory=list)  # dropped records, ranks without a dump
     predictions: list = field(default_factory=list)  # PredictionCheck per group (analysis.ranks.predicted)
     traces_only: str | None = None  # what was compared when no rank holds records (_evidence_compared)
+    time_findings: list = field(default_factory=list)  # TimeFinding: waits vs the timeout (analysis.ranks.time_verdicts)
 
     @property
     def ok(self) -> bool:
@@ -125,12 +126,14 @@ class RankReport:
 
     @property
     def verdict(self) -> str:
-        """FAIL (ranks diverge or a recorded collective mismatches), INCOMPLETE (nothing found, but
-        evidence is missing: never "agree"), else OK."""
+        """FAIL (ranks diverge, a recorded collective mismatches, or a wait reaches the collective
+        timeout: NOTE: [Time verdicts]), INCOMPLETE (nothing found, but evidence is missing: never
+        "agree"), WARN (a wait over a share of the timeout), else OK."""
+        timed = {f.verdict for f in self.time_findings}
         if (any(not d.harmless for d in self.divergences) or self.collective_mismatches
-                or (self.flight and self.flight.mismatches)):
+                or (self.flight and self.flight.mismatches) or "FAIL" in timed):
             return "FAIL"
-        return "INCOMPLETE" if self.missing_evidence else "OK"
+        return "INCOMPLETE" if self.missing_evidence else "WARN" if "WARN" in timed else "OK"
 
     def diverged_ranks(self) -> dict[int, str]:
         """NOTE: [One rank verdict]: rank → why it diverges — the diverging side of each harmful
@@ -167,6 +170,7 @@ class RankReport:
             "flight": self.flight.to_dict() if self.flight else None,
             "missing_evidence": self.missing_evidence,
             "predictions": [p.to_dict() for p in self.predictions],
+            "time_findings": [f.to_dict() for f in self.time_findings],
         }
 
     def to_json(self) -> str:
@@ -202,6 +206,7 @@ class RankReport:
             lines.append(f"PREDICTED HANG: {m.message}")
         for n in self.notes:
             lines.append(f"note: {n}")
+        lines += [f.message for f in self.time_findings if f.verdict != "NOTE"]
         lines += self.flight.lines() if self.flight else []
         if self.predictions:
             lines.append("Predicted vs recorded, per process group:")
@@ -209,7 +214,9 @@ class RankReport:
         lines += [f"MISSING EVIDENCE: {x}" for x in self.missing_evidence]
         warned = sum(1 for d in self.divergences if d.harmless)
         lines.append({"OK": f"OK: the collective schedules agree ({warned} warning(s) above)" if warned
-                      else "OK: all ranks agree", "FAIL": "FAIL: ranks diverge",
+                      else "OK: all ranks agree", "WARN": "WARN: ranks agree, but a wait nears the collective timeout",
+                      "FAIL": "FAIL: ranks diverge" if self.diverged_ranks() or self.flight and self.flight.mismatches
+                      else "FAIL: a wait reaches the collective timeout",
                       "INCOMPLETE": f"INCOMPLETE: {len(self.missing_evidence)} piece(s) of evidence missing"}[self.verdict])
         return "\n".join(lines)
 
@@ -231,36 +238,39 @@ class RankReport:
                 elif what == "compile sequence" and self.shard_shapes:
                     case.system_out = "\n".join(x.message for x in self.shard_shapes)
                 suite.add_testcase(case)
-        if self.missing_evidence or (self.flight and self.flight.mismatches):
+        timed = [f.message for f in self.time_findings if f.verdict == "FAIL"]
+        if self.missing_evidence or (self.flight and self.flight.mismatches) or timed:
             case = TestCase("recorded evidence", classname=f"graphdeck.ranks.{self.run}")
-            case.result = [Failure("; ".join(self.missing_evidence + [m.headline() for m in
-                                                                       (self.flight.mismatches if self.flight else [])]))]
+            case.result = [Failure("; ".join(self.missing_evidence + timed + [
+                m.headline() for m in (self.flight.mismatches if self.flight else [])]))]
             suite.add_testcase(case)
         xml = JUnitXml()
         xml.add_testsuite(suite)
         return xml.tostring().decode() if isinstance(xml.tostring(), bytes) else xml.tostring()
 
 
-def rank_report(session: Session, run: Run) -> RankReport:
+def rank_report(session: Session, run: Run, warn_fraction: float | None = None) -> RankReport:
     """Compare every rank of ``run``: compile sequences, first differing graph/node, collectives.
 
     Graphs that differ only by FSDP's uneven shard shapes (NOTE: [Rank-dependent shard shapes])
     are no divergence: they are listed in ``shard_shapes`` (and ``notes``) and the ranks group
     together. Raises nothing for odd data: a run with one rank is trivially consistent (noted);
-    ranks with no graphs at all compare by their compile records.
+    ranks with no graphs at all compare by their compile records. ``warn_fraction``: the share of
+    the collective timeout from which a wait is a WARN (None: ``WARN_FRACTION``, 0.5; NOTE: [Time
+    verdicts]); ValueError outside (0, 1].
     """
     import gc
 
     enabled = gc.isenabled()
     gc.disable()  # many small objects per rank, few cycles: collections would cost more than the work
     try:
-        return _rank_report(session, run)
+        return _rank_report(session, run, warn_fraction)
     finally:
         if enabled:
             gc.enable()
 
 
-def _rank_report(session: Session, run: Run) -> RankReport:
+def _rank_report(session: Session, run: Run, warn_fraction: float | None = None) -> RankReport:
     ranks = sorted(set(session.scalars(select(Rank.rank).where(Rank.run_id == run.id)))
                    | set(session.scalars(select(Graph.rank).where(Graph.run_id == run.id).distinct()))
                    | set(session.scalars(select(CompileEvent.rank).where(CompileEvent.run_id == run.id).distinct())))
@@ -313,7 +323,7 @@ def _rank_report(session: Session, run: Run) -> RankReport:
     from graphdeck.analysis.ranks.hangs import agree_with_predictions
 
     agree_with_predictions(report)  # one answer to "which compile explains this hang"
-    matched = _timing_findings(session, report, metric_records)
+    matched = _timing_findings(session, report, metric_records, warn_fraction)
     _evidence_compared(report, matched)
     return report
 
@@ -358,11 +368,12 @@ def _bare_ranks(session: Session, run_id: int, ranks: list[int]) -> set[int]:
     return set(ranks) - busy
 
 
-def _timing_findings(session: Session, report: RankReport, metric_records: dict | None = None) -> dict | None:
+def _timing_findings(session: Session, report: RankReport, metric_records: dict | None = None,
+                     warn_fraction: float | None = None) -> dict | None:
     """Compile skew (NOTE: [Compile skew]) and the traced straggler (NOTE: [CPU-side
-    collectives], kernels alike) added to ``report.notes`` with their numbers; they do not change
-    the verdict. Structured forms: :func:`graphdeck.analysis.ranks.compile_skew.compile_skew`,
-    :func:`graphdeck.analysis.ranks.cpu_collectives.rank_timing`. Returns the traces' matching
+    collectives], kernels alike) judged against the collective timeout (NOTE: [Time verdicts]):
+    ``report.time_findings``; those under the WARN share stay notes. Structured forms:
+    :func:`graphdeck.analysis.ranks.compile_skew.compile_skew`, :func:`~graphdeck.analysis.ranks.cpu_collectives.rank_timing`. Returns the traces' matching
     (:func:`graphdeck.analysis.traces.collectives.align_and_match`), None under two traces."""
     from graphdeck.analysis.ranks.compile_skew import compile_skew
     from graphdeck.analysis.ranks.heatmap import matched_run  # the matching the heatmap and overview share
@@ -372,7 +383,9 @@ def _timing_findings(session: Session, report: RankReport, metric_records: dict 
     traces = run_traces(session, report.run_id)
     matched = matched_run(session, report.run_id)[1] if len(traces) > 1 else None
     timing = (matched or {}).get("timing") or {}
-    parts = [text for text in (skew.finding, *(timing.get("parts") or [timing.get("message")])) if text]
+    from graphdeck.analysis.ranks.time_verdicts import judge_report
+
+    parts = judge_report(session, report, skew, matched, warn_fraction)  # report.time_findings; the notes
     if report.verdict != "FAIL":  # NOTE: [One rank verdict]: the traces' differences are evidence, not a second verdict
         parts = [TRACE_DIFFER + p.removeprefix("diverged: ") if p.startswith("diverged: ") else p for p in parts]
     report.notes += parts
