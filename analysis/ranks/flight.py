@@ -112,6 +112,15 @@ class GroupMismatch:
     cause: dict[int, str] = field(default_factory=dict)
     primary: bool = True  # some rank skipped it (or nothing says otherwise)
 
+    def account(self, r: int) -> str:
+        """What not-reached rank ``r`` recorded instead, last completed and went on to."""
+        inst, last, doing = self.instead.get(r), self.last_completed.get(r), self.doing.get(r)
+        text = (f"recorded {inst.describe()} there instead; " if inst else "no entry there; ")
+        text += f"last completed {last.describe()}" if last else "no completed collective of this group"
+        if doing is not None and doing is not inst:
+            text += f"; {'went on to' if self.cause.get(r) == 'skipped' else 'waiting in'} {doing.describe()}"
+        return text
+
     def headline(self) -> str:
         reached = (f"{len(self.reached)} ranks (every member but {_ranks_text(self.not_reached + self.no_dump)})"
                    if len(self.reached) > 16 else f"ranks {_ranks_text(self.reached)}")
@@ -161,13 +170,7 @@ class FlightReport:
                            f"{' at ' + e.line if e.line else ''} ({e.state}{', retired' if e.retired else ', pending'})")
             alike: dict[tuple, list[int]] = {}  # ranks whose lines read the same: one entry (1,024 ranks)
             for r in m.not_reached:
-                inst, last, doing = m.instead.get(r), m.last_completed.get(r), m.doing.get(r)
-                text = (f"recorded {inst.describe()} there instead; " if inst else "no entry there; ")
-                text += f"last completed {last.describe()}" if last else "no completed collective of this group"
-                if doing is not None and doing is not inst:
-                    text += (f"; {'went on to' if m.cause.get(r) == 'skipped' else 'waiting in'} "
-                             f"{doing.describe()}")
-                alike.setdefault((text, *m.why.get(r, [])), []).append(r)
+                alike.setdefault((m.account(r), *m.why.get(r, [])), []).append(r)
             for (text, *why), rs in list(alike.items())[:8]:
                 out.append(f"    {_ranks_phrase(rs)}: {text}")
                 out += [f"      why: {w}" for w in why]

@@ -58,6 +58,9 @@ def hang_section(session: Session, report: RankReport) -> tuple[FlightReport | N
     if fr is not None:
         for m in fr.mismatches:
             explain(session, report, m)
+        from graphdeck.analysis.ranks.partial import one_sided
+
+        one_sided(session, report, fr)  # NOTE: [One-sided collectives]: what the dumps that exist show
     uncertain = uncertain_frames(session, report)
     settle_recompiles(session, report, fr, {(f.rank, f.frame) for f in uncertain})
     return fr, missing_evidence(session, report.run_id, fr) + [f.missing() for f in uncertain]
