@@ -148,6 +148,7 @@ class FlightReport:
     # missing dump may hold the mismatch: a rank that aborted in the collective writes none).
     group_members: dict[str, list[int]] = field(default_factory=dict)
     groups_incomplete: dict[str, list[int]] = field(default_factory=dict)
+    shown: dict[str, str] = field(default_factory=dict)  # incomplete group -> what its dumps show (ranks.partial)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,6 +164,7 @@ class FlightReport:
             out.append(f"  INCOMPLETE group {g}{' (' + self.descs[g] + ')' if self.descs.get(g) else ''}: members "
                        f"{_ranks_text(missing)} have no dump, so whether its collectives match cannot be told (the "
                        "dumped members agree)")
+            out += [f"    {self.shown[g]}"] if g in self.shown else []
         for m in self.mismatches:
             out.append(f"HANG {m.headline()}")
             for r, e in list(m.issued.items())[:2]:  # the others' entries are the same collective

@@ -273,6 +273,13 @@ def one_sided(session: Session, report: RankReport, fr: FlightReport) -> None:
             found = (q, rd.ref(i), got)
             break
         if found is None:
+            last = rd.ref(rd.by_group[g][max(rd.by_group[g])][1])
+            api = _call_path(last)[0]
+            fr.shown[g] = (f"what the dumps show: rank {dumped[0]}'s latest collective of the group is {last.describe()}"
+                           + (f", issued by {api}" if api else "")
+                           + (" inside a compiled graph" if last.compiled else " from non-compiled code")
+                           + f"; no condition on the rank in its stack keeps ranks {_ranks_text(missing)} from it, "
+                           "so these dumps alone do not explain a hang")
             continue
         q, e, (branch, skip) = found
         not_reached = sorted(set(missing) & skip)
