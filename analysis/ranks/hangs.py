@@ -156,6 +156,12 @@ def agree_with_predictions(report: RankReport) -> None:
     if fr is None or not report.predictions:
         return
     checks = {p.group: p for p in report.predictions}
+    for g, missing in fr.groups_incomplete.items():  # NOTE: [One-sided collectives]: the compile records' word
+        p = checks.get(g)
+        skip = sorted(set(p.predicted_skipping) & set(missing)) if p is not None and p.predicted_hang else []
+        if skip and g in fr.shown:
+            fr.shown[g] = (fr.shown[g].replace(", so these dumps alone do not explain a hang", "")
+                           + f"; the compile records of ranks {skip} predict that they skip it: {p.predicted}")
     for m in fr.mismatches:
         p = checks.get(m.group)
         if p is None or not (p.predicted_hang or p.predicted_divergent):

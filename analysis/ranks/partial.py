@@ -57,6 +57,9 @@ if TYPE_CHECKING:
 RANK_NAMES = frozenset({"rank", "global_rank", "ddp_rank", "world_rank", "process_index", "RANK"})
 ZERO_FLAGS = frozenset({"is_main_process", "is_global_zero", "is_rank_zero", "master_process", "is_master",
                         "is_local_main_process"})
+#: Library functions that only wrap the call the user made (decorators, module and compiled-frame plumbing).
+GENERIC = frozenset({"wrapper", "inner", "_fn", "__call__", "_call_impl", "_wrapped_call_impl", "compile_wrapper",
+                     "decorate_context", "apply", "wrapped", "_wrapper", "fn", "forward"})
 _UNKNOWN = object()
 _FRAME = re.compile(r"^(.*):(\d+) in (.*)$")
 _LEAVES = (ast.Return, ast.Continue, ast.Break, ast.Raise)
@@ -241,7 +244,8 @@ def _call_path(e: EntryRef) -> tuple[str, list[str]]:
     if not users:
         return "", list(reversed(e.stack))[:8]
     inner = users[0][3]
-    api = e.stack[inner - 1].rsplit(" in ", 1)[-1] if inner > 0 else ""
+    names = [f.rsplit(" in ", 1)[-1] for f in reversed(e.stack[:inner])]  # the library frames, outermost first
+    api = next((n for n in names if n not in GENERIC and not n.startswith("<")), "")
     libs = [f for f in e.stack[:inner] if "_functional_collectives" in f or "distributed_c10d" in f]
     frames = [f for f in reversed(e.stack[inner:]) if not any(x in f for x in LIBRARY_FRAMES)]
     return api, frames + ([e.stack[inner - 1]] if inner > 0 else []) + libs[-1:]
@@ -274,7 +278,7 @@ def one_sided(session: Session, report: RankReport, fr: FlightReport) -> None:
             break
         if found is None:
             last = rd.ref(rd.by_group[g][max(rd.by_group[g])][1])
-            api = _call_path(last)[0]
+            api = "" if last.compiled else _call_path(last)[0]
             fr.shown[g] = (f"what the dumps show: rank {dumped[0]}'s latest collective of the group is {last.describe()}"
                            + (f", issued by {api}" if api else "")
                            + (" inside a compiled graph" if last.compiled else " from non-compiled code")
