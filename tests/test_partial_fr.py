@@ -123,3 +123,46 @@ def test_rank_conditions_decide_which_ranks_issue_a_collective(tmp_path, code, l
     assert (got[1] if got else None) == skip, (code, got)
     if got:
         assert got[0].startswith(f"{src}:") and " in f: `if " in got[0]
+
+
+MOE = REPO / "tests" / "programs" / "moe_zero_token.py"
+MOE_LINES = MOE.read_text().splitlines()
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    """The zero-token MoE job (issue 38 item 5): both ranks dump at exit; its rank report."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.ranks.core import rank_report
+    from graphdeck.store.db import open_engine
+    from graphdeck.store.schema import Run
+
+    store = tmp_path_factory.mktemp("moe") / "moe.db"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    env.pop("TORCH_FR_BUFFER_SIZE", None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(MOE), str(store)], capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    with Session(open_engine(store, read_only=True)) as s:
+        return proc, rank_report(s, s.scalar(select(Run).where(Run.name == "moe")))
+
+
+@pytest.mark.slow
+def test_zero_token_rank_why_is_its_branch_not_the_expert_slice(moe):
+    proc, rep = moe
+    assert "rank 0: timed out" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (m,) = [x for x in rep.flight.mismatches if x.desc == "dp"]
+    assert (m.reached, m.not_reached, m.kind) == ([0], [1], "missing")
+    why = m.why[1]
+    branch = next(i for i, t in enumerate(MOE_LINES, 1) if "ZERO_TOKEN_BRANCH" in t)
+    sliced = next(i for i, t in enumerate(MOE_LINES, 1) if "self.gates[self.lo:" in t)
+    # the cause first: rank 1's recompile for its empty batch, the all-reduce its graph lacks, the branch
+    assert why[0].startswith("ranks [1] recompiled frame forward") and "expected 4, actual 0" in why[0], why
+    assert any("issues no all_reduce where ranks [0]' graph" in w for w in why), why
+    assert any(f"moe_zero_token.py:{branch} in forward: `if x.shape[0] > 0:" in w for w in why), why
+    # the expert slice: named, as not the cause, last
+    assert not any(w.startswith("graph differs") for w in why), why
+    assert why[-1].startswith("not the cause: compile 0/0's graphs of ranks [1] and [0] differ only in per-rank "
+                              "constants (getitem (_operator.getitem) args[1].start: 0 vs 2"), why
+    assert f"moe_zero_token.py:{sliced} in forward" in why[-1]
