@@ -211,7 +211,8 @@ def test_without_rank_1s_dump_the_report_says_what_rank_0s_dump_shows(job, tmp_p
 
     out, _ = job
     store = tmp_path / "partial.db"
-    shutil.copy(out / "s.db", store)
+    with sqlite3.connect(out / "s.db") as src, sqlite3.connect(store) as dst:
+        src.backup(dst)  # the store may still hold pages in its WAL: a file copy would miss them
     with sqlite3.connect(store) as db:
         assert db.execute("DELETE FROM compile_events WHERE name = 'flight_recorder' AND rank = 1").rowcount
     rep = _report(store)
