@@ -237,6 +237,19 @@ def _dump_of(session: Session, run_id: int, rank: int) -> _RankDump | None:
         return None
 
 
+def _members_known(session: Session, run_id: int, rd: _RankDump, g: str) -> bool:
+    """Whether group ``g``'s members are recorded (the dump's ``pg_config``, the capture's process
+    group / layout records) or it is the default group: a subgroup whose members are only assumed
+    to be every rank could make a rank that is no member look like one that skipped it."""
+    from graphdeck.analysis.ranks.flight import recorded_members
+    from graphdeck.store.fr_import import members_of
+
+    cfg = rd.norm.get("pg_config") or {}
+    if g == "0" or rd.desc.get(g) == "default_pg" or (g in cfg and members_of({g: cfg[g]})):
+        return True
+    return g in recorded_members(session, run_id)
+
+
 def _call_path(e: EntryRef) -> tuple[str, list[str]]:
     """The torch call the user code made (the library frame just inside the innermost user frame)
     and the stack, outermost first: the user frames, then that call and the collective's own."""
@@ -261,7 +274,7 @@ def one_sided(session: Session, report: RankReport, fr: FlightReport) -> None:
         if not dumped:
             continue
         rd = _dump_of(session, report.run_id, dumped[0])
-        if rd is None or g not in rd.by_group:
+        if rd is None or g not in rd.by_group or not _members_known(session, report.run_id, rd, g):
             continue
         found = None
         seen: dict[int, tuple | None] = {}  # stack index → skippers (stacks repeat every step)
