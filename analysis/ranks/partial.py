@@ -45,7 +45,15 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.ranks.flight import LIBRARY_FRAMES, EntryRef, FlightReport, GroupMismatch, _loads, _RankDump
+from graphdeck.analysis.ranks.flight import (
+    COMPILED_FRAMES,
+    LIBRARY_FRAMES,
+    EntryRef,
+    FlightReport,
+    GroupMismatch,
+    _loads,
+    _RankDump,
+)
 from graphdeck.analysis.ranks.records import _ranks_text
 from graphdeck.store.fr_import import EVENT_NAME
 from graphdeck.store.schema import CompileEvent
@@ -257,8 +265,10 @@ def _call_path(e: EntryRef) -> tuple[str, list[str]]:
     if not users:
         return "", list(reversed(e.stack))[:8]
     inner = users[0][3]
-    names = [f.rsplit(" in ", 1)[-1] for f in reversed(e.stack[:inner])]  # the library frames, outermost first
-    api = next((n for n in names if n not in GENERIC and not n.startswith("<")), "")
+    libs_out = list(reversed(e.stack[:inner]))  # the library frames, outermost first
+    names = [f.rsplit(" in ", 1)[-1] for f in libs_out if not any(c in f for c in COMPILED_FRAMES)]
+    api = "" if libs_out and any(c in libs_out[0] for c in COMPILED_FRAMES) else \
+        next((n for n in names if n not in GENERIC and not n.startswith("<")), "")
     libs = [f for f in e.stack[:inner] if "_functional_collectives" in f or "distributed_c10d" in f]
     frames = [f for f in reversed(e.stack[inner:]) if not any(x in f for x in LIBRARY_FRAMES)]
     return api, frames + ([e.stack[inner - 1]] if inner > 0 else []) + libs[-1:]
@@ -274,11 +284,12 @@ def one_sided(session: Session, report: RankReport, fr: FlightReport) -> None:
         if not dumped:
             continue
         rd = _dump_of(session, report.run_id, dumped[0])
-        if rd is None or g not in rd.by_group or not _members_known(session, report.run_id, rd, g):
+        if rd is None or g not in rd.by_group:
             continue
         found = None
         seen: dict[int, tuple | None] = {}  # stack index → skippers (stacks repeat every step)
-        for q in sorted(rd.by_group[g]):
+        known = _members_known(session, report.run_id, rd, g)
+        for q in sorted(rd.by_group[g]) if known else ():
             i = rd.by_group[g][q][1]
             st = rd.norm["entries"][i][7]
             if st not in seen:
@@ -291,12 +302,14 @@ def one_sided(session: Session, report: RankReport, fr: FlightReport) -> None:
             break
         if found is None:
             last = rd.ref(rd.by_group[g][max(rd.by_group[g])][1])
-            api = "" if last.compiled else _call_path(last)[0]
+            api = _call_path(last)[0]
             fr.shown[g] = (f"what the dumps show: rank {dumped[0]}'s latest collective of the group is {last.describe()}"
                            + (f", issued by {api}" if api else "")
                            + (" inside a compiled graph" if last.compiled else " from non-compiled code")
-                           + f"; no condition on the rank in its stack keeps ranks {_ranks_text(missing)} from it, "
-                           "so these dumps alone do not explain a hang")
+                           + (f"; no condition on the rank in its stack keeps ranks {_ranks_text(missing)} from it"
+                              if known else "; the group's members are not recorded, so its stack is not read for "
+                              "ranks that skip it")
+                           + ", so these dumps alone do not explain a hang")
             continue
         q, e, (branch, skip) = found
         not_reached = sorted(set(missing) & skip)
