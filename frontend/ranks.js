@@ -109,7 +109,8 @@ function frMismatch(m) {
       const waiting = m.cause[key] === "waiting";
       return h("li", {"data-testid": "fr-rank", "data-rank": key},
         h("strong", {}, `rank ${r}`), waiting ? " (waiting in an earlier collective)" : " (skipped it)",
-        `: last completed ${frRef(m.last_completed[key])}; ${waiting ? "waiting in" : "went on to"} ${frRef(m.doing[key])}`,
+        m.kind === "one-sided" ? `: wrote no dump; the branch ${m.branch} keeps it from this collective`
+          : `: last completed ${frRef(m.last_completed[key])}; ${waiting ? "waiting in" : "went on to"} ${frRef(m.doing[key])}`,
         (m.why[key] || []).map((w) => h("div", {class: "small", "data-testid": "fr-why"}, w)));
     })));
 }
@@ -125,6 +126,8 @@ function flightSection(report) {
         ? `${Object.keys(fr.groups_incomplete).length} incomplete (a member without a dump: cannot be told), ` : "")
       + `${fr.mismatches.length} mismatched`
       + (fr.no_dump.length ? `; no dump from ranks [${fr.no_dump.join(", ")}]` : "")),
+    Object.entries(fr.shown || {}).map(([g, text]) => h("p", {class: "small", "data-testid": "fr-shown", "data-group": g},
+      `group ${g} (incomplete): ${text}`)),
     fr.mismatches.map(frMismatch),
     missing.length ? h("ul", {class: "missing-evidence"}, missing) : null];
 }

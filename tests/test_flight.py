@@ -202,6 +202,35 @@ def test_a_rank_without_a_dump_is_named_and_the_verdict_incomplete(job, tmp_path
     assert "MISSING EVIDENCE: rank 1: no Flight Recorder dump" in proc.stdout and "INCOMPLETE" in proc.stdout
 
 
+def test_without_rank_1s_dump_the_report_says_what_rank_0s_dump_shows(job, tmp_path):
+    """Issue 38 item 4: rank 1's dumps gone, the hang report still says what rank 0's dump shows per
+    group — its latest collective, where and how it was issued — and joins rank 1's compile records
+    (they predict rank 1 skips the mlp all-reduce); no rank condition keeps rank 1 from these
+    collectives, so no group is called one-sided (NOTE: [One-sided collectives])."""
+    import sqlite3
+
+    out, _ = job
+    store = tmp_path / "partial.db"
+    with sqlite3.connect(out / "s.db") as src, sqlite3.connect(store) as dst:
+        src.backup(dst)  # the store may still hold pages in its WAL: a file copy would miss them
+    with sqlite3.connect(store) as db:
+        assert db.execute("DELETE FROM compile_events WHERE name = 'flight_recorder' AND rank = 1").rowcount
+    rep = _report(store)
+    assert not rep.flight.mismatches and set(rep.flight.groups_incomplete) == set(rep.flight.shown)
+    shown = {rep.flight.descs.get(g): t for g, t in rep.flight.shown.items()}
+    assert shown["loss_sync"].startswith("what the dumps show: rank 0's latest collective of the group is "
+                                         "gloo:all_reduce #3 of group ") and \
+        f"flight_job.py:{BRANCH_LINE} in main, issued by all_reduce from non-compiled code" in shown["loss_sync"]
+    assert shown["loss_sync"].endswith("so these dumps alone do not explain a hang"), shown["loss_sync"]
+    assert "no condition on the rank in its stack keeps ranks [1] from it" in shown["default_pg"]
+    mlp = shown["mlp"]
+    assert "flight_job.py:" in mlp and " in mlp_step inside a compiled graph" in mlp, mlp
+    assert "the compile records of ranks [1] predict that they skip it: ranks [1] skip all_reduce #0 of the step" in mlp
+    assert "do not explain" not in mlp
+    text = rep.to_text()
+    assert "    what the dumps show: rank 0's latest collective" in text and rep.verdict == "FAIL"  # the recompile
+
+
 def _corrupt(log: Path, compile_id: tuple[int, int]) -> int:
     """Break every envelope of compile ``compile_id`` in a TORCH_TRACE log (its records are then
     dropped on import as bad JSON). Returns how many."""

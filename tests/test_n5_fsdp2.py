@@ -120,6 +120,9 @@ def test_a_rank_without_a_dump_makes_the_hang_check_incomplete(n5):
     assert "no Flight Recorder dump from ranks [0]" in out and "MISSING EVIDENCE: rank 0: no Flight Recorder dump" in out
     assert "0 group(s) agree, 1 incomplete, 0 mismatched" in out, out
     assert "INCOMPLETE group 0 (default_pg): members [0] have no dump" in out
+    # issue 38 item 4: what rank 1's dump shows, and that it alone does not explain the hang
+    assert "what the dumps show: rank 1's latest collective of the group is gloo:all_reduce" in out, out
+    assert "issued by backward" in out and "no condition on the rank in its stack keeps ranks [0] from it" in out
     (pred,) = [ln for ln in out.splitlines() if ln.strip().startswith("group 0 (default_pg): predicted")]
     assert pred.endswith(": incomplete") and "members [0] have no Flight Recorder dump" in pred, pred
     assert "— recorded: members [1] completed " in pred and "recorded: every member" not in pred

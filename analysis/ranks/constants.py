@@ -61,12 +61,25 @@ def _scalar(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+_SLICE = re.compile(r"slice\((-?\d+|None), (-?\d+|None), (-?\d+|None)\)")
+
+
+def _slice(v: dict) -> tuple | None:
+    """``(start, stop, step)`` of a slice as the graph records store it (``{"repr": "slice(0, 2, None)"}``)."""
+    m = _SLICE.fullmatch(v.get("repr") or "") if set(v) == {"repr"} and isinstance(v.get("repr"), str) else None
+    return tuple(None if x == "None" else int(x) for x in m.groups()) if m else None
+
+
 def _walk(a, b, index_a: dict, index_b: dict, path: str, out: list) -> bool:
     """Compare two argument trees; scalar leaves that differ go to ``out`` as ``(path, a, b)``.
     False when they differ otherwise (another node, another structure, another non-number)."""
     if isinstance(a, dict) and isinstance(b, dict):
         if set(a) != set(b):
             return False
+        sa, sb = _slice(a), _slice(b)
+        if sa is not None and sb is not None:  # a slice's bounds are scalar constants (``x[lo:lo + 2]``)
+            return all(_walk(x, y, index_a, index_b, f"{path}.{k}", out)
+                       for k, x, y in zip(("start", "stop", "step"), sa, sb))
         if set(a) == {"node"}:
             return index_a.get(a["node"], a["node"]) == index_b.get(b["node"], b["node"])
         return all(_walk(a[k], b[k], index_a, index_b, f"{path}.{k}" if path else k, out) for k in sorted(a))

@@ -112,6 +112,15 @@ class GroupMismatch:
     cause: dict[int, str] = field(default_factory=dict)
     primary: bool = True  # some rank skipped it (or nothing says otherwise)
 
+    def account(self, r: int) -> str:
+        """What not-reached rank ``r`` recorded instead, last completed and went on to."""
+        inst, last, doing = self.instead.get(r), self.last_completed.get(r), self.doing.get(r)
+        text = (f"recorded {inst.describe()} there instead; " if inst else "no entry there; ")
+        text += f"last completed {last.describe()}" if last else "no completed collective of this group"
+        if doing is not None and doing is not inst:
+            text += f"; {'went on to' if self.cause.get(r) == 'skipped' else 'waiting in'} {doing.describe()}"
+        return text
+
     def headline(self) -> str:
         reached = (f"{len(self.reached)} ranks (every member but {_ranks_text(self.not_reached + self.no_dump)})"
                    if len(self.reached) > 16 else f"ranks {_ranks_text(self.reached)}")
@@ -139,6 +148,7 @@ class FlightReport:
     # missing dump may hold the mismatch: a rank that aborted in the collective writes none).
     group_members: dict[str, list[int]] = field(default_factory=dict)
     groups_incomplete: dict[str, list[int]] = field(default_factory=dict)
+    shown: dict[str, str] = field(default_factory=dict)  # incomplete group -> what its dumps show (ranks.partial)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -154,6 +164,7 @@ class FlightReport:
             out.append(f"  INCOMPLETE group {g}{' (' + self.descs[g] + ')' if self.descs.get(g) else ''}: members "
                        f"{_ranks_text(missing)} have no dump, so whether its collectives match cannot be told (the "
                        "dumped members agree)")
+            out += [f"    {self.shown[g]}"] if g in self.shown else []
         for m in self.mismatches:
             out.append(f"HANG {m.headline()}")
             for r, e in list(m.issued.items())[:2]:  # the others' entries are the same collective
@@ -161,13 +172,7 @@ class FlightReport:
                            f"{' at ' + e.line if e.line else ''} ({e.state}{', retired' if e.retired else ', pending'})")
             alike: dict[tuple, list[int]] = {}  # ranks whose lines read the same: one entry (1,024 ranks)
             for r in m.not_reached:
-                inst, last, doing = m.instead.get(r), m.last_completed.get(r), m.doing.get(r)
-                text = (f"recorded {inst.describe()} there instead; " if inst else "no entry there; ")
-                text += f"last completed {last.describe()}" if last else "no completed collective of this group"
-                if doing is not None and doing is not inst:
-                    text += (f"; {'went on to' if m.cause.get(r) == 'skipped' else 'waiting in'} "
-                             f"{doing.describe()}")
-                alike.setdefault((text, *m.why.get(r, [])), []).append(r)
+                alike.setdefault((m.account(r), *m.why.get(r, [])), []).append(r)
             for (text, *why), rs in list(alike.items())[:8]:
                 out.append(f"    {_ranks_phrase(rs)}: {text}")
                 out += [f"      why: {w}" for w in why]

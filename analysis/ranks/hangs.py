@@ -58,6 +58,9 @@ def hang_section(session: Session, report: RankReport) -> tuple[FlightReport | N
     if fr is not None:
         for m in fr.mismatches:
             explain(session, report, m)
+        from graphdeck.analysis.ranks.partial import one_sided
+
+        one_sided(session, report, fr)  # NOTE: [One-sided collectives]: what the dumps that exist show
     uncertain = uncertain_frames(session, report)
     settle_recompiles(session, report, fr, {(f.rank, f.frame) for f in uncertain})
     return fr, missing_evidence(session, report.run_id, fr) + [f.missing() for f in uncertain]
@@ -153,6 +156,12 @@ def agree_with_predictions(report: RankReport) -> None:
     if fr is None or not report.predictions:
         return
     checks = {p.group: p for p in report.predictions}
+    for g, missing in fr.groups_incomplete.items():  # NOTE: [One-sided collectives]: the compile records' word
+        p = checks.get(g)
+        skip = sorted(set(p.predicted_skipping) & set(missing)) if p is not None and p.predicted_hang else []
+        if skip and g in fr.shown:
+            fr.shown[g] = (fr.shown[g].replace(", so these dumps alone do not explain a hang", "")
+                           + f"; the compile records of ranks {skip} predict that they skip it: {p.predicted}")
     for m in fr.mismatches:
         p = checks.get(m.group)
         if p is None or not (p.predicted_hang or p.predicted_divergent):
@@ -378,8 +387,17 @@ def explain(session: Session, report: RankReport, m: GroupMismatch) -> None:
             m.why[r] = [f"rank {r} never got here: it waits in {m.doing[r].describe()}, which comes first in its "
                         "program and which the other ranks skipped (see that group)"]
             continue
+        layout_only: list[str] = []
         for d, r_diverges in _relevant(report, m, r):
             side, other = (d.ranks, d.reference_ranks) if r_diverges else (d.reference_ranks, d.ranks)
+            consts = _per_rank_constants(session, report, d)
+            if consts:  # NOTE: [A per-rank constant is no cause]
+                layout_only.append(f"not the cause: compile {d.compile_id}'s graphs of ranks {_ranks_text(d.ranks)} and "
+                                   f"{_ranks_text(d.reference_ranks)} differ only in per-rank constants ("
+                                   + "; ".join(c.text() + (f" at {c.source}" if c.source else "") for c in consts[:3])
+                                   + ") — a per-rank slice or offset (an expert slice, a stage, a shard) that issues "
+                                   "the same collectives on every rank")
+                continue
             if d.what == "extra compile":
                 why += _recompile_text(session, report, d, side, other)
             elif d.what == "missing compile":
@@ -390,6 +408,8 @@ def explain(session: Session, report: RankReport, m: GroupMismatch) -> None:
                            + (f" (recompile reason: {d.recompile_reason})" if d.recompile_reason else "")
                            + (f" [node {node.name} in {node.module_path or '-'} at {node.source}]"
                               if node is not None and node.source and node.source not in d.message else ""))
+        if not why and layout_only:
+            why += _one_sided_compiles(session, report, m, r)
         if not why:
             if not has_compiles:
                 why.append("no compile records for this run: import the ranks' TORCH_TRACE logs (or capture "
@@ -412,4 +432,45 @@ def explain(session: Session, report: RankReport, m: GroupMismatch) -> None:
                     alike.setdefault(str(v), []).append(k)
                 why.append("graph breaks recorded: " + ", ".join(f"{_ranks_phrase(ks)}: {v}" for v, ks in alike.items())
                            + " (the code between graphs runs eagerly)")
-        m.why[r] = why
+        m.why[r] = why + layout_only
+
+
+# NOTE: [A per-rank constant is no cause]
+# Two ranks' graphs of one compile that differ only in scalar constants (same ops, shapes and
+# wiring: :func:`graphdeck.analysis.ranks.constants.constant_only_difference`, slice bounds
+# included) issue the same collectives and read the same parameters: the difference — a rank's
+# expert slice, its stage or shard offset, intended by the layout — cannot make a rank skip or add
+# a collective. It is named as "not the cause", and the compiles that *do* differ in the frames the
+# stacks pass through — a recompile on one side only, which the first-divergence comparison hides
+# behind that constant — are looked at instead, with the branch their graphs' collective sits under.
+
+
+def _per_rank_constants(session: Session, report: RankReport, d: Divergence) -> list:
+    """The constants in which ``d``'s two graphs differ when that is all they differ in, else []."""
+    from graphdeck.analysis.ranks.constants import constant_only_difference
+
+    if "graph differs" not in (d.what or "") or not d.ranks or not d.reference_ranks:
+        return []
+    ga = _graph_of(_entry(report, d.reference_ranks[0], d.compile_id))
+    gb = _graph_of(_entry(report, d.ranks[0], d.compile_id))
+    return (constant_only_difference(session, ga, gb) or []) if ga is not None and gb is not None else []
+
+
+def _one_sided_compiles(session: Session, report: RankReport, m: GroupMismatch, r: int) -> list[str]:
+    """Compiles of the frames the stacks name that rank ``r`` or the first rank that reached ``m``
+    made and the other did not, explained as recompiles (:func:`_recompile_text`)."""
+    from types import SimpleNamespace
+
+    names = _functions(m, r)
+    ref = m.reached[0]
+    a = {e.compile_id: e for e in report.sequences.get(ref, [])}
+    b = {e.compile_id: e for e in report.sequences.get(r, [])}
+    out: list[str] = []
+    for cid, e, side, other in ([(c, e, [r], [ref]) for c, e in b.items() if c not in a]
+                                + [(c, e, [ref], [r]) for c, e in a.items() if c not in b]):
+        frame = (e.frame or "").split(" ")[0]
+        if names and frame and frame not in names:
+            continue
+        out += _recompile_text(session, report, SimpleNamespace(compile_id=cid, recompile_reason=e.recompile_reason),
+                               side, other)
+    return out
