@@ -535,6 +535,8 @@ class Agent:
                               stacklevel=2)
         finally:
             stop_listening(self._handler)
+            if self._flight is not None:
+                self._flight.stop()
 
 
 def _param_row(fqn: str, kind: str, t: torch.Tensor) -> dict:

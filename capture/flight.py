@@ -85,6 +85,11 @@ class FlightDumps:
         finally:
             _deferred_term()  # a SIGTERM that arrived while this dump was written, the lock released
 
+    def stop(self) -> None:
+        """Dump no more for this agent (it was closed): a later exception, SIGTERM or exit in the
+        same process must not file another job's collectives under this agent's run."""
+        _LIVE.discard(self)
+
     def _write(self, reason: str) -> bool:
         dump = dump_now()
         if dump is None:

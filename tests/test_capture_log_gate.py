@@ -122,3 +122,16 @@ def test_a_real_compile_keeps_its_records_while_torch_builds_no_other(tmp_path):
         names = set(s.scalars(select(CompileEvent.name)))
     assert {"dynamo_start", "compilation_metrics"} <= names, names
     assert logged and set(logged) <= KEPT_COMPILE_EVENTS, sorted(set(logged) - KEPT_COMPILE_EVENTS)
+
+
+def test_a_closed_agent_stops_listening_and_dumping(tmp_path):
+    """After close(), torch's trace log is plain again and a later exception, SIGTERM or exit in
+    the same process dumps no Flight Recorder state into the closed agent's run."""
+    from graphdeck.capture import flight
+
+    agent = Agent(store=tmp_path / "s.db", run="closed")
+    fd = agent._flight
+    assert fd is None or fd in flight._LIVE
+    agent.close()
+    assert fd is None or fd not in flight._LIVE
+    assert not any(type(h).__name__ == "_CompileEventHandler" for h in trace_log.handlers)
