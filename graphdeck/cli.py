@@ -246,12 +246,14 @@ from graphdeck import (  # noqa: E402
     cli_parity,
     cli_replay,
     cli_summary,
+    cli_watch,
 )
 
 for _command in (cli_checks.check_grads, cli_checks.check_ranks, cli_compile.check_compile, cli_db.db_group,
                  cli_db.stack_cmd, cli_diff.diff_runs_cmd, cli_export.export_trace_cmd, cli_ingest.delete_run_cmd,
                  cli_ingest.import_cmd, cli_ingest.ingest_trace_cmd, cli_ingest.upload_cmd, cli_memory.memory_cmd,
-                 cli_memory.memory_snapshot_cmd, cli_parity.parity_cmd, cli_replay.replay_cmd, cli_summary.summary_cmd):
+                 cli_memory.memory_snapshot_cmd, cli_parity.parity_cmd, cli_replay.replay_cmd, cli_summary.summary_cmd,
+                 cli_watch.watch_cmd):
     main.add_command(_command)
 
 if __name__ == "__main__":
