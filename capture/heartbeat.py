@@ -36,7 +36,9 @@ import traceback
 import warnings
 import weakref
 
-from graphdeck.analysis.ranks.live import HEARTBEAT, STACKS
+#: compile_events names (the same as graphdeck.analysis.ranks.live, which reads them; kept here so that
+#: starting the agent imports no analysis).
+HEARTBEAT, STACKS = "graphdeck_heartbeat", "graphdeck_stacks"
 
 DEFAULT_INTERVAL_S = 2.0
 THRESHOLD_FRACTION = 0.5
@@ -60,7 +62,8 @@ def fr_status() -> tuple[dict, dict]:
 
 def _entry_pending(pg: str, seq: int) -> bool:
     """Whether the recorder's entry of collective ``seq`` of group ``pg`` is neither retired nor
-    completed (an entry the ring buffer no longer holds, or no readable dump: the status is trusted)."""
+    completed. No such entry (the newest entry is always in the ring buffer, so the recorder is not
+    recording) or no readable dump: False — no stall is claimed on the lagging status alone."""
     try:
         import pickle
 
@@ -68,12 +71,12 @@ def _entry_pending(pg: str, seq: int) -> bool:
 
         d = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
     except Exception:  # noqa: BLE001 - no distributed build, no recorder
-        return True
+        return False
     for e in reversed(d.get("entries") or []):
         g = e.get("process_group")
         if e.get("collective_seq_id") == seq and not e.get("is_p2p") and (g[0] if isinstance(g, (list, tuple)) else g) == pg:
             return not e.get("retired") and e.get("state") != "completed"
-    return True
+    return False
 
 
 def default_timeout_s() -> float | None:
@@ -216,27 +219,24 @@ class Heartbeat:
 
     def _write(self, writer, payload: dict, read: bool) -> dict[int, dict]:
         """Update (first beat: insert) this rank's row; returns the other ranks' latest heartbeats."""
-        from sqlalchemy import select
+        from sqlalchemy import insert, select, update
 
-        from graphdeck.store.db import retrying, write_session
+        from graphdeck.store.db import retrying
         from graphdeck.store.schema import CompileEvent
 
         text = json.dumps(payload, separators=(",", ":"))
+        table = CompileEvent.__table__
 
-        def do():
-            with write_session(writer.engine) as s:
-                row = s.get(CompileEvent, self._row) if self._row is not None else None
-                if row is None:
-                    row = CompileEvent(run_id=writer.run_id, rank=writer.rank, name=HEARTBEAT, compile_id=None,
-                                       metadata_json="{}", payload=text)
-                    s.add(row)
-                    s.flush()
-                else:
-                    row.payload = text
-                rid = row.id
-                rows = s.execute(select(CompileEvent.rank, CompileEvent.payload).where(
-                    CompileEvent.run_id == writer.run_id, CompileEvent.name == HEARTBEAT,
-                    CompileEvent.rank != writer.rank)).all() if read else []
+        def do():  # SQLAlchemy Core on one connection: the ORM session cost ~2 ms a beat
+            with writer.engine.begin() as conn:
+                rid = self._row
+                if rid is None or not conn.execute(update(table).where(table.c.id == rid).values(payload=text)).rowcount:
+                    rid = conn.execute(insert(table).values(run_id=writer.run_id, rank=writer.rank, name=HEARTBEAT,
+                                                            compile_id=None, metadata_json="{}", payload=text)
+                                       ).inserted_primary_key[0]
+                rows = conn.execute(select(table.c.rank, table.c.payload).where(
+                    table.c.run_id == writer.run_id, table.c.name == HEARTBEAT,
+                    table.c.rank != writer.rank)).all() if read else []
             return rid, rows
 
         self._row, rows = retrying(do)
@@ -272,10 +272,14 @@ class Heartbeat:
         from sqlalchemy import select
         from sqlalchemy.orm import Session
 
-        from graphdeck.analysis.ranks.live import write_hang_report
+        from graphdeck.analysis.ranks.live import REPORT, write_hang_report
         from graphdeck.store.schema import CompileEvent
 
         detected = time.time()
+        with Session(writer.engine) as s:  # stacks written since the run's last report are this stall's
+            after = s.scalar(select(CompileEvent.id).where(CompileEvent.run_id == writer.run_id,
+                                                           CompileEvent.name == REPORT)
+                             .order_by(CompileEvent.id.desc()).limit(1)) or 0
         live = {r for r, b in beats.items() if not b.get("ended")
                 and detected - float(b.get("t") or 0) < GATHER_BEATS * float(b.get("interval_s") or self.interval_s)}
         deadline = detected + GATHER_BEATS * self.interval_s
@@ -283,7 +287,7 @@ class Heartbeat:
             with Session(writer.engine) as s:
                 have = {r for (r,) in s.execute(select(CompileEvent.rank).where(
                     CompileEvent.run_id == writer.run_id, CompileEvent.name == STACKS,
-                    CompileEvent.id > 0)) if r in live}
+                    CompileEvent.id > after)) if r in live}
             if have >= live or time.time() > deadline:
                 break
             time.sleep(min(0.25, self.interval_s / 4))

@@ -114,3 +114,7 @@ def test_watch_exits_0_on_a_healthy_run(tmp_path, monkeypatch):
     res = CliRunner().invoke(cli, ["watch", str(tmp_path / "h.db"), "--run", "ok", "--poll-s", "0.1"])
     assert res.exit_code == 0, res.output
     assert "rank 0: step 3" in res.output and "run ended healthy" in res.output
+    from graphdeck.analysis.ranks import live
+    from graphdeck.capture import heartbeat
+
+    assert (heartbeat.HEARTBEAT, heartbeat.STACKS) == (live.HEARTBEAT, live.STACKS), "writer and reader agree"
