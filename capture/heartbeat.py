@@ -146,6 +146,8 @@ class Heartbeat:
     # ------------------------------------------------------------------------------ the thread
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if self._agent() is None:
+                return  # the agent was collected: nothing left to watch
             t0 = time.thread_time()
             try:
                 self.beat()
@@ -169,13 +171,11 @@ class Heartbeat:
         agent = self._agent()
         if agent is None or agent._store_failed is not None:
             return
-        from graphdeck.capture.agent import _dist_ready
-
-        if agent._writer is None and not _dist_ready():
-            return  # rank unknown yet: nothing to write
+        writer = agent._writer
+        if writer is None:
+            return  # opened by the training thread (watch, compile): never raced from here
         with self._lock:
             payload = self._payload(agent, ended)
-            writer = agent.writer
             others = self._write(writer, payload, read=watch)
         self.beats += 1
         if watch:
