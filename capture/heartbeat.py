@@ -121,11 +121,14 @@ class Heartbeat:
         self.cpu_s = 0.0  # this thread's CPU time in beats (bench/bench_heartbeat.py)
         self._row: int | None = None
         self._seen: dict[str, tuple] = {}  # pg -> ((enqueued, completed), since)
+        self._step_hook = None  # NOTE: only without gradient evidence (_own_steps)
+        self._step_counts: dict[int, int] = {}
         self._confirmed: dict[tuple, bool] = {}  # (pg, (enqueued, completed)) -> in flight per the entries
         self._handled: set = set()  # stalls answered (their (rank, group, seq))
         self._reported: set = set()
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._own_steps()  # from the start: steps before the first beat count too
         self._thread = threading.Thread(target=self._loop, name="graphdeck-heartbeat", daemon=True)
         self._thread.start()
 
@@ -163,6 +166,8 @@ class Heartbeat:
         self._stop.set()
         try:
             self.beat(ended=ended, watch=False)
+            if self._step_hook:
+                self._step_hook.remove()
         except Exception:  # noqa: BLE001 - capture never breaks training
             pass
 
@@ -202,9 +207,29 @@ class Heartbeat:
                     stalled = {"group": pg, "desc": desc, "seq": pair[0], "since": since,
                                "for_s": round(now - since, 3)}
         ev = getattr(agent, "_evidence", None)
-        return {"t": now, "step": getattr(ev, "_opt_steps", None), "groups": groups, "stalled": stalled,
+        step = getattr(ev, "_opt_steps", None) if ev is not None else self._own_steps()
+        return {"t": now, "step": step, "groups": groups, "stalled": stalled,
                 "threshold_s": threshold, "timeout_s": timeout, "interval_s": self.interval_s,
                 "ended": ended, "beats": self.beats, "pid": os.getpid()}
+
+    def _own_steps(self) -> int | None:
+        """Optimizer steps taken, counted here when the gradient evidence (which counts them) is
+        off: a global post-step hook counting the steps of the first optimizer seen (several
+        optimizers step once each a training step). None until one steps."""
+        if self._step_hook is None:
+            try:
+                from torch.optim.optimizer import register_optimizer_step_post_hook
+
+                counts = self._step_counts
+
+                def count(opt, *_a, **_k):
+                    counts.setdefault(id(opt), 0)
+                    counts[id(opt)] += 1
+
+                self._step_hook = register_optimizer_step_post_hook(count)
+            except Exception:  # noqa: BLE001 - a torch without the hook
+                self._step_hook = False
+        return next(iter(self._step_counts.values()), None)
 
     def _pending(self, pg: str, pair: tuple) -> bool:
         """Whether collective ``pair[0]`` of group ``pg`` is really still in flight: the status's

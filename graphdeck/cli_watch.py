@@ -61,7 +61,7 @@ def watch_cmd(store: str, run_name: str, threshold_s: float | None, poll_s: floa
     still hangs; with ``--threshold-s`` the watch also computes it itself from what the ranks
     stored). Never signals the job. Exit 0: every rank ended healthy (closed or exited); 1: a hang
     report; 2: bad input (no store or run within ``--wait-s``); 3: the ranks stopped beating
-    without ending and without a hang report (the job died)."""
+    without ending and without a hang report (the job died, or froze holding the GIL)."""
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
@@ -125,6 +125,6 @@ def watch_cmd(store: str, run_name: str, threshold_s: float | None, poll_s: floa
         limit = stale_s if stale_s is not None else max(30.0, 10 * interval)
         if beats and all(b.get("ended") or now - float(b.get("t") or now) > limit for b in beats.values()):
             click.echo(f"the ranks stopped beating (none for {limit:g} s) without ending and without a hang report: "
-                       "the job died", err=True)
+                       "the job died (or froze holding the GIL)", err=True)
             sys.exit(3)
         time.sleep(poll_s)

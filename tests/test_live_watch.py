@@ -59,6 +59,7 @@ def test_hang_report_written_while_the_job_hangs(hung):
     rep = reports[0]
     # the job's own clock: issued step 2's all-reduce, then the report, then the collective timeout
     assert ranks[0]["issued"]["2"] < rep["written_at"] < ranks[0]["timeout_at"], (ranks, rep["written_at"])
+    assert (rep["timeout_s"], rep["threshold_s"]) == (15, 4), "the process group's timeout, read in the job"
     assert rep["step"] == 2 and {r["step"] for r in rep["ranks"].values()} == {2}
     (g,) = rep["groups"]
     assert (g["desc"], g["op"], g["issued_by"], g["not_issued_by"]) == ("grads", "gloo:all_reduce", [0], [1])
@@ -94,7 +95,8 @@ def test_watch_prints_the_report_and_exits_1(hung):
     assert "rank 0: step" in out, "progress per rank before the hang"
 
 
-def test_watch_exits_0_on_a_healthy_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("evidence", ["1", "0"])
+def test_watch_exits_0_on_a_healthy_run(tmp_path, monkeypatch, evidence):
     import torch
     from click.testing import CliRunner
 
@@ -102,6 +104,7 @@ def test_watch_exits_0_on_a_healthy_run(tmp_path, monkeypatch):
     from graphdeck.cli import main as cli
 
     monkeypatch.setenv("GRAPHDECK_HEARTBEAT_S", "0.2")
+    monkeypatch.setenv("GRAPHDECK_GRAD_EVIDENCE", evidence)  # off: the heartbeat counts the steps itself
     agent = Agent(store=tmp_path / "h.db", run="ok")
     net = agent.watch(torch.nn.Linear(4, 1))
     model = torch.compile(net, backend=agent.backend("aot_eager"))
