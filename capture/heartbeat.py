@@ -21,7 +21,7 @@ while the job still hangs.
 # raised: the job ends as it would without graphdeck (by its collective timeout, typically).
 #
 # Heartbeat payload (JSON): ``{"t": wall s, "step": int | None, "groups": {pg: {"desc", "enqueued",
-# "completed", "since": wall s the pair last changed}}, "stalled": {"group", "seq", "for_s"} | None,
+# "completed", "since": wall s the pair last changed, "in_flight": bool | None (the entries asked)}}, "stalled": {"group", "seq", "for_s"} | None,
 # "threshold_s", "timeout_s", "interval_s", "ended": None | "close" | "exit", "beats": int}``.
 """
 
@@ -200,9 +200,14 @@ class Heartbeat:
             since = prev[1] if prev is not None and prev[0] == pair else now
             self._seen[pg] = (pair, since)
             desc = (config.get(pg) or {}).get("desc") if isinstance(config.get(pg), dict) else None
-            groups[pg] = {"desc": desc, "enqueued": pair[0], "completed": pair[1], "since": since}
-            if threshold is not None and pair[0] > pair[1] and now - since > threshold and not ended \
-                    and self._pending(pg, pair):
+            # in flight per the recorder's entries, asked once a suspect pair has held two beats
+            # (None: not asked); a collective only the lagging status calls open is not a stall
+            in_flight = None
+            if pair[0] > pair[1] and now - since >= min(2 * self.interval_s, threshold or float("inf")) and not ended:
+                in_flight = self._pending(pg, pair)
+            groups[pg] = {"desc": desc, "enqueued": pair[0], "completed": pair[1], "since": since,
+                          "in_flight": in_flight}
+            if threshold is not None and in_flight and now - since > threshold:
                 if stalled is None or since < stalled["since"]:
                     stalled = {"group": pg, "desc": desc, "seq": pair[0], "since": since,
                                "for_s": round(now - since, 3)}

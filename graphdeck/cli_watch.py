@@ -29,7 +29,8 @@ def _progress(beats: dict[int, dict], now: float) -> list[str]:
 
 
 def _stalled(beats: dict[int, dict], now: float, threshold_s: float | None) -> bool:
-    """A rank says it is stalled, or (with ``threshold_s``) a group's collective pending that long."""
+    """A rank says it is stalled, or (with ``threshold_s``) a group's collective in flight that long
+    (confirmed by the rank from its recorder's entries: gloo's completed count lags)."""
     for b in beats.values():
         if b.get("ended"):
             continue
@@ -37,7 +38,7 @@ def _stalled(beats: dict[int, dict], now: float, threshold_s: float | None) -> b
             return True
         if threshold_s is not None:
             for v in (b.get("groups") or {}).values():
-                if (v.get("enqueued") or 0) > (v.get("completed") or 0) and now - float(v.get("since") or now) > threshold_s:
+                if v.get("in_flight") and now - float(v.get("since") or now) > threshold_s:
                     return True
     return False
 

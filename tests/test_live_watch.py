@@ -48,12 +48,16 @@ def hung(tmp_path_factory):
         rows = s.execute(select(CompileEvent.rank, CompileEvent.name, CompileEvent.metadata_json, CompileEvent.payload)
                          .where(CompileEvent.name.in_(["graphdeck_hang_report", "graphdeck_heartbeat",
                                                        "graphdeck_stacks", "flight_recorder"]))).all()
-    return job, (watch.returncode, w_out, w_err), ranks, rows
+        from graphdeck.analysis.ranks.live import live_hang
+        from graphdeck.store.schema import Run
+
+        again = live_hang(s, s.scalar(select(Run.id).where(Run.name == "live")))  # after the job, from the store
+    return job, (watch.returncode, w_out, w_err), ranks, rows, again
 
 
 @pytest.mark.slow
 def test_hang_report_written_while_the_job_hangs(hung):
-    job, _watch, ranks, rows = hung
+    job, _watch, ranks, rows, again = hung
     reports = [json.loads(p) for _r, n, _m, p in rows if n == "graphdeck_hang_report"]
     assert len(reports) == 1, job.stderr[-3000:]
     rep = reports[0]
@@ -68,13 +72,16 @@ def test_hang_report_written_while_the_job_hangs(hung):
     assert r1["frame"].endswith(f"live_hang_job.py:{SLEEP_LINE} in train_step") and "time.sleep(40)" in r1["source"]
     assert r0["frame"].endswith(f"live_hang_job.py:{REDUCE_LINE} in train_step")
     assert r0["waiting"]["seq"] == 9 and r1["waiting"] is None, "gloo's lagging completed count is no stall"
+    assert [(g.group, g.seq, g.op, g.issued_by, g.not_issued_by) for g in again.groups] == \
+        [(g["group"], g["seq"], g["op"], g["issued_by"], g["not_issued_by"]) for g in rep["groups"]], \
+        "the stored report is what the stored evidence gives (the watch computes the same one itself)"
     text = "\n".join(rep["lines"])
     assert "at step 2" in text and "group 1 (grads): collective #9 gloo:all_reduce" in text and "time.sleep(40)" in text
 
 
 @pytest.mark.slow
 def test_each_rank_dumped_live_and_the_job_ended_by_its_own_timeout(hung):
-    job, _watch, ranks, rows = hung
+    job, _watch, ranks, rows, again = hung
     stall_dumps = {r for r, n, m, _p in rows if n == "flight_recorder" and json.loads(m)["reason"] == "stall"}
     assert stall_dumps == {0, 1}, "each live rank's watcher thread dumped its recorder"
     assert {r for r, n, _m, _p in rows if n == "graphdeck_stacks"} == {0, 1}
@@ -88,7 +95,7 @@ def test_each_rank_dumped_live_and_the_job_ended_by_its_own_timeout(hung):
 
 @pytest.mark.slow
 def test_watch_prints_the_report_and_exits_1(hung):
-    _job, (rc, out, err), _ranks, _rows = hung
+    _job, (rc, out, err), _ranks, _rows, _again = hung
     assert rc == 1, (out[-2000:], err[-2000:])
     assert "HANG (live: the job is still running) at step 2" in out
     assert f"live_hang_job.py:{SLEEP_LINE} in train_step: time.sleep(40)" in out
