@@ -292,12 +292,15 @@ class Heartbeat:
         writer.write_compile_events([{"name": STACKS, "compile_id": None,
                                       "metadata": {"reason": "stall", "step": mine.get("step")},
                                       "payload": json.dumps(python_stacks(), separators=(",", ":"))}])
-        if min(r for r, _g, _s in stalls) != writer.rank or (stalls & self._reported):
+        # the lowest stalled rank reports; for a watch's request alone (rank -1), the lowest rank
+        ranks = sorted(r for r, _g, _s in stalls if r >= 0) or sorted(r for r in beats if r >= 0)
+        if not ranks or ranks[0] != writer.rank or (stalls & self._reported):
             return
         self._reported |= stalls
-        self._gather_and_report(writer, beats, mine)
+        asked = beats.get(-1) if all(r < 0 for r, _g, _s in stalls) else None  # a watch's request alone
+        self._gather_and_report(writer, beats, (asked or mine).get("threshold_s"))
 
-    def _gather_and_report(self, writer, beats: dict[int, dict], mine: dict) -> None:
+    def _gather_and_report(self, writer, beats: dict[int, dict], threshold_s: float | None) -> None:
         """As the lowest stalled rank: wait for the live ranks' stacks, then write the report."""
         from sqlalchemy import select
         from sqlalchemy.orm import Session
@@ -310,7 +313,7 @@ class Heartbeat:
             after = s.scalar(select(CompileEvent.id).where(CompileEvent.run_id == writer.run_id,
                                                            CompileEvent.name == REPORT)
                              .order_by(CompileEvent.id.desc()).limit(1)) or 0
-        live = {r for r, b in beats.items() if not b.get("ended")
+        live = {r for r, b in beats.items() if r >= 0 and not b.get("ended")
                 and detected - float(b.get("t") or 0) < GATHER_BEATS * float(b.get("interval_s") or self.interval_s)}
         deadline = detected + GATHER_BEATS * self.interval_s
         while True:
@@ -322,7 +325,7 @@ class Heartbeat:
                 break
             time.sleep(min(0.25, self.interval_s / 4))
         text = write_hang_report(writer.engine, writer.run_id, rank=writer.rank, detected_at=detected,
-                                 threshold_s=mine.get("threshold_s"))
+                                 threshold_s=threshold_s)
         if text:
             print("\n".join(f"graphdeck: {line}" for line in text), file=sys.stderr, flush=True)
 

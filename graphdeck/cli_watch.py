@@ -28,19 +28,22 @@ def _progress(beats: dict[int, dict], now: float) -> list[str]:
     return out
 
 
-def _stalled(beats: dict[int, dict], now: float, threshold_s: float | None) -> bool:
-    """A rank says it is stalled, or (with ``threshold_s``) a group's collective in flight that long
-    (confirmed by the rank from its recorder's entries: gloo's completed count lags)."""
+def _stalled(beats: dict[int, dict], now: float, threshold_s: float | None) -> bool | dict | None:
+    """True: a rank says it is stalled (the agents answer it themselves). Else, with ``threshold_s``,
+    the oldest collective in flight that long (confirmed by its rank from the recorder's entries:
+    gloo's completed count lags) as ``{"group", "desc", "seq", "since", "for_s"}``; else None."""
+    if any(b.get("stalled") and not b.get("ended") for b in beats.values()):
+        return True
+    oldest = None
     for b in beats.values():
-        if b.get("ended"):
+        if threshold_s is None or b.get("ended"):
             continue
-        if b.get("stalled"):
-            return True
-        if threshold_s is not None:
-            for v in (b.get("groups") or {}).values():
-                if v.get("in_flight") and now - float(v.get("since") or now) > threshold_s:
-                    return True
-    return False
+        for g, v in (b.get("groups") or {}).items():
+            since = float(v.get("since") or now)
+            if v.get("in_flight") and now - since > threshold_s and (oldest is None or since < oldest["since"]):
+                oldest = {"group": g, "desc": v.get("desc"), "seq": v.get("enqueued"), "since": since,
+                          "for_s": round(now - since, 3)}
+    return oldest
 
 
 @click.command("watch")
@@ -66,7 +69,7 @@ def watch_cmd(store: str, run_name: str, threshold_s: float | None, poll_s: floa
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.ranks.live import heartbeats, live_hang, stored_report
+    from graphdeck.analysis.ranks.live import heartbeats, live_hang, request_evidence, stored_report
     from graphdeck.cli import _store_arg
     from graphdeck.store.db import display_url, open_engine
     from graphdeck.store.schema import Run
@@ -101,10 +104,19 @@ def watch_cmd(store: str, run_name: str, threshold_s: float | None, poll_s: floa
         with Session(engine) as s:
             beats = heartbeats(s, run_id)
             report = stored_report(s, run_id)
-        if report is None and _stalled(beats, now, threshold_s):
-            stall_seen = stall_seen or now
+        stall = _stalled(beats, now, threshold_s) if report is None else None
+        if stall:
             interval = max((float(b.get("interval_s") or 0) for b in beats.values()), default=1.0)
-            if now - stall_seen > 4 * interval + 1:  # the agents wrote none: the watch's own, from the store
+            if stall_seen is None:
+                stall_seen = now
+                if stall is not True:  # seen by the watch alone: the agents are asked for their evidence
+                    try:
+                        request_evidence(open_engine(store, create=False), run_id, stall, poll_s, threshold_s)
+                        click.echo(f"collective #{stall['seq']} of group {stall['group']} in flight "
+                                   f"{stall['for_s']:.0f} s: asked the ranks for their stacks and recorder")
+                    except Exception as exc:  # noqa: BLE001 - a store the watch cannot write: its own report
+                        click.echo(f"could not ask the ranks ({type(exc).__name__}: {exc})", err=True)
+            if now - stall_seen > 6 * interval + 2:  # no report from the agents: the watch's own, from the store
                 with Session(engine) as s:
                     report = live_hang(s, run_id, detected_at=stall_seen, threshold_s=threshold_s).to_dict()
                 report["by"] = "graphdeck watch"

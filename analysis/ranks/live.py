@@ -40,7 +40,7 @@ class RankNow:
     frame: str | None  # innermost user frame of the main thread: "file:line in fn"
     source: str | None  # that line's source text
     innermost: str | None  # innermost Python frame of the main thread (any code)
-    waiting: dict | None  # its stalled group per its heartbeat: {"group", "desc", "seq", "for_s"}
+    waiting: dict | None  # its stalled (else confirmed in-flight) collective per its heartbeat: {"group", "desc", "seq", "for_s"}
     beat_age_s: float | None  # seconds since its last heartbeat
     ended: str | None
 
@@ -76,11 +76,17 @@ class LiveHang:
         return d
 
 
+#: The rank of a ``graphdeck watch`` request row (a heartbeat row saying a stall the watch saw).
+WATCH_RANK = -1
+
+
 def heartbeats(session: Session, run_id: int) -> dict[int, dict]:
-    """Each rank's latest heartbeat payload (rank → dict as NOTE: [Live watch] gives)."""
+    """Each rank's latest heartbeat payload (rank → dict as NOTE: [Live watch] gives); a watch's
+    request row (:data:`WATCH_RANK`) is left out."""
     out: dict[int, dict] = {}
     for r, p in session.execute(select(CompileEvent.rank, CompileEvent.payload).where(
-            CompileEvent.run_id == run_id, CompileEvent.name == HEARTBEAT).order_by(CompileEvent.id)):
+            CompileEvent.run_id == run_id, CompileEvent.name == HEARTBEAT, CompileEvent.rank >= 0)
+            .order_by(CompileEvent.id)):
         try:
             out[r] = json.loads(p or "{}")
         except ValueError:
@@ -135,8 +141,12 @@ def live_hang(session: Session, run_id: int, *, detected_at: float | None = None
     for r in sorted(set(beats) | set(stacks)):
         b = beats.get(r, {})
         frame, source, inner = _where(_main_frames(stacks.get(r, {})))
+        waiting = b.get("stalled") or next(
+            ({"group": g, "desc": v.get("desc"), "seq": v.get("enqueued"),
+              "for_s": round(float(b.get("t") or now) - float(v.get("since") or now), 3)}
+             for g, v in sorted((b.get("groups") or {}).items()) if v.get("in_flight")), None)
         ranks[r] = RankNow(rank=r, step=b.get("step"), frame=frame, source=source, innermost=inner,
-                           waiting=b.get("stalled"), beat_age_s=round(now - b["t"], 3) if b.get("t") else None,
+                           waiting=waiting, beat_age_s=round(now - b["t"], 3) if b.get("t") else None,
                            ended=b.get("ended"))
     groups: list[LiveGroup] = []
     fr = flight_report(session, run_id)
@@ -151,6 +161,7 @@ def live_hang(session: Session, run_id: int, *, detected_at: float | None = None
         for r, rn in ranks.items():
             if rn.waiting:
                 by.setdefault((rn.waiting["group"], rn.waiting.get("desc"), rn.waiting["seq"]), []).append(r)
+
         for (g, desc, seq), rs in sorted(by.items(), key=lambda kv: str(kv[0])):
             groups.append(LiveGroup(group=g, desc=desc, seq=seq, op=None, sizes=None, issued_by=rs,
                                     not_issued_by=sorted(set(ranks) - set(rs)), no_dump=[]))
@@ -190,6 +201,23 @@ def _lines(h: LiveHang) -> list[str]:
     return out
 
 
+def request_evidence(engine, run_id: int, stalled: dict, interval_s: float, threshold_s: float | None = None) -> None:
+    """Ask the run's agents, through the store, for their stall evidence (the ``graphdeck watch
+    --threshold-s`` path): a heartbeat row of rank :data:`WATCH_RANK` saying ``stalled`` (``{"group",
+    "desc", "seq", "since", "for_s"}``); every live agent answers it at its next beat as it answers
+    a rank's stall, the lowest rank writing the report."""
+    from graphdeck.store.db import retrying, write_session
+
+    def do():
+        with write_session(engine) as s:
+            s.add(CompileEvent(run_id=run_id, rank=WATCH_RANK, name=HEARTBEAT, compile_id=None, metadata_json="{}",
+                               payload=json.dumps({"t": time.time(), "stalled": stalled, "by": "graphdeck watch",
+                                                   "interval_s": interval_s, "threshold_s": threshold_s,
+                                                   "ended": None})))
+
+    retrying(do)
+
+
 def write_hang_report(engine, run_id: int, *, rank: int, detected_at: float | None = None,
                       threshold_s: float | None = None) -> list[str]:
     """Compute :func:`live_hang` and store it as a ``graphdeck_hang_report`` record of ``rank``;
@@ -209,5 +237,5 @@ def write_hang_report(engine, run_id: int, *, rank: int, detected_at: float | No
     return h.lines
 
 
-__all__ = ["HEARTBEAT", "STACKS", "LiveGroup", "LiveHang", "RankNow", "REPORT", "heartbeats", "live_hang", "stored_report",
+__all__ = ["HEARTBEAT", "STACKS", "WATCH_RANK", "LiveGroup", "LiveHang", "RankNow", "REPORT", "heartbeats", "live_hang", "request_evidence", "stored_report",
            "write_hang_report"]
