@@ -38,7 +38,7 @@ import weakref
 
 #: compile_events names (the same as graphdeck.analysis.ranks.live, which reads them; kept here so that
 #: starting the agent imports no analysis).
-HEARTBEAT, STACKS = "graphdeck_heartbeat", "graphdeck_stacks"
+HEARTBEAT, STACKS, REQUEST = "graphdeck_heartbeat", "graphdeck_stacks", "graphdeck_watch_request"
 
 DEFAULT_INTERVAL_S = 2.0
 THRESHOLD_FRACTION = 0.5
@@ -264,14 +264,18 @@ class Heartbeat:
                     rid = conn.execute(insert(table).values(run_id=writer.run_id, rank=writer.rank, name=HEARTBEAT,
                                                             compile_id=None, metadata_json="{}", payload=text)
                                        ).inserted_primary_key[0]
-                rows = conn.execute(select(table.c.rank, table.c.payload).where(
-                    table.c.run_id == writer.run_id, table.c.name == HEARTBEAT,
-                    table.c.rank != writer.rank)).all() if read else []
+                rows = conn.execute(select(table.c.rank, table.c.name, table.c.payload).where(
+                    table.c.run_id == writer.run_id, table.c.name.in_((HEARTBEAT, REQUEST)))
+                    .order_by(table.c.id)).all() if read else []
             return rid, rows
 
         self._row, rows = retrying(do)
         out: dict[int, dict] = {}
-        for r, p in rows:
+        for r, name, p in rows:  # a watch's request (the latest) as rank -1
+            if name == REQUEST:
+                r = -1
+            elif r == writer.rank:
+                continue
             try:
                 out[r] = json.loads(p or "{}")
             except ValueError:

@@ -127,4 +127,4 @@ def test_watch_exits_0_on_a_healthy_run(tmp_path, monkeypatch, evidence):
     from graphdeck.analysis.ranks import live
     from graphdeck.capture import heartbeat
 
-    assert (heartbeat.HEARTBEAT, heartbeat.STACKS) == (live.HEARTBEAT, live.STACKS), "writer and reader agree"
+    assert (heartbeat.HEARTBEAT, heartbeat.STACKS, heartbeat.REQUEST) == (live.HEARTBEAT, live.STACKS, live.REQUEST)

@@ -76,13 +76,13 @@ class LiveHang:
         return d
 
 
-#: The rank of a ``graphdeck watch`` request row (a heartbeat row saying a stall the watch saw).
-WATCH_RANK = -1
+#: A ``graphdeck watch`` request: a stall the watch saw, asked of the agents (stored under rank 0:
+#: a rank the run has, so that no check counts a rank that is not; agents read it as "rank -1").
+REQUEST, WATCH_RANK = "graphdeck_watch_request", -1
 
 
 def heartbeats(session: Session, run_id: int) -> dict[int, dict]:
-    """Each rank's latest heartbeat payload (rank → dict as NOTE: [Live watch] gives); a watch's
-    request row (:data:`WATCH_RANK`) is left out."""
+    """Each rank's latest heartbeat payload (rank → dict as NOTE: [Live watch] gives)."""
     out: dict[int, dict] = {}
     for r, p in session.execute(select(CompileEvent.rank, CompileEvent.payload).where(
             CompileEvent.run_id == run_id, CompileEvent.name == HEARTBEAT, CompileEvent.rank >= 0)
@@ -203,14 +203,14 @@ def _lines(h: LiveHang) -> list[str]:
 
 def request_evidence(engine, run_id: int, stalled: dict, interval_s: float, threshold_s: float | None = None) -> None:
     """Ask the run's agents, through the store, for their stall evidence (the ``graphdeck watch
-    --threshold-s`` path): a heartbeat row of rank :data:`WATCH_RANK` saying ``stalled`` (``{"group",
+    --threshold-s`` path): a row saying ``stalled`` (``{"group",
     "desc", "seq", "since", "for_s"}``); every live agent answers it at its next beat as it answers
-    a rank's stall, the lowest rank writing the report."""
+    a rank's stall, the lowest rank writing the report. Stored as a :data:`REQUEST` record of rank 0."""
     from graphdeck.store.db import retrying, write_session
 
     def do():
         with write_session(engine) as s:
-            s.add(CompileEvent(run_id=run_id, rank=WATCH_RANK, name=HEARTBEAT, compile_id=None, metadata_json="{}",
+            s.add(CompileEvent(run_id=run_id, rank=0, name=REQUEST, compile_id=None, metadata_json="{}",
                                payload=json.dumps({"t": time.time(), "stalled": stalled, "by": "graphdeck watch",
                                                    "interval_s": interval_s, "threshold_s": threshold_s,
                                                    "ended": None})))
@@ -237,5 +237,5 @@ def write_hang_report(engine, run_id: int, *, rank: int, detected_at: float | No
     return h.lines
 
 
-__all__ = ["HEARTBEAT", "STACKS", "WATCH_RANK", "LiveGroup", "LiveHang", "RankNow", "REPORT", "heartbeats", "live_hang", "request_evidence", "stored_report",
+__all__ = ["HEARTBEAT", "REQUEST", "STACKS", "WATCH_RANK", "LiveGroup", "LiveHang", "RankNow", "REPORT", "heartbeats", "live_hang", "request_evidence", "stored_report",
            "write_hang_report"]
