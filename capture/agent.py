@@ -115,6 +115,9 @@ class Agent:
         self._evidence = None  # GradEvidence, made by watch() (NOTE: [Gradient evidence])
         self._reach: dict[int, tuple] = {}  # id(unsplit gm) -> (reach map, output names)
         self._flight = FlightDumps.start(self)  # Flight Recorder on; dumped on raise/SIGTERM/exit/close
+        from graphdeck.capture.heartbeat import Heartbeat
+
+        self._heartbeat = Heartbeat.start(self)  # NOTE: [Live watch]: progress in the store, hangs caught live
         self._parity = None  # NOTE: [Parity evidence] (parity.py): only under GRAPHDECK_PARITY
         try:
             from graphdeck.capture.parity import ParityCapture
@@ -521,7 +524,8 @@ class Agent:
                  ("process groups", lambda: write_record(self.writer)),
                  ("gradient evidence", lambda: self._evidence is not None and self._evidence.close()),
                  ("parity evidence", lambda: self._parity is not None and self._parity.close()),
-                 ("Flight Recorder dump", lambda: self._flight is not None and self._flight.write("close")))
+                 ("Flight Recorder dump", lambda: self._flight is not None and self._flight.write("close")),
+                 ("last heartbeat", lambda: self._heartbeat is not None and self._heartbeat.stop("close")))
         try:
             lost = []
             for what, part in parts:
@@ -565,6 +569,8 @@ def _flush_at_exit(ref, closed: bool | None = None) -> None:
             agent._evidence.flush(closed=closed)
         if getattr(agent, "_parity", None) is not None:
             agent._parity.flush()
+        if getattr(agent, "_heartbeat", None) is not None and closed:
+            agent._heartbeat.stop("exit")
     except Exception:  # noqa: BLE001 - never fail the interpreter's exit
         pass
 

@@ -30,6 +30,7 @@ from graphdeck import (
     cli_replay,
     cli_serve,
     cli_summary,
+    cli_watch,
 )
 from graphdeck.cli_common import (  # noqa: F401 (re-exported for callers of graphdeck.cli)
     DEFAULT_STORE,
@@ -55,6 +56,7 @@ COMMAND_MODULES = (
     cli_replay,
     cli_serve,
     cli_summary,
+    cli_watch,
 )
 
 
