@@ -70,7 +70,7 @@ def watch_cmd(store: str, run_name: str, threshold_s: float | None, poll_s: floa
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.ranks.live import heartbeats, live_hang, request_evidence, stored_report
-    from graphdeck.cli import _store_arg
+    from graphdeck.cli_common import _store_arg
     from graphdeck.store.db import display_url, open_engine
     from graphdeck.store.schema import Run
 
