@@ -109,18 +109,22 @@ def to_text(h: CompileHealth) -> str:
     if len(alike) > 20:
         lines.append(f"  … and {len(alike) - 20} more (all in --format json)")
     lines.append("compile time (frames' forward compiles + backward compiles) and caches per rank:")
-    same: dict[str, list[tuple[int, float]]] = {}
+    same: dict[str, list[tuple[int, float, float, float]]] = {}
     for r, rh in h.ranks.items():
         st = rh.stats
         caches = ", ".join(f"{CACHE_NAMES[k]} {v['hit']} hit / {v['miss']} miss" for k, v in st.cache.items()
                            if v["hit"] or v["miss"] or v["bypass"]) or "no cache counts"
-        split = (f" (frames {st.frame_compile_s:.2f} s + backward {st.bwd_compile_s:.2f} s)" if st.bwd_compile_s else "")
+        split = " (frames {} + backward {})" if st.bwd_compile_s else ""
         same.setdefault(f"{st.compiles} compile(s), {{}}{split}; {caches} ({st.cache_source})", []).append(
-            (r, st.compile_s))
-    for text, got in same.items():  # compile time as a range over the ranks alike (the spread line names them)
-        lo, hi = min(t for _, t in got), max(t for _, t in got)
-        secs = f"{lo:.2f} s" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f} s"
-        lines.append(f"  {_ranks_phrase([r for r, _ in got])}: " + text.format(secs))
+            (r, st.compile_s, st.frame_compile_s, st.bwd_compile_s))
+
+    def span(values) -> str:  # seconds as a range over the ranks alike (the spread line names them)
+        lo, hi = min(values), max(values)
+        return f"{lo:.2f} s" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f} s"
+
+    for text, got in same.items():
+        lines.append(f"  {_ranks_phrase([g[0] for g in got])}: "
+                     + text.format(*(span([g[i] for g in got]) for i in (1, 2, 3))))
     ct = h.spread.get("compile_s")
     if ct and ct.get("spread") is not None:
         lines.append(f"  spread: compile time {ct['spread']:.2f} s (rank {ct['min_rank']} {ct['min']:.2f} s .. "

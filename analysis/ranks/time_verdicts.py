@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.ranks.records import _ranks_text
 from graphdeck.store.schema import CompileEvent, GradStep
 
 #: Share of the collective timeout from which a wait is a WARN (the checks' ``warn_fraction``).
@@ -223,7 +224,7 @@ def skew_finding(session: Session, run, skew, warn_fraction: float = WARN_FRACTI
         "step unknown (no profiler step or gradient evidence reaches that collective)"
     f.message = (f"{head}: compile skew at {step}: rank {skew.slowest} compiled {slow.before_first_collective_s:.1f} s "
                  f"before its first collective, rank {skew.fastest} {fast.before_first_collective_s:.1f} s; ranks "
-                 f"{waiting} waited about {skew.skew_s:.1f} s in {f.collective or 'that collective'}"
+                 f"{_ranks_text(waiting)} waited about {skew.skew_s:.1f} s in {f.collective or 'that collective'}"
                  + (f" issued {f.place}" if f.place else "")
                  + f": {f.share:.0%} of the {timeout:g} s collective timeout ({source})"
                  + ("; the job died there (its last Flight Recorder entry, dumped as it ended on an error)" if died else "")
@@ -297,7 +298,7 @@ def died_finding(session: Session, run, warn_fraction: float = WARN_FRACTION, me
         return (f"rank {r} compiled {spent[r][0]:.1f} s" + (f" (compiles {', '.join(spent[r][1])})" if spent[r][1] else ""))
     f.message = (f"{head}: compile skew at {step}: the job died in {f.collective}"
                  + (f" issued {f.place}" if f.place else "") + "; since its previous collective "
-                 + ", ".join(one(r) for r in [late, *waiting]) + f": ranks {waiting} waited about {skew_s:.1f} s for "
+                 + ", ".join(one(r) for r in [late, *waiting]) + f": ranks {_ranks_text(waiting)} waited about {skew_s:.1f} s for "
                  f"rank {late}, {f.share:.0%} of the {timeout:g} s collective timeout ({source})")
     f.cause = f"rank {late} compiling: " + one(late)
     return f
@@ -396,7 +397,7 @@ def straggler_finding(session: Session, report, matched: dict, timing: dict,
                 f"{k} {v:.2f} s" for k, v in f.split_s.items() if v)
     head = {"FAIL": "FAIL", "WARN": "WARN", "NOTE": "note"}[verdict]
     step = f"step {f.step}" if f.step is not None else "step unknown (the collective is in no profiler step)"
-    f.message = (f"{head}: straggler at {step}: ranks {waiting} waited {wait_s:.2f} s for rank {late} in "
+    f.message = (f"{head}: straggler at {step}: ranks {_ranks_text(waiting)} waited {wait_s:.2f} s for rank {late} in "
                  f"{f.collective}" + (f" issued {f.place}" if f.place else "")
                  + f" ({f.share:.1%} of the {timeout:g} s collective timeout, {source})"
                  + (f"; cause: {f.cause}" if f.cause else ""))
@@ -486,7 +487,7 @@ def hang_steps(session: Session, report, limit: int = 8) -> list[str]:
                 place = stack_place(e.stack) or ("inside a compiled region" if e.compiled else None)
                 head = "" if what == "issued it" else f"{e.op} #{e.seq} of group {e.group} "
                 by.setdefault(f"{what} {head}{place or '(no stack recorded)'}", []).append(r)
-            sides += [f"ranks {rs2} {text}" for text, rs2 in by.items()]
+            sides += [f"ranks {_ranks_text(rs2)} {text}" for text, rs2 in by.items()]
         told = ", ".join(f"rank {r} step {steps[r]}" for r in ranks[:limit] if r in steps)
         out.append(f"hang step: group {m.desc or m.group} collective #{m.seq} {m.op or ''}".rstrip() + ": "
                    + ("; ".join(sides) + "; " if sides else "")
