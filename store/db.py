@@ -495,9 +495,7 @@ STALE_INGEST_S, STALE_PROBE_S = 1800.0, 30.0
 def sweep_dead_ingests(engine: Engine) -> list[int]:
     """Delete traces still ``ingesting`` whose writer ran on this host and is gone (NOTE: [Writer
     stamps]), at once: no age, no probe. Returns their ids; cheap when there are none (one query)."""
-    from sqlalchemy import delete
-
-    from graphdeck.store.schema import Trace, TraceEvent
+    from graphdeck.store.schema import Trace
     from graphdeck.store.writers import WRITER_KEY, alive
 
     def writer(meta_json):
@@ -509,23 +507,29 @@ def sweep_dead_ingests(engine: Engine) -> list[int]:
 
     with engine.connect() as conn:
         rows = conn.execute(select(Trace.id, Trace.meta_json).where(Trace.status == "ingesting")).all()
-    swept = []
-    for tid, meta_json in rows:
-        if alive(writer(meta_json)) is not False:
-            continue
+    return [tid for tid, meta_json in rows if alive(writer(meta_json)) is False
+            and _drop_trace_if(engine, tid, lambda s, meta: alive(writer(meta)) is False)]
 
-        def drop(tid=tid) -> bool:
-            with write_session(engine) as s:
-                row = s.execute(select(Trace.status, Trace.meta_json).where(Trace.id == tid).with_for_update()).first()
-                if row is None or row[0] != "ingesting" or alive(writer(row[1])) is not False:
-                    return False
-                s.execute(delete(TraceEvent).where(TraceEvent.trace_id == tid))
-                s.execute(delete(Trace).where(Trace.id == tid))
-                return True
 
-        if retrying(drop):
-            swept.append(tid)
-    return swept
+def _drop_trace_if(engine: Engine, trace_id: int, still_dead) -> bool:
+    """Delete trace ``trace_id`` and its events in one transaction that locks the trace row,
+    when it is still ``ingesting`` and ``still_dead(session, meta_json)`` holds (a writer that
+    finished meanwhile is never cut short). Returns whether it was deleted; retried on a lock."""
+    from sqlalchemy import delete
+
+    from graphdeck.store.schema import Trace, TraceEvent
+
+    def drop() -> bool:
+        with write_session(engine) as s:
+            row = s.execute(select(Trace.status, Trace.meta_json).where(Trace.id == trace_id)
+                            .with_for_update()).first()
+            if row is None or row[0] != "ingesting" or not still_dead(s, row[1]):
+                return False
+            s.execute(delete(TraceEvent).where(TraceEvent.trace_id == trace_id))
+            s.execute(delete(Trace).where(Trace.id == trace_id))
+            return True
+
+    return retrying(drop)
 
 
 def sweep_stale_traces(engine: Engine, *, older_than_s: float | None = None, probe_s: float | None = None,
@@ -541,7 +545,7 @@ def sweep_stale_traces(engine: Engine, *, older_than_s: float | None = None, pro
     """
     import datetime as dt
 
-    from sqlalchemy import delete, func
+    from sqlalchemy import func
 
     from graphdeck.store.schema import Trace, TraceEvent
 
@@ -562,17 +566,4 @@ def sweep_stale_traces(engine: Engine, *, older_than_s: float | None = None, pro
     if not old:
         return []
     sleep(probe_s)
-    swept = []
-    for tid in old:
-        def drop(tid=tid) -> bool:
-            with write_session(engine) as s:
-                status = s.scalar(select(Trace.status).where(Trace.id == tid).with_for_update())
-                if status != "ingesting" or progress(s, tid) != before[tid]:
-                    return False
-                s.execute(delete(TraceEvent).where(TraceEvent.trace_id == tid))
-                s.execute(delete(Trace).where(Trace.id == tid))
-                return True
-
-        if retrying(drop):
-            swept.append(tid)
-    return swept
+    return [tid for tid in old if _drop_trace_if(engine, tid, lambda s, _meta, tid=tid: progress(s, tid) == before[tid])]
