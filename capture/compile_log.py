@@ -4,6 +4,7 @@ they are logged: which records, how long a payload may be, and the logging handl
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -135,15 +136,12 @@ def _listens(h: logging.Handler) -> bool:
     return True
 
 
-_TS_CODE: list = []
-
-
+@functools.cache
 def _trace_structured_code():
-    if not _TS_CODE:
-        from torch._logging import _internal
+    """The code object of torch's ``trace_structured`` (the frame that asks the truth test)."""
+    from torch._logging import _internal
 
-        _TS_CODE.append(getattr(getattr(_internal, "trace_structured", None), "__code__", None))
-    return _TS_CODE[0]
+    return getattr(getattr(_internal, "trace_structured", None), "__code__", None)
 
 
 def listen(handler: _CompileEventHandler) -> None:
