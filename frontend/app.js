@@ -1,7 +1,7 @@
 // graphdeck dashboard: a hash-routed page over the JSON API served by graphdeck.server.
 //
 // Pages: #/runs, #/runs/<id>, #/runs/<id>/rank/<r>, #/runs/<id>/ranks, #/runs/<id>/map, #/graphs/<id>/memory, #/graphs/<id>[?node=<fx node name>], #/traces/<id>,
-// #/diff?a=<run>&b=<run>.
+// #/diff?a=<run>&b=<run>, #/parity?a=<sharded run>&b=<reference run>.
 //
 // Modules (ES modules, no build step):
 //   app.js      this router
@@ -13,6 +13,7 @@
 //   compile.js  the run page's compile records (frame compile metrics, graph-break reasons)
 //   compare.js  two graphs side by side: diff marks, forward/backward seq_nr links
 //   diff.js     run B against run A (#/diff?a=&b=): findings of diff-runs, each linking both runs' graphs
+//   parity.js   a sharded run against its unsharded reference (#/parity?a=&b=): gradients per parameter
 //   graph.js    the graph page: node search and selection, long-edge stubs, node details, related graphs
 //   viewer.js   the graph page's SVG viewer: safe import, pan/zoom, the initial view
 //   map.js      the parallel map (#/runs/<id>/map): stage → TP group → replicas, per-rank badges
@@ -47,6 +48,7 @@ const routes = [
   [/^\/traces\/(\d+)\/replay$/, lazy("./replay.js", "renderReplay")], // ?step=&step_interval_ms=&highlight=
   [/^\/runs\/([^/]+)\/timeline$/, lazy("./replay.js", "renderRunTimeline")], // every rank on one aligned axis
   [/^\/diff$/, lazy("./diff.js", "renderDiff")], // run B against run A (?a=&b=): diff-runs' findings, both runs' graphs linked
+  [/^\/parity$/, lazy("./parity.js", "renderParity")], // sharded run A against its reference B (?a=&b=): gradients per parameter
 ];
 
 let current = null; // the page on screen: {path, alive(), update?(query)}

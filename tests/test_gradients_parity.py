@@ -104,6 +104,46 @@ def test_cross_entropy_under_loss_parallel_passes(launched):
             assert n >= 1, run
 
 
+@pytest.mark.slow
+def test_dashboard_parity_page_says_what_the_cli_says(launched, browser):
+    """The parity page (#/parity) over the real app and Chromium: the verdict, each parameter's
+    status, the first differing node with its forward line and meaning, the fix and the
+    consequence, the same sentences as ``graphdeck parity``'s text; a run named ``X-sharded``
+    reached from its run page proposes ``X-reference``."""
+    from tests.conftest import LiveServer
+
+    db, out = launched
+    text = out["handwritten"][1]
+    with LiveServer(db) as srv:
+        page = browser.new_page()
+        try:
+            page.goto(srv.url + "/#/parity?a=handwritten-sharded&b=handwritten-reference")
+            page.wait_for_selector("[data-testid=parity-verdict]")
+            assert page.inner_text("[data-testid=parity-verdict]").startswith("FAIL")
+            rows = page.locator("#parity-params tr[data-param]")
+            got = {rows.nth(i).get_attribute("data-param"): rows.nth(i).get_attribute("data-status")
+                   for i in range(rows.count())}
+            assert got == dict.fromkeys(["embed.weight", "proj.weight", "proj.bias", "lm_head.weight"], "DIFFER")
+            node = page.inner_text("[data-testid=parity-first-node]")
+            assert "LogSoftmaxBackward0" in node and "grad_parity_job.py:" in node
+            meaning = page.inner_text("[data-testid=parity-node-meaning]")
+            assert meaning in text and "the difference starts at this node" in meaning
+            consequence = page.inner_text("[data-testid=parity-consequence]").removeprefix("Consequence: ")
+            assert f"consequence: {consequence}" in text
+            assert "190746" in page.inner_text("[data-testid=parity-fix]")
+
+            page.goto(srv.url + "/#/runs/handwritten-sharded")  # the run page's link opens the pickers
+            page.click("[data-testid=parity-link]")
+            page.wait_for_selector("[data-testid=pick-b]")
+            chosen = page.eval_on_selector("[data-testid=pick-b]", "s => s.options[s.selectedIndex].text")
+            assert chosen.startswith("handwritten-reference"), chosen
+            page.click("form.diff-pick button")
+            page.wait_for_selector("[data-testid=parity-verdict]")
+            assert page.inner_text("[data-testid=parity-verdict]").startswith("FAIL")
+        finally:
+            page.close()
+
+
 def _plain_grads(case: str) -> dict:
     """The job's step 0 in one process without DTensor: the unsharded model's gradients."""
     import importlib.util

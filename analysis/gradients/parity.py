@@ -77,6 +77,17 @@ class NodeParity:
     unmatched_before: int  # reference nodes before it that could not be compared
     unmatched_nodes: list[str] = field(default_factory=list)  # the first of them: "Name (file:line)"
 
+    def meaning(self) -> str:
+        """What ``incoming`` says about where the difference starts (one sentence, shown by the
+        text, the JSON's ``first_node.meaning`` and the page alike)."""
+        if self.incoming == "match":
+            return ("the gradient it receives matches the reference's and the one it computes does not: "
+                    "the difference starts at this node")
+        if self.incoming == "differ":
+            return ("the gradient it receives already differs: the difference starts before it"
+                    + (", among the nodes that could not be compared" if self.unmatched_before else ""))
+        return "the gradient it receives could not be compared"
+
 
 @dataclass
 class ParityReport:
@@ -93,8 +104,20 @@ class ParityReport:
     incomplete: list[str] = field(default_factory=list)
     fix: str | None = None
 
+    def consequence(self) -> str | None:
+        """The FAIL told in the job's terms (None unless FAIL)."""
+        if self.verdict != "FAIL":
+            return None
+        bad = [p.name for p in self.params if p.status == "DIFFER"]
+        loss_ok = bool(self.loss) and self.loss["status"] == "MATCH"
+        return (f"the sharded job does not train the model the unsharded one trains (gradients of "
+                f"{', '.join(bad)} differ at step {self.step})" + ("; its loss still looks right" if loss_ok else ""))
+
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["consequence"] = self.consequence()
+        if self.first_node is not None:
+            d["first_node"]["meaning"] = self.first_node.meaning()
         d["tolerance"] = {k: {"rtol": r, "atol": a} for k, (r, a) in TOLERANCE.items()}
         return d
 

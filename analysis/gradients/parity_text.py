@@ -36,14 +36,7 @@ def render(rep) -> str:
         lines.append(f"  first differing backward node: {n.name} (backward {n.backward}, node {n.index + 1} of {n.of} "
                      f"in the reference's order" + (f"; made by {n.source}" if n.source else "") + f"): max "
                      f"|sharded - reference| {_g(n.diff)}, max |reference| {_g(n.scale)}")
-        if n.incoming == "match":
-            lines.append("    the gradient it receives matches the reference's and the one it computes does not: "
-                         "the difference starts at this node")
-        elif n.incoming == "differ":
-            lines.append("    the gradient it receives already differs: the difference starts before it"
-                         + (", among the nodes that could not be compared" if n.unmatched_before else ""))
-        else:
-            lines.append("    the gradient it receives could not be compared")
+        lines.append(f"    {n.meaning()}")
         if n.unmatched_before:
             more = n.unmatched_before - len(n.unmatched_nodes)
             lines.append(f"    {n.unmatched_before} node(s) before it could not be compared (rank-local values or no "
@@ -56,10 +49,6 @@ def render(rep) -> str:
         lines.append(f"  note: {note}")
     if rep.fix:
         lines.append(f"  fix: {rep.fix}")
-    if rep.verdict == "FAIL":
-        bad = [p.name for p in rep.params if p.status == "DIFFER"]
-        loss_ok = bool(rep.loss) and rep.loss["status"] == "MATCH"
-        lines.append(f"  consequence: the sharded job does not train the model the unsharded one trains (gradients "
-                     f"of {', '.join(bad)} differ at step {rep.step})"
-                     + ("; its loss still looks right" if loss_ok else ""))
+    if rep.consequence():
+        lines.append(f"  consequence: {rep.consequence()}")
     return "\n".join(lines)
