@@ -100,3 +100,65 @@ def test_replica_rules_on_stored_records(tmp_path):
     rc, rep = _check(store, "apart")
     f = [f for f in rep["findings"] if f["kind"] == "REPLICA_DIVERGENCE"]
     assert rc == 1 and "gradients agree but their parameters differ" in f[0]["message"], f
+
+
+def _reference_wsum(t: torch.Tensor) -> float:
+    """``sum_j t_j * w_j``, ``w_j = 1 + (j mod 251) / 251`` in the tensor's dtype, in float64."""
+    flat = t.reshape(-1)
+    w = (1 + (torch.arange(flat.numel()) % 251).float() / 251).to(t.dtype).double()
+    return float(flat.double() @ w)
+
+
+def _aten_calls(fn) -> int:
+    """Operators that compute (launch a kernel on a GPU) while ``fn`` runs; views are not counted."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+def test_batched_fingerprints_match_the_definition_in_a_few_launches(monkeypatch):
+    """NOTE: [Batched fingerprints on accelerators]: the batched path (used on GPUs, forced here
+    on CPU) gives the definition's value for every size class (under a period, not a multiple of
+    it, over the per-tensor chunk, over the batch's share, non-contiguous, bf16) and over several
+    staging buffers; its op count does not grow with the number of tensors (the H100's +75% on a
+    fingerprinted GPT-2 step was launches: a few hundred per step), where the per-tensor path's does."""
+    import graphdeck.capture.grad_prints as gp
+
+    torch.manual_seed(0)
+    ts = [torch.randn(s) for s in [(3,), (251,), (252,), (1000, 7), (1 << 21,), (7, 5)]]
+    ts += [torch.randn(40, 30).t(), torch.randn(5000).to(torch.bfloat16), torch.randn(5 << 20)]
+    for batched in (False, True):
+        got = gp.Fingerprinter(batched=batched)(list(ts))
+        for t, (norm, wsum) in zip(ts, got):
+            ref = _reference_wsum(t)
+            tol = (2e-2 if t.dtype == torch.bfloat16 and not batched else 1e-5) * max(1.0, t.float().abs().sum().item())
+            assert abs(wsum - ref) <= tol, (batched, t.shape, t.dtype, wsum, ref)
+            assert abs(norm - t.double().norm().item()) <= 1e-3 * norm  # float32 accumulation (torch._foreach_norm)
+    monkeypatch.setattr(gp, "_BATCH_ELEMS", 4096)  # several staging buffers, one tensor alone in one
+    small = [torch.randn(n) for n in (700, 900, 1000, 251, 1)]
+    for t, (_, wsum) in zip(small, gp.Fingerprinter(batched=True)(list(small))):
+        assert abs(wsum - _reference_wsum(t)) <= 1e-4 * max(1.0, t.abs().sum().item())
+    monkeypatch.undo()
+
+    t = torch.randn(1000)  # what the norm cannot see, the weighted sum does
+    base = gp.Fingerprinter(batched=True)([t])[0][1]
+    assert gp.Fingerprinter(batched=True)([-t])[0][1] == -base
+    assert abs(gp.Fingerprinter(batched=True)([t.flip(0)])[0][1] - base) > 1e-3
+
+    def calls(batched: bool, n: int) -> int:
+        fp = gp.Fingerprinter(batched=batched)
+        many = [torch.randn(64, 32) for _ in range(n)]
+        fp(list(many))  # the layout is built once per set of sizes
+        return _aten_calls(lambda: fp(list(many)))
+
+    assert calls(True, 120) <= calls(True, 10) + 2, (calls(True, 10), calls(True, 120))
+    assert calls(False, 120) > 5 * calls(False, 10)
