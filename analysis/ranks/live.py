@@ -218,6 +218,22 @@ def _with_texts(report: dict) -> dict:
     return report
 
 
+def stack_lines(session: Session, run_id: int) -> list[str]:
+    """Each rank's place from its latest stored stacks (the live watch's, or an imported debug
+    server dump's): ``rank R: now at FILE:LINE in FN: SOURCE`` (the innermost user frame of the main
+    thread, as the hang report finds it), with ``(the same in the last N dumps, over S s)`` when
+    several periodic dumps showed it (NOTE: [Debug-server dumps] in store/debug_dumps.py)."""
+    out = []
+    for r, st in sorted(_stacks(session, run_id).items()):
+        frame, source, inner = _where(_main_frames(st))
+        same = st.get("same_for") or {}
+        out.append(f"rank {r}: " + (f"now at {frame or inner}" if (frame or inner) else "no main-thread stack")
+                   + (f": {source}" if source else "")
+                   + (f" (the same in the last {same['snapshots']} dumps, over {same['seconds']:g} s)"
+                      if (same.get("snapshots") or 0) > 1 else ""))
+    return out
+
+
 #: A rank with no heartbeat for this many of its intervals (at least :data:`STALE_MIN_S`) that did
 #: not end has stopped beating: the job died or froze holding the GIL (``graphdeck watch`` exit 3).
 STALE_BEATS, STALE_MIN_S = 10, 30.0
@@ -340,5 +356,6 @@ def write_hang_report(engine, run_id: int, *, rank: int, detected_at: float | No
 
 
 __all__ = ["HEARTBEAT", "REQUEST", "STACKS", "WATCH_RANK", "LiveGroup", "LiveHang", "RankNow", "REPORT", "heartbeats",
-           "live_hang", "live_state", "progress_lines", "request_evidence", "stale_limit_s", "stored_report",
+           "live_hang", "live_state", "progress_lines", "request_evidence", "stack_lines", "stale_limit_s",
+           "stored_report",
            "write_hang_report"]
