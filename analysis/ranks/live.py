@@ -202,7 +202,16 @@ def _lines(h: LiveHang) -> list[str]:
     limit = f" (threshold {h.threshold_s:g} s of a {h.timeout_s:g} s collective timeout)" if h.timeout_s and \
         h.threshold_s else ""
     return ([f"HANG (live: the job is still running) at {step}{limit}"] + [f"  {_group_line(g)}" for g in h.groups]
-            + [f"  {_rank_line(rn)}" for _r, rn in sorted(h.ranks.items())])
+            + [f"  {line}" for line in _merged([rn for _r, rn in sorted(h.ranks.items())])])
+
+
+def _merged(ranks: list[RankNow]) -> list[str]:
+    """:func:`_rank_line` of each rank, ranks whose lines read the same but for the rank merged
+    (``ranks [2-63] (step 2): now at …``: one line for 1,024 ranks stuck alike)."""
+    alike: dict[str, list[int]] = {}
+    for rn in ranks:
+        alike.setdefault(_rank_line(rn)[len(f"rank {rn.rank}"):], []).append(rn.rank)
+    return [(f"ranks {_ranks_text(rs)}" if len(rs) > 1 else f"rank {rs[0]}") + rest for rest, rs in alike.items()]
 
 
 def _with_texts(report: dict) -> dict:
@@ -271,6 +280,7 @@ def live_state(session: Session, run_id: int, *, world_size: int | None = None, 
          "poll_s": seconds between two beats, "threshold_s", "timeout_s", "world_size",
          "ranks": [{"rank", "step": optimizer steps taken | None, "beat_age_s", "interval_s",
                     "ended": None | "close" | "exit", "stalled": {"group", "desc", "seq", "for_s"} | None,
+                    "beating": not ended and a heartbeat within :func:`stale_limit_s`,
                     "groups": [{"group", "desc", "enqueued", "completed", "in_flight": bool | None,
                                 "pending_s": seconds enqueued > completed held | None}]}],
          "lines": :func:`progress_lines`, "report": :func:`stored_report` | None (each of its
@@ -285,6 +295,7 @@ def live_state(session: Session, run_id: int, *, world_size: int | None = None, 
     now = time.time() if now is None else now
     beats = heartbeats(session, run_id)
     report = stored_report(session, run_id)
+    limit = stale_limit_s(beats)
     ranks = []
     for r, b in sorted(beats.items()):
         groups = []
@@ -293,11 +304,12 @@ def live_state(session: Session, run_id: int, *, world_size: int | None = None, 
             pending = (round(now - float(v["since"]), 3) if v.get("since") and (enq or 0) > (done or 0) else None)
             groups.append({"group": g, "desc": v.get("desc"), "enqueued": enq, "completed": done,
                            "in_flight": v.get("in_flight"), "pending_s": pending})
+        age = now - float(b["t"]) if b.get("t") else None
         ranks.append({"rank": r, "step": b.get("step"),
-                      "beat_age_s": round(now - float(b["t"]), 3) if b.get("t") else None,
+                      "beating": not b.get("ended") and age is not None and age <= limit,
+                      "beat_age_s": round(age, 3) if age is not None else None,
                       "interval_s": b.get("interval_s"), "ended": b.get("ended"),
                       "stalled": b.get("stalled") if not b.get("ended") else None, "groups": groups})
-    limit = stale_limit_s(beats)
     gone = bool(beats) and all(b.get("ended") or now - float(b.get("t") or now) > limit for b in beats.values())
     if not beats and report is None:
         state = "none"
