@@ -181,6 +181,33 @@ def _ingest_export(engine, trace_file: str, run_name: str, rank: int | None, str
         click.echo(json.dumps({str(r.rank): r.stats for r in results}, indent=2, default=str))
 
 
+def _import_debug(engine, files: list[str], run_name: str, others: bool) -> None:
+    """Store the stacks of torch.distributed.debug's periodic dumps among ``files`` and print each
+    rank's place (NOTE: [Debug-server dumps]); with ``others`` (other inputs given), dumps without a
+    stack are named as skipped instead of failing the import."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.ranks.live import stack_lines
+    from graphdeck.analysis.ranks.records import _ranks_text
+    from graphdeck.store.debug_dumps import import_debug_dumps
+
+    try:
+        dbg = import_debug_dumps(engine, files, run_name=run_name)
+    except BadInputError as exc:
+        if not others:
+            raise
+        click.echo(f"  skipped torch.distributed.debug files: {exc.message}", err=True)
+        return
+    click.echo(f"torch.distributed.debug stacks: ranks {_ranks_text(dbg.ranks)}, the latest of {dbg.snapshots} "
+               f"periodic dump(s) ({dbg.first} to {dbg.last})"
+               + "".join(f"; rank {r} did not answer: {w}" for r, w in sorted(dbg.no_answer.items())))
+    with Session(engine) as s:
+        for line in stack_lines(s, dbg.run_id):
+            click.echo(f"  {line}")
+    for x in dbg.skipped:
+        click.echo(f"  skipped {x}", err=True)
+
+
 @click.command("import")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--store", default=DEFAULT_STORE, show_default=True,
@@ -206,7 +233,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
     try:
         found = discover(paths)
         from graphdeck.analysis.memory.snapshots import import_snapshot, is_snapshot
-        from graphdeck.store.debug_dumps import dump_kind, import_debug_dumps
+        from graphdeck.store.debug_dumps import dump_kind
 
         # torch.distributed.debug's periodic dump folder (NOTE: [Debug-server dumps])
         debug = [f for f in found if dump_kind(f)]
@@ -221,20 +248,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
         logs = [p for p in logs if not (Path(p).is_dir() and accounted and set(discover([p])) <= accounted)]
         refused: list[str] = []  # files refused: exit 2 once the rest is kept
         if debug:
-            dbg = import_debug_dumps(open_engine(store), debug, run_name=run_name)
-            from graphdeck.analysis.ranks.live import stack_lines
-            from graphdeck.analysis.ranks.records import _ranks_text
-
-            click.echo(f"torch.distributed.debug stacks: ranks {_ranks_text(dbg.ranks)}, the latest of {dbg.snapshots} "
-                       f"periodic dump(s) ({dbg.first} to {dbg.last})"
-                       + "".join(f"; rank {r} did not answer: {w}" for r, w in sorted(dbg.no_answer.items())))
-            from sqlalchemy.orm import Session
-
-            with Session(open_engine(store)) as s:
-                for line in stack_lines(s, dbg.run_id):
-                    click.echo(f"  {line}")
-            for x in dbg.skipped:
-                click.echo(f"  skipped {x}", err=True)
+            _import_debug(open_engine(store), debug, run_name, others=bool(logs or fr_files or kineto or snapshots))
         try:
             fr = import_flight_dumps(open_engine(store), [], run_name=run_name, strict=strict, files=fr_files) \
                 if fr_files else None

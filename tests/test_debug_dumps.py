@@ -131,3 +131,24 @@ def test_parse_stacks_ranks_that_did_not_answer_and_threads():
     main = [th for th in ranks[0]["threads"] if th["main"]]
     assert [th["name"] for th in main] == ["0x03"] and [f[:3] for f in main[0]["frames"]] == \
         [["/job/a.py", 20, "<module>"], ["/job/a.py", 7, "step"]]
+
+
+def test_a_dump_without_a_stack_never_fails_the_other_files(tmp_path):
+    """A stacks file cut while the dumper wrote it (empty) beside real Flight Recorder dumps: the
+    dumps are imported, the file named as skipped (exit 0); alone, it is bad input (exit 2)."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for r in (0, 1):
+        shutil.copy(REPO / "tests" / "data" / "flight" / f"fr_dump_{r}", folder / f"fr_dump_{r}")
+    (folder / "stacks_20260101_000000.txt").write_text("")
+
+    def cli(path, run):
+        return subprocess.run([sys.executable, "-m", "graphdeck.cli", "import", str(path), "--store",
+                               str(tmp_path / "s.db"), "--run", run], capture_output=True, text=True, timeout=120, cwd=REPO)
+
+    res = cli(folder, "fr")
+    assert res.returncode == 0 and "Flight Recorder: ranks [0, 1]" in res.stdout, res.stdout + res.stderr
+    assert "skipped torch.distributed.debug files: no torch.distributed.debug stacks dump with a rank's stack found " \
+           "(skipped: stacks_20260101_000000.txt: no rank's stack in it)" in res.stderr
+    alone = cli(folder / "stacks_20260101_000000.txt", "empty")
+    assert alone.returncode == 2 and "no torch.distributed.debug stacks dump" in alone.stderr, alone.stderr
