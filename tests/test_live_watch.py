@@ -285,7 +285,8 @@ def test_watch_exits_0_on_a_healthy_run(tmp_path, monkeypatch, evidence):
 def test_64_ranks_alike_are_one_line_in_the_report_and_one_row_on_the_page(tmp_path, browser):
     """64 ranks' heartbeats and stacks in a real store, as 64 agents would leave them (rank 0
     stalled in collective #9 of group 1, the others at the same place): the report merges the 63
-    ranks alike into one line, the API keeps each rank, the page draws one row for them."""
+    ranks alike into one line, the API keeps each rank, the page draws one row for them; a run
+    without heartbeats shows no live section."""
     from graphdeck.analysis.ranks.live import HEARTBEAT, STACKS, live_state, write_hang_report
     from graphdeck.capture.heartbeat import python_stacks
     from graphdeck.store.db import get_or_create_run
@@ -305,6 +306,7 @@ def test_64_ranks_alike_are_one_line_in_the_report_and_one_row_on_the_page(tmp_p
             s.add(CompileEvent(run_id=run.id, rank=r, name=HEARTBEAT, metadata_json="{}", payload=json.dumps(beat)))
             s.add(CompileEvent(run_id=run.id, rank=r, name=STACKS, metadata_json="{}", payload=stacks))
         run_id = run.id
+        get_or_create_run(s, "plain", world_size=1)  # no heartbeat: no live section
     lines = write_hang_report(engine, run_id, rank=0)
     ranks_lines = [ln for ln in lines if ln.startswith(("  rank ", "  ranks "))]
     assert [ln.split(" (step")[0] for ln in ranks_lines] == ["  rank 0", "  ranks [1-63]"], lines
@@ -322,4 +324,7 @@ def test_64_ranks_alike_are_one_line_in_the_report_and_one_row_on_the_page(tmp_p
             [("0", None), (None, "1-63")]
         assert page.get_by_test_id("live-report-rank").all_inner_texts() == [ln.strip() for ln in ranks_lines]
         assert "64 of 64 ranks beating" in page.locator("#live p.summary").first.inner_text()
+        page.goto(f"{srv.url}/#/runs/plain")
+        page.wait_for_selector("#live[data-state=none]", state="attached")
+        assert not page.locator("#live").is_visible()
         page.close()
