@@ -79,6 +79,18 @@ def _entry_pending(pg: str, seq: int) -> bool:
     return False
 
 
+def group_descs() -> dict[str, str]:
+    """``{pg name: group_desc}`` of this process's process groups (the recorder's ``pg_config``
+    names only groups that registered with it: none on gloo); empty without torch.distributed."""
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        return {str(n): pg.group_desc for pg, n in list(c10d._world.pg_names.items())
+                if getattr(pg, "group_desc", None)}
+    except Exception:  # noqa: BLE001 - a torch without these internals
+        return {}
+
+
 def default_timeout_s() -> float | None:
     """The default process group's collective timeout in seconds, None before it exists."""
     try:
@@ -194,12 +206,13 @@ class Heartbeat:
         if threshold is None and timeout:
             threshold = THRESHOLD_FRACTION * timeout
         groups, stalled = {}, None
+        descs = group_descs() if status else {}
         for pg, st in status.items():
             pair = (st.get("last_enqueued_collective", -1), st.get("last_completed_collective", -1))
             prev = self._seen.get(pg)
             since = prev[1] if prev is not None and prev[0] == pair else now
             self._seen[pg] = (pair, since)
-            desc = (config.get(pg) or {}).get("desc") if isinstance(config.get(pg), dict) else None
+            desc = ((config.get(pg) or {}).get("desc") if isinstance(config.get(pg), dict) else None) or descs.get(pg)
             # in flight per the recorder's entries, asked once a suspect pair has held two beats
             # (None: not asked); a collective only the lagging status calls open is not a stall
             in_flight = None

@@ -8,6 +8,7 @@
 //   common.js   DOM and formatting helpers, the JSON API, breadcrumbs (see NOTE: [Untrusted text])
 //   run.js      the runs list, the run page and its gradient-path report
 //   overview.js the run page's overview: each check drawn as it answers
+//   live.js     the run page's live section: a running job's heartbeats and live hang report (polled)
 //   heatmap.js  the rank heatmap (a large run's ranks in one canvas) and one rank's page
 //   grads.js    the gradient-path report: its page (#/runs/<id>/grads) and the run page's section
 //   compile.js  the run page's compile records (frame compile metrics, graph-break reasons)

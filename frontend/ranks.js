@@ -88,7 +88,8 @@ function shardItem(x) {
 
 // The recorded half (Flight Recorder dumps): per process group the first mismatched collective
 // (group, sequence id, op), the ranks that reached it and those that did not — each with what it
-// did instead and why (the compile records joined, the branch that sent it another way).
+// did instead and why (the compile records joined, the branch that sent it another way). The
+// headline and each rank's account are check-ranks' own lines (the report's `headline`, `accounts`).
 function frRef(e) {
   return e ? `${e.op} #${e.seq} of group ${e.group}${e.line ? ` at ${e.line}` : ""}` : "nothing";
 }
@@ -102,6 +103,7 @@ function frMismatch(m) {
     h("span", {"data-testid": "fr-reached"}, `reached by ranks [${m.reached.join(", ")}]`), ", ",
     h("span", {"data-testid": "fr-not-reached"}, `not by ranks [${m.not_reached.join(", ")}]`),
     m.no_dump.length ? h("span", {class: "muted"}, `; no dump from ranks [${m.no_dump.join(", ")}]`) : null,
+    m.headline ? h("div", {class: "small", "data-testid": "fr-headline"}, `HANG ${m.headline}`) : null,
     issued ? h("div", {class: "small muted"}, `rank ${issued[0]} issued it`
       + `${issued[1].compiled ? " inside a compiled graph" : ""}${issued[1].line ? ` at ${issued[1].line}` : ""}`) : null,
     h("ul", {}, m.not_reached.map((r) => {
@@ -109,7 +111,7 @@ function frMismatch(m) {
       const waiting = m.cause[key] === "waiting";
       return h("li", {"data-testid": "fr-rank", "data-rank": key},
         h("strong", {}, `rank ${r}`), waiting ? " (waiting in an earlier collective)" : " (skipped it)",
-        m.kind === "one-sided" ? `: wrote no dump; the branch ${m.branch} keeps it from this collective`
+        m.accounts?.[key] != null ? `: ${m.accounts[key]}`
           : `: last completed ${frRef(m.last_completed[key])}; ${waiting ? "waiting in" : "went on to"} ${frRef(m.doing[key])}`,
         (m.why[key] || []).map((w) => h("div", {class: "small", "data-testid": "fr-why"}, w)));
     })));

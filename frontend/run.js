@@ -1,6 +1,6 @@
 // graphdeck dashboard: the runs list (#/runs) and a run's page (#/runs/<id or name>): its ranks,
-// each rank's graphs, DDP buckets and traces, the compile records (compile.js) and the
-// gradient-path report.
+// each rank's graphs, DDP buckets and traces, the compile records (compile.js), the
+// gradient-path report and, while a captured job runs, its live state (live.js).
 
 import {
   $app, api, badge, code, fmt, fmtBytes, fmtDate, fmtSeconds, graphLink, h, isBlank, joinComma,
@@ -9,6 +9,7 @@ import {
 import {compileRecords} from "./compile.js";
 import {gradientReport} from "./grads.js";
 import {SMALL_RUN, rankHeatmap} from "./heatmap.js";
+import {liveSection} from "./live.js";
 import {runOverview} from "./overview.js";
 
 
@@ -213,6 +214,7 @@ export async function renderRun(page, m, query = new URLSearchParams()) {
     what: "gradient-path report", request: api(`/api/runs/${run.id}/gradients`), missingId: "grad-report-missing",
     render: (report) => runGradients(report, run)});
   const [overviewBox, overviewDone] = runOverview(page, run);
+  const [liveBox] = liveSection(page, run.id);
   const of = (list, r) => list.filter((x) => x.rank === r);
   const toggle = h("button", {type: "button", class: "link", id: "details-open-all", "data-testid": "details-open-all",
     onclick: () => {
@@ -231,6 +233,7 @@ export async function renderRun(page, m, query = new URLSearchParams()) {
         h("a", {href: `#/diff?a=${run.id}`, "data-testid": "diff-link"}, "compare with…"),
         h("a", {href: `#/parity?a=${run.id}`, "data-testid": "parity-link"}, "gradient parity with…")])),
     replaysSection(run),
+    liveBox,
     overviewBox,
     h("h2", {class: "details-heading"}, "Details ", h("span", {class: "small muted"}, "(closed: click to open; "), toggle,
       h("span", {class: "small muted"}, ")")),
@@ -324,6 +327,7 @@ async function renderLargeRun(page, idx, query) {
   // with, and the checks (Python, one interpreter on the server) would slow it down.
   const [heatBox, heatDone] = rankHeatmap(page, run.id, {initial: idx.heatmap});
   const [overviewBox, overviewDone] = runOverview(page, run, {after: heatDone});
+  const [liveBox] = liveSection(page, run.id);
   const first = idx.ranks[0];
   const [compileBlock, startCompile] = lazyDetails("details-compile",
     `Compile records — compile health, the compile index; frame metrics and graph breaks of rank ${first}`,
@@ -356,6 +360,7 @@ async function renderLargeRun(page, idx, query) {
         h("a", {href: `#/runs/${run.id}/timeline`}, "timeline"),
         h("a", {href: `#/diff?a=${run.id}`, "data-testid": "diff-link"}, "compare with…"),
         h("a", {href: `#/parity?a=${run.id}`, "data-testid": "parity-link"}, "gradient parity with…")]), openRank),
+    liveBox,
     overviewBox,
     h("section", {id: "rank-heatmap-section", "data-testid": "rank-heatmap-section"},
       h("h2", {}, `Ranks — ${plural(n, "rank")}`),

@@ -181,6 +181,33 @@ def _ingest_export(engine, trace_file: str, run_name: str, rank: int | None, str
         click.echo(json.dumps({str(r.rank): r.stats for r in results}, indent=2, default=str))
 
 
+def _import_debug(engine, files: list[str], run_name: str, others: bool) -> None:
+    """Store the stacks of torch.distributed.debug's periodic dumps among ``files`` and print each
+    rank's place (NOTE: [Debug-server dumps]); with ``others`` (other inputs given), dumps without a
+    stack are named as skipped instead of failing the import."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.ranks.live import stack_lines
+    from graphdeck.analysis.ranks.records import _ranks_text
+    from graphdeck.store.debug_dumps import import_debug_dumps
+
+    try:
+        dbg = import_debug_dumps(engine, files, run_name=run_name)
+    except BadInputError as exc:
+        if not others:
+            raise
+        click.echo(f"  skipped torch.distributed.debug files: {exc.message}", err=True)
+        return
+    click.echo(f"torch.distributed.debug stacks: ranks {_ranks_text(dbg.ranks)}, the latest of {dbg.snapshots} "
+               f"periodic dump(s) ({dbg.first} to {dbg.last})"
+               + "".join(f"; rank {r} did not answer: {w}" for r, w in sorted(dbg.no_answer.items())))
+    with Session(engine) as s:
+        for line in stack_lines(s, dbg.run_id):
+            click.echo(f"  {line}")
+    for x in dbg.skipped:
+        click.echo(f"  skipped {x}", err=True)
+
+
 @click.command("import")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--store", default=DEFAULT_STORE, show_default=True,
@@ -192,8 +219,9 @@ def _ingest_export(engine, trace_file: str, run_name: str, rank: int | None, str
 def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, progress: bool | None,
                as_json: bool) -> None:
     """Import TORCH_TRACE compile logs (one per rank), Flight Recorder dumps (pickle or JSON, any
-    file names; graphdeck.store.fr_import) and Kineto traces (by content) of one job — files or
-    directories — as run RUN."""
+    file names; graphdeck.store.fr_import), Kineto traces (by content) and the periodic dump folder of
+    torch.distributed.debug's debug server (each rank's latest stacks; graphdeck.store.debug_dumps)
+    of one job — files or directories — as run RUN."""
     from graphdeck.store.fr_import import discover, import_flight_dumps, sniff
     from graphdeck.store.torch_trace import import_torch_trace
 
@@ -205,18 +233,27 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
     try:
         found = discover(paths)
         from graphdeck.analysis.memory.snapshots import import_snapshot, is_snapshot
+        from graphdeck.store.debug_dumps import dump_kind
 
+        # torch.distributed.debug's periodic dump folder (NOTE: [Debug-server dumps])
+        debug = [f for f in found if dump_kind(f)]
+        found = [f for f in found if f not in debug]
         snapshots = [f for f in found if is_snapshot(f)]  # CUDA memory snapshots (NOTE: [Snapshot import])
         named = {str(Path(p)) for p in paths if not Path(p).is_dir()}  # any pickle named is read as a dump
         fr_files = [f for f in found if f not in snapshots and sniff(f, named=str(Path(f)) in named)]
         kineto = [f for f in found if f not in fr_files + snapshots and _is_kineto(f)]  # profiler traces of the same run
-        logs = [p for p in paths if Path(p).is_dir() or str(Path(p)) not in {str(Path(f)) for f in fr_files + kineto + snapshots}]
+        logs = [p for p in paths if Path(p).is_dir() or str(Path(p)) not in {str(Path(f)) for f in fr_files + kineto
+                                                                                  + snapshots + debug}]
+        accounted = set(fr_files + kineto + snapshots + debug)  # a folder of these alone holds no TORCH_TRACE log
+        logs = [p for p in logs if not (Path(p).is_dir() and accounted and set(discover([p])) <= accounted)]
         refused: list[str] = []  # files refused: exit 2 once the rest is kept
+        if debug:
+            _import_debug(open_engine(store), debug, run_name, others=bool(logs or fr_files or kineto or snapshots))
         try:
             fr = import_flight_dumps(open_engine(store), [], run_name=run_name, strict=strict, files=fr_files) \
                 if fr_files else None
         except BadInputError as exc:
-            if strict or not (logs or kineto or snapshots) or not exc.message.startswith("no Flight Recorder dump"):
+            if strict or not (logs or kineto or snapshots or debug) or not exc.message.startswith("no Flight Recorder dump"):
                 raise
             fr, refused = None, [exc.message]
         if fr is not None:
@@ -230,7 +267,7 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
             result = import_torch_trace(store, logs, run_name=run_name, strict=strict,
                                         progress=sys.stderr.isatty() if progress is None else progress) if logs else None
         except BadInputError as exc:
-            if (fr is None and not kineto and not snapshots) or "no TORCH_TRACE log" not in exc.message:
+            if (fr is None and not kineto and not snapshots and not debug) or "no TORCH_TRACE log" not in exc.message:
                 raise
             if exc.details.get("skipped_files") or "skipped" in exc.message:  # say what else was given
                 click.echo(f"  other files: {exc.message}", err=True)

@@ -14,20 +14,6 @@ from graphdeck.cli_common import store_and_run
 from graphdeck.errors import GraphdeckError
 
 
-def _progress(beats: dict[int, dict], now: float) -> list[str]:
-    out = []
-    for r, b in sorted(beats.items()):
-        groups = ", ".join(f"group {g}{'(' + v['desc'] + ')' if v.get('desc') else ''} #{v.get('completed')}"
-                           + (f" (#{v['enqueued']} pending {now - float(v.get('since') or now):.0f} s)"
-                              if (v.get("enqueued") or 0) > (v.get("completed") or 0) else "")
-                           for g, v in sorted((b.get("groups") or {}).items()))
-        age = now - float(b.get("t") or now)
-        out.append(f"rank {r}: step {b.get('step') if b.get('step') is not None else '?'}"
-                   + (f", {groups}" if groups else "") + f"; beat {age:.0f} s ago"
-                   + (f"; ended ({b['ended']})" if b.get("ended") else ""))
-    return out
-
-
 def _stalled(beats: dict[int, dict], now: float, threshold_s: float | None) -> bool | dict | None:
     """True: a rank says it is stalled (the agents answer it themselves). Else, with ``threshold_s``,
     the oldest collective in flight that long (confirmed by its rank from the recorder's entries:
@@ -69,7 +55,7 @@ def watch_cmd(store: str, run_name: str, threshold_s: float | None, poll_s: floa
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from graphdeck.analysis.ranks.live import heartbeats, live_hang, request_evidence, stored_report
+    from graphdeck.analysis.ranks import live
     from graphdeck.cli_common import _store_arg
     from graphdeck.store.db import display_url, open_engine
     from graphdeck.store.schema import Run
@@ -102,8 +88,8 @@ def watch_cmd(store: str, run_name: str, threshold_s: float | None, poll_s: floa
     while True:
         now = time.time()
         with Session(engine) as s:
-            beats = heartbeats(s, run_id)
-            report = stored_report(s, run_id)
+            beats = live.heartbeats(s, run_id)
+            report = live.stored_report(s, run_id)
         stall = _stalled(beats, now, threshold_s) if report is None else None
         if stall:
             interval = max((float(b.get("interval_s") or 0) for b in beats.values()), default=1.0)
@@ -111,14 +97,14 @@ def watch_cmd(store: str, run_name: str, threshold_s: float | None, poll_s: floa
                 stall_seen = now
                 if stall is not True:  # seen by the watch alone: the agents are asked for their evidence
                     try:
-                        request_evidence(open_engine(store, create=False), run_id, stall, poll_s, threshold_s)
+                        live.request_evidence(open_engine(store, create=False), run_id, stall, poll_s, threshold_s)
                         click.echo(f"collective #{stall['seq']} of group {stall['group']} in flight "
                                    f"{stall['for_s']:.0f} s: asked the ranks for their stacks and recorder")
                     except Exception as exc:  # noqa: BLE001 - a store the watch cannot write: its own report
                         click.echo(f"could not ask the ranks ({type(exc).__name__}: {exc})", err=True)
             if now - stall_seen > 6 * interval + 2:  # no report from the agents: the watch's own, from the store
                 with Session(engine) as s:
-                    report = live_hang(s, run_id, detected_at=stall_seen, threshold_s=threshold_s).to_dict()
+                    report = live.live_hang(s, run_id, detected_at=stall_seen, threshold_s=threshold_s).to_dict()
                 report["by"] = "graphdeck watch"
         if report is not None:
             click.echo(json.dumps(report, indent=1, default=str) if as_json else "\n".join(report["lines"]))
@@ -127,15 +113,14 @@ def watch_cmd(store: str, run_name: str, threshold_s: float | None, poll_s: floa
                 click.echo(f"(report written {time.strftime('%H:%M:%S', time.localtime(written))}"
                            f"{'' if report.get('by') else ' by the agents'}; graphdeck does not stop the job)")
             sys.exit(1)
-        lines = _progress(beats, now)
+        lines = live.progress_lines(beats, now)
         if [ln.split("; beat")[0] for ln in lines] != [ln.split("; beat")[0] for ln in shown]:
             click.echo("\n".join(lines))
             shown = lines
         if beats and len(beats) >= (world or 1) and all(b.get("ended") for b in beats.values()):
             click.echo("run ended healthy: every rank closed")
             sys.exit(0)
-        interval = max((float(b.get("interval_s") or 0) for b in beats.values()), default=1.0)
-        limit = stale_s if stale_s is not None else max(30.0, 10 * interval)
+        limit = live.stale_limit_s(beats, stale_s)
         if beats and all(b.get("ended") or now - float(b.get("t") or now) > limit for b in beats.values()):
             click.echo(f"the ranks stopped beating (none for {limit:g} s) without ending and without a hang report: "
                        "the job died (or froze holding the GIL)", err=True)

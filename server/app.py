@@ -58,6 +58,7 @@ ROUTERS = (
     "graphdeck.server.routes.export",
     "graphdeck.server.routes.summary",
     "graphdeck.server.routes.heatmap",
+    "graphdeck.server.routes.live",
 )
 
 

@@ -4,10 +4,13 @@ compiled model (aot_eager) with an optimizer, a 15 s collective timeout; at step
 until gloo's timeout ends it. Captured as run ``live`` with a 1 s heartbeat and a 4 s watch
 threshold (set by the test's environment)::
 
-    torchrun --standalone --nproc-per-node 2 tests/live_hang_job.py STORE OUT_DIR
+    torchrun --standalone --nproc-per-node 2 tests/live_hang_job.py STORE OUT_DIR [GATE]
 
-Each rank writes ``OUT_DIR/rank<r>.json`` as it goes: the wall time it issued each step's
-all-reduce and, on rank 0, the time the timeout error reached it (``timeout_at``) and its text.
+With GATE (a file path), both ranks wait after step 0 until that file exists (at most 120 s),
+outside any collective: a watcher sees the job running at step 1 before it hangs. The sleeping
+line's comment is markup (the dashboard must show it as text). Each rank writes
+``OUT_DIR/rank<r>.json`` as it goes: the wall time it issued each step's all-reduce and, on
+rank 0, the time the timeout error reached it (``timeout_at``) and its text.
 """
 
 from __future__ import annotations
@@ -32,15 +35,23 @@ def train_step(model, opt, x, rank: int, step: int, group) -> None:
     loss = model(x).sum()
     loss.backward()
     if rank == 1 and step == 2:
-        time.sleep(40)  # SLEEPING_FRAME
+        time.sleep(40)  # SLEEPING_FRAME <img src=x onerror="window.__pwned=1">
     for p in model.parameters():
         dist.all_reduce(p.grad, group=group)  # GRAD_ALL_REDUCE
     opt.step()
     opt.zero_grad()
 
 
+def wait_for(gate: str | None) -> None:
+    """Until ``gate`` exists (at most 120 s): between two steps, no collective in flight."""
+    deadline = time.time() + 120
+    while gate and not os.path.exists(gate) and time.time() < deadline:
+        time.sleep(0.1)
+
+
 def main() -> None:
     store, out = sys.argv[1], sys.argv[2]
+    gate = sys.argv[3] if len(sys.argv) > 3 else None
     os.makedirs(out, exist_ok=True)
     dist.init_process_group("gloo", timeout=TIMEOUT)
     rank = dist.get_rank()
@@ -60,6 +71,8 @@ def main() -> None:
 
     try:
         for step in range(5):
+            if step == 1:
+                wait_for(gate)
             record["issued"][step] = time.time()
             save()
             train_step(model, opt, torch.ones(4, 8), rank, step, grads)

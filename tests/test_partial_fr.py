@@ -166,3 +166,32 @@ def test_zero_token_rank_why_is_its_branch_not_the_expert_slice(moe):
     assert why[-1].startswith("not the cause: compile 0/0's graphs of ranks [1] and [0] differ only in per-rank "
                               "constants (getitem (_operator.getitem) args[1].start: 0 vs 2"), why
     assert f"moe_zero_token.py:{sliced} in forward" in why[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_ranks_page_shows_what_check_ranks_says(job, browser):
+    """The rank-consistency page in Chromium over the real app: the one-sided gather's HANG line,
+    rank 1's account and its why lines, the missing dump and the verdict, as check-ranks prints them."""
+    from tests.conftest import LiveServer
+
+    text = job["ranks"].stdout.splitlines()
+    with LiveServer(job["store"]) as srv:
+        page = browser.new_page()
+        page.goto(f"{srv.url}/#/runs/full_tensor/ranks")
+        page.wait_for_selector("[data-testid=recorded-hang]")
+        (hang,) = [ln for ln in text if ln.startswith("HANG ")]
+        assert page.get_by_test_id("fr-headline").inner_text() == hang
+        assert f"fsdp2_full_tensor.py:{BRANCH} in main: `if rank == 0 and step == 0:`" in hang
+        rank1 = page.locator("[data-testid=fr-rank][data-rank='1']")
+        (account,) = [ln.strip() for ln in text if ln.strip().startswith("rank 1: ")]
+        assert rank1.evaluate("e => e.childNodes[1].textContent + e.childNodes[2].textContent") == \
+            f" (skipped it): {account.removeprefix('rank 1: ')}"
+        why = [w.inner_text() for w in rank1.get_by_test_id("fr-why").all()]
+        assert why == [ln.strip().removeprefix("why: ") for ln in text if ln.strip().startswith("why: ")]
+        assert any(w.startswith("stack: ") and f"fsdp2_full_tensor.py:{CALL} in main -> " in w for w in why), why
+        missing = [x.inner_text() for x in page.get_by_test_id("missing-evidence").all()]
+        assert [f"MISSING EVIDENCE: {x}" for x in missing] == [ln for ln in text if ln.startswith("MISSING EVIDENCE: ")]
+        assert text[-1] == "FAIL: ranks diverge"
+        assert page.get_by_test_id("rank-verdict").locator("strong").inner_text() == "ranks diverge"
+        page.close()

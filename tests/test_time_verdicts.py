@@ -191,3 +191,32 @@ def test_a_skew_not_placed_before_its_collective_is_told_not_judged(tmp_path):
         for v in ranks.values():
             v.basis = "trace"
         assert skew_finding(s, run, skew).verdict == "FAIL"
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_ranks_page_shows_what_check_ranks_says(time_store, browser):
+    """The rank-consistency page in Chromium over the real app, on both runs: the time verdict's
+    FAIL line, the notes (the straggler explained) and the verdict are check-ranks' own text."""
+    from tests.conftest import LiveServer
+
+    with LiveServer(time_store) as srv:
+        page = browser.new_page()
+        for run in ("compile_timeout", "recompile_straggler"):
+            text = _cli(time_store, "check-ranks", "--run", run).stdout.splitlines()
+            page.goto(f"{srv.url}/#/runs/{run}/ranks")
+            page.wait_for_selector("[data-testid=rank-verdict]")
+            shown = [li.evaluate("e => e.lastChild.textContent") for li in page.get_by_test_id("time-finding").all()]
+            assert shown == [ln for ln in text if ln.startswith(("FAIL: compile skew", "WARN: ", "FAIL: straggler"))]
+            notes = [p.inner_text() for p in page.locator(".ranks-page > p.muted").all()]
+            assert [f"note: {n}" for n in notes if f"note: {n}" in text] == [ln for ln in text if ln.startswith("note: ")]
+            verdict = page.get_by_test_id("rank-verdict").locator("strong").inner_text()
+            if run == "compile_timeout":
+                assert len(shown) == 1 and shown[0].startswith("FAIL: compile skew at step 0"), shown
+                assert text[-1] == "FAIL: a wait reaches the collective timeout" and verdict == text[-1][6:]
+            else:
+                assert shown == [] and any("straggler explained: straggler at step 2" in n for n in notes), notes
+                # a harmless divergence is a warning: both say the schedules agree (the page puts it below)
+                assert text[-1].startswith("OK: the collective schedules agree (") and \
+                    verdict == "collective schedules agree (warnings below)"
+        page.close()

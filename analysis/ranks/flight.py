@@ -151,7 +151,13 @@ class FlightReport:
     shown: dict[str, str] = field(default_factory=dict)  # incomplete group -> what its dumps show (ranks.partial)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields, each mismatch with its ``headline`` and per not-reached rank its ``accounts``
+        (the texts :meth:`lines` prints: the page shows them, so it says what check-ranks says)."""
+        d = asdict(self)
+        for md, m in zip(d["mismatches"], self.mismatches):
+            md["headline"] = m.headline()
+            md["accounts"] = {str(r): m.account(r) for r in m.not_reached}
+        return d
 
     def lines(self) -> list[str]:
         out = [f"Flight Recorder: dumps from ranks {_ranks_text(self.ranks)}, {self.entries} entries; "
