@@ -40,9 +40,9 @@ def inner_backend(compile_wrapper: Any) -> Any | None:
             fn = getattr(x, "compiler_fn", None)
             if name.startswith("graphdeck") or getattr(fn, "__name__", "").startswith("graphdeck"):
                 return None
-            if name == "inductor" and getattr(x, "config", None):
-                return x  # mode/options: Inductor's configured wrapper compiles
-            return name
+            if name == "inductor":  # mode/options: Inductor's configured wrapper compiles
+                return x if getattr(x, "config", None) else name
+            return name if fn is None or _registered(name) is fn else fn  # a callable: itself
         if getattr(x, "__name__", "").startswith("graphdeck"):
             return None
         nxt = getattr(x, "_torchdynamo_orig_backend", None)
@@ -50,3 +50,13 @@ def inner_backend(compile_wrapper: Any) -> Any | None:
             return x if callable(x) and seen else None
         x, seen = nxt, seen + 1
     return None
+
+
+def _registered(name: str) -> Any | None:
+    """The backend registered under ``name``, or None."""
+    try:
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend(name)
+    except Exception:  # noqa: BLE001 - not a registered name
+        return None
