@@ -2,7 +2,7 @@
 
 * Hugging Face ``Trainer``: ``callbacks=[graphdeck.integrations.hf.GraphdeckCallback()]``
 * PyTorch Lightning: ``callbacks=[graphdeck.integrations.lightning.GraphdeckCallback()]``
-* torchtitan: ``graphdeck run -- torchrun ... -m torchtitan.train ...`` (docs/integrations.md)
+* torchtitan: ``--override.imports graphdeck.integrations.torchtitan.capture`` on its command line
 
 Each callback gives what the hand-written :class:`~graphdeck.capture.Agent` code gives: the graphs
 of the framework's own ``torch.compile`` (recorded through the agent's backend around the backend
