@@ -76,15 +76,27 @@ class Agent:
     the same on every rank (default: ``GRAPHDECK_RUN``, else torchrun's run id, else a timestamp).
     """
 
+    def __new__(cls, store: str | os.PathLike | None = None, run: str | None = None, **_kw):
+        """NOTE: [One agent per process and run]: an agent that records this store and run in
+        this process already (and is not closed) is returned instead of a second one, which
+        would hear every compile again (each compile record twice: restarts, recompiles and
+        compile times double). ``__init__`` then leaves it as it is."""
+        from graphdeck.capture.backend import live_agent
+
+        same = live_agent(store, run)
+        return same if same is not None and isinstance(same, cls) else super().__new__(cls)
+
     def __init__(self, store: str | os.PathLike | None = None, run: str | None = None, *,
                  grad_prints: str | None = None):
+        if "_handler" in self.__dict__:  # joined (NOTE: [One agent per process and run])
+            return
         #: Gradient fingerprint cadence (NOTE: [Gradient fingerprints]): "FIRST,EVERY", "all" or
         #: "off"; None: ``GRAPHDECK_GRAD_PRINTS``, else "5,100".
         self.grad_prints = grad_prints
         self.store = store or os.environ.get("GRAPHDECK_STORE", "graphdeck.db")
-        self.run = (run or os.environ.get("GRAPHDECK_RUN")
-                    or (os.environ.get("TORCHELASTIC_RUN_ID") if os.environ.get("TORCHELASTIC_RUN_ID") not in (None, "none") else None)
-                    or time.strftime("run-%Y%m%d-%H%M%S"))
+        from graphdeck.capture.backend import default_run_name
+
+        self.run = run or default_run_name() or time.strftime("run-%Y%m%d-%H%M%S")
         self._writer: StoreWriter | None = None
         self._store_failed: str | None = None  # why the store could not be opened: capture is off
         self._fqn_by_tensor: dict[int, str] = {}
@@ -118,6 +130,7 @@ class Agent:
         from graphdeck.capture.heartbeat import Heartbeat
 
         self._heartbeat = Heartbeat.start(self)  # NOTE: [Live watch]: progress in the store, hangs caught live
+        self.closed = False
         self._parity = None  # NOTE: [Parity evidence] (parity.py): only under GRAPHDECK_PARITY
         try:
             from graphdeck.capture.parity import ParityCapture
@@ -125,6 +138,9 @@ class Agent:
             self._parity = ParityCapture.from_env(self)
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: no parity evidence: {type(exc).__name__}: {exc}")
+        from graphdeck.capture.backend import register
+
+        register(self)
 
     # ----------------------------------------------------------------------------- store access
     @property
@@ -538,6 +554,7 @@ class Agent:
                 warnings.warn(f"graphdeck: not stored at close{why}: {', '.join(lost)}; training is not affected",
                               stacklevel=2)
         finally:
+            self.closed = True
             stop_listening(self._handler)
             if self._flight is not None:
                 self._flight.stop()

@@ -1,13 +1,11 @@
 """A Hugging Face ``Trainer`` job (transformers + accelerate, DDP on 2 gloo CPU ranks), trained twice
 in one launch: first as the user wrote it (``TrainingArguments(torch_compile=True,
-torch_compile_backend="aot_eager")``, no graphdeck), then with the capture turned on the way
-docs/frameworks.md shows (an :class:`Agent`, ``model.compile(backend=agent.backend("aot_eager"))``
-and a ``TrainerCallback`` that watches the model and steps the profiler).
+torch_compile_backend="aot_eager")``, no graphdeck), then the same ``train`` with one more
+callback, ``graphdeck.integrations.hf.GraphdeckCallback`` (docs/integrations.md): accelerate
+compiles the DDP-wrapped model through the agent's backend around ``aot_eager``.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/hf_trainer_job.py STORE OUT_DIR
 
-accelerate refuses ``torch_compile_backend="graphdeck"`` (its ``DynamoBackend`` enum lists the
-known backends), so the captured run compiles the model itself; the Trainer then wraps it in DDP.
 Both runs use the same seed, data and tiny GPT-2 (2 layers, random weights, no download); the
 model keeps transformers' default ``loss_type`` (its one-time logging call is a graph break, which
 graphdeck must name as the framework's). Each rank writes ``OUT_DIR/losses_rank<N>.json``:
@@ -69,27 +67,10 @@ def main(store: str, out: str) -> None:
     reference = train(out, tiny_gpt2(), compile_in_accelerate=True, callbacks=[])
     torch._dynamo.reset()
 
-    # ---- the capture, as docs/frameworks.md shows it ----
-    from graphdeck.capture import Agent
+    # ---- the capture: the same script, plus one line (docs/integrations.md) ----
+    from graphdeck.integrations.hf import GraphdeckCallback
 
-    agent = Agent(store=store, run="hf")
-    prof = agent.profile(wait_steps=1, warmup_steps=1, active_steps=1)
-
-    class Graphdeck(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            agent.watch(model)
-            prof.__enter__()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            prof.step()
-
-        def on_train_end(self, args, state, control, **kwargs):
-            prof.__exit__(None, None, None)
-            agent.close()
-
-    model = tiny_gpt2()
-    model.compile(backend=agent.backend("aot_eager"))
-    captured = train(out, model, compile_in_accelerate=False, callbacks=[Graphdeck()])
+    captured = train(out, tiny_gpt2(), compile_in_accelerate=True, callbacks=[GraphdeckCallback(store, run="hf")])
     # ---- end of the capture ----
 
     rank = dist.get_rank()

@@ -1,10 +1,10 @@
 """A PyTorch Lightning 2.6 job (strategy="ddp", accelerator="cpu", devices=2; gloo), trained twice in
 one launch: first as the user wrote it (``torch.compile(model, backend="aot_eager")``, no graphdeck),
-then with the capture turned on the way docs/frameworks.md shows (``backend="graphdeck"`` with
-``GRAPHDECK_STORE`` / ``GRAPHDECK_RUN`` / ``GRAPHDECK_INNER=aot_eager`` in the environment, and a
-``Callback`` that watches the module and steps the profiler).
+then the same ``fit`` with one more callback, ``graphdeck.integrations.lightning.GraphdeckCallback``
+(docs/integrations.md; store and run from ``GRAPHDECK_STORE`` / ``GRAPHDECK_RUN``): it compiles
+the module's steps again through the agent's backend around ``aot_eager``.
 
-    GRAPHDECK_STORE=S GRAPHDECK_RUN=lightning GRAPHDECK_INNER=aot_eager \\
+    GRAPHDECK_STORE=S GRAPHDECK_RUN=lightning \\
         python -m torch.distributed.run --standalone --nproc-per-node 2 tests/lightning_job.py OUT_DIR
 
 ``training_step`` does not call ``self.log``: Lightning compiles ``training_step`` itself, and
@@ -72,25 +72,11 @@ def main(out: str) -> None:
     reference = fit(torch.compile(Regressor(), backend="aot_eager"), [])
     torch._dynamo.reset()
 
-    # ---- the capture, as docs/frameworks.md shows it ----
-    from graphdeck.capture.backend import default_agent
-
-    class Graphdeck(L.Callback):
-        def on_fit_start(self, trainer, pl_module):
-            self.agent = default_agent()  # the agent backend="graphdeck" records into
-            self.agent.watch(pl_module)
-            self.prof = self.agent.profile(wait_steps=1, warmup_steps=1, active_steps=1)
-            self.prof.__enter__()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            self.prof.step()
-
-        def on_fit_end(self, trainer, pl_module):
-            self.prof.__exit__(None, None, None)
-            self.agent.close()
+    # ---- the capture: the same script, plus one line (docs/integrations.md) ----
+    from graphdeck.integrations.lightning import GraphdeckCallback
 
     L.seed_everything(0)
-    captured = fit(torch.compile(Regressor(), backend="graphdeck"), [Graphdeck()])
+    captured = fit(torch.compile(Regressor(), backend="aot_eager"), [GraphdeckCallback()])
     # ---- end of the capture ----
 
     with open(os.path.join(out, f"losses_rank{dist.get_rank()}.json"), "w") as f:

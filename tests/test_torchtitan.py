@@ -2,12 +2,15 @@
 run is green on every check, its layout drawn right, and the capture changes no loss.
 
 Two configurations, one module-scoped fixture each, 4 steps of 128 tokens compiled with
-``aot_eager`` (through ``--compile.backend graphdeck`` with ``GRAPHDECK_INNER=aot_eager``), launched
-by the shim ``tests/titan_launch.py`` (docs/frameworks.md, "torchtitan on CPU: the shim"):
+``aot_eager``, launched by the shim ``tests/titan_launch.py`` (docs/frameworks.md, "torchtitan on
+CPU: the shim"):
 
-* FSDP2 over the 2 ranks (torchtitan's default parallelism on 2 ranks);
+* FSDP2 over the 2 ranks (torchtitan's default parallelism on 2 ranks), captured through
+  torchtitan's own config hook, ``--override.imports graphdeck.integrations.torchtitan.capture``
+  with ``--compile.backend aot_eager`` (issue 39, docs/integrations.md);
 * TP=2 (``--parallelism.tensor-parallel-degree 2 --parallelism.data-parallel-shard-degree 1``),
-  whose vocab-parallel loss bakes each rank's vocab offset into its graph.
+  whose vocab-parallel loss bakes each rank's vocab offset into its graph, captured through
+  ``--compile.backend graphdeck`` with ``GRAPHDECK_INNER=aot_eager`` and the shim's watch/profile.
 
 Each fixture runs the configuration twice: without graphdeck (``--compile.backend aot_eager``, the
 reference) and with it (profiling steps 2-3); rank 0 writes each step's loss and gradient norm as
@@ -63,16 +66,22 @@ def assets(tmp_path_factory) -> Path:
     return Path(make_assets(str(tmp_path_factory.mktemp("titan_assets"))))
 
 
-def _launch(assets: Path, out: Path, name: str, extra: list[str], capture: bool) -> list[dict]:
-    """Run the shim under torchrun; rank 0's logged steps ``[{"step", "loss", "grad_norm"}]``."""
+def _launch(assets: Path, out: Path, name: str, extra: list[str], capture: str | None) -> list[dict]:
+    """Run the shim under torchrun; rank 0's logged steps ``[{"step", "loss", "grad_norm"}]``.
+    ``capture``: None (no graphdeck), ``"backend"`` (``--compile.backend graphdeck``, the shim
+    watches and profiles) or ``"override"`` (torchtitan's own ``--override.imports
+    graphdeck.integrations.torchtitan.capture``, the backend left as ``aot_eager``)."""
     losses = out / f"{name}.losses.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHDECK_")}
     env.update({"TITAN_LOSSES": str(losses), "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"})
     backend = "aot_eager"
-    if capture:
+    if capture == "backend":
         env.update({"GRAPHDECK_STORE": str(out / "titan.db"), "GRAPHDECK_RUN": name,
                     "GRAPHDECK_INNER": "aot_eager", "TITAN_PROFILE": "1"})
         backend = "graphdeck"
+    elif capture == "override":  # the one line of docs/integrations.md (steps 2-3 profiled by default)
+        env.update({"GRAPHDECK_STORE": str(out / "titan.db"), "GRAPHDECK_RUN": name, "TITAN_HOOK": "override"})
+        extra = [*extra, "--override.imports", "graphdeck.integrations.torchtitan.capture"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), str(REPO / "tests" / "titan_launch.py"), *ARGS,
            "--hf-assets-path", str(assets), "--dataloader.dataset-path", str(assets / "data"),
@@ -82,15 +91,16 @@ def _launch(assets: Path, out: Path, name: str, extra: list[str], capture: bool)
     return [json.loads(line) for line in losses.read_text().splitlines()]
 
 
-def _run(assets: Path, out: Path, name: str, extra: list[str]) -> dict:
-    reference = _launch(assets, out, name + "-reference", extra, capture=False)
-    captured = _launch(assets, out, name, extra, capture=True)
+def _run(assets: Path, out: Path, name: str, extra: list[str], capture: str = "backend") -> dict:
+    reference = _launch(assets, out, name + "-reference", extra, capture=None)
+    captured = _launch(assets, out, name, extra, capture=capture)
     return {"store": out / "titan.db", "run": name, "reference": reference, "captured": captured}
 
 
 @pytest.fixture(scope="module")
 def fsdp(assets, tmp_path_factory) -> dict:
-    return _run(assets, tmp_path_factory.mktemp("titan_fsdp"), "fsdp", [])
+    # captured through torchtitan's own config hook (issue 39): FSDP2 layout and every parameter named
+    return _run(assets, tmp_path_factory.mktemp("titan_fsdp"), "fsdp", [], capture="override")
 
 
 @pytest.fixture(scope="module")

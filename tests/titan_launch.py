@@ -119,7 +119,9 @@ def main() -> None:
                 default_agent().watch(m)
 
     losses = os.environ.get("TITAN_LOSSES")
-    capture = bool(os.environ.get("GRAPHDECK_STORE"))
+    # TITAN_HOOK=override: graphdeck comes in through torchtitan's own --override.imports
+    # (graphdeck.integrations.torchtitan.capture); the shim then only makes the CPU run possible.
+    capture = bool(os.environ.get("GRAPHDECK_STORE")) and os.environ.get("TITAN_HOOK") != "override"
 
     def logged(self, step, global_avg_loss, global_max_loss, grad_norm, *args, **kwargs):
         if losses and dist.get_rank() == 0:
