@@ -231,6 +231,7 @@ def _captured_backend(real, inner, extra: dict):
             setattr(graphdeck_run_backend, name, getattr(real, name))
     graphdeck_run_backend.__name__ = getattr(real, "__name__", None) or getattr(real, "compiler_name", "custom")
     graphdeck_run_backend.__graphdeck_captured__ = real
+    graphdeck_run_backend.graphdeck_inner, graphdeck_run_backend.graphdeck_extra = inner, extra
     return graphdeck_run_backend
 
 

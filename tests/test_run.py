@@ -210,3 +210,49 @@ def test_the_bootstrap_changes_nothing(jobs, variant):
         assert boot[key] == plain[key], (variant, key, plain[key], boot[key])
     f = _facts(jobs["dir"] / "boot.db")
     assert f["graphs"] and f["params"] and len(f["profiled"]) == 2, "the bootstrap captured nothing"
+
+
+def test_each_kind_of_backend_keeps_its_compiler():
+    """What the wrapped lookup hands the agent as the inner compiler (no compile runs here)."""
+    import torch
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from graphdeck.capture.autorun import captured
+    from graphdeck.capture.backend import graphdeck_backend
+
+    eager = captured("aot_eager", lookup_backend("aot_eager"))
+    assert eager.graphdeck_inner == "aot_eager" and eager.graphdeck_extra == {}
+    assert captured("aot_eager", lookup_backend("aot_eager")) is eager  # one wrapper per backend: no new guards
+    tuned = torch._TorchCompileInductorWrapper("max-autotune-no-cudagraphs", None, None)
+    got = captured(tuned, tuned)
+    assert got.graphdeck_inner == "inductor" and got.graphdeck_extra["config_patches"] == tuned.config
+    assert got.get_compiler_config is not None and got.compiler_name == "inductor"
+    named = torch._TorchCompileWrapper("aot_eager", None, None, None)
+    assert captured(named, named).graphdeck_inner == "aot_eager"
+
+    def mine(gm, example_inputs):
+        return gm.forward
+
+    assert captured(mine, mine).graphdeck_inner is mine  # a custom backend: it compiles, the agent records
+    assert captured("graphdeck", graphdeck_backend) is graphdeck_backend  # the agent's own: not twice
+
+
+def test_a_custom_backend_is_captured_and_still_compiles(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch\n"
+        "calls = []\n"
+        "def my_backend(gm, example_inputs):\n"
+        "    calls.append(len(gm.graph.nodes))\n"
+        "    return gm.forward\n"
+        "f = torch.compile(lambda x: (x * 2).sin(), backend=my_backend)\n"
+        "print('out', f(torch.ones(3)).sum().item().hex())\n"
+        "print('calls', len(calls))\n")
+    store = tmp_path / "s.db"
+    out = _gd_run("--store", str(store), "--run", "custom", "--", sys.executable, str(script))
+    assert out.returncode == 0, out.stderr
+    assert "calls 1" in out.stdout, out.stdout
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert plain.stdout == out.stdout
+    kinds = sqlite3.connect(store).execute("SELECT kind FROM graphs").fetchall()
+    assert ("dynamo",) in kinds, kinds
