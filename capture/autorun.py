@@ -400,7 +400,6 @@ def install() -> bool:
         os.environ["GRAPHDECK_RUN"] = os.environ[ENV_NAME]
     if os.environ.get(ENV_EVIDENCE) == "0":
         os.environ["GRAPHDECK_GRAD_EVIDENCE"] = "0"
-    os.environ.setdefault("GRAPHDECK_INNER", "inductor")
     sys.meta_path.insert(0, _Finder())
     _state["installed"] = True
     return True
