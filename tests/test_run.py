@@ -11,7 +11,8 @@ agent. Slow (one shared fixture of real 2-rank gloo jobs under torchrun, aot_eag
 * the twin raising at step 2 keeps what was recorded until then; the status is torchrun's;
 * FSDP2 from torch's public APIs (tests/run_fsdp2_job.py): the FSDP2 layout and every parameter;
 * the capture matrix's invisibility check (tests/capture_matrix_job.py, plain mode) under the
-  bootstrap, profiler on: losses, parameter/gradient digests, compiles and shape guards unchanged.
+  bootstrap, profiler on: losses, parameter/gradient digests, compiles and shape guards unchanged;
+  the same for its pipelining variant (tests/capture_matrix_pipeline.py), whose stages are watched.
 """
 
 from __future__ import annotations
@@ -88,9 +89,17 @@ def test_start_up_hook_is_lazy_chains_and_skips_launchers(tmp_path):
 
 
 # ----------------------------------------------------------------------------- slow
+def _free_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def _job(cmd: list[str]) -> dict:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          timeout=600, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PORT=_free_port()))
     # (two ranks write to one pipe: a line may hold both ranks' prints)
     lines = sorted(re.findall(r"rank \d+ step \d+ -?0x[0-9a-f.]+p[+-]\d+", proc.stdout))
     return {"rc": proc.returncode, "lines": lines, "log": proc.stdout[-3000:] + proc.stderr[-6000:]}
@@ -115,6 +124,11 @@ def jobs(tmp_path_factory):
         "matrix_boot": [*gd, "--store", str(out / "boot.db"), "--run", "inv", "--profile-steps", "1:3", "--",
                         sys.executable, str(REPO / "tests" / "capture_matrix_job.py"), "--batch", "plain",
                         str(out / "boot"), *MATRIX],
+        "pipe_plain": [sys.executable, str(REPO / "tests" / "capture_matrix_pipeline.py"), "plain",
+                       str(out / "unused.db"), str(out / "pipe-plain.json")],
+        "pipe_boot": [*gd, "--store", str(out / "pipe.db"), "--run", "pipe", "--", sys.executable,
+                      str(REPO / "tests" / "capture_matrix_pipeline.py"), "plain", str(out / "unused.db"),
+                      str(out / "pipe-boot.json")],
     }
     with ThreadPoolExecutor(2) as pool:
         futures = {k: pool.submit(_job, c) for k, c in cmds.items()}
@@ -256,3 +270,19 @@ def test_a_custom_backend_is_captured_and_still_compiles(tmp_path):
     assert plain.stdout == out.stdout
     kinds = sqlite3.connect(store).execute("SELECT kind FROM graphs").fetchall()
     assert ("dynamo",) in kinds, kinds
+
+
+@pytest.mark.slow
+def test_a_pipeline_stage_is_watched_and_unchanged(jobs):
+    """Two pipeline stages (``torch.distributed.pipelining``, mp.spawn'd ranks), each compiled:
+    under the bootstrap the losses, digests and compiles are the plain run's, and each rank's
+    layout names its stage and the stage's parameters."""
+    assert jobs["pipe_plain"]["rc"] == 0 and jobs["pipe_boot"]["rc"] == 0, jobs["pipe_boot"]["log"]
+    plain = json.loads((jobs["dir"] / "pipe-plain.json").read_text())
+    boot = json.loads((jobs["dir"] / "pipe-boot.json").read_text())
+    for key in ("losses", "digests", "compiles", "shapes"):
+        assert boot[key] == plain[key], (key, plain[key], boot[key])
+    layout = _facts(jobs["dir"] / "pipe.db")["graphdeck_parallel_layout"]
+    assert {r: layout[r]["pipeline"]["stage_index"] for r in layout} == {0: 0, 1: 1}, layout
+    assert layout[0]["pipeline"]["params"] == ["a.weight", "a.bias", "b.weight", "b.bias"]
+    assert not (jobs["dir"] / "unused.db").exists()  # the plain job wrote nothing itself
