@@ -6,7 +6,7 @@ This module only assembles the click group: the commands live in modules by conc
 (``cli_checks``: check-grads/check-ranks, ``cli_compile``: check-compile, ``cli_db``: db/stack,
 ``cli_diff``: diff-runs, ``cli_export``: export-trace, ``cli_ingest``:
 ingest-trace/import/upload/delete-run, ``cli_memory``: memory/memory-snapshot, ``cli_parity``,
-``cli_replay``, ``cli_serve``: serve/demo, ``cli_summary``), each listing its commands in
+``cli_replay``, ``cli_run``: run, ``cli_serve``: serve/demo, ``cli_summary``), each listing its commands in
 ``COMMANDS``; :data:`COMMAND_MODULES` below registers them. A command module imports shared
 helpers from ``cli_common`` only, never this module nor another command module (pyproject's
 import-linter contract ``cli-commands``). The helpers are re-exported here for old callers.
@@ -28,6 +28,7 @@ from graphdeck import (
     cli_memory,
     cli_parity,
     cli_replay,
+    cli_run,
     cli_serve,
     cli_summary,
     cli_watch,
@@ -54,6 +55,7 @@ COMMAND_MODULES = (
     cli_memory,
     cli_parity,
     cli_replay,
+    cli_run,
     cli_serve,
     cli_summary,
     cli_watch,
