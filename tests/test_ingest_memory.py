@@ -94,6 +94,21 @@ def stored_results(engine, trace_id: int) -> tuple[dict, str | None, tuple]:
         return json.loads(trace.stats_json)[INDEX_KEY], row.links_json if row is not None else None, fingerprint
 
 
+def check_kept_as_whole(store: str, path: Path, caplog) -> bool:
+    """Ingest ``path`` into ``store``; assert the kept index and links are the whole-trace ones;
+    whether the bounded sweep had to read the trace again."""
+    engine = open_engine(store)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="graphdeck.analysis.traces.launch_sweep"):
+        res = ingest_trace(engine, path, run_name="r")
+    index, links, fingerprint = stored_results(engine, res.trace_id)
+    want_index, want_links, want_fingerprint = whole_trace_results(engine, res.trace_id)
+    engine.dispose()
+    assert index == want_index and len(index["steps"]) == 12 and len(index["collectives"]) == 12
+    assert links == want_links and json.loads(links)["comm"] and fingerprint == want_fingerprint
+    return "read again" in caplog.text
+
+
 @pytest.mark.parametrize("case, kwargs, read_again", [
     ("steps", {}, False),
     ("an all-reduce six steps late", {"late": {3: 6}}, True),
@@ -105,14 +120,15 @@ def test_streamed_index_and_links_are_the_whole_trace_ones(case, kwargs, read_ag
     and the trace read again whole (the result still the same)."""
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(synthetic_trace(12, **kwargs)))
-    engine = open_engine(tmp_path / "s.db")
-    with caplog.at_level(logging.INFO, logger="graphdeck.analysis.traces.launch_sweep"):
-        res = ingest_trace(engine, path, run_name="r")
-    index, links, fingerprint = stored_results(engine, res.trace_id)
-    want_index, want_links, want_fingerprint = whole_trace_results(engine, res.trace_id)
-    assert index == want_index and len(index["steps"]) == 12 and len(index["collectives"]) == 12
-    assert links == want_links and json.loads(links)["comm"] and fingerprint == want_fingerprint
-    assert ("read again" in caplog.text) == read_again, case
+    assert check_kept_as_whole(str(tmp_path / "s.db"), path, caplog) == read_again, case
+
+
+def test_streamed_on_postgresql(pg_url, tmp_path, caplog):
+    """The same on PostgreSQL (a server-side cursor), with and without reading again."""
+    for kwargs, read_again in (({}, False), ({"late": {3: 6}}, True)):
+        path = tmp_path / "trace.json"
+        path.write_text(json.dumps(synthetic_trace(12, **kwargs)))
+        assert check_kept_as_whole(pg_url, path, caplog) == read_again
 
 
 def test_streamed_links_with_kernel_tables_are_the_whole_trace_ones(tmp_path):
