@@ -147,7 +147,10 @@ def run_traces(session: Session, run_id: int) -> dict[int, int]:
 # JSON documents instead of ~50 M events. Traces without it (stores written before it, a newer
 # version, a custom CommRule) are read from their events as before, through CollectiveData: only
 # kernels, launch calls, profiler steps and CPU-side collective candidates, which gives the same
-# collectives and step times.
+# collectives and step times. build_index streams the kernels and their launch calls a few profiler
+# steps at a time (NOTE: [Bounded launch sweep] in launch_sweep.py): the ingest's memory does not
+# grow with the trace; only the steps and the CPU-side candidates (rows a step or a collective) are
+# loaded whole.
 INDEX_KEY = "collective_index"
 INDEX_VERSION = 1
 

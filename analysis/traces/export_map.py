@@ -25,6 +25,9 @@ TraceLinks`). ``links_json`` is ``{"trace": trace id, "groups": [[graph id, [nod
 "comm": [event id deltas of the communication kernels no wrapper call launched]}``. Export
 (:func:`stored_links`) reads that row and maps only the communication kernels (``_map_comm``,
 a few hundred a trace), so the collective labels always follow the records of the export's time.
+The ingest reads the trace for them a few profiler steps at a time (NOTE: [Bounded launch sweep]
+in launch_sweep.py; the host ranges only when the rank has kernel tables to use them), so its
+memory does not grow with the trace (so does :func:`refresh_links`); export's :func:`kernel_links` reads its events whole.
 
 Stale links are never used: the row records what they were computed against — the rank's AOT
 graphs and kernel links (:func:`graphdeck.store.node_times.rank_states`, as the node-time table
