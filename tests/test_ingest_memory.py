@@ -12,7 +12,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.traces.analyze import step_times
@@ -94,41 +94,78 @@ def stored_results(engine, trace_id: int) -> tuple[dict, str | None, tuple]:
         return json.loads(trace.stats_json)[INDEX_KEY], row.links_json if row is not None else None, fingerprint
 
 
-def check_kept_as_whole(store: str, path: Path, caplog) -> bool:
+def check_kept_as_whole(store: str, path: Path) -> int:
     """Ingest ``path`` into ``store``; assert the kept index and links are the whole-trace ones;
-    whether the bounded sweep had to read the trace again."""
+    the trace's id."""
     engine = open_engine(store)
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="graphdeck.analysis.traces.launch_sweep"):
-        res = ingest_trace(engine, path, run_name="r")
+    res = ingest_trace(engine, path, run_name="r")
     index, links, fingerprint = stored_results(engine, res.trace_id)
     want_index, want_links, want_fingerprint = whole_trace_results(engine, res.trace_id)
     engine.dispose()
     assert index == want_index and len(index["steps"]) == 12 and len(index["collectives"]) == 12
     assert links == want_links and json.loads(links)["comm"] and fingerprint == want_fingerprint
-    return "read again" in caplog.text
+    return res.trace_id
 
 
-@pytest.mark.parametrize("case, kwargs, read_again", [
-    ("steps", {}, False),
-    ("an all-reduce six steps late", {"late": {3: 6}}, True),
-    ("a correlation id used twice", {"shared_corr": True}, True),
-])
-def test_streamed_index_and_links_are_the_whole_trace_ones(case, kwargs, read_again, tmp_path, caplog):
-    """A 12-step trace: the index and links kept at ingest equal the whole-trace ones. A kernel
-    further than the horizon from its launch, or a correlation id two launches share, is noticed
-    and the trace read again whole (the result still the same)."""
+def check_sweep(store: str, trace_id: int, caplog, mark_events: int | None = None) -> bool:
+    """The bounded sweep's launches (kernel, launch call, host ranges) are the list path's; whether
+    it had to read the trace again (``mark_events``: run one :class:`Sweep` with that count instead
+    and return whether its check failed)."""
+    from graphdeck.analysis.traces.launch_sweep import Sweep, bounded, launches, stream_events
+
+    def ids(items):
+        return [(k.id, rt.id if rt is not None else None, tuple(e.id for e in chain)) for k, rt, chain in items]
+
+    engine = open_engine(store)
+    with Session(engine) as s:
+        want = ids(launches(load_events(s, trace_id, with_args=False), _chains))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="graphdeck.analysis.traces.launch_sweep"):
+            if mark_events is None:
+                got, again = bounded(s, trace_id, ids), "read again" in caplog.text
+            else:
+                sweep = Sweep(mark_events=mark_events)
+                got = ids(sweep.run(stream_events(s, trace_id)))
+                again = not sweep.check(s, trace_id)
+                if not again:
+                    assert got == want
+                got = want if again else got
+    engine.dispose()
+    assert got == want and sum(1 for _, rt, chain in want if rt is not None and chain) > 600
+    return again
+
+
+CASES = [("steps", {}, False),
+         ("an all-reduce six steps late", {"late": {3: 6}}, True),
+         ("a correlation id used twice", {"shared_corr": True}, True)]
+
+
+@pytest.mark.parametrize("case, kwargs, read_again", CASES)
+def test_streamed_index_links_and_launches_are_the_whole_trace_ones(case, kwargs, read_again, tmp_path, caplog):
+    """A 12-step trace: the index and links kept at ingest equal the whole-trace ones, and so do
+    the bounded sweep's launches and host ranges (what the links of a rank with kernel tables
+    read). A kernel further than the horizon from its launch, or a correlation id two launches
+    share, is noticed and the trace read again whole; a trace without step ranges is cut every
+    ``mark_events`` events instead."""
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(synthetic_trace(12, **kwargs)))
-    assert check_kept_as_whole(str(tmp_path / "s.db"), path, caplog) == read_again, case
+    store = str(tmp_path / "s.db")
+    trace_id = check_kept_as_whole(store, path)
+    assert check_sweep(store, trace_id, caplog) == read_again, case
+    with open_engine(store).begin() as c:  # no step ranges: the horizon counts events
+        c.execute(text("UPDATE trace_events SET name_id = (SELECT name_id FROM trace_events WHERE name_id IN "
+                       "(SELECT id FROM strings WHERE value = 'aten::mm') LIMIT 1) WHERE name_id IN "
+                       "(SELECT id FROM strings WHERE value LIKE 'ProfilerStep#%')"))
+    assert check_sweep(store, trace_id, caplog, mark_events=300) == read_again, case
 
 
 def test_streamed_on_postgresql(pg_url, tmp_path, caplog):
-    """The same on PostgreSQL (a server-side cursor), with and without reading again."""
-    for kwargs, read_again in (({}, False), ({"late": {3: 6}}, True)):
+    """The same on PostgreSQL (server-side cursors, the grouped launch join), with and without
+    reading again."""
+    for _case, kwargs, read_again in CASES[:2]:
         path = tmp_path / "trace.json"
         path.write_text(json.dumps(synthetic_trace(12, **kwargs)))
-        assert check_kept_as_whole(pg_url, path, caplog) == read_again
+        assert check_sweep(pg_url, check_kept_as_whole(pg_url, path), caplog) == read_again
 
 
 def test_streamed_links_with_kernel_tables_are_the_whole_trace_ones(tmp_path):
@@ -147,25 +184,39 @@ def test_streamed_links_with_kernel_tables_are_the_whole_trace_ones(tmp_path):
         assert len(json.loads(links)["kernels"]) > 1000  # kernels mapped through the tables
 
 
-def ingest_peak(engine, path: Path, run: str) -> int:
-    """tracemalloc's peak (bytes) over one ingest of ``path``."""
-    tracemalloc.start()
-    try:
-        ingest_trace(engine, path, run_name=run, batch_size=500)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
 def test_ingest_memory_does_not_grow_with_the_steps(tmp_path):
     """The ingest's peak Python memory for 80 steps (19,600 events) is under 2x its peak for 20
     steps (4,900): it holds a few steps, not the trace (issue 36 item 9). Not timed: tracemalloc
     counts the bytes. Measured: 2.9 → 2.4 MiB (0.8x); the whole-trace reading before gave 2.9 →
-    8.1 MiB (2.8x)."""
+    8.1 MiB (2.8x). The same for the bounded sweep that the links of a rank with kernel tables
+    read (NOTE: [Bounded launch sweep]): 0.49 → 0.50 MiB, where the list path it replaces at
+    ingest takes 2.5 → 9.8 MiB."""
     engine = open_engine(tmp_path / "s.db")
-    sizes = {}
+    sizes, traces = {}, {}
     for steps in (2, 20, 80):  # the first warms imports and caches up
         path = tmp_path / f"t{steps}.json"
         path.write_text(json.dumps(synthetic_trace(steps)))
-        sizes[steps] = ingest_peak(engine, path, f"r{steps}")
-    assert sizes[80] < 2 * sizes[20], {k: round(v / 2**20, 2) for k, v in sizes.items()}
+        tracemalloc.start()
+        try:
+            traces[steps] = ingest_trace(engine, path, run_name=f"r{steps}", batch_size=500).trace_id
+            sizes[steps] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert sizes[80] < 2 * sizes[20], {n: round(v / 2**20, 2) for n, v in sizes.items()}
+
+    from graphdeck.analysis.traces.launch_sweep import bounded, launches
+
+    sweep, whole = {}, {}
+    for steps, trace_id in traces.items():
+        with Session(engine) as s:
+            tracemalloc.start()
+            try:
+                assert bounded(s, trace_id, lambda ks: sum(1 for _ in ks)) == steps * 62
+                sweep[steps] = tracemalloc.get_traced_memory()[1]
+                tracemalloc.reset_peak()
+                assert sum(1 for _ in launches(load_events(s, trace_id, with_args=False), _chains)) == steps * 62
+                whole[steps] = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+    mib = {k: {n: round(v / 2**20, 2) for n, v in d.items()} for k, d in (("sweep", sweep), ("whole", whole))}
+    assert sweep[80] < 2 * sweep[20] and whole[80] > 3 * whole[20], mib

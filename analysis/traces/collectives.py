@@ -147,9 +147,9 @@ def run_traces(session: Session, run_id: int) -> dict[int, int]:
 # JSON documents instead of ~50 M events. Traces without it (stores written before it, a newer
 # version, a custom CommRule) are read from their events as before, through CollectiveData: only
 # kernels, launch calls, profiler steps and CPU-side collective candidates, which gives the same
-# collectives and step times. build_index streams the kernels and their launch calls a few profiler
-# steps at a time (NOTE: [Bounded launch sweep] in launch_sweep.py): the ingest's memory does not
-# grow with the trace; only the steps and the CPU-side candidates (rows a step or a collective) are
+# collectives and step times. build_index streams the kernels, each with its launch time joined by
+# the database (NOTE: [Bounded launch sweep] in launch_sweep.py): the ingest's memory does not grow
+# with the trace; only the steps and the CPU-side candidates (rows a step or a collective) are
 # loaded whole.
 INDEX_KEY = "collective_index"
 INDEX_VERSION = 1
@@ -192,28 +192,22 @@ class CollectiveData(TraceData):
 def build_index(session: Session, trace_id: int, rule: CommRule | None = None) -> dict:
     """``{"v": INDEX_VERSION, "collectives": [...], "steps": [...]}`` of one stored trace:
     :func:`rank_collectives` (``key`` as a list) and :func:`step_times`, read through
-    :class:`CollectiveData` (NOTE: [Collective index]) with the kernels and their launches
-    streamed a few profiler steps at a time (NOTE: [Bounded launch sweep]), so memory does not
-    grow with the trace. Times in ns on the trace's own clock."""
+    :class:`CollectiveData` (NOTE: [Collective index]) with the kernels streamed, each with its
+    launch time joined by the database (NOTE: [Bounded launch sweep]), so memory does not grow
+    with the trace. Times in ns on the trace's own clock."""
     from graphdeck.analysis.traces.analyze import StepTimes
-    from graphdeck.analysis.traces.launch_sweep import bounded
+    from graphdeck.analysis.traces.launch_sweep import stream_kernels
 
     rule = rule or CommRule()
     data = CollectiveData(session, trace_id, kernels=False)
     spans = _step_spans(data)
-
-    def consume(launches, _sweep):
-        times, seq, out = StepTimes(data.steps()), Counter(), []
-        for k, rt, _chain in launches:
-            launch = rt.ts if rt is not None else k.ts  # TraceData.launch_ts
-            times.add(k, launch)
-            if rule.is_comm(k.name):
-                out.append(_comm_entry(k, launch, spans, seq))
-        return out, times.rows()
-
-    out, steps = bounded(session, trace_id, consume, ranges=False, kernel_args=True)
+    times, seq, out = StepTimes(data.steps()), Counter(), []
+    for k, launch in stream_kernels(session, trace_id, args=True, launch=True):
+        times.add(k, launch)
+        if rule.is_comm(k.name):
+            out.append(_comm_entry(k, launch, spans, seq))
     colls = [{**c, "key": list(c["key"])} for c in _with_cpu(data, out)]
-    return {"v": INDEX_VERSION, "collectives": colls, "steps": steps}
+    return {"v": INDEX_VERSION, "collectives": colls, "steps": times.rows()}
 
 
 def store_index(session: Session, trace_id: int) -> dict:

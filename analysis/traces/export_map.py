@@ -55,7 +55,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.analysis.traces.analyze import CommRule
 from graphdeck.analysis.traces.data import Ev
-from graphdeck.analysis.traces.launch_sweep import Launch, bounded, launches
+from graphdeck.analysis.traces.launch_sweep import Launch, bounded, launches, stream_kernels
 from graphdeck.analysis.traces.links import _chains
 from graphdeck.analysis.traces.mapping import (
     _REGION,
@@ -208,10 +208,12 @@ def record_links(engine: Engine, trace_id: int, full: bool = False) -> bool | By
             trace = s.get(Trace, trace_id)
             state = rank_states(s, trace.run_id, trace.rank)[trace.rank]  # before the mapping: a graph added meanwhile makes it stale
             tables = _tables(s, trace.run_id, trace.rank)
-            # NOTE: [Bounded launch sweep]: one window of steps at a time, not the whole trace; the
-            # enclosing ranges (every event) are read only when there are kernel tables to use them
-            by_kernel, comm_kernels, cpu_path = bounded(
-                s, trace_id, lambda ks, _sweep: _compute(s, trace, ks, tables), ranges=bool(tables))
+            # NOTE: [Bounded launch sweep]: a few steps at a time, not the whole trace
+            if tables:
+                by_kernel, comm_kernels, cpu_path = bounded(s, trace_id, lambda ks: _compute(s, trace, ks, tables))
+            else:  # without tables a kernel's launch and host ranges are not looked at
+                kernels = ((k, None, ()) for k, _ in stream_kernels(s, trace_id, args=False, launch=False))
+                by_kernel, comm_kernels, cpu_path = _compute(s, trace, kernels, tables)
             count, first, last = _fingerprint(s, trace_id)
             run_id, rank = trace.run_id, trace.rank
             row = None if cpu_path else dict(

@@ -3,25 +3,31 @@
 # NOTE: [Bounded launch sweep]
 The ingest's post-ingest analyses (the collective index, the kept kernel links: NOTE:
 [Collective index], NOTE: [Stored kernel links]) need, per GPU kernel, its launching runtime call
-(the first one, in ``(ts, id)`` order, of the same ``correlation``) and that call's enclosing host
-ranges (NOTE: [GPU to CPU links]). Read from a list of every event, that holds the whole trace;
-:func:`sweep` reads the events in ``(ts, id)`` order through a server-side cursor and keeps only:
+(the first one, in ``(ts, id)`` order, of the same ``correlation``) and, for the links of a rank
+with kernel tables, that call's enclosing host ranges (NOTE: [GPU to CPU links]). Read from a list
+of every event (:func:`launches`, what export and the analyses use), that holds the whole trace.
+The ingest reads them so that its memory does not grow with the trace (issue 36 item 9):
 
-* per thread, the stack of host ranges open at the current time (:func:`stack_step`, the sweep of
-  :func:`graphdeck.analysis.traces.links._chains`, fed the same per-thread order);
-* the runtime calls not yet claimed by a kernel and the kernels not yet matched to their call,
-  both forgotten once older than the *horizon*: the start of the third-last ``ProfilerStep#N``
-  seen (host side), or, in a stretch of ``mark_events`` events without a step, the event that many
-  events back. So memory is bounded by about three steps, not by the trace.
+* the collective index needs only the launch's start: :func:`stream_kernels` streams the kernels
+  with the smallest ``ts`` of their correlation's runtime calls joined by the database (a grouped
+  pass over the launch calls, none of them held in Python); the links of a rank without kernel
+  tables need no launch at all (the kernels alone are streamed);
+* the links of a rank with kernel tables need the host ranges: :class:`Sweep` reads every event
+  by ``(ts, id)`` (:func:`stream_events`) and keeps only, per thread, the stack of ranges open at
+  the current time (:func:`stack_step`, the sweep of ``links._chains`` fed the same per-thread
+  order), the runtime calls not yet claimed by a kernel and the kernels not yet matched to their
+  call, both forgotten once older than the *horizon*: the start of the third-last
+  ``ProfilerStep#N`` seen (host side), or, in a stretch of ``mark_events`` events without a step,
+  the event that many events back. So memory is bounded by about three steps.
 
-It yields ``(kernel, runtime call or None, chain)`` for every kernel (``GPU_KERNEL_CATS``) in the
-kernels' ``(ts, id)`` order — what the list path gives (:func:`launches`). A kernel is matched to
-a call launched up to a horizon before it (or after it: clock skew). Forgetting is exact only if
-nothing forgotten was needed: a kernel given up unmatched whose correlation some runtime call of
-the trace has, or a correlation shared by two runtime calls once something was forgotten. The
-sweep says so (:attr:`Sweep.exact`, checked with two queries after the stream, bounded too), and
-:func:`bounded` then runs the consumer again over an unbounded sweep (the whole trace held, as
-before), so the result is always the list path's.
+The sweep yields ``(kernel, runtime call or None, chain)`` for every kernel (``GPU_KERNEL_CATS``) in
+the kernels' ``(ts, id)`` order, as :func:`launches` does. Forgetting is exact only if nothing
+forgotten was needed: a kernel given up unmatched whose correlation some runtime call of the trace
+has (it ran more than the horizon after, or before, its launch), or a correlation id two runtime
+calls share once something was forgotten (the list path gives every kernel the first of them, maybe
+long gone). :meth:`Sweep.check` tells (two streamed queries), and :func:`bounded` then runs the
+consumer again over an unbounded sweep (the whole trace held, as before): the result is always the
+list path's.
 """
 
 from __future__ import annotations
@@ -98,20 +104,45 @@ def _cats(params: dict, prefix: str, cats: Iterable[str]) -> str:
     return ",".join(f":{prefix}{i}" for i in range(len(names)))
 
 
-def stream_events(session: Session, trace_id: int, *, ranges: bool, kernel_args: bool) -> Iterator[Ev]:
-    """Trace ``trace_id``'s ``X`` events by ``(ts, id)``, streamed (a server-side cursor on
-    PostgreSQL; SQLite's cursor reads as it goes): every event when ``ranges``, else only kernels,
-    runtime calls and ``ProfilerStep#N`` ranges; ``args`` only on kernels when ``kernel_args``."""
-    params: dict = {"tid": trace_id}
-    args = f"CASE WHEN c.value IN ({_cats(params, 'k', GPU_KERNEL_CATS)}) THEN e.args_json ELSE NULL END" \
-        if kernel_args else "NULL"
-    where = "" if ranges else (f"AND (c.value IN ({_cats(params, 'w', GPU_KERNEL_CATS | RUNTIME_CATS)}) "
-                               "OR n.value LIKE 'ProfilerStep#%')")
+def stream_events(session: Session, trace_id: int) -> Iterator[Ev]:
+    """Trace ``trace_id``'s ``X`` events by ``(ts, id)`` (``args`` not read), streamed: a
+    server-side cursor on PostgreSQL; SQLite's cursor reads as it goes."""
     result = session.connection().execution_options(stream_results=True, yield_per=5000).execute(
-        text(_SQL.format(args=args, where=where)), params)
+        text(_SQL.format(args="NULL", where="")), {"tid": trace_id})
     try:
         for row in result:
             yield Ev(*row)
+    finally:
+        result.close()
+
+
+_KERNELS_SQL = (
+    "SELECT e.id, n.value, c.value, e.ts_ns, e.dur_ns, e.pid, e.tid, e.correlation, {args}, {launch} "
+    "FROM trace_events e JOIN strings n ON n.id = e.name_id JOIN strings c ON c.id = e.cat_id {join} "
+    "WHERE e.trace_id = :tid AND e.ph = 'X' AND c.value IN ({kernels}) ORDER BY e.ts_ns, e.id")
+# the first launch call of each correlation starts at its smallest ts (ties by id start at the same ts)
+_LAUNCH_JOIN = (
+    "LEFT JOIN (SELECT r.correlation AS corr, MIN(r.ts_ns) AS ts FROM trace_events r JOIN strings rc "
+    "ON rc.id = r.cat_id WHERE r.trace_id = :tid AND r.ph = 'X' AND r.correlation IS NOT NULL AND rc.value IN "
+    "({runtime}) GROUP BY r.correlation) f ON f.corr = e.correlation")
+
+
+def stream_kernels(session: Session, trace_id: int, *, args: bool, launch: bool) -> Iterator[tuple[Ev, int]]:
+    """``(kernel, launch ns)`` for each kernel (``GPU_KERNEL_CATS``) of trace ``trace_id`` by
+    ``(ts, id)``, streamed (NOTE: [Bounded launch sweep]). ``launch``: the start of its launch
+    call (the first runtime call of its correlation, as
+    :meth:`~graphdeck.analysis.traces.analyze.TraceData.launch_ts`: its own start when none),
+    joined by the database (one grouped pass over the launch calls, none of them held here); else
+    the kernel's own start. ``args``: read the kernels' args."""
+    params: dict = {"tid": trace_id}
+    sql = _KERNELS_SQL.format(args="e.args_json" if args else "NULL", launch="f.ts" if launch else "NULL",
+                              join=_LAUNCH_JOIN.format(runtime=_cats(params, "r", RUNTIME_CATS)) if launch else "",
+                              kernels=_cats(params, "k", GPU_KERNEL_CATS))
+    result = session.connection().execution_options(stream_results=True, yield_per=5000).execute(text(sql), params)
+    try:
+        for row in result:
+            k = Ev(*row[:9])
+            yield k, row[9] if row[9] is not None else k.ts
     finally:
         result.close()
 
@@ -120,13 +151,13 @@ class Sweep:
     """One pass of NOTE: [Bounded launch sweep] over ``events`` (``(ts, id)`` order).
     ``horizon=False``: nothing is forgotten (memory grows with the trace, always exact)."""
 
-    def __init__(self, horizon: bool = True, mark_events: int = 50_000, chains: bool = True):
+    def __init__(self, horizon: bool = True, mark_events: int = 50_000):
         self.horizon = horizon
         self.mark_events = mark_events
-        self.chains = chains
         self.stacks: dict[tuple[str, str], list] = {}
         self.pending: OrderedDict[int, list] = OrderedDict()  # corr → [runtime call, chain or None]
-        self.waiting: deque[Ev] = deque()  # kernels by (ts, id), the first ones not yet matched
+        self.waiting: deque[list] = deque()  # [kernel, call or None, chain] by (ts, id), not yet yielded
+        self.unmatched: dict[int, list[list]] = {}  # corr → the waiting items without a call
         self.given_up: set[int] = set()  # correlations of kernels yielded unmatched after a horizon
         self.forgot = False  # a runtime call was forgotten unclaimed
         self.marks: list[int] = []
@@ -146,24 +177,33 @@ class Sweep:
 
     def _group(self, group: list[Ev]) -> Iterator[Launch]:
         """The events of one ``ts``: runtime calls claim their correlation in ``(ts, id)`` order
-        (the list path's ``setdefault``), the thread sweeps run in their own order, then the
-        kernels queue up."""
-        kernels = []
+        (the list path's ``setdefault``), the thread sweeps run in their own order, then kernels
+        are matched (those waiting for a call that came after them too) and queue up."""
+        kernels, claimed = [], []
         for e in group:
             if e.cat in RUNTIME_CATS and e.corr is not None and e.corr not in self.pending:
                 self.pending[e.corr] = [e, None]
+                claimed.append(e.corr)
             elif e.cat in GPU_KERNEL_CATS:
                 kernels.append(e)
             elif e.cat in CPU_RANGE_CATS and _STEP.match(e.name):
                 self._mark(e.ts)
         for e in sorted(group, key=lambda e: (-e.dur, e.cat in RUNTIME_CATS, e.id)):
             is_rt = e.cat in RUNTIME_CATS
-            if not self.chains or not (is_rt or e.cat in CPU_RANGE_CATS):
+            if not (is_rt or e.cat in CPU_RANGE_CATS):
                 continue
             chain = stack_step(self.stacks.setdefault((e.pid, e.tid), []), e, is_rt)
             if is_rt and (p := self.pending.get(e.corr)) is not None and p[0] is e:
                 p[1] = chain
-        self.waiting.extend(kernels)
+        for corr in claimed:  # kernels that ran before their launch call (clock skew)
+            for item in self.unmatched.pop(corr, ()):
+                item[1], item[2] = self.pending[corr]
+        for k in kernels:
+            p = self.pending.get(k.corr) if k.corr is not None else None
+            item = [k, *p] if p is not None else [k, None, None]
+            if p is None and k.corr is not None:
+                self.unmatched.setdefault(k.corr, []).append(item)
+            self.waiting.append(item)
         self.since_mark += len(group)
         if self.since_mark >= self.mark_events:
             self._mark(group[0].ts)
@@ -178,15 +218,14 @@ class Sweep:
     def _emit(self, final: bool = False) -> Iterator[Launch]:
         cut = self.marks[0] if self.horizon and len(self.marks) == 3 else None
         while self.waiting:
-            k = self.waiting[0]
-            p = self.pending.get(k.corr) if k.corr is not None else None
-            if p is not None:
-                self.waiting.popleft()
-                yield k, p[0], p[1] or ()
-            elif final or k.corr is None or (cut is not None and k.ts < cut):
-                yield self._give_up(self.waiting.popleft())
-            else:
-                break
+            k, rt, chain = self.waiting[0]
+            if rt is None and not (final or k.corr is None or (cut is not None and k.ts < cut)):
+                break  # its launch call may still come
+            self.waiting.popleft()
+            if rt is None and k.corr is not None:
+                self.unmatched.pop(k.corr, None)
+                self.given_up.add(k.corr)
+            yield k, rt, chain or ()
         if cut is not None:
             while self.pending:
                 corr, (rt, _) = next(iter(self.pending.items()))
@@ -194,11 +233,6 @@ class Sweep:
                     break
                 del self.pending[corr]
                 self.forgot = True
-
-    def _give_up(self, k: Ev) -> Launch:
-        if k.corr is not None:
-            self.given_up.add(k.corr)
-        return k, None, ()
 
     def check(self, session: Session, trace_id: int) -> bool:
         """Whether what was forgotten was never needed (NOTE: [Bounded launch sweep]); two streamed
@@ -223,15 +257,13 @@ class Sweep:
         return exact
 
 
-def bounded(session: Session, trace_id: int, consume: Callable[[Iterator[Launch], Sweep], T], *,
-            ranges: bool, kernel_args: bool = False) -> T:
-    """``consume(launches, sweep)`` over a bounded :class:`Sweep` of trace ``trace_id``'s stored
-    events (:func:`stream_events`), again over an unbounded one when the bounded one was not exact
-    (NOTE: [Bounded launch sweep]); ``consume`` must start from scratch each time. ``ranges``:
-    the chains are wanted (every event is read), else only kernels and their launches."""
+def bounded(session: Session, trace_id: int, consume: Callable[[Iterator[Launch]], T]) -> T:
+    """``consume(launches)`` over a bounded :class:`Sweep` of trace ``trace_id``'s stored events
+    (:func:`stream_events`), again over an unbounded one when the bounded one was not exact
+    (NOTE: [Bounded launch sweep]); ``consume`` must start from scratch each time."""
     for horizon in (True, False):
-        sweep = Sweep(horizon=horizon, chains=ranges)
-        got = consume(sweep.run(stream_events(session, trace_id, ranges=ranges, kernel_args=kernel_args)), sweep)
+        sweep = Sweep(horizon=horizon)
+        got = consume(sweep.run(stream_events(session, trace_id)))
         if not horizon or sweep.check(session, trace_id):
             return got
         log.info("trace %s: a kernel ran further than three profiler steps from its launch, or launches share a "
