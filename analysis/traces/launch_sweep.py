@@ -16,9 +16,11 @@ The ingest reads them so that its memory does not grow with the trace (issue 36 
   by ``(ts, id)`` (:func:`stream_events`) and keeps only, per thread, the stack of ranges open at
   the current time (:func:`stack_step`, the sweep of ``links._chains`` fed the same per-thread
   order), the runtime calls not yet claimed by a kernel and the kernels not yet matched to their
-  call, both forgotten once older than the *horizon*: the start of the third-last
-  ``ProfilerStep#N`` seen (host side), or, in a stretch of ``mark_events`` events without a step,
-  the event that many events back. So memory is bounded by about three steps.
+  call, both forgotten once older than the *horizon*: the older of the start of the third-last
+  ``ProfilerStep#N`` seen (host side; none in a trace without steps) and the event two to three
+  times ``mark_events`` (20,000) back. So memory is bounded by three steps or 60,000 events,
+  whichever is more, and a kernel may run up to that far from its launch (a CPU running ahead of
+  a queue of tiny steps, a trace without steps).
 
 The sweep yields ``(kernel, runtime call or None, chain)`` for every kernel (``GPU_KERNEL_CATS``) in
 the kernels' ``(ts, id)`` order, as :func:`launches` does. Forgetting is exact only if nothing
@@ -46,6 +48,8 @@ from graphdeck.analysis.traces.data import CPU_RANGE_CATS, GPU_KERNEL_CATS, RUNT
 log = logging.getLogger(__name__)
 
 _STEP = re.compile(r"^ProfilerStep#\d+$")
+#: Events between two count marks of the horizon (NOTE: [Bounded launch sweep]).
+MARK_EVENTS = 20_000
 T = TypeVar("T")
 Launch = tuple[Ev, Ev | None, tuple[Ev, ...]]
 
@@ -151,16 +155,17 @@ class Sweep:
     """One pass of NOTE: [Bounded launch sweep] over ``events`` (``(ts, id)`` order).
     ``horizon=False``: nothing is forgotten (memory grows with the trace, always exact)."""
 
-    def __init__(self, horizon: bool = True, mark_events: int = 50_000):
+    def __init__(self, horizon: bool = True, mark_events: int = MARK_EVENTS):
         self.horizon = horizon
         self.mark_events = mark_events
+        self.step_marks: list[int] = []  # starts of the last three steps
         self.stacks: dict[tuple[str, str], list] = {}
         self.pending: OrderedDict[int, list] = OrderedDict()  # corr → [runtime call, chain or None]
         self.waiting: deque[list] = deque()  # [kernel, call or None, chain] by (ts, id), not yet yielded
         self.unmatched: dict[int, list[list]] = {}  # corr → the waiting items without a call
         self.given_up: set[int] = set()  # correlations of kernels yielded unmatched after a horizon
         self.forgot = False  # a runtime call was forgotten unclaimed
-        self.marks: list[int] = []
+        self.marks: list[int] = []  # ts of the last three events counted every mark_events
         self.since_mark = 0
         self.exact: bool | None = None  # set by check()
 
@@ -186,8 +191,8 @@ class Sweep:
                 claimed.append(e.corr)
             elif e.cat in GPU_KERNEL_CATS:
                 kernels.append(e)
-            elif e.cat in CPU_RANGE_CATS and _STEP.match(e.name):
-                self._mark(e.ts)
+            elif e.cat in CPU_RANGE_CATS and _STEP.match(e.name) and (not self.step_marks or e.ts > self.step_marks[-1]):
+                self.step_marks = [*self.step_marks[-2:], e.ts]
         for e in sorted(group, key=lambda e: (-e.dur, e.cat in RUNTIME_CATS, e.id)):
             is_rt = e.cat in RUNTIME_CATS
             if not (is_rt or e.cat in CPU_RANGE_CATS):
@@ -206,17 +211,14 @@ class Sweep:
             self.waiting.append(item)
         self.since_mark += len(group)
         if self.since_mark >= self.mark_events:
-            self._mark(group[0].ts)
+            self.marks = [*self.marks[-2:], group[0].ts]
+            self.since_mark = 0
         yield from self._emit()
 
-    def _mark(self, ts: int) -> None:
-        if not self.marks or ts > self.marks[-1]:
-            self.marks.append(ts)
-            del self.marks[:-3]
-        self.since_mark = 0
-
     def _emit(self, final: bool = False) -> Iterator[Launch]:
-        cut = self.marks[0] if self.horizon and len(self.marks) == 3 else None
+        cut = None
+        if self.horizon and len(self.marks) == 3:
+            cut = min(self.marks[0], self.step_marks[0]) if len(self.step_marks) == 3 else self.marks[0]
         while self.waiting:
             k, rt, chain = self.waiting[0]
             if rt is None and not (final or k.corr is None or (cut is not None and k.ts < cut)):
@@ -257,12 +259,13 @@ class Sweep:
         return exact
 
 
-def bounded(session: Session, trace_id: int, consume: Callable[[Iterator[Launch]], T]) -> T:
+def bounded(session: Session, trace_id: int, consume: Callable[[Iterator[Launch]], T],
+            mark_events: int = MARK_EVENTS) -> T:
     """``consume(launches)`` over a bounded :class:`Sweep` of trace ``trace_id``'s stored events
     (:func:`stream_events`), again over an unbounded one when the bounded one was not exact
     (NOTE: [Bounded launch sweep]); ``consume`` must start from scratch each time."""
     for horizon in (True, False):
-        sweep = Sweep(horizon=horizon)
+        sweep = Sweep(horizon=horizon, mark_events=mark_events)
         got = consume(sweep.run(stream_events(session, trace_id)))
         if not horizon or sweep.check(session, trace_id):
             return got
