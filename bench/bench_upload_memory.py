@@ -7,7 +7,10 @@ corpus by repeating real files with shifted identities:
 
 * trace: the events of ``hta/negative_queue_length_values_check/rank0.json.gz`` (rank 0 of 16,
   108,936 events, 25.8 MB of JSON) written again and again, each copy's ``ts`` shifted past the
-  previous copy's end, metadata (``ph: M``) events once, until the file reaches the size;
+  previous copy's end and its ``correlation`` / ``External id`` past the previous copy's ids (as
+  one long profile numbers its launches: a correlation id names one launch), metadata (``ph: M``)
+  events once, until the file reaches the size (files ``trace_<N>mib_ids.json``; before
+  2026-12-07 the ids were repeated, so every copy's kernels named the first copy's launches);
 * log: ``generated_torch2.13_cpu_gloo/ddp`` rank 0 (a real DDP TORCH_TRACE log) repeated, each
   copy's envelope ``frame_id`` shifted past the previous copy's frames.
 
@@ -58,6 +61,8 @@ LOG_DIR = DATA / "torch_trace" / "generated_torch2.13_cpu_gloo" / "ddp"
 CACHE = Path("/tmp/graphdeck-bench/upload-mem")
 MiB = 1024 * 1024
 CLIENT = {"X-Graphdeck-Client": "1"}
+#: Event args that number launches: shifted per copy of the trace.
+ID_ARGS = {"correlation", "External id", "external id"}
 ROUTES = ("trace-raw", "trace-form", "trace-resumable", "log-form", "log-form-parts")
 #: Not run unless named in ``--routes``.
 EXTRA_ROUTES = ("trace-unique", "trace-raw-gz", "trace-resumable-gz", "bundle-resumable")
@@ -67,7 +72,7 @@ EXTRA_ROUTES = ("trace-unique", "trace-raw-gz", "trace-resumable-gz", "bundle-re
 
 
 def make_trace(mib: int, unique: bool = False) -> Path:
-    out = CACHE / f"trace_{mib}mib{'_unique' if unique else ''}.json"
+    out = CACHE / f"trace_{mib}mib_ids{'_unique' if unique else ''}.json"
     if out.exists():
         return out
     import gzip
@@ -79,6 +84,8 @@ def make_trace(mib: int, unique: bool = False) -> Path:
     t0 = min(e["ts"] for e in timed if isinstance(e.get("ts"), (int, float)))
     t1 = max(e["ts"] + (e.get("dur") or 0) for e in timed if isinstance(e.get("ts"), (int, float)))
     span = int(t1 - t0) + 1000
+    ids = 1 + max((v for e in timed for k, v in (e.get("args") or {}).items()
+                   if k in ID_ARGS and isinstance(v, int) and not isinstance(v, bool)), default=0)
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".part")
     with open(tmp, "wb") as f:
@@ -90,6 +97,9 @@ def make_trace(mib: int, unique: bool = False) -> Path:
             for e in timed:
                 if isinstance(e.get("ts"), (int, float)):
                     e = {**e, "ts": e["ts"] + k * span}
+                if k and isinstance(e.get("args"), dict) and ID_ARGS & e["args"].keys():
+                    e = {**e, "args": {a: v + k * ids if a in ID_ARGS and isinstance(v, int) else v
+                                       for a, v in e["args"].items()}}
                 if unique:  # every event a name of its own: the interned-string tables grow with the file
                     e = {**e, "name": f"{e.get('name')} #{size}"}
                 line = sep + orjson.dumps(e)

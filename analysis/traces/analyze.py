@@ -122,21 +122,40 @@ def step_times(data: TraceData) -> list[dict]:
     span of the kernels it launched: ``gpu_start_ns``, ``gpu_end_ns``, ``gpu_span_ns``,
     ``kernels``, ``kernel_ns`` (summed kernel time). A trace without step ranges gives one
     entry ``step = None`` covering every kernel."""
-    out = []
-    steps: list[Ev | None] = list(data.steps()) or [None]
-    for st in steps:
-        ks = data.kernels_of_step(st)
-        start = min((k.ts for k in ks), default=None)
-        end = max((k.end for k in ks), default=None)
-        out.append({
-            "step": int(_STEP.match(st.name).group(1)) if st is not None else None,
-            "cpu_start_ns": st.ts if st is not None else None,
-            "cpu_dur_ns": st.dur if st is not None else None,
-            "gpu_start_ns": start, "gpu_end_ns": end,
-            "gpu_span_ns": (end - start) if start is not None else None,
-            "kernels": len(ks), "kernel_ns": sum(k.dur for k in ks),
-        })
-    return out
+    times = StepTimes(data.steps())
+    for k in data.kernels:
+        times.add(k, data.launch_ts(k))
+    return times.rows()
+
+
+class StepTimes:
+    """:func:`step_times` a kernel at a time (``add(kernel, launch ns)``, any order; ``rows()``):
+    so the collective index can stream the kernels (NOTE: [Bounded launch sweep])."""
+
+    def __init__(self, steps: list[Ev]):
+        self.steps: list[Ev | None] = list(steps) or [None]
+        self.acc = [[None, None, 0, 0] for _ in self.steps]  # gpu start, gpu end, kernels, kernel ns
+
+    def add(self, k: Ev, launch: int) -> None:
+        for st, acc in zip(self.steps, self.acc):
+            if st is None or st.ts <= launch < st.end:  # TraceData.kernels_of_step
+                acc[0] = k.ts if acc[0] is None else min(acc[0], k.ts)
+                acc[1] = k.end if acc[1] is None else max(acc[1], k.end)
+                acc[2] += 1
+                acc[3] += k.dur
+
+    def rows(self) -> list[dict]:
+        out = []
+        for st, (start, end, n, ns) in zip(self.steps, self.acc):
+            out.append({
+                "step": int(_STEP.match(st.name).group(1)) if st is not None else None,
+                "cpu_start_ns": st.ts if st is not None else None,
+                "cpu_dur_ns": st.dur if st is not None else None,
+                "gpu_start_ns": start, "gpu_end_ns": end,
+                "gpu_span_ns": (end - start) if start is not None else None,
+                "kernels": n, "kernel_ns": ns,
+            })
+        return out
 
 
 def gpu_busy(data: TraceData) -> list[dict]:

@@ -38,7 +38,7 @@ from collections import Counter, defaultdict
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.analyze import CommRule, TraceData, step_times
+from graphdeck.analysis.traces.analyze import CommRule, TraceData
 from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import Run, Trace
 
@@ -96,23 +96,35 @@ def rank_collectives(data: TraceData, rule: CommRule | None = None) -> list[dict
     ``("?", kind, seq)``, see NOTE: [Rank clock alignment]), and its CPU-side collectives
     (``gloo:all_reduce``...; ``where = "cpu"``, NOTE: [CPU-side collectives])."""
     rule = rule or CommRule()
-    steps = [(s.ts, s.end, int(_STEP.match(s.name).group(1))) for s in data.steps()]
+    steps = _step_spans(data)
     seq: Counter = Counter()
-    out = []
-    for k in sorted((k for k in data.kernels if rule.is_comm(k.name)), key=lambda e: (e.ts, e.id)):
-        args = k.args_dict()
-        group = args.get("Process Group Name")
-        group = str(group) if group is not None else "?"
-        kind = _kind(k.name, args)
-        ident = (group,) if group != "?" else (group, kind)
-        n = seq[ident]
-        seq[ident] += 1
-        launch = data.launch_ts(k)
-        step = next((num for s, e, num in steps if s <= launch < e), None)
-        nelems = args.get("In msg nelems")
-        out.append({"key": (*ident, n), "group": group, "kind": kind, "seq": n, "start_ns": k.ts, "end_ns": k.end,
-                    "dur_ns": k.dur, "kernel": k.name, "step": step,
-                    "nelems": nelems if isinstance(nelems, int) and not isinstance(nelems, bool) else None})
+    out = [_comm_entry(k, data.launch_ts(k), steps, seq)
+           for k in sorted((k for k in data.kernels if rule.is_comm(k.name)), key=lambda e: (e.ts, e.id))]
+    return _with_cpu(data, out)
+
+
+def _step_spans(data: TraceData) -> list[tuple[int, int, int]]:
+    return [(s.ts, s.end, int(_STEP.match(s.name).group(1))) for s in data.steps()]
+
+
+def _comm_entry(k, launch: int, steps: list[tuple[int, int, int]], seq: Counter) -> dict:
+    """:func:`rank_collectives`' entry of communication kernel ``k`` launched at ``launch`` (ns);
+    kernels must come in ``(ts, id)`` order (``seq`` counts per group)."""
+    args = k.args_dict()
+    group = args.get("Process Group Name")
+    group = str(group) if group is not None else "?"
+    kind = _kind(k.name, args)
+    ident = (group,) if group != "?" else (group, kind)
+    n = seq[ident]
+    seq[ident] += 1
+    step = next((num for s, e, num in steps if s <= launch < e), None)
+    nelems = args.get("In msg nelems")
+    return {"key": (*ident, n), "group": group, "kind": kind, "seq": n, "start_ns": k.ts, "end_ns": k.end,
+            "dur_ns": k.dur, "kernel": k.name, "step": step,
+            "nelems": nelems if isinstance(nelems, int) and not isinstance(nelems, bool) else None}
+
+
+def _with_cpu(data: TraceData, out: list[dict]) -> list[dict]:
     from graphdeck.analysis.ranks.cpu_collectives import cpu_collectives  # NOTE: [CPU-side collectives]
 
     cpu = cpu_collectives(data, has_comm_kernels=bool(out))
@@ -135,7 +147,10 @@ def run_traces(session: Session, run_id: int) -> dict[int, int]:
 # JSON documents instead of ~50 M events. Traces without it (stores written before it, a newer
 # version, a custom CommRule) are read from their events as before, through CollectiveData: only
 # kernels, launch calls, profiler steps and CPU-side collective candidates, which gives the same
-# collectives and step times.
+# collectives and step times. build_index streams the kernels, each with its launch time joined by
+# the database (NOTE: [Bounded launch sweep] in launch_sweep.py): the ingest's memory does not grow
+# with the trace; only the steps and the CPU-side candidates (rows a step or a collective) are
+# loaded whole.
 INDEX_KEY = "collective_index"
 INDEX_VERSION = 1
 
@@ -143,7 +158,7 @@ _INDEX_SQL = (
     "SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.dur_ns, e.pid, e.tid, e.correlation, "
     "CASE WHEN c.value IN ({runtime}) THEN NULL ELSE e.args_json END FROM trace_events e "
     "JOIN strings n ON n.id = e.name_id LEFT JOIN strings c ON c.id = e.cat_id WHERE e.trace_id = :tid AND "
-    "e.ph = 'X' AND (c.value IN ({cats}) OR n.value LIKE 'gloo:%' OR n.value LIKE 'mpi:%' OR n.value LIKE 'ucc:%' "
+    "e.ph = 'X' AND ({kernels}n.value LIKE 'gloo:%' OR n.value LIKE 'mpi:%' OR n.value LIKE 'ucc:%' "
     "OR n.value = 'record_param_comms' OR n.value LIKE 'c10d::%' OR n.value LIKE 'ProfilerStep#%') "
     "ORDER BY e.ts_ns, e.id")
 
@@ -153,21 +168,23 @@ class CollectiveData(TraceData):
     read (NOTE: [Collective index]): kernels (memcpy/memset left out), launch calls (without their
     args), profiler steps and CPU-side collective candidates. ``links`` give each kernel its
     launch call (``op`` and ``chain`` hold only the ranges loaded), so labels are not those of
-    :class:`TraceData`; collectives, their steps and step times are the same."""
+    :class:`TraceData`; collectives, their steps and step times are the same. ``kernels=False``:
+    only the profiler steps and CPU-side candidates (a few rows a collective and a step; the
+    kernels are then streamed: NOTE: [Bounded launch sweep])."""
 
-    def __init__(self, session: Session, trace_id: int):  # noqa: D107 - no super(): it would load every event
+    def __init__(self, session: Session, trace_id: int, kernels: bool = True):  # noqa: D107 - no super(): it would load every event
         from graphdeck.analysis.traces.data import GPU_KERNEL_CATS, RUNTIME_CATS, Ev
         from graphdeck.analysis.traces.links import link_gpu_events
 
         cats, runtime = sorted(GPU_KERNEL_CATS | RUNTIME_CATS), sorted(RUNTIME_CATS)
-        sql = _INDEX_SQL.format(cats=",".join(f":c{i}" for i in range(len(cats))),
+        sql = _INDEX_SQL.format(kernels=f"c.value IN ({','.join(f':c{i}' for i in range(len(cats)))}) OR " if kernels else "",
                                 runtime=",".join(f":r{i}" for i in range(len(runtime))))
-        params = {"tid": trace_id, **{f"c{i}": c for i, c in enumerate(cats)},
+        params = {"tid": trace_id, **({f"c{i}": c for i, c in enumerate(cats)} if kernels else {}),
                   **{f"r{i}": c for i, c in enumerate(runtime)}}
         self.trace_id = trace_id
         self.events = [Ev(*row) for row in session.execute(text(sql), params)]
-        self.links = link_gpu_events(self.events)
-        self.gpu = self.kernels = [e for e in self.events if e.cat in GPU_KERNEL_CATS]
+        self.links = link_gpu_events(self.events) if kernels else {}
+        self.gpu = self.kernels = [e for e in self.events if e.cat in GPU_KERNEL_CATS] if kernels else []
         self._session = session
         self._mapping = None
 
@@ -175,10 +192,22 @@ class CollectiveData(TraceData):
 def build_index(session: Session, trace_id: int, rule: CommRule | None = None) -> dict:
     """``{"v": INDEX_VERSION, "collectives": [...], "steps": [...]}`` of one stored trace:
     :func:`rank_collectives` (``key`` as a list) and :func:`step_times`, read through
-    :class:`CollectiveData` (NOTE: [Collective index]). Times in ns on the trace's own clock."""
-    data = CollectiveData(session, trace_id)
-    colls = [{**c, "key": list(c["key"])} for c in rank_collectives(data, rule)]
-    return {"v": INDEX_VERSION, "collectives": colls, "steps": step_times(data)}
+    :class:`CollectiveData` (NOTE: [Collective index]) with the kernels streamed, each with its
+    launch time joined by the database (NOTE: [Bounded launch sweep]), so memory does not grow
+    with the trace. Times in ns on the trace's own clock."""
+    from graphdeck.analysis.traces.analyze import StepTimes
+    from graphdeck.analysis.traces.launch_sweep import stream_kernels
+
+    rule = rule or CommRule()
+    data = CollectiveData(session, trace_id, kernels=False)
+    spans = _step_spans(data)
+    times, seq, out = StepTimes(data.steps()), Counter(), []
+    for k, launch in stream_kernels(session, trace_id, args=True, launch=True):
+        times.add(k, launch)
+        if rule.is_comm(k.name):
+            out.append(_comm_entry(k, launch, spans, seq))
+    colls = [{**c, "key": list(c["key"])} for c in _with_cpu(data, out)]
+    return {"v": INDEX_VERSION, "collectives": colls, "steps": times.rows()}
 
 
 def store_index(session: Session, trace_id: int) -> dict:

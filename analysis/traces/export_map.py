@@ -25,6 +25,9 @@ TraceLinks`). ``links_json`` is ``{"trace": trace id, "groups": [[graph id, [nod
 "comm": [event id deltas of the communication kernels no wrapper call launched]}``. Export
 (:func:`stored_links`) reads that row and maps only the communication kernels (``_map_comm``,
 a few hundred a trace), so the collective labels always follow the records of the export's time.
+The ingest reads the trace for them a few profiler steps at a time (NOTE: [Bounded launch sweep]
+in launch_sweep.py; the host ranges only when the rank has kernel tables to use them), so its
+memory does not grow with the trace (so does :func:`refresh_links`); export's :func:`kernel_links` reads its events whole.
 
 Stale links are never used: the row records what they were computed against — the rank's AOT
 graphs and kernel links (:func:`graphdeck.store.node_times.rank_states`, as the node-time table
@@ -41,7 +44,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import accumulate
 
@@ -51,7 +54,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.traces.analyze import CommRule
-from graphdeck.analysis.traces.data import CPU_RANGE_CATS, GPU_KERNEL_CATS, RUNTIME_CATS, Ev
+from graphdeck.analysis.traces.data import Ev
+from graphdeck.analysis.traces.launch_sweep import Launch, bounded, launches, stream_kernels
 from graphdeck.analysis.traces.links import _chains
 from graphdeck.analysis.traces.mapping import (
     _REGION,
@@ -64,7 +68,7 @@ from graphdeck.analysis.traces.mapping import (
 )
 from graphdeck.errors import NotFoundError
 from graphdeck.store.node_times import rank_states
-from graphdeck.store.schema import Graph, InternedString, Trace, TraceLinks
+from graphdeck.store.schema import Graph, Trace, TraceEvent, TraceLinks
 
 log = logging.getLogger(__name__)
 
@@ -89,34 +93,20 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _compute(session: Session, trace: Trace, events: list[Ev]) -> tuple[ByKernel, list[Ev], bool]:
+def _compute(session: Session, trace: Trace, kernels: Iterable[Launch],
+             tables: dict[int, dict] | None = None) -> tuple[ByKernel, list[Ev], bool]:
     """``(by_kernel of the kernels wrapper calls launched, communication kernels launched by
     none, cpu_path)`` of ``trace`` (NOTE: [Export kernel links]); ``cpu_path``: ``map_trace`` would
-    take its CPU path (the first two are then empty)."""
-    runtime_by_corr: dict[int, Ev] = {}
-    per_thread: dict[tuple[str, str], list[Ev]] = defaultdict(list)
-    kernels: list[Ev] = []
-    for e in events:  # as link_gpu_events sorts them, kernels only (memcpy/memset map to nothing)
-        cat = e.cat
-        if cat in GPU_KERNEL_CATS:
-            kernels.append(e)
-        elif cat in RUNTIME_CATS:
-            if e.corr is not None:
-                runtime_by_corr.setdefault(e.corr, e)
-            per_thread[(e.pid, e.tid)].append(e)
-        elif cat in CPU_RANGE_CATS:
-            per_thread[(e.pid, e.tid)].append(e)
-    wanted = {k.corr for k in kernels if k.corr is not None}
-    threads = {(rt.pid, rt.tid) for c in wanted if (rt := runtime_by_corr.get(c)) is not None}
-    chains = _chains({lane: items for lane, items in per_thread.items() if lane in threads}, wanted)
-    tables = _tables(session, trace.run_id, trace.rank)
+    take its CPU path (the first two are then empty). ``kernels``: ``(kernel, launch call, chain)``
+    by the kernels' ``(ts, id)`` (:func:`~graphdeck.analysis.traces.launch_sweep.launches` of a
+    list, or a bounded sweep of the stored trace: NOTE: [Bounded launch sweep]); ``tables``: the
+    rank's kernel tables when the caller read them."""
+    tables = _tables(session, trace.run_id, trace.rank) if tables is None else tables
     wrappers: dict[int, list[tuple[Ev, Ev | None]]] = defaultdict(list)
     wrapper_ev: dict[int, tuple[Ev, str | None]] = {}
     comm, comm_kernels, kernel_ns = CommRule(), [], 0
-    for k in kernels:
+    for k, _rt, chain in kernels:
         kernel_ns += k.dur
-        rt = runtime_by_corr.get(k.corr) if k.corr is not None else None
-        chain = chains.get(rt.id, ()) if rt is not None else ()
         at = None
         if tables:
             for i in range(len(chain) - 1, -1, -1):
@@ -158,7 +148,7 @@ def kernel_links(session: Session, trace_id: int, events: list[Ev]) -> tuple[ByK
     trace = session.get(Trace, trace_id)
     if trace is None:
         raise NotFoundError(f"trace {trace_id} not found", resource="trace", id=trace_id)
-    by_kernel, comm_kernels, cpu_path = _compute(session, trace, events)
+    by_kernel, comm_kernels, cpu_path = _compute(session, trace, launches(events, _chains))
     if cpu_path:
         full = map_trace(session, trace_id, events)
         return full.by_kernel, full.comm_label
@@ -192,33 +182,11 @@ def has_table(session: Session) -> bool:
     return inspect(session.connection()).has_table(TraceLinks.__tablename__)
 
 
-_EVENTS = ("SELECT id, name_id, cat_id, ts_ns, dur_ns, pid, tid, correlation FROM trace_events "
-           "WHERE trace_id = {p} AND ph = 'X' ORDER BY ts_ns, id")
-
-
-def _load(session: Session, trace_id: int) -> list[Ev]:
-    """``data.load_events(with_args=False)``'s events (same order) for less: rows through the
-    driver's cursor, each interned name read once rather than joined per event."""
-    conn = session.connection()
-    cur = conn.connection.cursor()
-    try:
-        cur.execute(_EVENTS.format(p="?" if conn.dialect.paramstyle == "qmark" else "%s"), (trace_id,))
-        rows = cur.fetchall()
-    finally:
-        cur.close()
-    ids = sorted({r[1] for r in rows} | {r[2] for r in rows if r[2] is not None})
-    names: dict[int | None, str] = {None: ""}
-    for i in range(0, len(ids), 500):
-        names.update(session.execute(select(InternedString.id, InternedString.value)
-                                     .where(InternedString.id.in_(ids[i:i + 500]))).all())
-    return [Ev(i, names[n], names[c], ts, dur, pid, tid, corr, None) for i, n, c, ts, dur, pid, tid, corr in rows]
-
-
-def _fingerprint(events: list[Ev]) -> tuple[int, int | None, int | None]:
-    if not events:
-        return 0, None, None
-    ids = [e.id for e in events]
-    return len(ids), min(ids), max(ids)
+def _fingerprint(session: Session, trace_id: int) -> tuple[int, int | None, int | None]:
+    """``(count, first id, last id)`` of trace ``trace_id``'s ``X`` events: one aggregate query."""
+    count, first, last = session.execute(select(func.count(TraceEvent.id), func.min(TraceEvent.id), func.max(
+        TraceEvent.id)).where(TraceEvent.trace_id == trace_id, TraceEvent.ph == "X")).one()
+    return int(count), first, last
 
 
 def record_links(engine: Engine, trace_id: int, full: bool = False) -> bool | ByKernel | None:
@@ -239,15 +207,19 @@ def record_links(engine: Engine, trace_id: int, full: bool = False) -> bool | By
                 return None if full else False
             trace = s.get(Trace, trace_id)
             state = rank_states(s, trace.run_id, trace.rank)[trace.rank]  # before the mapping: a graph added meanwhile makes it stale
-            events = _load(s, trace_id)
-            by_kernel, comm_kernels, cpu_path = _compute(s, trace, events)
+            tables = _tables(s, trace.run_id, trace.rank)
+            # NOTE: [Bounded launch sweep]: a few steps at a time, not the whole trace
+            if tables:
+                by_kernel, comm_kernels, cpu_path = bounded(s, trace_id, lambda ks: _compute(s, trace, ks, tables))
+            else:  # without tables a kernel's launch and host ranges are not looked at
+                kernels = ((k, None, ()) for k, _ in stream_kernels(s, trace_id, args=False, launch=False))
+                by_kernel, comm_kernels, cpu_path = _compute(s, trace, kernels, tables)
+            count, first, last = _fingerprint(s, trace_id)
             run_id, rank = trace.run_id, trace.rank
             row = None if cpu_path else dict(
                 trace_id=trace_id, run_id=run_id, rank=rank, method=METHOD, graphs_count=state[0],
                 last_graph_id=state[1], kernel_nodes_count=state[2], links_json=encode(trace_id, by_kernel, comm_kernels))
             whole = with_comm(s, trace, dict(by_kernel), comm_kernels)[0] if full and row is not None else None
-        count, first, last = _fingerprint(events)
-        del events
         if row is not None:
             row.update(events_count=count, first_event_id=first, last_event_id=last)
 

@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from graphdeck.analysis.traces.data import CPU_OP_CATS, CPU_RANGE_CATS, GPU_CATS, RUNTIME_CATS, Ev
+from graphdeck.analysis.traces.launch_sweep import stack_step
 
 
 @dataclass(slots=True)
@@ -75,15 +76,9 @@ def _chains(per_thread: dict[tuple[str, str], list[Ev]], wanted: set[int]) -> di
         # (keys built once as tuples: sorted in C, no Python call per comparison)
         keyed = sorted([(e.ts, -e.dur, e.cat in RUNTIME_CATS, e.id, e) for e in items])
         stack: list[tuple[int, int, Ev]] = []  # (start, end, span), ns
-        for ts, neg_dur, _rt, _id, e in keyed:
-            dur = -neg_dur
-            # pop the spans that ended before this start (one of zero length ending here stays open)
-            while stack and (stack[-1][1] < ts or (stack[-1][1] == ts and stack[-1][2].dur != 0)):
-                stack.pop()
-            if e.cat in RUNTIME_CATS:
-                if e.corr in wanted:
-                    end = ts + dur
-                    chains[e.id] = tuple(s for s_ts, s_end, s in stack if s_ts <= ts and s_end >= end)
-            else:
-                stack.append((ts, ts + dur, e))
+        for _ts, _neg_dur, rt, _id, e in keyed:
+            want = rt and e.corr in wanted
+            chain = stack_step(stack, e, rt, want)
+            if want:
+                chains[e.id] = chain
     return chains
