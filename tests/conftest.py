@@ -228,3 +228,31 @@ def store_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "store.db")
     return request.getfixturevalue("pg_url")
+
+
+# ---------------------------------------------------------------------------- scheduling
+
+#: The test files that take longest (bench/RESULTS.md, "The test suite"), longest first. With
+#: ``--dist loadfile`` pytest-xdist hands files to the workers one at a time in collection order
+#: (``--no-loadscope-reorder`` in pyproject: its default order, most tests first, put these
+#: few-test, long files last, where one worker ran them alone while the other had finished). The
+#: other files follow, those with a slow-marked test first. Only the order of files changes, never
+#: the order of the tests inside a file.
+LONGEST_FILES = (
+    "test_torchtitan.py", "test_capture_matrix.py", "test_main_job.py", "test_replay_runs.py",
+    "test_rank_timing.py", "test_cpu_trace_map.py", "test_frameworks.py", "test_compose.py",
+    "test_gradients_parity.py", "test_gradients_ddp.py", "test_executor_config.py", "test_time_verdicts.py",
+    "test_mesh_checks.py", "test_live_watch.py", "test_ranks.py", "test_gradients_evidence.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    longest = {name: i for i, name in enumerate(LONGEST_FILES)}
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def file_key(path: Path) -> tuple:
+        if path.name in longest:
+            return (0, longest[path.name])
+        return (1, 0 if path in slow_files else 1)
+
+    items.sort(key=lambda item: file_key(item.path))  # stable: each file's own order is kept
