@@ -9,12 +9,15 @@ backward graphs, a parameter list, compile records and a Kineto trace of rank 0.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -64,9 +67,41 @@ def run_python(code: str, *args: str, env: dict | None = None, timeout_s: int = 
 
 @pytest.fixture(scope="session")
 def captured_store(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("captured") / "tiny.db"
-    run_python(TINY_SCRIPT, str(path))
-    return path
+    """This worker's own copy of run ``tiny``; TINY_SCRIPT runs once per session (:func:`made_once`)."""
+    made = made_once(tmp_path_factory, "tiny", lambda d: run_python(TINY_SCRIPT, str(d / "tiny.db")))
+    return copy_store(made / "tiny.db", tmp_path_factory.mktemp("captured") / "tiny.db")
+
+
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Path:
+    """The folder ``name``, filled by ``make(folder)`` once per test session — once across all of
+    pytest-xdist's workers too (a file lock in the workers' shared temporary root; the other
+    workers wait for it, then reuse it). For an expensive job whose output several test modules
+    read: each module takes its own copy (:func:`copy_store`), so none sees another's writes.
+    A ``make`` that raises leaves nothing behind: the next user runs it again (and fails the same)."""
+    from filelock import FileLock  # a dependency of torch
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's root, shared by the workers' popen-gwN folders
+    folder = root / f"made-once-{name}"
+    with FileLock(str(folder) + ".lock"):
+        done = folder / ".done"
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            make(folder)
+            done.touch()
+    return folder
+
+
+def copy_store(src: Path, dst: Path) -> Path:
+    """A consistent copy of SQLite store ``src`` at ``dst`` (SQLite's backup API: WAL included)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
+    a.close()
+    b.close()
+    return dst
 
 
 def free_port() -> int:
@@ -193,3 +228,31 @@ def store_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "store.db")
     return request.getfixturevalue("pg_url")
+
+
+# ---------------------------------------------------------------------------- scheduling
+
+#: The test files that take longest (bench/RESULTS.md, "The test suite"), longest first. With
+#: ``--dist loadfile`` pytest-xdist hands files to the workers one at a time in collection order
+#: (``--no-loadscope-reorder`` in pyproject: its default order, most tests first, put these
+#: few-test, long files last, where one worker ran them alone while the other had finished). The
+#: other files follow, those with a slow-marked test first. Only the order of files changes, never
+#: the order of the tests inside a file.
+LONGEST_FILES = (
+    "test_torchtitan.py", "test_capture_matrix.py", "test_main_job.py", "test_replay_runs.py",
+    "test_rank_timing.py", "test_cpu_trace_map.py", "test_frameworks.py", "test_compose.py",
+    "test_gradients_parity.py", "test_gradients_ddp.py", "test_executor_config.py", "test_time_verdicts.py",
+    "test_mesh_checks.py", "test_live_watch.py", "test_ranks.py", "test_gradients_evidence.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    longest = {name: i for i, name in enumerate(LONGEST_FILES)}
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def file_key(path: Path) -> tuple:
+        if path.name in longest:
+            return (0, longest[path.name])
+        return (1, 0 if path in slow_files else 1)
+
+    items.sort(key=lambda item: file_key(item.path))  # stable: each file's own order is kept

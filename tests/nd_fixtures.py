@@ -1,7 +1,8 @@
-"""N-D parallel test material (issue 20): the three torchrun jobs as session fixtures, and a
+"""N-D parallel test material (issue 20): the three torchrun jobs as fixtures, and a
 builder of parallel-layout payloads for unit tests.
 
-Fixtures (session-scoped, each job runs once per test session; tests using them are slow)::
+Fixtures (each job runs once per test session, across xdist workers; every test module that
+imports a fixture gets its own copy of the store; tests using them are slow)::
 
     from tests.nd_fixtures import nd_fsdp_tp_store  # noqa: F401
     from tests.nd_fixtures import nd_pipeline_store, nd_pipeline_cut_store  # noqa: F401
@@ -34,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import copy_store, made_once
+
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "programs"
 
@@ -57,25 +60,27 @@ def run_torchrun(program: str, nproc: int, store: Path, *args: str, check: bool 
     return proc
 
 
-@pytest.fixture(scope="session")
+def _job_store(tmp_path_factory, run: str, program: str, nproc: int, *args: str) -> Path:
+    """This module's own copy of run ``run``'s store; the job itself runs once per test session,
+    across xdist workers (:func:`tests.conftest.made_once`)."""
+    made = made_once(tmp_path_factory, run, lambda d: run_torchrun(program, nproc, d / "nd.db", "--run-name", run,
+                                                                   *args))
+    return copy_store(made / "nd.db", tmp_path_factory.mktemp(run) / "nd.db")
+
+
+@pytest.fixture(scope="module")
 def nd_fsdp_tp_store(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("nd_fsdp_tp") / "nd.db"
-    run_torchrun("nd_fsdp_tp.py", 4, path, "--run-name", RUN_FSDP_TP)
-    return path
+    return _job_store(tmp_path_factory, RUN_FSDP_TP, "nd_fsdp_tp.py", 4)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def nd_pipeline_store(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("nd_pipeline") / "nd.db"
-    run_torchrun("nd_pipeline.py", 2, path, "--run-name", RUN_PIPELINE)
-    return path
+    return _job_store(tmp_path_factory, RUN_PIPELINE, "nd_pipeline.py", 2)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def nd_pipeline_cut_store(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("nd_pipeline_cut") / "nd.db"
-    run_torchrun("nd_pipeline.py", 2, path, "--run-name", RUN_PIPELINE_CUT, "--cut-backward")
-    return path
+    return _job_store(tmp_path_factory, RUN_PIPELINE_CUT, "nd_pipeline.py", 2, "--cut-backward")
 
 
 # ---------------------------------------------------------------------------- payload builder
