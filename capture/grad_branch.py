@@ -57,58 +57,129 @@ def _user_frame(frame) -> bool:
     return not (mod == "torch" or mod.startswith(("torch.", "graphdeck."))) and _is_user(frame.f_code)
 
 
-def skip_branch_cached(frame, key: tuple, dead: set[tuple[int, int]], bad_params: list) -> str | None:
-    """:func:`skip_branch`, once per ``key`` (what was skipped) and ``backward()`` call site."""
-    f = frame
-    while f is not None and not _user_frame(f):
-        f = f.f_back
-    k = (key, id(f.f_code) if f else None, f.f_lineno if f else None)
-    if k not in _cache:
-        if len(_cache) > 256:
-            _cache.clear()
-        try:
-            _cache[k] = skip_branch(frame, dead, bad_params)
-        except Exception:  # noqa: BLE001 - capture never breaks training; nothing is claimed
-            _cache[k] = None
-    return _cache[k]
-
-
-def skip_branch(frame, dead: set[tuple[int, int]], bad_params: list) -> str | None:
+def skip_branch(frame, dead: set[tuple[int, int]], bad_params: list, site: tuple = ()) -> str | None:
     """The branch that skipped an output (NOTE: [The branch that skipped an output]) from the
     frames at and above ``frame`` (the capture's own frame at the end of a backward).
     ``dead``: ``(id(grad_fn), output_nr)`` of compiled outputs whose gradient came back None;
-    ``bad_params``: parameters that got no gradient. Returns ``"file:line in fn: `text`"`` or None."""
-    bad = {id(p) for p in bad_params}
-    f, n = frame, 0
+    ``bad_params``: parameters that got no gradient; ``site``: ``((file, line, fn), …)`` of the
+    compiled call that made the outputs, when known. Returns ``"file:line in fn: `text`"`` or
+    None; never raises (the capture never breaks training: nothing is claimed then)."""
+    try:
+        return _skip_branch(frame, dead, {id(p) for p in bad_params if p is not None}, site)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _skip_branch(frame, dead, bad: set[int], site: tuple) -> str | None:
+    f, n, first = frame, 0, None
     while f is not None and n < 8:
         if _user_frame(f):
             n += 1
-            names = [k for k, v in list(f.f_locals.items()) if _holds(v, dead, bad)]
-            if names:
-                return _find(f.f_code, f.f_lineno, set(names), {**f.f_globals, **f.f_locals}, 0)
+            taint = _Taint()
+            for k, v in list(f.f_locals.items()):
+                keys = _holds(v, dead, bad)
+                if keys is True:
+                    taint.whole.add(k)
+                elif keys:
+                    taint.keyed[k] = keys
+            if taint:
+                return _cached(f, taint)
+            first = first or f
         f = f.f_back
-    return None
+    if first is None:
+        return None
+    # No frame keeps the output in a variable (``loss_fn(model(x), y)``): what the model call of
+    # the backward() caller's code returns is followed instead (the compiled call's own line when
+    # the capture saw it, else every module call before backward(); all outputs: less precise).
+    scope = {**first.f_globals, **first.f_locals}
+    node = _func_node(first.f_code)
+    lines = {ln for file, ln, _fn in site if file == first.f_code.co_filename}
+    calls = [c for c in ast.walk(node) if isinstance(c, ast.Call) and c.lineno <= first.f_lineno
+             and (c.lineno in lines if lines else True) and _is_model(c.func, scope)] if node is not None else []
+    found = {_cached(first, _Taint(nodes={id(c)})) for c in calls}
+    return found.pop() if len(found) == 1 else None  # several model calls that disagree: none is claimed
 
 
-def _holds(v, dead, bad, nested: bool = True) -> bool:
+def _cached(f, taint: "_Taint") -> str | None:
+    """:func:`_find` from frame ``f``, once per code location, taint and the objects it may call."""
+    objs = tuple(sorted((k, id(v)) for k, v in f.f_locals.items()
+                        if isinstance(v, torch.nn.Module) or (callable(v) and not isinstance(v, type)) or k == "self"))
+    key = (id(f.f_code), f.f_lineno, frozenset(taint.whole), frozenset((k, frozenset(v)) for k, v in taint.keyed.items()),
+           frozenset(taint.nodes), objs)
+    if key not in _cache:
+        if len(_cache) > 256:
+            _cache.clear()
+        _cache[key] = _find(f.f_code, f.f_lineno, taint, {**f.f_globals, **f.f_locals}, 0)
+    return _cache[key]
+
+
+def _is_model(expr, scope: dict) -> bool:
+    """Whether a call target names a module or a ``torch.compile``d callable."""
+    obj = _lookup(expr, scope)
+    return isinstance(obj, torch.nn.Module) or hasattr(obj, "_torchdynamo_orig_callable")
+
+
+def _holds(v, dead, bad, nested: bool = True):
+    """True when ``v`` is a tensor holding the skipped output; for a container, the keys of the
+    items that do (``("i", index)``, ``("k", dict key)``, ``("a", attribute)``); else None."""
     if isinstance(v, torch.Tensor):
         fn = v.grad_fn
         if fn is None:
-            return False
+            return None
         if (id(fn), v.output_nr) in dead:
             return True
-        return bool(bad) and not dead and _reaches(fn, bad)
+        return True if bad and not dead and _reaches(fn, bad) else None
     if not nested:
-        return False
+        return None
     if isinstance(v, (tuple, list)):
-        items = v[:16]
+        items = [(("i", i), x) for i, x in enumerate(v[:16])]
     elif isinstance(v, dict):
-        items = list(v.values())[:32]
+        items = [(("k", k), x) for k, x in list(v.items())[:32]]
     elif hasattr(v, "__dict__") and not isinstance(v, (torch.nn.Module, type)) and not callable(v):
-        items = list(vars(v).values())[:32]
+        items = [(("a", k), x) for k, x in list(vars(v).items())[:32]]
     else:
+        return None
+    return {key for key, x in items if _holds(x, dead, bad, False)} or None
+
+
+class _Taint:
+    """Names that hold the skipped output: ``whole`` (the name itself) and ``keyed`` (a container
+    name -> the keys of its items that do, see :func:`_holds`)."""
+
+    def __init__(self, whole=(), keyed=None, nodes=()):
+        self.whole, self.keyed = set(whole), {k: set(v) for k, v in (keyed or {}).items()}
+        self.nodes = set(nodes)  # ids of ast calls whose result is the output (the fallback)
+
+    def __bool__(self) -> bool:
+        return bool(self.whole or self.keyed or self.nodes)
+
+    def update(self, names) -> None:
+        self.whole.update(names)
+
+    def uses(self, node) -> bool:
+        if id(node) in self.nodes:
+            return True
+        if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.value, ast.Name) \
+                and node.value.id in self.keyed:
+            keys = self.keyed[node.value.id]
+            if isinstance(node, ast.Attribute):
+                return ("a", node.attr) in keys or not any(k[0] == "a" for k in keys)  # a method: the whole
+            sl = node.slice
+            hit = not isinstance(sl, ast.Constant) or ("i", sl.value) in keys or ("k", sl.value) in keys
+            return hit or self.uses(sl)
+        if isinstance(node, ast.Name):
+            return isinstance(node.ctx, ast.Load) and (node.id in self.whole or node.id in self.keyed)
+        return any(self.uses(c) for c in ast.iter_child_nodes(node))
+
+    def unpack(self, stmt) -> bool:
+        """``a, b = out`` with ``out`` keyed by position: taint the targets at those positions."""
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], (ast.Tuple, ast.List)) \
+                and isinstance(stmt.value, ast.Name) and stmt.value.id in self.keyed:
+            for i, elt in enumerate(stmt.targets[0].elts):
+                if ("i", i) in self.keyed[stmt.value.id]:
+                    self.whole.update(_targets(elt))
+            return True
         return False
-    return any(_holds(x, dead, bad, False) for x in items)
 
 
 def _reaches(fn, bad: set[int]) -> bool:
@@ -146,10 +217,6 @@ def _func_node(code):
     return tree if code.co_name == "<module>" else None
 
 
-def _uses(node, tainted: set[str]) -> bool:
-    return any(isinstance(x, ast.Name) and x.id in tainted and isinstance(x.ctx, ast.Load) for x in ast.walk(node))
-
-
 def _targets(node) -> list[str]:
     return [x.id for x in ast.walk(node) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Store)]
 
@@ -162,9 +229,8 @@ def _quiet(stmt) -> bool:
     return False
 
 
-def _resolve(expr, scope: dict):
-    """The user function an ``ast`` call target names, and how many leading parameters are bound
-    (``self``), or None."""
+def _lookup(expr, scope: dict):
+    """The object a ``name.attr.attr`` expression names in ``scope``, or None."""
     parts = []
     while isinstance(expr, ast.Attribute):
         parts.append(expr.attr)
@@ -176,6 +242,15 @@ def _resolve(expr, scope: dict):
         for p in reversed(parts):
             obj = getattr(obj, p)
     except Exception:  # noqa: BLE001 - a property that raises: not followed
+        return None
+    return obj
+
+
+def _resolve(expr, scope: dict):
+    """The user function an ``ast`` call target names, and how many leading parameters are bound
+    (``self``), or None."""
+    obj = _lookup(expr, scope)
+    if obj is None:
         return None
     bound = 0
     if isinstance(obj, torch.nn.Module):
@@ -190,35 +265,42 @@ def _resolve(expr, scope: dict):
     return obj, bound
 
 
-def _callee_taint(call: ast.Call, fn, bound: int, tainted: set[str]) -> set[str]:
+def _callee_taint(call: ast.Call, fn, bound: int, tainted: _Taint) -> _Taint:
     code = fn.__code__
     params = list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])[bound:]
-    out = set()
+    out = _Taint()
+
+    def give(param: str, arg) -> None:
+        if isinstance(arg, ast.Name) and arg.id in tainted.keyed:
+            out.keyed[param] = set(tainted.keyed[arg.id])
+        else:
+            out.whole.add(param)
+
     for i, a in enumerate(call.args):
-        if _uses(a, tainted):
+        if tainted.uses(a):
             if isinstance(a, ast.Starred) or i >= len(params):
                 out.update(params)
                 if code.co_flags & 0x04:
-                    out.add(code.co_varnames[code.co_argcount + code.co_kwonlyargcount])
+                    out.whole.add(code.co_varnames[code.co_argcount + code.co_kwonlyargcount])
             else:
-                out.add(params[i])
+                give(params[i], a)
     for k in call.keywords:
-        if _uses(k.value, tainted):
+        if tainted.uses(k.value):
             if k.arg is None or k.arg not in params:
                 out.update(params)
             else:
-                out.add(k.arg)
+                give(k.arg, k.value)
     return out
 
 
-def _find(code, upto: int | None, tainted: set[str], scope: dict, depth: int) -> str | None:
+def _find(code, upto: int | None, tainted: _Taint, scope: dict, depth: int) -> str | None:
     node = _func_node(code)
     if node is None:
         return None
     file, fn = code.co_filename, code.co_name
     outer = upto if upto is not None else node.lineno
     body = node.body
-    return _block(body, file, fn, outer, upto, set(tainted), scope, depth)
+    return _block(body, file, fn, outer, upto, _Taint(tainted.whole, tainted.keyed, tainted.nodes), scope, depth)
 
 
 def _block(stmts, file, fn, outer, upto, tainted, scope, depth) -> str | None:
@@ -235,10 +317,10 @@ def _block(stmts, file, fn, outer, upto, tainted, scope, depth) -> str | None:
         head = [x for x in (getattr(stmt, "test", None), getattr(stmt, "iter", None)) if x is not None] + \
             [i.context_expr for i in getattr(stmt, "items", [])]
         if inner:
-            if isinstance(stmt, (ast.For, ast.AsyncFor)) and _uses(stmt.iter, tainted):
+            if isinstance(stmt, (ast.For, ast.AsyncFor)) and tainted.uses(stmt.iter):
                 tainted.update(_targets(stmt.target))
             for item in getattr(stmt, "items", []):
-                if item.optional_vars is not None and _uses(item.context_expr, tainted):
+                if item.optional_vars is not None and tainted.uses(item.context_expr):
                     tainted.update(_targets(item.optional_vars))
             found = _block(inner, file, fn, outer, upto, tainted, scope, depth)
             if found:
@@ -249,7 +331,7 @@ def _block(stmts, file, fn, outer, upto, tainted, scope, depth) -> str | None:
         if not _quiet(stmt):
             for part in parts:
                 for call in (x for x in ast.walk(part) if isinstance(x, ast.Call)):
-                    if depth >= _MAX_DEPTH or not any(_uses(a, tainted) for a in [*call.args, *call.keywords]):
+                    if depth >= _MAX_DEPTH or not any(tainted.uses(a) for a in [*call.args, *call.keywords]):
                         continue
                     got = _resolve(call.func, scope)
                     if got is None:
@@ -260,15 +342,17 @@ def _block(stmts, file, fn, outer, upto, tainted, scope, depth) -> str | None:
                         found = _find(fn_obj.__code__, None, sub, dict(fn_obj.__globals__), depth + 1)
                         if found:
                             return found
-            if any(_uses(p, tainted) for p in parts):
+            if any(tainted.uses(p) for p in parts):
                 hit = branch_in_source(file, stmt.lineno, outer)
                 if hit and hit[1].split(" ", 1)[0].rstrip(":") in ("if", "elif", "while", "match", "case", "else"):
                     return f"{file}:{hit[0]} in {fn}: `{hit[1]}`"
                 if guard is not None:
                     text = f"if {ast.unparse(guard.test)}: {ast.unparse(guard.body[-1])}"
                     return f"{file}:{guard.lineno} in {fn}: `{text}`"
-        if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and stmt.value is not None \
-                and _uses(stmt.value, tainted):
+        if tainted.unpack(stmt):
+            pass
+        elif isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and stmt.value is not None \
+                and tainted.uses(stmt.value):
             for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
                 tainted.update(_targets(t) or ([t.value.id] if isinstance(t, (ast.Subscript, ast.Attribute))
                                                and isinstance(t.value, ast.Name) else []))

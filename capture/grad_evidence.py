@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from graphdeck.capture.callwrap import ids_key
-from graphdeck.capture.grad_branch import skip_branch_cached as _skip_branch
+from graphdeck.capture.grad_branch import skip_branch as _skip_branch
 from graphdeck.capture.grad_fsdp import FsdpEvidence
 from graphdeck.capture.grad_sites import (  # noqa: F401 - names of this module before the split
     GraphInfo,
@@ -474,8 +474,8 @@ class GradEvidence(FsdpEvidence):
         sites = {}
         if none or state["zero"]:  # the backward() caller: this thread (CPU), else the forward's thread
             sites["loss"] = user_site(sys._getframe(1)) or _thread_site(w.thread)
-            branch = _skip_branch(sys._getframe(1), (tuple(none), tuple(w.output_names)), w.dead,
-                                  [r() for f, r in params if f in set(none)])
+            branch = _skip_branch(sys._getframe(1), w.dead, [r() for f, r in params if f in set(none)],
+                                  w.output_site or ())
             if branch:  # NOTE: [The branch that skipped an output]
                 sites["branch"] = branch
         if state["zero"]:
