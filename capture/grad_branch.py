@@ -32,6 +32,7 @@ import ast
 import builtins
 import linecache
 import os
+import sys
 
 import torch
 
@@ -64,52 +65,77 @@ def skip_branch(frame, dead: set[tuple[int, int]], bad_params: list, site: tuple
     ``bad_params``: parameters that got no gradient; ``site``: ``((file, line, fn), …)`` of the
     compiled call that made the outputs, when known. Returns ``"file:line in fn: `text`"`` or
     None; never raises (the capture never breaks training: nothing is claimed then)."""
+    touched: list = []
     try:
-        return _skip_branch(frame, dead, {id(p) for p in bad_params if p is not None}, site)
+        return _skip_branch(frame, dead, {id(p) for p in bad_params if p is not None}, site, touched)
     except Exception:  # noqa: BLE001
         return None
+    finally:
+        _release(touched)
 
 
-def _skip_branch(frame, dead, bad: set[int], site: tuple) -> str | None:
+def _locals(f, touched: list) -> dict:
+    """A copy of frame ``f``'s locals. Reading ``f_locals`` (Python < 3.13) leaves a snapshot
+    dict on the frame that keeps every value alive until the frame ends, even after the function
+    drops it (a replaced parameter, a deleted optimizer, the step's outputs): :func:`_release`
+    empties it again."""
+    touched.append(f)
+    return dict(f.f_locals)
+
+
+def _release(frames: list) -> None:
+    """Empty the ``f_locals`` snapshots read by :func:`_locals`, on function frames only (a
+    module's ``f_locals`` is its globals) and only while no Python trace function runs (a tracer
+    writes the snapshot back into the frame's variables after each event)."""
+    if sys.version_info >= (3, 13) or sys.gettrace() is not None:
+        return
+    for f in frames:
+        if f.f_code.co_flags & 0x01 and f.f_trace is None:  # CO_OPTIMIZED: a function's frame
+            f.f_locals.clear()
+
+
+def _skip_branch(frame, dead, bad: set[int], site: tuple, touched: list) -> str | None:
     f, n, first = frame, 0, None
     while f is not None and n < 8:
         if _user_frame(f):
             n += 1
             taint = _Taint()
-            for k, v in list(f.f_locals.items()):
+            local = _locals(f, touched)
+            for k, v in local.items():
                 keys = _holds(v, dead, bad)
                 if keys is True:
                     taint.whole.add(k)
                 elif keys:
                     taint.keyed[k] = keys
             if taint:
-                return _cached(f, taint)
-            first = first or f
+                return _cached(f, local, taint)
+            if first is None:
+                first, first_locals = f, local
         f = f.f_back
     if first is None:
         return None
     # No frame keeps the output in a variable (``loss_fn(model(x), y)``): what the model call of
     # the backward() caller's code returns is followed instead (the compiled call's own line when
     # the capture saw it, else every module call before backward(); all outputs: less precise).
-    scope = {**first.f_globals, **first.f_locals}
+    scope = {**first.f_globals, **first_locals}
     node = _func_node(first.f_code)
     lines = {ln for file, ln, _fn in site if file == first.f_code.co_filename}
     calls = [c for c in ast.walk(node) if isinstance(c, ast.Call) and c.lineno <= first.f_lineno
              and (c.lineno in lines if lines else True) and _is_model(c.func, scope)] if node is not None else []
-    found = {_cached(first, _Taint(nodes={id(c)})) for c in calls}
+    found = {_cached(first, first_locals, _Taint(nodes={id(c)})) for c in calls}
     return found.pop() if len(found) == 1 else None  # several model calls that disagree: none is claimed
 
 
-def _cached(f, taint: "_Taint") -> str | None:
+def _cached(f, local: dict, taint: "_Taint") -> str | None:
     """:func:`_find` from frame ``f``, once per code location, taint and the objects it may call."""
-    objs = tuple(sorted((k, id(v)) for k, v in f.f_locals.items()
+    objs = tuple(sorted((k, id(v)) for k, v in local.items()
                         if isinstance(v, torch.nn.Module) or (callable(v) and not isinstance(v, type)) or k == "self"))
     key = (id(f.f_code), f.f_lineno, frozenset(taint.whole), frozenset((k, frozenset(v)) for k, v in taint.keyed.items()),
            frozenset(taint.nodes), objs)
     if key not in _cache:
         if len(_cache) > 256:
             _cache.clear()
-        _cache[key] = _find(f.f_code, f.f_lineno, taint, {**f.f_globals, **f.f_locals}, 0)
+        _cache[key] = _find(f.f_code, f.f_lineno, taint, {**f.f_globals, **local}, 0)
     return _cache[key]
 
 

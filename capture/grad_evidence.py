@@ -474,10 +474,13 @@ class GradEvidence(FsdpEvidence):
         sites = {}
         if none or state["zero"]:  # the backward() caller: this thread (CPU), else the forward's thread
             sites["loss"] = user_site(sys._getframe(1)) or _thread_site(w.thread)
-            branch = _skip_branch(sys._getframe(1), w.dead, [r() for f, r in params if f in set(none)],
-                                  w.output_site or ())
-            if branch:  # NOTE: [The branch that skipped an output]
-                sites["branch"] = branch
+            row = self._row  # a state like the last row's extends it: its sites are not written again
+            if row is None or row["key"] != json.dumps(state, sort_keys=True) \
+                    or row["source"] != ("optimizer" if self._opt_steps > 0 else "backward"):
+                bad = set(none)
+                branch = _skip_branch(sys._getframe(1), w.dead, [r() for f, r in params if f in bad], w.output_site or ())
+                if branch:  # NOTE: [The branch that skipped an output]
+                    sites["branch"] = branch
         if state["zero"]:
             sites["skipped_outputs"] = w.output_names[:16]
             sites["output"] = format_frames(w.output_site)
