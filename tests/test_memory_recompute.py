@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from graphdeck.analysis.memory.core import graph_memory, step_memory
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, Run
-from tests.conftest import run_python
+from tests.conftest import LiveServer, run_python
 
 JOB = r"""
 import sys, torch
@@ -67,7 +67,7 @@ def _backwards(s: Session, run: str) -> list[int]:
                           .where(Run.name == run, Graph.kind == "aot_backward").order_by(Graph.id)))
 
 
-def test_recomputation_at_the_backward_peak_is_named_and_the_break_suggested(ac_store):
+def test_recomputation_at_the_backward_peak_is_named_and_the_break_suggested(ac_store, browser):
     with Session(open_engine(ac_store, read_only=True)) as s:
         (one,) = _backwards(s, "one")
         broken = _backwards(s, "break")
@@ -108,3 +108,12 @@ def test_recomputation_at_the_backward_peak_is_named_and_the_break_suggested(ac_
     with TestClient(create_app(Settings(store=str(ac_store)))) as api:
         body = api.get(f"/api/graphs/{one_gid}/memory?scope=graph").json()
         assert body["recomputation"] == rec
+    # ... and on the memory page (its default scope: the step).
+    with LiveServer(ac_store) as srv:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{srv.url}/#/graphs/{one_gid}/memory")
+        page.wait_for_selector("[data-testid=memory-recomputed]")
+        box = page.get_by_test_id("memory-recomputed").inner_text()
+        assert top["module"] in box and "Recomputed at the peak" in box, box
+        assert "graph break" in page.get_by_test_id("memory-recompute-advice").inner_text()
+        page.close()
