@@ -91,7 +91,9 @@ def _release(frames: list) -> None:
         return
     for f in frames:
         if f.f_code.co_flags & 0x01 and f.f_trace is None:  # CO_OPTIMIZED: a function's frame
-            f.f_locals.clear()
+            d = f.f_locals
+            if not any(v is d for v in d.values()):  # ``kw = locals()`` in the job: that dict is the job's
+                d.clear()
 
 
 def _skip_branch(frame, dead, bad: set[int], site: tuple, touched: list) -> str | None:
