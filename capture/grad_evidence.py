@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from graphdeck.capture.callwrap import ids_key
+from graphdeck.capture.grad_branch import skip_branch as _skip_branch
 from graphdeck.capture.grad_fsdp import FsdpEvidence
 from graphdeck.capture.grad_sites import (  # noqa: F401 - names of this module before the split
     GraphInfo,
@@ -81,7 +82,7 @@ _LIVE, _DEAD = 1, 2
 
 class _Window:
     __slots__ = ("counts", "tasks", "pending", "closed", "opt_at_open", "fwd_at_open", "outputs", "reads",
-                 "multi_sites", "loss_site", "output_site", "output_names", "thread", "forced")
+                 "multi_sites", "loss_site", "output_site", "output_names", "thread", "forced", "dead")
 
     def __init__(self, opt_steps: int, fwd_gen: int):
         self.counts: dict[int, int] = {}
@@ -96,6 +97,7 @@ class _Window:
         self.output_names: list[str] = []
         self.thread: int | None = None
         self.forced = False  # closed at an optimizer step, no hook having opened it (NOTE: [Steady mode])
+        self.dead: set[tuple[int, int]] = set()  # (id(grad_fn), output_nr) of skipped outputs (grad_branch.py)
 
 
 class GradEvidence(FsdpEvidence):
@@ -391,7 +393,7 @@ class GradEvidence(FsdpEvidence):
                 if len(self._calls) < 4096:
                     self._calls[info] = (key, call)
             for fn, items in groups.items():
-                fn.register_prehook(partial(self._on_output_grads, call, items))
+                fn.register_prehook(partial(self._on_output_grads, call, items, id(fn)))
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
@@ -412,7 +414,7 @@ class GradEvidence(FsdpEvidence):
             self._fqn_cache[ckey] = got
         return got
 
-    def _on_output_grads(self, call: tuple, items: list, grads) -> None:
+    def _on_output_grads(self, call: tuple, items: list, fid: int, grads) -> None:
         if compiled_autograd_active():
             return None
         try:
@@ -431,6 +433,7 @@ class GradEvidence(FsdpEvidence):
                     seen[name] = seen.get(name, 0) | (_LIVE if live else _DEAD)
                     if not live:
                         dead = True
+                        w.dead.add((fid, nr))
                         if name not in w.output_names:
                             w.output_names.append(name)
                 w.reads.setdefault(info.key, set()).add(read)
@@ -471,6 +474,13 @@ class GradEvidence(FsdpEvidence):
         sites = {}
         if none or state["zero"]:  # the backward() caller: this thread (CPU), else the forward's thread
             sites["loss"] = user_site(sys._getframe(1)) or _thread_site(w.thread)
+            row = self._row  # a state like the last row's extends it: its sites are not written again
+            if row is None or row["key"] != json.dumps(state, sort_keys=True) \
+                    or row["source"] != ("optimizer" if self._opt_steps > 0 else "backward"):
+                bad = set(none)
+                branch = _skip_branch(sys._getframe(1), w.dead, [r() for f, r in params if f in bad], w.output_site or ())
+                if branch:  # NOTE: [The branch that skipped an output]
+                    sites["branch"] = branch
         if state["zero"]:
             sites["skipped_outputs"] = w.output_names[:16]
             sites["output"] = format_frames(w.output_site)

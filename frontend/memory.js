@@ -30,6 +30,20 @@ function holdersTable(curve) {
       h("td", {class: "small"}, Object.entries(x.by_kind).map(([k, v]) => `${k} ${fmtBytes(v)}`).join(", ")))));
 }
 
+// Activation checkpointing's recomputations live at the peak, by checkpointed region, and the
+// graph-break advice when one module is recomputed for several traversals (analysis/memory/recompute.py).
+function recomputeBox(curve) {
+  const rec = curve.recomputation;
+  if (!rec || !rec.bytes) return h("span", {});
+  return h("section", {"data-testid": "memory-recomputed"},
+    h("h2", {}, "Recomputed at the peak"),
+    h("p", {}, `${fmtBytes(rec.bytes)} live at the peak are activation checkpointing's recomputations:`),
+    table("memory-recomputed-regions", ["Checkpointed module", "Region", "Traversals", "Bytes at peak", "Tensors"],
+      rec.regions.map((r) => h("tr", {}, h("td", {}, code(r.module || "(no module)")), h("td", {}, r.ac_graph_id || ""),
+        num(r.traversals), h("td", {class: "num"}, fmtBytes(r.bytes)), h("td", {class: "small"}, r.tensors.join(", "))))),
+    rec.advice ? h("p", {"data-testid": "memory-recompute-advice"}, h("strong", {}, "Advice: "), rec.advice) : h("span", {}));
+}
+
 function savedTable(curve) {
   const rows = Object.entries(curve.saved_bytes_by_module || {});
   if (!rows.length) return h("p", {class: "muted"}, "No saved activations (not an AOTAutograd forward/step).");
@@ -196,7 +210,7 @@ export async function renderMemory(page, match, query) {
       curve.scope === "step" ? "forward then backward graph" : "this graph alone", "). ",
       Object.entries(curve.by_kind_at_peak).map(([k, v]) => `${k} ${fmtBytes(v)}`).join(", ")),
     plot,
-    h("h2", {}, "Top holders at the peak"), holdersTable(curve),
+    h("h2", {}, "Top holders at the peak"), holdersTable(curve), recomputeBox(curve),
     h("h2", {}, "Saved activations by module"), savedTable(curve),
     snapshotBox, whatIf(id), measuredBox));
   const Plotly = await loadPlotly();

@@ -75,6 +75,10 @@ def memory_cmd(run_name: str, graph_id: int, store: str, scope: str | None, step
             click.echo("  top holders at the peak (module path, bytes, tensors):")
             for h in curve.top_holders(top):
                 click.echo(f"    {h.module_path:<48s} {_mib(h.size_bytes):>12s} {h.tensors:>5d}")
+            from graphdeck.analysis.memory.recompute import recomputation_lines
+
+            for line in recomputation_lines(curve.recomputation):
+                click.echo(f"  {line}")
             if curve.saved:
                 click.echo(f"  saved activations: {_mib(sum(x['size_bytes'] for x in curve.saved))} in {len(curve.saved)} tensors"
                            + f"; the largest {min(top, len(curve.saved))} and the backward node that frees each:")

@@ -153,6 +153,11 @@ def test_a_job_that_dies_keeps_every_distinct_state(tmp_path):
 
 
 # ----------------------------------------------------------------------------- two gloo ranks
+_JOB = REPO / "tests" / "grad_evidence_job.py"
+_BRANCH = next(f"{_JOB}:{i} in detection_loss: `if pos.any() and step != skip_step:`"
+               for i, line in enumerate(_JOB.read_text().splitlines(), 1) if line.strip() == "if pos.any() and step != skip_step:")
+
+
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     out = tmp_path_factory.mktemp("evidence")
@@ -185,10 +190,15 @@ def test_compiled_ddp_zero_filled_head_fails_with_the_consequence(jobs):
     assert "zero" in msg and "no error" in msg  # what this job does: rank 1 silently averages zeros
     assert "grad_evidence_job.py:102" in msg  # the loss.backward() line of the step that built the loss
     assert "cls_logits, boxes = step_fn(x)" in msg  # where the skipped output came from
+    # Issue 40 item 1: and the loss code's branch that skipped it on rank 1 (NOTE: [The branch that
+    # skipped an output]), named in the finding and in the rows of the rank that skipped it.
+    assert _BRANCH in msg and div[0].source == _BRANCH.split(" in ")[0], msg
+    assert all(_BRANCH in r.reason for r in rep if r.status != "OK"), rep.to_text()
     assert not any(f.kind == "PREDICTED_HANG" for f in rep.findings), "the compiled job did not hang"
     # The same model with the box term skipped at step 3 on every rank: reported from step 3.
     rep3 = validate_backward(store, "step3")
     assert {r.first_bad_step for r in rep3 if r.status != "OK"} == {3}, rep3.to_text()
+    assert all(_BRANCH in r.reason for r in rep3 if r.status != "OK"), rep3.to_text()
 
 
 @pytest.mark.slow
@@ -200,6 +210,7 @@ def test_eager_ddp_same_finding_and_the_reducer_error(jobs):
     assert len(div) == 1 and div[0].params == ["box_head.bias", "box_head.weight"], rep.to_text()
     assert "Expected to have finished reduction" in div[0].message and "at step 1" in div[0].message
     assert "grad_evidence_job.py:102" in div[0].message
+    assert _BRANCH in div[0].message  # eager DDP: rank 1's backward left the box head without a gradient there
     assert any(f.kind == "PREDICTED_HANG" for f in rep.findings)  # rank 0 waits in the unmatched all-reduce
     assert {(r.rank, r.fqn) for r in rep if r.status == "NO_GRAD"} == {(1, "box_head.weight"), (1, "box_head.bias")}
 

@@ -312,6 +312,7 @@ def apply_evidence(rows: list[ParamRow], ev: Evidence) -> None:
             row.reason = (f"received an all-zero gradient at step(s) {_fmt_steps(tl, 'zero')}: the compiled region's "
                           f"output(s) {', '.join(site.get('skipped_outputs') or ['?'])} that it feeds were not used by "
                           "the loss, and the compiled backward fills their gradient with zeros")
+            row.reason += _branch_text(site)
             if site.get("loss"):
                 row.reason += f"; backward() called at {site['loss']}"
             if site.get("output"):
@@ -322,9 +323,11 @@ def apply_evidence(rows: list[ParamRow], ev: Evidence) -> None:
             skipped = _fmt_steps(tl, "none")
             if "ok" in states or "multi" in states:  # it is used, but not at every step
                 row.status, row.cut = "NO_GRAD", None
+                site = next((s.state.get("sites") or {} for s in ev.by_rank[row.rank]
+                             if any(n in s.state.get("none", ()) for n in names)), {})
                 row.reason = (f"no gradient arrived at step(s) {skipped} (it did at step(s) "
                               f"{_fmt_steps(tl, 'ok') or _fmt_steps(tl, 'multi')}): the code that uses it was skipped "
-                              "at those steps")
+                              "at those steps" + _branch_text(site))
                 row.fix = ("use it in the loss at every step (e.g. add 0 * out.sum() for a skipped term), or freeze it "
                            "for the steps that do not train it")
             elif row.status == "OK" or not (row.graphs or row.grad_graphs):
@@ -423,12 +426,13 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
         else:
             msg += "a data-parallel all-reduce of these gradients would not match across ranks"
             fix = "make the code path that uses it run on every rank"
+        msg += _branch_text(site)
         if site.get("loss"):
             msg += f"; backward() called at {site['loss']}"
         if site.get("output"):
             msg += f"; skipped output produced by {site['output']}"
         ranks = {r.rank: r.status for r in sorted(rows_of, key=lambda r: r.rank) if r.fqn == params[0]}
-        src = (site.get("loss") or "").split(" in ")[0] or None
+        src = (site.get("branch") or site.get("loss") or "").split(" in ")[0] or None
         out.append(Finding(kind="RANK_DIVERGENCE", severity="error", message=msg, params=params, ranks=ranks,
                            source=src, fix=fix))
         if hang:  # the hang is the prediction a later step refutes; the divergence itself stands
@@ -459,6 +463,12 @@ def evidence_findings(rows: list[ParamRow], ev: Evidence, *, ddp: bool, find_unu
 
     refute_by_run(out, ev)  # NOTE: [Predictions the run contradicts]
     return out
+
+
+def _branch_text(site: dict) -> str:
+    """The loss code's branch that skipped the output (NOTE: [The branch that skipped an output]
+    in ``capture/grad_branch.py``), as a clause; empty when the capture could not tell it."""
+    return f"; the loss code skipped it at the branch {site['branch']}" if site.get("branch") else ""
 
 
 def _site(ev: Evidence, ranks, params) -> dict:

@@ -217,6 +217,7 @@ class MemoryCurve:
     by_kind_at_peak: dict[str, int]
     saved: list[dict] = field(default_factory=list)  # saved activations: bytes, module, freed by
     saved_bytes_by_module: dict[str, int] = field(default_factory=dict)
+    recomputation: dict | None = None  # recomputed tensors at the peak (recompute.py; aot_backward only)
     storages: _Storages | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -233,7 +234,7 @@ class MemoryCurve:
                "live_bytes": list(self.live_bytes), "peak_bytes": self.peak_bytes, "peak_index": self.peak_index,
                "peak_node": self.peak_node, "holders": [asdict(h) for h in self.holders],
                "by_kind_at_peak": dict(self.by_kind_at_peak), "saved": [dict(s) for s in self.saved],
-               "saved_bytes_by_module": dict(self.saved_bytes_by_module)}
+               "saved_bytes_by_module": dict(self.saved_bytes_by_module), "recomputation": self.recomputation}
         if with_tensors:
             out["tensors"] = [asdict(t) for t in self.tensors]
         return out
@@ -574,6 +575,10 @@ def graph_memory(session: Session, graph_id: int) -> MemoryCurve:
         curve.saved = [{"name": st.name[k], "size_bytes": int(st.size[k]), "module_path": st.module[k],
                         "freed_by": None} for k in np.flatnonzero(st.kind == _SAVED).tolist()]
         curve.saved_bytes_by_module = _sum_by_module(curve.saved)
+    if graph.kind == "aot_backward":
+        from graphdeck.analysis.memory.recompute import recomputation_at_peak
+
+        curve.recomputation = recomputation_at_peak(session, curve, graph_id)
     return curve
 
 

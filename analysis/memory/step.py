@@ -133,6 +133,9 @@ def step_memory(session: Session, forward_id: int, backward_id: int, *, drop_sav
     curve.saved = [{"name": t.name, "size_bytes": t.size_bytes, "module_path": t.module_path, "freed_by": t.freed_by}
                    for t in merged if t.kind == "saved"]
     curve.saved_bytes_by_module = _sum_by_module(curve.saved)
+    from graphdeck.analysis.memory.recompute import recomputation_at_peak
+
+    curve.recomputation = recomputation_at_peak(session, curve, backward_id, offset=nf)
     return curve
 
 
