@@ -47,6 +47,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import accumulate
+from sys import intern
+from typing import NamedTuple
 
 import orjson
 from sqlalchemy import delete, func, inspect, select
@@ -93,6 +95,15 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+class _Call(NamedTuple):
+    """What :func:`~graphdeck.analysis.traces.mapping.wrapper_kernel_nodes` reads of a kernel's
+    calling op (id, start ns, name)."""
+
+    id: int
+    ts: int
+    name: str
+
+
 def _compute(session: Session, trace: Trace, kernels: Iterable[Launch],
              tables: dict[int, dict] | None = None) -> tuple[ByKernel, list[Ev], bool]:
     """``(by_kernel of the kernels wrapper calls launched, communication kernels launched by
@@ -104,6 +115,7 @@ def _compute(session: Session, trace: Trace, kernels: Iterable[Launch],
     tables = _tables(session, trace.run_id, trace.rank) if tables is None else tables
     wrappers: dict[int, list[tuple[Ev, Ev | None]]] = defaultdict(list)
     wrapper_ev: dict[int, tuple[Ev, str | None]] = {}
+    calls: dict[int, _Call] = {}
     comm, comm_kernels, kernel_ns = CommRule(), [], 0
     for k, _rt, chain in kernels:
         kernel_ns += k.dur
@@ -119,13 +131,22 @@ def _compute(session: Session, trace: Trace, kernels: Iterable[Launch],
             continue
         region = next((m.group(1) for e in reversed(chain[:at]) if (m := _REGION.match(e.name))), None)
         wrapper_ev[chain[at].id] = (chain[at], region)
-        wrappers[chain[at].id].append((k, chain[at + 1] if at + 1 < len(chain) else None))
+        call = chain[at + 1] if at + 1 < len(chain) else None
+        if call is not None:  # kept slim: a kernel's id, its call's id, start and (shared) name
+            call = calls.get(call.id) or calls.setdefault(call.id, _Call(call.id, call.ts, intern(call.name)))
+        wrappers[chain[at].id].append((k.id, call))
     if not kernel_ns and not comm_kernels:  # map_trace's CPU path (NOTE: [CPU trace mapping])
         return {}, [], True
+    calls.clear()
     by_kernel: ByKernel = {}
-    for k, gid, got in wrapper_kernel_nodes(session, trace, tables, wrappers, wrapper_ev):
+    shared: dict[tuple, tuple[int, list[str]]] = {}  # one (graph, nodes) value per distinct group
+    for kid, gid, got in wrapper_kernel_nodes(session, trace, tables, wrappers, wrapper_ev):
         if got:
-            by_kernel[k.id] = (gid, list(got[0]))
+            key = (gid, *got[0])
+            value = shared.get(key)
+            if value is None:
+                value = shared[key] = (gid, list(got[0]))
+            by_kernel[kid] = value
     return by_kernel, comm_kernels, False
 
 
