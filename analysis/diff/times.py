@@ -286,11 +286,11 @@ def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, no
     return out
 
 
-_BOUNDS_SQL = ("SELECT DISTINCT e.ts_ns, n.value FROM trace_events e JOIN strings n ON n.id = e.name_id JOIN strings c "
-               "ON c.id = e.cat_id WHERE e.trace_id = :tid AND e.ph = 'X' AND n.value LIKE 'ProfilerStep#%' "
-               "AND c.value IN ({cats})")
-_KERNEL_TIMES_SQL = ("SELECT e.id, e.ts_ns, e.dur_ns FROM trace_events e JOIN strings c ON c.id = e.cat_id "
-                     "WHERE e.trace_id = :tid AND e.ph = 'X' AND c.value IN ({cats})")
+_BOUNDS_SQL = ("SELECT DISTINCT e.ts_ns, n.value FROM trace_events e JOIN strings n ON n.id = e.name_id "
+               "WHERE e.trace_id = :tid AND e.ph = 'X' AND e.name_id IN (SELECT id FROM strings WHERE value LIKE "
+               "'ProfilerStep#%') AND e.cat_id IN (SELECT id FROM strings WHERE value IN ({cats}))")
+_KERNEL_TIMES_SQL = ("SELECT e.id, e.ts_ns, e.dur_ns FROM trace_events e WHERE e.trace_id = :tid AND e.ph = 'X' "
+                     "AND e.cat_id IN (SELECT id FROM strings WHERE value IN ({cats}))")
 #: Kernel placements added to the (node x step) sums at once by :func:`_streamed_times`.
 _CHUNK = 8_192
 

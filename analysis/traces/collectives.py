@@ -158,9 +158,9 @@ _INDEX_SQL = (
     "SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.dur_ns, e.pid, e.tid, e.correlation, "
     "CASE WHEN c.value IN ({runtime}) THEN NULL ELSE e.args_json END FROM trace_events e "
     "JOIN strings n ON n.id = e.name_id LEFT JOIN strings c ON c.id = e.cat_id WHERE e.trace_id = :tid AND "
-    "e.ph = 'X' AND ({kernels}n.value LIKE 'gloo:%' OR n.value LIKE 'mpi:%' OR n.value LIKE 'ucc:%' "
-    "OR n.value = 'record_param_comms' OR n.value LIKE 'c10d::%' OR n.value LIKE 'ProfilerStep#%') "
-    "ORDER BY e.ts_ns, e.id")
+    "e.ph = 'X' AND ({kernels}e.name_id IN (SELECT s.id FROM strings s WHERE s.value LIKE 'gloo:%' OR s.value LIKE "
+    "'mpi:%' OR s.value LIKE 'ucc:%' OR s.value = 'record_param_comms' OR s.value LIKE 'c10d::%' OR s.value LIKE "
+    "'ProfilerStep#%')) ORDER BY e.ts_ns, e.id")  # ids first: the strings are not joined to every event
 
 
 class CollectiveData(TraceData):
@@ -177,7 +177,8 @@ class CollectiveData(TraceData):
         from graphdeck.analysis.traces.links import link_gpu_events
 
         cats, runtime = sorted(GPU_KERNEL_CATS | RUNTIME_CATS), sorted(RUNTIME_CATS)
-        sql = _INDEX_SQL.format(kernels=f"c.value IN ({','.join(f':c{i}' for i in range(len(cats)))}) OR " if kernels else "",
+        sql = _INDEX_SQL.format(kernels=f"e.cat_id IN (SELECT id FROM strings WHERE value IN ({','.join(f':c{i}' for i in range(len(cats)))})) OR "
+                                if kernels else "",
                                 runtime=",".join(f":r{i}" for i in range(len(runtime))))
         params = {"tid": trace_id, **({f"c{i}": c for i, c in enumerate(cats)} if kernels else {}),
                   **{f"r{i}": c for i, c in enumerate(runtime)}}
