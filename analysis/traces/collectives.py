@@ -34,6 +34,8 @@ import json
 import re
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
@@ -41,6 +43,9 @@ from sqlalchemy.orm import Session
 from graphdeck.analysis.traces.analyze import CommRule, TraceData
 from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import Run, Trace
+
+if TYPE_CHECKING:
+    from graphdeck.analysis.traces.data import Ev
 
 _KIND = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -190,12 +195,15 @@ class CollectiveData(TraceData):
         self._mapping = None
 
 
-def build_index(session: Session, trace_id: int, rule: CommRule | None = None) -> dict:
+def build_index(session: Session, trace_id: int, rule: CommRule | None = None,
+                on_kernel: Callable[[Ev], None] | None = None) -> dict:
     """``{"v": INDEX_VERSION, "collectives": [...], "steps": [...]}`` of one stored trace:
     :func:`rank_collectives` (``key`` as a list) and :func:`step_times`, read through
     :class:`CollectiveData` (NOTE: [Collective index]) with the kernels streamed, each with its
     launch time joined by the database (NOTE: [Bounded launch sweep]), so memory does not grow
-    with the trace. Times in ns on the trace's own clock."""
+    with the trace. Times in ns on the trace's own clock. ``on_kernel``: called with each streamed
+    kernel (args read) in ``(ts, id)`` order, so another analysis of the kernels shares this pass
+    (the ingest's kernel links: NOTE: [Stored kernel links])."""
     from graphdeck.analysis.traces.analyze import StepTimes
     from graphdeck.analysis.traces.launch_sweep import stream_kernels
 
@@ -204,6 +212,8 @@ def build_index(session: Session, trace_id: int, rule: CommRule | None = None) -
     spans = _step_spans(data)
     times, seq, out = StepTimes(data.steps()), Counter(), []
     for k, launch in stream_kernels(session, trace_id, args=True, launch=True):
+        if on_kernel is not None:
+            on_kernel(k)
         times.add(k, launch)
         if rule.is_comm(k.name):
             out.append(_comm_entry(k, launch, spans, seq))
