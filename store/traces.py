@@ -244,17 +244,20 @@ def _run(fh, engine, run_name, rank, name, file_name, strict, batch_size, progre
         return _Ingest(engine, run_name, rank, name, file_name, strict, batch_size, progress, repair=True).run(fh)
 
 
-def _keep_collective_index(engine: Engine, trace_id: int, stats: dict) -> None:
+def _keep_collective_index(engine: Engine, trace_id: int, stats: dict, on_kernel=None) -> bool:
     """The trace's collectives and step times, computed once here (in the ingesting process) and
     kept in its ``stats_json`` (NOTE: [Collective index] in graphdeck.analysis.traces.collectives).
-    Best effort: without it, the analyses read the events instead."""
+    Best effort: without it, the analyses read the events instead. ``on_kernel``: handed to
+    ``build_index`` (each streamed kernel); returns whether its pass over the kernels ended."""
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.traces.collectives import INDEX_KEY, build_index
 
+    streamed = False
     try:
         with Session(engine) as s:
-            index = build_index(s, trace_id)
+            index = build_index(s, trace_id, on_kernel=on_kernel)
+        streamed = True
         text = json.dumps({**stats, INDEX_KEY: index}, separators=(",", ":"))
 
         def write():
@@ -264,6 +267,7 @@ def _keep_collective_index(engine: Engine, trace_id: int, stats: dict) -> None:
         retrying(write)
     except Exception:  # noqa: BLE001 - the trace is stored; only the shortcut is missing
         log.exception("trace %s: could not keep its collective index", trace_id)
+    return streamed
 
 
 def summary_line(stats: dict) -> str:
@@ -571,11 +575,12 @@ class _Ingest(EventRows):
                 )
 
         retrying(finish)
-        _keep_collective_index(self.engine, trace_id, stats)
-        from graphdeck.analysis.traces.export_map import record_links  # NOTE: [Stored kernel links]
+        from graphdeck.analysis.traces.export_map import KernelTally, record_links  # NOTE: [Stored kernel links]
         from graphdeck.store.node_times import record as keep_node_times  # NOTE: [Node-time table]
 
-        by_kernel = record_links(self.engine, trace_id, full=True)  # best effort, like the collective index
+        tally = KernelTally()  # the kernels are streamed once, for the index and the links alike
+        tally.complete = _keep_collective_index(self.engine, trace_id, stats, tally)
+        by_kernel = record_links(self.engine, trace_id, full=True, tally=tally)  # best effort, like the index
         keep_node_times(self.engine, trace_id, by_kernel)  # the same mapping (None: the hook maps the trace itself)
         self.stats = stats
         return IngestResult(trace_id, self.run_id, rank, status, self.stored, stats)

@@ -221,3 +221,65 @@ def test_ingest_memory_does_not_grow_with_the_steps(tmp_path):
                 tracemalloc.stop()
     mib = {k: {n: round(v / 2**20, 2) for n, v in d.items()} for k, d in (("sweep", sweep), ("whole", whole))}
     assert sweep[80] < 2 * sweep[20] and whole[80] > 3 * whole[20], mib
+
+
+def ddp_copies(src: Path, out: Path, copies: int) -> Path:
+    """The DDP rank's trace ``copies`` times end to end, each copy's times shifted past the previous
+    one's and its launch ids (``correlation``, ``External id``) past the previous copy's, as one long
+    profile numbers them (bench/bench_upload_memory.py's inputs)."""
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    events = doc.pop("traceEvents")
+    meta = [e for e in events if e.get("ph") == "M"]
+    timed = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), (int, float))]
+    span = int(max(e["ts"] + (e.get("dur") or 0) for e in timed) - min(e["ts"] for e in timed)) + 1000
+    keys = {"correlation", "External id"}
+    ids = 1 + max(v for e in timed for a, v in (e.get("args") or {}).items() if a in keys and isinstance(v, int))
+    doc["traceEvents"] = meta + [
+        {**e, "ts": e["ts"] + k * span, **({"args": {a: v + k * ids if a in keys and isinstance(v, int) else v
+                                                      for a, v in e["args"].items()}} if e.get("args") else {})}
+        for k in range(copies) for e in timed]
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def test_node_times_with_kernel_tables_do_not_grow_with_the_trace(tmp_path):
+    """A rank with Inductor kernel tables (the 2 x H200 DDP store's rank 0, 5 host steps, its trace
+    once and four times end to end): the ingest's node-time hook (:func:`graphdeck.store.node_times.
+    record` given the links' ``by_kernel``) streams the kernels into per-step sums, so its peak
+    Python memory is under 1.5x from 1 to 4 copies (it loaded every event before: ~600 bytes an
+    event, 4x); the rows it keeps are those of the loaded path (``trace_node_times`` mapping the
+    whole trace itself). Not timed: tracemalloc counts the bytes."""
+    from graphdeck.analysis.diff.times import trace_node_times
+    from graphdeck.analysis.traces.export_map import record_links
+    from graphdeck.store import node_times
+
+    store = tmp_path / "ddp.db"
+    with gzip.open(DDP / "ddp.db.gz") as src, open(store, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    engine = open_engine(store)
+    link_kernels(engine, 1)
+    peak = {}
+    for copies in (1, 4):
+        path = ddp_copies(DDP / "ddp_rank0.pt.trace.json.gz", tmp_path / f"x{copies}.json", copies)
+        trace_id = ingest_trace(engine, path, run_name="ddp", strict=True).trace_id
+        by_kernel = record_links(engine, trace_id, full=True)
+        assert by_kernel and len(by_kernel) > 1000 * copies
+        tracemalloc.start()
+        try:
+            assert node_times.record(engine, trace_id, by_kernel)
+            peak[copies] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        with Session(engine) as s:
+            trace = s.get(Trace, trace_id)
+            got, _why = node_times.load(s, trace_id, trace.run_id, trace.rank)
+            want = trace_node_times(s, trace.run_id, trace.rank, trace_id)  # maps the loaded events itself
+        assert got is not None and want.steps == got.steps == 5 * copies and want.source == got.source
+        assert (want.mapped_calls, want.unmapped_calls) == (got.mapped_calls, got.unmapped_calls)
+        rows = {n: (t, c, list(r)) for n, t, c, r in zip(got.nodes, got.total_ns.tolist(), got.count.tolist(),
+                                                          got.step_ns.tolist())}
+        assert rows == {n: (t, c, list(r)) for n, t, c, r in zip(want.nodes, want.total_ns.tolist(),
+                                                                  want.count.tolist(), want.step_ns.tolist())}
+        assert len(rows) > 100
+    engine.dispose()
+    assert peak[4] < 1.5 * peak[1], {n: round(v / 2**20, 2) for n, v in peak.items()}

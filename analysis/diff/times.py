@@ -245,6 +245,11 @@ def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, no
     if not key_of:
         out.missing = f"rank {rank}: no AOTAutograd graph stored to map trace {trace_id} onto"
         return out
+    if by_kernel is not None and _streamed_times(session, trace_id, key_of, by_kernel, out):
+        if not out.nodes:
+            out.missing = (f"rank {rank}: trace {trace_id} holds no kernel or compiled-function op that maps onto "
+                           "the rank's graphs")
+        return out
     events = _load(session, trace_id)
     # Host-side step ranges only: Kineto repeats ProfilerStep#N on the GPU timeline
     # (gpu_user_annotation), which would split every step in two.
@@ -279,6 +284,95 @@ def trace_node_times(session: Session, run_id: int, rank: int, trace_id: int, no
         out.missing = (f"rank {rank}: trace {trace_id} holds no kernel or compiled-function op that maps onto "
                        "the rank's graphs")
     return out
+
+
+_BOUNDS_SQL = ("SELECT DISTINCT e.ts_ns, n.value FROM trace_events e JOIN strings n ON n.id = e.name_id "
+               "WHERE e.trace_id = :tid AND e.ph = 'X' AND e.name_id IN (SELECT id FROM strings WHERE value LIKE "
+               "'ProfilerStep#%') AND e.cat_id IN (SELECT id FROM strings WHERE value IN ({cats}))")
+_KERNEL_TIMES_SQL = ("SELECT e.id, e.ts_ns, e.dur_ns FROM trace_events e WHERE e.trace_id = :tid AND e.ph = 'X' "
+                     "AND e.cat_id IN (SELECT id FROM strings WHERE value IN ({cats}))")
+#: Kernel placements added to the (node x step) sums at once by :func:`_streamed_times`.
+_CHUNK = 8_192
+
+
+def _in(params: dict, prefix: str, values) -> str:
+    names = sorted(values)
+    params.update({f"{prefix}{i}": v for i, v in enumerate(names)})
+    return ",".join(f":{prefix}{i}" for i in range(len(names)))
+
+
+def _streamed_times(session: Session, trace_id: int, key_of: dict, by_kernel: dict, out) -> bool:
+    """:func:`trace_node_times` of a GPU trace whose ``by_kernel`` the caller has, without loading
+    its events (issue 36 item 9): the host step starts (one query), then the GPU kernels' ``(id,
+    ts, dur)`` streamed and added to the (node x step) sums a chunk at a time, so memory is the
+    nodes' sums, not the trace. The same rows as the loaded path (nodes in ``by_kernel`` order).
+    False (``out`` untouched) when the loaded path must run: no GPU kernel, no kernel mapped onto
+    ``key_of`` (the CPU mapper's fallback), or a kernel of ``by_kernel`` not among the events."""
+    params: dict = {"tid": trace_id}
+    sql = _KERNEL_TIMES_SQL.format(cats=_in(params, "k", GPU_KERNEL_CATS))
+    if session.execute(text(sql + " LIMIT 1"), params).first() is None:
+        return False
+    if not any((gid, n) in key_of for gid, nodes in by_kernel.values() for n in nodes):
+        return False
+    index: dict[tuple[int, str], int] = {}
+    mapped = unmapped = 0
+    for gid, nodes in by_kernel.values():  # nodes numbered, and calls counted, in by_kernel order
+        if not nodes:
+            continue
+        placed = False
+        for node in nodes:
+            if (gid, node) in key_of:
+                index.setdefault((gid, node), len(index))
+                placed = True
+        mapped, unmapped = (mapped + 1, unmapped) if placed else (mapped, unmapped + 1)
+    bp: dict = {"tid": trace_id}
+    rows = session.execute(text(_BOUNDS_SQL.format(cats=_in(bp, "c", CPU_RANGE_CATS))), bp).fetchall()
+    bounds = np.array(sorted({ts for ts, name in rows if _STEP.match(name)}), dtype=np.int64)
+    steps = max(1, len(bounds))
+    acc = np.zeros((len(index), steps + 1), dtype=np.int64)  # column 0: before the first profiled step
+    count = np.zeros(len(index), dtype=np.int64)
+    hits: tuple[list[int], list[int], list[int]] = ([], [], [])  # node index, ts, ns
+
+    def flush() -> None:
+        if hits[0]:
+            idx, ts, ns = (np.asarray(x, dtype=np.int64) for x in hits)
+            step = np.searchsorted(bounds, ts, side="right") - 1 if len(bounds) else np.zeros(len(ts), dtype=np.int64)
+            np.add.at(acc, (idx, np.maximum(step, -1) + 1), ns)
+            np.add.at(count, idx, 1)
+            for x in hits:
+                x.clear()
+
+    found = 0
+    result = session.connection().execution_options(stream_results=True, yield_per=5000).execute(text(sql), params)
+    try:
+        get, at = by_kernel.get, index.get
+        for kid, ts, dur in result:
+            hit = get(kid)
+            if hit is None:
+                continue
+            found += 1
+            gid, nodes = hit
+            if not nodes:
+                continue
+            share, rest = divmod(dur, len(nodes))
+            for j, node in enumerate(nodes):
+                i = at((gid, node))
+                if i is not None:
+                    hits[0].append(i)
+                    hits[1].append(ts)
+                    hits[2].append(share + (rest if j == 0 else 0))
+            if len(hits[0]) >= _CHUNK:
+                flush()
+    finally:
+        result.close()
+    if found != len(by_kernel):  # a kernel the loaded path would skip: its node order may differ
+        return False
+    flush()
+    out.steps, out.source = steps, "gpu kernels"
+    out.mapped_calls, out.unmapped_calls = mapped, unmapped
+    out.nodes = list(index)
+    out.step_ns, out.total_ns, out.count = acc[:, 1:], acc.sum(axis=1), count
+    return True
 
 
 def _mapped_times(session, trace_id, rows, key_of, add, out, by_kernel=None) -> None:

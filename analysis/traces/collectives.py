@@ -34,6 +34,8 @@ import json
 import re
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
@@ -41,6 +43,9 @@ from sqlalchemy.orm import Session
 from graphdeck.analysis.traces.analyze import CommRule, TraceData
 from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import Run, Trace
+
+if TYPE_CHECKING:
+    from graphdeck.analysis.traces.data import Ev
 
 _KIND = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -158,9 +163,9 @@ _INDEX_SQL = (
     "SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.dur_ns, e.pid, e.tid, e.correlation, "
     "CASE WHEN c.value IN ({runtime}) THEN NULL ELSE e.args_json END FROM trace_events e "
     "JOIN strings n ON n.id = e.name_id LEFT JOIN strings c ON c.id = e.cat_id WHERE e.trace_id = :tid AND "
-    "e.ph = 'X' AND ({kernels}n.value LIKE 'gloo:%' OR n.value LIKE 'mpi:%' OR n.value LIKE 'ucc:%' "
-    "OR n.value = 'record_param_comms' OR n.value LIKE 'c10d::%' OR n.value LIKE 'ProfilerStep#%') "
-    "ORDER BY e.ts_ns, e.id")
+    "e.ph = 'X' AND ({kernels}e.name_id IN (SELECT s.id FROM strings s WHERE s.value LIKE 'gloo:%' OR s.value LIKE "
+    "'mpi:%' OR s.value LIKE 'ucc:%' OR s.value = 'record_param_comms' OR s.value LIKE 'c10d::%' OR s.value LIKE "
+    "'ProfilerStep#%')) ORDER BY e.ts_ns, e.id")  # ids first: the strings are not joined to every event
 
 
 class CollectiveData(TraceData):
@@ -177,7 +182,8 @@ class CollectiveData(TraceData):
         from graphdeck.analysis.traces.links import link_gpu_events
 
         cats, runtime = sorted(GPU_KERNEL_CATS | RUNTIME_CATS), sorted(RUNTIME_CATS)
-        sql = _INDEX_SQL.format(kernels=f"c.value IN ({','.join(f':c{i}' for i in range(len(cats)))}) OR " if kernels else "",
+        sql = _INDEX_SQL.format(kernels=f"e.cat_id IN (SELECT id FROM strings WHERE value IN ({','.join(f':c{i}' for i in range(len(cats)))})) OR "
+                                if kernels else "",
                                 runtime=",".join(f":r{i}" for i in range(len(runtime))))
         params = {"tid": trace_id, **({f"c{i}": c for i, c in enumerate(cats)} if kernels else {}),
                   **{f"r{i}": c for i, c in enumerate(runtime)}}
@@ -189,12 +195,15 @@ class CollectiveData(TraceData):
         self._mapping = None
 
 
-def build_index(session: Session, trace_id: int, rule: CommRule | None = None) -> dict:
+def build_index(session: Session, trace_id: int, rule: CommRule | None = None,
+                on_kernel: Callable[[Ev], None] | None = None) -> dict:
     """``{"v": INDEX_VERSION, "collectives": [...], "steps": [...]}`` of one stored trace:
     :func:`rank_collectives` (``key`` as a list) and :func:`step_times`, read through
     :class:`CollectiveData` (NOTE: [Collective index]) with the kernels streamed, each with its
     launch time joined by the database (NOTE: [Bounded launch sweep]), so memory does not grow
-    with the trace. Times in ns on the trace's own clock."""
+    with the trace. Times in ns on the trace's own clock. ``on_kernel``: called with each streamed
+    kernel (args read) in ``(ts, id)`` order, so another analysis of the kernels shares this pass
+    (the ingest's kernel links: NOTE: [Stored kernel links])."""
     from graphdeck.analysis.traces.analyze import StepTimes
     from graphdeck.analysis.traces.launch_sweep import stream_kernels
 
@@ -203,6 +212,8 @@ def build_index(session: Session, trace_id: int, rule: CommRule | None = None) -
     spans = _step_spans(data)
     times, seq, out = StepTimes(data.steps()), Counter(), []
     for k, launch in stream_kernels(session, trace_id, args=True, launch=True):
+        if on_kernel is not None:
+            on_kernel(k)
         times.add(k, launch)
         if rule.is_comm(k.name):
             out.append(_comm_entry(k, launch, spans, seq))

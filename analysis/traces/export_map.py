@@ -28,6 +28,9 @@ a few hundred a trace), so the collective labels always follow the records of th
 The ingest reads the trace for them a few profiler steps at a time (NOTE: [Bounded launch sweep]
 in launch_sweep.py; the host ranges only when the rank has kernel tables to use them), so its
 memory does not grow with the trace (so does :func:`refresh_links`); export's :func:`kernel_links` reads its events whole.
+For a rank without kernel tables the ingest does not read the kernels again: the collective index's
+pass over them (:func:`~graphdeck.analysis.traces.collectives.build_index`) fills a
+:class:`KernelTally` (their total time, the communication kernels) that :func:`record_links` takes.
 
 Stale links are never used: the row records what they were computed against — the rank's AOT
 graphs and kernel links (:func:`graphdeck.store.node_times.rank_states`, as the node-time table
@@ -47,6 +50,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import accumulate
+from sys import intern
+from typing import NamedTuple
 
 import orjson
 from sqlalchemy import delete, func, inspect, select
@@ -93,6 +98,15 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+class _Call(NamedTuple):
+    """What :func:`~graphdeck.analysis.traces.mapping.wrapper_kernel_nodes` reads of a kernel's
+    calling op (id, start ns, name)."""
+
+    id: int
+    ts: int
+    name: str
+
+
 def _compute(session: Session, trace: Trace, kernels: Iterable[Launch],
              tables: dict[int, dict] | None = None) -> tuple[ByKernel, list[Ev], bool]:
     """``(by_kernel of the kernels wrapper calls launched, communication kernels launched by
@@ -104,6 +118,7 @@ def _compute(session: Session, trace: Trace, kernels: Iterable[Launch],
     tables = _tables(session, trace.run_id, trace.rank) if tables is None else tables
     wrappers: dict[int, list[tuple[Ev, Ev | None]]] = defaultdict(list)
     wrapper_ev: dict[int, tuple[Ev, str | None]] = {}
+    calls: dict[int, _Call] = {}
     comm, comm_kernels, kernel_ns = CommRule(), [], 0
     for k, _rt, chain in kernels:
         kernel_ns += k.dur
@@ -119,13 +134,22 @@ def _compute(session: Session, trace: Trace, kernels: Iterable[Launch],
             continue
         region = next((m.group(1) for e in reversed(chain[:at]) if (m := _REGION.match(e.name))), None)
         wrapper_ev[chain[at].id] = (chain[at], region)
-        wrappers[chain[at].id].append((k, chain[at + 1] if at + 1 < len(chain) else None))
+        call = chain[at + 1] if at + 1 < len(chain) else None
+        if call is not None:  # kept slim: a kernel's id, its call's id, start and (shared) name
+            call = calls.get(call.id) or calls.setdefault(call.id, _Call(call.id, call.ts, intern(call.name)))
+        wrappers[chain[at].id].append((k.id, call))
     if not kernel_ns and not comm_kernels:  # map_trace's CPU path (NOTE: [CPU trace mapping])
         return {}, [], True
+    calls.clear()
     by_kernel: ByKernel = {}
-    for k, gid, got in wrapper_kernel_nodes(session, trace, tables, wrappers, wrapper_ev):
+    shared: dict[tuple, tuple[int, list[str]]] = {}  # one (graph, nodes) value per distinct group
+    for kid, gid, got in wrapper_kernel_nodes(session, trace, tables, wrappers, wrapper_ev):
         if got:
-            by_kernel[k.id] = (gid, list(got[0]))
+            key = (gid, *got[0])
+            value = shared.get(key)
+            if value is None:
+                value = shared[key] = (gid, list(got[0]))
+            by_kernel[kid] = value
     return by_kernel, comm_kernels, False
 
 
@@ -189,7 +213,27 @@ def _fingerprint(session: Session, trace_id: int) -> tuple[int, int | None, int 
     return int(count), first, last
 
 
-def record_links(engine: Engine, trace_id: int, full: bool = False) -> bool | ByKernel | None:
+class KernelTally:
+    """What the links of a rank without kernel tables need of a trace's kernels, gathered while
+    another pass streams them (the ingest's collective index: :func:`graphdeck.analysis.traces.
+    collectives.build_index`'s ``on_kernel``), so the ingest reads them once: their total time and
+    the communication kernels (without args, as :func:`record_links`' own stream reads them).
+    ``complete`` is set by the caller once the pass ended without error."""
+
+    def __init__(self) -> None:
+        self.kernel_ns = 0
+        self.comm: list[Ev] = []
+        self.complete = False
+        self._rule = CommRule()
+
+    def __call__(self, k: Ev) -> None:
+        self.kernel_ns += k.dur
+        if self._rule.is_comm(k.name):
+            self.comm.append(Ev(k.id, k.name, k.cat, k.ts, k.dur, k.pid, k.tid, k.corr, None))
+
+
+def record_links(engine: Engine, trace_id: int, full: bool = False,
+                 tally: KernelTally | None = None) -> bool | ByKernel | None:
     """Compute trace ``trace_id``'s links and keep them as its ``trace_links`` row, replacing an
     older one (NOTE: [Stored kernel links]); whether a row was written (none for a trace on
     ``map_trace``'s CPU path: an older row is then removed). Best effort, for the ingest: any
@@ -198,7 +242,8 @@ def record_links(engine: Engine, trace_id: int, full: bool = False) -> bool | By
     ``full``: return instead ``map_trace``'s whole ``by_kernel`` (the communication kernels
     mapped too: NOTE: [Export kernel links]) when a row was written, else None — what the ingest's
     node-time hook maps the trace's time with (:func:`graphdeck.store.node_times.record`), so the
-    ingest maps each trace once."""
+    ingest maps each trace once. ``tally``: the trace's kernels as another pass saw them (used only
+    when complete and the rank has no kernel tables: the kernels are then not read again)."""
     from graphdeck.store.db import retrying, write_session
 
     try:
@@ -211,6 +256,11 @@ def record_links(engine: Engine, trace_id: int, full: bool = False) -> bool | By
             # NOTE: [Bounded launch sweep]: a few steps at a time, not the whole trace
             if tables:
                 by_kernel, comm_kernels, cpu_path = bounded(s, trace_id, lambda ks: _compute(s, trace, ks, tables))
+            elif tally is not None and tally.complete:  # what _compute gives without tables, from the shared pass
+                by_kernel, comm_kernels = {}, tally.comm
+                cpu_path = not tally.kernel_ns and not comm_kernels
+                if cpu_path:
+                    comm_kernels = []
             else:  # without tables a kernel's launch and host ranges are not looked at
                 kernels = ((k, None, ()) for k, _ in stream_kernels(s, trace_id, args=False, launch=False))
                 by_kernel, comm_kernels, cpu_path = _compute(s, trace, kernels, tables)

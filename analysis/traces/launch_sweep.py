@@ -123,12 +123,13 @@ def stream_events(session: Session, trace_id: int) -> Iterator[Ev]:
 _KERNELS_SQL = (
     "SELECT e.id, n.value, c.value, e.ts_ns, e.dur_ns, e.pid, e.tid, e.correlation, {args}, {launch} "
     "FROM trace_events e JOIN strings n ON n.id = e.name_id JOIN strings c ON c.id = e.cat_id {join} "
-    "WHERE e.trace_id = :tid AND e.ph = 'X' AND c.value IN ({kernels}) ORDER BY e.ts_ns, e.id")
+    "WHERE e.trace_id = :tid AND e.ph = 'X' AND e.cat_id IN (SELECT id FROM strings WHERE value IN ({kernels})) "
+    "ORDER BY e.ts_ns, e.id")
 # the first launch call of each correlation starts at its smallest ts (ties by id start at the same ts)
 _LAUNCH_JOIN = (
     "LEFT JOIN (SELECT r.correlation AS corr, MIN(r.ts_ns) AS ts FROM trace_events r JOIN strings rc "
-    "ON rc.id = r.cat_id WHERE r.trace_id = :tid AND r.ph = 'X' AND r.correlation IS NOT NULL AND rc.value IN "
-    "({runtime}) GROUP BY r.correlation) f ON f.corr = e.correlation")
+    "ON rc.id = r.cat_id WHERE r.trace_id = :tid AND r.ph = 'X' AND r.correlation IS NOT NULL AND r.cat_id IN "
+    "(SELECT id FROM strings WHERE value IN ({runtime})) GROUP BY r.correlation) f ON f.corr = e.correlation")
 
 
 def stream_kernels(session: Session, trace_id: int, *, args: bool, launch: bool) -> Iterator[tuple[Ev, int]]:
@@ -245,7 +246,7 @@ class Sweep:
         params: dict = {"tid": trace_id}
         cats = _cats(params, "r", RUNTIME_CATS)
         base = ("FROM trace_events e JOIN strings c ON c.id = e.cat_id WHERE e.trace_id = :tid AND e.ph = 'X' "
-                f"AND c.value IN ({cats}) AND e.correlation IS NOT NULL")
+                f"AND e.cat_id IN (SELECT id FROM strings WHERE value IN ({cats})) AND e.correlation IS NOT NULL")
         exact = True
         if self.given_up:
             rows = session.connection().execution_options(stream_results=True, yield_per=5000).execute(
