@@ -80,6 +80,34 @@ def _int(v) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def dtype_bytes(dtype) -> int | None:
+    """Bytes per element of a profiler dtype name (``Float``, ``BFloat16``, ``c10::Half``,
+    ``float``); None when unknown."""
+    if not isinstance(dtype, str):
+        return None
+    return DTYPE_BYTES.get(dtype.lower().replace("torch.", "").replace("c10::", "").replace(" ", ""))
+
+
+def message_bytes(args: dict) -> int | None:
+    """The bytes a collective moves, as nccl-tests size it (NOTE: [Bus bandwidth]): the larger of
+    ``In msg nelems`` / ``Out msg nelems`` × the ``dtype``'s size; for a CPU-side op (gloo) without
+    them, its first input's element count (``Input Dims``) × its ``Input type``. None when unknown."""
+    elems = [x for x in (_int(args.get("In msg nelems")), _int(args.get("Out msg nelems"))) if x is not None]
+    width = dtype_bytes(args.get("dtype"))
+    if elems and width:
+        return max(elems) * width
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    first = dims[0] if isinstance(dims, list) and dims and isinstance(dims[0], list) else None
+    if first and all(_int(d) is not None for d in first) and isinstance(types, list) and types:
+        width = dtype_bytes(types[0])
+        if width:
+            n = 1
+            for d in first:
+                n *= d
+            return n * width
+    return None
+
+
 def collective_bandwidth(data: TraceData, meta: dict | None = None, *, rule: CommRule | None = None,
                          link_gbps: float | None = None) -> dict:
     """Per communication kernel of ``data`` its bandwidth (NOTE: [Bus bandwidth]).
@@ -109,9 +137,8 @@ def collective_bandwidth(data: TraceData, meta: dict | None = None, *, rule: Com
         group = str(group) if group is not None else "?"
         n = _int(args.get("Group size")) or sizes.get(group)
         dtype = args.get("dtype")
-        width = DTYPE_BYTES.get(str(dtype).lower().replace("torch.", "")) if dtype is not None else None
         elems = [x for x in (_int(args.get("In msg nelems")), _int(args.get("Out msg nelems"))) if x is not None]
-        nbytes = max(elems) * width if elems and width else None
+        nbytes = max(elems) * dtype_bytes(dtype) if elems and dtype_bytes(dtype) else None
         launch = data.launch_ts(k)
         row = {"index": len(rows), "step": next((num for s, e, num in steps if s <= launch < e), None),
                "group": group, "type": ctype, "name": args.get("Collective name"), "kernel": k.name,
