@@ -3,7 +3,8 @@
 Inputs: the main job's own store (tests/data/demo_warm_bucket: ``graphdeck demo``, GPT-2, DDP on 2
 gloo ranks, profiled steps 2 and 3), served by the real app and read in Chromium; and a 1,024-rank
 run generated the way bench/scale_harness.py generates its runs — every row a copy of a captured
-one: rank r gets the demo rank r % 2's trace row (with its collective index) and compile records —
+one: rank r gets the demo rank r % 2's trace row (with its collective index) and compile records, rank 5 a
+memory-snapshot record —
 to show the view's work does not grow with the ranks (its SQL statements are counted; the server
 CPU of the request is printed, never asserted: bench/bench_cost_view.py measures it on the
 harness's own 1,024-rank run).
@@ -28,6 +29,7 @@ from tests.test_browser import page  # noqa: F401  (fixture: a page failing on c
 WARM = Path(__file__).resolve().parent / "data" / "demo_warm_bucket" / "demo.db.gz"
 #: The demo's DDP buckets (its graphdeck_comm_groups record), all-reduced once per step.
 DDP_BYTES = 2701312
+PEAK_5 = 123_456_789  # a memory-snapshot record's peak on rank 5 of the 1,024-rank run
 
 
 def _copy(dst: Path) -> Path:
@@ -59,6 +61,8 @@ def _add_big_run(store: Path, n: int) -> None:
             cur.execute(f"INSERT INTO compile_events (run_id, rank, {', '.join(ccols)}) SELECT ?, ?, "
                         f"{', '.join(ccols)} FROM compile_events WHERE run_id = ? AND rank = ? AND name IN "
                         "('compilation_metrics', 'bwd_compilation_metrics')", (big, r, demo, src))
+        cur.execute("INSERT INTO compile_events (run_id, rank, name, compile_id, payload, metadata_json) "
+                    "VALUES (?, 5, 'graphdeck_memory_snapshot', NULL, ?, '{}')", (big, '{"peak_bytes": %d}' % PEAK_5))
         db.commit()
     finally:
         db.close()
@@ -140,7 +144,10 @@ def test_1024_ranks_cost_a_fixed_number_of_queries(server, store):
     print(f"rank_costs, 1,024 ranks: {cpu:.3f} s CPU, {len(statements)} SQL statements")
     assert len(doc["rows"]) == 1024 and doc["step"] == 3 and all(r["comm_bytes"] == DDP_BYTES for r in doc["rows"])
     assert len(statements) <= 16, statements  # not per rank: 1,024 ranks read in a few batched queries
+    peaks = {r["rank"]: r["peak_memory_bytes"] for r in doc["rows"] if r["peak_memory_bytes"] is not None}
+    assert peaks == {5: PEAK_5}, "the snapshot's peak on its rank; no other rank's is invented"
     over_http = _costs(server, "big", sort="compile_s")
+    assert _costs(server, "big", sort="peak_memory_bytes")["rows"][0]["rank"] == 5
     assert over_http["totals"]["compile_s"]["ranks"] == 1024
 
 

@@ -157,3 +157,11 @@ def test_a_recorded_ddp_mesh_keeps_its_grid_and_gains_the_buckets(server, tmp_pa
     assert m["dims"] == {"stage": None, "rows": ["ddp"], "cols": []} and len(m["stages"][0]["rows"]) == 2
     assert m["replica"]["ddp"]["buckets"] == 1 and m["replica"]["ddp"]["bytes"] == 2**20 and not m["notes"]
     assert plain["replica"] is None, "a mesh job's default group adds nothing to its map"
+
+
+def test_overview_layout_line_names_the_replica_group(server):
+    """The run page's layout line (the overview) says what the map draws: one fact, one text."""
+    line = httpx.get(f"{server.url}/api/runs/demo/summary/layout", timeout=120).json()
+    assert line["verdict"] == "N/A", "no mesh recorded: nothing to check per mesh dimension"
+    rep = _map(server, "demo", checks="layout")["replica"]
+    assert rep["text"] in line["headline"] and "one replica row" in line["headline"], line["headline"]
