@@ -384,7 +384,13 @@ def check_layout(session: Session, run: Run, deadline: float) -> CheckSummary:
                      f"#/runs/{run.id}/map", f"graphdeck check-ranks STORE --run {run.name}",
                      f"/api/runs/{run.id}/layout")
     if layout is None:
-        c.headline = "no parallel layout recorded (no device mesh, DTensor, FSDP2 group or pipeline stage)"
+        from graphdeck.analysis.parallel.replicas import replica_layout
+
+        replica = replica_layout(session, run)  # NOTE: [Replica row]: what the map draws without a mesh
+        c.headline = ("no parallel layout recorded (no device mesh, DTensor, FSDP2 group or pipeline stage)"
+                      + (f"; {replica['text']} — drawn on the parallel map as one replica row" if replica else ""))
+        if replica:
+            c.detail = {"replica": replica}
         return c
     ranks = _run_ranks(session, run.id)
     gaps = layout_gaps(layout, ranks)

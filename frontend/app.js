@@ -18,6 +18,7 @@
 //   graph.js    the graph page: node search and selection, long-edge stubs, node details, related graphs
 //   viewer.js   the graph page's SVG viewer: safe import, pan/zoom, the initial view
 //   map.js      the parallel map (#/runs/<id>/map): stage → TP group → replicas, per-rank badges
+//   cost.js     one cost table per rank (#/runs/<id>/cost): step time, collectives, memory, compile
 //   trace.js    the trace page: Plotly timeline (zoom fetches the window), analyses and ingest stats
 //   replay.js   trace replay (cursor over the timeline, the running kernel's graph node lit) and
 //               the multi-rank timeline of a run
@@ -42,6 +43,7 @@ const routes = [
   }],
   [/^\/runs\/([^/]+)\/grads$/, lazy("./grads.js", "renderGrads")], // gradient-path report (?status=&rank=)
   [/^\/runs\/([^/]+)\/map$/, lazy("./map.js", "renderMap")], // parallel map: stages, TP groups, replicas, badges
+  [/^\/runs\/([^/]+)\/cost$/, lazy("./cost.js", "renderCost")], // one cost table per rank (?step=&sort=&desc=)
   [/^\/graphs\/(\d+)$/, lazy("./graph.js", "renderGraph")],
   [/^\/graphs\/(\d+)\/memory$/, lazy("./memory.js", "renderMemory")], // graph-derived memory, measured beside it
   [/^\/compare\/(\d+)\/(\d+)$/, lazy("./compare.js", "renderCompare")], // two graphs side by side (diff, fwd/bwd)

@@ -99,6 +99,16 @@ function stageBlock(map, stage, why) {
     h("table", {class: "map-grid", "data-testid": "map-grid"}, h("thead", {}, head), h("tbody", {}, rows)));
 }
 
+// A run without a device mesh (DDP, or a plain torch.distributed job): its replica group as one row
+// (NOTE: [Replica row] in analysis/parallel/replicas.py).
+function replicaLine(rep) {
+  if (!rep) return null;
+  const d = rep.ddp;
+  return h("p", {class: "summary", "data-testid": "map-replica", "data-kind": rep.kind}, rep.text,
+    d && d.bucket_bytes.length ? h("span", {class: "muted small", "data-testid": "map-replica-buckets"},
+      ` — bucket sizes ${d.bucket_bytes.map((b) => `${(b / 1048576).toFixed(2)} MiB`).join(", ")}`) : null);
+}
+
 function meshLine(map) {
   const meshes = map.meshes.map((m) => `${m.dim_names.join("×")} (${m.shape.join("×")})${m.device_type ? ` on ${m.device_type}` : ""}`);
   return h("p", {class: "summary", "data-testid": "map-summary"},
@@ -148,7 +158,9 @@ function mapPage(map, expand, complete) {
   return h("section", {class: "map-page", "data-complete": complete ? "true" : null},
     h("h1", {}, `Parallel map — ${map.run}`),
     meshLine(map),
-    h("p", {class: "muted small"}, "Rows: ", map.dims.stage ? "pipeline stages, then " : "",
+    replicaLine(map.replica),
+    map.replica && !map.meshes.length ? h("p", {class: "muted small"}, "One row: the replica group; a column per rank (each runs the same program on its own data). Hover a rank for the reason for each badge.")
+    : h("p", {class: "muted small"}, "Rows: ", map.dims.stage ? "pipeline stages, then " : "",
       map.dims.rows.length ? `data-parallel replicas (${map.dims.rows.join(", ")})` : "one row per stage",
       "; columns: ", map.dims.cols.length ? `position on ${map.dims.cols.join(", ")}` : "one column",
       ". Hover a rank for its coordinates and the reason for each badge. ",
@@ -156,7 +168,7 @@ function mapPage(map, expand, complete) {
         ? h("a", {href: `#/runs/${map.run_id}/map${expand ? "" : "?expand=1"}`, "data-testid": "map-expand"},
           expand ? "merge identical replica rows" : "show every replica row") : null),
     legend(map),
-    map.notes.map((n) => h("p", {class: "muted"}, n)),
+    (map.replica && !map.meshes.length ? map.notes.slice(1) : map.notes).map((n) => h("p", {class: "muted"}, n)),
     h("div", {class: "map-stages", "data-testid": "parallel-map"}, map.stages.map((s) => stageBlock(map, s, why))),
     map.unplaced.length ? h("p", {class: "muted", "data-testid": "map-unplaced"},
       `Not placed by any mesh or stage: ranks ${rankRanges(map.unplaced, 20)}`) : null);

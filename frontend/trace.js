@@ -92,6 +92,7 @@ export async function renderTrace(page, m) {
   const timeline = h("div", {id: "timeline", "data-testid": "timeline", class: "timeline"},
     h("p", {class: "loading"}, "Loading the timeline…"));
   const analysis = h("div", {id: "trace-analysis", "data-testid": "trace-analysis"}, h("p", {class: "loading"}, "Analysing…"));
+  const bandwidth = h("div", {id: "trace-bandwidth", "data-testid": "trace-bandwidth"});
   const skip = new Set(["stats", "meta", "id", "name", "run_id", "run_name"]);
   $app.replaceChildren(h("section", {class: "trace-page"},
     h("h1", {}, fmt(trace.name), " ", statusBadge(trace.status)),
@@ -102,11 +103,13 @@ export async function renderTrace(page, m) {
       h("a", {href: `#/runs/${encodeURIComponent(trace.run_name ?? trace.run_id)}/timeline`, id: "run-timeline-link"},
         "All ranks on one time axis")),
     h("h2", {}, "Timeline"), timeline,
-    h("h2", {}, "Analysis"), analysis,
+    h("h2", {}, "Analysis"), analysis, bandwidth,
     h("h2", {}, "Ingest stats"), ingestStats(trace.stats),
     h("details", {class: "fold"}, h("summary", {}, "Trace metadata"), statsView(trace.meta, "trace-info"))));
   api(`/api/traces/${id}/analysis`).then((a) => { if (page.alive()) analysis.replaceChildren(...analysisView(a)); },
     (err) => { if (page.alive()) analysis.replaceChildren(errorBox(err)); });
+  api(`/api/traces/${id}/bandwidth`).then((b) => { if (page.alive()) bandwidth.replaceChildren(...bandwidthView(b)); },
+    (err) => { if (page.alive()) bandwidth.replaceChildren(errorBox(err)); });
   try {
     const [Plotly, figure] = await Promise.all([loadPlotly(), api(`/api/traces/${id}/window`)]);
     if (!page.alive()) return;
@@ -128,6 +131,40 @@ export async function renderTrace(page, m) {
   } catch (err) {
     if (page.alive()) timeline.replaceChildren(errorBox(err));
   }
+}
+
+const gbps = (x) => (x == null ? "—" : Number(x).toFixed(2));
+const mib = (b) => (b == null ? "—" : (Number(b) / 1048576).toFixed(2));
+const BW_ROWS = 300; // collectives listed one per row; the per-step table covers every one
+
+/** GET /api/traces/<id>/bandwidth: algbw / busbw per collective (NOTE: [Bus bandwidth]). */
+function bandwidthView(b) {
+  const f = b.formulas;
+  const peak = b.link_gbps ? `share of a ${gbps(b.link_gbps)} GB/s link` : "no link peak set (graphdeck serve --link-gbps, or ?link_gbps=)";
+  const shown = b.collectives.slice(0, BW_ROWS);
+  return [
+    h("h3", {}, "Collective bandwidth"),
+    h("p", {class: "small muted", "data-testid": "bandwidth-summary"},
+      `algbw = bytes / kernel time; busbw = algbw × ${f.all_reduce} for all_reduce, × ${f.all_gather} for all_gather, `
+      + `reduce_scatter and all_to_all, × 1 for broadcast, reduce, send and recv (n = ranks in the group; nccl-tests' PERFORMANCE.md). `
+      + `GB/s = 1e9 bytes/s. Device: ${b.device || "unknown"}; ${peak}.`),
+    table("bandwidth-steps", ["group", "step", "collectives", "MiB", "ms", "slowest", "slowest ms", "slowest busbw GB/s", "busbw GB/s min–max"],
+      b.by_group_step.map((g) => row([fmt(g.group), fmt(g.step), fmt(g.count), mib(g.bytes), ms(g.dur_ns),
+        `#${g.slowest} ${g.slowest_type}`, ms(g.slowest_dur_ns), gbps(g.slowest_busbw_gbps),
+        g.min_busbw_gbps == null ? "—" : `${gbps(g.min_busbw_gbps)}–${gbps(g.max_busbw_gbps)}`])), "",
+      {caption: "Per process group and ProfilerStep: the slowest collective is its longest kernel", empty: b.reason || "no collective"}),
+    table("bandwidth-table", ["#", "step", "group", "collective", "ranks", "dtype", "MiB", "ms", "algbw GB/s", "busbw GB/s", "of link peak", "note"],
+      shown.map((c) => {
+        const tr = row([fmt(c.index), fmt(c.step), fmt(c.group), fmt(c.type), fmt(c.group_size), fmt(c.dtype), mib(c.bytes),
+          ms(c.dur_ns), gbps(c.algbw_gbps), gbps(c.busbw_gbps), pct(c.link_share),
+          [c.slowest ? "slowest of its step · " : "", c.reason || ""].join("")]);
+        tr.dataset.index = c.index;
+        if (c.slowest) tr.dataset.slowest = "true";
+        return tr;
+      }), "",
+      {caption: b.collectives.length > BW_ROWS ? `The first ${BW_ROWS} of ${b.collectives.length} collectives` : "Each collective (communication kernel)",
+       empty: b.reason || "no collective"}),
+  ];
 }
 
 const ms = (ns) => (ns == null ? "—" : (Number(ns) / 1e6).toFixed(3));

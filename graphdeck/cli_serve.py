@@ -132,11 +132,14 @@ def _print_summary(store_path: Path, run_name: str) -> None:
 @click.option("--allowed-host", "allowed_hosts", multiple=True,
               help="A Host name a request over loopback may carry besides localhost, 127.0.0.1, [::1] and this "
                    "machine's name (e.g. a local proxy's), repeatable [$GRAPHDECK_ALLOWED_HOSTS, comma-separated].")
+@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Peak bandwidth of the link between ranks, GB/s: each collective's bus bandwidth is shown "
+                   "as a share of it [$GRAPHDECK_LINK_GBPS; default none].")
 @click.option("--create", is_flag=True, help="Create an empty SQLite store when STORE does not exist "
                                              "(without it, a missing file is an error: a mistyped name).")
 def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_bytes: int | None,
           max_decompressed_bytes: int | None, max_decompress_ratio: float | None, upload_ttl_s: float | None,
-          allowed_hosts: tuple[str, ...], create: bool) -> None:
+          allowed_hosts: tuple[str, ...], link_gbps: float | None, create: bool) -> None:
     """Serve the dashboard and API over STORE (a SQLite file or a PostgreSQL URL; $GRAPHDECK_STORE).
 
     \b
@@ -150,6 +153,7 @@ def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_byt
       GRAPHDECK_MAX_DECOMPRESSED_BYTES  --max-decompressed-bytes
       GRAPHDECK_MAX_DECOMPRESS_RATIO    --max-decompress-ratio
       GRAPHDECK_UPLOAD_TTL_S            --upload-ttl-s
+      GRAPHDECK_LINK_GBPS               --link-gbps
       GRAPHDECK_STORE_MAX_BYTES         SQLite only: a size quota on the store (507 when reached)
     """
     from graphdeck.server.app import serve as serve_app
@@ -161,7 +165,7 @@ def serve(store: str, host: str, port: int, data_dir: str | None, max_upload_byt
         _fail(UsageError(f"no store at {store_path}: check the path (or pass --create to serve a new, empty store)"))
     given = {"data_dir": data_dir, "max_upload_bytes": max_upload_bytes,
              "max_decompressed_bytes": max_decompressed_bytes, "max_decompress_ratio": max_decompress_ratio,
-             "upload_ttl_s": upload_ttl_s, "allowed_hosts": allowed_hosts or None}
+             "upload_ttl_s": upload_ttl_s, "allowed_hosts": allowed_hosts or None, "link_gbps": link_gbps}
     try:
         serve_app(store_path, host=host, port=port, **{k: v for k, v in given.items() if v is not None},
                   announce=lambda: click.echo(f"[graphdeck] dashboard: http://{host}:{port}/"))

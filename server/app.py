@@ -51,6 +51,7 @@ ROUTERS = (
     "graphdeck.server.routes.executor",
     "graphdeck.server.routes.uploads",
     "graphdeck.server.routes.parallel_map",
+    "graphdeck.server.routes.cost",
     "graphdeck.server.routes.layout",
     "graphdeck.server.routes.compile_health",
     "graphdeck.server.routes.parity",

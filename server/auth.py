@@ -91,6 +91,7 @@ LIMIT_ENVS = {
     "GRAPHDECK_MAX_DECOMPRESSED_BYTES": ("max_decompressed_bytes", int),
     "GRAPHDECK_MAX_DECOMPRESS_RATIO": ("max_decompress_ratio", float),
     "GRAPHDECK_UPLOAD_TTL_S": ("upload_ttl_s", float),
+    "GRAPHDECK_LINK_GBPS": ("link_gbps", float),
 }
 
 

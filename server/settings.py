@@ -47,6 +47,9 @@ class Settings:
             (besides localhost, loopback addresses and this machine's name; see
             :mod:`graphdeck.server.auth`, NOTE: [DNS rebinding]), e.g. the name a local reverse
             proxy passes on.
+        link_gbps: the peak bandwidth of the link between ranks, GB/s (``--link-gbps``,
+            ``GRAPHDECK_LINK_GBPS``): each collective's bus bandwidth is shown as a share of it
+            (NOTE: [Bus bandwidth]); ``None``: no share (graphdeck assumes no device's peak).
         upload_ttl_s: an upload untouched this long (open, failed or done) is removed from
             ``data_dir`` (a done one stays ingested once: the store remembers it).
     """
@@ -61,6 +64,7 @@ class Settings:
     max_decompress_ratio: float = DEFAULT_MAX_DECOMPRESS_RATIO
     upload_ttl_s: float = 7 * 24 * 3600
     allowed_hosts: tuple[str, ...] = field(default=(), repr=False)
+    link_gbps: float | None = None
 
     def __repr__(self) -> str:  # the dataclass repr, but a store URL's password never reaches a log
         from graphdeck.store.db import display_url

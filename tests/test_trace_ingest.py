@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.traces.collectives import INDEX_VERSION
 from graphdeck.errors import BadInputError, TruncatedInputError
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import InternedString, Rank, Run, Trace, TraceEvent
@@ -104,7 +105,7 @@ def test_hta_sampled_rank0_counts_rank_and_meta(engine):
     kept = json.loads(t.stats_json)
     index = kept.pop("collective_index")  # NOTE: [Collective index]: kept beside the ingest's counters
     assert t.num_events == r.num_events and kept == r.stats
-    assert index["v"] == 1 and len(index["collectives"]) > 0 and index["steps"]
+    assert index["v"] == INDEX_VERSION and len(index["collectives"]) > 0 and index["steps"]
     with Session(engine) as s:
         run = s.get(Run, r.run_id)
         assert (run.name, run.world_size) == ("job", 128), "the run takes the trace's world size"

@@ -109,6 +109,8 @@ def cpu_collectives(data, has_comm_kernels: bool = False) -> list[dict]:
     :func:`~graphdeck.analysis.traces.collectives.rank_collectives` entries (``key``, ``group``,
     ``kind``, ``seq``, ``start_ns``, ``end_ns``, ``dur_ns``, ``kernel`` = the op's name,
     ``step``) plus ``where = "cpu"``, in start order."""
+    from graphdeck.analysis.traces.bandwidth import message_bytes
+
     picked = cpu_collective_events(data.events, has_comm_kernels)
     if not picked:
         return []
@@ -129,7 +131,8 @@ def cpu_collectives(data, has_comm_kernels: bool = False) -> list[dict]:
         seq[ident] += 1
         step = next((num for s, t, num in steps if s <= e.ts < t), None)
         out.append({"key": (*ident, n), "group": group, "kind": kind, "seq": n, "start_ns": e.ts, "end_ns": e.end,
-                    "dur_ns": e.dur, "kernel": e.name, "step": step, "where": "cpu", "nelems": nelems})
+                    "dur_ns": e.dur, "kernel": e.name, "step": step, "where": "cpu", "nelems": nelems,
+                    "bytes": message_bytes(args)})
     return out
 
 

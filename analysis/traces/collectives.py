@@ -41,6 +41,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.traces.analyze import CommRule, TraceData
+from graphdeck.analysis.traces.bandwidth import message_bytes
 from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import Run, Trace
 
@@ -126,7 +127,8 @@ def _comm_entry(k, launch: int, steps: list[tuple[int, int, int]], seq: Counter)
     nelems = args.get("In msg nelems")
     return {"key": (*ident, n), "group": group, "kind": kind, "seq": n, "start_ns": k.ts, "end_ns": k.end,
             "dur_ns": k.dur, "kernel": k.name, "step": step,
-            "nelems": nelems if isinstance(nelems, int) and not isinstance(nelems, bool) else None}
+            "nelems": nelems if isinstance(nelems, int) and not isinstance(nelems, bool) else None,
+            "bytes": message_bytes(args)}
 
 
 def _with_cpu(data: TraceData, out: list[dict]) -> list[dict]:
@@ -157,7 +159,7 @@ def run_traces(session: Session, run_id: int) -> dict[int, int]:
 # with the trace; only the steps and the CPU-side candidates (rows a step or a collective) are
 # loaded whole.
 INDEX_KEY = "collective_index"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: each collective's "bytes" (NOTE: [Bus bandwidth]); older indexes are read again
 
 _INDEX_SQL = (
     "SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.dur_ns, e.pid, e.tid, e.correlation, "

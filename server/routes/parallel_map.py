@@ -129,6 +129,18 @@ def parallel_map(session: Session, run: Run, *, expand: bool = False, checks: li
 
     out = {"run_id": run.id, "run": run.name, "world_size": run.world_size}
     layout = load_layout(session, run.id)
+    from graphdeck.analysis.parallel.replicas import replica_layout
+
+    # NOTE: [Replica row]: DDP's group (its buckets and bytes), or the default group; without a
+    # layout record it is the whole map (one row), with one (a DDP "ddp" mesh) it is the summary line.
+    replica = replica_layout(session, run)
+    if layout is not None and replica is not None and replica["kind"] != "ddp":
+        replica = None  # a mesh job's default group says nothing the mesh does not
+    replica_only = layout is None and replica is not None
+    if replica_only:
+        from graphdeck.analysis.parallel.layout import build_layout
+
+        layout = build_layout({}, replica["world_size"])
     if layout is None:
         return {**out, "has_layout": False,
                 "message": f"run {run.name!r} has no parallel layout record: no rank recorded a DeviceMesh, "
@@ -136,7 +148,7 @@ def parallel_map(session: Session, run: Run, *, expand: bool = False, checks: li
                 "hint": EMPTY_HINT}
     ws = layout.world_size
     everyone = list(range(ws))
-    ctx = _Context(session, run, layout)
+    ctx = _Context(session, run, layout, replica if replica_only else None)
     badges = [_run_check(key, ctx) if checks is None or key in checks
               else _unknown(key, "not run in this request (see ?checks=)") for key in CHECKS]
     pending = {b.key for b in badges if checks is not None and b.key not in checks}
@@ -165,8 +177,8 @@ def parallel_map(session: Session, run: Run, *, expand: bool = False, checks: li
         listed.append({"key": b.key, "label": label, "ran": b.ran, "pending": b.key in pending, "message": b.message,
                        "verdict": b.verdict, "default": b.default, "link": f"#/runs/{run.id}/{page}" if page else None,
                        "counts": dict(sorted(counts.items()))})
-    grid = _grid(layout, rank_kind, expand)
-    return {**out, "world_size": ws, "has_layout": True, "dims": grid["dims"],
+    grid = _replica_grid(replica, ws, rank_kind, expand) if replica_only else _grid(layout, rank_kind, expand)
+    return {**out, "world_size": ws, "has_layout": True, "replica": replica, "dims": grid["dims"],
             "meshes": [{k: m.get(k) for k in ("key", "shape", "dim_names", "device_type")} for m in layout.meshes],
             "checks": listed, "kinds": kinds,
             "ranks": {"kind": rank_kind, "host": host_of, "device": device_of},
@@ -238,6 +250,37 @@ def _grid(layout, rank_kind: list[int], expand: bool) -> dict:
         notes.append(f"{len(unplaced)} rank(s) are in no recorded mesh and no pipeline stage: {_ranges(unplaced)}")
     return {"dims": {"stage": stage_dim, "rows": row_dims, "cols": col_dims}, "stages": stages,
             "unplaced": unplaced, "notes": notes}
+
+
+#: A replica row with more cells than this merges consecutive cells of the same kind.
+MERGE_CELLS_ABOVE = 16
+
+
+def _replica_grid(rep: dict, ws: int, rank_kind: list[int], expand: bool) -> dict:
+    """One block, one row (the replica group, NOTE: [Replica row]), a column per member rank;
+    above :data:`MERGE_CELLS_ABOVE` members (unless ``expand``), consecutive members of the same
+    kind share one column (``replicas a-b``)."""
+    members = [r for r in rep["ranks"] if 0 <= r < ws]
+    cols: list[list[int]] = []
+    for r in members:
+        if (not expand and len(members) > MERGE_CELLS_ABOVE and cols
+                and rank_kind[cols[-1][-1]] == rank_kind[r] and cols[-1][-1] == r - 1):
+            cols[-1].append(r)
+        else:
+            cols.append([r])
+    labels = [f"rank {c[0]}" if len(c) == 1 else f"ranks {c[0]}-{c[-1]}" for c in cols]
+    kind = "DDP replicas" if rep["kind"] == "ddp" else "replicas"
+    row = {"label": (f"{kind} · process group {rep['process_group']}" if rep.get("process_group") is not None
+                     else f"{kind} · default group"), "count": 1,
+           "cells": [{"ranks": c, "kind": rank_kind[c[0]]} for c in cols]}
+    unplaced = [r for r in range(ws) if r not in set(members)]
+    notes = [rep["text"]]
+    if unplaced:
+        notes.append(f"{len(unplaced)} rank(s) are in no recorded replica group: {_ranges(unplaced)}")
+    stage = {"stage": None, "label": "one program (no pipeline stages, no device mesh)", "ranks": len(members),
+             "cols": labels, "rows": [row]}
+    return {"dims": {"stage": None, "rows": [], "cols": ["replica"]}, "stages": [stage], "unplaced": unplaced,
+            "notes": notes}
 
 
 def _sort_key(key: tuple) -> tuple:
@@ -321,8 +364,8 @@ def _devices(layout, ws: int) -> tuple[list[str], list[int | None]]:
 class _Context:
     """What the checks share: the run, its layout, and ``check-ranks``' report, computed once."""
 
-    def __init__(self, session: Session, run: Run, layout):
-        self.session, self.run, self.layout = session, run, layout
+    def __init__(self, session: Session, run: Run, layout, replica: dict | None = None):
+        self.session, self.run, self.layout, self.replica = session, run, layout, replica
         self._report = None
 
     def rank_report(self):
@@ -353,7 +396,17 @@ def _run_check(key: str, ctx: _Context) -> Badge:
 
 
 def _layout_records(ctx: _Context) -> Badge:
-    layout = ctx.layout
+    layout, rep = ctx.layout, ctx.replica
+    if rep is not None:  # NOTE: [Replica row]: each member's own comm-groups / process-groups record
+        b = Badge("layout", ran=True, message=f"no device mesh recorded; {rep['text']} (read from "
+                  f"{', '.join(rep['sources'])})")
+        members = set(rep["ranks"])
+        for r in rep["unrecorded"]:
+            b.set(r, "missing", "no process-group or DDP record from this rank: its place is read from the other ranks'")
+        for r in range(layout.world_size):
+            if r not in members:
+                b.set(r, "missing", "in no recorded replica group")
+        return b
     b = Badge("layout", ran=True, message=f"{len(layout.ranks)} of {layout.world_size} ranks wrote a layout record")
     for r in layout.missing_ranks:
         b.set(r, "missing", "no layout record from this rank: its place is read from the other ranks' meshes")

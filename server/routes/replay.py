@@ -7,6 +7,7 @@ per-trace analyses, collectives across ranks, and replay frames.
 * ``GET /api/runs/{run_id}/timeline?t0_ms=&t1_ms=&max_shapes=3000``: every rank's newest trace on
   one time axis, clocks aligned (NOTE: [Rank clock alignment]), lanes per CPU thread and GPU
   stream, ranks stacked; ``layout.meta.offsets`` gives each rank's estimated offset.
+* ``GET /api/traces/{trace_id}/bandwidth?link_gbps=``: each collective's algbw / busbw (NOTE: [Bus bandwidth]).
 * ``GET /api/traces/{trace_id}/analysis?comm=REGEX``: step times, GPU busy/idle, hotspots,
   comm/compute overlap, kernel → node coverage (``comm`` adds communication-kernel patterns).
 * ``GET /api/runs/{run_id}/collectives?comm=REGEX``: collectives matched across ranks, offsets,
@@ -31,10 +32,11 @@ from graphdeck.analysis.traces.mapping import node_time_ns
 from graphdeck.analysis.traces.window import IndexCache, fetch_rows
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.replay.frames import replay_frames
-from graphdeck.server.deps import get_session, resolve_graph, resolve_run
+from graphdeck.server.deps import get_session, get_settings, resolve_graph, resolve_run
 from graphdeck.server.render.timeline import rank_pid, timeline_figure
 from graphdeck.server.routes.export import comm_rule
 from graphdeck.server.routes.traces import resolve_trace
+from graphdeck.server.settings import Settings
 from graphdeck.store.schema import Graph, Run, Trace
 
 router = APIRouter(tags=["traces"])
@@ -183,6 +185,30 @@ def get_collectives(comm: list[str] | None = Query(None, description="extra comm
     doc = align_and_match(session, run.id, comm_rule(comm))
     doc["trace_verdict"], doc["verdict"] = doc["verdict"], rank_report(session, run).verdict
     return _jsonable(doc)
+
+
+@router.get("/api/traces/{trace_id}/bandwidth")
+def get_bandwidth(comm: list[str] | None = Query(None, description="extra communication-kernel patterns (regex)"),
+                  link_gbps: float | None = Query(None, gt=0, description="the link's peak, GB/s (default: the "
+                                                  "server's --link-gbps / GRAPHDECK_LINK_GBPS, else none)"),
+                  trace: Trace = Depends(resolve_trace), session: Session = Depends(get_session),
+                  settings: Settings = Depends(get_settings)) -> dict:
+    """Each collective's algorithm and bus bandwidth (GB/s) by nccl-tests' formulas per collective
+    type, its share of the link's peak, and the slowest collective per group and step
+    (:func:`graphdeck.analysis.traces.bandwidth.collective_bandwidth`, NOTE: [Bus bandwidth])."""
+    import json
+
+    from graphdeck.analysis.traces.analyze import TraceData
+    from graphdeck.analysis.traces.bandwidth import collective_bandwidth
+
+    try:
+        meta = json.loads(trace.meta_json or "{}")
+    except ValueError:
+        meta = {}
+    peak = link_gbps if link_gbps is not None else settings.link_gbps
+    doc = collective_bandwidth(TraceData(session, trace.id), meta if isinstance(meta, dict) else {},
+                               rule=comm_rule(comm), link_gbps=peak)
+    return {"trace_id": trace.id, "rank": trace.rank, **_jsonable(doc)}
 
 
 @router.get("/api/traces/{trace_id}/replay")
