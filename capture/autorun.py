@@ -112,8 +112,9 @@ def settle() -> None:
     if a is None or not _state["candidates"]:
         return
     try:
-        cands = [getattr(m, "module", m) if type(m).__name__ == "DistributedDataParallel" else m
-                 for m in _state["candidates"]]
+        from graphdeck.capture.compile_context import is_ddp
+
+        cands = [getattr(m, "module", m) if is_ddp(m) else m for m in _state["candidates"]]
         inside = {id(sub) for m in cands for sub in m.modules() if sub is not m}
         for m, inner in zip(list(_state["candidates"]), cands):
             if id(inner) in inside or any(w is inner for w in _state["watched"]):

@@ -272,6 +272,41 @@ def test_a_custom_backend_is_captured_and_still_compiles(tmp_path):
     assert ("dynamo",) in kinds, kinds
 
 
+FRAMEWORK_DDP = """
+import tempfile
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+class FrameworkDDP(DistributedDataParallel):  # a framework's own DDP (a subclass of torch's)
+    pass
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        return self.lin(x).relu()
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+compiled = torch.compile(FrameworkDDP(model), backend="aot_eager")  # wrapped, then compiled (as accelerate does)
+compiled(torch.randn(2, 4)).sum().backward()
+opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_a_frameworks_own_ddp_is_unwrapped(tmp_path):
+    """A subclass of ``DistributedDataParallel`` is DDP: the model inside it is watched under its
+    own names, with DDP's settings (before: ``module.lin.weight``, no ``ddp`` in the watch record)."""
+    script, store = tmp_path / "job.py", tmp_path / "s.db"
+    script.write_text(FRAMEWORK_DDP)
+    out = _gd_run("--store", str(store), "--run", "fw", "--", sys.executable, str(script))
+    assert out.returncode == 0, out.stderr
+    c = sqlite3.connect(store)
+    assert sorted(c.execute("SELECT fqn FROM params")) == [("lin.bias",), ("lin.weight",)]
+    watch = [json.loads(p) for (p,) in c.execute("SELECT payload FROM compile_events WHERE name = 'graphdeck_watch'")]
+    assert watch and all(w.get("ddp") is True for w in watch), watch
+
+
 @pytest.mark.slow
 def test_a_pipeline_stage_is_watched_and_unchanged(jobs):
     """Two pipeline stages (``torch.distributed.pipelining``, mp.spawn'd ranks), each compiled:
