@@ -20,7 +20,8 @@
 #   * the modules compiled, DDP-wrapped, fully_shard'ed, parallelize_module'd or made a pipeline
 #     stage are candidates; before Dynamo traces (at ``torch.compile``) and at the first optimizer
 #     step, the outermost candidates (none inside another) are watched: a sub-module sharded
-#     before its parent is named as the parent names it;
+#     before its parent is named as the parent names it; a DDP wrapper (torch's class or a
+#     framework's subclass of it, ``compile_context.is_ddp``) stands for the model it wraps;
 #   * the optimizers' global step hooks count steps (the first optimizer that steps is the clock)
 #     and open/step the profiler window of GRAPHDECK_RUN_PROFILE_STEPS (``Agent.profile``);
 #   * Flight Recorder is on (``graphdeck run`` sets ``TORCH_FR_BUFFER_SIZE`` for the command, so
