@@ -37,10 +37,7 @@ import torch.fx
 
 from graphdeck.capture.aot import Handover, recording_backend, shadow_trace
 from graphdeck.capture.callwrap import BindingPlan, OutputGradNote, bind_at_run_time, child_rows, watch_output_grads
-from graphdeck.capture.compile_context import (
-    compile_context,
-    parallel_info,
-)
+from graphdeck.capture.compile_context import compile_context, is_ddp, parallel_info
 from graphdeck.capture.compile_log import (  # noqa: F401 - KEPT_COMPILE_EVENTS, UNCUT_PAYLOADS: names of this module before
     KEPT_COMPILE_EVENTS,
     PAYLOAD_LIMIT_CHARS,
@@ -170,7 +167,7 @@ class Agent:
     def watch(self, model: torch.nn.Module) -> torch.nn.Module:
         """Record ``model``'s parameters and buffers (names as ``model.named_parameters()`` gives
         them; tied weights keep every name) and return ``model`` unchanged."""
-        inner = getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
+        inner = getattr(model, "module", model) if is_ddp(model) else model
         if inner is not model:
             self._comm.note_ddp(model)
             self._layout.note_ddp(model)

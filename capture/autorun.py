@@ -18,9 +18,12 @@
 #     wrapped so that its graphs go through ``Agent._compile`` with that backend as the inner one,
 #     exactly as ``agent.backend(inner)`` would (the agent's own backends are left alone);
 #   * the modules compiled, DDP-wrapped, fully_shard'ed, parallelize_module'd or made a pipeline
-#     stage are candidates; before Dynamo traces (at ``torch.compile``) and at the first optimizer
-#     step, the outermost candidates (none inside another) are watched: a sub-module sharded
-#     before its parent is named as the parent names it;
+#     stage are candidates; when Dynamo hands the first graph to the backend (before any of its
+#     compiles) and at the first optimizer step, the outermost candidates (none inside another)
+#     are watched: a sub-module sharded before its parent, or compiled on its own before the
+#     model is wrapped in DDP (regional compilation), is named as the parent names it; a DDP
+#     wrapper (torch's class or a framework's subclass, ``compile_context.is_ddp``) stands for
+#     the model it wraps;
 #   * the optimizers' global step hooks count steps (the first optimizer that steps is the clock)
 #     and open/step the profiler window of GRAPHDECK_RUN_PROFILE_STEPS (``Agent.profile``);
 #   * Flight Recorder is on (``graphdeck run`` sets ``TORCH_FR_BUFFER_SIZE`` for the command, so
@@ -112,8 +115,9 @@ def settle() -> None:
     if a is None or not _state["candidates"]:
         return
     try:
-        cands = [getattr(m, "module", m) if type(m).__name__ == "DistributedDataParallel" else m
-                 for m in _state["candidates"]]
+        from graphdeck.capture.compile_context import is_ddp
+
+        cands = [getattr(m, "module", m) if is_ddp(m) else m for m in _state["candidates"]]
         inside = {id(sub) for m in cands for sub in m.modules() if sub is not m}
         for m, inner in zip(list(_state["candidates"]), cands):
             if id(inner) in inside or any(w is inner for w in _state["watched"]):
@@ -271,8 +275,7 @@ def _patch_torch(mod) -> None:
             target = model if isinstance(model, mod.nn.Module) else getattr(model, "__self__", None)
             if isinstance(target, mod.nn.Module):
                 if agent() is not None:
-                    note(target)
-                    settle()
+                    note(target)  # watched at its first graph: a wrapper made after this compile is known then
         except Exception as exc:  # noqa: BLE001
             _warn("torch.compile", exc)
         return real(model, *args, **kwargs)

@@ -28,11 +28,20 @@ def compile_reason(gm: torch.fx.GraphModule) -> tuple[str | None, str | None]:
     return frame_name, brk
 
 
+def is_ddp(obj: Any) -> bool:
+    """Whether ``obj`` is a ``DistributedDataParallel`` wrapper: torch's class or any subclass of
+    it (a framework's own DDP), whose ``.module`` is the model and whose parameter names
+    carry a ``module.`` prefix the model's own names do not."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(obj, DistributedDataParallel)
+
+
 def parallel_info(model: torch.nn.Module) -> dict:
     """How ``model`` is parallelised: ``{"ddp": bool, "find_unused_parameters": bool | None,
     "static_graph": bool | None, "fsdp2": bool}``."""
     out: dict = {}
-    if type(model).__name__ == "DistributedDataParallel":
+    if is_ddp(model):
         out.update(ddp=True, find_unused_parameters=bool(getattr(model, "find_unused_parameters", False)),
                    static_graph=bool(getattr(model, "static_graph", False)))
     try:

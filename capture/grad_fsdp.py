@@ -210,10 +210,10 @@ class FsdpEvidence:
             return  # no DDP without a process group; the heap walk below costs ~1-2 s of the first step
         import gc
 
-        from graphdeck.capture.compile_context import parallel_info
+        from graphdeck.capture.compile_context import is_ddp, parallel_info
 
         def is_wrapper(obj, model) -> bool:
-            return type(obj).__name__ == "DistributedDataParallel" and getattr(obj, "module", None) is model
+            return is_ddp(obj) and getattr(obj, "module", None) is model
 
         for model in agent._models:  # model <- DDP._modules <- DDP.__dict__ <- DDP
             for modules in gc.get_referrers(model):

@@ -5,6 +5,12 @@ callback, ``graphdeck.integrations.hf.GraphdeckCallback`` (docs/integrations.md)
 compiles the DDP-wrapped model through the agent's backend around ``aot_eager``.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/hf_trainer_job.py STORE OUT_DIR
+    graphdeck run --store S --run NAME -- \
+        python -m torch.distributed.run --standalone --nproc-per-node 2 tests/hf_trainer_job.py --plain OUT_DIR
+
+``--plain``: only the user's script, exactly as written (``torch_compile=True``, no graphdeck
+imported), for ``graphdeck run`` (tests/test_frameworks.py); each rank writes
+``OUT_DIR/losses_rank<N>.json``: ``{"plain": [...]}``.
 
 Both runs use the same seed, data and tiny GPT-2 (2 layers, random weights, no download); the
 model keeps transformers' default ``loss_type`` (its one-time logging call is a graph break, which
@@ -78,5 +84,15 @@ def main(store: str, out: str) -> None:
         json.dump({"reference": reference, "captured": captured}, f)
 
 
+def plain(out: str) -> None:
+    """The user's script as written: no graphdeck anywhere."""
+    losses = train(out, tiny_gpt2(), compile_in_accelerate=True, callbacks=[])
+    with open(os.path.join(out, f"losses_rank{dist.get_rank()}.json"), "w") as f:
+        json.dump({"plain": losses}, f)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--plain":
+        plain(sys.argv[2])
+    else:
+        main(sys.argv[1], sys.argv[2])

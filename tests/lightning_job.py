@@ -6,6 +6,12 @@ the module's steps again through the agent's backend around ``aot_eager``.
 
     GRAPHDECK_STORE=S GRAPHDECK_RUN=lightning \\
         python -m torch.distributed.run --standalone --nproc-per-node 2 tests/lightning_job.py OUT_DIR
+    graphdeck run --store S --run NAME -- \
+        python -m torch.distributed.run --standalone --nproc-per-node 2 tests/lightning_job.py --plain OUT_DIR
+
+``--plain``: only the user's script, exactly as written (``torch.compile(model,
+backend="aot_eager")``, no graphdeck imported), for ``graphdeck run`` (tests/test_frameworks.py);
+each rank writes ``OUT_DIR/losses_rank<N>.json``: ``{"plain": [...]}``.
 
 ``training_step`` does not call ``self.log``: Lightning compiles ``training_step`` itself, and
 Dynamo 2.13 raises on ``self.log``'s signature check (``InternalTorchDynamoError: 'method' object
@@ -83,5 +89,16 @@ def main(out: str) -> None:
         json.dump({"reference": reference, "captured": captured}, f)
 
 
+def plain(out: str) -> None:
+    """The user's script as written: no graphdeck anywhere."""
+    L.seed_everything(0)
+    losses = fit(torch.compile(Regressor(), backend="aot_eager"), [])
+    with open(os.path.join(out, f"losses_rank{dist.get_rank()}.json"), "w") as f:
+        json.dump({"plain": losses}, f)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--plain":
+        plain(sys.argv[2])
+    else:
+        main(sys.argv[1])

@@ -8,8 +8,16 @@ every check, the parallel map right, and the capture must not change the losses.
   backend="aot_eager")``, the reference run and the same run plus
   ``graphdeck.integrations.lightning.GraphdeckCallback()``, in one launch.
 
-One module-scoped fixture per framework (one launch each, ~1 min on 2 CPUs); every assertion on a
-framework shares it. The fast test below pins the DDP layout without a framework.
+* The same two scripts exactly as the user wrote them (``--plain``: no graphdeck imported, no
+  callback) under ``graphdeck run --store S --run NAME --profile-steps 2:3 -- python -m
+  torch.distributed.run ...`` (issue 39: zero lines): the same assertions as the callback run, the
+  same store as the callback run (graphs, parameters, bindings, per-step evidence, a profiled step,
+  layout, communication and process groups, Flight Recorder), and the losses of the reference run
+  bit for bit.
+
+Two module-scoped fixtures per framework (the callback launch, the ``graphdeck run`` launch; ~1
+min each on 2 CPUs); every assertion on a framework shares them. The fast test below pins the DDP
+layout without a framework.
 """
 
 from __future__ import annotations
@@ -90,12 +98,20 @@ def test_ddp_is_a_replica_dimension(tmp_path):
 
 # ------------------------------------------------------------------ the frameworks, for real
 
-def _launch(script: str, out: Path, *args: str, env: dict | None = None) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+def _launch(script: str, out: Path, *args: str, env: dict | None = None, under: tuple[str, ...] = ()) -> None:
+    """torchrun (this interpreter's: the ``torchrun`` shim may run another Python) of ``script`` on
+    2 ranks; ``under``: the command it runs under (``graphdeck run ... --``)."""
+    cmd = [*under, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(HERE / script), *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=900)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+def _graphdeck_run(store: Path, run: str) -> tuple[str, ...]:
+    """``graphdeck run`` with every option a user gives it for full evidence (docs/run.md)."""
+    return (sys.executable, "-m", "graphdeck.cli", "run", "--store", str(store), "--run", run,
+            "--profile-steps", "2:3", "--")
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +128,50 @@ def lightning_job(tmp_path_factory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("lightning")
     _launch("lightning_job.py", out, str(out), env={"GRAPHDECK_STORE": str(out / "s.db"), "GRAPHDECK_RUN": "lightning"})
     return out / "s.db", out
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory) -> tuple[Path, Path]:
+    """The user's HF script as written (``--plain``), under ``graphdeck run``: no line of graphdeck."""
+    pytest.importorskip("accelerate")
+    out = tmp_path_factory.mktemp("hf-run")
+    _launch("hf_trainer_job.py", out, "--plain", str(out), under=_graphdeck_run(out / "s.db", "hf"))
+    return out / "s.db", out
+
+
+@pytest.fixture(scope="module")
+def lightning_run(tmp_path_factory) -> tuple[Path, Path]:
+    """The user's Lightning script as written (``--plain``), under ``graphdeck run``."""
+    pytest.importorskip("lightning")
+    out = tmp_path_factory.mktemp("lightning-run")
+    _launch("lightning_job.py", out, "--plain", str(out), under=_graphdeck_run(out / "s.db", "lightning"))
+    return out / "s.db", out
+
+
+def _captured(request, framework: str, way: str) -> tuple[Path, list[tuple[list, list]]]:
+    """The store of ``framework``'s captured run made ``way`` ("callback" or "graphdeck run"),
+    and each rank's (reference losses, captured losses). The reference is always the callback
+    launch's first run, the user's script without graphdeck; ``graphdeck run`` also stores what
+    the callback stored (``_facts`` of tests/test_run.py, the same for both)."""
+    store, out = request.getfixturevalue(f"{framework}_job")
+    pairs = [(r["reference"], r["captured"]) for r in _losses(out)]
+    if way == "callback":
+        return store, pairs
+    from tests.test_run import _facts
+
+    run_store, run_out = request.getfixturevalue(f"{framework}_run")
+    pairs = [(ref, plain["plain"]) for (ref, _), plain in zip(pairs, _losses(run_out))]
+    by_callback, by_run = _facts(store), _facts(run_store)
+    # The callback's launch also ran the reference in the same processes: its Flight Recorder holds
+    # both runs' collectives. Each rank's dump at close is all this one compares.
+    assert {(r, why) for r, why, _n in by_run.pop("flight")} == {(0, "close"), (1, "close")}
+    by_callback.pop("flight")
+    for key, value in by_callback.items():
+        assert by_run[key] == value, (key, value, by_run[key])
+    return run_store, pairs
+
+
+WAYS = ("callback", "graphdeck run")
 
 
 def _losses(out: Path) -> list[dict]:
@@ -163,10 +223,11 @@ def _replica_column(m: dict) -> None:
 
 
 @pytest.mark.slow
-def test_hf_trainer_ddp_is_green(hf_job):
-    store, out = hf_job
-    for rank in _losses(out):  # the Trainer's logged loss (the mean over ranks), step for step
-        assert len(rank["reference"]) == 4 and rank["captured"] == rank["reference"], rank
+@pytest.mark.parametrize("way", WAYS)
+def test_hf_trainer_ddp_is_green(request, way):
+    store, pairs = _captured(request, "hf", way)
+    for reference, captured in pairs:  # the Trainer's logged loss (the mean over ranks), step for step
+        assert len(reference) == 4 and captured == reference, (reference, captured)
     text = _green(store, "hf")
     assert "all 28 parameters get a gradient on every rank" in text["summary"], text["summary"]
     assert "steps 0–3 (4 backward)" in text["check-grads"], text["check-grads"]
@@ -180,10 +241,11 @@ def test_hf_trainer_ddp_is_green(hf_job):
 
 
 @pytest.mark.slow
-def test_lightning_ddp_is_green(lightning_job):
-    store, out = lightning_job
-    for rank in _losses(out):  # this rank's loss, step for step
-        assert len(rank["reference"]) == 4 and rank["captured"] == rank["reference"], rank
+@pytest.mark.parametrize("way", WAYS)
+def test_lightning_ddp_is_green(request, way):
+    store, pairs = _captured(request, "lightning", way)
+    for reference, captured in pairs:  # this rank's loss, step for step
+        assert len(reference) == 4 and captured == reference, (reference, captured)
     text = _green(store, "lightning")
     assert "all 4 parameters get a gradient on every rank" in text["summary"], text["summary"]
     assert "steps 0–3 (4 backward)" in text["check-grads"], text["check-grads"]

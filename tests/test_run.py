@@ -272,6 +272,57 @@ def test_a_custom_backend_is_captured_and_still_compiles(tmp_path):
     assert ("dynamo",) in kinds, kinds
 
 
+FRAMEWORK_DDP = """
+import tempfile
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+class FrameworkDDP(DistributedDataParallel):  # a framework's own DDP (a subclass of torch's)
+    pass
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        return self.lin(x).relu()
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(4, 4)
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(2))
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.embed(x)
+model = Net()
+for block in model.blocks:  # regional compilation, then the whole model wrapped in DDP
+    block.compile(backend="aot_eager")
+ddp = FrameworkDDP(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+ddp(torch.randn(2, 4)).sum().backward()
+opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_the_model_a_framework_wraps_is_watched_whole(tmp_path):
+    """Blocks compiled one by one, then the model wrapped in a framework's own subclass of
+    ``DistributedDataParallel``: the model is watched, every parameter under its own name, with
+    DDP's settings. Before: each block watched at its ``compile`` (``lin.weight``,
+    ``Block[1].lin.weight``, no ``embed``); a DDP subclass taken for a plain module
+    (``module.embed.weight``, no ``ddp`` in the watch record)."""
+    script, store = tmp_path / "job.py", tmp_path / "s.db"
+    script.write_text(FRAMEWORK_DDP)
+    out = _gd_run("--store", str(store), "--run", "fw", "--", sys.executable, str(script))
+    assert out.returncode == 0, out.stderr
+    c = sqlite3.connect(store)
+    assert sorted(fqn for (fqn,) in c.execute("SELECT fqn FROM params")) == [
+        "blocks.0.lin.bias", "blocks.0.lin.weight", "blocks.1.lin.bias", "blocks.1.lin.weight", "embed.bias",
+        "embed.weight"]
+    watch = [json.loads(p) for (p,) in c.execute("SELECT payload FROM compile_events WHERE name = 'graphdeck_watch'")]
+    assert watch and all(w.get("ddp") is True for w in watch), watch
+
+
 @pytest.mark.slow
 def test_a_pipeline_stage_is_watched_and_unchanged(jobs):
     """Two pipeline stages (``torch.distributed.pipelining``, mp.spawn'd ranks), each compiled:

@@ -332,7 +332,9 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
     """
     import torch
 
-    inner = model.module if type(model).__name__ == "DistributedDataParallel" else model
+    from graphdeck.capture.compile_context import is_ddp
+
+    inner = model.module if is_ddp(model) else model
     if rank is None:
         import torch.distributed as dist
 
@@ -438,7 +440,7 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
             report.rows.append(ParamRow(rank=rank, fqn=fqn, status="BUFFER", aliases=[fqn], shape=list(b.shape),
                                         dtype=str(b.dtype).removeprefix("torch."), requires_grad=False,
                                         reason="a buffer, not a parameter: it has no gradient to check"))
-    if type(model).__name__ == "DistributedDataParallel" and not getattr(model, "find_unused_parameters", False):
+    if is_ddp(model) and not getattr(model, "find_unused_parameters", False):
         f = ddp_unused_finding(report.rows, static_graph=bool(getattr(model, "static_graph", False)))
         if f is not None:
             report.findings.append(f)
