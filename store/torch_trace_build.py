@@ -243,6 +243,8 @@ class FileBuilder:
             graph_id = stored.graph_id if stored else None
         meta["line"] = rec.line_no
         meta["glog_time"] = rec.glog_time
+        if not rec.verified:  # kept though its md5 failed (store.torch_trace_log.LogReader)
+            meta["unverified"] = "md5_mismatch"
         payload = None if graph_kind is not None else rec.payload
         if name in ("inductor_output_code", "graph_dump") or kind == "inductor_output_code" or name in (
                 "inductor_provenance_tracking_node_mappings", "inductor_triton_kernel_to_post_grad_nodes",
@@ -314,7 +316,8 @@ class FileBuilder:
     # ----------------------------------------------------------------------------------- graphs
     def _graph(self, ctx: _Compile, rec: Record, kind: str) -> _Stored | None:
         md5 = rec.envelope.get("has_payload")
-        md5 = md5 if isinstance(md5, str) else None  # a hostile envelope may hold any JSON there
+        # a hostile envelope may hold any JSON there; an unverified payload is not the md5's text
+        md5 = md5 if isinstance(md5, str) and rec.verified else None
         if kind == "inductor_post_grad" and md5:
             if md5 in ctx.post_grad_md5:
                 self.counts["duplicate_post_grad"] += 1
@@ -392,11 +395,12 @@ class FileBuilder:
             partition_index=part_idx, num_nodes=len(text.nodes), structural_hash=text.structural_hash,
             backend="torch_trace", break_reason=break_reason, code=rec.payload,
             meta_json=json.dumps({"source": "torch_trace", "record": rec.name, "line": rec.line_no,
-                                  "bad_statements": text.bad_statements}),
+                                  "bad_statements": text.bad_statements,
+                                  **({} if rec.verified else {"unverified": "md5_mismatch"})}),
         ))
         self.ordinal += 1
         md5 = rec.envelope.get("has_payload")
-        md5 = md5 if isinstance(md5, str) else None
+        md5 = md5 if isinstance(md5, str) and rec.verified else None
         key = ("rows", md5, tuple(sorted(bind.items())), tuple(sorted((x[2] or "", x[3] or "") for x in io)))
         cached = self.cache.get(key) if md5 else None
         if cached is None:
