@@ -345,7 +345,7 @@ def _maybe_fail(strict: bool, path: Path, stats: ReadStats) -> None:
         return
     drops = {k: stats.counts[k] for k in DROP_KEYS + UNVERIFIED_KEYS if stats.counts.get(k)}
     if drops:
-        raise BadInputError(f"strict import: {path.name} has dropped or unverified records: "
+        raise BadInputError(f"strict import: {path.name} has dropped records (an md5 mismatch counts here): "
                             + ", ".join(f"{k} {v}" for k, v in drops.items()), stats=dict(stats.counts))
 
 
