@@ -184,6 +184,8 @@ class _Compile:
     source_fqns: dict[str, tuple[str, str]] = field(default_factory=dict)  # placeholder key -> (fqn, kind)
     lowered: set[int] = field(default_factory=set)  # AOT graphs that already have a post-grad graph
     post_grad_md5: set[str] = field(default_factory=set)  # (newer torch logs it twice, under two names)
+    output_code: str | None = None  # the latest Inductor compile's output code, until its stack traces
+    linked: bool = False  # that compile's provenance mapping named its kernels
 
 
 class FileBuilder:
@@ -253,6 +255,8 @@ class FileBuilder:
             graph_id = target.graph_id if target else None
             if name not in ("inductor_output_code", "graph_dump") and kind != "inductor_output_code" and rec.payload:
                 self._provenance(ctx, rec, target)
+            elif name == "inductor_output_code" or kind == "inductor_output_code":
+                ctx.output_code, ctx.linked = rec.payload, False  # until this compile's stack traces
         if name == "dynamo_graph_break_reason" and rec.payload and rec.compile_id:
             self.break_reasons.setdefault(rec.compile_id.split("_")[0], rec.payload.strip())
         if kind == "compilation_metrics" and isinstance(rec.body, dict):
@@ -524,6 +528,9 @@ class FileBuilder:
             return
         if not isinstance(data, dict):
             return
+        if rec.name == "inductor_provenance_tracking_kernel_stack_traces":
+            self._by_output_code(ctx, rec, target, data)
+            return
         if rec.name == "inductor_provenance_tracking_node_mappings":
             kernels = data.get("cppCodeToPost") or data.get("tritonCodeToPost") or {}
             post_to_pre = data.get("postToPre") or {}
@@ -532,6 +539,25 @@ class FileBuilder:
             kernels, post_to_pre, source = data, {}, "inductor_provenance_v1"
         else:
             return
+        ctx.linked = ctx.linked or bool(kernels)
+        self._kernel_rows(rec.compile_id, target, kernels, post_to_pre, source)
+
+    def _by_output_code(self, ctx: _Compile, rec: Record, target: _Stored | None, stacks: dict) -> None:
+        """A compile whose provenance mapping named no kernel (a lazily compiled backward: torch 2.13
+        logs ``{"version": 2.0}``): its kernels from the output code's source-node comments and, for
+        C++ kernels (no comment), their stack traces against the post-grad graph (NOTE: [C++ kernels
+        by output code] in analysis/traces/kernel_source_nodes.py)."""
+        code, ctx.output_code = ctx.output_code, None
+        if ctx.linked or not code or target is None:
+            return
+        from graphdeck.analysis.traces.kernel_source_nodes import output_code_with_stacks, resolve_marked
+
+        table = output_code_with_stacks(code, stacks)
+        nodes = [(n.name, n.stack_trace, n.target) for n in target.text.nodes if n.op == "call_function"]
+        fresh, _ = resolve_marked([(k, tuple(v)) for k, v in table.items()], nodes)
+        self._kernel_rows(rec.compile_id, target, {k: list(v) for k, v in fresh}, {}, "inductor_provenance_v2_output_code")
+
+    def _kernel_rows(self, compile_id, target: _Stored | None, kernels: dict, post_to_pre: dict, source: str) -> None:
         rows = []
         for kernel, nodes in kernels.items():
             base, _, handle = str(kernel).rpartition(":")
@@ -544,7 +570,7 @@ class FileBuilder:
                 if pre_name is None and isinstance(pre, list) and pre and isinstance(pre[0], dict):
                     pre_name = pre[0].get("name")
                 # call_index: the kernel call's debug handle (``cpp_fused_add_0:3`` -> 3)
-                rows.append((self.run_id, self.rank, rec.compile_id, target.graph_id if target else None, kname[:500],
+                rows.append((self.run_id, self.rank, compile_id, target.graph_id if target else None, kname[:500],
                              str(node)[:300], pre_name, source, int(handle) if handle else None))
         if rows:
             self.writer.insert_many("kernel_nodes", KERNEL_COLS, rows)
