@@ -146,10 +146,12 @@ function backwardView(b) {
   return [
     h("p", {id: "backward-summary"}, `${ms(b.backward_ns)} ms in ${fmt(b.backward_ranges)} backward ranges; `
       + `${pct(share)} put on a forward ${b.by} through ${fmt(b.flows)} forward→backward flows`
+      + (b.gpu_ns ? `; GPU kernels launched from them ${ms(b.gpu_ns)} ms, ${pct(b.attributed_gpu_ns / b.gpu_ns)} on a forward ${b.by}` : "")
       + (Object.keys(b.unattributed || {}).length ? `; not linked: ${top(b.unattributed)}` : "")),
     b.note ? h("p", {class: "muted", id: "backward-note"}, b.note) : "",
-    table("backward-table", [b.by === "module" ? "forward module" : "forward op", "backward ms", "ranges", "backward ops", "forward ops"],
-      b.rows.slice(0, 50).map((r) => row([code(r.module), ms(r.backward_ns), fmt(r.backward_ops), top(r.ops), top(r.forward_ops)])), "",
+    table("backward-table", [b.by === "module" ? "forward module" : "forward op", "backward CPU ms", "GPU ms", "ranges", "backward ops", "forward ops"],
+      b.rows.slice(0, 50).map((r) => row([code(r.module), ms(r.backward_ns), b.gpu_ns ? ms(r.gpu_ns) : "—", fmt(r.backward_ops),
+        top(r.ops), top(r.forward_ops)])), "",
       {caption: "Own time of each backward range (nested backward ranges go to theirs), by the forward module whose op created its autograd node",
        empty: "no backward range linked to a forward op in this trace"}),
   ];

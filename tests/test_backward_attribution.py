@@ -76,6 +76,7 @@ def test_eager_backward_time_per_forward_module(job, browser):
     assert rows["Net_0"].ops.keys() == {"ReluBackward0"}, "the relus run in Net.forward itself"
     assert set(eager.unattributed) == {"torch::autograd::AccumulateGrad"}, eager.unattributed
     assert eager.attributed_ns + sum(eager.unattributed.values()) == eager.backward_ns
+    assert eager.gpu_ns == 0, "a CPU-only trace"
 
     compiled = got["compiled"]
     crow = {r.module: r for r in compiled.rows}["OptimizedModule_0/Net_0"]
@@ -114,3 +115,8 @@ def test_corpus_trace_with_activation_checkpointing(tmp_path):
     assert fc.ops.keys() == {"AddmmBackward0", "TBackward0"}
     convs = [m for m, r in mods.items() if "/CheckpointWrapper_" in m and m.rsplit("/", 1)[-1].startswith("Conv2d_")]
     assert len(convs) >= 8 and all(mods[m].ops.keys() == {"ConvolutionBackward0"} for m in convs), convs
+    # GPU kernels launched from each backward range (by correlation): the convolutions' backward
+    # kernels on their modules; DDP's all-reduces, launched from AccumulateGrad hooks, not linked
+    assert all(mods[m].gpu_ns > 0 for m in convs) and got.attributed_gpu_ns == sum(r.gpu_ns for r in got.rows)
+    assert got.gpu_ns == got.attributed_gpu_ns + sum(got.unattributed_gpu.values())
+    assert set(got.unattributed_gpu) <= {"torch::autograd::AccumulateGrad"}
