@@ -244,7 +244,8 @@ def check_ranks(session: Session, run: Run, deadline: float) -> CheckSummary:
         c.headline = (f"{len(rep.ranks)} ranks agree: compile sequences and collective schedules"
                       + (f" ({len(rep.groups)} program groups)" if len(rep.groups) > 1 else ""))
     c.detail = {"ranks": rep.ranks, "groups": rep.groups}
-    return _reasons(c, (lines[1:] if n else []) + [f"INCOMPLETE: {m}" for m in rep.missing_evidence])
+    return _reasons(c, (lines[1:] if n else []) + [f"INCOMPLETE: {m}" for m in rep.missing_evidence]
+                    + [f"UNVERIFIED: {m}" for m in rep.unverified])
 
 
 def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
@@ -267,7 +268,7 @@ def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
                      if s.get("ddp_no_overlap") else ""))
     c.detail = {"summary": s}
     return _reasons(c, rep.findings + [f"INCOMPLETE: {m}" for m in rep.missing_evidence]
-                    + [f"WARN: {m}" for m in rep.warnings])
+                    + [f"WARN: {m}" for m in rep.warnings] + [f"UNVERIFIED: {m}" for m in rep.unverified])
 
 
 def check_traces(session: Session, run: Run, deadline: float, memo: dict | None = None) -> CheckSummary:

@@ -170,6 +170,8 @@ function rankSource(src) {
     src.records != null ? ` (${plural(src.records, "record")})` : null,
     dropped.length ? [" ", badge(`${dropped.reduce((n, [, c]) => n + c, 0)} dropped`, "tag"), " ",
       dropped.map(([k, c]) => `${k} ${c}`).join(", ")] : null,
+    src.unverified ? [" ", badge(`${src.unverified} unverified`, "tag"),
+      ` kept and read though their md5 failed (md5_mismatch ${src.unverified})`] : null,
     src.rank_mismatch ? [" ", badge("rank mismatch", "status-NO_GRAD"),
       ` the file name says this rank, its records say rank ${fmt(src.envelope_rank)}`] : null);
 }

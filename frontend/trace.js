@@ -93,6 +93,7 @@ export async function renderTrace(page, m) {
     h("p", {class: "loading"}, "Loading the timeline…"));
   const analysis = h("div", {id: "trace-analysis", "data-testid": "trace-analysis"}, h("p", {class: "loading"}, "Analysing…"));
   const bandwidth = h("div", {id: "trace-bandwidth", "data-testid": "trace-bandwidth"});
+  const backward = h("div", {id: "trace-backward", "data-testid": "trace-backward"}, h("p", {class: "loading"}, "Analysing…"));
   const skip = new Set(["stats", "meta", "id", "name", "run_id", "run_name"]);
   $app.replaceChildren(h("section", {class: "trace-page"},
     h("h1", {}, fmt(trace.name), " ", statusBadge(trace.status)),
@@ -104,8 +105,11 @@ export async function renderTrace(page, m) {
         "All ranks on one time axis")),
     h("h2", {}, "Timeline"), timeline,
     h("h2", {}, "Analysis"), analysis, bandwidth,
+    h("h2", {}, "Backward time by forward module"), backward,
     h("h2", {}, "Ingest stats"), ingestStats(trace.stats),
     h("details", {class: "fold"}, h("summary", {}, "Trace metadata"), statsView(trace.meta, "trace-info"))));
+  api(`/api/traces/${id}/backward`).then((b) => { if (page.alive()) backward.replaceChildren(...backwardView(b)); },
+    (err) => { if (page.alive()) backward.replaceChildren(errorBox(err)); });
   api(`/api/traces/${id}/analysis`).then((a) => { if (page.alive()) analysis.replaceChildren(...analysisView(a)); },
     (err) => { if (page.alive()) analysis.replaceChildren(errorBox(err)); });
   api(`/api/traces/${id}/bandwidth`).then((b) => { if (page.alive()) bandwidth.replaceChildren(...bandwidthView(b)); },
@@ -170,6 +174,25 @@ function bandwidthView(b) {
 const ms = (ns) => (ns == null ? "—" : (Number(ns) / 1e6).toFixed(3));
 const pct = (x) => (x == null ? "—" : `${(100 * x).toFixed(1)}%`);
 const row = (cells) => h("tr", {}, cells.map((c) => h("td", {}, c)));
+
+/** Backward time by forward module (GET /api/traces/<id>/backward): the autograd engine's
+ * backward ranges put on the forward module (or op) each came from; figures in ms. */
+function backwardView(b) {
+  const share = b.backward_ns ? b.attributed_ns / b.backward_ns : null;
+  const top = (o) => Object.entries(o || {}).sort((x, y) => y[1] - x[1]).slice(0, 3).map(([k]) => k).join(", ");
+  return [
+    h("p", {id: "backward-summary"}, `${ms(b.backward_ns)} ms in ${fmt(b.backward_ranges)} backward ranges; `
+      + `${pct(share)} put on a forward ${b.by} through ${fmt(b.flows)} forward→backward flows`
+      + (b.gpu_ns ? `; GPU kernels launched from them ${ms(b.gpu_ns)} ms, ${pct(b.attributed_gpu_ns / b.gpu_ns)} on a forward ${b.by}` : "")
+      + (Object.keys(b.unattributed || {}).length ? `; not linked: ${top(b.unattributed)}` : "")),
+    b.note ? h("p", {class: "muted", id: "backward-note"}, b.note) : "",
+    table("backward-table", [b.by === "module" ? "forward module" : "forward op", "backward CPU ms", "GPU ms", "ranges", "backward ops", "forward ops"],
+      b.rows.slice(0, 50).map((r) => row([code(r.module), ms(r.backward_ns), b.gpu_ns ? ms(r.gpu_ns) : "—", fmt(r.backward_ops),
+        top(r.ops), top(r.forward_ops)])), "",
+      {caption: "Own time of each backward range (nested backward ranges go to theirs), by the forward module whose op created its autograd node",
+       empty: "no backward range linked to a forward op in this trace"}),
+  ];
+}
 
 /** The trace's analyses (GET /api/traces/<id>/analysis) as tables; figures in ms. */
 function analysisView(a) {

@@ -305,7 +305,8 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
 
     click.echo(f"run {result.run_name} (id {result.run_id}): ranks {_ranks_text(result.ranks)}; {st.get('graphs', 0)} graphs, "
                f"{st.get('nodes', 0)} nodes, {st.get('compile_events', 0)} compile events, "
-               f"{st.get('kernel_nodes', 0)} kernel links; {result.dropped} dropped")
+               f"{st.get('kernel_nodes', 0)} kernel links; {result.dropped} dropped"
+               + (f", {result.unverified} kept unverified (md5 mismatch)" if result.unverified else ""))
     if result.replaced:
         click.echo(f"  {result.replaced}", err=True)
     for f in result.files:

@@ -243,6 +243,23 @@ class TraceHandle:
         return _pandas().DataFrame(rows, columns=EVENT_COLUMNS)
 
 
+    def backward_frame(self) -> pandas.DataFrame:
+        """Backward time by forward module (NOTE: [Backward by forward module] in
+        :mod:`graphdeck.analysis.traces.backward`; what the trace page and
+        ``GET /api/traces/<id>/backward`` show): one row per forward module (or forward op when
+        the trace has no module ranges), ``module``, ``backward_ns``, ``backward_ops``, ``ops``
+        (backward node → ns), ``forward_ops``; largest first. The result's ``attrs`` hold
+        ``backward_ns``, ``attributed_ns``, ``unattributed``, ``by`` and ``note``."""
+        from graphdeck.analysis.traces.backward import backward_by_module
+
+        with Session(self.store.engine) as s:
+            got = backward_by_module(s, self.id)
+        frame = _pandas().DataFrame([vars(r) for r in got.rows],
+                                    columns=["module", "backward_ns", "backward_ops", "ops", "forward_ops"])
+        frame.attrs.update({k: v for k, v in got.to_dict().items() if k != "rows"})
+        return frame
+
+
 def _args(text: str | None) -> dict[str, Any]:
     if not text:
         return {}

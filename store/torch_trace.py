@@ -38,10 +38,15 @@ else 0. When a file's envelopes name another rank than its file name, the file n
 files are two processes; taking the envelope's rank would merge them) and the disagreement is
 kept in ``ranks.meta_json`` (``envelope_rank``, ``rank_mismatch``) and in the result.
 
-Lenient and counted (``ImportResult.stats``): ``bad_line``, ``bad_json``, ``md5_mismatch``,
+Lenient and counted (``ImportResult.stats``): ``bad_line``, ``bad_json``,
 ``truncated_payload``, ``no_kind``, ``other_rank`` (a line whose envelope names a rank other than
-the file's) and ``unknown_kind`` (kept as a compile event, counted) are drops; with
-``strict=True`` any drop raises :class:`~graphdeck.errors.BadInputError` and nothing of the
+the file's) and ``unknown_kind`` (kept as a compile event, counted) are drops. ``md5_mismatch``
+(a payload whose digest is not its envelope's ``has_payload``) is no drop: the record is kept and
+used, marked ``"unverified": "md5_mismatch"`` in its graph's ``meta_json`` / compile event's
+``metadata_json``, counted in ``stats["unverified"]`` and named per rank in ``ranks.meta_json``
+(``unverified``, ``unverified_records``) so a finding that rests on it says so
+(:func:`graphdeck.analysis.ranks.flight.unverified_evidence`). With ``strict=True`` any drop or
+unverified record raises :class:`~graphdeck.errors.BadInputError` and nothing of the
 import is kept.
 """
 
@@ -67,8 +72,10 @@ from graphdeck.store.torch_trace_rows import RowWriter, open_writer
 from graphdeck.store.writers import WRITER_KEY, alive, describe, stamp
 
 #: Counters that are drops: any of them nonzero fails a strict import.
-DROP_KEYS = ("bad_line", "bad_json", "md5_mismatch", "truncated_payload", "no_kind", "other_rank",
+DROP_KEYS = ("bad_line", "bad_json", "truncated_payload", "no_kind", "other_rank",
              "unknown_kind", "orphan_payload_lines")
+#: Counters of records kept whose payload could not be verified (a strict import fails on them too).
+UNVERIFIED_KEYS = ("md5_mismatch",)
 COMMIT_EVERY_RECORDS = 2000
 
 
@@ -96,9 +103,14 @@ class ImportResult:
     def dropped(self) -> int:
         return sum(self.stats.get(k, 0) for k in DROP_KEYS)
 
+    @property
+    def unverified(self) -> int:
+        """Records kept and used though their payload's md5 failed."""
+        return sum(self.stats.get(k, 0) for k in UNVERIFIED_KEYS)
+
     def to_dict(self) -> dict:
         return {"run_id": self.run_id, "run_name": self.run_name, "ranks": self.ranks, "stats": self.stats,
-                "dropped": self.dropped, "files": self.files, "skipped_files": self.skipped_files}
+                "dropped": self.dropped, "unverified": self.unverified, "files": self.files, "skipped_files": self.skipped_files}
 
 
 def import_torch_trace(engine, paths, *, run_name: str, strict: bool = False,
@@ -313,8 +325,12 @@ def _import_file(w: RowWriter, run_id: int, path: Path, rank: int, env_rank: int
     _write_params(w, run_id, rank, builder.params)
     builder.counts["params"] = len(builder.params)
     drops = {k: stats.counts[k] for k in DROP_KEYS if stats.counts.get(k)}
+    unverified = sum(stats.counts.get(k, 0) for k in UNVERIFIED_KEYS)
+    stats.counts["unverified"] = unverified
     w.update("ranks", row_id, {"meta_json": json.dumps({**meta, "records": stats.counts.get("records", 0),
-                                                        "dropped": drops, "dropped_records": stats.dropped})})
+                                                        "dropped": drops, "dropped_records": stats.dropped,
+                                                        "unverified": unverified,
+                                                        "unverified_records": stats.unverified})})
     # (dropped_records is named: analysis.ranks.flight.missing_evidence)
     w.commit()
     if bar is not None:
@@ -327,9 +343,9 @@ def _import_file(w: RowWriter, run_id: int, path: Path, rank: int, env_rank: int
 def _maybe_fail(strict: bool, path: Path, stats: ReadStats) -> None:
     if not strict:
         return
-    drops = {k: stats.counts[k] for k in DROP_KEYS if stats.counts.get(k)}
+    drops = {k: stats.counts[k] for k in DROP_KEYS + UNVERIFIED_KEYS if stats.counts.get(k)}
     if drops:
-        raise BadInputError(f"strict import: {path.name} has dropped records: "
+        raise BadInputError(f"strict import: {path.name} has dropped records (an md5 mismatch counts here): "
                             + ", ".join(f"{k} {v}" for k, v in drops.items()), stats=dict(stats.counts))
 
 

@@ -184,6 +184,8 @@ class _Compile:
     source_fqns: dict[str, tuple[str, str]] = field(default_factory=dict)  # placeholder key -> (fqn, kind)
     lowered: set[int] = field(default_factory=set)  # AOT graphs that already have a post-grad graph
     post_grad_md5: set[str] = field(default_factory=set)  # (newer torch logs it twice, under two names)
+    output_code: str | None = None  # the latest Inductor compile's output code, until its stack traces
+    linked: bool = False  # that compile's provenance mapping named its kernels
 
 
 class FileBuilder:
@@ -243,6 +245,8 @@ class FileBuilder:
             graph_id = stored.graph_id if stored else None
         meta["line"] = rec.line_no
         meta["glog_time"] = rec.glog_time
+        if not rec.verified:  # kept though its md5 failed (store.torch_trace_log.LogReader)
+            meta["unverified"] = "md5_mismatch"
         payload = None if graph_kind is not None else rec.payload
         if name in ("inductor_output_code", "graph_dump") or kind == "inductor_output_code" or name in (
                 "inductor_provenance_tracking_node_mappings", "inductor_triton_kernel_to_post_grad_nodes",
@@ -251,6 +255,8 @@ class FileBuilder:
             graph_id = target.graph_id if target else None
             if name not in ("inductor_output_code", "graph_dump") and kind != "inductor_output_code" and rec.payload:
                 self._provenance(ctx, rec, target)
+            elif name == "inductor_output_code" or kind == "inductor_output_code":
+                ctx.output_code, ctx.linked = rec.payload, False  # until this compile's stack traces
         if name == "dynamo_graph_break_reason" and rec.payload and rec.compile_id:
             self.break_reasons.setdefault(rec.compile_id.split("_")[0], rec.payload.strip())
         if kind == "compilation_metrics" and isinstance(rec.body, dict):
@@ -314,7 +320,8 @@ class FileBuilder:
     # ----------------------------------------------------------------------------------- graphs
     def _graph(self, ctx: _Compile, rec: Record, kind: str) -> _Stored | None:
         md5 = rec.envelope.get("has_payload")
-        md5 = md5 if isinstance(md5, str) else None  # a hostile envelope may hold any JSON there
+        # a hostile envelope may hold any JSON there; an unverified payload is not the md5's text
+        md5 = md5 if isinstance(md5, str) and rec.verified else None
         if kind == "inductor_post_grad" and md5:
             if md5 in ctx.post_grad_md5:
                 self.counts["duplicate_post_grad"] += 1
@@ -392,11 +399,12 @@ class FileBuilder:
             partition_index=part_idx, num_nodes=len(text.nodes), structural_hash=text.structural_hash,
             backend="torch_trace", break_reason=break_reason, code=rec.payload,
             meta_json=json.dumps({"source": "torch_trace", "record": rec.name, "line": rec.line_no,
-                                  "bad_statements": text.bad_statements}),
+                                  "bad_statements": text.bad_statements,
+                                  **({} if rec.verified else {"unverified": "md5_mismatch"})}),
         ))
         self.ordinal += 1
         md5 = rec.envelope.get("has_payload")
-        md5 = md5 if isinstance(md5, str) else None
+        md5 = md5 if isinstance(md5, str) and rec.verified else None
         key = ("rows", md5, tuple(sorted(bind.items())), tuple(sorted((x[2] or "", x[3] or "") for x in io)))
         cached = self.cache.get(key) if md5 else None
         if cached is None:
@@ -520,6 +528,9 @@ class FileBuilder:
             return
         if not isinstance(data, dict):
             return
+        if rec.name == "inductor_provenance_tracking_kernel_stack_traces":
+            self._by_output_code(ctx, rec, target, data)
+            return
         if rec.name == "inductor_provenance_tracking_node_mappings":
             kernels = data.get("cppCodeToPost") or data.get("tritonCodeToPost") or {}
             post_to_pre = data.get("postToPre") or {}
@@ -528,6 +539,25 @@ class FileBuilder:
             kernels, post_to_pre, source = data, {}, "inductor_provenance_v1"
         else:
             return
+        ctx.linked = ctx.linked or bool(kernels)
+        self._kernel_rows(rec.compile_id, target, kernels, post_to_pre, source)
+
+    def _by_output_code(self, ctx: _Compile, rec: Record, target: _Stored | None, stacks: dict) -> None:
+        """A compile whose provenance mapping named no kernel (a lazily compiled backward: torch 2.13
+        logs ``{"version": 2.0}``): its kernels from the output code's source-node comments and, for
+        C++ kernels (no comment), their stack traces against the post-grad graph (NOTE: [C++ kernels
+        by output code] in analysis/traces/kernel_source_nodes.py)."""
+        code, ctx.output_code = ctx.output_code, None
+        if ctx.linked or not code or target is None:
+            return
+        from graphdeck.analysis.traces.kernel_source_nodes import output_code_with_stacks, resolve_marked
+
+        table = output_code_with_stacks(code, stacks)
+        nodes = [(n.name, n.stack_trace, n.target) for n in target.text.nodes if n.op == "call_function"]
+        fresh, _ = resolve_marked([(k, tuple(v)) for k, v in table.items()], nodes)
+        self._kernel_rows(rec.compile_id, target, {k: list(v) for k, v in fresh}, {}, "inductor_provenance_v2_output_code")
+
+    def _kernel_rows(self, compile_id, target: _Stored | None, kernels: dict, post_to_pre: dict, source: str) -> None:
         rows = []
         for kernel, nodes in kernels.items():
             base, _, handle = str(kernel).rpartition(":")
@@ -540,7 +570,7 @@ class FileBuilder:
                 if pre_name is None and isinstance(pre, list) and pre and isinstance(pre[0], dict):
                     pre_name = pre[0].get("name")
                 # call_index: the kernel call's debug handle (``cpp_fused_add_0:3`` -> 3)
-                rows.append((self.run_id, self.rank, rec.compile_id, target.graph_id if target else None, kname[:500],
+                rows.append((self.run_id, self.rank, compile_id, target.graph_id if target else None, kname[:500],
                              str(node)[:300], pre_name, source, int(handle) if handle else None))
         if rows:
             self.writer.insert_many("kernel_nodes", KERNEL_COLS, rows)

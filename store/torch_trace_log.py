@@ -99,6 +99,7 @@ class Record:
     payload: str | None
     line_no: int
     glog_time: str
+    verified: bool = True  # False: the payload's md5 differs from ``has_payload`` (kept, counted "unverified")
 
 
 @dataclass
@@ -107,19 +108,21 @@ class ReadStats:
 
     counts: Counter = field(default_factory=Counter)
     dropped: list[str] = field(default_factory=list)  # records lost, named ("line 12: artifact ...: why")
+    unverified: list[str] = field(default_factory=list)  # records kept though their md5 failed, named alike
 
     def add(self, key: str, n: int = 1) -> None:
         self.counts[key] += n
 
-    def drop(self, key: str, line_no: int, env: dict | None, kind: str | None) -> None:
-        """Count drop ``key`` and name the record (first 100 per file)."""
+    def drop(self, key: str, line_no: int, env: dict | None, kind: str | None, *, into: list | None = None) -> None:
+        """Count drop ``key`` and name the record (first 100 per file) in ``into`` (``dropped``)."""
         self.add(key)
-        if len(self.dropped) < 100:
+        into = self.dropped if into is None else into
+        if len(into) < 100:
             body = (env or {}).get(kind) if kind else None
             name = body.get("name") if isinstance(body, dict) and isinstance(body.get("name"), str) else kind
             cid = (f" compile {env.get('frame_id')}/{env.get('frame_compile_id')}"
                    if env and "frame_id" in env else "")
-            self.dropped.append(f"line {line_no}: {name or 'record'}{cid}: {key}")
+            into.append(f"line {line_no}: {name or 'record'}{cid}: {key}")
 
 
 class LogReader:
@@ -127,9 +130,11 @@ class LogReader:
 
     Counted drops: ``bad_line`` (text that is neither a glog line nor a payload line),
     ``bad_json`` (an envelope that does not parse, or parses to a non-object; its payload lines
-    are skipped with it), ``md5_mismatch`` (payload digest differs from ``has_payload``; the
-    record is dropped), ``truncated_payload`` (a record announced a payload and the file ended
+    are skipped with it), ``truncated_payload`` (a record announced a payload and the file ended
     first or none followed), ``no_kind`` (an envelope with only envelope fields).
+    Kept but counted: ``md5_mismatch`` (payload digest differs from ``has_payload``: the record is
+    yielded with ``verified=False`` and named in ``stats.unverified``; tlparse reads such payloads
+    too, and a graph whose text was edited by hand or re-encoded is still the best evidence there is).
     ``strings`` holds the interned file names seen so far (id → path).
     """
 
@@ -212,10 +217,13 @@ class LogReader:
         data = data.replace(b"\n\t", b"\n")[1:]
         if data.endswith(b"\n"):
             data = data[:-1]
+        verified = True
         if isinstance(expected, str) and hashlib.md5(data, usedforsecurity=False).hexdigest() != expected:
-            self.stats.drop("md5_mismatch", line_no, env, kind)
-            return None
-        return self._record(env, kind, line_no, glog_time, data.decode("utf-8", errors="replace"))
+            self.stats.drop("md5_mismatch", line_no, env, kind, into=self.stats.unverified)
+            verified = False
+        rec = self._record(env, kind, line_no, glog_time, data.decode("utf-8", errors="replace"))
+        rec.verified = verified
+        return rec
 
     def _record(self, env: dict, kind: str, line_no: int, glog_time: str, payload: str | None) -> Record:
         self.stats.add("records")

@@ -37,6 +37,14 @@ from graphdeck.store.trace_json import (
 
 #: Phases stored as rows; everything else is only counted.
 STORED_PH = frozenset({"X", "i", "I"})
+#: NOTE: [Forward-backward flows] Kineto links each backward op (``autograd::engine::evaluate_function:
+#: AddmmBackward0``) to the forward op that made its autograd node with a flow of category
+#: ``fwdbwd`` (``s`` at the forward op, ``f`` with ``bp: "e"`` at the backward op, same ``id``);
+#: the forward op's args carry no sequence number to match by, so these two phases of that
+#: category are kept as rows (``ph`` ``s`` / ``f``, ``dur_ns`` 0, the flow id in ``correlation``;
+#: ``stats["fwdbwd_flows"]``): what :mod:`graphdeck.analysis.traces.backward` attributes backward
+#: time to forward modules with. Every other flow is only counted.
+FWDBWD = "fwdbwd"
 #: At most this many process / thread names are kept from ``M`` events.
 MAX_LANE_NAMES = 10_000
 _NO_MIN, _NO_MAX = INT64_MAX + 1, INT64_MIN - 1  # min/max of no event yet
@@ -147,7 +155,8 @@ class EventRows:
         if not isinstance(ph, str):
             return self._skip("skipped_missing_ph", index, "has no string 'ph'")
         self.by_ph[ph] += 1
-        if ph not in STORED_PH:
+        flow = (ph == "s" or ph == "f") and obj.get("cat") == FWDBWD
+        if ph not in STORED_PH and not flow:
             if ph == "M":
                 self._metadata_event(obj)
             return None
@@ -194,6 +203,10 @@ class EventRows:
                     corr = as_int64(c)
             args_json, cut = dump_args(args)
             self.counts["args_truncated"] += cut
+        if flow:  # NOTE: [Forward-backward flows]: the flow id in ``correlation``
+            corr = as_int64(obj.get("id")) if isinstance(obj.get("id"), (int, str)) else None
+            self.counts["fwdbwd_flows"] += 1
+            self.counts["fwdbwd_" + ph] += 1
         name = obj.get("name")
         if not isinstance(name, str):
             name = "" if name is None else dumps(name)
@@ -238,7 +251,8 @@ class EventRows:
             except (KeyError, TypeError):
                 ph = None
             if ph != "X" and ph != "i" and ph != "I":
-                if type(ph) is str and ph != "M":  # flows, counters, ...: only counted
+                if type(ph) is str and ph != "M" and not ((ph == "s" or ph == "f") and obj.get("cat") == FWDBWD):
+                    # flows, counters, ...: only counted (forward-backward flows are kept: _event)
                     by_ph[ph] += 1
                     n += 1
                     continue

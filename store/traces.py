@@ -17,8 +17,9 @@ rows deleted before the next one starts.
 
 What is kept:
 
-* ``X`` (complete) and ``i`` / ``I`` (instant) events become :class:`TraceEvent` rows. Every
-  other phase (``M`` metadata, ``s``/``t``/``f`` flows, ``C`` counters, ``B``/``E``, ...) is
+* ``X`` (complete) and ``i`` / ``I`` (instant) events become :class:`TraceEvent` rows, and so do
+  the ``s`` / ``f`` ends of Kineto's forward→backward flows (category ``fwdbwd``; NOTE:
+  [Forward-backward flows] in :mod:`graphdeck.store.trace_rows`). Every other phase (``M`` metadata, ``s``/``t``/``f`` flows, ``C`` counters, ``B``/``E``, ...) is
   counted in ``stats["by_ph"]``; process and thread names and labels from ``M`` events go into
   ``Trace.meta_json`` (``process_names``, ``process_labels``, ``thread_names`` keyed
   ``"pid/tid"``).
@@ -278,6 +279,10 @@ def summary_line(stats: dict) -> str:
     by_ph = stats.get("by_ph") or {}
     kept = {ph: n for ph, n in by_ph.items() if ph in STORED_PH and n}
     other = {ph: n for ph, n in by_ph.items() if ph not in STORED_PH and n}
+    if stats.get("fwdbwd_flows"):  # NOTE: [Forward-backward flows]: kept, with the events
+        kept["fwdbwd flows"] = stats["fwdbwd_flows"]
+        other = {ph: n - (stats.get(f"fwdbwd_{ph}") or 0) for ph, n in other.items()}
+        other = {ph: n for ph, n in other.items() if n}
 
     def parts(d: dict) -> str:
         return ", ".join(f"{ph} {n:,}" for ph, n in sorted(d.items()))
@@ -526,6 +531,7 @@ class _Ingest(EventRows):
             trailing_garbage=self.counts["trailing_garbage"],
             missing_dur=self.counts["missing_dur"],
             args_truncated=self.counts["args_truncated"],
+            **{k: self.counts[k] for k in ("fwdbwd_flows", "fwdbwd_s", "fwdbwd_f") if self.counts[k]},
             big_int_as_string=self.st.big_ints,
             meta_dropped=self.st.meta_dropped,
             rank_source=rank_source,

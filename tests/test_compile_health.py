@@ -330,11 +330,13 @@ def test_missing_evidence_is_incomplete(tmp_path):
     res = check(store, "two")
     assert res.exit_code == 3 and "INCOMPLETE: rank 1: no compile records" in res.output, res.output
     assert check(store, "two", "--fail-on-eager-fallback").exit_code == 1  # a failure outranks missing evidence
-    bad = hostile_log(tmp_path / "dedicated_log_torch_trace_rank_0_c.log")  # a recompile reason dropped (md5)
+    bad = hostile_log(tmp_path / "dedicated_log_torch_trace_rank_0_c.log")  # a recompile reason's md5 fails
     bad.write_text(bad.read_text().replace("L['n'] == 3", "L['n'] == 4", 1))
     import_torch_trace(engine, bad, run_name="dropped")
-    res = check(store, "dropped")
-    assert res.exit_code == 3 and "compile record dropped on import" in res.output, res.output
+    res = check(store, "dropped")  # issue 40 item 5: kept, read and named, not missing evidence
+    assert res.exit_code == 0 and "compile record dropped on import" not in res.output, res.output
+    assert "UNVERIFIED (md5 failed, record kept and read): rank 0: line 7: recompile_reasons compile 0/1" \
+        in res.output, res.output
 
 
 def test_bad_input_exits_2(tmp_path):

@@ -68,14 +68,15 @@ def ddp(tmp_path_factory) -> dict:
 
 
 def _stored_events(store: Path, traces: dict[int, int]) -> dict[int, Counter]:
-    """rank (or pid) → Counter of (ph, name, ts_ns, dur_ns) of the stored events."""
+    """rank (or pid) → Counter of (ph, name, ts_ns, dur_ns) of the stored events (slices and
+    instants: the kept forward→backward flow ends are not exported, NOTE: [Forward-backward flows])."""
     engine = open_engine(store, read_only=True)
     out = {}
     with engine.connect() as c:
         for key, tid in traces.items():
             out[key] = Counter(c.execute(text(
                 "SELECT e.ph, n.value, e.ts_ns, e.dur_ns FROM trace_events e JOIN strings n ON n.id = e.name_id "
-                "WHERE e.trace_id = :t"), {"t": tid}).all())
+                "WHERE e.trace_id = :t AND e.ph IN ('X', 'i', 'I')"), {"t": tid}).all())
     engine.dispose()
     return out
 

@@ -118,7 +118,8 @@ def test_rank_mismatch_shown(server, browser):
     assert "rank mismatch" in block.inner_text() and "rank 1" in block.inner_text()
     ok = page.wait_for_selector('[data-testid="compile-index-rank-0"] [data-testid="rank-source"]')
     assert "rank mismatch" not in ok.inner_text()
-    assert "4 dropped" in ok.inner_text() and "md5_mismatch 4" in ok.inner_text(), "drops are shown per rank"
+    assert "4 unverified" in ok.inner_text() and "md5_mismatch 4" in ok.inner_text(), \
+        "records kept though their md5 failed are shown per rank"
 
 
 def test_compile_records_open(server, browser):

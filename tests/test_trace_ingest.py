@@ -55,8 +55,10 @@ def load(path: Path) -> dict:
 
 
 def stored_kind(events: list) -> list[dict]:
-    """The events the ingest must store: dicts with ph X/i/I and a numeric ts."""
-    return [e for e in events if isinstance(e, dict) and e.get("ph") in ("X", "i", "I")
+    """The events the ingest must store: dicts with ph X/i/I, or the s/f ends of a forward→backward
+    flow (``cat: fwdbwd``, NOTE: [Forward-backward flows]), and a numeric ts."""
+    return [e for e in events if isinstance(e, dict) and (e.get("ph") in ("X", "i", "I") or (
+            e.get("ph") in ("s", "f") and e.get("cat") == "fwdbwd"))
             and isinstance(e.get("ts"), (int, Decimal)) and not isinstance(e.get("ts"), bool)]
 
 
@@ -160,7 +162,7 @@ def test_decimal_microseconds_are_exact_with_base_before_events(engine):
     expected = stored_kind(doc["traceEvents"])
     r = ingest_trace(engine, path, run_name="amd", strict=True)
     rows = event_rows(engine, r.trace_id)
-    assert len(rows) == len(expected) == 115
+    assert len(rows) == len(expected) == 123  # 115 X/i + 8 fwdbwd flow ends
     base = doc["baseTimeNanoseconds"]
     assert [row.ts_ns for row in rows] == [base + round(e["ts"] * 1000) for e in expected], \
         "decimal µs such as 4203669604595.407 become exact ns (no float rounding)"
@@ -465,7 +467,7 @@ def test_chunk_cuts_inside_strings_and_nested_objects_are_not_taken(engine, tmp_
         exact_reading(m)
         exact = ingest_trace(engine, path, run_name="exact", strict=True)
     assert event_rows(engine, fast.trace_id) == event_rows(engine, exact.trace_id)
-    assert fast.num_events == len(stored_kind(load(path)["traceEvents"])) == 115
+    assert fast.num_events == len(stored_kind(load(path)["traceEvents"])) == 123
     assert any('}, {"ph"' in r.value for r in event_rows(engine, fast.trace_id)), "the edited names are kept whole"
 
 

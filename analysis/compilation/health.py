@@ -194,6 +194,7 @@ class CompileHealth:
     findings: list[str] = field(default_factory=list)  # threshold failures
     ddp_overlap: list = field(default_factory=list)  # NoOverlap (analysis.compilation.ddp_overlap), one per compiled frame
     warnings: list[str] = field(default_factory=list)  # what no gate was given for but a user must see
+    unverified: list[str] = field(default_factory=list)  # records read though their md5 failed
     verdict: str = "PASS"
 
     @property
@@ -279,6 +280,9 @@ def compile_health(session: Session, run: Run, thresholds: Thresholds | None = N
     from graphdeck.analysis.compilation.ddp_overlap import find as ddp_no_overlap
 
     out.ddp_overlap = ddp_no_overlap(session, run)
+    from graphdeck.analysis.ranks.flight import unverified_evidence
+
+    out.unverified = unverified_evidence(session, run.id)
     _verdict(out)
     return out
 

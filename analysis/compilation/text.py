@@ -73,6 +73,7 @@ def to_text(h: CompileHealth) -> str:
     lines += [f"FAIL: {x}" for x in h.findings]
     lines += [f"WARN: {x}" for x in h.warnings]
     lines += [f"INCOMPLETE: {x}" for x in h.missing_evidence]
+    lines += [f"UNVERIFIED (md5 failed, record kept and read): {x}" for x in h.unverified]
     fw = (f"{s['framework_breaks']} inside frameworks ({', '.join(s['frameworks'])}), " if s["framework_breaks"]
           else "")
     lines.append(f"graph breaks: {s['graph_breaks']} distinct in user code ({s['graph_break_records']} record(s); "

@@ -114,6 +114,7 @@ class RankReport:
     shard_shapes: list[ShardShapes] = field(default_factory=list)
     flight: FlightReport | None = None  # Flight Recorder's first mismatches, joined (analysis.ranks.hangs)
     missing_evidence: list[str] = field(default_factory=list)  # dropped records, ranks without a dump
+    unverified: list[str] = field(default_factory=list)  # records read though their md5 failed (flight.unverified_evidence)
     predictions: list = field(default_factory=list)  # PredictionCheck per group (analysis.ranks.predicted)
     traces_only: str | None = None  # what was compared when no rank holds records (_evidence_compared)
     time_findings: list = field(default_factory=list)  # TimeFinding: waits vs the timeout (analysis.ranks.time_verdicts)
@@ -169,6 +170,7 @@ class RankReport:
             "verdict": self.verdict,
             "flight": self.flight.to_dict() if self.flight else None,
             "missing_evidence": self.missing_evidence,
+            "unverified": self.unverified,
             "predictions": [p.to_dict() for p in self.predictions],
             "time_findings": [f.to_dict() for f in self.time_findings],
         }
@@ -212,6 +214,7 @@ class RankReport:
             lines.append("Predicted vs recorded, per process group:")
             lines += [f"  {p.line()}" for p in self.predictions]
         lines += [f"MISSING EVIDENCE: {x}" for x in self.missing_evidence]
+        lines += [f"UNVERIFIED (md5 failed, record kept and read): {x}" for x in self.unverified]
         warned = sum(1 for d in self.divergences if d.harmless)
         lines.append({"OK": f"OK: the collective schedules agree ({warned} warning(s) above)" if warned
                       else "OK: all ranks agree", "WARN": "WARN: ranks agree, but a wait nears the collective timeout",
@@ -316,6 +319,9 @@ def _rank_report(session: Session, run: Run, warn_fraction: float | None = None)
     from graphdeck.analysis.ranks.hangs import hang_section  # Flight Recorder + missing evidence
 
     report.flight, report.missing_evidence = hang_section(session, report)
+    from graphdeck.analysis.ranks.flight import unverified_evidence
+
+    report.unverified = unverified_evidence(session, run.id)
     report.missing_evidence += schedule_gaps + mesh_ranks.layout_gaps(layout, ranks)
     from graphdeck.analysis.ranks.predicted import prediction_checks
 

@@ -67,7 +67,7 @@ _P2P = ("send", "recv")
 #: recompile reason, Inductor's collective schedule, a record whose kind is unreadable — does.
 NOT_EVIDENCE = ("inductor_output_code", "inductor_runtime_and_tensor_meta", "dynamo_guards", "dynamo_cpp_guards_str",
                 "inductor_provenance_tracking_kernel_stack_traces")
-_DROP_RE = re.compile(r"line \d+: (\S+)")
+_DROP_RE = re.compile(r"line \d+: ([^\s:]+)")  # "line 60: exported_program: md5_mismatch" too
 
 
 @dataclass
@@ -590,4 +590,20 @@ def missing_evidence(session: Session, run_id: int, report: FlightReport | None 
         out += [f"rank {rank}: Flight Recorder dump unreadable: {d}" for d in broken]
         out += [f"rank {rank}: compile record dropped on import: {d}" for d in named
                 if not ((m := _DROP_RE.match(d)) and m.group(1) in NOT_EVIDENCE)]
+    return out
+
+
+def unverified_evidence(session: Session, run_id: int) -> list[str]:
+    """TORCH_TRACE records kept and read though their payload's md5 failed (the importer names
+    them in ``ranks.meta_json["unverified_records"]``), other than :data:`NOT_EVIDENCE`: what a
+    finding built on this run's compile records rests on without verification. Not missing
+    evidence: the record is there and used."""
+    out: list[str] = []
+    for rank, meta in session.execute(select(Rank.rank, Rank.meta_json).where(Rank.run_id == run_id)
+                                      .order_by(Rank.rank)):
+        try:
+            named = json.loads(meta or "{}").get("unverified_records") or []
+        except (ValueError, AttributeError):
+            continue
+        out += [f"rank {rank}: {d}" for d in named if not ((m := _DROP_RE.match(d)) and m.group(1) in NOT_EVIDENCE)]
     return out

@@ -68,7 +68,7 @@ _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _INSTANTS = ("SELECT e.id, n.value, COALESCE(c.value, ''), e.ts_ns, e.pid, e.tid, e.args_json "
              "FROM trace_events e JOIN strings n ON n.id = e.name_id LEFT JOIN strings c ON c.id = e.cat_id "
-             "WHERE e.trace_id = :tid AND e.ph != 'X' ORDER BY e.ts_ns, e.id")
+             "WHERE e.trace_id = :tid AND e.ph IN ('i', 'I') ORDER BY e.ts_ns, e.id")
 _ROWS = ("SELECT id, name_id, cat_id, ts_ns, dur_ns, pid, tid, args_json FROM trace_events "
          "WHERE trace_id = {p} AND ph = 'X' ORDER BY ts_ns, id")
 _CORRELATIONS = "SELECT id, correlation FROM trace_events WHERE trace_id = :tid AND ph = 'X' AND correlation IS NOT NULL"

@@ -24,8 +24,15 @@ from collections import Counter, defaultdict
 
 _SOURCE = re.compile(r"^\s*# Topologically Sorted Source Nodes: \[(.*?)\](?:, Original ATen:|\s*$)")
 _HANDLE = re.compile(r"^\s*# \[Provenance debug handles\] (\S+:\d+)\s*$")
-# A kernel call in the wrapper: a Triton launch, an extern kernel, or an ATen fallback.
-_CALL = re.compile(r"^\s*(?:\w+ = )?(?:(\w+)\.run\(|(extern_kernels\.\w+)\(|(torch\.ops\.aten\.\w+\.\w+)\()")
+# A kernel call in the wrapper: a Triton launch, an extern kernel, an ATen fallback, or a C++
+# kernel (``cpp_fused_relu_0(buf0, ...)``, a name the module defines with ``async_compile.cpp*``).
+_CALL = re.compile(r"^\s*(?:\w+ = )?(?:(\w+)\.run\(|(extern_kernels\.\w+)\(|(torch\.ops\.aten\.\w+\.\w+)\(|(\w+)\()")
+_CPP_DEF = re.compile(r"^(\w+) = async_compile\.cpp(?:_pybinding)?\(", re.M)
+#: A generated kernel's name: ``cpp_fused_div_expand_sum_0``, ``triton_poi_fused_add_0`` → the fused ops.
+_FUSED = re.compile(r"^(?:cpp|triton_\w+?)_fused_(\w+?)_\d+$")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+#: Marks a table value that is a kernel's stack traces, not node names (NOTE: [C++ kernels by output code]).
+STACK_MARK = "\x00stack:"
 UNNAMED = "(unnamed)"
 MATMUL_CALLS = ("extern_kernels.mm", "extern_kernels.addmm", "extern_kernels.bmm")
 
@@ -40,10 +47,16 @@ def output_code_table(code: str) -> dict[str, list[str]]:
     entries become ``"(unnamed)"`` (listed first for an extern matmul call, so the matmul
     fallback of ``link_kernels`` resolves it). Calls with no comment are left out. Returns ``{}``
     for code without a ``def call(`` or without such comments; never raises on odd text."""
+    return {k: v for k, v in _calls(code) if v is not None}
+
+
+def _calls(code: str) -> list[tuple[str, list[str] | None]]:
+    """``("<kernel>:<handle>", nodes or None)`` for each kernel call of the wrapper's ``call()``."""
     start = code.find("def call(")
     if start < 0:
-        return {}
-    table: dict[str, list[str]] = {}
+        return []
+    cpp = set(_CPP_DEF.findall(code, 0, start))
+    table: list[tuple[str, list[str] | None]] = []
     nodes: list[str] | None = None
     handle: str | None = None
     counter = 0
@@ -61,17 +74,96 @@ def output_code_table(code: str) -> dict[str, list[str]]:
         m = _CALL.match(line)
         if not m:
             continue
-        name = m.group(1) or m.group(2) or m.group(3)
-        if name == "get_raw_stream":
+        name = m.group(1) or m.group(2) or m.group(3) or m.group(4)
+        if name == "get_raw_stream" or (m.group(4) and name not in cpp):
             continue
         counter += 1
-        if nodes is not None:
-            key = handle if handle and handle.rpartition(":")[0] == name else f"{name}:{counter}"
-            if name in MATMUL_CALLS and UNNAMED in nodes:
-                nodes = [UNNAMED] + [n for n in nodes if n != UNNAMED]
-            table[key] = nodes
+        key = handle if handle and handle.rpartition(":")[0] == name else f"{name}:{counter}"
+        if nodes is not None and name in MATMUL_CALLS and UNNAMED in nodes:
+            nodes = [UNNAMED] + [n for n in nodes if n != UNNAMED]
+        table.append((key, nodes))
         nodes, handle = None, None
     return table
+
+
+def output_code_with_stacks(code: str, stacks: dict) -> dict[str, list[str]]:
+    """:func:`output_code_table` plus, for each kernel call with no source-node comment (Inductor
+    writes none before a C++ kernel's call), the call's entry of the compile's
+    ``inductor_provenance_tracking_kernel_stack_traces`` (``stacks``: ``"<kernel>:<handle>" →
+    [stack trace, ...]``) as ``STACK_MARK + trace`` values, for :func:`nodes_by_stacks` to resolve
+    against the graph the table goes to.
+
+    # NOTE: [C++ kernels by output code]
+    A C++ (CPU Inductor) wrapper calls ``cpp_fused_div_expand_sum_0(tangents_1, buf0, ...)`` with
+    only a ``# [Provenance debug handles]`` comment above it; the ops it fuses are in its name and
+    the post-grad nodes' source lines in the stack-traces artifact. A lazily compiled backward's
+    provenance mapping is empty (torch 2.13 CPU), so these two are what names its nodes."""
+    table = {}
+    for key, nodes in _calls(code):
+        if nodes is not None:
+            table[key] = nodes
+        elif isinstance(stacks.get(key), list) and stacks[key]:
+            table[key] = [STACK_MARK + str(t) for t in stacks[key]]
+    return table
+
+
+def _frames(trace: str) -> tuple:
+    """``((file, line), ...)`` of a stack trace: carets and code text left out (a printed graph's
+    ``# File:`` comments have no carets, the kernel stack-traces artifact has)."""
+    return tuple(_FRAME.findall(trace))
+
+
+def _op_of(target: str) -> str:
+    """``aten.sum.dim_IntList`` → ``sum``; ``torch.ops.aten.relu.default`` → ``relu``."""
+    parts = target.removeprefix("torch.ops.").split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] in ("aten", "prims", "quantized_decomposed") else parts[-1]
+
+
+#: Ops a generated kernel does not compute (views, and matmuls: extern calls on CPU and GPU alike).
+_NOT_FUSED = {"view", "reshape", "permute", "t", "transpose", "unsqueeze", "squeeze", "mm", "addmm", "bmm",
+              "_unsafe_view", "alias"}
+
+
+def nodes_by_stacks(kernel: str, traces: list[str], nodes: list[tuple[str, str | None, str]],
+                    taken: set[str]) -> tuple[list[str], bool]:
+    """The nodes (``(name, stack_trace, target)``, graph order) a generated kernel computes, from
+    its stack traces, and whether its name confirmed them: call_function nodes whose frames are
+    among ``traces``' and whose op is one the kernel's name fuses (``cpp_fused_div_expand_sum_0``:
+    div, expand, sum), else (a post-grad decomposition renamed the op: ``threshold_backward`` is a
+    ``where``) the nodes of those lines that are no view or matmul. Nodes in ``taken`` (claimed by
+    another call) only when nothing else is left. ``([], False)`` when no frame matches."""
+    want = {_frames(t) for t in traces} - {()}
+    same = [(n, _op_of(t or "")) for n, st, t in nodes if st and _frames(st) in want]
+    m = _FUSED.match(kernel)
+    fused = f"_{m.group(1)}_" if m else ""
+    ops = [n for n, op in same if f"_{op}_" in fused]
+    picked = ops or [n for n, op in same if op not in _NOT_FUSED]
+    return [n for n in picked if n not in taken] or picked, bool(ops)
+
+
+def resolve_marked(fresh: list[tuple[str, tuple[str, ...]]], nodes: list[tuple[str, str | None, str]]):
+    """``(entries, score)``: ``fresh`` (``[(key, node names)]`` of one table) with each
+    ``STACK_MARK`` entry resolved by :func:`nodes_by_stacks` against ``nodes`` (one graph's
+    ``(name, stack_trace, target)``) — first the calls whose name confirms their nodes, then the
+    others, nodes named by other entries counted as taken; entries that resolve to nothing are
+    left out. ``score``: 2 per call confirmed by its name, 1 per other call resolved (which graph
+    of a compile id a table is for)."""
+    taken = {n for _, ns in fresh for n in ns if not n.startswith(STACK_MARK)}
+    got: dict[str, tuple[str, ...]] = {}
+    score = 0
+    for confirmed in (True, False):
+        for key, ns in fresh:
+            if key in got or not ns or not ns[0].startswith(STACK_MARK):
+                continue
+            names, exact = nodes_by_stacks(key.rpartition(":")[0] or key, [x[len(STACK_MARK):] for x in ns],
+                                           nodes, taken)
+            if names and exact == confirmed:
+                got[key] = tuple(names)
+                taken.update(names)
+                score += 2 if exact else 1
+    out = [(k, got[k] if ns and ns[0].startswith(STACK_MARK) else ns) for k, ns in fresh
+           if not (ns and ns[0].startswith(STACK_MARK)) or k in got]
+    return out, score
 
 
 #: The provenance records a kernel table is read from (``compile_events.name``).
@@ -94,7 +186,8 @@ def compile_tables(parsed: list, stats: Counter) -> tuple[dict, dict]:
     (imported logs), its provenance mapping, the agent's live-table snapshot and its kernel stack
     traces; a record whose kind is not after the previous one's starts the next compile. Per
     compile: the live-table snapshot when non-empty, else the mapping's ``cppCodeToPost``, else the
-    output code's source-node comments (NOTE: [Kernels by output code]), else the stack traces
+    output code's source-node comments (NOTE: [Kernels by output code]; a C++ kernel's call by
+    its stack traces: NOTE: [C++ kernels by output code]), else the stack traces
     (NOTE: [Kernels by stack trace]). Chosen per compile_id instead, one bucket's snapshot hid
     the stack traces of another bucket compiled from a warm FX graph cache (empty snapshot and
     mapping): with the cache warm for some buckets only — the other rank or another job on the host
@@ -121,7 +214,8 @@ def compile_tables(parsed: list, stats: Counter) -> tuple[dict, dict]:
                 by_key[key].append((snapshot, "table"))
             elif mapping.get("cppCodeToPost"):
                 by_key[key].append((mapping["cppCodeToPost"], "table"))
-            elif table := output_code_table((c.get(OUTPUT_CODE_EVENT) or {}).get("code") or ""):
+            elif table := output_code_with_stacks((c.get(OUTPUT_CODE_EVENT) or {}).get("code") or "",
+                                                  c.get(STACKS_EVENT) or {}):
                 by_key[key].append((table, "output_code"))
                 stats["tables_by_output_code"] += 1
             elif c.get(STACKS_EVENT):

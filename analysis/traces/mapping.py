@@ -61,7 +61,14 @@ from sqlalchemy.orm import Session
 from graphdeck.analysis.traces.analyze import CommRule
 from graphdeck.analysis.traces.comm_map import map_collectives
 from graphdeck.analysis.traces.data import GPU_KERNEL_CATS, Ev, load_events
-from graphdeck.analysis.traces.kernel_source_nodes import OUTPUT_CODE_EVENT, STACKS_EVENT, TABLE_EVENTS, compile_tables
+from graphdeck.analysis.traces.kernel_source_nodes import (
+    OUTPUT_CODE_EVENT,
+    STACK_MARK,
+    STACKS_EVENT,
+    TABLE_EVENTS,
+    compile_tables,
+    resolve_marked,
+)
 from graphdeck.analysis.traces.links import link_gpu_events
 from graphdeck.errors import NotFoundError, UsageError
 from graphdeck.store.schema import CompileEvent, Graph, GraphIO, InternedString, KernelNode, Node, Trace
@@ -125,7 +132,8 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
         if isinstance(data, dict):
             parsed.append(((rank, cid), name, data))
     by_key, post_to_pre = compile_tables(parsed, stats)
-    stacks_of = _node_stacks(engine, run_id) if any(k == "stacks" for ts in by_key.values() for _, k in ts) else {}
+    stacks_of = _node_stacks(engine, run_id) if any(k == "stacks" or any(
+        v and v[0].startswith(STACK_MARK) for v in t.values()) for ts in by_key.values() for t, k in ts) else {}
     # Inductor's live table grows over a process's compiles, so a later snapshot repeats earlier
     # kernels: those are skipped, per rank (ranks compile the same kernels, each its own).
     # Only the entries of an earlier snapshot this one contains whole are repeats: two graphs'
@@ -148,9 +156,12 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             if kind == "stacks":
                 best, fresh = _by_stacks(fresh, candidates, stacks_of, assigned)
                 stats["tables_by_stack_trace"] += 1
-            else:
-                best = max(candidates, default=None,
-                           key=lambda g: sum(n in names_by_graph[g.id] for _, nodes in fresh for n in nodes))
+            else:  # C++ kernel calls by their stack traces (NOTE: [C++ kernels by output code])
+                best = max(candidates, default=None, key=lambda g: (
+                    sum(n in names_by_graph[g.id] for _, nodes in fresh for n in nodes)
+                    + (resolve_marked(fresh, stacks_of.get(g.id, []))[1] if stacks_of else 0),
+                    g.id not in assigned, g.kind == "aot_backward"))
+                fresh = resolve_marked(fresh, stacks_of.get(best.id, []))[0] if best is not None else fresh
             if best is None:
                 stats["tables_without_graph"] += 1
                 continue
@@ -190,16 +201,18 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     return dict(stats)
 
 
-def _node_stacks(engine: Engine, run_id: int) -> dict[int, list[tuple[str, str]]]:
-    """AOT graph id → ``(node name, stack_trace)`` of its call_function nodes, in graph order."""
-    out: dict[int, list[tuple[str, str]]] = defaultdict(list)
+def _node_stacks(engine: Engine, run_id: int) -> dict[int, list[tuple[str, str, str]]]:
+    """AOT graph id → ``(node name, stack_trace, target)`` of its call_function nodes, in graph order."""
+    out: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
+    target = InternedString.__table__.alias("target")
     with Session(engine) as s:
-        for gid, name, st in s.execute(
-                select(Node.graph_id, Node.name, InternedString.value)
+        for gid, name, st, tgt in s.execute(
+                select(Node.graph_id, Node.name, InternedString.value, target.c.value)
                 .join(Graph, Graph.id == Node.graph_id).join(InternedString, InternedString.id == Node.stack_trace_id)
+                .join(target, target.c.id == Node.target_id)
                 .where(Graph.run_id == run_id, Graph.kind.in_(AOT_KINDS), Node.op == "call_function")
                 .order_by(Node.graph_id, Node.idx)):
-            out[gid].append((name, st))
+            out[gid].append((name, st, tgt))
     return out
 
 
@@ -248,7 +261,7 @@ def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stack
     installed packages are compared from the package on (:func:`_portable_stack`): the cache may
     have been filled by another installation of them."""
     def resolve(gid):
-        nodes = [(n, _portable_stack(st)) for n, st in stacks_of.get(gid, [])]
+        nodes = [(n, _portable_stack(st)) for n, st, _ in stacks_of.get(gid, [])]
         out = []
         for key, traces in fresh:
             want = {_portable_stack(t) for t in traces}

@@ -5,11 +5,12 @@
   to disk part by part and capped at ``settings.max_upload_bytes`` in total while it is read
   (413 as soon as it passes; nothing kept), then
   :func:`~graphdeck.store.torch_trace.import_torch_trace` — the CLI's ``graphdeck import`` code
-  path. 201 ``{"ok": true, "run_id", "run_name", "ranks", "stats", "dropped", "files",
+  path. 201 ``{"ok": true, "run_id", "run_name", "ranks", "stats", "dropped", "unverified", "files",
   "skipped_files"}``.
 * ``GET /api/runs/{run_id}/compile-index?rank=``: :func:`~graphdeck.analysis.compilation.index.compile_index`
   as ``{"run", "ranks": {rank: [entry, ...]}, "rank_sources": {rank: {"file", "envelope_rank",
-  "rank_mismatch", "records", "dropped": {reason: count}}}}`` (``rank_sources`` for ranks imported
+  "rank_mismatch", "records", "dropped": {reason: count}, "unverified": n}}}`` (records kept though
+  their md5 failed) (``rank_sources`` for ranks imported
   from TORCH_TRACE logs).
 * ``GET /api/compile-events/{event_id}``: one compile record with its whole payload (e.g. the
   Inductor output code of a graph).
@@ -102,7 +103,8 @@ def get_compile_index(run: Run = Depends(resolve_run), session: Session = Depend
     for r, meta_json in session.execute(select(Rank.rank, Rank.meta_json).where(Rank.run_id == run.id)):
         meta = json.loads(meta_json or "{}")
         if meta.get("source") == "torch_trace":
-            sources[str(r)] = {k: meta.get(k) for k in ("file", "envelope_rank", "rank_mismatch", "records", "dropped")}
+            sources[str(r)] = {k: meta.get(k) for k in ("file", "envelope_rank", "rank_mismatch", "records", "dropped",
+                                                         "unverified")}
     return {"run": {"id": run.id, "name": run.name}, "ranks": {str(r): v for r, v in index.items()},
             "rank_sources": sources}
 

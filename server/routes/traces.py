@@ -1,6 +1,10 @@
 """Trace routes: a trace's metadata and stats, its Plotly timeline, and trace upload.
 
 * ``GET /api/traces/{trace_id}``: the trace row with ``stats`` and ``meta`` decoded.
+* ``GET /api/traces/{trace_id}/backward``: backward time by forward module
+  (:func:`~graphdeck.analysis.traces.backward.backward_by_module`: ``backward_ns``,
+  ``attributed_ns``, ``rows`` [{``module``, ``backward_ns``, ``backward_ops``, ``ops``,
+  ``forward_ops``}], ``unattributed``, ``by``, ``note``; ns).
 * ``GET /api/traces/{trace_id}/timeline?limit=20000``: :func:`timeline_figure` of the ``limit``
   longest ``X`` events plus the instants (same cap).
 * ``POST /api/runs/{run_name}/traces?rank=N&strict=false``: a multipart upload (field ``file``)
@@ -80,6 +84,14 @@ def get_trace(trace: Trace = Depends(resolve_trace), session: Session = Depends(
     """A trace's metadata (run, rank, status, time span) with its ingest ``stats`` and ``meta``
     (the file's top-level keys and process / thread names)."""
     return trace_summary(trace, session.get(Run, trace.run_id))
+
+
+@router.get("/api/traces/{trace_id}/backward")
+def get_backward(trace: Trace = Depends(resolve_trace), session: Session = Depends(get_session)) -> dict:
+    """Backward time of the trace by forward module (NOTE: [Backward by forward module])."""
+    from graphdeck.analysis.traces.backward import backward_by_module
+
+    return backward_by_module(session, trace.id).to_dict()
 
 
 def _events(session: Session, trace_id: int, ph: tuple[str, ...], limit: int, longest: bool) -> list[dict]:
