@@ -4,7 +4,7 @@ Real captures (tests/compile_health_job.py, one subprocess, aot_eager through th
 function compiled in a loop over nine parameter shapes (8 of 8 compiles, the shape guard, the
 limit hit; and under ``fullgraph=True`` a job that dies at the 9th compile), and case N8 of
 ../shared/cases/compile-and-ranks.md in one process and, as the case is written, under DDP on 2
-gloo ranks (one torchrun job: the same diagnosis on each rank). The shared TORCH_TRACE logs are checked
+gloo ranks (one 2-rank job: the same diagnosis on each rank). The shared TORCH_TRACE logs are checked
 against tlparse's own counts; the API over HTTP and the run page's panel in Chromium.
 """
 

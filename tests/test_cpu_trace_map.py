@@ -2,7 +2,7 @@
 
 Inputs are real jobs: the main job's training code (``graphdeck.demo``: GPT-2, DDP with
 ``bucket_cap_mb=1``, torch.compile through the capture agent, ``Agent.profile``) on 2 gloo ranks
-under torchrun with ``aot_eager`` and 1 block (the cheapest job with DDP buckets and both ranks),
+(started as torchrun would: tests/launch.py), ``aot_eager``, 1 block (the cheapest job with DDP buckets and both ranks),
 served by the real app over HTTP; one small Inductor model compiled with g++ (slow); the replay
 page in Chromium.
 """

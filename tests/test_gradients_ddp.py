@@ -1,4 +1,4 @@
-"""The gradient cases that need 2 gloo ranks under DDP + torch.compile, in one torchrun job
+"""The gradient cases that need 2 gloo ranks under DDP + torch.compile, in one 2-rank job
 (tests/grad_ddp_job.py): G1 with aot_eager and with Inductor (step 2 really raises DDP's
 "Expected to have finished reduction"; the report, from what step 1 captured, predicts it), G4
 (rank-dependent branch: predicted hang, captured from the forward alone), and G2, G3, G5 under DDP."""

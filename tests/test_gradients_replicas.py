@@ -1,7 +1,7 @@
 """Replica agreement (issue 35, items 1, 2, 5): DDP gradient accumulation whose last micro-batch
 ran under ``no_sync()`` at some steps — the replicas silently train different models — is a
 ``REPLICA_DIVERGENCE`` FAIL from the first such step, naming those steps and the fix; the fixed job
-PASSes. Eager and compiled (aot_eager) DDP, one torchrun job (tests/grad_replica_job.py)."""
+PASSes. Eager and compiled (aot_eager) DDP, one 2-rank job (tests/grad_replica_job.py)."""
 
 from __future__ import annotations
 

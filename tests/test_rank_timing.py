@@ -1,4 +1,4 @@
-"""Rank timing on a real 2-rank gloo job (tests/programs/skew_cases.py under torchrun, one job for
+"""Rank timing on a real 2-rank gloo job (tests/programs/skew_cases.py, ranks started as torchrun would, one job for
 both cases): a DDP straggler seen through the CPU-side collectives of the Kineto traces
 (``gloo:all_reduce``), and a warm-vs-cold Inductor cache compile skew — through the analyses,
 ``graphdeck check-ranks`` and the trace overlap."""

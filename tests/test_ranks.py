@@ -1,4 +1,4 @@
-"""Cross-rank consistency on real 2-rank gloo runs (tests/programs/rank_cases.py under torchrun):
+"""Cross-rank consistency on real 2-rank gloo runs (tests/programs/rank_cases.py, ranks started as torchrun would):
 a recompile on one rank only, a branch taken on one rank only (with a collective inside the
 compiled graph), gradient case G4, compile cases C1 and C2, FSDP2's uneven shards in a compiled
 optimizer step, shape-only differences feeding a collective or outside dim 0 — checked through
