@@ -72,6 +72,33 @@ def captured_store(tmp_path_factory) -> Path:
     return copy_store(made / "tiny.db", tmp_path_factory.mktemp("captured") / "tiny.db")
 
 
+DEMO_RUN = "demo"
+
+
+def run_demo(store: Path, run: str, *, backend: str, steps: int, layers: int, profile: bool = True,
+             env: dict | None = None) -> None:
+    """The main job (``graphdeck.demo``: GPT-2 under DDP ``bucket_cap_mb=1`` + torch.compile through
+    the capture agent) on 2 gloo ranks started as torchrun would (:func:`tests.launch.run_ranks`)."""
+    from tests.launch import run_ranks
+
+    argv = ["-m", "graphdeck.demo", "--store", str(store), "--run-name", run, "--backend", backend,
+            "--steps", str(steps), "--layers", str(layers)] + ([] if profile else ["--no-profile"])
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1", KINETO_LOG_LEVEL="6",
+                    **(env or {}))
+    proc = run_ranks(argv, 2, env=full_env, timeout=900)
+    assert proc.returncode == 0, f"the demo job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory) -> Path:
+    """This module's own copy of run ``demo``: the main job, ``aot_eager``, 2 GPT-2 blocks, 4 steps
+    (2 profiled), 2 gloo ranks; run once per session (:func:`made_once`) for test_main_job's
+    capture checks and test_replay_runs' replays."""
+    made = made_once(tmp_path_factory, "demo", lambda d: run_demo(d / "demo.db", DEMO_RUN, backend="aot_eager",
+                                                                   steps=4, layers=2))
+    return copy_store(made / "demo.db", tmp_path_factory.mktemp("demo") / "demo.db")
+
+
 def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Path:
     """The folder ``name``, filled by ``make(folder)`` once per test session — once across all of
     pytest-xdist's workers too (a file lock in the workers' shared temporary root; the other

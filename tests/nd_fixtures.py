@@ -1,4 +1,4 @@
-"""N-D parallel test material (issue 20): the three torchrun jobs as fixtures, and a
+"""N-D parallel test material (issue 20): the three multi-rank jobs as fixtures, and a
 builder of parallel-layout payloads for unit tests.
 
 Fixtures (each job runs once per test session, across xdist workers; every test module that
@@ -29,13 +29,13 @@ import itertools
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import copy_store, made_once
+from tests.launch import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "tests" / "programs"
@@ -45,15 +45,13 @@ RUN_PIPELINE = "nd_pipeline"
 RUN_PIPELINE_CUT = "nd_pipeline_cut"
 
 
-def run_torchrun(program: str, nproc: int, store: Path, *args: str, check: bool = True,
-                 timeout_s: int = 600) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --standalone --nproc-per-node=nproc PROGRAM STORE ARGS``
-    from the repo root, one thread per rank; raises with the output's tail when it fails and
-    ``check``."""
+def run_nd_job(program: str, nproc: int, store: Path, *args: str, check: bool = True,
+               timeout_s: int = 600) -> subprocess.CompletedProcess:
+    """``PROGRAM STORE ARGS`` on ``nproc`` ranks, started as ``torchrun --standalone`` would
+    (:func:`tests.launch.run_ranks`), from the repo root, one thread per rank; raises with the
+    output's tail when it fails and ``check``."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(PROGRAMS / program), str(store), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, cwd=REPO)
+    proc = run_ranks([PROGRAMS / program, store, *args], nproc, env=env, cwd=REPO, timeout=timeout_s)
     if check and proc.returncode != 0:
         raise AssertionError(f"{program} {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                              f"{proc.stderr[-6000:]}")
@@ -63,7 +61,7 @@ def run_torchrun(program: str, nproc: int, store: Path, *args: str, check: bool 
 def _job_store(tmp_path_factory, run: str, program: str, nproc: int, *args: str) -> Path:
     """This module's own copy of run ``run``'s store; the job itself runs once per test session,
     across xdist workers (:func:`tests.conftest.made_once`)."""
-    made = made_once(tmp_path_factory, run, lambda d: run_torchrun(program, nproc, d / "nd.db", "--run-name", run,
+    made = made_once(tmp_path_factory, run, lambda d: run_nd_job(program, nproc, d / "nd.db", "--run-name", run,
                                                                    *args))
     return copy_store(made / "nd.db", tmp_path_factory.mktemp(run) / "nd.db")
 

@@ -13,8 +13,6 @@ stays NOT_IN_GRAPH.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from sqlalchemy import text
 
 from graphdeck import validate_backward
 from graphdeck.store.db import open_engine
+from tests.launch import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK_PARAMS = ("ln.weight", "ln.bias", "fc.weight", "fc.bias", "proj.weight", "proj.bias")
@@ -32,10 +31,9 @@ def store(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp2")
     path = out / "fsdp2.db"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests" / "programs" / "fsdp2_blocks.py"), str(path), "--unused"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    proc = run_ranks([REPO / "tests" / "programs" / "fsdp2_blocks.py", path, "--unused"], 2, env=env, cwd=REPO,
+                     timeout=600)
+    assert proc.returncode == 0, f"the job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return path
 
 

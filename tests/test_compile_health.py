@@ -4,7 +4,7 @@ Real captures (tests/compile_health_job.py, one subprocess, aot_eager through th
 function compiled in a loop over nine parameter shapes (8 of 8 compiles, the shape guard, the
 limit hit; and under ``fullgraph=True`` a job that dies at the 9th compile), and case N8 of
 ../shared/cases/compile-and-ranks.md in one process and, as the case is written, under DDP on 2
-gloo ranks (one torchrun job: the same diagnosis on each rank). The shared TORCH_TRACE logs are checked
+gloo ranks (one 2-rank job: the same diagnosis on each rank). The shared TORCH_TRACE logs are checked
 against tlparse's own counts; the API over HTTP and the run page's panel in Chromium.
 """
 
@@ -34,6 +34,7 @@ from graphdeck.store.schema import Graph, Run
 from graphdeck.store.torch_trace import import_torch_trace
 from graphdeck.store.torch_trace_log import discover
 from tests.conftest import LiveServer, shared_path
+from tests.launch import run_ranks
 from tests.test_gradients_n1 import n1_store  # noqa: F401 - the N1 capture, a fixture
 
 JOB = Path(__file__).with_name("compile_health_job.py")
@@ -156,9 +157,8 @@ def ddp_job(tmp_path_factory):
     """Case N8 as written: ``torch.compile(DDP(model))`` on 2 gloo ranks (compile_health_job.py
     ``ddp``; ~25 s on 2 CPUs)."""
     store = tmp_path_factory.mktemp("ch_ddp") / "ddp.db"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(JOB), str(store), "ddp"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    proc = run_ranks([JOB, store, "ddp"], 2, timeout=600,
+                     env={**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return store
 

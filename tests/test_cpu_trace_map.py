@@ -2,7 +2,7 @@
 
 Inputs are real jobs: the main job's training code (``graphdeck.demo``: GPT-2, DDP with
 ``bucket_cap_mb=1``, torch.compile through the capture agent, ``Agent.profile``) on 2 gloo ranks
-under torchrun with ``aot_eager`` and 1 block (the cheapest job with DDP buckets and both ranks),
+(started as torchrun would: tests/launch.py), ``aot_eager``, 1 block (the cheapest job with DDP buckets and both ranks),
 served by the real app over HTTP; one small Inductor model compiled with g++ (slow); the replay
 page in Chromium.
 """
@@ -26,6 +26,7 @@ from graphdeck.analysis.traces.mapping import map_trace
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, Run, Trace
 from tests.conftest import LiveServer
+from tests.launch import run_ranks
 
 RUN = "cpu"
 
@@ -38,18 +39,17 @@ def demo_store(tmp_path_factory) -> Path:
     processes run beside the job the whole time (a 2-core machine: both cores busy), so every
     assertion on this run holds under load (issue 34 item 3)."""
     store = tmp_path_factory.mktemp("cpu_demo") / "demo.db"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "graphdeck.demo", "--store", str(store), "--run-name", RUN, "--backend", "aot_eager",
-           "--steps", "3", "--layers", "1"]
+    argv = ["-m", "graphdeck.demo", "--store", store, "--run-name", RUN, "--backend", "aot_eager",
+            "--steps", "3", "--layers", "1"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1", KINETO_LOG_LEVEL="6")
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        proc = run_ranks(argv, 2, env=env, timeout=900)
     finally:
         for b in busy:
             b.kill()
             b.wait()
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, f"the job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return store
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from starlette.testclient import TestClient
 from graphdeck.cli import main as cli
 from graphdeck.server.app import create_app
 from graphdeck.server.settings import Settings
+from tests.launch import run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -29,10 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 def store(tmp_path_factory):
     db = tmp_path_factory.mktemp("ddp_overlap") / "ddp.db"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests" / "ddp_overlap_job.py"), str(db), "nosplit", "split"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    proc = run_ranks([REPO / "tests" / "ddp_overlap_job.py", db, "nosplit", "split"], 2, env=env, cwd=REPO,
+                     timeout=600)
+    assert proc.returncode == 0, f"the job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return db
 
 

@@ -1,4 +1,4 @@
-"""The gradient cases that need 2 gloo ranks under DDP + torch.compile, in one torchrun job
+"""The gradient cases that need 2 gloo ranks under DDP + torch.compile, in one 2-rank job
 (tests/grad_ddp_job.py): G1 with aot_eager and with Inductor (step 2 really raises DDP's
 "Expected to have finished reduction"; the report, from what step 1 captured, predicts it), G4
 (rank-dependent branch: predicted hang, captured from the forward alone), and G2, G3, G5 under DDP."""
@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from graphdeck import validate_backward
 from tests import grad_cases as C
+from tests.launch import run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -28,10 +27,8 @@ def job(tmp_path_factory):
     store, result = out / "ddp.db", out / "result.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1",
                TORCHINDUCTOR_CACHE_DIR=str(out / "inductor-cache"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests" / "grad_ddp_job.py"), str(store), str(result), *CASES]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    proc = run_ranks([REPO / "tests" / "grad_ddp_job.py", store, result, *CASES], 2, env=env, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, f"the job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return store, json.loads(result.read_text())
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from tests.conftest import run_python
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from tests.grad_evidence_job import Detector, detection_loss  # noqa: E402
+from tests.launch import Ranks, wait_all  # noqa: E402
 
 
 def _train(store, run, *, compiled: bool, steps: int, skip_step: int | None):
@@ -162,17 +162,9 @@ _BRANCH = next(f"{_JOB}:{i} in detection_loss: `if pos.any() and step != skip_st
 def jobs(tmp_path_factory):
     out = tmp_path_factory.mktemp("evidence")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = {}
-    for group in ("healthy", "eager", "ckpt"):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(REPO / "tests" / "grad_evidence_job.py"), str(out / f"{group}.db"), group]
-        procs[group] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                        cwd=REPO)
-    results = {}
-    for group, p in procs.items():
-        log, _ = p.communicate(timeout=600)
-        results[group] = (out / f"{group}.db", p.returncode, log)
-    return results
+    jobs = {group: Ranks([REPO / "tests" / "grad_evidence_job.py", out / f"{group}.db", group], 2, env=env, cwd=REPO,
+                         stderr_to_stdout=True) for group in ("healthy", "eager", "ckpt")}
+    return {group: (out / f"{group}.db", p.returncode, p.stdout) for group, p in wait_all(jobs, 600).items()}
 
 
 @pytest.mark.slow

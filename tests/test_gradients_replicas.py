@@ -1,20 +1,19 @@
 """Replica agreement (issue 35, items 1, 2, 5): DDP gradient accumulation whose last micro-batch
 ran under ``no_sync()`` at some steps — the replicas silently train different models — is a
 ``REPLICA_DIVERGENCE`` FAIL from the first such step, naming those steps and the fix; the fixed job
-PASSes. Eager and compiled (aot_eager) DDP, one torchrun job (tests/grad_replica_job.py)."""
+PASSes. Eager and compiled (aot_eager) DDP, one 2-rank job (tests/grad_replica_job.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from graphdeck.cli import main as cli
+from tests.launch import run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +26,8 @@ def store(tmp_path_factory):
     out = tmp_path_factory.mktemp("replicas")
     db = out / "replicas.db"
     env = dict(os.environ, OMP_NUM_THREADS="1", GRAPHDECK_GRAD_PRINTS="")  # the default cadence
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests" / "grad_replica_job.py"), str(db), *CASES]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    proc = run_ranks([REPO / "tests" / "grad_replica_job.py", db, *CASES], 2, env=env, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, f"the job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return db
 
 
@@ -107,10 +104,9 @@ def tp_store(tmp_path_factory):
     out = tmp_path_factory.mktemp("replicas_tp")
     db = out / "tp.db"
     env = dict(os.environ, OMP_NUM_THREADS="1", GRAPHDECK_GRAD_PRINTS="")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests" / "grad_tp_job.py"), str(db), "tp_nograd", "tp_fixed"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    proc = run_ranks([REPO / "tests" / "grad_tp_job.py", db, "tp_nograd", "tp_fixed"], 2, env=env, cwd=REPO,
+                     timeout=600)
+    assert proc.returncode == 0, f"the job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return db
 
 

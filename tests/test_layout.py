@@ -20,7 +20,7 @@ from tests.nd_fixtures import (  # noqa: F401 - fixtures
     nd_fsdp_tp_store,
     nd_pipeline_store,
     pairs,
-    run_torchrun,
+    run_nd_job,
 )
 
 
@@ -286,7 +286,7 @@ def test_pipeline_layout_is_captured(nd_pipeline_store):  # noqa: F811
 def died_store(tmp_path_factory):
     """One rank of nd_fsdp_tp.py (a 1 x 1 mesh) that ends with os._exit after its first step."""
     path = tmp_path_factory.mktemp("nd_died") / "died.db"
-    proc = run_torchrun("nd_fsdp_tp.py", 1, path, "--run-name", "died", "--dp", "1", "--tp", "1", "--die")
+    proc = run_nd_job("nd_fsdp_tp.py", 1, path, "--run-name", "died", "--dp", "1", "--tp", "1", "--die")
     assert proc.returncode == 0
     return path
 

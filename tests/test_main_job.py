@@ -1,14 +1,10 @@
 """The main job for real: GPT-2 (transformers) under DDP + torch.compile on 2 gloo ranks
-(torchrun), with the capture agent in each rank writing to one SQLite store."""
+(started as torchrun would: tests/launch.py), with the capture agent in each rank writing to one SQLite store."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -17,18 +13,9 @@ from sqlalchemy.orm import Session
 from graphdeck.analysis.gradients.core import gradient_report
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import CompileEvent, Graph, Param, Partition, Rank, Run, Trace
+from tests.conftest import DEMO_RUN, run_demo
 
 pytestmark = pytest.mark.slow
-
-
-def run_job(store: Path, run: str, *, backend: str, steps: int = 2, layers: int = 2, profile: bool = True,
-            env: dict | None = None) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "graphdeck.demo", "--store", str(store), "--run-name", run, "--backend", backend,
-           "--steps", str(steps), "--layers", str(layers)] + ([] if profile else ["--no-profile"])
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1", **(env or {}))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=900)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
 def graph_signature(session: Session, run_id: int, rank: int) -> list[tuple]:
@@ -38,11 +25,10 @@ def graph_signature(session: Session, run_id: int, rank: int) -> list[tuple]:
         .where(Graph.run_id == run_id, Graph.rank == rank).order_by(Graph.ordinal))]
 
 
-def test_two_rank_ddp_gpt2_capture(tmp_path):
-    store = tmp_path / "job.db"
-    run_job(store, "ddp", backend="aot_eager", steps=3)
-    with Session(open_engine(store, read_only=True)) as s:
-        run = s.scalar(select(Run).where(Run.name == "ddp"))
+def test_two_rank_ddp_gpt2_capture(demo_store):
+    """conftest's ``demo_store``: aot_eager, 2 blocks, 4 steps (2 profiled), shared with test_replay_runs."""
+    with Session(open_engine(demo_store, read_only=True)) as s:
+        run = s.scalar(select(Run).where(Run.name == DEMO_RUN))
         assert run.world_size == 2
         ranks = s.scalars(select(Rank).where(Rank.run_id == run.id).order_by(Rank.rank)).all()
         assert [r.rank for r in ranks] == [0, 1] and all(r.backend == "gloo" for r in ranks)
@@ -78,8 +64,8 @@ def test_inductor_warm_cache_records_the_same_graphs(tmp_path):
     capture must still record the same graphs."""
     cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")}
     store = tmp_path / "warm.db"
-    run_job(store, "cold", backend="inductor", layers=1, profile=False, env=cache)
-    run_job(store, "warm", backend="inductor", layers=1, profile=False, env=cache)
+    run_demo(store, "cold", backend="inductor", steps=2, layers=1, profile=False, env=cache)
+    run_demo(store, "warm", backend="inductor", steps=2, layers=1, profile=False, env=cache)
     with Session(open_engine(store, read_only=True)) as s:
         ids = {r.name: r.id for r in s.scalars(select(Run))}
         for rank in (0, 1):

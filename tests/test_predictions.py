@@ -26,6 +26,7 @@ import graphdeck.analysis.ranks.predicted as predicted_mod
 from graphdeck.analysis.ranks.core import rank_report
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run
+from tests.launch import run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +40,7 @@ def store(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp_recompile") / "s.db"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("TORCH_FR_BUFFER_SIZE", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(JOB), str(out)], capture_output=True, text=True, env=env, timeout=180, cwd=REPO)
+    proc = run_ranks([JOB, out], 2, env=env, cwd=REPO, timeout=180)
     assert proc.returncode == 0, f"the job must finish:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return out
 
@@ -166,8 +166,7 @@ LIVE_JOB = REPO / "tests" / "live_compiles_job.py"
 def live_store(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("live") / "s.db"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(LIVE_JOB), str(out)], capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    proc = run_ranks([LIVE_JOB, out], 2, env=env, cwd=REPO, timeout=300)
     assert proc.returncode == 0, f"the job must finish:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return out
 

@@ -1,4 +1,4 @@
-"""Rank timing on a real 2-rank gloo job (tests/programs/skew_cases.py under torchrun, one job for
+"""Rank timing on a real 2-rank gloo job (tests/programs/skew_cases.py, ranks started as torchrun would, one job for
 both cases): a DDP straggler seen through the CPU-side collectives of the Kineto traces
 (``gloo:all_reduce``), and a warm-vs-cold Inductor cache compile skew — through the analyses,
 ``graphdeck check-ranks`` and the trace overlap."""
@@ -23,6 +23,7 @@ from graphdeck.errors import NotFoundError
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run
 from tests.conftest import REPO, LiveServer
+from tests.launch import run_ranks
 
 PROGRAM = REPO / "tests" / "programs" / "skew_cases.py"
 sys.path.insert(0, str(PROGRAM.parent))
@@ -42,14 +43,12 @@ def timing_store(tmp_path_factory) -> Path:
     pre = subprocess.Popen([sys.executable, str(PROGRAM), "prewarm", str(warm), str(root / "prewarm.db")],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                            preexec_fn=lambda: os.nice(15))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(PROGRAM), "job",
-           str(store), str(warm), str(cold), str(warm) + ".done"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+        proc = run_ranks([PROGRAM, "job", store, warm, cold, str(warm) + ".done"], 2, env=env, timeout=400)
     finally:
         out = pre.communicate(timeout=400)[0]
     assert pre.returncode == 0, f"prewarm failed:\n{out[-4000:]}"
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, f"the job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return store
 
 

@@ -1,4 +1,4 @@
-"""Cross-rank consistency on real 2-rank gloo runs (tests/programs/rank_cases.py under torchrun):
+"""Cross-rank consistency on real 2-rank gloo runs (tests/programs/rank_cases.py, ranks started as torchrun would):
 a recompile on one rank only, a branch taken on one rank only (with a collective inside the
 compiled graph), gradient case G4, compile cases C1 and C2, FSDP2's uneven shards in a compiled
 optimizer step, shape-only differences feeding a collective or outside dim 0 — checked through
@@ -20,6 +20,7 @@ from graphdeck.analysis.ranks.core import collective_kind, rank_report, source_l
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import CompileEvent, Run
 from tests.conftest import REPO, LiveServer
+from tests.launch import run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -29,10 +30,9 @@ PROGRAM = REPO / "tests" / "programs" / "rank_cases.py"
 @pytest.fixture(scope="module")
 def rank_store(tmp_path_factory) -> Path:
     store = tmp_path_factory.mktemp("ranks") / "ranks.db"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(PROGRAM), str(store)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    proc = run_ranks([PROGRAM, store], 2, env=env, timeout=600)
+    assert proc.returncode == 0, f"the job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return store
 
 

@@ -1,11 +1,12 @@
 """``graphdeck replay`` is a run of its own (issue 36 item 1; NOTE: [Replay runs] in store/replay_runs.py).
 
 Input: the main job's training code (``graphdeck.demo``: GPT-2, DDP with ``bucket_cap_mb=1``,
-torch.compile through the capture agent, profiled steps) on 2 gloo ranks under torchrun, ``aot_eager``
-and 1 block. Every view of the captured run is recorded (check-ranks, summary, export-trace, the
-aligned run timeline and its collectives, the time overlay, node times, the notebook's
-``run.trace(rank)``), then docs/executor.md's two replays run through the real CLI, then every view is
-recorded again and must be the same; the replays' traces are reachable from the run (API and page).
+torch.compile through the capture agent, profiled steps) on 2 gloo ranks, ``aot_eager``, 2 blocks,
+4 steps (2 profiled): conftest's ``demo_store``, run once per session and shared with test_main_job.
+Every view of the captured run is recorded (check-ranks, summary, export-trace, the aligned run
+timeline and its collectives, the time overlay, node times, the notebook's ``run.trace(rank)``), then
+docs/executor.md's two replays run through the real CLI, then every view is recorded again and must
+be the same; the replays' traces are reachable from the run (API and page).
 """
 
 from __future__ import annotations
@@ -25,24 +26,11 @@ from sqlalchemy.orm import Session
 
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, Run, Trace
-from tests.conftest import LiveServer
+from tests.conftest import DEMO_RUN, LiveServer
 
-RUN = "demo"
+RUN = DEMO_RUN
 #: Keys whose values say how or when a document was computed, not what it says.
 VOLATILE = {"elapsed_s", "cache", "over_budget", "budget_s", "budgets_s", "computed_at", "took_s"}
-
-
-@pytest.fixture(scope="module")
-def demo_store(tmp_path_factory) -> Path:
-    """2 gloo ranks of the demo's training code, aot_eager, 1 GPT-2 block, 4 steps (2 profiled)."""
-    store = tmp_path_factory.mktemp("replay_demo") / "demo.db"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "graphdeck.demo", "--store", str(store), "--run-name", RUN, "--backend", "aot_eager",
-           "--steps", "4", "--layers", "1"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", KINETO_LOG_LEVEL="6")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return store
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

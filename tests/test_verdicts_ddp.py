@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from graphdeck import validate_backward
+from tests.launch import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 TWICE_ERROR = "Expected to mark a variable ready only once"
@@ -27,9 +26,7 @@ def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verdict_ddp")
     store, out = tmp / "store.db", tmp / "out.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(REPO / "tests" / "verdict_ddp_job.py"), str(store), str(out)],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp)
+    proc = run_ranks([REPO / "tests" / "verdict_ddp_job.py", store, out], 2, env=env, cwd=tmp, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
     return store, json.loads(out.read_text())
 
