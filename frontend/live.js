@@ -84,7 +84,9 @@ function reportBlock(rep) {
 }
 
 function draw(box, st) {
-  box.hidden = st.state === "none";
+  // nothing live to tell: no heartbeat, or every rank closed with no hang report (a finished
+  // healthy run opens on its overview, not on a live box)
+  box.hidden = st.state === "none" || (st.state === "ended" && !st.report);
   box.dataset.state = st.state;
   const words = st.state === "hang" && st.final ? WORDS.hangGone : WORDS[st.state] || st.state;
   const beating = st.ranks.filter((r) => r.beating).length;
