@@ -56,6 +56,8 @@ class FlightDumps:
         self._lock = threading.RLock()  # reentrant: NOTE: [A SIGTERM during a dump]
         self._owner: int | None = None  # the thread writing a dump now
         self._last: int | None = None  # entries count + last record id of the last dump written
+        import graphdeck.store.fr_import  # noqa: F401 - loaded now: the last dump may run at interpreter exit,
+        # when an import that registers an exit hook (as concurrent.futures does) raises
         _LIVE.add(self)
         _install_hooks()
 

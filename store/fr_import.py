@@ -45,7 +45,6 @@ import operator
 import os
 import re
 import zlib
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from pathlib import Path
@@ -496,6 +495,9 @@ def parse_files(files: list[str], workers: int | None = None) -> list[tuple]:
     workers = workers if workers is not None else (os.cpu_count() or 1)
     if len(files) < PARALLEL_FROM or workers <= 1:
         return [_parse_file(f) for f in files]
+    from concurrent.futures import ProcessPoolExecutor  # here: importing it registers an atexit hook,
+    # which fails once the interpreter shuts down, where the capture's last dump imports this module
+
     with ProcessPoolExecutor(max_workers=workers) as ex:
         # small chunks: the last ones finish together (a 128-dump chunk left to one worker costs ~0.7 s)
         return list(ex.map(_parse_file, files, chunksize=max(1, min(16, len(files) // (workers * 4)))))

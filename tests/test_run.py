@@ -272,6 +272,27 @@ def test_a_custom_backend_is_captured_and_still_compiles(tmp_path):
     assert ("dynamo",) in kinds, kinds
 
 
+
+def test_the_last_flight_recorder_dump_is_stored_at_interpreter_exit(tmp_path):
+    """A job with no compile and no ``destroy_process_group()``: its agent closes at interpreter
+    exit, where an import that registers an exit hook raises (``concurrent.futures`` did, from
+    the Flight Recorder loader): the dump was lost with "can't register atexit after shutdown"."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import tempfile, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', init_method=f'file://{tempfile.mktemp()}', rank=0, world_size=1)\n"
+        "t = torch.ones(4)\n"
+        "for _ in range(3):\n"
+        "    dist.all_reduce(t)\n"
+        "print('sum', float(t.sum()))\n")
+    store = tmp_path / "s.db"
+    out = _gd_run("--store", str(store), "--run", "fr", "--", sys.executable, str(script))
+    assert out.returncode == 0 and "sum 4.0" in out.stdout, out.stderr
+    assert "not stored" not in out.stderr, out.stderr
+    rows = sqlite3.connect(store).execute(
+        "SELECT payload FROM compile_events WHERE name = 'flight_recorder'").fetchall()
+    assert rows and any("all_reduce" in (p or "") for (p,) in rows), rows
+
 FRAMEWORK_DDP = """
 import tempfile
 import torch, torch.distributed as dist
