@@ -288,7 +288,7 @@ class KernelNode(Base):
     kernel_name: Mapped[str] = mapped_column(String(500))
     node_name: Mapped[str] = mapped_column(String(300))
     pre_grad_node: Mapped[str | None] = mapped_column(String(300))
-    source: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(32))  # a short tag: PostgreSQL holds at most 32 characters
     #: Which call of ``kernel_name`` in the graph's generated code this row is (Inductor's
     #: provenance debug handle: increasing in call order); a kernel called at several sites
     #: fuses different nodes at each. NULL when the source does not say.

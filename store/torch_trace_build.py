@@ -555,7 +555,7 @@ class FileBuilder:
         table = output_code_with_stacks(code, stacks)
         nodes = [(n.name, n.stack_trace, n.target) for n in target.text.nodes if n.op == "call_function"]
         fresh, _ = resolve_marked([(k, tuple(v)) for k, v in table.items()], nodes)
-        self._kernel_rows(rec.compile_id, target, {k: list(v) for k, v in fresh}, {}, "inductor_provenance_v2_output_code")
+        self._kernel_rows(rec.compile_id, target, {k: list(v) for k, v in fresh}, {}, "inductor_provenance_v2_outcode")
 
     def _kernel_rows(self, compile_id, target: _Stored | None, kernels: dict, post_to_pre: dict, source: str) -> None:
         rows = []

@@ -107,9 +107,9 @@ def test_backward_output_code_gives_a_table_like_the_stack_traces(imported):
     con = sqlite3.connect(store)
     linked, known = con.execute(
         "SELECT count(*), sum(EXISTS(SELECT 1 FROM nodes n WHERE n.graph_id = k.graph_id AND n.name = k.node_name)) "
-        "FROM kernel_nodes k WHERE k.source = 'inductor_provenance_v2_output_code'").fetchone()
+        "FROM kernel_nodes k WHERE k.source = 'inductor_provenance_v2_outcode'").fetchone()
     kinds = {r[0] for r in con.execute("SELECT DISTINCT g.kind FROM kernel_nodes k JOIN graphs g ON g.id = k.graph_id "
-                                       "WHERE k.source = 'inductor_provenance_v2_output_code'")}
+                                       "WHERE k.source = 'inductor_provenance_v2_outcode'")}
     con.close()
     assert kinds == {"aot_backward"} and linked > 1000 and known / linked > 0.95
 
@@ -117,7 +117,7 @@ def test_backward_output_code_gives_a_table_like_the_stack_traces(imported):
 def test_imported_log_maps_backward_kernels_as_well_as_live_capture(imported, live):
     store, out = imported
     imp, cap = _mapping(store), _mapping(live)
-    assert imp.sources.get("inductor_provenance_v2_output_code", 0) > 400  # the backward's kernels
+    assert imp.sources.get("inductor_provenance_v2_outcode", 0) > 400  # the backward's kernels
     # >= 95% with the eager fused AdamW step mapped to the optimizer step as a whole (NOTE:
     # [Optimizer step kernels]): 12 kernels (6 per profiled step), ~8% of the kernel time
     for m in (imp, cap):
@@ -149,7 +149,7 @@ def low_coverage(imported, tmp_path_factory):
     src, con = sqlite3.connect(store), sqlite3.connect(path)
     src.backup(con)  # the WAL's pages too
     src.close()
-    con.execute("DELETE FROM kernel_nodes WHERE source = 'inductor_provenance_v2_output_code'")
+    con.execute("DELETE FROM kernel_nodes WHERE source = 'inductor_provenance_v2_outcode'")
     con.commit()
     con.close()
     return path

@@ -136,7 +136,7 @@ def test_a_bucket_compiled_from_a_warm_cache_maps_beside_buckets_compiled_afresh
     sources = {r[0] for r in con.execute("SELECT DISTINCT source FROM kernel_nodes WHERE graph_id IN (17, 20)")}
     con.close()
     assert all(n > 0 for n in rows.values()) and len(rows) == 12, rows
-    assert sources == {"inductor_provenance_v2_stack_trace"}, sources
+    assert sources == {"inductor_provenance_v2_stacks"}, sources
     got = _coverage(path)
     assert got["check"].verdict == "PASS", got["check"].headline
     assert all(r["fraction"] >= 0.99 for r in got["check"].detail["ranks"]), got["check"].detail["ranks"]

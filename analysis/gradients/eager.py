@@ -331,10 +331,9 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
         UsageError: ``autocast_dtype`` is not a floating dtype name.
     """
     import torch
+    from torch.nn.parallel import DistributedDataParallel
 
-    from graphdeck.capture.compile_context import is_ddp
-
-    inner = model.module if is_ddp(model) else model
+    inner = model.module if isinstance(model, DistributedDataParallel) else model  # torch's or a subclass
     if rank is None:
         import torch.distributed as dist
 
@@ -440,7 +439,7 @@ def eager_report(model, example_inputs, loss_fn: Callable | None = None, *, nume
             report.rows.append(ParamRow(rank=rank, fqn=fqn, status="BUFFER", aliases=[fqn], shape=list(b.shape),
                                         dtype=str(b.dtype).removeprefix("torch."), requires_grad=False,
                                         reason="a buffer, not a parameter: it has no gradient to check"))
-    if is_ddp(model) and not getattr(model, "find_unused_parameters", False):
+    if isinstance(model, DistributedDataParallel) and not getattr(model, "find_unused_parameters", False):
         f = ddp_unused_finding(report.rows, static_graph=bool(getattr(model, "static_graph", False)))
         if f is not None:
             report.findings.append(f)

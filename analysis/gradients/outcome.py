@@ -131,9 +131,9 @@ def eager_ready_twice(report, model, ddp: bool, accs_of: dict[str, list], order:
     twice = [r for r in report.rows if r.accumulations and r.accumulations > 1]
     if not twice:
         return
-    from graphdeck.capture.compile_context import is_ddp as _is_ddp
+    from torch.nn.parallel import DistributedDataParallel
 
-    is_ddp = _is_ddp(model)
+    is_ddp = isinstance(model, DistributedDataParallel)  # torch's or a framework's subclass
     fns = sorted({d for r in twice for d in accs_of.get(r.fqn, []) if d}, key=lambda d: (d[1] or "", d[0]))
     desc = ", ".join(f"{r.fqn} ({r.accumulations}x)" for r in twice)
     names = ", ".join(r.fqn for r in twice)

@@ -10,7 +10,7 @@ e.g. a matmul a post-grad pattern made) and, in recent versions, ``# [Provenance
 <kernel>:<handle>``. :func:`output_code_table` turns those comments into the same
 ``"<kernel>:<handle>" → [post-grad node, ...]`` table as the provenance artifact's
 ``cppCodeToPost``, so :func:`graphdeck.analysis.traces.mapping.link_kernels` maps such graphs'
-kernels by node name (rows tagged ``inductor_provenance_v2_output_code``) instead of by the
+kernels by node name (rows tagged ``inductor_provenance_v2_outcode``) instead of by the
 coarser kernel stack traces. The comment names a node by its origin: a backward's nodes have the
 AOT backward graph's names (> 95% found there on the H200 log), a forward's mostly the Dynamo
 graph's (``position_ids``), which is why the table is used only where the mapping is empty. Format source: the generated wrapper code Inductor writes

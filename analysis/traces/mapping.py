@@ -176,8 +176,8 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
                 stats["calls"] += 1
                 name = trace_call_name(base)
                 for node in nodes:
-                    source = {"stacks": "inductor_provenance_v2_stack_trace",
-                              "output_code": "inductor_provenance_v2_output_code"}.get(kind, "inductor_provenance_v2")
+                    source = {"stacks": "inductor_provenance_v2_stacks",
+                              "output_code": "inductor_provenance_v2_outcode"}.get(kind, "inductor_provenance_v2")
                     pre = post_to_pre[(rank, cid)].get(node) or []
                     if node not in known:
                         stats["nodes_not_in_graph"] += 1
@@ -242,7 +242,7 @@ def _portable_stack(stack_trace: str) -> str:
     return _INSTALL_PREFIX.sub('File "', stack_trace)
 
 
-def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stacks_of: dict[int, list[tuple[str, str]]],
+def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stacks_of: dict[int, list[tuple]],
                assigned: set[int]):
     """A kernel-stack-traces table (``"name:handle" → [stack trace, ...]``) as node names of the
     candidate graph it fits best.
@@ -253,7 +253,7 @@ def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stack
     ``cppCodeToPost``; its ``..._kernel_stack_traces`` artifact still lists, per kernel call, the
     stack traces of the post-grad nodes it computes. A kernel then computes the call_function
     nodes of the graph whose ``stack_trace`` is among them (every node of those source lines:
-    coarser than the node table, rows tagged ``inductor_provenance_v2_stack_trace``). A backward
+    coarser than the node table, rows tagged ``inductor_provenance_v2_stacks``). A backward
     node carries its forward op's stack trace, so a backward graph is preferred to a forward one
     (its table came without a node table: the lazily compiled backward), then the graph
     (DDPOptimizer's bucket) without a table yet that resolves at least half the calls (buckets of
@@ -261,7 +261,7 @@ def _by_stacks(fresh: list[tuple[str, tuple[str, ...]]], candidates: list, stack
     installed packages are compared from the package on (:func:`_portable_stack`): the cache may
     have been filled by another installation of them."""
     def resolve(gid):
-        nodes = [(n, _portable_stack(st)) for n, st, _ in stacks_of.get(gid, [])]
+        nodes = [(n, _portable_stack(st)) for n, st, *_target in stacks_of.get(gid, [])]
         out = []
         for key, traces in fresh:
             want = {_portable_stack(t) for t in traces}

@@ -189,7 +189,7 @@ def get_collectives(comm: list[str] | None = Query(None, description="extra comm
 
 @router.get("/api/traces/{trace_id}/bandwidth")
 def get_bandwidth(comm: list[str] | None = Query(None, description="extra communication-kernel patterns (regex)"),
-                  link_gbps: float | None = Query(None, gt=0, description="the link's peak, GB/s (default: the "
+                  link_gbps: float | None = Query(None, gt=0, le=1e6, allow_inf_nan=False, description="the link's peak, GB/s (default: the "
                                                   "server's --link-gbps / GRAPHDECK_LINK_GBPS, else none)"),
                   trace: Trace = Depends(resolve_trace), session: Session = Depends(get_session),
                   settings: Settings = Depends(get_settings)) -> dict:

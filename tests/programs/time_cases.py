@@ -4,7 +4,7 @@ finished what it was doing, so both ranks' compile records reach the store)::
 
     RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python tests/programs/time_cases.py STORE
 
-* ``recompile_straggler`` — a 24-layer MLP compiled with ``aot_eager`` (``dynamic=False``); each
+* ``recompile_straggler`` — a ``LAYERS``-layer MLP compiled with ``aot_eager`` (``dynamic=False``); each
   step: forward, backward, the gradients all-reduced as one flat tensor (``GRAD_ALL_REDUCE``), an
   SGD step. Step 0 compiles on both ranks (not profiled); steps 1-3 are profiled (Kineto traces
   per rank). At step 2 rank 1's batch has 5 rows: rank 1 alone recompiles (a guard on the
@@ -31,7 +31,7 @@ from graphdeck.capture import Agent  # noqa: E402
 
 TIMEOUT_S = 2  # the gradient group's collective timeout in case 2 (rank 0's extra compile takes several s)
 EVAL_LAYERS = 1000  # unrolled layers of rank 0's evaluation frame: ~7 s of aot_eager compile on a loaded 2-core box
-LAYERS = 24
+LAYERS = 64  # rank 1's recompile (~2-3 s) must outweigh what a loaded host adds to any one step (24: ~1 s lost to it)
 
 
 def mlp() -> torch.nn.Module:
