@@ -315,7 +315,7 @@ def map_cpu_trace(session: Session, trace, events: list[Ev], tables: dict[int, d
     _map_wrappers(session, trace, tables, wrappers, wrapper_ev, out, inductor_unmapped, sources, row_source)
     for kid, src in row_source.items():
         out.how[kid] = ("inductor provenance by stack trace (kernel name + call order; NOTE: [Kernels by stack trace])"
-                        if src.endswith("stack_trace") else "inductor provenance (kernel name + call order)")
+                        if src.endswith(("stack_trace", "_stacks")) else "inductor provenance (kernel name + call order)")
     # aot_eager: op names and order against the AOT graphs
     for kid, (gid, node, how) in map_aot_eager(session, trace.run_id, trace.rank, units, roots, region).items():
         out.by_kernel[kid] = (gid, [node])
