@@ -96,7 +96,7 @@ class Fingerprinter:
     # On a GPU the per-tensor dot is not bound by memory but by launches: GPT-2's 148 tensors
     # cost ~15 ms of host time a fingerprinted step on an H100 (+75% of an 19 ms step) for a few
     # hundred kernels. There, tensors up to a quarter of ``_BATCH_ELEMS`` are copied (one
-    # ``_foreach_copy_``) into slots of a float32 staging buffer, each slot starting at a
+    # ``_foreach_copy_``, in their own dtype, then one conversion) into slots of a staging buffer, each slot starting at a
     # multiple of the weights' period and zero-padded to the next one, so that one ``mv`` of the
     # buffer viewed as rows of ``_PERIOD`` against the period's weights gives every row's
     # weighted sum, and a float64 running sum read at each tensor's last row (``diff``) adds
@@ -152,10 +152,13 @@ class Fingerprinter:
         w = self._w(device, dtype, _PERIOD).float()
         parts = []
         for idx, offs, rows, lengths in batches:  # lengths: each tensor's last row
-            buf = torch.zeros(rows * _PERIOD, dtype=torch.float32, device=device)
+            # staged in the tensors' own dtype: _foreach_copy_ between equal dtypes is one fused
+            # launch; across dtypes it falls back to a copy_ per tensor (the host cost it cuts)
+            buf = torch.zeros(rows * _PERIOD, dtype=dtype, device=device)
             slots = [buf.as_strided(ts[i].shape, _contiguous_strides(ts[i].shape), o) for i, o in zip(idx, offs)]
             torch._foreach_copy_(slots, [ts[i] for i in idx])
-            per_row = torch.mv(buf.view(-1, _PERIOD), w)
+            rows_f32 = buf.view(-1, _PERIOD) if dtype == torch.float32 else buf.view(-1, _PERIOD).float()
+            per_row = torch.mv(rows_f32, w)
             ends = torch.cumsum(per_row, 0, dtype=torch.float64).index_select(0, lengths)
             parts.append(torch.diff(ends, prepend=ends.new_zeros(1)).float())  # no check that reads back
         if alone:
