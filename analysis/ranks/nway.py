@@ -51,6 +51,8 @@ from graphdeck.store.schema import Graph, Run, Trace
 MAX_CLASSES = 32
 #: Ranks whose node times are read (one trace mapping each).
 MAX_TIME_RANKS = 16
+#: Rows of the text's time table besides the differing nodes (the slowest nodes).
+TEXT_TIME_ROWS = 10
 EXIT_CODES = {"OK": 0, "WARN": 0, "FAIL": 1, "INCOMPLETE": 3}
 
 
@@ -145,6 +147,14 @@ class NwayReport:
             for d in n.differs:
                 word = "differ" if d.status == "differs" else "differ (note)"
                 out.append(f"  node {n.id}: ranks {_ranks_text(d.ranks, brackets=False)} {word}: {d.detail}")
+        if self.time_ranks and self.times:
+            out.append("  node time per rank (us): " + " ".join(f"r{r}" for r in self.time_ranks))
+            marked = {n.id for n in self.nodes}
+            slow = sorted(self.times, key=lambda k: -max(self.times[k].values()))
+            for node in [k for k in slow if k in marked] + [k for k in slow if k not in marked][:TEXT_TIME_ROWS]:
+                row = self.times[node]
+                out.append(f"    {'*' if node in marked else ' '} {node}: "
+                           + " ".join(f"{row[str(r)] / 1e3:.1f}" if str(r) in row else "-" for r in self.time_ranks))
         out += [f"  note: {x}" for x in self.notes]
         out += [f"  MISSING EVIDENCE: {x}" for x in self.missing_evidence]
         out.append({"OK": "OK: every rank has the same graph here" + (" (notes above)" if any(
