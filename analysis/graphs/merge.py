@@ -15,7 +15,8 @@ that view, what each version does there. Returns data only; the SVG renderer dra
   view after the base node its gap follows, as ``<name>@<label>`` when the base has a node of that
   name, and with ``idx`` past the base's last; versions that add the same node (name and target) in
   the same gap share it.
-* A paired node whose shape, dtype, inputs or module differ is *changed*, with what differs.
+* A paired node whose shape, dtype, inputs or module differ is *changed*, with what differs; an
+  input that was replaced counts as its replacement (the change is shown once, on that input).
 * Edges between base nodes are the base's; a version's edge that touches an added node is added,
   its other end mapped through the pairing.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphdeck.analysis.graphs.diff import GraphDiff
+from graphdeck.analysis.graphs.diff import GraphDiff, _inputs
 from graphdeck.analysis.graphs.view import GraphView, ViewEdge, ViewNode
 
 
@@ -99,10 +100,6 @@ def merge_views(base: GraphView, versions: list[tuple[str, GraphView, GraphDiff]
         names = {p.b: p.a for p in diff.pairs}
         by_b = {n.id: n for n in view.nodes}
         by_a = {n.id: n for n in base.nodes}
-        for p in diff.pairs:
-            if p.changed:
-                out.changes.setdefault(p.a, []).append(NodeChange(
-                    v, "changed", _changed_detail(by_a[p.a], by_b[p.b], p.changed), p.b))
         # gaps: the base position of the last paired node before each removed / added node
         paired_a = sorted(base_pos[a] for a in a_to_b)
         paired_b = sorted(b_to_base_pos)
@@ -133,6 +130,18 @@ def merge_views(base: GraphView, versions: list[tuple[str, GraphView, GraphDiff]
                     next_idx += 1
                 names[b] = mid
                 out.changes.setdefault(mid, []).append(NodeChange(v, "added", f"{node.target} added", b))
+        # A replaced input is no "inputs differ" of its consumer: it is shown on the input itself.
+        ext = {b: a for b, a in names.items() if a in base_pos}
+        ins_a, ins_b = _inputs(base), _inputs(view)
+        for p in diff.pairs:
+            what = [w for w in p.changed if w != "inputs" or [ext.get(x) for x in ins_b.get(p.b, [])]
+                    != ins_a.get(p.a, [])]
+            if what:
+                detail = _changed_detail(by_a[p.a], by_b[p.b], what)
+                new_in = [x for x in ins_b.get(p.b, []) if x not in ext]
+                if "inputs" in what and new_in:
+                    detail = detail.replace("inputs differ", f"inputs differ (reads {', '.join(new_in[:3])})")
+                out.changes.setdefault(p.a, []).append(NodeChange(v, "changed", detail, p.b))
         for e in view.edges:
             src, dst = names.get(e.src), names.get(e.dst)
             if src is None or dst is None or (src in base_names and dst in base_names):

@@ -1,0 +1,153 @@
+"""The N-way rank diff at many ranks (issue 42; NOTE: [N-way rank diff] in analysis/ranks/nway.py)
+and the merged graph it draws (NOTE: [Merged N-way graph] in analysis/graphs/merge.py).
+
+The stores are generated as bench/bench_ranks.py makes them: real FX graphs recorded by the
+capture's own ``record_graph`` and written by its ``StoreWriter`` for rank 0 and the odd rank (whose
+one graph has ``aten.gelu`` where the others have ``aten.relu``), the other ranks' identical rows
+copied in SQL — what a real capture would have written. Real SQLite in a temp dir.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event, select
+from sqlalchemy.orm import Session
+
+from bench.bench_ranks import _replicate, build_graph
+from graphdeck.analysis.graphs.diff import diff_views
+from graphdeck.analysis.graphs.merge import merge_views
+from graphdeck.analysis.graphs.view import GraphView, ViewEdge, ViewNode
+from graphdeck.analysis.ranks.nway import nway_report, nway_reports
+from graphdeck.store.db import open_engine
+from graphdeck.store.schema import Run
+from tests.conftest import REPO
+
+LAYERS = 20  # 60+ nodes; the odd rank's change is at layer 16
+
+
+def generated_store(path: Path, ranks: int, odd: int, graphs: int = 2) -> Path:
+    """``ranks`` ranks of run ``bench`` holding ``graphs`` identical graphs each, but rank ``odd``'s
+    last graph (relu → gelu at one layer)."""
+    from graphdeck.capture.fxrecord import record_graph
+    from graphdeck.capture.writer import StoreWriter
+
+    base = record_graph(build_graph(LAYERS))
+    changed = record_graph(build_graph(LAYERS, changed_at=LAYERS * 4 // 5))
+    w = StoreWriter(path, "bench", 0, ranks, backend="gloo")
+    for g in range(graphs):
+        w.write_graph(base, kind="aot_forward", name=f"graph {g}", compile_id=f"{g}/0")
+    w.engine.dispose()
+    w = StoreWriter(path, "bench", odd, ranks, backend="gloo")
+    w.write_graph(changed, kind="aot_forward", name=f"graph {graphs - 1}", compile_id=f"{graphs - 1}/0")
+    w.engine.dispose()
+    _replicate(path, ranks, graphs, changed_rank=odd, changed_graph=graphs - 1)
+    return path
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[int, Path]:
+    d = tmp_path_factory.mktemp("nway_scale")
+    return {n: generated_store(d / f"r{n}.db", n, odd=n - 3) for n in (8, 64)}
+
+
+def _node_queries(store: Path, fn) -> tuple[object, int]:
+    """``fn(session, run)``'s result and how many SQL statements it ran that read ``nodes`` rows."""
+    engine = open_engine(store, read_only=True)
+    count = [0]
+
+    def seen(_conn, _cursor, statement, *_a):
+        if "FROM nodes" in statement:
+            count[0] += 1
+
+    event.listen(engine, "before_cursor_execute", seen)
+    with Session(engine) as s:
+        out = fn(s, s.scalars(select(Run).where(Run.name == "bench")).one())
+    engine.dispose()
+    return out, count[0]
+
+
+def test_many_identical_ranks_and_one_odd_group_by_fingerprint(stores):
+    """64 ranks, rank 61's graph 1 differs: two classes, the odd node named with the odd rank as
+    'target aten.relu.default vs aten.gelu.default'; graph 0 is one class. The nodes are read per
+    distinct graph, not per rank: as many node queries at 64 ranks as at 8."""
+    rep, n64 = _node_queries(stores[64], lambda s, run: nway_report(s, run, "1/0:aot_forward", times=False))
+    assert rep.verdict == "FAIL" and rep.exit_code == 1
+    assert [(c.status, c.ranks) for c in rep.classes] == [("base", [r for r in range(64) if r != 61]),
+                                                          ("differs", [61])]
+    assert len(rep.classes[0].fingerprints) == 1  # 63 identical ranks: one fingerprint
+    (node,) = rep.nodes
+    (d,) = node.differs
+    assert d.ranks == [61] and d.kind == "replaced" and d.status == "differs"
+    assert d.detail == "target aten.relu.default vs aten.gelu.default"
+    assert node.mark == "changed" and rep.marks() == {node.id: "changed"}
+    assert f"node {node.id}: ranks 61 differ: target aten.relu.default vs aten.gelu.default" in rep.to_text()
+    _rep8, n8 = _node_queries(stores[8], lambda s, run: nway_report(s, run, "1/0:aot_forward", times=False))
+    assert n64 == n8, (n64, n8)
+
+    same, n_same = _node_queries(stores[64], lambda s, run: nway_report(s, run, "0/0:aot_forward", times=False))
+    assert same.verdict == "OK" and len(same.classes) == 1 and same.classes[0].ranks == list(range(64))
+    assert same.nodes == [] and n_same <= 1  # the base graph's view only
+
+    # Leaving the odd rank out: every rank agrees; basing on it: the other 63 differ.
+    assert _node_queries(stores[64], lambda s, run: nway_report(s, run, "1", ranks="0-60,62-63",
+                                                                times=False))[0].verdict == "OK"
+    based = _node_queries(stores[64], lambda s, run: nway_report(s, run, "1/0:aot_forward", base_rank=61,
+                                                                 times=False))[0]
+    assert based.base_rank == 61 and based.classes[1].ranks == [r for r in range(64) if r != 61]
+
+
+def test_every_graph_of_a_run_and_the_cli(stores, tmp_path):
+    """Without --graph every key is compared; text and --json; exit 1 differ, 0 agree, 2 bad input."""
+    reports, _ = _node_queries(stores[64], lambda s, run: nway_reports(s, run))
+    assert [(r.key, r.verdict) for r in reports] == [("0/0:aot_forward:0", "OK"), ("1/0:aot_forward:0", "FAIL")]
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "graphdeck.cli", "diff-ranks", str(stores[64]), "--run", "bench",
+                               *args], capture_output=True, text=True, timeout=300, cwd=REPO)
+
+    p = cli()
+    assert p.returncode == 1, p.stderr
+    assert "ranks 61 differ: target aten.relu.default vs aten.gelu.default" in p.stdout
+    assert "FAIL: ranks differ (1 of 2 graphs differ)" in p.stdout
+    p = cli("--graph", "1/0:aot_forward", "--json")
+    assert p.returncode == 1
+    doc = json.loads(p.stdout)
+    assert doc["verdict"] == "FAIL" and doc["classes"][1]["ranks"] == [61]
+    assert cli("--ranks", "0-60,62-63").returncode == 0
+    for bad in (["--graph", "9/9:nope"], ["--ranks", "0-99"], ["--ranks", "x"], ["--base", "3"]):
+        p = cli(*bad)
+        assert p.returncode == 2 and p.stderr.startswith("error: "), (bad, p.stdout, p.stderr)
+
+
+def _view(nodes: list[tuple[str, str]], edges: list[tuple[str, str]]) -> GraphView:
+    return GraphView(graph_id=1, name="g", kind="dynamo", nodes=[
+        ViewNode(id=n, idx=i, label=n, op="placeholder" if t == "x" else "output" if t == "output" else "call_function",
+                 target=t, category="other") for i, (n, t) in enumerate(nodes)],
+        edges=[ViewEdge(src=a, dst=b) for a, b in edges])
+
+
+def test_merge_views_replaced_absent_added_and_shared():
+    """Base x → mm → relu → out. Version 1: bmm in mm's place (replaced); version 2: tanh added
+    after relu; version 3: the same tanh added, relu gone. The shared tanh is one merged node."""
+    base = _view([("x", "x"), ("mm", "aten.mm.default"), ("relu", "aten.relu.default"), ("out", "output")],
+                 [("x", "mm"), ("mm", "relu"), ("relu", "out")])
+    v1 = _view([("x", "x"), ("bmm", "aten.bmm.default"), ("relu", "aten.relu.default"), ("out", "output")],
+               [("x", "bmm"), ("bmm", "relu"), ("relu", "out")])
+    v2 = _view([("x", "x"), ("mm", "aten.mm.default"), ("relu", "aten.relu.default"), ("tanh", "aten.tanh.default"),
+                ("out", "output")], [("x", "mm"), ("mm", "relu"), ("relu", "tanh"), ("tanh", "out")])
+    v3 = _view([("x", "x"), ("mm", "aten.mm.default"), ("tanh", "aten.tanh.default"), ("out", "output")],
+               [("x", "mm"), ("mm", "tanh"), ("tanh", "out")])
+    merged = merge_views(base, [(f"r{i}", v, diff_views(base, v)) for i, v in enumerate((v1, v2, v3), 1)])
+    ch = {k: [(c.version, c.kind, c.detail) for c in v] for k, v in merged.changes.items()}
+    assert ch["mm"] == [(0, "replaced", "target aten.mm.default vs aten.bmm.default")]
+    assert (2, "replaced", "target aten.relu.default vs aten.tanh.default") in ch["relu"]
+    assert ch["tanh"] == [(1, "added", "aten.tanh.default added")]
+    assert [n.id for n in merged.view.nodes] == ["x", "mm", "relu", "tanh", "out"]
+    assert merged.view.nodes[3].idx == 4  # past the base's last idx
+    assert ("relu", "tanh") in {(e.src, e.dst) for e in merged.view.edges}
+    assert merged.names[0]["bmm"] == "mm" and merged.names[1]["tanh"] == "tanh"
