@@ -1,7 +1,7 @@
 """The N-way rank diff at many ranks (issue 42; NOTE: [N-way rank diff] in analysis/ranks/nway.py)
 and the merged graph it draws (NOTE: [Merged N-way graph] in analysis/graphs/merge.py).
 
-The stores are generated as bench/bench_ranks.py makes them: real FX graphs recorded by the
+The stores are generated as bench/bench_nway.py (after bench/bench_ranks.py) makes them: real FX graphs recorded by the
 capture's own ``record_graph`` and written by its ``StoreWriter`` for rank 0 and the odd rank (whose
 one graph has ``aten.gelu`` where the others have ``aten.relu``), the other ranks' identical rows
 copied in SQL — what a real capture would have written. Real SQLite in a temp dir.
@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from bench.bench_ranks import _replicate, build_graph
+from bench.bench_nway import generated_store
 from graphdeck.analysis.graphs.diff import diff_views
 from graphdeck.analysis.graphs.merge import merge_views
 from graphdeck.analysis.graphs.view import GraphView, ViewEdge, ViewNode
@@ -26,27 +26,6 @@ from graphdeck.analysis.ranks.nway import nway_report, nway_reports
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run
 from tests.conftest import REPO
-
-LAYERS = 20  # 60+ nodes; the odd rank's change is at layer 16
-
-
-def generated_store(path: Path, ranks: int, odd: int, graphs: int = 2) -> Path:
-    """``ranks`` ranks of run ``bench`` holding ``graphs`` identical graphs each, but rank ``odd``'s
-    last graph (relu → gelu at one layer)."""
-    from graphdeck.capture.fxrecord import record_graph
-    from graphdeck.capture.writer import StoreWriter
-
-    base = record_graph(build_graph(LAYERS))
-    changed = record_graph(build_graph(LAYERS, changed_at=LAYERS * 4 // 5))
-    w = StoreWriter(path, "bench", 0, ranks, backend="gloo")
-    for g in range(graphs):
-        w.write_graph(base, kind="aot_forward", name=f"graph {g}", compile_id=f"{g}/0")
-    w.engine.dispose()
-    w = StoreWriter(path, "bench", odd, ranks, backend="gloo")
-    w.write_graph(changed, kind="aot_forward", name=f"graph {graphs - 1}", compile_id=f"{graphs - 1}/0")
-    w.engine.dispose()
-    _replicate(path, ranks, graphs, changed_rank=odd, changed_graph=graphs - 1)
-    return path
 
 
 @pytest.fixture(scope="module")

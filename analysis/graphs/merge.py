@@ -124,7 +124,8 @@ def merge_views(base: GraphView, versions: list[tuple[str, GraphView, GraphDiff]
                 key = (gap, node.id, node.target)
                 mid = added_key.get(key)
                 if mid is None:
-                    mid = node.id if node.id not in base_names and node.id not in added_key.values() else f"{node.id}@{label}"
+                    taken = node.id in base_names or node.id in added_key.values()
+                    mid = f"{node.id}@{label}" if taken else node.id
                     added_key[key] = mid
                     added_after.setdefault(gap, []).append(node.model_copy(update={"id": mid, "idx": next_idx}))
                     next_idx += 1

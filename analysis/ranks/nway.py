@@ -137,7 +137,7 @@ class NwayReport:
         """The report as text lines (the CLI prints them)."""
         out = [f"graph {self.key} of run {self.run}: {len(self.ranks)} ranks, {len(self.classes)} class(es)"]
         for c in self.classes:
-            head = {"base": "BASE", "same": "SAME", "note": "NOTE", "differs": "DIFFERS", "missing": "MISSING"}[c.status]
+            head = c.status.upper()
             counts = (" (" + ", ".join(f"{v} {k}" for k, v in c.counts.items() if v and k != "same") + ")"
                       if c.counts and any(v for k, v in c.counts.items() if k != "same") else "")
             out.append(f"  {head} ranks {_ranks_text(c.ranks)}"
