@@ -130,3 +130,17 @@ def test_merge_views_replaced_absent_added_and_shared():
     assert merged.view.nodes[3].idx == 4  # past the base's last idx
     assert ("relu", "tanh") in {(e.src, e.dst) for e in merged.view.edges}
     assert merged.names[0]["bmm"] == "mm" and merged.names[1]["tanh"] == "tanh"
+
+
+def test_the_same_view_on_postgresql(stores, pg_url):
+    """The 8-rank store merged into PostgreSQL (store/merge.py, as an uploaded rank bundle is): the
+    same classes, node and verdict as on SQLite."""
+    from graphdeck.store.merge import merge_store
+
+    engine = open_engine(pg_url)
+    merge_store(stores[8], engine, run_name="bench")
+    with Session(engine) as s:
+        rep = nway_report(s, s.scalars(select(Run).where(Run.name == "bench")).one(), "1/0:aot_forward", times=False)
+    engine.dispose()
+    assert rep.verdict == "FAIL" and [c.ranks for c in rep.classes] == [[0, 1, 2, 3, 4, 6, 7], [5]]
+    assert [d.detail for n in rep.nodes for d in n.differs] == ["target aten.relu.default vs aten.gelu.default"]

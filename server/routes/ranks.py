@@ -43,13 +43,14 @@ def graph_counterparts(graph: Graph = Depends(resolve_graph), session: Session =
             Graph.kind == graph.kind).order_by(Graph.ordinal)).all()
         return found[position] if position < len(found) else None
 
-    ranks = []
-    for r in sorted(set(session.scalars(select(Graph.rank).where(Graph.run_id == graph.run_id)))):
-        if r == graph.rank:
-            continue
-        other = nth(r, graph.compile_id)
-        ranks.append({"rank": r, "graph_id": other.id if other else None,
-                      "same_hash": bool(other and other.structural_hash == graph.structural_hash)})
+    from graphdeck.analysis.ranks.nway import graph_keys  # NOTE: [N-way rank diff]: one key, every rank
+
+    keys = graph_keys(session, graph.run_id)
+    members = next((m for m in keys.values() if m.get(graph.rank, (None,))[0] == graph.id), {})
+    everyone = sorted({r for m in keys.values() for r in m})
+    ranks = [{"rank": r, "graph_id": members[r][0] if r in members else None,
+              "same_hash": bool(r in members and members[r][1] == graph.structural_hash)}
+             for r in everyone if r != graph.rank]
     previous = None
     m = re.fullmatch(r"(.*?)(\d+)/(\d+)(_\d+)?", graph.compile_id or "")
     if m and int(m.group(3)) > 0:
