@@ -82,8 +82,10 @@ export async function renderNway(page, m, query) {
     h("h1", {}, `N-way rank diff — ${report.run}`),
     h("p", {}, "Graph ", picker),
     h("p", {class: "verdict", "data-testid": "nway-verdict"},
-      h("strong", {class: ok ? "verdict-ok" : "verdict-bad"},
-        ok ? "every rank has the same graph" : report.verdict === "FAIL" ? "ranks differ" : "incomplete: evidence missing"),
+      h("strong", {class: ok ? "verdict-ok" : "verdict-bad"}, {
+        OK: "every rank has the same graph", FAIL: "ranks differ", INCOMPLETE: "incomplete: evidence missing",
+        WARN: "some ranks did not compile this graph (see rank consistency for whether it can hang)",
+      }[report.verdict]),
       `   ${report.ranks.length} ranks in ${report.classes.length} class${report.classes.length === 1 ? "" : "es"}; base: rank ${report.base_rank}`),
     h("ul", {class: "nway-classes", "data-testid": "nway-classes"}, report.classes.map(classItem)),
     report.notes.map((n) => h("p", {class: "muted", "data-testid": "nway-note"}, n)),

@@ -205,7 +205,8 @@ def diff_ranks(store: str, run_name: str, graph: str | None, ranks: str | None, 
     graphs (by fingerprint), the nodes where a class differs from the base and what it does there,
     the parallel layout's explanation as a NOTE (a pipeline stage, a TP shard, a vocab or expert
     offset), and per-rank node time with --graph. Exit 0 when every rank has the same graph (notes
-    allowed), 1 when ranks differ, 3 (INCOMPLETE) when a rank stored no graph, 2 on usage errors."""
+    allowed; WARN: some ranks lack a graph the others compiled), 1 when ranks differ, 3 (INCOMPLETE)
+    when a rank stored no graph, 2 on usage errors."""
     from sqlalchemy.orm import Session
 
     from graphdeck.analysis.ranks.nway import EXIT_CODES, nway_report, nway_reports, report_json, worst
@@ -230,6 +231,7 @@ def diff_ranks(store: str, run_name: str, graph: str | None, ranks: str | None, 
             click.echo(r.to_text() if r.verdict != "OK" or len(reports) == 1 else f"{r.lines()[0]}: {r.lines()[-1]}")
         if len(reports) > 1:
             click.echo({"OK": "OK: every rank has the same graphs", "FAIL": "FAIL: ranks differ",
+                        "WARN": "WARN: some ranks lack graphs the others compiled",
                         "INCOMPLETE": "INCOMPLETE: evidence missing"}[verdict]
                        + f" ({sum(r.verdict == 'FAIL' for r in reports)} of {len(reports)} graphs differ)")
     sys.exit(EXIT_CODES[verdict])

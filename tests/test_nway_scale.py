@@ -144,3 +144,31 @@ def test_the_same_view_on_postgresql(stores, pg_url):
     engine.dispose()
     assert rep.verdict == "FAIL" and [c.ranks for c in rep.classes] == [[0, 1, 2, 3, 4, 6, 7], [5]]
     assert [d.detail for n in rep.nodes for d in n.differs] == ["target aten.relu.default vs aten.gelu.default"]
+
+
+def test_a_graph_only_some_ranks_compiled_warns_and_a_bare_rank_is_incomplete(stores, tmp_path):
+    """Rank 0 alone compiled graph 2/0: the others are a ``missing`` class (WARN, exit 0: a compile
+    some ranks made, which check-ranks judges). A rank that stored no graph at all: INCOMPLETE."""
+    import sqlite3
+
+    from graphdeck.capture.fxrecord import record_graph
+    from graphdeck.capture.writer import StoreWriter
+    from bench.bench_ranks import build_graph
+
+    path = tmp_path / "extra.db"
+    with sqlite3.connect(stores[8]) as a, sqlite3.connect(path) as b:
+        a.backup(b)
+    w = StoreWriter(path, "bench", 0, 9, backend="gloo")
+    w.write_graph(record_graph(build_graph(4)), kind="aot_forward", name="extra", compile_id="2/0")
+    w.engine.dispose()
+    rep = _node_queries(path, lambda s, run: nway_report(s, run, "2/0:aot_forward", times=False))[0]
+    assert rep.verdict == "WARN" and rep.exit_code == 0, rep.to_text()
+    assert [(c.status, c.ranks) for c in rep.classes] == [("base", [0]), ("missing", list(range(1, 8)))]
+    StoreWriter(path, "bench", 8, 9, backend="gloo").engine.dispose()  # rank 8: registered, no graph
+    rep = _node_queries(path, lambda s, run: nway_report(s, run, "1/0:aot_forward", times=False))[0]
+    assert rep.verdict == "FAIL"  # rank 5 still differs
+    rep = _node_queries(path, lambda s, run: nway_report(s, run, "0/0:aot_forward", times=False))[0]
+    assert rep.verdict == "INCOMPLETE" and rep.exit_code == 3
+    assert rep.missing_evidence == ["ranks [8] stored no graph at all: not compared"]
+    reports = _node_queries(path, lambda s, run: nway_reports(s, run, ranks="1-7"))[0]
+    assert [r.key for r in reports] == ["0/0:aot_forward:0", "1/0:aot_forward:0"]  # 2/0 is on none of 1-7

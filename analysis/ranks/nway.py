@@ -26,9 +26,10 @@ compile sequences line up). Its key reads ``"0/0:aot_forward:0"``.
    (:func:`~graphdeck.analysis.traces.mapping.node_time_ns`), for at most :data:`MAX_TIME_RANKS`
    ranks — those of the differing classes first.
 
-Verdict (check-ranks' words and exit codes): FAIL when a class diverges (another graph, or no graph
-at this key on a rank that compiled others), INCOMPLETE when nothing diverges but a chosen rank
-stored no graph at all, else OK (NOTEs allowed).
+Verdict (check-ranks' words and exit codes): FAIL (1) when a class diverges; INCOMPLETE (3) when
+none does but a chosen rank stored no graph at all; WARN (0) when ranks that compiled other graphs
+have none at this key (a recompile on some ranks only: check-ranks judges whether it can hang);
+else OK (0; NOTEs allowed).
 
 Pure: reads the store, returns data; the CLI (``graphdeck diff-ranks``), the route
 (``GET /api/runs/{run}/graphs/nway``) and the page (``#/runs/<run>/nway``) render it.
@@ -114,9 +115,14 @@ class NwayReport:
 
     @property
     def verdict(self) -> str:
-        if any(c.status in ("differs", "missing") for c in self.classes):
+        """FAIL (a class differs), INCOMPLETE (a chosen rank stored no graph), WARN (ranks that
+        compiled other graphs lack this one: a compile only some ranks made, which check-ranks
+        judges for hangs), else OK — check-ranks' order."""
+        if any(c.status == "differs" for c in self.classes):
             return "FAIL"
-        return "INCOMPLETE" if self.missing_evidence else "OK"
+        if self.missing_evidence:
+            return "INCOMPLETE"
+        return "WARN" if any(c.status == "missing" for c in self.classes) else "OK"
 
     @property
     def exit_code(self) -> int:
@@ -159,6 +165,7 @@ class NwayReport:
         out += [f"  MISSING EVIDENCE: {x}" for x in self.missing_evidence]
         out.append({"OK": "OK: every rank has the same graph here" + (" (notes above)" if any(
                         c.status in ("note", "same") for c in self.classes) else ""),
+                    "WARN": "WARN: some ranks did not compile this graph (see check-ranks for whether it can hang)",
                     "FAIL": "FAIL: ranks differ", "INCOMPLETE": "INCOMPLETE: evidence missing"}[self.verdict])
         return out
 
@@ -312,7 +319,7 @@ def nway_reports(session: Session, run: Run, ranks: str | None = None, times: bo
     ``--graph``). Keys whose ranks all share one fingerprint cost one row each."""
     keys = graph_keys(session, run.id)
     chosen = _run_ranks(session, run, ranks)
-    return [_report(session, run, k, keys, chosen, None, times) for k in keys]
+    return [_report(session, run, k, keys, chosen, None, times) for k, m in keys.items() if any(r in m for r in chosen)]
 
 
 def _run_ranks(session: Session, run: Run, spec: str | None) -> list[int]:
@@ -333,7 +340,8 @@ def _report(session: Session, run: Run, key: str, keys: dict, ranks: list[int], 
         raise UsageError(f"base rank {base_rank} has no graph {key}")
     classes, notes = _classes(session, run, key, members, ranks, base_rank)
     report = NwayReport(run_id=run.id, run=run.name, key=key, kind=key.rsplit(":", 2)[1], ranks=ranks,
-                        base_rank=classes[0].ranks[0] if classes else None, classes=classes, nodes=[], notes=notes)
+                        base_rank=classes[0].ranks[0] if classes else None, classes=list(classes), nodes=[],
+                        notes=notes)
     absent = [r for r in ranks if r not in members]
     if absent:
         busy = set(session.scalars(select(Graph.rank).where(Graph.run_id == run.id, Graph.rank.in_(absent)).distinct()))
@@ -448,5 +456,5 @@ def report_json(reports: list[NwayReport]) -> str:
 
 
 def worst(verdicts: list[str]) -> str:
-    """FAIL over INCOMPLETE over OK."""
-    return "FAIL" if "FAIL" in verdicts else "INCOMPLETE" if "INCOMPLETE" in verdicts else "OK"
+    """FAIL over INCOMPLETE over WARN over OK."""
+    return next((v for v in ("FAIL", "INCOMPLETE", "WARN") if v in verdicts), "OK")
