@@ -10,21 +10,13 @@
 // page draws the API's JSON; text from the store goes through h() (textContent), never markup.
 
 import {api, badge, h, setCrumbs, table} from "./common.js";
+import {rankRanges} from "./heatmap.js";
 import {importSvg, makeViewer} from "./viewer.js";
 
 const STATUS_CLASS = {base: "status-ok", same: "status-ok", note: "status-partial", differs: "status-NO_GRAD",
-  missing: "status-NO_GRAD"};
+  missing: "status-partial"};
 
-const ranksText = (rs) => {
-  const out = [];
-  for (let i = 0; i < rs.length;) {
-    let j = i;
-    while (j + 1 < rs.length && rs[j + 1] === rs[j] + 1) j += 1;
-    out.push(j - i >= 2 ? `${rs[i]}-${rs[j]}` : rs.slice(i, j + 1).join(","));
-    i = j + 1;
-  }
-  return out.join(",");
-};
+const ranksText = (rs) => rankRanges(rs, 12);
 
 const us = (ns) => (ns == null ? "—" : (ns / 1e3).toFixed(1));
 
@@ -113,7 +105,8 @@ export async function renderNway(page, m, query) {
     const node = report.nodes.find((n) => n.id === name);
     info.replaceChildren(h("code", {}, name), ": ", node
       ? node.differs.map((d) => `ranks ${ranksText(d.ranks)} ${d.status === "note" ? "(note)" : "differ"}: ${d.detail}`).join("; ")
-      : "the same on every rank");
+      : "the same on every rank",
+    report.times[name] ? ` · time per rank (µs): ${report.time_ranks.map((r) => `r${r} ${us(report.times[name][String(r)])}`).join(", ")}` : "");
     info.dataset.node = name;
   }
   host.addEventListener("click", (e) => {

@@ -90,7 +90,7 @@ def test_page_highlights_the_node_and_names_the_rank(nway_store, browser):
         page.wait_for_selector("[data-testid=nway-verdict]")
         assert "ranks differ" in page.get_by_test_id("nway-verdict").inner_text()
         classes = page.get_by_test_id("nway-class")
-        assert classes.count() == 2 and "ranks 0,1,3" in classes.nth(0).inner_text()
+        assert classes.count() == 2 and "ranks 0-1, 3" in classes.nth(0).inner_text()
         assert "rank 2" in classes.nth(1).inner_text() and "tanh" in classes.nth(1).inner_text()
         added = page.locator("#nway-svg g.node.diff-added")
         assert added.count() == 1
@@ -100,6 +100,13 @@ def test_page_highlights_the_node_and_names_the_rank(nway_store, browser):
         added.click()
         assert page.locator("#nway-selection").get_attribute("data-node") == name
         assert "ranks 2 differ" in page.locator("#nway-selection").inner_text()
+        # the forward graph's tanh: its time on rank 2 only, in the selection line
+        page.goto(f"{srv.url}/#/runs/nway/nway?graph=0/0:aot_forward")
+        page.wait_for_selector("#nway-svg g.node.diff-added")
+        page.locator("#nway-nodes tr[data-node='tanh']").click()
+        assert "time per rank (µs): r0 —, r1 —, r2 " in page.locator("#nway-selection").inner_text()
+        page.goto(f"{srv.url}/#/runs/nway/nway")  # no graph: the first whose ranks differ
+        page.wait_for_function("document.querySelector('#nway-graph')?.value === '0/0:dynamo:0'")
         # another graph from the picker: the forward graph with its per-rank time columns
         page.get_by_test_id("nway-graph").select_option("0/0:aot_forward:0")
         page.wait_for_function("document.querySelector('#nway-graph')?.value === '0/0:aot_forward:0' && "
