@@ -1,6 +1,6 @@
 // graphdeck dashboard: a hash-routed page over the JSON API served by graphdeck.server.
 //
-// Pages: #/runs, #/runs/<id>, #/runs/<id>/rank/<r>, #/runs/<id>/ranks, #/runs/<id>/map, #/graphs/<id>/memory, #/graphs/<id>[?node=<fx node name>], #/traces/<id>,
+// Pages: #/runs, #/runs/<id>, #/runs/<id>/rank/<r>, #/runs/<id>/ranks, #/runs/<id>/nway, #/runs/<id>/map, #/graphs/<id>/memory, #/graphs/<id>[?node=<fx node name>], #/traces/<id>,
 // #/diff?a=<run>&b=<run>, #/parity?a=<sharded run>&b=<reference run>.
 //
 // Modules (ES modules, no build step):
@@ -13,6 +13,8 @@
 //   grads.js    the gradient-path report: its page (#/runs/<id>/grads) and the run page's section
 //   compile.js  the run page's compile records (frame compile metrics, graph-break reasons)
 //   compare.js  two graphs side by side: diff marks, forward/backward seq_nr links
+//   nway.js     the N-way rank diff (#/runs/<id>/nway?graph=): one graph across all ranks, classes of
+//               identical ranks, the nodes where they differ, node time per rank
 //   diff.js     run B against run A (#/diff?a=&b=): findings of diff-runs, each linking both runs' graphs
 //   parity.js   a sharded run against its unsharded reference (#/parity?a=&b=): gradients per parameter
 //   graph.js    the graph page: node search and selection, long-edge stubs, node details, related graphs
@@ -37,6 +39,7 @@ const routes = [
   [/^\/runs\/?$/, lazy("./run.js", "renderRuns")],
   [/^\/runs\/([^/]+)$/, lazy("./run.js", "renderRun")], // a run's id or its name
   [/^\/runs\/([^/]+)\/ranks$/, lazy("./ranks.js", "renderRanks")], // cross-rank consistency
+  [/^\/runs\/([^/]+)\/nway$/, lazy("./nway.js", "renderNway")], // one graph across all ranks (?graph=&ranks=&base=)
   [/^\/runs\/([^/]+)\/rank\/(\d+)$/, async (page, m, q) => { // one rank (?step=): the heatmap's drill-down
     const [{renderRankPage}, {rankSection}] = await Promise.all([import("./heatmap.js"), import("./run.js")]);
     return renderRankPage(page, m, q, rankSection);

@@ -204,6 +204,8 @@ export async function renderRanks(page, match) {
   document.getElementById("app").replaceChildren(h("section", {class: "ranks-page"},
     h("h1", {}, `Rank consistency — ${report.run}`),
     verdict(report),
+    h("p", {}, h("a", {href: `#/runs/${report.run_id}/nway`, "data-testid": "nway-link"},
+      "N-way rank diff: one graph across all ranks, the nodes where any rank differs")),
     report.notes.filter((n) => !(report.shard_shapes || []).some((x) => x.message === n))
       .map((n) => h("p", {class: "muted"}, n)),
     (report.shard_shapes || []).length ? h("ul", {class: "shard-notes"}, report.shard_shapes.map(shardItem)) : null,

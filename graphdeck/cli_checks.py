@@ -187,4 +187,54 @@ def check_ranks(store: str, run_name: str, fmt: str, output: str | None, as_json
     sys.exit({"OK": 0, "WARN": 0, "FAIL": 1, "INCOMPLETE": 3}[report.verdict])
 
 
-COMMANDS = (check_grads, check_ranks)
+@click.command("diff-ranks")
+@store_and_run()
+@click.option("--graph", "graph", default=None, metavar="GRAPH",
+              help="The graph: a key compile_id:kind[:position] such as 0/0:aot_forward, or a graph id of the run "
+                   "(default: every graph of the run).")
+@click.option("--ranks", default=None, metavar="RANKS", help="Ranks to compare: all (default), or 0,2-5.")
+@click.option("--base", "base_rank", type=click.IntRange(min=0), default=None,
+              help="Diff against this rank's graph (default: the largest class of identical ranks). Needs --graph.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text for people, json for scripts.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--no-times", is_flag=True, help="Skip the per-rank node times (one trace mapping per rank).")
+def diff_ranks(store: str, run_name: str, graph: str | None, ranks: str | None, base_rank: int | None, fmt: str,
+               as_json: bool = False, no_times: bool = False) -> None:
+    """The N-way rank diff: one graph across all ranks, ranks grouped into classes of identical
+    graphs (by fingerprint), the nodes where a class differs from the base and what it does there,
+    the parallel layout's explanation as a NOTE (a pipeline stage, a TP shard, a vocab or expert
+    offset), and per-rank node time with --graph. Exit 0 when every rank has the same graph (notes
+    allowed; WARN: some ranks lack a graph the others compiled), 1 when ranks differ, 3 (INCOMPLETE)
+    when a rank stored no graph, 2 on usage errors."""
+    from sqlalchemy.orm import Session
+
+    from graphdeck.analysis.ranks.nway import EXIT_CODES, nway_report, nway_reports, report_json, worst
+    from graphdeck.errors import UsageError
+    from graphdeck.store.db import open_engine
+
+    try:
+        if base_rank is not None and graph is None:
+            raise UsageError("--base needs --graph (the base rank of one graph)")
+        engine = open_engine(store, read_only=True)
+        with Session(engine) as s:
+            run = _find_run(s, run_name, store)
+            reports = ([nway_report(s, run, graph, ranks, base_rank, times=not no_times)] if graph is not None
+                       else nway_reports(s, run, ranks))
+    except GraphdeckError as exc:
+        _fail(exc)
+    verdict = worst([r.verdict for r in reports])
+    if as_json or fmt == "json":
+        click.echo(report_json(reports))
+    else:
+        for r in reports:
+            click.echo(r.to_text() if r.verdict != "OK" or len(reports) == 1 else f"{r.lines()[0]}: {r.lines()[-1]}")
+        if len(reports) > 1:
+            click.echo({"OK": "OK: every rank has the same graphs", "FAIL": "FAIL: ranks differ",
+                        "WARN": "WARN: some ranks lack graphs the others compiled",
+                        "INCOMPLETE": "INCOMPLETE: evidence missing"}[verdict]
+                       + f" ({sum(r.verdict == 'FAIL' for r in reports)} of {len(reports)} graphs differ)")
+    sys.exit(EXIT_CODES[verdict])
+
+
+COMMANDS = (check_grads, check_ranks, diff_ranks)

@@ -7,6 +7,8 @@ Modules (none is imported by this package; import the module you need):
   formerly ``graphdeck.server.views``, moved here so the analysis never imports the server.
 * ``diff``: which nodes of two graphs correspond, and which were added, removed or changed
   (``diff_views``; NOTE: [Node matching]).
+* ``merge``: N versions of one graph folded into one drawable view over a base (``merge_views``;
+  NOTE: [Merged N-way graph]), for the N-way rank diff.
 
 None of these is a public import path: users reach them through :mod:`graphdeck.visualize`, the
 CLI and the HTTP API.

@@ -17,6 +17,8 @@ Modules:
   for the pages that would otherwise list a row, a lane or a table per rank.
 * ``mesh``: Cross-rank checks per mesh dimension: which ranks must agree, and on what (issue
   20, item 3).
+* ``nway``: The N-way rank diff (issue 42): one graph across all ranks, ranks grouped by fingerprint
+  into classes, the nodes where a class differs, the layout's explanation, node time per rank.
 * ``predicted``: Predictions checked against the record (issue 19, item 3): per process group, the
   collective schedule :mod:`graphdeck.analysis.ranks.core` predicts from the…
 * ``schedules``: The collective schedule each rank is predicted to issue, from its compiled
@@ -45,6 +47,8 @@ _PUBLIC = {
     "MAX_COLUMNS": "heatmap",
     "compile_sequence": "core",
     "flight_report": "flight",
+    "nway_report": "nway",
+    "nway_reports": "nway",
     "rank_heatmap": "heatmap",
     "rank_report": "core",
     "run_ranks": "heatmap",

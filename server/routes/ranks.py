@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import re
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.ranks.core import compile_sequence, rank_report
-from graphdeck.server.deps import get_session, resolve_graph, resolve_run
+from graphdeck.server.deps import get_session, get_svg_cache, resolve_graph, resolve_run
+from graphdeck.server.render.svg import SvgCache
 from graphdeck.store.schema import Graph, Run
 
 router = APIRouter(tags=["ranks"])
@@ -41,13 +43,14 @@ def graph_counterparts(graph: Graph = Depends(resolve_graph), session: Session =
             Graph.kind == graph.kind).order_by(Graph.ordinal)).all()
         return found[position] if position < len(found) else None
 
-    ranks = []
-    for r in sorted(set(session.scalars(select(Graph.rank).where(Graph.run_id == graph.run_id)))):
-        if r == graph.rank:
-            continue
-        other = nth(r, graph.compile_id)
-        ranks.append({"rank": r, "graph_id": other.id if other else None,
-                      "same_hash": bool(other and other.structural_hash == graph.structural_hash)})
+    from graphdeck.analysis.ranks.nway import graph_keys  # NOTE: [N-way rank diff]: one key, every rank
+
+    keys = graph_keys(session, graph.run_id)
+    members = next((m for m in keys.values() if m.get(graph.rank, (None,))[0] == graph.id), {})
+    everyone = sorted({r for m in keys.values() for r in m})
+    ranks = [{"rank": r, "graph_id": members[r][0] if r in members else None,
+              "same_hash": bool(r in members and members[r][1] == graph.structural_hash)}
+             for r in everyone if r != graph.rank]
     previous = None
     m = re.fullmatch(r"(.*?)(\d+)/(\d+)(_\d+)?", graph.compile_id or "")
     if m and int(m.group(3)) > 0:
@@ -58,3 +61,52 @@ def graph_counterparts(graph: Graph = Depends(resolve_graph), session: Session =
         previous = {"compile_id": prev_id, "graph_id": prev.id if prev else None, "recompile_reason": reason}
     return {"graph_id": graph.id, "rank": graph.rank, "compile_id": graph.compile_id, "kind": graph.kind,
             "ranks": ranks, "previous": previous}
+
+
+# ---------------------------------------------------------------- the N-way rank diff (issue 42)
+
+_GRAPH_Q = Query(None, min_length=1, max_length=300,
+                 description="the graph: a key 'compile_id:kind[:position]' (e.g. '0/0:aot_forward') or a graph id "
+                             "of the run; omitted: the run's graph keys")
+_RANKS_Q = Query(None, max_length=2000, description="ranks to compare: all (default) or ranks and ranges, 0,2-5")
+_BASE_Q = Query(None, ge=0, le=10**7, description="base the view on this rank's class (default: the largest class)")
+
+
+def _nway(session: Session, run: Run, graph: str, ranks: str | None, base: int | None, times: bool = True):
+    from graphdeck.analysis.ranks.nway import nway_report
+
+    return nway_report(session, run, graph, ranks, base, times=times)
+
+
+@router.get("/api/runs/{run_id}/graphs/nway")
+def run_graph_nway(run: Run = Depends(resolve_run), session: Session = Depends(get_session),
+                   graph: str | None = _GRAPH_Q, ranks: str | None = _RANKS_Q, base: int | None = _BASE_Q) -> dict:
+    """The N-way rank diff of one graph (NOTE: [N-way rank diff] in analysis/ranks/nway.py):
+    ``classes`` (ranks with the same graph; ``status`` base / same / note / differs / missing, ``why``),
+    ``nodes`` (merged-graph nodes where a rank differs: ``differs`` grouped by what the ranks do,
+    ``mark``), ``times`` (node id → {rank: ns}), ``time_ranks``, ``notes``, ``verdict`` (OK / FAIL /
+    INCOMPLETE). Without ``graph``: ``{"graphs": [{"key", "kind", "ranks", "fingerprints"}]}``, the
+    run's graph keys. 404: unknown run or graph; 400: a bad ``ranks`` or ``base``."""
+    if graph is None:
+        from graphdeck.analysis.ranks.nway import graph_keys
+
+        return {"run": run.name, "graphs": [
+            {"key": k, "kind": k.rsplit(":", 2)[1], "ranks": len(m), "fingerprints": len({h for _g, h in m.values()})}
+            for k, m in graph_keys(session, run.id).items()]}
+    return _nway(session, run, graph, ranks, base).to_dict()
+
+
+@router.get("/api/runs/{run_id}/graphs/nway.svg", response_class=Response,
+            responses={200: {"content": {"image/svg+xml": {}}}})
+def run_graph_nway_svg(run: Run = Depends(resolve_run), session: Session = Depends(get_session),
+                       cache: SvgCache = Depends(get_svg_cache), graph: str = Query(..., min_length=1, max_length=300),
+                       ranks: str | None = _RANKS_Q, base: int | None = _BASE_Q) -> Response:
+    """The merged graph of the N-way rank diff as SVG (``render/svg.py``): every module open, nodes
+    where a rank differs marked ``diff-changed`` / ``diff-removed`` / ``diff-added`` (a divergence)
+    or ``diff-note`` (the layout explains it); a node only some ranks have is drawn as
+    ``<name>`` or ``<name>@r<rank>``."""
+    report = _nway(session, run, graph, ranks, base, times=False)
+    marks = report.marks()
+    state = {"max_depth": 99, "expand": [], "collapse": [], "filter_by_op": [], "focus": None,
+             "nway": [run.id, report.key, report.ranks, report.base_rank, sorted(marks.items())]}
+    return Response(cache.render(report.merged.view, state, marks=marks), media_type="image/svg+xml")
