@@ -196,6 +196,35 @@ def test_gpu_idle_by_cause_equals_hta_run_now(hta_store, tmp_path):
     assert _ours_us(hta_store) == {k: tuple(v) for k, v in hta.items()}
 
 
+#: HTA 0.5.0 as above on hta/negative_queue_length_values_check/rank0.json.gz (rank 0 of 16, 6 streams).
+HTA_NEGATIVE_QUEUE_US = {"7": (0, 20784, 861073), "25": (839972, 115, 0), "27": (1004385, 1178, 9919),
+                         "84": (81825, 14, 835295), "285": (0, 0, 889682), "363": (0, 86, 887536)}
+
+
+def test_hta_scope_and_the_one_documented_difference(tmp_path):
+    """HTA keeps only GPU events whose launch is in the trace and started by the last step's end
+    (``include_last_profiler_step=True``); ``hta_scope=True`` does the same, and then every figure is
+    HTA's but one: on stream 27 a memcpy starts 2 µs before the kernel before it ends, which HTA
+    counts as −2 µs of kernel wait and we as no gap. Without ``hta_scope`` the events HTA leaves out
+    count too (more gaps on every stream that has some)."""
+    from graphdeck.analysis.traces.idle import TraceEvents, gpu_idle
+
+    engine = open_engine(tmp_path / "s.db")
+    res = ingest_trace(engine, shared_path("data", "traces", "hta", "negative_queue_length_values_check",
+                                           "rank0.json.gz"), run_name="nq")
+    with Session(engine) as s:
+        data = TraceEvents.load(s, res.trace_id)
+        scoped, whole = gpu_idle(data, hta_scope=True), gpu_idle(data)
+    ours = {st["stream"]: tuple(st[f"{c}_ns"] // US for c in ("host_wait", "kernel_wait", "other"))
+            for st in scoped["streams"]}
+    evs = sorted((e for e in data.gpu if e.tid == "27"), key=lambda e: (e.ts, e.id))
+    overlaps = [b.ts - a.end for a, b in zip(evs, evs[1:]) if b.ts < a.end]
+    assert overlaps == [-2 * US]
+    want = dict(HTA_NEGATIVE_QUEUE_US, **{"27": (1004385, 1178 + 2, 9919)})
+    assert ours == want
+    assert whole["total"]["gaps"] > scoped["total"]["gaps"] and whole["total"]["idle_ns"] > scoped["total"]["idle_ns"]
+
+
 def test_cpu_cause_names():
     assert [cpu_cause(n) for n in ("## Call CompiledFxGraph fabc ##", "CompiledFunctionBackward", "record_param_comms",
                                    "Optimizer.zero_grad#AdamW.zero_grad", "aten::add")] == \
@@ -319,7 +348,7 @@ def test_ingest_trace_prints_idle_by_cause(tmp_path):
                           str(tmp_path / "s.db"), "--run", "r"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if x.startswith("GPU stream idle"))
-    assert "1.755 ms" in line and "host wait 1.430 ms (81%)" in line and "kernel wait 0.035 ms" in line
+    assert "1.755 ms (summed over 2 streams)" in line and "host wait 1.430 ms (81%)" in line and "kernel wait 0.035 ms" in line
     assert "other 0.290 ms" in line and "in a CUDA sync 0.090 ms" in line
     assert "CPU step time 2.000 ms" in out.stdout
 

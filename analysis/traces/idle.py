@@ -21,8 +21,11 @@ An event whose launch call is not in the trace is never a host wait (HTA does th
 time, nothing to compare). Where we differ from HTA: HTA measures a gap from the *previous* event's
 end, so events that overlap on one stream (nanosecond-resolution traces, pytorch#122425) give it
 negative gaps that it adds in; we measure from the latest end and count positive gaps only.
-HTA also floors/ceils nanosecond timestamps to whole µs; we keep the stored ns. On a trace in whole
-µs without overlaps the three sums are HTA's, to the ns (``tests/test_idle.py``).
+HTA also rounds nanosecond timestamps to whole µs; we keep the stored ns. And HTA keeps only GPU
+events whose launch call is in the trace and started by the last ``ProfilerStep#N``'s end (with
+``include_last_profiler_step=True``; by default it drops the last step too); we keep every GPU
+event (``gpu_idle(hta_scope=True)`` keeps HTA's). In HTA's scope, on a trace in whole µs without
+overlaps the three sums are HTA's to the ns (``tests/test_idle.py``).
 
 Two refinements of our own, each a *part* of one cause (they never move time between causes):
 
@@ -71,7 +74,7 @@ from collections import Counter, defaultdict
 
 from sqlalchemy.orm import Session
 
-from graphdeck.analysis.traces.data import RUNTIME_CATS, Ev, intersect_ns, total_ns, union_ns
+from graphdeck.analysis.traces.data import GPU_CATS, RUNTIME_CATS, Ev, intersect_ns, load_events, total_ns, union_ns
 
 #: HTA's ``consecutive_kernel_delay`` (30 µs), in ns.
 KERNEL_WAIT_NS = 30_000
@@ -80,6 +83,8 @@ CPU_CAUSES = ("compiled", "data_loader", "collectives", "optimizer", "eager_ops"
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _HOST_CATS = frozenset({"cpu_op", "Operator", "user_annotation"}) | RUNTIME_CATS
 _SYNC = re.compile(r"synchroniz", re.IGNORECASE)
+#: The categories the analyses read (python_function, flows and the like are not).
+_READ_CATS = GPU_CATS | _HOST_CATS | {"cuda_sync"}
 
 
 def _gpu_fields() -> dict:
@@ -99,6 +104,35 @@ def _covered_ns(iv: list[tuple[int, int]], starts: list[int], a: int, b: int) ->
     return got
 
 
+class TraceEvents:
+    """What the idle analyses read of one trace: its ``X`` events (``events``, by ``(ts, id)``), the
+    GPU ones (``gpu``) and :meth:`steps`. A :class:`graphdeck.analysis.traces.analyze.TraceData`
+    serves as well; this one is lighter (no args, no launch chains): :func:`idle_by_cause` reads it."""
+
+    def __init__(self, events: list[Ev]):
+        self.events = events
+        self.gpu = [e for e in events if e.cat in GPU_CATS]
+
+    @classmethod
+    def load(cls, session: Session, trace_id: int) -> TraceEvents:
+        return cls(load_events(session, trace_id, with_args=False, cats=_READ_CATS))
+
+    def steps(self) -> list[Ev]:
+        from graphdeck.analysis.traces.analyze import TraceData
+
+        return TraceData.steps(self)  # the outermost ProfilerStep#N per number, by start
+
+
+def _launch_ts(events: list[Ev], wanted: set[int]) -> dict[int, int]:
+    """Correlation id → start (ns) of the first runtime call carrying it, in ``(ts, id)`` order (the
+    launch NOTE: [GPU to CPU links] pairs with a GPU event), for the ids in ``wanted``."""
+    out: dict[int, int] = {}
+    for e in events:
+        if e.corr in wanted and e.cat in RUNTIME_CATS and e.corr not in out:
+            out[e.corr] = e.ts
+    return out
+
+
 class _Steps:
     """Which ``ProfilerStep#N`` range holds a time (ns); ``None`` outside every step."""
 
@@ -113,20 +147,27 @@ class _Steps:
         return None
 
 
-def gpu_idle(data, kernel_wait_ns: int = KERNEL_WAIT_NS) -> dict:
+def gpu_idle(data, kernel_wait_ns: int = KERNEL_WAIT_NS, *, hta_scope: bool = False) -> dict:
     """GPU idle time by cause (NOTE: [Idle time by cause]) of one trace.
 
-    ``data``: a :class:`graphdeck.analysis.traces.analyze.TraceData`. Returns ``{"kernel_wait_ns":
-    threshold, "streams": [...], "steps": [...], "outside_steps": {...}, "total": {...}}``; each row
-    holds ``gaps`` (count), ``idle_ns`` (their sum), ``host_wait_ns``, ``kernel_wait_ns``,
-    ``other_ns`` (the three add up to ``idle_ns``), ``host_wait_sync_ns`` (part of host wait),
-    ``other_cross_stream_ns`` (part of other); all int ns. A stream row adds ``device`` (the trace's
-    ``pid``), ``stream`` (``tid``), ``events``, ``span_ns`` (first start → last end); a step row
-    ``step`` (N of ``ProfilerStep#N``). A trace without GPU events gives ``streams == []``, ``total``
-    None and ``reason``."""
+    ``data``: a :class:`TraceEvents` (or a :class:`graphdeck.analysis.traces.analyze.TraceData`).
+    Returns ``{"kernel_wait_threshold_ns", "streams": [...], "steps": [...], "outside_steps": {...},
+    "total": {...}}``; each row holds ``gaps`` (count), ``idle_ns`` (their sum), ``host_wait_ns``,
+    ``kernel_wait_ns``, ``other_ns`` (the three add up to ``idle_ns``), ``host_wait_sync_ns`` (part
+    of host wait), ``other_cross_stream_ns`` (part of other); all int ns. A stream row adds
+    ``device`` (the trace's ``pid``), ``stream`` (``tid``), ``events``, ``span_ns`` (first start →
+    last end); a step row ``step`` (N of ``ProfilerStep#N``). A trace without GPU events gives
+    ``streams == []``, ``total`` None and ``reason``. ``hta_scope``: only the GPU events HTA 0.5.0
+    keeps with ``include_last_profiler_step=True`` (launch call in the trace, started by the last
+    ``ProfilerStep#N``'s end; the others are left out before gaps are measured), to compare."""
     steps = _Steps(data.steps())
+    launch = _launch_ts(data.events, {e.corr for e in data.gpu if e.corr is not None})
+    gpu = data.gpu
+    if hta_scope and steps.steps:
+        last = max(st.end for st in steps.steps)
+        gpu = [e for e in gpu if e.corr in launch and launch[e.corr] <= last]
     by_stream: dict[tuple[str, str], list[Ev]] = defaultdict(list)
-    for e in data.gpu:
+    for e in gpu:
         by_stream[(e.pid, e.tid)].append(e)
     out = {"kernel_wait_threshold_ns": kernel_wait_ns, "streams": [], "steps": [], "outside_steps": _gpu_fields(),
            "total": None}
@@ -146,10 +187,9 @@ def gpu_idle(data, kernel_wait_ns: int = KERNEL_WAIT_NS) -> dict:
         for e in evs:
             if end is not None and e.ts > end:
                 gap = e.ts - end
-                link = data.links.get(e.id)
-                rt = link.runtime if link is not None else None
+                rt = launch.get(e.corr) if e.corr is not None else None
                 extra = {}
-                if rt is not None and rt.ts > end:
+                if rt is not None and rt > end:
                     cause = "host_wait"
                     extra["host_wait_sync_ns"] = _covered_ns(sync, sync_starts, end, e.ts) if sync else 0
                 elif gap < kernel_wait_ns:
@@ -157,7 +197,7 @@ def gpu_idle(data, kernel_wait_ns: int = KERNEL_WAIT_NS) -> dict:
                 else:
                     cause = "other"
                     extra["other_cross_stream_ns"] = _covered_ns(others, other_starts, end, e.ts) if others else 0
-                step = steps.of(rt.ts if rt is not None else e.ts)
+                step = steps.of(rt if rt is not None else e.ts)
                 for acc in (row, total, per_step[step] if step is not None else out["outside_steps"]):
                     acc["gaps"] += 1
                     acc["idle_ns"] += gap
@@ -241,7 +281,8 @@ def _own_time(items: list[Ev], t0: int, t1: int, causes: dict[str, str | None]) 
 def cpu_time(data) -> dict:
     """Each ``ProfilerStep#N``'s host time by cause (NOTE: [Idle time by cause]), on the step's thread.
 
-    ``data``: a :class:`graphdeck.analysis.traces.analyze.TraceData`. Returns ``{"steps": [...],
+    ``data``: a :class:`TraceEvents` (or a :class:`graphdeck.analysis.traces.analyze.TraceData`).
+    Returns ``{"steps": [...],
     "total": {...}}``; a row holds ``wall_ns`` (the step range's duration), one ``<cause>_ns`` per
     :data:`CPU_CAUSES` (they add up to ``wall_ns``), ``outside_compiled_ns`` (``wall_ns`` −
     ``compiled_ns``), ``background_collectives_ns`` (collective ranges on other threads within the
@@ -301,13 +342,12 @@ def idle_by_cause(session: Session, run_id: int, kernel_wait_ns: int = KERNEL_WA
     ``{"run_id", "kernel_wait_threshold_ns", "ranks": [{"rank", "trace_id", "gpu", "cpu"}]}``, ranks in
     order; ``ranks == []`` and ``reason`` when the run has no trace. ``gpu``/``cpu`` as
     :func:`gpu_idle` / :func:`cpu_time`. Raises nothing of its own (a missing run is the caller's)."""
-    from graphdeck.analysis.traces.analyze import TraceData
     from graphdeck.analysis.traces.collectives import run_traces
 
     traces = run_traces(session, run_id)
     out = {"run_id": run_id, "kernel_wait_threshold_ns": kernel_wait_ns, "ranks": []}
     for rank in sorted(traces):
-        data = TraceData(session, traces[rank])
+        data = TraceEvents.load(session, traces[rank])
         out["ranks"].append({"rank": rank, "trace_id": traces[rank], **idle_breakdown(data, kernel_wait_ns)})
     if not traces:
         out["reason"] = "the run has no profiler trace (graphdeck ingest-trace, or the agent's profile window)"
@@ -319,7 +359,8 @@ def headline(doc: dict) -> list[str]:
     lines = []
     g = doc["gpu"]["total"]
     if g is not None and g["idle_ns"]:
-        lines.append(f"GPU stream idle {g['idle_ns'] / 1e6:.3f} ms by cause (HTA's rule): "
+        lines.append(f"GPU stream idle {g['idle_ns'] / 1e6:.3f} ms (summed over {len(doc['gpu']['streams'])} streams)"
+                     " by cause (HTA's rule): "
                      + ", ".join(f"{c.replace('_', ' ')} {g[f'{c}_ns'] / 1e6:.3f} ms ({g[f'{c}_ns'] / g['idle_ns']:.0%})"
                                  for c in GPU_CAUSES)
                      + f"; host wait in a CUDA sync {g['host_wait_sync_ns'] / 1e6:.3f} ms, other while another stream"
