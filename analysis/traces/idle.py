@@ -359,7 +359,8 @@ def headline(doc: dict) -> list[str]:
     lines = []
     g = doc["gpu"]["total"]
     if g is not None and g["idle_ns"]:
-        lines.append(f"GPU stream idle {g['idle_ns'] / 1e6:.3f} ms (summed over {len(doc['gpu']['streams'])} streams)"
+        n = len(doc["gpu"]["streams"])
+        lines.append(f"GPU stream idle {g['idle_ns'] / 1e6:.3f} ms (summed over {n} stream{'s' * (n != 1)})"
                      " by cause (HTA's rule): "
                      + ", ".join(f"{c.replace('_', ' ')} {g[f'{c}_ns'] / 1e6:.3f} ms ({g[f'{c}_ns'] / g['idle_ns']:.0%})"
                                  for c in GPU_CAUSES)
@@ -367,7 +368,8 @@ def headline(doc: dict) -> list[str]:
                        f" ran {g['other_cross_stream_ns'] / 1e6:.3f} ms")
     c = doc["cpu"]["total"]
     if c is not None and c["wall_ns"]:
-        lines.append(f"CPU step time {c['wall_ns'] / 1e6:.3f} ms ({len(doc['cpu']['steps'])} steps, the step's thread): "
+        n = len(doc["cpu"]["steps"])
+        lines.append(f"CPU step time {c['wall_ns'] / 1e6:.3f} ms ({n} step{'s' * (n != 1)}, on each step's thread): "
                      + ", ".join(f"{k.replace('_', ' ')} {c[f'{k}_ns'] / 1e6:.3f} ms ({c[f'{k}_ns'] / c['wall_ns']:.0%})"
                                  for k in CPU_CAUSES)
                      + f"; collectives on other threads {c['background_collectives_ns'] / 1e6:.3f} ms, python other"
