@@ -225,6 +225,25 @@ def test_hta_scope_and_the_one_documented_difference(tmp_path):
     assert whole["total"]["gaps"] > scoped["total"]["gaps"] and whole["total"]["idle_ns"] > scoped["total"]["idle_ns"]
 
 
+#: HTA 0.5.0 on deepseek-profile-data/train.json (DeepSeek-V3 DualPipe chunk, EP rank 0 of 64, H800;
+#: one ProfilerStep, so HTA keeps every GPU event with or without include_last_profiler_step).
+HTA_DEEPSEEK_US = {"7": (417, 1797, 8130), "23": (82308, 13, 4900), "27": (1107, 131, 10756)}
+
+
+def test_gpu_idle_equals_hta_on_the_deepseek_trace(tmp_path):
+    """A second source (DeepEP kernels, not NCCL; three streams, each with "other" time): graphdeck's
+    sums per stream and cause are HTA's, and most of "other" ran while another stream was busy."""
+    from graphdeck.analysis.traces.idle import TraceEvents, gpu_idle
+
+    engine = open_engine(tmp_path / "s.db")
+    res = ingest_trace(engine, shared_path("data", "traces", "deepseek-profile-data", "train.json"), run_name="ds")
+    with Session(engine) as s:
+        g = gpu_idle(TraceEvents.load(s, res.trace_id))
+    assert {st["stream"]: tuple(st[f"{c}_ns"] // US for c in ("host_wait", "kernel_wait", "other"))
+            for st in g["streams"]} == HTA_DEEPSEEK_US
+    assert g["total"]["other_ns"] >= g["total"]["other_cross_stream_ns"] > g["total"]["other_ns"] // 2
+
+
 def test_cpu_cause_names():
     assert [cpu_cause(n) for n in ("## Call CompiledFxGraph fabc ##", "CompiledFunctionBackward", "record_param_comms",
                                    "Optimizer.zero_grad#AdamW.zero_grad", "aten::add")] == \
