@@ -178,10 +178,10 @@ def gpu_idle(data, kernel_wait_ns: int = KERNEL_WAIT_NS, *, hta_scope: bool = Fa
                     or e.cat == "cuda_sync")
     sync_starts = [s for s, _ in sync]
     total, per_step = _gpu_fields(), defaultdict(_gpu_fields)
+    busy = {key: union_ns((e.ts, e.ts + e.dur) for e in evs) for key, evs in by_stream.items()}
     for (pid, tid), evs in sorted(by_stream.items(), key=lambda kv: (kv[0][0], _num(kv[0][1]))):
         evs.sort(key=lambda e: (e.ts, e.id))
-        others = union_ns((e.ts, e.end) for (p, t), es in by_stream.items() if p == pid and t != tid for e in es)
-        other_starts = [s for s, _ in others]
+        others: list[tuple[int, int]] | None = None  # the device's other streams' busy time, when first needed
         row = _gpu_fields()
         end = None
         for e in evs:
@@ -196,6 +196,9 @@ def gpu_idle(data, kernel_wait_ns: int = KERNEL_WAIT_NS, *, hta_scope: bool = Fa
                     cause = "kernel_wait"
                 else:
                     cause = "other"
+                    if others is None:
+                        others = union_ns(iv for (p, t), ivs in busy.items() if p == pid and t != tid for iv in ivs)
+                        other_starts = [a for a, _ in others]
                     extra["other_cross_stream_ns"] = _covered_ns(others, other_starts, end, e.ts) if others else 0
                 step = steps.of(rt if rt is not None else e.ts)
                 for acc in (row, total, per_step[step] if step is not None else out["outside_steps"]):
