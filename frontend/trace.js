@@ -194,6 +194,39 @@ function backwardView(b) {
   ];
 }
 
+/** Idle time by cause (the analysis' "idle"; NOTE: [Idle time by cause] in graphdeck/analysis/traces/idle.py):
+ * GPU stream idle per step and stream as host wait / kernel wait / other (HTA's rule), and each
+ * step's host time by cause on the step's thread. Every figure is the API's; nothing is computed here. */
+function idleView(idle) {
+  if (!idle) return [];
+  const g = idle.gpu, c = idle.cpu;
+  const gpuRow = (label, r) => row([label, fmt(r.gaps), ms(r.idle_ns), ms(r.host_wait_ns), ms(r.host_wait_sync_ns),
+    ms(r.kernel_wait_ns), ms(r.other_ns), ms(r.other_cross_stream_ns)]);
+  const gpuCols = ["gaps", "idle ms", "host wait ms", "of which in a CUDA sync", "kernel wait ms", "other ms",
+    "of which another stream ran"];
+  const out = [h("h3", {}, "Idle time by cause")];
+  if (g.total) {
+    out.push(table("idle-gpu-table", ["step", ...gpuCols],
+      [...g.steps.map((r) => gpuRow(fmt(r.step), r)), ...(g.outside_steps.gaps ? [gpuRow("outside steps", g.outside_steps)] : []),
+        gpuRow("all", g.total)], "",
+      {caption: `GPU stream idle by cause (HTA's rule): host wait = the launch came after the stream went idle; `
+        + `kernel wait = a queued kernel started under ${ms(g.kernel_wait_threshold_ns)} ms later; other = it waited longer on something else. `
+        + "Summed over streams, per step of the launch"}));
+    out.push(table("idle-stream-table", ["stream", ...gpuCols],
+      g.streams.map((r) => gpuRow(`${fmt(r.device)}/${fmt(r.stream)}`, r)), "", {caption: "The same per GPU stream"}));
+  } else {
+    out.push(h("p", {class: "muted", id: "idle-gpu-none"}, fmt(g.reason)));
+  }
+  out.push(table("idle-cpu-table", ["step", "wall ms", "compiled", "outside compiled", "data loader", "collectives", "optimizer",
+    "eager ops", "Python / other", "of which a collective ran elsewhere", "collectives on other threads"],
+    (c.total ? [...c.steps, {step: "all", ...c.total}] : []).map((r) => row([fmt(r.step), ms(r.wall_ns), ms(r.compiled_ns),
+      ms(r.outside_compiled_ns), ms(r.data_loader_ns), ms(r.collectives_ns), ms(r.optimizer_ns), ms(r.eager_ops_ns),
+      ms(r.python_other_ns), ms(r.python_other_in_collective_ns), ms(r.background_collectives_ns)])), "",
+    {caption: "Each ProfilerStep's host time (ms) on its thread by the innermost range's cause (the ops' own time); "
+      + "the causes add up to the wall time", empty: c.reason || "no step"}));
+  return out;
+}
+
 /** The trace's analyses (GET /api/traces/<id>/analysis) as tables; figures in ms. */
 function analysisView(a) {
   const ov = a.overlap.trace;
@@ -221,6 +254,7 @@ function analysisView(a) {
     a.overlap.cpu?.steps?.length ? table("overlap-cpu-table", ["step", "CPU collectives", "comm ms", "overlap ms", "overlap"],
       a.overlap.cpu.steps.map((st) => row([fmt(st.step), fmt(st.comm_ops), ms(st.comm_busy_ns), ms(st.overlap_ns),
         st.ratio == null ? "—" : pct(st.ratio)])), "", {caption: "Per ProfilerStep: CPU-side collectives against compute"}) : "",
+    ...idleView(a.idle),
     h("h3", {}, "Largest gaps on a stream"),
     table("gaps-table", ["gap ms", "stream", "after", "before"],
       a.hotspots.gaps.map((g) => row([ms(g.gap_ns), fmt(g.stream), fmt(g.after), fmt(g.before)])), "",

@@ -102,16 +102,21 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
     click.echo(f"trace {result.trace_id}: rank {result.rank}, status {result.status}: " + summary_line(result.stats or {})
                + (f"; {kernels} GPU kernels" if kernels is not None else ""))
     if result.status in ("ok", "truncated"):
-        from graphdeck.analysis.traces.mapping import map_trace
+        from graphdeck.analysis.traces.analyze import TraceData
+        from graphdeck.analysis.traces.idle import headline, idle_breakdown
 
         with Session(engine) as s:
-            m = map_trace(s, result.trace_id)
+            data = TraceData(s, result.trace_id)
+            m = data.mapping
+            idle = idle_breakdown(data)  # NOTE: [Idle time by cause]
         if m.kernel_ns:
             click.echo(mapping_headline(m))
             from graphdeck.analysis.traces.kernel_source_nodes import coverage_warning
 
             if (low := coverage_warning(m)) is not None:
                 click.echo(f"warning: {low}", err=True)
+        for line in headline(idle):
+            click.echo(line)
     if as_json:
         click.echo(json.dumps(result.stats, indent=2, default=str))
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
-from graphdeck.errors import NotFoundError
+from graphdeck.errors import NotFoundError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx
@@ -242,6 +242,28 @@ class TraceHandle:
             r[8] = _args(r[8])
         return _pandas().DataFrame(rows, columns=EVENT_COLUMNS)
 
+
+    def idle_frame(self, kind: str = "gpu", by: str = "step", kernel_wait_us: float = 30.0) -> pandas.DataFrame:
+        """Idle time by cause (NOTE: [Idle time by cause] in :mod:`graphdeck.analysis.traces.idle`;
+        what the trace page and ``GET /api/runs/<run>/idle`` show), int ns. ``kind="gpu"``: GPU
+        stream idle as ``host_wait_ns`` / ``kernel_wait_ns`` / ``other_ns`` (HTA's rule, gaps shorter
+        than ``kernel_wait_us`` between queued kernels are kernel wait) with ``host_wait_sync_ns`` and
+        ``other_cross_stream_ns``, one row per ``by="step"`` (``step``) or ``by="stream"``
+        (``device``, ``stream``); ``kind="cpu"``: each step's host time by cause (``compiled_ns``,
+        ``data_loader_ns``, ``collectives_ns``, ``optimizer_ns``, ``eager_ops_ns``,
+        ``python_other_ns``...). ``attrs``: ``total`` (and ``outside_steps``, ``reason`` where given).
+        Raises :class:`~graphdeck.errors.UsageError` for another ``kind`` or ``by``."""
+        from graphdeck.analysis.traces.analyze import TraceData
+        from graphdeck.analysis.traces.idle import cpu_time, gpu_idle
+
+        if (kind, by) not in (("gpu", "step"), ("gpu", "stream"), ("cpu", "step")):
+            raise UsageError(f"idle_frame: kind={kind!r} by={by!r}: use kind 'gpu' by 'step' or 'stream', or kind 'cpu'")
+        with Session(self.store.engine) as s:
+            data = TraceData(s, self.id)
+            doc = gpu_idle(data, round(kernel_wait_us * 1000)) if kind == "gpu" else cpu_time(data)
+        frame = _pandas().DataFrame(doc["streams" if by == "stream" else "steps"])
+        frame.attrs.update({k: v for k, v in doc.items() if k not in ("steps", "streams")})
+        return frame
 
     def backward_frame(self) -> pandas.DataFrame:
         """Backward time by forward module (NOTE: [Backward by forward module] in

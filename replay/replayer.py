@@ -196,6 +196,14 @@ class TraceReplayer:
         with Session(self.engine) as s:
             return hotspots(self._data(s), top)
 
+    def idle(self, kernel_wait_us: float = 30.0) -> dict:
+        """Idle time by cause (NOTE: [Idle time by cause]): ``{"gpu": ..., "cpu": ...}`` as
+        :func:`graphdeck.analysis.traces.idle.idle_breakdown`, times in int ns."""
+        from graphdeck.analysis.traces.idle import idle_breakdown
+
+        with Session(self.engine) as s:
+            return idle_breakdown(self._data(s), round(kernel_wait_us * 1000))
+
     def overlap(self, comm=None) -> dict:
         """Comm/compute overlap; ``comm``: extra communication-kernel patterns (regex)."""
         with Session(self.engine) as s:

@@ -17,6 +17,8 @@ Modules:
   tuples).
 * ``export``: Export a run's traces as one Chrome Trace Event Format file, clocks aligned, for
   Perfetto.
+* ``idle``: Idle time by cause: GPU stream idle as host wait / kernel wait / other (HTA's rule), a
+  CPU step's time by cause (compiled, data loader, collectives, optimizer, eager ops, Python).
 * ``links``: GPU event → launching runtime call → enclosing CPU operator, for one stored
   trace.
 * ``mapping``: Kernel → FX node mapping: ``kernel_nodes`` rows from compile records, and GPU time
@@ -50,6 +52,10 @@ _PUBLIC = {
     "coverage_warning": "kernel_source_nodes",
     "export_trace": "export",
     "fetch_rows": "window",
+    "cpu_time": "idle",
+    "gpu_idle": "idle",
+    "idle_breakdown": "idle",
+    "idle_by_cause": "idle",
     "gpu_busy": "analyze",
     "hotspots": "analyze",
     "iter_export": "export",

@@ -267,13 +267,15 @@ def overlap(data: TraceData, rule: CommRule | None = None, top_unclassified: int
 def analyze_trace(session: Session, trace_id: int, rule: CommRule | None = None, top: int = 10) -> dict:
     """All per-trace analyses as one JSON-ready dict: ``distributed`` (rank, process groups:
     :func:`~graphdeck.analysis.traces.collectives.process_groups`), ``steps``, ``gpu``, ``hotspots``,
-    ``overlap`` and ``mapping`` (kernel → node coverage: ``kernel_ns``, ``mapped_ns``,
+    ``overlap``, ``idle`` (idle time by cause, GPU and CPU:
+    :func:`~graphdeck.analysis.traces.idle.idle_breakdown`, NOTE: [Idle time by cause]) and ``mapping`` (kernel → node coverage: ``kernel_ns``, ``mapped_ns``,
     ``mapped_fraction`` (nodes + optimizer steps + CPU overhead over all kernel time / the compiled
     ranges' wall time), ``coverage`` (the coverage of compiled graphs, with what it covers and the
     time outside them named apart: NOTE: [Trace coverage]), the largest unmapped kernels,
     ``optimizer``: kernel time of eager optimizer steps, ``warning``: the low-coverage warning or
     ``None``)."""
     from graphdeck.analysis.traces.collectives import process_groups
+    from graphdeck.analysis.traces.idle import idle_breakdown
     from graphdeck.analysis.traces.kernel_source_nodes import coverage_warning
     from graphdeck.store.schema import Trace
 
@@ -291,6 +293,7 @@ def analyze_trace(session: Session, trace_id: int, rule: CommRule | None = None,
         "gpu": gpu_busy(data),
         "hotspots": hotspots(data, top),
         "overlap": overlap(data, rule),
+        "idle": idle_breakdown(data),
         "mapping": {"kernel_ns": m.kernel_ns, "mapped_ns": m.mapped_ns, "mapped_fraction": m.mapped_fraction,
                     "unmapped_top": [{"kernel": n, "kernel_ns": ns} for n, ns in list(m.unmapped.items())[:top]],
                     "sources": m.sources, "device": m.device, "region_ns": m.region_ns,

@@ -173,6 +173,19 @@ def get_analysis(comm: list[str] | None = Query(None, description="extra communi
     return _jsonable(analyze_trace(session, trace.id, comm_rule(comm), top))
 
 
+@router.get("/api/runs/{run_id}/idle")
+def get_idle(kernel_wait_us: float = Query(30.0, gt=0, le=1e6, description="HTA's consecutive_kernel_delay: a shorter "
+                                           "gap between already-queued kernels is kernel wait (µs)"),
+             run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
+    """Idle time by cause per rank and step (NOTE: [Idle time by cause]): GPU stream idle as host
+    wait / kernel wait / other (HTA's rule), and each step's host time by cause (compiled, data
+    loader, collectives, optimizer, eager ops, Python); times in int ns
+    (``graphdeck.analysis.traces.idle.idle_by_cause``)."""
+    from graphdeck.analysis.traces.idle import idle_by_cause
+
+    return _jsonable(idle_by_cause(session, run.id, round(kernel_wait_us * 1000)))
+
+
 @router.get("/api/runs/{run_id}/collectives")
 def get_collectives(comm: list[str] | None = Query(None, description="extra communication-kernel patterns (regex)"),
                     run: Run = Depends(resolve_run), session: Session = Depends(get_session)) -> dict:
