@@ -62,6 +62,15 @@ def fr_status() -> tuple[dict, dict]:
         return {}, {}
 
 
+def _enqueued() -> int | None:
+    """Collectives this process enqueued so far, over its groups (the recorder's status); None
+    without a recorder."""
+    status, _config = fr_status()
+    if not status:
+        return None
+    return sum(int(st.get("last_enqueued_collective", -1) or 0) for st in status.values())
+
+
 def _entry_pending(pg: str, seq: int) -> bool:
     """Whether the recorder's entry of collective ``seq`` of group ``pg`` is neither retired nor
     completed. No such entry (the newest entry is always in the ring buffer, so the recorder is not
@@ -153,6 +162,23 @@ class Heartbeat:
             self._end_hook = register_optimizer_step_post_hook(self._step_ended)
         except Exception:  # noqa: BLE001 - a torch without the hook
             self._end_hook = None
+        self._compile_cb = None
+        try:  # Dynamo's compile start (before it traces) ends the time outside the step too
+            import torch
+            from torch._dynamo.callback import callback_handler
+
+            me = weakref.ref(self)
+
+            def compile_started(_args) -> None:
+                hb = me()
+                if hb is not None and hb.step_open and torch.is_grad_enabled():
+                    a = hb._agent()
+                    if a is not None:
+                        hb.entered(a)
+
+            self._compile_cb = callback_handler.register_start_callback(compile_started)
+        except Exception:  # noqa: BLE001 - a torch without the callback
+            self._compile_cb = None
         self._thread = threading.Thread(target=self._loop, name="graphdeck-heartbeat", daemon=True)
         self._thread.start()
 
@@ -176,14 +202,15 @@ class Heartbeat:
     # runs) arrives late at the next step's collectives while its peers wait there. Per step, the
     # wall seconds from the end of the rank's last optimizer step (a global post-step hook) to its
     # next grad-enabled call of a compiled graph (the capture's call wrapper: an evaluation under
-    # no_grad does not end it), or the start of a grad-enabled compile (a recompile's time is the
-    # compile's, judged as compile skew) are kept in the heartbeat as ``"outside": {step: s}`` — the last
+    # no_grad does not end it), or the start of a grad-enabled compile (Dynamo's start callback,
+    # else the backend's call: a recompile's time is the compile's, judged as compile skew) are kept in the heartbeat as ``"outside": {step: s}`` — the last
     # :data:`OUTSIDE_RECENT` steps and the :data:`OUTSIDE_KEPT` longest. Two clock reads a step;
     # the compiled call reads one flag. Judged by analysis/ranks/time_verdicts.py's
     # ``outside_finding`` against the collective timeout.
 
     def _step_ended(self, *_a, **_k) -> None:
         self._step_end = time.time()
+        self._enqueued_at_end = _enqueued()
         self.step_open = True
 
     def entered(self, agent) -> None:
@@ -198,10 +225,13 @@ class Heartbeat:
         if step is None:
             return
         out = self._outside
-        out[step] = round(time.time() - self._step_end, 3)
+        # a collective issued in between (a pipeline stage's receive, DDP's buffer broadcast): the
+        # time holds waits for peers, not only this rank's own work — kept as unknown (None)
+        gap = round(time.time() - self._step_end, 3)
+        out[step] = gap if _enqueued() == getattr(self, "_enqueued_at_end", None) else None
         if len(out) > OUTSIDE_RECENT + OUTSIDE_KEPT:
             recent = sorted(out)[-OUTSIDE_RECENT:]
-            longest = sorted(out, key=out.get)[-OUTSIDE_KEPT:]
+            longest = sorted(out, key=lambda k: out[k] or 0.0)[-OUTSIDE_KEPT:]
             self._outside = {k: out[k] for k in sorted({*recent, *longest})}
 
     # ------------------------------------------------------------------------------ the thread
@@ -228,6 +258,11 @@ class Heartbeat:
                 self._step_hook.remove()
             if self._end_hook is not None:
                 self._end_hook.remove()
+            if self._compile_cb is not None:
+                from torch._dynamo.callback import callback_handler
+
+                if self._compile_cb in callback_handler.start_callbacks:
+                    callback_handler.start_callbacks.remove(self._compile_cb)
         except Exception:  # noqa: BLE001 - capture never breaks training
             pass
 
@@ -275,7 +310,7 @@ class Heartbeat:
         ev = getattr(agent, "_evidence", None)
         step = getattr(ev, "_opt_steps", None) if ev is not None else self._own_steps()
         return {"t": now, "step": step, "groups": groups, "stalled": stalled,
-                "outside": {str(k): v for k, v in list(self._outside.items())},
+                "outside": {str(k): v for k, v in self._outside.copy().items()},
                 "threshold_s": threshold, "timeout_s": timeout, "interval_s": self.interval_s,
                 "ended": ended, "beats": self.beats, "pid": os.getpid()}
 

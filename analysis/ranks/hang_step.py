@@ -93,4 +93,46 @@ def group_steps(session: Session, report: RankReport) -> dict[str, tuple[int, st
     return out
 
 
-__all__ = ["compile_steps", "group_steps", "rank_steps"]
+def at_hang_step(session: Session, report: RankReport) -> dict[str, tuple]:
+    """Process group → ``(step, source, schedules, compile steps)``: for each group with a Flight
+    Recorder mismatch whose step is known (:func:`graphdeck.analysis.ranks.hang_step.group_steps`),
+    every rank's collective schedule from the graphs live at that step, when some rank compiled
+    at or after it (else the steady state is that step's: the group is absent)."""
+    from graphdeck.analysis.ranks.schedules import collective_schedules
+
+    g_steps = group_steps(session, report)
+    if not g_steps:
+        return {}
+    csteps = compile_steps(session, report.run_id)
+    if not csteps:
+        return {}
+    seqs = {r: report.sequences[r] for r in report.ranks if report.sequences.get(r)}
+    out: dict[str, tuple] = {}
+    by_step: dict[int, dict] = {}
+    for g, (step, src) in g_steps.items():
+        if not any(s >= step for mine in csteps.values() for s in mine.values()):
+            continue
+        if step not in by_step:
+            by_step[step] = collective_schedules(session, report.run_id, seqs, at_step=step, steps=csteps)
+        out[g] = (step, src, by_step[step], csteps)
+    return out
+
+
+def compile_at(session: Session, report: RankReport, rank: int, compile_id: str | None, step: int,
+                csteps: dict[int, dict[str, int]]) -> str | None:
+    """The compiles of ``compile_id``'s frame that ``rank`` ran at ``step`` (comma-joined), with the
+    step each was compiled at."""
+    from graphdeck.analysis.ranks.core import frame_of
+    from graphdeck.analysis.ranks.predicted import live_compiles
+
+    f = frame_of(compile_id)
+    if f is None:
+        return None
+    mine = csteps.get(rank, {})
+    entries, _frames = live_compiles(session, report.run_id, rank, report.sequences.get(rank, []),
+                                     at_step=step, steps=mine)
+    ids = [e.compile_id for e in entries if frame_of(e.compile_id) == f]
+    return ", ".join(c + (f" (compiled at step {mine[c]})" if c in mine else "") for c in ids) or None
+
+
+__all__ = ["at_hang_step", "compile_at", "compile_steps", "group_steps", "rank_steps"]

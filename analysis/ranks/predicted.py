@@ -241,7 +241,9 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             g = _group(c, r, bucket_groups, fsdp, has_layout)
             if g is not None:
                 issued.setdefault(g, {}).setdefault(r, []).append(c)
-    at = _at_hang_step(session, report)  # NOTE: [Compiles live at a step]
+    from graphdeck.analysis.ranks.hang_step import at_hang_step, compile_at
+
+    at = at_hang_step(session, report)  # NOTE: [Compiles live at a step]
     for g, (_step, _src, sched, _cs) in at.items():
         issued[g] = {}
         for r in ranks:
@@ -298,7 +300,7 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             skipping = sorted(r for v in pm.variants if v["collective"] is None for r in v["ranks"])
             if skipping:
                 check.predicted_skipping = skipping
-                theirs = sorted({(_compile_at(session, report, r, c["compile_id"], check.step, at[g][3])
+                theirs = sorted({(compile_at(session, report, r, c["compile_id"], check.step, at[g][3])
                                   if g in at else _steady_compile(report, r, c["compile_id"])) or "none"
                                  for r in skipping})
                 check.predicted = (f"ranks {_ranks_text(skipping)} skip {c['kind']} #{pm.index} of the step (ranks {_ranks_text(issued['ranks'])} "
@@ -356,48 +358,6 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             check.outcome = "held"
         out.append(check)
     return out
-
-
-def _at_hang_step(session: Session, report: RankReport) -> dict[str, tuple]:
-    """Process group → ``(step, source, schedules, compile steps)``: for each group with a Flight
-    Recorder mismatch whose step is known (:func:`graphdeck.analysis.ranks.hang_step.group_steps`),
-    every rank's collective schedule from the graphs live at that step, when some rank compiled
-    at or after it (else the steady state is that step's: the group is absent)."""
-    from graphdeck.analysis.ranks.hang_step import compile_steps, group_steps
-    from graphdeck.analysis.ranks.schedules import collective_schedules
-
-    g_steps = group_steps(session, report)
-    if not g_steps:
-        return {}
-    csteps = compile_steps(session, report.run_id)
-    if not csteps:
-        return {}
-    seqs = {r: report.sequences[r] for r in report.ranks if report.sequences.get(r)}
-    out: dict[str, tuple] = {}
-    by_step: dict[int, dict] = {}
-    for g, (step, src) in g_steps.items():
-        if not any(s >= step for mine in csteps.values() for s in mine.values()):
-            continue
-        if step not in by_step:
-            by_step[step] = collective_schedules(session, report.run_id, seqs, at_step=step, steps=csteps)
-        out[g] = (step, src, by_step[step], csteps)
-    return out
-
-
-def _compile_at(session: Session, report: RankReport, rank: int, compile_id: str | None, step: int,
-                csteps: dict[int, dict[str, int]]) -> str | None:
-    """The compiles of ``compile_id``'s frame that ``rank`` ran at ``step`` (comma-joined), with the
-    step each was compiled at."""
-    from graphdeck.analysis.ranks.core import frame_of
-
-    f = frame_of(compile_id)
-    if f is None:
-        return None
-    mine = csteps.get(rank, {})
-    entries, _frames = live_compiles(session, report.run_id, rank, report.sequences.get(rank, []),
-                                     at_step=step, steps=mine)
-    ids = [e.compile_id for e in entries if frame_of(e.compile_id) == f]
-    return ", ".join(c + (f" (compiled at step {mine[c]})" if c in mine else "") for c in ids) or None
 
 
 def _divergent_members(report: RankReport, scheds: dict[int, list]) -> list:

@@ -129,8 +129,9 @@ def collective_schedules(session: Session, run_id: int, sequences: dict[int, lis
     for rank, sequence in sequences.items():
         inductor = cache["inductor"].get(rank, {})
         chosen: list[tuple[CompileEntry, list[int]]] = []
+        at = {"at_step": at_step, "steps": steps.get(rank)} if at_step is not None else {}
         for entry in live_compiles(session, run_id, rank, sequence, {cid for cid, p in inductor.items() if p},
-                                   at_step, steps.get(rank))[0]:
+                                   **at)[0]:
             graph_ids: list[int] = []
             for tier in EXECUTED_TIERS:
                 graph_ids = [gid for kind, _h, gid in entry.graphs if kind in tier]

@@ -430,13 +430,14 @@ OUTSIDE_RECENT, OUTSIDE_KEPT = 32, 16
 OUTSIDE_CAUSE = "outside the compiled step (data loader/eval)"
 
 
-def _unlisted(mine: dict[int, float]) -> float:
+def _unlisted(mine: dict[int, float | None]) -> float | None:
     """At most the seconds a rank spent outside the compiled step at a step it went through that its
     heartbeat does not list: 0 while it lists every step (fewer than the capture's recent window),
     else its shortest kept longest time (the capture keeps the recent steps and the longest ones)."""
     if len(mine) < OUTSIDE_RECENT:
         return 0.0
-    return sorted(mine.values())[-min(OUTSIDE_KEPT, len(mine))]
+    known = sorted(v for v in mine.values() if v is not None)
+    return known[-min(OUTSIDE_KEPT, len(known))] if known else None
 
 
 def outside_finding(session: Session, run, warn_fraction: float = WARN_FRACTION,
@@ -457,16 +458,16 @@ def outside_finding(session: Session, run, warn_fraction: float = WARN_FRACTION,
     outside: dict[int, dict[int, float]] = {}
     for r, b in beats.items():
         try:
-            outside[r] = {int(k): float(v) for k, v in (b.get("outside") or {}).items()}
+            outside[r] = {int(k): (None if v is None else float(v)) for k, v in (b.get("outside") or {}).items()}
         except (TypeError, ValueError, AttributeError):
             outside[r] = {}
     best = None
-    for step in sorted({k for o in outside.values() for k in o}):
-        late = max(sorted(outside), key=lambda r: outside[r].get(step, -1.0))
+    for step in sorted({k for o in outside.values() for k, v in o.items() if v is not None}):
+        late = max(sorted(outside), key=lambda r: outside[r].get(step) or -1.0)
         # peers that went through the step: its own time outside, listed or (not listed) short
         peers = {r: outside[r].get(step, _unlisted(outside[r])) for r, b in beats.items()
                  if r != late and (step in outside[r] or (b.get("step") or 0) >= step)}
-        if not peers:
+        if not peers or None in peers.values():  # a peer's time there holds a collective: not comparable
             continue
         wait = outside[late][step] - max(peers.values())
         if best is None or wait > best[0]:
