@@ -463,7 +463,7 @@ def outside_finding(session: Session, run, warn_fraction: float = WARN_FRACTION,
             outside[r] = {}
     best = None
     for step in sorted({k for o in outside.values() for k, v in o.items() if v is not None}):
-        late = max(sorted(outside), key=lambda r: outside[r].get(step) or -1.0)
+        late = max(sorted(r for r, o in outside.items() if o.get(step) is not None), key=lambda r: outside[r][step])
         # peers that went through the step: its own time outside, listed or (not listed) short
         peers = {r: outside[r].get(step, _unlisted(outside[r])) for r, b in beats.items()
                  if r != late and (step in outside[r] or (b.get("step") or 0) >= step)}
