@@ -193,6 +193,10 @@ def watch_cmd(store: str, run_name: str, threshold_s: float | None, poll_s: floa
         stall = _stalled(beats, now, threshold_s) if report is None else None
         if debug is not None and report is None:
             report = _debug_poll(debug, store, run_id, beats, now, threshold_s)
+            if debug.answered_at is None and now - start > wait_s:
+                click.echo(f"error: the debug server {debug.url} did not answer within {wait_s:g} s ({debug.error})",
+                           err=True)
+                sys.exit(2)
             if report is None and debug.error and debug.answered_at is not None \
                     and now - debug.answered_at > live.stale_limit_s(beats, stale_s) and not beats:
                 click.echo(f"the debug server stopped answering ({debug.error}) for "

@@ -190,3 +190,15 @@ def test_a_dump_without_a_stack_never_fails_the_other_files(tmp_path):
            "(skipped: stacks_20260101_000000.txt: no rank's stack in it)" in res.stderr
     alone = cli(folder / "stacks_20260101_000000.txt", "empty")
     assert alone.returncode == 2 and "no torch.distributed.debug stacks dump" in alone.stderr, alone.stderr
+
+
+def test_watch_refuses_a_debug_server_that_is_not_an_http_url_or_never_answers(tmp_path):
+    def watch(url, *more):
+        return subprocess.run([sys.executable, "-m", "graphdeck.cli", "watch", str(tmp_path / "w.db"), "--run", "x",
+                               "--debug-server", url, *more], capture_output=True, text=True, timeout=120, cwd=REPO)
+
+    bad = watch("ftp://host:1")
+    assert bad.returncode == 2 and "--debug-server must be an http(s) URL" in bad.stderr and "'ftp://host:1'" in bad.stderr
+    gone = watch(f"http://127.0.0.1:{free_port()}", "--wait-s", "1", "--poll-s", "0.2")
+    assert gone.returncode == 2, gone.stdout + gone.stderr
+    assert "did not answer within 1 s" in gone.stderr and "Connection refused" in gone.stderr, gone.stderr
