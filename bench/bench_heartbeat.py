@@ -7,7 +7,8 @@ Reported: per block pair, the process's CPU seconds per step (all threads: the h
 included) and B/A - 1; their median and spread; and the heartbeat's own accounting — its thread's
 CPU seconds per beat (``Heartbeat.cpu_s / beats``) times the beats per step, over the CPU seconds
 per step. The second figure is the one noise cannot hide (a 0.1% effect is below the blocks'
-spread on a shared machine); the first checks it.
+spread on a shared machine); the first checks it. Last, the training thread's own cost of the
+step timing (NOTE: [Time outside the compiled step]): the two calls a step, timed alone.
 
     python bench/bench_heartbeat.py [--pairs 6] [--steps 30] [--interval 2] [--layers 2]
 """
@@ -92,6 +93,18 @@ def main() -> None:
           f"({args.pairs} pairs x {args.steps} steps; CPU {step_cpu * 1e3:.1f} ms/step)")
     print(f"heartbeat's own CPU: {per_beat * 1e3:.2f} ms/beat x {beats} beats over {b_steps_n} steps = "
           f"{own:.3%} of a step's CPU (interval {args.interval:g} s)")
+    # The step timing on the training thread (NOTE: [Time outside the compiled step]): at each
+    # optimizer step and at the next step's first compiled call, a clock read and the recorder's
+    # status (whether a collective came in between); timed alone, many times.
+    hb.step_open = False
+    n = 2000
+    t0 = time.process_time()
+    for _ in range(n):
+        hb._step_ended()
+        hb.entered(agent)
+    per_step = (time.process_time() - t0) / n
+    print(f"time outside the compiled step (training thread): {per_step * 1e6:.1f} us/step = "
+          f"{per_step / step_cpu:.3%} of a step's CPU")
     agent.close()
     dist.destroy_process_group()
 

@@ -336,6 +336,9 @@ class Agent:
         return graphdeck_backend
 
     def _compile(self, gm, example_inputs, inner, **kwargs):
+        hb = self._heartbeat  # a compile in the training forward ends the time outside the step
+        if hb is not None and hb.step_open and torch.is_grad_enabled():
+            hb.entered(self)  # NOTE: [Time outside the compiled step]
         inner_name = inner if isinstance(inner, str) else getattr(inner, "__name__", "custom")
         inner_fn = torch._dynamo.lookup_backend(inner) if isinstance(inner, str) else inner
         t0 = time.perf_counter()
@@ -522,6 +525,19 @@ class Agent:
 
         return stored_profile(self, wait_steps=wait_steps, warmup_steps=warmup_steps,
                               active_steps=active_steps, name=name, **options)
+
+    def training_step(self) -> int | None:
+        """The training step this rank is in now: optimizer steps taken so far (0 before the first),
+        as the gradient evidence counts them, else the live watch's optimizer-step hook
+        (NOTE: [Live watch]); None with neither (``GRAPHDECK_HEARTBEAT_S=0`` and no ``watch()``).
+        Reads two counters: nothing torch decides changes."""
+        ev = self._evidence
+        if ev is not None:
+            return ev._opt_steps
+        hb = getattr(self, "_heartbeat", None)
+        if hb is not None and hb._step_hook:
+            return hb._own_steps() or 0
+        return None
 
     def close(self) -> None:
         """Flush pending compile records, write the layout, process groups, gradient evidence and

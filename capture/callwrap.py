@@ -108,8 +108,11 @@ def watch_output_grads(compiled, gm: torch.fx.GraphModule, graph_id: int, agent:
     gradient in the backward that follows (:class:`OutputGradNote`); the calling convention
     passes through unchanged."""
     note = OutputGradNote(gm, graph_id, agent)
+    timer = getattr(agent, "_heartbeat", None)  # NOTE: [Time outside the compiled step]
 
     def run(*args, **kwargs):  # transparent: boxed (one list) or not, the args pass through
+        if timer is not None and timer.step_open and torch.is_grad_enabled():
+            timer.entered(agent)
         out = compiled(*args, **kwargs)
         if not note.done:
             note(out)
@@ -236,9 +239,12 @@ def observe_calls(compiled, info: "GraphInfo", evidence: "GradEvidence", plan: B
             compiled = bind_at_run_time(compiled, plan, agent)
     pick = picker(info.positions)
     boxed = getattr(compiled, "_boxed_call", False)
+    timer = getattr(agent, "_heartbeat", None)  # NOTE: [Time outside the compiled step]
 
     def run(*args, **kwargs):
         grad = torch.is_grad_enabled()
+        if grad and timer is not None and timer.step_open:
+            timer.entered(agent)
         if not grad and bind is None:
             return compiled(*args, **kwargs)
         flat = args[0] if boxed and len(args) == 1 and isinstance(args[0], list) else args

@@ -33,6 +33,7 @@ def record_dynamo(agent, gm, example_inputs, inner_name, shadow: bool = True) ->
 
     cid = CompileContext.current_compile_id()
     compile_id = str(cid) if cid is not None else None
+    step = compile_step(agent)
     ddp = ddp_context()
     under_ddp = ddp is not None or under_ddp_optimizer()
     # A DDP bucket's sub-graph carries DDPOptimizer's own "intentional graph-break" reason;
@@ -53,7 +54,8 @@ def record_dynamo(agent, gm, example_inputs, inner_name, shadow: bool = True) ->
                 compile_id=compile_id, frame_name=frame_name, break_reason=break_reason,
                 backend=f"graphdeck+{inner_name}", param_by_node=full_params,
                 io=input_bindings(full_gm, full_params),
-                meta={"ddp_buckets": len(opt.buckets), "bucket_bytes_cap": getattr(opt, "bucket_bytes_cap", None)})
+                meta={"ddp_buckets": len(opt.buckets), "bucket_bytes_cap": getattr(opt, "bucket_bytes_cap", None),
+                      **({"step": step} if step is not None else {})})
             agent._ddp_parents[id(full_gm)] = parent_id
             agent.graph_ids.append(parent_id)
         kind = "ddp_partition"
@@ -85,7 +87,25 @@ def record_dynamo(agent, gm, example_inputs, inner_name, shadow: bool = True) ->
             "partition_index": part_idx,
             "param_by_node": param_by_node, "placeholders": placeholders, "aot": aot,
             "inner": inner_name, "partition": pending_partition, "ddp": under_ddp,
-            "full_gm": ddp[1] if ddp is not None else gm, "context": _context()}
+            "full_gm": ddp[1] if ddp is not None else gm, "context": _context(), "step": step}
+
+
+# NOTE: [Compile steps]
+# Each Dynamo graph's ``meta_json`` holds ``"step"``: the training step the rank was in when Dynamo
+# compiled the graph (:meth:`Agent.training_step`: optimizer steps taken, 0 before the first).
+# Dynamo compiles a frame at the call that first needs the graph and runs it at once, so this is
+# also the step the graph first ran in. A hang's predicted collective schedule picks, per rank, the
+# graphs live at the step of the hang (NOTE: [Live compiles] in analysis/ranks/predicted.py), not
+# the latest ones: a rank that recompiled at step 3 ran its older graph at step 2. Absent when the
+# rank counts no steps (no watch() and no live watch).
+
+
+def compile_step(agent) -> int | None:
+    """The rank's training step now (NOTE: [Compile steps]); None when it counts none or cannot tell."""
+    try:
+        return agent.training_step()
+    except Exception:  # noqa: BLE001 - capture never breaks training
+        return None
 
 
 def _context() -> dict:
@@ -109,6 +129,8 @@ def finish(agent, p: dict, compile_time_s: float) -> int:
     if p.get("ddp"):
         meta["ddp"] = True  # compiled under DDPOptimizer (a single bucket is not split)
     meta.update(p.get("context") or {})
+    if p.get("step") is not None:
+        meta["step"] = p["step"]  # NOTE: [Compile steps]
     gid = writer.write_graph(
         rec, kind=p["kind"], name=p["name"], compile_id=p["compile_id"], frame_name=p["frame_name"],
         parent_id=p["parent_id"], partition_index=p["partition_index"], compile_time_s=compile_time_s,

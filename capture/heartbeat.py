@@ -41,6 +41,8 @@ import weakref
 HEARTBEAT, STACKS, REQUEST = "graphdeck_heartbeat", "graphdeck_stacks", "graphdeck_watch_request"
 
 DEFAULT_INTERVAL_S = 2.0
+#: Steps of time outside the compiled step kept in the heartbeat: the latest, and the longest.
+OUTSIDE_RECENT, OUTSIDE_KEPT = 32, 16
 THRESHOLD_FRACTION = 0.5
 GATHER_BEATS = 3
 
@@ -58,6 +60,16 @@ def fr_status() -> tuple[dict, dict]:
         return d.get("pg_status") or {}, d.get("pg_config") or {}
     except Exception:  # noqa: BLE001 - no distributed build, no recorder
         return {}, {}
+
+
+def _enqueued() -> int | None:
+    """Collectives this process enqueued so far, over its groups (the recorder's status); None
+    without a recorder."""
+    status, _config = fr_status()
+    try:
+        return sum(int(st.get("last_enqueued_collective", -1) or 0) for st in status.values()) if status else None
+    except (TypeError, ValueError, AttributeError):  # a recorder of another version: cannot tell
+        return None
 
 
 def _entry_pending(pg: str, seq: int) -> bool:
@@ -141,6 +153,34 @@ class Heartbeat:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._own_steps()  # from the start: steps before the first beat count too
+        self.step_open = False  # NOTE: [Time outside the compiled step]
+        self._step_end: float | None = None
+        self._outside: dict[int, float | None] = {}  # step -> seconds from the last optimizer step to its forward
+        self._enqueued_at_end: int | None = None
+        self._end_hook = None
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._end_hook = register_optimizer_step_post_hook(self._step_ended)
+        except Exception:  # noqa: BLE001 - a torch without the hook
+            self._end_hook = None
+        self._compile_cb = None
+        try:  # Dynamo's compile start (before it traces) ends the time outside the step too
+            import torch
+            from torch._dynamo.callback import callback_handler
+
+            me = weakref.ref(self)
+
+            def compile_started(_args) -> None:
+                hb = me()
+                if hb is not None and hb.step_open and torch.is_grad_enabled():
+                    a = hb._agent()
+                    if a is not None:
+                        hb.entered(a)
+
+            self._compile_cb = callback_handler.register_start_callback(compile_started)
+        except Exception:  # noqa: BLE001 - a torch without the callback
+            self._compile_cb = None
         self._thread = threading.Thread(target=self._loop, name="graphdeck-heartbeat", daemon=True)
         self._thread.start()
 
@@ -157,6 +197,47 @@ class Heartbeat:
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: no live watch: {type(exc).__name__}: {exc}")
             return None
+
+    # -------------------------------------------------------------- time outside the compiled step
+    # NOTE: [Time outside the compiled step]
+    # A rank that spends long between two training steps (its data loader, an evaluation only it
+    # runs) arrives late at the next step's collectives while its peers wait there. Per step, the
+    # wall seconds from the end of the rank's last optimizer step (a global post-step hook) to its
+    # next grad-enabled call of a compiled graph (the capture's call wrapper: an evaluation under
+    # no_grad does not end it), or the start of a grad-enabled compile (Dynamo's start callback,
+    # else the backend's call: a recompile's time is the compile's, judged as compile skew), are
+    # kept in the heartbeat as ``"outside": {step: s | None}`` — None when a collective was
+    # enqueued in between (a pipeline stage's receive, DDP's buffer broadcast: the time holds
+    # waits for peers) — the last :data:`OUTSIDE_RECENT` steps and the :data:`OUTSIDE_KEPT`
+    # longest. Two clock reads and two reads of the recorder's status a step (~14 µs,
+    # bench/bench_heartbeat.py); the compiled call reads one flag. Judged by
+    # analysis/ranks/time_verdicts.py's ``outside_finding`` against the collective timeout.
+
+    def _step_ended(self, *_a, **_k) -> None:  # an optimizer post-step hook: never raises
+        self._step_end = time.time()
+        self._enqueued_at_end = _enqueued()
+        self.step_open = True
+
+    def entered(self, agent) -> None:
+        """A grad-enabled compiled call while a step is open: the step's time outside ends now."""
+        self.step_open = False
+        if self._step_end is None:
+            return
+        try:
+            step = agent.training_step()
+        except Exception:  # noqa: BLE001 - capture never breaks training
+            return
+        if step is None:
+            return
+        out = self._outside
+        # a collective issued in between (a pipeline stage's receive, DDP's buffer broadcast): the
+        # time holds waits for peers, not only this rank's own work — kept as unknown (None)
+        gap = round(time.time() - self._step_end, 3)
+        out[step] = gap if _enqueued() == self._enqueued_at_end else None
+        if len(out) > OUTSIDE_RECENT + OUTSIDE_KEPT:
+            recent = sorted(out)[-OUTSIDE_RECENT:]
+            longest = sorted(out, key=lambda k: out[k] or 0.0)[-OUTSIDE_KEPT:]
+            self._outside = {k: out[k] for k in sorted({*recent, *longest})}
 
     # ------------------------------------------------------------------------------ the thread
     def _loop(self) -> None:
@@ -180,6 +261,13 @@ class Heartbeat:
             self.beat(ended=ended, watch=False)
             if self._step_hook:
                 self._step_hook.remove()
+            if self._end_hook is not None:
+                self._end_hook.remove()
+            if self._compile_cb is not None:
+                from torch._dynamo.callback import callback_handler
+
+                if self._compile_cb in callback_handler.start_callbacks:
+                    callback_handler.start_callbacks.remove(self._compile_cb)
         except Exception:  # noqa: BLE001 - capture never breaks training
             pass
 
@@ -227,6 +315,7 @@ class Heartbeat:
         ev = getattr(agent, "_evidence", None)
         step = getattr(ev, "_opt_steps", None) if ev is not None else self._own_steps()
         return {"t": now, "step": step, "groups": groups, "stalled": stalled,
+                "outside": {str(k): v for k, v in self._outside.copy().items()},
                 "threshold_s": threshold, "timeout_s": timeout, "interval_s": self.interval_s,
                 "ended": ended, "beats": self.beats, "pid": os.getpid()}
 

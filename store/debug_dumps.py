@@ -197,4 +197,124 @@ def import_debug_dumps(engine: Engine, files: list[str], *, run_name: str) -> De
                            last=last[1], no_answer=dict(last[3]), skipped=skipped)
 
 
-__all__ = ["DebugImport", "STACKS", "dump_kind", "import_debug_dumps", "parse_stacks"]
+# NOTE: [Debug-server endpoints]
+# While the job runs, the frontend (rank 0's ``port``, debug/_frontend.py ``FrontendServer``)
+# answers ``GET /stacks`` and ``GET /fr_trace_json`` by asking every rank's worker server
+# (``/handler/dump_traceback``, ``/handler/fr_trace_json``: served by a C++ thread, so a rank
+# whose Python thread is blocked in a collective still answers) and rendering one HTML page:
+# per rank ``<h2>Rank <r>: <worker url></h2>`` then, for a rank that did not answer,
+# ``<p>Failed to fetch: status=<code></p>``, and ``<pre>`` holding the answer — the faulthandler
+# text (as in a ``stacks`` dump file) or the recorder's JSON (``_dump_fr_trace_json``: entries
+# without stack frames; on gloo an empty ``pg_config``). torch 2.13's Jinja environment does not
+# escape them (a ``<module>`` frame stays as is); an escaped page is unescaped. ``graphdeck watch
+# --debug-server URL`` reads both pages (:func:`parse_debug_page`) and stores what they show as
+# the live watch stores its own evidence (:func:`store_debug_snapshot`).
+_SECTION = re.compile(r"<h2>Rank (\d+): (.*?)</h2>\s*(?:<p>Failed to fetch: status=(\d+)</p>\s*)?<pre>(.*?)</pre>",
+                      re.S)
+
+
+def parse_debug_page(page: str) -> list[tuple[int, str, int | None, str]]:
+    """One debug-server page (NOTE: [Debug-server endpoints]) → ``[(rank, worker url, failed HTTP
+    status or None, body text)]`` in page order; [] for a page without rank sections."""
+    import html
+
+    out = []
+    for rank, url, status, body in _SECTION.findall(page):
+        if "&lt;" in body or "&quot;" in body or "&#" in body:
+            body = html.unescape(body)
+        out.append((int(rank), html.unescape(url), int(status) if status else None, body))
+    return out
+
+
+def stacks_from_page(page: str) -> tuple[dict[int, dict], dict[int, str]]:
+    """The ``/stacks`` page → :func:`parse_stacks`'s ``(ranks, failed)``."""
+    text = []
+    for rank, url, status, body in parse_debug_page(page):
+        text += [f"=== Rank {rank}: {url} ===", body if status is None else f"Error: {status}"]
+    return parse_stacks("\n".join(text))
+
+
+def flight_from_page(page: str) -> tuple[dict[int, dict], dict[int, str]]:
+    """The ``/fr_trace_json`` page → ``({rank: the recorder's dump as torch's JSON gives it, with
+    its "rank"}, {rank: why not})``: a rank that did not answer, or whose answer is not a Flight
+    Recorder dump torch writes, is named with why."""
+    from graphdeck.store.fr_types import dump_problem
+
+    dumps: dict[int, dict] = {}
+    failed: dict[int, str] = {}
+    for rank, _url, status, body in parse_debug_page(page):
+        if status is not None:
+            failed[rank] = f"no answer (HTTP {status})"
+            continue
+        try:
+            d = json.loads(body)
+        except ValueError as exc:
+            failed[rank] = f"not JSON ({exc})"
+            continue
+        problem = dump_problem(d) if isinstance(d, dict) else "not a JSON object"
+        if problem or not isinstance(d.get("entries"), list):
+            failed[rank] = f"not a Flight Recorder dump: {problem or 'no entries list'}"
+            continue
+        d["rank"] = rank
+        dumps[rank] = d
+    return dumps, failed
+
+
+def in_flight(dump: dict) -> list[tuple[str, int]]:
+    """``[(group, collective seq)]`` of the dump's entries neither retired nor completed."""
+    out = []
+    for e in dump.get("entries") or []:
+        if isinstance(e, dict) and not e.get("retired") and e.get("state") != "completed" and not e.get("is_p2p"):
+            g = e.get("process_group")
+            out.append((str(g[0] if isinstance(g, (list, tuple)) else g), int(e.get("collective_seq_id") or 0)))
+    return out
+
+
+def store_debug_snapshot(engine: Engine, run_id: int, url: str, dumps: dict[int, dict],
+                         stacks: dict[int, dict], same_for: dict[int, dict] | None = None) -> None:
+    """Store one snapshot of the debug server at ``url`` under run ``run_id``: each rank's Flight
+    Recorder dump as a ``flight_recorder`` record (normalised as the importer does, reason ``debug
+    server``) and its stacks as a ``graphdeck_stacks`` record (the live watch's form;
+    ``same_for``: rank → ``{"snapshots", "seconds"}`` it has not moved). Ranks the run lacks are
+    added."""
+    from sqlalchemy import insert, select
+    from sqlalchemy.orm import Session
+
+    from graphdeck.store.db import retrying
+    from graphdeck.store.fr_import import EVENT_NAME, normalise, seq_index
+    from graphdeck.store.schema import CompileEvent, Rank, Run
+
+    now = time.time()
+    rows = []
+    for r, d in sorted(dumps.items()):
+        norm = normalise(d, f"debug server {url}")
+        norm["format"] = "json"
+        rows.append({"rank": r, "name": EVENT_NAME, "compile_id": None,
+                     "payload": json.dumps(norm, separators=(",", ":")),
+                     "metadata_json": json.dumps({"reason": "debug server", "url": url, "entries": len(norm["entries"]),
+                                                  "dropped": len(norm["dropped"]), "fr_index": seq_index(norm)})})
+    for r, st in sorted(stacks.items()):
+        payload = {"t": now, "threads": st["threads"], "url": st.get("url"), "source": f"torch.distributed.debug {url}"}
+        if same_for and r in same_for:
+            payload["same_for"] = same_for[r]
+        rows.append({"rank": r, "name": STACKS, "compile_id": None, "payload": json.dumps(payload, separators=(",", ":")),
+                     "metadata_json": json.dumps({"reason": "debug server", "url": url})})
+    ranks = {row["rank"] for row in rows}
+
+    def do():
+        with Session(engine) as s, s.begin():
+            existing = set(s.scalars(select(Rank.rank).where(Rank.run_id == run_id)))
+            new = [{"run_id": run_id, "rank": r, "world_size": 1, "meta_json": "{}"} for r in sorted(ranks - existing)]
+            if new:
+                s.execute(insert(Rank), new)
+            if rows:
+                s.execute(insert(CompileEvent), [{**row, "run_id": run_id} for row in rows])
+            run = s.get(Run, run_id)
+            if ranks and run is not None and (run.world_size or 0) < max(ranks) + 1:
+                run.world_size = max(ranks) + 1
+
+    retrying(do)
+
+
+__all__ = ["DebugImport", "STACKS", "dump_kind", "flight_from_page", "import_debug_dumps", "in_flight",
+           "parse_debug_page", "parse_stacks", "stacks_from_page", "store_debug_snapshot"]

@@ -50,25 +50,63 @@ def dumped(tmp_path_factory):
     out = tmp_path_factory.mktemp("dbg")
     dumps, release, copy = out / "dumps", out / "release", out / "copy"
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_FR_BUFFER_SIZE="2000")
+    port = free_port()
+    watched = out / "watched.db"  # graphdeck watch --debug-server, on the same job while it hangs
     with open(out / "job.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                                 str(JOB), str(dumps), str(release), str(free_port())], stdout=log,
+                                 str(JOB), str(dumps), str(release), str(port)], stdout=log,
                                 stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    watch = subprocess.Popen([sys.executable, "-m", "graphdeck.cli", "watch", str(watched), "--run", "dbg",
+                              "--debug-server", f"http://localhost:{port}", "--threshold-s", "3", "--poll-s", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    job_running_at_report = None
     try:
         deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:  # two dumps taken during the hang
-            if sum(_hung(p) for p in dumps.glob("stacks_*.txt")) >= 2:
+        while proc.poll() is None and time.monotonic() < deadline:  # two dumps taken during the hang, the watch done
+            if watch.poll() is not None and job_running_at_report is None:
+                job_running_at_report = proc.poll() is None
+            if sum(_hung(p) for p in dumps.glob("stacks_*.txt")) >= 2 and watch.poll() is not None:
                 break
             time.sleep(0.5)
         shutil.copytree(dumps, copy)  # the folder as it is while the job hangs
     finally:
         release.write_text("go")
         proc.wait(timeout=120)
+        if watch.poll() is None:
+            watch.kill()
+    w_out, w_err = watch.communicate(timeout=30)
     store = out / "s.db"
     res = subprocess.run([sys.executable, "-m", "graphdeck.cli", "import", str(copy), "--store", str(store),
                           "--run", "dbg"], capture_output=True, text=True, timeout=120, cwd=REPO)
     return {"proc": proc, "log": (out / "job.log").read_text(), "dumps": dumps, "copy": copy, "store": store,
-            "import": res}
+            "import": res, "watch": (watch.returncode, w_out, w_err), "job_running_at_report": job_running_at_report,
+            "watched": watched}
+
+
+@pytest.mark.slow
+def test_watch_collects_stacks_and_flight_recorder_from_the_debug_servers_endpoints(dumped):
+    """``graphdeck watch --debug-server URL`` on the hung job (no graphdeck agent in it): from the
+    server's /stacks and /fr_trace_json pages it finds the ranks still past the threshold with a
+    collective in flight, stores both ranks' recorders and stacks, and writes the hang report while
+    the job still hangs (the job ran on until the test released it)."""
+    code, out, err = dumped["watch"]
+    assert code == 1, out + err
+    assert dumped["job_running_at_report"] is True and dumped["proc"].returncode == 0, dumped["log"][-2000:]
+    lines = out.splitlines()
+    assert "HANG (live: the job is still running)" in out, out
+    assert "  group 1 (grads): collective #2 gloo:all_reduce [[8]] issued by ranks [0], not by ranks [1]" in lines, out
+    assert any(ln.startswith(f"  rank 0 (step ?): now at {JOB}:{REDUCE} in main: dist.all_reduce(t, group=grads)")
+               for ln in lines), out
+    assert any(ln.startswith(f"  rank 1 (step ?): now at {JOB}:{WAITS} in main: time.sleep(0.1)") for ln in lines), out
+    with Session(open_engine(dumped["watched"], read_only=True)) as s:
+        run = s.scalar(select(Run).where(Run.name == "dbg"))
+        rows = s.execute(select(CompileEvent.rank, CompileEvent.name, CompileEvent.metadata_json).where(
+            CompileEvent.run_id == run.id)).all()
+    by = {(r, n) for r, n, _m in rows}
+    assert {(0, "flight_recorder"), (1, "flight_recorder"), (0, "graphdeck_stacks"), (1, "graphdeck_stacks"),
+            (0, "graphdeck_hang_report")} <= by, by
+    assert all(json.loads(m)["reason"] == "debug server" for _r, n, m in rows if n == "flight_recorder")
+    assert run.world_size == 2
 
 
 @pytest.mark.slow
@@ -152,3 +190,15 @@ def test_a_dump_without_a_stack_never_fails_the_other_files(tmp_path):
            "(skipped: stacks_20260101_000000.txt: no rank's stack in it)" in res.stderr
     alone = cli(folder / "stacks_20260101_000000.txt", "empty")
     assert alone.returncode == 2 and "no torch.distributed.debug stacks dump" in alone.stderr, alone.stderr
+
+
+def test_watch_refuses_a_debug_server_that_is_not_an_http_url_or_never_answers(tmp_path):
+    def watch(url, *more):
+        return subprocess.run([sys.executable, "-m", "graphdeck.cli", "watch", str(tmp_path / "w.db"), "--run", "x",
+                               "--debug-server", url, *more], capture_output=True, text=True, timeout=120, cwd=REPO)
+
+    bad = watch("ftp://host:1")
+    assert bad.returncode == 2 and "--debug-server must be an http(s) URL" in bad.stderr and "'ftp://host:1'" in bad.stderr
+    gone = watch(f"http://127.0.0.1:{free_port()}", "--wait-s", "1", "--poll-s", "0.2")
+    assert gone.returncode == 2, gone.stdout + gone.stderr
+    assert "did not answer within 1 s" in gone.stderr and "Connection refused" in gone.stderr, gone.stderr

@@ -70,6 +70,10 @@ class PredictionCheck:
     # members on the two sides of a harmful compile divergence of the report (NOTE: [No "no hang"
     # beside a divergence]): the schedule alone cannot promise their collectives match
     predicted_divergent: list[int] = field(default_factory=list)
+    # the step of the group's hang (NOTE: [Compiles live at a step]): the prediction compares each
+    # member's graphs live at that step; None: the steady state (no hang, or no step recorded)
+    step: int | None = None
+    step_source: str | None = None
 
     def line(self) -> str:
         return f"group {self.group}{' (' + self.desc + ')' if self.desc else ''}: predicted: {self.predicted} " \
@@ -237,6 +241,17 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             g = _group(c, r, bucket_groups, fsdp, has_layout)
             if g is not None:
                 issued.setdefault(g, {}).setdefault(r, []).append(c)
+    from graphdeck.analysis.ranks.hang_step import at_hang_step, compile_at
+
+    at = at_hang_step(session, report)  # NOTE: [Compiles live at a step]
+    for g, (_step, _src, sched, _cs) in at.items():
+        issued[g] = {}
+        for r in ranks:
+            for c in sched.get(r, []):
+                if _group(c, r, bucket_groups, fsdp, has_layout) == g:
+                    issued[g].setdefault(r, []).append(c)
+        if not issued[g]:
+            del issued[g]
     members = group_members(session, report.run_id, fr, ranks)
     # NOTE: [Predictions per group's members]: a group's schedules are compared among its members
     # only (as the Flight Recorder comparison and ranks/mesh.py do); a rank outside the group issues
@@ -252,6 +267,8 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
         scheds = per_group.get(g)
         segs = {r: _segments(s) for r, s in (scheds or {}).items()}
         check = PredictionCheck(group=g, desc=desc, predicted_segments=segs, predicted="", recorded="", outcome="")
+        if g in at:
+            check.step, check.step_source = at[g][0], at[g][1]
         # predicted
         pm = None
         if scheds:
@@ -283,7 +300,9 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
             skipping = sorted(r for v in pm.variants if v["collective"] is None for r in v["ranks"])
             if skipping:
                 check.predicted_skipping = skipping
-                theirs = sorted({_steady_compile(report, r, c["compile_id"]) or "none" for r in skipping})
+                theirs = sorted({(compile_at(session, report, r, c["compile_id"], check.step, at[g][3])
+                                  if g in at else _steady_compile(report, r, c["compile_id"])) or "none"
+                                 for r in skipping})
                 check.predicted = (f"ranks {_ranks_text(skipping)} skip {c['kind']} #{pm.index} of the step (ranks {_ranks_text(issued['ranks'])} "
                                    f"issue it from {'compile ' + c['compile_id'] if c['compile_id'] else c['source']}"
                                    + (f"; ranks {_ranks_text(skipping)} run compile {', '.join(theirs)} of that frame"
@@ -292,6 +311,8 @@ def prediction_checks(session: Session, report: RankReport) -> list[PredictionCh
                 check.predicted = (f"collective #{pm.index} of the step differs: " + "; ".join(
                     f"ranks {_ranks_text(v['ranks'])}: {v['collective']['kind']} from compile {v['collective']['compile_id']}"
                     for v in pm.variants))
+        if check.step is not None and check.predicted:
+            check.predicted = f"at step {check.step} (the step of the hang: {check.step_source}): {check.predicted}"
         # recorded, among the group's members (a rank outside the group completes none of it)
         m = mismatch_of.get(g)
         mine = sorted(set(members.get(g) or fr.group_members.get(g) or ranks))
@@ -367,6 +388,14 @@ def _copy(c: Collective, index: int) -> Collective:
     return replace(c, index=index)
 
 
+# NOTE: [Compiles live at a step]
+# A hang happens at one training step (NOTE: [Compile steps] in capture/compile_record.py): its
+# predicted schedule compares each rank's graphs live at that step, not its steady state. A
+# compile made after the step is left out (a rank that went on past the hang and recompiled at
+# step 3 ran its older graph at step 2); a compile made at the step ran there; an older compile
+# whose fate was uncertain is replaced at that step when the frame was compiled again there (the
+# step's inputs failed its guards). Compiles without a recorded step are kept (an older capture).
+
 # NOTE: [Live compiles]
 # A frame compiled again (compile ids F/0, F/1, ...) keeps its earlier graphs in Dynamo's cache
 # beside the new one (torch/_dynamo: a recompile *adds* a cache entry; the newest is tried
@@ -426,14 +455,22 @@ class FrameCompiles:
 
 
 def live_compiles(session: Session, run_id: int, rank: int, sequence: list[CompileEntry],
-                  scheduled: frozenset[str] | set[str] = frozenset()) -> tuple[list[CompileEntry], list[FrameCompiles]]:
+                  scheduled: frozenset[str] | set[str] = frozenset(), at_step: int | None = None,
+                  steps: dict[str, int] | None = None) -> tuple[list[CompileEntry], list[FrameCompiles]]:
     """``(entries, frames)``: the compiles whose graphs ``rank`` runs in steady state, in
     schedule order (per frame its live compiles, at the place of its first compile; compiles
     without a frame id kept where they are; failed compiles and compiles without graphs — or,
     in ``scheduled``, an imported Inductor collective schedule — left out), and for every frame
-    with several such compiles how each older one was classed (NOTE: [Live compiles])."""
+    with several such compiles how each older one was classed (NOTE: [Live compiles]).
+
+    With ``at_step`` and ``steps`` (compile id → the step it was compiled at,
+    :func:`graphdeck.analysis.ranks.hang_step.compile_steps`): the compiles live at that step
+    instead (NOTE: [Compiles live at a step])."""
     from graphdeck.analysis.ranks.core import at_first_compile, frame_of
 
+    steps = steps or {}
+    if at_step is not None and steps:  # compiled after that step: not there yet
+        sequence = [e for e in sequence if steps.get(e.compile_id) is None or steps[e.compile_id] <= at_step]
     per_frame: dict[str, list[CompileEntry]] = {}
     for e in sequence:
         f = frame_of(e.compile_id)
@@ -446,8 +483,14 @@ def live_compiles(session: Session, run_id: int, rank: int, sequence: list[Compi
         latest = entries[-1]
         keep = []
         fc = FrameCompiles(rank=rank, frame=f, name=latest.frame, counted=[])
+        made_there = [x.compile_id for x in entries if at_step is not None and steps.get(x.compile_id) == at_step]
         for i, e in enumerate(entries[:-1]):
             fate, why = ctx.fate(e, entries[i + 1:], latest)
+            if e.compile_id in made_there and fate != "live":
+                fate, why = "live", f"compiled at step {at_step}, the step of the hang: it ran there"
+            elif made_there and fate == "uncertain" and steps.get(e.compile_id, at_step) < at_step:
+                fate, why = "replaced", (f"compile {made_there[0]} was made at step {at_step}, the step of the hang: "
+                                         "the inputs of that step failed its guards")
             getattr(fc, fate)[e.compile_id] = why
             if fate == "live":
                 keep.append(e)

@@ -104,7 +104,8 @@ _STACK = aliased(InternedString)
 
 
 def collective_schedules(session: Session, run_id: int, sequences: dict[int, list[CompileEntry]],
-                         cache: dict | None = None) -> dict[int, list[Collective]]:
+                         cache: dict | None = None, at_step: int | None = None,
+                         steps: dict[int, dict[str, int]] | None = None) -> dict[int, list[Collective]]:
     """Collectives each rank of ``sequences`` (rank → its compile sequence) issues, in compile order
     then graph order (see :data:`EXECUTED_TIERS`), then Inductor's imported schedules for compiles
     without graphs, then the data-parallel collectives: DDP's reducer buckets and FSDP2's groups as
@@ -112,8 +113,11 @@ def collective_schedules(session: Session, run_id: int, sequences: dict[int, lis
     ``cache``: a dict shared by the calls of one report (the collective target ids; each stored
     structural hash's collective nodes, read once for all ranks). The graphs' collective nodes
     are read in a few queries for all ranks: one representative graph per stored structural hash
-    (graphs with one hash issue the same collectives)."""
+    (graphs with one hash issue the same collectives). With ``at_step`` and ``steps`` (rank →
+    compile id → its compile step): each rank's graphs live at that step (NOTE: [Compiles live at
+    a step] in analysis/ranks/predicted.py), not its steady state."""
     cache = {} if cache is None else cache
+    steps = steps or {}
     if "target_ids" not in cache:
         _fill_schedule_cache(session, run_id, cache)
     target_ids, stored_hash, cached_rows = cache["target_ids"], cache["stored_hash"], cache["rows"]
@@ -125,7 +129,9 @@ def collective_schedules(session: Session, run_id: int, sequences: dict[int, lis
     for rank, sequence in sequences.items():
         inductor = cache["inductor"].get(rank, {})
         chosen: list[tuple[CompileEntry, list[int]]] = []
-        for entry in live_compiles(session, run_id, rank, sequence, {cid for cid, p in inductor.items() if p})[0]:
+        at = {"at_step": at_step, "steps": steps.get(rank)} if at_step is not None else {}
+        for entry in live_compiles(session, run_id, rank, sequence, {cid for cid, p in inductor.items() if p},
+                                   **at)[0]:
             graph_ids: list[int] = []
             for tier in EXECUTED_TIERS:
                 graph_ids = [gid for kind, _h, gid in entry.graphs if kind in tier]

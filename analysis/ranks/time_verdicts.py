@@ -60,7 +60,7 @@ _PLACES = (("compile", ()), ("data loading", ("enumerate(DataLoader)",)), ("opti
 class TimeFinding:
     """One wait judged against the collective timeout (times in seconds)."""
 
-    kind: str  # "compile skew" | "straggler"
+    kind: str  # "compile skew" | "straggler" | "outside skew" (time outside the compiled step)
     verdict: str  # "FAIL" | "WARN" | "NOTE"
     message: str
     late_rank: int | None
@@ -424,6 +424,81 @@ def _trace_place(events: list, c: dict, late: int, offset: int) -> str | None:
     return "outside the compiled regions" if around else None
 
 
+#: The capture's window of time outside the compiled step (graphdeck.capture.heartbeat's; kept
+#: here so that the checks import no capture): the latest steps, and the longest.
+OUTSIDE_RECENT, OUTSIDE_KEPT = 32, 16
+OUTSIDE_CAUSE = "outside the compiled step (data loader/eval)"
+
+
+def _unlisted(mine: dict[int, float | None]) -> float | None:
+    """At most the seconds a rank spent outside the compiled step at a step it went through that its
+    heartbeat does not list: 0 while it lists every step (fewer than the capture's recent window),
+    else its shortest kept longest time (the capture keeps the recent steps and the longest ones)."""
+    if len(mine) < OUTSIDE_RECENT:
+        return 0.0
+    known = sorted(v for v in mine.values() if v is not None)
+    return known[-min(OUTSIDE_KEPT, len(known))] if known else None
+
+
+def outside_finding(session: Session, run, warn_fraction: float = WARN_FRACTION,
+                    memo: dict | None = None) -> TimeFinding | None:
+    """The step at which one rank spent longest outside the compiled step (NOTE: [Time outside
+    the compiled step] in capture/heartbeat.py: from its last optimizer step to its next
+    grad-enabled compiled call — its data loader, an evaluation it runs alone) beyond its peers',
+    judged against the collective timeout (NOTE: [Time verdicts]): the peers waited about that
+    difference in the step's first collective. Read from the ranks' heartbeats; None without two
+    ranks' heartbeats, without a collective in the run's heartbeats, or under a WARN."""
+    from graphdeck.analysis.ranks.live import heartbeats
+
+    memo = {} if memo is None else memo
+    beats = heartbeats(session, run.id)
+    if len(beats) < 2 or not any((v.get("enqueued") or 0) > 0 for b in beats.values()
+                                 for v in (b.get("groups") or {}).values()):
+        return None
+    outside: dict[int, dict[int, float]] = {}
+    for r, b in beats.items():
+        try:
+            outside[r] = {int(k): (None if v is None else float(v)) for k, v in (b.get("outside") or {}).items()}
+        except (TypeError, ValueError, AttributeError):
+            outside[r] = {}
+    best = None
+    for step in sorted({k for o in outside.values() for k, v in o.items() if v is not None}):
+        late = max(sorted(r for r, o in outside.items() if o.get(step) is not None), key=lambda r: outside[r][step])
+        # peers that went through the step: its own time outside, listed or (not listed) short
+        peers = {r: outside[r].get(step, _unlisted(outside[r])) for r, b in beats.items()
+                 if r != late and (step in outside[r] or (b.get("step") or 0) >= step)}
+        if not peers or None in peers.values():  # a peer's time there holds a collective: not comparable
+            continue
+        wait = outside[late][step] - max(peers.values())
+        if best is None or wait > best[0]:
+            best = (wait, step, late, peers)
+    if best is None or best[0] <= 0:
+        return None
+    wait, step, late, peers = best
+    hb_timeout = next((float(b["timeout_s"]) for b in beats.values() if b.get("timeout_s")), None)
+    timeout, source = ((hb_timeout, "the default process group's timeout, from the ranks' heartbeats")
+                       if hb_timeout else _timeout_for(session, run.id, (), memo))
+    waiting = sorted(peers)
+    died = any((beats[r].get("stalled") and beats[r].get("step") == step) for r in waiting)
+    verdict = judge(wait, timeout, died, warn_fraction)
+    if verdict == "NOTE":
+        return None
+    f = TimeFinding("outside skew", verdict, "", late, waiting, round(wait, 3), timeout, source,
+                    wait / timeout if timeout else None, died)
+    f.step, f.step_source = step, "the ranks' optimizer-step hooks (live watch)"
+    f.place, f.cause = OUTSIDE_CAUSE, OUTSIDE_CAUSE
+    f.split_s = {"outside": outside[late][step]}
+    head = {"FAIL": "FAIL", "WARN": "WARN"}[verdict]
+    theirs = ", ".join(f"rank {r} {v:.1f} s" for r, v in sorted(peers.items()))
+    f.message = (f"{head}: time outside the compiled step at step {step}: rank {late} spent "
+                 f"{outside[late][step]:.1f} s {OUTSIDE_CAUSE} before it ({theirs}); ranks {_ranks_text(waiting)} "
+                 f"waited about {wait:.1f} s in the step's first collective: {f.share:.0%} of the {timeout:g} s "
+                 f"collective timeout ({source})"
+                 + ("; the job died there (a waiting rank stalled in that step)" if died else "")
+                 + f"; cause: rank {late} {OUTSIDE_CAUSE}")
+    return f
+
+
 def time_findings(session: Session, report, skew, matched: dict | None,
                   warn_fraction: float = WARN_FRACTION) -> list[TimeFinding]:
     """The run's compile skew and traced straggler as :class:`TimeFinding` (NOTE: [Time
@@ -440,7 +515,7 @@ def time_findings(session: Session, report, skew, matched: dict | None,
     first = skew_finding(session, run, skew, warn_fraction, memo)
     if died is not None and first is not None and first.died:
         first = None  # the same collective, the same wait: one finding (the per-collective windows)
-    out = [died, first]
+    out = [died, first, outside_finding(session, run, warn_fraction, memo)]
     timing = (matched or {}).get("timing") or {}
     if matched and timing.get("straggler") is not None:
         out.append(straggler_finding(session, report, matched, timing, warn_fraction, memo))
