@@ -371,7 +371,9 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
     ``collectives`` entries: ``group``, ``kind``, ``seq``, ``step``, ``ranks`` (rank →
     ``arrive_ns``, ``end_ns``, ``wait_ns``, ``transfer_ns``), ``last_rank``, ``spread_ns``
     (last − first arrival), ``suspect`` (None, or why the match cannot be one collective: a rank
-    ended before the last one arrived; such matches are listed but not used for stragglers). ``stragglers``: per step, each rank's summed lateness
+    ended before the last one arrived, by more than the two ranks' offset ``spread_ns``: the median
+    distance of their collective ends from their median offset, what a loaded host's scheduling
+    puts on an end; such matches are listed but not used for stragglers). ``stragglers``: per step, each rank's summed lateness
     (arrival − first arrival) and how often it arrived last; ``straggler`` is the rank with the
     largest lateness (None with one rank). ``timing``: per rank, time in collectives, waiting,
     moving data and computing, and the straggler in words
@@ -412,8 +414,11 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
         if r == ref or not diffs:
             offsets[r] = {"offset_ns": 0, "method": "reference" if r == ref else "base_time", "matched": len(diffs)}
         else:
-            offsets[r] = {"offset_ns": int(statistics.median(diffs)), "method": "collective_end_median",
-                          "matched": len(diffs)}
+            med = int(statistics.median(diffs))
+            # how far the ends that gave the median stray from it: the estimate's own uncertainty
+            # (a rank descheduled as a collective ends records a later end)
+            offsets[r] = {"offset_ns": med, "method": "collective_end_median", "matched": len(diffs),
+                          "spread_ns": int(statistics.median(abs(d - med) for d in diffs))}
     collectives = []
     for key in sorted(matched, key=lambda k: min(c["start_ns"] - offsets[r]["offset_ns"] for r, c in matched[k].items())):
         parts = matched[key]
@@ -427,8 +432,11 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
         # before the first end. A match that fails this is not one collective (a partial set of
         # ranks matched by sequence alone, e.g. point-to-point kernels of absent peers), or the
         # clocks are off by more than the offset estimate.
+        # The clocks are known to the offsets' spread (the median distance of each rank's ends from
+        # its median offset): a rank ending within that of the last arrival is not evidence.
+        slack = sum(offsets[r].get("spread_ns", 0) for r in {first_end, last_rank})
         suspect = None
-        if last > ends[first_end]:
+        if last > ends[first_end] + slack:
             suspect = (f"rank {first_end} ended {(last - ends[first_end]) / 1e3:.1f} us before rank {last_rank} "
                        f"arrived: not one collective, or clocks off by more than the estimated offset")
         collectives.append({

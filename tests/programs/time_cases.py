@@ -8,7 +8,10 @@ finished what it was doing, so both ranks' compile records reach the store)::
   step: forward, backward, the gradients all-reduced as one flat tensor (``GRAD_ALL_REDUCE``), an
   SGD step. Step 0 compiles on both ranks (not profiled); steps 1-3 are profiled (Kineto traces
   per rank). At step 2 rank 1's batch has 5 rows: rank 1 alone recompiles (a guard on the
-  input's size fails) forward and backward, and rank 0 waits for it inside the all-reduce.
+  input's size fails) forward and backward, and rank 0 waits for it inside the all-reduce. In the
+  profiled steps rank 1 starts its step once rank 0 has reached its all-reduce (``ARRIVAL_ORDER``,
+  a key in the job's c10d store): rank 1 arrives last at every step whatever a loaded host does to
+  either rank, by its step's own work at steps 1 and 3 and by its recompile at step 2.
 * ``compile_timeout`` — each step evaluates (``evaluate``: ``EVAL_LAYERS`` unrolled layers) then
   trains a small model, both compiled with ``aot_eager``. Rank 1 is warm: it compiled the
   evaluation ahead, before the barrier that starts the steps; rank 0 is cold: it compiles it at
@@ -42,9 +45,11 @@ def mlp() -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
-def train_step(compiled, model, opt, x, group=None) -> None:
+def train_step(compiled, model, opt, x, group=None, arrived=None) -> None:
     compiled(x).square().sum().backward()
     flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+    if arrived is not None:
+        arrived()
     dist.all_reduce(flat, group=group)  # GRAD_ALL_REDUCE
     opt.step()
     opt.zero_grad()
@@ -56,10 +61,16 @@ def case_recompile(store: str, rank: int) -> None:
     compiled = torch.compile(model, backend=agent.backend("aot_eager"), dynamic=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
+    kv = dist.distributed_c10d._get_default_store()
     with agent.profile(wait_steps=1, warmup_steps=0, active_steps=3) as prof:
         for step in range(4):
             rows = 5 if (rank == 1 and step == 2) else 4  # RANK_ONE_BATCH: rank 1 alone recompiles at step 2
-            train_step(compiled, model, opt, torch.randn(rows, 16, generator=gen))
+            arrived = None
+            if step > 0 and rank == 0:  # ARRIVAL_ORDER: rank 0 says it reached the all-reduce
+                arrived = lambda step=step: kv.set(f"time_cases/arrived/{step}", "1")  # noqa: E731
+            elif step > 0:  # rank 1 starts its step only then: it arrives last whatever the host's load
+                kv.wait([f"time_cases/arrived/{step}"], timedelta(seconds=600))
+            train_step(compiled, model, opt, torch.randn(rows, 16, generator=gen), arrived=arrived)
             if step == 0:
                 dist.barrier()  # both ranks out of their first compile before the profiled steps
             prof.step()
