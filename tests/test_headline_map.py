@@ -105,3 +105,21 @@ def test_cpu_traces_read_the_whole_trace(tmp_path):
             full, fast = map_trace(s, tid), headline_mapping(s, tid)
             _same(full, fast)
             assert full.device == "cpu" and full.node_ns
+
+
+def test_headline_and_fingerprint_on_postgresql(pg_url):
+    """The same SQL on PostgreSQL (``substr``, the correlation subquery); the fingerprint is
+    counted there (COPY gives no consecutive-id guarantee: NOTE: [Fingerprint at write])."""
+    from graphdeck.analysis.traces.export_map import _fingerprint
+    from graphdeck.store.schema import TraceLinks
+
+    path = shared_path("data", "traces", "hta", "nccl_parser_config", "nccl_data.json.gz")
+    res = CliRunner().invoke(cli, ["ingest-trace", str(path), "--store", pg_url, "--run", "r"])
+    assert res.exit_code == 0, res.output
+    with Session(open_engine(pg_url)) as s:
+        tid = s.scalar(select(Trace.id))
+        full, fast = map_trace(s, tid), headline_mapping(s, tid)
+        row = s.scalar(select(TraceLinks).where(TraceLinks.trace_id == tid))
+        assert (row.events_count, row.first_event_id, row.last_event_id) == _fingerprint(s, tid)
+    _same(full, fast)
+    assert mapping_headline(full) in res.output
