@@ -93,7 +93,7 @@ from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported unde
     scan_events,
     to_ns,
 )
-from graphdeck.store.trace_rows import MAX_LANE_NAMES, STORED_PH, EventRows  # noqa: F401  (re-exported)
+from graphdeck.store.trace_rows import MAX_LANE_NAMES, STORED_PH, EventRows, gc_paused  # noqa: F401  (re-exported)
 from graphdeck.store.trace_write import EventWriter
 from graphdeck.store.writers import WRITER_KEY, stamp
 
@@ -367,7 +367,7 @@ class _Ingest(EventRows):
             reader = self.resync = ResyncReader(reader)  # NOTE: [Resynchronising] in trace_json
         cut: str | None = None
         try:
-            cut = self._consume(reader)
+            cut = gc_paused(self._consume, reader)
             repaired = self.repairer.counts["repaired_strings"] if self.repair else 0
             if repaired and self.strict:
                 raise BadInputError(f"trace {self.name!r} has {repaired} malformed strings (repaired: "
