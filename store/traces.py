@@ -587,7 +587,8 @@ class _Ingest(EventRows):
         tally = KernelTally()  # the kernels are streamed once, for the index and the links alike
         tally.complete = _keep_collective_index(self.engine, trace_id, stats, tally)
         x_ids = self.writer.x_ids if self.writer is not None else None  # NOTE: [Fingerprint at write]
-        by_kernel = record_links(self.engine, trace_id, full=True, tally=tally, fingerprint=x_ids)  # best effort, like the index
+        # best effort, like the index
+        by_kernel = record_links(self.engine, trace_id, full=True, tally=tally, fingerprint=x_ids)
         keep_node_times(self.engine, trace_id, by_kernel)  # the same mapping (None: the hook maps the trace itself)
         self.stats = stats
         return IngestResult(trace_id, self.run_id, rank, status, self.stored, stats)

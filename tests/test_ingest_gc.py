@@ -22,7 +22,8 @@ def test_the_loop_runs_paused_and_the_collector_is_back_after(tmp_path, monkeypa
     import graphdeck.store.traces as traces
 
     seen, real = [], traces._Ingest._consume
-    monkeypatch.setattr(traces._Ingest, "_consume", lambda self, reader: seen.append(gc.isenabled()) or real(self, reader))
+    monkeypatch.setattr(traces._Ingest, "_consume",
+                        lambda self, reader: seen.append(gc.isenabled()) or real(self, reader))
     assert gc.isenabled()
     ingest_trace(open_engine(tmp_path / "s.db"),
                  shared_path("data", "traces", "tracelens", "b200", "eager_trace.json.gz"), run_name="r")
