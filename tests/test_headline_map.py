@@ -70,10 +70,15 @@ def test_ingest_trace_command_prints_the_same_headline(tmp_path):
     store = tmp_path / "s.db"
     res = CliRunner().invoke(cli, ["ingest-trace", str(path), "--store", str(store), "--run", "r"])
     assert res.exit_code == 0, res.output
+    from graphdeck.analysis.traces.analyze import TraceData
+    from graphdeck.analysis.traces.idle import headline, idle_breakdown
+
     with Session(open_engine(store)) as s:
         tid = s.scalar(select(Trace.id))
         expected = mapping_headline(map_trace(s, tid))
+        idle = headline(idle_breakdown(TraceData(s, tid)))  # the whole trace with args and links
     assert expected in res.output and "eager optimizer step" in expected
+    assert idle and all(line in res.output for line in idle)  # the command reads less for the same lines
 
 
 def _copy(src: Path, dst: Path) -> Path:
