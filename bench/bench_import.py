@@ -20,6 +20,7 @@ Usage::
 
     python bench/bench_import.py --make-big            # once: writes the ≥100 MB log (minutes)
     python bench/bench_import.py [--repeat 5] [--small-only] [--no-prefixes] [--commands]
+    python bench/bench_import.py --singles --repeat 5   # each single-file log of tlparse's tests
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ MULTI = {
     "multi_rank_logs (4 ranks)": DATA / "tlparse_tests" / "inputs" / "multi_rank_logs",
     "generated ddp (2 ranks)": DATA / "generated_torch2.13_cpu_gloo" / "ddp",
 }
+#: Single-file logs (``--singles``): every single TORCH_TRACE log of tlparse's own test inputs.
+SINGLES = sorted(p for p in (DATA / "tlparse_tests" / "inputs").iterdir() if p.is_file()) \
+    if (DATA / "tlparse_tests" / "inputs").is_dir() else []
 GEN = r"""
 import sys, torch, torch.nn as nn
 target = int(sys.argv[1]) * 1024 * 1024
@@ -146,20 +150,22 @@ def main() -> None:
     ap.add_argument("--big-mb", type=int, default=100, help="size of the large log to generate, MiB")
     ap.add_argument("--big", type=Path, default=None, help="use this large log instead of the cached one")
     ap.add_argument("--small-only", action="store_true", help="only the multi-rank logs (no large log)")
+    ap.add_argument("--singles", action="store_true",
+                    help="only tlparse's single-file test logs, one row each (issue 41 goal 4: <= 0.1 CPU s)")
     args = ap.parse_args()
     if shutil.which("tlparse") is None:
         sys.exit("tlparse is not installed (pip install tlparse)")
     if args.make_big:
         make_big(args.big_mb)
-    inputs = dict(MULTI)
-    big = None if args.small_only else args.big or big_log()
+    inputs = {p.name: p for p in SINGLES} if args.singles else dict(MULTI)
+    big = None if args.small_only or args.singles else args.big or big_log()
     tmp = Path(tempfile.mkdtemp(prefix="gd-bench-import-"))
     if big is not None and not args.no_prefixes:
         inputs[f"big 25% ({big.stat().st_size * 0.25 / 2**20:.0f} MiB)"] = prefix_copy(big, 0.25, tmp / "b25.log")
         inputs[f"big 50% ({big.stat().st_size * 0.5 / 2**20:.0f} MiB)"] = prefix_copy(big, 0.5, tmp / "b50.log")
     if big is not None:
         inputs[f"big single log ({big.stat().st_size / 2**20:.0f} MiB)"] = big
-    else:
+    elif not args.singles:
         print("no large log: run with --make-big first", file=sys.stderr)
     print(f"{'input':34s} {'graphdeck CPU s':>20s} {'tlparse CPU s':>20s} {'CPU x':>6s} "
           f"{'gd wall s':>9s} {'tl wall s':>9s} {'wall x':>6s} "

@@ -69,9 +69,9 @@ class _Group(click.Group):
     def main(self, args=None, *rest, **kwargs):
         if args is not None or not kwargs.get("standalone_mode", True) or rest:
             return super().main(args, *rest, **kwargs)
-        from graphdeck.cli_common import QUICK_EXIT
+        from graphdeck.cli_common import PRELOAD_STORE
 
-        if sys.argv[1:2] and sys.argv[1] in QUICK_EXIT and "--help" not in sys.argv:
+        if sys.argv[1:2] and sys.argv[1] in PRELOAD_STORE and "--help" not in sys.argv:
             _load_store_modules()
         try:
             return super().main(args, **kwargs)
@@ -83,7 +83,7 @@ class _Group(click.Group):
 
 
 def _load_store_modules() -> None:
-    """SQLAlchemy's ORM and the store schema, which every read command loads first, imported with
+    """SQLAlchemy's ORM and the store schema, which every read command (and ingest-trace) loads first, imported with
     the garbage collector off, then frozen (``gc.freeze``: later collections skip them): their
     objects (classes, functions, the mapped tables) live as long as the process, so collecting
     during their import is work without a result (check-ranks on a 2-rank store: 1.75 -> 1.64 G

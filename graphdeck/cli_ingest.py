@@ -102,13 +102,13 @@ def ingest_trace_cmd(trace_file: str, store: str, run_name: str, rank: int | Non
     click.echo(f"trace {result.trace_id}: rank {result.rank}, status {result.status}: " + summary_line(result.stats or {})
                + (f"; {kernels} GPU kernels" if kernels is not None else ""))
     if result.status in ("ok", "truncated"):
-        from graphdeck.analysis.traces.analyze import TraceData
-        from graphdeck.analysis.traces.idle import headline, idle_breakdown
+        from graphdeck.analysis.traces.headline_map import headline_mapping  # NOTE: [Headline mapping from launches]
+        from graphdeck.analysis.traces.idle import TraceEvents, headline, idle_breakdown
 
         with Session(engine) as s:
-            data = TraceData(s, result.trace_id)
-            m = data.mapping
-            idle = idle_breakdown(data)  # NOTE: [Idle time by cause]
+            m = headline_mapping(s, result.trace_id)
+            # NOTE: [Idle time by cause]: its own lighter read (no args, no launch chains), as the API's
+            idle = idle_breakdown(TraceEvents.load(s, result.trace_id))
         if m.kernel_ns:
             click.echo(mapping_headline(m))
             from graphdeck.analysis.traces.kernel_source_nodes import coverage_warning

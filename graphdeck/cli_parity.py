@@ -15,7 +15,6 @@ Two forms:
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -125,6 +124,8 @@ def _launch(args: tuple[str, ...], store: str, nproc: int, step: int, run_name: 
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", *args]
         click.echo(f"[graphdeck] parity: {role} run {name!r} at {n} rank{'s' if n > 1 else ''}: "
                    + " ".join(args), err=True)
+        import subprocess  # not at import: a command that starts nothing does not load it (issue 41 goal 4)
+
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout or "")[-4000:]

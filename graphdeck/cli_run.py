@@ -22,9 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 import click
@@ -90,6 +88,8 @@ def _from_terminal() -> bool:
 
 def run_command(command: list[str], env: dict) -> int:
     """Run ``command`` with ``env``, forwarding signals; its exit status (128+N for signal N)."""
+    import subprocess  # not at import: the other commands do not load it (issue 41 goal 4)
+
     proc = subprocess.Popen(command, env=env)
     previous = {}
 
@@ -142,6 +142,8 @@ def run(store, run_name, profile_steps, no_evidence, command):
         raise click.UsageError("no command given (graphdeck run [OPTIONS] -- COMMAND...)")
     if shutil.which(command[0]) is None and not os.path.exists(command[0]):
         raise click.UsageError(f"command not found: {command[0]}")
+    import tempfile
+
     site_dir = tempfile.mkdtemp(prefix="graphdeck-run-")
     try:
         with open(os.path.join(site_dir, "sitecustomize.py"), "w") as f:

@@ -5,7 +5,6 @@ graphdeck/cli.py (:data:`COMMANDS`); helpers only from graphdeck/cli_common.py."
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,6 +48,8 @@ def demo(store: str, run_name: str, nproc: int, backend: str, steps: int, serve:
            "-m", "graphdeck.demo", "--store", str(store_path), "--run-name", run_name,
            "--backend", backend, "--steps", str(steps)]
     click.echo(f"[graphdeck] launching {nproc} ranks: {' '.join(cmd[2:])}")
+    import subprocess  # not at import: the other commands do not load it (issue 41 goal 4)
+
     code = subprocess.call(cmd, env=env)
     if code != 0:
         click.echo(f"error: the training job exited with {code}", err=True)

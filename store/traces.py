@@ -93,7 +93,7 @@ from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported unde
     scan_events,
     to_ns,
 )
-from graphdeck.store.trace_rows import MAX_LANE_NAMES, STORED_PH, EventRows  # noqa: F401  (re-exported)
+from graphdeck.store.trace_rows import MAX_LANE_NAMES, STORED_PH, EventRows, gc_paused  # noqa: F401  (re-exported)
 from graphdeck.store.trace_write import EventWriter
 from graphdeck.store.writers import WRITER_KEY, stamp
 
@@ -367,7 +367,7 @@ class _Ingest(EventRows):
             reader = self.resync = ResyncReader(reader)  # NOTE: [Resynchronising] in trace_json
         cut: str | None = None
         try:
-            cut = self._consume(reader)
+            cut = gc_paused(self._consume, reader)
             repaired = self.repairer.counts["repaired_strings"] if self.repair else 0
             if repaired and self.strict:
                 raise BadInputError(f"trace {self.name!r} has {repaired} malformed strings (repaired: "
@@ -586,7 +586,9 @@ class _Ingest(EventRows):
 
         tally = KernelTally()  # the kernels are streamed once, for the index and the links alike
         tally.complete = _keep_collective_index(self.engine, trace_id, stats, tally)
-        by_kernel = record_links(self.engine, trace_id, full=True, tally=tally)  # best effort, like the index
+        x_ids = self.writer.x_ids if self.writer is not None else None  # NOTE: [Fingerprint at write]
+        # best effort, like the index
+        by_kernel = record_links(self.engine, trace_id, full=True, tally=tally, fingerprint=x_ids)
         keep_node_times(self.engine, trace_id, by_kernel)  # the same mapping (None: the hook maps the trace itself)
         self.stats = stats
         return IngestResult(trace_id, self.run_id, rank, status, self.stored, stats)

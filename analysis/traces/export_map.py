@@ -233,7 +233,8 @@ class KernelTally:
 
 
 def record_links(engine: Engine, trace_id: int, full: bool = False,
-                 tally: KernelTally | None = None) -> bool | ByKernel | None:
+                 tally: KernelTally | None = None,
+                 fingerprint: tuple[int, int | None, int | None] | None = None) -> bool | ByKernel | None:
     """Compute trace ``trace_id``'s links and keep them as its ``trace_links`` row, replacing an
     older one (NOTE: [Stored kernel links]); whether a row was written (none for a trace on
     ``map_trace``'s CPU path: an older row is then removed). Best effort, for the ingest: any
@@ -243,7 +244,9 @@ def record_links(engine: Engine, trace_id: int, full: bool = False,
     mapped too: NOTE: [Export kernel links]) when a row was written, else None — what the ingest's
     node-time hook maps the trace's time with (:func:`graphdeck.store.node_times.record`), so the
     ingest maps each trace once. ``tally``: the trace's kernels as another pass saw them (used only
-    when complete and the rank has no kernel tables: the kernels are then not read again)."""
+    when complete and the rank has no kernel tables: the kernels are then not read again).
+    ``fingerprint``: the trace's ``X`` events' ``(count, first id, last id)`` as the ingest wrote
+    them (NOTE: [Fingerprint at write] in graphdeck.store.trace_write), else they are counted."""
     from graphdeck.store.db import retrying, write_session
 
     try:
@@ -264,7 +267,7 @@ def record_links(engine: Engine, trace_id: int, full: bool = False,
             else:  # without tables a kernel's launch and host ranges are not looked at
                 kernels = ((k, None, ()) for k, _ in stream_kernels(s, trace_id, args=False, launch=False))
                 by_kernel, comm_kernels, cpu_path = _compute(s, trace, kernels, tables)
-            count, first, last = _fingerprint(s, trace_id)
+            count, first, last = fingerprint if fingerprint is not None else _fingerprint(s, trace_id)
             run_id, rank = trace.run_id, trace.rank
             row = None if cpu_path else dict(
                 trace_id=trace_id, run_id=run_id, rank=rank, method=METHOD, graphs_count=state[0],
