@@ -155,29 +155,31 @@ def run_ranks(argv: Sequence[str], nproc: int = 2, *, env: dict | None = None, c
 # ---------------------------------------------------------------------------- zygotes
 
 
-def start_python(args: Sequence[str], *, env: dict, cwd=None, stdout, stderr):
+def start_python(args: Sequence[str], *, env: dict, cwd=None, stdout, stderr, preload: Sequence[str] | None = None):
     """``python ARGS`` (``[-u] script args…``, ``[-u] -m module args…`` or ``[-u] -c code args…``)
     with ``env``, ``cwd`` and ``stdout``/``stderr`` (open files): forked from a pre-warmed zygote
-    (:class:`Zygote`, one per distinct environment, :data:`PER_JOB_ENV` aside) unless
-    ``GRAPHDECK_TEST_ZYGOTE=0`` or ``env`` lacks ``OMP_NUM_THREADS=1``; a ``subprocess.Popen`` or a
-    :class:`Forked`, which behave alike."""
+    (:class:`Zygote`, one per distinct environment, :data:`PER_JOB_ENV` aside, and preload list)
+    unless ``GRAPHDECK_TEST_ZYGOTE=0`` or ``env`` lacks ``OMP_NUM_THREADS=1``; a ``subprocess.Popen``
+    or a :class:`Forked`, which behave alike. ``preload``: the modules the zygote imports beyond
+    torch, Dynamo, Inductor's config and torch.distributed (default :data:`DEFAULT_PRELOAD`, plus
+    GPT-2's model for a job that names it); ``()`` for a job that must not find graphdeck imported."""
     args = [str(a) for a in args]
     # Only with one OpenMP/OpenBLAS thread do the preloaded libraries start no thread pool at import
     # (tests/zygote.py refuses to fork with a thread running): other jobs start fresh.
     if os.environ.get(ZYGOTE_ENV) == "0" or env.get(ZYGOTE_ENV) == "0" or env.get("OMP_NUM_THREADS") != "1":
         return subprocess.Popen([sys.executable, *args], env=env, cwd=cwd, stdout=stdout, stderr=stderr)
     job = args[1:] if args and args[0] == "-u" else args
-    return _zygote_for(env, job).spawn(job, env, cwd, stdout, stderr)
+    return _zygote_for(env, job, preload).spawn(job, env, cwd, stdout, stderr)
 
 
-def run_python_job(args: Sequence[str], *, env: dict | None = None, cwd=None,
-                   timeout: float | None = 600) -> subprocess.CompletedProcess:
+def run_python_job(args: Sequence[str], *, env: dict | None = None, cwd=None, timeout: float | None = 600,
+                   preload: Sequence[str] | None = None) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd,
     timeout=timeout)`` for a torch job, started by :func:`start_python` (forked from a zygote when
     ``env`` has ``OMP_NUM_THREADS=1``). On timeout the job is killed and ``TimeoutExpired`` raised."""
     env = dict(os.environ if env is None else env)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        job = start_python(args, env=env, cwd=cwd, stdout=out, stderr=err)
+        job = start_python(args, env=env, cwd=cwd, stdout=out, stderr=err, preload=preload)
         try:
             code = job.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -200,6 +202,8 @@ MAX_ZYGOTES = 4
 #: zygote without it, so none finds a library imported that it would not import itself.
 GPT2_JOB_WORDS = ("graphdeck.demo", "build_model", "transformers")
 GPT2_MODULES = ("transformers.models.gpt2.modeling_gpt2",)
+#: What a zygote imports beyond tests/zygote.py's ``PRELOAD`` unless told otherwise.
+DEFAULT_PRELOAD = ("graphdeck.capture.agent",)
 
 
 def _extra_preload(job: list) -> tuple:
@@ -210,8 +214,8 @@ def _extra_preload(job: list) -> tuple:
     return GPT2_MODULES if any(w in text for w in GPT2_JOB_WORDS) else ()
 
 
-def _zygote_for(env: dict, job: list) -> "Zygote":
-    extra = _extra_preload(job)
+def _zygote_for(env: dict, job: list, preload: Sequence[str] | None) -> "Zygote":
+    extra = (*DEFAULT_PRELOAD, *_extra_preload(job)) if preload is None else tuple(preload)
     key = (extra, tuple(sorted((k, v) for k, v in env.items() if k not in PER_JOB_ENV)))
     with _ZYGOTES_LOCK:
         zygote = _ZYGOTES.pop(key, None)

@@ -1,8 +1,8 @@
 """A pre-warmed interpreter that forks test jobs (the server side of :class:`tests.launch.Zygote`).
 
 Started as ``python -u tests/zygote.py FD [MODULE...]`` with the jobs' environment, it imports
-torch, Dynamo, torch.distributed, graphdeck's capture agent and the MODULEs (GPT-2's transformers
-model for the jobs that build one) once (~3 CPU-s that every fresh rank process would
+torch, Dynamo, Inductor's config, torch.distributed and the MODULEs (by default graphdeck's capture
+agent, and GPT-2's transformers model for the jobs that build one) once (~3 CPU-s that every fresh rank process would
 spend again), then serves requests on the Unix socket ``FD``: each request is a JSON line
 ``{"argv": [...], "env": {...}, "cwd": ...}`` with the job's stdout and stderr descriptors attached
 (``SCM_RIGHTS``). For each it forks a child that becomes the job: ``os.environ`` set to ``env``
@@ -32,7 +32,8 @@ import socket
 import sys
 import threading
 
-PRELOAD = ("torch", "torch._dynamo", "torch._inductor.config", "torch.distributed", "graphdeck.capture.agent")
+#: Always imported first; the client names the rest (tests/launch.py ``DEFAULT_PRELOAD``).
+PRELOAD = ("torch", "torch._dynamo", "torch._inductor.config", "torch.distributed")
 
 
 def _preload(extra: list[str]) -> None:
