@@ -44,9 +44,10 @@ def time_store(tmp_path_factory) -> Path:
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
     files = [tempfile.TemporaryFile("w+") for _ in (0, 1)]
-    procs = [start_python([PROGRAM, store], env={**env, "RANK": str(r)}, stdout=f, stderr=f) for r, f in enumerate(files)]
+    procs = [start_python([PROGRAM, store], env={**env, "RANK": str(r)}, stdout=f, stderr=f)
+             for r, f in enumerate(files)]
     for p in procs:
-        p.wait(timeout=500)
+        p.wait(timeout=900)  # a hang guard: at load 24 on 2 cores the job took over 500 s
     outs = []
     for f in files:
         f.seek(0)
