@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -348,7 +349,10 @@ class Forked:
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(0.02)
+            try:  # until the zygote says something (an exit), at most 0.2 s
+                select.select([self.zygote.sock], [], [], 0.2)
+            except (OSError, ValueError):
+                time.sleep(0.02)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
