@@ -9,6 +9,10 @@ and, as under torchrun, the ranks rendezvous on a TCPStore the launcher holds: h
 stdout and one stderr, as they do under torchrun. When a rank fails, the others get SIGTERM (then
 SIGKILL 30 s later), as torchrun does, and the job's return code is 1.
 
+Each rank, and each single-process torch job a test starts through :func:`start_python` /
+:func:`run_python_job`, is forked from a pre-warmed zygote (tests/zygote.py) that has imported torch
+once for all the jobs of its environment; ``GRAPHDECK_TEST_ZYGOTE=0`` starts fresh interpreters.
+
 Tests that prove something about torchrun itself, or about how a job behaves when torchrun stops
 its ranks (Flight Recorder dumps on SIGTERM, ``graphdeck run``'s launch forms, the framework
 integrations as users launch them), keep launching ``torch.distributed.run``.
