@@ -13,7 +13,6 @@ import shutil
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -56,10 +55,15 @@ agent.close()
 
 
 def run_python(code: str, *args: str, env: dict | None = None, timeout_s: int = 600) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter (a clean torch/Dynamo state); raise with its output on failure."""
-    full_env = dict(os.environ, **(env or {}))
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout_s)
+    """Run ``code`` as ``python -c code args...`` in an interpreter of its own (a clean torch/Dynamo
+    state: forked from a zygote that has only imported torch, :func:`tests.launch.start_python`);
+    raise with its output on failure, or after ``timeout_s`` s (the job killed). One intra-op
+    thread (``OMP_NUM_THREADS=1``, as torchrun gives its ranks) unless ``env`` says otherwise:
+    libraries start no thread pool at import, so the zygote may fork."""
+    from tests.launch import run_python_job
+
+    proc = run_python_job(["-c", code, *args], env=dict(os.environ, **{"OMP_NUM_THREADS": "1", **(env or {})}),
+                          timeout=timeout_s)
     if proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
@@ -271,6 +275,69 @@ LONGEST_FILES = (
     "test_gradients_parity.py", "test_gradients_ddp.py", "test_executor_config.py", "test_time_verdicts.py",
     "test_mesh_checks.py", "test_live_watch.py", "test_ranks.py", "test_gradients_evidence.py",
 )
+
+
+# ---------------------------------------------------------------------------- CPU profile
+
+#: ``GRAPHDECK_TEST_CPU_LOG=path``: each test appends one tab-separated line to ``path`` (several
+#: xdist workers append to the same file): the worker, the test id, its wall s, the test process's
+#: own user and system CPU s, its children's user and system CPU s (``getrusage`` SELF and
+#: CHILDREN deltas over setup + call + teardown, so a module or session fixture counts in the test
+#: that first needs it; plus the jobs its zygotes forked, tests/launch.py ``FORKED_CPU``; a
+#: zygote's own start-up counts when it is closed, at the session's end), the processes the test
+#: process started (``subprocess.Popen``, and ``forked:`` jobs) and the first few of their command
+#: lines. Off when unset.
+CPU_LOG_ENV = "GRAPHDECK_TEST_CPU_LOG"
+
+
+class _PopenCounter:
+    """Counts the processes this process starts (``subprocess.Popen._execute_child``)."""
+
+    def __init__(self) -> None:
+        self.argvs: list[str] = []
+        original = subprocess.Popen._execute_child
+
+        def counted(popen, args, *rest, **kwargs):
+            words = [args] if isinstance(args, (str, bytes)) else list(args)
+            self.argvs.append(" ".join(str(w) for w in words[:4])[:120])
+            return original(popen, args, *rest, **kwargs)
+
+        subprocess.Popen._execute_child = counted
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = os.environ.get(CPU_LOG_ENV)
+    if not path:
+        yield
+        return
+    import resource
+
+    from tests import launch
+
+    counter = item.config.__dict__.setdefault("_graphdeck_popen", _PopenCounter())
+    start_argv, start_forked, forked0 = len(counter.argvs), len(launch.FORKED), list(launch.FORKED_CPU)
+    own0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    yield
+    wall = time.monotonic() - t0
+    own1, kids1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = counter.argvs[start_argv:] + ["forked: " + a for a in launch.FORKED[start_forked:]]
+    row = [os.environ.get("PYTEST_XDIST_WORKER", "-"), item.nodeid, f"{wall:.2f}",
+           f"{own1.ru_utime - own0.ru_utime:.2f}", f"{own1.ru_stime - own0.ru_stime:.2f}",
+           f"{kids1.ru_utime - kids0.ru_utime + launch.FORKED_CPU[0] - forked0[0]:.2f}",
+           f"{kids1.ru_stime - kids0.ru_stime + launch.FORKED_CPU[1] - forked0[1]:.2f}",
+           str(len(started)), " | ".join(started[:6]).replace("\t", " ").replace("\n", " ")]
+    with open(path, "a") as f:
+        f.write("\t".join(row) + "\n")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """The zygotes (tests/launch.py) end with the session, waited for: their CPU time counts in
+    the session's (``/usr/bin/time``), and none outlives it."""
+    from tests.launch import close_zygotes
+
+    close_zygotes()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

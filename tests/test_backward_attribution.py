@@ -11,6 +11,7 @@ ResNet trace with activation checkpointing (``tracelens/mi300/resnet_act_checkpo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -22,6 +23,7 @@ import graphdeck
 from graphdeck.analysis.traces.backward import backward_by_module
 from graphdeck.store.db import open_engine
 from tests.conftest import LiveServer, shared_path
+from tests.launch import run_python_job
 
 JOB = r"""
 import sys, torch
@@ -53,7 +55,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def job(tmp_path_factory):
     """One real CPU process profiling an eager and a compiled step; both traces ingested by the CLI."""
     out = tmp_path_factory.mktemp("bwd")
-    proc = subprocess.run([sys.executable, "-c", JOB, str(out)], capture_output=True, text=True, timeout=300)
+    proc = run_python_job(["-c", JOB, out], env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     store = out / "s.db"
     for mode in ("eager", "compiled"):

@@ -4,6 +4,7 @@ and bindings; the multi-rank DDP job lives in test_main_job.py."""
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 import torch.nn as nn
@@ -14,6 +15,7 @@ from graphdeck.analysis.gradients.core import gradient_report
 from graphdeck.capture import Agent
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import CompileEvent, Graph, GraphIO, Node, Param, Run
+from tests.launch import run_python_job
 
 
 def capture(tmp_path, model: nn.Module, inputs, *, run="t", backend="aot_eager", loss=None):
@@ -192,13 +194,10 @@ def test_ddp_buckets_recorded_as_the_reducer_has_them():
     """The DDP buckets graphdeck records (capture/comm_groups.py) are the reducer's own, in
     all-reduce order: rebuilt in gradient-ready order after the first step, or the initial ones
     that ``find_unused_parameters=True`` keeps; a frozen parameter is in none."""
-    import json
-    import subprocess
-    import sys
     from pathlib import Path
 
     prog = Path(__file__).parent / "programs" / "ddp_buckets.py"
-    proc = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, timeout=300)
+    proc = run_python_job([prog], env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cases = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [c["find_unused"] for c in cases] == [False, True]

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from sqlalchemy import text
 from graphdeck import validate_backward
 from graphdeck.store.db import open_engine
 from tests.conftest import free_port
+from tests.launch import run_python_job
 
 pytestmark = pytest.mark.slow
 
@@ -79,12 +78,12 @@ def _env(cache: Path) -> dict:
 
 
 def _run(variant: str, mode: str, out: Path, cache: Path) -> dict:
-    """One variant in an interpreter of its own."""
+    """One variant in an interpreter of its own: forked, as every run of both modes, from a zygote
+    that has imported torch alone (``preload=()``: no graphdeck), tests/launch.py."""
     store, result = out / f"{variant}-{mode}.db", out / f"{variant}-{mode}.json"
     args = [mode, str(store), str(result)] if variant == "pipeline" else [variant, mode, str(store), str(result)]
     script = "capture_matrix_pipeline.py" if variant == "pipeline" else "capture_matrix_job.py"
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / script), *args], capture_output=True, text=True,
-                          env=_env(cache), timeout=600, cwd=REPO)
+    proc = run_python_job([REPO / "tests" / script, *args], env=_env(cache), timeout=600, cwd=REPO, preload=())
     data = json.loads(result.read_text()) if result.exists() else {}
     return {"rc": proc.returncode, "log": proc.stderr[-4000:], "store": store, **data}
 
@@ -92,8 +91,8 @@ def _run(variant: str, mode: str, out: Path, cache: Path) -> dict:
 def _batch(mode: str, specs: tuple, out: Path, cache: Path) -> dict:
     """``specs`` one after another in one interpreter; results keyed ``(spec, mode)``, ``rc`` 1 for
     a variant that raised (its traceback as ``log``)."""
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "capture_matrix_job.py"), "--batch", mode, str(out),
-                           *specs], capture_output=True, text=True, env=_env(cache), timeout=900, cwd=REPO)
+    proc = run_python_job([REPO / "tests" / "capture_matrix_job.py", "--batch", mode, out, *specs], env=_env(cache),
+                          timeout=900, cwd=REPO, preload=())
     results = {}
     for spec in specs:
         name = spec.replace("@", "-")

@@ -14,8 +14,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -34,7 +32,7 @@ from graphdeck.store.schema import Graph, Run
 from graphdeck.store.torch_trace import import_torch_trace
 from graphdeck.store.torch_trace_log import discover
 from tests.conftest import LiveServer, shared_path
-from tests.launch import run_ranks
+from tests.launch import run_python_job, run_ranks
 from tests.test_gradients_n1 import n1_store  # noqa: F401 - the N1 capture, a fixture
 
 JOB = Path(__file__).with_name("compile_health_job.py")
@@ -58,7 +56,7 @@ def health(store, run: str, **th):
 def job(tmp_path_factory):
     """The three captured runs (shapes, n8, shapes-fullgraph) in one store, and the job's process."""
     store = tmp_path_factory.mktemp("ch") / "job.db"
-    proc = subprocess.run([sys.executable, str(JOB), str(store)], capture_output=True, text=True, timeout=600,
+    proc = run_python_job([JOB, store], timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
     return store, proc
 

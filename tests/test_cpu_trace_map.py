@@ -26,7 +26,7 @@ from graphdeck.analysis.traces.mapping import map_trace
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, Run, Trace
 from tests.conftest import LiveServer
-from tests.launch import run_ranks
+from tests.launch import run_python_job, run_ranks
 
 RUN = "cpu"
 
@@ -235,7 +235,7 @@ agent.close()
 def _run_file(script: Path, store: Path, cache: Path) -> None:
     """Run ``script`` as a file (``python -c`` code has no stack traces for the nodes)."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
-    proc = subprocess.run([sys.executable, str(script), str(store)], capture_output=True, text=True, env=env, timeout=600)
+    proc = run_python_job([script, store], env=env, timeout=600)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
 

@@ -7,6 +7,7 @@ The 2-rank DDP form is asserted in tests/test_gradients_evidence.py (its shared 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import pytest
 
 from graphdeck import validate_backward
 from tests.conftest import REPO
+from tests.launch import run_python_job
 
 JOB = REPO / "tests" / "grad_branch_job.py"
 
@@ -25,7 +27,7 @@ def _line(text: str) -> int:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     db = tmp_path_factory.mktemp("branch") / "branch.db"
-    proc = subprocess.run([sys.executable, str(JOB), str(db)], capture_output=True, text=True, timeout=600)
+    proc = run_python_job([JOB, db], env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return db
 

@@ -30,6 +30,7 @@ from graphdeck.analysis.ranks.mesh import compare_schedules
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import CompileEvent, Run
 from tests.conftest import REPO, free_port, run_python
+from tests.launch import run_python_job
 from tests.nd_fixtures import (  # noqa: F401
     RUN_FSDP_TP,
     RUN_PIPELINE,
@@ -354,9 +355,8 @@ def test_fsdp2_parameter_without_gradient_is_seen_at_each_step(tmp_path):
     sharded parameters get their ``.grad`` assigned after the reduce-scatter, so the evidence reads
     it at each optimizer step: the never-used layer is ``none`` at steps 0-2, the rest ok."""
     store = tmp_path / "one.db"
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "programs" / "fsdp2_one_rank.py"), str(store),
-                           str(free_port())], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1"))
+    proc = run_python_job([REPO / "tests" / "programs" / "fsdp2_one_rank.py", store, free_port()], timeout=300,
+                          cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     with sqlite3.connect(store) as db:
         ((first, last, n, closed, state),) = db.execute(

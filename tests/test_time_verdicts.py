@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from graphdeck.analysis.ranks.time_verdicts import WARN_FRACTION, judge, stack_p
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Run
 from tests.conftest import REPO
+from tests.launch import start_python
 from tests.verdict_surfaces import disagreements
 
 PROGRAM = REPO / "tests" / "programs" / "time_cases.py"
@@ -41,9 +43,16 @@ def time_store(tmp_path_factory) -> Path:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, str(PROGRAM), str(store)], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    outs = [p.communicate(timeout=500)[0] for p in procs]
+    files = [tempfile.TemporaryFile("w+") for _ in (0, 1)]
+    procs = [start_python([PROGRAM, store], env={**env, "RANK": str(r)}, stdout=f, stderr=f)
+             for r, f in enumerate(files)]
+    for p in procs:
+        p.wait(timeout=900)  # a hang guard: at load 24 on 2 cores the job took over 500 s
+    outs = []
+    for f in files:
+        f.seek(0)
+        outs.append(f.read())
+        f.close()
     for r, (p, out) in enumerate(zip(procs, outs)):  # the job died in case 2's all-reduce, on both ranks
         assert p.returncode != 0 and "all_reduce" in out, f"rank {r}:\n{out[-4000:]}"
     assert "Timed out waiting" in outs[1], outs[1][-3000:]
