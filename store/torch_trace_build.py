@@ -259,6 +259,7 @@ class FileBuilder:
             elif name == "inductor_output_code" or kind == "inductor_output_code":
                 ctx.output_code, ctx.linked = rec.payload, False  # until this compile's stack traces
                 ctx.by_dataflow = self._by_dataflow(ctx, rec, target)
+                self.counts["output_codes"] += 1
         if name == "dynamo_graph_break_reason" and rec.payload and rec.compile_id:
             self.break_reasons.setdefault(rec.compile_id.split("_")[0], rec.payload.strip())
         if kind == "compilation_metrics" and isinstance(rec.body, dict):

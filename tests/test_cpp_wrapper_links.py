@@ -15,6 +15,7 @@ default backend (Inductor, C++ on CPU), forward + backward, ``TORCH_TRACE`` set 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -26,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.store.db import open_engine
 from graphdeck.store.schema import Graph, KernelNode, Node
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, shared_path
 
 JOB = r"""
 import torch, torch.nn as nn
@@ -61,6 +62,7 @@ def plain_log(tmp_path_factory):
     imp = subprocess.run([sys.executable, "-m", "graphdeck.cli", "import", str(d / "trace"), "--store", str(store),
                           "--run", "cpp", "--no-progress"], capture_output=True, text=True, timeout=300)
     assert imp.returncode == 0, imp.stderr
+    assert " 0 kernel links" not in imp.stdout and "INDUCTOR_PROVENANCE" not in imp.stderr, imp.stdout + imp.stderr
     return store
 
 
@@ -119,3 +121,16 @@ def test_kernels_api_keys_extern_calls_per_call_site(plain_log):
     # node → kernel tells the mm calls apart
     per_node = {n: ks for n, ks in body["nodes"].items() if n.startswith("mm")}
     assert len({ks[0] for ks in per_node.values()}) == len(per_node), per_node
+
+
+def test_import_says_why_a_triton_log_has_no_kernel_links(tmp_path):
+    """A GPU (Triton) log without provenance records: the import names the reason for 0 links."""
+    src = shared_path("data", "torch_trace", "tlparse_tests", "inputs", "multi_rank_messy_input",
+                      "dedicated_log_torch_trace_rank_0.log")
+    (tmp_path / "logs").mkdir()
+    shutil.copy(src, tmp_path / "logs" / src.name)
+    imp = subprocess.run([sys.executable, "-m", "graphdeck.cli", "import", str(tmp_path / "logs"), "--store",
+                          str(tmp_path / "t.db"), "--run", "t", "--no-progress"], capture_output=True, text=True,
+                         timeout=300)
+    assert imp.returncode == 0, imp.stderr
+    assert "0 kernel links" in imp.stdout and "INDUCTOR_PROVENANCE=1" in imp.stderr, imp.stderr
