@@ -11,6 +11,8 @@ looked as if it held the skipped output and the search stopped at ``loss.backwar
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -79,3 +81,24 @@ def test_eager_ddp_inline_loss_names_the_branch(tmp_path):
     line = next(i for i, s in enumerate(JOB.splitlines(), 1) if s.strip() == "if mask.any():")
     want = f"the loss code skipped it at the branch {job}:{line} in compute_loss: `if mask.any():`"
     assert all(want in r.reason for r in bad), rep.to_text()
+
+
+@pytest.mark.slow
+def test_graphdeck_run_eager_ddp_sees_step_0_and_says_eager(tmp_path):
+    """The same job with no capture code, under ``graphdeck run``: the eager DDP model is watched
+    when DDP wraps it, so step 0's backward is seen (was: steps from 1, the model watched at the
+    first optimizer step), and the report does not call the eager job "graph mode"."""
+    job, store = tmp_path / "job.py", tmp_path / "s.db"
+    job.write_text(JOB.replace('    agent = Agent(store=sys.argv[1], run="inline")\n', "")
+                   .replace("net = agent.watch(Net())", "net = Net()").replace("    agent.close()\n", ""))
+    cmd = [sys.executable, "-m", "graphdeck.cli", "run", "--store", str(store), "--run", "plain", "--",
+           sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(job)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rep = validate_backward(store, "plain")
+    text = rep.to_text()
+    assert "(eager job, run-time evidence)" in text.splitlines()[0], text
+    assert "steps 0–3 (4 backward)" in text, text
+    bad = [r for r in rep if r.status != "OK"]
+    assert {(r.rank, r.fqn) for r in bad} == {(1, "box_head.weight"), (1, "box_head.bias")}, text
+    assert all("in compute_loss: `if mask.any():`" in r.reason for r in bad), text
