@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from graphdeck.store.schema import Graph, Rank, Run, Trace
+from graphdeck.store.schema import Graph, GradStep, Rank, Run, Trace
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,10 @@ def _names(items: list[str], limit: int = 4) -> str:
     return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
+#: Graph kinds that hold (or imply) a backward: a run with none but aot_inference has no gradients to check.
+_BACKWARD_KINDS = {"aot_forward", "aot_backward", "aot_joint", "compiled_autograd"}
+
+
 def check_gradients(session: Session, run: Run, deadline: float) -> CheckSummary:
     from graphdeck.analysis.gradients.core import gradient_report
 
@@ -198,6 +202,18 @@ def check_gradients(session: Session, run: Run, deadline: float) -> CheckSummary
         c.headline = "nothing to check: the run holds no parameter records (capture it with Agent.watch(model))"
         c.detail = {"summary": rep.summary, "failing": [], "statuses": []}
         return _reasons(c, [f.message for f in errors])
+    kinds = set(session.scalars(select(Graph.kind).where(Graph.run_id == run.id).distinct()))
+    if verdict == "FAIL" and "aot_inference" in kinds and not kinds & _BACKWARD_KINDS \
+            and session.scalar(select(GradStep.id).where(GradStep.run_id == run.id).limit(1)) is None:
+        # An inference-only log (imported TORCH_TRACE, no backward anywhere): gradient paths do not
+        # apply; a training job whose compiled region ran without grad shows the same, so the rows
+        # that tell where grad mode was off stay as reasons (issue 40 item 5).
+        c.verdict, c.count, c.count_label = "N/A", 0, "parameter(s) checked"
+        c.headline = ("no backward in this run: its compiled graphs are inference graphs only (aot_inference: "
+                      "grad mode off or no input requires grad); if the job trains, check-grads shows where "
+                      "grad mode was off")
+        c.detail = {"summary": rep.summary, "failing": [], "statuses": []}
+        return _reasons(c, [f"{r.fqn} (rank {r.rank}): {r.reason}" for r in rep.failures][:2])
     if verdict == "FAIL":
         parts = []
         if names:

@@ -322,7 +322,9 @@ def _patch_c10d(mod) -> None:
 
 def _patch_ddp(mod) -> None:
     cls = mod.DistributedDataParallel
-    cls.__init__ = _after(cls.__init__, lambda _out, self, *a, **k: (agent(), note(self)))
+    # watched at once: DDP wraps a built model, and an eager job's first backward (step 0) comes
+    # before the first optimizer step, where settle() would otherwise run (issue 40 item 5)
+    cls.__init__ = _after(cls.__init__, lambda _out, self, *a, **k: (agent(), note(self), settle()))
 
 
 def _patch_fully_shard(mod) -> None:

@@ -156,7 +156,7 @@ def _holds(v, dead, bad, nested: bool = True):
             return None
         if (id(fn), v.output_nr) in dead:
             return True
-        return True if bad and not dead and _reaches(fn, bad) else None
+        return True if bad and not dead and _reaches(fn, bad, v.output_nr) else None
     if not nested:
         return None
     if isinstance(v, (tuple, list)):
@@ -210,17 +210,28 @@ class _Taint:
         return False
 
 
-def _reaches(fn, bad: set[int]) -> bool:
-    seen, todo = set(), [fn]
+def _reaches(fn, bad: set[int], output_nr: int = 0) -> bool:
+    """Whether the autograd graph of ``fn`` (a tensor's ``grad_fn``, its output ``output_nr``)
+    reaches one of the parameters ``bad`` (ids). DDP's ``_DDPSinkBackward`` (eager DDP with
+    ``find_unused_parameters``) joins all of the model's outputs into one node: through it, only
+    the input of the output the edge uses is followed (output k ← input k), so the loss, which
+    reads the class head's output, does not count as reaching the skipped box head's parameters."""
+    seen, todo = set(), [(fn, output_nr)]
     while todo and len(seen) < _WALK_LIMIT:
-        node = todo.pop()
-        if node is None or id(node) in seen:
+        node, nr = todo.pop()
+        if node is None:
             continue
-        seen.add(id(node))
+        sink = node.name() == "_DDPSinkBackward"
+        if (id(node), nr if sink else 0) in seen:
+            continue
+        seen.add((id(node), nr if sink else 0))
         var = getattr(node, "variable", None)
         if var is not None and id(var) in bad:
             return True
-        todo.extend(x[0] for x in node.next_functions)
+        nxt = node.next_functions
+        if sink:
+            nxt = nxt[nr:nr + 1]
+        todo.extend((x[0], x[1]) for x in nxt)
     return False
 
 

@@ -314,6 +314,10 @@ def import_cmd(paths: tuple[str, ...], store: str, run_name: str, strict: bool, 
                + (f", {result.unverified} kept unverified (md5 mismatch)" if result.unverified else ""))
     if result.replaced:
         click.echo(f"  {result.replaced}", err=True)
+    if st.get("output_codes") and not st.get("kernel_nodes"):
+        click.echo(f"  0 kernel links: the log has Inductor output code ({st['output_codes']}) but no provenance "
+                   "records that name the nodes of its (Triton) kernels; rerun with INDUCTOR_PROVENANCE=1 to link "
+                   "kernels to graph nodes (C++ kernels of CPU logs link without it)", err=True)
     for f in result.files:
         if f["rank_mismatch"]:
             click.echo(f"  warning: {Path(f['path']).name}: file name says rank {f['file_rank']}, "

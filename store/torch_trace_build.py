@@ -186,6 +186,7 @@ class _Compile:
     post_grad_md5: set[str] = field(default_factory=set)  # (newer torch logs it twice, under two names)
     output_code: str | None = None  # the latest Inductor compile's output code, until its stack traces
     linked: bool = False  # that compile's provenance mapping named its kernels
+    by_dataflow: bool = False  # that compile's C++ wrapper named its kernels (NOTE: [C++ kernels by wrapper dataflow])
 
 
 class FileBuilder:
@@ -257,6 +258,8 @@ class FileBuilder:
                 self._provenance(ctx, rec, target)
             elif name == "inductor_output_code" or kind == "inductor_output_code":
                 ctx.output_code, ctx.linked = rec.payload, False  # until this compile's stack traces
+                ctx.by_dataflow = self._by_dataflow(ctx, rec, target)
+                self.counts["output_codes"] += 1
         if name == "dynamo_graph_break_reason" and rec.payload and rec.compile_id:
             self.break_reasons.setdefault(rec.compile_id.split("_")[0], rec.payload.strip())
         if kind == "compilation_metrics" and isinstance(rec.body, dict):
@@ -531,6 +534,8 @@ class FileBuilder:
         if rec.name == "inductor_provenance_tracking_kernel_stack_traces":
             self._by_output_code(ctx, rec, target, data)
             return
+        if ctx.by_dataflow:  # the wrapper's dataflow named this compile's kernels already
+            return
         if rec.name == "inductor_provenance_tracking_node_mappings":
             kernels = data.get("cppCodeToPost") or data.get("tritonCodeToPost") or {}
             post_to_pre = data.get("postToPre") or {}
@@ -541,6 +546,23 @@ class FileBuilder:
             return
         ctx.linked = ctx.linked or bool(kernels)
         self._kernel_rows(rec.compile_id, target, kernels, post_to_pre, source)
+
+    def _by_dataflow(self, ctx: _Compile, rec: Record, target: _Stored | None) -> bool:
+        """Link a C++ wrapper's kernel calls to the post-grad graph it was made from by the
+        wrapper's dataflow (NOTE: [C++ kernels by wrapper dataflow] in
+        analysis/traces/cpp_wrapper_links.py); works on plain logs (no provenance artifacts).
+        True when it linked some call (the compile's provenance records are then not used)."""
+        if not rec.payload or target is None or target.kind != "inductor_post_grad":
+            return False
+        from graphdeck.analysis.traces.cpp_wrapper_links import cpp_wrapper_links
+
+        links = cpp_wrapper_links(rec.payload, target.text.nodes, target.text.outputs)
+        if not links:
+            return False
+        ctx.output_code, ctx.linked = None, True
+        self.counts["kernel_calls_by_dataflow"] += len(links)
+        self._kernel_rows(rec.compile_id, target, dict(links), {}, "inductor_outcode_dataflow")
+        return True
 
     def _by_output_code(self, ctx: _Compile, rec: Record, target: _Stored | None, stacks: dict) -> None:
         """A compile whose provenance mapping named no kernel (a lazily compiled backward: torch 2.13

@@ -58,3 +58,27 @@ def test_cpp_backward_kernels_are_linked_on_import_and_by_link_kernels(tmp_path)
         assert any(k.startswith("cpp_fused_") and nodes for k, nodes in kernels.items()), (g, dict(kernels))
     assert aot["graph 4/0 · DDP bucket 2 · backward"]["cpp_fused_div_expand_sum_0"] == \
         {"sum_1", "expand", "div", "sum_2", "sum_3"}
+
+
+def test_every_linked_name_is_a_node_of_its_graph_and_each_mm_is_linked(tmp_path):
+    """Issue 40 item 3 (newcomer report): on import and after link_kernels, no link names a node its
+    graph lacks (``permute_3``, ``(unnamed)``, ``linear`` were linked into AOT backward graphs), and
+    bucket 0's backward ``mm`` is linked to its own ``aten::mm`` call (was unlinked)."""
+    from graphdeck.store.schema import Node
+
+    engine = open_engine(tmp_path / "s.db")
+    import_torch_trace(engine, shared_path(*DDP), run_name="ddp")
+    link_kernels(engine, 1)
+    with Session(engine) as s:
+        rows = s.execute(select(Graph.name, KernelNode.kernel_name, KernelNode.call_index, KernelNode.node_name,
+                                KernelNode.graph_id)
+                         .join(Graph, Graph.id == KernelNode.graph_id)).all()
+        names = defaultdict(set)
+        for gid, n in s.execute(select(Node.graph_id, Node.name)):
+            names[gid].add(n)
+    missing = [(g, k, n) for g, k, _, n, gid in rows if n not in names[gid]]
+    assert rows and not missing, missing
+    for kind in (" · backward · post-grad", " · backward"):
+        g = f"graph 4/0 · DDP bucket 0{kind}"
+        mm = {(k, ci) for name, k, ci, n, _ in rows if name == g and n == "mm"}
+        assert len(mm) == 1 and next(iter(mm))[0] == "aten::mm", (g, mm)

@@ -199,7 +199,7 @@ def test_a_rank_without_a_dump_is_named_and_the_verdict_incomplete(job, tmp_path
         get_or_create_rank(s, s.scalar(select(Run).where(Run.name == "fr")), 1, world_size=2)
     proc = _cli("check-ranks", str(store), "--run", "fr")
     assert proc.returncode == 3, proc.stdout
-    assert "MISSING EVIDENCE: rank 1: no Flight Recorder dump" in proc.stdout and "INCOMPLETE" in proc.stdout
+    assert "INCOMPLETE: rank 1: no Flight Recorder dump" in proc.stdout and "INCOMPLETE" in proc.stdout
 
 
 def test_without_rank_1s_dump_the_report_says_what_rank_0s_dump_shows(job, tmp_path):

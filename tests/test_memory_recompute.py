@@ -80,6 +80,9 @@ def test_recomputation_at_the_backward_peak_is_named_and_the_break_suggested(ac_
         assert top["module"] in ("blocks.0", "blocks.1") and top["traversals"] == 2 and top["tensors"], rec
         assert top["ac_graph_id"] is not None
         assert rec["repeated"] and "graph break" in rec["advice"] and top["module"] in rec["advice"]
+        # where to put the break: between unrolled traversals, not inside the loop (Dynamo then skips
+        # the whole frame: no graph at all; issue 40 item 4, newcomer report)
+        assert "unrolled" in rec["advice"] and "Not inside a loop" in rec["advice"], rec["advice"]
         # Each live tensor named there really is live at the peak, and its bytes are counted once.
         live = {t.name: t for t in curve.tensors if t.birth_idx <= curve.peak_index <= t.death_idx}
         assert sum(live[n].size_bytes for r in rec["regions"] for n in r["tensors"]) == rec["bytes"]

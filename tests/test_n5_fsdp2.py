@@ -117,7 +117,7 @@ def test_a_rank_without_a_dump_makes_the_hang_check_incomplete(n5):
     from graphdeck.store.schema import Run
 
     out = n5["ranks"].stdout
-    assert "no Flight Recorder dump from ranks [0]" in out and "MISSING EVIDENCE: rank 0: no Flight Recorder dump" in out
+    assert "no Flight Recorder dump from ranks [0]" in out and "INCOMPLETE: rank 0: no Flight Recorder dump" in out
     assert "0 group(s) agree, 1 incomplete, 0 mismatched" in out, out
     assert "INCOMPLETE group 0 (default_pg): members [0] have no dump" in out
     # issue 38 item 4: what rank 1's dump shows, and that it alone does not explain the hang

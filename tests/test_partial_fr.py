@@ -66,7 +66,7 @@ def test_rank_0_only_full_tensor_fails_from_rank_0s_dump_alone(job):
     (stack,) = [ln for ln in out.splitlines() if "why: stack:" in ln]
     assert f"fsdp2_full_tensor.py:{CALL} in main -> " in stack and "_api.py" in stack and "in full_tensor" in stack
     assert "in all_gather_single" in stack, stack
-    assert "MISSING EVIDENCE: rank 1: no Flight Recorder dump" in out, "the missing dump is still said"
+    assert "INCOMPLETE: rank 1: no Flight Recorder dump" in out, "the missing dump is still said"
     data = json.loads(job["json"].stdout)
     assert data["verdict"] == "FAIL"
     (m,) = data["flight"]["mismatches"]
@@ -191,7 +191,7 @@ def test_ranks_page_shows_what_check_ranks_says(job, browser):
         assert why == [ln.strip().removeprefix("why: ") for ln in text if ln.strip().startswith("why: ")]
         assert any(w.startswith("stack: ") and f"fsdp2_full_tensor.py:{CALL} in main -> " in w for w in why), why
         missing = [x.inner_text() for x in page.get_by_test_id("missing-evidence").all()]
-        assert [f"MISSING EVIDENCE: {x}" for x in missing] == [ln for ln in text if ln.startswith("MISSING EVIDENCE: ")]
+        assert [f"INCOMPLETE: {x}" for x in missing] == [ln for ln in text if ln.startswith("INCOMPLETE: ")]
         assert text[-1] == "FAIL: ranks diverge"
         assert page.get_by_test_id("rank-verdict").locator("strong").inner_text() == "ranks diverge"
         page.close()

@@ -50,6 +50,9 @@ BREAK_HINTS = {
                             "torch._dynamo.config.capture_dynamic_output_shape_ops=True or avoid the op",
     "unsupported call": "a call Dynamo cannot trace: wrap it in torch.compiler.disable (an intended break), "
                         "register it as a custom op (torch.library.custom_op), or replace it by torch ops",
+    "explicit graph_break()": "the user code calls torch._dynamo.graph_break() (an intended break, not an "
+                              "unsupported op); inside a loop Dynamo cannot resume after it and runs the whole "
+                              "frame eagerly (no graph): put it outside loops, between unrolled sections",
     "other": "see the reason text and the graph-break site link it names",
 }
 
@@ -144,6 +147,9 @@ def parse_break(text: str) -> dict:
 def break_class(text: str, headline: str = "") -> str:
     """The reason class of a graph break (keys of :data:`BREAK_HINTS`)."""
     t = f"{headline}\n{text}"
+    if "User-inserted graph break" in t or "Call to `torch._dynamo.graph_break()`" in t:
+        return "explicit graph_break()"
+    t = t.split("User code traceback:", 1)[0]  # the traceback's source lines are the user's code, not the reason
     low = t.lower()
     if re.search(r"\.item\(\)|tolist|capture_scalar_outputs|item \(\) \{\}", t):
         return "scalar output"

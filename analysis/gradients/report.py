@@ -290,7 +290,10 @@ class GradReport:
         ranks = self.ranks
         if len(ranks) > 1 and self.rows:  # the counts are of (parameter, rank) rows: said so
             counts += f" (of {len({r.fqn for r in self.rows})} parameters × {len(ranks)} ranks)"
-        lines = [f"gradient paths of {self.run} ({self.mode} mode), ranks {_ranks_text(ranks)}: "
+        # a store's report of a job with no compiled graph read (eager): its evidence is the run-time steps
+        mode = "eager job, run-time evidence" if self.mode == "graph" and self.rows and all(
+            not r.graphs and not r.grad_graphs for r in self.rows) else f"{self.mode} mode"
+        lines = [f"gradient paths of {self.run} ({mode}), ranks {_ranks_text(ranks)}: "
                  f"{self.verdict} · {counts}"]
         lines += _coverage_lines(self.coverage)
         lines += [f"  note: {n}" for n in self.notes]

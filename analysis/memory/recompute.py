@@ -65,9 +65,11 @@ def recomputation_at_peak(session: Session, curve, backward_id: int, offset: int
         advice = (f"the checkpointed {', '.join(repeated)} {'is' if len(repeated) == 1 else 'are'} recomputed for "
                   f"{max(r['traversals'] for r in rows)} traversals in this one backward graph, and those "
                   "recomputations are live at its peak: a graph break between the traversals "
-                  "(torch._dynamo.graph_break(), or compiling each traversal on its own) gives each traversal "
-                  "its own backward graph, so one traversal's recomputations are not held beside the other's "
-                  "gradients")
+                  "(torch._dynamo.graph_break() in straight-line code between two unrolled traversals, or "
+                  "compiling each traversal on its own) gives each traversal its own backward graph, so one "
+                  "traversal's recomputations are not held beside the other's gradients. Not inside a loop "
+                  "over the traversals: Dynamo cannot resume after a graph break in a loop and runs the whole "
+                  "function eagerly (no graph at all)")
     return {"bytes": int(sum(r["bytes"] for r in rows)), "regions": rows, "repeated": repeated, "advice": advice}
 
 

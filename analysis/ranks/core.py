@@ -213,7 +213,7 @@ class RankReport:
         if self.predictions:
             lines.append("Predicted vs recorded, per process group:")
             lines += [f"  {p.line()}" for p in self.predictions]
-        lines += [f"MISSING EVIDENCE: {x}" for x in self.missing_evidence]
+        lines += [f"INCOMPLETE: {x}" for x in self.missing_evidence]  # the wording of summary and check-compile
         lines += [f"UNVERIFIED (md5 failed, record kept and read): {x}" for x in self.unverified]
         warned = sum(1 for d in self.divergences if d.harmless)
         lines.append({"OK": f"OK: the collective schedules agree ({warned} warning(s) above)" if warned

@@ -162,7 +162,7 @@ class NwayReport:
                 out.append(f"    {'*' if node in marked else ' '} {node}: "
                            + " ".join(f"{row[str(r)] / 1e3:.1f}" if str(r) in row else "-" for r in self.time_ranks))
         out += [f"  note: {x}" for x in self.notes]
-        out += [f"  MISSING EVIDENCE: {x}" for x in self.missing_evidence]
+        out += [f"  INCOMPLETE: {x}" for x in self.missing_evidence]
         out.append({"OK": "OK: every rank has the same graph here" + (" (notes above)" if any(
                         c.status in ("note", "same") for c in self.classes) else ""),
                     "WARN": "WARN: some ranks did not compile this graph (see check-ranks for whether it can hang)",

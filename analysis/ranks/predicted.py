@@ -536,8 +536,11 @@ class _Evidence:
             for cid, payload in self.session.execute(select(CompileEvent.compile_id, CompileEvent.payload).where(
                     CompileEvent.run_id == self.run_id, CompileEvent.rank == self.rank,
                     CompileEvent.name == "recompile_reasons")):
-                if cid and payload:
-                    self._reasons[cid] = self._reasons.get(cid, "") + "\n" + payload
+                if cid and payload:  # a JSON list or plain text: one stripped failure per line, no JSON syntax
+                    from graphdeck.analysis.compilation.rules import split_reasons
+
+                    self._reasons[cid] = self._reasons.get(cid, "") + "".join(
+                        "\n" + r.strip() for r in split_reasons(payload))
         return self._reasons
 
     def fate(self, e: CompileEntry, later: list[CompileEntry], latest: CompileEntry) -> tuple[str, str]:

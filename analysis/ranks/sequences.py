@@ -243,10 +243,11 @@ def _sequence_of(graphs: list, events: list) -> list[CompileEntry]:
             e.frame = e.frame or meta.get("co_name")
             reasons = meta.get("recompile_reason")
             if reasons and not e.recompile_reason:
-                e.recompile_reason = str(reasons)
+                e.recompile_reason = str(reasons).strip()
         elif ev.name == "recompile_reasons" and not e.recompile_reason:
             payload = _json(ev.payload) if ev.payload else None
-            e.recompile_reason = "; ".join(map(str, payload)) if isinstance(payload, list) else (ev.payload or None)
+            e.recompile_reason = ("; ".join(str(x).strip() for x in payload) if isinstance(payload, list)
+                                  else (ev.payload or "").strip() or None)
     return [entries[cid] for cid in sorted(entries, key=lambda c: _compile_order(c, first_event, entries))]
 
 

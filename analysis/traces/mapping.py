@@ -109,6 +109,12 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
         graphs = s.execute(
             select(Graph.id, Graph.rank, Graph.compile_id, Graph.kind).where(Graph.run_id == run_id)
         ).all()
+        dataflow = s.execute(  # C++ calls the import linked on post-grad graphs, with their AOT parent
+            select(KernelNode.rank, KernelNode.compile_id, KernelNode.kernel_name, KernelNode.call_index,
+                   KernelNode.node_name, Graph.parent_id)
+            .join(Graph, Graph.id == KernelNode.graph_id)
+            .where(KernelNode.run_id == run_id, KernelNode.source == "inductor_outcode_dataflow",
+                   Graph.parent_id.is_not(None)).order_by(KernelNode.id)).all()
         names_by_graph: dict[int, set[str]] = defaultdict(set)
         matmuls: dict[int, list[str]] = defaultdict(list)  # call_function mm/addmm/bmm nodes, graph order
         for gid, name, op, target in s.execute(
@@ -142,8 +148,10 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     earlier: dict[int, list[set[tuple[str, tuple[str, ...]]]]] = defaultdict(list)
     assigned: set[int] = set()
     rows: list[dict] = []
+    covered = _dataflow_rows(dataflow, graphs, names_by_graph, matmuls, run_id, rows, stats)
     for (rank, cid), tables in by_key.items():
-        candidates = [g for g in graphs if g.rank == rank and g.compile_id == cid and g.kind in AOT_KINDS]
+        candidates = [g for g in graphs if g.rank == rank and g.compile_id == cid and g.kind in AOT_KINDS
+                      and g.id not in covered]
         for table, kind in tables:
             stats["tables"] += 1
             items = {(kind, k, tuple(v)) for k, v in table.items()}
@@ -188,6 +196,8 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
                         if name in ("aten::mm", "aten::addmm", "aten::bmm") and spare:
                             node, source = spare.pop(0), "inductor_provenance_v2_matmul"
                             stats["matmul_resolved"] += 1
+                        else:  # a name of another graph (a Dynamo or post-grad name): no link
+                            continue
                     rows.append({"run_id": run_id, "rank": rank, "compile_id": cid, "graph_id": best.id,
                                  "kernel_name": name[:500], "node_name": node[:300],
                                  "pre_grad_node": (pre[0][:300] if pre else None), "source": source,
@@ -199,6 +209,39 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             s.execute(KernelNode.__table__.insert(), rows)
     stats["rows"] = len(rows)
     return dict(stats)
+
+
+def _dataflow_rows(dataflow, graphs, names_by_graph, matmuls, run_id: int, rows: list, stats: Counter) -> set[int]:
+    """Append to ``rows`` the C++ kernel links the import made on post-grad graphs by the wrapper's
+    dataflow (source ``inductor_outcode_dataflow``; NOTE: [C++ kernels by wrapper dataflow]),
+    carried to each post-grad graph's AOT parent: a node keeps its link where the AOT graph has a
+    node of that name (post-grad passes keep names); an extern matmul call whose node a post-grad
+    pattern made (``addmm_default``) takes the next matmul of the AOT graph no call claims. Rows
+    are tagged ``inductor_provenance_v2_dataflow``. Returns the AOT graph ids covered (their
+    compile's provenance tables are then not used)."""
+    aot = {g.id for g in graphs if g.kind in AOT_KINDS}
+    by_graph: dict[int, list] = defaultdict(list)
+    for r in dataflow:
+        if r.parent_id in aot:
+            by_graph[r.parent_id].append(r)
+    for gid, links in by_graph.items():
+        known = names_by_graph[gid]
+        claimed = {r.node_name for r in links if r.node_name in known}
+        spare = [n for n in matmuls[gid] if n not in claimed]
+        calls: dict[tuple, list] = defaultdict(list)
+        for r in links:
+            calls[(r.kernel_name, r.call_index)].append(r)
+        for (kernel, call), rs in calls.items():
+            names = [r.node_name for r in rs if r.node_name in known]
+            if kernel in ("aten::mm", "aten::addmm", "aten::bmm") and not set(names) & set(matmuls[gid]) and spare:
+                names.append(spare.pop(0))
+            stats["calls"] += 1
+            for n in names:
+                rows.append({"run_id": run_id, "rank": rs[0].rank, "compile_id": rs[0].compile_id, "graph_id": gid,
+                             "kernel_name": kernel, "node_name": n, "pre_grad_node": None,
+                             "source": "inductor_provenance_v2_dataflow", "call_index": call})
+    stats["graphs_by_dataflow"] += len(by_graph)
+    return set(by_graph)
 
 
 def _node_stacks(engine: Engine, run_id: int) -> dict[int, list[tuple[str, str, str]]]:

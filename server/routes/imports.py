@@ -126,15 +126,21 @@ def get_compile_event(event_id: int, session: Session = Depends(get_session)) ->
 @router.get("/api/graphs/{graph_id}/kernels")
 def get_graph_kernels(graph: Graph = Depends(resolve_graph), session: Session = Depends(get_session)) -> dict:
     """Kernel → node links of this graph: ``{"kernels": {kernel: [{"node", "pre_grad_node",
-    "source"}]}, "nodes": {node: [kernel, ...]}}``."""
+    "source", "call_index"}]}, "nodes": {node: [kernel, ...]}}``. A kernel called at several call
+    sites of the graph's wrapper (two extern ``aten::mm`` calls, one C++ kernel run on two buffers)
+    is keyed per call: ``"aten::mm #3"`` (``#`` + the call's 1-based index in the wrapper)."""
     rows = session.execute(select(KernelNode.kernel_name, KernelNode.node_name, KernelNode.pre_grad_node,
-                                  KernelNode.source).where(KernelNode.graph_id == graph.id)
-                           .order_by(KernelNode.kernel_name, KernelNode.id)).all()
+                                  KernelNode.source, KernelNode.call_index).where(KernelNode.graph_id == graph.id)
+                           .order_by(KernelNode.kernel_name, KernelNode.call_index, KernelNode.id)).all()
+    sites: dict[str, set] = {}
+    for k, _, _, _, ci in rows:
+        sites.setdefault(k, set()).add(ci)
     kernels: dict[str, list[dict]] = {}
     nodes: dict[str, list[str]] = {}
-    for k, n, pre, src in rows:
-        kernels.setdefault(k, []).append({"node": n, "pre_grad_node": pre, "source": src})
+    for k, n, pre, src, ci in rows:
+        key = f"{k} #{ci}" if len(sites[k]) > 1 and ci is not None else k
+        kernels.setdefault(key, []).append({"node": n, "pre_grad_node": pre, "source": src, "call_index": ci})
         nodes.setdefault(n, [])
-        if k not in nodes[n]:
-            nodes[n].append(k)
+        if key not in nodes[n]:
+            nodes[n].append(key)
     return {"graph_id": graph.id, "kernels": kernels, "nodes": nodes}
