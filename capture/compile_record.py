@@ -55,7 +55,7 @@ def record_dynamo(agent, gm, example_inputs, inner_name, shadow: bool = True) ->
                 io=input_bindings(full_gm, full_params),
                 meta={"ddp_buckets": len(opt.buckets), "bucket_bytes_cap": getattr(opt, "bucket_bytes_cap", None)})
             agent._ddp_parents[id(full_gm)] = parent_id
-            agent.graph_ids.append(parent_id)
+            agent._graph_refs.append(parent_id)
         kind = "ddp_partition"
         part_idx = int(submod_name.rsplit("_", 1)[-1]) if submod_name.rsplit("_", 1)[-1].isdigit() else None
         for n in gm.graph.nodes:
@@ -114,7 +114,7 @@ def finish(agent, p: dict, compile_time_s: float) -> int:
         parent_id=p["parent_id"], partition_index=p["partition_index"], compile_time_s=compile_time_s,
         backend=f"graphdeck+{p['inner']}", break_reason=p["break_reason"], io=io,
         param_by_node=p["param_by_node"], meta=meta)
-    agent.graph_ids.append(gid)
+    agent._graph_refs.append(gid)
     if p["partition"] is not None:
         idx, size_bytes, params = p["partition"]
         writer.write_partition(parent_graph_id=p["parent_id"], graph_id=gid, index=idx,
