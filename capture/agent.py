@@ -225,6 +225,8 @@ class Agent:
         if self._writer is not None or _dist_ready():
             try:
                 self._write_params()
+                if not _compiling():  # the store open and the parameters in it when watch() returns
+                    self._writer.flush()
             except Exception as exc:  # noqa: BLE001 - capture never ends a job
                 if self._store_failed is None:  # (a store that cannot be opened has warned once)
                     warnings.warn(f"graphdeck: could not record the parameters: {type(exc).__name__}: {exc}")
@@ -623,6 +625,16 @@ def _flush_at_exit(ref, closed: bool | None = None) -> None:
                 agent._writer.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _compiling() -> bool:
+    """Whether this thread is inside a Dynamo compile (``graphdeck run`` watches from the backend)."""
+    try:
+        from torch._guards import CompileContext
+
+        return CompileContext.current_compile_id() is not None
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _dist_ready() -> bool:
