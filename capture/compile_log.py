@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 #: Structured compile records (torch's TORCH_TRACE records) kept in ``compile_events``.
@@ -39,8 +40,17 @@ class _CompileEventHandler(logging.Handler):
         super().__init__(level=logging.DEBUG)
         self.sink = sink
         self.on_record = on_record  # called after each kept record (the agent writes it at once)
+        #: CPU seconds spent in :meth:`emit` (on the logging thread: the compiling thread).
+        self.cpu_s = 0.0
 
     def emit(self, record: logging.LogRecord) -> None:
+        t0 = time.thread_time()
+        try:
+            self._emit(record)
+        finally:
+            self.cpu_s += time.thread_time() - t0
+
+    def _emit(self, record: logging.LogRecord) -> None:
         meta = getattr(record, "metadata", None)
         if not isinstance(meta, dict):
             return

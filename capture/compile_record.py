@@ -8,6 +8,7 @@ Both run with the graph's ShapeEnv recording no guard (NOTE: [The capture adds n
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -130,10 +131,21 @@ def finish(agent, p: dict, compile_time_s: float) -> int:
     plan.recorded.add(tuple(fqn_by_input.get(i) for i in plan.positions))
     p["plan"] = plan
     if handover is not None:  # the backward now, or when the first backward compiles it
-        handover.when_backward(lambda g: write_late_backward(agent, p, gid, plan, fqn_by_input, g))
+        handover.when_backward(lambda g: _timed(agent, write_late_backward, agent, p, gid, plan, fqn_by_input, g))
         handover.release()
     agent.flush_events()
     return gid
+
+
+def _timed(agent, fn, *args):
+    """``fn(*args)`` with its time added to the agent's capture time (the backward's graphs are
+    written when the first backward compiles it, outside ``Agent._compile``)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    try:
+        return fn(*args)
+    finally:
+        agent.capture_time_s += time.perf_counter() - t0
+        agent.capture_cpu_s += time.thread_time() - c0
 
 
 def graph_arg_is_param(node: torch.fx.Node) -> bool:

@@ -20,6 +20,9 @@ from graphdeck.capture.writer import IOBinding, StoreWriter
 
 #: The writer thread's name (``threading.current_thread().name`` inside a write).
 THREAD_NAME = "graphdeck-writer"
+#: ``GRAPHDECK_WRITER_THREAD=0``: no thread; every write is made on the calling thread (the
+#: capture as it was before the thread: bench/bench_capture.py's ``captured_sync`` mode).
+ENV = "GRAPHDECK_WRITER_THREAD"
 
 # NOTE: [Writes off the compiling thread]
 # The compiling thread (Dynamo's, inside the backend and inside torch's structured-log handler)
@@ -115,6 +118,9 @@ class BackgroundWriter:
         self._pid = os.getpid()
         self._q: queue.SimpleQueue = queue.SimpleQueue()  # put() is reentrant: safe in a signal handler
         self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+        if os.environ.get(ENV, "1") == "0":  # every write on the caller's thread, as before the thread
+            self._stopping = True
+            return
         self._thread.start()
         atexit.register(_close_at_exit, weakref.ref(self))
 
