@@ -273,7 +273,7 @@ class BackgroundWriter:
         def do(w: StoreWriter) -> int:
             return w.write_graph(record, **{**kw, "parent_id": resolve(kw.get("parent_id"))})
 
-        self._submit(do, f"graph {kw.get('name')!r}", pending)
+        self._submit(do, f"{kw.get('kind')} graph {kw.get('name')!r}", pending)
         return pending
 
     def update_graph_meta(self, graph_id, updates: dict) -> None:
