@@ -129,7 +129,7 @@ def once(inner: str, layers: int, mode: str) -> dict:
             on_compile = {"capture_compiling_cpu_s": agent.capture_cpu_s + agent._handler.cpu_s,
                           "log_handler_cpu_s": agent._handler.cpu_s}
             agent.close()
-            out.update(phases, on_compile, capture_wall_s=agent.capture_time_s, graphs=len(agent.graph_ids),
+            out.update(phases, **on_compile, capture_wall_s=agent.capture_time_s, graphs=len(agent.graph_ids),
                        writer_thread_cpu_s=agent._writer.thread_cpu_s if agent._writer is not None else 0.0)
             n = max(phases.get("compiles", 1), 1)
             out["capture_compiling_cpu_per_compile_s"] = out["capture_compiling_cpu_s"] / n

@@ -43,9 +43,10 @@ ENV = "GRAPHDECK_WRITER_THREAD"
 # Errors are reported, not swallowed: a write that fails is rolled back (one transaction, as
 # before), warned about (``graphdeck: could not write ...: <Type>: <message>``) and kept in
 # ``failures``; a store that cannot be opened turns the capture off with the agent's warning.
-# Writes that return a row id the caller needs now (``write_grad_step``, ``write_records``) wait
-# for the thread and raise in the caller, as before. The job is never changed: the thread reads
-# only the snapshots handed to it, never a live graph or tensor.
+# Row ids come back as :class:`Pending` (graphs, gradient steps, fingerprint records), so no
+# write makes the training thread wait; a caller's own read-modify-write goes on the queue
+# (``call``). The job is never changed: the thread reads only the snapshots handed to it (plain
+# values: records, row dicts, JSON text), never a live graph or tensor.
 
 _STOP = object()
 
@@ -157,13 +158,16 @@ class BackgroundWriter:
             if self.open_error is not None:
                 raise _store_error(self.open_error)
             job.result = job.fn(self._inner)
-            if job.pending is not None:
+            if isinstance(job.pending, list):
+                for p, v in zip(job.pending, job.result):
+                    p._value = v
+            elif job.pending is not None:
                 job.pending._value = job.result
         except BaseException as exc:  # noqa: BLE001 - reported below (a KeyboardInterrupt cannot land here)
             msg = f"{type(exc).__name__}: {exc}"
             job.error = exc
-            if job.pending is not None:
-                job.pending._error = f"could not write {job.what}: {msg}"
+            for p in job.pending if isinstance(job.pending, list) else [job.pending] if job.pending else []:
+                p._error = f"could not write {job.what}: {msg}"
             if job.report and self.open_error is None:
                 self.failures.append(f"{job.what}: {msg}")
                 try:
@@ -298,14 +302,28 @@ class BackgroundWriter:
         self._submit(lambda w: w.write_compile_events(events),
                      "compile records " + ", ".join(sorted({str(e.get("name")) for e in events})))
 
-    def write_grad_step(self, **kw) -> int:
-        return self._submit(lambda w: w.write_grad_step(**kw), "a gradient step", wait=True)
+    def write_grad_step(self, **kw) -> Pending:
+        """Queue :meth:`StoreWriter.write_grad_step`; returns the row's id as a :class:`Pending`."""
+        pending = Pending(self)
+        self._submit(lambda w: w.write_grad_step(**kw), "a gradient step", pending)
+        return pending
 
-    def extend_grad_step(self, row_id: int, **kw) -> None:
-        self._submit(lambda w: w.extend_grad_step(row_id, **kw), "a gradient step", wait=True)
+    def extend_grad_step(self, row_id, **kw) -> None:
+        self._submit(lambda w: w.extend_grad_step(resolve(row_id), **kw), "a gradient step's extent")
 
-    def write_records(self, name: str, payloads: list[str], updates: dict[int, str] | None = None) -> list[int]:
-        return self._submit(lambda w: w.write_records(name, payloads, updates), f"{name} records", wait=True)
+    def write_records(self, name: str, payloads: list[str], updates: dict | None = None) -> list[Pending]:
+        """Queue :meth:`StoreWriter.write_records` (``updates`` keyed by ids or :class:`Pending`);
+        returns the new rows' ids as :class:`Pending`."""
+        payloads, updates = list(payloads), list((updates or {}).items())
+        pending = [Pending(self) for _ in payloads]
+        self._submit(lambda w: w.write_records(name, payloads, {resolve(k): v for k, v in updates}),
+                     f"{name} records", pending)
+        return pending
+
+    def call(self, fn: Callable[[StoreWriter], Any], what: str) -> None:
+        """Queue ``fn(store_writer)`` (on the writer thread, after the writes queued before it):
+        a write of the caller's own; its failure is warned about like any write's."""
+        self._submit(fn, what)
 
     def __getattr__(self, name: str):  # anything else StoreWriter has: after the queued writes
         if name.startswith("_"):

@@ -22,7 +22,7 @@ from graphdeck.capture import Agent
 from graphdeck.capture.writer import StoreWriter
 from graphdeck.capture.writer_thread import THREAD_NAME
 from graphdeck.store.db import open_engine
-from graphdeck.store.schema import CompileEvent, Graph
+from graphdeck.store.schema import CompileEvent, GradStep, Graph
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,9 +42,9 @@ def _stored(store) -> tuple[list[tuple[int, str, int | None]], list[str]]:
 def test_the_compile_runs_no_sql_and_close_flushes_every_write(tmp_path, monkeypatch):
     """While the writer thread is held (its first graph write waits on a gate), the compile and
     the first step finish: no SQL statement ran on the compiling thread, the store has no graph
-    yet. ``close()`` then makes every queued write, in order (the AOT graphs name the Dynamo
-    graph's id, which was only known on the writer thread)."""
-    monkeypatch.setenv("GRAPHDECK_GRAD_EVIDENCE", "0")  # its rows are waited for (ids): not held here
+    yet, and the step's gradient evidence did not wait for it either. ``close()`` then makes every
+    queued write, in order (the AOT graphs name the Dynamo graph's id, which was only known on the
+    writer thread; the evidence's row names its step)."""
     store = tmp_path / "s.db"
     gate, seen, sql_threads = threading.Event(), [], []
     real = StoreWriter.write_graph
@@ -79,6 +79,8 @@ def test_the_compile_runs_no_sql_and_close_flushes_every_write(tmp_path, monkeyp
     assert [k for _, k, _ in graphs] == ["dynamo", "aot_forward", "aot_backward"], graphs
     assert [p for _, _, p in graphs] == [None, graphs[0][0], graphs[0][0]], graphs
     assert agent.graph_ids == [g for g, _, _ in graphs]
+    with Session(open_engine(store, read_only=True)) as s:
+        assert s.scalars(select(GradStep.step_first)).all() == [0]
     assert {"dynamo_start", "compilation_metrics", "bwd_compilation_metrics", "graphdeck_watch"} <= set(names), names
     assert not agent._writer._thread.is_alive()  # close() stopped it: later writes run on the caller
 
