@@ -71,7 +71,7 @@ class _CompileEventHandler(logging.Handler):
         if name == "inductor_provenance_tracking_kernel_stack_traces":  # + the kernel -> node table
             from graphdeck.capture.provenance import kernel_post_grad_nodes
 
-            extra = kernel_post_grad_nodes()
+            extra = kernel_post_grad_nodes()  # a snapshot now; its JSON made by the store writer
             if extra is not None:
                 self.sink.append({"name": "graphdeck_kernel_post_grad_nodes", "compile_id": cid, "metadata": meta,
                                   "payload": extra})
