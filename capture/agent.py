@@ -242,6 +242,8 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: could not note {type(obj).__name__}: {type(exc).__name__}: {exc}")
         self.record_layout()
+        if self._writer is not None and not _compiling():  # in the store when this returns, as documented
+            self._writer.flush()
         return obj
 
     def record_layout(self) -> bool:
