@@ -240,6 +240,9 @@ class GradEvidence(FsdpEvidence):
             self._opt_steps += 1
             if self._prints is not None:
                 self._prints.after_step(opt, self._opt_steps - 1)
+            writer = self.agent._writer
+            if writer is not None:  # the step's rows in the store when it returns (NOTE: [Writes off the compiling thread])
+                writer.flush_if_behind()
 
     def _unseen_backward(self) -> None:
         """At an optimizer step in steady mode: a forward whose backward opened no window (it

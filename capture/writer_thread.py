@@ -8,6 +8,7 @@ calls were made. Used by :class:`graphdeck.capture.agent.Agent` (``Agent.writer`
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import queue
 import threading
@@ -38,8 +39,10 @@ ENV = "GRAPHDECK_WRITER_THREAD"
 # the process reads the store back through this writer (``engine``: the profile's trace ingest,
 # the evidence's renumbering, the heartbeat's reads and the hang report), at ``Agent.close`` and
 # at interpreter exit / SIGTERM (``_flush_at_exit``, and this module's own exit hook, after which
-# writes run on the calling thread). Only a process killed outright (SIGKILL, ``os._exit``)
-# loses the writes still queued, as it loses the one in flight without the thread.
+# writes run on the calling thread), and at the end of each optimizer step when anything is
+# still queued (``flush_if_behind``; one comparison otherwise), so a job killed outright
+# (SIGKILL, ``os._exit``) after a step keeps that step's rows; killed inside a step or a compile
+# it loses what is still queued, as it loses the one write in flight without the thread.
 # Errors are reported, not swallowed: a write that fails is rolled back (one transaction, as
 # before), warned about (``graphdeck: could not write ...: <Type>: <message>``) and kept in
 # ``failures``; a store that cannot be opened turns the capture off with the agent's warning.
@@ -89,13 +92,14 @@ def resolve(value: Any) -> Any:
 
 
 class _Job:
-    __slots__ = ("fn", "what", "pending", "done", "result", "error", "report")
+    __slots__ = ("fn", "what", "pending", "done", "result", "error", "report", "ticket")
 
     def __init__(self, fn, what: str, pending: Pending | None = None, wait: bool = False):
         self.fn, self.what, self.pending = fn, what, pending
         self.done = threading.Event() if wait else None
         self.result = self.error = None
         self.report = not wait  # a waited-for write raises in its caller instead
+        self.ticket = 0
 
 
 class BackgroundWriter:
@@ -117,6 +121,8 @@ class BackgroundWriter:
         self._inline = threading.RLock()  # writes on the caller's thread once the thread is stopped
         self._stopping = False
         self._pid = os.getpid()
+        self._tickets = itertools.count(1)  # next() is atomic: callers on several threads
+        self._last_ticket = self._done_ticket = 0
         self._q: queue.SimpleQueue = queue.SimpleQueue()  # put() is reentrant: safe in a signal handler
         self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
         if os.environ.get(ENV, "1") == "0":  # every write on the caller's thread, as before the thread
@@ -151,6 +157,8 @@ class BackgroundWriter:
                 return
             t0 = time.thread_time()
             self._run(job)
+            if job.ticket:
+                self._done_ticket = job.ticket
             self.thread_cpu_s += time.thread_time() - t0
 
     def _run(self, job: _Job) -> None:
@@ -192,6 +200,7 @@ class BackgroundWriter:
             raise _store_error(self.open_error)
         job = _Job(fn, what, pending, wait)
         if self._threaded():
+            job.ticket = self._last_ticket = next(self._tickets)
             self._q.put(job)
             if not wait:
                 return None
@@ -230,6 +239,13 @@ class BackgroundWriter:
             self._thread.join()
         with self._inline:
             self._drain()
+
+    def flush_if_behind(self) -> None:
+        """:meth:`flush`, at the cost of one comparison when nothing is queued (the optimizer
+        step's end: a step's rows are in the store when it returns, so even a job that then dies
+        by ``os._exit`` keeps them)."""
+        if self._done_ticket < self._last_ticket or not self._threaded():
+            self.flush()
 
     def close(self) -> None:
         """Flush, then stop the thread; later writes run on the calling thread. Never raises."""
