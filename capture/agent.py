@@ -368,6 +368,13 @@ class Agent:
     def _compile(self, gm, example_inputs, inner, **kwargs):
         inner_name = inner if isinstance(inner, str) else getattr(inner, "__name__", "custom")
         inner_fn = torch._dynamo.lookup_backend(inner) if isinstance(inner, str) else inner
+        pending, handover, recording = None, Handover(), None
+        try:  # NOTE: [Graphs from the inner compile]
+            # before the capture's clock starts: its first call imports Inductor's compile_fx
+            # (~1 CPU s), which a plain compile imports too, inside its compile
+            recording = recording_backend(inner, inner_fn, handover) if isinstance(inner, str) else None
+        except Exception:  # noqa: BLE001 - an unknown torch layout: the shadow trace instead
+            recording = None
         t0, c0 = time.perf_counter(), time.thread_time()
         from graphdeck.capture.comm_groups import active_ddp
         from graphdeck.capture.grad_sites import note_compiled_autograd_config
@@ -383,11 +390,6 @@ class Agent:
             self.record_layout()
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: could not record the parallel layout: {type(exc).__name__}: {exc}")
-        pending, handover, recording = None, Handover(), None
-        try:  # NOTE: [Graphs from the inner compile]
-            recording = recording_backend(inner, inner_fn, handover) if isinstance(inner, str) else None
-        except Exception:  # noqa: BLE001 - an unknown torch layout: the shadow trace instead
-            recording = None
         shape_env = shape_env_of(example_inputs)  # NOTE: [The capture adds no guard]
         try:
             with no_new_guards(shape_env):
