@@ -505,10 +505,15 @@ class Agent:
 
     # ----------------------------------------------------------------------------- events, profile
     def _write_records_now(self) -> None:
-        """Write compile records as they arrive (a crash or ``os._exit`` loses at most the one in
-        flight); never raises into the compile."""
+        """Queue compile records for the writer as they arrive; a failed compile's metrics (it
+        raises into the job next, which may die by ``os._exit``) wait until written. Never
+        raises into the compile."""
         try:
+            last = self._events[-1] if self._events else None
             self.flush_events()
+            fields = last["metadata"].get(last["name"]) if last and isinstance(last.get("metadata"), dict) else None
+            if isinstance(fields, dict) and fields.get("fail_type") and self._writer is not None:
+                self._writer.flush()
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: could not write a compile record: {type(exc).__name__}: {exc}")
 

@@ -41,7 +41,9 @@ ENV = "GRAPHDECK_WRITER_THREAD"
 # at interpreter exit / SIGTERM (``_flush_at_exit``, and this module's own exit hook, after which
 # writes run on the calling thread), and at the end of each optimizer step when anything is
 # still queued (``flush_if_behind``; one comparison otherwise), so a job killed outright
-# (SIGKILL, ``os._exit``) after a step keeps that step's rows; killed inside a step or a compile
+# (SIGKILL, ``os._exit``) after a step keeps that step's rows, and after a compile that failed
+# (its metrics record waits until written: the compile raises into the job next, which may die
+# at once) keeps that compile's records; killed inside a step or a compile
 # it loses what is still queued, as it loses the one write in flight without the thread.
 # Errors are reported, not swallowed: a write that fails is rolled back (one transaction, as
 # before), warned about (``graphdeck: could not write ...: <Type>: <message>``) and kept in
