@@ -173,7 +173,9 @@ class BackgroundWriter:
                     p._value = v
             elif job.pending is not None:
                 job.pending._value = job.result
-        except BaseException as exc:  # noqa: BLE001 - reported below (a KeyboardInterrupt cannot land here)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            if not isinstance(exc, Exception) and threading.current_thread() is not self._thread:
+                raise  # Ctrl-C / exit during a write made on the caller's thread: the caller's
             msg = f"{type(exc).__name__}: {exc}"
             job.error = exc
             for p in job.pending if isinstance(job.pending, list) else [job.pending] if job.pending else []:
@@ -208,6 +210,7 @@ class BackgroundWriter:
                 return None
             job.done.wait()
         else:
+            self._join()
             with self._inline:
                 self._drain()
                 self._open()
@@ -215,6 +218,11 @@ class BackgroundWriter:
         if job.error is not None and wait:
             raise job.error
         return job.result
+
+    def _join(self) -> None:
+        """Wait for a stopping thread to end (it makes what was queued before its stop)."""
+        if self._thread.is_alive() and os.getpid() == self._pid and threading.current_thread() is not self._thread:
+            self._thread.join()
 
     def _drain(self) -> None:
         """Run what is left in the queue on this thread (the thread is stopped)."""
@@ -237,8 +245,7 @@ class BackgroundWriter:
             self._q.put(job)
             job.done.wait()
             return
-        if self._thread.is_alive() and os.getpid() == self._pid:
-            self._thread.join()
+        self._join()
         with self._inline:
             self._drain()
 
