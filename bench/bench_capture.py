@@ -16,6 +16,14 @@ own time goes: the shadow AOT trace (``capture/aot.py``), the rest of recording 
 compile (layout, Dynamo graph), and writing the graphs after it (``Agent._finish``).
 
     TORCHINDUCTOR_COMPILE_THREADS=1 python bench/bench_capture.py --inner inductor --layers 2 --isolated 3
+
+``--modes captured_sync,captured``: the capture with every store write on the compiling thread
+(``GRAPHDECK_WRITER_THREAD=0``, as before the writer thread) against the capture as it is, in
+alternating fresh-process pairs; per mode the capture's CPU seconds on the compiling thread
+(``capture_compiling_cpu_s``: the backend, the late backward write and the structured-log
+handler; per compile too) and on the ``graphdeck-writer`` thread (``writer_thread_cpu_s``).
+
+    python bench/bench_capture.py --inner aot_eager --layers 4 --isolated 4 --modes captured_sync,captured
 """
 
 from __future__ import annotations
@@ -56,13 +64,14 @@ def cpu_s() -> float:
 
 
 def timed(holder: dict, key: str, fn):
-    """``fn`` wrapped so that its CPU seconds (this process only) add up in ``holder[key]``."""
+    """``fn`` wrapped so that its CPU seconds (the calling thread's only: the graphdeck-writer
+    thread's work is not counted) add up in ``holder[key]``."""
     def run(*a, **k):
-        t0 = time.process_time()
+        t0 = time.thread_time()
         try:
             return fn(*a, **k)
         finally:
-            holder[key] = holder.get(key, 0.0) + time.process_time() - t0
+            holder[key] = holder.get(key, 0.0) + time.thread_time() - t0
     return run
 
 
@@ -82,7 +91,7 @@ def once(inner: str, layers: int, mode: str) -> dict:
         agent = None
         if mode == "shadow":  # no graphs from the inner compile (NOTE: [Graphs from the inner compile])
             agent_mod.recording_backend = lambda *a, **k: None
-        if mode not in ("plain", "config"):
+        if mode not in ("plain", "config"):  # captured, captured_sync, shadow
             from graphdeck.capture import aot as aot_mod
             from graphdeck.capture import compile_record as record_mod
 
@@ -92,6 +101,13 @@ def once(inner: str, layers: int, mode: str) -> dict:
             agent_mod.Agent._finish = timed(phases, "finish_write_s", agent_mod.Agent._finish)
             aot_mod.Handover.keep = timed(phases, "handover_copy_s", aot_mod.Handover.keep)
             record_mod.write_late_backward = timed(phases, "backward_write_s", record_mod.write_late_backward)
+            real_compile = agent_mod.Agent._compile
+
+            def counted(*a, **k):
+                phases["compiles"] = phases.get("compiles", 0) + 1
+                return real_compile(*a, **k)
+
+            agent_mod.Agent._compile = counted
             agent = Agent(store=Path(tmp) / "bench.db", run="bench")
             agent.watch(model)
             backend = agent.backend(inner)
@@ -106,25 +122,50 @@ def once(inner: str, layers: int, mode: str) -> dict:
         compiled = torch.compile(model, backend=backend)
         c0, w0 = cpu_s(), time.perf_counter()
         compiled(input_ids=tokens, labels=tokens).loss.backward()
-        out = {"mode": mode, "first_step_cpu_s": cpu_s() - c0, "first_step_wall_s": time.perf_counter() - w0}
+        out = {"mode": mode, "first_step_cpu_s": cpu_s() - c0, "first_step_wall_s": time.perf_counter() - w0,
+               "torch_structured_logging_s": _torch_logging_s()}
         if agent is not None:
+            # the capture's CPU seconds on the compiling thread (backend + late backward write, and
+            # the structured-log handler), before close() makes what is still queued
+            on_compile = {"capture_compiling_cpu_s": agent.capture_cpu_s + agent._handler.cpu_s,
+                          "log_handler_cpu_s": agent._handler.cpu_s}
             agent.close()
-            out.update(phases, capture_wall_s=agent.capture_time_s, graphs=len(agent.graph_ids))
+            out.update(phases, **on_compile, capture_wall_s=agent.capture_time_s, graphs=len(agent.graph_ids),
+                       writer_thread_cpu_s=agent._writer.thread_cpu_s if agent._writer is not None else 0.0)
+            n = max(phases.get("compiles", 1), 1)
+            out["capture_compiling_cpu_per_compile_s"] = out["capture_compiling_cpu_s"] / n
     return out
+
+
+def _torch_logging_s() -> float:
+    """torch's own ``structured_logging_overhead_s`` summed over this process's compiles (the time
+    it spent building structured records for a listener, the capture's log handler included)."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+
+        return sum(getattr(m, "structured_logging_overhead_s", 0) or 0 for m in get_compilation_metrics())
+    except Exception:  # noqa: BLE001 - an older torch
+        return 0.0
 
 
 def isolated(args) -> None:
     rows = []
     modes = ("plain", "captured", "shadow") if args.with_shadow else ("plain", "captured")
+    if args.modes:
+        modes = tuple(args.modes.split(","))
     for i in range(args.isolated):
         for mode in modes if i % 2 == 0 else modes[::-1]:
             with tempfile.TemporaryDirectory() as cache:
                 env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=cache + "/triton")
-                res = subprocess.run([sys.executable, __file__, "--once", mode, "--inner", args.inner,
+                if mode == "captured_sync":  # every store write on the compiling thread, as before
+                    env["GRAPHDECK_WRITER_THREAD"] = "0"
+                res = subprocess.run([sys.executable, __file__, "--once",
+                                      "captured" if mode == "captured_sync" else mode, "--inner", args.inner,
                                       "--layers", str(args.layers)], env=env, capture_output=True, text=True)
             if res.returncode != 0:
                 sys.exit(f"{mode} run failed:\n{res.stderr[-3000:]}")
             row = json.loads(res.stdout.strip().splitlines()[-1])
+            row["mode"] = mode
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -132,16 +173,18 @@ def isolated(args) -> None:
         vals = [r[key] for r in rows if r["mode"] == mode and key in r]
         return statistics.median(vals), min(vals), max(vals)
 
-    plain = stat("plain", "first_step_cpu_s")
+    plain = stat(modes[0], "first_step_cpu_s")
     print(f"GPT-2 {args.layers} layers, inner={args.inner}, {args.isolated} runs each, fresh process + cache per run")
-    print(f"first step CPU s: plain {plain[0]:.2f} ({plain[1]:.2f}-{plain[2]:.2f})")
-    for mode in modes[1:]:
+    print(f"first step CPU s: {modes[0]} {plain[0]:.2f} ({plain[1]:.2f}-{plain[2]:.2f})")
+    for mode in modes:
         capt = stat(mode, "first_step_cpu_s")
         print(f"{mode}: first step CPU s {capt[0]:.2f} ({capt[1]:.2f}-{capt[2]:.2f}): x{capt[0] / plain[0]:.3f} of plain")
-        for key in ("shadow_aot_s", "handover_copy_s", "finish_write_s", "backward_write_s", "capture_wall_s"):
+        for key in ("shadow_aot_s", "handover_copy_s", "finish_write_s", "backward_write_s", "capture_wall_s",
+                    "capture_compiling_cpu_s", "log_handler_cpu_s", "capture_compiling_cpu_per_compile_s",
+                    "writer_thread_cpu_s", "torch_structured_logging_s"):
             if any(key in r for r in rows if r["mode"] == mode):
                 m, lo, hi = stat(mode, key)
-                print(f"  {key}: {m:.2f} ({lo:.2f}-{hi:.2f}) = {m / plain[0]:.1%} of plain")
+                print(f"  {key}: {m:.3f} ({lo:.3f}-{hi:.3f}) = {m / plain[0]:.1%} of {modes[0]}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
@@ -154,6 +197,8 @@ def main() -> None:
     parser.add_argument("--isolated", type=int, default=0, help="alternating fresh-process runs per mode")
     parser.add_argument("--with-shadow", action="store_true",
                         help="--isolated also runs the capture with the shadow trace for every graph (the old way)")
+    parser.add_argument("--modes", help="--isolated: the modes alternated (default plain,captured; captured_sync: "
+                        "GRAPHDECK_WRITER_THREAD=0, every store write on the compiling thread, as before the writer thread)")
     parser.add_argument("--once", choices=("plain", "captured", "shadow", "config"), help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the per-run rows of --isolated here")
     args = parser.parse_args()

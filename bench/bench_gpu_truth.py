@@ -134,13 +134,18 @@ def once(args) -> None:
         prof.dump_stats(args.profile)
     timed_steps(step, 3, args.device)
     ms = timed_steps(step, args.steps, args.device)
-    capture_s, metrics = None, torch_metrics()
+    capture_s, metrics, split = None, torch_metrics(), {}
     if agent is not None:
         capture_s = agent.capture_time_s
+        # where the capture's time went (CPU seconds; NOTE: [Writes off the compiling thread]):
+        # on the compiling thread, in the backend and the late backward write, and in the
+        # structured-log handler (inside torch's structured_logging_overhead_s); on the writer thread
+        split = {"capture_compiling_cpu_s": agent.capture_cpu_s, "capture_log_handler_cpu_s": agent._handler.cpu_s}
         agent.close()
+        split["capture_writer_thread_cpu_s"] = agent._writer.thread_cpu_s if agent._writer is not None else 0.0
     print("RESULT " + json.dumps({"mode": args.mode, "compile_s": compile_s, "compile_cpu_s": compile_cpu_s,
                                   "children_cpu_s": children_cpu_s, "step_ms": ms, "capture_s": capture_s,
-                                  "metrics": metrics}), flush=True)
+                                  **split, "metrics": metrics}), flush=True)
 
 
 def torch_metrics() -> dict:
@@ -172,6 +177,8 @@ def bench(args) -> None:
             env.pop("TORCH_TRACE", None)
             if mode == "captured_noprov":  # the capture without Inductor's provenance tracking
                 env["GRAPHDECK_PROVENANCE"] = "0"
+            if mode == "captured_sync":  # every store write on the compiling thread (no graphdeck-writer)
+                env["GRAPHDECK_WRITER_THREAD"] = "0"
             cmd = [sys.executable, __file__, "once", "--mode", mode, "--layers", str(args.layers), "--device",
                    args.device, "--backend", args.backend, "--batch", str(args.batch), "--seq", str(args.seq),
                    "--steps", str(args.steps)]
@@ -187,6 +194,9 @@ def bench(args) -> None:
                   f"{statistics.median(res['step_ms']):.3f} ms (min {min(res['step_ms']):.3f}, "
                   f"max {max(res['step_ms']):.3f})"
                   + (f", capture itself {res['capture_s']:.2f} s" if res.get("capture_s") is not None else "")
+                  + (f" (CPU: compiling thread {res['capture_compiling_cpu_s']:.2f} s + log handler "
+                     f"{res['capture_log_handler_cpu_s']:.2f} s; writer thread {res['capture_writer_thread_cpu_s']:.2f} s)"
+                     if "capture_compiling_cpu_s" in res else "")
                   + "".join(f", {k.split('.')[-1]} {v:.2f}" for k, v in (res.get("metrics") or {}).items()
                             if k.startswith("compilation_metrics.") and ("logging" in k or "inductor" in k)),
                   flush=True)
@@ -215,6 +225,15 @@ def bench(args) -> None:
         **{f"compile_ratio_median_{m}": statistics.median(x["compile_s"] for x in results[m]) / statistics.median(cp)
            for m in results if m not in ("plain", "captured") and results[m]},
     }
+    for m in results:  # the capture's own CPU seconds, compiling thread vs writer thread (medians)
+        rows = [x for x in results[m] if "capture_compiling_cpu_s" in x]
+        if not rows:
+            continue
+        on_compile = [x["capture_compiling_cpu_s"] + x["capture_log_handler_cpu_s"] for x in rows]
+        summary[f"capture_split_{m}"] = {
+            "compiling_thread_cpu_s": on_compile,
+            "writer_thread_cpu_s": [x["capture_writer_thread_cpu_s"] for x in rows],
+            "compiling_thread_share_of_plain": statistics.median(on_compile) / statistics.median(cp)}
     print("[bench] SUMMARY " + json.dumps(summary), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "runs": results, "summary": summary}, indent=1))
@@ -289,9 +308,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["artifact", "once", "bench"])
     ap.add_argument("out", nargs="?")
-    ap.add_argument("--mode", default="plain", choices=["plain", "captured", "captured_noprov"])
+    ap.add_argument("--mode", default="plain", choices=["plain", "captured", "captured_noprov", "captured_sync"])
     ap.add_argument("--modes", default="plain,captured",
-                    help="bench: modes alternated per run (captured_noprov: GRAPHDECK_PROVENANCE=0)")
+                    help="bench: modes alternated per run (captured_noprov: GRAPHDECK_PROVENANCE=0; "
+                         "captured_sync: GRAPHDECK_WRITER_THREAD=0, every store write on the compiling thread)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--layers", type=int, default=6)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 import warnings
 from typing import Any
@@ -56,6 +55,8 @@ from graphdeck.capture.flight import FlightDumps
 from graphdeck.capture.fxrecord import module_path_from_fqn, output_args
 from graphdeck.capture.guards import no_new_guards, shape_env_of
 from graphdeck.capture.writer import IOBinding, StoreWriter
+from graphdeck.capture.agent_exit import _compiling, _dist_ready, _flush_at_exit
+from graphdeck.capture.writer_thread import BackgroundWriter, Pending
 from graphdeck.store.db import main_thread_section
 
 log = logging.getLogger("graphdeck.capture")
@@ -94,7 +95,7 @@ class Agent:
         from graphdeck.capture.backend import default_run_name
 
         self.run = run or default_run_name() or time.strftime("run-%Y%m%d-%H%M%S")
-        self._writer: StoreWriter | None = None
+        self._writer: BackgroundWriter | None = None
         self._store_failed: str | None = None  # why the store could not be opened: capture is off
         self._fqn_by_tensor: dict[int, str] = {}
         self._live_fqn: dict[int, str] = {}  # id -> fqn of the watched models' tensors right now
@@ -118,8 +119,11 @@ class Agent:
         import weakref
 
         atexit.register(_flush_at_exit, weakref.ref(self))  # a job without close() loses nothing
-        self.graph_ids: list[int] = []
+        self._graph_refs: list[Pending | int] = []  # graphs written or queued (NOTE: [Writes off the compiling thread])
+        #: Seconds (wall) the capture took on the compiling thread, compile by compile summed.
         self.capture_time_s = 0.0
+        #: CPU seconds of the same (``time.thread_time`` of the compiling thread).
+        self.capture_cpu_s = 0.0
         self._watch_info: dict = {}
         self._evidence = None  # GradEvidence, made by watch() (NOTE: [Gradient evidence])
         self._reach: dict[int, tuple] = {}  # id(unsplit gm) -> (reach map, output names)
@@ -141,27 +145,49 @@ class Agent:
 
     # ----------------------------------------------------------------------------- store access
     @property
-    def writer(self) -> StoreWriter:
-        """This rank's writer, opening the store on first use. A store that cannot be opened
-        turns capture off for the process with one warning (NOTE: [Capture never ends a job]);
-        every later use raises :class:`~graphdeck.errors.StoreError` at once, which the callers
-        (all guarded) swallow."""
-        if self._writer is None:
+    def writer(self) -> BackgroundWriter:
+        """This rank's writer (a :class:`~graphdeck.capture.writer_thread.BackgroundWriter`:
+        the store is opened and written on the ``graphdeck-writer`` thread, NOTE: [Writes off
+        the compiling thread]), made on first use. A store that cannot be opened turns capture
+        off for the process with one warning (NOTE: [Capture never ends a job]); every later use
+        raises :class:`~graphdeck.errors.StoreError` at once, which the callers (all guarded)
+        swallow."""
+        if self._writer is None or self._store_failed is not None:
             from graphdeck.errors import StoreError
 
             if self._store_failed is not None:
                 raise StoreError(self._store_failed)
             rank, world, backend = _dist_info()
-            try:
-                self._writer = StoreWriter(self.store, self.run, rank, world, backend=backend)
-            except Exception as exc:  # noqa: BLE001 - capture never ends a job
-                self._store_failed = f"cannot open store {self.store}: {type(exc).__name__}: {exc}"
+            store, run = self.store, self.run
+
+            def failed(why: str) -> None:  # on the writer thread
+                self._store_failed = f"cannot open store {store}: {why}"
                 warnings.warn(f"graphdeck: capture is off for this process: {self._store_failed}; training "
                               "goes on without it", stacklevel=2)
-                raise StoreError(self._store_failed) from exc
+
+            self._writer = BackgroundWriter(lambda: StoreWriter(store, run, rank, world, backend=backend),
+                                            rank=rank, world_size=world, on_open_error=failed)
             if self._models:
                 self._write_params()
         return self._writer
+
+    @property
+    def graph_ids(self) -> list[int]:
+        """``graphs.id`` of every graph this agent stored, in capture order (waits for the
+        queued writes; a graph whose write failed is left out)."""
+        out = []
+        for ref in list(self._graph_refs):
+            try:
+                out.append(int(ref))
+            except Exception:  # noqa: BLE001 - its failure was warned about when it happened
+                pass
+        return out
+
+    def flush(self) -> None:
+        """Wait until every store write queued so far is made (NOTE: [Writes off the compiling
+        thread]). Never raises."""
+        if self._writer is not None:
+            self._writer.flush()
 
     # ----------------------------------------------------------------------------- parameters
     def watch(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -199,6 +225,8 @@ class Agent:
         if self._writer is not None or _dist_ready():
             try:
                 self._write_params()
+                if not _compiling():  # the store open and the parameters in it when watch() returns
+                    self._writer.flush()
             except Exception as exc:  # noqa: BLE001 - capture never ends a job
                 if self._store_failed is None:  # (a store that cannot be opened has warned once)
                     warnings.warn(f"graphdeck: could not record the parameters: {type(exc).__name__}: {exc}")
@@ -214,6 +242,8 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: could not note {type(obj).__name__}: {type(exc).__name__}: {exc}")
         self.record_layout()
+        if self._writer is not None and not _compiling():  # in the store when this returns, as documented
+            self._writer.flush()
         return obj
 
     def record_layout(self) -> bool:
@@ -341,7 +371,14 @@ class Agent:
             hb.entered(self)  # NOTE: [Time outside the compiled step]
         inner_name = inner if isinstance(inner, str) else getattr(inner, "__name__", "custom")
         inner_fn = torch._dynamo.lookup_backend(inner) if isinstance(inner, str) else inner
-        t0 = time.perf_counter()
+        pending, handover, recording = None, Handover(), None
+        try:  # NOTE: [Graphs from the inner compile]
+            # before the capture's clock starts: its first call imports Inductor's compile_fx
+            # (~1 CPU s), which a plain compile imports too, inside its compile
+            recording = recording_backend(inner, inner_fn, handover) if isinstance(inner, str) else None
+        except Exception:  # noqa: BLE001 - an unknown torch layout: the shadow trace instead
+            recording = None
+        t0, c0 = time.perf_counter(), time.thread_time()
         from graphdeck.capture.comm_groups import active_ddp
         from graphdeck.capture.grad_sites import note_compiled_autograd_config
 
@@ -356,11 +393,6 @@ class Agent:
             self.record_layout()
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: could not record the parallel layout: {type(exc).__name__}: {exc}")
-        pending, handover, recording = None, Handover(), None
-        try:  # NOTE: [Graphs from the inner compile]
-            recording = recording_backend(inner, inner_fn, handover) if isinstance(inner, str) else None
-        except Exception:  # noqa: BLE001 - an unknown torch layout: the shadow trace instead
-            recording = None
         shape_env = shape_env_of(example_inputs)  # NOTE: [The capture adds no guard]
         try:
             with no_new_guards(shape_env):
@@ -369,19 +401,21 @@ class Agent:
         except Exception as exc:  # capture never breaks training
             warnings.warn(f"graphdeck: could not record a graph: {type(exc).__name__}: {exc}")
         self.capture_time_s += time.perf_counter() - t0
+        self.capture_cpu_s += time.thread_time() - c0
         t1 = time.perf_counter()
         compiled = (recording or inner_fn)(gm, example_inputs, **kwargs)
         compile_time_s = time.perf_counter() - t1
         if pending is not None and recording is not None:
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.thread_time()
             if handover.wants_shadow():  # a cache hit: no compiler ran
                 with no_new_guards(shape_env):
                     pending["aot"], pending["aot_source"] = shadow_trace(gm, example_inputs, inner=inner_name), "shadow"
             else:
                 pending["aot"], pending["aot_source"], pending["handover"] = handover.graphs, "inner", handover
             self.capture_time_s += time.perf_counter() - t2
+            self.capture_cpu_s += time.thread_time() - c2
         if pending is not None:
-            t3 = time.perf_counter()
+            t3, c3 = time.perf_counter(), time.thread_time()
             try:
                 with no_new_guards(shape_env):
                     gid = self._finish(pending, compile_time_s)
@@ -395,6 +429,7 @@ class Agent:
             except Exception as exc:
                 warnings.warn(f"graphdeck: could not record AOT graphs: {type(exc).__name__}: {exc}")
             self.capture_time_s += time.perf_counter() - t3
+            self.capture_cpu_s += time.thread_time() - c3
         return compiled
 
     def _observe(self, compiled, p: dict, plan: BindingPlan | None = None, note: OutputGradNote | None = None):
@@ -473,10 +508,15 @@ class Agent:
 
     # ----------------------------------------------------------------------------- events, profile
     def _write_records_now(self) -> None:
-        """Write compile records as they arrive (a crash or ``os._exit`` loses at most the one in
-        flight); never raises into the compile."""
+        """Queue compile records for the writer as they arrive; a failed compile's metrics (it
+        raises into the job next, which may die by ``os._exit``) wait until written. Never
+        raises into the compile."""
         try:
+            last = self._events[-1] if self._events else None
             self.flush_events()
+            fields = last["metadata"].get(last["name"]) if last and isinstance(last.get("metadata"), dict) else None
+            if isinstance(fields, dict) and fields.get("fail_type") and self._writer is not None:
+                self._writer.flush()
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             warnings.warn(f"graphdeck: could not write a compile record: {type(exc).__name__}: {exc}")
 
@@ -554,7 +594,8 @@ class Agent:
                  ("gradient evidence", lambda: self._evidence is not None and self._evidence.close()),
                  ("parity evidence", lambda: self._parity is not None and self._parity.close()),
                  ("Flight Recorder dump", lambda: self._flight is not None and self._flight.write("close")),
-                 ("last heartbeat", lambda: self._heartbeat is not None and self._heartbeat.stop("close")))
+                 ("last heartbeat", lambda: self._heartbeat is not None and self._heartbeat.stop("close")),
+                 ("queued writes", lambda: self._writer is not None and self._writer.close()))
         try:
             lost = []
             for what, part in parts:
@@ -578,36 +619,3 @@ def _param_row(fqn: str, kind: str, t: torch.Tensor) -> dict:
             "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel(),
             "size_bytes": t.numel() * t.element_size(),
             "requires_grad": kind == "parameter" and bool(t.requires_grad)}
-
-
-def _flush_at_exit(ref, closed: bool | None = None) -> None:
-    """At interpreter exit (or SIGTERM, ``closed=False``): what :meth:`Agent.close` writes, for a
-    job that never called it. ``closed`` None: finished unless an uncaught exception ended it."""
-    agent = ref()
-    if agent is None:
-        return
-    if closed is None:
-        closed = getattr(sys, "last_value", None) is None
-    try:
-        agent.flush_events()
-        agent.record_layout()
-        if _dist_ready():  # the groups' timeouts: a job that died in a collective is judged against them
-            from graphdeck.capture.process_groups import write_record
-
-            write_record(agent.writer)
-        if agent._evidence is not None:
-            agent._evidence.flush(closed=closed)
-        if getattr(agent, "_parity", None) is not None:
-            agent._parity.flush()
-        if getattr(agent, "_heartbeat", None) is not None and closed:
-            agent._heartbeat.stop("exit")
-    except Exception:  # noqa: BLE001 - never fail the interpreter's exit
-        pass
-
-
-def _dist_ready() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
-
-

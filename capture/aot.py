@@ -338,7 +338,7 @@ def write_aot_graph(agent, p: dict, gid: int, plan, fqn_by_input: dict, kind: st
         record_graph(g), kind=kind, name=f"{p['name']} · {kind.removeprefix('aot_')}",
         compile_id=p["compile_id"], frame_name=p["frame_name"], parent_id=gid,
         backend=f"graphdeck+{p['inner']}", io=child_rows(ins, grads, fqn_by_input), param_by_node=bind)
-    agent.graph_ids.append(gid2)
+    agent._graph_refs.append(gid2)
     plan.children.append((gid2, ins, grads))
     return gid2, ins, grads
 

@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 #: Structured compile records (torch's TORCH_TRACE records) kept in ``compile_events``.
@@ -39,8 +40,17 @@ class _CompileEventHandler(logging.Handler):
         super().__init__(level=logging.DEBUG)
         self.sink = sink
         self.on_record = on_record  # called after each kept record (the agent writes it at once)
+        #: CPU seconds spent in :meth:`emit` (on the logging thread: the compiling thread).
+        self.cpu_s = 0.0
 
     def emit(self, record: logging.LogRecord) -> None:
+        t0 = time.thread_time()
+        try:
+            self._emit(record)
+        finally:
+            self.cpu_s += time.thread_time() - t0
+
+    def _emit(self, record: logging.LogRecord) -> None:
         meta = getattr(record, "metadata", None)
         if not isinstance(meta, dict):
             return
@@ -61,7 +71,7 @@ class _CompileEventHandler(logging.Handler):
         if name == "inductor_provenance_tracking_kernel_stack_traces":  # + the kernel -> node table
             from graphdeck.capture.provenance import kernel_post_grad_nodes
 
-            extra = kernel_post_grad_nodes()
+            extra = kernel_post_grad_nodes()  # a snapshot now; its JSON made by the store writer
             if extra is not None:
                 self.sink.append({"name": "graphdeck_kernel_post_grad_nodes", "compile_id": cid, "metadata": meta,
                                   "payload": extra})

@@ -8,6 +8,7 @@ Both run with the graph's ShapeEnv recording no guard (NOTE: [The capture adds n
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -57,7 +58,7 @@ def record_dynamo(agent, gm, example_inputs, inner_name, shadow: bool = True) ->
                 meta={"ddp_buckets": len(opt.buckets), "bucket_bytes_cap": getattr(opt, "bucket_bytes_cap", None),
                       **({"step": step} if step is not None else {})})
             agent._ddp_parents[id(full_gm)] = parent_id
-            agent.graph_ids.append(parent_id)
+            agent._graph_refs.append(parent_id)
         kind = "ddp_partition"
         part_idx = int(submod_name.rsplit("_", 1)[-1]) if submod_name.rsplit("_", 1)[-1].isdigit() else None
         for n in gm.graph.nodes:
@@ -136,7 +137,7 @@ def finish(agent, p: dict, compile_time_s: float) -> int:
         parent_id=p["parent_id"], partition_index=p["partition_index"], compile_time_s=compile_time_s,
         backend=f"graphdeck+{p['inner']}", break_reason=p["break_reason"], io=io,
         param_by_node=p["param_by_node"], meta=meta)
-    agent.graph_ids.append(gid)
+    agent._graph_refs.append(gid)
     if p["partition"] is not None:
         idx, size_bytes, params = p["partition"]
         writer.write_partition(parent_graph_id=p["parent_id"], graph_id=gid, index=idx,
@@ -152,10 +153,21 @@ def finish(agent, p: dict, compile_time_s: float) -> int:
     plan.recorded.add(tuple(fqn_by_input.get(i) for i in plan.positions))
     p["plan"] = plan
     if handover is not None:  # the backward now, or when the first backward compiles it
-        handover.when_backward(lambda g: write_late_backward(agent, p, gid, plan, fqn_by_input, g))
+        handover.when_backward(lambda g: _timed(agent, write_late_backward, agent, p, gid, plan, fqn_by_input, g))
         handover.release()
     agent.flush_events()
     return gid
+
+
+def _timed(agent, fn, *args):
+    """``fn(*args)`` with its time added to the agent's capture time (the backward's graphs are
+    written when the first backward compiles it, outside ``Agent._compile``)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    try:
+        return fn(*args)
+    finally:
+        agent.capture_time_s += time.perf_counter() - t0
+        agent.capture_cpu_s += time.thread_time() - c0
 
 
 def graph_arg_is_param(node: torch.fx.Node) -> bool:

@@ -240,6 +240,9 @@ class GradEvidence(FsdpEvidence):
             self._opt_steps += 1
             if self._prints is not None:
                 self._prints.after_step(opt, self._opt_steps - 1)
+            writer = self.agent._writer
+            if writer is not None:  # the step's rows in the store when it returns (NOTE: [Writes off the compiling thread])
+                writer.flush_if_behind()
 
     def _unseen_backward(self) -> None:
         """At an optimizer step in steady mode: a forward whose backward opened no window (it
@@ -576,15 +579,20 @@ class GradEvidence(FsdpEvidence):
         from graphdeck.store.db import retrying, write_session
         from graphdeck.store.schema import GradStep
 
+        from graphdeck.capture.writer_thread import resolve
+
         ids, self._backward_rows = self._backward_rows, []
 
-        def do():
-            with write_session(self.agent.writer.engine) as s:
-                for row in s.query(GradStep).filter(GradStep.id.in_(ids)):
-                    row.step_first = row.step_last = 0
-                    row.step_source = "optimizer"
+        def do(w):  # on the writer thread, after the rows' own writes (NOTE: [Writes off the compiling thread])
+            def once():
+                with write_session(w.engine) as s:
+                    for row in s.query(GradStep).filter(GradStep.id.in_([resolve(i) for i in ids])):
+                        row.step_first = row.step_last = 0
+                        row.step_source = "optimizer"
 
-        retrying(do)
+            retrying(once)
+
+        self.agent.writer.call(do, "the first step's gradient rows")
         if self._row is not None and self._row["id"] in ids:
             self._row.update(first=0, last=0, source="optimizer")
 

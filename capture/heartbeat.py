@@ -359,8 +359,12 @@ class Heartbeat:
         text = json.dumps(payload, separators=(",", ":"))
         table = CompileEvent.__table__
 
+        # only this rank's own row and the heartbeat rows are touched: no need to wait for the
+        # queued writes (NOTE: [Writes off the compiling thread]); the hang report's reads do
+        engine = writer.wait_open().engine if hasattr(writer, "wait_open") else writer.engine
+
         def do():  # SQLAlchemy Core on one connection: the ORM session cost ~2 ms a beat
-            with writer.engine.begin() as conn:
+            with engine.begin() as conn:
                 rid = self._row
                 if rid is None or not conn.execute(update(table).where(table.c.id == rid).values(payload=text)).rowcount:
                     rid = conn.execute(insert(table).values(run_id=writer.run_id, rank=writer.rank, name=HEARTBEAT,

@@ -45,14 +45,18 @@ def enable_provenance() -> bool:
     return False
 
 
-def kernel_post_grad_nodes() -> str | None:
-    """JSON of Inductor's live kernel → post-grad node table (``{"name:handle": [node, ...]}``).
+def kernel_post_grad_nodes():
+    """JSON of Inductor's live kernel → post-grad node table (``{"name:handle": [node, ...]}``),
+    as a zero-argument callable returning that text: the table is copied now (it grows with every
+    graph), the JSON is made when the record is written (on the graphdeck-writer thread, NOTE:
+    [Writes off the compiling thread]).
 
     Read when the ``..._kernel_stack_traces`` artifact is logged, i.e. right after a graph's
     kernels were generated. The ``..._node_mappings`` artifact carries the same table only when
     the pre-grad graph is known, which is not the case for a backward graph compiled lazily at
     the first ``backward()``; this snapshot covers both. None when torch has no such table.
     """
+    import functools
     import json
 
     try:
@@ -61,6 +65,7 @@ def kernel_post_grad_nodes() -> str | None:
         table = getattr(debug, "_inductor_triton_kernel_to_post_grad_node_info", None)
         if not isinstance(table, dict):
             return None
-        return json.dumps({str(k): [str(n) for n in v] for k, v in table.items() if isinstance(v, list)})
+        snapshot = {str(k): [str(n) for n in v] for k, v in table.items() if isinstance(v, list)}
+        return functools.partial(json.dumps, snapshot)
     except Exception:  # noqa: BLE001 - capture never breaks training
         return None

@@ -230,10 +230,11 @@ class StoreWriter:
         def do():
             with write_session(self.engine) as s:
                 for e in events:
+                    payload = e.get("payload")  # text, or a callable making it (compile_log's snapshots)
                     s.add(CompileEvent(run_id=self.run_id, rank=self.rank, name=e["name"],
                                        compile_id=e.get("compile_id"),
                                        metadata_json=json.dumps(e.get("metadata", {}), default=str),
-                                       payload=e.get("payload")))
+                                       payload=payload() if callable(payload) else payload))
 
         retrying(do)
 
