@@ -257,7 +257,11 @@ def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
                      "gate(s) failed" if rep.findings else "graph break(s) in user code", "",
                      f"#/runs/{run.id}?section=compile-health", f"graphdeck check-compile STORE --run {run.name}",
                      f"/api/runs/{run.id}/compile-health", native_verdict=rep.verdict)
-    c.headline = ((f"{s['graph_breaks']} graph break(s) in user code, " if rep.findings else "")
+    from graphdeck.analysis.ranks.records import _ranks_phrase
+
+    c.headline = (("no graph produced on " + _ranks_phrase(s["no_graph_ranks"]) + ": nothing is compiled, the job "
+                   "runs eager; " if s["no_graph_ranks"] else "")
+                  + (f"{s['graph_breaks']} graph break(s) in user code, " if rep.findings else "")
                   + (f"{s['framework_breaks']} inside {_names(s['frameworks'], 2)} (not user code), "
                      if s["framework_breaks"] else "")
                   + f"{s['recompiles']} recompile(s), "
@@ -348,6 +352,13 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
     c.headline = (f"{worst['fraction']:.1%} of {what} mapped to graph nodes on the lowest rank ({worst['rank']}); "
                   + _fractions_text(fracs) + _outside_text(worst)
                   if worst else f"no {what.removeprefix('the ')} to map in {len(per_rank)} trace(s)")
+    if not with_graphs and not fracs and per_rank and not skipped:
+        # Nothing compiled on any rank (NOTE: [No graph produced]): coverage has nothing to cover.
+        device = "GPU" if what == COVERS["gpu"] else "CPU"
+        c.verdict, c.count, c.link, c.api = "N/A", None, f"#/traces/{per_rank[0]['trace_id']}", None
+        c.headline = (f"nothing compiled to map: no rank produced a graph, so the {len(per_rank)} {device} trace(s) "
+                      "hold only eager work (see the compile check)")
+        lines = [ln for ln in lines if "to map" not in ln]
     if worst:
         c.link, c.api = worst["link"], f"/api/traces/{worst['trace_id']}/analysis"
     c.detail = {"ranks": per_rank, "min_coverage": MIN_COVERAGE}

@@ -37,7 +37,7 @@ import torch.fx
 
 from graphdeck.capture.aot import Handover, recording_backend, shadow_trace
 from graphdeck.capture.callwrap import BindingPlan, OutputGradNote, bind_at_run_time, child_rows, watch_output_grads
-from graphdeck.capture.compile_context import compile_context, is_ddp, parallel_info
+from graphdeck.capture.compile_context import MODEL_FRAMES, compile_context, is_ddp, model_frames, parallel_info
 from graphdeck.capture.compile_log import (  # noqa: F401 - KEPT_COMPILE_EVENTS, UNCUT_PAYLOADS: names of this module before
     KEPT_COMPILE_EVENTS,
     PAYLOAD_LIMIT_CHARS,
@@ -523,6 +523,11 @@ class Agent:
         return stored_profile(self, wait_steps=wait_steps, warmup_steps=warmup_steps,
                               active_steps=active_steps, name=name, **options)
 
+    def _record_model_frames(self) -> None:
+        """Dynamo's rule for the watched models' forward frames (NOTE: [No graph produced])."""
+        if self._models and (rows := model_frames(self._models)):
+            self.writer.write_compile_events([{"name": MODEL_FRAMES, "payload": json.dumps(rows)}])
+
     def close(self) -> None:
         """Flush pending compile records, write the layout, process groups, gradient evidence and
         a Flight Recorder dump, and stop listening to torch's structured log.
@@ -533,7 +538,8 @@ class Agent:
         traceback and exit status that would fail the job. Each part is tried on its own."""
         from graphdeck.capture.process_groups import write_record
 
-        parts = (("compile records", self.flush_events), ("parallel layout", self.record_layout),
+        parts = (("compile records", self.flush_events), ("model frames", self._record_model_frames),
+                 ("parallel layout", self.record_layout),
                  ("process groups", lambda: write_record(self.writer)),
                  ("gradient evidence", lambda: self._evidence is not None and self._evidence.close()),
                  ("parity evidence", lambda: self._parity is not None and self._parity.close()),

@@ -72,6 +72,8 @@ def to_text(h: CompileHealth) -> str:
                                                        else " (no threshold given: a report; exit 0)")]
     lines += [f"FAIL: {x}" for x in h.findings]
     lines += [f"WARN: {x}" for x in h.warnings]
+    if h.no_graph is not None:
+        lines.append(f"  hint: {h.no_graph.hint}")
     lines += [f"INCOMPLETE: {x}" for x in h.missing_evidence]
     lines += [f"UNVERIFIED (md5 failed, record kept and read): {x}" for x in h.unverified]
     fw = (f"{s['framework_breaks']} inside frameworks ({', '.join(s['frameworks'])}), " if s["framework_breaks"]
