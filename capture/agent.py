@@ -70,7 +70,9 @@ def _dist_info() -> tuple[int, int, str | None]:
 
 class Agent:
     """One rank's capture. ``store``: SQLite path or SQLAlchemy URL; ``run``: the run's name,
-    the same on every rank (default: ``GRAPHDECK_RUN``, else torchrun's run id, else a timestamp).
+    the same on every rank (default: ``GRAPHDECK_RUN``, else torchrun's run id, else a timestamp);
+    a name another launch holds gives this launch ``NAME-2`` and a notice, unless ``append``
+    (NOTE: [One run per launch] in capture/launch.py).
     """
 
     def __new__(cls, store: str | os.PathLike | None = None, run: str | None = None, **_kw):
@@ -84,7 +86,7 @@ class Agent:
         return same if same is not None and isinstance(same, cls) else super().__new__(cls)
 
     def __init__(self, store: str | os.PathLike | None = None, run: str | None = None, *,
-                 grad_prints: str | None = None):
+                 grad_prints: str | None = None, append: bool | None = None):
         if "_handler" in self.__dict__:  # joined (NOTE: [One agent per process and run])
             return
         #: Gradient fingerprint cadence (NOTE: [Gradient fingerprints]): "FIRST,EVERY", "all" or
@@ -94,6 +96,9 @@ class Agent:
         from graphdeck.capture.backend import default_run_name
 
         self.run = run or default_run_name() or time.strftime("run-%Y%m%d-%H%M%S")
+        #: the name asked for (``run`` becomes ``NAME-2`` when NAME is another launch's: NOTE: [One
+        #: run per launch]); ``append``: add to NAME anyway (None: ``GRAPHDECK_RUN_APPEND``)
+        self.requested_run, self.append = self.run, append
         self._writer: StoreWriter | None = None
         self._store_failed: str | None = None  # why the store could not be opened: capture is off
         self._fqn_by_tensor: dict[int, str] = {}
@@ -153,7 +158,12 @@ class Agent:
                 raise StoreError(self._store_failed)
             rank, world, backend = _dist_info()
             try:
-                self._writer = StoreWriter(self.store, self.run, rank, world, backend=backend)
+                from graphdeck.capture.launch import append_wanted, launch_id, notify
+
+                self._writer = StoreWriter(self.store, self.run, rank, world, backend=backend, launch=launch_id(),
+                                           append=append_wanted(self.append))
+                self.run = self._writer.run_name  # NOTE: [One run per launch]: NAME-2 when NAME is another job's
+                notify(self._writer.notice, rank)
             except Exception as exc:  # noqa: BLE001 - capture never ends a job
                 self._store_failed = f"cannot open store {self.store}: {type(exc).__name__}: {exc}"
                 warnings.warn(f"graphdeck: capture is off for this process: {self._store_failed}; training "
