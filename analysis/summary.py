@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.units import ns_text
 from graphdeck.store.schema import Graph, Rank, Run, Trace
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ class RunSummary:
         s = self.slowest
         if s.get("steps"):
             lines.append("slowest steps: " + ", ".join(
-                f"rank {x['rank']} step {x['step'] if x['step'] is not None else '?'} {x['dur_ns'] / 1e6:.1f} ms"
+                f"rank {x['rank']} step {x['step'] if x['step'] is not None else '?'} {ns_text(x['dur_ns'])}"
                 for x in s["steps"][:3]))
         if s.get("straggler_message"):
             lines.append(s["straggler_message"])
@@ -368,10 +369,10 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
 def _outside_text(p: dict) -> str:
     """``; not counted (outside compiled graphs by design, rank 0): eager optimizer step 3.1 ms, …``
     (NOTE: [Trace coverage]), or ``""``."""
-    parts = [f"{k} {ns / 1e6:.1f} ms" for k, ns in sorted((p.get("outside_ns") or {}).items(), key=lambda kv: -kv[1])
+    parts = [f"{k} {ns_text(ns)}" for k, ns in sorted((p.get("outside_ns") or {}).items(), key=lambda kv: -kv[1])
              if ns > 0]
     if p.get("overhead_ns"):
-        parts.append(f"between and around the ops (dispatch, wrapper code, profiler callbacks, descheduling) {p['overhead_ns'] / 1e6:.1f} ms")
+        parts.append(f"between and around the ops (dispatch, wrapper code, profiler callbacks, descheduling) {ns_text(p['overhead_ns'])}")
     return f"; not counted (rank {p['rank']}): " + ", ".join(parts) if parts else ""
 
 

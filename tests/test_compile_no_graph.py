@@ -75,3 +75,16 @@ def test_summary_and_check_grads_tell_the_truth(stores):
     assert res.output.startswith("gradient paths of own (graph mode)"), res.output
     res = _cli("summary", own, "--run", "own")
     assert "no graph produced" not in res.output and "nothing compiled to map" not in res.output, res.output
+
+
+@pytest.mark.slow
+def test_durations_under_a_second_read_in_human_units(stores):
+    """The straggler note of this job said "waited 0.00 s" for a wait of milliseconds, and the
+    compile-time spread "0.00 s" (NOTE: [Human durations]): no text rounds a duration to zero."""
+    import re
+
+    seq, _own = stores
+    for args in (("check-ranks", seq, "--run", "seq"), ("check-compile", seq, "--run", "seq"),
+                 ("summary", seq, "--run", "seq")):
+        out = _cli(*args).output
+        assert not re.search(r"(?<![\d.])0\.0+ (s|ms)\b", out), (args[0], out)
