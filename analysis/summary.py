@@ -353,7 +353,7 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
     c.headline = (f"{worst['fraction']:.1%} of {what} mapped to graph nodes on the lowest rank ({worst['rank']}); "
                   + _fractions_text(fracs) + _outside_text(worst)
                   if worst else f"no {what.removeprefix('the ')} to map in {len(per_rank)} trace(s)")
-    if not with_graphs and not fracs and per_rank and not skipped:
+    if not with_graphs and not fracs and per_rank and not skipped and _nothing_compiled(session, run.id):
         # Nothing compiled on any rank (NOTE: [No graph produced]): coverage has nothing to cover.
         device = "GPU" if what == COVERS["gpu"] else "CPU"
         c.verdict, c.count, c.link, c.api = "N/A", None, f"#/traces/{per_rank[0]['trace_id']}", None
@@ -364,6 +364,12 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
         c.link, c.api = worst["link"], f"/api/traces/{worst['trace_id']}/analysis"
     c.detail = {"ranks": per_rank, "min_coverage": MIN_COVERAGE}
     return _reasons(c, lines)
+
+
+def _nothing_compiled(session: Session, run_id: int) -> bool:
+    from graphdeck.analysis.compilation.no_graph import nothing_compiled
+
+    return nothing_compiled(session, run_id)
 
 
 def _outside_text(p: dict) -> str:

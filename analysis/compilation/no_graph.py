@@ -165,3 +165,24 @@ def _words(n: NoGraph) -> tuple[str, str]:
             "see the reasons torch recorded; TORCH_LOGS=+dynamo prints each skipped frame with its reason "
             "('skipping: NAME (reason: ...)')")
     return msg, hint
+
+
+def nothing_compiled(session: Session, run_id: int) -> bool:
+    """Whether the run's compile records show that no compile produced a graph on any rank: some
+    ``compilation_metrics`` count ops, none counts more than 0, no backward was compiled and no
+    graph is stored. False when the records cannot tell (none, or none counting ops): a run of a
+    trace alone has no evidence either way."""
+    if session.scalar(select(Graph.id).where(Graph.run_id == run_id).limit(1)) is not None:
+        return False
+    counted = False
+    for name, meta in session.execute(select(CompileEvent.name, CompileEvent.metadata_json).where(
+            CompileEvent.run_id == run_id, CompileEvent.name.in_(("compilation_metrics", "bwd_compilation_metrics")))):
+        if name == "bwd_compilation_metrics":
+            return False
+        body = _json(meta).get("compilation_metrics") if isinstance(_json(meta), dict) else None
+        ops = body.get("graph_op_count") if isinstance(body, dict) else None
+        if isinstance(ops, int):
+            if ops > 0:
+                return False
+            counted = True
+    return counted
