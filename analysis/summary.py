@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.units import ns_text
 from graphdeck.store.schema import Graph, GradStep, Rank, Run, Trace
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ class RunSummary:
         s = self.slowest
         if s.get("steps"):
             lines.append("slowest steps: " + ", ".join(
-                f"rank {x['rank']} step {x['step'] if x['step'] is not None else '?'} {x['dur_ns'] / 1e6:.1f} ms"
+                f"rank {x['rank']} step {x['step'] if x['step'] is not None else '?'} {ns_text(x['dur_ns'])}"
                 for x in s["steps"][:3]))
         if s.get("straggler_message"):
             lines.append(s["straggler_message"])
@@ -273,7 +274,11 @@ def check_compile(session: Session, run: Run, deadline: float) -> CheckSummary:
                      "gate(s) failed" if rep.findings else "graph break(s) in user code", "",
                      f"#/runs/{run.id}?section=compile-health", f"graphdeck check-compile STORE --run {run.name}",
                      f"/api/runs/{run.id}/compile-health", native_verdict=rep.verdict)
-    c.headline = ((f"{s['graph_breaks']} graph break(s) in user code, " if rep.findings else "")
+    from graphdeck.analysis.ranks.records import _ranks_phrase
+
+    c.headline = (("no graph produced on " + _ranks_phrase(s["no_graph_ranks"]) + ": nothing is compiled, the job "
+                   "runs eager; " if s["no_graph_ranks"] else "")
+                  + (f"{s['graph_breaks']} graph break(s) in user code, " if rep.findings else "")
                   + (f"{s['framework_breaks']} inside {_names(s['frameworks'], 2)} (not user code), "
                      if s["framework_breaks"] else "")
                   + f"{s['recompiles']} recompile(s), "
@@ -364,19 +369,32 @@ def check_traces(session: Session, run: Run, deadline: float, memo: dict | None 
     c.headline = (f"{worst['fraction']:.1%} of {what} mapped to graph nodes on the lowest rank ({worst['rank']}); "
                   + _fractions_text(fracs) + _outside_text(worst)
                   if worst else f"no {what.removeprefix('the ')} to map in {len(per_rank)} trace(s)")
+    if not with_graphs and not fracs and per_rank and not skipped and _nothing_compiled(session, run.id):
+        # Nothing compiled on any rank (NOTE: [No graph produced]): coverage has nothing to cover.
+        device = "GPU" if what == COVERS["gpu"] else "CPU"
+        c.verdict, c.count, c.link, c.api = "N/A", None, f"#/traces/{per_rank[0]['trace_id']}", None
+        c.headline = (f"nothing compiled to map: no rank produced a graph, so the {len(per_rank)} {device} trace(s) "
+                      "hold only eager work (see the compile check)")
+        lines = [ln for ln in lines if "to map" not in ln]
     if worst:
         c.link, c.api = worst["link"], f"/api/traces/{worst['trace_id']}/analysis"
     c.detail = {"ranks": per_rank, "min_coverage": MIN_COVERAGE}
     return _reasons(c, lines)
 
 
+def _nothing_compiled(session: Session, run_id: int) -> bool:
+    from graphdeck.analysis.compilation.no_graph import nothing_compiled
+
+    return nothing_compiled(session, run_id)
+
+
 def _outside_text(p: dict) -> str:
     """``; not counted (outside compiled graphs by design, rank 0): eager optimizer step 3.1 ms, …``
     (NOTE: [Trace coverage]), or ``""``."""
-    parts = [f"{k} {ns / 1e6:.1f} ms" for k, ns in sorted((p.get("outside_ns") or {}).items(), key=lambda kv: -kv[1])
+    parts = [f"{k} {ns_text(ns)}" for k, ns in sorted((p.get("outside_ns") or {}).items(), key=lambda kv: -kv[1])
              if ns > 0]
     if p.get("overhead_ns"):
-        parts.append(f"between and around the ops (dispatch, wrapper code, profiler callbacks, descheduling) {p['overhead_ns'] / 1e6:.1f} ms")
+        parts.append(f"between and around the ops (dispatch, wrapper code, profiler callbacks, descheduling) {ns_text(p['overhead_ns'])}")
     return f"; not counted (rank {p['rank']}): " + ", ".join(parts) if parts else ""
 
 

@@ -36,7 +36,7 @@ import torch.fx
 
 from graphdeck.capture.aot import Handover, recording_backend, shadow_trace
 from graphdeck.capture.callwrap import BindingPlan, OutputGradNote, bind_at_run_time, child_rows, watch_output_grads
-from graphdeck.capture.compile_context import compile_context, is_ddp, parallel_info
+from graphdeck.capture.compile_context import MODEL_FRAMES, compile_context, is_ddp, model_frames, parallel_info
 from graphdeck.capture.compile_log import (  # noqa: F401 - KEPT_COMPILE_EVENTS, UNCUT_PAYLOADS: names of this module before
     KEPT_COMPILE_EVENTS,
     PAYLOAD_LIMIT_CHARS,
@@ -71,7 +71,9 @@ def _dist_info() -> tuple[int, int, str | None]:
 
 class Agent:
     """One rank's capture. ``store``: SQLite path or SQLAlchemy URL; ``run``: the run's name,
-    the same on every rank (default: ``GRAPHDECK_RUN``, else torchrun's run id, else a timestamp).
+    the same on every rank (default: ``GRAPHDECK_RUN``, else torchrun's run id, else a timestamp);
+    a name another launch holds gives this launch ``NAME-2`` and a notice, unless ``append``
+    (NOTE: [One run per launch] in capture/launch.py).
     """
 
     def __new__(cls, store: str | os.PathLike | None = None, run: str | None = None, **_kw):
@@ -85,7 +87,7 @@ class Agent:
         return same if same is not None and isinstance(same, cls) else super().__new__(cls)
 
     def __init__(self, store: str | os.PathLike | None = None, run: str | None = None, *,
-                 grad_prints: str | None = None):
+                 grad_prints: str | None = None, append: bool | None = None):
         if "_handler" in self.__dict__:  # joined (NOTE: [One agent per process and run])
             return
         #: Gradient fingerprint cadence (NOTE: [Gradient fingerprints]): "FIRST,EVERY", "all" or
@@ -95,6 +97,9 @@ class Agent:
         from graphdeck.capture.backend import default_run_name
 
         self.run = run or default_run_name() or time.strftime("run-%Y%m%d-%H%M%S")
+        #: the name asked for (``run`` becomes ``NAME-2`` when NAME is another launch's: NOTE: [One
+        #: run per launch]); ``append``: add to NAME anyway (None: ``GRAPHDECK_RUN_APPEND``)
+        self.requested_run, self.append = self.run, append
         self._writer: BackgroundWriter | None = None
         self._store_failed: str | None = None  # why the store could not be opened: capture is off
         self._fqn_by_tensor: dict[int, str] = {}
@@ -158,15 +163,28 @@ class Agent:
             if self._store_failed is not None:
                 raise StoreError(self._store_failed)
             rank, world, backend = _dist_info()
-            store, run = self.store, self.run
+            store, run, append = self.store, self.run, self.append
 
             def failed(why: str) -> None:  # on the writer thread
                 self._store_failed = f"cannot open store {store}: {why}"
                 warnings.warn(f"graphdeck: capture is off for this process: {self._store_failed}; training "
                               "goes on without it", stacklevel=2)
 
-            self._writer = BackgroundWriter(lambda: StoreWriter(store, run, rank, world, backend=backend),
-                                            rank=rank, world_size=world, on_open_error=failed)
+            def open_writer() -> StoreWriter:  # on the writer thread
+                from graphdeck.capture.launch import append_wanted, launch_id, notify
+
+                w = StoreWriter(store, run, rank, world, backend=backend, launch=launch_id(),
+                                append=append_wanted(append))
+                self.run = w.run_name  # NOTE: [One run per launch]: NAME-2 when NAME is another launch's
+                notify(w.notice, rank)
+                return w
+
+            self._writer = BackgroundWriter(open_writer, rank=rank, world_size=world, on_open_error=failed)
+            if not _compiling():  # outside a compile the run is claimed (its name final) when this returns
+                try:
+                    self._writer.wait_open()
+                except Exception:  # noqa: BLE001 - warned once by failed()
+                    pass
             if self._models:
                 self._write_params()
         return self._writer
@@ -579,6 +597,11 @@ class Agent:
             return hb._own_steps() or 0
         return None
 
+    def _record_model_frames(self) -> None:
+        """Dynamo's rule for the watched models' forward frames (NOTE: [No graph produced])."""
+        if self._models and (rows := model_frames(self._models)):
+            self.writer.write_compile_events([{"name": MODEL_FRAMES, "payload": json.dumps(rows)}])
+
     def close(self) -> None:
         """Flush pending compile records, write the layout, process groups, gradient evidence and
         a Flight Recorder dump, and stop listening to torch's structured log.
@@ -589,7 +612,8 @@ class Agent:
         traceback and exit status that would fail the job. Each part is tried on its own."""
         from graphdeck.capture.process_groups import write_record
 
-        parts = (("compile records", self.flush_events), ("parallel layout", self.record_layout),
+        parts = (("compile records", self.flush_events), ("model frames", self._record_model_frames),
+                 ("parallel layout", self.record_layout),
                  ("process groups", lambda: write_record(self.writer)),
                  ("gradient evidence", lambda: self._evidence is not None and self._evidence.close()),
                  ("parity evidence", lambda: self._parity is not None and self._parity.close()),

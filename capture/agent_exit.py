@@ -17,6 +17,7 @@ def _flush_at_exit(ref, closed: bool | None = None) -> None:
         closed = getattr(sys, "last_value", None) is None
     try:
         agent.flush_events()
+        agent._record_model_frames()  # NOTE: [No graph produced], for a job without close()
         agent.record_layout()
         if _dist_ready():  # the groups' timeouts: a job that died in a collective is judged against them
             from graphdeck.capture.process_groups import write_record

@@ -51,7 +51,7 @@ def live_agent(store: str | os.PathLike | None = None, run: str | None = None):
     key = _store_key(store)
     for ref in reversed(_live):
         a = ref()
-        if a is not None and not a.closed and _store_key(a.store) == key and (run is None or a.run == run):
+        if a is not None and not a.closed and _store_key(a.store) == key and (run is None or run in (a.run, getattr(a, "requested_run", None))):
             return a
     return None
 

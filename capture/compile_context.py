@@ -146,3 +146,38 @@ def ddp_context():
     if submod_name is None or opt is None or full_gm is None:
         return None
     return opt, full_gm, submod_name
+
+
+MODEL_FRAMES = "graphdeck_model_frames"
+
+
+def model_frames(models: list) -> list[dict]:
+    """Dynamo's own rule for each watched model's ``forward`` reached as a frame of its own (not
+    inlined from a compiled frame), as ``torch._dynamo.trace_rules.check_verbose`` answers it:
+    ``[{"model": "torch.nn.modules.container.Sequential", "forward": "FILE:LINE", "skipped": bool,
+    "reason": "file matches MOD_SKIPLIST (...torch/nn)"}]``; ``[]`` when Dynamo was never imported
+    (nothing was compiled) or the rule cannot be read.
+
+    # NOTE: [No graph produced]
+    # ``torch.compile(DDP(model))`` compiles the model through DDPOptimizer only when Dynamo
+    # compiles the model's forward as a frame of its own: DDP's forward is broken at
+    # ``_inside_ddp_forward`` (marked skipped) and DDP calls ``self.module`` from frames Dynamo
+    # skips. A forward in torch's own files (``nn.Sequential``) is in Dynamo's skipfiles, so no
+    # frame produces a graph and the job runs eagerly while ``torch.compile`` raised nothing.
+    # Torch logs that skip only at DEBUG (``skipping: forward (reason: ...)``), never in its
+    # structured trace; the capture asks the same rule, read-only, at close, so check-compile can
+    # name the cause (analysis/compilation/no_graph.py).
+    """
+    rules = sys.modules.get("torch._dynamo.trace_rules")
+    if rules is None:
+        return []
+    out = []
+    for m in models:
+        code = getattr(getattr(type(m), "forward", None), "__code__", None)
+        if code is None:
+            continue
+        res = rules.check_verbose(code, is_inlined_call=False)
+        out.append({"model": f"{type(m).__module__}.{type(m).__qualname__}",
+                    "forward": f"{code.co_filename}:{code.co_firstlineno}",
+                    "skipped": bool(getattr(res, "skipped", False)), "reason": str(getattr(res, "reason", ""))})
+    return out

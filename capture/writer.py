@@ -89,21 +89,33 @@ def _owner_path(fqn: str | None) -> str | None:
 class StoreWriter:
     """Writes one rank's capture. ``store`` is a path (SQLite) or SQLAlchemy URL."""
 
-    def __init__(self, store, run_name: str, rank: int, world_size: int, *, backend: str | None = None):
+    def __init__(self, store, run_name: str, rank: int, world_size: int, *, backend: str | None = None,
+                 launch: str | None = None, append: bool = False):
+        """``launch``: this rank's launch (:func:`graphdeck.capture.launch.launch_id`): the run is
+        claimed for it (NOTE: [One run per launch]) and ``run_name`` is the run really written,
+        ``notice`` says why when it is not the name asked for; None: ``run_name`` as it is (a
+        caller that owns the store). ``append``: add to ``run_name`` whoever made it."""
         import torch
 
         self.engine = open_engine(store)
         event.listen(self.engine, "before_cursor_execute", _clean_statement_params, retval=True)
         self.rank = rank
         self.world_size = world_size
+        self.run_name, self.notice = run_name, None
 
         def register():
             with write_session(self.engine) as s:
-                run = get_or_create_run(s, run_name, world_size=world_size)
+                if launch is None:
+                    run = get_or_create_run(s, run_name, world_size=world_size)
+                else:
+                    from graphdeck.capture.launch import claim_run
+
+                    run, self.notice = claim_run(s, run_name, launch, world_size=world_size, append=append)
                 get_or_create_rank(
                     s, run, rank, world_size=world_size, hostname=socket.gethostname(), pid=os.getpid(),
                     backend=backend, torch_version=torch.__version__,
                 )
+                self.run_name = run.name
                 return run.id
 
         try:

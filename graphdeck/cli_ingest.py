@@ -127,6 +127,7 @@ def mapping_headline(m) -> str:
     graphs' kernel time, and the time outside graphs by design (the eager optimizer step mapped to
     the step as a whole, never to a node); on CPU the ops' own time in compiled regions."""
     from graphdeck.analysis.traces.coverage import coverage
+    from graphdeck.analysis.units import ns_text
 
     cov = coverage(m)
     by = ", ".join(f"{n} {src}" for src, n in sorted(m.sources.items()) if src != "optimizer step")
@@ -134,7 +135,7 @@ def mapping_headline(m) -> str:
     if m.device == "cpu":
         frac = f"{cov.fraction:.1%}" if cov.fraction is not None else "none"
         return (f"{frac} of {cov.covers} maps to FX graph nodes{how}; "
-                f"{cov.overhead_ns / 1e6:.1f} ms between and around those ops is not counted")
+                f"{ns_text(cov.overhead_ns)} between and around those ops is not counted")
     whole = cov.covered_ns / m.kernel_ns
     line = f"{whole:.1%} of its GPU kernel time maps to FX graph nodes{how}"
     if cov.fraction is not None:

@@ -100,6 +100,8 @@ def replay_cmd(ctx: click.Context, run_name: str, graph_id: int, store: str, con
             ratio = shown.get(name)
             click.echo(f"  {name:<40s} {ns / 1e3:>10.1f} us" + (f"  x{ratio:.2f} vs recorded" if ratio else ""))
     if "pipeline" in out:
+        from graphdeck.analysis.units import ns_text
+
         p, plan = out["pipeline"], out["plan"]
         cost = {"layerwise": "compute nodes", "memory_aware": "input bytes", "auto": "measured node time"}.get(
             plan["strategy"], "cost")
@@ -108,9 +110,9 @@ def replay_cmd(ctx: click.Context, run_name: str, graph_id: int, store: str, con
                    + (f"; by estimated time {plan['time_balance']:.2f}" if plan.get("time_balance") else ""))
         for st, busy in zip(plan["stages"], p["busy_ns"]):
             click.echo(f"  stage {st['index']}: {st['compute_nodes']} nodes, params {_mib(st['param_bytes'])}, "
-                       f"activations {_mib(st['activation_bytes'])}, sends {len(st['send'])}, busy {busy / 1e6:.1f} ms")
+                       f"activations {_mib(st['activation_bytes'])}, sends {len(st['send'])}, busy {ns_text(busy)}")
         click.echo(f"pipeline ({p['backend']}, {p['microbatches']} microbatches of {out['batch']['replayed']} rows): "
-                   f"makespan {p['makespan_ns'] / 1e6:.1f} ms, bubble {p['bubble_fraction']:.1%}, traces {p['trace_ids']}")
+                   f"makespan {ns_text(p['makespan_ns'])}, bubble {p['bubble_fraction']:.1%}, traces {p['trace_ids']}")
     for seg in (out.get("heterogeneous_fusion") or {}).get("segments", []):
         click.echo(f"  fused on {device}: {seg['device_type']} segment {seg['first']}..{seg['last']} "
                    f"({seg['nodes']} nodes) in stage(s) {seg['stages']}")

@@ -27,6 +27,8 @@ import time
 
 import click
 
+from graphdeck.cli_common import looks_like_store
+
 #: The file ``graphdeck run`` puts first on ``PYTHONPATH`` (NOTE: [How graphdeck run reaches every process]).
 SITECUSTOMIZE = '''"""graphdeck run's start-up hook (graphdeck/cli_run.py); then the sitecustomize it hides."""
 import os as _os
@@ -60,11 +62,15 @@ FORWARDED = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGINT")
 
 
 def run_env(store: str, run: str, profile_steps: str | None, evidence: bool, site_dir: str,
-            base: dict | None = None) -> dict:
+            base: dict | None = None, append: bool = False) -> dict:
     """The command's environment: ``base`` (default ``os.environ``) with ``site_dir`` first on
     ``PYTHONPATH`` and the ``GRAPHDECK_RUN_*`` settings; a SQLite path is made absolute (a rank
-    may change directory)."""
+    may change directory). ``GRAPHDECK_LAUNCH``: a new UUID, so every process of this command is
+    one launch (NOTE: [One run per launch]); ``append``: ``GRAPHDECK_RUN_APPEND=1``."""
+    import uuid
+
     from graphdeck.capture import autorun
+    from graphdeck.capture.launch import ENV_APPEND, ENV_LAUNCH
     from graphdeck.capture.flight import DEFAULT_BUFFER
     from graphdeck.capture.flight import ENV as FR_ENV
 
@@ -76,6 +82,9 @@ def run_env(store: str, run: str, profile_steps: str | None, evidence: bool, sit
     env[autorun.ENV_PROFILE] = profile_steps or ""
     env[autorun.ENV_EVIDENCE] = "1" if evidence else "0"
     env.setdefault(FR_ENV, str(DEFAULT_BUFFER))
+    env[ENV_LAUNCH] = uuid.uuid4().hex
+    if append:
+        env[ENV_APPEND] = "1"
     return env
 
 
@@ -124,8 +133,10 @@ def run_command(command: list[str], env: dict) -> int:
 @click.option("--profile-steps", default=None, metavar="A:B",
               help="Profile optimizer steps A..B-1 (0-based, A >= 1; e.g. 2:4) and store the trace per rank.")
 @click.option("--no-evidence", is_flag=True, help="No per-step gradient evidence (graphs, layout, FR still).")
+@click.option("--append", is_flag=True,
+              help="Add to run --run even when another launch made it (default: this launch records as NAME-2).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(store, run_name, profile_steps, no_evidence, command):
+def run(store, run_name, profile_steps, no_evidence, append, command):
     """Run COMMAND (after --) with graphdeck's capture in every Python process it starts.
 
     Example: graphdeck run --store runs.db --run exp1 -- torchrun --nproc_per_node 2 train.py"""
@@ -140,6 +151,9 @@ def run(store, run_name, profile_steps, no_evidence, command):
         command = command[1:]
     if not command:
         raise click.UsageError("no command given (graphdeck run [OPTIONS] -- COMMAND...)")
+    if looks_like_store(command[0]) and shutil.which(command[0]) is None:
+        raise click.UsageError(f"{command[0]} is a store, not a command: graphdeck run takes the store as an option, "
+                               f"before the command: graphdeck run --store {command[0]} [--run NAME] -- COMMAND...")
     if shutil.which(command[0]) is None and not os.path.exists(command[0]):
         raise click.UsageError(f"command not found: {command[0]}")
     import tempfile
@@ -148,7 +162,8 @@ def run(store, run_name, profile_steps, no_evidence, command):
     try:
         with open(os.path.join(site_dir, "sitecustomize.py"), "w") as f:
             f.write(SITECUSTOMIZE)
-        env = run_env(store, run_name or time.strftime("run-%Y%m%d-%H%M%S"), profile_steps, not no_evidence, site_dir)
+        env = run_env(store, run_name or time.strftime("run-%Y%m%d-%H%M%S"), profile_steps, not no_evidence, site_dir,
+                      append=append)
         rc = run_command(command, env)
     finally:
         shutil.rmtree(site_dir, ignore_errors=True)

@@ -138,3 +138,51 @@ def test_compile_time_totals_say_what_they_count_and_add_up(store):
     assert "compile time (frames' forward compiles + backward compiles)" in text and "+ backward" in text, text
     js = (REPO / "frontend/compile.js").read_text()
     assert js.count("backward graphs not counted") == 2 and '"Frames (forward)"' in js and '"Backward graphs"' in js
+
+
+def _doc_commands(page: str) -> list[list[str]]:
+    """Every ``graphdeck …`` command line in the code blocks of ``docs/<page>``, continuation lines
+    joined, split as a shell splits it (synopses with ``[…]`` left out)."""
+    import shlex
+
+    text = (REPO / "docs" / page).read_text()
+    out = []
+    for block in re.findall(r"```[^\n]*\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" # ")[0].strip()
+            if line.startswith("graphdeck ") and "[" not in line:
+                out.append(shlex.split(line))
+    return out
+
+
+def test_the_run_page_s_examples_parse_in_the_one_form_of_graphdeck_run_help():
+    """docs/run.md mixed ``graphdeck run --store S --run R`` with the checks' ``STORE --run R``
+    form: every command of the page (and every ``graphdeck run`` of integrations.md) parses with
+    the CLI's own parser, names the store and the run as options, and hands ``graphdeck run`` a
+    real command after ``--``; the synopsis lists exactly the options of ``graphdeck run --help``."""
+    import click
+
+    from graphdeck.cli import main
+
+    examples = _doc_commands("run.md") + [c for c in _doc_commands("integrations.md") if c[1] == "run"]
+    assert sum(c[1] == "run" for c in examples) >= 5, examples
+    for argv in examples:
+        group = main.make_context("graphdeck", argv[1:], resilient_parsing=True)
+        sub = main.get_command(group, argv[1])
+        assert sub is not None, argv
+        ctx = sub.make_context(argv[1], argv[2:], parent=group)  # raises click.UsageError if it does not parse
+        assert ctx.params.get("store") and ctx.params.get("run_name"), ("store and run as options", argv)
+        assert ctx.params.get("target") is None, ("no positional store or run", argv)
+        if argv[1] == "run":
+            assert "--" in argv and argv[argv.index("--") + 1] in ("torchrun", "python"), argv
+            command = list(ctx.params["command"])
+            assert command == argv[argv.index("--") + 1:], (argv, command)  # passed on untouched
+    synopsis = re.search(r"```\n(graphdeck run \[.*?)\n```", (REPO / "docs/run.md").read_text()).group(1)
+    run_cmd = main.get_command(click.Context(main), "run")
+    helped = {o for p in run_cmd.params for o in p.opts if o.startswith("--")}
+    assert set(re.findall(r"\[(--[\w-]+)", synopsis)) == helped, (synopsis, helped)
+    # the checks' positional STORE form given to graphdeck run is refused with the form to use
+    proc = subprocess.run([sys.executable, "-m", "graphdeck.cli", "run", "runs.db", "--run", "exp1", "--", "python",
+                           "-c", "0"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "runs.db is a store, not a command: graphdeck run takes the store as an " \
+                                   "option, before the command: graphdeck run --store runs.db" in proc.stderr, proc.stderr

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.units import ns_text
 from graphdeck.store.schema import CompileEvent, Graph, GraphIO, Run
 
 #: Dynamo's ``optimize_ddp`` modes under which the capture's graphs are not DDPOptimizer's, and
@@ -204,8 +205,8 @@ def _message(f: NoOverlap) -> str:
     if m and "error" not in m:
         kind = "communication kernel" if m["where"] == "gpu" else "collective (CPU)"
         text += (f"; measured on rank {m['rank']} (trace {m['trace_id']}, {m['steps']} profiled step(s)): "
-                 f"{m['ratio']:.1%} of {m['comm_busy_ns'] / 1e6:.1f} ms of {kind} time overlapped compute, "
-                 f"{m['exposed_ns_per_step'] / 1e6:.1f} ms a step exposed")
+                 f"{m['ratio']:.1%} of {ns_text(m['comm_busy_ns'])} of {kind} time overlapped compute, "
+                 f"{ns_text(m['exposed_ns_per_step'])} a step exposed")
     elif m:
         text += f"; not measured on rank {m['rank']} (trace {m['trace_id']}): {m['error']}"
     else:

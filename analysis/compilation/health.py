@@ -195,6 +195,7 @@ class CompileHealth:
     ddp_overlap: list = field(default_factory=list)  # NoOverlap (analysis.compilation.ddp_overlap), one per compiled frame
     warnings: list[str] = field(default_factory=list)  # what no gate was given for but a user must see
     unverified: list[str] = field(default_factory=list)  # records read though their md5 failed
+    no_graph: object = None  # NoGraph (analysis.compilation.no_graph): ranks where nothing was compiled
     verdict: str = "PASS"
 
     @property
@@ -222,6 +223,7 @@ class CompileHealth:
                 "will_hit_limit": [f.frame for f in self.frames if f.will_hit_limit],
                 "eager_fallbacks": len(self.fallbacks),
                 "ddp_no_overlap": len(self.ddp_overlap),
+                "no_graph_ranks": list(self.no_graph.ranks) if self.no_graph else [],
                 "restarts": sum(len(r.restarts) for r in self.ranks.values())}
 
 
@@ -280,6 +282,9 @@ def compile_health(session: Session, run: Run, thresholds: Thresholds | None = N
     from graphdeck.analysis.compilation.ddp_overlap import find as ddp_no_overlap
 
     out.ddp_overlap = ddp_no_overlap(session, run)
+    from graphdeck.analysis.compilation.no_graph import find as no_graph
+
+    out.no_graph = no_graph(session, run, per_rank)
     from graphdeck.analysis.ranks.flight import unverified_evidence
 
     out.unverified = unverified_evidence(session, run.id)
@@ -529,6 +534,8 @@ def _verdict(h: CompileHealth) -> None:
     if th.fail_on_eager_fallback and h.fallbacks:
         h.findings.append(f"{len(h.fallbacks)} frame(s) fell back to eager: " + "; ".join(
             f"rank {x.rank} {x.compile_id} {x.frame}: {x.kind}" for x in h.fallbacks))
+    if h.no_graph is not None:  # NOTE: [No graph produced]: WARN, FAIL under --fail-on-eager-fallback
+        (h.findings if th.fail_on_eager_fallback else h.warnings).append(h.no_graph.message)
     if th.fail_on_ddp_no_overlap and h.ddp_overlap:
         h.findings += [f"--fail-on-ddp-no-overlap: {f.message}" for f in h.ddp_overlap]
     for f in h.frames:

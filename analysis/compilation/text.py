@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from graphdeck.analysis.compilation.health import CompileHealth, FrameBudget
 from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
+from graphdeck.analysis.units import duration_text
 
 CACHE_NAMES = {"fx_graph": "FX graph cache", "fx_graph_remote": "FX graph cache (remote)",
                "aot_autograd": "AOTAutograd cache", "aot_autograd_remote": "AOTAutograd cache (remote)"}
@@ -72,6 +73,8 @@ def to_text(h: CompileHealth) -> str:
                                                        else " (no threshold given: a report; exit 0)")]
     lines += [f"FAIL: {x}" for x in h.findings]
     lines += [f"WARN: {x}" for x in h.warnings]
+    if h.no_graph is not None:
+        lines.append(f"  hint: {h.no_graph.hint}")
     lines += [f"INCOMPLETE: {x}" for x in h.missing_evidence]
     lines += [f"UNVERIFIED (md5 failed, record kept and read): {x}" for x in h.unverified]
     fw = (f"{s['framework_breaks']} inside frameworks ({', '.join(s['frameworks'])}), " if s["framework_breaks"]
@@ -121,15 +124,15 @@ def to_text(h: CompileHealth) -> str:
 
     def span(values) -> str:  # seconds as a range over the ranks alike (the spread line names them)
         lo, hi = min(values), max(values)
-        return f"{lo:.2f} s" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f} s"
+        return duration_text(lo) if duration_text(lo) == duration_text(hi) else f"{duration_text(lo)}-{duration_text(hi)}"
 
     for text, got in same.items():
         lines.append(f"  {_ranks_phrase([g[0] for g in got])}: "
                      + text.format(*(span([g[i] for g in got]) for i in (1, 2, 3))))
     ct = h.spread.get("compile_s")
     if ct and ct.get("spread") is not None:
-        lines.append(f"  spread: compile time {ct['spread']:.2f} s (rank {ct['min_rank']} {ct['min']:.2f} s .. "
-                     f"rank {ct['max_rank']} {ct['max']:.2f} s)")
+        lines.append(f"  spread: compile time {duration_text(ct['spread'])} (rank {ct['min_rank']} "
+                     f"{duration_text(ct['min'])} .. rank {ct['max_rank']} {duration_text(ct['max'])})")
     for k, v in h.spread.items():
         if k.endswith("_hit_rate") and v.get("spread") is not None:
             lines.append(f"  spread: {CACHE_NAMES[k[:-9]]} hit rate {v['min']:.0%} .. {v['max']:.0%}")

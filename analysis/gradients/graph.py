@@ -270,6 +270,11 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         report.notes.append(f"{what}: outputs unused by the loss (DEAD_END) cannot be told from graphs alone; "
                             "eager mode (--model) or a capture with Agent.watch(model) can")
 
+    if not graphs and not _compiled_without_capture(session, run.id):
+        # nothing compiled on any rank (NOTE: [No graph produced]): say eager, not graph mode
+        report.mode = "eager"
+        report.notes.append("no compiled graph in this run: the job ran eagerly (see check-compile); the verdict "
+                            "rests on the run-time gradient evidence alone, with no graph path to explain a cut")
     eager_frames = _eager_fallbacks(session, run.id)
     observed = _grads_observed(session, run.id)
     for rank_, fallen in sorted(eager_frames.items()):
@@ -601,3 +606,14 @@ def _intermediate_outputs(lg: _Loaded, strings: _Strings, limit: int = 128) -> l
                              "in the graph' (it works eagerly)"),
                     fix="put a graph break (torch._dynamo.graph_break()) between the two computations, or take "
                         "the gradient inside the compiled function")]
+
+
+def _compiled_without_capture(session: Session, run_id: int) -> bool:
+    """Whether a compile of the run produced a graph the store does not hold (a job compiled with
+    another backend than the agent's): some ``compilation_metrics`` with ``graph_op_count`` > 0."""
+    for meta in session.scalars(select(CompileEvent.metadata_json).where(
+            CompileEvent.run_id == run_id, CompileEvent.name == "compilation_metrics")):
+        body = _json(meta).get("compilation_metrics")
+        if isinstance(body, dict) and isinstance(body.get("graph_op_count"), int) and body["graph_op_count"] > 0:
+            return True
+    return False

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from graphdeck.analysis.units import duration_text as _d
 from graphdeck.errors import NotFoundError
 from graphdeck.store.schema import CompileEvent, Rank, Run, Trace
 
@@ -355,15 +356,15 @@ def compile_skew(session: Session, run: Run, *, min_skew_s: float = 2.0, ratio: 
                                  "collective ran)"}
 
     def side(v: RankCompile) -> str:
-        return (f"rank {v.rank} compiled {v.before_first_collective_s:.1f} s before {where[v.basis]} "
+        return (f"rank {v.rank} compiled {_d(v.before_first_collective_s, 1)} before {where[v.basis]} "
                 f"({v.records} compile record(s), {v.recompiles} recompile(s), {v.failed} failed; {v.cache_text()})")
 
-    waits = [f"rank {v.rank} waited {v.first_collective_wait_s:.1f} s inside {v.first_collective}"
+    waits = [f"rank {v.rank} waited {_d(v.first_collective_wait_s, 1)} inside {v.first_collective}"
              for v in out.ranks.values() if v.rank != out.slowest and v.first_collective_wait_s
              and v.first_collective_wait_s >= min_skew_s]
     share = out.skew_s / out.timeout_s if out.timeout_s else None
     out.finding = (
-        f"compile skew: {side(slow)}; {side(fast)}. The other ranks wait about {out.skew_s:.1f} s for "
+        f"compile skew: {side(slow)}; {side(fast)}. The other ranks wait about {_d(out.skew_s, 1)} for "
         f"rank {out.slowest} at that collective" + (f" ({'; '.join(waits)})" if waits else "")
         + f": {share:.0%} of the {out.timeout_s:.0f} s collective timeout ({out.timeout_source}); "
         f"a skew past it kills the job in that collective")

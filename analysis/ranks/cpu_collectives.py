@@ -166,8 +166,10 @@ def cpu_overlap(data) -> dict | None:
 
 
 def _t(ns: int) -> str:
-    """``"385.8 ms"``, or seconds from 1 s up."""
-    return f"{ns / 1e9:.1f} s" if ns >= 1e9 else f"{ns / 1e6:.1f} ms"
+    """``"385.8 ms"``, ``"25.0 µs"``, seconds from 1 s up (NOTE: [Human durations])."""
+    from graphdeck.analysis.units import ns_text
+
+    return ns_text(ns, 1)
 
 
 def rank_timing(matched: dict, min_wait_fraction: float = 0.2) -> dict:

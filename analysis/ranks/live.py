@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from graphdeck.analysis.ranks.flight import LIBRARY_FRAMES, flight_report
 from graphdeck.analysis.ranks.records import _ranks_text
+from graphdeck.analysis.units import duration_text as _d
 from graphdeck.store.schema import CompileEvent
 
 #: compile_events names: a rank's heartbeat (one row, updated in place), its Python stacks, the report.
@@ -185,7 +186,7 @@ def _group_line(g: LiveGroup) -> str:
 def _rank_line(rn: RankNow) -> str:
     text = f"rank {rn.rank} (step {rn.step if rn.step is not None else '?'}): "
     if rn.waiting:
-        text += f"waiting {rn.waiting.get('for_s', 0):.1f} s in collective #{rn.waiting['seq']} of group " \
+        text += f"waiting {_d(rn.waiting.get('for_s', 0), 1)} in collective #{rn.waiting['seq']} of group " \
                 f"{rn.waiting['group']}; "
     text += f"now at {rn.frame}" if rn.frame else (f"now at {rn.innermost}" if rn.innermost else "no stack stored")
     if rn.source:

@@ -44,6 +44,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from graphdeck.analysis.ranks.records import _ranks_text
+from graphdeck.analysis.units import duration_text as _d
 from graphdeck.store.schema import CompileEvent, GradStep
 
 #: Share of the collective timeout from which a wait is a WARN (the checks' ``warn_fraction``).
@@ -222,9 +223,9 @@ def skew_finding(session: Session, run, skew, warn_fraction: float = WARN_FRACTI
     head = {"FAIL": "FAIL", "WARN": "WARN", "NOTE": "note"}[verdict]
     step = f"step {f.step}" + (f" ({f.step_source})" if f.step_source else "") if f.step is not None else \
         "step unknown (no profiler step or gradient evidence reaches that collective)"
-    f.message = (f"{head}: compile skew at {step}: rank {skew.slowest} compiled {slow.before_first_collective_s:.1f} s "
-                 f"before its first collective, rank {skew.fastest} {fast.before_first_collective_s:.1f} s; ranks "
-                 f"{_ranks_text(waiting)} waited about {skew.skew_s:.1f} s in {f.collective or 'that collective'}"
+    f.message = (f"{head}: compile skew at {step}: rank {skew.slowest} compiled {_d(slow.before_first_collective_s, 1)} "
+                 f"before its first collective, rank {skew.fastest} {_d(fast.before_first_collective_s, 1)}; ranks "
+                 f"{_ranks_text(waiting)} waited about {_d(skew.skew_s, 1)} in {f.collective or 'that collective'}"
                  + (f" issued {f.place}" if f.place else "")
                  + f": {f.share:.0%} of the {timeout:g} s collective timeout ({source})"
                  + ("; the job died there (its last Flight Recorder entry, dumped as it ended on an error)" if died else "")
@@ -295,10 +296,10 @@ def died_finding(session: Session, run, warn_fraction: float = WARN_FRACTION, me
     step = f"step {f.step} ({f.step_source})" if f.step is not None else \
         "step unknown (no gradient evidence reaches that collective)"
     def one(r: int) -> str:
-        return (f"rank {r} compiled {spent[r][0]:.1f} s" + (f" (compiles {', '.join(spent[r][1])})" if spent[r][1] else ""))
+        return (f"rank {r} compiled {_d(spent[r][0], 1)}" + (f" (compiles {', '.join(spent[r][1])})" if spent[r][1] else ""))
     f.message = (f"{head}: compile skew at {step}: the job died in {f.collective}"
                  + (f" issued {f.place}" if f.place else "") + "; since its previous collective "
-                 + ", ".join(one(r) for r in [late, *waiting]) + f": ranks {_ranks_text(waiting)} waited about {skew_s:.1f} s for "
+                 + ", ".join(one(r) for r in [late, *waiting]) + f": ranks {_ranks_text(waiting)} waited about {_d(skew_s, 1)} for "
                  f"rank {late}, {f.share:.0%} of the {timeout:g} s collective timeout ({source})")
     f.cause = f"rank {late} compiling: " + one(late)
     return f
@@ -390,14 +391,14 @@ def straggler_finding(session: Session, report, matched: dict, timing: dict,
         if f.recompiles and sum(spent.values()) >= CAUSE_FRACTION * lateness:
             f.cause = ("rank {} recompiled alone before it: ".format(late) + "; ".join(
                 f"compile {x['compile_id']}" + (f" of frame {x['frame']}" if x["frame"] else "")
-                + f", {x['seconds']:.1f} s" + (f" (guard failed: {x['reason']})" if x["reason"] else "")
+                + f", {_d(x['seconds'], 1)}" + (f" (guard failed: {x['reason']})" if x["reason"] else "")
                 for x in f.recompiles))
         elif f.split_s:
             f.cause = f"rank {late}'s time before it: " + ", ".join(
-                f"{k} {v:.2f} s" for k, v in f.split_s.items() if v)
+                f"{k} {_d(v)}" for k, v in f.split_s.items() if v)
     head = {"FAIL": "FAIL", "WARN": "WARN", "NOTE": "note"}[verdict]
     step = f"step {f.step}" if f.step is not None else "step unknown (the collective is in no profiler step)"
-    f.message = (f"{head}: straggler at {step}: ranks {_ranks_text(waiting)} waited {wait_s:.2f} s for rank {late} in "
+    f.message = (f"{head}: straggler at {step}: ranks {_ranks_text(waiting)} waited {_d(wait_s)} for rank {late} in "
                  f"{f.collective}" + (f" issued {f.place}" if f.place else "")
                  + f" ({f.share:.1%} of the {timeout:g} s collective timeout, {source})"
                  + (f"; cause: {f.cause}" if f.cause else ""))

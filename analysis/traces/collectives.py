@@ -437,7 +437,9 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
         slack = sum(offsets[r].get("spread_ns", 0) for r in {first_end, last_rank})
         suspect = None
         if last > ends[first_end] + slack:
-            suspect = (f"rank {first_end} ended {(last - ends[first_end]) / 1e3:.1f} us before rank {last_rank} "
+            from graphdeck.analysis.units import ns_text
+
+            suspect = (f"rank {first_end} ended {ns_text(last - ends[first_end])} before rank {last_rank} "
                        f"arrived: not one collective, or clocks off by more than the estimated offset")
         collectives.append({
             "suspect": suspect,

@@ -507,6 +507,8 @@ def map_trace(session: Session, trace_id: int, events: list[Ev] | None = None) -
     if not out.kernel_ns and not comm_kernels:  # a CPU trace (NOTE: [CPU trace mapping])
         from graphdeck.analysis.traces.cpu_mapping import map_cpu_trace
 
+        out.device = "cpu"  # no GPU kernel, even when no compiled region either (nothing compiled)
+
         map_cpu_trace(session, trace, events, tables, out, unmapped, sources)
     _map_comm(session, trace, comm_kernels, out, unmapped, sources)
     out.unmapped = dict(unmapped.most_common())
