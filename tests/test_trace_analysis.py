@@ -194,12 +194,10 @@ def test_rank_clock_offsets_from_collective_ends(tmp_path):
     # These are 2 of 128 ranks, and their SendRecv kernels carry no process group: matching by
     # kind and sequence alone pairs kernels that cannot be one collective (a rank finished
     # before the other arrived). Such matches are flagged, checked here from the aligned times.
-    # Within the offsets' own spread an end before the last arrival is not evidence (slack).
     for c in plain["collectives"]:
-        first_end = min(c["ranks"], key=lambda r: c["ranks"][r]["end_ns"])
-        slack = sum(plain["offsets"][r].get("spread_ns", 0) for r in {first_end, c["last_rank"]})
-        last = c["ranks"][c["last_rank"]]["arrive_ns"]
-        assert (c["suspect"] is not None) == (last > c["ranks"][first_end]["end_ns"] + slack), c
+        ends = [v["end_ns"] for v in c["ranks"].values()]
+        arrivals = [v["arrive_ns"] for v in c["ranks"].values()]
+        assert (c["suspect"] is not None) == (max(arrivals) > min(ends)), c
     assert plain["suspect"] == sum(1 for c in plain["collectives"] if c["suspect"]) > 0
 
 

@@ -371,9 +371,9 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
     ``collectives`` entries: ``group``, ``kind``, ``seq``, ``step``, ``ranks`` (rank →
     ``arrive_ns``, ``end_ns``, ``wait_ns``, ``transfer_ns``), ``last_rank``, ``spread_ns``
     (last − first arrival), ``suspect`` (None, or why the match cannot be one collective: a rank
-    ended before the last one arrived, by more than the two ranks' offset ``spread_ns``: the median
-    distance of their collective ends from their median offset, what a loaded host's scheduling
-    puts on an end; such matches are listed but not used for stragglers). ``stragglers``: per step, each rank's summed lateness
+    ended before the last one arrived; for host-side (CPU) collectives, by more than the two ranks'
+    offset ``spread_ns``: the median distance of their collective ends from their median offset,
+    what a loaded host's scheduling puts on an end; such matches are listed but not used for stragglers). ``stragglers``: per step, each rank's summed lateness
     (arrival − first arrival) and how often it arrived last; ``straggler`` is the rank with the
     largest lateness (None with one rank). ``timing``: per rank, time in collectives, waiting,
     moving data and computing, and the straggler in words
@@ -432,9 +432,12 @@ def align_and_match(session: Session, run_id: int, rule: CommRule | None = None,
         # before the first end. A match that fails this is not one collective (a partial set of
         # ranks matched by sequence alone, e.g. point-to-point kernels of absent peers), or the
         # clocks are off by more than the offset estimate.
-        # The clocks are known to the offsets' spread (the median distance of each rank's ends from
-        # its median offset): a rank ending within that of the last arrival is not evidence.
-        slack = sum(offsets[r].get("spread_ns", 0) for r in {first_end, last_rank})
+        # Host-side (CPU) collectives' ends are the ranks' threads' own clock readings, late by however
+        # long the scheduler kept a thread off a core: there the clocks are known only to the offsets'
+        # spread (the median distance of each rank's ends from its median offset), and a rank ending
+        # within that of the last arrival is not evidence. GPU kernels' ends are the device's: no slack.
+        slack = (sum(offsets[r].get("spread_ns", 0) for r in {first_end, last_rank})
+                 if any_c.get("where") == "cpu" else 0)
         suspect = None
         if last > ends[first_end] + slack:
             from graphdeck.analysis.units import ns_text
