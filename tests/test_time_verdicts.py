@@ -81,7 +81,9 @@ def test_compile_skew_past_the_timeout_that_killed_the_job_fails_with_both_times
     assert f.step == 0 and "gradient evidence" in f.step_source
     assert f.place.startswith("outside the compiled regions") and "time_cases.py" in f.place
     assert "in train_step" in f.place  # the line that issued the all-reduce
-    times = {int(r): float(t) for r, t in re.findall(r"rank (\d) compiled (\d+\.\d) s", f.message)}
+    # durations in human units (NOTE: [Human durations]): the warm rank's few hundred ms read "166.5 ms"
+    times = {int(r): float(t) * (1e-3 if u == "ms" else 1.0)
+             for r, t, u in re.findall(r"rank (\d) compiled (\d+\.\d) (s|ms)\b", f.message)}
     assert set(times) == {0, 1} and times[0] - times[1] == pytest.approx(f.wait_s, abs=0.11)
     assert "(compiles 0/0, 1/0)" in f.message  # the cold rank's evaluation and training frames
     assert f.message.startswith("FAIL: compile skew at step 0")

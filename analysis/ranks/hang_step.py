@@ -97,7 +97,9 @@ def at_hang_step(session: Session, report: RankReport) -> dict[str, tuple]:
     """Process group → ``(step, source, schedules, compile steps)``: for each group with a Flight
     Recorder mismatch whose step is known (:func:`graphdeck.analysis.ranks.hang_step.group_steps`),
     every rank's collective schedule from the graphs live at that step, when some rank compiled
-    at or after it (else the steady state is that step's: the group is absent)."""
+    at or after it (else the steady state is that step's: the group is absent). A hang at step 0
+    of a run whose ranks never counted an optimizer step is absent too: that step is the whole
+    run (NOTE: [A step that never ended])."""
     from graphdeck.analysis.ranks.schedules import collective_schedules
 
     g_steps = group_steps(session, report)
@@ -106,10 +108,20 @@ def at_hang_step(session: Session, report: RankReport) -> dict[str, tuple]:
     csteps = compile_steps(session, report.run_id)
     if not csteps:
         return {}
+    # NOTE: [A step that never ended]: step 0 is bounded only by the first optimizer step; a run
+    # none of whose ranks ever counted one (no optimizer, or a hang in the first step) is one
+    # "step 0" from start to hang, in which a frame compiled twice ran both compiles at different
+    # times (tests/flight_job.py case 2: rank 1's 1/0 at steps 0-1, its 1/1 at the hang). Such a
+    # step separates no compiles: the group keeps its steady-state prediction (an older compile
+    # whose fate cannot be told stays uncertain, named as missing evidence).
+    counted = max([s for mine in csteps.values() for s in mine.values()]
+                  + [s for s, _src in rank_steps(session, report.run_id).values()], default=0)
     seqs = {r: report.sequences[r] for r in report.ranks if report.sequences.get(r)}
     out: dict[str, tuple] = {}
     by_step: dict[int, dict] = {}
     for g, (step, src) in g_steps.items():
+        if step == 0 and counted <= 0:  # NOTE: [A step that never ended]
+            continue
         if not any(s >= step for mine in csteps.values() for s in mine.values()):
             continue
         if step not in by_step:

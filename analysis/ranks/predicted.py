@@ -395,6 +395,8 @@ def _copy(c: Collective, index: int) -> Collective:
 # step 3 ran its older graph at step 2); a compile made at the step ran there; an older compile
 # whose fate was uncertain is replaced at that step when the frame was compiled again there (the
 # step's inputs failed its guards). Compiles without a recorded step are kept (an older capture).
+# A hang at step 0 of a run that never counted an optimizer step keeps the steady state: that
+# "step" is the whole run (NOTE: [A step that never ended] in analysis/ranks/hang_step.py).
 
 # NOTE: [Live compiles]
 # A frame compiled again (compile ids F/0, F/1, ...) keeps its earlier graphs in Dynamo's cache
