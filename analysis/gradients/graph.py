@@ -270,8 +270,10 @@ def _graph_report(session: Session, run: Run, *, include_buffers: bool,
         report.notes.append(f"{what}: outputs unused by the loss (DEAD_END) cannot be told from graphs alone; "
                             "eager mode (--model) or a capture with Agent.watch(model) can")
 
-    if not graphs and not _compiled_without_capture(session, run.id):
-        # nothing compiled on any rank (NOTE: [No graph produced]): say eager, not graph mode
+    if not graphs and _compile_tried(session, run.id) and not _compiled_without_capture(session, run.id):
+        # torch.compile ran and compiled nothing on any rank (NOTE: [No graph produced]): say
+        # eager, not graph mode. A job that never called torch.compile (no compile record) keeps
+        # the store report's header, which says "eager job, run-time evidence" (report.to_text)
         report.mode = "eager"
         report.notes.append("no compiled graph in this run: the job ran eagerly (see check-compile); the verdict "
                             "rests on the run-time gradient evidence alone, with no graph path to explain a cut")
@@ -606,6 +608,12 @@ def _intermediate_outputs(lg: _Loaded, strings: _Strings, limit: int = 128) -> l
                              "in the graph' (it works eagerly)"),
                     fix="put a graph break (torch._dynamo.graph_break()) between the two computations, or take "
                         "the gradient inside the compiled function")]
+
+
+def _compile_tried(session: Session, run_id: int) -> bool:
+    """Whether Dynamo tried a frame of the run (some ``compilation_metrics`` record)."""
+    return session.scalar(select(CompileEvent.id).where(
+        CompileEvent.run_id == run_id, CompileEvent.name == "compilation_metrics").limit(1)) is not None
 
 
 def _compiled_without_capture(session: Session, run_id: int) -> bool:

@@ -28,6 +28,10 @@ _HANDLE = re.compile(r"^\s*# \[Provenance debug handles\] (\S+:\d+)\s*$")
 # kernel (``cpp_fused_relu_0(buf0, ...)``, a name the module defines with ``async_compile.cpp*``).
 _CALL = re.compile(r"^\s*(?:\w+ = )?(?:(\w+)\.run\(|(extern_kernels\.\w+)\(|(torch\.ops\.aten\.\w+\.\w+)\(|(\w+)\()")
 _CPP_DEF = re.compile(r"^(\w+) = async_compile\.cpp(?:_pybinding)?\(", re.M)
+#: A kernel definition's ``# Source node to ATen node mapping:`` entry (``#   add => add_3, add_4``),
+#: and the line that defines the kernel after it (``triton_poi_fused_mm_0 = async_compile.triton(``).
+_MAPPING = re.compile(r"^#\s+(.*?)\s*=>\s*(\S.*?)\s*$")
+_DEF = re.compile(r"^(\w+) = async_compile\.\w+\(")
 #: A generated kernel's name: ``cpp_fused_div_expand_sum_0``, ``triton_poi_fused_add_0`` → the fused ops.
 _FUSED = re.compile(r"^(?:cpp|triton_\w+?)_fused_(\w+?)_\d+$")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
@@ -45,7 +49,8 @@ def output_code_table(code: str) -> dict[str, list[str]]:
     calls from 1 (the order Inductor numbers them). A call's nodes are those of the nearest
     ``Topologically Sorted Source Nodes`` comment above it since the previous call; unnamed
     entries become ``"(unnamed)"`` (listed first for an extern matmul call, so the matmul
-    fallback of ``link_kernels`` resolves it). Calls with no comment are left out. Returns ``{}``
+    fallback of ``link_kernels`` resolves it), or the post-grad nodes the kernel's definition
+    names under no source node where it names some (NOTE: [Nodes a post-grad pass made]). Calls with no comment are left out. Returns ``{}``
     for code without a ``def call(`` or without such comments; never raises on odd text."""
     return {k: v for k, v in _calls(code) if v is not None}
 
@@ -56,6 +61,7 @@ def _calls(code: str) -> list[tuple[str, list[str] | None]]:
     if start < 0:
         return []
     cpp = set(_CPP_DEF.findall(code, 0, start))
+    made = _pass_made_nodes(code[:start])
     table: list[tuple[str, list[str] | None]] = []
     nodes: list[str] | None = None
     handle: str | None = None
@@ -81,9 +87,41 @@ def _calls(code: str) -> list[tuple[str, list[str] | None]]:
         key = handle if handle and handle.rpartition(":")[0] == name else f"{name}:{counter}"
         if nodes is not None and name in MATMUL_CALLS and UNNAMED in nodes:
             nodes = [UNNAMED] + [n for n in nodes if n != UNNAMED]
+        elif nodes is not None and UNNAMED in nodes and made.get(name):  # NOTE: [Nodes a post-grad pass made]
+            nodes = [n for n in nodes if n != UNNAMED] + [n for n in made[name] if n not in nodes]
         table.append((key, nodes))
         nodes, handle = None, None
     return table
+
+
+def _pass_made_nodes(defs: str) -> dict[str, list[str]]:
+    """Kernel name → the post-grad nodes its definition's ``# Source node to ATen node mapping:``
+    lists under no source node (``#    => constant_pad_nd_default_1``), for the module text
+    before ``def call(``.
+
+    # NOTE: [Nodes a post-grad pass made]
+    A node a post-grad pattern made (``pad_mm``'s ``constant_pad_nd_default_1`` padding an mm's
+    operand) has no source node: the call's comment says ``Source Nodes: []``, which named no
+    node (``(unnamed)``, a name no graph has, so the kernel went unmapped while the live capture,
+    whose provenance mapping names the post-grad node, maps it). The kernel's definition names
+    the post-grad node it computes; :func:`_calls` takes it, and ``link_kernels`` keeps such a
+    name where the compile's post-grad graph has that node."""
+    out: dict[str, list[str]] = {}
+    made: list[str] = []
+    for line in defs.splitlines():
+        m = _MAPPING.match(line)
+        if m:
+            if not m.group(1):
+                made += [n.strip() for n in m.group(2).split(",") if n.strip()]
+            continue
+        m = _DEF.match(line)
+        if m:
+            if made:
+                out[m.group(1)] = made
+            made = []
+        elif line.startswith("# kernel path:"):
+            made = []
+    return out
 
 
 def output_code_with_stacks(code: str, stacks: dict) -> dict[str, list[str]]:

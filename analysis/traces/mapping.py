@@ -66,6 +66,7 @@ from graphdeck.analysis.traces.kernel_source_nodes import (
     STACK_MARK,
     STACKS_EVENT,
     TABLE_EVENTS,
+    UNNAMED,
     compile_tables,
     resolve_marked,
 )
@@ -107,7 +108,7 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             .order_by(CompileEvent.id)
         ).all()
         graphs = s.execute(
-            select(Graph.id, Graph.rank, Graph.compile_id, Graph.kind).where(Graph.run_id == run_id)
+            select(Graph.id, Graph.rank, Graph.compile_id, Graph.kind, Graph.parent_id).where(Graph.run_id == run_id)
         ).all()
         dataflow = s.execute(  # C++ calls the import linked on post-grad graphs, with their AOT parent
             select(KernelNode.rank, KernelNode.compile_id, KernelNode.kernel_name, KernelNode.call_index,
@@ -148,6 +149,11 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
     earlier: dict[int, list[set[tuple[str, tuple[str, ...]]]]] = defaultdict(list)
     assigned: set[int] = set()
     rows: list[dict] = []
+    # NOTE: [Nodes a post-grad pass made]: an AOT graph's compile → the names of its post-grad graph
+    post_grad: dict[int, set[str]] = defaultdict(set)
+    for g in graphs:
+        if g.kind == "inductor_post_grad" and g.parent_id is not None:
+            post_grad[g.parent_id] |= names_by_graph[g.id]
     covered = _dataflow_rows(dataflow, graphs, names_by_graph, matmuls, run_id, rows, stats)
     for (rank, cid), tables in by_key.items():
         candidates = [g for g in graphs if g.rank == rank and g.compile_id == cid and g.kind in AOT_KINDS
@@ -196,6 +202,8 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
                         if name in ("aten::mm", "aten::addmm", "aten::bmm") and spare:
                             node, source = spare.pop(0), "inductor_provenance_v2_matmul"
                             stats["matmul_resolved"] += 1
+                        elif _made_by_post_grad(node, best, candidates, post_grad):
+                            stats["post_grad_made"] += 1  # kept, as the live capture names it
                         else:  # a name of another graph (a Dynamo or post-grad name): no link
                             continue
                     rows.append({"run_id": run_id, "rank": rank, "compile_id": cid, "graph_id": best.id,
@@ -209,6 +217,15 @@ def link_kernels(engine: Engine, run_id: int) -> dict[str, int]:
             s.execute(KernelNode.__table__.insert(), rows)
     stats["rows"] = len(rows)
     return dict(stats)
+
+
+def _made_by_post_grad(node: str, best, candidates, post_grad: dict[int, set[str]]) -> bool:
+    """Whether ``node`` is a node a post-grad pass made in this compile (NOTE: [Nodes a post-grad
+    pass made]): a node of the post-grad graph of ``best`` or of another AOT graph of the same
+    kind in this compile (an imported log may hold the AOT graph twice); never ``(unnamed)``."""
+    if node == UNNAMED:
+        return False
+    return any(node in post_grad[g.id] for g in candidates if g.kind == best.kind)
 
 
 def _dataflow_rows(dataflow, graphs, names_by_graph, matmuls, run_id: int, rows: list, stats: Counter) -> set[int]:
