@@ -96,7 +96,7 @@ def record_dynamo(agent, gm, example_inputs, inner_name, shadow: bool = True) ->
 # compiled the graph (:meth:`Agent.training_step`: optimizer steps taken, 0 before the first).
 # Dynamo compiles a frame at the call that first needs the graph and runs it at once, so this is
 # also the step the graph first ran in. A hang's predicted collective schedule picks, per rank, the
-# graphs live at the step of the hang (NOTE: [Live compiles] in analysis/ranks/predicted.py), not
+# graphs live at the step of the hang (NOTE: [Live compiles] in analysis/ranks/frame_compiles.py), not
 # the latest ones: a rank that recompiled at step 3 ran its older graph at step 2. Absent when the
 # rank counts no steps (no watch() and no live watch).
 

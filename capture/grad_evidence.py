@@ -72,32 +72,12 @@ from graphdeck.capture.grad_sites import (  # noqa: F401 - names of this module 
     user_site,
 )
 from graphdeck.capture.grad_steady import SteadyCheck
+from graphdeck.capture.grad_window import DEAD, LIVE, Window, zero_filled
 from graphdeck.store.db import main_thread_section
 
 PERSIST_EVERY_S = 30.0
 PERSIST_FIRST = 8  # a row's first extensions are written at once (a job killed early loses no step)
 STEADY_AFTER = 3  # identical backward passes before the hooks come off (NOTE: [Steady mode])
-_LIVE, _DEAD = 1, 2
-
-
-class _Window:
-    __slots__ = ("counts", "tasks", "pending", "closed", "opt_at_open", "fwd_at_open", "outputs", "reads",
-                 "multi_sites", "loss_site", "output_site", "output_names", "thread", "forced", "dead")
-
-    def __init__(self, opt_steps: int, fwd_gen: int):
-        self.counts: dict[int, int] = {}
-        self.tasks: set[int] = set()
-        self.pending: set[int] = set()
-        self.closed = False
-        self.opt_at_open, self.fwd_at_open = opt_steps, fwd_gen
-        self.outputs: dict[int, dict[str, int]] = {}  # graph key -> output name -> LIVE|DEAD bits
-        self.reads: dict[int, set[tuple]] = {}  # graph key -> {Read (GraphInfo, fqns)}
-        self.multi_sites: dict[int, str | None] = {}
-        self.loss_site = self.output_site = None  # output_site: raw user_frames of the call
-        self.output_names: list[str] = []
-        self.thread: int | None = None
-        self.forced = False  # closed at an optimizer step, no hook having opened it (NOTE: [Steady mode])
-        self.dead: set[tuple[int, int]] = set()  # (id(grad_fn), output_nr) of skipped outputs (grad_branch.py)
 
 
 class GradEvidence(FsdpEvidence):
@@ -117,7 +97,7 @@ class GradEvidence(FsdpEvidence):
         self._fsdp: bool | None = None
         self._ca_steps = False  # read at each optimizer step (NOTE: [Evidence under compiled autograd])
         self._lock = threading.RLock()
-        self._win: _Window | None = None
+        self._win: Window | None = None
         self._opt_steps = 0
         self._open_steps: list = []  # weak refs to the optimizers whose step runs now (NOTE: [Nested optimizer steps])
         self._fwd_gen = 0
@@ -204,7 +184,7 @@ class GradEvidence(FsdpEvidence):
                 pass
         self._handles.clear()
 
-    def _set_steady(self, steady: bool, w: _Window | None = None) -> None:
+    def _set_steady(self, steady: bool, w: Window | None = None) -> None:
         """Enter steady mode from window ``w`` (hooks off), or leave it (hooks back on).
         NOTE: [Steady mode]."""
         if steady == self._steady:
@@ -250,7 +230,7 @@ class GradEvidence(FsdpEvidence):
         chk = self._check
         if chk is not None and chk.base is not None and self._win is None and not self._failed:
             with self._lock, main_thread_section():
-                w = _Window(self._opt_steps, self._fwd_gen)
+                w = Window(self._opt_steps, self._fwd_gen)
                 w.forced = True
                 self._close(w)
 
@@ -280,7 +260,7 @@ class GradEvidence(FsdpEvidence):
         self._last_persist = time.monotonic()
         return rid
 
-    def _window_for(self, t: int) -> _Window:
+    def _window_for(self, t: int) -> Window:
         w = self._win
         if w is not None:
             if t in w.tasks or w.pending or (w.tasks and t < max(w.tasks)):
@@ -288,10 +268,10 @@ class GradEvidence(FsdpEvidence):
             if self._opt_steps == w.opt_at_open and self._fwd_gen == w.fwd_at_open:
                 return w  # another nested task of the same backward
             self._close(w)
-        w = self._win = _Window(self._opt_steps, self._fwd_gen)
+        w = self._win = Window(self._opt_steps, self._fwd_gen)
         return w
 
-    def _join(self, w: _Window, t: int) -> None:
+    def _join(self, w: Window, t: int) -> None:
         if t not in w.tasks:
             w.tasks.add(t)
             w.pending.add(t)
@@ -323,7 +303,7 @@ class GradEvidence(FsdpEvidence):
         except Exception as exc:  # noqa: BLE001 - capture never breaks training
             self._fail(exc)
 
-    def _task_done(self, w: _Window, t: int) -> None:
+    def _task_done(self, w: Window, t: int) -> None:
         try:  # a SIGTERM meanwhile waits for the window's row (NOTE: [A SIGTERM during a dump])
             with self._lock, main_thread_section():
                 w.pending.discard(t)
@@ -433,7 +413,7 @@ class GradEvidence(FsdpEvidence):
                 dead = False
                 for name, nr in items:
                     live = nr < len(grads) and grads[nr] is not None
-                    seen[name] = seen.get(name, 0) | (_LIVE if live else _DEAD)
+                    seen[name] = seen.get(name, 0) | (LIVE if live else DEAD)
                     if not live:
                         dead = True
                         w.dead.add((fid, nr))
@@ -448,7 +428,7 @@ class GradEvidence(FsdpEvidence):
         return None
 
     # ------------------------------------------------------------------ windows -> rows
-    def _state(self, w: _Window) -> tuple[dict, dict]:
+    def _state(self, w: Window) -> tuple[dict, dict]:
         params = self._params
         counts = w.counts
         none, frozen, unobserved, multi = [], [], [], {}
@@ -471,7 +451,7 @@ class GradEvidence(FsdpEvidence):
                 none.append(fqn)
             elif n > 1:
                 multi[fqn] = n
-        zero = self._zero_filled(w)
+        zero = zero_filled(w, self._params)
         state = {"trainable": trainable, "none": none, "zero": sorted(zero - set(none)), "multi": multi,
                  "frozen": frozen, "unobserved": unobserved}
         sites = {}
@@ -491,28 +471,7 @@ class GradEvidence(FsdpEvidence):
             sites["multi"] = {params[i][0]: s for i, s in w.multi_sites.items() if s and params[i][0] in multi}
         return state, sites
 
-    def _zero_filled(self, w: _Window) -> set[str]:
-        cand: set[str] = set()
-        live: set[str] = set()
-        for key, seen in w.outputs.items():
-            dead_names = {n for n, b in seen.items() if b == _DEAD}
-            if not dead_names:
-                continue
-            live_names = {n for n, b in seen.items() if b & _LIVE}
-            for info, fqns in w.reads.get(key, ()):
-                for pname, fqn in zip(info.names, fqns):
-                    if not fqn:
-                        continue
-                    r = info.reach.get(pname, frozenset()) & seen.keys()
-                    if r & live_names:
-                        live.add(fqn)
-                    elif r:
-                        cand.add(fqn)
-        # A parameter counts as zero-filled only if a gradient was accumulated into it.
-        acc = {self._params[i][0] for i in w.counts}
-        return (cand - live) & acc
-
-    def _close(self, w: _Window, partial_: bool = False) -> None:
+    def _close(self, w: Window, partial_: bool = False) -> None:
         w.closed = True
         if self._win is w:
             self._win = None
@@ -576,23 +535,12 @@ class GradEvidence(FsdpEvidence):
 
     def _renumber(self) -> None:
         """Backward passes seen before the first optimizer step all belong to step 0."""
-        from graphdeck.store.db import retrying, write_session
-        from graphdeck.store.schema import GradStep
-
         from graphdeck.capture.writer_thread import resolve
 
         ids, self._backward_rows = self._backward_rows, []
-
-        def do(w):  # on the writer thread, after the rows' own writes (NOTE: [Writes off the compiling thread])
-            def once():
-                with write_session(w.engine) as s:
-                    for row in s.query(GradStep).filter(GradStep.id.in_([resolve(i) for i in ids])):
-                        row.step_first = row.step_last = 0
-                        row.step_source = "optimizer"
-
-            retrying(once)
-
-        self.agent.writer.call(do, "the first step's gradient rows")
+        # on the writer thread, after the rows' own writes (NOTE: [Writes off the compiling thread])
+        self.agent.writer.call(lambda w: w.grad_steps_at_step_zero([resolve(i) for i in ids]),
+                               "the first step's gradient rows")
         if self._row is not None and self._row["id"] in ids:
             self._row.update(first=0, last=0, source="optimizer")
 

@@ -278,6 +278,18 @@ class StoreWriter:
 
         retrying(do)
 
+    def grad_steps_at_step_zero(self, row_ids: list[int]) -> None:
+        """Renumber ``grad_steps`` rows ``row_ids`` as optimizer step 0: the backward passes seen
+        before the first optimizer step belong to it."""
+
+        def do():
+            with write_session(self.engine) as s:
+                for row in s.query(GradStep).filter(GradStep.id.in_(row_ids)):
+                    row.step_first = row.step_last = 0
+                    row.step_source = "optimizer"
+
+        retrying(do)
+
     def write_records(self, name: str, payloads: list[str], updates: dict[int, str] | None = None) -> list[int]:
         """Store ``compile_events`` records of the capture's own (``compile_id`` None) and replace
         the payloads of earlier ones (``updates``: id → payload), in one transaction; returns the

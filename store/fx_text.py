@@ -7,7 +7,8 @@ tensor metadata, and in AOTAutograd graphs followed by a descriptor comment), th
 per node, ``# File: path:line in fn, code: text`` comments that give the source line of the
 nodes below them, and a ``return``. Tensor metadata is printed as
 ``"f32[16, 512][512, 1]cpu"``: dtype abbreviation, shape, stride, device (stride and device are
-absent in some graphs). Statements are parsed with Python's :mod:`ast`.
+absent in some graphs). Statements are parsed with Python's :mod:`ast`. :func:`module_paths` infers
+the module path of a parsed graph's nodes (NOTE: [Module paths of imported graphs]).
 
 Example::
 
@@ -517,3 +518,37 @@ def fqn_from_placeholder(name: str) -> tuple[str, str] | None:
     if parts and parts[0] == "module":
         parts = parts[1:]
     return ".".join(parts), "parameter" if m.group(2) == "parameters" else "buffer"
+
+
+# NOTE: [Module paths of imported graphs] A printed graph carries no nn_module_stack, so the
+# graph view's clusters are inferred: a parameter placeholder belongs to the module owning the
+# parameter ("blk2.weight" -> "blk2"); an op reading a parameter placeholder belongs there too;
+# and the other ops of the same "# File:" block (one source line) join them when that block's ops
+# point at a single module. Inferred paths are marked in the node's meta (module_path: inferred).
+def module_paths(text: TextGraph, owner_of_placeholder: dict[str, str]) -> dict[str, str]:
+    """Node name → module path ``"a/b"`` for the nodes the rule above places (others absent)."""
+    paths = dict(owner_of_placeholder)
+    inputs: dict[int, list[int]] = {}
+    for e in text.edges:
+        inputs.setdefault(e.dst_idx, []).append(e.src_idx)
+    nodes = text.nodes
+    for n in nodes:
+        if n.op in ("placeholder", "output") or n.name in paths:
+            continue
+        for src in inputs.get(n.idx, ()):
+            got = owner_of_placeholder.get(nodes[src].name) if nodes[src].op == "placeholder" else None
+            if got:
+                paths[n.name] = got
+                break
+    block: list = []
+    for n in [*nodes, None]:
+        if n is not None and n.op not in ("placeholder", "output") and block and n.stack_trace == block[0].stack_trace:
+            block.append(n)
+            continue
+        found = {paths[b.name] for b in block if b.name in paths}
+        if block and block[0].stack_trace and len(found) == 1:
+            path = found.pop()
+            for b in block:
+                paths.setdefault(b.name, path)
+        block = [n] if n is not None and n.op not in ("placeholder", "output") else []
+    return paths

@@ -21,6 +21,7 @@ from graphdeck.store.fx_text import (
     fqn_from_source,
     grad_of,
     input_ref,
+    module_paths,
     parse_fx_text,
     placeholder_key,
 )
@@ -103,40 +104,6 @@ class GraphCache:
         while self._items and (len(self._items) > GRAPH_CACHE_ENTRIES or self._nodes > GRAPH_CACHE_NODES):
             _, (_, n) = self._items.popitem(last=False)
             self._nodes -= n
-
-
-# NOTE: [Module paths of imported graphs] A printed graph carries no nn_module_stack, so the
-# graph view's clusters are inferred: a parameter placeholder belongs to the module owning the
-# parameter ("blk2.weight" -> "blk2"); an op reading a parameter placeholder belongs there too;
-# and the other ops of the same "# File:" block (one source line) join them when that block's ops
-# point at a single module. Inferred paths are marked in the node's meta (module_path: inferred).
-def module_paths(text: TextGraph, owner_of_placeholder: dict[str, str]) -> dict[str, str]:
-    """Node name → module path ``"a/b"`` for the nodes the rule above places (others absent)."""
-    paths = dict(owner_of_placeholder)
-    inputs: dict[int, list[int]] = {}
-    for e in text.edges:
-        inputs.setdefault(e.dst_idx, []).append(e.src_idx)
-    nodes = text.nodes
-    for n in nodes:
-        if n.op in ("placeholder", "output") or n.name in paths:
-            continue
-        for src in inputs.get(n.idx, ()):
-            got = owner_of_placeholder.get(nodes[src].name) if nodes[src].op == "placeholder" else None
-            if got:
-                paths[n.name] = got
-                break
-    block: list = []
-    for n in [*nodes, None]:
-        if n is not None and n.op not in ("placeholder", "output") and block and n.stack_trace == block[0].stack_trace:
-            block.append(n)
-            continue
-        found = {paths[b.name] for b in block if b.name in paths}
-        if block and block[0].stack_trace and len(found) == 1:
-            path = found.pop()
-            for b in block:
-                paths.setdefault(b.name, path)
-        block = [n] if n is not None and n.op not in ("placeholder", "output") else []
-    return paths
 
 
 def profiler_name(kernel: str) -> str:

@@ -5,7 +5,8 @@ into a row of its batch (see :mod:`graphdeck.store.trace_write` for the row's sh
 with every skip counted and ``strict`` failing on any. :meth:`EventRows._event` takes one event
 from any reading; :meth:`EventRows._chunk` takes a chunk of the chunked orjson reading (NOTE:
 [Chunked orjson reading] in :mod:`graphdeck.store.trace_fast`) with the common shape inline and
-everything else through ``_event``, so both give the same rows and counters.
+everything else through ``_event``, so both give the same rows and counters;
+:func:`summary_line` says those counters in one line.
 
 The ingest provides the attributes these methods read and update: ``events_total``, ``stored``,
 ``by_ph``, ``skips``, ``counts``, ``batch``, ``new_strings``, ``unresolved``, ``string_ids``,
@@ -422,3 +423,31 @@ def gc_paused(fn, *args):
             _gc_pausers[0] -= 1
             if _gc_pausers[0] == 0 and _gc_pausers[1]:
                 gc.enable()
+
+
+def summary_line(stats: dict) -> str:
+    """One line saying what an ingest kept, what it read but does not store by design (metadata,
+    flows, counters, begin/end pairs: per phase) and what it dropped or repaired (only non-zero
+    counters), from :class:`~graphdeck.store.traces.IngestResult` ``stats``; e.g. ``kept 9,308
+    events (X 9,000, i 308); not stored by design: 4,932 (M 120, f 2,406, s 2,406); dropped: none``."""
+    by_ph = stats.get("by_ph") or {}
+    kept = {ph: n for ph, n in by_ph.items() if ph in STORED_PH and n}
+    other = {ph: n for ph, n in by_ph.items() if ph not in STORED_PH and n}
+    if stats.get("fwdbwd_flows"):  # NOTE: [Forward-backward flows]: kept, with the events
+        kept["fwdbwd flows"] = stats["fwdbwd_flows"]
+        other = {ph: n - (stats.get(f"fwdbwd_{ph}") or 0) for ph, n in other.items()}
+        other = {ph: n for ph, n in other.items() if n}
+
+    def parts(d: dict) -> str:
+        return ", ".join(f"{ph} {n:,}" for ph, n in sorted(d.items()))
+
+    line = f"kept {stats.get('stored', sum(kept.values())):,} events" + (f" ({parts(kept)})" if kept else "")
+    if other:
+        line += f"; not stored by design (metadata, flows, counters…): {sum(other.values()):,} ({parts(other)})"
+    problems = {k: v for k, v in stats.items() if isinstance(v, int) and v and k not in (
+        "events_total", "stored", "bytes_file", "bytes_json", "gpu_kernels") and (
+        k.startswith(("skipped_", "repaired_", "corrupt")) or k in (
+            "truncated", "trailing_garbage", "missing_dur", "args_truncated", "big_int_as_string", "meta_dropped",
+            "base_time_not_applied"))}
+    line += "; dropped/changed: " + (", ".join(f"{k} {v:,}" for k, v in sorted(problems.items())) if problems else "none")
+    return line

@@ -93,7 +93,8 @@ from graphdeck.store.trace_json import (  # noqa: F401  (limits re-exported unde
     scan_events,
     to_ns,
 )
-from graphdeck.store.trace_rows import MAX_LANE_NAMES, STORED_PH, EventRows, gc_paused  # noqa: F401  (re-exported)
+# re-exported: MAX_LANE_NAMES, STORED_PH, summary_line (the CLI imports it from here)
+from graphdeck.store.trace_rows import MAX_LANE_NAMES, STORED_PH, EventRows, gc_paused, summary_line  # noqa: F401
 from graphdeck.store.trace_write import EventWriter
 from graphdeck.store.writers import WRITER_KEY, stamp
 
@@ -269,34 +270,6 @@ def _keep_collective_index(engine: Engine, trace_id: int, stats: dict, on_kernel
     except Exception:  # noqa: BLE001 - the trace is stored; only the shortcut is missing
         log.exception("trace %s: could not keep its collective index", trace_id)
     return streamed
-
-
-def summary_line(stats: dict) -> str:
-    """One line saying what an ingest kept, what it read but does not store by design (metadata,
-    flows, counters, begin/end pairs: per phase) and what it dropped or repaired (only non-zero
-    counters), from :class:`IngestResult` ``stats``; e.g. ``kept 9,308 events (X 9,000, i 308); not
-    stored by design: 4,932 (M 120, f 2,406, s 2,406); dropped: none``."""
-    by_ph = stats.get("by_ph") or {}
-    kept = {ph: n for ph, n in by_ph.items() if ph in STORED_PH and n}
-    other = {ph: n for ph, n in by_ph.items() if ph not in STORED_PH and n}
-    if stats.get("fwdbwd_flows"):  # NOTE: [Forward-backward flows]: kept, with the events
-        kept["fwdbwd flows"] = stats["fwdbwd_flows"]
-        other = {ph: n - (stats.get(f"fwdbwd_{ph}") or 0) for ph, n in other.items()}
-        other = {ph: n for ph, n in other.items() if n}
-
-    def parts(d: dict) -> str:
-        return ", ".join(f"{ph} {n:,}" for ph, n in sorted(d.items()))
-
-    line = f"kept {stats.get('stored', sum(kept.values())):,} events" + (f" ({parts(kept)})" if kept else "")
-    if other:
-        line += f"; not stored by design (metadata, flows, counters…): {sum(other.values()):,} ({parts(other)})"
-    problems = {k: v for k, v in stats.items() if isinstance(v, int) and v and k not in (
-        "events_total", "stored", "bytes_file", "bytes_json", "gpu_kernels") and (
-        k.startswith(("skipped_", "repaired_", "corrupt")) or k in (
-            "truncated", "trailing_garbage", "missing_dur", "args_truncated", "big_int_as_string", "meta_dropped",
-            "base_time_not_applied"))}
-    line += "; dropped/changed: " + (", ".join(f"{k} {v:,}" for k, v in sorted(problems.items())) if problems else "none")
-    return line
 
 
 # ---------------------------------------------------------------------------- rank

@@ -1,6 +1,6 @@
 """Frames compiled more than once, where the older graph still runs or not (issue 19: a recompile
 that *adds* a cache entry vs one that *replaces* a graph; NOTE: [Live compiles] in
-graphdeck/analysis/ranks/predicted.py). Two gloo ranks, CPU, 10 s collective timeout:
+graphdeck/analysis/ranks/frame_compiles.py). Two gloo ranks, CPU, 10 s collective timeout:
 
     torchrun --standalone --nproc-per-node 2 tests/live_compiles_job.py STORE
 

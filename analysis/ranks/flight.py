@@ -17,9 +17,9 @@ fr_trace`` reports where it can read the dumps (tests/test_flight.py checks it);
 whose ``pg_config`` names the default group ``''`` while entries say ``('0', 'default_pg')`` (gloo
 on torch 2.13) and dumps of only some ranks are read: a member without a dump is named.
 
-Missing evidence (:func:`missing_evidence`): FR entries dropped on import, members without a
+Missing evidence (:func:`~graphdeck.analysis.ranks.evidence.missing_evidence`): FR entries dropped on import, members without a
 dump, and TORCH_TRACE records the importer dropped (``ranks.meta_json["dropped_records"]``)
-unless check-ranks never reads that kind (:data:`NOT_EVIDENCE`).
+unless check-ranks never reads that kind (:data:`~graphdeck.analysis.ranks.evidence.NOT_EVIDENCE`).
 Any of it makes ``check-ranks`` say INCOMPLETE, never that the ranks agree.
 
 Speed (NOTE: [FR compare by index]): ranks are compared by their dumps' indexes
@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import gc
 import json
-import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+# re-exported: hangs.py, core.py and compilation/health.py import these from here
+from graphdeck.analysis.ranks.evidence import NOT_EVIDENCE, missing_evidence, unverified_evidence  # noqa: F401
 from graphdeck.analysis.ranks.records import _ranks_phrase, _ranks_text
 from graphdeck.store.fr_import import EVENT_NAME, INDEX_VERSION, members_of, seq_index, unpack_codes
 from graphdeck.store.schema import CompileEvent, Rank
@@ -62,12 +63,6 @@ LIBRARY_FRAMES += tuple(f"{_ROOT}/{d}/" for d in ("capture", "analysis", "store"
 #: Frames that mean "issued from inside a compiled graph".
 COMPILED_FRAMES = ("output_code.py", "torchinductor_", "eval_frame.py", "runtime_wrappers.py")
 _P2P = ("send", "recv")
-#: TORCH_TRACE records check-ranks does not read (generated code, its run-time metadata, guard
-#: text): dropping one loses no evidence. Any other dropped record — a graph, compile metrics, a
-#: recompile reason, Inductor's collective schedule, a record whose kind is unreadable — does.
-NOT_EVIDENCE = ("inductor_output_code", "inductor_runtime_and_tensor_meta", "dynamo_guards", "dynamo_cpp_guards_str",
-                "inductor_provenance_tracking_kernel_stack_traces")
-_DROP_RE = re.compile(r"line \d+: ([^\s:]+)")  # "line 60: exported_program: md5_mismatch" too
 
 
 @dataclass
@@ -570,40 +565,3 @@ def _group_mismatch(g: str, members: list[int], rd: dict[int, _RankDump], classe
                 m.doing[r] = m.instead[r]
         return m
     return None
-
-
-def missing_evidence(session: Session, run_id: int, report: FlightReport | None = None) -> list[str]:
-    """Records that should be evidence and are not: FR entries dropped, members without a dump,
-    TORCH_TRACE records dropped on import (named by the importer). Empty when nothing is missing."""
-    out: list[str] = []
-    if report is not None:
-        out += [f"Flight Recorder entry dropped: {d}" for d in report.dropped]
-        out += [f"{_ranks_phrase(report.no_dump)}: no Flight Recorder dump"] if report.no_dump else []
-    for rank, meta in session.execute(select(Rank.rank, Rank.meta_json).where(Rank.run_id == run_id)
-                                      .order_by(Rank.rank)):
-        try:
-            data = json.loads(meta or "{}")
-            named = data.get("dropped_records") or []
-            broken = data.get("broken_flight_dumps") or []
-        except (ValueError, AttributeError):
-            continue
-        out += [f"rank {rank}: Flight Recorder dump unreadable: {d}" for d in broken]
-        out += [f"rank {rank}: compile record dropped on import: {d}" for d in named
-                if not ((m := _DROP_RE.match(d)) and m.group(1) in NOT_EVIDENCE)]
-    return out
-
-
-def unverified_evidence(session: Session, run_id: int) -> list[str]:
-    """TORCH_TRACE records kept and read though their payload's md5 failed (the importer names
-    them in ``ranks.meta_json["unverified_records"]``), other than :data:`NOT_EVIDENCE`: what a
-    finding built on this run's compile records rests on without verification. Not missing
-    evidence: the record is there and used."""
-    out: list[str] = []
-    for rank, meta in session.execute(select(Rank.rank, Rank.meta_json).where(Rank.run_id == run_id)
-                                      .order_by(Rank.rank)):
-        try:
-            named = json.loads(meta or "{}").get("unverified_records") or []
-        except (ValueError, AttributeError):
-            continue
-        out += [f"rank {rank}: {d}" for d in named if not ((m := _DROP_RE.match(d)) and m.group(1) in NOT_EVIDENCE)]
-    return out

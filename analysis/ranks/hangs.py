@@ -18,7 +18,7 @@ For each rank that did not reach a group's first mismatched collective, :func:`e
 ``check-ranks``; it never raises on odd data (a run without FR dumps gives ``(None, [...])``).
 It also marks the compile divergences that cannot hang the job (NOTE: [Recompiles that cannot
 hang]) and names, as missing evidence, the frames whose live compiles cannot be told (NOTE:
-[Live compiles] in :mod:`graphdeck.analysis.ranks.predicted`).
+[Live compiles] in :mod:`graphdeck.analysis.ranks.frame_compiles`).
 
 # NOTE: [Recompiles that cannot hang]
 A rank that recompiled where the others did not (a size, dtype or value guard) diverges in its

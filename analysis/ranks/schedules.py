@@ -3,7 +3,7 @@ capture's records (NOTE: [Recompiles replace graphs]), and the first position wh
 schedules disagree (a predicted hang) — for :func:`graphdeck.analysis.ranks.core.rank_report`.
 
 Per rank: the collectives of the graphs that run in steady state, in order — per frame its
-live compiles (NOTE: [Live compiles] in :mod:`graphdeck.analysis.ranks.predicted`); each collective
+live compiles (NOTE: [Live compiles] in :mod:`graphdeck.analysis.ranks.frame_compiles`); each collective
 names its compile id — (functional collectives ``_c10d_functional.*`` and ``torch.distributed``
 calls: kind, process group, output bytes), Inductor's ``inductor_collective_schedule`` where it
 was imported, and DDP's bucket all-reduces / FSDP2's group collectives as the capture recorded
@@ -283,7 +283,7 @@ def at_first_compile(sequence: list, chosen: dict[str, list]) -> list:
 
 # NOTE: [Recompiles replace graphs]
 # (Which older compiles still run — replaced, live, or uncertain — is NOTE: [Live compiles] in
-# analysis/ranks/predicted.py; the rule below is its default when a recompile supersedes a graph.)
+# analysis/ranks/frame_compiles.py; the rule below is its default when a recompile supersedes a graph.)
 # A frame compiled again on a rank (compile ids F/0, F/1, ...) runs the graph of its latest
 # compile from then on; the earlier graph is not run again (a guard that fails once keeps failing
 # for the inputs of the steady state), so it does not add collectives. The predicted schedule

@@ -60,7 +60,7 @@ _PUBLIC = {
     "hotspots": "analyze",
     "iter_export": "export",
     "link_gpu_events": "links",
-    "link_kernels": "mapping",
+    "link_kernels": "kernel_links",
     "load_events": "data",
     "map_trace": "mapping",
     "node_time_ns": "mapping",
