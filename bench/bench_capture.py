@@ -159,6 +159,8 @@ def isolated(args) -> None:
                 env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=cache + "/triton")
                 if mode == "captured_sync":  # every store write on the compiling thread, as before
                     env["GRAPHDECK_WRITER_THREAD"] = "0"
+                else:  # the writer thread is opt-in (capture/writer_thread.py)
+                    env.setdefault("GRAPHDECK_WRITER_THREAD", "1")
                 res = subprocess.run([sys.executable, __file__, "--once",
                                       "captured" if mode == "captured_sync" else mode, "--inner", args.inner,
                                       "--layers", str(args.layers)], env=env, capture_output=True, text=True)

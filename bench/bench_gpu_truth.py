@@ -179,6 +179,8 @@ def bench(args) -> None:
                 env["GRAPHDECK_PROVENANCE"] = "0"
             if mode == "captured_sync":  # every store write on the compiling thread (no graphdeck-writer)
                 env["GRAPHDECK_WRITER_THREAD"] = "0"
+            else:  # the writer thread is opt-in (capture/writer_thread.py)
+                env.setdefault("GRAPHDECK_WRITER_THREAD", "1")
             cmd = [sys.executable, __file__, "once", "--mode", mode, "--layers", str(args.layers), "--device",
                    args.device, "--backend", args.backend, "--batch", str(args.batch), "--seq", str(args.seq),
                    "--steps", str(args.steps)]

@@ -13,6 +13,7 @@ import threading
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
@@ -25,6 +26,13 @@ from graphdeck.store.db import open_engine
 from graphdeck.store.schema import CompileEvent, GradStep, Graph
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _writer_thread_on(monkeypatch):
+    """The writer thread is opt-in (``GRAPHDECK_WRITER_THREAD=1``, capture/writer_thread.py): on here,
+    for this process and the jobs it starts."""
+    monkeypatch.setenv("GRAPHDECK_WRITER_THREAD", "1")
 
 
 def _model():
