@@ -148,8 +148,9 @@ class Agent(ParamNames):
     @property
     def writer(self) -> BackgroundWriter:
         """This rank's writer (a :class:`~graphdeck.capture.writer_thread.BackgroundWriter`:
-        the store is opened and written on the ``graphdeck-writer`` thread, NOTE: [Writes off
-        the compiling thread]), made on first use. A store that cannot be opened turns capture
+        the store is opened and written on the calling thread, or on the ``graphdeck-writer``
+        thread with ``GRAPHDECK_WRITER_THREAD=1``, NOTE: [Writes off the compiling thread]), made
+        on first use. A store that cannot be opened turns capture
         off for the process with one warning (NOTE: [Capture never ends a job]); every later use
         raises :class:`~graphdeck.errors.StoreError` at once, which the callers (all guarded)
         swallow."""
@@ -161,12 +162,12 @@ class Agent(ParamNames):
             rank, world, backend = _dist_info()
             store, run, append = self.store, self.run, self.append
 
-            def failed(why: str) -> None:  # on the writer thread
+            def failed(why: str) -> None:  # where the store is opened (the writer thread when on)
                 self._store_failed = f"cannot open store {store}: {why}"
                 warnings.warn(f"graphdeck: capture is off for this process: {self._store_failed}; training "
                               "goes on without it", stacklevel=2)
 
-            def open_writer() -> StoreWriter:  # on the writer thread
+            def open_writer() -> StoreWriter:  # where the store is opened (the writer thread when on)
                 from graphdeck.capture.launch import append_wanted, launch_id, notify
 
                 w = StoreWriter(store, run, rank, world, backend=backend, launch=launch_id(),
